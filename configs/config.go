@@ -1,0 +1,176 @@
+// Package configs turns a launch line (torchrun and nvrx ft_launcher flags,
+// PET_* environment fallbacks, an optional fault-tolerance YAML file) into one
+// validated Config. Precedence is flag > environment (PET_*) > YAML > default.
+package configs
+
+import (
+	"syscall"
+	"time"
+)
+
+// Std is torchrun's stream mask: 0 none, 1 stdout, 2 stderr, 3 both.
+type Std int
+
+// Stream mask values.
+const (
+	StdNone Std = 0
+	StdOut  Std = 1
+	StdErr  Std = 2
+	StdBoth Std = 3
+)
+
+// StdSpec is a parsed -r/--redirects or -t/--tee value: either one mask for
+// every local rank, or a per-local-rank map where unlisted ranks get StdNone.
+type StdSpec struct {
+	All     Std
+	PerRank map[int]Std // non-nil when the value was a map like "0:1,1:2"
+}
+
+// For returns the mask that applies to localRank.
+func (s StdSpec) For(localRank int) Std {
+	if s.PerRank != nil {
+		return s.PerRank[localRank]
+	}
+	return s.All
+}
+
+// NNodes is --nnodes: N or MIN:MAX.
+type NNodes struct{ Min, Max int }
+
+// Config is the effective, validated configuration of one ft-launcher.
+type Config struct {
+	// torchrun-compatible launch options.
+	NNodes           NNodes
+	NProcPerNode     int    // resolved count
+	NProcSpec        string // as given: "4", "cpu", "gpu", "auto"
+	RdzvBackend      string // static | c10d | etcd | etcd-v2 (c10d maps to the embedded etcd default)
+	RdzvEndpoint     string
+	RdzvID           string
+	RdzvConf         map[string]string
+	Standalone       bool
+	MaxRestarts      int
+	MonitorInterval  time.Duration
+	StartMethod      string
+	Role             string
+	Module           bool
+	NoPython         bool
+	LogDir           string
+	Redirects        StdSpec
+	Tee              StdSpec
+	LocalRanksFilter []int // nil: every local rank is shown on the console
+	NodeRank         int   // -1 when not given
+	MasterAddr       string
+	MasterPort       int
+	LocalAddr        string
+	SignalsToHandle  []syscall.Signal
+
+	// Stop and signal handling.
+	TermTimeout        time.Duration // grace after forwarding a received signal (nvrx --term-timeout, default 1800s)
+	WorkersStopTimeout time.Duration // grace when stopping ranks for a restart (nvrx default 15s)
+
+	// Worker command.
+	Script     string
+	ScriptArgs []string
+	PythonExec string // interpreter used unless NoPython: $PYTHON_EXEC, else python3 on PATH
+
+	// Etcd rendezvous connection options (multi-node).
+	RdzvCACert   string
+	RdzvCert     string
+	RdzvKey      string
+	RdzvUser     string
+	RdzvPassword string
+
+	// ft-launcher's own options.
+	EventLog       string // JSON-lines event log path ("" disables)
+	MetricsAddr    string // Prometheus listen address ("" disables)
+	HealthCheckCmd string // pre-join node health check command ("" disables)
+	PrintConfig    bool
+	CfgPath        string // --ft-cfg-path as given
+
+	FT FaultTolerance
+
+	// Warnings collected while parsing (deprecated spellings and the like),
+	// logged by the caller once a logger exists.
+	Warnings []string
+}
+
+// FaultTolerance mirrors nvrx's FaultToleranceConfig (field names in the yaml
+// tags are nvrx's). Nullable timeouts are *float64 seconds: nil means disabled.
+type FaultTolerance struct {
+	WorkloadCheckInterval        float64             `yaml:"workload_check_interval"`
+	InitialRankHeartbeatTimeout  *float64            `yaml:"initial_rank_heartbeat_timeout"`
+	RankHeartbeatTimeout         *float64            `yaml:"rank_heartbeat_timeout"`
+	RankSectionTimeouts          map[string]*float64 `yaml:"rank_section_timeouts"`
+	RankOutOfSectionTimeout      *float64            `yaml:"rank_out_of_section_timeout"`
+	NodeHealthCheckInterval      float64             `yaml:"node_health_check_interval"`
+	SafetyFactor                 float64             `yaml:"safety_factor"`
+	RankTerminationSignal        syscall.Signal      `yaml:"rank_termination_signal"`
+	LogLevel                     int                 `yaml:"log_level"`
+	RestartCheckInterval         float64             `yaml:"restart_check_interval"`
+	EnableNicMonitor             bool                `yaml:"enable_nic_monitor"`
+	EnableNicHealthcheck         bool                `yaml:"enable_nic_healthcheck"`
+	EnableDistStorageHealthcheck bool                `yaml:"enable_dist_storage_healthcheck"`
+	StorageHealthcheckPath       *string             `yaml:"storage_healthcheck_path"`
+	PciTopoFile                  *string             `yaml:"pci_topo_file"`
+	LinkDownPathTemplate         *string             `yaml:"link_down_path_template"`
+	LinkStatePathTemplate        *string             `yaml:"link_state_path_template"`
+	SkipSectionResponse          bool                `yaml:"skip_section_response"`
+	Segment                      *int                `yaml:"segment"`
+	NumaBindStrict               bool                `yaml:"numa_bind_strict"`
+	GpuMemoryReclaimTimeout      float64             `yaml:"gpu_memory_reclaim_timeout"`
+	GpuMemoryToleranceMB         float64             `yaml:"gpu_memory_tolerance_mb"`
+	GpuMemoryPollInterval        float64             `yaml:"gpu_memory_poll_interval"`
+	CheckRemainingProcesses      bool                `yaml:"check_remaining_processes"`
+	MaxNoProgressCycles          int                 `yaml:"max_no_progress_cycles"`
+	MinProgressIterations        int                 `yaml:"min_progress_iterations"`
+	CheckpointIterationFile      *string             `yaml:"checkpoint_iteration_file"`
+	InstallExceptionHook         bool                `yaml:"install_exception_hook"`
+	NumWarmupIterations          int                 `yaml:"num_warmup_iterations"`
+	CycleInfoDir                 *string             `yaml:"cycle_info_dir"`
+
+	// ft-launcher additions (also settable in the YAML section).
+	NoRestartExitCode int     `yaml:"no_restart_exit_code"` // default 93
+	TimeoutsStateFile string  `yaml:"timeouts_state_file"`  // computed timeouts persisted here ("" disables)
+	TerminationGrace  float64 `yaml:"termination_grace"`    // seconds between a non-SIGKILL hang signal and SIGKILL
+	CalculateTimeouts bool    `yaml:"calculate_timeouts"`   // launcher computes timeouts from observed timing
+}
+
+// DefaultFaultTolerance returns nvrx's current (v0.6+) defaults plus ours.
+func DefaultFaultTolerance() FaultTolerance {
+	return FaultTolerance{
+		WorkloadCheckInterval:   5.0,
+		RankSectionTimeouts:     map[string]*float64{},
+		NodeHealthCheckInterval: 5.0,
+		SafetyFactor:            5.0,
+		RankTerminationSignal:   syscall.SIGKILL,
+		LogLevel:                20,
+		RestartCheckInterval:    60.0,
+		EnableNicHealthcheck:    true,
+		SkipSectionResponse:     true,
+		NumaBindStrict:          true,
+		GpuMemoryReclaimTimeout: 50.0,
+		GpuMemoryToleranceMB:    512.0,
+		GpuMemoryPollInterval:   2.0,
+		MaxNoProgressCycles:     3,
+		MinProgressIterations:   1,
+		NumWarmupIterations:     5,
+		NoRestartExitCode:       93,
+		TerminationGrace:        5.0,
+		CalculateTimeouts:       true,
+	}
+}
+
+// Seconds converts a nullable timeout to a duration; ok is false when disabled.
+func Seconds(v *float64) (d time.Duration, ok bool) {
+	if v == nil {
+		return 0, false
+	}
+	return time.Duration(*v * float64(time.Second)), true
+}
+
+// Exit codes shared by every command.
+const (
+	ExitSuccess = 0
+	ExitFailure = 1
+	ExitUsage   = 2
+)

@@ -1,0 +1,102 @@
+// Package eventlog writes the JSON-lines event log: one JSON object per line
+// for every cycle, rank exit, hang, restart, escalation and outcome, so that
+// every fault leaves a record a tool can read.
+package eventlog
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"sync"
+	"time"
+)
+
+// Event kinds written by the launcher.
+const (
+	LauncherStarted  = "launcher_started"
+	CycleStarted     = "cycle_started"
+	RankStarted      = "rank_started"
+	RankExited       = "rank_exited"
+	RankHang         = "rank_hang"
+	StopEscalated    = "stop_escalated" // SIGTERM grace ran out, SIGKILL sent
+	Restart          = "restart"
+	RoundEnded       = "round_ended"
+	SignalReceived   = "signal_received"
+	TrainingFinished = "training_finished"
+	JobSucceeded     = "job_succeeded"
+	JobFailed        = "job_failed"
+	NodeLost         = "node_lost"
+	WorkloadRequest  = "workload_request"
+	TimeoutsComputed = "timeouts_computed"
+)
+
+// Log appends events to a file. A nil *Log discards events.
+type Log struct {
+	mu   sync.Mutex
+	f    *os.File
+	base map[string]any
+}
+
+// Open opens (creating or appending) the event log at path. An empty path
+// returns a nil *Log, which discards events.
+func Open(path string, base map[string]any) (*Log, error) {
+	if path == "" {
+		return nil, nil
+	}
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("open event log: %w", err)
+	}
+	return &Log{f: f, base: base}, nil
+}
+
+// Emit writes one event. Each line is written with a single write(2) so
+// concurrent writers (several launchers on one file) never interleave.
+func (l *Log) Emit(kind string, fields map[string]any) {
+	if l == nil {
+		return
+	}
+	rec := make(map[string]any, len(fields)+len(l.base)+2)
+	for k, v := range l.base {
+		rec[k] = v
+	}
+	for k, v := range fields {
+		rec[k] = v
+	}
+	rec["ts"] = time.Now().UTC().Format(time.RFC3339Nano)
+	rec["event"] = kind
+	b, err := json.Marshal(rec)
+	if err != nil {
+		b, _ = json.Marshal(map[string]any{"ts": rec["ts"], "event": kind, "marshal_error": err.Error()})
+	}
+	b = append(b, '\n')
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	_, _ = l.f.Write(b)
+}
+
+// Close closes the file.
+func (l *Log) Close() error {
+	if l == nil {
+		return nil
+	}
+	return l.f.Close()
+}
+
+// Read parses an event log file; used by tests and tools.
+func Read(path string) ([]map[string]any, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var out []map[string]any
+	dec := json.NewDecoder(bytesReader(b))
+	for dec.More() {
+		var m map[string]any
+		if err := dec.Decode(&m); err != nil {
+			return out, fmt.Errorf("event log %s: %w", path, err)
+		}
+		out = append(out, m)
+	}
+	return out, nil
+}

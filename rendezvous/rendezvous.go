@@ -1,0 +1,81 @@
+// Package rendezvous decides, job-wide, which nodes run in which round, with
+// which ranks, and when a round ends. One round is one restart cycle: its
+// number is TORCHELASTIC_RESTART_COUNT on every node. The same interface is
+// served by Local (one node, nothing external) and by the etcd backend.
+package rendezvous
+
+import (
+	"context"
+	"errors"
+)
+
+// Assignment is what one node gets when a round closes.
+type Assignment struct {
+	RunID          string
+	Round          int // job-wide restart cycle number, identical on every node
+	GroupRank      int // this node's rank among active nodes
+	GroupWorldSize int // number of active nodes
+	RankBase       int // sum of lower active nodes' local world sizes
+	WorldSize      int // sum of active nodes' local world sizes
+	MasterAddr     string
+	MasterPort     int
+	MaxRestarts    int
+	// Standby is true when this node is parked (beyond MIN nodes). A standby
+	// node runs no ranks; it calls Next again to wait for a later round.
+	Standby bool
+}
+
+// EndKind says why a round ended.
+type EndKind int
+
+// Round end kinds.
+const (
+	// EndRestart: some node failed (or was lost) and a next round is open;
+	// stop ranks and call Next.
+	EndRestart EndKind = iota + 1
+	// EndJobClosed: the job is over for every node; exit with Code.
+	EndJobClosed
+)
+
+// RoundEnd is delivered when the current round is over for this node.
+type RoundEnd struct {
+	Kind   EndKind
+	Round  int    // the round that ended
+	Code   int    // exit code when Kind == EndJobClosed
+	Reason string // human-readable, shown in logs and the event log
+	Node   string // node that caused it, when known
+}
+
+// Decision is the answer to a local failure report.
+type Decision struct {
+	Restart bool // true: a next round is open, call Next
+	Code    int  // exit code when !Restart (restart budget exhausted)
+	Reason  string
+}
+
+// ErrClosed is returned by Next once the job has been closed.
+var ErrClosed = errors.New("rendezvous closed")
+
+// Rendezvous is the node agent's view of the job-wide round state machine.
+type Rendezvous interface {
+	// Next joins the next round and blocks until it closes (or ctx ends).
+	Next(ctx context.Context) (Assignment, error)
+	// Ended returns a channel that receives once when the given round ends
+	// because of another node, node loss or job closure.
+	Ended(round int) <-chan RoundEnd
+	// Fail reports a local failure in round: it opens the next round for
+	// every node if the job-wide budget allows, else closes the job.
+	Fail(ctx context.Context, round int, reason string) (Decision, error)
+	// Succeed reports that every local rank exited 0 in round and waits
+	// until the job's outcome is known; it returns the exit code for this
+	// node (0 when every node succeeded).
+	Succeed(ctx context.Context, round int) (int, error)
+	// Shutdown closes the job for every node with code and reason
+	// (a rank's ShutdownWorkload request, a fatal local error).
+	Shutdown(ctx context.Context, code int, reason string) error
+	// Leave withdraws this node (ExcludeThisNode, health check failure)
+	// without closing the job for others.
+	Leave(ctx context.Context, reason string) error
+	// Close releases resources (leases, connections, embedded servers).
+	Close() error
+}
