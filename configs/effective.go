@@ -1,0 +1,113 @@
+package configs
+
+import (
+	"fmt"
+	"strings"
+
+	"gopkg.in/yaml.v3"
+)
+
+// Effective renders the merged configuration as YAML for --print-config: a
+// fault_tolerance block with nvrx's key names (so the output can be fed back
+// through --ft-cfg-path) and a launch block with the other settings, keyed
+// by the flags' PET_ names in lower case. The etcd password is redacted.
+func (c *Config) Effective() string {
+	ft := &yaml.Node{}
+	if err := ft.Encode(c.FT); err != nil {
+		return fmt.Sprintf("# cannot render fault_tolerance: %v\n", err)
+	}
+	for i := 0; i+1 < len(ft.Content); i += 2 {
+		if ft.Content[i].Value == "rank_termination_signal" {
+			ft.Content[i+1] = scalar(signalName(c.FT.RankTerminationSignal))
+		}
+	}
+
+	launch := &yaml.Node{Kind: yaml.MappingNode}
+	add := func(key string, v any) {
+		n := &yaml.Node{}
+		if err := n.Encode(v); err != nil {
+			n = scalar(fmt.Sprint(v))
+		}
+		launch.Content = append(launch.Content, scalar(key), n)
+	}
+	signals := make([]string, len(c.SignalsToHandle))
+	for i, s := range c.SignalsToHandle {
+		signals[i] = signalName(s)
+	}
+	password := ""
+	if c.RdzvPassword != "" {
+		password = "<redacted>"
+	}
+	add("nnodes", fmt.Sprintf("%d:%d", c.NNodes.Min, c.NNodes.Max))
+	add("nproc_per_node", c.NProcPerNode)
+	add("nproc_per_node_spec", c.NProcSpec)
+	add("rdzv_backend", c.RdzvBackend)
+	add("rdzv_endpoint", c.RdzvEndpoint)
+	add("rdzv_id", c.RdzvID)
+	add("rdzv_conf", c.RdzvConf)
+	add("standalone", c.Standalone)
+	add("max_restarts", c.MaxRestarts)
+	add("monitor_interval", c.MonitorInterval.Seconds())
+	add("start_method", c.StartMethod)
+	add("role", c.Role)
+	add("module", c.Module)
+	add("no_python", c.NoPython)
+	add("log_dir", c.LogDir)
+	add("redirects", stdSpecString(c.Redirects))
+	add("tee", stdSpecString(c.Tee))
+	if c.LocalRanksFilter == nil {
+		add("local_ranks_filter", nil) // null: every rank is shown
+	} else {
+		add("local_ranks_filter", c.LocalRanksFilter)
+	}
+	add("node_rank", c.NodeRank)
+	add("master_addr", c.MasterAddr)
+	add("master_port", c.MasterPort)
+	add("local_addr", c.LocalAddr)
+	add("signals_to_handle", signals)
+	add("term_timeout", c.TermTimeout.Seconds())
+	add("workers_stop_timeout", c.WorkersStopTimeout.Seconds())
+	add("rdzv_ca_cert", c.RdzvCACert)
+	add("rdzv_cert", c.RdzvCert)
+	add("rdzv_key", c.RdzvKey)
+	add("rdzv_user", c.RdzvUser)
+	add("rdzv_password", password)
+	add("event_log", c.EventLog)
+	add("metrics_addr", c.MetricsAddr)
+	add("health_check_cmd", c.HealthCheckCmd)
+	add("ft_cfg_path", c.CfgPath)
+	add("python_exec", c.PythonExec)
+	add("training_script", c.Script)
+	add("training_script_args", c.ScriptArgs)
+
+	doc := &yaml.Node{Kind: yaml.MappingNode, Content: []*yaml.Node{
+		scalar("fault_tolerance"), ft,
+		scalar("launch"), launch,
+	}}
+	var b strings.Builder
+	enc := yaml.NewEncoder(&b)
+	enc.SetIndent(2)
+	if err := enc.Encode(doc); err != nil {
+		return fmt.Sprintf("# cannot render configuration: %v\n", err)
+	}
+	_ = enc.Close()
+	return b.String()
+}
+
+func scalar(s string) *yaml.Node {
+	return &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!str", Value: s}
+}
+
+// stdSpecString renders a StdSpec in the syntax -r/-t accept.
+func stdSpecString(s StdSpec) string {
+	if s.PerRank == nil {
+		return fmt.Sprint(int(s.All))
+	}
+	parts := make([]string, 0, len(s.PerRank))
+	for r := 0; r <= 9; r++ {
+		if v, ok := s.PerRank[r]; ok {
+			parts = append(parts, fmt.Sprintf("%d:%d", r, v))
+		}
+	}
+	return strings.Join(parts, ",")
+}

@@ -1,0 +1,299 @@
+package configs
+
+import (
+	"fmt"
+	"reflect"
+	"strconv"
+
+	"gopkg.in/yaml.v3"
+)
+
+// ftSpec describes one FaultTolerance field: how it is spelled as a flag and
+// in YAML, and how its value is checked. The Go field is found through its
+// yaml tag, so the struct in config.go stays the single list of fields.
+type ftSpec struct {
+	key      string // nvrx field name and YAML key
+	flag     string // flag name without "--"; "" when the field is YAML-only
+	legacy   bool   // nvrx <= v0.4 also spelled it --ft-param-<key>
+	arg      string // metavar in the help text
+	help     string
+	positive bool     // numbers must be > 0 (periods and factors)
+	rule     boolRule // for bool fields given as text
+}
+
+// ftSpecs lists every field in nvrx's order, then ft-launcher's additions.
+func ftSpecs() []ftSpec {
+	return []ftSpec{
+		{key: "workload_check_interval", flag: "ft-workload-check-interval", legacy: true, arg: "SECONDS", positive: true,
+			help: "Period of the rank monitors' timeout checks."},
+		{key: "initial_rank_heartbeat_timeout", flag: "ft-initial-rank-heartbeat-timeout", legacy: true, arg: "SECONDS|none",
+			help: "Longest wait from a rank's init to its first heartbeat; none disables."},
+		{key: "rank_heartbeat_timeout", flag: "ft-rank-heartbeat-timeout", legacy: true, arg: "SECONDS|none",
+			help: "Longest gap between two heartbeats; none disables."},
+		{key: "rank_section_timeouts", flag: "ft-rank-section-timeouts", legacy: true, arg: "NAME:SECONDS,...",
+			help: "Per-section timeouts, e.g. setup:600,step:180,checkpointing:none; '' clears. Key warmup applies to step during warm-up iterations."},
+		{key: "rank_out_of_section_timeout", flag: "ft-rank-out-of-section-timeout", legacy: true, arg: "SECONDS|none",
+			help: "Longest time with no section open; none disables."},
+		{key: "node_health_check_interval", flag: "ft-node-health-check-interval", legacy: true, arg: "SECONDS", positive: true,
+			help: "Period of node health checks while ranks run."},
+		{key: "safety_factor", flag: "ft-safety-factor", legacy: true, arg: "FACTOR", positive: true,
+			help: "Multiplier applied to observed timings when timeouts are calculated."},
+		{key: "rank_termination_signal", flag: "ft-rank-termination-signal", legacy: true, arg: "SIGNAL",
+			help: "Signal sent to a hung rank: a name (SIGKILL, sigterm, KILL) or a number."},
+		{key: "log_level", flag: "ft-log-level", legacy: true, arg: "LEVEL",
+			help: "DEBUG, DBG, INFO, WARNING, WARN, ERROR, CRITICAL or an integer 0-50."},
+		{key: "restart_check_interval", flag: "ft-restart-check-interval", legacy: true, arg: "SECONDS", positive: true,
+			help: "Kept for nvrx compatibility (nvrx no longer uses it)."},
+		{key: "enable_nic_monitor", flag: "ft-enable-nic-monitor", legacy: true, arg: "BOOL", rule: boolNotFalse,
+			help: "Watch the NIC link_downed counter (anything but false/0/no is true). Stored; not implemented."},
+		{key: "enable_nic_healthcheck", flag: "ft-enable-nic-healthcheck", arg: "BOOL", rule: boolNotFalse,
+			help: "Pre-rendezvous NIC link-state check (anything but false/0/no is true). Stored; not implemented."},
+		{key: "enable_dist_storage_healthcheck", flag: "ft-enable-dist-storage-healthcheck", arg: "BOOL", rule: boolStrict,
+			help: "Pre-rendezvous distributed storage check: true/1/yes or false/0/no. Stored; not implemented."},
+		{key: "storage_healthcheck_path", flag: "ft-storage-health-check-path", arg: "PATH,...",
+			help: "Comma-separated absolute paths checked before each rendezvous. Stored; not implemented."},
+		{key: "pci_topo_file", flag: "ft-pci-topo-file", legacy: true, arg: "PATH",
+			help: "GPU-NIC topology file for the NIC monitor. Stored; not implemented."},
+		{key: "link_down_path_template", flag: "ft-link-down-path-template", legacy: true, arg: "TEMPLATE",
+			help: "sysfs template of the link_downed counter. Stored; not implemented."},
+		{key: "link_state_path_template", flag: "ft-link-state-path-template", arg: "TEMPLATE",
+			help: "sysfs template of the NIC link state. Stored; not implemented."},
+		{key: "skip_section_response", flag: "ft-skip-section-response", arg: "BOOL", rule: boolOnlyTrue,
+			help: "Monitors do not answer heartbeat/section messages (true iff true/1/yes)."},
+		{key: "segment", flag: "ft-segment", arg: "N",
+			help: "Hot-spare segment size (NVLink domain). Stored; not implemented."},
+		{key: "numa_bind_strict", flag: "ft-numa-bind-strict", arg: "BOOL", rule: boolNotFalse,
+			help: "numactl --membind instead of --localalloc. Stored; not implemented."},
+		{key: "gpu_memory_reclaim_timeout", flag: "ft-gpu-memory-reclaim-timeout", arg: "SECONDS",
+			help: "After stopping ranks, wait up to this long for GPU memory to be freed (0 disables)."},
+		{key: "gpu_memory_tolerance_mb", flag: "ft-gpu-memory-tolerance-mb", arg: "MB",
+			help: "GPU memory still in use that counts as freed."},
+		{key: "gpu_memory_poll_interval", flag: "ft-gpu-memory-poll-interval", arg: "SECONDS", positive: true,
+			help: "Poll period of the GPU memory wait."},
+		{key: "check_remaining_processes", flag: "ft-check-remaining-processes", arg: "BOOL", rule: boolNotFalse,
+			help: "Log processes left in a rank's process group after it stopped."},
+		{key: "max_no_progress_cycles", flag: "ft-max-no-progress-cycles", arg: "N",
+			help: "Restart cycles without checkpoint progress before exiting with the no-restart code (<= 0 disables)."},
+		{key: "min_progress_iterations", flag: "ft-min-progress-iterations", arg: "N",
+			help: "Iterations that count as progress."},
+		{key: "checkpoint_iteration_file", flag: "ft-checkpoint-iteration-file", arg: "PATH",
+			help: "File holding the last checkpointed iteration (one integer)."},
+		{key: "install_exception_hook", flag: "ft-install-exception-hook", arg: "BOOL", rule: boolNotFalse,
+			help: "Ask clients to install an exception hook that exits the rank."},
+		{key: "num_warmup_iterations", arg: "N",
+			help: "Iterations that use the warmup section timeout (YAML only, as in nvrx)."},
+		{key: "cycle_info_dir", flag: "ft-cycle-info-dir", arg: "DIR",
+			help: "Directory for per-cycle info files."},
+		{key: "no_restart_exit_code", flag: "ft-no-restart-exit-code", arg: "CODE",
+			help: "Exit code meaning 'do not requeue this job' (1-255)."},
+		{key: "timeouts_state_file", flag: "ft-timeouts-state-file", arg: "PATH",
+			help: "File where calculated timeouts are kept across runs ('' disables)."},
+		{key: "termination_grace", flag: "ft-termination-grace", arg: "SECONDS",
+			help: "Grace between a non-SIGKILL hang signal and SIGKILL."},
+		{key: "calculate_timeouts", flag: "ft-calculate-timeouts", arg: "BOOL", rule: boolStrict,
+			help: "Calculate heartbeat and section timeouts from observed timing: true/1/yes or false/0/no."},
+	}
+}
+
+// ftField returns the settable field of ft whose yaml tag is key.
+func ftField(ft *FaultTolerance, key string) (reflect.Value, bool) {
+	v := reflect.ValueOf(ft).Elem()
+	t := v.Type()
+	for i := 0; i < t.NumField(); i++ {
+		if t.Field(i).Tag.Get("yaml") == key {
+			return v.Field(i), true
+		}
+	}
+	return reflect.Value{}, false
+}
+
+// setFT stores the textual value s into the field described by sp. A
+// non-empty warning is returned when s is accepted but has no effect.
+// null marks a YAML null, which fields that cannot be disabled refuse.
+func setFT(ft *FaultTolerance, sp ftSpec, s string, null bool) (warning string, err error) {
+	f, ok := ftField(ft, sp.key)
+	if !ok {
+		return "", fmt.Errorf("internal error: no field for %s", sp.key)
+	}
+	switch sp.key {
+	case "rank_termination_signal":
+		sig, err := parseSignal(s)
+		if err != nil || null {
+			return "", fmt.Errorf("invalid value %q: must be a signal name (SIGKILL, sigterm, KILL) or number", s)
+		}
+		ft.RankTerminationSignal = sig
+		return "", nil
+	case "log_level":
+		lv, err := parseLogLevel(s)
+		if err != nil || null {
+			return "", fmt.Errorf("invalid value %q: must be DEBUG, DBG, INFO, WARNING, WARN, ERROR, CRITICAL or an integer 0-50", s)
+		}
+		ft.LogLevel = lv
+		return "", nil
+	case "rank_section_timeouts":
+		m, err := parseSectionTimeouts(s)
+		if err != nil {
+			return "", err
+		}
+		ft.RankSectionTimeouts = m
+		return "", nil
+	case "storage_healthcheck_path":
+		if null || s == "" {
+			ft.StorageHealthcheckPath = nil
+			return "", nil
+		}
+		p, err := parseAbsPathList(s)
+		if err != nil {
+			return "", err
+		}
+		ft.StorageHealthcheckPath = &p
+		return "", nil
+	}
+
+	allowed := func() string {
+		if sp.positive {
+			return "must be a number > 0"
+		}
+		return "must be a number >= 0"
+	}
+	switch f.Interface().(type) {
+	case float64:
+		if isNone(s) {
+			if null {
+				return "", fmt.Errorf("invalid value null: %s (this setting cannot be disabled)", allowed())
+			}
+			return "value " + strconv.Quote(s) + " ignored: this setting cannot be disabled", nil
+		}
+		v, err := parseFloat(s)
+		if err != nil || checkSeconds(v, sp.positive) != nil {
+			return "", fmt.Errorf("invalid value %q: %s", s, allowed())
+		}
+		f.SetFloat(v)
+	case *float64:
+		if null || isNone(s) {
+			f.Set(reflect.Zero(f.Type()))
+			return "", nil
+		}
+		v, err := parseFloat(s)
+		if err != nil || checkSeconds(v, false) != nil {
+			return "", fmt.Errorf("invalid value %q: must be a number of seconds >= 0, or none/null to disable", s)
+		}
+		f.Set(reflect.ValueOf(&v))
+	case bool:
+		if null {
+			return "", fmt.Errorf("invalid value null: must be true or false")
+		}
+		b, err := parseRuleBool(s, sp.rule)
+		if err != nil {
+			return "", err
+		}
+		f.SetBool(b)
+	case int:
+		v, err := strconv.Atoi(s)
+		lo, hi := 0, int(^uint(0)>>1)
+		switch sp.key {
+		case "max_no_progress_cycles":
+			lo = -hi
+		case "no_restart_exit_code":
+			lo, hi = 1, 255
+		}
+		if err != nil || null || v < lo || v > hi {
+			if sp.key == "no_restart_exit_code" {
+				return "", fmt.Errorf("invalid value %q: must be an integer 1-255", s)
+			}
+			if lo < 0 {
+				return "", fmt.Errorf("invalid value %q: must be an integer", s)
+			}
+			return "", fmt.Errorf("invalid value %q: must be an integer >= 0", s)
+		}
+		f.SetInt(int64(v))
+	case *int:
+		if null || isNone(s) {
+			f.Set(reflect.Zero(f.Type()))
+			return "", nil
+		}
+		v, err := strconv.Atoi(s)
+		if err != nil || v <= 0 {
+			return "", fmt.Errorf("invalid value %q: must be an integer > 0 or none", s)
+		}
+		f.Set(reflect.ValueOf(&v))
+	case string:
+		if null {
+			s = ""
+		}
+		f.SetString(s)
+	case *string:
+		if null || s == "" {
+			f.Set(reflect.Zero(f.Type()))
+			return "", nil
+		}
+		v := s
+		f.Set(reflect.ValueOf(&v))
+	default:
+		return "", fmt.Errorf("internal error: unsupported type %s for %s", f.Type(), sp.key)
+	}
+	return "", nil
+}
+
+// setFTNode stores a YAML value. Scalars go through setFT so YAML and flags
+// accept the same spellings; rank_section_timeouts takes a mapping.
+func setFTNode(ft *FaultTolerance, sp ftSpec, n *yaml.Node) error {
+	for n.Kind == yaml.AliasNode {
+		n = n.Alias
+	}
+	if sp.key == "rank_section_timeouts" {
+		if n.Tag == "!!null" {
+			ft.RankSectionTimeouts = map[string]*float64{}
+			return nil
+		}
+		if n.Kind != yaml.MappingNode {
+			return fmt.Errorf("must be a mapping of section name to seconds or null, like {setup: 600, step: null}")
+		}
+		m := map[string]*float64{}
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			k, v := n.Content[i], n.Content[i+1]
+			for v.Kind == yaml.AliasNode {
+				v = v.Alias
+			}
+			if v.Kind == yaml.ScalarNode && (v.Tag == "!!null" || isNone(v.Value)) {
+				m[k.Value] = nil
+				continue
+			}
+			x, err := parseFloat(v.Value)
+			if v.Kind != yaml.ScalarNode || err != nil || x < 0 {
+				return fmt.Errorf("section %q: must be a number of seconds >= 0 or null", k.Value)
+			}
+			m[k.Value] = &x
+		}
+		ft.RankSectionTimeouts = m
+		return nil
+	}
+	if n.Kind != yaml.ScalarNode {
+		return fmt.Errorf("must be a single value, not a %s; %s", kindName(n.Kind), sp.help)
+	}
+	rule := sp.rule
+	if _, ok := ftFieldKind(ft, sp.key).(bool); ok {
+		rule = boolStrict // YAML booleans are true/false; strings must be unambiguous
+	}
+	sp.rule = rule
+	_, err := setFT(ft, sp, n.Value, n.Tag == "!!null")
+	return err
+}
+
+func ftFieldKind(ft *FaultTolerance, key string) any {
+	f, ok := ftField(ft, key)
+	if !ok {
+		return nil
+	}
+	return f.Interface()
+}
+
+func kindName(k yaml.Kind) string {
+	switch k {
+	case yaml.MappingNode:
+		return "mapping"
+	case yaml.SequenceNode:
+		return "list"
+	}
+	return "value"
+}

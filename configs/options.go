@@ -1,0 +1,329 @@
+package configs
+
+import (
+	"fmt"
+	"reflect"
+	"strings"
+)
+
+// optKind says whether an option takes a value or is a switch.
+type optKind int
+
+const (
+	kindValue  optKind = iota
+	kindSwitch         // store_true; its PET_ variable must be an integer
+)
+
+// option is one command-line option with its spellings, environment fallback
+// and effect. Every '-' in a long name may also be written '_'.
+type option struct {
+	names      []string // long names without "--"; names[0] is canonical and names the PET_ variable
+	legacy     []string // deprecated spellings: accepted with a warning
+	short      string
+	kind       optKind
+	env        bool   // PET_<NAMES[0]> fallback
+	deprecated string // non-empty: the whole option is deprecated; this says why
+	early      bool   // applied before the YAML file is read (it locates the file)
+	group      string
+	arg        string // metavar
+	def        string // default, for the help text
+	help       string
+	set        func(p *parser, v string) error
+}
+
+// envName is torchrun's PET_<DEST>: the first long name, '-' as '_', upper-cased.
+func (o *option) envName() string {
+	if !o.env {
+		return ""
+	}
+	return "PET_" + strings.ToUpper(strings.ReplaceAll(o.names[0], "-", "_"))
+}
+
+// Help groups, in the order Usage prints them.
+const (
+	grpLaunch = "Launch (torchrun-compatible)"
+	grpRdzv   = "Rendezvous"
+	grpLogs   = "Worker output"
+	grpStop   = "Signals and stopping"
+	grpFT     = "Fault tolerance (nvrx ft_launcher --ft-*; no PET_ fallback, as in nvrx)"
+	grpOurs   = "ft-launcher additions"
+	grpCompat = "Accepted for compatibility (stored or ignored with a warning)"
+)
+
+func groupOrder() []string {
+	return []string{grpLaunch, grpRdzv, grpLogs, grpStop, grpFT, grpOurs, grpCompat}
+}
+
+// ignored builds an option that is accepted but has no effect here.
+func ignored(name string, kind optKind, env bool, arg, def, help, why string) *option {
+	return &option{names: []string{name}, kind: kind, env: env, group: grpCompat, arg: arg, def: def,
+		help: help + " Ignored: " + why + ".",
+		set: func(p *parser, v string) error {
+			if kind == kindSwitch && v != "true" {
+				return nil
+			}
+			p.warn("%s is accepted but ignored: %s", p.subj, why)
+			return nil
+		}}
+}
+
+// options returns the full option table. It is built per call so that no
+// package state is shared between parses.
+func options() []*option {
+	opts := []*option{
+		// Launch.
+		{names: []string{"nnodes"}, env: true, group: grpLaunch, arg: "N|MIN:MAX", def: "1:1",
+			help: "Number of nodes, or MIN:MAX for an elastic job (MAX-MIN hot spares); 0 < MIN <= MAX.",
+			set:  func(p *parser, v string) (err error) { p.cfg.NNodes, err = parseNNodes(v); return err }},
+		{names: []string{"nproc-per-node"}, env: true, group: grpLaunch, arg: "N|cpu|gpu|auto", def: "1",
+			help: "Workers per node: an integer, cpu (CPU count), gpu (count of /dev/nvidia<N> honouring CUDA_VISIBLE_DEVICES) or auto (gpu if any, else cpu).",
+			set: func(p *parser, v string) error {
+				if err := checkNProcSpec(v); err != nil {
+					return err
+				}
+				p.cfg.NProcSpec = strings.TrimSpace(v)
+				return nil
+			}},
+		{names: []string{"max-restarts"}, env: true, group: grpLaunch, arg: "N", def: "0",
+			help: "Restarts of the whole worker group before giving up; >= 0.",
+			set:  func(p *parser, v string) (err error) { p.cfg.MaxRestarts, err = parseNonNegInt(v); return err }},
+		{names: []string{"monitor-interval"}, env: true, group: grpLaunch, arg: "SECONDS", def: "0.3",
+			help: "Period of the worker state poll; > 0.",
+			set:  func(p *parser, v string) (err error) { p.cfg.MonitorInterval, err = parseSeconds(v, true); return err }},
+		{names: []string{"start-method"}, env: true, group: grpLaunch, arg: "spawn|fork|forkserver", def: "spawn",
+			help: "Accepted for torchrun compatibility; scripts always run as separate processes.",
+			set: func(p *parser, v string) error {
+				switch v {
+				case "spawn", "fork", "forkserver":
+					p.cfg.StartMethod = v
+					return nil
+				}
+				return fmt.Errorf("invalid value %q: must be spawn, fork or forkserver", v)
+			}},
+		{names: []string{"role"}, env: true, group: grpLaunch, arg: "NAME", def: "default",
+			help: "Worker role name (ROLE_NAME).",
+			set:  func(p *parser, v string) error { p.cfg.Role = v; return nil }},
+		{names: []string{"module"}, short: "m", kind: kindSwitch, env: true, group: grpLaunch, def: "off",
+			help: "Run the training script as a module: python -u -m SCRIPT.",
+			set:  func(p *parser, v string) (err error) { p.cfg.Module, err = p.switchValue(v); return err }},
+		{names: []string{"no-python"}, kind: kindSwitch, env: true, group: grpLaunch, def: "off",
+			help: "Execute the training script directly, without a python interpreter.",
+			set:  func(p *parser, v string) (err error) { p.cfg.NoPython, err = p.switchValue(v); return err }},
+		{names: []string{"run-path"}, kind: kindSwitch, env: true, group: grpLaunch, def: "off",
+			help: "Not supported (torchrun runs the script in-process with runpy); refused.",
+			set: func(p *parser, v string) error {
+				on, err := p.switchValue(v)
+				if err != nil || !on {
+					return err
+				}
+				return fmt.Errorf("--run-path is not supported: ft-launcher starts every worker as its own process; drop it to run the script with python -u")
+			}},
+
+		// Rendezvous.
+		{names: []string{"rdzv-backend"}, env: true, group: grpRdzv, arg: "NAME", def: "c10d",
+			help: "static, c10d (the embedded/default etcd rendezvous), etcd or etcd-v2.",
+			set: func(p *parser, v string) error {
+				switch v {
+				case "static", "c10d", "etcd", "etcd-v2":
+					p.cfg.RdzvBackend = v
+					p.explicit["rdzv-backend"] = true
+					return nil
+				}
+				return fmt.Errorf("invalid value %q: must be static, c10d, etcd or etcd-v2", v)
+			}},
+		{names: []string{"rdzv-endpoint"}, env: true, group: grpRdzv, arg: "HOST[:PORT]", def: "\"\"",
+			help: "Rendezvous server address; IPv6 as [addr]:port.",
+			set: func(p *parser, v string) error {
+				p.cfg.RdzvEndpoint = v
+				p.explicit["rdzv-endpoint"] = v != ""
+				return nil
+			}},
+		{names: []string{"rdzv-id"}, env: true, group: grpRdzv, arg: "ID", def: "none",
+			help: "Run id shared by every node of the job (the default 'none' collides between jobs).",
+			set: func(p *parser, v string) error {
+				p.cfg.RdzvID = v
+				p.explicit["rdzv-id"] = true
+				return nil
+			}},
+		{names: []string{"rdzv-conf"}, env: true, group: grpRdzv, arg: "K=V,...", def: "\"\"",
+			help: "Extra rendezvous settings as key=value pairs (keys and values trimmed, neither empty, no commas in values).",
+			set:  func(p *parser, v string) (err error) { p.cfg.RdzvConf, err = parseRdzvConf(v); return err }},
+		{names: []string{"standalone"}, kind: kindSwitch, env: true, group: grpRdzv, def: "off",
+			help: "Single-node job: backend c10d, endpoint localhost:0, random run id; explicit rendezvous values are ignored.",
+			set:  func(p *parser, v string) (err error) { p.cfg.Standalone, err = p.switchValue(v); return err }},
+		{names: []string{"node-rank"}, env: true, group: grpRdzv, arg: "N", def: "-1 (not given)",
+			help: "Rank of this node; used by the static backend only.",
+			set:  func(p *parser, v string) (err error) { p.cfg.NodeRank, err = parseNonNegInt(v); return err }},
+		{names: []string{"master-addr"}, env: true, group: grpRdzv, arg: "ADDR", def: "127.0.0.1",
+			help: "Static backend: rank 0's address when --rdzv-endpoint is empty.",
+			set:  func(p *parser, v string) error { p.cfg.MasterAddr = v; return nil }},
+		{names: []string{"master-port"}, env: true, group: grpRdzv, arg: "PORT", def: "29500",
+			help: "Static backend: rank 0's port when --rdzv-endpoint is empty; 0-65535.",
+			set: func(p *parser, v string) error {
+				n, err := parseNonNegInt(v)
+				if err != nil || n > 65535 {
+					return fmt.Errorf("invalid value %q: must be a port number 0-65535", v)
+				}
+				p.cfg.MasterPort = n
+				return nil
+			}},
+		{names: []string{"local-addr"}, env: true, group: grpRdzv, arg: "ADDR", def: "host name",
+			help: "Address other nodes use to reach this one (MASTER_ADDR when this node is group rank 0).",
+			set:  func(p *parser, v string) error { p.cfg.LocalAddr = v; return nil }},
+		{names: []string{"rdzv-ca-cert"}, env: true, group: grpRdzv, arg: "PATH",
+			help: "etcd rendezvous: CA certificate for TLS.",
+			set:  func(p *parser, v string) error { p.cfg.RdzvCACert = v; return nil }},
+		{names: []string{"rdzv-cert"}, env: true, group: grpRdzv, arg: "PATH",
+			help: "etcd rendezvous: client certificate for TLS.",
+			set:  func(p *parser, v string) error { p.cfg.RdzvCert = v; return nil }},
+		{names: []string{"rdzv-key"}, env: true, group: grpRdzv, arg: "PATH",
+			help: "etcd rendezvous: client key for TLS.",
+			set:  func(p *parser, v string) error { p.cfg.RdzvKey = v; return nil }},
+		{names: []string{"rdzv-user"}, env: true, group: grpRdzv, arg: "USER",
+			help: "etcd rendezvous: user name.",
+			set:  func(p *parser, v string) error { p.cfg.RdzvUser = v; return nil }},
+		{names: []string{"rdzv-password"}, env: true, group: grpRdzv, arg: "PASSWORD",
+			help: "etcd rendezvous: password (prefer PET_RDZV_PASSWORD: flags are visible in ps).",
+			set:  func(p *parser, v string) error { p.cfg.RdzvPassword = v; return nil }},
+
+		// Worker output.
+		{names: []string{"log-dir"}, env: true, group: grpLogs, arg: "DIR", def: "a new temporary directory",
+			help: "Base directory of per-rank log files.",
+			set:  func(p *parser, v string) error { p.cfg.LogDir = v; return nil }},
+		{names: []string{"redirects"}, short: "r", env: true, group: grpLogs, arg: "0-3|RANK:0-3,...", def: "0",
+			help: "Send worker streams to log files only: 0 none, 1 stdout, 2 stderr, 3 both, or per local rank like 0:1,1:2 (single-digit ranks).",
+			set:  func(p *parser, v string) (err error) { p.cfg.Redirects, err = parseStdSpec(v); return err }},
+		{names: []string{"tee"}, short: "t", env: true, group: grpLogs, arg: "0-3|RANK:0-3,...", def: "0",
+			help: "Copy worker streams to log files and the console; same values as --redirects.",
+			set:  func(p *parser, v string) (err error) { p.cfg.Tee, err = parseStdSpec(v); return err }},
+		{names: []string{"local-ranks-filter"}, env: true, group: grpLogs, arg: "RANK,...", def: "all ranks",
+			help: "Show only these local ranks' output on the console (files keep everything).",
+			set:  func(p *parser, v string) (err error) { p.cfg.LocalRanksFilter, err = parseRanksFilter(v); return err }},
+
+		// Signals and stopping.
+		{names: []string{"signals-to-handle"}, env: true, group: grpStop, arg: "SIG,...", def: "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
+			help: "Signals caught by the launcher and forwarded to the workers.",
+			set:  func(p *parser, v string) (err error) { p.cfg.SignalsToHandle, err = parseSignalList(v); return err }},
+		{names: []string{"term-timeout"}, env: true, group: grpStop, arg: "SECONDS", def: "1800",
+			help: "After forwarding a caught signal, wait this long for workers before SIGKILL.",
+			set:  func(p *parser, v string) (err error) { p.cfg.TermTimeout, err = parseSeconds(v, false); return err }},
+		{names: []string{"shutdown-timeout"}, env: true, group: grpStop, arg: "SECONDS", def: "same as --term-timeout",
+			help: "torchrun's name for --term-timeout (sets it).",
+			set:  func(p *parser, v string) (err error) { p.cfg.TermTimeout, err = parseSeconds(v, false); return err }},
+		{names: []string{"workers-stop-timeout"}, env: true, group: grpStop, arg: "SECONDS", def: "15",
+			help: "When stopping workers for a restart, wait this long after SIGTERM before SIGKILL.",
+			set: func(p *parser, v string) (err error) {
+				p.cfg.WorkersStopTimeout, err = parseSeconds(v, false)
+				return err
+			}},
+
+		// Fault tolerance: the file; the fields follow from ftSpecs.
+		{names: []string{"ft-cfg-path"}, legacy: []string{"fault-tol-cfg-path"}, env: true, early: true, group: grpFT, arg: "PATH",
+			help: "YAML file; its first fault_tolerance: mapping (searched depth-first, so NeMo/Hydra nesting works) sets the fields below.",
+			set:  func(p *parser, v string) error { p.cfg.CfgPath = v; return nil }},
+		{names: []string{"ft-ignore-missing-cfg"}, legacy: []string{"ignore-missing-fault-tol-cfg"}, kind: kindSwitch, early: true, group: grpFT, def: "off",
+			help: "Run with defaults when the --ft-cfg-path file does not exist (warning instead of an error).",
+			set:  func(p *parser, v string) (err error) { p.ignoreMissing, err = p.switchValue(v); return err }},
+
+		// ft-launcher additions.
+		{names: []string{"event-log"}, env: true, group: grpOurs, arg: "PATH", def: "off",
+			help: "Append a JSON-lines event log of launcher phases to PATH.",
+			set:  func(p *parser, v string) error { p.cfg.EventLog = v; return nil }},
+		{names: []string{"metrics-addr"}, env: true, group: grpOurs, arg: "ADDR", def: "off",
+			help: "Serve Prometheus metrics on ADDR (e.g. 127.0.0.1:9400).",
+			set:  func(p *parser, v string) error { p.cfg.MetricsAddr = v; return nil }},
+		{names: []string{"health-check-cmd"}, env: true, group: grpOurs, arg: "CMD", def: "off",
+			help: "Command run before each rendezvous join; a non-zero exit marks this node unhealthy.",
+			set:  func(p *parser, v string) error { p.cfg.HealthCheckCmd = v; return nil }},
+		{names: []string{"print-config"}, kind: kindSwitch, group: grpOurs, def: "off",
+			help: "Print the effective configuration as YAML and exit.",
+			set:  func(p *parser, v string) (err error) { p.cfg.PrintConfig, err = p.switchValue(v); return err }},
+
+		// Legacy nvrx options that have no effect any more.
+		{names: []string{"restart-policy"}, group: grpCompat, arg: "POLICY", deprecated: "removed in nvrx v0.5; every failure restarts all ranks",
+			help: "nvrx <= v0.4 restart policy.", set: deprecatedNoop},
+		{names: []string{"ft-restart-policy"}, group: grpCompat, arg: "any-failed|min-healthy", deprecated: "removed in nvrx v0.6; every failure restarts all ranks",
+			help: "nvrx v0.5 restart policy.", set: deprecatedNoop},
+		{names: []string{"ft-use-infra-group-rank"}, group: grpCompat, arg: "BOOL", deprecated: "nvrx v0.5 only; group ranks come from the rendezvous",
+			help: "nvrx v0.5 rank assignment switch.", set: deprecatedNoop},
+		{names: []string{"ft-rdzv-impl"}, group: grpCompat, arg: "barrier|legacy", deprecated: "there is one rendezvous implementation",
+			help: "nvrx rendezvous implementation choice.", set: deprecatedNoop},
+
+		// torchrun / nvrx options for features not implemented here.
+		ignored("event-log-handler", kindValue, true, "NAME", "null", "torchrun events handler.", "use --event-log"),
+		ignored("logs-specs", kindValue, false, "NAME", "", "torchrun LogsSpecs plugin.", "plugins are Python entry points"),
+		ignored("numa-binding", kindValue, false, "node|socket|exclusive|core-complex", "", "torchrun NUMA binding.", "not implemented"),
+		ignored("virtual-local-rank", kindSwitch, true, "", "off", "torchrun virtual local rank.", "not implemented"),
+		ignored("duplicate-stdout-filters", kindValue, true, "FILTER,...", "", "torchrun duplicated-output filters.", "not implemented"),
+		ignored("duplicate-stderr-filters", kindValue, true, "FILTER,...", "", "torchrun duplicated-output filters.", "not implemented"),
+		ignored("ft-node-health-check-endpoint", kindValue, false, "ENDPOINT", "", "nvrx node health service socket.", "use --health-check-cmd"),
+		ignored("ft-scheduler-exclusion-dir", kindValue, false, "DIR", "", "nvrx scheduler exclusion decisions.", "not implemented"),
+	}
+	for _, n := range []string{"ft-per-cycle-applog-prefix", "ft-nvrx-logfile", "ft-enable-log-server", "ft-log-server-port",
+		"ft-log-aggregator-count", "ft-log-leaf-max-queue-chunks", "ft-log-server-log-prefix", "ft-log-server-graceful-shutdown-timeout"} {
+		opts = append(opts, ignored(n, kindValue, true, "VALUE", "", "nvrx log funnel option.", "the nvrx log funnel is not implemented; see --log-dir"))
+	}
+	for _, n := range []string{"ft-attribution-endpoint", "ft-attribution-startup-timeout", "ft-attribution-llm-api-key-file",
+		"ft-attribution-llm-base-url", "ft-attribution-llm-model", "ft-attribution-analysis-backend", "ft-attribution-stop-action",
+		"ft-attribution-log-level", "ft-attribution-export-url"} {
+		opts = append(opts, ignored(n, kindValue, true, "VALUE", "", "nvrx failure attribution option.", "attribution is not implemented"))
+	}
+
+	defFT := DefaultFaultTolerance()
+	for _, sp := range ftSpecs() {
+		if sp.flag == "" {
+			continue
+		}
+		o := &option{names: []string{sp.flag}, group: grpFT, arg: sp.arg, def: ftDefault(&defFT, sp.key), help: sp.help,
+			set: func(p *parser, v string) error {
+				w, err := setFT(&p.cfg.FT, sp, v, false)
+				if w != "" {
+					p.warn("%s: %s", p.subj, w)
+				}
+				return err
+			}}
+		if sp.key == "timeouts_state_file" || sp.key == "termination_grace" || sp.key == "calculate_timeouts" {
+			o.group = grpOurs
+		}
+		if sp.legacy {
+			o.legacy = []string{"ft-param-" + strings.ReplaceAll(sp.key, "_", "-")}
+		}
+		opts = append(opts, o)
+	}
+	return opts
+}
+
+// deprecatedNoop accepts a removed option; the caller already warned.
+func deprecatedNoop(*parser, string) error { return nil }
+
+// ftDefault renders a field's default for the help text.
+func ftDefault(ft *FaultTolerance, key string) string {
+	switch key {
+	case "rank_termination_signal":
+		return signalName(ft.RankTerminationSignal)
+	case "log_level":
+		return logLevelName(ft.LogLevel)
+	}
+	f, ok := ftField(ft, key)
+	if !ok {
+		return ""
+	}
+	switch v := f.Interface().(type) {
+	case *float64, *int, *string:
+		if f.IsNil() {
+			return "none"
+		}
+	case map[string]*float64:
+		if len(v) == 0 {
+			return "none"
+		}
+	case string:
+		if v == "" {
+			return "off"
+		}
+	}
+	if f.Kind() == reflect.Pointer {
+		return fmt.Sprint(f.Elem().Interface())
+	}
+	return fmt.Sprint(f.Interface())
+}

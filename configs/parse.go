@@ -1,0 +1,390 @@
+package configs
+
+import (
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"io"
+	"runtime"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spf13/pflag"
+)
+
+// ErrHelp is returned by Parse when -h/--help appears before the training
+// script. The caller prints Usage() and exits 0.
+var ErrHelp = errors.New("help requested")
+
+// UsageError is bad command-line, environment or YAML input. Error() is one
+// line that names the flag, PET_ variable or YAML key and what is allowed.
+// The caller prints it and exits with ExitUsage (2).
+type UsageError struct {
+	Subject string // the flag (--nnodes), variable (PET_NNODES) or key at fault
+	Msg     string // the whole one-line message, starting with Subject
+}
+
+func (e *UsageError) Error() string { return e.Msg }
+
+func usageErr(subject, format string, args ...any) *UsageError {
+	msg := fmt.Sprintf(format, args...)
+	msg = strings.Join(strings.Fields(strings.ReplaceAll(msg, "\n", " ")), " ")
+	return &UsageError{Subject: subject, Msg: msg}
+}
+
+// Parse parses args (without argv[0]) with env lookups through getenv
+// (os.Getenv in production, a map in tests). Precedence is flag > PET_*
+// variable > YAML (--ft-cfg-path) > default. An empty variable counts as unset.
+//
+// It returns ErrHelp when help was asked for, and a *UsageError on bad input.
+// Config.PythonExec is $PYTHON_EXEC or else the bare name "python3", which the
+// agent resolves through PATH. Warnings (deprecated or ignored options,
+// unknown YAML keys) are collected in Config.Warnings for the caller to log.
+func Parse(args []string, getenv func(string) string) (*Config, error) {
+	return parse(args, getenv, machine{devDir: "/dev", numCPU: runtime.NumCPU()})
+}
+
+// machine is what --nproc-per-node cpu/gpu/auto look at; tests point devDir
+// at a directory of fake device nodes because no GPU exists here.
+type machine struct {
+	devDir string
+	numCPU int
+}
+
+// parser holds one parse's state.
+type parser struct {
+	cfg           *Config
+	getenv        func(string) string
+	subj          string            // source of the value being applied, for messages
+	source        map[string]string // option name -> source of its last value
+	explicit      map[string]bool   // rendezvous values given by the user
+	ignoreMissing bool
+}
+
+// occurrence is one option found on the command line.
+type occurrence struct {
+	opt   *option
+	name  string // the name the user typed, normalized to dashes
+	value string
+}
+
+func (p *parser) warn(format string, args ...any) {
+	p.cfg.Warnings = append(p.cfg.Warnings, strings.ReplaceAll(fmt.Sprintf(format, args...), "\n", " "))
+}
+
+// switchValue reads the value pflag hands a switch: "true" when bare,
+// or whatever followed '=' (--standalone=false).
+func (p *parser) switchValue(v string) (bool, error) { return parseFlagBool(v) }
+
+func defaultConfig() *Config {
+	return &Config{
+		NNodes:             NNodes{Min: 1, Max: 1},
+		NProcSpec:          "1",
+		RdzvBackend:        "c10d",
+		RdzvID:             "none",
+		RdzvConf:           map[string]string{},
+		MonitorInterval:    300 * time.Millisecond,
+		StartMethod:        "spawn",
+		Role:               "default",
+		NodeRank:           -1,
+		MasterAddr:         "127.0.0.1",
+		MasterPort:         29500,
+		SignalsToHandle:    []syscall.Signal{syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGQUIT},
+		TermTimeout:        1800 * time.Second,
+		WorkersStopTimeout: 15 * time.Second,
+		FT:                 DefaultFaultTolerance(),
+	}
+}
+
+// dashes lets every '_' in a long flag name stand for '-', which covers
+// torchrun's and nvrx's underscore aliases (--nproc_per_node,
+// --ft-rank_heartbeat_timeout, --ft_segment) in one rule.
+func dashes(_ *pflag.FlagSet, name string) pflag.NormalizedName {
+	return pflag.NormalizedName(strings.ReplaceAll(name, "_", "-"))
+}
+
+// noValue satisfies pflag.Value; ParseAll hands values to us instead.
+type noValue struct{}
+
+func (noValue) String() string   { return "" }
+func (noValue) Set(string) error { return nil }
+func (noValue) Type() string     { return "string" }
+
+func parse(args []string, getenv func(string) string, m machine) (*Config, error) {
+	if getenv == nil {
+		getenv = func(string) string { return "" }
+	}
+	p := &parser{cfg: defaultConfig(), getenv: getenv, source: map[string]string{}, explicit: map[string]bool{}}
+	opts := options()
+
+	fs := pflag.NewFlagSet("ft-launcher", pflag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
+	fs.SetInterspersed(false) // the first positional is the script; the rest belongs to it
+	fs.SetNormalizeFunc(dashes)
+	byName := map[string]*option{}
+	for _, o := range opts {
+		for i, n := range append(append([]string{}, o.names...), o.legacy...) {
+			short := ""
+			if i == 0 {
+				short = o.short
+			}
+			f := fs.VarPF(noValue{}, n, short, "")
+			if o.kind == kindSwitch {
+				f.NoOptDefVal = "true"
+			}
+			byName[n] = o
+		}
+	}
+	fs.BoolP("help", "h", false, "")
+
+	var occs []occurrence
+	err := fs.ParseAll(args, func(f *pflag.Flag, v string) error {
+		if f.Name == "help" {
+			return ErrHelp
+		}
+		occs = append(occs, occurrence{opt: byName[f.Name], name: f.Name, value: v})
+		return nil
+	})
+	if err != nil {
+		return nil, flagError(err, byName)
+	}
+
+	// The file location comes first (it may come from any layer); then the
+	// YAML, then every other option's PET_ variable, then its flags.
+	for _, early := range []bool{true, false} {
+		if err := p.applyEnv(opts, early); err != nil {
+			return nil, err
+		}
+		if err := p.applyFlags(occs, early); err != nil {
+			return nil, err
+		}
+		if early {
+			if err := p.loadYAML(); err != nil {
+				return nil, err
+			}
+		}
+	}
+	if err := p.finish(fs.Args(), m); err != nil {
+		return nil, err
+	}
+	return p.cfg, nil
+}
+
+func (p *parser) applyEnv(opts []*option, early bool) error {
+	for _, o := range opts {
+		name := o.envName()
+		if o.early != early || name == "" {
+			continue
+		}
+		v := p.getenv(name)
+		if v == "" {
+			continue
+		}
+		if o.kind == kindSwitch {
+			on, err := parsePETBool(v)
+			if err != nil {
+				return usageErr(name, "%s: %v", name, err)
+			}
+			v = fmt.Sprint(on)
+		}
+		if err := p.apply(o, name, v); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (p *parser) applyFlags(occs []occurrence, early bool) error {
+	for _, oc := range occs {
+		if oc.opt.early != early {
+			continue
+		}
+		subj := "--" + oc.name
+		if oc.opt.short != "" && oc.name == oc.opt.names[0] {
+			subj = "-" + oc.opt.short + "/--" + oc.name
+		}
+		for _, l := range oc.opt.legacy {
+			if l == oc.name {
+				p.warn("%s is deprecated: use --%s", subj, oc.opt.names[0])
+			}
+		}
+		if oc.opt.deprecated != "" {
+			p.warn("%s is deprecated and ignored: %s", subj, oc.opt.deprecated)
+		}
+		if err := p.apply(oc.opt, subj, oc.value); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// apply runs o's setter and names the source in any error.
+func (p *parser) apply(o *option, subj, v string) error {
+	p.subj = subj
+	if err := o.set(p, v); err != nil {
+		msg := err.Error()
+		if strings.HasPrefix(msg, subj) { // already names its flag
+			return usageErr(subj, "%s", msg)
+		}
+		return usageErr(subj, "%s: %s", subj, msg)
+	}
+	p.source[o.names[0]] = subj
+	return nil
+}
+
+// finish applies the rules that involve several options.
+func (p *parser) finish(positional []string, m machine) error {
+	c := p.cfg
+	if len(positional) == 0 || positional[0] == "" {
+		return usageErr("training_script", "missing training script: give it after the options (ft-launcher [options] SCRIPT [ARGS...]); "+
+			"with -m it is a module name, with --no-python an executable; use -- before a script whose name starts with '-'")
+	}
+	c.Script = positional[0]
+	c.ScriptArgs = append([]string{}, positional[1:]...)
+
+	if c.Module && c.NoPython {
+		return usageErr("--no-python", "-m/--module and --no-python cannot be used together: -m runs a python module, --no-python runs an executable directly; pick one")
+	}
+	if c.Standalone {
+		var overridden []string
+		for _, k := range []string{"rdzv-backend", "rdzv-endpoint", "rdzv-id"} {
+			if p.explicit[k] {
+				overridden = append(overridden, p.source[k])
+			}
+		}
+		if len(overridden) > 0 {
+			p.warn("--standalone: ignoring %s (standalone uses c10d at localhost:0 with a random run id)", strings.Join(overridden, ", "))
+		}
+		c.RdzvBackend = "c10d"
+		c.RdzvEndpoint = "localhost:0"
+		id, err := randomID()
+		if err != nil {
+			return fmt.Errorf("--standalone: making a run id: %w", err)
+		}
+		c.RdzvID = id
+	}
+
+	n, err := resolveNProc(c.NProcSpec, p.getenv, m.devDir, m.numCPU)
+	if err != nil {
+		subj := p.source["nproc-per-node"]
+		return usageErr(subj, "%s: %v", subj, err)
+	}
+	c.NProcPerNode = n
+
+	c.PythonExec = p.getenv("PYTHON_EXEC")
+	if c.PythonExec == "" {
+		c.PythonExec = "python3"
+	}
+	return nil
+}
+
+// randomID returns a version-4 UUID string, as torchrun's --standalone uses.
+func randomID() (string, error) {
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", err
+	}
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16]), nil
+}
+
+// flagError turns pflag's errors into one-line usage errors.
+func flagError(err error, byName map[string]*option) error {
+	if errors.Is(err, ErrHelp) {
+		return ErrHelp
+	}
+	var notExist *pflag.NotExistError
+	var needsValue *pflag.ValueRequiredError
+	var syntax *pflag.InvalidSyntaxError
+	switch {
+	case errors.As(err, &notExist):
+		if sh := notExist.GetSpecifiedShortnames(); sh != "" {
+			name := "-" + notExist.GetSpecifiedName()[:1]
+			return usageErr(name, "unknown flag %s (in -%s): the short flags are -m, -r, -t and -h; see --help", name, sh)
+		}
+		name := "--" + notExist.GetSpecifiedName()
+		if s, prefix := suggest(notExist.GetSpecifiedName(), byName); s != "" {
+			if prefix {
+				return usageErr(name, "unknown flag %s: did you mean --%s? (abbreviated flags are not accepted; see --help)", name, s)
+			}
+			return usageErr(name, "unknown flag %s: did you mean --%s? (see --help)", name, s)
+		}
+		return usageErr(name, "unknown flag %s: see --help for the accepted flags", name)
+	case errors.As(err, &needsValue):
+		name := needsValue.GetSpecifiedName()
+		if sh := needsValue.GetSpecifiedShortnames(); sh != "" {
+			name = name[:1]
+		}
+		o := byName[string(dashes(nil, name))]
+		if o == nil && len(name) == 1 {
+			for _, x := range byName {
+				if x.short == name {
+					o = x
+				}
+			}
+		}
+		subj := "--" + name
+		if len(name) == 1 {
+			subj = "-" + name
+		}
+		if o != nil {
+			return usageErr(subj, "%s requires a value: %s", subj, o.arg)
+		}
+		return usageErr(subj, "%s requires a value", subj)
+	case errors.As(err, &syntax):
+		return usageErr(syntax.GetSpecifiedFlag(), "bad flag syntax %q: flags are --name, --name=value or --name value", syntax.GetSpecifiedFlag())
+	}
+	return usageErr("", "%v", err)
+}
+
+// suggest returns the known flag closest to name: the flag it is a prefix
+// of when that is unique (abbreviations are not accepted), or one within a
+// small edit distance.
+func suggest(name string, byName map[string]*option) (flag string, prefix bool) {
+	name = string(dashes(nil, name))
+	var prefixOf []string
+	best, bestD := "", 1<<30
+	for _, k := range sortedKeys(byName) {
+		if strings.HasPrefix(k, name) {
+			prefixOf = append(prefixOf, k)
+		}
+		if d := editDistance(name, k); d < bestD {
+			best, bestD = k, d
+		}
+	}
+	if len(prefixOf) == 1 {
+		return prefixOf[0], true
+	}
+	limit := 2
+	if len(name) < 6 {
+		limit = 1
+	}
+	if bestD <= limit {
+		return best, false
+	}
+	return "", false
+}
+
+// editDistance is the Levenshtein distance between a and b.
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(b)]
+}

@@ -1,0 +1,102 @@
+package configs
+
+import (
+	"errors"
+	"os"
+
+	"gopkg.in/yaml.v3"
+)
+
+// unimplementedFTKey reports nvrx FaultToleranceConfig fields that drive
+// features ft-launcher does not have; they are recognised so the warning says so.
+func unimplementedFTKey(k string) bool {
+	switch k {
+	case "attribution_endpoint", "attribution_stop_action", "attribution_export_url",
+		"scheduler_exclusion_dir", "use_infra_group_rank":
+		return true
+	}
+	return false
+}
+
+// loadYAML reads --ft-cfg-path, if any, into p.cfg.FT.
+func (p *parser) loadYAML() error {
+	path := p.cfg.CfgPath
+	if path == "" {
+		if p.ignoreMissing {
+			p.warn("%s has no effect without --ft-cfg-path", p.source["ft-ignore-missing-cfg"])
+		}
+		return nil
+	}
+	subj := p.source["ft-cfg-path"]
+	data, err := os.ReadFile(path)
+	if err != nil {
+		if p.ignoreMissing && errors.Is(err, os.ErrNotExist) {
+			p.warn("%s: %q does not exist; using fault tolerance defaults (--ft-ignore-missing-cfg)", subj, path)
+			return nil
+		}
+		return usageErr(subj, "%s: cannot read %q: %v (must be a readable YAML file)", subj, path, err)
+	}
+	var root yaml.Node
+	if err := yaml.Unmarshal(data, &root); err != nil {
+		return usageErr(subj, "%s: %q is not valid YAML: %v", subj, path, err)
+	}
+	sec := findFTSection(&root, 0)
+	if sec == nil {
+		p.warn("%s: %q has no fault_tolerance: mapping; using fault tolerance defaults", subj, path)
+		return nil
+	}
+	specs := map[string]ftSpec{}
+	for _, sp := range ftSpecs() {
+		specs[sp.key] = sp
+	}
+	for i := 0; i+1 < len(sec.Content); i += 2 {
+		k, v := sec.Content[i], sec.Content[i+1]
+		sp, ok := specs[k.Value]
+		switch {
+		case ok:
+			if err := setFTNode(&p.cfg.FT, sp, v); err != nil {
+				return usageErr("fault_tolerance."+k.Value, "%s: %q: fault_tolerance.%s (line %d): %v", subj, path, k.Value, k.Line, err)
+			}
+		case unimplementedFTKey(k.Value):
+			p.warn("%q line %d: fault_tolerance.%s is not implemented by ft-launcher; ignored", path, k.Line, k.Value)
+		default:
+			p.warn("%q line %d: unknown key fault_tolerance.%s ignored", path, k.Line, k.Value)
+		}
+	}
+	return nil
+}
+
+// findFTSection returns the first fault_tolerance mapping, depth-first
+// through mappings and lists. A mapping's own keys are checked before its
+// children, so a top-level section wins over a nested one.
+func findFTSection(n *yaml.Node, depth int) *yaml.Node {
+	if n == nil || depth > 64 { // aliases can form cycles
+		return nil
+	}
+	switch n.Kind {
+	case yaml.AliasNode:
+		return findFTSection(n.Alias, depth+1)
+	case yaml.DocumentNode, yaml.SequenceNode:
+		for _, c := range n.Content {
+			if s := findFTSection(c, depth+1); s != nil {
+				return s
+			}
+		}
+	case yaml.MappingNode:
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			v := n.Content[i+1]
+			for v.Kind == yaml.AliasNode && v.Alias != nil {
+				v = v.Alias
+			}
+			if n.Content[i].Value == "fault_tolerance" && v.Kind == yaml.MappingNode {
+				return v
+			}
+		}
+		for i := 1; i < len(n.Content); i += 2 {
+			if s := findFTSection(n.Content[i], depth+1); s != nil {
+				return s
+			}
+		}
+	}
+	return nil
+}
