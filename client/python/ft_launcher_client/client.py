@@ -1,0 +1,423 @@
+"""RankMonitorClient speaking ft-launcher's native FTL1 protocol (docs/protocol.md).
+
+Hot-path messages (heartbeat, section open/close) are a few bytes written to
+a Unix socket with no reply.
+"""
+
+import enum
+import json
+import logging
+import os
+import socket
+import time
+import types
+
+_MAGIC = b"FTL1"
+_HEARTBEAT = b"\x01"
+_SECTION_OPEN = 0x02
+_SECTION_CLOSE = 0x03
+_SECTION_CLOSE_ALL = b"\x04"
+_SECTION_OPEN_ITER = 0x05
+_HELLO = 0x40
+_CONFIG = 0x41
+_DEFINE_SECTION = 0x42
+_SET_TIMEOUTS = 0x43
+_WORKLOAD_REQUEST = 0x44
+_ACK = 0x45
+_MAX_PAYLOAD = 1 << 20
+
+SOCKET_ENV = "FT_RANK_MONITOR_IPC_SOCKET"
+LAUNCHER_SOCKET_ENV = "FT_LAUNCHER_IPC_SOCKET"
+FINISHED_FLAG_ENV = "FAULT_TOL_FINISHED_FLAG_FILE"
+
+log = logging.getLogger("ft_launcher_client")
+
+
+class RankMonitorClientError(Exception):
+    """Raised on protocol or usage errors."""
+
+
+class WorkloadAction(enum.Enum):
+    Continue = 0
+    ExcludeThisNode = 1
+    ShutdownWorkload = 2
+
+
+def _uvarint(n):
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return bytes(out)
+
+
+def _frame(t, payload):
+    return bytes((t,)) + _uvarint(len(payload)) + payload
+
+
+def _recv_exact(sock, n):
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = sock.recv(n - len(buf))
+        if not chunk:
+            raise RankMonitorClientError("connection closed by the rank monitor")
+        buf += chunk
+    return bytes(buf)
+
+
+def _read_frame(sock, want):
+    if _recv_exact(sock, 4) != _MAGIC:
+        raise RankMonitorClientError("bad reply magic")
+    t = _recv_exact(sock, 1)[0]
+    if t != want:
+        raise RankMonitorClientError("unexpected reply type 0x%02x" % t)
+    n, shift = 0, 0
+    while True:
+        b = _recv_exact(sock, 1)[0]
+        n |= (b & 0x7F) << shift
+        shift += 7
+        if not b & 0x80:
+            break
+    if n > _MAX_PAYLOAD:
+        raise RankMonitorClientError("reply too large")
+    return json.loads(_recv_exact(sock, n).decode())
+
+
+def _env_int(name, default=-1):
+    try:
+        return int(os.environ[name])
+    except (KeyError, ValueError):
+        return default
+
+
+class _TimeoutsCalc:
+    """Local version of nvrx's TimeoutsCalc: observed maxima of this rank
+    (no all_reduce; the launcher also computes node-wide values itself)."""
+
+    def __init__(self, sections, safety_factor):
+        self.sections = set(sections)
+        self.safety_factor = safety_factor
+        self.start = time.monotonic()
+        self.last_hb = None
+        self.initial_max = 0.0
+        self.subsequent_max = 0.0
+        self.section_start = {}
+        self.section_max = {}
+        self.oos_start = self.start
+        self.oos_max = 0.0
+
+    def heartbeat(self):
+        now = time.monotonic()
+        if self.last_hb is None:
+            self.initial_max = max(self.initial_max, now - self.start)
+        else:
+            self.subsequent_max = max(self.subsequent_max, now - self.last_hb)
+        self.last_hb = now
+
+    def open(self, name):
+        now = time.monotonic()
+        if not self.section_start and self.oos_start is not None:
+            self.oos_max = max(self.oos_max, now - self.oos_start)
+            self.oos_start = None
+        self.section_start[name] = now
+
+    def close(self, name):
+        now = time.monotonic()
+        start = self.section_start.pop(name, None)
+        if start is None:
+            return
+        self.section_max[name] = max(self.section_max.get(name, 0.0), now - start)
+        if not self.section_start:
+            self.oos_start = now
+
+    def close_all(self):
+        for name in list(self.section_start):
+            self.close(name)
+
+    def hb_ready(self):
+        return self.initial_max > 0 and self.subsequent_max > 0
+
+    def current_oos(self):
+        if self.oos_start is None:
+            return self.oos_max
+        return max(self.oos_max, time.monotonic() - self.oos_start)
+
+
+class RankMonitorClient:
+    """Client of one rank monitor; the nvrx RankMonitorClient API.
+
+    When FT_RANK_MONITOR_IPC_SOCKET is unset every call is a no-op (one
+    warning).
+    """
+
+    def __init__(self):
+        self.cfg = None
+        self.hb_timeouts = None
+        self.section_timeouts = None
+        self.is_initialized = False
+        self._sock = None
+        self._noop = False
+        self._ids = {}
+        self._calc = None
+        self._loaded_state = None
+        self._warned = False
+
+    # -- session ---------------------------------------------------------
+
+    def init_workload_monitoring(self, iteration=None, num_warmup_iters=None):
+        if self.is_initialized:
+            raise RankMonitorClientError("init_workload_monitoring called twice")
+        path = os.environ.get(SOCKET_ENV)
+        if not path:
+            self._noop = True
+            self._warn_noop()
+            self.is_initialized = True
+            return
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(60.0)
+        try:
+            sock.connect(path)
+            hello = {
+                "global_rank": _env_int("RANK"),
+                "local_rank": _env_int("LOCAL_RANK"),
+                "pid": os.getpid(),
+                "host": socket.gethostname(),
+                "client": "ft_launcher_client-py/1",
+            }
+            if iteration is not None:
+                hello["iteration"] = int(iteration)
+            if num_warmup_iters is not None:
+                hello["num_warmup_iters"] = int(num_warmup_iters)
+            sock.sendall(_MAGIC + _frame(_HELLO, json.dumps(hello).encode()))
+            cfg = _read_frame(sock, _CONFIG)
+        except (OSError, ValueError) as e:
+            sock.close()
+            raise RankMonitorClientError("cannot connect to rank monitor at %s: %s" % (path, e)) from e
+        sock.settimeout(None)
+        self._sock = sock
+        self.cfg = types.SimpleNamespace(**cfg)
+        self.hb_timeouts = types.SimpleNamespace(
+            initial=cfg.get("initial_rank_heartbeat_timeout"),
+            subsequent=cfg.get("rank_heartbeat_timeout"),
+            were_calculated=False,
+        )
+        self.section_timeouts = types.SimpleNamespace(
+            section=dict(cfg.get("rank_section_timeouts") or {}),
+            out_of_section=cfg.get("rank_out_of_section_timeout"),
+            calculated_sections=set(),
+            is_out_of_section_calculated=False,
+        )
+        self._calc = _TimeoutsCalc(self.section_timeouts.section.keys(), cfg.get("safety_factor", 5.0))
+        self.is_initialized = True
+        if self._loaded_state is not None:
+            state, self._loaded_state = self._loaded_state, None
+            self.load_state_dict(state)
+
+    def shutdown_workload_monitoring(self):
+        if self._sock is not None:
+            try:
+                self._sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            self._sock.close()
+            self._sock = None
+        self.is_initialized = False
+
+    def _warn_noop(self):
+        if not self._warned:
+            self._warned = True
+            log.warning("%s is not set; fault-tolerance calls are no-ops", SOCKET_ENV)
+
+    def _ready(self):
+        if self._sock is not None:
+            return True
+        if self._noop:
+            return False
+        if not os.environ.get(SOCKET_ENV):
+            self._noop = True
+            self._warn_noop()
+            return False
+        raise RankMonitorClientError("init_workload_monitoring was not called")
+
+    # -- hot path --------------------------------------------------------
+
+    def send_heartbeat(self):
+        if self._sock is None and not self._ready():
+            return
+        self._calc.heartbeat()
+        self._sock.send(_HEARTBEAT)
+
+    def _section_id(self, name, out):
+        i = self._ids.get(name)
+        if i is None:
+            i = len(self._ids)
+            self._ids[name] = i
+            body = _uvarint(i) + name.encode()
+            out += _frame(_DEFINE_SECTION, body)
+        return i
+
+    def start_section(self, section, iteration=None):
+        if self._sock is None and not self._ready():
+            return
+        out = bytearray()
+        i = self._section_id(section, out)
+        if iteration is None:
+            out.append(_SECTION_OPEN)
+            out += _uvarint(i)
+        else:
+            out.append(_SECTION_OPEN_ITER)
+            out += _uvarint(i) + _uvarint(max(int(iteration), 0))
+        self._calc.open(section)
+        self._sock.send(out)
+
+    def end_section(self, section):
+        if self._sock is None and not self._ready():
+            return
+        out = bytearray()
+        i = self._section_id(section, out)
+        out.append(_SECTION_CLOSE)
+        out += _uvarint(i)
+        self._calc.close(section)
+        self._sock.send(out)
+
+    def end_all_sections(self):
+        if self._sock is None and not self._ready():
+            return
+        self._calc.close_all()
+        self._sock.send(_SECTION_CLOSE_ALL)
+
+    # -- timeouts --------------------------------------------------------
+
+    def _send_timeouts(self, update):
+        self._sock.sendall(_frame(_SET_TIMEOUTS, json.dumps(update).encode()))
+
+    def calculate_and_set_hb_timeouts(self, skip_if_not_ready=False):
+        """Compute heartbeat timeouts from this rank's observed timing
+        (safety_factor × max) and send them to the monitor. Returns True if
+        they were set."""
+        if self._sock is None and not self._ready():
+            return False
+        c = self._calc
+        if not c.hb_ready():
+            if skip_if_not_ready:
+                return False
+            raise RankMonitorClientError("not enough heartbeats observed to calculate timeouts")
+        initial = c.safety_factor * c.initial_max
+        subsequent = c.safety_factor * c.subsequent_max
+        cur = self.hb_timeouts
+        if cur.were_calculated and cur.initial and cur.subsequent:
+            initial = 0.5 * initial + 0.5 * cur.initial
+            subsequent = 0.5 * subsequent + 0.5 * cur.subsequent
+        self.hb_timeouts = types.SimpleNamespace(initial=initial, subsequent=subsequent, were_calculated=True)
+        self._send_timeouts({"heartbeat": vars(self.hb_timeouts)})
+        return True
+
+    def calculate_and_set_section_timeouts(self, selected_sections=None, calc_out_of_section=True, skip_if_not_ready=False):
+        """Compute section (and out-of-section) timeouts from this rank's
+        observed timing and send them to the monitor. Returns True if set."""
+        if self._sock is None and not self._ready():
+            return False
+        c = self._calc
+        st = self.section_timeouts
+        names = list(st.section) if selected_sections is None else list(selected_sections)
+        missing = [n for n in names if c.section_max.get(n, 0) <= 0]
+        oos = c.current_oos() if calc_out_of_section else 0
+        if missing or (calc_out_of_section and oos <= 0):
+            if skip_if_not_ready:
+                return False
+            raise RankMonitorClientError("sections not observed yet: %s" % (missing or ["out_of_section"]))
+        for n in names:
+            v = c.safety_factor * c.section_max[n]
+            if n in st.calculated_sections and st.section.get(n):
+                v = 0.5 * v + 0.5 * st.section[n]
+            st.section[n] = v
+            st.calculated_sections.add(n)
+        if calc_out_of_section:
+            v = c.safety_factor * oos
+            if st.is_out_of_section_calculated and st.out_of_section:
+                v = 0.5 * v + 0.5 * st.out_of_section
+            st.out_of_section = v
+            st.is_out_of_section_calculated = True
+        self._send_timeouts({"section": self._section_state()})
+        return True
+
+    def _section_state(self):
+        st = self.section_timeouts
+        return {
+            "section": dict(st.section),
+            "out_of_section": st.out_of_section,
+            "calculated_sections": sorted(st.calculated_sections),
+            "is_out_of_section_calculated": st.is_out_of_section_calculated,
+        }
+
+    def state_dict(self):
+        """nvrx-compatible {"current_timeouts": {...}} with calculated values."""
+        cur = {}
+        hb = self.hb_timeouts
+        if hb is not None and hb.were_calculated:
+            cur["heartbeat"] = vars(hb).copy()
+        st = self.section_timeouts
+        if st is not None and (st.calculated_sections or st.is_out_of_section_calculated):
+            cur["section"] = self._section_state()
+        return {"current_timeouts": cur}
+
+    def load_state_dict(self, state):
+        """Apply persisted timeouts: sent right away, or after init when
+        called before init_workload_monitoring."""
+        if not self.is_initialized:
+            self._loaded_state = state
+            return
+        if self._sock is None:
+            return
+        cur = (state or {}).get("current_timeouts", {})
+        update = {}
+        if cur.get("heartbeat"):
+            hb = cur["heartbeat"]
+            self.hb_timeouts = types.SimpleNamespace(
+                initial=hb.get("initial"), subsequent=hb.get("subsequent"),
+                were_calculated=bool(hb.get("were_calculated")))
+            update["heartbeat"] = vars(self.hb_timeouts)
+        if cur.get("section"):
+            s = cur["section"]
+            self.section_timeouts = types.SimpleNamespace(
+                section=dict(s.get("section") or {}), out_of_section=s.get("out_of_section"),
+                calculated_sections=set(s.get("calculated_sections") or []),
+                is_out_of_section_calculated=bool(s.get("is_out_of_section_calculated")))
+            update["section"] = self._section_state()
+        if update:
+            self._send_timeouts(update)
+
+
+def request_workload_action(action, description="", global_rank=None, path=None):
+    """Send a workload-control request to the launcher and wait for its ack."""
+    path = path or os.environ.get(LAUNCHER_SOCKET_ENV)
+    if not path:
+        raise RankMonitorClientError("%s is not set" % LAUNCHER_SOCKET_ENV)
+    if isinstance(action, WorkloadAction):
+        action = action.name
+    if global_rank is None:
+        global_rank = _env_int("RANK")
+    req = {"global_rank": int(global_rank), "action": action, "description": description}
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(60.0)
+        s.connect(path)
+        s.sendall(_MAGIC + _frame(_WORKLOAD_REQUEST, json.dumps(req).encode()))
+        ack = _read_frame(s, _ACK)
+    if not ack.get("ok"):
+        raise RankMonitorClientError("request refused: %s" % ack.get("error"))
+
+
+def write_finished_flag():
+    """Touch $FAULT_TOL_FINISHED_FLAG_FILE (training is complete). Returns the
+    path, or None when the variable is unset."""
+    path = os.environ.get(FINISHED_FLAG_ENV)
+    if not path:
+        log.warning("%s is not set; no finished flag written", FINISHED_FLAG_ENV)
+        return None
+    with open(path, "a"):
+        os.utime(path, None)
+    return path

@@ -1,0 +1,406 @@
+// Package ftclient is the Go rank-side client of ft-launcher's rank monitor.
+// It speaks the native FTL1 protocol (docs/protocol.md): a heartbeat is one
+// byte written to a Unix socket with no reply, so it can be called from a
+// training loop every step.
+//
+// When FT_RANK_MONITOR_IPC_SOCKET is not set (the program was not started by
+// ft-launcher), Connect returns a client whose methods do nothing, after one
+// warning.
+package ftclient
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"os"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/ftlauncher/ft-launcher/monitor/ftwire"
+	"golang.org/x/sys/unix"
+)
+
+// Environment variables read by Connect.
+const (
+	EnvSocket = "FT_RANK_MONITOR_IPC_SOCKET"
+	EnvRank   = "RANK"
+	EnvLocal  = "LOCAL_RANK"
+)
+
+// ErrClosed is returned after Close.
+var ErrClosed = errors.New("ftclient: client closed")
+
+// Config is what the monitor told the client at connect time.
+type Config = ftwire.ServerConfig
+
+// Client talks to one rank monitor. Its methods are safe for concurrent use.
+type Client struct {
+	mu     sync.Mutex
+	fd     int // -1 for a no-op client or after Close
+	noop   bool
+	cfg    Config
+	ids    map[string]uint64
+	buf    []byte
+	hb     [1]byte
+	closed bool
+}
+
+// Options for ConnectPath.
+type Options struct {
+	GlobalRank     int    // -1 if unknown
+	LocalRank      int    // -1 if unknown
+	Iteration      *int64 // current training iteration, if known
+	NumWarmupIters *int64 // overrides the configured number of warmup iterations
+	Logger         *slog.Logger
+}
+
+// Connect connects to the monitor named by FT_RANK_MONITOR_IPC_SOCKET, with
+// the global and local rank from RANK and LOCAL_RANK. Without the variable it
+// returns a no-op client and logs one warning.
+func Connect(ctx context.Context) (*Client, error) {
+	path := os.Getenv(EnvSocket)
+	if path == "" {
+		slog.Warn("ftclient: " + EnvSocket + " is not set; fault-tolerance calls are no-ops")
+		return &Client{fd: -1, noop: true}, nil
+	}
+	return ConnectPath(ctx, path, Options{GlobalRank: envInt(EnvRank), LocalRank: envInt(EnvLocal)})
+}
+
+func envInt(k string) int {
+	v, err := strconv.Atoi(os.Getenv(k))
+	if err != nil {
+		return -1
+	}
+	return v
+}
+
+// ConnectPath connects to the monitor socket at path and performs the
+// handshake; ctx bounds the handshake.
+func ConnectPath(ctx context.Context, path string, o Options) (*Client, error) {
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("ftclient: socket: %w", err)
+	}
+	c := &Client{fd: fd, ids: map[string]uint64{}, hb: [1]byte{ftwire.MsgHeartbeat}}
+	if err := c.handshake(ctx, path, o); err != nil {
+		unix.Close(fd)
+		return nil, err
+	}
+	return c, nil
+}
+
+func (c *Client) handshake(ctx context.Context, path string, o Options) error {
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		deadline = time.Now().Add(30 * time.Second)
+	}
+	tv := unix.NsecToTimeval(max(time.Until(deadline), time.Millisecond).Nanoseconds())
+	_ = unix.SetsockoptTimeval(c.fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
+	_ = unix.SetsockoptTimeval(c.fd, unix.SOL_SOCKET, unix.SO_SNDTIMEO, &tv)
+	if err := unix.Connect(c.fd, &unix.SockaddrUnix{Name: path}); err != nil {
+		return fmt.Errorf("ftclient: connect %s: %w", path, err)
+	}
+	host, _ := os.Hostname()
+	h, err := json.Marshal(ftwire.Hello{GlobalRank: o.GlobalRank, LocalRank: o.LocalRank, PID: os.Getpid(),
+		Host: host, Iteration: o.Iteration, NumWarmupIters: o.NumWarmupIters, Client: "ftclient-go/1"})
+	if err != nil {
+		return fmt.Errorf("ftclient: encode hello: %w", err)
+	}
+	if err := c.write(ftwire.AppendFrame([]byte(ftwire.Magic), ftwire.MsgHello, h)); err != nil {
+		return fmt.Errorf("ftclient: send hello: %w", err)
+	}
+	r := &fdReader{fd: c.fd}
+	if err := ftwire.ReadMagic(r); err != nil {
+		return fmt.Errorf("ftclient: handshake (refused by the monitor?): %w", err)
+	}
+	var t [1]byte
+	if _, err := r.Read(t[:]); err != nil || t[0] != ftwire.MsgConfig {
+		return fmt.Errorf("ftclient: handshake: unexpected reply type %#x: %v", t[0], err)
+	}
+	n, err := binary.ReadUvarint(r)
+	if err != nil || n > ftwire.MaxPayload {
+		return fmt.Errorf("ftclient: handshake: bad config length: %v", err)
+	}
+	p := make([]byte, n)
+	for got := 0; got < len(p); {
+		k, err := r.Read(p[got:])
+		if err != nil {
+			return fmt.Errorf("ftclient: read config: %w", err)
+		}
+		got += k
+	}
+	if err := json.Unmarshal(p, &c.cfg); err != nil {
+		return fmt.Errorf("ftclient: decode config: %w", err)
+	}
+	// Back to fully blocking sends: a heartbeat must not fail because the
+	// monitor was briefly slow to read.
+	var zero unix.Timeval
+	_ = unix.SetsockoptTimeval(c.fd, unix.SOL_SOCKET, unix.SO_SNDTIMEO, &zero)
+	return nil
+}
+
+// fdReader reads one byte at a time from a blocking fd (handshake only).
+type fdReader struct{ fd int }
+
+func (r *fdReader) Read(p []byte) (int, error) {
+	for {
+		n, err := unix.Read(r.fd, p)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return 0, err
+		}
+		if n == 0 {
+			return 0, errors.New("connection closed by the monitor")
+		}
+		return n, nil
+	}
+}
+
+func (r *fdReader) ReadByte() (byte, error) {
+	var b [1]byte
+	if _, err := r.Read(b[:]); err != nil {
+		return 0, err
+	}
+	return b[0], nil
+}
+
+// write sends b completely. Caller holds mu (or owns c exclusively).
+func (c *Client) write(b []byte) error {
+	for len(b) > 0 {
+		n, err := unix.Write(c.fd, b)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		b = b[n:]
+	}
+	return nil
+}
+
+func (c *Client) send(b []byte) error {
+	if c.noop {
+		return nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return ErrClosed
+	}
+	if err := c.write(b); err != nil {
+		return fmt.Errorf("ftclient: send: %w", err)
+	}
+	return nil
+}
+
+// Config returns the settings the monitor sent at connect time (zero for a
+// no-op client).
+func (c *Client) Config() Config { return c.cfg }
+
+// Enabled reports whether the client is connected to a monitor.
+func (c *Client) Enabled() bool { return !c.noop }
+
+// SendHeartbeat tells the monitor the rank is alive. One write(2), no reply.
+func (c *Client) SendHeartbeat() error {
+	if c.noop {
+		return nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return ErrClosed
+	}
+	for {
+		_, err := unix.Write(c.fd, c.hb[:])
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("ftclient: heartbeat: %w", err)
+		}
+		return nil
+	}
+}
+
+// sectionID returns name's id, appending its definition to c.buf the first
+// time. Caller holds mu.
+func (c *Client) sectionID(name string) uint64 {
+	id, ok := c.ids[name]
+	if !ok {
+		id = uint64(len(c.ids))
+		c.ids[name] = id
+		c.buf = ftwire.AppendDefineSection(c.buf, id, name)
+	}
+	return id
+}
+
+func (c *Client) sectionOp(name string, t byte, iter *int64) error {
+	if c.noop {
+		return nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return ErrClosed
+	}
+	c.buf = c.buf[:0]
+	id := c.sectionID(name)
+	switch {
+	case iter != nil && *iter >= 0:
+		c.buf = ftwire.AppendSectionOpenIter(c.buf, id, uint64(*iter))
+	default:
+		c.buf = ftwire.AppendSectionOp(c.buf, t, id)
+	}
+	if err := c.write(c.buf); err != nil {
+		return fmt.Errorf("ftclient: section %q: %w", name, err)
+	}
+	return nil
+}
+
+// StartSection opens the named section.
+func (c *Client) StartSection(name string) error {
+	return c.sectionOp(name, ftwire.MsgSectionOpen, nil)
+}
+
+// StartSectionAt opens the named section and reports the training iteration
+// (used by the warmup rule for "step").
+func (c *Client) StartSectionAt(name string, iteration int64) error {
+	return c.sectionOp(name, ftwire.MsgSectionOpen, &iteration)
+}
+
+// EndSection closes the named section.
+func (c *Client) EndSection(name string) error { return c.sectionOp(name, ftwire.MsgSectionClose, nil) }
+
+// EndAllSections closes every open section.
+func (c *Client) EndAllSections() error { return c.send([]byte{ftwire.MsgSectionCloseAll}) }
+
+func secs(d time.Duration) *float64 {
+	if d <= 0 {
+		return nil
+	}
+	s := d.Seconds()
+	return &s
+}
+
+// SetHeartbeatTimeouts sets the initial and subsequent heartbeat timeouts
+// (0 disables one). calculated marks them as computed from observed timing,
+// so the launcher may blend them with later observations.
+func (c *Client) SetHeartbeatTimeouts(initial, subsequent time.Duration, calculated bool) error {
+	return c.setTimeouts(ftwire.TimeoutsUpdate{Heartbeat: &ftwire.HeartbeatTimeouts{
+		Initial: secs(initial), Subsequent: secs(subsequent), WereCalculated: calculated}})
+}
+
+// SetSectionTimeouts sets per-section timeouts and the out-of-section
+// timeout (0 disables). calculated marks them as computed.
+func (c *Client) SetSectionTimeouts(sections map[string]time.Duration, outOfSection time.Duration, calculated bool) error {
+	st := &ftwire.SectionTimeouts{Section: map[string]*float64{}, OutOfSection: secs(outOfSection),
+		CalculatedSections: []string{}, IsOutOfSectionCalculated: calculated}
+	for s, d := range sections {
+		if d < 0 || math.IsInf(d.Seconds(), 0) {
+			return fmt.Errorf("ftclient: invalid timeout %v for section %q", d, s)
+		}
+		st.Section[s] = secs(d)
+		if calculated {
+			st.CalculatedSections = append(st.CalculatedSections, s)
+		}
+	}
+	return c.setTimeouts(ftwire.TimeoutsUpdate{Section: st})
+}
+
+func (c *Client) setTimeouts(u ftwire.TimeoutsUpdate) error {
+	p, err := json.Marshal(u)
+	if err != nil {
+		return fmt.Errorf("ftclient: encode timeouts: %w", err)
+	}
+	return c.send(ftwire.AppendFrame(nil, ftwire.MsgSetTimeouts, p))
+}
+
+// Close ends the session. The monitor treats it as a disconnect, never as a
+// failure.
+func (c *Client) Close() error {
+	if c.noop {
+		return nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil
+	}
+	c.closed = true
+	if err := unix.Close(c.fd); err != nil {
+		return fmt.Errorf("ftclient: close: %w", err)
+	}
+	return nil
+}
+
+// RequestWorkloadAction sends a workload-control request ("Continue",
+// "ExcludeThisNode", "ShutdownWorkload") to the launcher socket named by
+// FT_LAUNCHER_IPC_SOCKET (or path when not empty) and waits for the
+// acknowledgement.
+func RequestWorkloadAction(ctx context.Context, path string, globalRank int, action, description string) error {
+	if path == "" {
+		path = os.Getenv("FT_LAUNCHER_IPC_SOCKET")
+	}
+	if path == "" {
+		return errors.New("ftclient: FT_LAUNCHER_IPC_SOCKET is not set")
+	}
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("ftclient: socket: %w", err)
+	}
+	defer unix.Close(fd)
+	c := &Client{fd: fd}
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		deadline = time.Now().Add(30 * time.Second)
+	}
+	tv := unix.NsecToTimeval(max(time.Until(deadline), time.Millisecond).Nanoseconds())
+	_ = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
+	_ = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_SNDTIMEO, &tv)
+	if err := unix.Connect(fd, &unix.SockaddrUnix{Name: path}); err != nil {
+		return fmt.Errorf("ftclient: connect %s: %w", path, err)
+	}
+	p, err := json.Marshal(ftwire.WorkloadRequest{GlobalRank: globalRank, Action: action, Description: description})
+	if err != nil {
+		return fmt.Errorf("ftclient: encode request: %w", err)
+	}
+	if err := c.write(ftwire.AppendFrame([]byte(ftwire.Magic), ftwire.MsgWorkloadRequest, p)); err != nil {
+		return fmt.Errorf("ftclient: send request: %w", err)
+	}
+	r := &fdReader{fd: fd}
+	if err := ftwire.ReadMagic(r); err != nil {
+		return fmt.Errorf("ftclient: read ack: %w", err)
+	}
+	t, err := r.ReadByte()
+	if err != nil || t != ftwire.MsgAck {
+		return fmt.Errorf("ftclient: unexpected ack type %#x: %v", t, err)
+	}
+	n, err := binary.ReadUvarint(r)
+	if err != nil || n > ftwire.MaxPayload {
+		return fmt.Errorf("ftclient: bad ack length: %v", err)
+	}
+	b := make([]byte, n)
+	for got := 0; got < len(b); {
+		k, err := r.Read(b[got:])
+		if err != nil {
+			return fmt.Errorf("ftclient: read ack: %w", err)
+		}
+		got += k
+	}
+	var ack ftwire.Ack
+	if err := json.Unmarshal(b, &ack); err != nil {
+		return fmt.Errorf("ftclient: decode ack: %w", err)
+	}
+	if !ack.OK {
+		return fmt.Errorf("ftclient: request refused: %s", ack.Error)
+	}
+	return nil
+}

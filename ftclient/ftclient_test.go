@@ -1,0 +1,160 @@
+package ftclient_test
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/ftlauncher/ft-launcher/configs"
+	"github.com/ftlauncher/ft-launcher/ftclient"
+	"github.com/ftlauncher/ft-launcher/monitor"
+)
+
+// newMonitor starts a real Manager whose rank 0 is this test process.
+func newMonitor(tb testing.TB) *monitor.Manager {
+	tb.Helper()
+	ft := configs.DefaultFaultTolerance()
+	ft.CalculateTimeouts = false
+	ft.RankSectionTimeouts = map[string]*float64{"step": nil}
+	m, err := monitor.New(monitor.Options{NLocal: 1, FT: ft, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { m.Close() })
+	m.BeginCycle(0, map[int]int{0: os.Getpid()})
+	return m
+}
+
+func connect(tb testing.TB, m *monitor.Manager) *ftclient.Client {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	c, err := ftclient.ConnectPath(ctx, m.RankSocket(0), ftclient.Options{GlobalRank: 2, LocalRank: 0})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { c.Close() })
+	return c
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func TestClientMessagesReachMonitor(t *testing.T) {
+	m := newMonitor(t)
+	c := connect(t, m)
+	if _, ok := c.Config().RankSectionTimeouts["step"]; !ok || !c.Enabled() {
+		t.Fatalf("config from monitor: %+v", c.Config())
+	}
+	for i := 0; i < 3; i++ {
+		if err := c.SendHeartbeat(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	steps := []func() error{
+		func() error { return c.StartSectionAt("step", 4) },
+		func() error { return c.StartSection("ckpt") },
+	}
+	for _, f := range steps {
+		if err := f(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, "two open sections", func() bool {
+		s := m.RankStatus(0)
+		return s.Heartbeats == 3 && len(s.OpenSections) == 2 && s.GlobalRank == 2
+	})
+	if err := c.EndSection("step"); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.EndAllSections(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "sections closed", func() bool {
+		s := m.RankStatus(0)
+		return len(s.OpenSections) == 0 && s.SectionCloses["step"] == 1 && s.SectionCloses["ckpt"] == 1
+	})
+	if err := c.SetHeartbeatTimeouts(30*time.Second, 10*time.Second, true); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "heartbeat timeouts", func() bool {
+		to := m.RankStatus(0).Timeouts
+		return to.Heartbeat == 10*time.Second && to.InitialHeartbeat == 30*time.Second && to.HeartbeatCalculated
+	})
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.SendHeartbeat(); err == nil {
+		t.Error("heartbeat after Close succeeded")
+	}
+}
+
+func TestNoopWithoutSocket(t *testing.T) {
+	t.Setenv(ftclient.EnvSocket, "")
+	c, err := ftclient.Connect(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Enabled() {
+		t.Fatal("client without socket is enabled")
+	}
+	for _, f := range []func() error{c.SendHeartbeat, func() error { return c.StartSection("x") },
+		func() error { return c.EndSection("x") }, c.EndAllSections, c.Close} {
+		if err := f(); err != nil {
+			t.Errorf("no-op call failed: %v", err)
+		}
+	}
+}
+
+func TestConnectFromEnv(t *testing.T) {
+	m := newMonitor(t)
+	t.Setenv(ftclient.EnvSocket, m.RankSocket(0))
+	t.Setenv(ftclient.EnvRank, "9")
+	c, err := ftclient.Connect(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := c.SendHeartbeat(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "heartbeat", func() bool { s := m.RankStatus(0); return s.Heartbeats == 1 && s.GlobalRank == 9 })
+}
+
+// BenchmarkHeartbeat measures SendHeartbeat against a real Manager.
+func BenchmarkHeartbeat(b *testing.B) {
+	m := newMonitor(b)
+	c := connect(b, m)
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := c.SendHeartbeat(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkSection measures one StartSection+EndSection pair.
+func BenchmarkSection(b *testing.B) {
+	m := newMonitor(b)
+	c := connect(b, m)
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := c.StartSection("step"); err != nil {
+			b.Fatal(err)
+		}
+		if err := c.EndSection("step"); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

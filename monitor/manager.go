@@ -1,0 +1,469 @@
+package monitor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/ftlauncher/ft-launcher/configs"
+	"github.com/ftlauncher/ft-launcher/monitor/ftwire"
+)
+
+const (
+	// pendingPeerWait is how long a connection whose peer is not (yet) a
+	// known rank waits for the next BeginCycle before it is refused: a fast
+	// rank may connect before the launcher has registered its pid.
+	pendingPeerWait = 3 * time.Second
+	// frameTimeout bounds the time to receive the rest of a message once its
+	// first byte has arrived.
+	frameTimeout = 10 * time.Second
+	// writeTimeout bounds every reply.
+	writeTimeout = 10 * time.Second
+	chanBuffer   = 256
+	maxSunPath   = 107
+)
+
+// Options configure a Manager.
+type Options struct {
+	NLocal    int
+	FT        configs.FaultTolerance
+	Dir       string // socket directory; "" creates a private temp dir (mode 0700)
+	StateFile string // computed timeouts are persisted here; "" disables
+	Logger    *slog.Logger
+	UID       int // allowed peer uid; 0 means os.Getuid() (root's uid is 0 anyway)
+}
+
+// Hang is one detected hang and what was done about it.
+type Hang struct {
+	Cycle, LocalRank, GlobalRank int
+	Kind                         string // "initial_heartbeat" | "heartbeat" | "section" | "out_of_section"
+	Section                      string
+	Timeout, Elapsed             time.Duration
+	ExpiredAt, SignalledAt       time.Time
+	Signal                       syscall.Signal
+	Escalated                    bool // the termination signal was not SIGKILL and SIGKILL followed after the grace
+}
+
+// WorkloadRequest is a rank's request received on the launcher socket.
+type WorkloadRequest struct {
+	GlobalRank  int
+	Action      string // "Continue" | "ExcludeThisNode" | "ShutdownWorkload"
+	Description string
+}
+
+// RankStatus is a snapshot of one rank monitor, for logs and tests.
+type RankStatus struct {
+	LocalRank, GlobalRank, PID int
+	Connected                  bool
+	Heartbeats                 int64 // this cycle
+	OpenSections               []string
+	SectionCloses              map[string]int // this cycle
+	Timeouts                   Timeouts       // in force for this rank
+}
+
+// Manager runs one rank monitor per local rank inside the launcher process.
+type Manager struct {
+	opts    Options
+	log     *slog.Logger
+	dir     string
+	ownDir  bool
+	epoch   time.Time
+	ranks   []*rankMon
+	rankLn  []*net.UnixListener
+	ctlLn   *net.UnixListener
+	hangs   chan Hang
+	reqs    chan WorkloadRequest
+	ctx     context.Context
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
+	ownPgrp int
+
+	mu         sync.Mutex
+	cycle      int
+	active     bool
+	pids       map[int]int
+	cycleCh    chan struct{} // closed and replaced by every BeginCycle
+	eff        Timeouts      // timeouts for the next/current cycle
+	configured Timeouts
+	clientSet  map[string]bool // fields a client set during this cycle
+	conns      map[net.Conn]struct{}
+	closed     bool
+}
+
+// New binds every socket and loads persisted timeouts.
+func New(opts Options) (*Manager, error) {
+	if opts.NLocal <= 0 {
+		return nil, fmt.Errorf("monitor: NLocal must be positive, got %d", opts.NLocal)
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if opts.UID == 0 {
+		opts.UID = os.Getuid()
+	}
+	if opts.FT.RankSectionTimeouts == nil {
+		opts.FT.RankSectionTimeouts = map[string]*float64{}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	m := &Manager{
+		opts: opts, log: opts.Logger, epoch: time.Now(),
+		hangs: make(chan Hang, chanBuffer), reqs: make(chan WorkloadRequest, chanBuffer),
+		ctx: ctx, cancel: cancel, pids: map[int]int{}, cycleCh: make(chan struct{}),
+		conns: map[net.Conn]struct{}{}, clientSet: map[string]bool{}, ownPgrp: syscall.Getpgrp(),
+	}
+	if err := m.makeDir(); err != nil {
+		cancel()
+		return nil, err
+	}
+	m.configured = configuredTimeouts(&opts.FT)
+	m.eff = m.configured.Clone()
+	if opts.StateFile != "" {
+		u, err := loadState(opts.StateFile)
+		switch {
+		case err != nil:
+			m.log.Warn("ignoring unreadable timeouts state file", "path", opts.StateFile, "err", err)
+		case u != nil:
+			m.eff.applyUpdate(u)
+			m.log.Info("loaded persisted timeouts", "path", opts.StateFile, "timeouts", m.eff.String())
+		}
+	}
+	for i := 0; i < opts.NLocal; i++ {
+		m.ranks = append(m.ranks, newRankMon(m, i))
+	}
+	for i := 0; i < opts.NLocal; i++ {
+		ln, err := m.listen(m.RankSocket(i))
+		if err != nil {
+			m.Close()
+			return nil, err
+		}
+		m.rankLn = append(m.rankLn, ln)
+	}
+	ln, err := m.listen(m.LauncherSocket())
+	if err != nil {
+		m.Close()
+		return nil, err
+	}
+	m.ctlLn = ln
+	for i, ln := range m.rankLn {
+		r := m.ranks[i]
+		m.goTracked(func() { m.acceptLoop(ln, func(c *net.UnixConn) { m.serveRank(r, c) }) })
+	}
+	m.goTracked(func() { m.acceptLoop(m.ctlLn, m.serveControl) })
+	return m, nil
+}
+
+func (m *Manager) makeDir() error {
+	if m.opts.Dir == "" {
+		d, err := os.MkdirTemp("", "ftl-mon-")
+		if err != nil {
+			return fmt.Errorf("monitor: create socket dir: %w", err)
+		}
+		m.dir, m.ownDir = d, true
+	} else {
+		if _, err := os.Stat(m.opts.Dir); errors.Is(err, os.ErrNotExist) {
+			m.ownDir = true
+		}
+		if err := os.MkdirAll(m.opts.Dir, 0o700); err != nil {
+			return fmt.Errorf("monitor: create socket dir: %w", err)
+		}
+		m.dir = m.opts.Dir
+	}
+	if err := os.Chmod(m.dir, 0o700); err != nil {
+		return fmt.Errorf("monitor: chmod socket dir: %w", err)
+	}
+	return nil
+}
+
+func (m *Manager) listen(path string) (*net.UnixListener, error) {
+	if len(path) > maxSunPath {
+		return nil, fmt.Errorf("monitor: socket path %q longer than %d bytes", path, maxSunPath)
+	}
+	_ = os.Remove(path) // stale socket from an earlier run
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		return nil, fmt.Errorf("monitor: listen %s: %w", path, err)
+	}
+	if err := os.Chmod(path, 0o600); err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("monitor: chmod %s: %w", path, err)
+	}
+	return ln, nil
+}
+
+func (m *Manager) goTracked(f func()) {
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		f()
+	}()
+}
+
+func (m *Manager) mono() int64 { return int64(time.Since(m.epoch)) }
+
+// RankSocket is the value for FT_RANK_MONITOR_IPC_SOCKET of localRank.
+func (m *Manager) RankSocket(localRank int) string {
+	return filepath.Join(m.dir, "rmon"+strconv.Itoa(localRank)+".sock")
+}
+
+// LauncherSocket is the value for FT_LAUNCHER_IPC_SOCKET.
+func (m *Manager) LauncherSocket() string { return filepath.Join(m.dir, "launcher.sock") }
+
+// Hangs delivers one Hang per rank and cycle at most.
+func (m *Manager) Hangs() <-chan Hang { return m.hangs }
+
+// Requests delivers workload-control requests from ranks.
+func (m *Manager) Requests() <-chan WorkloadRequest { return m.reqs }
+
+// Timeouts returns the timeouts the current (or next) cycle uses.
+func (m *Manager) Timeouts() Timeouts {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.eff.Clone()
+}
+
+// RankStatus returns a snapshot of one rank monitor.
+func (m *Manager) RankStatus(localRank int) RankStatus {
+	if localRank < 0 || localRank >= len(m.ranks) {
+		return RankStatus{LocalRank: localRank, GlobalRank: -1}
+	}
+	return m.ranks[localRank].status()
+}
+
+// BeginCycle registers this cycle's rank pids (each the leader of its process
+// group), resets every rank monitor and starts evaluating timeouts.
+func (m *Manager) BeginCycle(cycle int, pids map[int]int) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.cycle, m.active = cycle, true
+	m.pids = make(map[int]int, len(pids))
+	for k, v := range pids {
+		m.pids[k] = v
+	}
+	clear(m.clientSet)
+	for i, r := range m.ranks {
+		r.begin(cycle, m.pids[i], m.eff.Clone(), m.opts.FT.NumWarmupIterations)
+	}
+	close(m.cycleCh)
+	m.cycleCh = make(chan struct{})
+	m.log.Debug("rank monitors: cycle begins", "cycle", cycle, "pids", pids)
+}
+
+// EndCycle stops evaluating, folds the observed timing into the computed
+// timeouts (effective from the next BeginCycle) and persists them.
+func (m *Manager) EndCycle() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !m.active {
+		return
+	}
+	m.active = false
+	obs := observations{SectionMax: map[string]time.Duration{}, SectionCloses: map[string]int{}}
+	for _, r := range m.ranks {
+		o := r.end()
+		obs.merge(&o)
+	}
+	if m.opts.FT.CalculateTimeouts {
+		next, changes := compute(m.eff, &obs, m.opts.FT.SafetyFactor, m.clientSet)
+		for _, c := range changes {
+			if !c.OldCalculated && c.Old > 0 {
+				m.log.Warn("computed timeout replaces a configured one", "timeout", c.Name,
+					"configured", c.Old, "computed", c.New, "loosened", c.New > c.Old)
+			} else {
+				m.log.Info("computed timeout", "timeout", c.Name, "previous", c.Old, "new", c.New)
+			}
+		}
+		m.eff = next
+	}
+	m.persistLocked(&obs)
+}
+
+func (m *Manager) persistLocked(obs *observations) {
+	if m.opts.StateFile == "" {
+		return
+	}
+	u := m.eff.toUpdate()
+	if u.Heartbeat == nil && u.Section == nil {
+		return // nothing calculated: keep whatever is on disk
+	}
+	if err := saveState(m.opts.StateFile, m.eff, m.cycle, obs); err != nil {
+		m.log.Error("persist timeouts", "path", m.opts.StateFile, "err", err)
+	}
+}
+
+// clientTimeouts records timeouts a client sent: they hold for the rest of
+// the cycle for that rank, for every rank from the next cycle, and are
+// persisted at EndCycle.
+func (m *Manager) clientTimeouts(u *ftwire.TimeoutsUpdate) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if u.Heartbeat != nil {
+		m.clientSet["heartbeat"] = true
+	}
+	if u.Section != nil {
+		m.clientSet["oos"] = true
+		for s := range u.Section.Section {
+			m.clientSet["section:"+s] = true
+		}
+	}
+	m.eff.applyUpdate(u)
+	m.log.Info("client set timeouts", "timeouts", m.eff.String())
+}
+
+// Close stops everything, closes the sockets and removes the socket dir.
+func (m *Manager) Close() error {
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		return nil
+	}
+	m.closed = true
+	m.active = false
+	m.cancel()
+	for _, ln := range m.rankLn {
+		ln.Close()
+	}
+	if m.ctlLn != nil {
+		m.ctlLn.Close()
+	}
+	for c := range m.conns {
+		c.Close()
+	}
+	m.mu.Unlock()
+	for _, r := range m.ranks {
+		r.end()
+	}
+	m.wg.Wait()
+	var err error
+	for i := range m.ranks {
+		_ = os.Remove(m.RankSocket(i))
+	}
+	_ = os.Remove(m.LauncherSocket())
+	if m.ownDir {
+		if e := os.RemoveAll(m.dir); e != nil {
+			err = fmt.Errorf("monitor: remove socket dir: %w", e)
+		}
+	}
+	return err
+}
+
+// track registers c for Close; it returns false when the manager is closed.
+func (m *Manager) track(c net.Conn) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return false
+	}
+	m.conns[c] = struct{}{}
+	return true
+}
+
+func (m *Manager) untrack(c net.Conn) {
+	m.mu.Lock()
+	delete(m.conns, c)
+	m.mu.Unlock()
+}
+
+func (m *Manager) acceptLoop(ln *net.UnixListener, serve func(*net.UnixConn)) {
+	for {
+		c, err := ln.AcceptUnix()
+		if err != nil {
+			if m.ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
+				return
+			}
+			m.log.Warn("monitor: accept", "err", err)
+			select {
+			case <-time.After(10 * time.Millisecond):
+			case <-m.ctx.Done():
+				return
+			}
+			continue
+		}
+		if !m.track(c) {
+			c.Close()
+			return
+		}
+		m.goTracked(func() {
+			defer m.untrack(c)
+			defer c.Close()
+			serve(c)
+		})
+	}
+}
+
+// admitRank checks the peer of a rank connection and installs it. It returns
+// the connection generation, or false when the peer was refused.
+func (m *Manager) admitRank(r *rankMon, c *net.UnixConn) (uint64, bool) {
+	cred, err := peerCred(c)
+	if err != nil {
+		m.log.Warn("rank monitor: cannot read peer credentials; refusing", "local_rank", r.local, "err", err)
+		return 0, false
+	}
+	if int(cred.Uid) != m.opts.UID {
+		m.log.Warn("rank monitor: refusing peer with another uid", "local_rank", r.local, "peer_pid", cred.Pid, "peer_uid", cred.Uid)
+		return 0, false
+	}
+	deadline := time.NewTimer(pendingPeerWait)
+	defer deadline.Stop()
+	for {
+		m.mu.Lock()
+		if m.closed {
+			m.mu.Unlock()
+			return 0, false
+		}
+		pid := m.pids[r.local]
+		if m.active && pid > 0 && inRankTree(int(cred.Pid), pid) {
+			// Installed under m.mu so a concurrent BeginCycle cannot
+			// interleave between the check and the install.
+			gen := r.install(c)
+			m.mu.Unlock()
+			return gen, true
+		}
+		ch := m.cycleCh
+		m.mu.Unlock()
+		select {
+		case <-ch:
+			continue
+		case <-deadline.C:
+		case <-m.ctx.Done():
+			return 0, false
+		}
+		m.log.Warn("rank monitor: refusing peer that is not the rank or its descendant", "local_rank", r.local,
+			"peer_pid", cred.Pid, "peer_uid", cred.Uid, "rank_pid", pid)
+		return 0, false
+	}
+}
+
+// serveRank runs one rank connection: peer check, protocol detection, session.
+func (m *Manager) serveRank(r *rankMon, c *net.UnixConn) {
+	gen, ok := m.admitRank(r, c)
+	if !ok {
+		return
+	}
+	defer r.disconnect(gen)
+	dc := &deadlineConn{Conn: c}
+	br := newReader(dc)
+	first, err := br.Peek(1)
+	if err != nil {
+		return
+	}
+	log := r.logger()
+	switch first[0] {
+	case ftwire.Magic[0]:
+		err = m.serveNative(r, gen, dc, br)
+	case 0x00:
+		err = m.serveNvrx(r, gen, dc, br)
+	default:
+		err = fmt.Errorf("unknown protocol (first byte %#x)", first[0])
+	}
+	if err != nil && m.ctx.Err() == nil && r.gen.Load() == gen {
+		log.Error("rank monitor: closing connection", "err", err)
+	}
+}

@@ -1,0 +1,185 @@
+package monitor
+
+import (
+	"bufio"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"time"
+
+	"github.com/ftlauncher/ft-launcher/monitor/ftwire"
+)
+
+// deadlineConn arms a read deadline only while a message is half read, so an
+// idle rank costs nothing but a half-sent message cannot pin the goroutine.
+type deadlineConn struct {
+	net.Conn
+	mid bool // a message has started
+	set bool // a deadline is armed
+}
+
+func (d *deadlineConn) Read(p []byte) (int, error) {
+	switch {
+	case d.mid:
+		_ = d.Conn.SetReadDeadline(time.Now().Add(frameTimeout))
+		d.set = true
+	case d.set:
+		_ = d.Conn.SetReadDeadline(time.Time{})
+		d.set = false
+	}
+	return d.Conn.Read(p)
+}
+
+func newReader(d *deadlineConn) *bufio.Reader { return bufio.NewReaderSize(d, 4096) }
+
+func writeAll(c net.Conn, b []byte) error {
+	_ = c.SetWriteDeadline(time.Now().Add(writeTimeout))
+	_, err := c.Write(b)
+	_ = c.SetWriteDeadline(time.Time{})
+	return err
+}
+
+// serverConfig renders what a native client gets in reply to Hello.
+func (m *Manager) serverConfig(r *rankMon) ftwire.ServerConfig {
+	r.mu.Lock()
+	to, cycle := r.to.Clone(), r.cycle
+	r.mu.Unlock()
+	ft := &m.opts.FT
+	sc := ftwire.ServerConfig{
+		Protocol: ftwire.Version, Cycle: cycle,
+		InitialRankHeartbeatTimeout: secsOf(to.InitialHeartbeat),
+		RankHeartbeatTimeout:        secsOf(to.Heartbeat),
+		RankOutOfSectionTimeout:     secsOf(to.OutOfSection),
+		RankSectionTimeouts:         map[string]*float64{},
+		SafetyFactor:                ft.SafetyFactor, WorkloadCheckInterval: ft.WorkloadCheckInterval,
+		NumWarmupIterations: ft.NumWarmupIterations, InstallExceptionHook: ft.InstallExceptionHook,
+		RankTerminationSignal: int(ft.RankTerminationSignal), SkipSectionResponse: true,
+	}
+	for s, d := range to.Sections {
+		sc.RankSectionTimeouts[s] = secsOf(d)
+	}
+	return sc
+}
+
+// serveNative runs an FTL1 session (docs/protocol.md).
+func (m *Manager) serveNative(r *rankMon, gen uint64, dc *deadlineConn, br *bufio.Reader) error {
+	dc.mid = true
+	if err := ftwire.ReadMagic(br); err != nil {
+		return err
+	}
+	t, err := br.ReadByte()
+	if err != nil {
+		return fmt.Errorf("read hello: %w", err)
+	}
+	if t != ftwire.MsgHello {
+		return fmt.Errorf("first message is type %#x, want hello", t)
+	}
+	p, err := ftwire.ReadPayload(br)
+	if err != nil {
+		return err
+	}
+	var h ftwire.Hello
+	if err := json.Unmarshal(p, &h); err != nil {
+		return fmt.Errorf("decode hello: %w", err)
+	}
+	dc.mid = false
+	if !r.init(gen, initInfo{globalRank: h.GlobalRank, pid: h.PID, iteration: h.Iteration, numWarmupIters: h.NumWarmupIters}) {
+		return nil // replaced meanwhile
+	}
+	cfg, err := json.Marshal(m.serverConfig(r))
+	if err != nil {
+		return fmt.Errorf("encode config: %w", err)
+	}
+	if err := writeAll(dc.Conn, ftwire.AppendFrame([]byte(ftwire.Magic), ftwire.MsgConfig, cfg)); err != nil {
+		return fmt.Errorf("write config: %w", err)
+	}
+	names := map[uint64]string{}
+	section := func() (string, error) {
+		id, err := binary.ReadUvarint(br)
+		if err != nil {
+			return "", fmt.Errorf("read section id: %w", err)
+		}
+		name, ok := names[id]
+		if !ok {
+			return "", fmt.Errorf("section id %d was never defined", id)
+		}
+		return name, nil
+	}
+	log := r.logger()
+	for {
+		dc.mid = false
+		t, err := br.ReadByte()
+		if err != nil {
+			if errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) {
+				return nil
+			}
+			return fmt.Errorf("read: %w", err)
+		}
+		dc.mid = true
+		switch t {
+		case ftwire.MsgHeartbeat:
+			r.heartbeat(gen)
+		case ftwire.MsgSectionOpen, ftwire.MsgSectionOpenIter:
+			name, err := section()
+			if err != nil {
+				return err
+			}
+			var iter *int64
+			if t == ftwire.MsgSectionOpenIter {
+				v, err := binary.ReadUvarint(br)
+				if err != nil {
+					return fmt.Errorf("read iteration: %w", err)
+				}
+				i := int64(v)
+				iter = &i
+			}
+			if e := r.openSection(gen, name, iter); e != "" {
+				log.Warn("rank monitor: " + e)
+			}
+		case ftwire.MsgSectionClose:
+			name, err := section()
+			if err != nil {
+				return err
+			}
+			if e := r.closeSection(gen, name); e != "" {
+				log.Warn("rank monitor: " + e)
+			}
+		case ftwire.MsgSectionCloseAll:
+			r.closeAll(gen)
+		default:
+			if !ftwire.LengthPrefixed(t) {
+				return fmt.Errorf("unknown message type %#x", t)
+			}
+			p, err := ftwire.ReadPayload(br)
+			if err != nil {
+				return err
+			}
+			switch t {
+			case ftwire.MsgDefineSection:
+				id, name, err := ftwire.ParseDefineSection(p)
+				if err != nil {
+					return err
+				}
+				names[id] = name
+			case ftwire.MsgSetTimeouts:
+				var u ftwire.TimeoutsUpdate
+				if err := json.Unmarshal(p, &u); err != nil {
+					return fmt.Errorf("decode timeouts: %w", err)
+				}
+				m.applyClientTimeouts(r, gen, &u)
+			default:
+				log.Debug("rank monitor: skipping unknown message", "type", t)
+			}
+		}
+	}
+}
+
+// applyClientTimeouts honours client-sent timeouts at once for the rank and
+// records them for the next cycles.
+func (m *Manager) applyClientTimeouts(r *rankMon, gen uint64, u *ftwire.TimeoutsUpdate) {
+	r.setTimeouts(gen, func(t *Timeouts) { t.applyUpdate(u) })
+	m.clientTimeouts(u)
+}

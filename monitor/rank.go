@@ -1,0 +1,472 @@
+package monitor
+
+import (
+	"fmt"
+	"log/slog"
+	"math"
+	"net"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Hang kinds.
+const (
+	KindInitialHeartbeat = "initial_heartbeat"
+	KindHeartbeat        = "heartbeat"
+	KindSection          = "section"
+	KindOutOfSection     = "out_of_section"
+)
+
+// initInfo is what a client tells the monitor when its session starts
+// (native Hello or nvrx InitMsg).
+type initInfo struct {
+	globalRank     int
+	pid            int
+	iteration      *int64
+	numWarmupIters *int64
+}
+
+// rankMon is the monitor of one local rank. The heartbeat hot path touches
+// only atomics; everything else is under mu. One timer per rank is armed at
+// the earliest deadline and re-armed lazily: heartbeats only push deadlines
+// later, so a timer that fires early just re-evaluates and re-arms.
+type rankMon struct {
+	m     *Manager
+	local int
+
+	gen        atomic.Uint64 // generation of the current connection; stale connections are ignored
+	hbSeen     atomic.Bool
+	lastHB     atomic.Int64 // monotonic ns since m.epoch
+	maxIv      atomic.Int64 // longest heartbeat interval this cycle
+	nIv        atomic.Int64 // heartbeat intervals this cycle
+	heartbeats atomic.Int64 // heartbeats received this cycle (status only)
+
+	mu          sync.Mutex
+	conn        net.Conn
+	cycle       int
+	active      bool
+	pid         int
+	globalRank  int
+	fired       bool
+	to          Timeouts
+	connected   bool // a session is initialised
+	initAt      int64
+	open        map[string]int64 // open sections → opened at
+	oosStart    int64
+	stepSeen    bool
+	stepOpens   int64
+	iterKnown   bool
+	initialIter int64
+	currentIter int64
+	warmupIters int64
+	timer       *time.Timer
+	armed       int64 // deadline the timer is set for; 0 = not armed
+	obs         observations
+}
+
+func newRankMon(m *Manager, local int) *rankMon {
+	r := &rankMon{m: m, local: local, globalRank: -1, open: map[string]int64{}}
+	r.timer = time.AfterFunc(time.Hour, r.onTimer)
+	r.timer.Stop()
+	return r
+}
+
+// begin resets the rank for a new cycle. Caller holds m.mu.
+func (r *rankMon) begin(cycle, pid int, to Timeouts, warmup int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.conn != nil {
+		r.conn.Close()
+		r.conn = nil
+	}
+	r.gen.Add(1)
+	r.resetSessionLocked()
+	r.cycle, r.pid, r.to, r.warmupIters = cycle, pid, to, int64(warmup)
+	r.active, r.fired = pid > 0, false
+	r.globalRank = -1
+	r.obs = observations{SectionMax: map[string]time.Duration{}, SectionCloses: map[string]int{}}
+	r.maxIv.Store(0)
+	r.nIv.Store(0)
+	r.heartbeats.Store(0)
+}
+
+// end stops evaluation and returns this cycle's observations.
+func (r *rankMon) end() observations {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.active = false
+	r.timer.Stop()
+	r.armed = 0
+	o := r.obs
+	o.HeartbeatMax = time.Duration(r.maxIv.Load())
+	o.Heartbeats = r.nIv.Load()
+	return o
+}
+
+// resetSessionLocked clears every clock of the session.
+func (r *rankMon) resetSessionLocked() {
+	r.connected = false
+	r.hbSeen.Store(false)
+	r.lastHB.Store(0)
+	clear(r.open)
+	r.stepSeen, r.stepOpens, r.iterKnown = false, 0, false
+	r.initialIter, r.currentIter = 0, 0
+}
+
+// install makes c the rank's connection, closing the previous one at once.
+// It returns the new connection's generation.
+func (r *rankMon) install(c net.Conn) uint64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.conn != nil {
+		r.m.log.Warn("rank monitor: new connection replaces the previous one", "local_rank", r.local, "cycle", r.cycle)
+		r.conn.Close()
+		r.warnOpenLocked("replaced")
+		r.resetSessionLocked()
+	}
+	r.conn = c
+	return r.gen.Add(1)
+}
+
+// disconnect handles the end of connection gen. It never kills the rank.
+func (r *rankMon) disconnect(gen uint64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.gen.Load() != gen {
+		return
+	}
+	r.conn = nil
+	r.gen.Add(1)
+	r.warnOpenLocked("disconnected")
+	r.resetSessionLocked()
+}
+
+func (r *rankMon) warnOpenLocked(why string) {
+	if len(r.open) > 0 {
+		names := make([]string, 0, len(r.open))
+		for s := range r.open {
+			names = append(names, s)
+		}
+		slices.Sort(names)
+		r.m.log.Warn("rank monitor: client "+why+" with sections open", "local_rank", r.local, "cycle", r.cycle, "sections", names)
+	}
+}
+
+// init starts a session: all clocks start now.
+func (r *rankMon) init(gen uint64, info initInfo) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.gen.Load() != gen {
+		return false
+	}
+	now := r.m.mono()
+	r.resetSessionLocked()
+	r.connected = true
+	r.initAt, r.oosStart = now, now
+	r.globalRank = info.globalRank
+	if info.numWarmupIters != nil && *info.numWarmupIters >= 0 {
+		r.warmupIters = *info.numWarmupIters
+	}
+	if info.iteration != nil {
+		r.iterKnown, r.initialIter, r.currentIter = true, *info.iteration, *info.iteration
+	}
+	r.rearmLocked(now)
+	return true
+}
+
+// heartbeat is the hot path.
+func (r *rankMon) heartbeat(gen uint64) {
+	if r.gen.Load() != gen {
+		return
+	}
+	now := r.m.mono()
+	if !r.hbSeen.Load() {
+		r.firstHeartbeat(gen, now)
+		return
+	}
+	r.heartbeats.Add(1)
+	prev := r.lastHB.Swap(now)
+	if prev == 0 {
+		return
+	}
+	iv := now - prev
+	r.nIv.Add(1)
+	for {
+		cur := r.maxIv.Load()
+		if iv <= cur || r.maxIv.CompareAndSwap(cur, iv) {
+			return
+		}
+	}
+}
+
+func (r *rankMon) firstHeartbeat(gen uint64, now int64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.gen.Load() != gen || !r.connected {
+		return
+	}
+	r.heartbeats.Add(1)
+	if !r.hbSeen.Load() {
+		r.obs.InitialDelay = max(r.obs.InitialDelay, time.Duration(now-r.initAt))
+	}
+	r.lastHB.Store(now)
+	r.hbSeen.Store(true)
+	r.rearmLocked(now)
+}
+
+// openSection returns an error text when the section was already open.
+func (r *rankMon) openSection(gen uint64, name string, iter *int64) string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.gen.Load() != gen || !r.connected {
+		return ""
+	}
+	now := r.m.mono()
+	if _, ok := r.open[name]; ok {
+		return fmt.Sprintf("Section '%s' is already open", name)
+	}
+	if len(r.open) == 0 {
+		r.obs.OutOfSectionMax = max(r.obs.OutOfSectionMax, time.Duration(now-r.oosStart))
+		r.obs.OutOfSections++
+	}
+	r.open[name] = now
+	if name == "step" {
+		r.stepSeen = true
+		r.stepOpens++
+		if iter != nil {
+			if !r.iterKnown {
+				r.iterKnown, r.initialIter = true, *iter
+			} else if *iter < r.currentIter {
+				r.m.log.Warn("rank monitor: iteration went backwards", "local_rank", r.local, "from", r.currentIter, "to", *iter)
+			}
+			r.currentIter = *iter
+		}
+	}
+	r.rearmLocked(now)
+	return ""
+}
+
+// closeSection returns an error text when the section was not open.
+func (r *rankMon) closeSection(gen uint64, name string) string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.gen.Load() != gen || !r.connected {
+		return ""
+	}
+	now := r.m.mono()
+	at, ok := r.open[name]
+	if !ok {
+		return fmt.Sprintf("Section '%s' is not open", name)
+	}
+	delete(r.open, name)
+	r.obs.SectionMax[name] = max(r.obs.SectionMax[name], time.Duration(now-at))
+	r.obs.SectionCloses[name]++
+	if len(r.open) == 0 {
+		r.oosStart = now
+	}
+	r.rearmLocked(now)
+	return ""
+}
+
+func (r *rankMon) closeAll(gen uint64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.gen.Load() != gen || !r.connected {
+		return
+	}
+	now := r.m.mono()
+	for name, at := range r.open {
+		r.obs.SectionMax[name] = max(r.obs.SectionMax[name], time.Duration(now-at))
+		r.obs.SectionCloses[name]++
+	}
+	if len(r.open) > 0 {
+		r.oosStart = now
+	}
+	clear(r.open)
+	r.rearmLocked(now)
+}
+
+// setTimeouts applies timeouts sent by the client, at once.
+func (r *rankMon) setTimeouts(gen uint64, apply func(*Timeouts)) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.gen.Load() != gen {
+		return
+	}
+	apply(&r.to)
+	r.rearmLocked(r.m.mono())
+}
+
+// expiry is one armed clock.
+type expiry struct {
+	kind     string
+	section  string
+	timeout  time.Duration
+	deadline int64
+}
+
+// earliestLocked returns the clock that expires first.
+func (r *rankMon) earliestLocked() (expiry, bool) {
+	best := expiry{deadline: math.MaxInt64}
+	consider := func(kind, section string, start int64, timeout time.Duration) {
+		if timeout <= 0 {
+			return
+		}
+		if d := start + int64(timeout); d < best.deadline {
+			best = expiry{kind: kind, section: section, timeout: timeout, deadline: d}
+		}
+	}
+	if !r.active || !r.connected || r.fired {
+		return best, false
+	}
+	if r.hbSeen.Load() {
+		consider(KindHeartbeat, "", r.lastHB.Load(), r.to.Heartbeat)
+	} else {
+		consider(KindInitialHeartbeat, "", r.initAt, r.to.InitialHeartbeat)
+	}
+	warmupTO, hasWarmup := r.to.Sections["warmup"]
+	// Every open section counts, not just the last one iterated (nvrx bug).
+	for name, at := range r.open {
+		to := r.to.Sections[name]
+		if name == "step" && hasWarmup && r.inWarmupLocked() {
+			to = warmupTO
+		}
+		consider(KindSection, name, at, to)
+	}
+	if len(r.open) == 0 && !(len(r.to.Sections) > 0 && !hasWarmup && !r.stepSeen) {
+		consider(KindOutOfSection, "", r.oosStart, r.to.OutOfSection)
+	}
+	return best, best.deadline != math.MaxInt64
+}
+
+// inWarmupLocked: the first num_warmup_iterations iterations of a session.
+// Without iteration numbers the count of step openings stands in for them.
+func (r *rankMon) inWarmupLocked() bool {
+	if r.iterKnown {
+		return r.currentIter-r.initialIter < r.warmupIters
+	}
+	return r.stepOpens <= r.warmupIters
+}
+
+// rearmLocked moves the timer earlier when the earliest deadline is before
+// the armed one; later deadlines are picked up lazily when it fires.
+func (r *rankMon) rearmLocked(now int64) {
+	e, ok := r.earliestLocked()
+	if !ok {
+		return
+	}
+	if r.armed != 0 && r.armed <= e.deadline {
+		return
+	}
+	r.armed = e.deadline
+	r.timer.Reset(time.Duration(max(e.deadline-now, 0)))
+}
+
+func (r *rankMon) onTimer() {
+	r.mu.Lock()
+	r.armed = 0
+	now := r.m.mono()
+	e, ok := r.earliestLocked()
+	if !ok {
+		r.mu.Unlock()
+		return
+	}
+	if now < e.deadline {
+		r.armed = e.deadline
+		r.timer.Reset(time.Duration(e.deadline - now))
+		r.mu.Unlock()
+		return
+	}
+	r.fired = true
+	h := Hang{
+		Cycle: r.cycle, LocalRank: r.local, GlobalRank: r.globalRank, Kind: e.kind, Section: e.section,
+		Timeout: e.timeout, Elapsed: time.Duration(now - (e.deadline - int64(e.timeout))),
+		ExpiredAt: r.m.epoch.Add(time.Duration(e.deadline)),
+		Signal:    r.m.opts.FT.RankTerminationSignal,
+	}
+	pid := r.pid
+	r.mu.Unlock()
+	r.m.goTracked(func() { r.m.terminate(h, pid) })
+}
+
+// terminate signals the hung rank's process group and reports the hang.
+func (m *Manager) terminate(h Hang, pid int) {
+	sig := h.Signal
+	if sig == 0 {
+		sig = syscall.SIGKILL
+		h.Signal = sig
+	}
+	target := -pid
+	if pgid, err := unix.Getpgid(pid); err != nil || pgid != pid || pgid == unix.Getpgrp() {
+		// Not a group leader (or our own group): never signal our group.
+		target = pid
+	}
+	_ = unix.Kill(target, unix.SIGCONT)
+	err := unix.Kill(target, sig)
+	h.SignalledAt = time.Now()
+	m.log.Error("rank hang detected; terminating rank", "cycle", h.Cycle, "local_rank", h.LocalRank,
+		"global_rank", h.GlobalRank, "kind", h.Kind, "section", h.Section, "timeout", h.Timeout,
+		"elapsed", h.Elapsed, "signal", sig.String(), "pid", pid, "detect_latency", h.SignalledAt.Sub(h.ExpiredAt), "kill_error", err)
+	if sig != syscall.SIGKILL && err == nil {
+		grace := time.Duration(m.opts.FT.TerminationGrace * float64(time.Second))
+		alive := func() bool {
+			if target < 0 {
+				return groupAlive(pid)
+			}
+			st, _, _, err := procStat(pid)
+			return err == nil && st != 'Z' && st != 'X'
+		}
+		deadline := time.Now().Add(grace)
+		t := time.NewTicker(20 * time.Millisecond)
+		for alive() && time.Now().Before(deadline) {
+			select {
+			case <-t.C:
+			case <-m.ctx.Done():
+			}
+			if m.ctx.Err() != nil {
+				break
+			}
+		}
+		t.Stop()
+		if alive() {
+			_ = unix.Kill(target, unix.SIGKILL)
+			h.Escalated = true
+			m.log.Warn("hung rank survived the termination signal; sent SIGKILL", "local_rank", h.LocalRank,
+				"signal", sig.String(), "grace", grace)
+		}
+	}
+	select {
+	case m.hangs <- h:
+	default:
+		m.log.Error("hang channel full; dropping hang report", "local_rank", h.LocalRank, "kind", h.Kind)
+	}
+}
+
+// status returns the rank's current state.
+func (r *rankMon) status() RankStatus {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	s := RankStatus{
+		LocalRank: r.local, GlobalRank: r.globalRank, PID: r.pid, Connected: r.connected,
+		Heartbeats: r.heartbeats.Load(), Timeouts: r.to.Clone(),
+	}
+	for name := range r.open {
+		s.OpenSections = append(s.OpenSections, name)
+	}
+	slices.Sort(s.OpenSections)
+	s.SectionCloses = map[string]int{}
+	for k, v := range r.obs.SectionCloses {
+		s.SectionCloses[k] = v
+	}
+	return s
+}
+
+// logger for a connection.
+func (r *rankMon) logger() *slog.Logger {
+	return r.m.log.With("local_rank", r.local)
+}

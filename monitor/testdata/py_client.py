@@ -1,0 +1,22 @@
+# Exercises ft_launcher_client against a live monitor (driven by python_test.go).
+import os
+import sys
+import time
+
+from ft_launcher_client import RankMonitorClient, request_workload_action, write_finished_flag
+
+c = RankMonitorClient()
+c.init_workload_monitoring()
+assert c.cfg.safety_factor == 5.0, c.cfg
+for _ in range(5):
+    c.send_heartbeat()
+    time.sleep(0.01)
+c.start_section("step")
+c.end_section("step")
+assert c.calculate_and_set_hb_timeouts()
+sd = c.state_dict()
+assert sd["current_timeouts"]["heartbeat"]["were_calculated"], sd
+request_workload_action("ShutdownWorkload", "done training")
+print(write_finished_flag(), flush=True)
+print("done", flush=True)
+time.sleep(30)
