@@ -1,0 +1,56 @@
+package nvrxwire
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+)
+
+// MaxFrame is the largest frame payload accepted by default. Frames larger
+// than this are rejected from their header alone, before any body is read.
+const MaxFrame = 16 << 20
+
+// ReadFrame reads one frame: a 4-byte big-endian length N followed by N bytes.
+// A declared length above max (or above MaxFrame when max <= 0) is rejected
+// without reading or allocating the body. A clean EOF before the header
+// returns io.EOF; EOF inside the header or body returns io.ErrUnexpectedEOF.
+func ReadFrame(r io.Reader, max int) ([]byte, error) {
+	if max <= 0 || max > MaxFrame {
+		max = MaxFrame
+	}
+	var hdr [4]byte
+	if _, err := io.ReadFull(r, hdr[:]); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil, io.EOF
+		}
+		return nil, fmt.Errorf("nvrxwire: read frame header: %w", err)
+	}
+	n := binary.BigEndian.Uint32(hdr[:])
+	if uint64(n) > uint64(max) {
+		return nil, fmt.Errorf("nvrxwire: frame length %d exceeds limit %d", n, max)
+	}
+	buf := make([]byte, n)
+	if _, err := io.ReadFull(r, buf); err != nil {
+		if errors.Is(err, io.EOF) {
+			err = io.ErrUnexpectedEOF
+		}
+		return nil, fmt.Errorf("nvrxwire: read frame body (%d bytes): %w", n, err)
+	}
+	return buf, nil
+}
+
+// WriteFrame writes the length header and payload with a single Write call,
+// so concurrent writers on a stream socket never interleave half frames.
+func WriteFrame(w io.Writer, payload []byte) error {
+	if uint64(len(payload)) > 0xFFFFFFFF {
+		return fmt.Errorf("nvrxwire: frame payload of %d bytes does not fit a 32-bit length", len(payload))
+	}
+	buf := make([]byte, 4+len(payload))
+	binary.BigEndian.PutUint32(buf, uint32(len(payload)))
+	copy(buf[4:], payload)
+	if _, err := w.Write(buf); err != nil {
+		return fmt.Errorf("nvrxwire: write frame: %w", err)
+	}
+	return nil
+}
