@@ -94,6 +94,7 @@ type Manager struct {
 	eff        Timeouts      // timeouts for the next/current cycle
 	configured Timeouts
 	clientSet  map[string]bool // fields a client set during this cycle
+	ckptStamp  string          // checkpoint-iteration file's state at BeginCycle
 	conns      map[net.Conn]struct{}
 	closed     bool
 }
@@ -248,6 +249,7 @@ func (m *Manager) BeginCycle(cycle int, pids map[int]int) {
 		m.pids[k] = v
 	}
 	clear(m.clientSet)
+	m.ckptStamp = fileStamp(m.opts.FT.CheckpointIterationFile)
 	for i, r := range m.ranks {
 		r.begin(cycle, m.pids[i], m.eff.Clone(), m.opts.FT.NumWarmupIterations)
 	}
@@ -256,9 +258,14 @@ func (m *Manager) BeginCycle(cycle int, pids map[int]int) {
 	m.log.Debug("rank monitors: cycle begins", "cycle", cycle, "pids", pids)
 }
 
-// EndCycle stops evaluating, folds the observed timing into the computed
+// EndCycle stops evaluating a cycle that did not run to completion (a rank
+// failed, or the round ended), folds the observed timing into the computed
 // timeouts (effective from the next BeginCycle) and persists them.
-func (m *Manager) EndCycle() {
+func (m *Manager) EndCycle() { m.EndCycleWith(false) }
+
+// EndCycleWith is EndCycle; completed says every rank exited 0, so the
+// whole run, checkpoints included, was observed.
+func (m *Manager) EndCycleWith(completed bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if !m.active {
@@ -270,6 +277,10 @@ func (m *Manager) EndCycle() {
 		o := r.end()
 		obs.merge(&o)
 	}
+	// Heartbeat and out-of-section intervals are trusted only from a cycle
+	// that contained a checkpoint, the longest gap in most trainings.
+	obs.CheckpointSeen = completed || obs.SectionCloses[checkpointSection] > 0 ||
+		fileStamp(m.opts.FT.CheckpointIterationFile) != m.ckptStamp
 	if m.opts.FT.CalculateTimeouts {
 		next, changes := compute(m.eff, &obs, m.opts.FT.SafetyFactor, m.clientSet)
 		for _, c := range changes {
@@ -466,4 +477,21 @@ func (m *Manager) serveRank(r *rankMon, c *net.UnixConn) {
 	if err != nil && m.ctx.Err() == nil && r.gen.Load() == gen {
 		log.Error("rank monitor: closing connection", "err", err)
 	}
+}
+
+// checkpointSection is the section name nvrx integrations (Megatron, PTL)
+// wrap checkpoint saves in.
+const checkpointSection = "checkpointing"
+
+// fileStamp identifies the current content of a file by size and mtime; ""
+// when the file is unset or missing.
+func fileStamp(path *string) string {
+	if path == nil || *path == "" {
+		return ""
+	}
+	st, err := os.Stat(*path)
+	if err != nil {
+		return ""
+	}
+	return fmt.Sprintf("%d/%d", st.Size(), st.ModTime().UnixNano())
 }

@@ -298,7 +298,7 @@ func TestComputedTimeouts(t *testing.T) {
 	if st := p.exited(t, 60*time.Second); !st.Success() {
 		t.Fatalf("rank ended with %v", st)
 	}
-	m.EndCycle()
+	m.EndCycleWith(true) // the rank ran to completion
 	sf := readState(t, state)
 	hb := sf.CurrentTimeouts.Heartbeat
 	obs := sf.FTLauncher.Observed
@@ -343,6 +343,13 @@ func TestBlendAndTrust(t *testing.T) {
 	obs := &observations{InitialDelay: time.Second, HeartbeatMax: time.Second, Heartbeats: 10,
 		SectionMax:    map[string]time.Duration{"step": 2 * time.Second, "other": time.Second},
 		SectionCloses: map[string]int{"step": 3, "other": 5}, OutOfSectionMax: time.Second, OutOfSections: 2}
+	// No checkpoint in the cycle: heartbeat intervals are not trusted, while
+	// section durations are.
+	noCkpt, _ := compute(cur, obs, 5, map[string]bool{})
+	if noCkpt.Heartbeat != cur.Heartbeat || noCkpt.HeartbeatCalculated || noCkpt.Sections["step"] != 10*time.Second {
+		t.Errorf("cycle without a checkpoint: %v", noCkpt)
+	}
+	obs.CheckpointSeen = true
 	next, _ := compute(cur, obs, 5, map[string]bool{})
 	// Configured values are replaced, not blended.
 	if next.Heartbeat != 5*time.Second || next.InitialHeartbeat != 5*time.Second || !next.HeartbeatCalculated {

@@ -149,6 +149,9 @@ type observations struct {
 	SectionCloses   map[string]int           `json:"section_closes"`
 	OutOfSectionMax time.Duration            `json:"out_of_section_max"`
 	OutOfSections   int                      `json:"out_of_section_stretches"`
+	// CheckpointSeen: the cycle contained a checkpoint or ran to completion
+	// (heartbeat and out-of-section timing is trusted only then).
+	CheckpointSeen bool `json:"checkpoint_seen"`
 }
 
 func (o *observations) merge(p *observations) {
@@ -192,7 +195,7 @@ func compute(cur Timeouts, obs *observations, safety float64, clientSet map[stri
 		safety = 5
 	}
 	scale := func(d time.Duration) time.Duration { return time.Duration(float64(d) * safety) }
-	if !clientSet["heartbeat"] && obs.Heartbeats >= minHeartbeatIntervals && obs.HeartbeatMax > 0 && obs.InitialDelay > 0 {
+	if !clientSet["heartbeat"] && obs.CheckpointSeen && obs.Heartbeats >= minHeartbeatIntervals && obs.HeartbeatMax > 0 && obs.InitialDelay > 0 {
 		ni := blend(scale(obs.InitialDelay), cur.InitialHeartbeat, cur.HeartbeatCalculated)
 		nh := blend(scale(obs.HeartbeatMax), cur.Heartbeat, cur.HeartbeatCalculated)
 		changes = append(changes,
@@ -212,7 +215,7 @@ func compute(cur Timeouts, obs *observations, safety float64, clientSet map[stri
 		next.Sections[name] = n
 		next.CalculatedSections[name] = true
 	}
-	if !clientSet["oos"] && len(cur.Sections) > 0 && obs.OutOfSections >= minOutOfSection && obs.OutOfSectionMax > 0 {
+	if !clientSet["oos"] && obs.CheckpointSeen && len(cur.Sections) > 0 && obs.OutOfSections >= minOutOfSection && obs.OutOfSectionMax > 0 {
 		n := blend(scale(obs.OutOfSectionMax), cur.OutOfSection, cur.OutOfSectionCalculated)
 		changes = append(changes, change{"out_of_section", cur.OutOfSection, n, cur.OutOfSectionCalculated})
 		next.OutOfSection, next.OutOfSectionCalculated = n, true
