@@ -198,7 +198,7 @@ func newManager(t *testing.T, nlocal int, mut func(*configs.FaultTolerance), sta
 	if mut != nil {
 		mut(&ft)
 	}
-	m, err := New(Options{NLocal: nlocal, FT: ft, StateFile: stateFile,
+	m, err := New(Options{NLocal: nlocal, FT: ft, StateFile: stateFile, MinComputedTimeout: -1,
 		Logger: slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))})
 	if err != nil {
 		t.Fatal(err)

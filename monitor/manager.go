@@ -39,7 +39,15 @@ type Options struct {
 	StateFile string // computed timeouts are persisted here; "" disables
 	Logger    *slog.Logger
 	UID       int // allowed peer uid; 0 means os.Getuid() (root's uid is 0 anyway)
+	// MinComputedTimeout is the floor of every timeout the launcher computes
+	// (safety_factor × a few milliseconds of observed interval is too tight to
+	// survive a GC pause or a loaded node). 0 means DefaultMinComputedTimeout;
+	// a negative value disables the floor (tests).
+	MinComputedTimeout time.Duration
 }
+
+// DefaultMinComputedTimeout is the default floor of computed timeouts.
+const DefaultMinComputedTimeout = 5 * time.Second
 
 // Hang is one detected hang and what was done about it.
 type Hang struct {
@@ -282,7 +290,7 @@ func (m *Manager) EndCycleWith(completed bool) {
 	obs.CheckpointSeen = completed || obs.SectionCloses[checkpointSection] > 0 ||
 		fileStamp(m.opts.FT.CheckpointIterationFile) != m.ckptStamp
 	if m.opts.FT.CalculateTimeouts {
-		next, changes := compute(m.eff, &obs, m.opts.FT.SafetyFactor, m.clientSet)
+		next, changes := compute(m.eff, &obs, m.opts.FT.SafetyFactor, m.minComputed(), m.clientSet)
 		for _, c := range changes {
 			if !c.OldCalculated && c.Old > 0 {
 				m.log.Warn("computed timeout replaces a configured one", "timeout", c.Name,
@@ -494,4 +502,14 @@ func fileStamp(path *string) string {
 		return ""
 	}
 	return fmt.Sprintf("%d/%d", st.Size(), st.ModTime().UnixNano())
+}
+
+func (m *Manager) minComputed() time.Duration {
+	switch {
+	case m.opts.MinComputedTimeout < 0:
+		return 0
+	case m.opts.MinComputedTimeout == 0:
+		return DefaultMinComputedTimeout
+	}
+	return m.opts.MinComputedTimeout
 }

@@ -345,12 +345,12 @@ func TestBlendAndTrust(t *testing.T) {
 		SectionCloses: map[string]int{"step": 3, "other": 5}, OutOfSectionMax: time.Second, OutOfSections: 2}
 	// No checkpoint in the cycle: heartbeat intervals are not trusted, while
 	// section durations are.
-	noCkpt, _ := compute(cur, obs, 5, map[string]bool{})
+	noCkpt, _ := compute(cur, obs, 5, 0, map[string]bool{})
 	if noCkpt.Heartbeat != cur.Heartbeat || noCkpt.HeartbeatCalculated || noCkpt.Sections["step"] != 10*time.Second {
 		t.Errorf("cycle without a checkpoint: %v", noCkpt)
 	}
 	obs.CheckpointSeen = true
-	next, _ := compute(cur, obs, 5, map[string]bool{})
+	next, _ := compute(cur, obs, 5, 0, map[string]bool{})
 	// Configured values are replaced, not blended.
 	if next.Heartbeat != 5*time.Second || next.InitialHeartbeat != 5*time.Second || !next.HeartbeatCalculated {
 		t.Errorf("first computation: %v", next)
@@ -366,13 +366,13 @@ func TestBlendAndTrust(t *testing.T) {
 	}
 	// Computed values are blended 0.5/0.5.
 	obs.HeartbeatMax = 3 * time.Second
-	next2, _ := compute(next, obs, 5, map[string]bool{})
+	next2, _ := compute(next, obs, 5, 0, map[string]bool{})
 	if next2.Heartbeat != 10*time.Second {
 		t.Errorf("blend: heartbeat %v, want 10s", next2.Heartbeat)
 	}
 	// Too few heartbeats: untouched; client-set fields: untouched.
 	obs.Heartbeats = 9
-	next3, _ := compute(next2, obs, 5, map[string]bool{"section:step": true})
+	next3, _ := compute(next2, obs, 5, 0, map[string]bool{"section:step": true})
 	if next3.Heartbeat != next2.Heartbeat || next3.Sections["step"] != next2.Sections["step"] {
 		t.Errorf("untrusted or client-set values changed: %v", next3)
 	}
@@ -420,5 +420,15 @@ func TestClientSetTimeouts(t *testing.T) {
 	sf := readState(t, state)
 	if s := sf.CurrentTimeouts.Section; s == nil || *s.Section["step"] != 90 || *s.OutOfSection != 120 {
 		t.Errorf("persisted sections %+v", sf.CurrentTimeouts.Section)
+	}
+}
+
+func TestComputedTimeoutFloor(t *testing.T) {
+	cur := Timeouts{}.Clone()
+	obs := &observations{InitialDelay: 10 * time.Millisecond, HeartbeatMax: 20 * time.Millisecond,
+		Heartbeats: 50, CheckpointSeen: true, SectionMax: map[string]time.Duration{}, SectionCloses: map[string]int{}}
+	next, _ := compute(cur, obs, 5, DefaultMinComputedTimeout, map[string]bool{})
+	if next.Heartbeat != DefaultMinComputedTimeout || next.InitialHeartbeat != DefaultMinComputedTimeout {
+		t.Fatalf("computed %v / %v, want the %v floor", next.InitialHeartbeat, next.Heartbeat, DefaultMinComputedTimeout)
 	}
 }

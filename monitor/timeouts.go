@@ -188,13 +188,13 @@ type change struct {
 // compute folds one cycle's observations into cur and returns the new
 // timeouts and what changed. clientSet lists fields a client set this cycle
 // ("heartbeat", "oos", "section:<name>"); those are left alone.
-func compute(cur Timeouts, obs *observations, safety float64, clientSet map[string]bool) (Timeouts, []change) {
+func compute(cur Timeouts, obs *observations, safety float64, floor time.Duration, clientSet map[string]bool) (Timeouts, []change) {
 	next := cur.Clone()
 	var changes []change
 	if safety <= 0 {
 		safety = 5
 	}
-	scale := func(d time.Duration) time.Duration { return time.Duration(float64(d) * safety) }
+	scale := func(d time.Duration) time.Duration { return max(time.Duration(float64(d)*safety), floor) }
 	if !clientSet["heartbeat"] && obs.CheckpointSeen && obs.Heartbeats >= minHeartbeatIntervals && obs.HeartbeatMax > 0 && obs.InitialDelay > 0 {
 		ni := blend(scale(obs.InitialDelay), cur.InitialHeartbeat, cur.HeartbeatCalculated)
 		nh := blend(scale(obs.HeartbeatMax), cur.Heartbeat, cur.HeartbeatCalculated)
