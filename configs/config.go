@@ -4,6 +4,7 @@
 package configs
 
 import (
+	"math"
 	"syscall"
 	"time"
 )
@@ -165,7 +166,7 @@ func Seconds(v *float64) (d time.Duration, ok bool) {
 	if v == nil {
 		return 0, false
 	}
-	return time.Duration(*v * float64(time.Second)), true
+	return time.Duration(math.Round(*v * float64(time.Second))), true
 }
 
 // Exit codes shared by every command.

@@ -1,0 +1,351 @@
+#!/usr/bin/python3
+"""Small deterministic DDP training (gloo, CPU) used by the integration tests.
+
+The run must end with bit-identical weights whether it runs uninterrupted or
+crashes and resumes from a checkpoint. To make that true:
+
+* every batch is a pure function of (seed, step, rank), generated on the fly
+  by a private torch.Generator, so resuming at step k replays exactly the
+  batches k, k+1, ... of an uninterrupted run;
+* the model uses dropout driven by the global torch RNG; the RNG state of every
+  rank is gathered into the checkpoint and restored on resume, so the dropout
+  masks after a resume are the ones the uninterrupted run drew;
+* the checkpoint holds model, optimizer (Adam moments), step and RNG states and
+  is written atomically by rank 0 (temp file in the same dir, fsync, rename,
+  fsync of the directory), so a crash never leaves a half-written checkpoint.
+
+Fault injection (each fires once, only in restart cycle 0 and only if its
+marker file is absent from --ckpt-dir):
+  --crash-at-step S --crash-rank R   rank R calls os._exit(1) before step S
+  --hang-at-step S --hang-rank R     rank R sleeps forever inside the monitored
+                                     "step" section before step S
+
+When FT_RANK_MONITOR_IPC_SOCKET is set and the ft-launcher Python client is
+importable, every step sends a heartbeat and is wrapped in a "step" section.
+
+At the end rank 0 writes --out: JSON with the SHA-256 of the concatenated
+float32 bytes of all parameters (state_dict order) so a test can compare runs
+without torch, and touches $FAULT_TOL_FINISHED_FLAG_FILE when set.
+
+Run with torchrun or ft-launcher, e.g.
+  ft-launcher --nproc-per-node 2 --max-restarts 1 ddp_train.py \
+      --ckpt-dir /tmp/ck --out /tmp/w.json --crash-at-step 25 --crash-rank 1
+"""
+import argparse
+import glob
+import hashlib
+import json
+import os
+import re
+import sys
+import time
+
+# Keep the per-process thread count at 1 before torch sizes its pools.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.nn as nn  # noqa: E402
+from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.normpath(os.path.join(_HERE, "..", "client", "python")))
+
+CKPT_RE = re.compile(r"^ckpt_(\d{8})\.pt$")
+IN_DIM, HIDDEN, OUT_DIM = 16, 32, 4
+
+
+def log(msg):
+    print(f"[ddp_train rank={os.environ.get('RANK', '?')} "
+          f"cycle={os.environ.get('TORCHELASTIC_RESTART_COUNT', '?')}] {msg}",
+          file=sys.stderr, flush=True)
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--ckpt-every", type=int, default=10, help="checkpoint every K steps (0: never)")
+    p.add_argument("--ckpt-dir", required=True)
+    p.add_argument("--out", required=True, help="final weights summary (JSON), written by rank 0")
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--lr", type=float, default=1e-2)
+    p.add_argument("--step-sleep", type=float, default=0.0, help="seconds to sleep per step (slow runs down)")
+    p.add_argument("--crash-at-step", type=int, default=-1)
+    p.add_argument("--crash-rank", type=int, default=0)
+    p.add_argument("--hang-at-step", type=int, default=-1)
+    p.add_argument("--hang-rank", type=int, default=0)
+    return p.parse_args(argv)
+
+
+class MLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Linear(IN_DIM, HIDDEN), nn.Tanh(), nn.Dropout(p=0.1),
+            nn.Linear(HIDDEN, HIDDEN), nn.Tanh(),
+            nn.Linear(HIDDEN, OUT_DIM),
+        )
+
+    def forward(self, x):
+        return self.net(x)
+
+
+# A fixed "teacher" that defines the regression target; built from the seed only.
+def teacher_weights(seed):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(IN_DIM, OUT_DIM, generator=g), torch.randn(OUT_DIM, generator=g)
+
+
+def batch_for(seed, step, rank, batch_size, teacher):
+    """The batch of (step, rank): independent of any earlier step, so resumable."""
+    g = torch.Generator().manual_seed(seed * 1_000_003 + step * 1009 + rank + 1)
+    x = torch.randn(batch_size, IN_DIM, generator=g)
+    w, b = teacher
+    y = torch.sin(x @ w + b) + 0.05 * torch.randn(batch_size, OUT_DIM, generator=g)
+    return x, y
+
+
+class Monitor:
+    """Optional heartbeats/sections through the ft-launcher rank monitor client."""
+
+    def __init__(self):
+        self.client = None
+        if not os.environ.get("FT_RANK_MONITOR_IPC_SOCKET"):
+            return
+        try:
+            from ft_launcher_client import RankMonitorClient
+        except ImportError as e:
+            log(f"rank monitor client not importable, running unmonitored: {e}")
+            return
+        try:
+            c = RankMonitorClient()
+            c.init_workload_monitoring()
+            self.client = c
+        except Exception as e:  # an unmonitored run is better than no run
+            log(f"rank monitor init failed, running unmonitored: {e!r}")
+
+    def _call(self, name, *args):
+        if self.client is not None:
+            getattr(self.client, name)(*args)
+
+    def heartbeat(self):
+        self._call("send_heartbeat")
+
+    def start(self, section):
+        self._call("start_section", section)
+
+    def end(self, section):
+        self._call("end_section", section)
+
+    def shutdown(self):
+        if self.client is not None:
+            try:
+                self.client.shutdown_workload_monitoring()
+            except Exception as e:
+                log(f"rank monitor shutdown: {e!r}")
+
+
+def ordered_allreduce_hook(process_group, bucket):
+    """Average a gradient bucket summing ranks in the fixed order 0..W-1.
+
+    A ring allreduce sums each element in an order that depends on where the
+    element sits in the bucket, and DDP lays out its buckets differently in the
+    first iteration after construction than after it rebuilds them. With more
+    than two ranks float addition order matters, so a run resumed at step k
+    would drift from the uninterrupted one in the last bits. Gathering every
+    rank's bucket and summing in rank order makes the result independent of
+    bucket layout. Cheap at this model size.
+    """
+    buf = bucket.buffer()
+    world = dist.get_world_size(process_group)
+    parts = [torch.empty_like(buf) for _ in range(world)]
+    dist.all_gather(parts, buf, group=process_group)
+    total = parts[0].clone()
+    for part in parts[1:]:
+        total += part
+    total /= world
+    fut = torch.futures.Future()
+    fut.set_result(total)
+    return fut
+
+
+def fsync_dir(path):
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path, write_fn, binary=True):
+    """Write via a temp file in the same dir, fsync, rename, fsync the dir."""
+    d = os.path.dirname(os.path.abspath(path))
+    tmp = os.path.join(d, f".tmp.{os.path.basename(path)}.{os.getpid()}")
+    try:
+        with open(tmp, "wb" if binary else "w") as f:
+            write_fn(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    fsync_dir(d)
+
+
+def latest_checkpoint(ckpt_dir):
+    best = None
+    for name in os.listdir(ckpt_dir):
+        m = CKPT_RE.match(name)
+        if m and (best is None or int(m.group(1)) > best[0]):
+            best = (int(m.group(1)), os.path.join(ckpt_dir, name))
+    return best
+
+
+def save_checkpoint(ckpt_dir, step, model, opt, rng_states, keep=2):
+    state = {
+        "step": step,
+        "model": model.state_dict(),
+        "optimizer": opt.state_dict(),
+        "rng": rng_states,  # one torch RNG state per rank, index = rank
+        "world_size": len(rng_states),
+    }
+    path = os.path.join(ckpt_dir, f"ckpt_{step:08d}.pt")
+    atomic_write(path, lambda f: torch.save(state, f))
+    # Drop old checkpoints only after the new one is durable.
+    old = sorted(p for p in glob.glob(os.path.join(ckpt_dir, "ckpt_*.pt"))
+                 if CKPT_RE.match(os.path.basename(p)))
+    for p in old[:-keep]:
+        os.unlink(p)
+
+
+def marker(ckpt_dir, kind, step, rank):
+    return os.path.join(ckpt_dir, f"_injected_{kind}_step{step}_rank{rank}")
+
+
+def should_inject(ckpt_dir, kind, step, rank):
+    """Fire once: only in cycle 0 and only if no marker says it already fired."""
+    cycle = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or "0")
+    return cycle == 0 and not os.path.exists(marker(ckpt_dir, kind, step, rank))
+
+
+def touch_marker(ckpt_dir, kind, step, rank):
+    with open(marker(ckpt_dir, kind, step, rank), "w") as f:
+        f.write(f"{os.getpid()}\n")
+        f.flush()
+        os.fsync(f.fileno())
+    fsync_dir(ckpt_dir)
+
+
+def params_summary(model, args, final_loss, resumed_from):
+    blob = b"".join(
+        t.detach().to(torch.float32).contiguous().numpy().tobytes()
+        for _, t in model.state_dict().items()
+    )
+    flat = torch.cat([t.detach().to(torch.float32).reshape(-1) for t in model.state_dict().values()])
+    return {
+        "sha256": hashlib.sha256(blob).hexdigest(),
+        "num_params": int(flat.numel()),
+        # repr of a float32 widened to float64 is exact, so these compare bitwise.
+        "first_values": [float(v) for v in flat[:8].tolist()],
+        "steps": args.steps,
+        "final_loss": final_loss,
+        "resumed_from_step": resumed_from,
+        "world_size": dist.get_world_size(),
+        "torch_version": torch.__version__,
+    }
+
+
+def main(argv):
+    args = parse_args(argv)
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+
+    dist.init_process_group(backend="gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    os.makedirs(args.ckpt_dir, exist_ok=True)
+    mon = Monitor()
+    mon.start("setup")
+
+    torch.manual_seed(args.seed)  # identical initial weights on every rank
+    model = MLP()
+    opt = torch.optim.Adam(model.parameters(), lr=args.lr, weight_decay=1e-4)
+    torch.manual_seed(args.seed + 7919 * (rank + 1))  # per-rank dropout stream
+
+    # Rank 0 picks the checkpoint and tells everyone, so all ranks agree.
+    pick = [None]
+    if rank == 0:
+        found = latest_checkpoint(args.ckpt_dir)
+        pick[0] = found[1] if found else None
+    dist.broadcast_object_list(pick, src=0)
+    start_step = 0
+    if pick[0] is not None:
+        state = torch.load(pick[0])
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        if state["world_size"] != world:
+            raise SystemExit(f"checkpoint {pick[0]} is for world size {state['world_size']}, not {world}")
+        torch.set_rng_state(state["rng"][rank])
+        start_step = state["step"]
+        log(f"resumed from {pick[0]} at step {start_step}")
+
+    ddp = DDP(model)
+    ddp.register_comm_hook(None, ordered_allreduce_hook)
+    loss_fn = nn.MSELoss()
+    teacher = teacher_weights(args.seed)
+    mon.end("setup")
+
+    loss_val = None
+    for step in range(start_step, args.steps):
+        if (step, rank) == (args.crash_at_step, args.crash_rank) and \
+                should_inject(args.ckpt_dir, "crash", step, rank):
+            touch_marker(args.ckpt_dir, "crash", step, rank)
+            log(f"injected crash at step {step}")
+            os._exit(1)
+
+        mon.heartbeat()
+        mon.start("step")
+        if (step, rank) == (args.hang_at_step, args.hang_rank) and \
+                should_inject(args.ckpt_dir, "hang", step, rank):
+            touch_marker(args.ckpt_dir, "hang", step, rank)
+            log(f"injected hang at step {step}")
+            while True:
+                time.sleep(3600)
+
+        x, y = batch_for(args.seed, step, rank, args.batch_size, teacher)
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(ddp(x), y)
+        loss.backward()
+        opt.step()
+        loss_val = float(loss.detach())
+        mon.end("step")
+        if args.step_sleep > 0:
+            time.sleep(args.step_sleep)
+
+        done = step + 1
+        if args.ckpt_every > 0 and done % args.ckpt_every == 0 and done < args.steps:
+            mon.start("checkpointing")
+            rng = [None] * world
+            dist.all_gather_object(rng, torch.get_rng_state())
+            if rank == 0:
+                save_checkpoint(args.ckpt_dir, done, model, opt, rng)
+            dist.barrier()  # nobody runs ahead of a checkpoint that is not durable yet
+            mon.end("checkpointing")
+
+    if rank == 0:
+        summary = params_summary(model, args, loss_val, start_step)
+        atomic_write(args.out, lambda f: json.dump(summary, f, indent=1, sort_keys=True), binary=False)
+        log(f"done: sha256={summary['sha256']} loss={loss_val}")
+        flag = os.environ.get("FAULT_TOL_FINISHED_FLAG_FILE")
+        if flag:
+            with open(flag, "a"):
+                pass
+    dist.barrier()
+    mon.shutdown()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
