@@ -1,0 +1,81 @@
+package agent
+
+import (
+	"strconv"
+	"strings"
+
+	"github.com/ftlauncher/ft-launcher/configs"
+	"github.com/ftlauncher/ft-launcher/monitor"
+	"github.com/ftlauncher/ft-launcher/rendezvous"
+)
+
+// WorkerArgv is the command of one rank, as torchrun builds it:
+// [python, -u, (-m), script, args...], or [script, args...] with --no-python,
+// with ${local_rank} substituted in the script arguments.
+func WorkerArgv(cfg *configs.Config, localRank int) []string {
+	lr := strconv.Itoa(localRank)
+	args := make([]string, len(cfg.ScriptArgs))
+	for i, s := range cfg.ScriptArgs {
+		args[i] = strings.ReplaceAll(s, "${local_rank}", lr)
+	}
+	if cfg.NoPython {
+		return append([]string{cfg.Script}, args...)
+	}
+	argv := []string{cfg.PythonExec, "-u"}
+	if cfg.Module {
+		argv = append(argv, "-m")
+	}
+	argv = append(argv, cfg.Script)
+	return append(argv, args...)
+}
+
+// WorkerEnv is the environment of one rank: the launcher's environment with
+// torchrun's worker variables (torchrun.md §2.1, nvrx.md §5.4) set on top.
+// TORCHELASTIC_RESTART_COUNT is the job-wide round number.
+func WorkerEnv(base []string, cfg *configs.Config, asg rendezvous.Assignment, localRank int, errorFile string, mon *monitor.Manager) []string {
+	set := map[string]string{
+		"LOCAL_RANK":                   strconv.Itoa(localRank),
+		"RANK":                         strconv.Itoa(asg.RankBase + localRank),
+		"GROUP_RANK":                   strconv.Itoa(asg.GroupRank),
+		"ROLE_RANK":                    strconv.Itoa(asg.RankBase + localRank),
+		"ROLE_NAME":                    cfg.Role,
+		"LOCAL_WORLD_SIZE":             strconv.Itoa(cfg.NProcPerNode),
+		"WORLD_SIZE":                   strconv.Itoa(asg.WorldSize),
+		"GROUP_WORLD_SIZE":             strconv.Itoa(asg.GroupWorldSize),
+		"ROLE_WORLD_SIZE":              strconv.Itoa(asg.WorldSize),
+		"MASTER_ADDR":                  asg.MasterAddr,
+		"MASTER_PORT":                  strconv.Itoa(asg.MasterPort),
+		"TORCHELASTIC_RESTART_COUNT":   strconv.Itoa(asg.Round),
+		"TORCHELASTIC_MAX_RESTARTS":    strconv.Itoa(cfg.MaxRestarts),
+		"TORCHELASTIC_RUN_ID":          asg.RunID,
+		"TORCHELASTIC_USE_AGENT_STORE": "False",
+		"TORCHELASTIC_ERROR_FILE":      errorFile,
+	}
+	if mon != nil {
+		set["FT_RANK_MONITOR_IPC_SOCKET"] = mon.RankSocket(localRank)
+		set["FT_LAUNCHER_IPC_SOCKET"] = mon.LauncherSocket()
+	}
+	have := map[string]bool{}
+	out := make([]string, 0, len(base)+len(set)+2)
+	for _, kv := range base {
+		k, _, _ := strings.Cut(kv, "=")
+		if _, override := set[k]; override {
+			continue
+		}
+		have[k] = true
+		out = append(out, kv)
+	}
+	if !have["TORCH_NCCL_ASYNC_ERROR_HANDLING"] {
+		set["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "1"
+	}
+	if !have["OMP_NUM_THREADS"] && cfg.NProcPerNode > 1 {
+		set["OMP_NUM_THREADS"] = "1"
+	}
+	if !have["TORCH_ELASTIC_WORKER_IDENTICAL"] {
+		set["TORCH_ELASTIC_WORKER_IDENTICAL"] = "1"
+	}
+	for k, v := range set {
+		out = append(out, k+"="+v)
+	}
+	return out
+}

@@ -1,0 +1,117 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+
+	"github.com/ftlauncher/ft-launcher/configs"
+	"github.com/ftlauncher/ft-launcher/metrics"
+	"github.com/ftlauncher/ft-launcher/rendezvous"
+	"github.com/ftlauncher/ft-launcher/spawn"
+)
+
+// newEtcdRendezvous sets up the multi-node rendezvous. --rdzv-backend etcd
+// means an external etcd cluster; c10d and static (what existing scripts pass)
+// map to the embedded default, hosted by the launcher whose address matches
+// the endpoint (or that has is_host=1 in --rdzv-conf).
+func newEtcdRendezvous(ctx context.Context, cfg *configs.Config, log *slog.Logger, reaper *spawn.Reaper, met *metrics.Metrics) (rendezvous.Rendezvous, func(), error) {
+	endpoint := cfg.RdzvEndpoint
+	defPort := "29400"
+	switch cfg.RdzvBackend {
+	case "etcd", "etcd-v2":
+		defPort = "2379"
+	case "static":
+		if endpoint == "" {
+			endpoint = net.JoinHostPort(cfg.MasterAddr, strconv.Itoa(cfg.MasterPort))
+		}
+	}
+	if endpoint == "" {
+		return nil, nil, fmt.Errorf("--rdzv-endpoint is required with --nnodes %d:%d (give host:port of the rendezvous)", cfg.NNodes.Min, cfg.NNodes.Max)
+	}
+	var eps []string
+	for _, e := range strings.Split(endpoint, ",") {
+		e = strings.TrimSpace(e)
+		if e == "" {
+			continue
+		}
+		if _, _, err := net.SplitHostPort(e); err != nil {
+			e = net.JoinHostPort(strings.Trim(e, "[]"), defPort)
+		}
+		eps = append(eps, e)
+	}
+	host, _ := os.Hostname()
+	localAddr := cfg.LocalAddr
+	if localAddr == "" {
+		localAddr = host
+	}
+
+	cleanup := func() {}
+	external := cfg.RdzvBackend == "etcd" || cfg.RdzvBackend == "etcd-v2"
+	if !external {
+		if cfg.RdzvBackend == "c10d" {
+			log.Info("--rdzv-backend c10d is served by ft-launcher's embedded etcd rendezvous", "endpoint", eps[0])
+		}
+		isHost := rendezvous.IsLocalEndpoint(eps[0], cfg.LocalAddr)
+		if v, ok := cfg.RdzvConf["is_host"]; ok {
+			isHost = v == "1" || strings.EqualFold(v, "true")
+		}
+		if isHost {
+			h, _, _ := net.SplitHostPort(eps[0])
+			peerPort, err := rendezvous.FreePort(h)
+			if err != nil {
+				return nil, nil, err
+			}
+			dir, err := os.MkdirTemp("", "ft-launcher-etcd-")
+			if err != nil {
+				return nil, nil, fmt.Errorf("embedded etcd data dir: %w", err)
+			}
+			emb, err := rendezvous.StartEmbedded(ctx, rendezvous.EmbeddedOptions{Dir: dir,
+				ClientURL: "http://" + eps[0], PeerURL: "http://" + net.JoinHostPort(h, strconv.Itoa(peerPort)),
+				Logger: log.With("component", "etcd")})
+			if err != nil {
+				os.RemoveAll(dir)
+				return nil, nil, fmt.Errorf("start the embedded etcd at %s: %w", eps[0], err)
+			}
+			log.Info("hosting the embedded etcd rendezvous", "endpoint", emb.Endpoint())
+			cleanup = func() { emb.Close(); os.RemoveAll(dir) }
+		}
+	}
+	for i, e := range eps {
+		eps[i] = "http://" + e
+		if cfg.RdzvCACert != "" || cfg.RdzvCert != "" {
+			eps[i] = "https://" + e
+		}
+	}
+	r, err := rendezvous.NewEtcd(ctx, rendezvous.EtcdOptions{
+		Endpoints: eps, CACert: cfg.RdzvCACert, Cert: cfg.RdzvCert, Key: cfg.RdzvKey,
+		Username: cfg.RdzvUser, Password: cfg.RdzvPassword,
+		RunID: cfg.RdzvID, NodeID: fmt.Sprintf("%s/%d", localAddr, os.Getpid()), LocalAddr: localAddr,
+		NProcPerNode: cfg.NProcPerNode, MinNodes: cfg.NNodes.Min, MaxNodes: cfg.NNodes.Max,
+		MaxRestarts: cfg.MaxRestarts, InfraRank: infraRank(cfg),
+		HealthCheck: healthCheck(cfg, reaper, log), Metrics: met, Logger: log.With("component", "rendezvous"),
+	})
+	if err != nil {
+		cleanup()
+		return nil, nil, err
+	}
+	return r, func() { r.Close(); cleanup() }, nil
+}
+
+// infraRank is the node's rank as the infrastructure knows it, used to order
+// nodes: --node-rank, else SLURM_PROCID, else JOB_COMPLETION_INDEX; -1 if none.
+func infraRank(cfg *configs.Config) int {
+	if cfg.NodeRank >= 0 {
+		return cfg.NodeRank
+	}
+	for _, k := range []string{"SLURM_PROCID", "JOB_COMPLETION_INDEX"} {
+		if v, err := strconv.Atoi(os.Getenv(k)); err == nil && v >= 0 {
+			return v
+		}
+	}
+	return -1
+}

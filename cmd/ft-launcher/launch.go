@@ -1,0 +1,156 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"strings"
+	"time"
+
+	"github.com/ftlauncher/ft-launcher/agent"
+	"github.com/ftlauncher/ft-launcher/configs"
+	"github.com/ftlauncher/ft-launcher/eventlog"
+	"github.com/ftlauncher/ft-launcher/metrics"
+	"github.com/ftlauncher/ft-launcher/monitor"
+	"github.com/ftlauncher/ft-launcher/ranklogs"
+	"github.com/ftlauncher/ft-launcher/rendezvous"
+	"github.com/ftlauncher/ft-launcher/spawn"
+)
+
+// launch sets up every part of the node agent, runs it, and tears every part
+// down again in reverse order, whatever happened.
+func launch(ctx context.Context, cfg *configs.Config, log *slog.Logger, sigs <-chan os.Signal, stderr io.Writer) int {
+	environ := os.Environ()
+	if !cfg.NoPython {
+		py, err := exec.LookPath(cfg.PythonExec)
+		if err != nil {
+			fmt.Fprintf(stderr, "ft-launcher: python interpreter %q not found on PATH (set PYTHON_EXEC, or use --no-python): %v\n", cfg.PythonExec, err)
+			return configs.ExitUsage
+		}
+		cfg.PythonExec = py
+	}
+	if os.Getenv("OMP_NUM_THREADS") == "" && cfg.NProcPerNode > 1 {
+		fmt.Fprintln(stderr, "*****************************************\n"+
+			"Setting OMP_NUM_THREADS environment variable for each process to be 1 in default, to avoid your system being overloaded, please further tune the variable for optimal performance in your application as needed. \n"+
+			"*****************************************")
+	}
+	host, _ := os.Hostname()
+
+	ev, err := eventlog.Open(cfg.EventLog, map[string]any{"node": nodeName(cfg, host), "run_id": cfg.RdzvID})
+	if err != nil {
+		fmt.Fprintf(stderr, "ft-launcher: --event-log %s: %v\n", cfg.EventLog, err)
+		return configs.ExitUsage
+	}
+	defer ev.Close()
+
+	reaper, err := spawn.NewReaper(log)
+	if err != nil {
+		log.Error("start the process reaper", "err", err)
+		return configs.ExitFailure
+	}
+	defer reaper.Close()
+
+	logs, err := ranklogs.New(ranklogs.Options{
+		LogDir: cfg.LogDir, RunID: cfg.RdzvID, Role: cfg.Role,
+		Redirects: cfg.Redirects, Tee: cfg.Tee, LocalRanksFilter: cfg.LocalRanksFilter,
+		PrefixTemplate: os.Getenv("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"),
+		Console:        os.Stdout, ConsoleErr: os.Stderr,
+	})
+	if err != nil {
+		log.Error("prepare the log directory", "err", err)
+		return configs.ExitFailure
+	}
+
+	mon, err := monitor.New(monitor.Options{NLocal: cfg.NProcPerNode, FT: cfg.FT,
+		StateFile: cfg.FT.TimeoutsStateFile, Logger: log.With("component", "monitor")})
+	if err != nil {
+		log.Error("start the rank monitors", "err", err)
+		return configs.ExitFailure
+	}
+	defer mon.Close()
+
+	var met *metrics.Metrics
+	if cfg.MetricsAddr != "" {
+		met = metrics.New()
+		go func() {
+			if err := met.Serve(ctx, cfg.MetricsAddr); err != nil {
+				log.Error("metrics endpoint", "addr", cfg.MetricsAddr, "err", err)
+			}
+		}()
+	}
+
+	rdzv, cleanup, err := newRendezvous(ctx, cfg, log, reaper, met)
+	if err != nil {
+		log.Error("rendezvous set-up failed", "err", err)
+		ev.Emit(eventlog.JobFailed, map[string]any{"reason": err.Error()})
+		return configs.ExitFailure
+	}
+	defer cleanup()
+
+	ag := agent.New(agent.Deps{Config: cfg, Logger: log, Events: ev, Reaper: reaper, Logs: logs,
+		Monitors: mon, Rdzv: rdzv, Signals: sigs, Hostname: host, Environ: environ})
+	return ag.Run(ctx)
+}
+
+func nodeName(cfg *configs.Config, host string) string {
+	if cfg.LocalAddr != "" {
+		return cfg.LocalAddr
+	}
+	return host
+}
+
+// newRendezvous picks the rendezvous for the launch line: Local for a single
+// node (nothing external), else the etcd backend, hosting an embedded etcd
+// when this launcher's address is the endpoint's.
+func newRendezvous(ctx context.Context, cfg *configs.Config, log *slog.Logger, reaper *spawn.Reaper, met *metrics.Metrics) (rendezvous.Rendezvous, func(), error) {
+	single := cfg.Standalone || (cfg.NNodes.Max == 1 && cfg.RdzvEndpoint == "") ||
+		(cfg.NNodes.Max == 1 && cfg.RdzvBackend == "static")
+	if single {
+		addr := cfg.MasterAddr
+		port := cfg.MasterPort
+		if cfg.Standalone || cfg.RdzvBackend != "static" {
+			addr, port = "127.0.0.1", 0
+		}
+		if cfg.LocalAddr != "" && !cfg.Standalone {
+			addr = cfg.LocalAddr
+		}
+		return rendezvous.NewLocal(cfg.RdzvID, cfg.NProcPerNode, cfg.MaxRestarts, addr, port), func() {}, nil
+	}
+	return newEtcdRendezvous(ctx, cfg, log, reaper, met)
+}
+
+// healthCheck returns the pre-join node health check, or nil.
+func healthCheck(cfg *configs.Config, reaper *spawn.Reaper, log *slog.Logger) func(context.Context) error {
+	if cfg.HealthCheckCmd == "" && !hasNvidiaSMI() {
+		return nil
+	}
+	return func(ctx context.Context) error {
+		ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+		defer cancel()
+		if cfg.HealthCheckCmd != "" {
+			out, ex, err := reaper.Run(ctx, []string{"/bin/sh", "-c", cfg.HealthCheckCmd}, os.Environ())
+			if err != nil {
+				return fmt.Errorf("health check %q: %w", cfg.HealthCheckCmd, err)
+			}
+			if ex.Failed() {
+				return fmt.Errorf("health check %q failed (%s): %s", cfg.HealthCheckCmd, ex, strings.TrimSpace(string(out)))
+			}
+		}
+		if hasNvidiaSMI() {
+			out, ex, err := reaper.Run(ctx, []string{"nvidia-smi", "-L"}, os.Environ())
+			if err != nil || ex.Failed() {
+				return fmt.Errorf("GPU health check: nvidia-smi -L failed (%v): %s", err, strings.TrimSpace(string(out)))
+			}
+		}
+		return nil
+	}
+}
+
+func hasNvidiaSMI() bool {
+	_, err := exec.LookPath("nvidia-smi")
+	return err == nil
+}
+

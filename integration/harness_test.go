@@ -1,0 +1,220 @@
+// Package integration holds end-to-end tests: the real ft-launcher binary,
+// real rank processes, real PyTorch and real etcd.
+package integration
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/ftlauncher/ft-launcher/eventlog"
+)
+
+// binDir holds the binaries built once for the whole package.
+type binaries struct{ launcher string }
+
+var bins binaries // written once in TestMain, read-only afterwards
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "ftl-integration-bin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	bins.launcher = filepath.Join(dir, "ft-launcher")
+	cmd := exec.Command("go", "build", "-o", bins.launcher, "../cmd/ft-launcher")
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	if err := cmd.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "build ft-launcher:", err)
+		os.RemoveAll(dir)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// job is one launcher run under test.
+type job struct {
+	t       *testing.T
+	dir     string // scratch dir for scripts, logs and outputs
+	marker  string // FTL_TEST_MARKER value inherited by every descendant
+	events  string
+	cmd     *exec.Cmd
+	stdout  bytes.Buffer
+	stderr  bytes.Buffer
+	done    chan struct{}
+	exitErr error
+}
+
+func newJob(t *testing.T) *job {
+	t.Helper()
+	dir := t.TempDir()
+	j := &job{t: t, dir: dir, marker: fmt.Sprintf("%s-%d", t.Name(), time.Now().UnixNano()),
+		events: filepath.Join(dir, "events.jsonl")}
+	t.Cleanup(j.cleanup)
+	return j
+}
+
+// script writes an executable sh script into the job dir and returns its path.
+func (j *job) script(name, body string) string {
+	j.t.Helper()
+	p := filepath.Join(j.dir, name)
+	if err := os.WriteFile(p, []byte("#!/bin/sh\n"+body), 0o755); err != nil {
+		j.t.Fatal(err)
+	}
+	return p
+}
+
+// start starts ft-launcher with args (the event log flag is added).
+func (j *job) start(env []string, args ...string) {
+	j.t.Helper()
+	full := append([]string{"--event-log", j.events}, args...)
+	j.cmd = exec.Command(bins.launcher, full...)
+	j.cmd.Env = append(append(os.Environ(), "FTL_TEST_MARKER="+j.marker), env...)
+	j.cmd.Dir = j.dir
+	j.cmd.Stdout, j.cmd.Stderr = &j.stdout, &j.stderr
+	if err := j.cmd.Start(); err != nil {
+		j.t.Fatal(err)
+	}
+	j.done = make(chan struct{})
+	go func() { j.exitErr = j.cmd.Wait(); close(j.done) }()
+}
+
+// wait waits for the launcher to exit and returns its exit code.
+func (j *job) wait(timeout time.Duration) int {
+	j.t.Helper()
+	select {
+	case <-j.done:
+	case <-time.After(timeout):
+		j.t.Fatalf("ft-launcher did not exit within %s\nstderr:\n%s", timeout, j.stderr.String())
+	}
+	if j.exitErr == nil {
+		return 0
+	}
+	if ee, ok := j.exitErr.(*exec.ExitError); ok {
+		return ee.ExitCode()
+	}
+	j.t.Fatalf("wait: %v", j.exitErr)
+	return -1
+}
+
+func (j *job) run(timeout time.Duration, env []string, args ...string) int {
+	j.t.Helper()
+	j.start(env, args...)
+	return j.wait(timeout)
+}
+
+// events reads the JSON-lines event log.
+func (j *job) eventsOf(kind string) []map[string]any {
+	j.t.Helper()
+	evs, err := eventlog.Read(j.events)
+	if err != nil {
+		j.t.Fatalf("read event log: %v", err)
+	}
+	var out []map[string]any
+	for _, e := range evs {
+		if e["event"] == kind {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// leftovers lists live processes (not zombies) that carry this job's marker.
+func (j *job) leftovers() []int {
+	return processesWithEnv("FTL_TEST_MARKER=" + j.marker)
+}
+
+func processesWithEnv(kv string) []int {
+	ents, _ := os.ReadDir("/proc")
+	var pids []int
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "environ"))
+		if err != nil || !bytes.Contains(b, []byte(kv+"\x00")) {
+			continue
+		}
+		if st, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat")); err == nil {
+			if f := strings.Fields(string(st[bytes.LastIndexByte(st, ')')+1:])); len(f) > 0 && f[0] == "Z" {
+				continue
+			}
+		}
+		pids = append(pids, pid)
+	}
+	return pids
+}
+
+// waitNoLeftovers waits (generously) until no process of the job remains.
+func (j *job) waitNoLeftovers(timeout time.Duration) []int {
+	deadline := time.Now().Add(timeout)
+	for {
+		left := j.leftovers()
+		if len(left) == 0 || time.Now().After(deadline) {
+			return left
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// cleanup kills anything the job left behind so no test leaks processes.
+func (j *job) cleanup() {
+	if j.cmd != nil && j.cmd.Process != nil {
+		select {
+		case <-j.done:
+		default:
+			_ = j.cmd.Process.Kill()
+			<-j.done
+		}
+	}
+	for _, pid := range j.leftovers() {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+}
+
+// waitFile waits until path exists.
+func waitFile(t *testing.T, path string, timeout time.Duration) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	for ctx.Err() == nil {
+		if _, err := os.Stat(path); err == nil {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("%s did not appear within %s", path, timeout)
+}
+
+func readInt(t *testing.T, path string) int {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	return n
+}
+
+func pidAlive(pid int) bool {
+	st, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	f := strings.Fields(string(st[bytes.LastIndexByte(st, ')')+1:]))
+	return len(f) > 0 && f[0] != "Z"
+}

@@ -1,0 +1,151 @@
+package integration
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// These tests train a real small DDP model (Debian's python3-torch, gloo on
+// CPU) under ft-launcher. /usr/bin/python3 is Debian's interpreter: the
+// python3 first on PATH may be another one without torch.
+const debianPython = "/usr/bin/python3"
+
+const torchTimeout = 5 * time.Minute
+
+func requireTorch(t *testing.T) {
+	t.Helper()
+	if out, err := exec.Command(debianPython, "-c", "import torch").CombinedOutput(); err != nil {
+		// .ci/run installs python3-torch, so this is a broken machine, not a skip.
+		t.Fatalf("Debian's python3-torch is required (apt-get install python3-torch): %v\n%s", err, out)
+	}
+}
+
+func trainScript(t *testing.T) string {
+	p, err := filepath.Abs("../examples/ddp_train.py")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+type weights struct {
+	SHA256          string `json:"sha256"`
+	ResumedFromStep int    `json:"resumed_from_step"`
+	WorldSize       int    `json:"world_size"`
+}
+
+func readWeights(t *testing.T, path string) weights {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("final weights: %v", err)
+	}
+	var w weights
+	if err := json.Unmarshal(b, &w); err != nil {
+		t.Fatalf("final weights %s: %v", b, err)
+	}
+	if w.SHA256 == "" {
+		t.Fatalf("final weights without a hash: %s", b)
+	}
+	return w
+}
+
+// reference trains once without faults; the result is shared by the tests
+// that compare against it.
+type referenceRun struct {
+	once sync.Once
+	w    weights
+	err  string
+}
+
+var reference referenceRun // written once under sync.Once
+
+const nranks = "2"
+
+func referenceWeights(t *testing.T) weights {
+	t.Helper()
+	reference.once.Do(func() {
+		j := newJob(t)
+		out := filepath.Join(j.dir, "ref.json")
+		code := j.run(torchTimeout, []string{"PYTHON_EXEC=" + debianPython}, "--standalone",
+			"--nproc-per-node", nranks, trainScript(t), "--ckpt-dir", filepath.Join(j.dir, "ckpt"), "--out", out)
+		if code != 0 {
+			reference.err = fmt.Sprintf("uninterrupted run exited %d\n%s", code, j.stderr.String())
+			return
+		}
+		reference.w = readWeights(t, out)
+	})
+	if reference.err != "" {
+		t.Fatal(reference.err)
+	}
+	return reference.w
+}
+
+func TestTorchDDPCrashResumesWithSameWeights(t *testing.T) {
+	requireTorch(t)
+	ref := referenceWeights(t)
+	j := newJob(t)
+	out := filepath.Join(j.dir, "w.json")
+	flag := filepath.Join(j.dir, "finished")
+	code := j.run(torchTimeout, []string{"PYTHON_EXEC=" + debianPython, "FAULT_TOL_FINISHED_FLAG_FILE=" + flag},
+		"--standalone", "--nproc-per-node", nranks, "--max-restarts", "2",
+		trainScript(t), "--ckpt-dir", filepath.Join(j.dir, "ckpt"), "--out", out,
+		"--crash-at-step", "25", "--crash-rank", "1")
+	if code != 0 {
+		t.Fatalf("exit %d\n%s", code, j.stderr.String())
+	}
+	w := readWeights(t, out)
+	if w.SHA256 != ref.SHA256 {
+		t.Fatalf("weights after crash+resume %s differ from the uninterrupted run %s", w.SHA256, ref.SHA256)
+	}
+	if w.ResumedFromStep != 20 {
+		t.Errorf("resumed from step %d, want 20 (last checkpoint before the crash at 25)", w.ResumedFromStep)
+	}
+	if n := len(j.eventsOf("restart")); n != 1 {
+		t.Errorf("%d restart events, want 1", n)
+	}
+	if n := len(j.eventsOf("training_finished")); n != 1 {
+		t.Errorf("%d training_finished events, want 1 (finished flag %s)", n, flag)
+	}
+}
+
+func TestTorchDDPHangInSectionIsDetectedAndResumes(t *testing.T) {
+	requireTorch(t)
+	ref := referenceWeights(t)
+	j := newJob(t)
+	out := filepath.Join(j.dir, "w.json")
+	code := j.run(torchTimeout, []string{"PYTHON_EXEC=" + debianPython},
+		"--standalone", "--nproc-per-node", nranks, "--max-restarts", "2",
+		"--ft-rank-section-timeouts", "setup:600,step:4,checkpointing:120",
+		"--ft-rank-out-of-section-timeout", "none", "--ft-rank-heartbeat-timeout", "none",
+		trainScript(t), "--ckpt-dir", filepath.Join(j.dir, "ckpt"), "--out", out,
+		"--hang-at-step", "25", "--hang-rank", "1")
+	if code != 0 {
+		t.Fatalf("exit %d\n%s", code, j.stderr.String())
+	}
+	hangs := j.eventsOf("rank_hang")
+	if len(hangs) != 1 {
+		t.Fatalf("rank_hang events %v, want exactly one", hangs)
+	}
+	h := hangs[0]
+	if h["timeout_kind"] != "section" || h["section"] != "step" || h["rank"] != float64(1) {
+		t.Fatalf("rank_hang %v, want a 'step' section timeout of rank 1", h)
+	}
+	if el, _ := h["elapsed_s"].(float64); el < 4 {
+		t.Errorf("hang acted on after %.3fs, before the 4s timeout", el)
+	}
+	w := readWeights(t, out)
+	if w.SHA256 != ref.SHA256 {
+		t.Fatalf("weights after hang+resume %s differ from the uninterrupted run %s", w.SHA256, ref.SHA256)
+	}
+	if !strings.Contains(fmt.Sprint(j.eventsOf("restart")), "hung") {
+		t.Errorf("restart reason does not say the rank hung: %v", j.eventsOf("restart"))
+	}
+}

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# The whole test suite: vet, gofmt, unit and integration tests (race detector
+# on the concurrent packages), and a short fuzz run of the nvrx pickle decoder.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+echo "== gofmt"
+unformatted=$(gofmt -l $(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))
+if [ -n "$unformatted" ]; then echo "gofmt needed:"; echo "$unformatted"; exit 1; fi
+echo "== go vet"
+go vet ./...
+echo "== go test"
+go test -race -count=1 -timeout 40m ./...
+if [ -d monitor/nvrxwire ]; then
+  echo "== fuzz (nvrx pickle decoder, 20s)"
+  go test -run '^$' -fuzz=FuzzDecodeMessage -fuzztime=20s ./monitor/nvrxwire
+fi

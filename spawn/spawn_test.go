@@ -1,0 +1,532 @@
+package spawn
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+const helperEnv = "SPAWN_TEST_HELPER"
+
+// TestMain doubles as the Pdeathsig helper: the test binary re-executes
+// itself with helperEnv set (the os/exec self-exec trick, no extra build).
+func TestMain(m *testing.M) {
+	if os.Getenv(helperEnv) == "pdeathsig" {
+		pdeathsigHelper()
+		return
+	}
+	os.Exit(m.Run())
+}
+
+// pdeathsigHelper starts one rank, churns OS threads (goroutines that exit
+// while locked kill their thread), prints the rank pid and blocks until killed.
+func pdeathsigHelper() {
+	r, err := NewReaper(nil)
+	if err != nil {
+		fmt.Println("error", err)
+		os.Exit(1)
+	}
+	g, err := r.StartGroup([]Spec{{LocalRank: 0, Argv: []string{"sleep", "1000"}}})
+	if err != nil {
+		fmt.Println("error", err)
+		os.Exit(1)
+	}
+	for i := 0; i < 20; i++ {
+		done := make(chan struct{})
+		go func() {
+			runtime.LockOSThread() // never unlocked: the thread dies with the goroutine
+			close(done)
+		}()
+		<-done
+	}
+	fmt.Println(g.PIDs()[0])
+	select {}
+}
+
+func newReaper(t *testing.T) *Reaper {
+	t.Helper()
+	r, err := NewReaper(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := r.Close(); err != nil {
+			t.Error(err)
+		}
+		assertNoChildren(t)
+	})
+	return r
+}
+
+func startGroup(t *testing.T, r *Reaper, specs []Spec) *Group {
+	t.Helper()
+	g, err := r.StartGroup(specs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { g.Stop(syscall.SIGKILL, 0) })
+	return g
+}
+
+func sh(rank int, script string) Spec {
+	return Spec{LocalRank: rank, Argv: []string{"sh", "-c", script}}
+}
+
+// collect reads n exits, failing after a generous timeout.
+func collect(t *testing.T, g *Group, n int) map[int]Exit {
+	t.Helper()
+	got := make(map[int]Exit)
+	timeout := time.After(30 * time.Second)
+	for len(got) < n {
+		select {
+		case e := <-g.Exits():
+			got[e.LocalRank] = e
+		case <-timeout:
+			t.Fatalf("only %d of %d ranks exited: %v", len(got), n, got)
+		}
+	}
+	return got
+}
+
+// pidState returns the /proc state letter of pid, or 0 when it is gone.
+func pidState(pid int) byte {
+	ps, err := readProcStat(pid)
+	if err != nil {
+		return 0
+	}
+	return ps.state
+}
+
+func waitGone(t *testing.T, pid int, what string) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		if pidState(pid) == 0 {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("%s (pid %d) still present, state %q", what, pid, pidState(pid))
+}
+
+// waitFileInt polls for a file holding one integer written by a script.
+func waitFileInt(t *testing.T, path string) int {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		b, err := os.ReadFile(path)
+		if err == nil && strings.HasSuffix(string(b), "\n") {
+			n, err := strconv.Atoi(strings.TrimSpace(string(b)))
+			if err != nil {
+				t.Fatalf("%s: %v", path, err)
+			}
+			return n
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("%s never written", path)
+	return 0
+}
+
+// assertNoChildren checks that no process has this test binary as parent.
+func assertNoChildren(t *testing.T) {
+	t.Helper()
+	procs, err := listProcs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range procs {
+		if p.ppid == os.Getpid() {
+			t.Errorf("leftover child pid %d (%s) state %c", p.pid, p.comm, p.state)
+		}
+	}
+}
+
+func TestExitReporting(t *testing.T) {
+	r := newReaper(t)
+	tests := []struct {
+		name       string
+		script     string
+		code       int
+		sig        syscall.Signal
+		torch      int
+		failed     bool
+		wantString string
+	}{
+		{"success", "exit 0", 0, 0, 0, false, "exited with code 0"},
+		{"true", "/bin/true", 0, 0, 0, false, "exited with code 0"},
+		{"code3", "exit 3", 3, 0, 3, true, "exited with code 3"},
+		{"sigkill", "kill -9 $$", -1, syscall.SIGKILL, -9, true, "killed by signal 9 (SIGKILL)"},
+		{"sigterm", "kill -TERM $$", -1, syscall.SIGTERM, -15, true, "killed by signal 15 (SIGTERM)"},
+	}
+	specs := make([]Spec, len(tests))
+	for i, tc := range tests {
+		specs[i] = sh(i, tc.script)
+	}
+	g := startGroup(t, r, specs)
+	if len(g.PIDs()) != len(tests) {
+		t.Fatalf("PIDs: %v", g.PIDs())
+	}
+	got := collect(t, g, len(tests))
+	for i, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			e := got[i]
+			if e.PID != g.PIDs()[i] {
+				t.Errorf("pid %d, want %d", e.PID, g.PIDs()[i])
+			}
+			if e.Code != tc.code || e.Signal != tc.sig || e.TorchExitCode() != tc.torch || e.Failed() != tc.failed {
+				t.Errorf("got %+v torch=%d failed=%v", e, e.TorchExitCode(), e.Failed())
+			}
+			if !strings.Contains(e.String(), tc.wantString) {
+				t.Errorf("String() = %q, want it to contain %q", e.String(), tc.wantString)
+			}
+			if e.At.IsZero() {
+				t.Error("At not set")
+			}
+		})
+	}
+	// A reaped rank is not an error to signal.
+	if err := g.Signal(0, syscall.SIGTERM); err != nil {
+		t.Errorf("Signal on exited rank: %v", err)
+	}
+	if err := g.Signal(99, syscall.SIGTERM); err == nil {
+		t.Error("Signal on unknown rank: want error")
+	}
+}
+
+func TestStdoutEnvDir(t *testing.T) {
+	r := newReaper(t)
+	dir := t.TempDir()
+	out, err := os.Create(filepath.Join(dir, "out"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer out.Close()
+	g := startGroup(t, r, []Spec{{
+		LocalRank: 0,
+		Argv:      []string{"sh", "-c", `echo "$FOO $(pwd)"; echo err >&2`},
+		Env:       []string{"FOO=bar", "PATH=" + os.Getenv("PATH")},
+		Dir:       dir,
+		Stdout:    out,
+		Stderr:    out,
+	}})
+	if e := collect(t, g, 1)[0]; e.Failed() {
+		t.Fatalf("exit %v", e)
+	}
+	b, err := os.ReadFile(out.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "bar " + dir + "\nerr\n"; string(b) != want {
+		t.Errorf("output %q, want %q", b, want)
+	}
+}
+
+func TestSignalAndPgid(t *testing.T) {
+	r := newReaper(t)
+	// sleep itself, not sh -c: dash catches SIGINT-like signals in ways that
+	// race with its fork; SIGUSR1/2 are never inherited as ignored.
+	g := startGroup(t, r, []Spec{
+		{LocalRank: 0, Argv: []string{"sleep", "1000"}},
+		{LocalRank: 1, Argv: []string{"sleep", "1000"}},
+	})
+	for lr, pid := range g.PIDs() {
+		ps, err := readProcStat(pid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ps.pgid != pid || ps.ppid != os.Getpid() {
+			t.Errorf("rank %d: pgid %d ppid %d, want pgid %d ppid %d", lr, ps.pgid, ps.ppid, pid, os.Getpid())
+		}
+	}
+	if err := g.Signal(1, syscall.SIGUSR2); err != nil {
+		t.Fatal(err)
+	}
+	e := collect(t, g, 1)[1]
+	if e.LocalRank != 1 || e.Signal != syscall.SIGUSR2 {
+		t.Fatalf("got %v, want rank 1 killed by SIGUSR2", e)
+	}
+	g.SignalAll(syscall.SIGUSR1)
+	e = collect(t, g, 1)[0]
+	if e.LocalRank != 0 || e.Signal != syscall.SIGUSR1 {
+		t.Fatalf("got %v, want rank 0 killed by SIGUSR1", e)
+	}
+}
+
+func TestStopEscalatesIgnoredSIGTERM(t *testing.T) {
+	r := newReaper(t)
+	ready := filepath.Join(t.TempDir(), "ready")
+	g := startGroup(t, r, []Spec{
+		sh(0, "sleep 1000"),
+		sh(1, "trap '' TERM; echo 1 > "+ready+"; while :; do sleep 1; done"),
+	})
+	waitFileInt(t, ready)
+	grace := 300 * time.Millisecond
+	start := time.Now()
+	res := g.Stop(syscall.SIGTERM, grace)
+	took := time.Since(start)
+	if !slices.Equal(res.Escalated, []int{1}) {
+		t.Errorf("Escalated = %v, want [1]", res.Escalated)
+	}
+	if len(res.Leftover) != 0 {
+		t.Errorf("Leftover = %v", res.Leftover)
+	}
+	if len(res.Exits) != 2 {
+		t.Fatalf("Exits = %v", res.Exits)
+	}
+	if res.Exits[0].Signal != syscall.SIGTERM || res.Exits[1].Signal != syscall.SIGKILL {
+		t.Errorf("Exits = %v, want rank 0 SIGTERM, rank 1 SIGKILL", res.Exits)
+	}
+	if took < grace {
+		t.Errorf("Stop returned after %v, before the grace %v", took, grace)
+	}
+	for _, pid := range g.PIDs() {
+		if s := pidState(pid); s != 0 {
+			t.Errorf("pid %d still present (%c)", pid, s)
+		}
+	}
+}
+
+func TestStopKillsGrandchildren(t *testing.T) {
+	r := newReaper(t)
+	dir := t.TempDir()
+	same := filepath.Join(dir, "same")
+	escaped := filepath.Join(dir, "escaped")
+	g := startGroup(t, r, []Spec{
+		// A grandchild in the rank's process group that ignores SIGTERM
+		// (ignored dispositions survive exec); the rank itself dies on SIGTERM.
+		sh(0, "(trap '' TERM; exec sleep 1000) & echo $! > "+same+"; wait"),
+		// A grandchild that escapes into its own session.
+		sh(1, "setsid sleep 1000 & echo $! > "+escaped+"; wait"),
+	})
+	gcSame := waitFileInt(t, same)
+	gcEsc := waitFileInt(t, escaped)
+	// The escapee must really have left the rank's group before we stop.
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		ps, err := readProcStat(gcEsc)
+		if err == nil && ps.pgid == gcEsc && ps.comm == "sleep" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("escapee never ran setsid: %+v %v", ps, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if ps, _ := readProcStat(gcSame); ps.pgid != g.PIDs()[0] {
+		t.Fatalf("same-group grandchild pgid %d, want %d", ps.pgid, g.PIDs()[0])
+	}
+
+	res := g.Stop(syscall.SIGTERM, 5*time.Second)
+	if len(res.Escalated) != 0 || len(res.Leftover) != 0 {
+		t.Errorf("Stop = %+v, want no escalation and no leftover", res)
+	}
+	for _, pid := range []int{gcSame, gcEsc, g.PIDs()[0], g.PIDs()[1]} {
+		if s := pidState(pid); s != 0 {
+			t.Errorf("pid %d still present (state %c) after Stop", pid, s)
+		}
+	}
+}
+
+func TestOrphanedGrandchildIsReaped(t *testing.T) {
+	r := newReaper(t)
+	gcFile := filepath.Join(t.TempDir(), "gc")
+	g := startGroup(t, r, []Spec{sh(0, "sleep 1 & echo $! > "+gcFile+"; exit 0")})
+	gc := waitFileInt(t, gcFile)
+	if e := collect(t, g, 1)[0]; e.Failed() {
+		t.Fatalf("rank: %v", e)
+	}
+	// The rank is gone, so the grandchild was reparented to us (subreaper).
+	if ps, err := readProcStat(gc); err == nil && ps.ppid != os.Getpid() {
+		t.Fatalf("orphan ppid %d, want the launcher %d", ps.ppid, os.Getpid())
+	}
+	waitGone(t, gc, "exited orphan (zombie not reaped?)")
+}
+
+func TestPdeathsigKillsRankWhenLauncherDies(t *testing.T) {
+	r := newReaper(t)
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pr.Close()
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := startGroup(t, r, []Spec{{
+		LocalRank: 0,
+		Argv:      []string{self, "-test.run=^$"},
+		Env:       append(os.Environ(), helperEnv+"=pdeathsig"),
+		Stdout:    pw,
+	}})
+	pw.Close()
+	line, err := bufio.NewReader(pr).ReadString('\n')
+	if err != nil {
+		t.Fatalf("helper output: %q %v", line, err)
+	}
+	rank, err := strconv.Atoi(strings.TrimSpace(line))
+	if err != nil {
+		t.Fatalf("helper said %q", line)
+	}
+	// Thread churn in the helper must not have killed the rank.
+	time.Sleep(200 * time.Millisecond)
+	if s := pidState(rank); s == 0 || s == 'Z' {
+		t.Fatalf("rank %d died while its launcher was alive (state %q)", rank, s)
+	}
+	if err := g.Signal(0, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	if e := collect(t, g, 1)[0]; e.Signal != syscall.SIGKILL {
+		t.Fatalf("helper exit %v", e)
+	}
+	waitGone(t, rank, "rank of SIGKILLed launcher")
+}
+
+func TestStartGroupMissingExecutable(t *testing.T) {
+	r := newReaper(t)
+	missing := filepath.Join(t.TempDir(), "no-such-program")
+	g, err := r.StartGroup([]Spec{sh(0, "sleep 1000"), sh(1, "sleep 1000"), {LocalRank: 2, Argv: []string{missing}}})
+	if err == nil {
+		g.Stop(syscall.SIGKILL, 0)
+		t.Fatal("want error")
+	}
+	if !strings.Contains(err.Error(), missing) || !strings.Contains(err.Error(), "local rank 2") {
+		t.Errorf("error %q does not name the executable and rank", err)
+	}
+	assertNoChildren(t)
+	if n := r.liveCount(); n != 0 {
+		t.Errorf("%d tracked children left", n)
+	}
+
+	_, err = r.StartGroup([]Spec{{LocalRank: 0, Argv: []string{"no-such-program-in-path-xyz"}}})
+	if err == nil || !strings.Contains(err.Error(), "no-such-program-in-path-xyz") {
+		t.Errorf("PATH lookup error = %v", err)
+	}
+	if _, err := r.StartGroup([]Spec{sh(0, "true"), sh(0, "true")}); err == nil {
+		t.Error("duplicate local rank: want error")
+	}
+}
+
+func TestRun(t *testing.T) {
+	r := newReaper(t)
+	out, exit, err := r.Run(context.Background(), []string{"sh", "-c", "echo out; echo err >&2; exit 7"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if exit.Code != 7 || exit.Signal != 0 || !exit.Failed() {
+		t.Errorf("exit %+v, want code 7", exit)
+	}
+	if string(out) != "out\nerr\n" {
+		t.Errorf("out %q", out)
+	}
+
+	// A background process left by the helper must not keep Run waiting.
+	out, exit, err = r.Run(context.Background(), []string{"sh", "-c", "sleep 1000 & echo bg"}, nil)
+	if err != nil || exit.Failed() || string(out) != "bg\n" {
+		t.Errorf("with background child: out %q exit %v err %v", out, exit, err)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	_, exit, err = r.Run(ctx, []string{"sleep", "1000"}, nil)
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("err %v, want deadline exceeded", err)
+	}
+	if exit.Signal != syscall.SIGKILL {
+		t.Errorf("exit %v, want SIGKILL", exit)
+	}
+
+	if _, _, err := r.Run(context.Background(), []string{"/nonexistent/tool"}, nil); err == nil || !strings.Contains(err.Error(), "/nonexistent/tool") {
+		t.Errorf("missing tool err %v", err)
+	}
+}
+
+func TestParseProcStat(t *testing.T) {
+	tests := []struct {
+		in   string
+		want procStat
+		ok   bool
+	}{
+		{"123 (sleep) S 1 123 123 0", procStat{123, 1, 123, 'S', "sleep"}, true},
+		{"7 (a b) (c)) Z 5 6 7", procStat{7, 5, 6, 'Z', "a b) (c)"}, true},
+		{"garbage", procStat{}, false},
+		{"1 (x) S", procStat{}, false},
+	}
+	for _, tc := range tests {
+		got, err := parseProcStat([]byte(tc.in))
+		if (err == nil) != tc.ok || (tc.ok && got != tc.want) {
+			t.Errorf("parseProcStat(%q) = %+v, %v", tc.in, got, err)
+		}
+	}
+}
+
+func TestGPUCount(t *testing.T) {
+	dev := t.TempDir()
+	for _, name := range []string{"nvidia0", "nvidia1", "nvidia2", "nvidiactl", "nvidia-uvm", "null"} {
+		if err := os.WriteFile(filepath.Join(dev, name), nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := CountGPUDevices(dev); n != 3 {
+		t.Errorf("CountGPUDevices = %d, want 3", n)
+	}
+	if n := CountGPUDevices(filepath.Join(dev, "missing")); n != 0 {
+		t.Errorf("missing dir: %d", n)
+	}
+	tests := []struct {
+		physical int
+		visible  string
+		set      bool
+		want     int
+	}{
+		{4, "", false, 4},
+		{4, "", true, 0},
+		{4, "0,2", true, 2},
+		{4, "1,7,2", true, 1},
+		{4, "0,0", true, 1},
+		{4, "GPU-abc,MIG-def", true, 2},
+		{4, "x", true, 0},
+		{0, "0", true, 0},
+	}
+	for _, tc := range tests {
+		if got := VisibleGPUs(tc.physical, tc.visible, tc.set); got != tc.want {
+			t.Errorf("VisibleGPUs(%d, %q, %v) = %d, want %d", tc.physical, tc.visible, tc.set, got, tc.want)
+		}
+	}
+	_ = GPUCount() // reads the real /dev; 0 on a machine without the driver
+}
+
+// TestGPUCountMatchesNvidiaSmi cross-checks the /dev count against
+// `nvidia-smi -L` (run through the Reaper). It needs the NVIDIA driver and is
+// reported as skipped on machines without it.
+func TestGPUCountMatchesNvidiaSmi(t *testing.T) {
+	if _, err := lookPath("nvidia-smi", nil); err != nil {
+		t.Skip("no nvidia-smi on this machine: needs a GPU host")
+	}
+	r := newReaper(t)
+	out, exit, err := r.Run(context.Background(), []string{"nvidia-smi", "-L"}, nil)
+	if err != nil || exit.Failed() {
+		t.Fatalf("nvidia-smi -L: %v %v %s", err, exit, out)
+	}
+	n := 0
+	for _, line := range strings.Split(string(out), "\n") {
+		if strings.HasPrefix(line, "GPU ") {
+			n++
+		}
+	}
+	if got := CountGPUDevices("/dev"); got != n {
+		t.Errorf("CountGPUDevices = %d, nvidia-smi lists %d GPUs", got, n)
+	}
+}
