@@ -130,16 +130,21 @@ func TestTorchDDPHangInSectionIsDetectedAndResumes(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("exit %d\n%s", code, j.stderr.String())
 	}
+	// Rank 1 hangs inside its step section; rank 0 then waits in the
+	// all-reduce inside its own step section, so its timeout may fire too.
 	hangs := j.eventsOf("rank_hang")
-	if len(hangs) != 1 {
-		t.Fatalf("rank_hang events %v, want exactly one", hangs)
+	sawRank1 := false
+	for _, h := range hangs {
+		if h["timeout_kind"] != "section" || h["section"] != "step" || h["round"] != float64(0) {
+			t.Fatalf("rank_hang %v, want a 'step' section timeout in round 0", h)
+		}
+		if el, _ := h["elapsed_s"].(float64); el < 4 {
+			t.Errorf("hang acted on after %.3fs, before the 4s timeout", el)
+		}
+		sawRank1 = sawRank1 || h["rank"] == float64(1)
 	}
-	h := hangs[0]
-	if h["timeout_kind"] != "section" || h["section"] != "step" || h["rank"] != float64(1) {
-		t.Fatalf("rank_hang %v, want a 'step' section timeout of rank 1", h)
-	}
-	if el, _ := h["elapsed_s"].(float64); el < 4 {
-		t.Errorf("hang acted on after %.3fs, before the 4s timeout", el)
+	if !sawRank1 {
+		t.Fatalf("rank_hang events %v do not name the hung rank 1", hangs)
 	}
 	w := readWeights(t, out)
 	if w.SHA256 != ref.SHA256 {
