@@ -6,6 +6,8 @@ import (
 	"net"
 	"strconv"
 	"sync"
+
+	"github.com/ftlauncher/ft-launcher/metrics"
 )
 
 // Local is the single-node rendezvous (--standalone, --nnodes=1): the round
@@ -24,6 +26,13 @@ type Local struct {
 	code   int
 	reason string
 	ends   map[int]chan RoundEnd
+	met    *metrics.Metrics
+}
+
+// WithMetrics makes l report rounds and restarts to m (nil-safe).
+func (l *Local) WithMetrics(m *metrics.Metrics) *Local {
+	l.met = m
+	return l
 }
 
 // NewLocal returns a Local rendezvous. masterPort 0 picks a free port on
@@ -51,6 +60,7 @@ func (l *Local) Next(ctx context.Context) (Assignment, error) {
 		}
 		port = p
 	}
+	l.met.RoundCompleted(l.round, l.localWorld, 0)
 	return Assignment{RunID: l.runID, Round: l.round, GroupRank: 0, GroupWorldSize: 1,
 		RankBase: 0, WorldSize: l.localWorld, MasterAddr: l.masterAddr, MasterPort: port,
 		MaxRestarts: l.maxRestarts}, nil
@@ -84,6 +94,7 @@ func (l *Local) Fail(ctx context.Context, round int, reason string) (Decision, e
 		return Decision{Restart: false, Code: 1, Reason: l.reason}, nil
 	}
 	l.round++
+	l.met.Restarted()
 	return Decision{Restart: true, Reason: reason}, nil
 }
 

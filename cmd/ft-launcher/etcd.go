@@ -8,6 +8,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/ftlauncher/ft-launcher/configs"
 	"github.com/ftlauncher/ft-launcher/metrics"
@@ -87,7 +88,15 @@ func newEtcdRendezvous(ctx context.Context, cfg *configs.Config, log *slog.Logge
 			eps[i] = "https://" + e
 		}
 	}
+	timing, err := rdzvTimings(cfg.RdzvConf)
+	if err != nil {
+		cleanup()
+		return nil, nil, err
+	}
 	r, err := rendezvous.NewEtcd(ctx, rendezvous.EtcdOptions{
+		JoinTimeout: timing["join_timeout"], LastCall: timing["last_call_timeout"],
+		ConnectTimeout: timing["connect_timeout"], LeaseTTL: timing["lease_ttl"],
+		EtcdLossBound: timing["etcd_loss_bound"],
 		Endpoints: eps, CACert: cfg.RdzvCACert, Cert: cfg.RdzvCert, Key: cfg.RdzvKey,
 		Username: cfg.RdzvUser, Password: cfg.RdzvPassword,
 		RunID: cfg.RdzvID, NodeID: fmt.Sprintf("%s/%d", localAddr, os.Getpid()), LocalAddr: localAddr,
@@ -114,4 +123,26 @@ func infraRank(cfg *configs.Config) int {
 		}
 	}
 	return -1
+}
+
+// rdzvTimingKeys are the --rdzv-conf keys that set rendezvous timings, in
+// seconds. join_timeout and last_call_timeout are torchrun's and nvrx's.
+var rdzvTimingKeys = []string{"join_timeout", "last_call_timeout", "connect_timeout", "lease_ttl", "etcd_loss_bound"}
+
+// rdzvTimings reads the timing keys of --rdzv-conf; absent keys are zero
+// (the rendezvous default).
+func rdzvTimings(conf map[string]string) (map[string]time.Duration, error) {
+	out := map[string]time.Duration{}
+	for _, k := range rdzvTimingKeys {
+		v, ok := conf[k]
+		if !ok {
+			continue
+		}
+		f, err := strconv.ParseFloat(v, 64)
+		if err != nil || f <= 0 {
+			return nil, fmt.Errorf("--rdzv-conf %s=%q: want a positive number of seconds", k, v)
+		}
+		out[k] = time.Duration(f * float64(time.Second))
+	}
+	return out, nil
 }

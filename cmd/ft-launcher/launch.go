@@ -117,7 +117,7 @@ func newRendezvous(ctx context.Context, cfg *configs.Config, log *slog.Logger, r
 		if cfg.LocalAddr != "" && !cfg.Standalone {
 			addr = cfg.LocalAddr
 		}
-		return rendezvous.NewLocal(cfg.RdzvID, cfg.NProcPerNode, cfg.MaxRestarts, addr, port), func() {}, nil
+		return rendezvous.NewLocal(cfg.RdzvID, cfg.NProcPerNode, cfg.MaxRestarts, addr, port).WithMetrics(met), func() {}, nil
 	}
 	return newEtcdRendezvous(ctx, cfg, log, reaper, met)
 }

@@ -1,0 +1,102 @@
+package integration
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// childrenOf lists the direct children of pid (zombies included).
+func childrenOf(pid int) []int {
+	var out []int
+	tasks, _ := filepath.Glob(filepath.Join("/proc", strconv.Itoa(pid), "task", "*", "children"))
+	for _, f := range tasks {
+		b, _ := os.ReadFile(f)
+		for _, s := range strings.Fields(string(b)) {
+			if n, err := strconv.Atoi(s); err == nil {
+				out = append(out, n)
+			}
+		}
+	}
+	return out
+}
+
+func procState(pid int) string {
+	st, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return ""
+	}
+	s := string(st)
+	if f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:]); len(f) > 0 {
+		return f[0]
+	}
+	return ""
+}
+
+// TestLauncherAsPID1 runs ft-launcher as PID 1 of a new PID namespace, as a
+// container entrypoint is: orphans that exit must be reaped (no zombies) and
+// a SIGTERM must reach the ranks.
+func TestLauncherAsPID1(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root for a PID namespace (unshare --pid); CI runs as root")
+	}
+	unshare, err := exec.LookPath("unshare")
+	if err != nil {
+		t.Fatalf("unshare (util-linux) is required: %v", err)
+	}
+	j := newJob(t)
+	s := j.script("pid1.sh", `
+# leave orphans that exit at once: they are reparented to PID 1
+for i in 1 2 3 4 5; do sh -c 'sleep 0.1 &'; done
+trap 'echo got-term > "$OUT/term"; exit 0' TERM
+echo ready > "$OUT/ready"
+while :; do sleep 0.05; done
+`)
+	j.cmd = exec.Command(unshare, "--pid", "--fork", "--mount-proc", bins.launcher,
+		"--event-log", j.events, "--standalone", "--nproc-per-node", "1", "--no-python", s)
+	j.cmd.Env = append(os.Environ(), "FTL_TEST_MARKER="+j.marker, "OUT="+j.dir)
+	j.cmd.Stdout, j.cmd.Stderr = &j.stdout, &j.stderr
+	if err := j.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	j.done = make(chan struct{})
+	go func() { j.exitErr = j.cmd.Wait(); close(j.done) }()
+	waitFile(t, filepath.Join(j.dir, "ready"), generous)
+
+	kids := childrenOf(j.cmd.Process.Pid)
+	if len(kids) != 1 {
+		t.Fatalf("unshare has children %v, want the launcher", kids)
+	}
+	launcher := kids[0]
+	time.Sleep(500 * time.Millisecond) // the orphans' sleep 0.1 are over
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var zombies []int
+		for _, c := range childrenOf(launcher) {
+			if procState(c) == "Z" {
+				zombies = append(zombies, c)
+			}
+		}
+		if len(zombies) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("zombies left under the PID-1 launcher: %v", zombies)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err := syscall.Kill(launcher, syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if code := j.wait(generous); code != 0 {
+		t.Fatalf("exit %d, want 0\n%s", code, j.stderr.String())
+	}
+	if b, err := os.ReadFile(filepath.Join(j.dir, "term")); err != nil || strings.TrimSpace(string(b)) != "got-term" {
+		t.Fatalf("the rank did not get the forwarded SIGTERM: %q %v", b, err)
+	}
+}

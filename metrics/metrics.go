@@ -1,0 +1,119 @@
+// Package metrics exposes the launcher's Prometheus metrics on a private
+// registry (never the global one, so several launchers or tests can live in
+// one process). Every method is safe on a nil *Metrics, which records nothing.
+package metrics
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Metrics holds the launcher's collectors and the registry they live on.
+type Metrics struct {
+	Registry *prometheus.Registry
+
+	rounds       prometheus.Counter
+	restarts     prometheus.Counter
+	nodeFailures prometheus.Counter
+	rdzvLatency  prometheus.Histogram
+	currentRound prometheus.Gauge
+	worldSize    prometheus.Gauge
+}
+
+// New creates the collectors and registers them on a fresh registry.
+func New() *Metrics {
+	m := &Metrics{
+		Registry: prometheus.NewRegistry(),
+		rounds: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ftlauncher_rounds_total", Help: "Rendezvous rounds this node completed (active or standby)."}),
+		restarts: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ftlauncher_restarts_total", Help: "Rounds that ended with a restart, as seen by this node."}),
+		nodeFailures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ftlauncher_node_failures_total", Help: "Node losses (gossip or lease expiry) this node detected."}),
+		rdzvLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "ftlauncher_rendezvous_latency_seconds",
+			Help:    "Time from joining a round until its assignment was known.",
+			Buckets: prometheus.ExponentialBuckets(0.005, 2, 16)}),
+		currentRound: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "ftlauncher_current_round", Help: "Current rendezvous round (TORCHELASTIC_RESTART_COUNT)."}),
+		worldSize: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "ftlauncher_world_size", Help: "WORLD_SIZE of the current round (0 while standby)."}),
+	}
+	m.Registry.MustRegister(m.rounds, m.restarts, m.nodeFailures, m.rdzvLatency, m.currentRound, m.worldSize)
+	return m
+}
+
+// RoundCompleted records a closed rendezvous round and how long joining took.
+func (m *Metrics) RoundCompleted(round, worldSize int, latency time.Duration) {
+	if m == nil {
+		return
+	}
+	m.rounds.Inc()
+	m.currentRound.Set(float64(round))
+	m.worldSize.Set(float64(worldSize))
+	m.rdzvLatency.Observe(latency.Seconds())
+}
+
+// Restarted records a round that ended with a restart.
+func (m *Metrics) Restarted() {
+	if m == nil {
+		return
+	}
+	m.restarts.Inc()
+}
+
+// NodeFailed records a detected node loss.
+func (m *Metrics) NodeFailed() {
+	if m == nil {
+		return
+	}
+	m.nodeFailures.Inc()
+}
+
+// Handler returns the /metrics HTTP handler for this registry.
+func (m *Metrics) Handler() http.Handler {
+	if m == nil {
+		return http.NotFoundHandler()
+	}
+	return promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{Registry: m.Registry})
+}
+
+// Serve listens on addr and serves /metrics until ctx ends. It returns nil
+// after a clean shutdown and an error when the address cannot be bound.
+func (m *Metrics) Serve(ctx context.Context, addr string) error {
+	if m == nil {
+		return errors.New("metrics: Serve on nil Metrics")
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("metrics: listen on %s: %w", addr, err)
+	}
+	return m.serveListener(ctx, ln)
+}
+
+func (m *Metrics) serveListener(ctx context.Context, ln net.Listener) error {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", m.Handler())
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return fmt.Errorf("metrics: serve: %w", err)
+	case <-ctx.Done():
+		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		if err := srv.Shutdown(sctx); err != nil {
+			return fmt.Errorf("metrics: shutdown: %w", err)
+		}
+		<-errc
+		return nil
+	}
+}

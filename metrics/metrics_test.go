@@ -1,0 +1,77 @@
+package metrics
+
+import (
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestNilSafe(t *testing.T) {
+	var m *Metrics
+	m.RoundCompleted(1, 8, time.Second)
+	m.Restarted()
+	m.NodeFailed()
+	if err := m.Serve(context.Background(), "127.0.0.1:0"); err == nil {
+		t.Fatal("Serve on nil Metrics: want error")
+	}
+}
+
+func TestServeExposesMetrics(t *testing.T) {
+	m := New()
+	m.RoundCompleted(3, 16, 250*time.Millisecond)
+	m.Restarted()
+	m.Restarted()
+	m.NodeFailed()
+
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- m.serveListener(ctx, ln) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("serve: %v", err)
+		}
+	})
+
+	resp, err := http.Get("http://" + ln.Addr().String() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"ftlauncher_rounds_total 1",
+		"ftlauncher_restarts_total 2",
+		"ftlauncher_node_failures_total 1",
+		"ftlauncher_current_round 3",
+		"ftlauncher_world_size 16",
+		"ftlauncher_rendezvous_latency_seconds_count 1",
+	} {
+		if !strings.Contains(string(body), want) {
+			t.Errorf("metrics output lacks %q", want)
+		}
+	}
+}
+
+func TestServeBadAddress(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	err = New().Serve(context.Background(), ln.Addr().String())
+	if err == nil || !strings.Contains(err.Error(), ln.Addr().String()) {
+		t.Fatalf("Serve on a taken address: got %v, want an error naming it", err)
+	}
+}

@@ -1,0 +1,540 @@
+package rendezvous
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ftlauncher/ft-launcher/metrics"
+)
+
+// testLogger discards logs to keep test output readable.
+func testLogger(t testing.TB) *slog.Logger {
+	t.Helper()
+	return slog.New(slog.NewTextHandler(io.Discard, nil))
+}
+
+func startEmbedded(t testing.TB) *Embedded {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	m, err := StartEmbedded(ctx, EmbeddedOptions{Dir: t.TempDir(), ClientURL: "http://127.0.0.1:0", Logger: testLogger(t)})
+	if err != nil {
+		t.Fatalf("start embedded etcd: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := m.Close(); err != nil {
+			t.Errorf("close embedded: %v", err)
+		}
+	})
+	return m
+}
+
+type cluster struct {
+	t     *testing.T
+	ep    string
+	run   string
+	nodes []*Etcd
+}
+
+// nodeOpts returns options for node i, bound to 127.0.0.(i+2).
+func (c *cluster) opts(i, nproc, minN, maxN, maxRestarts int) EtcdOptions {
+	addr := fmt.Sprintf("127.0.0.%d", i+2)
+	return EtcdOptions{Endpoints: []string{c.ep}, RunID: c.run, NodeID: fmt.Sprintf("%s/n%d", addr, i),
+		LocalAddr: addr, NProcPerNode: nproc, MinNodes: minN, MaxNodes: maxN, MaxRestarts: maxRestarts,
+		InfraRank: -1, LastCall: 300 * time.Millisecond, LeaseTTL: 2 * time.Second,
+		ConnectTimeout: 10 * time.Second, Logger: testLogger(c.t)}
+}
+
+func (c *cluster) add(o EtcdOptions) *Etcd {
+	c.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	e, err := NewEtcd(ctx, o)
+	if err != nil {
+		c.t.Fatalf("NewEtcd(%s): %v", o.NodeID, err)
+	}
+	c.t.Cleanup(func() { e.Close() })
+	c.nodes = append(c.nodes, e)
+	return e
+}
+
+func newCluster(t *testing.T, ep string, n, nproc, minN, maxN, maxRestarts int) *cluster {
+	c := &cluster{t: t, ep: ep, run: strings.ReplaceAll(t.Name(), "/", "_")}
+	for i := 0; i < n; i++ {
+		c.add(c.opts(i, nproc, minN, maxN, maxRestarts))
+	}
+	return c
+}
+
+// nextAll runs Next on every given node concurrently.
+func nextAll(t *testing.T, nodes []*Etcd) []Assignment {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	out := make([]Assignment, len(nodes))
+	errs := make([]error, len(nodes))
+	var wg sync.WaitGroup
+	for i, n := range nodes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			out[i], errs[i] = n.Next(ctx)
+		}()
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("node %d Next: %v", i, err)
+		}
+	}
+	return out
+}
+
+// checkConsistent verifies one round's assignments against each other.
+func checkConsistent(t testing.TB, as []Assignment, nproc, active int) {
+	t.Helper()
+	seen := map[int]bool{}
+	round := as[0].Round
+	var master string
+	for i, a := range as {
+		if a.Round != round {
+			t.Fatalf("node %d round %d, node 0 round %d", i, a.Round, round)
+		}
+		if a.Standby {
+			continue
+		}
+		if seen[a.GroupRank] {
+			t.Fatalf("group rank %d assigned twice: %+v", a.GroupRank, as)
+		}
+		seen[a.GroupRank] = true
+		if a.GroupWorldSize != active || a.WorldSize != active*nproc || a.RankBase != a.GroupRank*nproc {
+			t.Fatalf("node %d: inconsistent assignment %+v (active %d, nproc %d)", i, a, active, nproc)
+		}
+		m := fmt.Sprintf("%s:%d", a.MasterAddr, a.MasterPort)
+		if master == "" {
+			master = m
+		} else if m != master {
+			t.Fatalf("master differs: %s vs %s", m, master)
+		}
+		if a.MasterPort <= 0 {
+			t.Fatalf("no master port: %+v", a)
+		}
+	}
+	if len(seen) != active {
+		t.Fatalf("%d active nodes, want %d: %+v", len(seen), active, as)
+	}
+}
+
+func waitEnd(t *testing.T, ch <-chan RoundEnd, within time.Duration) RoundEnd {
+	t.Helper()
+	select {
+	case e := <-ch:
+		return e
+	case <-time.After(within):
+		t.Fatalf("round did not end within %v", within)
+	}
+	return RoundEnd{}
+}
+
+func assertNoEnd(t *testing.T, ch <-chan RoundEnd, d time.Duration) {
+	t.Helper()
+	select {
+	case e := <-ch:
+		t.Fatalf("unexpected round end: %+v", e)
+	case <-time.After(d):
+	}
+}
+
+func succeedAll(t *testing.T, nodes []*Etcd, round int) []int {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	codes := make([]int, len(nodes))
+	errs := make([]error, len(nodes))
+	var wg sync.WaitGroup
+	for i, n := range nodes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			codes[i], errs[i] = n.Succeed(ctx, round)
+		}()
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("node %d Succeed: %v", i, err)
+		}
+	}
+	return codes
+}
+
+func groupRanks(as []Assignment) []int {
+	out := make([]int, len(as))
+	for i, a := range as {
+		out[i] = a.GroupRank
+	}
+	return out
+}
+
+func TestEtcdHappyPathAndFail(t *testing.T) {
+	m := startEmbedded(t)
+	c := &cluster{t: t, ep: m.Endpoint(), run: t.Name()}
+	met := metrics.New()
+	for i := 0; i < 3; i++ {
+		o := c.opts(i, 2, 3, 3, 3)
+		if i == 0 {
+			o.Metrics = met
+		}
+		c.add(o)
+	}
+	as := nextAll(t, c.nodes)
+	checkConsistent(t, as, 2, 3)
+	if as[0].Round != 0 || as[0].MaxRestarts != 3 {
+		t.Fatalf("first round: %+v", as[0])
+	}
+	first := groupRanks(as)
+
+	// A failure on node 1 ends the round everywhere with the same next round.
+	ends := make([]<-chan RoundEnd, 3)
+	for i, n := range c.nodes {
+		ends[i] = n.Ended(0)
+	}
+	d, err := c.nodes[1].Fail(context.Background(), 0, "rank 3 exited 1")
+	if err != nil || !d.Restart {
+		t.Fatalf("Fail: %+v %v", d, err)
+	}
+	for i, ch := range ends {
+		e := waitEnd(t, ch, 10*time.Second)
+		if e.Kind != EndRestart || e.Round != 0 || !strings.Contains(e.Reason, "rank 3 exited 1") {
+			t.Fatalf("node %d end: %+v", i, e)
+		}
+	}
+	// A stale report for round 0 is a no-op.
+	if d, err := c.nodes[2].Fail(context.Background(), 0, "late"); err != nil || !d.Restart {
+		t.Fatalf("stale Fail: %+v %v", d, err)
+	}
+	as = nextAll(t, c.nodes)
+	checkConsistent(t, as, 2, 3)
+	if as[0].Round != 1 {
+		t.Fatalf("round after restart = %d, want 1", as[0].Round)
+	}
+	if got := groupRanks(as); fmt.Sprint(got) != fmt.Sprint(first) {
+		t.Fatalf("group ranks not stable: %v then %v", first, got)
+	}
+	for i, code := range succeedAll(t, c.nodes, 1) {
+		if code != 0 {
+			t.Fatalf("node %d code %d", i, code)
+		}
+	}
+	if _, err := c.nodes[0].Next(context.Background()); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Next after success: %v, want ErrClosed", err)
+	}
+	for name, want := range map[string]float64{"ftlauncher_rounds_total": 2,
+		"ftlauncher_restarts_total": 1, "ftlauncher_current_round": 1, "ftlauncher_world_size": 6} {
+		if got := metricValue(t, met, name); got != want {
+			t.Errorf("%s = %v, want %v", name, got, want)
+		}
+	}
+}
+
+func metricValue(t *testing.T, m *metrics.Metrics, name string) float64 {
+	t.Helper()
+	mfs, err := m.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name || len(mf.GetMetric()) == 0 {
+			continue
+		}
+		mm := mf.GetMetric()[0]
+		if mm.GetCounter() != nil {
+			return mm.GetCounter().GetValue()
+		}
+		return mm.GetGauge().GetValue()
+	}
+	t.Fatalf("metric %s not found", name)
+	return 0
+}
+
+func TestEtcdInfraRankOrders(t *testing.T) {
+	m := startEmbedded(t)
+	c := &cluster{t: t, ep: m.Endpoint(), run: t.Name()}
+	for i := 0; i < 3; i++ {
+		o := c.opts(i, 1, 3, 3, 0)
+		o.InfraRank = 2 - i // reverse of the address order
+		c.add(o)
+	}
+	as := nextAll(t, c.nodes)
+	checkConsistent(t, as, 1, 3)
+	for i, a := range as {
+		if a.GroupRank != 2-i {
+			t.Fatalf("node %d (infra rank %d) got group rank %d", i, 2-i, a.GroupRank)
+		}
+	}
+	if as[2].MasterAddr != "127.0.0.4" {
+		t.Fatalf("master addr %s, want the infra-rank-0 node 127.0.0.4", as[2].MasterAddr)
+	}
+}
+
+func TestEtcdStandbyPromotedOnNodeLoss(t *testing.T) {
+	m := startEmbedded(t)
+	c := newCluster(t, m.Endpoint(), 3, 1, 2, 3, 5)
+	as := nextAll(t, c.nodes)
+	checkConsistent(t, as, 1, 2)
+	standby := -1
+	for i, a := range as {
+		if a.Standby {
+			if standby >= 0 {
+				t.Fatalf("two standbys: %+v", as)
+			}
+			standby = i
+		}
+	}
+	if standby < 0 {
+		t.Fatalf("no standby with nnodes 2:3 and 3 nodes: %+v", as)
+	}
+	// The standby goes back to waiting for the next round.
+	type res struct {
+		a   Assignment
+		err error
+	}
+	sbc := make(chan res, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		a, err := c.nodes[standby].Next(ctx)
+		sbc <- res{a, err}
+	}()
+	var victim, survivor int = -1, -1
+	for i, a := range as {
+		if !a.Standby && victim < 0 && a.GroupRank == 0 {
+			victim = i
+		} else if !a.Standby {
+			survivor = i
+		}
+	}
+	end := c.nodes[survivor].Ended(0)
+	time.Sleep(500 * time.Millisecond) // let gossip converge
+	start := time.Now()
+	crash(c.nodes[victim])
+	e := waitEnd(t, end, 10*time.Second)
+	took := time.Since(start)
+	if e.Kind != EndRestart || !strings.Contains(e.Reason, "lost") || !strings.Contains(e.Reason, c.nodes[victim].o.NodeID) {
+		t.Fatalf("survivor end: %+v", e)
+	}
+	t.Logf("node loss detected in %v: %s", took, e.Reason)
+	a, err := c.nodes[survivor].Next(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := <-sbc
+	if r.err != nil {
+		t.Fatalf("standby Next: %v", r.err)
+	}
+	checkConsistent(t, []Assignment{a, r.a}, 1, 2)
+	if r.a.Standby || a.Round != 1 {
+		t.Fatalf("standby not promoted into round 1: survivor %+v standby %+v", a, r.a)
+	}
+	if a.GroupRank != 0 {
+		t.Fatalf("survivor should keep the lower group rank: %+v", a)
+	}
+}
+
+// crash simulates a launcher dying: gossip stops without a leave message
+// and the lease is left to expire (nothing is revoked).
+func crash(e *Etcd) {
+	e.stopGossip(false)
+	e.mu.Lock()
+	e.ownsLease = false
+	e.mu.Unlock()
+	e.cancel()
+	e.wg.Wait()
+	if e.ownsClient {
+		e.cli.Close()
+	}
+	e.ownsClient = false
+}
+
+func TestEtcdLeaseBackstopWithoutGossip(t *testing.T) {
+	m := startEmbedded(t)
+	c := &cluster{t: t, ep: m.Endpoint(), run: t.Name()}
+	for i := 0; i < 2; i++ {
+		o := c.opts(i, 1, 2, 2, 2)
+		o.DisableGossip = true
+		c.add(o)
+	}
+	as := nextAll(t, c.nodes)
+	checkConsistent(t, as, 1, 2)
+	victim := 0
+	if as[1].GroupRank == 1 {
+		victim = 1 // the non-master: the master's prefix watch must see it
+	}
+	end := c.nodes[1-victim].Ended(0)
+	crash(c.nodes[victim])
+	e := waitEnd(t, end, 15*time.Second)
+	if e.Kind != EndRestart || !strings.Contains(e.Reason, "lease expired") {
+		t.Fatalf("end: %+v", e)
+	}
+}
+
+func TestEtcdBudgetExhausted(t *testing.T) {
+	m := startEmbedded(t)
+	c := newCluster(t, m.Endpoint(), 3, 1, 3, 3, 1)
+	nextAll(t, c.nodes)
+	if d, err := c.nodes[0].Fail(context.Background(), 0, "boom"); err != nil || !d.Restart {
+		t.Fatalf("first Fail: %+v %v", d, err)
+	}
+	as := nextAll(t, c.nodes)
+	ends := make([]<-chan RoundEnd, 3)
+	for i, n := range c.nodes {
+		ends[i] = n.Ended(as[i].Round)
+	}
+	d, err := c.nodes[2].Fail(context.Background(), 1, "boom again")
+	if err != nil || d.Restart || d.Code != 1 || !strings.Contains(d.Reason, "restart budget exhausted") {
+		t.Fatalf("second Fail: %+v %v", d, err)
+	}
+	for i, ch := range ends {
+		e := waitEnd(t, ch, 10*time.Second)
+		if e.Kind != EndJobClosed || e.Code != 1 || e.Reason != d.Reason {
+			t.Fatalf("node %d: %+v, want closed code 1 %q", i, e, d.Reason)
+		}
+	}
+	var ce *JobClosedError
+	if _, err := c.nodes[1].Next(context.Background()); !errors.As(err, &ce) || ce.Code != 1 {
+		t.Fatalf("Next after close: %v", err)
+	}
+}
+
+func TestEtcdMismatchRefused(t *testing.T) {
+	m := startEmbedded(t)
+	c := newCluster(t, m.Endpoint(), 1, 4, 2, 2, 0)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		c.nodes[0].Next(ctx) // creates the job config, then waits alone
+	}()
+	time.Sleep(300 * time.Millisecond)
+	tests := []struct {
+		name              string
+		nproc, minN, maxN int
+		want              []string
+	}{
+		{"nproc", 8, 2, 2, []string{"nproc_per_node=8", "nproc_per_node=4"}},
+		{"nnodes", 4, 1, 3, []string{"nnodes=1:3", "nnodes=2:2"}},
+	}
+	for i, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			n := c.add(c.opts(i+1, tc.nproc, tc.minN, tc.maxN, 0))
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			_, err := n.Next(ctx)
+			if err == nil {
+				t.Fatal("mismatched node admitted")
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Fatalf("error %q lacks %q", err, w)
+				}
+			}
+		})
+	}
+}
+
+func TestEtcdShutdownClosesForAll(t *testing.T) {
+	m := startEmbedded(t)
+	c := newCluster(t, m.Endpoint(), 3, 1, 3, 3, 3)
+	nextAll(t, c.nodes)
+	ends := make([]<-chan RoundEnd, 3)
+	for i, n := range c.nodes {
+		ends[i] = n.Ended(0)
+	}
+	if err := c.nodes[1].Shutdown(context.Background(), 93, "workload asked to stop"); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.nodes[2].Shutdown(context.Background(), 7, "second writer loses"); err != nil {
+		t.Fatal(err)
+	}
+	for i, ch := range ends {
+		e := waitEnd(t, ch, 10*time.Second)
+		if e.Kind != EndJobClosed || e.Code != 93 || e.Reason != "workload asked to stop" {
+			t.Fatalf("node %d: %+v", i, e)
+		}
+	}
+}
+
+func TestEtcdLeaveAndHealthCheck(t *testing.T) {
+	m := startEmbedded(t)
+	c := &cluster{t: t, ep: m.Endpoint(), run: t.Name()}
+	for i := 0; i < 3; i++ {
+		o := c.opts(i, 1, 2, 3, 3)
+		if i == 2 {
+			o.HealthCheck = func(context.Context) error { return errors.New("GPU 3 fell off the bus") }
+		}
+		c.add(o)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := c.nodes[2].Next(ctx); err == nil || !strings.Contains(err.Error(), "GPU 3") {
+		t.Fatalf("unhealthy node admitted: %v", err)
+	}
+	as := nextAll(t, c.nodes[:2])
+	checkConsistent(t, as, 1, 2)
+	if _, err := c.nodes[2].Next(ctx); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Next after leave: %v", err)
+	}
+	// A clean Leave of an active node is a node loss for the others.
+	end := c.nodes[0].Ended(0)
+	if err := c.nodes[1].Leave(ctx, "ExcludeThisNode"); err != nil {
+		t.Fatal(err)
+	}
+	e := waitEnd(t, end, 10*time.Second)
+	if e.Kind != EndRestart || !strings.Contains(e.Reason, c.nodes[1].o.NodeID) {
+		t.Fatalf("end after leave: %+v", e)
+	}
+}
+
+func TestEtcdUnreachableAtStart(t *testing.T) {
+	port, err := FreePort("127.0.0.1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ep := fmt.Sprintf("http://127.0.0.1:%d", port)
+	start := time.Now()
+	_, err = NewEtcd(context.Background(), EtcdOptions{Endpoints: []string{ep}, RunID: "r", NodeID: "n",
+		NProcPerNode: 1, MinNodes: 1, MaxNodes: 1, ConnectTimeout: time.Second, DisableGossip: true,
+		Logger: testLogger(t)})
+	if err == nil || !strings.Contains(err.Error(), ep) || !strings.Contains(err.Error(), "unreachable") {
+		t.Fatalf("got %v, want an error naming %s", err, ep)
+	}
+	if d := time.Since(start); d > 10*time.Second {
+		t.Fatalf("took %v for a 1s bound", d)
+	}
+}
+
+func TestIsLocalEndpoint(t *testing.T) {
+	tests := []struct {
+		ep, local string
+		want      bool
+	}{
+		{"http://127.0.0.2:2379", "127.0.0.2", true},
+		{"http://127.0.0.2:2379", "127.0.0.3", false},
+		{"127.0.0.2:2379", "127.0.0.2", true},
+		{"127.0.0.1:2379", "", true},
+		{"localhost:2379", "", true},
+		{"http://192.0.2.77:2379", "", false},
+		{"", "", false},
+	}
+	for _, tc := range tests {
+		if got := IsLocalEndpoint(tc.ep, tc.local); got != tc.want {
+			t.Errorf("IsLocalEndpoint(%q, %q) = %v, want %v", tc.ep, tc.local, got, tc.want)
+		}
+	}
+}

@@ -1,0 +1,160 @@
+package rendezvous
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+const debianEtcd = "/usr/bin/etcd"
+
+// etcdProc is Debian's real etcd server run as a child process.
+type etcdProc struct {
+	t                  *testing.T
+	dir                string
+	clientURL, peerURL string
+	cmd                *exec.Cmd
+	done               chan struct{}
+}
+
+func startEtcdProc(t *testing.T) *etcdProc {
+	t.Helper()
+	if _, err := os.Stat(debianEtcd); err != nil {
+		t.Fatalf("%s is required (Debian package etcd-server): %v", debianEtcd, err)
+	}
+	cp, err := FreePort("127.0.0.1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pp, err := FreePort("127.0.0.1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &etcdProc{t: t, dir: filepath.Join(t.TempDir(), "etcd"),
+		clientURL: fmt.Sprintf("http://127.0.0.1:%d", cp), peerURL: fmt.Sprintf("http://127.0.0.1:%d", pp)}
+	p.start()
+	t.Cleanup(p.stop)
+	return p
+}
+
+func (p *etcdProc) start() {
+	p.t.Helper()
+	p.cmd = exec.Command(debianEtcd, "--name", "ftl", "--data-dir", p.dir,
+		"--listen-client-urls", p.clientURL, "--advertise-client-urls", p.clientURL,
+		"--listen-peer-urls", p.peerURL, "--initial-advertise-peer-urls", p.peerURL,
+		"--initial-cluster", "ftl="+p.peerURL, "--log-level", "error")
+	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	logf, err := os.Create(filepath.Join(p.t.TempDir(), "etcd.log"))
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	p.cmd.Stdout, p.cmd.Stderr = logf, logf
+	if err := p.cmd.Start(); err != nil {
+		p.t.Fatalf("start etcd: %v", err)
+	}
+	p.done = make(chan struct{})
+	go func(cmd *exec.Cmd, done chan struct{}) {
+		cmd.Wait()
+		logf.Close()
+		close(done)
+	}(p.cmd, p.done)
+}
+
+func (p *etcdProc) stop() {
+	if p.cmd == nil {
+		return
+	}
+	p.cmd.Process.Kill()
+	<-p.done
+	p.cmd = nil
+}
+
+func TestRealEtcdHappyPathFailAndRestart(t *testing.T) {
+	p := startEtcdProc(t)
+	c := &cluster{t: t, ep: p.clientURL, run: t.Name()}
+	for i := 0; i < 3; i++ {
+		o := c.opts(i, 2, 3, 3, 3)
+		o.LeaseTTL = 5 * time.Second // the production default; etcd stays away longer than this
+		c.add(o)
+	}
+	as := nextAll(t, c.nodes)
+	checkConsistent(t, as, 2, 3)
+	first := groupRanks(as)
+
+	ends := make([]<-chan RoundEnd, 3)
+	for i, n := range c.nodes {
+		ends[i] = n.Ended(0)
+	}
+	if d, err := c.nodes[2].Fail(context.Background(), 0, "rank exited 1"); err != nil || !d.Restart {
+		t.Fatalf("Fail: %+v %v", d, err)
+	}
+	for i, ch := range ends {
+		if e := waitEnd(t, ch, 10*time.Second); e.Kind != EndRestart || e.Round != 0 {
+			t.Fatalf("node %d: %+v", i, e)
+		}
+	}
+	as = nextAll(t, c.nodes)
+	checkConsistent(t, as, 2, 3)
+	if as[0].Round != 1 || fmt.Sprint(groupRanks(as)) != fmt.Sprint(first) {
+		t.Fatalf("round 1 assignment %+v (first ranks %v)", as, first)
+	}
+
+	// etcd restarted mid-run: no round end while it is away, and the round
+	// goes on once it is back.
+	for i, n := range c.nodes {
+		ends[i] = n.Ended(1)
+	}
+	p.stop()
+	tStop := time.Now()
+	for _, ch := range ends {
+		assertNoEnd(t, ch, time.Second)
+	}
+	time.Sleep(2 * time.Second) // ~6.5s away in total: longer than the 5s lease TTL
+	p.start()
+	for _, ch := range ends {
+		assertNoEnd(t, ch, 500*time.Millisecond)
+	}
+	t.Logf("etcd back after %v", time.Since(tStop))
+	tBack := time.Now()
+	for i, code := range succeedAll(t, c.nodes, 1) {
+		if code != 0 {
+			t.Fatalf("node %d exit code %d after etcd restart", i, code)
+		}
+	}
+	t.Logf("Succeed on every node %v after etcd came back", time.Since(tBack))
+	for i, ch := range ends {
+		if e := waitEnd(t, ch, 5*time.Second); e.Kind != EndJobClosed || e.Code != 0 {
+			t.Fatalf("node %d: %+v", i, e)
+		}
+	}
+}
+
+func TestRealEtcdLossBoundClosesJob(t *testing.T) {
+	p := startEtcdProc(t)
+	c := &cluster{t: t, ep: p.clientURL, run: t.Name()}
+	for i := 0; i < 2; i++ {
+		o := c.opts(i, 1, 2, 2, 3)
+		o.EtcdLossBound = 2 * time.Second
+		o.ProbeInterval = 250 * time.Millisecond
+		c.add(o)
+	}
+	nextAll(t, c.nodes)
+	ends := []<-chan RoundEnd{c.nodes[0].Ended(0), c.nodes[1].Ended(0)}
+	p.stop()
+	start := time.Now()
+	for i, ch := range ends {
+		e := waitEnd(t, ch, 15*time.Second)
+		if e.Kind != EndJobClosed || e.Code != 1 || !strings.Contains(e.Reason, "unreachable") {
+			t.Fatalf("node %d: %+v", i, e)
+		}
+	}
+	if d := time.Since(start); d < 2*time.Second {
+		t.Fatalf("closed after %v, before the 2s bound", d)
+	}
+}

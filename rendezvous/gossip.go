@@ -1,0 +1,115 @@
+package rendezvous
+
+import (
+	"fmt"
+	"io"
+	"net"
+	"strconv"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+)
+
+// Gossip (SWIM via hashicorp/memberlist) detects a dead launcher within
+// about a second, far sooner than its etcd lease expires. Timings are tuned
+// for a LAN or loopback; seeds come from the round's assignment.
+func gossipConfig(name, addr string, port int) *memberlist.Config {
+	c := memberlist.DefaultLANConfig()
+	c.Name = name
+	c.BindAddr = addr
+	c.BindPort = port
+	c.AdvertiseAddr = addr
+	c.AdvertisePort = port
+	c.ProbeInterval = 200 * time.Millisecond
+	c.ProbeTimeout = 100 * time.Millisecond
+	c.SuspicionMult = 2
+	c.GossipInterval = 100 * time.Millisecond
+	c.PushPullInterval = 5 * time.Second
+	c.TCPTimeout = 2 * time.Second
+	c.LogOutput = io.Discard
+	return c
+}
+
+type gossipEvents struct{ e *Etcd }
+
+func (g gossipEvents) NotifyJoin(n *memberlist.Node)   {}
+func (g gossipEvents) NotifyUpdate(n *memberlist.Node) {}
+
+// NotifyLeave fires for dead and for cleanly departed members; both end the
+// round if the member was active and not done (nodeLost checks).
+func (g gossipEvents) NotifyLeave(n *memberlist.Node) {
+	e := g.e
+	e.mu.Lock()
+	r := e.ctlRound
+	e.mu.Unlock()
+	how := "gossip"
+	if n.State == memberlist.StateLeft {
+		how = "gossip: left"
+	}
+	go e.nodeLost(r, n.Name, how)
+}
+
+func (e *Etcd) startGossip() error {
+	port := e.o.GossipPort
+	if port == 0 {
+		// memberlist needs the same port for TCP and UDP; pick a free TCP
+		// one and let memberlist fail loudly if its UDP twin is taken.
+		p, err := FreePort(e.o.LocalAddr)
+		if err != nil {
+			return fmt.Errorf("rendezvous: gossip port: %w", err)
+		}
+		port = p
+	}
+	c := gossipConfig(e.o.NodeID, e.o.LocalAddr, port)
+	c.Events = gossipEvents{e: e}
+	ml, err := memberlist.Create(c)
+	if err != nil {
+		return fmt.Errorf("rendezvous: start gossip on %s:%d: %w", e.o.LocalAddr, port, err)
+	}
+	e.mu.Lock()
+	e.ml = ml
+	e.gossipAddr = net.JoinHostPort(e.o.LocalAddr, strconv.Itoa(port))
+	e.mu.Unlock()
+	return nil
+}
+
+// gossipJoin contacts the round's seeds (best effort, asynchronously).
+func (e *Etcd) gossipJoin(seeds []string) {
+	e.mu.Lock()
+	ml, self := e.ml, e.gossipAddr
+	e.mu.Unlock()
+	if ml == nil {
+		return
+	}
+	others := make([]string, 0, len(seeds))
+	for _, s := range seeds {
+		if s != self {
+			others = append(others, s)
+		}
+	}
+	if len(others) == 0 {
+		return
+	}
+	e.wg.Add(1)
+	go func() {
+		defer e.wg.Done()
+		if _, err := ml.Join(others); err != nil {
+			e.log.Warn("gossip join", "seeds", others, "err", err)
+		}
+	}()
+}
+
+// stopGossip leaves (when graceful) and shuts memberlist down.
+func (e *Etcd) stopGossip(graceful bool) {
+	e.mu.Lock()
+	ml := e.ml
+	e.ml = nil
+	e.mu.Unlock()
+	if ml == nil {
+		return
+	}
+	if graceful {
+		_ = ml.Leave(300 * time.Millisecond)
+	}
+	_ = ml.Shutdown()
+}

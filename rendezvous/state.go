@@ -1,0 +1,192 @@
+package rendezvous
+
+import (
+	"fmt"
+	"sort"
+	"strconv"
+)
+
+// nodeState is one node's rendezvous life. Every change goes through
+// (*Etcd).setStateLocked, so this table is the whole state machine:
+//
+//	joining ──► waiting ──► active ──► roundEnded ──► joining ...
+//	                 │          │
+//	                 └─► standby ┴─────► (Next) joining
+//	any ──► closed (job closed, Leave, Close, etcd lost beyond the bound)
+type nodeState int
+
+const (
+	stateJoining    nodeState = iota // config check, health check, registering in a round
+	stateWaiting                     // registered; waiting for the round to close
+	stateActive                      // assigned ranks in the current round
+	stateStandby                     // parked beyond MIN; keeps membership for the next round
+	stateRoundEnded                  // the round this node ran in is over; Next rejoins
+	stateClosed                      // terminal
+)
+
+func (s nodeState) String() string {
+	switch s {
+	case stateJoining:
+		return "joining"
+	case stateWaiting:
+		return "waiting-for-round-close"
+	case stateActive:
+		return "active"
+	case stateStandby:
+		return "standby"
+	case stateRoundEnded:
+		return "round-ended"
+	case stateClosed:
+		return "closed"
+	}
+	return "state(" + strconv.Itoa(int(s)) + ")"
+}
+
+// allowed lists the legal transitions; anything else is a bug and is logged.
+var allowed = map[nodeState][]nodeState{
+	stateJoining:    {stateWaiting, stateStandby, stateClosed},
+	stateWaiting:    {stateActive, stateStandby, stateJoining, stateClosed},
+	stateActive:     {stateRoundEnded, stateJoining, stateClosed},
+	stateStandby:    {stateJoining, stateClosed},
+	stateRoundEnded: {stateJoining, stateClosed},
+	stateClosed:     {},
+}
+
+func transitionOK(from, to nodeState) bool {
+	if from == to {
+		return true
+	}
+	for _, s := range allowed[from] {
+		if s == to {
+			return true
+		}
+	}
+	return false
+}
+
+// Stored values (JSON) under <prefix><run_id>/.
+type jobConfig struct {
+	NProcPerNode int `json:"nproc_per_node"`
+	MinNodes     int `json:"min_nodes"`
+	MaxNodes     int `json:"max_nodes"`
+	MaxRestarts  int `json:"max_restarts"`
+}
+
+type memberInfo struct {
+	NodeID     string `json:"node_id"`
+	Addr       string `json:"addr"`
+	InfraRank  int    `json:"infra_rank"`
+	NProc      int    `json:"nproc"`
+	MasterPort int    `json:"master_port"`
+	GossipAddr string `json:"gossip_addr,omitempty"`
+}
+
+type rankInfo struct {
+	GroupRank int  `json:"group_rank"` // -1 for standby
+	RankBase  int  `json:"rank_base"`
+	Standby   bool `json:"standby"`
+	Order     int  `json:"order"` // position in the sorted candidate list, kept for the next round's ordering
+}
+
+type roundSummary struct {
+	Round          int      `json:"round"`
+	GroupWorldSize int      `json:"group_world_size"`
+	WorldSize      int      `json:"world_size"`
+	MasterAddr     string   `json:"master_addr"`
+	MasterPort     int      `json:"master_port"`
+	MasterNode     string   `json:"master_node"`
+	Standbys       int      `json:"standbys"`
+	Seeds          []string `json:"seeds,omitempty"` // gossip addresses of the first nodes
+	MembersRev     int64    `json:"members_rev"`     // etcd revision the membership was read at
+}
+
+type closeInfo struct {
+	Code   int    `json:"code"`
+	Reason string `json:"reason"`
+	Node   string `json:"node,omitempty"`
+}
+
+type endInfo struct {
+	Round  int    `json:"round"`
+	Reason string `json:"reason"`
+	Node   string `json:"node,omitempty"`
+}
+
+// keys builds the key layout of one run.
+type keys struct{ base string }
+
+func (k keys) config() string                 { return k.base + "config" }
+func (k keys) ctl() string                    { return k.base + "ctl/" }
+func (k keys) round() string                  { return k.base + "ctl/round" }
+func (k keys) closed() string                 { return k.base + "ctl/closed" }
+func (k keys) lastEnd() string                { return k.base + "ctl/end" }
+func (k keys) roundDir(r int) string          { return k.base + "rounds/" + strconv.Itoa(r) + "/" }
+func (k keys) assignment(r int) string        { return k.roundDir(r) + "assignment" }
+func (k keys) closer(r int) string            { return k.roundDir(r) + "closer" }
+func (k keys) nodes(r int) string             { return k.roundDir(r) + "nodes/" }
+func (k keys) member(r int, id string) string { return k.nodes(r) + id }
+func (k keys) ranks(r int) string             { return k.roundDir(r) + "rank/" }
+func (k keys) rank(r int, id string) string   { return k.ranks(r) + id }
+func (k keys) dones(r int) string             { return k.roundDir(r) + "done/" }
+func (k keys) done(r int, id string) string   { return k.dones(r) + id }
+
+// orderMembers sorts round candidates deterministically (see docs/rendezvous.md):
+//  1. known infra rank (SLURM_PROCID, --node-rank, ...) ascending, unknown last;
+//  2. position in the previous round (keeps group ranks stable), newcomers last;
+//  3. (addr, node id).
+func orderMembers(ms []memberInfo, prevOrder map[string]int) {
+	sort.SliceStable(ms, func(i, j int) bool {
+		a, b := ms[i], ms[j]
+		if ka, kb := infraKey(a.InfraRank), infraKey(b.InfraRank); ka != kb {
+			return ka < kb
+		}
+		pa, oka := prevOrder[a.NodeID]
+		pb, okb := prevOrder[b.NodeID]
+		if oka != okb {
+			return oka
+		}
+		if oka && pa != pb {
+			return pa < pb
+		}
+		if a.Addr != b.Addr {
+			return a.Addr < b.Addr
+		}
+		return a.NodeID < b.NodeID
+	})
+}
+
+func infraKey(r int) int64 {
+	if r < 0 {
+		return int64(^uint64(0) >> 1)
+	}
+	return int64(r)
+}
+
+// assign computes every candidate's rank entry: the first minNodes are
+// active, the rest standby.
+func assign(ms []memberInfo, minNodes int) (map[string]rankInfo, roundSummary, error) {
+	if len(ms) < minNodes {
+		return nil, roundSummary{}, fmt.Errorf("only %d of %d nodes present", len(ms), minNodes)
+	}
+	out := make(map[string]rankInfo, len(ms))
+	var sum roundSummary
+	base := 0
+	for i, m := range ms {
+		if i < minNodes {
+			out[m.NodeID] = rankInfo{GroupRank: i, RankBase: base, Order: i}
+			base += m.NProc
+			if i == 0 {
+				sum.MasterAddr, sum.MasterPort, sum.MasterNode = m.Addr, m.MasterPort, m.NodeID
+			}
+			if m.GossipAddr != "" && len(sum.Seeds) < 3 {
+				sum.Seeds = append(sum.Seeds, m.GossipAddr)
+			}
+			continue
+		}
+		out[m.NodeID] = rankInfo{GroupRank: -1, Standby: true, Order: i}
+		sum.Standbys++
+	}
+	sum.GroupWorldSize = minNodes
+	sum.WorldSize = base
+	return out, sum, nil
+}

@@ -1,0 +1,340 @@
+package rendezvous
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// watchCtl follows <run>/ctl/ (round, end record, close record) and turns
+// changes into Ended events. clientv3 resumes the watch after reconnects,
+// so an etcd outage alone never ends a round.
+func (e *Etcd) watchCtl(rev int64) {
+	defer e.wg.Done()
+	for e.ctx.Err() == nil {
+		wch := e.cli.Watch(clientv3.WithRequireLeader(e.ctx), e.k.ctl(), clientv3.WithPrefix(), clientv3.WithRev(rev+1))
+		for wr := range wch {
+			if err := wr.Err(); err != nil {
+				e.log.Debug("ctl watch interrupted", "err", err)
+				break
+			}
+			e.mu.Lock()
+			for _, ev := range wr.Events {
+				e.applyCtlLocked(string(ev.Kv.Key), ev.Kv.Value, ev.Type == clientv3.EventTypeDelete)
+			}
+			e.broadcastLocked()
+			e.mu.Unlock()
+			rev = wr.Header.Revision
+		}
+		if e.ctx.Err() != nil {
+			return
+		}
+		// The stream broke (no leader, compaction): re-read, then re-watch.
+		select {
+		case <-e.ctx.Done():
+			return
+		case <-time.After(200 * time.Millisecond):
+		}
+		if r, err := e.loadCtl(e.ctx); err == nil {
+			rev = r
+		}
+	}
+}
+
+// probe checks etcd reachability; past EtcdLossBound it closes the job
+// locally with code 1 so the agent stops instead of running blind.
+func (e *Etcd) probe() {
+	defer e.wg.Done()
+	t := time.NewTicker(e.o.ProbeInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-e.ctx.Done():
+			return
+		case <-t.C:
+		}
+		ctx, cancel := context.WithTimeout(e.ctx, max(e.o.ProbeInterval, time.Second))
+		_, err := e.cli.Get(ctx, e.k.round())
+		cancel()
+		e.mu.Lock()
+		if err == nil {
+			if !e.lastProbe.IsZero() && time.Since(e.lastProbe) > 2*e.o.ProbeInterval+time.Second {
+				e.log.Info("etcd reachable again", "down_for", time.Since(e.lastProbe).Round(time.Millisecond))
+			}
+			e.lastProbe = time.Now()
+			e.mu.Unlock()
+			continue
+		}
+		down := time.Since(e.lastProbe)
+		if e.ctx.Err() == nil && e.closed == nil && down > e.o.EtcdLossBound {
+			e.closed = &closeInfo{Code: 1, Node: e.o.NodeID, Reason: fmt.Sprintf(
+				"etcd at %s unreachable for more than %v (etcd loss bound)", e.endpoints(), e.o.EtcdLossBound)}
+			e.log.Error("closing: etcd lost", "reason", e.closed.Reason)
+			e.closeLocally(e.closed.Reason)
+			e.broadcastLocked()
+		} else if e.ctx.Err() == nil {
+			e.log.Warn("etcd unreachable", "for", down.Round(time.Millisecond), "bound", e.o.EtcdLossBound, "err", err)
+		}
+		e.mu.Unlock()
+	}
+}
+
+// keepAlive keeps the owned lease alive; if etcd reports it gone (we were
+// away longer than its TTL) a new one is granted for later rounds.
+func (e *Etcd) keepAlive() {
+	defer e.wg.Done()
+	for e.ctx.Err() == nil {
+		lease := e.currentLease()
+		ch, err := e.cli.KeepAlive(e.ctx, lease)
+		if err == nil {
+			for range ch {
+			}
+		}
+		if e.ctx.Err() != nil {
+			return
+		}
+		select {
+		case <-e.ctx.Done():
+			return
+		case <-time.After(500 * time.Millisecond):
+		}
+		ctx, cancel := context.WithTimeout(e.ctx, 2*time.Second)
+		ttl, err := e.cli.TimeToLive(ctx, lease)
+		cancel()
+		if err == nil && ttl.TTL <= 0 {
+			e.log.Warn("membership lease expired; taking a new one", "lease", fmt.Sprintf("%x", lease))
+			if err := e.grantLease(e.ctx); err != nil {
+				e.log.Warn("re-grant lease", "err", err)
+			}
+		}
+	}
+}
+
+// claimCloser tries to become the node that closes round r. The closer key
+// is under our lease, so a dead closer is replaced by the next claimant.
+func (e *Etcd) claimCloser(ctx context.Context, r int) (bool, error) {
+	resp, err := e.cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(e.k.closer(r)), "=", 0)).
+		Then(clientv3.OpPut(e.k.closer(r), e.o.NodeID, clientv3.WithLease(e.currentLease()))).Commit()
+	if err != nil {
+		return false, fmt.Errorf("claim closer of round %d: %w", r, err)
+	}
+	return resp.Succeeded, nil
+}
+
+// runCloser counts round r's members (watch, no polling) and writes the
+// assignment once the round may close: >= MIN present and round r open,
+// and either MAX present or LastCall elapsed since MIN was reached.
+func (e *Etcd) runCloser(ctx context.Context, r int) {
+	get, err := e.cli.Get(ctx, e.k.nodes(r), clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	if err != nil {
+		e.log.Debug("closer: list members", "round", r, "err", err)
+		return
+	}
+	present := map[string]bool{}
+	for _, kv := range get.Kvs {
+		present[string(kv.Key)] = true
+	}
+	wch := e.cli.Watch(ctx, e.k.nodes(r), clientv3.WithPrefix(), clientv3.WithRev(get.Header.Revision+1))
+	var lastCall <-chan time.Time
+	var lastCallTimer *time.Timer
+	defer func() {
+		if lastCallTimer != nil {
+			lastCallTimer.Stop()
+		}
+	}()
+	lastCallDone := false
+	for {
+		e.mu.Lock()
+		ch, cur, closed := e.changed, e.ctlRound, e.closed
+		e.mu.Unlock()
+		if closed != nil || cur > r {
+			return
+		}
+		n := len(present)
+		if cur == r && n >= e.o.MinNodes {
+			if n >= e.o.MaxNodes || lastCallDone || e.o.MaxNodes == e.o.MinNodes {
+				if err := e.writeAssignment(ctx, r); err != nil {
+					e.log.Warn("closer: write assignment", "round", r, "err", err)
+					if ctx.Err() != nil {
+						return
+					}
+					lastCallDone = true
+					select {
+					case <-ctx.Done():
+						return
+					case <-time.After(200 * time.Millisecond):
+					}
+					continue
+				}
+				return
+			}
+			if lastCallTimer == nil {
+				lastCallTimer = time.NewTimer(e.o.LastCall)
+				lastCall = lastCallTimer.C
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-ch:
+		case <-lastCall:
+			lastCallDone = true
+		case wr, ok := <-wch:
+			if !ok || wr.Err() != nil {
+				return
+			}
+			for _, ev := range wr.Events {
+				if ev.Type == clientv3.EventTypeDelete {
+					delete(present, string(ev.Kv.Key))
+				} else {
+					present[string(ev.Kv.Key)] = true
+				}
+			}
+		}
+	}
+}
+
+// writeAssignment orders the members, writes each rank key (batches within
+// etcd's default 128 ops per txn) and then the summary, which is what the
+// waiting nodes watch. Every txn is fenced on the round and on our closer key.
+func (e *Etcd) writeAssignment(ctx context.Context, r int) error {
+	get, err := e.cli.Get(ctx, e.k.nodes(r), clientv3.WithPrefix())
+	if err != nil {
+		return fmt.Errorf("list members: %w", err)
+	}
+	ms := make([]memberInfo, 0, len(get.Kvs))
+	for _, kv := range get.Kvs {
+		var m memberInfo
+		if err := json.Unmarshal(kv.Value, &m); err != nil {
+			e.log.Warn("skip unreadable member", "key", string(kv.Key), "err", err)
+			continue
+		}
+		ms = append(ms, m)
+	}
+	prev := map[string]int{}
+	if r > 0 {
+		pg, err := e.cli.Get(ctx, e.k.ranks(r-1), clientv3.WithPrefix())
+		if err != nil {
+			return fmt.Errorf("read previous ranks: %w", err)
+		}
+		for _, kv := range pg.Kvs {
+			var ri rankInfo
+			if json.Unmarshal(kv.Value, &ri) == nil {
+				prev[strings.TrimPrefix(string(kv.Key), e.k.ranks(r-1))] = ri.Order
+			}
+		}
+	}
+	orderMembers(ms, prev)
+	ranks, sum, err := assign(ms, e.o.MinNodes)
+	if err != nil {
+		return err
+	}
+	sum.Round, sum.MembersRev = r, get.Header.Revision
+	fence := []clientv3.Cmp{
+		clientv3.Compare(clientv3.Value(e.k.round()), "=", fmt.Sprint(r)),
+		clientv3.Compare(clientv3.Value(e.k.closer(r)), "=", e.o.NodeID),
+		clientv3.Compare(clientv3.CreateRevision(e.k.assignment(r)), "=", 0),
+	}
+	const batch = 120
+	ops := make([]clientv3.Op, 0, batch)
+	flush := func() error {
+		if len(ops) == 0 {
+			return nil
+		}
+		resp, err := e.cli.Txn(ctx).If(fence...).Then(ops...).Commit()
+		if err != nil {
+			return fmt.Errorf("write ranks: %w", err)
+		}
+		if !resp.Succeeded {
+			return fmt.Errorf("round %d moved on or closer changed", r)
+		}
+		ops = ops[:0]
+		return nil
+	}
+	for _, m := range ms {
+		b, _ := json.Marshal(ranks[m.NodeID])
+		ops = append(ops, clientv3.OpPut(e.k.rank(r, m.NodeID), string(b)))
+		if len(ops) == batch {
+			if err := flush(); err != nil {
+				return err
+			}
+		}
+	}
+	if err := flush(); err != nil {
+		return err
+	}
+	sb, _ := json.Marshal(sum)
+	ops = append(ops, clientv3.OpPut(e.k.assignment(r), string(sb)))
+	if err := flush(); err != nil {
+		return err
+	}
+	e.log.Info("closed rendezvous round", "round", r, "active", sum.GroupWorldSize, "standby", sum.Standbys,
+		"world_size", sum.WorldSize, "master", sum.MasterNode)
+	return nil
+}
+
+// watchLoss is the lease-expiry backstop for node loss in active round r:
+// group rank 0 watches every member key for deletion, the others watch
+// group rank 0's. Puts are filtered out server-side, so this costs O(1)
+// events per node. It stops when the round ends.
+func (e *Etcd) watchLoss(ctx context.Context, r int, sum roundSummary) {
+	defer e.wg.Done()
+	var wch clientv3.WatchChan
+	if sum.MasterNode == e.o.NodeID {
+		wch = e.cli.Watch(ctx, e.k.nodes(r), clientv3.WithPrefix(), clientv3.WithFilterPut(), clientv3.WithRev(sum.MembersRev+1))
+	} else {
+		wch = e.cli.Watch(ctx, e.k.member(r, sum.MasterNode), clientv3.WithFilterPut(), clientv3.WithRev(sum.MembersRev+1))
+	}
+	for wr := range wch {
+		if wr.Err() != nil {
+			return
+		}
+		for _, ev := range wr.Events {
+			if ev.Type != clientv3.EventTypeDelete {
+				continue
+			}
+			id := strings.TrimPrefix(string(ev.Kv.Key), e.k.nodes(r))
+			go e.nodeLost(r, id, "lease expired")
+		}
+	}
+}
+
+// nodeLost ends round r because node id is gone, if id was active in r and
+// had not finished. Several survivors may race; the txn decides.
+func (e *Etcd) nodeLost(r int, id, how string) {
+	if id == e.o.NodeID {
+		return
+	}
+	ctx, cancel := context.WithTimeout(e.ctx, 10*time.Second)
+	defer cancel()
+	e.mu.Lock()
+	skip := e.closed != nil || e.ctlRound != r
+	e.mu.Unlock()
+	if skip {
+		return
+	}
+	rk, err := e.cli.Get(ctx, e.k.rank(r, id))
+	if err != nil || len(rk.Kvs) == 0 {
+		return
+	}
+	var ri rankInfo
+	if json.Unmarshal(rk.Kvs[0].Value, &ri) != nil || ri.Standby {
+		return
+	}
+	conds := []clientv3.Cmp{
+		clientv3.Compare(clientv3.CreateRevision(e.k.done(r, id)), "=", 0),
+		clientv3.Compare(clientv3.CreateRevision(e.k.assignment(r)), ">", 0),
+	}
+	d, err := e.endRound(ctx, r, fmt.Sprintf("node %s lost (%s)", id, how), conds)
+	if err != nil {
+		e.log.Warn("report node loss", "lost", id, "err", err)
+		return
+	}
+	e.o.Metrics.NodeFailed()
+	e.log.Warn("node lost", "lost", id, "how", how, "round", r, "restart", d.Restart, "reason", d.Reason)
+}
