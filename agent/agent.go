@@ -388,7 +388,7 @@ func (a *Agent) supervise(ctx context.Context, g *spawn.Group, asg rendezvous.As
 			a.ev.Emit(eventlog.RankHang, map[string]any{"round": asg.Round, "local_rank": h.LocalRank,
 				"rank": h.GlobalRank, "timeout_kind": h.Kind, "section": h.Section,
 				"timeout_s": h.Timeout.Seconds(), "elapsed_s": h.Elapsed.Seconds(), "signal": sigName(h.Signal),
-				"detect_latency_ms": float64(h.SignalledAt.Sub(h.ExpiredAt).Microseconds()) / 1000,
+				"detect_latency_ms":    float64(h.SignalledAt.Sub(h.ExpiredAt).Microseconds()) / 1000,
 				"escalated_to_sigkill": h.Escalated})
 		case r := <-reqs:
 			a.log.Warn("workload control request from a rank", "rank", r.GlobalRank, "action", r.Action, "description", r.Description)

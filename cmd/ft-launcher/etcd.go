@@ -97,7 +97,7 @@ func newEtcdRendezvous(ctx context.Context, cfg *configs.Config, log *slog.Logge
 		JoinTimeout: timing["join_timeout"], LastCall: timing["last_call_timeout"],
 		ConnectTimeout: timing["connect_timeout"], LeaseTTL: timing["lease_ttl"],
 		EtcdLossBound: timing["etcd_loss_bound"],
-		Endpoints: eps, CACert: cfg.RdzvCACert, Cert: cfg.RdzvCert, Key: cfg.RdzvKey,
+		Endpoints:     eps, CACert: cfg.RdzvCACert, Cert: cfg.RdzvCert, Key: cfg.RdzvKey,
 		Username: cfg.RdzvUser, Password: cfg.RdzvPassword,
 		RunID: cfg.RdzvID, NodeID: fmt.Sprintf("%s/%d", localAddr, os.Getpid()), LocalAddr: localAddr,
 		NProcPerNode: cfg.NProcPerNode, MinNodes: cfg.NNodes.Min, MaxNodes: cfg.NNodes.Max,

@@ -153,4 +153,3 @@ func hasNvidiaSMI() bool {
 	_, err := exec.LookPath("nvidia-smi")
 	return err == nil
 }
-

@@ -70,4 +70,3 @@ func newLogger(w io.Writer, level int) *slog.Logger {
 	}
 	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: l})).With("component", "ft-launcher", "launcher_pid", os.Getpid())
 }
-
