@@ -119,6 +119,14 @@ func (a *Agent) Run(ctx context.Context) int {
 				a.log.Warn("interrupted while waiting for a rendezvous round")
 				return configs.ExitFailure
 			}
+			var closed *rendezvous.JobClosedError
+			if errors.As(err, &closed) {
+				// A standby (or a late node) learns the job's end here and
+				// exits with the same code as every other node.
+				a.log.Info("job closed while waiting for a round", "exit_code", closed.Code, "reason", closed.Reason)
+				a.ev.Emit(eventlog.RoundEnded, map[string]any{"job_closed": true, "reason": closed.Reason, "exit_code": closed.Code})
+				return closed.Code
+			}
 			if errors.Is(err, rendezvous.ErrClosed) {
 				a.log.Info("rendezvous closed; exiting")
 				return configs.ExitFailure
@@ -148,6 +156,13 @@ func (a *Agent) Run(ctx context.Context) int {
 		switch end.kind {
 		case endSuccess:
 			code, err := a.d.Rdzv.Succeed(ctx, asg.Round)
+			if errors.Is(err, rendezvous.ErrRoundRestarted) {
+				// Another node failed the round after our ranks finished:
+				// the job restarts from its last checkpoint, here too.
+				a.log.Warn("ranks finished but another node failed the round; restarting", "round", asg.Round)
+				a.ev.Emit(eventlog.Restart, map[string]any{"after_round": asg.Round, "reason": "another node failed the round"})
+				continue
+			}
 			if err != nil {
 				a.log.Error("waiting for the other nodes failed", "err", err)
 				code = configs.ExitFailure

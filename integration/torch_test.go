@@ -154,3 +154,62 @@ func TestTorchDDPHangInSectionIsDetectedAndResumes(t *testing.T) {
 		t.Errorf("restart reason does not say the rank hung: %v", j.eventsOf("restart"))
 	}
 }
+
+// TestTorchDDPNodeLossResumesOnStandby trains across two active launchers of
+// two ranks each with a third launcher on standby (--nnodes 2:3). One active
+// node (not the one hosting the embedded etcd) is SIGKILLed mid-run; the
+// standby takes its place in the next round, training resumes from the last
+// checkpoint with the same world size, and the final weights equal those of
+// an uninterrupted 4-rank run.
+func TestTorchDDPNodeLossResumesOnStandby(t *testing.T) {
+	requireTorch(t)
+	ref := t.TempDir()
+	rj := newJob(t)
+	if code := rj.run(torchTimeout, []string{"PYTHON_EXEC=" + debianPython}, "--standalone", "--nproc-per-node", "4",
+		trainScript(t), "--ckpt-dir", filepath.Join(ref, "ckpt"), "--out", filepath.Join(ref, "w.json")); code != 0 {
+		t.Fatalf("uninterrupted 4-rank run exited %d\n%s", code, rj.stderr.String())
+	}
+	want := readWeights(t, filepath.Join(ref, "w.json"))
+
+	c := newCluster(t, embeddedEndpoint(t))
+	ckpt := filepath.Join(c.dir, "ckpt")
+	out := filepath.Join(c.dir, "w.json")
+	for i := 0; i < 3; i++ {
+		c.addNode([]string{"PYTHON_EXEC=" + debianPython}, "--nnodes", "2:3", "--nproc-per-node", "2",
+			"--max-restarts", "3", "--rdzv-backend", "c10d",
+			trainScript(t), "--ckpt-dir", ckpt, "--out", out, "--step-sleep", "0.1")
+	}
+	// Kill an active node other than node 0 (the etcd host) once the
+	// checkpoint of step 20 exists.
+	waitFile(t, filepath.Join(ckpt, "ckpt_00000020.pt"), torchTimeout)
+	victim := -1
+	for i := 1; i < 3; i++ {
+		if len(c.nodes[i].eventsOf("cycle_started")) > 0 {
+			victim = i
+			break
+		}
+	}
+	if victim < 0 {
+		t.Fatalf("no active node besides the etcd host\n%s", c.stderrs())
+	}
+	if err := c.nodes[victim].cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	for i, n := range c.nodes {
+		code := n.wait(torchTimeout)
+		if i != victim && code != 0 {
+			t.Fatalf("node %d exited %d\n%s", i, code, c.stderrs())
+		}
+	}
+	got := readWeights(t, out)
+	if got.WorldSize != 4 || got.ResumedFromStep < 20 {
+		t.Fatalf("final run: world size %d, resumed from step %d; want 4 and >= 20", got.WorldSize, got.ResumedFromStep)
+	}
+	if got.SHA256 != want.SHA256 {
+		t.Fatalf("weights after node loss %s differ from the uninterrupted run %s", got.SHA256, want.SHA256)
+	}
+	standby := 3 - victim // nodes are 0, 1, 2: the one that was neither 0 nor the victim
+	if len(c.nodes[standby].eventsOf("cycle_started")) == 0 {
+		t.Fatalf("the standby node %d never ran ranks", standby)
+	}
+}
