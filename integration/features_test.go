@@ -84,3 +84,36 @@ func TestHealthCheckKeepsNodeOut(t *testing.T) {
 		}
 	}
 }
+
+func TestTeeLogLayoutAndRanksFilter(t *testing.T) {
+	j := newJob(t)
+	logDir := filepath.Join(j.dir, "logs")
+	s := j.script("talk.sh", "echo \"out of $LOCAL_RANK\"; echo \"err of $LOCAL_RANK\" >&2\n")
+	code := j.run(generous, nil, "--nproc-per-node", "3", "--rdzv-id", "logjob",
+		"--log-dir", logDir, "--tee", "3", "--local-ranks-filter", "0,2", "--no-python", s)
+	if code != 0 {
+		t.Fatalf("exit %d\n%s", code, j.stderr.String())
+	}
+	for _, want := range []string{"[default0]:out of 0", "[default2]:out of 2"} {
+		if !strings.Contains(j.stdout.String(), want) {
+			t.Errorf("console stdout lacks %q:\n%s", want, j.stdout.String())
+		}
+	}
+	if !strings.Contains(j.stderr.String(), "[default0]:err of 0") {
+		t.Errorf("console stderr lacks rank 0's teed line:\n%s", j.stderr.String())
+	}
+	if strings.Contains(j.stdout.String()+j.stderr.String(), "of 1") {
+		t.Errorf("local rank 1 is filtered out but reached the console")
+	}
+	// Files are written for every rank, filtered or not, in torchrun's layout.
+	runs, _ := filepath.Glob(filepath.Join(logDir, "logjob_*"))
+	if len(runs) != 1 {
+		t.Fatalf("log dirs %v, want one logjob_<rand>", runs)
+	}
+	for lr := 0; lr < 3; lr++ {
+		b, err := os.ReadFile(filepath.Join(runs[0], "attempt_0", fmt.Sprint(lr), "stdout.log"))
+		if err != nil || strings.TrimSpace(string(b)) != fmt.Sprintf("out of %d", lr) {
+			t.Errorf("rank %d stdout.log = %q, %v", lr, b, err)
+		}
+	}
+}
