@@ -28,6 +28,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -112,7 +113,9 @@ func New(opts Options) (*Logs, error) {
 	} else if err := os.MkdirAll(root, 0o755); err != nil {
 		return nil, fmt.Errorf("ranklogs: create log dir: %w", err)
 	}
-	dir, err := os.MkdirTemp(root, opts.RunID+"_")
+	// A run id is free text (a Slurm job id, "team/exp-3"): keep it one
+	// path element.
+	dir, err := os.MkdirTemp(root, strings.NewReplacer("/", "_", "\x00", "_").Replace(opts.RunID)+"_")
 	if err != nil {
 		return nil, fmt.Errorf("ranklogs: create run log dir: %w", err)
 	}

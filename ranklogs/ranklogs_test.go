@@ -3,6 +3,7 @@ package ranklogs
 import (
 	"bytes"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -384,5 +385,16 @@ func TestDefaultLogDir(t *testing.T) {
 	}
 	if err := a.Close(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+func TestRunIDWithSlashStaysOneDirectory(t *testing.T) {
+	root := t.TempDir()
+	l, err := New(Options{LogDir: root, RunID: "team/exp-3", Role: "default", Console: io.Discard, ConsoleErr: io.Discard})
+	if err != nil {
+		t.Fatalf("New with a run id containing '/': %v", err)
+	}
+	if filepath.Dir(l.Dir()) != root || !strings.HasPrefix(filepath.Base(l.Dir()), "team_exp-3_") {
+		t.Fatalf("log dir %s, want %s/team_exp-3_<rand>", l.Dir(), root)
 	}
 }
