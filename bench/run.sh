@@ -6,6 +6,12 @@
 # if absent, only torchrun is measured. torchrun is Debian's torch 1.13 via
 # /work/shared/bench/torchrun-py311.py, overridable with --torchrun CMD or $TORCHRUN.
 # All options are passed to bench.py (see bench/bench.py --help).
+# bench/run.sh --multinode [OPTIONS] runs the multi-node benchmarks instead
+# (bench/multinode.py: 4 nodes on loopback; see bench/multinode.py --help).
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
+if [ "${1:-}" = --multinode ]; then
+	shift
+	exec /usr/bin/python3 "$here/multinode.py" "$@"
+fi
 exec /usr/bin/python3 "$here/bench.py" "$@"

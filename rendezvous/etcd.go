@@ -8,6 +8,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
+	"net/url"
 	"os"
 	"strconv"
 	"strings"
@@ -15,6 +17,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/memberlist"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
@@ -57,15 +60,21 @@ type EtcdOptions struct {
 	MaxRestarts        int
 	InfraRank          int           // -1 unknown; else SLURM_PROCID / --node-rank: decides order
 	LastCall           time.Duration // straggler wait after MIN present when MAX > MIN (default 500ms)
-	LeaseTTL           time.Duration // membership lease (default 5s): backstop for node loss
-	JoinTimeout        time.Duration // an open round must close within this (default 10m)
-	EtcdLossBound      time.Duration // etcd unreachable longer than this mid-run closes the job (default 60s)
-	ConnectTimeout     time.Duration // etcd unreachable at start: error after this (default 20s)
-	GossipPort         int           // memberlist port on LocalAddr (0 picks one)
-	DisableGossip      bool          // lease expiry is then the only node-loss detector
-	HealthCheck        func(ctx context.Context) error
-	Metrics            *metrics.Metrics
-	Logger             *slog.Logger
+	// RejoinWait bounds how long a restart round waits for the previous
+	// round's active nodes that are still alive (lease held, not declared
+	// dead by gossip), so a node slow to stop its ranks keeps its group rank
+	// instead of being replaced by a standby. Default 30s; set it above the
+	// agent's workers stop timeout.
+	RejoinWait     time.Duration
+	LeaseTTL       time.Duration // membership lease (default 5s): backstop for node loss
+	JoinTimeout    time.Duration // an open round must close within this (default 10m)
+	EtcdLossBound  time.Duration // etcd unreachable longer than this mid-run closes the job (default 60s)
+	ConnectTimeout time.Duration // etcd unreachable at start: error after this (default 20s)
+	GossipPort     int           // memberlist port on LocalAddr (0 picks one)
+	DisableGossip  bool          // lease expiry is then the only node-loss detector
+	HealthCheck    func(ctx context.Context) error
+	Metrics        *metrics.Metrics
+	Logger         *slog.Logger
 
 	// ProbeInterval is how often etcd reachability is checked (default 1s).
 	ProbeInterval time.Duration
@@ -79,10 +88,13 @@ type EtcdOptions struct {
 type Etcd struct {
 	o          EtcdOptions
 	log        *slog.Logger
-	k          keys
+	rk         runKeys // <prefix><run_id>/: the generation pointer
+	k          keys    // this node's generation: <prefix><run_id>/g<N>/
+	gen        int
 	cli        *clientv3.Client
 	ownsClient bool
 	ownsLease  bool
+	leaseMu    sync.Mutex // serializes lease renewals (keepAlive and joinRound)
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -120,7 +132,7 @@ func NewEtcd(ctx context.Context, opts EtcdOptions) (*Etcd, error) {
 		return nil, err
 	}
 	e := &Etcd{o: opts, log: opts.Logger.With("node", opts.NodeID, "run_id", opts.RunID),
-		k: keys{base: opts.KeyPrefix + opts.RunID + "/"}, ends: map[int]*endSub{},
+		rk: runKeys{base: opts.KeyPrefix + opts.RunID + "/"}, ends: map[int]*endSub{},
 		lastEnds: map[int]endInfo{}, changed: make(chan struct{}), lastRound: -1,
 		assigned: map[int]roundSummary{}, ctlRound: -1}
 	e.ctx, e.cancel = context.WithCancel(context.Background())
@@ -153,9 +165,9 @@ func NewEtcd(ctx context.Context, opts EtcdOptions) (*Etcd, error) {
 			}
 			cfg.TLS = tc
 		}
-		cli, err := clientv3.New(cfg)
+		cli, err := e.newClient(ctx, cfg)
 		if err != nil {
-			return nil, fmt.Errorf("etcd client for %s: %w", strings.Join(opts.Endpoints, ","), err)
+			return nil, err
 		}
 		e.cli, e.ownsClient = cli, true
 	}
@@ -169,6 +181,9 @@ func NewEtcd(ctx context.Context, opts EtcdOptions) (*Etcd, error) {
 			return nil, err
 		}
 		e.ownsLease = true
+	}
+	if err := e.joinGeneration(ctx); err != nil {
+		return nil, err
 	}
 	rev, err := e.loadCtl(ctx)
 	if err != nil {
@@ -216,6 +231,7 @@ func (o *EtcdOptions) defaults() error {
 		}
 	}
 	def(&o.LastCall, 500*time.Millisecond)
+	def(&o.RejoinWait, 30*time.Second)
 	def(&o.LeaseTTL, 5*time.Second)
 	def(&o.JoinTimeout, 10*time.Minute)
 	def(&o.EtcdLossBound, 60*time.Second)
@@ -250,13 +266,89 @@ func loadTLS(ca, cert, key string) (*tls.Config, error) {
 	return tc, nil
 }
 
+// newClient creates the etcd client. With a username the client
+// authenticates inside clientv3.New, which then fails when etcd is not up
+// yet: retry that for ConnectTimeout, but report a refused login at once.
+func (e *Etcd) newClient(ctx context.Context, cfg clientv3.Config) (*clientv3.Client, error) {
+	deadline := time.Now().Add(e.o.ConnectTimeout)
+	for {
+		cfg.DialTimeout = min(5*time.Second, max(time.Until(deadline), 100*time.Millisecond))
+		cli, err := clientv3.New(cfg)
+		if err == nil {
+			return cli, nil
+		}
+		if errors.Is(err, rpctypes.ErrAuthFailed) || errors.Is(err, rpctypes.ErrGRPCAuthFailed) {
+			return nil, fmt.Errorf("etcd at %s refused the login of user %q (wrong rdzv username or password?): %w",
+				e.endpoints(), cfg.Username, err)
+		}
+		if cfg.Username == "" || ctx.Err() != nil || time.Now().After(deadline) {
+			return nil, fmt.Errorf("etcd unreachable at %s after %v: %w%s", e.endpoints(), e.o.ConnectTimeout, err, e.tlsHintCfg(ctx, cfg.TLS))
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// tlsHint explains a TLS failure, which the etcd client only reports as a
+// timeout: it tries one handshake itself and returns "" when that works.
+func (e *Etcd) tlsHint(ctx context.Context) string {
+	if e.o.CACert == "" && e.o.Cert == "" {
+		return ""
+	}
+	tc, err := loadTLS(e.o.CACert, e.o.Cert, e.o.Key)
+	if err != nil {
+		return ""
+	}
+	return e.tlsHintCfg(ctx, tc)
+}
+
+func (e *Etcd) tlsHintCfg(ctx context.Context, tc *tls.Config) string {
+	if tc == nil {
+		return ""
+	}
+	for _, ep := range e.o.Endpoints {
+		host := ep
+		if u, err := url.Parse(ep); err == nil && u.Host != "" {
+			host = u.Host
+		}
+		if err := tlsProbe(ctx, host, tc); err != nil {
+			return fmt.Sprintf(" (TLS with %s: %v)", host, err)
+		}
+	}
+	return ""
+}
+
+// tlsProbe handshakes with addr and reads briefly: with TLS 1.3 a server
+// that rejects our client certificate says so only after the handshake.
+func tlsProbe(ctx context.Context, addr string, tc *tls.Config) error {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	d := tls.Dialer{Config: tc.Clone()}
+	conn, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	_ = conn.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+	if _, err := conn.Read(make([]byte, 1)); err != nil {
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			return nil // the server waits for our request: TLS is fine
+		}
+		return err
+	}
+	return nil
+}
+
 // waitReachable retries a read until etcd answers or ConnectTimeout passes.
 func (e *Etcd) waitReachable(ctx context.Context) error {
 	deadline := time.Now().Add(e.o.ConnectTimeout)
 	var last error
 	for {
 		actx, cancel := context.WithTimeout(ctx, min(2*time.Second, time.Until(deadline)+10*time.Millisecond))
-		_, err := e.cli.Get(actx, e.k.config())
+		_, err := e.cli.Get(actx, e.rk.generation())
 		cancel()
 		if err == nil {
 			return nil
@@ -266,7 +358,7 @@ func (e *Etcd) waitReachable(ctx context.Context) error {
 			return fmt.Errorf("connect to etcd at %s: %w", e.endpoints(), ctx.Err())
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("etcd unreachable at %s after %v: %w", e.endpoints(), e.o.ConnectTimeout, last)
+			return fmt.Errorf("etcd unreachable at %s after %v: %w%s", e.endpoints(), e.o.ConnectTimeout, last, e.tlsHint(ctx))
 		}
 		select {
 		case <-ctx.Done():
@@ -293,6 +385,24 @@ func (e *Etcd) grantLease(ctx context.Context) error {
 	e.mu.Lock()
 	e.lease = resp.ID
 	e.mu.Unlock()
+	return nil
+}
+
+// renewLease replaces an expired lease old with a new one, unless another
+// goroutine already did (then it is a no-op), and re-registers what hangs on
+// the lease. Both the keep-alive loop and a join that finds its lease gone
+// call it, so exactly one new lease is granted.
+func (e *Etcd) renewLease(ctx context.Context, old clientv3.LeaseID) error {
+	e.leaseMu.Lock()
+	defer e.leaseMu.Unlock()
+	if e.currentLease() != old {
+		return nil
+	}
+	e.log.Warn("membership lease expired; taking a new one", "lease", fmt.Sprintf("%x", old))
+	if err := e.grantLease(ctx); err != nil {
+		return err
+	}
+	e.reputAlive()
 	return nil
 }
 
@@ -381,6 +491,7 @@ func (e *Etcd) applyCtlLocked(key string, val []byte, deleted bool) {
 		}
 		e.closed = &ci
 		e.closeLocally("job closed: " + ci.Reason)
+		e.dropAliveLocked()
 	}
 }
 
@@ -480,7 +591,7 @@ func (e *Etcd) checkConfig(ctx context.Context) error {
 	want := jobConfig{NProcPerNode: e.o.NProcPerNode, MinNodes: e.o.MinNodes, MaxNodes: e.o.MaxNodes, MaxRestarts: e.o.MaxRestarts}
 	b, _ := json.Marshal(want)
 	resp, err := e.cli.Txn(ctx).
-		If(clientv3.Compare(clientv3.CreateRevision(e.k.config()), "=", 0)).
+		If(clientv3.Compare(clientv3.CreateRevision(e.k.config()), "=", 0), e.genCmp()).
 		Then(clientv3.OpPut(e.k.config(), string(b)), clientv3.OpPut(e.k.round(), "0")).
 		Else(clientv3.OpGet(e.k.config())).Commit()
 	if err != nil {
@@ -490,7 +601,7 @@ func (e *Etcd) checkConfig(ctx context.Context) error {
 	if !resp.Succeeded {
 		kvs := resp.Responses[0].GetResponseRange().Kvs
 		if len(kvs) == 0 {
-			return errors.New("rendezvous: job config vanished")
+			return e.supersededErr(ctx)
 		}
 		if err := json.Unmarshal(kvs[0].Value, &got); err != nil {
 			return fmt.Errorf("rendezvous: bad job config %q: %w", kvs[0].Value, err)
@@ -530,18 +641,29 @@ func (e *Etcd) joinRound(ctx context.Context, target int) (Assignment, bool, err
 	mi := memberInfo{NodeID: e.o.NodeID, Addr: e.o.LocalAddr, InfraRank: e.o.InfraRank,
 		NProc: e.o.NProcPerNode, MasterPort: port, GossipAddr: gossipAddr}
 	b, _ := json.Marshal(mi)
-	lease := e.currentLease()
-	then := []clientv3.Op{clientv3.OpPut(e.k.member(target, e.o.NodeID), string(b), clientv3.WithLease(lease))}
-	if target >= 2 {
-		// Our membership two rounds back is certainly stale; drop it so
-		// long jobs do not pile up keys. (One round back may still be live.)
-		then = append(then, clientv3.OpDelete(e.k.member(target-2, e.o.NodeID)))
+	register := func(lease clientv3.LeaseID) (*clientv3.TxnResponse, error) {
+		then := []clientv3.Op{clientv3.OpPut(e.k.member(target, e.o.NodeID), string(b), clientv3.WithLease(lease))}
+		if target >= 2 {
+			// Our membership two rounds back is certainly stale; drop it so
+			// long jobs do not pile up keys. (One round back may still be live.)
+			then = append(then, clientv3.OpDelete(e.k.member(target-2, e.o.NodeID)))
+		}
+		return e.cli.Txn(ctx).
+			If(clientv3.Compare(clientv3.CreateRevision(e.k.assignment(target)), "=", 0),
+				clientv3.Compare(clientv3.CreateRevision(e.k.closed()), "=", 0), e.genCmp()).
+			Then(then...).
+			Commit()
 	}
-	resp, err := e.cli.Txn(ctx).
-		If(clientv3.Compare(clientv3.CreateRevision(e.k.assignment(target)), "=", 0),
-			clientv3.Compare(clientv3.CreateRevision(e.k.closed()), "=", 0)).
-		Then(then...).
-		Commit()
+	lease := e.currentLease()
+	resp, err := register(lease)
+	if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		// We were cut off longer than the lease TTL (a partition that
+		// healed): take a new lease and register with it.
+		if rerr := e.renewLease(ctx, lease); rerr != nil {
+			return Assignment{}, false, fmt.Errorf("rendezvous: join round %d: renew expired lease: %w", target, rerr)
+		}
+		resp, err = register(e.currentLease())
+	}
 	if err != nil {
 		return Assignment{}, false, fmt.Errorf("rendezvous: join round %d: %w", target, err)
 	}
@@ -731,6 +853,7 @@ func (e *Etcd) endRound(ctx context.Context, r int, reason string, extra []clien
 	conds := append([]clientv3.Cmp{
 		clientv3.Compare(clientv3.Value(e.k.round()), "=", strconv.Itoa(r)),
 		clientv3.Compare(clientv3.CreateRevision(e.k.closed()), "=", 0),
+		e.genCmp(),
 	}, extra...)
 	var ops []clientv3.Op
 	var dec Decision
@@ -776,7 +899,7 @@ func (e *Etcd) endRound(ctx context.Context, r int, reason string, extra []clien
 func (e *Etcd) Succeed(ctx context.Context, round int) (int, error) {
 	resp, err := e.cli.Txn(ctx).
 		If(clientv3.Compare(clientv3.Value(e.k.round()), "=", strconv.Itoa(round)),
-			clientv3.Compare(clientv3.CreateRevision(e.k.closed()), "=", 0)).
+			clientv3.Compare(clientv3.CreateRevision(e.k.closed()), "=", 0), e.genCmp()).
 		Then(clientv3.OpPut(e.k.done(round, e.o.NodeID), "1")).Commit()
 	if err != nil {
 		return 1, fmt.Errorf("rendezvous: mark done in round %d: %w", round, err)
@@ -797,7 +920,7 @@ func (e *Etcd) Succeed(ctx context.Context, round int) (int, error) {
 			cb, _ := json.Marshal(closeInfo{Code: 0, Reason: "all nodes succeeded", Node: e.o.NodeID})
 			if _, err := e.cli.Txn(ctx).
 				If(clientv3.Compare(clientv3.CreateRevision(e.k.closed()), "=", 0),
-					clientv3.Compare(clientv3.Value(e.k.round()), "=", strconv.Itoa(round))).
+					clientv3.Compare(clientv3.Value(e.k.round()), "=", strconv.Itoa(round)), e.genCmp()).
 				Then(clientv3.OpPut(e.k.closed(), string(cb))).Commit(); err != nil {
 				return 1, fmt.Errorf("rendezvous: close job: %w", err)
 			}
@@ -825,7 +948,7 @@ func (e *Etcd) Succeed(ctx context.Context, round int) (int, error) {
 func (e *Etcd) Shutdown(ctx context.Context, code int, reason string) error {
 	cb, _ := json.Marshal(closeInfo{Code: code, Reason: reason, Node: e.o.NodeID})
 	if _, err := e.cli.Txn(ctx).
-		If(clientv3.Compare(clientv3.CreateRevision(e.k.closed()), "=", 0)).
+		If(clientv3.Compare(clientv3.CreateRevision(e.k.closed()), "=", 0), e.genCmp()).
 		Then(clientv3.OpPut(e.k.closed(), string(cb))).Commit(); err != nil {
 		return fmt.Errorf("rendezvous: close job: %w", err)
 	}
@@ -864,6 +987,9 @@ func (e *Etcd) Leave(ctx context.Context, reason string) error {
 	e.mu.Lock()
 	r := e.lastRound
 	e.mu.Unlock()
+	if _, err := e.cli.Delete(ctx, e.k.alive(e.o.NodeID)); err != nil {
+		return fmt.Errorf("rendezvous: remove alive key on leave: %w", err)
+	}
 	for _, rr := range []int{r, r + 1} {
 		if rr < 0 {
 			continue
@@ -901,4 +1027,149 @@ func (e *Etcd) Close() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// Generation is the job generation this node belongs to: it grows by one
+// each time a run id is reused after its job closed (docs/rendezvous.md).
+func (e *Etcd) Generation() int { return e.gen }
+
+// genCmp fences a write on this node's generation still being current.
+func (e *Etcd) genCmp() clientv3.Cmp {
+	return clientv3.Compare(clientv3.Value(e.rk.generation()), "=", strconv.Itoa(e.gen))
+}
+
+// joinGeneration picks the generation of the run this node belongs to and
+// registers the node as alive in it. A closed generation with no live node
+// left is over: the first node to notice starts the next one (one txn, one
+// winner) and deletes the old generation's keys except its close record,
+// which nodes of the old generation that are still running keep seeing;
+// their writes are fenced on their (now stale) generation. While nodes of
+// a closed generation are still alive (exiting, or crashed with a lease not
+// yet expired) it waits for them, at most LeaseTTL plus a margin; after
+// that it joins the closed generation and Next reports the job closed.
+func (e *Etcd) joinGeneration(ctx context.Context) error {
+	deadline := time.Now().Add(e.o.LeaseTTL + 2*time.Second)
+	gk := e.rk.generation()
+	for {
+		// A plain read first: it needs no raft round trip, unlike a txn
+		// with a write branch (this runs once per node at start).
+		get, err := e.cli.Get(ctx, gk)
+		if err != nil {
+			return fmt.Errorf("rendezvous: read job generation from etcd at %s: %w", e.endpoints(), err)
+		}
+		kvs := get.Kvs
+		if len(kvs) == 0 {
+			resp, err := e.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(gk), "=", 0)).
+				Then(clientv3.OpPut(gk, "0")).Else(clientv3.OpGet(gk)).Commit()
+			if err != nil {
+				return fmt.Errorf("rendezvous: create job generation in etcd at %s: %w", e.endpoints(), err)
+			}
+			if !resp.Succeeded {
+				kvs = resp.Responses[0].GetResponseRange().Kvs
+			}
+		}
+		g := 0
+		if len(kvs) > 0 {
+			if g, err = strconv.Atoi(string(kvs[0].Value)); err != nil {
+				return fmt.Errorf("rendezvous: bad job generation %q at %s: %w", kvs[0].Value, gk, err)
+			}
+		}
+		k, gs := e.rk.gen(g), strconv.Itoa(g)
+		isGen := clientv3.Compare(clientv3.Value(gk), "=", gs)
+		reg, err := e.cli.Txn(ctx).
+			If(isGen, clientv3.Compare(clientv3.CreateRevision(k.closed()), "=", 0)).
+			Then(clientv3.OpPut(k.alive(e.o.NodeID), "", clientv3.WithLease(e.currentLease()))).
+			Else(clientv3.OpGet(gk), clientv3.OpGet(k.closed())).Commit()
+		if err != nil {
+			return fmt.Errorf("rendezvous: register in job generation %d: %w", g, err)
+		}
+		if reg.Succeeded {
+			e.gen, e.k = g, k
+			if g > 0 {
+				e.log.Info("rendezvous: joined job generation", "generation", g)
+			}
+			return nil
+		}
+		if kvs := reg.Responses[0].GetResponseRange().Kvs; len(kvs) == 0 || string(kvs[0].Value) != gs {
+			continue // a new generation started meanwhile
+		}
+		// Generation g is closed: start g+1 unless some of its nodes live.
+		ops := []clientv3.Op{clientv3.OpPut(gk, strconv.Itoa(g+1)),
+			clientv3.OpDelete(k.base, clientv3.WithRange(k.closed())),
+			clientv3.OpDelete(k.closed()+"\x00", clientv3.WithRange(clientv3.GetPrefixRangeEnd(k.base)))}
+		if g > 0 {
+			ops = append(ops, clientv3.OpDelete(e.rk.gen(g-1).base, clientv3.WithPrefix()))
+		}
+		bump, err := e.cli.Txn(ctx).
+			If(isGen, clientv3.Compare(clientv3.CreateRevision(k.alives()), "=", 0).WithPrefix()).
+			Then(ops...).Commit()
+		if err != nil {
+			return fmt.Errorf("rendezvous: start job generation %d: %w", g+1, err)
+		}
+		if bump.Succeeded {
+			var ci closeInfo
+			if kvs := reg.Responses[1].GetResponseRange().Kvs; len(kvs) > 0 {
+				_ = json.Unmarshal(kvs[0].Value, &ci)
+			}
+			e.log.Info("rendezvous: run id reused after its job closed; started a new job generation",
+				"generation", g+1, "previous_code", ci.Code, "previous_reason", ci.Reason)
+			continue
+		}
+		if time.Now().After(deadline) {
+			e.log.Warn("rendezvous: the job is closed and some of its nodes are still alive; not starting a new generation",
+				"generation", g)
+			e.gen, e.k = g, k
+			return nil
+		}
+		// Wait until those nodes drop their alive keys (or the deadline).
+		wctx, cancel := context.WithDeadline(ctx, deadline)
+		wch := e.cli.Watch(wctx, k.alives(), clientv3.WithPrefix(), clientv3.WithFilterPut(), clientv3.WithRev(bump.Header.Revision+1))
+		select {
+		case <-wch:
+		case <-wctx.Done():
+		}
+		cancel()
+		if ctx.Err() != nil {
+			return fmt.Errorf("rendezvous: waiting for the closed job's nodes to exit: %w", ctx.Err())
+		}
+	}
+}
+
+// dropAlive removes this node's alive key once the job is closed, so a new
+// job with the same run id can start a new generation while this process
+// is still exiting (mu held by the caller; the delete runs in background).
+func (e *Etcd) dropAliveLocked() {
+	if e.k.base == "" {
+		return
+	}
+	key := e.k.alive(e.o.NodeID)
+	e.wg.Add(1)
+	go func() {
+		defer e.wg.Done()
+		ctx, cancel := context.WithTimeout(e.ctx, 5*time.Second)
+		defer cancel()
+		if _, err := e.cli.Delete(ctx, key); err != nil {
+			e.log.Debug("drop alive key", "err", err)
+		}
+	}()
+}
+
+// supersededErr is what a node of a stale generation gets: the close record
+// of its own generation (kept for this), else a generic close.
+func (e *Etcd) supersededErr(ctx context.Context) error {
+	e.mu.Lock()
+	closed := e.closed
+	e.mu.Unlock()
+	if closed == nil {
+		if resp, err := e.cli.Get(ctx, e.k.closed()); err == nil && len(resp.Kvs) > 0 {
+			var ci closeInfo
+			if json.Unmarshal(resp.Kvs[0].Value, &ci) == nil {
+				closed = &ci
+			}
+		}
+	}
+	if closed == nil {
+		closed = &closeInfo{Code: 1, Reason: fmt.Sprintf("job generation %d of run %s was superseded by a newer one", e.gen, e.o.RunID)}
+	}
+	return &JobClosedError{Code: closed.Code, Reason: closed.Reason}
 }

@@ -19,11 +19,19 @@ type etcdProc struct {
 	t                  *testing.T
 	dir                string
 	clientURL, peerURL string
+	extra              []string // more server flags (TLS)
 	cmd                *exec.Cmd
 	done               chan struct{}
 }
 
 func startEtcdProc(t *testing.T) *etcdProc {
+	t.Helper()
+	return startEtcdProcWith(t, "http")
+}
+
+// startEtcdProcWith starts etcd with client URLs of the given scheme and
+// extra server flags.
+func startEtcdProcWith(t *testing.T, scheme string, extra ...string) *etcdProc {
 	t.Helper()
 	if _, err := os.Stat(debianEtcd); err != nil {
 		t.Fatalf("%s is required (Debian package etcd-server): %v", debianEtcd, err)
@@ -37,7 +45,7 @@ func startEtcdProc(t *testing.T) *etcdProc {
 		t.Fatal(err)
 	}
 	p := &etcdProc{t: t, dir: filepath.Join(t.TempDir(), "etcd"),
-		clientURL: fmt.Sprintf("http://127.0.0.1:%d", cp), peerURL: fmt.Sprintf("http://127.0.0.1:%d", pp)}
+		clientURL: fmt.Sprintf("%s://127.0.0.1:%d", scheme, cp), peerURL: fmt.Sprintf("http://127.0.0.1:%d", pp), extra: extra}
 	p.start()
 	t.Cleanup(p.stop)
 	return p
@@ -45,10 +53,11 @@ func startEtcdProc(t *testing.T) *etcdProc {
 
 func (p *etcdProc) start() {
 	p.t.Helper()
-	p.cmd = exec.Command(debianEtcd, "--name", "ftl", "--data-dir", p.dir,
+	args := append([]string{"--name", "ftl", "--data-dir", p.dir,
 		"--listen-client-urls", p.clientURL, "--advertise-client-urls", p.clientURL,
 		"--listen-peer-urls", p.peerURL, "--initial-advertise-peer-urls", p.peerURL,
-		"--initial-cluster", "ftl="+p.peerURL, "--log-level", "error")
+		"--initial-cluster", "ftl=" + p.peerURL, "--log-level", "error"}, p.extra...)
+	p.cmd = exec.Command(debianEtcd, args...)
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	logf, err := os.Create(filepath.Join(p.t.TempDir(), "etcd.log"))
 	if err != nil {

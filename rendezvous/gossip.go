@@ -1,6 +1,7 @@
 package rendezvous
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"net"
@@ -8,6 +9,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/memberlist"
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // Gossip (SWIM via hashicorp/memberlist) detects a dead launcher within
@@ -46,7 +48,10 @@ func (g gossipEvents) NotifyLeave(n *memberlist.Node) {
 	if n.State == memberlist.StateLeft {
 		how = "gossip: left"
 	}
-	go e.nodeLost(r, n.Name, how)
+	go func() {
+		e.nodeLost(r, n.Name, how)
+		e.markDead(n.Name)
+	}()
 }
 
 func (e *Etcd) startGossip() error {
@@ -112,4 +117,19 @@ func (e *Etcd) stopGossip(graceful bool) {
 		_ = ml.Leave(300 * time.Millisecond)
 	}
 	_ = ml.Shutdown()
+}
+
+// markDead records that gossip declared node id gone, so that a restart
+// round's closer (often a standby outside the gossip cluster) does not wait
+// for it (see rejoinGate). The record is under our lease: it only has to
+// outlive the dead node's own lease.
+func (e *Etcd) markDead(id string) {
+	if id == e.o.NodeID {
+		return
+	}
+	ctx, cancel := context.WithTimeout(e.ctx, 5*time.Second)
+	defer cancel()
+	if _, err := e.cli.Put(ctx, e.k.dead(id), e.o.NodeID, clientv3.WithLease(e.currentLease())); err != nil {
+		e.log.Debug("record gossip death", "node", id, "err", err)
+	}
 }

@@ -112,8 +112,15 @@ type endInfo struct {
 	Node   string `json:"node,omitempty"`
 }
 
-// keys builds the key layout of one run.
+// keys builds the key layout of one generation of one run: base is
+// <prefix><run_id>/g<N>/ (see runKeys for the run-level keys).
 type keys struct{ base string }
+
+// runKeys are the keys of a run that outlive its generations.
+type runKeys struct{ base string } // <prefix><run_id>/
+
+func (k runKeys) generation() string { return k.base + "generation" }
+func (k runKeys) gen(g int) keys     { return keys{base: k.base + "g" + strconv.Itoa(g) + "/"} }
 
 func (k keys) config() string                 { return k.base + "config" }
 func (k keys) ctl() string                    { return k.base + "ctl/" }
@@ -129,6 +136,10 @@ func (k keys) ranks(r int) string             { return k.roundDir(r) + "rank/" }
 func (k keys) rank(r int, id string) string   { return k.ranks(r) + id }
 func (k keys) dones(r int) string             { return k.roundDir(r) + "done/" }
 func (k keys) done(r int, id string) string   { return k.dones(r) + id }
+func (k keys) alives() string                 { return k.base + "alive/" }
+func (k keys) alive(id string) string         { return k.alives() + id }
+func (k keys) deads() string                  { return k.base + "dead/" }
+func (k keys) dead(id string) string          { return k.deads() + id }
 
 // orderMembers sorts round candidates deterministically (see docs/rendezvous.md):
 //  1. known infra rank (SLURM_PROCID, --node-rank, ...) ascending, unknown last;
@@ -162,16 +173,33 @@ func infraKey(r int) int64 {
 	return int64(r)
 }
 
-// assign computes every candidate's rank entry: the first minNodes are
-// active, the rest standby.
-func assign(ms []memberInfo, minNodes int) (map[string]rankInfo, roundSummary, error) {
+// assign computes every candidate's rank entry. ms is sorted (orderMembers).
+// A node that was active in the previous round keeps its group rank
+// (pinned: node id -> previous group rank); the remaining active slots go to
+// the other candidates in order, and whoever is left is a standby.
+func assign(ms []memberInfo, minNodes int, pinned map[string]int) (map[string]rankInfo, roundSummary, error) {
 	if len(ms) < minNodes {
 		return nil, roundSummary{}, fmt.Errorf("only %d of %d nodes present", len(ms), minNodes)
+	}
+	slots := make([]*memberInfo, minNodes)
+	rest := make([]*memberInfo, 0, len(ms))
+	for i := range ms {
+		m := &ms[i]
+		if g, ok := pinned[m.NodeID]; ok && g >= 0 && g < minNodes && slots[g] == nil {
+			slots[g] = m
+			continue
+		}
+		rest = append(rest, m)
+	}
+	for g := range slots {
+		if slots[g] == nil {
+			slots[g], rest = rest[0], rest[1:]
+		}
 	}
 	out := make(map[string]rankInfo, len(ms))
 	var sum roundSummary
 	base := 0
-	for i, m := range ms {
+	for i, m := range append(slots, rest...) {
 		if i < minNodes {
 			out[m.NodeID] = rankInfo{GroupRank: i, RankBase: base, Order: i}
 			base += m.NProc

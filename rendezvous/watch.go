@@ -4,7 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"strings"
+	"sync"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -106,8 +108,7 @@ func (e *Etcd) keepAlive() {
 		ttl, err := e.cli.TimeToLive(ctx, lease)
 		cancel()
 		if err == nil && ttl.TTL <= 0 {
-			e.log.Warn("membership lease expired; taking a new one", "lease", fmt.Sprintf("%x", lease))
-			if err := e.grantLease(e.ctx); err != nil {
+			if err := e.renewLease(e.ctx, lease); err != nil {
 				e.log.Warn("re-grant lease", "err", err)
 			}
 		}
@@ -118,7 +119,7 @@ func (e *Etcd) keepAlive() {
 // is under our lease, so a dead closer is replaced by the next claimant.
 func (e *Etcd) claimCloser(ctx context.Context, r int) (bool, error) {
 	resp, err := e.cli.Txn(ctx).
-		If(clientv3.Compare(clientv3.CreateRevision(e.k.closer(r)), "=", 0)).
+		If(clientv3.Compare(clientv3.CreateRevision(e.k.closer(r)), "=", 0), e.genCmp()).
 		Then(clientv3.OpPut(e.k.closer(r), e.o.NodeID, clientv3.WithLease(e.currentLease()))).Commit()
 	if err != nil {
 		return false, fmt.Errorf("claim closer of round %d: %w", r, err)
@@ -127,8 +128,9 @@ func (e *Etcd) claimCloser(ctx context.Context, r int) (bool, error) {
 }
 
 // runCloser counts round r's members (watch, no polling) and writes the
-// assignment once the round may close: >= MIN present and round r open,
-// and either MAX present or LastCall elapsed since MIN was reached.
+// assignment once the round may close: >= MIN present, round r open, the
+// rejoin gate open (see rejoinGate), and either MAX present or LastCall
+// elapsed since MIN was reached.
 func (e *Etcd) runCloser(ctx context.Context, r int) {
 	get, err := e.cli.Get(ctx, e.k.nodes(r), clientv3.WithPrefix(), clientv3.WithKeysOnly())
 	if err != nil {
@@ -137,14 +139,18 @@ func (e *Etcd) runCloser(ctx context.Context, r int) {
 	}
 	present := map[string]bool{}
 	for _, kv := range get.Kvs {
-		present[string(kv.Key)] = true
+		present[strings.TrimPrefix(string(kv.Key), e.k.nodes(r))] = true
 	}
 	wch := e.cli.Watch(ctx, e.k.nodes(r), clientv3.WithPrefix(), clientv3.WithRev(get.Header.Revision+1))
 	var lastCall <-chan time.Time
 	var lastCallTimer *time.Timer
+	var gate *rejoinGate
 	defer func() {
 		if lastCallTimer != nil {
 			lastCallTimer.Stop()
+		}
+		if gate != nil {
+			gate.stop()
 		}
 	}()
 	lastCallDone := false
@@ -155,9 +161,27 @@ func (e *Etcd) runCloser(ctx context.Context, r int) {
 		if closed != nil || cur > r {
 			return
 		}
+		if cur == r && r > 0 && gate == nil {
+			// The previous round's actives are known once round r is open.
+			g, err := e.newRejoinGate(ctx, r)
+			if err != nil {
+				e.log.Warn("closer: rejoin gate", "round", r, "err", err)
+				if ctx.Err() != nil {
+					return
+				}
+				select {
+				case <-ctx.Done():
+					return
+				case <-time.After(200 * time.Millisecond):
+				}
+				continue
+			}
+			gate = g
+		}
 		n := len(present)
 		if cur == r && n >= e.o.MinNodes {
-			if n >= e.o.MaxNodes || lastCallDone || e.o.MaxNodes == e.o.MinNodes {
+			gateOpen := gate == nil || gate.open(present)
+			if gateOpen && (n >= e.o.MaxNodes || lastCallDone || e.o.MaxNodes == e.o.MinNodes) {
 				if err := e.writeAssignment(ctx, r); err != nil {
 					e.log.Warn("closer: write assignment", "round", r, "err", err)
 					if ctx.Err() != nil {
@@ -173,10 +197,14 @@ func (e *Etcd) runCloser(ctx context.Context, r int) {
 				}
 				return
 			}
-			if lastCallTimer == nil {
+			if lastCallTimer == nil && e.o.MaxNodes > e.o.MinNodes {
 				lastCallTimer = time.NewTimer(e.o.LastCall)
 				lastCall = lastCallTimer.C
 			}
+		}
+		var gateCh <-chan struct{}
+		if gate != nil {
+			gateCh = gate.changed
 		}
 		select {
 		case <-ctx.Done():
@@ -184,19 +212,168 @@ func (e *Etcd) runCloser(ctx context.Context, r int) {
 		case <-ch:
 		case <-lastCall:
 			lastCallDone = true
+		case <-gateCh:
+			gate.refresh()
 		case wr, ok := <-wch:
 			if !ok || wr.Err() != nil {
 				return
 			}
 			for _, ev := range wr.Events {
+				id := strings.TrimPrefix(string(ev.Kv.Key), e.k.nodes(r))
 				if ev.Type == clientv3.EventTypeDelete {
-					delete(present, string(ev.Kv.Key))
+					delete(present, id)
 				} else {
-					present[string(ev.Kv.Key)] = true
+					present[id] = true
 				}
 			}
 		}
 	}
+}
+
+// rejoinGate holds a restart round open for the previous round's active
+// nodes, so that a node slow to stop its ranks is not demoted to standby
+// (and ranks do not shift). A previous active is waited for while its
+// membership key of the previous round exists (its lease is alive) and no
+// node has declared it dead by gossip; the gate opens anyway RejoinWait
+// after the round opened.
+type rejoinGate struct {
+	log     *slog.Logger
+	cancel  context.CancelFunc
+	done    chan struct{} // closed when the watcher goroutine returns
+	changed chan struct{} // signalled by the watcher; runCloser then calls refresh
+	expired chan struct{} // closed when RejoinWait has passed
+	timer   *time.Timer
+
+	mu      sync.Mutex
+	waiting map[string]bool // previous actives still alive
+	pending map[string]bool // events seen by the watcher, applied on refresh
+	over    bool
+}
+
+// newRejoinGate reads round r-1's ranks, its live memberships and the
+// gossip death records at one revision, then watches the latter two.
+func (e *Etcd) newRejoinGate(ctx context.Context, r int) (*rejoinGate, error) {
+	resp, err := e.cli.Txn(ctx).Then(
+		clientv3.OpGet(e.k.ranks(r-1), clientv3.WithPrefix()),
+		clientv3.OpGet(e.k.nodes(r-1), clientv3.WithPrefix(), clientv3.WithKeysOnly()),
+		clientv3.OpGet(e.k.deads(), clientv3.WithPrefix(), clientv3.WithKeysOnly())).Commit()
+	if err != nil {
+		return nil, fmt.Errorf("read round %d membership: %w", r-1, err)
+	}
+	prevActive := map[string]bool{}
+	for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
+		var ri rankInfo
+		if json.Unmarshal(kv.Value, &ri) == nil && !ri.Standby {
+			prevActive[strings.TrimPrefix(string(kv.Key), e.k.ranks(r-1))] = true
+		}
+	}
+	dead := map[string]bool{}
+	for _, kv := range resp.Responses[2].GetResponseRange().Kvs {
+		dead[strings.TrimPrefix(string(kv.Key), e.k.deads())] = true
+	}
+	g := &rejoinGate{log: e.log, changed: make(chan struct{}, 1), expired: make(chan struct{}), done: make(chan struct{}),
+		waiting: map[string]bool{}, pending: map[string]bool{}}
+	for _, kv := range resp.Responses[1].GetResponseRange().Kvs {
+		id := strings.TrimPrefix(string(kv.Key), e.k.nodes(r-1))
+		if prevActive[id] && !dead[id] {
+			g.waiting[id] = true
+		}
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	g.cancel = cancel
+	g.timer = time.AfterFunc(e.o.RejoinWait, func() {
+		close(g.expired)
+		g.signal()
+	})
+	rev := resp.Header.Revision + 1
+	lost := e.cli.Watch(wctx, e.k.nodes(r-1), clientv3.WithPrefix(), clientv3.WithFilterPut(), clientv3.WithRev(rev))
+	deaths := e.cli.Watch(wctx, e.k.deads(), clientv3.WithPrefix(), clientv3.WithFilterDelete(), clientv3.WithRev(rev))
+	go func() {
+		defer close(g.done)
+		for lost != nil || deaths != nil {
+			var wr clientv3.WatchResponse
+			var ok bool
+			var prefix string
+			select {
+			case wr, ok = <-lost:
+				if !ok {
+					lost = nil
+					continue
+				}
+				prefix = e.k.nodes(r - 1)
+			case wr, ok = <-deaths:
+				if !ok {
+					deaths = nil
+					continue
+				}
+				prefix = e.k.deads()
+			}
+			g.mu.Lock()
+			for _, ev := range wr.Events {
+				g.pending[strings.TrimPrefix(string(ev.Kv.Key), prefix)] = true
+			}
+			g.mu.Unlock()
+			g.signal()
+		}
+	}()
+	if len(g.waiting) > 0 {
+		e.log.Info("restart round waits for the previous active nodes", "round", r, "waiting", len(g.waiting), "bound", e.o.RejoinWait)
+	}
+	return g, nil
+}
+
+func (g *rejoinGate) signal() {
+	select {
+	case g.changed <- struct{}{}:
+	default:
+	}
+}
+
+// refresh applies what the watcher saw: those nodes are gone or dead.
+func (g *rejoinGate) refresh() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for id := range g.pending {
+		if g.waiting[id] {
+			g.log.Info("not waiting for a previous active node: lost", "lost", id)
+			delete(g.waiting, id)
+		}
+	}
+	clear(g.pending)
+}
+
+// open reports whether every live previous active is present (or the
+// bound passed).
+func (g *rejoinGate) open(present map[string]bool) bool {
+	select {
+	case <-g.expired:
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		if !g.over {
+			g.over = true
+			for id := range g.waiting {
+				if !present[id] {
+					g.log.Warn("rejoin wait over; closing the round without a previous active node", "node", id)
+				}
+			}
+		}
+		return true
+	default:
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for id := range g.waiting {
+		if !present[id] {
+			return false
+		}
+	}
+	return true
+}
+
+func (g *rejoinGate) stop() {
+	g.timer.Stop()
+	g.cancel()
+	<-g.done
 }
 
 // writeAssignment orders the members, writes each rank key (batches within
@@ -217,6 +394,7 @@ func (e *Etcd) writeAssignment(ctx context.Context, r int) error {
 		ms = append(ms, m)
 	}
 	prev := map[string]int{}
+	pinned := map[string]int{}
 	if r > 0 {
 		pg, err := e.cli.Get(ctx, e.k.ranks(r-1), clientv3.WithPrefix())
 		if err != nil {
@@ -225,12 +403,16 @@ func (e *Etcd) writeAssignment(ctx context.Context, r int) error {
 		for _, kv := range pg.Kvs {
 			var ri rankInfo
 			if json.Unmarshal(kv.Value, &ri) == nil {
-				prev[strings.TrimPrefix(string(kv.Key), e.k.ranks(r-1))] = ri.Order
+				id := strings.TrimPrefix(string(kv.Key), e.k.ranks(r-1))
+				prev[id] = ri.Order
+				if !ri.Standby {
+					pinned[id] = ri.GroupRank
+				}
 			}
 		}
 	}
 	orderMembers(ms, prev)
-	ranks, sum, err := assign(ms, e.o.MinNodes)
+	ranks, sum, err := assign(ms, e.o.MinNodes, pinned)
 	if err != nil {
 		return err
 	}
@@ -239,6 +421,7 @@ func (e *Etcd) writeAssignment(ctx context.Context, r int) error {
 		clientv3.Compare(clientv3.Value(e.k.round()), "=", fmt.Sprint(r)),
 		clientv3.Compare(clientv3.Value(e.k.closer(r)), "=", e.o.NodeID),
 		clientv3.Compare(clientv3.CreateRevision(e.k.assignment(r)), "=", 0),
+		e.genCmp(),
 	}
 	const batch = 120
 	ops := make([]clientv3.Op, 0, batch)
@@ -337,4 +520,21 @@ func (e *Etcd) nodeLost(r int, id, how string) {
 	}
 	e.o.Metrics.NodeFailed()
 	e.log.Warn("node lost", "lost", id, "how", how, "round", r, "restart", d.Restart, "reason", d.Reason)
+}
+
+// reputAlive registers this node as alive again under a re-granted lease,
+// unless its job is closed (or its generation superseded).
+func (e *Etcd) reputAlive() {
+	e.mu.Lock()
+	closed := e.closed != nil
+	e.mu.Unlock()
+	if closed {
+		return
+	}
+	ctx, cancel := context.WithTimeout(e.ctx, 5*time.Second)
+	defer cancel()
+	if _, err := e.cli.Txn(ctx).If(e.genCmp(), clientv3.Compare(clientv3.CreateRevision(e.k.closed()), "=", 0)).
+		Then(clientv3.OpPut(e.k.alive(e.o.NodeID), "", clientv3.WithLease(e.currentLease()))).Commit(); err != nil {
+		e.log.Debug("re-register alive key", "err", err)
+	}
 }

@@ -96,8 +96,8 @@ func newEtcdRendezvous(ctx context.Context, cfg *configs.Config, log *slog.Logge
 	r, err := rendezvous.NewEtcd(ctx, rendezvous.EtcdOptions{
 		JoinTimeout: timing["join_timeout"], LastCall: timing["last_call_timeout"],
 		ConnectTimeout: timing["connect_timeout"], LeaseTTL: timing["lease_ttl"],
-		EtcdLossBound: timing["etcd_loss_bound"],
-		Endpoints:     eps, CACert: cfg.RdzvCACert, Cert: cfg.RdzvCert, Key: cfg.RdzvKey,
+		EtcdLossBound: timing["etcd_loss_bound"], RejoinWait: rejoinWait(cfg, timing),
+		Endpoints: eps, CACert: cfg.RdzvCACert, Cert: cfg.RdzvCert, Key: cfg.RdzvKey,
 		Username: cfg.RdzvUser, Password: cfg.RdzvPassword,
 		RunID: cfg.RdzvID, NodeID: fmt.Sprintf("%s/%d", localAddr, os.Getpid()), LocalAddr: localAddr,
 		NProcPerNode: cfg.NProcPerNode, MinNodes: cfg.NNodes.Min, MaxNodes: cfg.NNodes.Max,
@@ -127,7 +127,7 @@ func infraRank(cfg *configs.Config) int {
 
 // rdzvTimingKeys are the --rdzv-conf keys that set rendezvous timings, in
 // seconds. join_timeout and last_call_timeout are torchrun's and nvrx's.
-var rdzvTimingKeys = []string{"join_timeout", "last_call_timeout", "connect_timeout", "lease_ttl", "etcd_loss_bound"}
+var rdzvTimingKeys = []string{"join_timeout", "last_call_timeout", "connect_timeout", "lease_ttl", "etcd_loss_bound", "rejoin_wait"}
 
 // rdzvTimings reads the timing keys of --rdzv-conf; absent keys are zero
 // (the rendezvous default).
@@ -145,4 +145,14 @@ func rdzvTimings(conf map[string]string) (map[string]time.Duration, error) {
 		out[k] = time.Duration(f * float64(time.Second))
 	}
 	return out, nil
+}
+
+// rejoinWait is how long a restart round waits for the previous round's
+// active nodes: long enough for a node to stop its ranks (the SIGTERM grace)
+// so that it keeps its group rank, unless --rdzv-conf rejoin_wait says.
+func rejoinWait(cfg *configs.Config, timing map[string]time.Duration) time.Duration {
+	if d, ok := timing["rejoin_wait"]; ok {
+		return d
+	}
+	return cfg.WorkersStopTimeout + 10*time.Second
 }

@@ -1,0 +1,375 @@
+#!/usr/bin/python3
+"""Multi-node benchmarks of ft-launcher and torchrun (c10d), nodes on loopback.
+
+Every node is one launcher process on this machine (ft-launcher: --local-addr
+127.0.0.<2+i>; torchrun 1.13 has no --local-addr, so its agents all say
+localhost). The rendezvous endpoint is 127.0.0.2:<free port>, hosted by node 0
+(ft-launcher: its embedded etcd; torchrun: its c10d TCPStore, is_host=1 on
+node 0 and 0 elsewhere so the host is deterministic). Workers are
+bench/workers/mn_worker.py (stdlib Python, no torch): rank 0 listens on
+MASTER_ADDR:MASTER_PORT, the other ranks keep a TCP connection to it and
+exchange a byte every 50 ms; 1 s of silence makes a rank exit 1, as NCCL with
+async error handling would.
+
+Scenarios (repetitions alternate launchers so background load hits both):
+  nodeloss  --nnodes 3:4, 4 launchers. When round 0 is ready, one active node
+            that does not host the rendezvous (node 1 if active) is powered
+            off: its launcher and every process under it get SIGKILL in one
+            loop. Latency = max start stamp of the first complete round after
+            the kill (3 nodes x nproc ranks, same MASTER) - kill time.
+  crash     --nnodes 4, 4 launchers. Node 1's local rank 0 exits 1 one second
+            after round 0 is ready. Latency = max start stamp of the first
+            complete round after the crash (4 x nproc ranks) - crash stamp.
+A round not complete within --bound seconds is recorded as "no restart within
+bound". Prints markdown on stdout; progress and failures on stderr.
+
+usage: multinode.py [--bin-dir DIR] [--torchrun CMD] [--reps N] [--nproc N]
+                    [--bound S] [--only nodeloss,crash] [--torchrun-tuned]
+                    [--keep DIR]
+"""
+import argparse
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+from bench import DEFAULT_TORCHRUN, descendants, ms, pct, progress, read_lines
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKER = os.path.join(HERE, "workers", "mn_worker.py")
+NODES = 4
+# The one c10d setting torch 1.13 lets us shorten on this path: the last call
+# (30 s by default). Its keep-alive (5 s x 3 = 15 s to drop a dead node) is
+# hard-coded in 1.13 (dynamic_rendezvous.py), not an --rdzv_conf key.
+TUNED_CONF = "last_call_timeout=1"
+
+
+def free_port(host):
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def start_time(pid):
+    """Kernel start time of pid (field 22 of /proc/pid/stat), or None if gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+class Launcher:
+    """How one launcher spells a node's command line."""
+
+    def __init__(self, name, kind, argv, rdzv_conf=""):
+        self.name, self.kind, self.argv, self.rdzv_conf = name, kind, argv, rdzv_conf
+
+    def cmd(self, node, endpoint, run_id, nnodes, nproc, log_dir, worker_args):
+        if self.kind == "ft":
+            conf = ["--rdzv-conf", self.rdzv_conf] if self.rdzv_conf else []
+            return self.argv + [
+                "--local-addr", f"127.0.0.{2 + node}", "--rdzv-backend", "c10d",
+                "--rdzv-endpoint", endpoint, "--rdzv-id", run_id, *conf,
+                "--nnodes", nnodes, "--nproc-per-node", str(nproc),
+                "--max-restarts", "3", "--monitor-interval", "0.1",
+                "--log-dir", log_dir, "--no-python", WORKER, *worker_args]
+        conf = f"is_host={1 if node == 0 else 0}" + (f",{self.rdzv_conf}" if self.rdzv_conf else "")
+        return self.argv + [
+            "--rdzv_backend", "c10d", "--rdzv_endpoint", endpoint, "--rdzv_id", run_id,
+            "--rdzv_conf", conf, "--nnodes", nnodes, "--nproc_per_node", str(nproc),
+            "--max_restarts", "3", "--monitor_interval", "0.1",
+            "--log_dir", log_dir, "--no_python", WORKER, *worker_args]
+
+
+class Cluster:
+    """NODES launchers of one job, each in its own session; stop() leaves nothing."""
+
+    def __init__(self, launcher, workdir, tag, nnodes, nproc, mode, crash=()):
+        self.dir = os.path.join(workdir, tag)
+        os.makedirs(self.dir)
+        self.stamps = os.path.join(self.dir, "stamps")
+        endpoint = f"127.0.0.2:{free_port('127.0.0.2')}"
+        run_id = f"mnbench-{tag}-{time.time_ns()}"
+        self.procs, self.logs, self.known = [], [], {}  # known: pid -> start time
+        for node in range(NODES):
+            ndir = os.path.join(self.dir, f"node{node}")
+            tmp = os.path.join(ndir, "tmp")  # etcd data dir and torch temp files
+            os.makedirs(tmp)
+            # TMPDIR inside workdir: a SIGKILLed node's etcd data dir is removed too.
+            env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", TMPDIR=tmp)
+            cmd = launcher.cmd(node, endpoint, run_id, nnodes, nproc, os.path.join(ndir, "logs"),
+                               [self.stamps, str(node), mode, *crash])
+            log = open(os.path.join(ndir, "launcher.log"), "wb")
+            self.logs.append(log)
+            p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                 env=env, start_new_session=True)
+            self.procs.append(p)
+            self.remember([p.pid])
+
+    def remember(self, pids):
+        for pid in pids:
+            st = start_time(pid)
+            if st is not None:
+                self.known.setdefault(pid, st)
+
+    def node_pids(self, node):
+        """The launcher of node and every live process below it."""
+        root = self.procs[node].pid
+        return [root] + descendants(root)
+
+    def refresh(self):
+        for n in range(NODES):
+            self.remember(self.node_pids(n))
+        self.remember(int(f[7]) for f in read_lines(self.stamps) if f[1] == "start")
+
+    def power_off(self, node):
+        """SIGKILL the node's launcher and all its processes at once; returns the kill time."""
+        pids = self.node_pids(node)
+        pids += [int(f[7]) for f in read_lines(self.stamps)
+                 if f[1] == "start" and f[2] == str(node) and int(f[7]) not in pids]
+        self.remember(pids)
+        t = time.time_ns()
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        return t
+
+    def lines(self):
+        return read_lines(self.stamps)
+
+    def tail(self, node, n=8):
+        with open(os.path.join(self.dir, f"node{node}", "launcher.log"), "rb") as f:
+            return b"\n".join(f.read().splitlines()[-n:]).decode(errors="replace")
+
+    def stop(self):
+        """SIGTERM every launcher, then SIGKILL whatever of this job is left."""
+        self.refresh()
+        for p in self.procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 20
+        for p in self.procs:
+            try:
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        self.refresh()
+        for p in self.procs:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for pid, st in self.known.items():
+            if start_time(pid) == st:  # same process, not a reused pid
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        for p in self.procs:
+            p.wait()
+        for log in self.logs:
+            log.close()
+
+
+def parse(lines):
+    """start stamps grouped by round (MASTER addr:port), plus ready/crash stamps."""
+    rounds, ready, crash = {}, {}, []
+    for f in lines:
+        if f[1] == "start":
+            rounds.setdefault(f[6], []).append((int(f[0]), int(f[2]), int(f[3]), int(f[5])))
+        elif f[1] == "ready":
+            ready[f[6]] = int(f[0])
+        elif f[1] == "crash":
+            crash.append(int(f[0]))
+    return rounds, ready, crash
+
+
+def complete_round(lines, world, after_ns):
+    """The first round (by its last start) whose world-size ranks all started after after_ns."""
+    rounds, ready, _ = parse(lines)
+    best = None
+    for master, starts in rounds.items():
+        starts = [s for s in starts if s[0] > after_ns and s[3] == world]
+        ranks = {s[2] for s in starts}
+        if ranks == set(range(world)):
+            first = {}
+            for t, node, rank, _ in sorted(starts):
+                first.setdefault(rank, (t, node))
+            last = max(t for t, _ in first.values())
+            if best is None or last < best[0]:
+                best = (last, ready.get(master), sorted({n for _, n in first.values()}), master)
+    return best
+
+
+def wait_for(cluster, cond, bound, what):
+    deadline = time.monotonic() + bound
+    while time.monotonic() < deadline:
+        r = cond()
+        if r:
+            return r
+        if all(p.poll() is not None for p in cluster.procs):
+            break
+        time.sleep(0.05)
+    return None
+
+
+def round0_ready(cluster, world):
+    rounds, ready, _ = parse(cluster.lines())
+    for master, starts in rounds.items():
+        if master in ready and len({s[2] for s in starts if s[3] == world}) == world:
+            return master, sorted({s[1] for s in starts})
+    return None
+
+
+class NoRestart(Exception):
+    """The job was not running again within the bound (a result, not a harness failure)."""
+
+
+def nodeloss_once(launcher, nproc, bound, workdir, tag):
+    # torchrun: all 4 nodes active (world 4n) -> 3 after the loss.
+    # ft-launcher: 3 active + 1 standby (world 3n) -> 3 (standby promoted).
+    w0 = (NODES if launcher.kind == "torchrun" else NODES - 1) * nproc
+    w1 = (NODES - 1) * nproc
+    c = Cluster(launcher, workdir, tag, f"{NODES - 1}:{NODES}", nproc, "poweroff")
+    try:
+        r0 = wait_for(c, lambda: round0_ready(c, w0), 120, "round 0")
+        if not r0:
+            raise RuntimeError(f"round 0 never ready:\n{c.tail(0)}")
+        time.sleep(1.0)  # steady state: collectives running
+        active = [n for n in r0[1] if n != 0]
+        victim = 1 if 1 in active else active[0]
+        t_kill = c.power_off(victim)
+        res = wait_for(c, lambda: complete_round(c.lines(), w1, t_kill), bound, "next round")
+        if not res:
+            exits = [p.poll() for p in c.procs]
+            raise NoRestart(f"no complete {w1}-rank round within {bound:.0f} s after the kill "
+                            f"(launcher exit codes {exits})")
+        last, rdy, nodes, _ = res
+        if victim in nodes:
+            raise RuntimeError(f"killed node {victim} ran in the next round")
+        if rdy is None:  # give rank 0 a moment to see every peer
+            rdy = wait_for(c, lambda: parse(c.lines())[1].get(res[3]), 10, "ready")
+        return last - t_kill, (rdy - t_kill) if rdy else None
+    finally:
+        c.stop()
+
+
+def crash_once(launcher, nproc, bound, workdir, tag):
+    world = NODES * nproc
+    c = Cluster(launcher, workdir, tag, str(NODES), nproc, "crash", crash=("1", "0", "1.0"))
+    try:
+        if not wait_for(c, lambda: round0_ready(c, world), 120, "round 0"):
+            raise RuntimeError(f"round 0 never ready:\n{c.tail(0)}")
+        crash = wait_for(c, lambda: parse(c.lines())[2], 30, "crash")
+        if not crash:
+            raise RuntimeError("the injected crash never happened")
+        t_crash = crash[0]
+        res = wait_for(c, lambda: complete_round(c.lines(), world, t_crash), bound, "next round")
+        if not res:
+            raise NoRestart(f"no complete {world}-rank round within {bound:.0f} s after the crash")
+        last, rdy, _, master = res
+        if rdy is None:
+            rdy = wait_for(c, lambda: parse(c.lines())[1].get(master), 10, "ready")
+        return last - t_crash, (rdy - t_crash) if rdy else None
+    finally:
+        c.stop()
+
+
+def loadavg():
+    with open("/proc/loadavg") as f:
+        return " ".join(f.read().split()[:3])
+
+
+def main():
+    p = argparse.ArgumentParser(description="multi-node ft-launcher vs torchrun benchmarks")
+    p.add_argument("--bin-dir", default=os.environ.get("FT_LAUNCHER_DIR", "/tmp/ftl-mn"),
+                   help="directory with ft-launcher (and any companion binaries): "
+                        "go build -o DIR/ ./cmd/...")
+    p.add_argument("--torchrun", default=os.environ.get("TORCHRUN", DEFAULT_TORCHRUN))
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--nproc", type=int, default=1)
+    p.add_argument("--bound", type=float, default=120.0)
+    p.add_argument("--only", default="nodeloss,crash")
+    p.add_argument("--torchrun-tuned", action="store_true",
+                   help=f"also run torchrun with --rdzv_conf {TUNED_CONF}")
+    p.add_argument("--keep", help="keep stamps and launcher logs in this new directory")
+    a = p.parse_args()
+
+    launchers = []
+    ftl = os.path.join(a.bin_dir, "ft-launcher")
+    if os.access(ftl, os.X_OK):
+        launchers.append(Launcher("ft-launcher", "ft", [ftl]))
+    else:
+        progress(f"no ft-launcher in {a.bin_dir!r}: measuring torchrun only")
+    if a.torchrun:
+        launchers.append(Launcher("torchrun", "torchrun", shlex.split(a.torchrun)))
+        if a.torchrun_tuned:
+            launchers.append(Launcher("torchrun (tuned)", "torchrun", shlex.split(a.torchrun),
+                                      TUNED_CONF))
+    only = set(a.only.split(","))
+
+    print(f"Host: {os.cpu_count()} CPUs, `{os.uname().release}`; {NODES} nodes on loopback, "
+          f"nproc {a.nproc}; reps={a.reps}; bound {a.bound:.0f} s; "
+          f"date {time.strftime('%Y-%m-%d %H:%M:%S')}; load before: {loadavg()}\n")
+    failures = []
+    if a.keep:
+        os.makedirs(a.keep)
+    with tempfile.TemporaryDirectory(prefix="ftbench-mn.") as tmp:
+        workdir = a.keep or tmp
+        def collect(scenario, fn):
+            res = {l.name: [] for l in launchers}
+            loads = []
+            for i in range(a.reps):
+                for l in launchers:
+                    tag = f"{scenario}-{l.name.replace(' ', '').replace('(', '-').replace(')', '')}-{i}"
+                    try:
+                        v = fn(l, a.nproc, a.bound, workdir, tag)
+                        res[l.name].append(v)
+                        progress(f"{tag}: {ms(v[0]):.0f} ms (ready {ms(v[1]) if v[1] else float('nan'):.0f} ms)")
+                    except NoRestart as e:
+                        res[l.name].append(None)
+                        progress(f"{tag}: {e}")
+                    except Exception as e:  # report, keep measuring the rest
+                        failures.append(f"{tag}: {e}")
+                        progress(f"FAILED {tag}: {e}")
+                loads.append(loadavg())
+                progress(f"{scenario}: rep {i + 1}/{a.reps} done, load {loads[-1]}")
+            return res, loads
+
+        def table(title, res, loads):
+            print(f"### {title}\n")
+            print("| launcher | runs | restarted within bound | p50 | max | min | p50 to rank 0 ready |\n"
+                  "|---|---:|---:|---:|---:|---:|---:|")
+            for name, v in res.items():
+                ok = [x for x in v if x]
+                lat = [ms(x[0]) for x in ok]
+                rdy = [ms(x[1]) for x in ok if x[1]]
+                cols = (f"{pct(lat, .5):.0f} | {max(lat):.0f} | {min(lat):.0f}" if lat
+                        else "- | - | -")
+                print(f"| {name} | {len(v)} | {len(ok)} | {cols} | "
+                      f"{pct(rdy, .5):.0f} |" if rdy else f"| {name} | {len(v)} | {len(ok)} | {cols} | - |")
+            print(f"\nAll values in ms. Load average (1/5/15 min) after each rep: {'; '.join(loads)}\n")
+
+        if "nodeloss" in only:
+            res, loads = collect("nodeloss", nodeloss_once)
+            table(f"Node loss (power-off) -> job running again on 3 nodes x {a.nproc} ranks", res, loads)
+        if "crash" in only:
+            res, loads = collect("crash", crash_once)
+            table(f"Rank crash on one node -> all 4 nodes x {a.nproc} ranks running again", res, loads)
+    if failures:
+        print("Failures:\n")
+        for f in failures:
+            print(f"- {f.splitlines()[0]}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
