@@ -224,7 +224,8 @@ def round0_ready(cluster, world):
     rounds, ready, _ = parse(cluster.lines())
     for master, starts in rounds.items():
         if master in ready and len({s[2] for s in starts if s[3] == world}) == world:
-            return master, sorted({s[1] for s in starts})
+            rank0_node = next(s[1] for s in starts if s[2] == 0)
+            return master, sorted({s[1] for s in starts}), rank0_node
     return None
 
 
@@ -243,7 +244,8 @@ def nodeloss_once(launcher, nproc, bound, workdir, tag):
         if not r0:
             raise RuntimeError(f"round 0 never ready:\n{c.tail(0)}")
         time.sleep(1.0)  # steady state: collectives running
-        active = [n for n in r0[1] if n != 0]
+        # Not the rendezvous host (node 0) and not the node of global rank 0.
+        active = [n for n in r0[1] if n not in (0, r0[2])]
         victim = 1 if 1 in active else active[0]
         t_kill = c.power_off(victim)
         res = wait_for(c, lambda: complete_round(c.lines(), w1, t_kill), bound, "next round")

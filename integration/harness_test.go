@@ -30,7 +30,8 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	bins.launcher = filepath.Join(dir, "ft-launcher")
-	cmd := exec.Command("go", "build", "-o", bins.launcher, "../cmd/ft-launcher")
+	// ft-launcher-etcd (the embedded etcd server) must sit beside ft-launcher.
+	cmd := exec.Command("go", "build", "-o", dir+"/", "../cmd/ft-launcher", "../cmd/ft-launcher-etcd")
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 	if err := cmd.Run(); err != nil {
 		fmt.Fprintln(os.Stderr, "build ft-launcher:", err)

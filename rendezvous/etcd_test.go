@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/ftlauncher/ft-launcher/rendezvous/etcdserver"
 	"io"
 	"log/slog"
 	"strings"
@@ -20,11 +21,11 @@ func testLogger(t testing.TB) *slog.Logger {
 	return slog.New(slog.NewTextHandler(io.Discard, nil))
 }
 
-func startEmbedded(t testing.TB) *Embedded {
+func startEmbedded(t testing.TB) *etcdserver.Server {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	m, err := StartEmbedded(ctx, EmbeddedOptions{Dir: t.TempDir(), ClientURL: "http://127.0.0.1:0", Logger: testLogger(t)})
+	m, err := etcdserver.Start(ctx, etcdserver.Options{Dir: t.TempDir(), ClientURL: "http://127.0.0.1:0", Logger: testLogger(t)})
 	if err != nil {
 		t.Fatalf("start embedded etcd: %v", err)
 	}

@@ -3,10 +3,9 @@ package rendezvous
 import (
 	"context"
 	"fmt"
-	"net"
-	"strconv"
 	"sync"
 
+	"github.com/ftlauncher/ft-launcher/internal/netutil"
 	"github.com/ftlauncher/ft-launcher/metrics"
 )
 
@@ -132,12 +131,4 @@ func (l *Local) Leave(ctx context.Context, reason string) error {
 func (l *Local) Close() error { return nil }
 
 // FreePort asks the kernel for a free TCP port on addr.
-func FreePort(addr string) (int, error) {
-	ln, err := net.Listen("tcp", net.JoinHostPort(addr, "0"))
-	if err != nil {
-		return 0, fmt.Errorf("find a free port on %s: %w", addr, err)
-	}
-	defer ln.Close()
-	_, p, _ := net.SplitHostPort(ln.Addr().String())
-	return strconv.Atoi(p)
-}
+func FreePort(addr string) (int, error) { return netutil.FreePort(addr) }

@@ -67,19 +67,12 @@ func newEtcdRendezvous(ctx context.Context, cfg *configs.Config, log *slog.Logge
 			if err != nil {
 				return nil, nil, err
 			}
-			dir, err := os.MkdirTemp("", "ft-launcher-etcd-")
+			ep, stop, err := hostEtcd(reaper, log, "http://"+eps[0], "http://"+net.JoinHostPort(h, strconv.Itoa(peerPort)))
 			if err != nil {
-				return nil, nil, fmt.Errorf("embedded etcd data dir: %w", err)
+				return nil, nil, fmt.Errorf("host the embedded etcd at %s: %w", eps[0], err)
 			}
-			emb, err := rendezvous.StartEmbedded(ctx, rendezvous.EmbeddedOptions{Dir: dir,
-				ClientURL: "http://" + eps[0], PeerURL: "http://" + net.JoinHostPort(h, strconv.Itoa(peerPort)),
-				Logger: log.With("component", "etcd")})
-			if err != nil {
-				os.RemoveAll(dir)
-				return nil, nil, fmt.Errorf("start the embedded etcd at %s: %w", eps[0], err)
-			}
-			log.Info("hosting the embedded etcd rendezvous", "endpoint", emb.Endpoint())
-			cleanup = func() { emb.Close(); os.RemoveAll(dir) }
+			log.Info("hosting the embedded etcd rendezvous", "endpoint", ep)
+			cleanup = stop
 		}
 	}
 	for i, e := range eps {

@@ -1,4 +1,9 @@
-package rendezvous
+// Package etcdserver runs the single-member etcd server (go.etcd.io/etcd/
+// server/v3/embed) that ft-launcher hosts as its default rendezvous store. It
+// is linked only into the ft-launcher-etcd companion command: the etcd
+// server's package initialisation alone would add about 10 ms to every
+// launcher start, single-node runs included.
+package etcdserver
 
 import (
 	"context"
@@ -7,15 +12,15 @@ import (
 	"net"
 	"net/url"
 	"os"
-	"strings"
 	"time"
 
+	"github.com/ftlauncher/ft-launcher/internal/netutil"
 	"go.etcd.io/etcd/server/v3/embed"
 )
 
-// EmbeddedOptions configures the in-process etcd server that the launcher
-// hosts when no external etcd is given (the c10d default).
-type EmbeddedOptions struct {
+// Options configures the etcd server that a launcher hosts when no
+// external etcd is given (the c10d default).
+type Options struct {
 	Dir       string // data dir; "" creates a temp dir that Close removes
 	ClientURL string // e.g. http://127.0.0.2:2379; port 0 picks a free one
 	PeerURL   string // "" picks a free port on the client host
@@ -24,8 +29,8 @@ type EmbeddedOptions struct {
 	ReadyTimeout time.Duration
 }
 
-// Embedded is a running single-member etcd server.
-type Embedded struct {
+// Server is a running single-member etcd server.
+type Server struct {
 	etcd       *embed.Etcd
 	endpoint   string
 	removeDir  string
@@ -33,8 +38,8 @@ type Embedded struct {
 	closedOnce chan struct{}
 }
 
-// StartEmbedded starts a single-member etcd server and blocks until it serves.
-func StartEmbedded(ctx context.Context, o EmbeddedOptions) (*Embedded, error) {
+// Start starts a single-member etcd server and blocks until it serves.
+func Start(ctx context.Context, o Options) (*Server, error) {
 	logger := o.Logger
 	if logger == nil {
 		logger = slog.Default()
@@ -89,7 +94,7 @@ func StartEmbedded(ctx context.Context, o EmbeddedOptions) (*Embedded, error) {
 	}
 	timer := time.NewTimer(to)
 	defer timer.Stop()
-	fail := func(err error) (*Embedded, error) {
+	fail := func(err error) (*Server, error) {
 		e.Close()
 		if removeDir != "" {
 			os.RemoveAll(removeDir)
@@ -111,7 +116,7 @@ func StartEmbedded(ctx context.Context, o EmbeddedOptions) (*Embedded, error) {
 		endpoint = curl.Scheme + "://" + e.Clients[0].Addr().String()
 	}
 	logger.Info("embedded etcd serving", "endpoint", endpoint, "dir", dir)
-	m := &Embedded{etcd: e, endpoint: endpoint, removeDir: removeDir, logger: logger,
+	m := &Server{etcd: e, endpoint: endpoint, removeDir: removeDir, logger: logger,
 		closedOnce: make(chan struct{})}
 	go func() {
 		select {
@@ -137,7 +142,7 @@ func resolveURL(raw string) (*url.URL, error) {
 		return nil, fmt.Errorf("parse %q: %w", raw, err)
 	}
 	if u.Port() == "0" || u.Port() == "" {
-		p, err := FreePort(u.Hostname())
+		p, err := netutil.FreePort(u.Hostname())
 		if err != nil {
 			return nil, err
 		}
@@ -147,10 +152,10 @@ func resolveURL(raw string) (*url.URL, error) {
 }
 
 // Endpoint is the client URL to give to NewEtcd.
-func (m *Embedded) Endpoint() string { return m.endpoint }
+func (m *Server) Endpoint() string { return m.endpoint }
 
 // Close stops the server and removes the data dir if StartEmbedded created it.
-func (m *Embedded) Close() error {
+func (m *Server) Close() error {
 	select {
 	case <-m.closedOnce:
 		return nil
@@ -164,80 +169,4 @@ func (m *Embedded) Close() error {
 		}
 	}
 	return nil
-}
-
-// IsLocalEndpoint reports whether this launcher should host the etcd server
-// named by endpoint ("host:port" or a URL). The rule:
-//   - when localAddr is set, the endpoint is local only if its host equals
-//     localAddr (after resolving a hostname endpoint to IPs); this lets
-//     several launchers on one machine, bound to 127.0.0.2, 127.0.0.3, ...,
-//     agree that exactly one of them hosts;
-//   - otherwise it is local when its host is "localhost", a loopback IP,
-//     this machine's hostname, or an address of one of its interfaces.
-func IsLocalEndpoint(endpoint string, localAddr string) bool {
-	host := endpointHost(endpoint)
-	if host == "" {
-		return false
-	}
-	ips := hostIPs(host)
-	if localAddr != "" {
-		if host == localAddr {
-			return true
-		}
-		for _, ip := range ips {
-			if ip.String() == localAddr {
-				return true
-			}
-		}
-		return false
-	}
-	if strings.EqualFold(host, "localhost") {
-		return true
-	}
-	if hn, err := os.Hostname(); err == nil && strings.EqualFold(hn, host) {
-		return true
-	}
-	ifAddrs, _ := net.InterfaceAddrs()
-	for _, ip := range ips {
-		if ip.IsLoopback() {
-			return true
-		}
-		for _, a := range ifAddrs {
-			if n, ok := a.(*net.IPNet); ok && n.IP.Equal(ip) {
-				return true
-			}
-		}
-	}
-	return false
-}
-
-func endpointHost(endpoint string) string {
-	s := endpoint
-	if i := strings.Index(s, "://"); i >= 0 {
-		s = s[i+3:]
-	}
-	if i := strings.IndexByte(s, '/'); i >= 0 {
-		s = s[:i]
-	}
-	if h, _, err := net.SplitHostPort(s); err == nil {
-		return h
-	}
-	return strings.Trim(s, "[]")
-}
-
-func hostIPs(host string) []net.IP {
-	if ip := net.ParseIP(host); ip != nil {
-		return []net.IP{ip}
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	addrs, err := net.DefaultResolver.LookupIPAddr(ctx, host)
-	if err != nil {
-		return nil
-	}
-	out := make([]net.IP, 0, len(addrs))
-	for _, a := range addrs {
-		out = append(out, a.IP)
-	}
-	return out
 }

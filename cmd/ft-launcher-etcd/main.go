@@ -1,0 +1,62 @@
+// Command ft-launcher-etcd is the embedded etcd server of ft-launcher's
+// default multi-node rendezvous. The launcher whose address matches the
+// rendezvous endpoint starts it (from the directory of its own executable,
+// else PATH) as a child that dies with it; users do not run it by hand.
+//
+// It is a separate program so that the etcd server's code is not linked into
+// ft-launcher: its package initialisation alone costs ~10 ms, paid by every
+// launch, single-node ones included.
+//
+// Protocol with the launcher: once the server serves, one line
+// "ready <client endpoint>" on stdout; SIGTERM or SIGINT stops it cleanly.
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/spf13/pflag"
+
+	"github.com/ftlauncher/ft-launcher/rendezvous/etcdserver"
+)
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	fs := pflag.NewFlagSet("ft-launcher-etcd", pflag.ContinueOnError)
+	fs.SetOutput(stderr)
+	dataDir := fs.String("data-dir", "", "etcd data directory (\"\": a temporary one, removed on exit)")
+	clientURL := fs.String("client-url", "http://127.0.0.1:2379", "client URL to listen on and advertise")
+	peerURL := fs.String("peer-url", "", "peer URL (\"\": a free port on the client host)")
+	ready := fs.Duration("ready-timeout", 30*time.Second, "how long to wait for the server to serve")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	log := slog.New(slog.NewTextHandler(stderr, nil)).With("component", "ft-launcher-etcd")
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	srv, err := etcdserver.Start(ctx, etcdserver.Options{Dir: *dataDir, ClientURL: *clientURL,
+		PeerURL: *peerURL, Logger: log, ReadyTimeout: *ready})
+	if err != nil {
+		fmt.Fprintf(stderr, "ft-launcher-etcd: %v\n", err)
+		return 1
+	}
+	fmt.Fprintf(stdout, "ready %s\n", srv.Endpoint())
+	<-sigs
+	if err := srv.Close(); err != nil {
+		fmt.Fprintf(stderr, "ft-launcher-etcd: %v\n", err)
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,85 @@
+package main
+
+import (
+	"bufio"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/ftlauncher/ft-launcher/spawn"
+)
+
+// etcdCompanion is the name of the embedded etcd server's program.
+const etcdCompanion = "ft-launcher-etcd"
+
+// findEtcdCompanion looks for ft-launcher-etcd beside this executable, then
+// on PATH.
+func findEtcdCompanion() (string, error) {
+	if self, err := os.Executable(); err == nil {
+		p := filepath.Join(filepath.Dir(self), etcdCompanion)
+		if st, err := os.Stat(p); err == nil && !st.IsDir() {
+			return p, nil
+		}
+	}
+	p, err := exec.LookPath(etcdCompanion)
+	if err != nil {
+		return "", fmt.Errorf("the embedded etcd rendezvous needs %s beside ft-launcher or on PATH (go build -o DIR/ ./cmd/...), or use --rdzv-backend etcd with your own etcd", etcdCompanion)
+	}
+	return p, nil
+}
+
+// hostEtcd starts the embedded etcd server as a child of this launcher (it
+// gets the parent-death signal like a rank) and waits until it serves. The
+// returned stop function stops it and removes its data directory.
+func hostEtcd(reaper *spawn.Reaper, log *slog.Logger, clientURL, peerURL string) (endpoint string, stop func(), err error) {
+	bin, err := findEtcdCompanion()
+	if err != nil {
+		return "", nil, err
+	}
+	dir, err := os.MkdirTemp("", "ft-launcher-etcd-")
+	if err != nil {
+		return "", nil, fmt.Errorf("embedded etcd data dir: %w", err)
+	}
+	r, w, err := os.Pipe()
+	if err != nil {
+		os.RemoveAll(dir)
+		return "", nil, fmt.Errorf("embedded etcd: %w", err)
+	}
+	g, err := reaper.StartGroup([]spawn.Spec{{LocalRank: -1,
+		Argv:   []string{bin, "--data-dir", dir, "--client-url", clientURL, "--peer-url", peerURL},
+		Env:    os.Environ(),
+		Stdout: w}})
+	w.Close()
+	if err != nil {
+		r.Close()
+		os.RemoveAll(dir)
+		return "", nil, fmt.Errorf("start %s: %w", bin, err)
+	}
+	stop = func() {
+		g.Stop(syscall.SIGTERM, 10*time.Second)
+		r.Close()
+		os.RemoveAll(dir)
+	}
+	line := make(chan string, 1)
+	go func() {
+		s, _ := bufio.NewReader(r).ReadString('\n')
+		line <- s
+	}()
+	select {
+	case s := <-line:
+		if ep, ok := strings.CutPrefix(strings.TrimSpace(s), "ready "); ok {
+			log.Debug("embedded etcd serves", "endpoint", ep, "pid", g.PIDs()[-1])
+			return ep, stop, nil
+		}
+		stop()
+		return "", nil, fmt.Errorf("embedded etcd at %s did not start (see its log above)", clientURL)
+	case <-time.After(60 * time.Second):
+		stop()
+		return "", nil, fmt.Errorf("embedded etcd at %s did not serve within 60s", clientURL)
+	}
+}
