@@ -290,7 +290,8 @@ func TestComputedTimeouts(t *testing.T) {
 	calc := func(ft *configs.FaultTolerance) {
 		ft.CalculateTimeouts = true
 		ft.SafetyFactor = 5
-		ft.RankHeartbeatTimeout = fptr(60) // configured, replaced by the computed value
+		ft.RankHeartbeatTimeout = fptr(60)         // configured, replaced by the computed value
+		ft.InitialRankHeartbeatTimeout = fptr(120) // likewise (a disabled one stays disabled)
 	}
 	m := newManager(t, 1, calc, state)
 	p := startRank(t, m, "connect;hbn 40 50ms;exit 0")
@@ -428,7 +429,17 @@ func TestComputedTimeoutFloor(t *testing.T) {
 	obs := &observations{InitialDelay: 10 * time.Millisecond, HeartbeatMax: 20 * time.Millisecond,
 		Heartbeats: 50, CheckpointSeen: true, SectionMax: map[string]time.Duration{}, SectionCloses: map[string]int{}}
 	next, _ := compute(cur, obs, 5, DefaultMinComputedTimeout, map[string]bool{})
-	if next.Heartbeat != DefaultMinComputedTimeout || next.InitialHeartbeat != DefaultMinComputedTimeout {
-		t.Fatalf("computed %v / %v, want the %v floor", next.InitialHeartbeat, next.Heartbeat, DefaultMinComputedTimeout)
+	if next.Heartbeat != DefaultMinComputedTimeout {
+		t.Fatalf("computed heartbeat %v, want the %v floor", next.Heartbeat, DefaultMinComputedTimeout)
+	}
+	// A disabled initial-heartbeat timeout stays disabled: the first
+	// heartbeat of a later cycle may come after a long checkpoint load.
+	if next.InitialHeartbeat != 0 {
+		t.Fatalf("computation enabled the initial-heartbeat timeout: %v", next.InitialHeartbeat)
+	}
+	cur.InitialHeartbeat = time.Hour
+	next, _ = compute(cur, obs, 5, DefaultMinComputedTimeout, map[string]bool{})
+	if next.InitialHeartbeat != DefaultMinComputedTimeout {
+		t.Fatalf("configured initial timeout not refined: %v", next.InitialHeartbeat)
 	}
 }

@@ -196,11 +196,18 @@ func compute(cur Timeouts, obs *observations, safety float64, floor time.Duratio
 	}
 	scale := func(d time.Duration) time.Duration { return max(time.Duration(float64(d)*safety), floor) }
 	if !clientSet["heartbeat"] && obs.CheckpointSeen && obs.Heartbeats >= minHeartbeatIntervals && obs.HeartbeatMax > 0 && obs.InitialDelay > 0 {
-		ni := blend(scale(obs.InitialDelay), cur.InitialHeartbeat, cur.HeartbeatCalculated)
+		// The delay before the first heartbeat includes loading a checkpoint,
+		// which a fresh start never did: never enable a disabled initial
+		// timeout from it, only refine one that is set.
+		ni := cur.InitialHeartbeat
+		if cur.InitialHeartbeat > 0 {
+			ni = blend(scale(obs.InitialDelay), cur.InitialHeartbeat, cur.HeartbeatCalculated)
+		}
 		nh := blend(scale(obs.HeartbeatMax), cur.Heartbeat, cur.HeartbeatCalculated)
-		changes = append(changes,
-			change{"initial_heartbeat", cur.InitialHeartbeat, ni, cur.HeartbeatCalculated},
-			change{"heartbeat", cur.Heartbeat, nh, cur.HeartbeatCalculated})
+		if ni != cur.InitialHeartbeat {
+			changes = append(changes, change{"initial_heartbeat", cur.InitialHeartbeat, ni, cur.HeartbeatCalculated})
+		}
+		changes = append(changes, change{"heartbeat", cur.Heartbeat, nh, cur.HeartbeatCalculated})
 		next.InitialHeartbeat, next.Heartbeat, next.HeartbeatCalculated = ni, nh, true
 	}
 	for name := range cur.Sections {

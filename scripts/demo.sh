@@ -14,7 +14,7 @@ fi
 
 echo "== building ft-launcher"
 mkdir -p bin
-go build -o bin/ft-launcher ./cmd/ft-launcher
+go build -o bin/ ./cmd/...
 
 work=$(mktemp -d /tmp/ft-launcher-demo.XXXXXX)
 echo "== running the example job (work dir: $work)"
