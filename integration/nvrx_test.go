@@ -1,0 +1,52 @@
+package integration
+
+import (
+	"fmt"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// Ranks instrumented for nvrx talk to ft-launcher's monitors in nvrx's own
+// pickle protocol. nvrx cannot be installed here (no PyPI), so the worker
+// uses stand-in classes with nvrx's exact module and class names; the bytes
+// on the wire are the same.
+
+func TestNvrxClientHangDetected(t *testing.T) {
+	worker, _ := filepath.Abs("testdata/nvrx_worker.py")
+	j := newJob(t)
+	code := j.run(2*time.Minute, []string{"PYTHON_EXEC=" + debianPython}, "--standalone", "--nproc-per-node", "2",
+		"--max-restarts", "1", "--ft-rank-heartbeat-timeout", "1.5", worker, "hang")
+	if code != 0 {
+		t.Fatalf("exit %d, want 0 after one restart\n%s", code, j.stderr.String())
+	}
+	hangs := j.eventsOf("rank_hang")
+	if len(hangs) != 1 || hangs[0]["timeout_kind"] != "heartbeat" || hangs[0]["rank"] != float64(1) {
+		t.Fatalf("rank_hang events %v, want one heartbeat timeout of rank 1", hangs)
+	}
+	if n := len(j.eventsOf("restart")); n != 1 {
+		t.Fatalf("%d restarts, want 1", n)
+	}
+}
+
+func TestNvrxShutdownWorkloadRequestHonoured(t *testing.T) {
+	worker, _ := filepath.Abs("testdata/nvrx_worker.py")
+	j := newJob(t)
+	code := j.run(2*time.Minute, []string{"PYTHON_EXEC=" + debianPython}, "--standalone", "--nproc-per-node", "2",
+		"--max-restarts", "3", worker, "shutdown")
+	if code != 93 {
+		t.Fatalf("exit %d, want 93 (the no-restart exit code)\n%s", code, j.stderr.String())
+	}
+	reqs := j.eventsOf("workload_request")
+	if len(reqs) != 1 || reqs[0]["action"] != "ShutdownWorkload" || reqs[0]["description"] != "loss is NaN" {
+		t.Fatalf("workload_request events %v", reqs)
+	}
+	if n := len(j.eventsOf("cycle_started")); n != 1 {
+		t.Fatalf("%d cycles started, want 1 (no restart after ShutdownWorkload)", n)
+	}
+	failed := j.eventsOf("job_failed")
+	if len(failed) != 1 || !strings.Contains(fmt.Sprint(failed[0]["reason"]), "ShutdownWorkload") {
+		t.Fatalf("job_failed %v", failed)
+	}
+}

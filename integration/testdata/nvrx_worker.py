@@ -1,0 +1,80 @@
+#!/usr/bin/python3
+"""A rank that speaks nvrx's own rank-monitor protocol, as nvrx's v0.6
+RankMonitorClient does: 4-byte big-endian length + pickle of classes with
+nvrx's module and class names (the stand-ins of monitor/nvrxwire/testdata;
+nvrx itself cannot be installed here), replies read synchronously, none for
+heartbeats/sections when the monitor advertises skip_section_response.
+
+usage: nvrx_worker.py MODE
+  hang       every rank heartbeats 5 times; rank 1 then stops heartbeating in
+             restart cycle 0 (only its monitor can end it)
+  shutdown   rank 0 asks the launcher for ShutdownWorkload over
+             FT_LAUNCHER_IPC_SOCKET (nvrx's IpcConnector), then exits 1
+"""
+import os
+import pickle
+import socket
+import struct
+import sys
+import time
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.normpath(os.path.join(_HERE, "..", "..", "monitor", "nvrxwire", "testdata")))
+
+import standins as nv  # noqa: E402
+
+
+def send(s, o):
+    b = pickle.dumps(o)
+    s.sendall(struct.pack(">I", len(b)) + b)
+
+
+def recv(s):
+    def exact(n):
+        b = b""
+        while len(b) < n:
+            c = s.recv(n - len(b))
+            if not c:
+                raise EOFError("monitor closed the connection")
+            b += c
+        return b
+    (n,) = struct.unpack(">I", exact(4))
+    return pickle.loads(exact(n))
+
+
+def main():
+    mode = sys.argv[1]
+    rank = int(os.environ["RANK"])
+    cycle = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+    if mode == "shutdown":
+        if rank == 0:
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.connect(os.environ["FT_LAUNCHER_IPC_SOCKET"])
+            send(s, (rank, nv.WorkloadControlRequest(nv.WorkloadAction.ShutdownWorkload, "loss is NaN")))
+            assert recv(s) == b"ok"
+            s.close()
+            return 1
+        time.sleep(60)
+        return 0
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(os.environ["FT_RANK_MONITOR_IPC_SOCKET"])
+    send(s, nv.AuthkeyMsg(b"k" * 32))
+    assert isinstance(recv(s), nv.OkMsg)
+    init = nv.InitMsg()
+    init.rank_info = nv.RankInfo(rank, int(os.environ["LOCAL_RANK"]), socket.gethostname(), os.getpid())
+    init.iteration, init.num_warmup_iters = 0, 0
+    send(s, init)
+    cfg = recv(s).cfg
+    for _ in range(5):
+        send(s, nv.HeartbeatMsg(rank, {}))
+        if not cfg.skip_section_response:
+            assert isinstance(recv(s), nv.OkMsg)
+        time.sleep(0.05)
+    if cycle == 0 and rank == 1:
+        time.sleep(3600)
+    s.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
