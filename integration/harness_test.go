@@ -38,8 +38,29 @@ func TestMain(m *testing.M) {
 		os.RemoveAll(dir)
 		os.Exit(1)
 	}
+	etcdDirs := func() map[string]bool {
+		got := map[string]bool{}
+		ms, _ := filepath.Glob(filepath.Join(os.TempDir(), "ft-launcher-etcd-*"))
+		for _, m := range ms {
+			got[m] = true
+		}
+		return got
+	}
+	before := etcdDirs()
 	code := m.Run()
 	os.RemoveAll(dir)
+	// No test may leave a process or an etcd data directory behind.
+	time.Sleep(500 * time.Millisecond)
+	if left := processesWithEnvPrefix("FTL_TEST_MARKER="); len(left) > 0 {
+		fmt.Fprintf(os.Stderr, "FAIL: processes left behind by the tests: %v\n", left)
+		code = 1
+	}
+	for d := range etcdDirs() {
+		if !before[d] {
+			fmt.Fprintf(os.Stderr, "FAIL: etcd data directory left behind by the tests: %s\n", d)
+			code = 1
+		}
+	}
 	os.Exit(code)
 }
 
@@ -136,6 +157,17 @@ func (j *job) leftovers() []int {
 }
 
 func processesWithEnv(kv string) []int {
+	return processesMatching(func(environ []byte) bool { return bytes.Contains(environ, []byte(kv+"\x00")) })
+}
+
+// processesWithEnvPrefix lists live processes with a variable starting with p.
+func processesWithEnvPrefix(p string) []int {
+	return processesMatching(func(environ []byte) bool {
+		return bytes.HasPrefix(environ, []byte(p)) || bytes.Contains(environ, []byte("\x00"+p))
+	})
+}
+
+func processesMatching(match func(environ []byte) bool) []int {
 	ents, _ := os.ReadDir("/proc")
 	var pids []int
 	for _, e := range ents {
@@ -144,7 +176,7 @@ func processesWithEnv(kv string) []int {
 			continue
 		}
 		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "environ"))
-		if err != nil || !bytes.Contains(b, []byte(kv+"\x00")) {
+		if err != nil || !match(b) {
 			continue
 		}
 		if st, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat")); err == nil {
@@ -179,7 +211,9 @@ func (j *job) cleanup() {
 			<-j.done
 		}
 	}
-	for _, pid := range j.leftovers() {
+	// Ranks die with their launcher at once; the embedded etcd gets SIGTERM
+	// and removes its data directory first: give it a moment.
+	for _, pid := range j.waitNoLeftovers(5 * time.Second) {
 		_ = syscall.Kill(pid, syscall.SIGKILL)
 	}
 }

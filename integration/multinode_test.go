@@ -23,7 +23,40 @@ type cluster struct {
 	dir      string
 	marker   string
 	endpoint string
+	extra    []string // backend flags given to every node
 	nodes    []*job
+}
+
+// rdzvBackend is one way to provide the rendezvous store.
+type rdzvBackend struct {
+	name  string
+	start func(t *testing.T) (endpoint string, flags []string)
+}
+
+// backends are the stores every multi-node scenario runs against: the
+// embedded default (hosted by the node on 127.0.0.2) and Debian's etcd.
+var backends = []rdzvBackend{
+	{"embedded", func(t *testing.T) (string, []string) {
+		return embeddedEndpoint(t), []string{"--rdzv-backend", "c10d"}
+	}},
+	{"debian-etcd", func(t *testing.T) (string, []string) {
+		client := fmt.Sprintf("127.0.0.1:%d", freeTCPPort(t, "127.0.0.1"))
+		peer := fmt.Sprintf("127.0.0.1:%d", freeTCPPort(t, "127.0.0.1"))
+		startEtcd(t, t.TempDir(), client, peer)
+		return client, []string{"--rdzv-backend", "etcd"}
+	}},
+}
+
+// forEachBackend runs scenario as a subtest against every backend.
+func forEachBackend(t *testing.T, scenario func(t *testing.T, c *cluster)) {
+	for _, b := range backends {
+		t.Run(b.name, func(t *testing.T) {
+			ep, flags := b.start(t)
+			c := newCluster(t, ep)
+			c.extra = flags
+			scenario(t, c)
+		})
+	}
 }
 
 func freeTCPPort(t *testing.T, host string) int {
@@ -55,7 +88,7 @@ func (c *cluster) addNode(env []string, args ...string) *job {
 	addr := fmt.Sprintf("127.0.0.%d", 2+i)
 	j := &job{t: c.t, dir: c.dir, marker: c.marker, events: filepath.Join(c.dir, fmt.Sprintf("events%d.jsonl", i))}
 	c.t.Cleanup(j.cleanup)
-	full := append([]string{"--local-addr", addr, "--rdzv-endpoint", c.endpoint, "--rdzv-id", "job-" + c.marker}, args...)
+	full := append(append([]string{"--local-addr", addr, "--rdzv-endpoint", c.endpoint, "--rdzv-id", "job-" + c.marker}, c.extra...), args...)
 	j.start(append([]string{"OUT=" + c.dir, "NODE=" + strconv.Itoa(i)}, env...), full...)
 	c.nodes = append(c.nodes, j)
 	return j
@@ -151,155 +184,159 @@ func checkRound(t *testing.T, recs []envRecord, cycle, world int) map[int]int {
 	return groupOf
 }
 
-func TestMultiNodeEmbeddedHappyPath(t *testing.T) {
-	c := newCluster(t, embeddedEndpoint(t))
-	s := recorder(c, "exit 0\n")
-	for i := 0; i < 3; i++ {
-		c.addNode(nil, "--nnodes", "3", "--nproc-per-node", "2", "--rdzv-backend", "c10d", "--no-python", s)
-	}
-	codes := c.waitAll(2 * time.Minute)
-	for i, code := range codes {
-		if code != 0 {
-			t.Fatalf("node %d exited %d\n%s", i, code, c.stderrs())
+func TestMultiNodeHappyPath(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, c *cluster) {
+		s := recorder(c, "exit 0\n")
+		for i := 0; i < 3; i++ {
+			c.addNode(nil, "--nnodes", "3", "--nproc-per-node", "2", "--no-python", s)
 		}
-	}
-	groups := checkRound(t, readStarts(t, c.dir), 0, 6)
-	seen := map[int]bool{}
-	for _, g := range groups {
-		seen[g] = true
-	}
-	if len(seen) != 3 {
-		t.Fatalf("group ranks %v, want 3 distinct", groups)
-	}
+		codes := c.waitAll(2 * time.Minute)
+		for i, code := range codes {
+			if code != 0 {
+				t.Fatalf("node %d exited %d\n%s", i, code, c.stderrs())
+			}
+		}
+		groups := checkRound(t, readStarts(t, c.dir), 0, 6)
+		seen := map[int]bool{}
+		for _, g := range groups {
+			seen[g] = true
+		}
+		if len(seen) != 3 {
+			t.Fatalf("group ranks %v, want 3 distinct", groups)
+		}
+	})
 }
 
 func TestMultiNodeRankCrashRestartsEveryNode(t *testing.T) {
-	c := newCluster(t, embeddedEndpoint(t))
-	// Node 1's local rank 1 fails once in cycle 0; the others keep running
-	// until the job-wide restart stops them.
-	s := recorder(c, `
+	forEachBackend(t, func(t *testing.T, c *cluster) {
+		// Node 1's local rank 1 fails once in cycle 0; the others keep running
+		// until the job-wide restart stops them.
+		s := recorder(c, `
 if [ "$TORCHELASTIC_RESTART_COUNT" = 0 ]; then
   if [ "$NODE" = 1 ] && [ "$LOCAL_RANK" = 1 ]; then sleep 1; exit 9; fi
   sleep 60
 fi
 exit 0
 `)
-	for i := 0; i < 3; i++ {
-		c.addNode(nil, "--nnodes", "3", "--nproc-per-node", "2", "--max-restarts", "3", "--no-python", s)
-	}
-	codes := c.waitAll(2 * time.Minute)
-	for i, code := range codes {
-		if code != 0 {
-			t.Fatalf("node %d exited %d\n%s", i, code, c.stderrs())
+		for i := 0; i < 3; i++ {
+			c.addNode(nil, "--nnodes", "3", "--nproc-per-node", "2", "--max-restarts", "3", "--no-python", s)
 		}
-	}
-	recs := readStarts(t, c.dir)
-	g0 := checkRound(t, recs, 0, 6)
-	g1 := checkRound(t, recs, 1, 6)
-	for node, g := range g0 {
-		if g1[node] != g {
-			t.Errorf("node %d changed group rank across rounds: %d -> %d", node, g, g1[node])
+		codes := c.waitAll(2 * time.Minute)
+		for i, code := range codes {
+			if code != 0 {
+				t.Fatalf("node %d exited %d\n%s", i, code, c.stderrs())
+			}
 		}
-	}
-	for _, r := range recs {
-		if r.cycle > 1 {
-			t.Fatalf("a cycle beyond 1 started: %v", r)
+		recs := readStarts(t, c.dir)
+		g0 := checkRound(t, recs, 0, 6)
+		g1 := checkRound(t, recs, 1, 6)
+		for node, g := range g0 {
+			if g1[node] != g {
+				t.Errorf("node %d changed group rank across rounds: %d -> %d", node, g, g1[node])
+			}
 		}
-	}
+		for _, r := range recs {
+			if r.cycle > 1 {
+				t.Fatalf("a cycle beyond 1 started: %v", r)
+			}
+		}
+	})
 }
 
 func TestMultiNodeBudgetExhaustedSameCodeEverywhere(t *testing.T) {
-	c := newCluster(t, embeddedEndpoint(t))
-	s := recorder(c, `
+	forEachBackend(t, func(t *testing.T, c *cluster) {
+		s := recorder(c, `
 if [ "$NODE" = 2 ]; then sleep 0.5; exit 4; fi
 sleep 60
 `)
-	for i := 0; i < 3; i++ {
-		c.addNode(nil, "--nnodes", "3", "--nproc-per-node", "1", "--max-restarts", "1", "--no-python", s)
-	}
-	codes := c.waitAll(2 * time.Minute)
-	for i, code := range codes {
-		if code != 1 {
-			t.Fatalf("node %d exited %d, want 1 on every node: %v\n%s", i, code, codes, c.stderrs())
+		for i := 0; i < 3; i++ {
+			c.addNode(nil, "--nnodes", "3", "--nproc-per-node", "1", "--max-restarts", "1", "--no-python", s)
 		}
-	}
-	if left := c.nodes[0].waitNoLeftovers(15 * time.Second); len(left) > 0 {
-		t.Fatalf("processes left: %v", left)
-	}
+		codes := c.waitAll(2 * time.Minute)
+		for i, code := range codes {
+			if code != 1 {
+				t.Fatalf("node %d exited %d, want 1 on every node: %v\n%s", i, code, codes, c.stderrs())
+			}
+		}
+		if left := c.nodes[0].waitNoLeftovers(15 * time.Second); len(left) > 0 {
+			t.Fatalf("processes left: %v", left)
+		}
+	})
 }
 
 func TestMultiNodeLossPromotesStandby(t *testing.T) {
-	c := newCluster(t, embeddedEndpoint(t))
-	s := recorder(c, `
+	forEachBackend(t, func(t *testing.T, c *cluster) {
+		s := recorder(c, `
 if [ "$TORCHELASTIC_RESTART_COUNT" = 0 ]; then exec sleep 120; fi
 sleep 1
 exit 0
 `)
-	// MIN 2, MAX 3: two active nodes and one standby.
-	for i := 0; i < 3; i++ {
-		c.addNode(nil, "--nnodes", "2:3", "--nproc-per-node", "2", "--max-restarts", "2", "--no-python", s)
-	}
-	// Wait until round 0 runs on two nodes, then SIGKILL an active node that
-	// does not host the embedded etcd (node 0 hosts it).
-	deadline := time.Now().Add(90 * time.Second)
-	victim := -1
-	for victim < 0 && time.Now().Before(deadline) {
-		time.Sleep(100 * time.Millisecond)
-		b, _ := os.ReadFile(filepath.Join(c.dir, "starts"))
-		lines := strings.Split(strings.TrimSpace(string(b)), "\n")
-		if len(lines) < 4 {
-			continue
+		// MIN 2, MAX 3: two active nodes and one standby.
+		for i := 0; i < 3; i++ {
+			c.addNode(nil, "--nnodes", "2:3", "--nproc-per-node", "2", "--max-restarts", "2", "--no-python", s)
+		}
+		// Wait until round 0 runs on two nodes, then SIGKILL an active node that
+		// does not host the embedded etcd (node 0 hosts it).
+		deadline := time.Now().Add(90 * time.Second)
+		victim := -1
+		for victim < 0 && time.Now().Before(deadline) {
+			time.Sleep(100 * time.Millisecond)
+			b, _ := os.ReadFile(filepath.Join(c.dir, "starts"))
+			lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+			if len(lines) < 4 {
+				continue
+			}
+			recs := readStarts(t, c.dir)
+			for _, r := range recs {
+				if r.node != 0 {
+					victim = r.node
+					break
+				}
+			}
+		}
+		if victim < 0 {
+			t.Fatalf("round 0 never ran on a node other than the etcd host\n%s", c.stderrs())
+		}
+		if err := c.nodes[victim].cmd.Process.Signal(syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		codes := make([]int, len(c.nodes))
+		for i, n := range c.nodes {
+			if i == victim {
+				n.wait(generous)
+				continue
+			}
+			codes[i] = n.wait(2 * time.Minute)
+			if codes[i] != 0 {
+				t.Fatalf("surviving node %d exited %d\n%s", i, codes[i], c.stderrs())
+			}
 		}
 		recs := readStarts(t, c.dir)
-		for _, r := range recs {
-			if r.node != 0 {
-				victim = r.node
-				break
+		checkRound(t, recs, 0, 4)
+		groups := checkRound(t, recs, 1, 4)
+		if _, ok := groups[victim]; ok {
+			t.Fatalf("the lost node %d ran in round 1", victim)
+		}
+		nodes := []int{}
+		for n := range groups {
+			nodes = append(nodes, n)
+		}
+		sort.Ints(nodes)
+		if len(nodes) != 2 {
+			t.Fatalf("round 1 ran on nodes %v, want 2 nodes (a standby promoted)", nodes)
+		}
+		lost := false
+		for i := range c.nodes {
+			for _, e := range c.nodes[i].eventsOfQuiet("round_ended") {
+				if strings.Contains(fmt.Sprint(e["reason"]), "lost") {
+					lost = true
+				}
 			}
 		}
-	}
-	if victim < 0 {
-		t.Fatalf("round 0 never ran on a node other than the etcd host\n%s", c.stderrs())
-	}
-	if err := c.nodes[victim].cmd.Process.Signal(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	codes := make([]int, len(c.nodes))
-	for i, n := range c.nodes {
-		if i == victim {
-			n.wait(generous)
-			continue
+		if !lost {
+			t.Errorf("no node recorded the node loss in its event log")
 		}
-		codes[i] = n.wait(2 * time.Minute)
-		if codes[i] != 0 {
-			t.Fatalf("surviving node %d exited %d\n%s", i, codes[i], c.stderrs())
-		}
-	}
-	recs := readStarts(t, c.dir)
-	checkRound(t, recs, 0, 4)
-	groups := checkRound(t, recs, 1, 4)
-	if _, ok := groups[victim]; ok {
-		t.Fatalf("the lost node %d ran in round 1", victim)
-	}
-	nodes := []int{}
-	for n := range groups {
-		nodes = append(nodes, n)
-	}
-	sort.Ints(nodes)
-	if len(nodes) != 2 {
-		t.Fatalf("round 1 ran on nodes %v, want 2 nodes (a standby promoted)", nodes)
-	}
-	lost := false
-	for i := range c.nodes {
-		for _, e := range c.nodes[i].eventsOfQuiet("round_ended") {
-			if strings.Contains(fmt.Sprint(e["reason"]), "lost") {
-				lost = true
-			}
-		}
-	}
-	if !lost {
-		t.Errorf("no node recorded the node loss in its event log")
-	}
+	})
 }
 
 // eventsOfQuiet is eventsOf that tolerates a missing log (a killed node).

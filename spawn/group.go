@@ -21,6 +21,10 @@ type Spec struct {
 	Dir       string   // "": the launcher's working directory
 	// Stdout and Stderr nil inherit the launcher's. Stdin is always inherited.
 	Stdout, Stderr *os.File
+	// DeathSignal is sent to the child when the launcher dies (0: SIGKILL,
+	// right for ranks). A helper that must clean up after itself, such as
+	// the embedded etcd server removing its data directory, asks for SIGTERM.
+	DeathSignal syscall.Signal
 }
 
 // Exit is how one child ended.
@@ -119,7 +123,7 @@ func (r *Reaper) StartGroup(specs []Spec) (*Group, error) {
 	for _, s := range specs {
 		p := &rankProc{localRank: s.LocalRank, done: make(chan struct{})}
 		files := [3]*os.File{os.Stdin, orDefault(s.Stdout, os.Stdout), orDefault(s.Stderr, os.Stderr)}
-		pid, err := r.start(s.Argv, s.Env, s.Dir, files, func(pid int, ws unix.WaitStatus, at time.Time) {
+		pid, err := r.start(s.Argv, s.Env, s.Dir, s.DeathSignal, files, func(pid int, ws unix.WaitStatus, at time.Time) {
 			e := newExit(p.localRank, pid, ws, at)
 			p.mu.Lock()
 			p.exit = e

@@ -205,9 +205,12 @@ func (r *Reaper) forkLoop() {
 	}
 }
 
-// start forks one child in its own process group with Pdeathsig=SIGKILL.
-// files are the child's fds 0, 1 and 2.
-func (r *Reaper) start(argv, env []string, dir string, files [3]*os.File, onExit exitFunc) (int, error) {
+// start forks one child in its own process group with the parent-death
+// signal deathSig (0: SIGKILL). files are the child's fds 0, 1 and 2.
+func (r *Reaper) start(argv, env []string, dir string, deathSig syscall.Signal, files [3]*os.File, onExit exitFunc) (int, error) {
+	if deathSig == 0 {
+		deathSig = syscall.SIGKILL
+	}
 	if len(argv) == 0 {
 		return 0, errors.New("empty argv")
 	}
@@ -229,7 +232,7 @@ func (r *Reaper) start(argv, env []string, dir string, files [3]*os.File, onExit
 		Dir:   dir,
 		Env:   env,
 		Files: fds,
-		Sys:   &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL},
+		Sys:   &syscall.SysProcAttr{Setpgid: true, Pdeathsig: deathSig},
 	}
 	req := forkRequest{path: path, argv: argv, attr: attr, onExit: onExit, reply: make(chan forkReply, 1)}
 	select {
@@ -262,7 +265,7 @@ func (r *Reaper) Run(ctx context.Context, argv []string, env []string) (out []by
 	}
 	defer pr.Close()
 	exitCh := make(chan Exit, 1)
-	pid, err := r.start(argv, env, "", [3]*os.File{devNull, pw, pw}, func(pid int, ws unix.WaitStatus, at time.Time) {
+	pid, err := r.start(argv, env, "", 0, [3]*os.File{devNull, pw, pw}, func(pid int, ws unix.WaitStatus, at time.Time) {
 		exitCh <- newExit(-1, pid, ws, at)
 	})
 	pw.Close()

@@ -41,29 +41,25 @@ func hostEtcd(reaper *spawn.Reaper, log *slog.Logger, clientURL, peerURL string)
 	if err != nil {
 		return "", nil, err
 	}
-	dir, err := os.MkdirTemp("", "ft-launcher-etcd-")
-	if err != nil {
-		return "", nil, fmt.Errorf("embedded etcd data dir: %w", err)
-	}
 	r, w, err := os.Pipe()
 	if err != nil {
-		os.RemoveAll(dir)
 		return "", nil, fmt.Errorf("embedded etcd: %w", err)
 	}
+	// The server makes and removes its own data directory; it gets SIGTERM,
+	// not SIGKILL, if this launcher dies, so it can still remove it.
 	g, err := reaper.StartGroup([]spawn.Spec{{LocalRank: -1,
-		Argv:   []string{bin, "--data-dir", dir, "--client-url", clientURL, "--peer-url", peerURL},
-		Env:    os.Environ(),
-		Stdout: w}})
+		Argv:        []string{bin, "--client-url", clientURL, "--peer-url", peerURL},
+		Env:         os.Environ(),
+		Stdout:      w,
+		DeathSignal: syscall.SIGTERM}})
 	w.Close()
 	if err != nil {
 		r.Close()
-		os.RemoveAll(dir)
 		return "", nil, fmt.Errorf("start %s: %w", bin, err)
 	}
 	stop = func() {
 		g.Stop(syscall.SIGTERM, 10*time.Second)
 		r.Close()
-		os.RemoveAll(dir)
 	}
 	line := make(chan string, 1)
 	go func() {
