@@ -380,6 +380,13 @@ func (a *Agent) supervise(ctx context.Context, g *spawn.Group, asg rendezvous.As
 			remaining--
 			a.recordExit(asg, e, &end)
 			if e.Failed() {
+				if _, ok := hangByRank[e.LocalRank]; !ok && a.d.Monitors != nil {
+					if _, fired := a.d.Monitors.FiredHang(asg.Round, e.LocalRank); fired {
+						// The monitor killed this rank; its report follows at
+						// once (or after the termination grace).
+						a.awaitHang(hangs, asg, e.LocalRank, hangByRank)
+					}
+				}
 				end.kind = endRankFailure
 				if h, ok := hangByRank[e.LocalRank]; ok {
 					end.reason = hangReason(h)
@@ -393,18 +400,7 @@ func (a *Agent) supervise(ctx context.Context, g *spawn.Group, asg rendezvous.As
 				return end
 			}
 		case h := <-hangs:
-			if h.Cycle != asg.Round {
-				continue
-			}
-			hangByRank[h.LocalRank] = h
-			a.log.Error("rank hang detected; rank killed", "local_rank", h.LocalRank, "rank", h.GlobalRank,
-				"timeout_kind", h.Kind, "section", h.Section, "timeout", h.Timeout, "elapsed", h.Elapsed,
-				"signal", h.Signal.String(), "latency", h.SignalledAt.Sub(h.ExpiredAt))
-			a.ev.Emit(eventlog.RankHang, map[string]any{"round": asg.Round, "local_rank": h.LocalRank,
-				"rank": h.GlobalRank, "timeout_kind": h.Kind, "section": h.Section,
-				"timeout_s": h.Timeout.Seconds(), "elapsed_s": h.Elapsed.Seconds(), "signal": sigName(h.Signal),
-				"detect_latency_ms":    float64(h.SignalledAt.Sub(h.ExpiredAt).Microseconds()) / 1000,
-				"escalated_to_sigkill": h.Escalated})
+			a.recordHang(asg, h, hangByRank)
 		case r := <-reqs:
 			a.log.Warn("workload control request from a rank", "rank", r.GlobalRank, "action", r.Action, "description", r.Description)
 			a.ev.Emit(eventlog.WorkloadRequest, map[string]any{"round": asg.Round, "rank": r.GlobalRank,
@@ -434,6 +430,40 @@ func (a *Agent) supervise(ctx context.Context, g *spawn.Group, asg rendezvous.As
 			end.kind = endSignal
 			end.sig = syscall.SIGTERM
 			return end
+		}
+	}
+}
+
+// recordHang logs a hang report of this cycle and remembers it per rank.
+func (a *Agent) recordHang(asg rendezvous.Assignment, h monitor.Hang, hangByRank map[int]monitor.Hang) {
+	if h.Cycle != asg.Round {
+		return
+	}
+	hangByRank[h.LocalRank] = h
+	a.log.Error("rank hang detected; rank killed", "local_rank", h.LocalRank, "rank", h.GlobalRank,
+		"timeout_kind", h.Kind, "section", h.Section, "timeout", h.Timeout, "elapsed", h.Elapsed,
+		"signal", h.Signal.String(), "latency", h.SignalledAt.Sub(h.ExpiredAt))
+	a.ev.Emit(eventlog.RankHang, map[string]any{"round": asg.Round, "local_rank": h.LocalRank,
+		"rank": h.GlobalRank, "timeout_kind": h.Kind, "section": h.Section,
+		"timeout_s": h.Timeout.Seconds(), "elapsed_s": h.Elapsed.Seconds(), "signal": sigName(h.Signal),
+		"detect_latency_ms":    float64(h.SignalledAt.Sub(h.ExpiredAt).Microseconds()) / 1000,
+		"escalated_to_sigkill": h.Escalated})
+}
+
+// awaitHang waits, bounded, for the hang report of a rank its monitor killed.
+func (a *Agent) awaitHang(hangs <-chan monitor.Hang, asg rendezvous.Assignment, localRank int, hangByRank map[int]monitor.Hang) {
+	grace := time.Duration(a.cfg.FT.TerminationGrace*float64(time.Second)) + 2*time.Second
+	timeout := time.After(grace)
+	for {
+		select {
+		case h := <-hangs:
+			a.recordHang(asg, h, hangByRank)
+			if _, ok := hangByRank[localRank]; ok {
+				return
+			}
+		case <-timeout:
+			a.log.Warn("the monitor killed a rank but its hang report did not arrive", "local_rank", localRank)
+			return
 		}
 	}
 }

@@ -44,6 +44,10 @@ type Options struct {
 	// survive a GC pause or a loaded node). 0 means DefaultMinComputedTimeout;
 	// a negative value disables the floor (tests).
 	MinComputedTimeout time.Duration
+	// DrainInterval is how often native sessions are read after their
+	// handshake (lazy.go). 0 derives it from the timeouts in force:
+	// min(10 ms, smallest enabled timeout / 20), at least 1 ms.
+	DrainInterval time.Duration
 }
 
 // DefaultMinComputedTimeout is the default floor of computed timeouts.
@@ -105,6 +109,8 @@ type Manager struct {
 	ckptStamp  string          // checkpoint-iteration file's state at BeginCycle
 	conns      map[net.Conn]struct{}
 	closed     bool
+
+	poll *poller // batched reader of native sessions
 }
 
 // New binds every socket and loads persisted timeouts.
@@ -134,6 +140,7 @@ func New(opts Options) (*Manager, error) {
 	}
 	m.configured = configuredTimeouts(&opts.FT)
 	m.eff = m.configured.Clone()
+	m.poll = newPoller(m.drainInterval())
 	if opts.StateFile != "" {
 		u, err := loadState(opts.StateFile)
 		switch {
@@ -166,6 +173,7 @@ func New(opts Options) (*Manager, error) {
 		m.goTracked(func() { m.acceptLoop(ln, func(c *net.UnixConn) { m.serveRank(r, c) }) })
 	}
 	m.goTracked(func() { m.acceptLoop(m.ctlLn, m.serveControl) })
+	m.goTracked(m.runPoller)
 	return m, nil
 }
 
@@ -261,6 +269,7 @@ func (m *Manager) BeginCycle(cycle int, pids map[int]int) {
 	for i, r := range m.ranks {
 		r.begin(cycle, m.pids[i], m.eff.Clone(), m.opts.FT.NumWarmupIterations)
 	}
+	m.poll.every.Store(int64(m.drainInterval()))
 	close(m.cycleCh)
 	m.cycleCh = make(chan struct{})
 	m.log.Debug("rank monitors: cycle begins", "cycle", cycle, "pids", pids)
@@ -274,6 +283,11 @@ func (m *Manager) EndCycle() { m.EndCycleWith(false) }
 // EndCycleWith is EndCycle; completed says every rank exited 0, so the
 // whole run, checkpoints included, was observed.
 func (m *Manager) EndCycleWith(completed bool) {
+	// Read what the native sessions have buffered first, outside m.mu (a
+	// SetTimeouts message takes it), so the observations are complete.
+	for _, r := range m.ranks {
+		r.drain()
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if !m.active {
@@ -333,6 +347,7 @@ func (m *Manager) clientTimeouts(u *ftwire.TimeoutsUpdate) {
 		}
 	}
 	m.eff.applyUpdate(u)
+	m.poll.every.Store(int64(m.drainInterval()))
 	m.log.Info("client set timeouts", "timeouts", m.eff.String())
 }
 
@@ -476,7 +491,7 @@ func (m *Manager) serveRank(r *rankMon, c *net.UnixConn) {
 	log := r.logger()
 	switch first[0] {
 	case ftwire.Magic[0]:
-		err = m.serveNative(r, gen, dc, br)
+		err = m.serveNative(r, gen, c, dc, br)
 	case 0x00:
 		err = m.serveNvrx(r, gen, dc, br)
 	default:
@@ -504,6 +519,14 @@ func fileStamp(path *string) string {
 	return fmt.Sprintf("%d/%d", st.Size(), st.ModTime().UnixNano())
 }
 
+// drainInterval is P for m.eff. Caller holds m.mu or is New.
+func (m *Manager) drainInterval() time.Duration {
+	if m.opts.DrainInterval > 0 {
+		return m.opts.DrainInterval
+	}
+	return drainIntervalFor(&m.eff)
+}
+
 func (m *Manager) minComputed() time.Duration {
 	switch {
 	case m.opts.MinComputedTimeout < 0:
@@ -512,4 +535,21 @@ func (m *Manager) minComputed() time.Duration {
 		return DefaultMinComputedTimeout
 	}
 	return m.opts.MinComputedTimeout
+}
+
+// FiredHang reports whether the monitor of localRank declared its rank hung
+// in cycle. It is recorded before the rank is signalled, so whoever sees the
+// rank die can tell a hang kill from any other death even before the Hang
+// itself (sent once the signal's outcome is known) arrives on Hangs().
+func (m *Manager) FiredHang(cycle, localRank int) (Hang, bool) {
+	if localRank < 0 || localRank >= len(m.ranks) {
+		return Hang{}, false
+	}
+	r := m.ranks[localRank]
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.fired || r.cycle != cycle {
+		return Hang{}, false
+	}
+	return r.firedHang, true
 }

@@ -160,6 +160,12 @@ func TestHangKinds(t *testing.T) {
 				t.Errorf("rank ended with %v, want SIGKILL", st)
 			}
 			noHang(t, m, 300*time.Millisecond) // once per rank per cycle
+			if f, ok := m.FiredHang(3, 0); !ok || f.Kind != h.Kind || f.Section != h.Section {
+				t.Errorf("FiredHang(3, 0) = %+v, %v; want the %s hang", f, ok, h.Kind)
+			}
+			if _, ok := m.FiredHang(4, 0); ok {
+				t.Errorf("FiredHang reports a hang for a cycle that never ran")
+			}
 		})
 	}
 }

@@ -2,11 +2,9 @@ package monitor
 
 import (
 	"bufio"
-	"encoding/binary"
+	"bytes"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
 	"net"
 	"time"
 
@@ -65,7 +63,7 @@ func (m *Manager) serverConfig(r *rankMon) ftwire.ServerConfig {
 }
 
 // serveNative runs an FTL1 session (docs/protocol.md).
-func (m *Manager) serveNative(r *rankMon, gen uint64, dc *deadlineConn, br *bufio.Reader) error {
+func (m *Manager) serveNative(r *rankMon, gen uint64, uc *net.UnixConn, dc *deadlineConn, br *bufio.Reader) error {
 	dc.mid = true
 	if err := ftwire.ReadMagic(br); err != nil {
 		return err
@@ -96,85 +94,12 @@ func (m *Manager) serveNative(r *rankMon, gen uint64, dc *deadlineConn, br *bufi
 	if err := writeAll(dc.Conn, ftwire.AppendFrame([]byte(ftwire.Magic), ftwire.MsgConfig, cfg)); err != nil {
 		return fmt.Errorf("write config: %w", err)
 	}
-	names := map[uint64]string{}
-	section := func() (string, error) {
-		id, err := binary.ReadUvarint(br)
-		if err != nil {
-			return "", fmt.Errorf("read section id: %w", err)
-		}
-		name, ok := names[id]
-		if !ok {
-			return "", fmt.Errorf("section id %d was never defined", id)
-		}
-		return name, nil
-	}
-	log := r.logger()
-	for {
-		dc.mid = false
-		t, err := br.ReadByte()
-		if err != nil {
-			if errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) {
-				return nil
-			}
-			return fmt.Errorf("read: %w", err)
-		}
-		dc.mid = true
-		switch t {
-		case ftwire.MsgHeartbeat:
-			r.heartbeat(gen)
-		case ftwire.MsgSectionOpen, ftwire.MsgSectionOpenIter:
-			name, err := section()
-			if err != nil {
-				return err
-			}
-			var iter *int64
-			if t == ftwire.MsgSectionOpenIter {
-				v, err := binary.ReadUvarint(br)
-				if err != nil {
-					return fmt.Errorf("read iteration: %w", err)
-				}
-				i := int64(v)
-				iter = &i
-			}
-			if e := r.openSection(gen, name, iter); e != "" {
-				log.Warn("rank monitor: " + e)
-			}
-		case ftwire.MsgSectionClose:
-			name, err := section()
-			if err != nil {
-				return err
-			}
-			if e := r.closeSection(gen, name); e != "" {
-				log.Warn("rank monitor: " + e)
-			}
-		case ftwire.MsgSectionCloseAll:
-			r.closeAll(gen)
-		default:
-			if !ftwire.LengthPrefixed(t) {
-				return fmt.Errorf("unknown message type %#x", t)
-			}
-			p, err := ftwire.ReadPayload(br)
-			if err != nil {
-				return err
-			}
-			switch t {
-			case ftwire.MsgDefineSection:
-				id, name, err := ftwire.ParseDefineSection(p)
-				if err != nil {
-					return err
-				}
-				names[id] = name
-			case ftwire.MsgSetTimeouts:
-				var u ftwire.TimeoutsUpdate
-				if err := json.Unmarshal(p, &u); err != nil {
-					return fmt.Errorf("decode timeouts: %w", err)
-				}
-				m.applyClientTimeouts(r, gen, &u)
-			default:
-				log.Debug("rank monitor: skipping unknown message", "type", t)
-			}
-		}
-	}
+	// FTL1 sends no reply after Config: from here on the socket is read in
+	// batches (lazy.go). The deadline armed while Hello was read is cleared
+	// so it cannot fire on the raw reads.
+	_ = dc.Conn.SetReadDeadline(time.Time{})
+	buffered, _ := br.Peek(br.Buffered())
+	return m.serveLazy(r, gen, uc, bytes.Clone(buffered))
 }
 
 // applyClientTimeouts honours client-sent timeouts at once for the rank and

@@ -2,6 +2,7 @@ package monitor
 
 import (
 	"fmt"
+	"io"
 	"log/slog"
 	"math"
 	"net"
@@ -47,12 +48,13 @@ type rankMon struct {
 	heartbeats atomic.Int64 // heartbeats received this cycle (status only)
 
 	mu          sync.Mutex
-	conn        net.Conn
+	conn        io.Closer // net.Conn, or *lazyConn after a native handshake
 	cycle       int
 	active      bool
 	pid         int
 	globalRank  int
 	fired       bool
+	firedHang   Hang // what fired, recorded before the rank is signalled
 	to          Timeouts
 	connected   bool // a session is initialised
 	initAt      int64
@@ -118,6 +120,27 @@ func (r *rankMon) resetSessionLocked() {
 	r.initialIter, r.currentIter = 0, 0
 }
 
+// handover replaces connection gen's net.Conn by its batched reader.
+func (r *rankMon) handover(gen uint64, lc *lazyConn) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.gen.Load() != gen {
+		return false
+	}
+	r.conn = lc
+	return true
+}
+
+// drain processes whatever the rank's native session has buffered.
+func (r *rankMon) drain() {
+	r.mu.Lock()
+	lc, _ := r.conn.(*lazyConn)
+	r.mu.Unlock()
+	if lc != nil {
+		lc.drain()
+	}
+}
+
 // install makes c the rank's connection, closing the previous one at once.
 // It returns the new connection's generation.
 func (r *rankMon) install(c net.Conn) uint64 {
@@ -179,12 +202,14 @@ func (r *rankMon) init(gen uint64, info initInfo) bool {
 	return true
 }
 
-// heartbeat is the hot path.
-func (r *rankMon) heartbeat(gen uint64) {
+// heartbeat records a heartbeat arriving now.
+func (r *rankMon) heartbeat(gen uint64) { r.heartbeatAt(gen, r.m.mono()) }
+
+// heartbeatAt is the hot path; now is when it was read.
+func (r *rankMon) heartbeatAt(gen uint64, now int64) {
 	if r.gen.Load() != gen {
 		return
 	}
-	now := r.m.mono()
 	if !r.hbSeen.Load() {
 		r.firstHeartbeat(gen, now)
 		return
@@ -220,13 +245,12 @@ func (r *rankMon) firstHeartbeat(gen uint64, now int64) {
 }
 
 // openSection returns an error text when the section was already open.
-func (r *rankMon) openSection(gen uint64, name string, iter *int64) string {
+func (r *rankMon) openSection(gen uint64, name string, iter *int64, now int64) string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.gen.Load() != gen || !r.connected {
 		return ""
 	}
-	now := r.m.mono()
 	if _, ok := r.open[name]; ok {
 		return fmt.Sprintf("Section '%s' is already open", name)
 	}
@@ -252,13 +276,12 @@ func (r *rankMon) openSection(gen uint64, name string, iter *int64) string {
 }
 
 // closeSection returns an error text when the section was not open.
-func (r *rankMon) closeSection(gen uint64, name string) string {
+func (r *rankMon) closeSection(gen uint64, name string, now int64) string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.gen.Load() != gen || !r.connected {
 		return ""
 	}
-	now := r.m.mono()
 	at, ok := r.open[name]
 	if !ok {
 		return fmt.Sprintf("Section '%s' is not open", name)
@@ -273,13 +296,12 @@ func (r *rankMon) closeSection(gen uint64, name string) string {
 	return ""
 }
 
-func (r *rankMon) closeAll(gen uint64) {
+func (r *rankMon) closeAll(gen uint64, now int64) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.gen.Load() != gen || !r.connected {
 		return
 	}
-	now := r.m.mono()
 	for name, at := range r.open {
 		r.obs.SectionMax[name] = max(r.obs.SectionMax[name], time.Duration(now-at))
 		r.obs.SectionCloses[name]++
@@ -367,10 +389,14 @@ func (r *rankMon) rearmLocked(now int64) {
 	r.timer.Reset(time.Duration(max(e.deadline-now, 0)))
 }
 
+// onTimer evaluates the deadlines. It first drains the native session so a
+// message that arrived before now is never missed: everything read is
+// stamped no earlier than now, so it can only push the deadline later.
 func (r *rankMon) onTimer() {
+	now := r.m.mono()
+	r.drain()
 	r.mu.Lock()
 	r.armed = 0
-	now := r.m.mono()
 	e, ok := r.earliestLocked()
 	if !ok {
 		r.mu.Unlock()
@@ -378,10 +404,11 @@ func (r *rankMon) onTimer() {
 	}
 	if now < e.deadline {
 		r.armed = e.deadline
-		r.timer.Reset(time.Duration(e.deadline - now))
+		r.timer.Reset(time.Duration(max(e.deadline-r.m.mono(), 0)))
 		r.mu.Unlock()
 		return
 	}
+	now = r.m.mono()
 	r.fired = true
 	h := Hang{
 		Cycle: r.cycle, LocalRank: r.local, GlobalRank: r.globalRank, Kind: e.kind, Section: e.section,
@@ -389,6 +416,7 @@ func (r *rankMon) onTimer() {
 		ExpiredAt: r.m.epoch.Add(time.Duration(e.deadline)),
 		Signal:    r.m.opts.FT.RankTerminationSignal,
 	}
+	r.firedHang = h
 	pid := r.pid
 	r.mu.Unlock()
 	r.m.goTracked(func() { r.m.terminate(h, pid) })
@@ -449,6 +477,7 @@ func (m *Manager) terminate(h Hang, pid int) {
 
 // status returns the rank's current state.
 func (r *rankMon) status() RankStatus {
+	r.drain()
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	s := RankStatus{
