@@ -51,7 +51,7 @@ func TestMain(m *testing.M) {
 	os.RemoveAll(dir)
 	// No test may leave a process or an etcd data directory behind.
 	time.Sleep(500 * time.Millisecond)
-	if left := processesWithEnvPrefix("FTL_TEST_MARKER="); len(left) > 0 {
+	if left := processesWithEnvPrefix(fmt.Sprintf("FTL_TEST_MARKER=%d-", os.Getpid())); len(left) > 0 {
 		fmt.Fprintf(os.Stderr, "FAIL: processes left behind by the tests: %v\n", left)
 		code = 1
 	}
@@ -80,10 +80,16 @@ type job struct {
 func newJob(t *testing.T) *job {
 	t.Helper()
 	dir := t.TempDir()
-	j := &job{t: t, dir: dir, marker: fmt.Sprintf("%s-%d", t.Name(), time.Now().UnixNano()),
+	j := &job{t: t, dir: dir, marker: testMarker(t),
 		events: filepath.Join(dir, "events.jsonl")}
 	t.Cleanup(j.cleanup)
 	return j
+}
+
+// testMarker is unique per test and starts with this test binary's pid, so
+// concurrent test runs never mistake each other's processes for leftovers.
+func testMarker(t *testing.T) string {
+	return fmt.Sprintf("%d-%s-%d", os.Getpid(), strings.ReplaceAll(t.Name(), "/", "_"), time.Now().UnixNano())
 }
 
 // script writes an executable sh script into the job dir and returns its path.

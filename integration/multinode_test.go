@@ -72,7 +72,7 @@ func freeTCPPort(t *testing.T, host string) int {
 func newCluster(t *testing.T, endpoint string) *cluster {
 	dir := t.TempDir()
 	return &cluster{t: t, dir: dir, endpoint: endpoint,
-		marker: fmt.Sprintf("%s-%d", t.Name(), time.Now().UnixNano())}
+		marker: testMarker(t)}
 }
 
 // embeddedEndpoint is a rendezvous endpoint served by the launcher on 127.0.0.2.

@@ -50,3 +50,45 @@ func TestNvrxShutdownWorkloadRequestHonoured(t *testing.T) {
 		t.Fatalf("job_failed %v", failed)
 	}
 }
+
+// TestNvrxExcludeThisNodeLeavesJob: a rank asks for its node to be excluded;
+// that node leaves (exit 1) and the job goes on with the standby in its place.
+func TestNvrxExcludeThisNodeLeavesJob(t *testing.T) {
+	worker, _ := filepath.Abs("testdata/nvrx_worker.py")
+	c := newCluster(t, embeddedEndpoint(t))
+	for i := 0; i < 3; i++ {
+		c.addNode([]string{"PYTHON_EXEC=" + debianPython}, "--nnodes", "2:3", "--nproc-per-node", "1",
+			"--max-restarts", "2", worker, "exclude")
+	}
+	codes := c.waitAll(2 * time.Minute)
+	excluded := -1
+	for i, code := range codes {
+		if code != 0 {
+			if excluded >= 0 {
+				t.Fatalf("exit codes %v, want exactly one node to fail\n%s", codes, c.stderrs())
+			}
+			excluded = i
+		}
+	}
+	if excluded < 0 || codes[excluded] != 1 {
+		t.Fatalf("exit codes %v, want one node excluded with 1\n%s", codes, c.stderrs())
+	}
+	reqs := c.nodes[excluded].eventsOf("workload_request")
+	if len(reqs) != 1 || reqs[0]["action"] != "ExcludeThisNode" {
+		t.Fatalf("excluded node %d workload_request events %v", excluded, reqs)
+	}
+	ran := 0
+	for i, n := range c.nodes {
+		if i == excluded {
+			continue
+		}
+		for _, e := range n.eventsOf("cycle_started") {
+			if e["round"] == float64(1) && e["world_size"] == float64(2) {
+				ran++
+			}
+		}
+	}
+	if ran != 2 {
+		t.Fatalf("%d of the other nodes ran round 1 with world size 2, want 2\n%s", ran, c.stderrs())
+	}
+}

@@ -10,6 +10,8 @@ usage: nvrx_worker.py MODE
              restart cycle 0 (only its monitor can end it)
   shutdown   rank 0 asks the launcher for ShutdownWorkload over
              FT_LAUNCHER_IPC_SOCKET (nvrx's IpcConnector), then exits 1
+  exclude    global rank 1, in restart cycle 0, asks for ExcludeThisNode
+             and exits 1; every other rank sleeps 0.5 s and exits 0
 """
 import os
 import pickle
@@ -42,17 +44,28 @@ def recv(s):
     return pickle.loads(exact(n))
 
 
+def request(rank, action, description):
+    """One workload-control request, as nvrx's IpcConnector sends it."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(os.environ["FT_LAUNCHER_IPC_SOCKET"])
+    send(s, (rank, nv.WorkloadControlRequest(action, description)))
+    assert recv(s) == b"ok"
+    s.close()
+
+
 def main():
     mode = sys.argv[1]
     rank = int(os.environ["RANK"])
     cycle = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+    if mode == "exclude":
+        if rank == 1 and cycle == 0:
+            request(rank, nv.WorkloadAction.ExcludeThisNode, "ECC errors on this node")
+            return 1
+        time.sleep(0.5)
+        return 0
     if mode == "shutdown":
         if rank == 0:
-            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            s.connect(os.environ["FT_LAUNCHER_IPC_SOCKET"])
-            send(s, (rank, nv.WorkloadControlRequest(nv.WorkloadAction.ShutdownWorkload, "loss is NaN")))
-            assert recv(s) == b"ok"
-            s.close()
+            request(rank, nv.WorkloadAction.ShutdownWorkload, "loss is NaN")
             return 1
         time.sleep(60)
         return 0
