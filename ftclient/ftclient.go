@@ -1,7 +1,8 @@
 // Package ftclient is the Go rank-side client of ft-launcher's rank monitor.
 // It speaks the native FTL1 protocol (docs/protocol.md): a heartbeat is one
 // byte written to a Unix socket with no reply, so it can be called from a
-// training loop every step.
+// training loop every step. When the monitor grants a shared-memory region at
+// the handshake, a heartbeat is two stores into it and no syscall at all.
 //
 // When FT_RANK_MONITOR_IPC_SOCKET is not set (the program was not started by
 // ft-launcher), Connect returns a client whose methods do nothing, after one
@@ -19,7 +20,9 @@ import (
 	"os"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/ftlauncher/ft-launcher/monitor/ftwire"
 	"golang.org/x/sys/unix"
@@ -48,6 +51,13 @@ type Client struct {
 	buf    []byte
 	hb     [1]byte
 	closed bool
+	// Shared-memory heartbeats (nil shm: socket heartbeats). The time
+	// stored is CLOCK_MONOTONIC, computed as cmBase + time.Since(t0)
+	// without a syscall (Go's monotonic clock is CLOCK_MONOTONIC).
+	shm    []byte
+	count  uint64
+	t0     time.Time
+	cmBase int64
 }
 
 // Options for ConnectPath.
@@ -57,6 +67,10 @@ type Options struct {
 	Iteration      *int64 // current training iteration, if known
 	NumWarmupIters *int64 // overrides the configured number of warmup iterations
 	Logger         *slog.Logger
+	// SocketHeartbeats disables shared-memory heartbeats: every heartbeat
+	// is then a write(2) on the socket, as with protocol clients that
+	// predate them.
+	SocketHeartbeats bool
 }
 
 // Connect connects to the monitor named by FT_RANK_MONITOR_IPC_SOCKET, with
@@ -107,7 +121,8 @@ func (c *Client) handshake(ctx context.Context, path string, o Options) error {
 	}
 	host, _ := os.Hostname()
 	h, err := json.Marshal(ftwire.Hello{GlobalRank: o.GlobalRank, LocalRank: o.LocalRank, PID: os.Getpid(),
-		Host: host, Iteration: o.Iteration, NumWarmupIters: o.NumWarmupIters, Client: "ftclient-go/1"})
+		Host: host, Iteration: o.Iteration, NumWarmupIters: o.NumWarmupIters, Client: "ftclient-go/1",
+		Shm: !o.SocketHeartbeats})
 	if err != nil {
 		return fmt.Errorf("ftclient: encode hello: %w", err)
 	}
@@ -115,8 +130,14 @@ func (c *Client) handshake(ctx context.Context, path string, o Options) error {
 		return fmt.Errorf("ftclient: send hello: %w", err)
 	}
 	r := &fdReader{fd: c.fd}
-	if err := ftwire.ReadMagic(r); err != nil {
+	// The magic is read with recvmsg: a shared-memory region's fd rides on
+	// the reply's first byte and a plain read(2) would drop it.
+	shmFD, err := c.readMagicFD()
+	if err != nil {
 		return fmt.Errorf("ftclient: handshake (refused by the monitor?): %w", err)
+	}
+	if shmFD >= 0 {
+		defer unix.Close(shmFD) // the mapping outlives it
 	}
 	var t [1]byte
 	if _, err := r.Read(t[:]); err != nil || t[0] != ftwire.MsgConfig {
@@ -137,12 +158,104 @@ func (c *Client) handshake(ctx context.Context, path string, o Options) error {
 	if err := json.Unmarshal(p, &c.cfg); err != nil {
 		return fmt.Errorf("ftclient: decode config: %w", err)
 	}
+	if c.cfg.Shm && shmFD >= 0 {
+		if err := c.mapShm(shmFD); err != nil {
+			// Socket heartbeats are always accepted too.
+			slog.Debug("ftclient: no shared-memory heartbeats; using the socket", "err", err)
+		}
+	}
 	// Back to fully blocking sends: a heartbeat must not fail because the
 	// monitor was briefly slow to read.
 	var zero unix.Timeval
 	_ = unix.SetsockoptTimeval(c.fd, unix.SOL_SOCKET, unix.SO_SNDTIMEO, &zero)
 	return nil
 }
+
+// readMagicFD reads the server's magic with recvmsg and returns the fd
+// attached to it, or -1.
+func (c *Client) readMagicFD() (int, error) {
+	var b [len(ftwire.Magic)]byte
+	oob := make([]byte, unix.CmsgSpace(4*4))
+	fd := -1
+	got := 0
+	for got < len(b) {
+		n, oobn, _, _, err := unix.Recvmsg(c.fd, b[got:], oob, unix.MSG_CMSG_CLOEXEC)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return -1, fmt.Errorf("read magic: %w", err)
+		}
+		if oobn > 0 {
+			msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
+			if err == nil {
+				for _, m := range msgs {
+					fds, err := unix.ParseUnixRights(&m)
+					if err != nil {
+						continue
+					}
+					for _, f := range fds {
+						if fd < 0 {
+							fd = f
+						} else {
+							unix.Close(f)
+						}
+					}
+				}
+			}
+		}
+		if n == 0 {
+			if fd >= 0 {
+				unix.Close(fd)
+			}
+			return -1, errors.New("connection closed by the monitor")
+		}
+		got += n
+	}
+	if err := ftwire.ReadMagic(bytesReader(b[:])); err != nil {
+		if fd >= 0 {
+			unix.Close(fd)
+		}
+		return -1, err
+	}
+	return fd, nil
+}
+
+type bytesReader []byte
+
+func (b bytesReader) Read(p []byte) (int, error) { return copy(p, b), nil }
+
+// mapShm maps the shared-memory heartbeat region and calibrates the clock.
+func (c *Client) mapShm(fd int) error {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return fmt.Errorf("fstat: %w", err)
+	}
+	if st.Size < ftwire.ShmSize {
+		return fmt.Errorf("region of %d bytes, want %d", st.Size, ftwire.ShmSize)
+	}
+	mem, err := unix.Mmap(fd, 0, ftwire.ShmSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return fmt.Errorf("mmap: %w", err)
+	}
+	// time.Now first, CLOCK_MONOTONIC second: cmBase is then at least the
+	// true clock at t0, so stored times err late (never an early hang).
+	t0 := time.Now()
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+		_ = unix.Munmap(mem)
+		return fmt.Errorf("clock_gettime: %w", err)
+	}
+	c.shm, c.t0, c.cmBase = mem, t0, ts.Nano()
+	return nil
+}
+
+func shmStore(mem []byte, off int, v uint64) {
+	(*atomic.Uint64)(unsafe.Pointer(&mem[off])).Store(v)
+}
+
+// SharedMemory reports whether heartbeats go through shared memory.
+func (c *Client) SharedMemory() bool { return c.shm != nil }
 
 // fdReader reads one byte at a time from a blocking fd (handshake only).
 type fdReader struct{ fd int }
@@ -208,7 +321,8 @@ func (c *Client) Config() Config { return c.cfg }
 // Enabled reports whether the client is connected to a monitor.
 func (c *Client) Enabled() bool { return !c.noop }
 
-// SendHeartbeat tells the monitor the rank is alive. One write(2), no reply.
+// SendHeartbeat tells the monitor the rank is alive: two stores into the
+// shared region when there is one, else one write(2); never a reply.
 func (c *Client) SendHeartbeat() error {
 	if c.noop {
 		return nil
@@ -217,6 +331,13 @@ func (c *Client) SendHeartbeat() error {
 	defer c.mu.Unlock()
 	if c.closed {
 		return ErrClosed
+	}
+	if c.shm != nil {
+		// Time first, then the count: the monitor reads the count first.
+		c.count++
+		shmStore(c.shm, ftwire.ShmOffTime, uint64(c.cmBase+int64(time.Since(c.t0))))
+		shmStore(c.shm, ftwire.ShmOffCount, c.count)
+		return nil
 	}
 	for {
 		_, err := unix.Write(c.fd, c.hb[:])
@@ -335,6 +456,10 @@ func (c *Client) Close() error {
 		return nil
 	}
 	c.closed = true
+	if c.shm != nil {
+		_ = unix.Munmap(c.shm)
+		c.shm = nil
+	}
 	if err := unix.Close(c.fd); err != nil {
 		return fmt.Errorf("ftclient: close: %w", err)
 	}

@@ -30,9 +30,14 @@ func newMonitor(tb testing.TB) *monitor.Manager {
 
 func connect(tb testing.TB, m *monitor.Manager) *ftclient.Client {
 	tb.Helper()
+	return connectOpts(tb, m, ftclient.Options{GlobalRank: 2, LocalRank: 0})
+}
+
+func connectOpts(tb testing.TB, m *monitor.Manager, o ftclient.Options) *ftclient.Client {
+	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	c, err := ftclient.ConnectPath(ctx, m.RankSocket(0), ftclient.Options{GlobalRank: 2, LocalRank: 0})
+	c, err := ftclient.ConnectPath(ctx, m.RankSocket(0), o)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -54,6 +59,9 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 func TestClientMessagesReachMonitor(t *testing.T) {
 	m := newMonitor(t)
 	c := connect(t, m)
+	if !c.SharedMemory() {
+		t.Error("the monitor did not grant shared-memory heartbeats")
+	}
 	if _, ok := c.Config().RankSectionTimeouts["step"]; !ok || !c.Enabled() {
 		t.Fatalf("config from monitor: %+v", c.Config())
 	}
@@ -136,6 +144,25 @@ func TestConnectFromEnv(t *testing.T) {
 func BenchmarkHeartbeat(b *testing.B) {
 	m := newMonitor(b)
 	c := connect(b, m)
+	if !c.SharedMemory() {
+		b.Fatal("no shared-memory heartbeats")
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := c.SendHeartbeat(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkHeartbeatSocket measures SendHeartbeat without shared memory:
+// one write(2) per heartbeat, as before shared-memory heartbeats.
+func BenchmarkHeartbeatSocket(b *testing.B) {
+	m := newMonitor(b)
+	c := connectOpts(b, m, ftclient.Options{GlobalRank: 2, LocalRank: 0, SocketHeartbeats: true})
+	if c.SharedMemory() {
+		b.Fatal("socket heartbeats requested, got shared memory")
+	}
 	b.ReportAllocs()
 	for b.Loop() {
 		if err := c.SendHeartbeat(); err != nil {

@@ -107,7 +107,7 @@ func (j *job) start(env []string, args ...string) {
 	j.t.Helper()
 	full := append([]string{"--event-log", j.events}, args...)
 	j.cmd = exec.Command(bins.launcher, full...)
-	j.cmd.Env = append(append(os.Environ(), "FTL_TEST_MARKER="+j.marker), env...)
+	j.cmd.Env = append(append(os.Environ(), "FTL_TEST_MARKER="+j.marker, "GOTRACEBACK=all"), env...)
 	j.cmd.Dir = j.dir
 	j.cmd.Stdout, j.cmd.Stderr = &j.stdout, &j.stderr
 	if err := j.cmd.Start(); err != nil {
@@ -123,7 +123,18 @@ func (j *job) wait(timeout time.Duration) int {
 	select {
 	case <-j.done:
 	case <-time.After(timeout):
-		j.t.Fatalf("ft-launcher did not exit within %s\nstderr:\n%s", timeout, j.stderr.String())
+		// Record what is still alive, then make the launcher print every
+		// goroutine's stack (GOTRACEBACK=all, SIGABRT) before reading its
+		// output: the buffer may only be read once the process is gone.
+		procs := describeProcs(j.leftovers())
+		_ = j.cmd.Process.Signal(syscall.SIGABRT)
+		select {
+		case <-j.done:
+		case <-time.After(10 * time.Second):
+			_ = j.cmd.Process.Kill()
+			<-j.done
+		}
+		j.t.Fatalf("ft-launcher did not exit within %s\nprocesses of the job:\n%s\nstderr:\n%s", timeout, procs, j.stderr.String())
 	}
 	if j.exitErr == nil {
 		return 0
@@ -193,6 +204,17 @@ func processesMatching(match func(environ []byte) bool) []int {
 		pids = append(pids, pid)
 	}
 	return pids
+}
+
+// describeProcs lists pid, state, wait channel and command line of pids.
+func describeProcs(pids []int) string {
+	var b strings.Builder
+	for _, pid := range pids {
+		cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		wchan, _ := os.ReadFile(fmt.Sprintf("/proc/%d/wchan", pid))
+		fmt.Fprintf(&b, "  %d %s wchan=%s %s\n", pid, procState(pid), wchan, bytes.ReplaceAll(cmd, []byte{0}, []byte{' '}))
+	}
+	return b.String()
 }
 
 // waitNoLeftovers waits (generously) until no process of the job remains.

@@ -31,7 +31,7 @@ func TestMain(m *testing.M) {
 
 // runHelper interprets a rank script:
 //
-//	connect | hb | hbn N PERIOD | open NAME [ITER] | close NAME | closeall |
+//	connect | connectsock | shm | hb | hbn N PERIOD | open NAME [ITER] | close NAME | closeall |
 //	sleep DUR | ignoreterm | disconnect | mark TEXT | exit CODE
 func runHelper(script string) int {
 	var c *ftclient.Client
@@ -50,6 +50,13 @@ func runHelper(script string) int {
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 			c, err = ftclient.Connect(ctx)
 			cancel()
+		case "connectsock": // socket heartbeats, as clients before shm
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			c, err = ftclient.ConnectPath(ctx, os.Getenv(ftclient.EnvSocket), ftclient.Options{
+				GlobalRank: -1, LocalRank: -1, SocketHeartbeats: true})
+			cancel()
+		case "shm":
+			fmt.Printf("shm=%v\n", c.SharedMemory())
 		case "hb":
 			err = c.SendHeartbeat()
 		case "hbn":

@@ -87,6 +87,10 @@ type lazyConn struct {
 	names   map[uint64]string
 	msgs    int // messages processed
 	buf     [readChunk]byte
+	// shm is the read-only mapping of the session's shared-memory
+	// heartbeat region (nil without one); unmapped with the fd.
+	shm      []byte
+	shmCount uint64 // heartbeat count at the last read
 }
 
 // Close requests the session's end; the fd is closed by the next drain
@@ -103,6 +107,10 @@ func (lc *lazyConn) closeLocked(err error) {
 	}
 	_ = unix.Close(lc.fd)
 	lc.fd = -1
+	if lc.shm != nil {
+		_ = unix.Munmap(lc.shm)
+		lc.shm = nil
+	}
 	lc.err = err
 	close(lc.done)
 }
@@ -118,6 +126,9 @@ func (lc *lazyConn) drain() int {
 	if lc.closing.Load() {
 		lc.closeLocked(nil)
 		return 0
+	}
+	if lc.shm != nil {
+		lc.readShmLocked()
 	}
 	m := lc.r.m
 	before := lc.msgs
@@ -365,27 +376,38 @@ func nextInterval(p time.Duration, busiest int, elapsed time.Duration) time.Dura
 
 // serveLazy hands a native session over to the poller once its handshake
 // is done and returns when the session ends. buffered holds what the
-// handshake reader had already read past Hello.
-func (m *Manager) serveLazy(r *rankMon, gen uint64, c *net.UnixConn, buffered []byte) error {
+// handshake reader had already read past Hello. shm, the session's
+// shared-memory heartbeat mapping or nil, is owned by serveLazy from here on.
+func (m *Manager) serveLazy(r *rankMon, gen uint64, c *net.UnixConn, buffered, shm []byte) error {
+	unmap := func() {
+		if shm != nil {
+			_ = unix.Munmap(shm)
+		}
+	}
 	rc, err := c.SyscallConn()
 	if err != nil {
+		unmap()
 		return fmt.Errorf("raw conn: %w", err)
 	}
 	fd := -1
 	var derr error
 	if err := rc.Control(func(s uintptr) { fd, derr = unix.FcntlInt(s, unix.F_DUPFD_CLOEXEC, 0) }); err != nil {
+		unmap()
 		return fmt.Errorf("dup socket: %w", err)
 	}
 	if derr != nil {
+		unmap()
 		return fmt.Errorf("dup socket: %w", derr)
 	}
 	if err := unix.SetNonblock(fd, true); err != nil {
 		_ = unix.Close(fd)
+		unmap()
 		return fmt.Errorf("set nonblocking: %w", err)
 	}
-	lc := &lazyConn{r: r, gen: gen, done: make(chan struct{}), fd: fd, names: map[uint64]string{}}
+	lc := &lazyConn{r: r, gen: gen, done: make(chan struct{}), fd: fd, names: map[uint64]string{}, shm: shm}
 	if !r.handover(gen, lc) {
 		_ = unix.Close(fd)
+		unmap()
 		return nil // replaced meanwhile
 	}
 	// Closing the net.Conn deregisters the socket from the netpoller; the

@@ -97,6 +97,10 @@ type Manager struct {
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup
 	ownPgrp int
+	// cmOffset converts a client's CLOCK_MONOTONIC time to m.mono();
+	// shmOK is false when it could not be sampled (no shm heartbeats then).
+	cmOffset int64
+	shmOK    bool
 
 	mu         sync.Mutex
 	cycle      int
@@ -137,6 +141,11 @@ func New(opts Options) (*Manager, error) {
 	if err := m.makeDir(); err != nil {
 		cancel()
 		return nil, err
+	}
+	if off, err := monoOffset(m.mono); err != nil {
+		m.log.Debug("rank monitor: shared-memory heartbeats disabled", "err", err)
+	} else {
+		m.cmOffset, m.shmOK = off, true
 	}
 	m.configured = configuredTimeouts(&opts.FT)
 	m.eff = m.configured.Clone()

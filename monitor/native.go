@@ -8,6 +8,8 @@ import (
 	"net"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/ftlauncher/ft-launcher/monitor/ftwire"
 )
 
@@ -32,6 +34,20 @@ func (d *deadlineConn) Read(p []byte) (int, error) {
 }
 
 func newReader(d *deadlineConn) *bufio.Reader { return bufio.NewReaderSize(d, 4096) }
+
+// writeWithFD writes b with fd attached (SCM_RIGHTS) to its first byte.
+func writeWithFD(c *net.UnixConn, b []byte, fd int) error {
+	_ = c.SetWriteDeadline(time.Now().Add(writeTimeout))
+	defer c.SetWriteDeadline(time.Time{})
+	n, _, err := c.WriteMsgUnix(b, unix.UnixRights(fd), nil)
+	if err != nil {
+		return err
+	}
+	if n < len(b) {
+		_, err = c.Write(b[n:])
+	}
+	return err
+}
 
 func writeAll(c net.Conn, b []byte) error {
 	_ = c.SetWriteDeadline(time.Now().Add(writeTimeout))
@@ -87,11 +103,33 @@ func (m *Manager) serveNative(r *rankMon, gen uint64, uc *net.UnixConn, dc *dead
 	if !r.init(gen, initInfo{globalRank: h.GlobalRank, pid: h.PID, iteration: h.Iteration, numWarmupIters: h.NumWarmupIters}) {
 		return nil // replaced meanwhile
 	}
-	cfg, err := json.Marshal(m.serverConfig(r))
+	sc := m.serverConfig(r)
+	shmFD, shm := -1, []byte(nil)
+	if h.Shm && m.shmOK {
+		var err error
+		if shmFD, shm, err = newShmRegion(); err != nil {
+			// Socket heartbeats still work: the client falls back.
+			r.logger().Debug("rank monitor: no shared-memory heartbeats; using the socket", "err", err)
+		}
+		sc.Shm = shm != nil
+	}
+	cfg, err := json.Marshal(sc)
 	if err != nil {
+		if shm != nil {
+			_ = unix.Close(shmFD)
+			_ = unix.Munmap(shm)
+		}
 		return fmt.Errorf("encode config: %w", err)
 	}
-	if err := writeAll(dc.Conn, ftwire.AppendFrame([]byte(ftwire.Magic), ftwire.MsgConfig, cfg)); err != nil {
+	reply := ftwire.AppendFrame([]byte(ftwire.Magic), ftwire.MsgConfig, cfg)
+	if shm != nil {
+		err = writeWithFD(uc, reply, shmFD)
+		_ = unix.Close(shmFD) // the client holds its own copy; the mapping stays
+		if err != nil {
+			_ = unix.Munmap(shm)
+			return fmt.Errorf("write config: %w", err)
+		}
+	} else if err := writeAll(dc.Conn, reply); err != nil {
 		return fmt.Errorf("write config: %w", err)
 	}
 	// FTL1 sends no reply after Config: from here on the socket is read in
@@ -99,7 +137,7 @@ func (m *Manager) serveNative(r *rankMon, gen uint64, uc *net.UnixConn, dc *dead
 	// so it cannot fire on the raw reads.
 	_ = dc.Conn.SetReadDeadline(time.Time{})
 	buffered, _ := br.Peek(br.Buffered())
-	return m.serveLazy(r, gen, uc, bytes.Clone(buffered))
+	return m.serveLazy(r, gen, uc, bytes.Clone(buffered), shm)
 }
 
 // applyClientTimeouts honours client-sent timeouts at once for the rank and

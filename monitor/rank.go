@@ -206,21 +206,35 @@ func (r *rankMon) init(gen uint64, info initInfo) bool {
 func (r *rankMon) heartbeat(gen uint64) { r.heartbeatAt(gen, r.m.mono()) }
 
 // heartbeatAt is the hot path; now is when it was read.
-func (r *rankMon) heartbeatAt(gen uint64, now int64) {
+func (r *rankMon) heartbeatAt(gen uint64, now int64) { r.heartbeatsAt(gen, now, 1) }
+
+// heartbeatsAt records k heartbeats, the last one at now. Shared-memory
+// heartbeats arrive this way: k > 1 when several were stored between two
+// reads, and then the k intervals are merged into one whose length (an
+// upper bound of their maximum) feeds the interval statistics.
+func (r *rankMon) heartbeatsAt(gen uint64, now, k int64) {
 	if r.gen.Load() != gen {
 		return
 	}
 	if !r.hbSeen.Load() {
-		r.firstHeartbeat(gen, now)
+		r.firstHeartbeat(gen, now, k)
 		return
 	}
-	r.heartbeats.Add(1)
-	prev := r.lastHB.Swap(now)
-	if prev == 0 {
-		return
+	r.heartbeats.Add(k)
+	r.nIv.Add(k)
+	// Clocks only move forward: a heartbeat stamped earlier than the last
+	// one (socket and shared-memory stamps mixed) still counts.
+	var prev int64
+	for {
+		prev = r.lastHB.Load()
+		if now <= prev {
+			return
+		}
+		if r.lastHB.CompareAndSwap(prev, now) {
+			break
+		}
 	}
 	iv := now - prev
-	r.nIv.Add(1)
 	for {
 		cur := r.maxIv.Load()
 		if iv <= cur || r.maxIv.CompareAndSwap(cur, iv) {
@@ -229,19 +243,21 @@ func (r *rankMon) heartbeatAt(gen uint64, now int64) {
 	}
 }
 
-func (r *rankMon) firstHeartbeat(gen uint64, now int64) {
+func (r *rankMon) firstHeartbeat(gen uint64, now, k int64) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.gen.Load() != gen || !r.connected {
 		return
 	}
-	r.heartbeats.Add(1)
+	r.heartbeats.Add(k)
+	r.nIv.Add(k - 1)
+	now = max(now, r.initAt) // a client time cannot precede the session
 	if !r.hbSeen.Load() {
 		r.obs.InitialDelay = max(r.obs.InitialDelay, time.Duration(now-r.initAt))
 	}
 	r.lastHB.Store(now)
 	r.hbSeen.Store(true)
-	r.rearmLocked(now)
+	r.rearmLocked(r.m.mono())
 }
 
 // openSection returns an error text when the section was already open.

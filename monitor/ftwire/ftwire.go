@@ -63,7 +63,22 @@ type Hello struct {
 	Iteration      *int64 `json:"iteration,omitempty"`
 	NumWarmupIters *int64 `json:"num_warmup_iters,omitempty"`
 	Client         string `json:"client,omitempty"` // e.g. "ftclient-go/1", "ft_launcher_client-py/1"
+	// Shm asks for a shared-memory heartbeat region (see ShmSize). A
+	// server that grants it sets ServerConfig.Shm and attaches the
+	// region's fd (SCM_RIGHTS) to the first byte of its reply.
+	Shm bool `json:"shm,omitempty"`
 }
+
+// Shared-memory heartbeat region (docs/protocol.md, "Shared-memory
+// heartbeats"): ShmSize bytes, little-endian uint64 words, written only by the
+// client with aligned 8-byte stores. A heartbeat stores the client's
+// CLOCK_MONOTONIC time in ns at ShmOffTime, then the incremented heartbeat
+// count at ShmOffCount; the server reads the count first.
+const (
+	ShmSize     = 4096
+	ShmOffCount = 0
+	ShmOffTime  = 8
+)
 
 // ServerConfig is the server's reply to Hello: the effective timeouts and
 // the fault-tolerance settings a client needs. Timeouts are seconds; null
@@ -81,6 +96,8 @@ type ServerConfig struct {
 	InstallExceptionHook        bool                `json:"install_exception_hook"`
 	RankTerminationSignal       int                 `json:"rank_termination_signal"`
 	SkipSectionResponse         bool                `json:"skip_section_response"` // always true: native messages have no replies
+	// Shm is true when the reply carries a shared-memory heartbeat region.
+	Shm bool `json:"shm,omitempty"`
 }
 
 // HeartbeatTimeouts mirrors nvrx's HeartbeatTimeouts (seconds).

@@ -8,6 +8,7 @@ from ft_launcher_client import RankMonitorClient, request_workload_action, write
 c = RankMonitorClient()
 c.init_workload_monitoring()
 assert c.cfg.safety_factor == 5.0, c.cfg
+assert c.shared_memory_heartbeats, "monitor did not grant shared-memory heartbeats"
 for _ in range(5):
     c.send_heartbeat()
     time.sleep(0.01)

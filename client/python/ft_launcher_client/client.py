@@ -1,12 +1,16 @@
 """RankMonitorClient speaking ft-launcher's native FTL1 protocol (docs/protocol.md).
 
-Hot-path messages (heartbeat, section open/close) are a few bytes written to
-a Unix socket with no reply.
+Hot-path messages (section open/close) are a few bytes written to a Unix
+socket with no reply. A heartbeat is two stores into a shared-memory region
+the monitor passes at the handshake (no syscall), or one socket write when
+there is none.
 """
 
+import array
 import enum
 import json
 import logging
+import mmap
 import os
 import socket
 import time
@@ -25,6 +29,11 @@ _SET_TIMEOUTS = 0x43
 _WORKLOAD_REQUEST = 0x44
 _ACK = 0x45
 _MAX_PAYLOAD = 1 << 20
+# Shared-memory heartbeat region (ftwire.ShmSize/ShmOffCount/ShmOffTime):
+# uint64 word 0 = heartbeat count, word 1 = CLOCK_MONOTONIC ns of the last one.
+_SHM_SIZE = 4096
+_SHM_COUNT = 0
+_SHM_TIME = 1
 
 SOCKET_ENV = "FT_RANK_MONITOR_IPC_SOCKET"
 LAUNCHER_SOCKET_ENV = "FT_LAUNCHER_IPC_SOCKET"
@@ -69,8 +78,31 @@ def _recv_exact(sock, n):
     return bytes(buf)
 
 
-def _read_frame(sock, want):
-    if _recv_exact(sock, 4) != _MAGIC:
+def _recv_magic_fd(sock):
+    """Read the 4-byte magic with recvmsg; return it and the fd attached to
+    it (SCM_RIGHTS), or None."""
+    buf, fd = b"", None
+    while len(buf) < 4:
+        data, anc, _flags, _addr = sock.recvmsg(4 - len(buf), socket.CMSG_SPACE(4 * 4))
+        for level, kind, cdata in anc:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds = array.array("i")
+                fds.frombytes(cdata[: len(cdata) - len(cdata) % fds.itemsize])
+                for f in fds:
+                    if fd is None:
+                        fd = f
+                    else:
+                        os.close(f)
+        if not data:
+            if fd is not None:
+                os.close(fd)
+            raise RankMonitorClientError("connection closed by the rank monitor")
+        buf += data
+    return buf, fd
+
+
+def _read_frame(sock, want, magic=None):
+    if (magic if magic is not None else _recv_exact(sock, 4)) != _MAGIC:
         raise RankMonitorClientError("bad reply magic")
     t = _recv_exact(sock, 1)[0]
     if t != want:
@@ -154,6 +186,10 @@ class RankMonitorClient:
     warning).
     """
 
+    # Ask for shared-memory heartbeats at init_workload_monitoring (set to
+    # False, on the class or an instance, for socket heartbeats).
+    use_shared_memory = True
+
     def __init__(self):
         self.cfg = None
         self.hb_timeouts = None
@@ -165,6 +201,9 @@ class RankMonitorClient:
         self._calc = None
         self._loaded_state = None
         self._warned = False
+        self._shm = None  # mmap of the shared heartbeat region
+        self._shm_words = None  # uint64 view of it
+        self._shm_count = 0
 
     # -- session ---------------------------------------------------------
 
@@ -187,13 +226,21 @@ class RankMonitorClient:
                 "pid": os.getpid(),
                 "host": socket.gethostname(),
                 "client": "ft_launcher_client-py/1",
+                "shm": self.use_shared_memory,
             }
             if iteration is not None:
                 hello["iteration"] = int(iteration)
             if num_warmup_iters is not None:
                 hello["num_warmup_iters"] = int(num_warmup_iters)
             sock.sendall(_MAGIC + _frame(_HELLO, json.dumps(hello).encode()))
-            cfg = _read_frame(sock, _CONFIG)
+            magic, fd = _recv_magic_fd(sock)
+            try:
+                cfg = _read_frame(sock, _CONFIG, magic)
+                if fd is not None and cfg.get("shm"):
+                    self._map_shm(fd)
+            finally:
+                if fd is not None:
+                    os.close(fd)
         except (OSError, ValueError) as e:
             sock.close()
             raise RankMonitorClientError("cannot connect to rank monitor at %s: %s" % (path, e)) from e
@@ -217,7 +264,35 @@ class RankMonitorClient:
             state, self._loaded_state = self._loaded_state, None
             self.load_state_dict(state)
 
+    def _map_shm(self, fd):
+        try:
+            if os.fstat(fd).st_size < _SHM_SIZE:
+                raise ValueError("shared region too small")
+            self._shm = mmap.mmap(fd, _SHM_SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            # An aligned native 8-byte item store is a single store on
+            # x86-64/arm64, so the monitor never reads a torn value.
+            self._shm_words = memoryview(self._shm).cast("Q")
+            self._shm_count = 0
+        except (OSError, ValueError) as e:
+            # The monitor accepts socket heartbeats too.
+            log.debug("no shared-memory heartbeats, using the socket: %s", e)
+            self._unmap_shm()
+
+    def _unmap_shm(self):
+        if self._shm_words is not None:
+            self._shm_words.release()
+            self._shm_words = None
+        if self._shm is not None:
+            self._shm.close()
+            self._shm = None
+
+    @property
+    def shared_memory_heartbeats(self):
+        """True when heartbeats go through shared memory."""
+        return self._shm_words is not None
+
     def shutdown_workload_monitoring(self):
+        self._unmap_shm()
         if self._sock is not None:
             try:
                 self._sock.shutdown(socket.SHUT_RDWR)
@@ -249,6 +324,13 @@ class RankMonitorClient:
         if self._sock is None and not self._ready():
             return
         self._calc.heartbeat()
+        w = self._shm_words
+        if w is not None:
+            # Time first, then the count: the monitor reads the count first.
+            w[_SHM_TIME] = time.monotonic_ns()
+            self._shm_count += 1
+            w[_SHM_COUNT] = self._shm_count
+            return
         self._sock.send(_HEARTBEAT)
 
     def _section_id(self, name, out):
