@@ -15,6 +15,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"math"
 	"os"
@@ -143,17 +144,9 @@ func (c *Client) handshake(ctx context.Context, path string, o Options) error {
 	if _, err := r.Read(t[:]); err != nil || t[0] != ftwire.MsgConfig {
 		return fmt.Errorf("ftclient: handshake: unexpected reply type %#x: %v", t[0], err)
 	}
-	n, err := binary.ReadUvarint(r)
-	if err != nil || n > ftwire.MaxPayload {
-		return fmt.Errorf("ftclient: handshake: bad config length: %v", err)
-	}
-	p := make([]byte, n)
-	for got := 0; got < len(p); {
-		k, err := r.Read(p[got:])
-		if err != nil {
-			return fmt.Errorf("ftclient: read config: %w", err)
-		}
-		got += k
+	p, err := readPayload(r)
+	if err != nil {
+		return fmt.Errorf("ftclient: handshake: read config: %w", err)
 	}
 	if err := json.Unmarshal(p, &c.cfg); err != nil {
 		return fmt.Errorf("ftclient: decode config: %w", err)
@@ -258,6 +251,22 @@ func shmStore(mem []byte, off int, v uint64) {
 func (c *Client) SharedMemory() bool { return c.shm != nil }
 
 // fdReader reads one byte at a time from a blocking fd (handshake only).
+// readPayload reads one frame payload: a uvarint length, then that many bytes.
+func readPayload(r *fdReader) ([]byte, error) {
+	n, err := binary.ReadUvarint(r)
+	if err != nil {
+		return nil, fmt.Errorf("payload length: %w", err)
+	}
+	if n > ftwire.MaxPayload {
+		return nil, fmt.Errorf("payload of %d bytes exceeds the %d-byte limit", n, ftwire.MaxPayload)
+	}
+	p := make([]byte, n)
+	if _, err := io.ReadFull(r, p); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
 type fdReader struct{ fd int }
 
 func (r *fdReader) Read(p []byte) (int, error) {
@@ -508,17 +517,9 @@ func RequestWorkloadAction(ctx context.Context, path string, globalRank int, act
 	if err != nil || t != ftwire.MsgAck {
 		return fmt.Errorf("ftclient: unexpected ack type %#x: %v", t, err)
 	}
-	n, err := binary.ReadUvarint(r)
-	if err != nil || n > ftwire.MaxPayload {
-		return fmt.Errorf("ftclient: bad ack length: %v", err)
-	}
-	b := make([]byte, n)
-	for got := 0; got < len(b); {
-		k, err := r.Read(b[got:])
-		if err != nil {
-			return fmt.Errorf("ftclient: read ack: %w", err)
-		}
-		got += k
+	b, err := readPayload(r)
+	if err != nil {
+		return fmt.Errorf("ftclient: read ack: %w", err)
 	}
 	var ack ftwire.Ack
 	if err := json.Unmarshal(b, &ack); err != nil {
