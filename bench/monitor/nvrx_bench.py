@@ -12,7 +12,6 @@ import json
 import os
 import pickle
 import socket
-import struct
 import sys
 import time
 
@@ -21,22 +20,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import standins as st  # noqa: E402
 
 
-def send(s, o):
-    b = pickle.dumps(o)
-    s.sendall(struct.pack(">I", len(b)) + b)
-
-
-def recv(s):
-    def exact(n):
-        b = b""
-        while len(b) < n:
-            c = s.recv(n - len(b))
-            if not c:
-                raise EOFError("monitor closed the connection")
-            b += c
-        return b
-    (n,) = struct.unpack(">I", exact(4))
-    return pickle.loads(exact(n))
+send, recv = st.send, st.recv
 
 
 def pct(xs):

@@ -14,9 +14,7 @@ usage: nvrx_worker.py MODE
              and exits 1; every other rank sleeps 0.5 s and exits 0
 """
 import os
-import pickle
 import socket
-import struct
 import sys
 import time
 
@@ -26,22 +24,7 @@ sys.path.insert(0, os.path.normpath(os.path.join(_HERE, "..", "..", "monitor", "
 import standins as nv  # noqa: E402
 
 
-def send(s, o):
-    b = pickle.dumps(o)
-    s.sendall(struct.pack(">I", len(b)) + b)
-
-
-def recv(s):
-    def exact(n):
-        b = b""
-        while len(b) < n:
-            c = s.recv(n - len(b))
-            if not c:
-                raise EOFError("monitor closed the connection")
-            b += c
-        return b
-    (n,) = struct.unpack(">I", exact(4))
-    return pickle.loads(exact(n))
+send, recv = nv.send, nv.recv
 
 
 def request(rank, action, description):

@@ -11,6 +11,8 @@ which pickles exactly like an instance of the older class would.
 
 import dataclasses
 import enum
+import pickle
+import struct
 import sys
 import types
 from typing import Dict, Optional, Set
@@ -137,3 +139,23 @@ def shaped(cls, **attrs):
     obj = cls.__new__(cls)
     obj.__dict__.update(attrs)
     return obj
+
+
+def send(sock, obj):
+    """Writes obj as nvrx does: 4-byte big-endian length + pickle."""
+    b = pickle.dumps(obj)
+    sock.sendall(struct.pack(">I", len(b)) + b)
+
+
+def recv(sock):
+    """Reads one framed pickle, as nvrx's client does."""
+    def exact(n):
+        b = b""
+        while len(b) < n:
+            c = sock.recv(n - len(b))
+            if not c:
+                raise EOFError("monitor closed the connection")
+            b += c
+        return b
+    (n,) = struct.unpack(">I", exact(4))
+    return pickle.loads(exact(n))
