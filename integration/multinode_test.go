@@ -401,14 +401,14 @@ echo ready >> "$OUT/ready"
 i=0; while [ $i -lt 80 ]; do sleep 0.1; i=$((i+1)); done
 exit 0
 `)
-	for i := 0; i < 2; i++ {
-		c.addNode(nil, "--nnodes", "2", "--nproc-per-node", "1", "--max-restarts", "2", "--rdzv-backend", "etcd", "--no-python", s)
+	for i := 0; i < 3; i++ {
+		c.addNode(nil, "--nnodes", "3", "--nproc-per-node", "1", "--max-restarts", "2", "--rdzv-backend", "etcd", "--no-python", s)
 	}
-	// Once both ranks run, stop etcd for a while, then bring it back.
+	// Once every rank runs, stop etcd for a while, then bring it back.
 	deadline := time.Now().Add(90 * time.Second)
 	for time.Now().Before(deadline) {
 		b, _ := os.ReadFile(filepath.Join(c.dir, "ready"))
-		if strings.Count(string(b), "ready") >= 2 {
+		if strings.Count(string(b), "ready") >= 3 {
 			break
 		}
 		time.Sleep(50 * time.Millisecond)
