@@ -88,7 +88,7 @@ func options() []*option {
 			help: "Restarts of the whole worker group before giving up; >= 0.",
 			set:  func(p *parser, v string) (err error) { p.cfg.MaxRestarts, err = parseNonNegInt(v); return err }},
 		{names: []string{"monitor-interval"}, env: true, group: grpLaunch, arg: "SECONDS", def: "0.3",
-			help: "Period of the worker state poll; > 0.",
+			help: "Accepted for torchrun compatibility (> 0). ft-launcher polls nothing: rank exits arrive on SIGCHLD and hangs on their own deadlines.",
 			set:  func(p *parser, v string) (err error) { p.cfg.MonitorInterval, err = parseSeconds(v, true); return err }},
 		{names: []string{"start-method"}, env: true, group: grpLaunch, arg: "spawn|fork|forkserver", def: "spawn",
 			help: "Accepted for torchrun compatibility; scripts always run as separate processes.",
@@ -146,7 +146,7 @@ func options() []*option {
 				return nil
 			}},
 		{names: []string{"rdzv-conf"}, env: true, group: grpRdzv, arg: "K=V,...", def: "\"\"",
-			help: "Extra rendezvous settings as key=value pairs (keys and values trimmed, neither empty, no commas in values).",
+			help: "Extra rendezvous settings as key=value pairs (keys and values trimmed, neither empty, no commas in values). Read by the etcd rendezvous, in seconds: join_timeout, last_call_timeout (default 0.5), connect_timeout (20), lease_ttl (5), etcd_loss_bound (60), rejoin_wait (--workers-stop-timeout + 10); is_host=1 makes this launcher host the embedded etcd.",
 			set:  func(p *parser, v string) (err error) { p.cfg.RdzvConf, err = parseRdzvConf(v); return err }},
 		{names: []string{"standalone"}, kind: kindSwitch, env: true, group: grpRdzv, def: "off",
 			help: "Single-node job: backend c10d, endpoint localhost:0, random run id; explicit rendezvous values are ignored.",
