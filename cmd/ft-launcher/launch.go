@@ -46,7 +46,7 @@ func launch(ctx context.Context, cfg *configs.Config, log *slog.Logger, sigs <-c
 	}
 	defer ev.Close()
 
-	reaper, err := spawn.NewReaper(log)
+	reaper, err := spawn.NewReaper(log.With("component", "spawn"))
 	if err != nil {
 		log.Error("start the process reaper", "err", err)
 		return configs.ExitFailure
@@ -90,7 +90,7 @@ func launch(ctx context.Context, cfg *configs.Config, log *slog.Logger, sigs <-c
 	}
 	defer cleanup()
 
-	ag := agent.New(agent.Deps{Config: cfg, Logger: log, Events: ev, Reaper: reaper, Logs: logs,
+	ag := agent.New(agent.Deps{Config: cfg, Logger: log.With("component", "agent"), Events: ev, Reaper: reaper, Logs: logs,
 		Monitors: mon, Rdzv: rdzv, Signals: sigs, Hostname: host, Environ: environ})
 	return ag.Run(ctx)
 }

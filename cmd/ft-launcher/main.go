@@ -68,5 +68,5 @@ func newLogger(w io.Writer, level int) *slog.Logger {
 	default:
 		l = slog.LevelError
 	}
-	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: l})).With("component", "ft-launcher", "launcher_pid", os.Getpid())
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: l})).With("launcher_pid", os.Getpid())
 }
