@@ -10,7 +10,9 @@ if [ -n "$unformatted" ]; then echo "gofmt needed:"; echo "$unformatted"; exit 1
 echo "== go vet"
 go vet ./...
 echo "== go test"
-go test -race -count=1 -timeout 40m ./...
+# One package at a time: several tests are timing-sensitive (gossip, hang
+# deadlines) and the machine has 2 cores.
+go test -race -count=1 -p 1 -timeout 40m ./...
 if [ -d monitor/nvrxwire ]; then
   echo "== fuzz (nvrx pickle decoder, 20s)"
   go test -run '^$' -fuzz=FuzzDecodeMessage -fuzztime=20s ./monitor/nvrxwire
