@@ -2,7 +2,8 @@
 // It speaks the native FTL1 protocol (docs/protocol.md): a heartbeat is one
 // byte written to a Unix socket with no reply, so it can be called from a
 // training loop every step. When the monitor grants a shared-memory region at
-// the handshake, a heartbeat is two stores into it and no syscall at all.
+// the handshake, a heartbeat is two stores into it and no syscall at all, and
+// a section event is an entry in a ring in the same region (five stores).
 //
 // When FT_RANK_MONITOR_IPC_SOCKET is not set (the program was not started by
 // ft-launcher), Connect returns a client whose methods do nothing, after one
@@ -19,6 +20,7 @@ import (
 	"log/slog"
 	"math"
 	"os"
+	"runtime"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -59,6 +61,11 @@ type Client struct {
 	count  uint64
 	t0     time.Time
 	cmBase int64
+	// Section-event ring in shm (docs/protocol.md): when ring is set,
+	// every section event goes through it, never the socket, so the two
+	// paths cannot reorder events. head caches the monitor's counter.
+	ring       bool
+	tail, head uint64
 }
 
 // Options for ConnectPath.
@@ -72,6 +79,10 @@ type Options struct {
 	// is then a write(2) on the socket, as with protocol clients that
 	// predate them.
 	SocketHeartbeats bool
+	// SocketSections sends section events over the socket (one write(2)
+	// each) instead of the shared-memory ring, as clients that predate the
+	// ring do.
+	SocketSections bool
 }
 
 // Connect connects to the monitor named by FT_RANK_MONITOR_IPC_SOCKET, with
@@ -123,7 +134,7 @@ func (c *Client) handshake(ctx context.Context, path string, o Options) error {
 	host, _ := os.Hostname()
 	h, err := json.Marshal(ftwire.Hello{GlobalRank: o.GlobalRank, LocalRank: o.LocalRank, PID: os.Getpid(),
 		Host: host, Iteration: o.Iteration, NumWarmupIters: o.NumWarmupIters, Client: "ftclient-go/1",
-		Shm: !o.SocketHeartbeats})
+		Shm: !o.SocketHeartbeats, ShmSections: !o.SocketHeartbeats && !o.SocketSections})
 	if err != nil {
 		return fmt.Errorf("ftclient: encode hello: %w", err)
 	}
@@ -224,10 +235,14 @@ func (c *Client) mapShm(fd int) error {
 	if err := unix.Fstat(fd, &st); err != nil {
 		return fmt.Errorf("fstat: %w", err)
 	}
-	if st.Size < ftwire.ShmSize {
-		return fmt.Errorf("region of %d bytes, want %d", st.Size, ftwire.ShmSize)
+	size := int64(ftwire.ShmSize)
+	if c.cfg.ShmSections {
+		size = ftwire.ShmRegionSize
 	}
-	mem, err := unix.Mmap(fd, 0, ftwire.ShmSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if st.Size < size {
+		return fmt.Errorf("region of %d bytes, want %d", st.Size, size)
+	}
+	mem, err := unix.Mmap(fd, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
 		return fmt.Errorf("mmap: %w", err)
 	}
@@ -240,6 +255,7 @@ func (c *Client) mapShm(fd int) error {
 		return fmt.Errorf("clock_gettime: %w", err)
 	}
 	c.shm, c.t0, c.cmBase = mem, t0, ts.Nano()
+	c.ring = c.cfg.ShmSections
 	return nil
 }
 
@@ -247,8 +263,66 @@ func shmStore(mem []byte, off int, v uint64) {
 	(*atomic.Uint64)(unsafe.Pointer(&mem[off])).Store(v)
 }
 
+func shmLoad(mem []byte, off int) uint64 {
+	return (*atomic.Uint64)(unsafe.Pointer(&mem[off])).Load()
+}
+
 // SharedMemory reports whether heartbeats go through shared memory.
 func (c *Client) SharedMemory() bool { return c.shm != nil }
+
+// SectionRing reports whether section events go through shared memory.
+func (c *Client) SectionRing() bool { return c.ring }
+
+// monoNow is CLOCK_MONOTONIC in ns without a syscall.
+func (c *Client) monoNow() uint64 { return uint64(c.cmBase + int64(time.Since(c.t0))) }
+
+// push appends one event to the ring and publishes it. The event is stamped
+// when the caller asked for it, before any wait for space; events are never
+// dropped or reordered. Caller holds mu.
+func (c *Client) push(kind, id, iter uint64) error {
+	at := c.monoNow()
+	if c.tail-c.head >= ftwire.ShmRingCap {
+		if err := c.waitSpace(); err != nil {
+			return err
+		}
+	}
+	off := ftwire.ShmRingOff + int(c.tail%ftwire.ShmRingCap)*ftwire.ShmEventSize
+	shmStore(c.shm, off+ftwire.ShmEvWordKind, kind)
+	shmStore(c.shm, off+ftwire.ShmEvWordID, id)
+	shmStore(c.shm, off+ftwire.ShmEvWordIter, iter)
+	shmStore(c.shm, off+ftwire.ShmEvWordTime, at)
+	c.tail++
+	shmStore(c.shm, ftwire.ShmOffTail, c.tail) // publishes the words above
+	return nil
+}
+
+// waitSpace waits until the monitor has consumed an event. The monitor
+// drains at least every P (10 ms at most) and shortens P while a session is
+// busy, so this is rare and short: a spin first, then polls of the socket,
+// which also notice a monitor that went away (it never writes after
+// Config, so readability means EOF or an error).
+func (c *Client) waitSpace() error {
+	full := func() bool {
+		c.head = shmLoad(c.shm, ftwire.ShmOffHead)
+		return c.tail-c.head >= ftwire.ShmRingCap
+	}
+	spinUntil := time.Now().Add(time.Millisecond)
+	for full() {
+		if time.Now().Before(spinUntil) {
+			runtime.Gosched()
+			continue
+		}
+		pfd := []unix.PollFd{{Fd: int32(c.fd), Events: unix.POLLIN}}
+		n, err := unix.Poll(pfd, 1)
+		if err != nil && err != unix.EINTR {
+			return fmt.Errorf("ftclient: section ring full: poll: %w", err)
+		}
+		if n > 0 && full() {
+			return errors.New("ftclient: section ring full and the monitor closed the connection")
+		}
+	}
+	return nil
+}
 
 // fdReader reads one byte at a time from a blocking fd (handshake only).
 // readPayload reads one frame payload: a uvarint length, then that many bytes.
@@ -383,6 +457,24 @@ func (c *Client) sectionOp(name string, t byte, iter *int64) error {
 	}
 	c.buf = c.buf[:0]
 	id := c.sectionID(name)
+	if c.ring {
+		// A new name is defined over the socket before the event using it
+		// is published: the monitor reads the socket again when it meets
+		// an id it does not know yet.
+		if len(c.buf) > 0 {
+			if err := c.write(c.buf); err != nil {
+				return fmt.Errorf("ftclient: section %q: %w", name, err)
+			}
+		}
+		kind, it := uint64(ftwire.ShmEvOpen), uint64(0)
+		switch {
+		case t == ftwire.MsgSectionClose:
+			kind = ftwire.ShmEvClose
+		case iter != nil && *iter >= 0:
+			kind, it = ftwire.ShmEvOpenIter, uint64(*iter)
+		}
+		return c.push(kind, id, it)
+	}
 	switch {
 	case iter != nil && *iter >= 0:
 		c.buf = ftwire.AppendSectionOpenIter(c.buf, id, uint64(*iter))
@@ -410,7 +502,19 @@ func (c *Client) StartSectionAt(name string, iteration int64) error {
 func (c *Client) EndSection(name string) error { return c.sectionOp(name, ftwire.MsgSectionClose, nil) }
 
 // EndAllSections closes every open section.
-func (c *Client) EndAllSections() error { return c.send([]byte{ftwire.MsgSectionCloseAll}) }
+func (c *Client) EndAllSections() error {
+	if c.noop {
+		return nil
+	}
+	c.mu.Lock()
+	ring := c.ring && !c.closed
+	if ring {
+		defer c.mu.Unlock()
+		return c.push(ftwire.ShmEvCloseAll, 0, 0)
+	}
+	c.mu.Unlock()
+	return c.send([]byte{ftwire.MsgSectionCloseAll})
+}
 
 func secs(d time.Duration) *float64 {
 	if d <= 0 {
@@ -468,6 +572,7 @@ func (c *Client) Close() error {
 	if c.shm != nil {
 		_ = unix.Munmap(c.shm)
 		c.shm = nil
+		c.ring = false
 	}
 	if err := unix.Close(c.fd); err != nil {
 		return fmt.Errorf("ftclient: close: %w", err)

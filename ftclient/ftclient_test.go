@@ -185,3 +185,37 @@ func BenchmarkSection(b *testing.B) {
 		}
 	}
 }
+
+func benchOpenClose(b *testing.B, c *ftclient.Client) {
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := c.StartSection("step"); err != nil {
+			b.Fatal(err)
+		}
+		if err := c.EndSection("step"); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkSectionOpenClose measures one open+close pair through the
+// shared-memory ring, including any wait for the monitor to drain it.
+func BenchmarkSectionOpenClose(b *testing.B) {
+	m := newMonitor(b)
+	c := connect(b, m)
+	if !c.SectionRing() {
+		b.Fatal("no section ring")
+	}
+	benchOpenClose(b, c)
+}
+
+// BenchmarkSectionOpenCloseSocket is the same pair over the socket, as
+// clients that predate the ring send it.
+func BenchmarkSectionOpenCloseSocket(b *testing.B) {
+	m := newMonitor(b)
+	c := connectOpts(b, m, ftclient.Options{GlobalRank: 2, LocalRank: 0, SocketSections: true})
+	if c.SectionRing() {
+		b.Fatal("socket sections requested, got the ring")
+	}
+	benchOpenClose(b, c)
+}

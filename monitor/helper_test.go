@@ -31,7 +31,7 @@ func TestMain(m *testing.M) {
 
 // runHelper interprets a rank script:
 //
-//	connect | connectsock | shm | hb | hbn N PERIOD | open NAME [ITER] | close NAME | closeall |
+//	connect | connectsock | connectold | shm | ring | hb | hbn N PERIOD | open NAME [ITER] | close NAME | closeall |
 //	sleep DUR | ignoreterm | disconnect | mark TEXT | exit CODE
 func runHelper(script string) int {
 	var c *ftclient.Client
@@ -55,8 +55,15 @@ func runHelper(script string) int {
 			c, err = ftclient.ConnectPath(ctx, os.Getenv(ftclient.EnvSocket), ftclient.Options{
 				GlobalRank: -1, LocalRank: -1, SocketHeartbeats: true})
 			cancel()
+		case "connectold": // socket section events, as clients before the ring
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			c, err = ftclient.ConnectPath(ctx, os.Getenv(ftclient.EnvSocket), ftclient.Options{
+				GlobalRank: -1, LocalRank: -1, SocketSections: true})
+			cancel()
 		case "shm":
 			fmt.Printf("shm=%v\n", c.SharedMemory())
+		case "ring":
+			fmt.Printf("ring=%v\n", c.SectionRing())
 		case "hb":
 			err = c.SendHeartbeat()
 		case "hbn":

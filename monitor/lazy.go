@@ -91,6 +91,10 @@ type lazyConn struct {
 	// heartbeat region (nil without one); unmapped with the fd.
 	shm      []byte
 	shmCount uint64 // heartbeat count at the last read
+	ring     bool   // section events come through shm's ring
+	ringHead uint64 // ring events consumed
+	eof      bool   // the socket reached EOF in this drain
+	rerr     error  // the socket failed in this drain
 }
 
 // Close requests the session's end; the fd is closed by the next drain
@@ -130,8 +134,27 @@ func (lc *lazyConn) drain() int {
 	if lc.shm != nil {
 		lc.readShmLocked()
 	}
-	m := lc.r.m
 	before := lc.msgs
+	lc.readSocketLocked()
+	if lc.ring {
+		// Events published before an EOF are still applied.
+		if err := lc.readRingLocked(); err != nil && lc.rerr == nil {
+			lc.rerr = err
+		}
+	}
+	if lc.rerr != nil || lc.eof {
+		lc.closeLocked(lc.rerr)
+	}
+	return lc.msgs - before
+}
+
+// readSocketLocked reads and processes everything buffered on the socket,
+// recording EOF or an error in lc for drain to act on.
+func (lc *lazyConn) readSocketLocked() {
+	if lc.eof || lc.rerr != nil {
+		return
+	}
+	m := lc.r.m
 	for {
 		n, err := unix.Read(lc.fd, lc.buf[:])
 		now := m.mono() // after the read: never earlier than any byte's arrival
@@ -140,23 +163,23 @@ func (lc *lazyConn) drain() int {
 			continue
 		case err == unix.EAGAIN:
 			lc.checkPartialLocked(now)
-			return lc.msgs - before
+			return
 		case err != nil:
-			lc.closeLocked(fmt.Errorf("read: %w", err))
-			return lc.msgs - before
+			lc.rerr = fmt.Errorf("read: %w", err)
+			return
 		case n == 0: // EOF: the client closed
-			lc.closeLocked(nil)
-			return lc.msgs - before
+			lc.eof = true
+			return
 		}
 		if err := lc.processLocked(lc.buf[:n], now); err != nil {
-			lc.closeLocked(err)
-			return lc.msgs - before
+			lc.rerr = err
+			return
 		}
 		if n < len(lc.buf) {
 			// A short read on a stream socket means it was empty at that
 			// instant: no need for the extra EAGAIN syscall.
 			lc.checkPartialLocked(now)
-			return lc.msgs - before
+			return
 		}
 	}
 }
@@ -164,7 +187,7 @@ func (lc *lazyConn) drain() int {
 // checkPartialLocked enforces the half-message limit of docs/protocol.md.
 func (lc *lazyConn) checkPartialLocked(now int64) {
 	if len(lc.pending) > 0 && now-lc.since > int64(frameTimeout) {
-		lc.closeLocked(fmt.Errorf("message incomplete for more than %s", frameTimeout))
+		lc.rerr = fmt.Errorf("message incomplete for more than %s", frameTimeout)
 	}
 }
 
@@ -377,8 +400,8 @@ func nextInterval(p time.Duration, busiest int, elapsed time.Duration) time.Dura
 // serveLazy hands a native session over to the poller once its handshake
 // is done and returns when the session ends. buffered holds what the
 // handshake reader had already read past Hello. shm, the session's
-// shared-memory heartbeat mapping or nil, is owned by serveLazy from here on.
-func (m *Manager) serveLazy(r *rankMon, gen uint64, c *net.UnixConn, buffered, shm []byte) error {
+// shared-memory mapping or nil, is owned by serveLazy from here on.
+func (m *Manager) serveLazy(r *rankMon, gen uint64, c *net.UnixConn, buffered, shm []byte, ring bool) error {
 	unmap := func() {
 		if shm != nil {
 			_ = unix.Munmap(shm)
@@ -404,7 +427,7 @@ func (m *Manager) serveLazy(r *rankMon, gen uint64, c *net.UnixConn, buffered, s
 		unmap()
 		return fmt.Errorf("set nonblocking: %w", err)
 	}
-	lc := &lazyConn{r: r, gen: gen, done: make(chan struct{}), fd: fd, names: map[uint64]string{}, shm: shm}
+	lc := &lazyConn{r: r, gen: gen, done: make(chan struct{}), fd: fd, names: map[uint64]string{}, shm: shm, ring: ring && shm != nil}
 	if !r.handover(gen, lc) {
 		_ = unix.Close(fd)
 		unmap()

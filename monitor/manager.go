@@ -77,8 +77,9 @@ type RankStatus struct {
 	Connected                  bool
 	Heartbeats                 int64 // this cycle
 	OpenSections               []string
-	SectionCloses              map[string]int // this cycle
-	Timeouts                   Timeouts       // in force for this rank
+	OpenedAt                   map[string]time.Time // open sections → when they opened
+	SectionCloses              map[string]int       // this cycle
+	Timeouts                   Timeouts             // in force for this rank
 }
 
 // Manager runs one rank monitor per local rank inside the launcher process.

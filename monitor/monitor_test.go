@@ -227,7 +227,9 @@ func TestStaleConnectionReplaced(t *testing.T) {
 	m.BeginCycle(0, map[int]int{0: os.Getpid()})
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	c1, err := ftclient.ConnectPath(ctx, m.RankSocket(0), ftclient.Options{GlobalRank: 1})
+	// Socket section events: a write to the closed connection fails, which
+	// is how the test sees the close.
+	c1, err := ftclient.ConnectPath(ctx, m.RankSocket(0), ftclient.Options{GlobalRank: 1, SocketSections: true})
 	if err != nil {
 		t.Fatal(err)
 	}

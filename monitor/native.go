@@ -112,6 +112,7 @@ func (m *Manager) serveNative(r *rankMon, gen uint64, uc *net.UnixConn, dc *dead
 			r.logger().Debug("rank monitor: no shared-memory heartbeats; using the socket", "err", err)
 		}
 		sc.Shm = shm != nil
+		sc.ShmSections = sc.Shm && h.ShmSections
 	}
 	cfg, err := json.Marshal(sc)
 	if err != nil {
@@ -137,7 +138,7 @@ func (m *Manager) serveNative(r *rankMon, gen uint64, uc *net.UnixConn, dc *dead
 	// so it cannot fire on the raw reads.
 	_ = dc.Conn.SetReadDeadline(time.Time{})
 	buffered, _ := br.Peek(br.Buffered())
-	return m.serveLazy(r, gen, uc, bytes.Clone(buffered), shm)
+	return m.serveLazy(r, gen, uc, bytes.Clone(buffered), shm, sc.ShmSections)
 }
 
 // applyClientTimeouts honours client-sent timeouts at once for the rank and

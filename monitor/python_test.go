@@ -120,7 +120,8 @@ func TestPythonClient(t *testing.T) {
 	m.BeginCycle(0, map[int]int{0: p.cmd.Process.Pid})
 	p.waitLine(t, "done", 30*time.Second)
 	s := m.RankStatus(0)
-	if !s.Connected || s.GlobalRank != 7 || s.Heartbeats != 5 || s.SectionCloses["step"] != 1 {
+	if !s.Connected || s.GlobalRank != 7 || s.Heartbeats != 5 || s.SectionCloses["step"] != 2502 ||
+		s.SectionCloses["a"] != 1 || len(s.OpenSections) != 0 || r0Iter(m) != 2500 {
 		t.Errorf("monitor state %+v", s)
 	}
 	if !s.Timeouts.HeartbeatCalculated || s.Timeouts.Heartbeat <= 0 {
@@ -164,6 +165,7 @@ func TestPythonClientBench(t *testing.T) {
 	}
 	t.Logf("python client: %s", line)
 	eventually(t, 10*time.Second, "benchmark messages counted", func() bool {
-		return m.RankStatus(0).Heartbeats == n
+		s := m.RankStatus(0)
+		return s.Heartbeats == n && s.SectionCloses["step"] == n
 	})
 }

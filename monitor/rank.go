@@ -267,6 +267,9 @@ func (r *rankMon) openSection(gen uint64, name string, iter *int64, now int64) s
 	if r.gen.Load() != gen || !r.connected {
 		return ""
 	}
+	// A ring event carries the client's time, converted late; it cannot
+	// precede the session.
+	now = max(now, r.initAt)
 	if _, ok := r.open[name]; ok {
 		return fmt.Sprintf("Section '%s' is already open", name)
 	}
@@ -287,7 +290,7 @@ func (r *rankMon) openSection(gen uint64, name string, iter *int64, now int64) s
 			r.currentIter = *iter
 		}
 	}
-	r.rearmLocked(now)
+	r.rearmLocked(r.m.mono()) // now may be a client time in the past
 	return ""
 }
 
@@ -298,6 +301,9 @@ func (r *rankMon) closeSection(gen uint64, name string, now int64) string {
 	if r.gen.Load() != gen || !r.connected {
 		return ""
 	}
+	// A ring event carries the client's time, converted late; it cannot
+	// precede the session.
+	now = max(now, r.initAt)
 	at, ok := r.open[name]
 	if !ok {
 		return fmt.Sprintf("Section '%s' is not open", name)
@@ -308,7 +314,7 @@ func (r *rankMon) closeSection(gen uint64, name string, now int64) string {
 	if len(r.open) == 0 {
 		r.oosStart = now
 	}
-	r.rearmLocked(now)
+	r.rearmLocked(r.m.mono()) // now may be a client time in the past
 	return ""
 }
 
@@ -318,6 +324,9 @@ func (r *rankMon) closeAll(gen uint64, now int64) {
 	if r.gen.Load() != gen || !r.connected {
 		return
 	}
+	// A ring event carries the client's time, converted late; it cannot
+	// precede the session.
+	now = max(now, r.initAt)
 	for name, at := range r.open {
 		r.obs.SectionMax[name] = max(r.obs.SectionMax[name], time.Duration(now-at))
 		r.obs.SectionCloses[name]++
@@ -326,7 +335,7 @@ func (r *rankMon) closeAll(gen uint64, now int64) {
 		r.oosStart = now
 	}
 	clear(r.open)
-	r.rearmLocked(now)
+	r.rearmLocked(r.m.mono()) // now may be a client time in the past
 }
 
 // setTimeouts applies timeouts sent by the client, at once.
@@ -500,8 +509,10 @@ func (r *rankMon) status() RankStatus {
 		LocalRank: r.local, GlobalRank: r.globalRank, PID: r.pid, Connected: r.connected,
 		Heartbeats: r.heartbeats.Load(), Timeouts: r.to.Clone(),
 	}
-	for name := range r.open {
+	s.OpenedAt = make(map[string]time.Time, len(r.open))
+	for name, at := range r.open {
 		s.OpenSections = append(s.OpenSections, name)
+		s.OpenedAt[name] = r.m.epoch.Add(time.Duration(at))
 	}
 	slices.Sort(s.OpenSections)
 	s.SectionCloses = map[string]int{}

@@ -33,11 +33,13 @@ def main():
         c.start_section("step")
         c.end_section("step")
         sec.append(clock() - t0)
+    ring = c.section_ring
     c.shutdown_workload_monitoring()
     hb50, hb99 = percentiles(hb)
     s50, s99 = percentiles(sec)
     print(json.dumps({"n": n, "heartbeat_p50_us": hb50, "heartbeat_p99_us": hb99,
-                      "section_open_close_p50_us": s50, "section_open_close_p99_us": s99}))
+                      "section_open_close_p50_us": s50, "section_open_close_p99_us": s99,
+                      "section_ring": ring}))
 
 
 if __name__ == "__main__":

@@ -67,6 +67,10 @@ type Hello struct {
 	// server that grants it sets ServerConfig.Shm and attaches the
 	// region's fd (SCM_RIGHTS) to the first byte of its reply.
 	Shm bool `json:"shm,omitempty"`
+	// ShmSections asks for the section-event ring in the shared region
+	// (with Shm). A server that grants it sets ServerConfig.ShmSections;
+	// the client must then send every section event through the ring.
+	ShmSections bool `json:"shm_sections,omitempty"`
 }
 
 // Shared-memory heartbeat region (docs/protocol.md, "Shared-memory
@@ -74,10 +78,34 @@ type Hello struct {
 // client with aligned 8-byte stores. A heartbeat stores the client's
 // CLOCK_MONOTONIC time in ns at ShmOffTime, then the incremented heartbeat
 // count at ShmOffCount; the server reads the count first.
+//
+// A client that was granted ShmSections also finds a single-producer,
+// single-consumer ring of section events in the region: the client writes
+// an event's four words at ShmRingOff + (tail mod ShmRingCap) × ShmEventSize,
+// then stores tail+1 at ShmOffTail; the server applies events in order and
+// stores the number consumed at ShmOffHead. Both counters only grow; the ring
+// is full when tail − head = ShmRingCap. Event words: kind (ShmEv*), section
+// id (defined over the socket first), iteration (ShmEvOpenIter only) and the
+// client's CLOCK_MONOTONIC time in ns.
 const (
-	ShmSize     = 4096
+	ShmSize     = 4096 // the heartbeat words; regions are at least this big
 	ShmOffCount = 0
 	ShmOffTime  = 8
+
+	ShmOffTail    = 64  // client-written, own cache line
+	ShmOffHead    = 128 // server-written, own cache line
+	ShmRingOff    = 4096
+	ShmEventSize  = 32
+	ShmRingCap    = 1024
+	ShmRegionSize = ShmRingOff + ShmRingCap*ShmEventSize // size of a region the server creates
+	ShmEvWordKind = 0
+	ShmEvWordID   = 8
+	ShmEvWordIter = 16
+	ShmEvWordTime = 24
+	ShmEvOpen     = 1
+	ShmEvClose    = 2
+	ShmEvCloseAll = 3
+	ShmEvOpenIter = 4
 )
 
 // ServerConfig is the server's reply to Hello: the effective timeouts and
@@ -98,6 +126,9 @@ type ServerConfig struct {
 	SkipSectionResponse         bool                `json:"skip_section_response"` // always true: native messages have no replies
 	// Shm is true when the reply carries a shared-memory heartbeat region.
 	Shm bool `json:"shm,omitempty"`
+	// ShmSections is true when section events go through the region's
+	// ring (docs/protocol.md).
+	ShmSections bool `json:"shm_sections,omitempty"`
 }
 
 // HeartbeatTimeouts mirrors nvrx's HeartbeatTimeouts (seconds).

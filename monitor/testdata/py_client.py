@@ -12,8 +12,16 @@ assert c.shared_memory_heartbeats, "monitor did not grant shared-memory heartbea
 for _ in range(5):
     c.send_heartbeat()
     time.sleep(0.01)
+assert c.section_ring, "monitor did not grant the section ring"
 c.start_section("step")
 c.end_section("step")
+# More events than the ring holds (wrap-around, waits while it is full).
+for i in range(2500):
+    c.start_section("step", iteration=i)
+    c.end_section("step")
+c.start_section("a")
+c.start_section("step", iteration=2500)
+c.end_all_sections()
 assert c.calculate_and_set_hb_timeouts()
 sd = c.state_dict()
 assert sd["current_timeouts"]["heartbeat"]["were_calculated"], sd

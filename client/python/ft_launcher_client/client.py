@@ -1,9 +1,9 @@
 """RankMonitorClient speaking ft-launcher's native FTL1 protocol (docs/protocol.md).
 
-Hot-path messages (section open/close) are a few bytes written to a Unix
-socket with no reply. A heartbeat is two stores into a shared-memory region
-the monitor passes at the handshake (no syscall), or one socket write when
-there is none.
+A heartbeat is two stores into a shared-memory region the monitor passes at
+the handshake (no syscall), and a section open/close is five stores into a
+ring in that region; without the region each is a few bytes written to a
+Unix socket with no reply.
 """
 
 import array
@@ -12,7 +12,9 @@ import json
 import logging
 import mmap
 import os
+import select
 import socket
+import threading
 import time
 import types
 
@@ -34,6 +36,16 @@ _MAX_PAYLOAD = 1 << 20
 _SHM_SIZE = 4096
 _SHM_COUNT = 0
 _SHM_TIME = 1
+# Section-event ring (ftwire.ShmOffTail/ShmOffHead/ShmRingOff/ShmRingCap),
+# in uint64 words: the client writes an event's 4 words (kind, id,
+# iteration, CLOCK_MONOTONIC ns) at slot tail % cap, then stores tail + 1;
+# the monitor stores how many it consumed at head.
+_SHM_TAIL = 8
+_SHM_HEAD = 16
+_RING_WORD = 512
+_RING_CAP = 1024
+_SHM_REGION_SIZE = 4096 + _RING_CAP * 32
+_EV_OPEN, _EV_CLOSE, _EV_CLOSE_ALL, _EV_OPEN_ITER = 1, 2, 3, 4
 
 SOCKET_ENV = "FT_RANK_MONITOR_IPC_SOCKET"
 LAUNCHER_SOCKET_ENV = "FT_LAUNCHER_IPC_SOCKET"
@@ -189,6 +201,9 @@ class RankMonitorClient:
     # Ask for shared-memory heartbeats at init_workload_monitoring (set to
     # False, on the class or an instance, for socket heartbeats).
     use_shared_memory = True
+    # Section events through the shared region's ring (with
+    # use_shared_memory); False sends them over the socket.
+    use_section_ring = True
 
     def __init__(self):
         self.cfg = None
@@ -204,6 +219,10 @@ class RankMonitorClient:
         self._shm = None  # mmap of the shared heartbeat region
         self._shm_words = None  # uint64 view of it
         self._shm_count = 0
+        self._ring = False  # section events go through the shared region
+        self._tail = 0
+        self._head = 0
+        self._lock = threading.Lock()  # orders ring pushes from several threads
 
     # -- session ---------------------------------------------------------
 
@@ -227,6 +246,7 @@ class RankMonitorClient:
                 "host": socket.gethostname(),
                 "client": "ft_launcher_client-py/1",
                 "shm": self.use_shared_memory,
+                "shm_sections": self.use_shared_memory and self.use_section_ring,
             }
             if iteration is not None:
                 hello["iteration"] = int(iteration)
@@ -237,7 +257,7 @@ class RankMonitorClient:
             try:
                 cfg = _read_frame(sock, _CONFIG, magic)
                 if fd is not None and cfg.get("shm"):
-                    self._map_shm(fd)
+                    self._map_shm(fd, bool(cfg.get("shm_sections")))
             finally:
                 if fd is not None:
                     os.close(fd)
@@ -264,27 +284,36 @@ class RankMonitorClient:
             state, self._loaded_state = self._loaded_state, None
             self.load_state_dict(state)
 
-    def _map_shm(self, fd):
+    def _map_shm(self, fd, ring):
         try:
-            if os.fstat(fd).st_size < _SHM_SIZE:
+            size = _SHM_REGION_SIZE if ring else _SHM_SIZE
+            if os.fstat(fd).st_size < size:
                 raise ValueError("shared region too small")
-            self._shm = mmap.mmap(fd, _SHM_SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            self._shm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
             # An aligned native 8-byte item store is a single store on
             # x86-64/arm64, so the monitor never reads a torn value.
             self._shm_words = memoryview(self._shm).cast("Q")
             self._shm_count = 0
+            self._ring = ring
+            self._tail = self._head = 0
         except (OSError, ValueError) as e:
             # The monitor accepts socket heartbeats too.
             log.debug("no shared-memory heartbeats, using the socket: %s", e)
             self._unmap_shm()
 
     def _unmap_shm(self):
+        self._ring = False
         if self._shm_words is not None:
             self._shm_words.release()
             self._shm_words = None
         if self._shm is not None:
             self._shm.close()
             self._shm = None
+
+    @property
+    def section_ring(self):
+        """True when section events go through shared memory."""
+        return self._ring
 
     @property
     def shared_memory_heartbeats(self):
@@ -333,6 +362,46 @@ class RankMonitorClient:
             return
         self._sock.send(_HEARTBEAT)
 
+    def _push(self, kind, ident, iteration):
+        """Append one section event to the ring and publish it (never drops
+        or reorders: waits while the ring is full)."""
+        with self._lock:
+            at = time.monotonic_ns()
+            t = self._tail
+            if t - self._head >= _RING_CAP:
+                self._wait_space()
+            w = self._shm_words
+            b = _RING_WORD + (t % _RING_CAP) * 4
+            w[b] = kind
+            w[b + 1] = ident
+            w[b + 2] = iteration
+            w[b + 3] = at
+            self._tail = t + 1
+            w[_SHM_TAIL] = t + 1  # publishes the words above (stores are ordered on x86-64)
+
+    def _wait_space(self):
+        # The monitor drains at least every 10 ms and sooner while busy:
+        # yield for up to 1 ms, then poll the socket (which also notices a
+        # monitor that went away: it never writes after Config).
+        w = self._shm_words
+        spin_until = time.monotonic() + 0.001
+        poller = None
+        while True:
+            self._head = w[_SHM_HEAD]
+            if self._tail - self._head < _RING_CAP:
+                return
+            if time.monotonic() < spin_until:
+                time.sleep(0)
+                continue
+            if poller is None:
+                poller = select.poll()
+                poller.register(self._sock, select.POLLIN)
+            if poller.poll(1):
+                self._head = w[_SHM_HEAD]
+                if self._tail - self._head < _RING_CAP:
+                    return
+                raise RankMonitorClientError("section ring full and the monitor closed the connection")
+
     def _section_id(self, name, out):
         i = self._ids.get(name)
         if i is None:
@@ -347,6 +416,16 @@ class RankMonitorClient:
             return
         out = bytearray()
         i = self._section_id(section, out)
+        if self._ring:
+            # The definition goes over the socket before the event using it.
+            if out:
+                self._sock.sendall(out)
+            self._calc.open(section)
+            if iteration is None:
+                self._push(_EV_OPEN, i, 0)
+            else:
+                self._push(_EV_OPEN_ITER, i, max(int(iteration), 0))
+            return
         if iteration is None:
             out.append(_SECTION_OPEN)
             out += _uvarint(i)
@@ -361,6 +440,12 @@ class RankMonitorClient:
             return
         out = bytearray()
         i = self._section_id(section, out)
+        if self._ring:
+            if out:
+                self._sock.sendall(out)
+            self._calc.close(section)
+            self._push(_EV_CLOSE, i, 0)
+            return
         out.append(_SECTION_CLOSE)
         out += _uvarint(i)
         self._calc.close(section)
@@ -370,6 +455,9 @@ class RankMonitorClient:
         if self._sock is None and not self._ready():
             return
         self._calc.close_all()
+        if self._ring:
+            self._push(_EV_CLOSE_ALL, 0, 0)
+            return
         self._sock.send(_SECTION_CLOSE_ALL)
 
     # -- timeouts --------------------------------------------------------
