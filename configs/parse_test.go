@@ -3,6 +3,7 @@ package configs
 import (
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"reflect"
 	"regexp"
@@ -324,5 +325,27 @@ func writeFile(t *testing.T, path, content string) {
 	t.Helper()
 	if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestGPUCountMatchesNvidiaSmi cross-checks the /dev/nvidia<N> count behind
+// --nproc-per-node gpu against `nvidia-smi -L`. It needs the NVIDIA driver,
+// which this project's CI machines do not have (no GPU), so it skips there.
+func TestGPUCountMatchesNvidiaSmi(t *testing.T) {
+	if _, err := exec.LookPath("nvidia-smi"); err != nil {
+		t.Skip("no nvidia-smi on this machine: needs a GPU host")
+	}
+	out, err := exec.Command("nvidia-smi", "-L").Output()
+	if err != nil {
+		t.Fatalf("nvidia-smi -L: %v", err)
+	}
+	want := 0
+	for _, line := range strings.Split(string(out), "\n") {
+		if strings.HasPrefix(line, "GPU ") {
+			want++
+		}
+	}
+	if got, err := countGPUs("/dev", ""); err != nil || got != want {
+		t.Errorf("countGPUs(/dev) = %d, %v; nvidia-smi lists %d GPUs", got, err, want)
 	}
 }

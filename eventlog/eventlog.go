@@ -4,6 +4,7 @@
 package eventlog
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -15,7 +16,6 @@ import (
 const (
 	LauncherStarted  = "launcher_started"
 	CycleStarted     = "cycle_started"
-	RankStarted      = "rank_started"
 	RankExited       = "rank_exited"
 	RankHang         = "rank_hang"
 	StopEscalated    = "stop_escalated" // SIGTERM grace ran out, SIGKILL sent
@@ -25,9 +25,7 @@ const (
 	TrainingFinished = "training_finished"
 	JobSucceeded     = "job_succeeded"
 	JobFailed        = "job_failed"
-	NodeLost         = "node_lost"
 	WorkloadRequest  = "workload_request"
-	TimeoutsComputed = "timeouts_computed"
 )
 
 // Log appends events to a file. A nil *Log discards events.
@@ -90,7 +88,7 @@ func Read(path string) ([]map[string]any, error) {
 		return nil, err
 	}
 	var out []map[string]any
-	dec := json.NewDecoder(bytesReader(b))
+	dec := json.NewDecoder(bytes.NewReader(b))
 	for dec.More() {
 		var m map[string]any
 		if err := dec.Decode(&m); err != nil {
