@@ -22,9 +22,11 @@ import (
 	"github.com/ftlauncher/ft-launcher/configs"
 	"github.com/ftlauncher/ft-launcher/eventlog"
 	"github.com/ftlauncher/ft-launcher/monitor"
+	"github.com/ftlauncher/ft-launcher/policy"
 	"github.com/ftlauncher/ft-launcher/ranklogs"
 	"github.com/ftlauncher/ft-launcher/rendezvous"
 	"github.com/ftlauncher/ft-launcher/spawn"
+	"github.com/ftlauncher/ft-launcher/verdict"
 	"golang.org/x/sys/unix"
 )
 
@@ -149,7 +151,7 @@ func (a *Agent) Run(ctx context.Context) int {
 		if err != nil {
 			a.log.Error("cycle failed to start", "round", asg.Round, "err", err)
 			a.ev.Emit(eventlog.JobFailed, map[string]any{"round": asg.Round, "reason": err.Error()})
-			_ = a.d.Rdzv.Shutdown(context.Background(), configs.ExitFailure, "node "+a.d.Hostname+": "+err.Error())
+			_ = a.d.Rdzv.Shutdown(context.Background(), verdict.FatalError, configs.ExitFailure, "node "+a.d.Hostname+": "+err.Error())
 			return configs.ExitFailure
 		}
 		a.setState(StateDone)
@@ -173,7 +175,7 @@ func (a *Agent) Run(ctx context.Context) int {
 			if pendingReq != nil {
 				return a.applyWorkloadRequest(*pendingReq, asg.Round)
 			}
-			dec, err := a.d.Rdzv.Fail(ctx, asg.Round, end.reason)
+			dec, err := a.d.Rdzv.Fail(ctx, asg.Round, policy.RankCrash, end.reason)
 			if err != nil {
 				a.log.Error("reporting the failure to the rendezvous failed", "err", err)
 				a.ev.Emit(eventlog.JobFailed, map[string]any{"round": asg.Round, "reason": err.Error()})
@@ -258,7 +260,7 @@ func (a *Agent) applyWorkloadRequest(req monitor.WorkloadRequest, round int) int
 	default: // ShutdownWorkload
 		code := a.cfg.FT.NoRestartExitCode
 		a.log.Warn("shutting the workload down", "reason", reason, "exit_code", code)
-		_ = a.d.Rdzv.Shutdown(context.Background(), code, reason)
+		_ = a.d.Rdzv.Shutdown(context.Background(), verdict.NoRestart, code, reason)
 		a.ev.Emit(eventlog.JobFailed, map[string]any{"round": round, "reason": reason, "exit_code": code})
 		return code
 	}

@@ -24,6 +24,8 @@ import (
 	"google.golang.org/grpc/backoff"
 
 	"github.com/ftlauncher/ft-launcher/metrics"
+	"github.com/ftlauncher/ft-launcher/policy"
+	"github.com/ftlauncher/ft-launcher/verdict"
 )
 
 // ErrRoundRestarted is returned by Succeed when another node failed the
@@ -35,6 +37,7 @@ var ErrRoundRestarted = errors.New("rendezvous: round restarted before every nod
 // ErrClosed with errors.Is and carries the job's exit code and reason, so a
 // standby node exits with the same code as the others.
 type JobClosedError struct {
+	Kind   verdict.Kind
 	Code   int
 	Reason string
 }
@@ -428,7 +431,7 @@ func (e *Etcd) fireLocked(r int, s *endSub) {
 	var end RoundEnd
 	switch {
 	case e.closed != nil:
-		end = RoundEnd{Kind: EndJobClosed, Round: r, Code: e.closed.Code, Reason: e.closed.Reason, Node: e.closed.Node}
+		end = RoundEnd{Kind: EndJobClosed, Round: r, Code: e.closed.Code, Reason: e.closed.Reason, Node: e.closed.Node, Close: e.closed.Kind}
 	case e.ctlRound > r:
 		le := e.lastEnds[r]
 		reason := le.Reason
@@ -487,7 +490,7 @@ func (e *Etcd) applyCtlLocked(key string, val []byte, deleted bool) {
 		}
 		var ci closeInfo
 		if err := json.Unmarshal(val, &ci); err != nil {
-			ci = closeInfo{Code: 1, Reason: "unreadable close record: " + string(val)}
+			ci = closeInfo{Kind: verdict.FatalError, Code: 1, Reason: "unreadable close record: " + string(val)}
 		}
 		e.closed = &ci
 		e.closeLocally("job closed: " + ci.Reason)
@@ -548,7 +551,7 @@ func (e *Etcd) Next(ctx context.Context) (Assignment, error) {
 	e.mu.Lock()
 	if e.closed != nil {
 		e.mu.Unlock()
-		return Assignment{}, &JobClosedError{Code: e.closed.Code, Reason: e.closed.Reason}
+		return Assignment{}, &JobClosedError{Kind: e.closed.Kind, Code: e.closed.Code, Reason: e.closed.Reason}
 	}
 	if e.state == stateClosed {
 		e.mu.Unlock()
@@ -723,7 +726,7 @@ func (e *Etcd) joinRound(ctx context.Context, target int) (Assignment, bool, err
 		ch, closed, cur := e.changed, e.closed, e.ctlRound
 		e.mu.Unlock()
 		if closed != nil {
-			return Assignment{}, false, &JobClosedError{Code: closed.Code, Reason: closed.Reason}
+			return Assignment{}, false, &JobClosedError{Kind: closed.Kind, Code: closed.Code, Reason: closed.Reason}
 		}
 		if cur > target {
 			return Assignment{}, true, nil
@@ -832,7 +835,7 @@ func (e *Etcd) withdraw(r int) {
 
 // Fail reports a local failure in round r: one txn opens round r+1 if the
 // budget allows, else closes the job. A stale report is a no-op.
-func (e *Etcd) Fail(ctx context.Context, round int, reason string) (Decision, error) {
+func (e *Etcd) Fail(ctx context.Context, round int, f policy.Failure, reason string) (Decision, error) {
 	conds := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(e.k.member(round, e.o.NodeID)), ">", 0)}
 	d, err := e.endRound(ctx, round, fmt.Sprintf("node %s failed: %s", e.o.NodeID, reason), conds)
 	if err != nil {
@@ -862,7 +865,7 @@ func (e *Etcd) endRound(ctx context.Context, r int, reason string, extra []clien
 		ops = []clientv3.Op{clientv3.OpPut(e.k.lastEnd(), string(le)), clientv3.OpPut(e.k.round(), strconv.Itoa(r+1))}
 		dec = Decision{Restart: true, Reason: reason}
 	} else {
-		ci := closeInfo{Code: 1, Reason: fmt.Sprintf("restart budget exhausted (%d of %d restarts used): %s", r, maxRestarts, reason), Node: e.o.NodeID}
+		ci := closeInfo{Kind: verdict.RestartBudgetExhausted, Code: 1, Reason: fmt.Sprintf("restart budget exhausted (%d of %d restarts used): %s", r, maxRestarts, reason), Node: e.o.NodeID}
 		cb, _ := json.Marshal(ci)
 		ops = []clientv3.Op{clientv3.OpPut(e.k.closed(), string(cb))}
 		dec = Decision{Restart: false, Code: 1, Reason: ci.Reason}
@@ -917,7 +920,7 @@ func (e *Etcd) Succeed(ctx context.Context, round int) (int, error) {
 			return 1, fmt.Errorf("rendezvous: count done nodes: %w", err)
 		}
 		if int(cnt.Count) >= sum.GroupWorldSize {
-			cb, _ := json.Marshal(closeInfo{Code: 0, Reason: "all nodes succeeded", Node: e.o.NodeID})
+			cb, _ := json.Marshal(closeInfo{Kind: verdict.Succeeded, Code: 0, Reason: "all nodes succeeded", Node: e.o.NodeID})
 			if _, err := e.cli.Txn(ctx).
 				If(clientv3.Compare(clientv3.CreateRevision(e.k.closed()), "=", 0),
 					clientv3.Compare(clientv3.Value(e.k.round()), "=", strconv.Itoa(round)), e.genCmp()).
@@ -945,8 +948,8 @@ func (e *Etcd) Succeed(ctx context.Context, round int) (int, error) {
 }
 
 // Shutdown closes the job for every node; the first close record wins.
-func (e *Etcd) Shutdown(ctx context.Context, code int, reason string) error {
-	cb, _ := json.Marshal(closeInfo{Code: code, Reason: reason, Node: e.o.NodeID})
+func (e *Etcd) Shutdown(ctx context.Context, kind verdict.Kind, code int, reason string) error {
+	cb, _ := json.Marshal(closeInfo{Kind: kind, Code: code, Reason: reason, Node: e.o.NodeID})
 	if _, err := e.cli.Txn(ctx).
 		If(clientv3.Compare(clientv3.CreateRevision(e.k.closed()), "=", 0), e.genCmp()).
 		Then(clientv3.OpPut(e.k.closed(), string(cb))).Commit(); err != nil {
@@ -1169,7 +1172,7 @@ func (e *Etcd) supersededErr(ctx context.Context) error {
 		}
 	}
 	if closed == nil {
-		closed = &closeInfo{Code: 1, Reason: fmt.Sprintf("job generation %d of run %s was superseded by a newer one", e.gen, e.o.RunID)}
+		closed = &closeInfo{Kind: verdict.FatalError, Code: 1, Reason: fmt.Sprintf("job generation %d of run %s was superseded by a newer one", e.gen, e.o.RunID)}
 	}
-	return &JobClosedError{Code: closed.Code, Reason: closed.Reason}
+	return &JobClosedError{Kind: closed.Kind, Code: closed.Code, Reason: closed.Reason}
 }

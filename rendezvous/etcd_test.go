@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/ftlauncher/ft-launcher/policy"
 	"github.com/ftlauncher/ft-launcher/rendezvous/etcdserver"
+	"github.com/ftlauncher/ft-launcher/verdict"
 	"io"
 	"log/slog"
 	"strings"
@@ -207,7 +209,7 @@ func TestEtcdHappyPathAndFail(t *testing.T) {
 	for i, n := range c.nodes {
 		ends[i] = n.Ended(0)
 	}
-	d, err := c.nodes[1].Fail(context.Background(), 0, "rank 3 exited 1")
+	d, err := c.nodes[1].Fail(context.Background(), 0, policy.RankCrash, "rank 3 exited 1")
 	if err != nil || !d.Restart {
 		t.Fatalf("Fail: %+v %v", d, err)
 	}
@@ -218,7 +220,7 @@ func TestEtcdHappyPathAndFail(t *testing.T) {
 		}
 	}
 	// A stale report for round 0 is a no-op.
-	if d, err := c.nodes[2].Fail(context.Background(), 0, "late"); err != nil || !d.Restart {
+	if d, err := c.nodes[2].Fail(context.Background(), 0, policy.RankCrash, "late"); err != nil || !d.Restart {
 		t.Fatalf("stale Fail: %+v %v", d, err)
 	}
 	as = nextAll(t, c.nodes)
@@ -395,7 +397,7 @@ func TestEtcdBudgetExhausted(t *testing.T) {
 	m := startEmbedded(t)
 	c := newCluster(t, m.Endpoint(), 3, 1, 3, 3, 1)
 	nextAll(t, c.nodes)
-	if d, err := c.nodes[0].Fail(context.Background(), 0, "boom"); err != nil || !d.Restart {
+	if d, err := c.nodes[0].Fail(context.Background(), 0, policy.RankCrash, "boom"); err != nil || !d.Restart {
 		t.Fatalf("first Fail: %+v %v", d, err)
 	}
 	as := nextAll(t, c.nodes)
@@ -403,7 +405,7 @@ func TestEtcdBudgetExhausted(t *testing.T) {
 	for i, n := range c.nodes {
 		ends[i] = n.Ended(as[i].Round)
 	}
-	d, err := c.nodes[2].Fail(context.Background(), 1, "boom again")
+	d, err := c.nodes[2].Fail(context.Background(), 1, policy.RankCrash, "boom again")
 	if err != nil || d.Restart || d.Code != 1 || !strings.Contains(d.Reason, "restart budget exhausted") {
 		t.Fatalf("second Fail: %+v %v", d, err)
 	}
@@ -462,10 +464,10 @@ func TestEtcdShutdownClosesForAll(t *testing.T) {
 	for i, n := range c.nodes {
 		ends[i] = n.Ended(0)
 	}
-	if err := c.nodes[1].Shutdown(context.Background(), 93, "workload asked to stop"); err != nil {
+	if err := c.nodes[1].Shutdown(context.Background(), verdict.NoRestart, 93, "workload asked to stop"); err != nil {
 		t.Fatal(err)
 	}
-	if err := c.nodes[2].Shutdown(context.Background(), 7, "second writer loses"); err != nil {
+	if err := c.nodes[2].Shutdown(context.Background(), verdict.NoRestart, 7, "second writer loses"); err != nil {
 		t.Fatal(err)
 	}
 	for i, ch := range ends {

@@ -3,6 +3,7 @@ package rendezvous
 import (
 	"context"
 	"fmt"
+	"github.com/ftlauncher/ft-launcher/policy"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -100,7 +101,7 @@ func TestRealEtcdHappyPathFailAndRestart(t *testing.T) {
 	for i, n := range c.nodes {
 		ends[i] = n.Ended(0)
 	}
-	if d, err := c.nodes[2].Fail(context.Background(), 0, "rank exited 1"); err != nil || !d.Restart {
+	if d, err := c.nodes[2].Fail(context.Background(), 0, policy.RankCrash, "rank exited 1"); err != nil || !d.Restart {
 		t.Fatalf("Fail: %+v %v", d, err)
 	}
 	for i, ch := range ends {

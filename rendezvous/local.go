@@ -7,6 +7,8 @@ import (
 
 	"github.com/ftlauncher/ft-launcher/internal/netutil"
 	"github.com/ftlauncher/ft-launcher/metrics"
+	"github.com/ftlauncher/ft-launcher/policy"
+	"github.com/ftlauncher/ft-launcher/verdict"
 )
 
 // Local is the single-node rendezvous (--standalone, --nnodes=1): the round
@@ -18,14 +20,15 @@ type Local struct {
 	masterAddr  string
 	masterPort  int // 0: pick a free port each round
 
-	mu     sync.Mutex
-	round  int
-	joined bool
-	closed bool
-	code   int
-	reason string
-	ends   map[int]chan RoundEnd
-	met    *metrics.Metrics
+	mu       sync.Mutex
+	round    int
+	restarts int // restarts spent (policy.Decide), counted on their own
+	closed   bool
+	kind     verdict.Kind
+	code     int
+	reason   string
+	ends     map[int]chan RoundEnd
+	met      *metrics.Metrics
 }
 
 // WithMetrics makes l report rounds and restarts to m (nil-safe).
@@ -62,7 +65,7 @@ func (l *Local) Next(ctx context.Context) (Assignment, error) {
 	l.met.RoundCompleted(l.round, l.localWorld, 0)
 	return Assignment{RunID: l.runID, Round: l.round, GroupRank: 0, GroupWorldSize: 1,
 		RankBase: 0, WorldSize: l.localWorld, MasterAddr: l.masterAddr, MasterPort: port,
-		MaxRestarts: l.maxRestarts}, nil
+		MaxRestarts: l.maxRestarts, RestartsUsed: l.restarts}, nil
 }
 
 // Ended returns a channel for round; on one node nothing else ends a round
@@ -75,47 +78,62 @@ func (l *Local) Ended(round int) <-chan RoundEnd {
 		ch = make(chan RoundEnd, 1)
 		l.ends[round] = ch
 		if l.closed {
-			ch <- RoundEnd{Kind: EndJobClosed, Round: round, Code: l.code, Reason: l.reason}
+			ch <- RoundEnd{Kind: EndJobClosed, Round: round, Code: l.code, Reason: l.reason, Close: l.kind}
 		}
 	}
 	return ch
 }
 
-// Fail counts a failure against the budget.
-func (l *Local) Fail(ctx context.Context, round int, reason string) (Decision, error) {
+// Fail applies the restart policy to a failure of this node's ranks.
+func (l *Local) Fail(ctx context.Context, round int, f policy.Failure, reason string) (Decision, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if round != l.round {
 		return Decision{}, fmt.Errorf("rendezvous: failure reported for round %d but the current round is %d", round, l.round)
 	}
-	if l.round >= l.maxRestarts {
-		l.closed, l.code, l.reason = true, 1, fmt.Sprintf("restart budget exhausted (%d of %d restarts used): %s", l.round, l.maxRestarts, reason)
-		return Decision{Restart: false, Code: 1, Reason: l.reason}, nil
+	if l.closed {
+		return Decision{Close: l.kind, Code: l.code, Reason: l.reason, RestartsUsed: l.restarts}, nil
+	}
+	d := policy.Decide(policy.Input{Failure: f, RestartsUsed: l.restarts, MaxRestarts: l.maxRestarts,
+		NodesPresent: 1, MinNodes: 1})
+	if d.Action == policy.CloseJob {
+		code := 1
+		if d.Close == verdict.NoRestart {
+			code = l.noRestartCode()
+		}
+		l.closed, l.kind, l.code, l.reason = true, d.Close, code, d.Why+": "+reason
+		return Decision{Action: d.Action, Close: d.Close, Code: code, Reason: l.reason, RestartsUsed: l.restarts}, nil
 	}
 	l.round++
+	if d.CountsRestart {
+		l.restarts++
+	}
 	l.met.Restarted()
-	return Decision{Restart: true, Reason: reason}, nil
+	return Decision{Restart: true, Action: d.Action, Reason: d.Why + ": " + reason, RestartsUsed: l.restarts}, nil
 }
 
 // Succeed ends the job with success.
 func (l *Local) Succeed(ctx context.Context, round int) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.closed, l.code, l.reason = true, 0, "all ranks succeeded"
+	if l.closed {
+		return l.code, nil
+	}
+	l.closed, l.kind, l.code, l.reason = true, verdict.Succeeded, 0, "all ranks succeeded"
 	return 0, nil
 }
 
 // Shutdown closes the job.
-func (l *Local) Shutdown(ctx context.Context, code int, reason string) error {
+func (l *Local) Shutdown(ctx context.Context, kind verdict.Kind, code int, reason string) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.closed {
 		return nil
 	}
-	l.closed, l.code, l.reason = true, code, reason
+	l.closed, l.kind, l.code, l.reason = true, kind, code, reason
 	if ch, ok := l.ends[l.round]; ok {
 		select {
-		case ch <- RoundEnd{Kind: EndJobClosed, Round: l.round, Code: code, Reason: reason}:
+		case ch <- RoundEnd{Kind: EndJobClosed, Round: l.round, Code: code, Reason: reason, Close: kind}:
 		default:
 		}
 	}
@@ -124,8 +142,13 @@ func (l *Local) Shutdown(ctx context.Context, code int, reason string) error {
 
 // Leave on a single node is the same as closing the job with failure.
 func (l *Local) Leave(ctx context.Context, reason string) error {
-	return l.Shutdown(ctx, 1, "node left: "+reason)
+	return l.Shutdown(ctx, verdict.NodeExcluded, 1, "node left: "+reason)
 }
+
+// noRestartCode is the code a no-restart close gets on one node: the agent
+// closes with its configured code through Shutdown; Fail only sees
+// NoRestartRequest from callers that did not, so 93, nvrx's default.
+func (l *Local) noRestartCode() int { return 93 }
 
 // Close does nothing for Local.
 func (l *Local) Close() error { return nil }

@@ -3,6 +3,8 @@ package rendezvous
 import (
 	"context"
 	"errors"
+	"github.com/ftlauncher/ft-launcher/policy"
+	"github.com/ftlauncher/ft-launcher/verdict"
 	"strings"
 	"sync"
 	"testing"
@@ -67,7 +69,7 @@ func TestEtcdRejoinGate(t *testing.T) {
 				}()
 			}
 			next(standby, 0) // the standby is already waiting for round 1
-			if d, err := c.nodes[fast].Fail(ctx, 0, "rank exited 1"); err != nil || !d.Restart {
+			if d, err := c.nodes[fast].Fail(ctx, 0, policy.RankCrash, "rank exited 1"); err != nil || !d.Restart {
 				t.Fatalf("Fail: %+v %v", d, err)
 			}
 			next(fast, 0)
@@ -107,7 +109,7 @@ func TestEtcdRunIDReuse(t *testing.T) {
 	old := []*Etcd{c.add(c.opts(0, 1, 2, 2, 3)), c.add(c.opts(1, 1, 2, 2, 3))}
 	lingering := c.add(c.opts(2, 1, 2, 2, 3)) // alive in generation 0, never joins a round
 	nextAll(t, old)
-	if err := old[0].Shutdown(context.Background(), 93, "workload asked to stop"); err != nil {
+	if err := old[0].Shutdown(context.Background(), verdict.NoRestart, 93, "workload asked to stop"); err != nil {
 		t.Fatal(err)
 	}
 	if g := lingering.Generation(); g != 0 {
@@ -135,10 +137,10 @@ func TestEtcdRunIDReuse(t *testing.T) {
 	if _, err := lingering.Next(ctx); !errors.As(err, &ce) || ce.Code != 93 || ce.Reason != "workload asked to stop" {
 		t.Fatalf("old node Next: %v, want the old job's close (93)", err)
 	}
-	if d, err := old[1].Fail(ctx, 0, "late failure"); err != nil || d.Restart || d.Code != 93 {
+	if d, err := old[1].Fail(ctx, 0, policy.RankCrash, "late failure"); err != nil || d.Restart || d.Code != 93 {
 		t.Fatalf("old node Fail: %+v %v, want the old close", d, err)
 	}
-	if err := old[1].Shutdown(ctx, 5, "old node shuts down"); err != nil {
+	if err := old[1].Shutdown(ctx, verdict.NoRestart, 5, "old node shuts down"); err != nil {
 		t.Fatal(err)
 	}
 	end := job2[0].Ended(0)

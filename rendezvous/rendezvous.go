@@ -7,6 +7,9 @@ package rendezvous
 import (
 	"context"
 	"errors"
+
+	"github.com/ftlauncher/ft-launcher/policy"
+	"github.com/ftlauncher/ft-launcher/verdict"
 )
 
 // Assignment is what one node gets when a round closes.
@@ -19,7 +22,11 @@ type Assignment struct {
 	WorldSize      int // sum of active nodes' local world sizes
 	MasterAddr     string
 	MasterPort     int
-	MaxRestarts    int
+	MaxRestarts    int // the job's agreed budget (the first node's --max-restarts)
+	// RestartsUsed is the number of restarts the job had spent when this
+	// round opened. It differs from Round once a spare replaced a lost node
+	// (a swap opens a round without spending a restart).
+	RestartsUsed int
 	// Standby is true when this node is parked (beyond MIN nodes). A standby
 	// node runs no ranks; it calls Next again to wait for a later round.
 	Standby bool
@@ -44,13 +51,24 @@ type RoundEnd struct {
 	Code   int    // exit code when Kind == EndJobClosed
 	Reason string // human-readable, shown in logs and the event log
 	Node   string // node that caused it, when known
+	// Close is the job's outcome kind when Kind == EndJobClosed.
+	Close verdict.Kind
+	// Cause is what ended the round, when known (node_lost for a node
+	// loss, the failing node's failure kind otherwise).
+	Cause policy.Failure
 }
 
 // Decision is the answer to a local failure report.
 type Decision struct {
 	Restart bool // true: a next round is open, call Next
-	Code    int  // exit code when !Restart (restart budget exhausted)
-	Reason  string
+	// Action is the restart policy's decision (policy.Decide); a report
+	// that lost a race carries the winner's outcome instead.
+	Action policy.Action
+	Close  verdict.Kind // the job's outcome kind when !Restart
+	Code   int          // exit code when !Restart
+	Reason string
+	// RestartsUsed is the job's restart count after this decision.
+	RestartsUsed int
 }
 
 // ErrClosed is returned by Next once the job has been closed.
@@ -63,16 +81,16 @@ type Rendezvous interface {
 	// Ended returns a channel that receives once when the given round ends
 	// because of another node, node loss or job closure.
 	Ended(round int) <-chan RoundEnd
-	// Fail reports a local failure in round: it opens the next round for
-	// every node if the job-wide budget allows, else closes the job.
-	Fail(ctx context.Context, round int, reason string) (Decision, error)
+	// Fail reports a local failure of kind f in round: the restart policy
+	// (policy.Decide) opens the next round for every node or closes the job.
+	Fail(ctx context.Context, round int, f policy.Failure, reason string) (Decision, error)
 	// Succeed reports that every local rank exited 0 in round and waits
 	// until the job's outcome is known; it returns the exit code for this
 	// node (0 when every node succeeded).
 	Succeed(ctx context.Context, round int) (int, error)
-	// Shutdown closes the job for every node with code and reason
+	// Shutdown closes the job for every node with kind, code and reason
 	// (a rank's ShutdownWorkload request, a fatal local error).
-	Shutdown(ctx context.Context, code int, reason string) error
+	Shutdown(ctx context.Context, kind verdict.Kind, code int, reason string) error
 	// Leave withdraws this node (ExcludeThisNode, health check failure)
 	// without closing the job for others.
 	Leave(ctx context.Context, reason string) error

@@ -2,6 +2,8 @@ package rendezvous
 
 import (
 	"fmt"
+
+	"github.com/ftlauncher/ft-launcher/verdict"
 	"sort"
 	"strconv"
 )
@@ -100,10 +102,14 @@ type roundSummary struct {
 	MembersRev     int64    `json:"members_rev"`     // etcd revision the membership was read at
 }
 
+// closeInfo is the job's close record. Kind is the typed outcome; a record
+// written by an older launcher has none and is read as failure (or success
+// for code 0).
 type closeInfo struct {
-	Code   int    `json:"code"`
-	Reason string `json:"reason"`
-	Node   string `json:"node,omitempty"`
+	Kind   verdict.Kind `json:"kind,omitempty"`
+	Code   int          `json:"code"`
+	Reason string       `json:"reason"`
+	Node   string       `json:"node,omitempty"`
 }
 
 type endInfo struct {

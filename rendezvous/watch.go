@@ -10,6 +10,8 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/ftlauncher/ft-launcher/verdict"
 )
 
 // watchCtl follows <run>/ctl/ (round, end record, close record) and turns
@@ -73,7 +75,7 @@ func (e *Etcd) probe() {
 		}
 		down := time.Since(e.lastProbe)
 		if e.ctx.Err() == nil && e.closed == nil && down > e.o.EtcdLossBound {
-			e.closed = &closeInfo{Code: 1, Node: e.o.NodeID, Reason: fmt.Sprintf(
+			e.closed = &closeInfo{Kind: verdict.RendezvousLost, Code: 1, Node: e.o.NodeID, Reason: fmt.Sprintf(
 				"etcd at %s unreachable for more than %v (etcd loss bound)", e.endpoints(), e.o.EtcdLossBound)}
 			e.log.Error("closing: etcd lost", "reason", e.closed.Reason)
 			e.closeLocally(e.closed.Reason)

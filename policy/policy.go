@@ -1,0 +1,100 @@
+// Package policy is ft-launcher's restart policy: one pure function that
+// says what the job does after a failure. Every rendezvous backend calls it
+// with the job-wide facts it holds, so the single-node and the etcd
+// rendezvous can never disagree on a decision.
+package policy
+
+import (
+	"fmt"
+
+	"github.com/ftlauncher/ft-launcher/verdict"
+)
+
+// Failure is what went wrong.
+type Failure string
+
+// Failure kinds.
+const (
+	RankCrash        Failure = "rank_crash"    // a rank exited non-zero or died of a signal
+	RankHang         Failure = "rank_hang"     // a rank monitor killed a hung rank
+	NodeLost         Failure = "node_lost"     // gossip or lease expiry: an active node is gone
+	NodeExcluded     Failure = "node_excluded" // an active node left (ExcludeThisNode, health check)
+	NoRestartRequest Failure = "no_restart"    // a rank asked ShutdownWorkload
+)
+
+// Failures lists every failure kind (tests, docs).
+var Failures = []Failure{RankCrash, RankHang, NodeLost, NodeExcluded, NoRestartRequest}
+
+// Input is everything the decision depends on.
+type Input struct {
+	Failure      Failure
+	RestartsUsed int // restarts the job has already spent (not the round number)
+	MaxRestarts  int // the job's agreed budget (--max-restarts)
+	// SparesAvailable is the number of parked standby nodes still alive
+	// that could take a lost node's place.
+	SparesAvailable int
+	// NodesPresent is the number of nodes still in the job after the
+	// failure (active and standby), MinNodes is --nnodes MIN.
+	NodesPresent int
+	MinNodes     int
+}
+
+// Action is what the job does next.
+type Action string
+
+// Actions.
+const (
+	RestartInPlace Action = "restart_in_place" // every node restarts its ranks in a new round
+	SwapSpare      Action = "swap_spare"       // a standby takes the lost node's group rank in a new round
+	CloseJob       Action = "close_job"        // the job ends on every node with Close
+)
+
+// Decision is the policy's answer.
+type Decision struct {
+	Action Action
+	// CountsRestart is true when the new round spends one restart of the
+	// budget (RestartsUsed+1 afterwards).
+	CountsRestart bool
+	// Close is the outcome kind when Action is CloseJob.
+	Close verdict.Kind
+	// Why says, for logs and close records, how the decision was reached.
+	Why string
+}
+
+// Decide applies the restart policy:
+//
+//   - a no-restart request closes the job (NoRestart) whatever the budget;
+//   - a lost or excluded node is replaced by a spare when one is available,
+//     without spending a restart (so --max-restarts 0 with a standby still
+//     survives a node loss); with no spare, the job restarts in place and
+//     waits for MIN nodes, which spends a restart;
+//   - a rank crash or hang restarts in place and spends a restart: a
+//     process-level failure never consumes a spare;
+//   - a restart that the budget does not allow closes the job
+//     (RestartBudgetExhausted).
+func Decide(in Input) Decision {
+	switch in.Failure {
+	case NoRestartRequest:
+		return Decision{Action: CloseJob, Close: verdict.NoRestart, Why: "a rank asked not to restart the workload"}
+	case NodeLost, NodeExcluded:
+		if in.SparesAvailable > 0 {
+			return Decision{Action: SwapSpare, Why: fmt.Sprintf("%s: a spare takes its place (%d available; no restart spent)",
+				in.Failure, in.SparesAvailable)}
+		}
+		if in.NodesPresent < in.MinNodes {
+			return restart(in, fmt.Sprintf("%s: no spare; %d of %d nodes present, waiting for a node", in.Failure, in.NodesPresent, in.MinNodes))
+		}
+		return restart(in, fmt.Sprintf("%s: no spare; restarting on the %d nodes present", in.Failure, in.NodesPresent))
+	default: // RankCrash, RankHang and anything unknown count as a process failure
+		return restart(in, string(in.Failure)+": restarting every rank in place")
+	}
+}
+
+func restart(in Input, why string) Decision {
+	if in.RestartsUsed >= in.MaxRestarts {
+		return Decision{Action: CloseJob, Close: verdict.RestartBudgetExhausted,
+			Why: fmt.Sprintf("restart budget exhausted (%d of %d restarts used)", in.RestartsUsed, in.MaxRestarts)}
+	}
+	return Decision{Action: RestartInPlace, CountsRestart: true,
+		Why: fmt.Sprintf("%s (restart %d of %d)", why, in.RestartsUsed+1, in.MaxRestarts)}
+}

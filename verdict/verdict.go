@@ -1,0 +1,181 @@
+// Package verdict is the record an ft-launcher leaves when it exits: why it
+// stopped and what the level above it (ft-resumer on Slurm, the Kubernetes
+// adapter, a person) should do next. The file is JSON, written atomically,
+// versioned by its schema field; docs/verdict.md describes every field.
+package verdict
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/ftlauncher/ft-launcher/internal/atomicfile"
+)
+
+// Schema is the value of the schema field of the files this version writes.
+// Readers accept any file whose schema starts with SchemaPrefix and ignore
+// fields they do not know; a change that removes or changes the meaning of
+// a field gets a new major version.
+const (
+	SchemaPrefix = "ft-launcher.verdict/"
+	Schema       = SchemaPrefix + "v1"
+)
+
+// EnvPath names the environment variable that sets the verdict path when
+// --verdict-file is not given.
+const EnvPath = "FT_LAUNCHER_VERDICT_FILE"
+
+// Kind is why the launcher stopped. The same kind is recorded on every node
+// of a job that the rendezvous closed (the close record carries it).
+type Kind string
+
+// Outcome kinds.
+const (
+	// Succeeded: every rank of every node exited 0.
+	Succeeded Kind = "succeeded"
+	// RestartBudgetExhausted: a failure came with no restart left.
+	RestartBudgetExhausted Kind = "restart_budget_exhausted"
+	// NoRestart: a rank asked for the workload to be shut down
+	// (ShutdownWorkload) or the job was closed with the no-restart code:
+	// the level above must not restart it either.
+	NoRestart Kind = "no_restart"
+	// NodeExcluded: this node left the job (ExcludeThisNode, a failed
+	// health check); the job may go on elsewhere.
+	NodeExcluded Kind = "node_excluded"
+	// RendezvousLost: the rendezvous (etcd) was unreachable past its loss
+	// bound.
+	RendezvousLost Kind = "rendezvous_lost"
+	// NotEnoughNodes: a round could not gather --nnodes MIN nodes in time.
+	NotEnoughNodes Kind = "not_enough_nodes"
+	// Signaled: the launcher was stopped by a signal (SIGTERM, SIGINT, ...).
+	Signaled Kind = "signaled"
+	// FatalError: the launcher could not do its job (ranks could not start,
+	// a refused configuration, an internal error).
+	FatalError Kind = "fatal_error"
+)
+
+// Kinds lists every kind, for documentation and validation.
+var Kinds = []Kind{Succeeded, RestartBudgetExhausted, NoRestart, NodeExcluded, RendezvousLost, NotEnoughNodes, Signaled, FatalError}
+
+// Valid reports whether k is a known kind.
+func (k Kind) Valid() bool {
+	for _, x := range Kinds {
+		if x == k {
+			return true
+		}
+	}
+	return false
+}
+
+// Evidence is why a node is considered bad.
+type Evidence string
+
+// Evidence kinds.
+const (
+	EvidenceHang        Evidence = "hang"         // a rank of the node hung (monitor verdict)
+	EvidenceHealthCheck Evidence = "health_check" // the node's health check failed
+	EvidenceLost        Evidence = "lost"         // gossip or lease expiry declared it gone
+	EvidenceExcluded    Evidence = "excluded"     // a rank asked ExcludeThisNode
+)
+
+// Quarantine is a node the job stopped using, with the evidence.
+type Quarantine struct {
+	Node     string    `json:"node"`           // rendezvous node id (addr/pid)
+	Host     string    `json:"host,omitempty"` // host name or address, for schedulers
+	Evidence Evidence  `json:"evidence"`
+	Detail   string    `json:"detail"`
+	Round    int       `json:"round"`
+	At       time.Time `json:"at"`
+}
+
+// FinishedFlag is the state of FAULT_TOL_FINISHED_FLAG_FILE at exit.
+type FinishedFlag struct {
+	Path    string `json:"path,omitempty"` // "" when the variable is not set
+	Present bool   `json:"present"`
+}
+
+// Cycle is one restart cycle (round) as this node saw it.
+type Cycle struct {
+	Round int `json:"round"`
+	// Phases, in milliseconds: waiting for the round, starting the ranks,
+	// running until the first ending event, stopping what still ran.
+	RendezvousMS float64   `json:"rendezvous_ms"`
+	SpawnMS      float64   `json:"spawn_ms"`
+	RunMS        float64   `json:"run_ms"`
+	StopMS       float64   `json:"stop_ms"`
+	End          string    `json:"end"`              // success, rank_failure, hang, round_ended, signal, workload_request
+	Reason       string    `json:"reason,omitempty"` // what ended it
+	StartedAt    time.Time `json:"started_at"`
+}
+
+// Verdict is the file's content.
+type Verdict struct {
+	Schema       string       `json:"schema"`
+	Kind         Kind         `json:"kind"`
+	ExitCode     int          `json:"exit_code"`
+	Reason       string       `json:"reason"`
+	Finished     bool         `json:"finished"` // ranks succeeded and the finished flag exists
+	FinishedFlag FinishedFlag `json:"finished_flag"`
+	RunID        string       `json:"run_id"`
+	Node         string       `json:"node"` // this launcher's node id
+	Hostname     string       `json:"hostname"`
+	PID          int          `json:"pid"`
+	RestartsUsed int          `json:"restarts_used"`
+	MaxRestarts  int          `json:"max_restarts"`
+	LastRound    int          `json:"last_round"` // -1 when no round was assigned
+	Signal       string       `json:"signal,omitempty"`
+	Quarantined  []Quarantine `json:"quarantined"`
+	Cycles       []Cycle      `json:"cycles"`
+	StartedAt    time.Time    `json:"started_at"`
+	EndedAt      time.Time    `json:"ended_at"`
+}
+
+// Write stores v at path atomically (0644), setting Schema.
+func Write(path string, v Verdict) error {
+	if !v.Kind.Valid() {
+		return fmt.Errorf("verdict: unknown kind %q", v.Kind)
+	}
+	v.Schema = Schema
+	if v.Quarantined == nil {
+		v.Quarantined = []Quarantine{}
+	}
+	if v.Cycles == nil {
+		v.Cycles = []Cycle{}
+	}
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return fmt.Errorf("verdict: encode: %w", err)
+	}
+	if err := atomicfile.Write(path, append(b, '\n'), 0o644); err != nil {
+		return fmt.Errorf("verdict: %w", err)
+	}
+	return nil
+}
+
+// ErrSchema is returned by Read for a file that is not a verdict of a known
+// major version.
+var ErrSchema = errors.New("verdict: unknown schema")
+
+// Read loads a verdict file.
+func Read(path string) (Verdict, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return Verdict{}, fmt.Errorf("verdict: %w", err)
+	}
+	return Parse(b)
+}
+
+// Parse decodes a verdict (a file's content, or a Kubernetes termination
+// message).
+func Parse(b []byte) (Verdict, error) {
+	var v Verdict
+	if err := json.Unmarshal(b, &v); err != nil {
+		return Verdict{}, fmt.Errorf("verdict: decode: %w", err)
+	}
+	if v.Schema != Schema {
+		return Verdict{}, fmt.Errorf("%w %q (want %q)", ErrSchema, v.Schema, Schema)
+	}
+	return v, nil
+}
