@@ -7,11 +7,11 @@ import (
 	"maps"
 	"math"
 	"os"
-	"path/filepath"
 	"slices"
 	"time"
 
 	"github.com/ftlauncher/ft-launcher/configs"
+	"github.com/ftlauncher/ft-launcher/internal/atomicfile"
 	"github.com/ftlauncher/ft-launcher/monitor/ftwire"
 )
 
@@ -303,8 +303,8 @@ func validSecs(v *float64) bool {
 	return v == nil || (*v > 0 && !math.IsNaN(*v) && !math.IsInf(*v, 0))
 }
 
-// saveState writes the state file atomically (temp file in the same
-// directory, fsync, rename).
+// saveState writes the state file atomically: readers (other jobs sharing
+// it) see the old content or the new, never a torn file.
 func saveState(path string, t Timeouts, cycle int, obs *observations) error {
 	sf := stateFile{
 		CurrentTimeouts: t.toUpdate(),
@@ -317,29 +317,10 @@ func saveState(path string, t Timeouts, cycle int, obs *observations) error {
 	if err != nil {
 		return fmt.Errorf("encode timeouts state: %w", err)
 	}
-	dir := filepath.Dir(path)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return fmt.Errorf("create state dir: %w", err)
-	}
-	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp*")
-	if err != nil {
-		return fmt.Errorf("create temp state file: %w", err)
-	}
-	tmp := f.Name()
-	defer os.Remove(tmp) // no-op after a successful rename
-	if _, err := f.Write(append(b, '\n')); err != nil {
-		f.Close()
-		return fmt.Errorf("write temp state file: %w", err)
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return fmt.Errorf("sync temp state file: %w", err)
-	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("close temp state file: %w", err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return fmt.Errorf("rename state file: %w", err)
+	// 0644: the state file is shared by the jobs that name it (possibly run
+	// by other users of a group), and holds nothing secret.
+	if err := atomicfile.Write(path, append(b, '\n'), 0o644); err != nil {
+		return fmt.Errorf("save timeouts state: %w", err)
 	}
 	return nil
 }

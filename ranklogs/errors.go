@@ -4,9 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io/fs"
 	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -14,6 +12,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/ftlauncher/ft-launcher/internal/atomicfile"
 )
 
 // noTracebackHint is what torchrun prints for a failed rank that left no
@@ -280,38 +280,10 @@ func WriteLauncherErrorFile(path string, rootCause Failure) error {
 	if err != nil {
 		return fmt.Errorf("ranklogs: encode launcher error file: %w", err)
 	}
-	return writeAtomic(path, b)
-}
-
-func writeAtomic(path string, data []byte) error {
-	dir := filepath.Dir(path)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return fmt.Errorf("ranklogs: write %s: %w", path, err)
-	}
-	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp*")
-	if err != nil {
-		return fmt.Errorf("ranklogs: write %s: %w", path, err)
-	}
-	cleanup := func(err error) error {
-		_ = tmp.Close()
-		_ = os.Remove(tmp.Name())
-		return fmt.Errorf("ranklogs: write %s: %w", path, err)
-	}
-	if _, err := tmp.Write(data); err != nil {
-		return cleanup(err)
-	}
-	if err := tmp.Chmod(fs.FileMode(0o644)); err != nil {
-		return cleanup(err)
-	}
-	if err := tmp.Sync(); err != nil {
-		return cleanup(err)
-	}
-	if err := tmp.Close(); err != nil {
-		return cleanup(err)
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		_ = os.Remove(tmp.Name())
-		return fmt.Errorf("ranklogs: write %s: %w", path, err)
+	// 0644: the launcher error file is read by whoever inspects the job, as
+	// torch's own error files are.
+	if err := atomicfile.Write(path, b, 0o644); err != nil {
+		return fmt.Errorf("ranklogs: launcher error file: %w", err)
 	}
 	return nil
 }
