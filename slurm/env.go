@@ -1,0 +1,63 @@
+// Package slurm reads the environment Slurm gives each task of a job step.
+// It is the one place ft-launcher reads SLURM_* variables: configs uses the
+// task rank to order nodes, and a later Slurm adapter (auto-configuration,
+// requeue) builds on Env instead of reading the environment again.
+package slurm
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+)
+
+// Env is what Slurm told this task. Integer fields are -1 when the variable
+// is unset, empty or not an integer >= 0 (the latter also listed in Invalid).
+type Env struct {
+	ProcID       int    // SLURM_PROCID: rank of this task in the job step
+	NodeID       int    // SLURM_NODEID: index of this node in the allocation
+	NNodes       int    // SLURM_NNODES, else SLURM_JOB_NUM_NODES
+	JobID        string // SLURM_JOB_ID
+	ArrayJobID   string // SLURM_ARRAY_JOB_ID: the array's job id, for array jobs
+	ArrayTaskID  int    // SLURM_ARRAY_TASK_ID
+	RestartCount int    // SLURM_RESTART_COUNT: times the job was requeued
+	JobNodeList  string // SLURM_JOB_NODELIST, compressed as given ("node[01-04]")
+	LocalID      int    // SLURM_LOCALID: rank of this task on its node
+
+	// Invalid lists "NAME=value" for integer variables that were set but
+	// are not integers >= 0, so the caller can warn about them.
+	Invalid []string
+}
+
+// InJob reports whether the process runs inside a Slurm job.
+func (e Env) InJob() bool { return e.JobID != "" }
+
+// FromEnv reads the Slurm variables through getenv (os.Getenv in production).
+func FromEnv(getenv func(string) string) Env {
+	e := Env{
+		JobID:       strings.TrimSpace(getenv("SLURM_JOB_ID")),
+		ArrayJobID:  strings.TrimSpace(getenv("SLURM_ARRAY_JOB_ID")),
+		JobNodeList: strings.TrimSpace(getenv("SLURM_JOB_NODELIST")),
+	}
+	num := func(name string) int {
+		v := strings.TrimSpace(getenv(name))
+		if v == "" {
+			return -1
+		}
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			e.Invalid = append(e.Invalid, fmt.Sprintf("%s=%q", name, v))
+			return -1
+		}
+		return n
+	}
+	e.ProcID = num("SLURM_PROCID")
+	e.NodeID = num("SLURM_NODEID")
+	e.NNodes = num("SLURM_NNODES")
+	if e.NNodes < 0 {
+		e.NNodes = num("SLURM_JOB_NUM_NODES")
+	}
+	e.ArrayTaskID = num("SLURM_ARRAY_TASK_ID")
+	e.RestartCount = num("SLURM_RESTART_COUNT")
+	e.LocalID = num("SLURM_LOCALID")
+	return e
+}
