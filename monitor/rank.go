@@ -9,10 +9,9 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
-	"golang.org/x/sys/unix"
+	"github.com/ftlauncher/ft-launcher/spawn"
 )
 
 // Hang kinds.
@@ -447,51 +446,22 @@ func (r *rankMon) onTimer() {
 	r.m.goTracked(func() { r.m.terminate(h, pid) })
 }
 
-// terminate signals the hung rank's process group and reports the hang.
+// terminate ends the hung rank through spawn.Terminate (the one owner of
+// killing ranks) and reports the hang once the outcome is known. The hang is
+// logged as soon as the signal is sent, not after the grace.
 func (m *Manager) terminate(h Hang, pid int) {
-	sig := h.Signal
-	if sig == 0 {
-		sig = syscall.SIGKILL
-		h.Signal = sig
-	}
-	target := -pid
-	if pgid, err := unix.Getpgid(pid); err != nil || pgid != pid || pgid == unix.Getpgrp() {
-		// Not a group leader (or our own group): never signal our group.
-		target = pid
-	}
-	_ = unix.Kill(target, unix.SIGCONT)
-	err := unix.Kill(target, sig)
-	h.SignalledAt = time.Now()
-	m.log.Error("rank hang detected; terminating rank", "cycle", h.Cycle, "local_rank", h.LocalRank,
-		"global_rank", h.GlobalRank, "kind", h.Kind, "section", h.Section, "timeout", h.Timeout,
-		"elapsed", h.Elapsed, "signal", sig.String(), "pid", pid, "detect_latency", h.SignalledAt.Sub(h.ExpiredAt), "kill_error", err)
-	if sig != syscall.SIGKILL && err == nil {
-		grace := time.Duration(m.opts.FT.TerminationGrace * float64(time.Second))
-		alive := func() bool {
-			if target < 0 {
-				return groupAlive(pid)
-			}
-			st, _, _, err := procStat(pid)
-			return err == nil && st != 'Z' && st != 'X'
-		}
-		deadline := time.Now().Add(grace)
-		t := time.NewTicker(20 * time.Millisecond)
-		for alive() && time.Now().Before(deadline) {
-			select {
-			case <-t.C:
-			case <-m.ctx.Done():
-			}
-			if m.ctx.Err() != nil {
-				break
-			}
-		}
-		t.Stop()
-		if alive() {
-			_ = unix.Kill(target, unix.SIGKILL)
-			h.Escalated = true
-			m.log.Warn("hung rank survived the termination signal; sent SIGKILL", "local_rank", h.LocalRank,
-				"signal", sig.String(), "grace", grace)
-		}
+	grace := time.Duration(m.opts.FT.TerminationGrace * float64(time.Second))
+	t := spawn.Terminate(m.ctx, pid, h.Signal, spawn.TerminateOptions{Grace: grace,
+		Signalled: func(t spawn.Termination) {
+			m.log.Error("rank hang detected; terminating rank", "cycle", h.Cycle, "local_rank", h.LocalRank,
+				"global_rank", h.GlobalRank, "kind", h.Kind, "section", h.Section, "timeout", h.Timeout,
+				"elapsed", h.Elapsed, "signal", t.Signal.String(), "pid", pid,
+				"detect_latency", t.SignalledAt.Sub(h.ExpiredAt), "kill_error", t.Err)
+		}})
+	h.Signal, h.SignalledAt, h.Escalated = t.Signal, t.SignalledAt, t.Escalated
+	if t.Escalated {
+		m.log.Warn("hung rank survived the termination signal; sent SIGKILL", "local_rank", h.LocalRank,
+			"signal", t.Signal.String(), "grace", grace)
 	}
 	select {
 	case m.hangs <- h:

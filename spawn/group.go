@@ -1,6 +1,7 @@
 package spawn
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -11,6 +12,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/ftlauncher/ft-launcher/internal/procfs"
 )
 
 // Spec describes one rank process.
@@ -197,32 +200,36 @@ func (g *Group) SignalAll(sig syscall.Signal) {
 	}
 }
 
-// Stop sends sig to every live rank's process group and waits up to grace
-// (one deadline shared by all ranks). Ranks still alive then get their group
-// SIGKILLed and are reported in Escalated. Finally it sweeps: every rank's
-// process group is SIGKILLed again (grandchildren that ignored sig outlive
-// their rank) together with every orphaned descendant the kernel reparented
-// to the launcher, until none is left or killWaitBound has passed since the
+// Stop terminates every live rank at once with Terminate (SIGCONT, sig to
+// its process group, grace, SIGKILL); ranks SIGKILLed after the grace are
+// reported in Escalated. Finally it sweeps: every rank's process group is
+// SIGKILLed again (grandchildren that ignored sig outlive their rank)
+// together with every orphaned descendant the kernel reparented to the
+// launcher, until none is left or killWaitBound has passed since the
 // SIGKILLs. Stop never blocks longer than grace plus about 2*killWaitBound.
 func (g *Group) Stop(sig syscall.Signal, grace time.Duration) StopResult {
 	var res StopResult
-	for _, p := range g.ranks {
+	terms := make([]Termination, len(g.ranks))
+	var wg sync.WaitGroup
+	for i, p := range g.ranks {
 		if p.alive() {
-			if err := unix.Kill(-p.pid, sig); err != nil && !errors.Is(err, unix.ESRCH) {
-				g.r.log.Warn("spawn: stop signal failed", "local_rank", p.localRank, "pgid", p.pid, "err", err)
-			}
+			wg.Go(func() {
+				terms[i] = Terminate(context.Background(), p.pid, sig, TerminateOptions{Grace: grace, Reaped: p.done})
+			})
 		}
 	}
-	waitAll(g.ranks, time.Now().Add(grace))
-
-	for _, p := range g.ranks {
-		if p.alive() {
+	wg.Wait()
+	for i, p := range g.ranks {
+		t := terms[i]
+		if t.Err != nil && !errors.Is(t.Err, unix.ESRCH) {
+			g.r.log.Warn("spawn: stop signal failed", "local_rank", p.localRank, "pgid", p.pid, "err", t.Err)
+		}
+		if t.Escalated {
 			res.Escalated = append(res.Escalated, p.localRank)
-			_ = unix.Kill(-p.pid, unix.SIGKILL)
 			g.r.log.Warn("spawn: rank ignored stop signal within grace, SIGKILLed", "local_rank", p.localRank, "pid", p.pid, "signal", unix.SignalName(sig), "grace", grace)
 		}
 	}
-	if len(res.Escalated) > 0 {
+	if len(res.Escalated) > 0 || sig == syscall.SIGKILL {
 		waitAll(g.ranks, time.Now().Add(killWaitBound))
 	}
 
@@ -273,22 +280,22 @@ func (g *Group) sweep(deadline time.Time) []int {
 				found = true
 			}
 		}
-		procs, err := listProcs()
+		procs, err := procfs.List()
 		if err != nil {
 			g.r.log.Warn("spawn: cannot scan /proc for orphans", "err", err)
 		}
 		var left []int
 		for _, ps := range procs {
-			orphan := ps.ppid == g.r.self && !g.r.isTracked(ps.pid)
+			orphan := ps.PPID == g.r.self && !g.r.isTracked(ps.PID)
 			if orphan {
-				if ps.state != 'Z' {
-					g.r.log.Info("spawn: killing orphaned descendant", "pid", ps.pid, "comm", ps.comm)
+				if ps.State != 'Z' {
+					g.r.log.Info("spawn: killing orphaned descendant", "pid", ps.PID, "comm", ps.Comm)
 				}
-				_ = unix.Kill(ps.pid, unix.SIGKILL)
+				_ = unix.Kill(ps.PID, unix.SIGKILL)
 			}
-			if orphan || (pgids[ps.pgid] && !g.r.isTracked(ps.pid)) {
+			if orphan || (pgids[ps.PGID] && !g.r.isTracked(ps.PID)) {
 				found = true
-				left = append(left, ps.pid)
+				left = append(left, ps.PID)
 			}
 		}
 		if !found {

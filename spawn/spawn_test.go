@@ -15,6 +15,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/ftlauncher/ft-launcher/internal/procfs"
 )
 
 const helperEnv = "SPAWN_TEST_HELPER"
@@ -101,11 +103,11 @@ func collect(t *testing.T, g *Group, n int) map[int]Exit {
 
 // pidState returns the /proc state letter of pid, or 0 when it is gone.
 func pidState(pid int) byte {
-	ps, err := readProcStat(pid)
+	ps, err := procfs.Read(pid)
 	if err != nil {
 		return 0
 	}
-	return ps.state
+	return ps.State
 }
 
 func waitGone(t *testing.T, pid int, what string) {
@@ -142,13 +144,13 @@ func waitFileInt(t *testing.T, path string) int {
 // assertNoChildren checks that no process has this test binary as parent.
 func assertNoChildren(t *testing.T) {
 	t.Helper()
-	procs, err := listProcs()
+	procs, err := procfs.List()
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, p := range procs {
-		if p.ppid == os.Getpid() {
-			t.Errorf("leftover child pid %d (%s) state %c", p.pid, p.comm, p.state)
+		if p.PPID == os.Getpid() {
+			t.Errorf("leftover child pid %d (%s) state %c", p.PID, p.Comm, p.State)
 		}
 	}
 }
@@ -242,12 +244,12 @@ func TestSignalAndPgid(t *testing.T) {
 		{LocalRank: 1, Argv: []string{"sleep", "1000"}},
 	})
 	for lr, pid := range g.PIDs() {
-		ps, err := readProcStat(pid)
+		ps, err := procfs.Read(pid)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if ps.pgid != pid || ps.ppid != os.Getpid() {
-			t.Errorf("rank %d: pgid %d ppid %d, want pgid %d ppid %d", lr, ps.pgid, ps.ppid, pid, os.Getpid())
+		if ps.PGID != pid || ps.PPID != os.Getpid() {
+			t.Errorf("rank %d: pgid %d ppid %d, want pgid %d ppid %d", lr, ps.PGID, ps.PPID, pid, os.Getpid())
 		}
 	}
 	if err := g.Signal(1, syscall.SIGUSR2); err != nil {
@@ -315,8 +317,8 @@ func TestStopKillsGrandchildren(t *testing.T) {
 	// The escapee must really have left the rank's group before we stop.
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		ps, err := readProcStat(gcEsc)
-		if err == nil && ps.pgid == gcEsc && ps.comm == "sleep" {
+		ps, err := procfs.Read(gcEsc)
+		if err == nil && ps.PGID == gcEsc && ps.Comm == "sleep" {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -324,8 +326,8 @@ func TestStopKillsGrandchildren(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	if ps, _ := readProcStat(gcSame); ps.pgid != g.PIDs()[0] {
-		t.Fatalf("same-group grandchild pgid %d, want %d", ps.pgid, g.PIDs()[0])
+	if ps, _ := procfs.Read(gcSame); ps.PGID != g.PIDs()[0] {
+		t.Fatalf("same-group grandchild pgid %d, want %d", ps.PGID, g.PIDs()[0])
 	}
 
 	res := g.Stop(syscall.SIGTERM, 5*time.Second)
@@ -348,8 +350,8 @@ func TestOrphanedGrandchildIsReaped(t *testing.T) {
 		t.Fatalf("rank: %v", e)
 	}
 	// The rank is gone, so the grandchild was reparented to us (subreaper).
-	if ps, err := readProcStat(gc); err == nil && ps.ppid != os.Getpid() {
-		t.Fatalf("orphan ppid %d, want the launcher %d", ps.ppid, os.Getpid())
+	if ps, err := procfs.Read(gc); err == nil && ps.PPID != os.Getpid() {
+		t.Fatalf("orphan ppid %d, want the launcher %d", ps.PPID, os.Getpid())
 	}
 	waitGone(t, gc, "exited orphan (zombie not reaped?)")
 }
@@ -450,24 +452,5 @@ func TestRun(t *testing.T) {
 
 	if _, _, err := r.Run(context.Background(), []string{"/nonexistent/tool"}, nil); err == nil || !strings.Contains(err.Error(), "/nonexistent/tool") {
 		t.Errorf("missing tool err %v", err)
-	}
-}
-
-func TestParseProcStat(t *testing.T) {
-	tests := []struct {
-		in   string
-		want procStat
-		ok   bool
-	}{
-		{"123 (sleep) S 1 123 123 0", procStat{123, 1, 123, 'S', "sleep"}, true},
-		{"7 (a b) (c)) Z 5 6 7", procStat{7, 5, 6, 'Z', "a b) (c)"}, true},
-		{"garbage", procStat{}, false},
-		{"1 (x) S", procStat{}, false},
-	}
-	for _, tc := range tests {
-		got, err := parseProcStat([]byte(tc.in))
-		if (err == nil) != tc.ok || (tc.ok && got != tc.want) {
-			t.Errorf("parseProcStat(%q) = %+v, %v", tc.in, got, err)
-		}
 	}
 }

@@ -1,0 +1,98 @@
+// Package procfs reads the few fields of Linux's /proc/<pid>/stat that the
+// launcher needs (state, parent, process group) to find a rank's processes.
+// It is the only place that parses /proc.
+package procfs
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"strconv"
+
+	"golang.org/x/sys/unix"
+)
+
+// Stat is the part of /proc/<pid>/stat the launcher uses.
+type Stat struct {
+	PID, PPID, PGID int
+	State           byte // R, S, D, Z, X, T, ...
+	Comm            string
+}
+
+// Dead reports a process that has exited: a zombie awaiting its reaper, or
+// one being torn down.
+func (s Stat) Dead() bool { return s.State == 'Z' || s.State == 'X' }
+
+// Read returns the stat of pid.
+func Read(pid int) (Stat, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return Stat{}, fmt.Errorf("procfs: %w", err)
+	}
+	return Parse(b)
+}
+
+// Parse parses the content of a /proc/<pid>/stat file. The command name is
+// in parentheses and may itself contain spaces and parentheses, so fields
+// are counted from the last ')'.
+func Parse(b []byte) (Stat, error) {
+	open := bytes.IndexByte(b, '(')
+	closeIdx := bytes.LastIndexByte(b, ')')
+	if open < 0 || closeIdx < open {
+		return Stat{}, fmt.Errorf("procfs: malformed stat %q", b)
+	}
+	pid, err := strconv.Atoi(string(bytes.TrimSpace(b[:open])))
+	if err != nil {
+		return Stat{}, fmt.Errorf("procfs: malformed stat pid: %w", err)
+	}
+	// After ")": state ppid pgrp ...
+	f := bytes.Fields(b[closeIdx+1:])
+	if len(f) < 3 || len(f[0]) != 1 {
+		return Stat{}, fmt.Errorf("procfs: malformed stat %q", b)
+	}
+	ppid, err1 := strconv.Atoi(string(f[1]))
+	pgid, err2 := strconv.Atoi(string(f[2]))
+	if err1 != nil || err2 != nil {
+		return Stat{}, fmt.Errorf("procfs: malformed stat %q", b)
+	}
+	return Stat{PID: pid, PPID: ppid, PGID: pgid, State: f[0][0], Comm: string(b[open+1 : closeIdx])}, nil
+}
+
+// List returns the stat of every process. Processes that vanish while
+// being read are skipped.
+func List() ([]Stat, error) {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil, fmt.Errorf("procfs: read /proc: %w", err)
+	}
+	out := make([]Stat, 0, len(entries))
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if st, err := Read(pid); err == nil {
+			out = append(out, st)
+		}
+	}
+	return out, nil
+}
+
+// GroupAlive reports whether process group pgid has a member that has not
+// exited (zombies do not count: they only wait for their reaper).
+func GroupAlive(pgid int) bool {
+	// Cheap first: signal 0 fails once the group has no member at all.
+	if pgid <= 0 || unix.Kill(-pgid, 0) != nil {
+		return false
+	}
+	procs, err := List()
+	if err != nil {
+		return true // members exist; their state is unknown
+	}
+	for _, p := range procs {
+		if p.PGID == pgid && !p.Dead() {
+			return true
+		}
+	}
+	return false
+}

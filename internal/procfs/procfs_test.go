@@ -1,0 +1,91 @@
+package procfs
+
+import (
+	"os"
+	"os/exec"
+	"syscall"
+	"testing"
+	"time"
+)
+
+func TestParse(t *testing.T) {
+	tests := []struct {
+		name string
+		in   string
+		want Stat
+		ok   bool
+	}{
+		{"plain", "123 (sleep) S 1 123 123 0", Stat{123, 1, 123, 'S', "sleep"}, true},
+		{"parens and spaces in comm", "7 (a b) (c)) Z 5 6 7", Stat{7, 5, 6, 'Z', "a b) (c)"}, true},
+		{"trailing newline", "9 (x) R 2 9 9 0 0\n", Stat{9, 2, 9, 'R', "x"}, true},
+		{"garbage", "garbage", Stat{}, false},
+		{"too few fields", "1 (x) S", Stat{}, false},
+		{"bad pid", "x (y) S 1 2", Stat{}, false},
+		{"long state", "1 (x) SS 1 2", Stat{}, false},
+		{"bad ppid", "1 (x) S a 2", Stat{}, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := Parse([]byte(tc.in))
+			if (err == nil) != tc.ok || (tc.ok && got != tc.want) {
+				t.Errorf("Parse(%q) = %+v, %v", tc.in, got, err)
+			}
+		})
+	}
+}
+
+func TestReadSelfAndList(t *testing.T) {
+	me, err := Read(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if me.PID != os.Getpid() || me.PPID != os.Getppid() || me.PGID != syscall.Getpgrp() || me.Dead() {
+		t.Errorf("Read(self) = %+v", me)
+	}
+	all, err := List()
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, p := range all {
+		found = found || p == me
+	}
+	if !found {
+		t.Errorf("List has no %+v among %d processes", me, len(all))
+	}
+	if _, err := Read(-1); err == nil {
+		t.Error("Read(-1) succeeded")
+	}
+}
+
+// TestGroupAlive: a group is alive while a member runs, and not once its
+// only member is a zombie or reaped.
+func TestGroupAlive(t *testing.T) {
+	cmd := exec.Command("sleep", "60")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	pgid := cmd.Process.Pid
+	if !GroupAlive(pgid) {
+		t.Error("running group reported dead")
+	}
+	_ = cmd.Process.Kill()
+	deadline := time.Now().Add(10 * time.Second)
+	for GroupAlive(pgid) && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond) // the zombie stays until Wait below
+	}
+	if GroupAlive(pgid) {
+		t.Error("group of a zombie reported alive")
+	}
+	if st, err := Read(pgid); err != nil || !st.Dead() {
+		t.Errorf("unreaped child: %+v %v, want a zombie", st, err)
+	}
+	_ = cmd.Wait()
+	if GroupAlive(pgid) {
+		t.Error("reaped group reported alive")
+	}
+	if GroupAlive(0) || GroupAlive(-1) {
+		t.Error("non-positive pgid reported alive")
+	}
+}
