@@ -5,7 +5,6 @@ import (
 	"strings"
 
 	"github.com/ftlauncher/ft-launcher/configs"
-	"github.com/ftlauncher/ft-launcher/monitor"
 	"github.com/ftlauncher/ft-launcher/rendezvous"
 )
 
@@ -29,10 +28,19 @@ func WorkerArgv(cfg *configs.Config, localRank int) []string {
 	return append(argv, args...)
 }
 
+// Sockets names the rank monitors' sockets (*monitor.Manager).
+type Sockets interface {
+	RankSocket(localRank int) string
+	LauncherSocket() string
+}
+
 // WorkerEnv is the environment of one rank: the launcher's environment with
-// torchrun's worker variables (torchrun.md §2.1, nvrx.md §5.4) set on top.
-// TORCHELASTIC_RESTART_COUNT is the job-wide round number.
-func WorkerEnv(base []string, cfg *configs.Config, asg rendezvous.Assignment, localRank int, errorFile string, mon *monitor.Manager) []string {
+// torchrun's worker variables and nvrx's monitor sockets set on top.
+// TORCHELASTIC_RESTART_COUNT is the job-wide round number (every restart
+// cycle, spare swaps included, so it is the same on every node);
+// TORCHELASTIC_MAX_RESTARTS is the job's agreed budget and
+// FT_LAUNCHER_RESTARTS_USED the part of it already spent.
+func WorkerEnv(base []string, cfg *configs.Config, asg rendezvous.Assignment, localRank int, errorFile string, mon Sockets) []string {
 	set := map[string]string{
 		"LOCAL_RANK":                   strconv.Itoa(localRank),
 		"RANK":                         strconv.Itoa(asg.RankBase + localRank),
@@ -46,7 +54,8 @@ func WorkerEnv(base []string, cfg *configs.Config, asg rendezvous.Assignment, lo
 		"MASTER_ADDR":                  asg.MasterAddr,
 		"MASTER_PORT":                  strconv.Itoa(asg.MasterPort),
 		"TORCHELASTIC_RESTART_COUNT":   strconv.Itoa(asg.Round),
-		"TORCHELASTIC_MAX_RESTARTS":    strconv.Itoa(cfg.MaxRestarts),
+		"TORCHELASTIC_MAX_RESTARTS":    strconv.Itoa(asg.MaxRestarts),
+		"FT_LAUNCHER_RESTARTS_USED":    strconv.Itoa(asg.RestartsUsed),
 		"TORCHELASTIC_RUN_ID":          asg.RunID,
 		"TORCHELASTIC_USE_AGENT_STORE": "False",
 		"TORCHELASTIC_ERROR_FILE":      errorFile,

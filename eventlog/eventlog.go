@@ -26,6 +26,8 @@ const (
 	JobSucceeded     = "job_succeeded"
 	JobFailed        = "job_failed"
 	WorkloadRequest  = "workload_request"
+	Standby          = "standby" // this node parked beyond --nnodes MIN for a round
+	Verdict          = "verdict" // the outcome, as written to the verdict file
 )
 
 // Log appends events to a file. A nil *Log discards events.

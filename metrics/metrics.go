@@ -25,6 +25,8 @@ type Metrics struct {
 	rdzvLatency  prometheus.Histogram
 	currentRound prometheus.Gauge
 	worldSize    prometheus.Gauge
+	rankExits    *prometheus.CounterVec
+	hangKills    *prometheus.CounterVec
 }
 
 // New creates the collectors and registers them on a fresh registry.
@@ -34,7 +36,7 @@ func New() *Metrics {
 		rounds: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "ftlauncher_rounds_total", Help: "Rendezvous rounds this node completed (active or standby)."}),
 		restarts: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "ftlauncher_restarts_total", Help: "Rounds that ended with a restart, as seen by this node."}),
+			Name: "ftlauncher_restarts_total", Help: "Cycles of this node that ended with a restart of its ranks (spare swaps included)."}),
 		nodeFailures: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "ftlauncher_node_failures_total", Help: "Node losses (gossip or lease expiry) this node detected."}),
 		rdzvLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
@@ -46,7 +48,14 @@ func New() *Metrics {
 		worldSize: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "ftlauncher_world_size", Help: "WORLD_SIZE of the current round (0 while standby)."}),
 	}
-	m.Registry.MustRegister(m.rounds, m.restarts, m.nodeFailures, m.rdzvLatency, m.currentRound, m.worldSize)
+	m.rankExits = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "ftlauncher_rank_exits_total", Help: "Rank processes of this node that exited, by result (success, failure)."},
+		[]string{"result"})
+	m.hangKills = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "ftlauncher_hang_kills_total", Help: "Ranks of this node killed by their monitor, by the timeout that expired."},
+		[]string{"timeout_kind"})
+	m.Registry.MustRegister(m.rounds, m.restarts, m.nodeFailures, m.rdzvLatency, m.currentRound, m.worldSize,
+		m.rankExits, m.hangKills)
 	return m
 }
 
@@ -59,6 +68,27 @@ func (m *Metrics) RoundCompleted(round, worldSize int, latency time.Duration) {
 	m.currentRound.Set(float64(round))
 	m.worldSize.Set(float64(worldSize))
 	m.rdzvLatency.Observe(latency.Seconds())
+}
+
+// RankExited records a rank process exit.
+func (m *Metrics) RankExited(failed bool) {
+	if m == nil {
+		return
+	}
+	result := "success"
+	if failed {
+		result = "failure"
+	}
+	m.rankExits.WithLabelValues(result).Inc()
+}
+
+// HangKilled records a rank killed by its monitor for a hang of kind
+// (heartbeat, section, out_of_section, ...).
+func (m *Metrics) HangKilled(kind string) {
+	if m == nil {
+		return
+	}
+	m.hangKills.WithLabelValues(kind).Inc()
 }
 
 // Restarted records a round that ended with a restart.

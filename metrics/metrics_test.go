@@ -15,6 +15,8 @@ func TestNilSafe(t *testing.T) {
 	m.RoundCompleted(1, 8, time.Second)
 	m.Restarted()
 	m.NodeFailed()
+	m.RankExited(true)
+	m.HangKilled("heartbeat")
 	if err := m.Serve(context.Background(), "127.0.0.1:0"); err == nil {
 		t.Fatal("Serve on nil Metrics: want error")
 	}
@@ -26,6 +28,10 @@ func TestServeExposesMetrics(t *testing.T) {
 	m.Restarted()
 	m.Restarted()
 	m.NodeFailed()
+	m.RankExited(false)
+	m.RankExited(true)
+	m.RankExited(true)
+	m.HangKilled("section")
 
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -57,6 +63,9 @@ func TestServeExposesMetrics(t *testing.T) {
 		"ftlauncher_current_round 3",
 		"ftlauncher_world_size 16",
 		"ftlauncher_rendezvous_latency_seconds_count 1",
+		`ftlauncher_rank_exits_total{result="success"} 1`,
+		`ftlauncher_rank_exits_total{result="failure"} 2`,
+		`ftlauncher_hang_kills_total{timeout_kind="section"} 1`,
 	} {
 		if !strings.Contains(string(body), want) {
 			t.Errorf("metrics output lacks %q", want)

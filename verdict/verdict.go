@@ -27,6 +27,10 @@ const (
 // --verdict-file is not given.
 const EnvPath = "FT_LAUNCHER_VERDICT_FILE"
 
+// DefaultNoRestartExitCode is nvrx's exit code for "do not restart"
+// (--ft-no-restart-exit-code changes it).
+const DefaultNoRestartExitCode = 93
+
 // Kind is why the launcher stopped. The same kind is recorded on every node
 // of a job that the rendezvous closed (the close record carries it).
 type Kind string

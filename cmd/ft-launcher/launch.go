@@ -2,11 +2,13 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -18,10 +20,13 @@ import (
 	"github.com/ftlauncher/ft-launcher/ranklogs"
 	"github.com/ftlauncher/ft-launcher/rendezvous"
 	"github.com/ftlauncher/ft-launcher/spawn"
+	"github.com/ftlauncher/ft-launcher/verdict"
 )
 
 // launch sets up every part of the node agent, runs it, and tears every part
-// down again in reverse order, whatever happened.
+// down again in reverse order, whatever happened. Every exit after the
+// configuration was accepted goes through one path: an agent.Outcome, whose
+// ExitCode is the exit code and whose verdict is written to the verdict file.
 func launch(ctx context.Context, cfg *configs.Config, log *slog.Logger, sigs <-chan os.Signal, stderr io.Writer) int {
 	environ := os.Environ()
 	if !cfg.NoPython {
@@ -38,20 +43,15 @@ func launch(ctx context.Context, cfg *configs.Config, log *slog.Logger, sigs <-c
 			"*****************************************")
 	}
 	host, _ := os.Hostname()
+	rec := &verdictRecorder{cfg: cfg, log: log, host: host, node: nodeName(cfg, host), started: time.Now()}
 
-	ev, err := eventlog.Open(cfg.EventLog, map[string]any{"node": nodeName(cfg, host), "run_id": cfg.RdzvID})
+	ev, err := eventlog.Open(cfg.EventLog, map[string]any{"node": rec.node, "run_id": cfg.RdzvID})
 	if err != nil {
 		fmt.Fprintf(stderr, "ft-launcher: --event-log %s: %v\n", cfg.EventLog, err)
 		return configs.ExitUsage
 	}
 	defer ev.Close()
-
-	reaper, err := spawn.NewReaper(log.With("component", "spawn"))
-	if err != nil {
-		log.Error("start the process reaper", "err", err)
-		return configs.ExitFailure
-	}
-	defer reaper.Close()
+	rec.ev = ev
 
 	logs, err := ranklogs.New(ranklogs.Options{
 		LogDir: cfg.LogDir, RunID: cfg.RdzvID, Role: cfg.Role,
@@ -60,15 +60,20 @@ func launch(ctx context.Context, cfg *configs.Config, log *slog.Logger, sigs <-c
 		Console:        os.Stdout, ConsoleErr: os.Stderr,
 	})
 	if err != nil {
-		log.Error("prepare the log directory", "err", err)
-		return configs.ExitFailure
+		return rec.setupFailed("prepare the log directory", err)
 	}
+	rec.logDir = logs.Dir()
+
+	reaper, err := spawn.NewReaper(log.With("component", "spawn"))
+	if err != nil {
+		return rec.setupFailed("start the process reaper", err)
+	}
+	defer reaper.Close()
 
 	mon, err := monitor.New(monitor.Options{NLocal: cfg.NProcPerNode, FT: cfg.FT,
 		StateFile: cfg.FT.TimeoutsStateFile, Logger: log.With("component", "monitor")})
 	if err != nil {
-		log.Error("start the rank monitors", "err", err)
-		return configs.ExitFailure
+		return rec.setupFailed("start the rank monitors", err)
 	}
 	defer mon.Close()
 
@@ -84,15 +89,69 @@ func launch(ctx context.Context, cfg *configs.Config, log *slog.Logger, sigs <-c
 
 	rdzv, cleanup, err := newRendezvous(ctx, cfg, log, reaper, met)
 	if err != nil {
-		log.Error("rendezvous set-up failed", "err", err)
-		ev.Emit(eventlog.JobFailed, map[string]any{"reason": err.Error()})
-		return configs.ExitFailure
+		return rec.setupFailed("rendezvous set-up failed", err)
 	}
 	defer cleanup()
+	if n, ok := rdzv.(interface{ NodeID() string }); ok {
+		rec.node = n.NodeID() // the id peers use in their records of this node
+	}
 
-	ag := agent.New(agent.Deps{Config: cfg, Logger: log.With("component", "agent"), Events: ev, Reaper: reaper, Logs: logs,
-		Monitors: mon, Rdzv: rdzv, Signals: sigs, Hostname: host, Environ: environ})
-	return ag.Run(ctx)
+	ag := agent.New(agent.Deps{Config: cfg, Logger: log.With("component", "agent"), Events: ev, Metrics: met,
+		Ranks: agent.SpawnRanks{Reaper: reaper}, Logs: logs, Monitors: mon, Rdzv: rdzv, Signals: sigs,
+		Hostname: host, NodeID: rec.node, Environ: environ})
+	return rec.write(ag.Run(ctx))
+}
+
+// verdictRecorder writes the verdict file for every exit of launch.
+type verdictRecorder struct {
+	cfg     *configs.Config
+	log     *slog.Logger
+	ev      *eventlog.Log
+	host    string
+	node    string
+	logDir  string // the run's log directory, once known
+	started time.Time
+}
+
+// path is --verdict-file (or $FT_LAUNCHER_VERDICT_FILE), else verdict.json
+// in the run's log directory.
+func (r *verdictRecorder) path() string {
+	if r.cfg.VerdictFile != "" {
+		return r.cfg.VerdictFile
+	}
+	if r.logDir != "" {
+		return filepath.Join(r.logDir, "verdict.json")
+	}
+	return ""
+}
+
+// setupFailed records a failure before the agent ran.
+func (r *verdictRecorder) setupFailed(what string, err error) int {
+	r.log.Error(what, "err", err)
+	kind := verdict.FatalError
+	if errors.Is(err, rendezvous.ErrRendezvousLost) {
+		kind = verdict.RendezvousLost
+	}
+	reason := what + ": " + err.Error()
+	r.ev.Emit(eventlog.JobFailed, map[string]any{"kind": string(kind), "reason": reason})
+	return r.write(agent.Outcome{Kind: kind, Reason: reason, MaxRestarts: r.cfg.MaxRestarts, LastRound: -1,
+		StartedAt: r.started.UTC(), EndedAt: time.Now().UTC()})
+}
+
+// write stores the outcome's verdict and returns its exit code. A verdict
+// that cannot be written is logged; the exit code stands.
+func (r *verdictRecorder) write(o agent.Outcome) int {
+	code := o.ExitCode()
+	path := r.path()
+	if path == "" {
+		return code
+	}
+	if err := verdict.Write(path, o.Verdict(r.cfg.RdzvID, r.node, r.host)); err != nil {
+		r.log.Error("could not write the verdict file", "path", path, "err", err)
+		return code
+	}
+	r.log.Info("verdict written", "path", path, "kind", string(o.Kind), "exit_code", code)
+	return code
 }
 
 func nodeName(cfg *configs.Config, host string) string {

@@ -1,0 +1,401 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/ftlauncher/ft-launcher/configs"
+	"github.com/ftlauncher/ft-launcher/eventlog"
+	"github.com/ftlauncher/ft-launcher/monitor"
+	"github.com/ftlauncher/ft-launcher/ranklogs"
+	"github.com/ftlauncher/ft-launcher/rendezvous"
+	"github.com/ftlauncher/ft-launcher/spawn"
+	"golang.org/x/sys/unix"
+)
+
+// cycleEnd says how one supervised cycle ended.
+type cycleEnd struct {
+	kind      endKind
+	hang      bool // the failing rank was killed by its monitor
+	failures  []ranklogs.Failure
+	reason    string
+	rdzvEnd   rendezvous.RoundEnd
+	sig       os.Signal
+	exitCodes map[int]int // local rank -> torch exit code
+}
+
+// clean reports whether every rank of the cycle exited 0.
+func (e cycleEnd) clean() bool {
+	for _, c := range e.exitCodes {
+		if c != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+type endKind int
+
+const (
+	endSuccess endKind = iota + 1
+	endRankFailure
+	endRoundEnded // another node failed, node lost, or job closed
+	endSignal
+	endWorkload // a rank's ShutdownWorkload request
+)
+
+func (k endKind) String() string {
+	switch k {
+	case endSuccess:
+		return "success"
+	case endRankFailure:
+		return "rank_failure"
+	case endRoundEnded:
+		return "round_ended"
+	case endSignal:
+		return "signal"
+	case endWorkload:
+		return "workload_request"
+	}
+	return "unknown"
+}
+
+// startCycle prepares the logs and starts this round's ranks.
+func (a *Agent) startCycle() error {
+	cfg := a.cfg
+	asg := a.run.asg
+	n := cfg.NProcPerNode
+	infos := make([]ranklogs.RankInfo, n)
+	for i := range infos {
+		infos[i] = ranklogs.RankInfo{LocalRank: i, GlobalRank: asg.RankBase + i}
+	}
+	att, err := a.d.Logs.Attempt(asg.Round, infos)
+	if err != nil {
+		return fmt.Errorf("prepare logs for attempt %d: %w", asg.Round, err)
+	}
+	specs := make([]spawn.Spec, n)
+	for lr := 0; lr < n; lr++ {
+		out, errw := att.Files(lr)
+		specs[lr] = spawn.Spec{
+			LocalRank: lr,
+			Argv:      WorkerArgv(cfg, lr),
+			Env:       WorkerEnv(a.d.Environ, cfg, asg, lr, att.ErrorFile(lr), a.d.Monitors),
+			Stdout:    out,
+			Stderr:    errw,
+		}
+	}
+	a.run.cycle.spawnStart = time.Now()
+	g, err := a.d.Ranks.StartGroup(specs)
+	att.CloseParentEnds() // the ranks hold their ends of the log pipes now
+	if err != nil {
+		att.Close()
+		return fmt.Errorf("start ranks: %w", err)
+	}
+	a.run.cycle.spawned = time.Now()
+	a.run.group, a.run.att = g, att
+	pids := g.PIDs()
+	if a.d.Monitors != nil {
+		a.d.Monitors.BeginCycle(asg.Round, pids)
+	}
+	a.ev.Emit(eventlog.CycleStarted, map[string]any{"round": asg.Round, "group_rank": asg.GroupRank,
+		"world_size": asg.WorldSize, "pids": pidList(pids), "master_addr": asg.MasterAddr, "master_port": asg.MasterPort,
+		"restarts_used": asg.RestartsUsed})
+	return nil
+}
+
+// stopCycle stops whatever still runs of the cycle. On a signal the
+// received signal is forwarded and TermTimeout applies; otherwise SIGTERM
+// and WorkersStopTimeout. A handled signal during the stop is remembered
+// (the node then does not restart); a further one SIGKILLs every rank at
+// once instead of waiting out the grace.
+func (a *Agent) stopCycle() {
+	cfg := a.cfg
+	asg := a.run.asg
+	end := &a.run.end
+	g, att := a.run.group, a.run.att
+	defer att.Close()
+	a.run.cycle.stopStart = time.Now()
+	sig, grace := syscall.SIGTERM, cfg.WorkersStopTimeout
+	signals := 0
+	if end.kind == endSignal {
+		if s, ok := end.sig.(syscall.Signal); ok {
+			sig = s
+		}
+		grace = cfg.TermTimeout
+		signals = 1
+	}
+	done := make(chan spawn.StopResult, 1)
+	go func() { done <- g.Stop(sig, grace) }()
+	var res spawn.StopResult
+wait:
+	for {
+		select {
+		case res = <-done:
+			break wait
+		case s := <-a.d.Signals:
+			signals++
+			if signals == 1 {
+				a.run.pendingSignal = s
+				a.log.Warn("signal received while stopping ranks; the node will not restart", "signal", s.String())
+				continue
+			}
+			a.log.Warn("another signal received while stopping ranks; sending SIGKILL now", "signal", s.String())
+			a.ev.Emit(eventlog.SignalReceived, map[string]any{"round": asg.Round, "signal": sigName(s), "state": StateStopping.String(), "escalated": true})
+			g.SignalAll(syscall.SIGKILL)
+		}
+	}
+	for _, e := range res.Exits {
+		a.recordExit(e, end)
+	}
+	for _, lr := range res.Escalated {
+		a.log.Warn("rank did not stop within the grace period; sent SIGKILL", "local_rank", lr, "grace", grace)
+		a.ev.Emit(eventlog.StopEscalated, map[string]any{"round": asg.Round, "local_rank": lr, "grace_s": grace.Seconds()})
+	}
+	if len(res.Leftover) > 0 {
+		a.log.Error("processes still present after SIGKILL (uninterruptible?)", "pids", res.Leftover)
+	}
+	if a.d.Monitors != nil {
+		a.d.Monitors.EndCycleWith(end.kind == endSuccess)
+	}
+	if end.kind == endRankFailure || (end.kind == endSignal && len(end.failures) > 0) {
+		a.reportFailures(end.failures, att)
+	}
+	a.run.cycle.stopped = time.Now()
+	a.run.group, a.run.att = nil, nil
+}
+
+// supervise waits, event-driven, for the first event that ends the cycle.
+func (a *Agent) supervise(ctx context.Context) cycleEnd {
+	asg := a.run.asg
+	g := a.run.group
+	end := cycleEnd{exitCodes: map[int]int{}}
+	var hangs <-chan monitor.Hang
+	var reqs <-chan monitor.WorkloadRequest
+	if a.d.Monitors != nil {
+		hangs, reqs = a.d.Monitors.Hangs(), a.d.Monitors.Requests()
+	}
+	hangByRank := map[int]monitor.Hang{}
+	ended := a.d.Rdzv.Ended(asg.Round)
+	exits := g.Exits()
+	remaining := a.cfg.NProcPerNode
+	for {
+		select {
+		case e := <-exits:
+			remaining--
+			a.recordExit(e, &end)
+			if e.Failed() {
+				a.rankFailed(e, hangs, hangByRank, &end)
+				return end
+			}
+			if remaining == 0 {
+				end.kind = endSuccess
+				return end
+			}
+		case h := <-hangs:
+			a.recordHang(h, hangByRank)
+		case r := <-reqs:
+			if a.workloadRequest(r, &end) {
+				return end
+			}
+		case e := <-ended:
+			end.kind = endRoundEnded
+			end.rdzvEnd = e
+			end.reason = e.Reason
+			return end
+		case s := <-a.d.Signals:
+			a.log.Warn("signal received; forwarding to every rank's process group", "signal", s.String(), "term_timeout", a.cfg.TermTimeout)
+			a.ev.Emit(eventlog.SignalReceived, map[string]any{"round": asg.Round, "signal": sigName(s)})
+			end.kind = endSignal
+			end.sig = s
+			return end
+		case <-ctx.Done():
+			end.kind = endSignal
+			end.sig = syscall.SIGTERM
+			return end
+		}
+	}
+}
+
+// rankFailed fills end for a rank that exited with a failure, attributing
+// it to a hang when its monitor killed it.
+func (a *Agent) rankFailed(e spawn.Exit, hangs <-chan monitor.Hang, hangByRank map[int]monitor.Hang, end *cycleEnd) {
+	asg := a.run.asg
+	if _, ok := hangByRank[e.LocalRank]; !ok && a.d.Monitors != nil {
+		if _, fired := a.d.Monitors.FiredHang(asg.Round, e.LocalRank); fired {
+			// The monitor killed this rank; its report follows at once
+			// (or after the termination grace).
+			a.awaitHang(hangs, e.LocalRank, hangByRank)
+		}
+	}
+	end.kind = endRankFailure
+	if h, ok := hangByRank[e.LocalRank]; ok {
+		end.hang = true
+		end.reason = hangReason(h)
+		return
+	}
+	end.reason = fmt.Sprintf("local rank %d (rank %d) %s", e.LocalRank, asg.RankBase+e.LocalRank, exitText(e))
+}
+
+// workloadRequest records a rank's request; it reports whether the
+// request ends the cycle now.
+func (a *Agent) workloadRequest(r monitor.WorkloadRequest, end *cycleEnd) bool {
+	a.log.Warn("workload control request from a rank", "rank", r.GlobalRank, "action", r.Action, "description", r.Description)
+	a.ev.Emit(eventlog.WorkloadRequest, map[string]any{"round": a.run.asg.Round, "rank": r.GlobalRank,
+		"action": r.Action, "description": r.Description})
+	if r.Action == "Continue" {
+		return false
+	}
+	rr := r
+	a.run.pendingReq = &rr
+	if r.Action == "ShutdownWorkload" {
+		end.kind = endWorkload
+		end.reason = r.Description
+		return true
+	}
+	return false // ExcludeThisNode acts when the cycle ends
+}
+
+// recordHang logs a hang report of this cycle and remembers it per rank.
+func (a *Agent) recordHang(h monitor.Hang, hangByRank map[int]monitor.Hang) {
+	asg := a.run.asg
+	if h.Cycle != asg.Round {
+		return
+	}
+	hangByRank[h.LocalRank] = h
+	a.met.HangKilled(h.Kind)
+	a.log.Error("rank hang detected; rank killed", "local_rank", h.LocalRank, "rank", h.GlobalRank,
+		"timeout_kind", h.Kind, "section", h.Section, "timeout", h.Timeout, "elapsed", h.Elapsed,
+		"signal", h.Signal.String(), "latency", h.SignalledAt.Sub(h.ExpiredAt))
+	a.ev.Emit(eventlog.RankHang, map[string]any{"round": asg.Round, "local_rank": h.LocalRank,
+		"rank": h.GlobalRank, "timeout_kind": h.Kind, "section": h.Section,
+		"timeout_s": h.Timeout.Seconds(), "elapsed_s": h.Elapsed.Seconds(), "signal": sigName(h.Signal),
+		"detect_latency_ms":    float64(h.SignalledAt.Sub(h.ExpiredAt).Microseconds()) / 1000,
+		"escalated_to_sigkill": h.Escalated})
+}
+
+// awaitHang waits, bounded, for the hang report of a rank its monitor killed.
+func (a *Agent) awaitHang(hangs <-chan monitor.Hang, localRank int, hangByRank map[int]monitor.Hang) {
+	grace := time.Duration(a.cfg.FT.TerminationGrace*float64(time.Second)) + 2*time.Second
+	timeout := time.NewTimer(grace)
+	defer timeout.Stop()
+	for {
+		select {
+		case h := <-hangs:
+			a.recordHang(h, hangByRank)
+			if _, ok := hangByRank[localRank]; ok {
+				return
+			}
+		case <-timeout.C:
+			a.log.Warn("the monitor killed a rank but its hang report did not arrive", "local_rank", localRank)
+			return
+		}
+	}
+}
+
+func (a *Agent) recordExit(e spawn.Exit, end *cycleEnd) {
+	asg := a.run.asg
+	if _, seen := end.exitCodes[e.LocalRank]; seen {
+		return
+	}
+	end.exitCodes[e.LocalRank] = e.TorchExitCode()
+	a.met.RankExited(e.Failed())
+	fields := map[string]any{"round": asg.Round, "local_rank": e.LocalRank, "rank": asg.RankBase + e.LocalRank,
+		"pid": e.PID, "exit_code": e.TorchExitCode()}
+	if e.Signal != 0 {
+		fields["signal"] = sigName(e.Signal)
+	}
+	a.ev.Emit(eventlog.RankExited, fields)
+	if e.Failed() {
+		a.log.Warn("rank failed", "local_rank", e.LocalRank, "rank", asg.RankBase+e.LocalRank, "pid", e.PID, "how", exitText(e))
+		end.failures = append(end.failures, ranklogs.Failure{LocalRank: e.LocalRank, GlobalRank: asg.RankBase + e.LocalRank,
+			PID: e.PID, ExitCode: e.TorchExitCode(), Time: e.At})
+	}
+}
+
+func (a *Agent) reportFailures(failures []ranklogs.Failure, att *ranklogs.Attempt) {
+	if len(failures) == 0 {
+		return
+	}
+	for i := range failures {
+		f := &failures[i]
+		f.ErrorFile = att.ErrorFile(f.LocalRank)
+		if f.ErrorFile != "" {
+			if rec, err := ranklogs.ReadErrorFile(f.ErrorFile); err == nil {
+				f.Record = &rec
+			}
+		}
+	}
+	summary := ranklogs.Summary(scriptName(a.cfg), a.d.Hostname, failures)
+	fmt.Fprintln(os.Stderr, summary)
+	if path := a.envValue("TORCHELASTIC_ERROR_FILE"); path != "" {
+		root := failures[ranklogs.RootCause(failures)]
+		if err := ranklogs.WriteLauncherErrorFile(path, root); err != nil {
+			a.log.Warn("could not write the launcher error file", "path", path, "err", err)
+		}
+	}
+}
+
+func (a *Agent) envValue(k string) string {
+	return lookupEnv(a.d.Environ, k)
+}
+
+func lookupEnv(environ []string, k string) string {
+	for i := len(environ) - 1; i >= 0; i-- {
+		if len(environ[i]) > len(k) && environ[i][len(k)] == '=' && environ[i][:len(k)] == k {
+			return environ[i][len(k)+1:]
+		}
+	}
+	return ""
+}
+
+func hangReason(h monitor.Hang) string {
+	what := h.Kind
+	if h.Section != "" {
+		what += " '" + h.Section + "'"
+	}
+	return fmt.Sprintf("local rank %d (rank %d) hung: %s timeout %s expired (elapsed %s)",
+		h.LocalRank, h.GlobalRank, what, h.Timeout, h.Elapsed.Round(time.Millisecond))
+}
+
+func exitText(e spawn.Exit) string {
+	if e.Signal != 0 {
+		return "was killed by " + sigName(e.Signal)
+	}
+	return "exited with code " + strconv.Itoa(e.Code)
+}
+
+// sigName is the SIGXXX name of a signal, for logs and the event log.
+func sigName(s os.Signal) string {
+	if ss, ok := s.(syscall.Signal); ok {
+		if n := unix.SignalName(ss); n != "" {
+			return n
+		}
+	}
+	if s == nil {
+		return ""
+	}
+	return s.String()
+}
+
+func pidList(p map[int]int) []int {
+	keys := make([]int, 0, len(p))
+	for k := range p {
+		keys = append(keys, k)
+	}
+	sort.Ints(keys)
+	out := make([]int, len(keys))
+	for i, k := range keys {
+		out[i] = p[k]
+	}
+	return out
+}
+
+func scriptName(cfg *configs.Config) string {
+	return filepath.Base(cfg.Script)
+}

@@ -1,0 +1,340 @@
+package agent
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"os"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/ftlauncher/ft-launcher/configs"
+	"github.com/ftlauncher/ft-launcher/monitor"
+	"github.com/ftlauncher/ft-launcher/policy"
+	"github.com/ftlauncher/ft-launcher/ranklogs"
+	"github.com/ftlauncher/ft-launcher/rendezvous"
+	"github.com/ftlauncher/ft-launcher/spawn"
+	"github.com/ftlauncher/ft-launcher/verdict"
+)
+
+// The agent's unit tests drive the state machine through fakes of the
+// rendezvous, the ranks and the monitors (the integration package runs the
+// real ones). Each fake records the calls it got.
+
+type failCall struct {
+	round  int
+	kind   policy.Failure
+	reason string
+}
+
+type shutdownCall struct {
+	kind verdict.Kind
+	code int
+}
+
+// fakeRdzv is a scripted rendezvous: each method runs its hook, or a
+// default that suits the happy path.
+type fakeRdzv struct {
+	mu       sync.Mutex
+	next     []func(ctx context.Context) (rendezvous.Assignment, error) // consumed in order
+	fail     func(ctx context.Context, c failCall) (rendezvous.Decision, error)
+	succeed  func(ctx context.Context, round int) (int, error)
+	shutdown func(ctx context.Context) error
+	ends     map[int]chan rendezvous.RoundEnd
+
+	fails     []failCall
+	shutdowns []shutdownCall
+	leaves    []string
+	nexts     int
+}
+
+func newFakeRdzv() *fakeRdzv { return &fakeRdzv{ends: map[int]chan rendezvous.RoundEnd{}} }
+
+func active(round, restarts int) func(context.Context) (rendezvous.Assignment, error) {
+	return func(context.Context) (rendezvous.Assignment, error) {
+		return rendezvous.Assignment{RunID: "job", Round: round, GroupWorldSize: 1, WorldSize: 2,
+			MasterAddr: "127.0.0.1", MasterPort: 29500, MaxRestarts: 3, RestartsUsed: restarts}, nil
+	}
+}
+
+func standbyIn(round int) func(context.Context) (rendezvous.Assignment, error) {
+	return func(context.Context) (rendezvous.Assignment, error) {
+		return rendezvous.Assignment{RunID: "job", Round: round, GroupRank: -1, Standby: true, MaxRestarts: 3}, nil
+	}
+}
+
+func nextErr(err error) func(context.Context) (rendezvous.Assignment, error) {
+	return func(context.Context) (rendezvous.Assignment, error) { return rendezvous.Assignment{}, err }
+}
+
+// blockUntilDone blocks until ctx ends, as a call to an unreachable etcd.
+func blockUntilDone(ctx context.Context) error {
+	<-ctx.Done()
+	return ctx.Err()
+}
+
+func (f *fakeRdzv) Next(ctx context.Context) (rendezvous.Assignment, error) {
+	f.mu.Lock()
+	i := f.nexts
+	f.nexts++
+	f.mu.Unlock()
+	if i >= len(f.next) {
+		return rendezvous.Assignment{}, &rendezvous.JobClosedError{Kind: verdict.FatalError, Code: 1, Reason: "fake: no more rounds scripted"}
+	}
+	return f.next[i](ctx)
+}
+
+func (f *fakeRdzv) Ended(round int) <-chan rendezvous.RoundEnd {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	ch, ok := f.ends[round]
+	if !ok {
+		ch = make(chan rendezvous.RoundEnd, 1)
+		f.ends[round] = ch
+	}
+	return ch
+}
+
+func (f *fakeRdzv) endRound(round int, e rendezvous.RoundEnd) {
+	f.Ended(round)
+	f.mu.Lock()
+	ch := f.ends[round]
+	f.mu.Unlock()
+	ch <- e
+}
+
+func (f *fakeRdzv) Fail(ctx context.Context, round int, k policy.Failure, reason string) (rendezvous.Decision, error) {
+	c := failCall{round, k, reason}
+	f.mu.Lock()
+	f.fails = append(f.fails, c)
+	hook := f.fail
+	f.mu.Unlock()
+	if hook != nil {
+		return hook(ctx, c)
+	}
+	return rendezvous.Decision{Restart: true, Action: policy.RestartInPlace, RestartsUsed: round + 1}, nil
+}
+
+func (f *fakeRdzv) Succeed(ctx context.Context, round int) (int, error) {
+	if f.succeed != nil {
+		return f.succeed(ctx, round)
+	}
+	return 0, nil
+}
+
+func (f *fakeRdzv) Shutdown(ctx context.Context, kind verdict.Kind, code int, reason string) error {
+	f.mu.Lock()
+	f.shutdowns = append(f.shutdowns, shutdownCall{kind, code})
+	hook := f.shutdown
+	f.mu.Unlock()
+	if hook != nil {
+		return hook(ctx)
+	}
+	return nil
+}
+
+func (f *fakeRdzv) Leave(ctx context.Context, reason string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.leaves = append(f.leaves, reason)
+	return nil
+}
+
+func (f *fakeRdzv) Close() error { return nil }
+
+// fakeRanks starts fakeGroups; the test makes their ranks exit.
+type fakeRanks struct {
+	mu       sync.Mutex
+	groups   []*fakeGroup
+	started  chan *fakeGroup
+	startErr error
+	// stopBlocks makes Stop wait for SignalAll(SIGKILL) or the grace.
+	stopBlocks bool
+}
+
+func newFakeRanks() *fakeRanks { return &fakeRanks{started: make(chan *fakeGroup, 16)} }
+
+func (r *fakeRanks) StartGroup(specs []spawn.Spec) (RankGroup, error) {
+	for _, s := range specs {
+		// The agent hands the log ends over; close them as a process would.
+		if s.Stdout != nil {
+			s.Stdout.Close()
+		}
+		if s.Stderr != nil && s.Stderr != s.Stdout {
+			s.Stderr.Close()
+		}
+	}
+	if r.startErr != nil {
+		return nil, r.startErr
+	}
+	g := &fakeGroup{n: len(specs), exits: make(chan spawn.Exit, len(specs)), alive: map[int]bool{},
+		killed: make(chan struct{}), stopBlocks: r.stopBlocks, specs: specs}
+	for _, s := range specs {
+		g.alive[s.LocalRank] = true
+	}
+	r.mu.Lock()
+	r.groups = append(r.groups, g)
+	r.mu.Unlock()
+	r.started <- g
+	return g, nil
+}
+
+// wait returns the next started group.
+func (r *fakeRanks) wait(t *testing.T) *fakeGroup {
+	t.Helper()
+	select {
+	case g := <-r.started:
+		return g
+	case <-time.After(10 * time.Second):
+		t.Fatal("no ranks started")
+		return nil
+	}
+}
+
+type fakeGroup struct {
+	mu         sync.Mutex
+	n          int
+	specs      []spawn.Spec
+	exits      chan spawn.Exit
+	alive      map[int]bool
+	stopped    []syscall.Signal
+	signalled  []syscall.Signal
+	killed     chan struct{}
+	killOnce   sync.Once
+	stopBlocks bool
+}
+
+func (g *fakeGroup) PIDs() map[int]int {
+	m := map[int]int{}
+	for i := 0; i < g.n; i++ {
+		m[i] = 1000 + i
+	}
+	return m
+}
+
+func (g *fakeGroup) Exits() <-chan spawn.Exit { return g.exits }
+
+// exit makes local rank lr exit with code (sig != 0: killed by sig).
+func (g *fakeGroup) exit(lr, code int, sig syscall.Signal) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if !g.alive[lr] {
+		return
+	}
+	delete(g.alive, lr)
+	if sig != 0 {
+		code = -1
+	}
+	g.exits <- spawn.Exit{LocalRank: lr, PID: 1000 + lr, Code: code, Signal: sig, At: time.Now()}
+}
+
+func (g *fakeGroup) Stop(sig syscall.Signal, grace time.Duration) spawn.StopResult {
+	g.mu.Lock()
+	g.stopped = append(g.stopped, sig)
+	g.mu.Unlock()
+	if g.stopBlocks {
+		select {
+		case <-g.killed:
+		case <-time.After(grace):
+		}
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	var res spawn.StopResult
+	for lr := 0; lr < g.n; lr++ {
+		if g.alive[lr] {
+			delete(g.alive, lr)
+			res.Exits = append(res.Exits, spawn.Exit{LocalRank: lr, PID: 1000 + lr, Code: -1, Signal: sig, At: time.Now()})
+		}
+	}
+	return res
+}
+
+func (g *fakeGroup) SignalAll(sig syscall.Signal) {
+	g.mu.Lock()
+	g.signalled = append(g.signalled, sig)
+	g.mu.Unlock()
+	if sig == syscall.SIGKILL {
+		g.killOnce.Do(func() { close(g.killed) })
+	}
+}
+
+// fakeMonitors lets a test report hangs and workload requests.
+type fakeMonitors struct {
+	hangs chan monitor.Hang
+	reqs  chan monitor.WorkloadRequest
+	mu    sync.Mutex
+	fired map[int]bool // local rank -> the monitor killed it
+	ended []bool
+}
+
+func newFakeMonitors() *fakeMonitors {
+	return &fakeMonitors{hangs: make(chan monitor.Hang, 4), reqs: make(chan monitor.WorkloadRequest, 4), fired: map[int]bool{}}
+}
+
+func (m *fakeMonitors) BeginCycle(int, map[int]int) {}
+func (m *fakeMonitors) EndCycleWith(ok bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.ended = append(m.ended, ok)
+}
+func (m *fakeMonitors) Hangs() <-chan monitor.Hang               { return m.hangs }
+func (m *fakeMonitors) Requests() <-chan monitor.WorkloadRequest { return m.reqs }
+func (m *fakeMonitors) RankSocket(lr int) string                 { return "/nonexistent/rank.sock" }
+func (m *fakeMonitors) LauncherSocket() string                   { return "/nonexistent/launcher.sock" }
+func (m *fakeMonitors) FiredHang(cycle, lr int) (monitor.Hang, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return monitor.Hang{}, m.fired[lr]
+}
+
+// harness is one agent wired to fakes.
+type harness struct {
+	t     *testing.T
+	cfg   *configs.Config
+	rdzv  *fakeRdzv
+	ranks *fakeRanks
+	mons  *fakeMonitors
+	sigs  chan os.Signal
+	agent *Agent
+	env   []string
+	// callTimeout bounds short rendezvous calls (default 5s).
+	callTimeout time.Duration
+}
+
+func newHarness(t *testing.T) *harness {
+	t.Helper()
+	cfg := &configs.Config{NNodes: configs.NNodes{Min: 1, Max: 1}, NProcPerNode: 2, MaxRestarts: 3,
+		RdzvID: "job", Role: "default", NoPython: true, Script: "/bin/true",
+		WorkersStopTimeout: 2 * time.Second, TermTimeout: 2 * time.Second, FT: configs.DefaultFaultTolerance()}
+	cfg.FT.TerminationGrace = 0.1
+	return &harness{t: t, cfg: cfg, rdzv: newFakeRdzv(), ranks: newFakeRanks(), mons: newFakeMonitors(),
+		sigs: make(chan os.Signal, 4), callTimeout: 5 * time.Second}
+}
+
+func (h *harness) start() <-chan Outcome {
+	h.t.Helper()
+	logs, err := ranklogs.New(ranklogs.Options{LogDir: h.t.TempDir(), RunID: "job", Console: io.Discard, ConsoleErr: io.Discard})
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	h.agent = New(Deps{Config: h.cfg, Logger: slog.New(slog.DiscardHandler), Ranks: h.ranks, Logs: logs,
+		Monitors: h.mons, Rdzv: h.rdzv, Signals: h.sigs, Hostname: "host-a", NodeID: "10.0.0.1/42",
+		Environ: h.env, CallTimeout: h.callTimeout})
+	out := make(chan Outcome, 1)
+	go func() { out <- h.agent.Run(context.Background()) }()
+	return out
+}
+
+func (h *harness) outcome(out <-chan Outcome) Outcome {
+	h.t.Helper()
+	select {
+	case o := <-out:
+		return o
+	case <-time.After(15 * time.Second):
+		h.t.Fatalf("agent did not end (state %v)", h.agent.State())
+		return Outcome{}
+	}
+}

@@ -1,0 +1,204 @@
+package agent
+
+import (
+	"os"
+	"time"
+
+	"github.com/ftlauncher/ft-launcher/configs"
+	"github.com/ftlauncher/ft-launcher/eventlog"
+	"github.com/ftlauncher/ft-launcher/monitor"
+	"github.com/ftlauncher/ft-launcher/ranklogs"
+	"github.com/ftlauncher/ft-launcher/rendezvous"
+	"github.com/ftlauncher/ft-launcher/verdict"
+)
+
+// Outcome is why the node agent stopped: the typed result of Run.
+type Outcome struct {
+	Kind   verdict.Kind
+	Reason string
+	// Code is the exit code recorded by the rendezvous when the job was
+	// closed with one (a ShutdownWorkload's no-restart code, a job failed
+	// elsewhere); ExitCode uses it for those kinds.
+	Code         int
+	RestartsUsed int
+	MaxRestarts  int
+	LastRound    int // -1 when no round was assigned
+	// Signal is the signal that stopped the launcher (Kind Signaled).
+	Signal os.Signal
+	// RanksClean is true when every rank stopped by a signal exited 0.
+	RanksClean   bool
+	Quarantined  []verdict.Quarantine
+	FinishedFlag verdict.FinishedFlag
+	Cycles       []verdict.Cycle
+	StartedAt    time.Time
+	EndedAt      time.Time
+}
+
+// Finished reports whether training is over: the ranks succeeded and the
+// finished flag (FAULT_TOL_FINISHED_FLAG_FILE) exists.
+func (o Outcome) Finished() bool {
+	return o.Kind == verdict.Succeeded && o.FinishedFlag.Present
+}
+
+// ExitCode is the one mapping from an outcome to the launcher's exit code;
+// the codes are torchrun's and nvrx's: 0 success, 1 failure, the
+// no-restart code (93 by default) when the workload must not be restarted.
+func (o Outcome) ExitCode() int {
+	switch o.Kind {
+	case verdict.Succeeded:
+		return configs.ExitSuccess
+	case verdict.NoRestart:
+		if o.Code > 0 {
+			return o.Code
+		}
+		return verdict.DefaultNoRestartExitCode
+	case verdict.Signaled:
+		if o.RanksClean {
+			return configs.ExitSuccess
+		}
+		return configs.ExitFailure
+	}
+	return configs.ExitFailure
+}
+
+// Verdict is the record written for this outcome.
+func (o Outcome) Verdict(runID, node, host string) verdict.Verdict {
+	v := verdict.Verdict{Kind: o.Kind, ExitCode: o.ExitCode(), Reason: o.Reason, Finished: o.Finished(),
+		FinishedFlag: o.FinishedFlag, RunID: runID, Node: node, Hostname: host, PID: os.Getpid(),
+		RestartsUsed: o.RestartsUsed, MaxRestarts: o.MaxRestarts, LastRound: o.LastRound,
+		Quarantined: o.Quarantined, Cycles: o.Cycles, StartedAt: o.StartedAt, EndedAt: o.EndedAt}
+	if o.Signal != nil {
+		v.Signal = sigName(o.Signal)
+	}
+	return v
+}
+
+// runState is what the state handlers share during one Run.
+type runState struct {
+	started      time.Time
+	asg          rendezvous.Assignment
+	lastRound    int
+	restartsUsed int
+	maxRestarts  int
+	group        RankGroup
+	att          *ranklogs.Attempt
+	end          cycleEnd
+	cycle        cycleTiming
+	cycles       []verdict.Cycle
+	pendingReq   *monitor.WorkloadRequest
+	// pendingSignal is a signal taken while stopping ranks for a restart.
+	pendingSignal os.Signal
+	quarantined   []verdict.Quarantine
+	outcome       *Outcome
+}
+
+// cycleTiming are the instants of one cycle's phases.
+type cycleTiming struct {
+	round                              int
+	start, joined, spawnStart, spawned time.Time
+	stopStart, stopped                 time.Time
+}
+
+func newRunState(now time.Time, maxRestarts int) runState {
+	return runState{started: now, lastRound: -1, maxRestarts: maxRestarts}
+}
+
+func (r *runState) setOutcome(kind verdict.Kind, reason string) {
+	if r.outcome != nil {
+		return // the first decided outcome stands
+	}
+	r.outcome = &Outcome{Kind: kind, Reason: reason}
+}
+
+// closedBy records a job closed by the rendezvous; a record without a kind
+// (written by an older launcher) is read from its code.
+func (r *runState) closedBy(kind verdict.Kind, code int, reason string) {
+	if kind == "" || !kind.Valid() {
+		switch code {
+		case 0:
+			kind = verdict.Succeeded
+		case verdict.DefaultNoRestartExitCode:
+			kind = verdict.NoRestart
+		default:
+			kind = verdict.FatalError
+		}
+	}
+	r.setOutcome(kind, reason)
+	if r.outcome.Kind == verdict.NoRestart {
+		r.outcome.Code = code
+	}
+}
+
+func (r *runState) signaled(sig os.Signal, ranksClean bool) {
+	reason := "stopped by a signal"
+	if sig != nil {
+		reason = "stopped by " + sigName(sig)
+	}
+	r.setOutcome(verdict.Signaled, reason)
+	r.outcome.Signal, r.outcome.RanksClean = sig, ranksClean
+}
+
+// quarantine records a node the job stopped using, once per node.
+func (r *runState) quarantine(node, host string, ev verdict.Evidence, detail string, round int) {
+	if node == "" {
+		return
+	}
+	for _, q := range r.quarantined {
+		if q.Node == node {
+			return
+		}
+	}
+	r.quarantined = append(r.quarantined, verdict.Quarantine{Node: node, Host: host, Evidence: ev,
+		Detail: detail, Round: round, At: time.Now().UTC()})
+}
+
+// finishCycle records the timing of the cycle that just ended.
+func (r *runState) finishCycle(end cycleEnd) {
+	c := r.cycle
+	ms := func(from, to time.Time) float64 {
+		if from.IsZero() || to.IsZero() {
+			return 0
+		}
+		return float64(to.Sub(from).Microseconds()) / 1000
+	}
+	r.cycles = append(r.cycles, verdict.Cycle{Round: c.round, RendezvousMS: ms(c.start, c.joined),
+		SpawnMS: ms(c.spawnStart, c.spawned), RunMS: ms(c.spawned, c.stopStart), StopMS: ms(c.stopStart, c.stopped),
+		End: cycleEndName(end), Reason: end.reason, StartedAt: c.start.UTC()})
+}
+
+func cycleEndName(end cycleEnd) string {
+	if end.kind == endRankFailure && end.hang {
+		return "hang"
+	}
+	return end.kind.String()
+}
+
+// finish completes the outcome with what every outcome carries and
+// records it in the event log.
+func (a *Agent) finish() Outcome {
+	r := &a.run
+	if r.outcome == nil {
+		r.setOutcome(verdict.FatalError, "internal error: the agent ended without an outcome")
+	}
+	o := *r.outcome
+	o.RestartsUsed, o.MaxRestarts, o.LastRound = r.restartsUsed, r.maxRestarts, r.lastRound
+	o.Quarantined, o.Cycles = r.quarantined, r.cycles
+	o.StartedAt, o.EndedAt = r.started.UTC(), time.Now().UTC()
+	o.FinishedFlag = finishedFlag(a.envValue("FAULT_TOL_FINISHED_FLAG_FILE"))
+	if o.Finished() {
+		a.log.Info("training finished: finished flag present", "flag", o.FinishedFlag.Path)
+		a.ev.Emit(eventlog.TrainingFinished, map[string]any{"round": o.LastRound, "flag": o.FinishedFlag.Path})
+	}
+	a.ev.Emit(eventlog.Verdict, map[string]any{"kind": string(o.Kind), "exit_code": o.ExitCode(), "reason": o.Reason,
+		"restarts_used": o.RestartsUsed, "last_round": o.LastRound, "finished": o.Finished(), "quarantined": len(o.Quarantined)})
+	return o
+}
+
+// finishedFlag reads the state of the finished flag file.
+func finishedFlag(path string) verdict.FinishedFlag {
+	if path == "" {
+		return verdict.FinishedFlag{}
+	}
+	_, err := os.Stat(path)
+	return verdict.FinishedFlag{Path: path, Present: err == nil}
+}

@@ -1,0 +1,420 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/ftlauncher/ft-launcher/eventlog"
+	"github.com/ftlauncher/ft-launcher/policy"
+	"github.com/ftlauncher/ft-launcher/rendezvous"
+	"github.com/ftlauncher/ft-launcher/verdict"
+)
+
+// State is a node-agent state.
+//
+//	joining ──► running ──► stopping ──► deciding ──► joining (restart)
+//	   │  ▲                                  │  └────► escalating ──► done
+//	   ▼  │                                  └───────► done
+//	 standby
+//	any state ──► done (signal, job closed, rendezvous lost, fatal error)
+type State int
+
+// Node-agent states.
+const (
+	StateJoining    State = iota + 1 // waiting for a rendezvous round to close
+	StateStandby                     // parked beyond --nnodes MIN; rejoins for a later round
+	StateRunning                     // ranks started; waiting for the first event that ends the cycle
+	StateStopping                    // stopping whatever still runs of this cycle
+	StateDeciding                    // reporting the cycle's end; the restart policy decides
+	StateEscalating                  // carrying out a rank's request (ExcludeThisNode, ShutdownWorkload)
+	StateDone                        // the outcome is decided
+)
+
+func (s State) String() string {
+	switch s {
+	case StateJoining:
+		return "joining"
+	case StateStandby:
+		return "standby"
+	case StateRunning:
+		return "running"
+	case StateStopping:
+		return "stopping"
+	case StateDeciding:
+		return "deciding"
+	case StateEscalating:
+		return "escalating"
+	case StateDone:
+		return "done"
+	}
+	return "state(" + strconv.Itoa(int(s)) + ")"
+}
+
+// allowed is the whole transition table; anything else is a bug.
+var allowed = map[State][]State{
+	StateJoining:    {StateStandby, StateRunning, StateDone},
+	StateStandby:    {StateJoining, StateDone},
+	StateRunning:    {StateStopping, StateDone},
+	StateStopping:   {StateDeciding},
+	StateDeciding:   {StateJoining, StateEscalating, StateDone},
+	StateEscalating: {StateDone},
+	StateDone:       {},
+}
+
+func transitionOK(from, to State) bool {
+	if from == to && from != StateDone {
+		return false // every handler moves on; staying would spin
+	}
+	for _, s := range allowed[from] {
+		if s == to {
+			return true
+		}
+	}
+	return false
+}
+
+// handle runs the handler of state s.
+func (a *Agent) handle(ctx context.Context, s State) State {
+	switch s {
+	case StateJoining:
+		return a.joining(ctx)
+	case StateStandby:
+		return a.standby()
+	case StateRunning:
+		return a.running(ctx)
+	case StateStopping:
+		return a.stopping()
+	case StateDeciding:
+		return a.deciding(ctx)
+	case StateEscalating:
+		return a.escalating(ctx)
+	}
+	a.run.setOutcome(verdict.FatalError, "internal error: no handler for agent state "+s.String())
+	return StateDone
+}
+
+// joining waits for the next round. A signal ends the wait (no ranks run
+// then, so there is nothing to forward it to).
+func (a *Agent) joining(ctx context.Context) State {
+	t0 := time.Now()
+	var asg rendezvous.Assignment
+	sig, err := a.call(ctx, 0, func(ctx context.Context) error {
+		var err error
+		asg, err = a.d.Rdzv.Next(ctx)
+		return err
+	})
+	if sig != nil {
+		a.log.Warn("signal received while waiting for a round; exiting", "signal", sig.String())
+		a.ev.Emit(eventlog.SignalReceived, map[string]any{"signal": sigName(sig), "state": StateJoining.String()})
+		a.run.signaled(sig, false)
+		return StateDone
+	}
+	if err != nil {
+		a.joinFailed(ctx, err)
+		return StateDone
+	}
+	a.run.asg = asg
+	a.run.lastRound = asg.Round
+	a.run.restartsUsed = asg.RestartsUsed
+	a.run.maxRestarts = asg.MaxRestarts
+	a.run.cycle = cycleTiming{round: asg.Round, start: t0, joined: time.Now()}
+	if asg.Standby {
+		return StateStandby
+	}
+	a.log.Info("round closed", "round", asg.Round, "group_rank", asg.GroupRank,
+		"group_world_size", asg.GroupWorldSize, "world_size", asg.WorldSize,
+		"master", fmt.Sprintf("%s:%d", asg.MasterAddr, asg.MasterPort),
+		"restarts_used", asg.RestartsUsed, "max_restarts", asg.MaxRestarts,
+		"rendezvous_ms", time.Since(t0).Milliseconds())
+	return StateRunning
+}
+
+// joinFailed turns a failed Next into the outcome.
+func (a *Agent) joinFailed(ctx context.Context, err error) {
+	var closed *rendezvous.JobClosedError
+	switch {
+	case errors.As(err, &closed):
+		// A standby (or a late node) learns the job's end here and exits
+		// with the same kind and code as every other node.
+		a.log.Info("job closed while waiting for a round", "kind", string(closed.Kind), "exit_code", closed.Code, "reason", closed.Reason)
+		a.ev.Emit(eventlog.RoundEnded, map[string]any{"job_closed": true, "kind": string(closed.Kind), "reason": closed.Reason, "exit_code": closed.Code})
+		a.run.closedBy(closed.Kind, closed.Code, closed.Reason)
+	case ctx.Err() != nil:
+		a.log.Warn("interrupted while waiting for a rendezvous round")
+		a.run.signaled(nil, false)
+	default:
+		kind := classifyRdzvErr(err)
+		if kind == verdict.NodeExcluded {
+			a.run.quarantine(a.d.NodeID, a.d.Hostname, verdict.EvidenceHealthCheck, err.Error(), a.run.lastRound)
+		}
+		a.log.Error("rendezvous failed", "kind", string(kind), "err", err)
+		a.ev.Emit(eventlog.JobFailed, map[string]any{"kind": string(kind), "reason": err.Error()})
+		a.run.setOutcome(kind, err.Error())
+	}
+}
+
+// classifyRdzvErr maps a rendezvous error to an outcome kind.
+func classifyRdzvErr(err error) verdict.Kind {
+	switch {
+	case errors.Is(err, rendezvous.ErrRendezvousLost), errors.Is(err, context.DeadlineExceeded):
+		// A call that outlived its bound: the rendezvous is not answering.
+		return verdict.RendezvousLost
+	case errors.Is(err, rendezvous.ErrJoinTimeout):
+		return verdict.NotEnoughNodes
+	case errors.Is(err, rendezvous.ErrHealthCheck):
+		return verdict.NodeExcluded
+	case errors.Is(err, rendezvous.ErrClosed):
+		return verdict.FatalError
+	}
+	return verdict.FatalError
+}
+
+// standby: this node is parked for a later round.
+func (a *Agent) standby() State {
+	asg := a.run.asg
+	a.log.Info("standby: this node is parked for a later round", "round", asg.Round)
+	a.ev.Emit(eventlog.Standby, map[string]any{"round": asg.Round})
+	return StateJoining
+}
+
+// running starts the cycle's ranks and waits for what ends the cycle.
+func (a *Agent) running(ctx context.Context) State {
+	if err := a.startCycle(); err != nil {
+		a.log.Error("cycle failed to start", "round", a.run.asg.Round, "err", err)
+		reason := "node " + a.d.Hostname + ": " + err.Error()
+		a.ev.Emit(eventlog.JobFailed, map[string]any{"round": a.run.asg.Round, "kind": string(verdict.FatalError), "reason": reason})
+		// Close the job everywhere: the other nodes' ranks cannot make
+		// progress without this node's.
+		if _, cerr := a.call(ctx, a.d.CallTimeout, func(ctx context.Context) error {
+			return a.d.Rdzv.Shutdown(ctx, verdict.FatalError, 1, reason)
+		}); cerr != nil {
+			a.log.Warn("closing the job after a start failure", "err", cerr)
+		}
+		a.run.setOutcome(verdict.FatalError, reason)
+		return StateDone
+	}
+	a.run.end = a.supervise(ctx)
+	return StateStopping
+}
+
+// stopping stops what is still running; a second signal escalates.
+func (a *Agent) stopping() State {
+	a.stopCycle()
+	return StateDeciding
+}
+
+// deciding reports the cycle's end to the rendezvous and follows its
+// decision.
+func (a *Agent) deciding(ctx context.Context) State {
+	end := a.run.end
+	asg := a.run.asg
+	a.run.finishCycle(end)
+	if a.run.pendingSignal != nil {
+		return a.signalDuringStop()
+	}
+	switch end.kind {
+	case endSuccess:
+		return a.decideSuccess(ctx)
+	case endRankFailure:
+		if a.run.pendingReq != nil {
+			return StateEscalating
+		}
+		return a.decideFailure(ctx, end)
+	case endRoundEnded:
+		return a.decideRoundEnded(end)
+	case endWorkload:
+		return StateEscalating
+	case endSignal:
+		clean := end.clean()
+		a.log.Warn("stopped by signal", "signal", end.sig.String(), "ranks_clean", clean)
+		a.ev.Emit(eventlog.JobFailed, map[string]any{"round": asg.Round, "kind": string(verdict.Signaled),
+			"reason": "signal " + end.sig.String(), "ranks_clean": clean})
+		a.run.signaled(end.sig, clean)
+		return StateDone
+	}
+	a.run.setOutcome(verdict.FatalError, "internal error: cycle ended without a kind")
+	return StateDone
+}
+
+// signalDuringStop: a signal arrived while this node was stopping its
+// ranks for a restart; the node does not restart.
+func (a *Agent) signalDuringStop() State {
+	sig := a.run.pendingSignal
+	a.log.Warn("signal received while stopping ranks; not restarting", "signal", sig.String())
+	a.ev.Emit(eventlog.SignalReceived, map[string]any{"round": a.run.asg.Round, "signal": sigName(sig), "state": StateStopping.String()})
+	a.run.signaled(sig, a.run.end.clean())
+	return StateDone
+}
+
+func (a *Agent) decideSuccess(ctx context.Context) State {
+	asg := a.run.asg
+	var code int
+	sig, err := a.call(ctx, 0, func(ctx context.Context) error {
+		var err error
+		code, err = a.d.Rdzv.Succeed(ctx, asg.Round)
+		return err
+	})
+	switch {
+	case sig != nil:
+		a.log.Warn("signal received while waiting for the other nodes to finish", "signal", sig.String())
+		a.run.signaled(sig, true)
+		return StateDone
+	case errors.Is(err, rendezvous.ErrRoundRestarted):
+		// Another node failed the round after our ranks finished: the
+		// job restarts from its last checkpoint, here too.
+		a.log.Warn("ranks finished but another node failed the round; restarting", "round", asg.Round)
+		a.ev.Emit(eventlog.Restart, map[string]any{"after_round": asg.Round, "reason": "another node failed the round"})
+		a.met.Restarted()
+		return StateJoining
+	case err != nil:
+		kind := classifyRdzvErr(err)
+		a.log.Error("waiting for the other nodes failed", "kind", string(kind), "err", err)
+		a.ev.Emit(eventlog.JobFailed, map[string]any{"round": asg.Round, "kind": string(kind), "reason": err.Error()})
+		a.run.setOutcome(kind, err.Error())
+		return StateDone
+	}
+	if code != 0 {
+		reason := "ranks of another node failed"
+		a.log.Error("job failed on another node", "exit_code", code)
+		a.ev.Emit(eventlog.JobFailed, map[string]any{"round": asg.Round, "exit_code": code, "reason": reason})
+		a.run.closedBy("", code, reason)
+		return StateDone
+	}
+	a.log.Info("all ranks succeeded", "round", asg.Round)
+	a.run.setOutcome(verdict.Succeeded, "all ranks of every node succeeded")
+	a.ev.Emit(eventlog.JobSucceeded, map[string]any{"round": asg.Round})
+	return StateDone
+}
+
+func (a *Agent) decideFailure(ctx context.Context, end cycleEnd) State {
+	asg := a.run.asg
+	f := policy.RankCrash
+	if end.hang {
+		f = policy.RankHang
+	}
+	var dec rendezvous.Decision
+	sig, err := a.call(ctx, a.d.CallTimeout, func(ctx context.Context) error {
+		var err error
+		dec, err = a.d.Rdzv.Fail(ctx, asg.Round, f, end.reason)
+		return err
+	})
+	switch {
+	case sig != nil:
+		a.log.Warn("signal received while reporting a failure", "signal", sig.String())
+		a.run.signaled(sig, false)
+		return StateDone
+	case err != nil:
+		kind := classifyRdzvErr(err)
+		a.log.Error("reporting the failure to the rendezvous failed", "kind", string(kind), "err", err)
+		a.ev.Emit(eventlog.JobFailed, map[string]any{"round": asg.Round, "kind": string(kind), "reason": err.Error()})
+		a.run.setOutcome(kind, err.Error())
+		return StateDone
+	}
+	a.run.restartsUsed = max(a.run.restartsUsed, dec.RestartsUsed)
+	if !dec.Restart {
+		a.log.Error("not restarting", "kind", string(dec.Close), "reason", dec.Reason, "exit_code", dec.Code)
+		a.ev.Emit(eventlog.JobFailed, map[string]any{"round": asg.Round, "kind": string(dec.Close), "reason": dec.Reason, "exit_code": dec.Code})
+		a.run.closedBy(dec.Close, dec.Code, dec.Reason)
+		return StateDone
+	}
+	a.log.Warn("restarting all ranks", "after_round", asg.Round, "action", string(dec.Action), "reason", end.reason,
+		"restarts_used", dec.RestartsUsed)
+	a.ev.Emit(eventlog.Restart, map[string]any{"after_round": asg.Round, "action": string(dec.Action), "reason": end.reason,
+		"restarts_used": dec.RestartsUsed})
+	a.met.Restarted()
+	return StateJoining
+}
+
+func (a *Agent) decideRoundEnded(end cycleEnd) State {
+	asg := a.run.asg
+	e := end.rdzvEnd
+	a.ev.Emit(eventlog.RoundEnded, map[string]any{"round": asg.Round, "reason": e.Reason, "node": e.Node,
+		"cause": string(e.Cause), "job_closed": e.Kind == rendezvous.EndJobClosed})
+	switch e.Cause {
+	case policy.NodeLost:
+		a.run.quarantine(e.Node, "", verdict.EvidenceLost, e.Reason, asg.Round)
+	case policy.NodeExcluded:
+		a.run.quarantine(e.Node, "", verdict.EvidenceExcluded, e.Reason, asg.Round)
+	}
+	if e.Kind == rendezvous.EndJobClosed {
+		a.log.Warn("job closed", "kind", string(e.Close), "reason", e.Reason, "exit_code", e.Code)
+		if e.Code == 0 {
+			a.ev.Emit(eventlog.JobSucceeded, map[string]any{"round": asg.Round})
+		} else {
+			a.ev.Emit(eventlog.JobFailed, map[string]any{"round": asg.Round, "kind": string(e.Close), "reason": e.Reason, "exit_code": e.Code})
+		}
+		a.run.closedBy(e.Close, e.Code, e.Reason)
+		return StateDone
+	}
+	a.log.Warn("round ended by the job; restarting", "round", asg.Round, "reason", e.Reason)
+	a.ev.Emit(eventlog.Restart, map[string]any{"after_round": asg.Round, "reason": e.Reason})
+	a.met.Restarted()
+	return StateJoining
+}
+
+// escalating carries out a rank's workload-control request at the end of
+// a cycle, as nvrx does at the next rendezvous join.
+func (a *Agent) escalating(ctx context.Context) State {
+	req := *a.run.pendingReq
+	round := a.run.asg.Round
+	reason := fmt.Sprintf("rank %d requested %s: %s", req.GlobalRank, req.Action, req.Description)
+	if req.Action == "ExcludeThisNode" {
+		a.log.Warn("leaving the job", "reason", reason)
+		if _, err := a.call(ctx, a.d.CallTimeout, func(ctx context.Context) error { return a.d.Rdzv.Leave(ctx, reason) }); err != nil {
+			a.log.Warn("leaving the rendezvous", "err", err)
+		}
+		a.ev.Emit(eventlog.JobFailed, map[string]any{"round": round, "kind": string(verdict.NodeExcluded), "reason": reason, "exit_code": 1})
+		a.run.quarantine(a.d.NodeID, a.d.Hostname, verdict.EvidenceExcluded, reason, round)
+		a.run.setOutcome(verdict.NodeExcluded, reason)
+		return StateDone
+	}
+	// ShutdownWorkload
+	code := a.cfg.FT.NoRestartExitCode
+	a.log.Warn("shutting the workload down", "reason", reason, "exit_code", code)
+	if _, err := a.call(ctx, a.d.CallTimeout, func(ctx context.Context) error {
+		return a.d.Rdzv.Shutdown(ctx, verdict.NoRestart, code, reason)
+	}); err != nil {
+		a.log.Warn("closing the job in the rendezvous", "err", err)
+	}
+	a.ev.Emit(eventlog.JobFailed, map[string]any{"round": round, "kind": string(verdict.NoRestart), "reason": reason, "exit_code": code})
+	a.run.closedBy(verdict.NoRestart, code, reason)
+	return StateDone
+}
+
+// call runs one rendezvous call under a context that a handled signal
+// cancels (and timeout, when > 0, bounds). It returns the signal if one
+// ended the call; the signal is consumed, never lost.
+func (a *Agent) call(ctx context.Context, timeout time.Duration, f func(context.Context) error) (os.Signal, error) {
+	var cancel context.CancelFunc
+	if timeout > 0 {
+		ctx, cancel = context.WithTimeout(ctx, timeout)
+	} else {
+		ctx, cancel = context.WithCancel(ctx)
+	}
+	defer cancel()
+	got := make(chan os.Signal, 1)
+	done := make(chan struct{})
+	exited := make(chan struct{})
+	go func() {
+		defer close(exited)
+		select {
+		case s := <-a.d.Signals:
+			got <- s
+			cancel()
+		case <-done:
+		}
+	}()
+	err := f(ctx)
+	close(done)
+	<-exited
+	select {
+	case s := <-got:
+		return s, err
+	default:
+		return nil, err
+	}
+}
