@@ -1,0 +1,276 @@
+package rendezvous
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// claimCloser tries to become the node that closes round r. The closer key
+// is under our lease, so a dead closer is replaced by the next claimant.
+func (e *Etcd) claimCloser(ctx context.Context, r int) (bool, error) {
+	resp, err := e.cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(e.k.closer(r)), "=", 0), e.genCmp()).
+		Then(clientv3.OpPut(e.k.closer(r), e.o.NodeID, clientv3.WithLease(e.currentLease()))).Commit()
+	if err != nil {
+		return false, fmt.Errorf("claim closer of round %d: %w", r, err)
+	}
+	return resp.Succeeded, nil
+}
+
+// closerRun is the state of one closer: round r's members as watched, the
+// LastCall timer and the rejoin gate.
+type closerRun struct {
+	e            *Etcd
+	r            int
+	present      map[string]bool
+	wch          clientv3.WatchChan
+	lastCall     *time.Timer
+	lastCallDone bool
+	gate         *rejoinGate
+}
+
+// closeStep is what one attempt to close the round led to.
+type closeStep int
+
+const (
+	closeWait  closeStep = iota // not yet: wait for an event
+	closeRetry                  // a write failed: pause, then try again
+	closeDone                   // the assignment is written
+)
+
+// runCloser counts round r's members (watch, no polling) and writes the
+// assignment once the round may close: >= MIN present, round r open, the
+// rejoin gate open (see rejoinGate), and either MAX present or LastCall
+// elapsed since MIN was reached.
+func (e *Etcd) runCloser(ctx context.Context, r int) {
+	get, err := e.cli.Get(ctx, e.k.nodes(r), clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	if err != nil {
+		e.log.Debug("closer: list members", "round", r, "err", err)
+		return
+	}
+	c := &closerRun{e: e, r: r, present: map[string]bool{},
+		wch: e.cli.Watch(ctx, e.k.nodes(r), clientv3.WithPrefix(), clientv3.WithRev(get.Header.Revision+1))}
+	for _, kv := range get.Kvs {
+		c.present[strings.TrimPrefix(string(kv.Key), e.k.nodes(r))] = true
+	}
+	defer c.stop()
+	for {
+		e.mu.Lock()
+		ch, cur, closed := e.changed, e.ctlRound, e.closed
+		e.mu.Unlock()
+		if closed != nil || cur > r {
+			return
+		}
+		step := closeWait
+		if cur == r && r > 0 && c.gate == nil {
+			// The previous round's actives are known once round r is open.
+			step = c.openGate(ctx)
+		}
+		if cur == r && step == closeWait {
+			step = c.tryClose(ctx)
+		}
+		switch step {
+		case closeDone:
+			return
+		case closeRetry:
+			if ctx.Err() != nil || !sleepCtx(ctx, retryPause) {
+				return
+			}
+			continue
+		}
+		if !c.wait(ctx, ch) {
+			return
+		}
+	}
+}
+
+// openGate sets up the rejoin gate of restart round r.
+func (c *closerRun) openGate(ctx context.Context) closeStep {
+	g, err := c.e.newRejoinGate(ctx, c.r)
+	if err != nil {
+		c.e.log.Warn("closer: rejoin gate", "round", c.r, "err", err)
+		return closeRetry
+	}
+	c.gate = g
+	return closeWait
+}
+
+// tryClose writes the assignment when the round may close, and arms the
+// LastCall timer once MIN nodes are present.
+func (c *closerRun) tryClose(ctx context.Context) closeStep {
+	o := c.e.o
+	n := len(c.present)
+	if n < o.MinNodes {
+		return closeWait
+	}
+	gateOpen := c.gate == nil || c.gate.open(c.present)
+	if gateOpen && (n >= o.MaxNodes || c.lastCallDone || o.MaxNodes == o.MinNodes) {
+		if err := c.e.writeAssignment(ctx, c.r); err != nil {
+			c.e.log.Warn("closer: write assignment", "round", c.r, "err", err)
+			c.lastCallDone = true
+			return closeRetry
+		}
+		return closeDone
+	}
+	if c.lastCall == nil && o.MaxNodes > o.MinNodes {
+		c.lastCall = time.NewTimer(o.LastCall)
+	}
+	return closeWait
+}
+
+// wait blocks for the next event; false means the closer should stop.
+func (c *closerRun) wait(ctx context.Context, changed <-chan struct{}) bool {
+	var lastCall <-chan time.Time
+	if c.lastCall != nil {
+		lastCall = c.lastCall.C
+	}
+	var gateCh <-chan struct{}
+	if c.gate != nil {
+		gateCh = c.gate.changed
+	}
+	select {
+	case <-ctx.Done():
+		return false
+	case <-changed:
+	case <-lastCall:
+		c.lastCallDone = true
+	case <-gateCh:
+		c.gate.refresh()
+	case wr, ok := <-c.wch:
+		if !ok || wr.Err() != nil {
+			return false
+		}
+		for _, ev := range wr.Events {
+			id := strings.TrimPrefix(string(ev.Kv.Key), c.e.k.nodes(c.r))
+			if ev.Type == clientv3.EventTypeDelete {
+				delete(c.present, id)
+			} else {
+				c.present[id] = true
+			}
+		}
+	}
+	return true
+}
+
+func (c *closerRun) stop() {
+	if c.lastCall != nil {
+		c.lastCall.Stop()
+	}
+	if c.gate != nil {
+		c.gate.stop()
+	}
+}
+
+// writeAssignment orders the members, writes each rank key (batches within
+// etcd's default 128 ops per txn) and then the summary, which is what the
+// waiting nodes watch. Every txn is fenced on the round and on our closer key.
+func (e *Etcd) writeAssignment(ctx context.Context, r int) error {
+	ms, rev, err := e.readCandidates(ctx, r)
+	if err != nil {
+		return err
+	}
+	prev, pinned, err := e.previousRanks(ctx, r)
+	if err != nil {
+		return err
+	}
+	orderMembers(ms, prev)
+	ranks, sum, err := assign(ms, e.o.MinNodes, pinned)
+	if err != nil {
+		return err
+	}
+	sum.Round, sum.MembersRev = r, rev
+	if err := e.writeRanks(ctx, r, ms, ranks, sum); err != nil {
+		return err
+	}
+	e.log.Info("closed rendezvous round", "round", r, "active", sum.GroupWorldSize, "standby", sum.Standbys,
+		"world_size", sum.WorldSize, "master", sum.MasterNode)
+	return nil
+}
+
+// readCandidates lists round r's members and the revision they were read at.
+func (e *Etcd) readCandidates(ctx context.Context, r int) ([]memberInfo, int64, error) {
+	get, err := e.cli.Get(ctx, e.k.nodes(r), clientv3.WithPrefix())
+	if err != nil {
+		return nil, 0, fmt.Errorf("list members: %w", err)
+	}
+	ms := make([]memberInfo, 0, len(get.Kvs))
+	for _, kv := range get.Kvs {
+		var m memberInfo
+		if err := json.Unmarshal(kv.Value, &m); err != nil {
+			e.log.Warn("skip unreadable member", "key", string(kv.Key), "err", err)
+			continue
+		}
+		ms = append(ms, m)
+	}
+	return ms, get.Header.Revision, nil
+}
+
+// previousRanks reads round r-1's order (prev) and its actives' group
+// ranks (pinned: they keep their slot).
+func (e *Etcd) previousRanks(ctx context.Context, r int) (prev, pinned map[string]int, err error) {
+	prev, pinned = map[string]int{}, map[string]int{}
+	if r == 0 {
+		return prev, pinned, nil
+	}
+	pg, err := e.cli.Get(ctx, e.k.ranks(r-1), clientv3.WithPrefix())
+	if err != nil {
+		return nil, nil, fmt.Errorf("read previous ranks: %w", err)
+	}
+	for _, kv := range pg.Kvs {
+		var ri rankInfo
+		if json.Unmarshal(kv.Value, &ri) == nil {
+			id := strings.TrimPrefix(string(kv.Key), e.k.ranks(r-1))
+			prev[id] = ri.Order
+			if !ri.Standby {
+				pinned[id] = ri.GroupRank
+			}
+		}
+	}
+	return prev, pinned, nil
+}
+
+// writeRanks writes every rank key, then the summary, in fenced batches.
+func (e *Etcd) writeRanks(ctx context.Context, r int, ms []memberInfo, ranks map[string]rankInfo, sum roundSummary) error {
+	fence := []clientv3.Cmp{
+		clientv3.Compare(clientv3.Value(e.k.round()), "=", fmt.Sprint(r)),
+		clientv3.Compare(clientv3.Value(e.k.closer(r)), "=", e.o.NodeID),
+		clientv3.Compare(clientv3.CreateRevision(e.k.assignment(r)), "=", 0),
+		e.genCmp(),
+	}
+	const batch = 120
+	ops := make([]clientv3.Op, 0, batch)
+	flush := func() error {
+		if len(ops) == 0 {
+			return nil
+		}
+		resp, err := e.cli.Txn(ctx).If(fence...).Then(ops...).Commit()
+		if err != nil {
+			return fmt.Errorf("write ranks: %w", err)
+		}
+		if !resp.Succeeded {
+			return fmt.Errorf("round %d moved on or closer changed", r)
+		}
+		ops = ops[:0]
+		return nil
+	}
+	for _, m := range ms {
+		b, _ := json.Marshal(ranks[m.NodeID])
+		ops = append(ops, clientv3.OpPut(e.k.rank(r, m.NodeID), string(b)))
+		if len(ops) == batch {
+			if err := flush(); err != nil {
+				return err
+			}
+		}
+	}
+	if err := flush(); err != nil {
+		return err
+	}
+	sb, _ := json.Marshal(sum)
+	ops = append(ops, clientv3.OpPut(e.k.assignment(r), string(sb)))
+	return flush()
+}

@@ -1,0 +1,112 @@
+package rendezvous
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/ftlauncher/ft-launcher/verdict"
+)
+
+// probe checks etcd reachability; past EtcdLossBound it closes the job
+// locally with code 1 so the agent stops instead of running blind.
+func (e *Etcd) probe() {
+	defer e.wg.Done()
+	t := time.NewTicker(e.o.ProbeInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-e.ctx.Done():
+			return
+		case <-t.C:
+		}
+		ctx, cancel := context.WithTimeout(e.ctx, max(e.o.ProbeInterval, time.Second))
+		_, err := e.cli.Get(ctx, e.k.round())
+		cancel()
+		e.mu.Lock()
+		if err == nil {
+			if !e.lastProbe.IsZero() && time.Since(e.lastProbe) > 2*e.o.ProbeInterval+time.Second {
+				e.log.Info("etcd reachable again", "down_for", time.Since(e.lastProbe).Round(time.Millisecond))
+			}
+			e.lastProbe = time.Now()
+			e.mu.Unlock()
+			continue
+		}
+		down := time.Since(e.lastProbe)
+		if e.ctx.Err() == nil && e.closed == nil && down > e.o.EtcdLossBound {
+			e.closed = &closeInfo{Kind: verdict.RendezvousLost, Code: 1, Node: e.o.NodeID, Reason: fmt.Sprintf(
+				"etcd at %s unreachable for more than %v (etcd loss bound)", e.endpoints(), e.o.EtcdLossBound)}
+			e.log.Error("closing: etcd lost", "reason", e.closed.Reason)
+			e.closeLocally(e.closed.Reason)
+			e.broadcastLocked()
+		} else if e.ctx.Err() == nil {
+			e.log.Warn("etcd unreachable", "for", down.Round(time.Millisecond), "bound", e.o.EtcdLossBound, "err", err)
+		}
+		e.mu.Unlock()
+	}
+}
+
+// watchLoss is the lease-expiry backstop for node loss in active round r:
+// group rank 0 watches every member key for deletion, the others watch
+// group rank 0's. Puts are filtered out server-side, so this costs O(1)
+// events per node. It stops when the round ends.
+func (e *Etcd) watchLoss(ctx context.Context, r int, sum roundSummary) {
+	defer e.wg.Done()
+	var wch clientv3.WatchChan
+	if sum.MasterNode == e.o.NodeID {
+		wch = e.cli.Watch(ctx, e.k.nodes(r), clientv3.WithPrefix(), clientv3.WithFilterPut(), clientv3.WithRev(sum.MembersRev+1))
+	} else {
+		wch = e.cli.Watch(ctx, e.k.member(r, sum.MasterNode), clientv3.WithFilterPut(), clientv3.WithRev(sum.MembersRev+1))
+	}
+	for wr := range wch {
+		if wr.Err() != nil {
+			return
+		}
+		for _, ev := range wr.Events {
+			if ev.Type != clientv3.EventTypeDelete {
+				continue
+			}
+			id := strings.TrimPrefix(string(ev.Kv.Key), e.k.nodes(r))
+			go e.nodeLost(r, id, "lease expired")
+		}
+	}
+}
+
+// nodeLost ends round r because node id is gone, if id was active in r and
+// had not finished. Several survivors may race; the txn decides.
+func (e *Etcd) nodeLost(r int, id, how string) {
+	if id == e.o.NodeID {
+		return
+	}
+	ctx, cancel := context.WithTimeout(e.ctx, 10*time.Second)
+	defer cancel()
+	e.mu.Lock()
+	skip := e.closed != nil || e.ctlRound != r
+	e.mu.Unlock()
+	if skip {
+		return
+	}
+	rk, err := e.cli.Get(ctx, e.k.rank(r, id))
+	if err != nil || len(rk.Kvs) == 0 {
+		return
+	}
+	var ri rankInfo
+	if json.Unmarshal(rk.Kvs[0].Value, &ri) != nil || ri.Standby {
+		return
+	}
+	conds := []clientv3.Cmp{
+		clientv3.Compare(clientv3.CreateRevision(e.k.done(r, id)), "=", 0),
+		clientv3.Compare(clientv3.CreateRevision(e.k.assignment(r)), ">", 0),
+	}
+	d, err := e.endRound(ctx, r, fmt.Sprintf("node %s lost (%s)", id, how), conds)
+	if err != nil {
+		e.log.Warn("report node loss", "lost", id, "err", err)
+		return
+	}
+	e.o.Metrics.NodeFailed()
+	e.log.Warn("node lost", "lost", id, "how", how, "round", r, "restart", d.Restart, "reason", d.Reason)
+}

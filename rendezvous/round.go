@@ -1,0 +1,362 @@
+package rendezvous
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// Next joins the next round and blocks until it closes.
+func (e *Etcd) Next(ctx context.Context) (Assignment, error) {
+	e.mu.Lock()
+	if e.closed != nil {
+		e.mu.Unlock()
+		return Assignment{}, &JobClosedError{Kind: e.closed.Kind, Code: e.closed.Code, Reason: e.closed.Reason}
+	}
+	if e.state == stateClosed {
+		e.mu.Unlock()
+		return Assignment{}, ErrClosed
+	}
+	e.setStateLocked(stateJoining, "next")
+	needCfg := e.cfg == nil
+	e.mu.Unlock()
+
+	if needCfg {
+		if err := e.checkConfig(ctx); err != nil {
+			return Assignment{}, err
+		}
+	}
+	if e.o.HealthCheck != nil {
+		if err := e.o.HealthCheck(ctx); err != nil {
+			reason := fmt.Sprintf("health check failed: %v", err)
+			if lerr := e.Leave(ctx, reason); lerr != nil {
+				e.log.Warn("leave after failed health check", "err", lerr)
+			}
+			return Assignment{}, fmt.Errorf("rendezvous: node %s kept out: %w", e.o.NodeID, err)
+		}
+	}
+	for {
+		e.mu.Lock()
+		target := max(e.ctlRound, e.lastRound+1)
+		e.mu.Unlock()
+		a, retarget, err := e.joinRound(ctx, target)
+		if err != nil {
+			return Assignment{}, err
+		}
+		if !retarget {
+			return a, nil
+		}
+	}
+}
+
+// checkConfig creates the job config once, or refuses a node that differs.
+func (e *Etcd) checkConfig(ctx context.Context) error {
+	want := jobConfig{NProcPerNode: e.o.NProcPerNode, MinNodes: e.o.MinNodes, MaxNodes: e.o.MaxNodes, MaxRestarts: e.o.MaxRestarts}
+	b, _ := json.Marshal(want)
+	resp, err := e.cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(e.k.config()), "=", 0), e.genCmp()).
+		Then(clientv3.OpPut(e.k.config(), string(b)), clientv3.OpPut(e.k.round(), "0")).
+		Else(clientv3.OpGet(e.k.config())).Commit()
+	if err != nil {
+		return fmt.Errorf("rendezvous: write job config: %w", err)
+	}
+	got := want
+	if !resp.Succeeded {
+		kvs := resp.Responses[0].GetResponseRange().Kvs
+		if len(kvs) == 0 {
+			return e.supersededErr(ctx)
+		}
+		if err := json.Unmarshal(kvs[0].Value, &got); err != nil {
+			return fmt.Errorf("rendezvous: bad job config %q: %w", kvs[0].Value, err)
+		}
+		if err := e.compatible(want, got); err != nil {
+			return err
+		}
+	}
+	e.mu.Lock()
+	e.cfg = &got
+	if e.ctlRound < 0 {
+		e.ctlRound = 0
+	}
+	e.mu.Unlock()
+	return nil
+}
+
+// compatible refuses a node whose sizes differ from the job's; a different
+// restart budget is only logged (the job's wins).
+func (e *Etcd) compatible(want, got jobConfig) error {
+	if got.NProcPerNode != want.NProcPerNode {
+		return fmt.Errorf("rendezvous: node %s refused: nproc_per_node=%d but the job has nproc_per_node=%d",
+			e.o.NodeID, want.NProcPerNode, got.NProcPerNode)
+	}
+	if got.MinNodes != want.MinNodes || got.MaxNodes != want.MaxNodes {
+		return fmt.Errorf("rendezvous: node %s refused: nnodes=%d:%d but the job has nnodes=%d:%d",
+			e.o.NodeID, want.MinNodes, want.MaxNodes, got.MinNodes, got.MaxNodes)
+	}
+	if got.MaxRestarts != want.MaxRestarts {
+		e.log.Warn("max_restarts differs from the job's; using the job's", "mine", want.MaxRestarts, "job", got.MaxRestarts)
+	}
+	return nil
+}
+
+// joinRound registers this node in round target and waits for its
+// assignment. retarget is true when the job moved past target meanwhile.
+func (e *Etcd) joinRound(ctx context.Context, target int) (Assignment, bool, error) {
+	start := time.Now()
+	if err := e.register(ctx, target); err != nil {
+		return Assignment{}, false, err
+	}
+	sumRaw, retarget, err := e.waitAssignment(ctx, target)
+	if err != nil || retarget {
+		return Assignment{}, retarget, err
+	}
+	var sum roundSummary
+	if err := json.Unmarshal(sumRaw, &sum); err != nil {
+		return Assignment{}, false, fmt.Errorf("rendezvous: bad assignment for round %d: %w", target, err)
+	}
+	ri, err := e.readRank(ctx, target)
+	if err != nil {
+		return Assignment{}, false, err
+	}
+	a := e.adopt(target, sum, ri)
+	e.o.Metrics.RoundCompleted(target, a.WorldSize, time.Since(start))
+	e.log.Info("rendezvous round closed", "round", target, "group_rank", a.GroupRank,
+		"group_world_size", a.GroupWorldSize, "world_size", a.WorldSize, "standby", a.Standby,
+		"master", fmt.Sprintf("%s:%d", a.MasterAddr, a.MasterPort), "took", time.Since(start))
+	return a, false, nil
+}
+
+// register writes rounds/<target>/nodes/<id> under the lease, fenced on the
+// round not being assigned and the job not closed. A fenced-out
+// registration is not an error: waitAssignment reports what happened.
+func (e *Etcd) register(ctx context.Context, target int) error {
+	port, err := FreePort(e.o.LocalAddr)
+	if err != nil {
+		return fmt.Errorf("rendezvous: %w", err)
+	}
+	e.mu.Lock()
+	gossipAddr := e.gossipAddr
+	e.mu.Unlock()
+	mi := memberInfo{NodeID: e.o.NodeID, Addr: e.o.LocalAddr, InfraRank: e.o.InfraRank,
+		NProc: e.o.NProcPerNode, MasterPort: port, GossipAddr: gossipAddr}
+	b, _ := json.Marshal(mi)
+	put := func(lease clientv3.LeaseID) (*clientv3.TxnResponse, error) {
+		then := []clientv3.Op{clientv3.OpPut(e.k.member(target, e.o.NodeID), string(b), clientv3.WithLease(lease))}
+		if target >= 2 {
+			// Our membership two rounds back is certainly stale; drop it so
+			// long jobs do not pile up keys. (One round back may still be live.)
+			then = append(then, clientv3.OpDelete(e.k.member(target-2, e.o.NodeID)))
+		}
+		return e.cli.Txn(ctx).
+			If(clientv3.Compare(clientv3.CreateRevision(e.k.assignment(target)), "=", 0),
+				clientv3.Compare(clientv3.CreateRevision(e.k.closed()), "=", 0), e.genCmp()).
+			Then(then...).
+			Commit()
+	}
+	lease := e.currentLease()
+	resp, err := put(lease)
+	if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		// We were cut off longer than the lease TTL (a partition that
+		// healed): take a new lease and register with it.
+		if rerr := e.renewLease(ctx, lease); rerr != nil {
+			return fmt.Errorf("rendezvous: join round %d: renew expired lease: %w", target, rerr)
+		}
+		resp, err = put(e.currentLease())
+	}
+	if err != nil {
+		return fmt.Errorf("rendezvous: join round %d: %w", target, err)
+	}
+	e.mu.Lock()
+	e.setStateLocked(stateWaiting, "registered in round "+strconv.Itoa(target))
+	e.mu.Unlock()
+	if !resp.Succeeded {
+		e.log.Debug("round already closed or job closed when joining", "round", target)
+	}
+	return nil
+}
+
+// waitAssignment waits for round target's assignment, closing the round
+// itself when it wins the closer key. retarget is true when the job moved
+// past target (or the watch must be re-read).
+func (e *Etcd) waitAssignment(ctx context.Context, target int) (sum []byte, retarget bool, err error) {
+	wctx, cancel := context.WithCancel(ctx)
+	cl := &closerSlot{e: e, r: target}
+	defer func() {
+		cancel()
+		cl.wait()
+	}()
+	// One watch covers the assignment and the closer key (adjacent keys).
+	get, err := e.cli.Get(wctx, e.k.assignment(target))
+	if err != nil {
+		return nil, false, fmt.Errorf("rendezvous: read round %d: %w", target, err)
+	}
+	if len(get.Kvs) > 0 {
+		return get.Kvs[0].Value, false, nil
+	}
+	wch := e.cli.Watch(wctx, e.k.assignment(target), clientv3.WithRange(e.k.closer(target)+"\x00"),
+		clientv3.WithRev(get.Header.Revision+1))
+	cl.try(wctx)
+	var joinDeadline <-chan time.Time
+	for {
+		e.mu.Lock()
+		ch, closed, cur := e.changed, e.closed, e.ctlRound
+		e.mu.Unlock()
+		if closed != nil {
+			return nil, false, &JobClosedError{Kind: closed.Kind, Code: closed.Code, Reason: closed.Reason}
+		}
+		if cur > target {
+			return nil, true, nil
+		}
+		if cur == target && joinDeadline == nil {
+			t := time.NewTimer(e.o.JoinTimeout)
+			defer t.Stop()
+			joinDeadline = t.C
+		}
+		select {
+		case <-ctx.Done():
+			e.withdraw(target)
+			return nil, false, fmt.Errorf("rendezvous: waiting for round %d: %w", target, ctx.Err())
+		case <-joinDeadline:
+			e.withdraw(target)
+			return nil, false, fmt.Errorf("rendezvous: round %d did not close within %v (need %d nodes)", target, e.o.JoinTimeout, e.o.MinNodes)
+		case <-ch:
+		case wr, ok := <-wch:
+			if !ok {
+				if ctx.Err() != nil {
+					continue
+				}
+				return nil, false, errors.New("rendezvous: watch closed")
+			}
+			if err := wr.Err(); err != nil {
+				return nil, true, nil // compacted or similar: re-read from scratch
+			}
+			if sum := e.roundEvents(wctx, target, wr.Events, cl); sum != nil {
+				return sum, false, nil
+			}
+		}
+	}
+}
+
+// roundEvents handles the assignment/closer watch: it returns the
+// assignment once written, and claims the closer key when its holder died.
+func (e *Etcd) roundEvents(ctx context.Context, target int, evs []*clientv3.Event, cl *closerSlot) []byte {
+	var sum []byte
+	for _, ev := range evs {
+		switch string(ev.Kv.Key) {
+		case e.k.assignment(target):
+			if ev.Type == clientv3.EventTypePut {
+				sum = ev.Kv.Value
+			}
+		case e.k.closer(target):
+			if ev.Type == clientv3.EventTypeDelete {
+				cl.try(ctx)
+			}
+		}
+	}
+	return sum
+}
+
+// closerSlot runs this node's closer for one round, at most once.
+type closerSlot struct {
+	e       *Etcd
+	r       int
+	running bool
+	done    chan struct{}
+}
+
+// try claims the closer key and, when won, closes the round in background.
+func (c *closerSlot) try(ctx context.Context) {
+	if c.running {
+		return
+	}
+	won, err := c.e.claimCloser(ctx, c.r)
+	if err != nil {
+		c.e.log.Debug("claim closer", "round", c.r, "err", err)
+		return
+	}
+	if won {
+		c.running, c.done = true, make(chan struct{})
+		go func() {
+			defer close(c.done)
+			c.e.runCloser(ctx, c.r)
+		}()
+	}
+}
+
+// wait returns once the closer (if any) has stopped.
+func (c *closerSlot) wait() {
+	if c.running {
+		<-c.done
+	}
+}
+
+// readRank reads this node's rank entry; a node not listed arrived after
+// the round closed and is a standby.
+func (e *Etcd) readRank(ctx context.Context, target int) (rankInfo, error) {
+	rresp, err := e.cli.Get(ctx, e.k.rank(target, e.o.NodeID))
+	if err != nil {
+		return rankInfo{}, fmt.Errorf("rendezvous: read rank for round %d: %w", target, err)
+	}
+	ri := rankInfo{GroupRank: -1, Standby: true}
+	if len(rresp.Kvs) > 0 {
+		if err := json.Unmarshal(rresp.Kvs[0].Value, &ri); err != nil {
+			return rankInfo{}, fmt.Errorf("rendezvous: bad rank for round %d: %w", target, err)
+		}
+	}
+	return ri, nil
+}
+
+// adopt records the assignment of round target and, for an active node
+// of a still current round, starts its loss watchers and joins gossip.
+func (e *Etcd) adopt(target int, sum roundSummary, ri rankInfo) Assignment {
+	e.mu.Lock()
+	maxRestarts := e.o.MaxRestarts
+	if e.cfg != nil {
+		maxRestarts = e.cfg.MaxRestarts
+	}
+	a := Assignment{RunID: e.o.RunID, Round: target, GroupRank: ri.GroupRank, GroupWorldSize: sum.GroupWorldSize,
+		RankBase: ri.RankBase, WorldSize: sum.WorldSize, MasterAddr: sum.MasterAddr, MasterPort: sum.MasterPort,
+		MaxRestarts: maxRestarts, Standby: ri.Standby}
+	e.lastRound = target
+	e.assigned[target] = sum
+	for r := range e.assigned {
+		if r < target-1 {
+			delete(e.assigned, r)
+		}
+	}
+	if a.Standby {
+		e.setStateLocked(stateStandby, "parked in round "+strconv.Itoa(target))
+	} else {
+		e.setStateLocked(stateActive, "assigned in round "+strconv.Itoa(target))
+	}
+	if e.roundStop != nil {
+		e.roundStop()
+	}
+	rctx, rcancel := context.WithCancel(e.ctx)
+	e.roundStop = rcancel
+	stale := e.ctlRound > target || e.closed != nil
+	e.mu.Unlock()
+	if stale {
+		rcancel()
+	} else if !a.Standby {
+		e.wg.Add(1)
+		go e.watchLoss(rctx, target, sum)
+		e.gossipJoin(sum.Seeds)
+	}
+	return a
+}
+
+// withdraw removes this node's registration in an unassigned round.
+func (e *Etcd) withdraw(r int) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	_, _ = e.cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(e.k.assignment(r)), "=", 0)).
+		Then(clientv3.OpDelete(e.k.member(r, e.o.NodeID))).Commit()
+}
