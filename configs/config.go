@@ -7,6 +7,9 @@ import (
 	"math"
 	"syscall"
 	"time"
+
+	"github.com/ftlauncher/ft-launcher/k8s"
+	"github.com/ftlauncher/ft-launcher/slurm"
 )
 
 // Std is torchrun's stream mask: 0 none, 1 stdout, 2 stderr, 3 both.
@@ -47,10 +50,10 @@ type Config struct {
 	RdzvBackend      string // static | c10d | etcd | etcd-v2 (c10d maps to the embedded etcd default)
 	RdzvEndpoint     string
 	RdzvID           string
-	RdzvConf         map[string]string
+	RdzvConf         map[string]string // as given; Rdzv holds the interpreted values
 	Standalone       bool
 	MaxRestarts      int
-	MonitorInterval  time.Duration
+	MonitorInterval  time.Duration // accepted and ignored: ft-launcher is event-driven
 	StartMethod      string
 	Role             string
 	Module           bool
@@ -59,7 +62,7 @@ type Config struct {
 	Redirects        StdSpec
 	Tee              StdSpec
 	LocalRanksFilter []int // nil: every local rank is shown on the console
-	NodeRank         int   // -1 when not given
+	NodeRank         int   // -1 when not given; static backend rank and etcd node order
 	MasterAddr       string
 	MasterPort       int
 	LocalAddr        string
@@ -81,10 +84,26 @@ type Config struct {
 	RdzvUser     string
 	RdzvPassword string
 
+	// Rdzv is the rendezvous interpreted from the options above, validated
+	// at parse time.
+	Rdzv Rendezvous
+
+	// InfraRank is this node's rank as the infrastructure knows it, which
+	// orders nodes in the etcd rendezvous (-1 unknown); InfraRankFrom names
+	// its source: the --node-rank flag or PET_NODE_RANK, SLURM_PROCID,
+	// JOB_COMPLETION_INDEX or "none".
+	InfraRank     int
+	InfraRankFrom string
+
+	// Scheduler environment, read once here for everything that needs it.
+	Slurm slurm.Env
+	K8s   k8s.Env
+
 	// ft-launcher's own options.
 	EventLog       string // JSON-lines event log path ("" disables)
 	MetricsAddr    string // Prometheus listen address ("" disables)
 	HealthCheckCmd string // pre-join node health check command ("" disables)
+	VerdictFile    string // JSON verdict written on exit ("": the agent's default in the log directory)
 	PrintConfig    bool
 	CfgPath        string // --ft-cfg-path as given
 

@@ -9,8 +9,10 @@ import (
 
 // Effective renders the merged configuration as YAML for --print-config: a
 // fault_tolerance block with nvrx's key names (so the output can be fed back
-// through --ft-cfg-path) and a launch block with the other settings, keyed
-// by the flags' PET_ names in lower case. The etcd password is redacted.
+// through --ft-cfg-path), a launch block with the other settings, keyed by
+// the flags' PET_ names in lower case, and a rendezvous block with the
+// rendezvous as interpreted (mode, endpoints, hosting, timings, node order).
+// The etcd password is redacted.
 func (c *Config) Effective() string {
 	ft := &yaml.Node{}
 	if err := ft.Encode(c.FT); err != nil {
@@ -23,13 +25,7 @@ func (c *Config) Effective() string {
 	}
 
 	launch := &yaml.Node{Kind: yaml.MappingNode}
-	add := func(key string, v any) {
-		n := &yaml.Node{}
-		if err := n.Encode(v); err != nil {
-			n = scalar(fmt.Sprint(v))
-		}
-		launch.Content = append(launch.Content, scalar(key), n)
-	}
+	add := func(key string, v any) { addKey(launch, key, v) }
 	signals := make([]string, len(c.SignalsToHandle))
 	for i, s := range c.SignalsToHandle {
 		signals[i] = signalName(s)
@@ -75,6 +71,7 @@ func (c *Config) Effective() string {
 	add("event_log", c.EventLog)
 	add("metrics_addr", c.MetricsAddr)
 	add("health_check_cmd", c.HealthCheckCmd)
+	add("verdict_file", c.VerdictFile)
 	add("ft_cfg_path", c.CfgPath)
 	add("python_exec", c.PythonExec)
 	add("training_script", c.Script)
@@ -83,6 +80,7 @@ func (c *Config) Effective() string {
 	doc := &yaml.Node{Kind: yaml.MappingNode, Content: []*yaml.Node{
 		scalar("fault_tolerance"), ft,
 		scalar("launch"), launch,
+		scalar("rendezvous"), c.rdzvNode(),
 	}}
 	var b strings.Builder
 	enc := yaml.NewEncoder(&b)
@@ -92,6 +90,35 @@ func (c *Config) Effective() string {
 	}
 	_ = enc.Close()
 	return b.String()
+}
+
+// rdzvNode renders c.Rdzv and the node order. Timings are in seconds.
+func (c *Config) rdzvNode() *yaml.Node {
+	n := &yaml.Node{Kind: yaml.MappingNode}
+	r := c.Rdzv
+	addKey(n, "mode", string(r.Mode))
+	if r.Mode != RdzvSingleNode {
+		addKey(n, "endpoints", r.ClientURLs())
+	}
+	if r.Mode == RdzvEmbedded {
+		addKey(n, "hosts_embedded_etcd", r.HostsEtcd)
+		addKey(n, "hosts_embedded_etcd_decided_by", r.HostsEtcdBy)
+	}
+	for _, t := range rdzvTimings() {
+		addKey(n, t.key, t.dst(&r).Seconds())
+	}
+	addKey(n, "infra_rank", c.InfraRank)
+	addKey(n, "infra_rank_from", c.InfraRankFrom)
+	return n
+}
+
+// addKey appends key: v to the mapping m.
+func addKey(m *yaml.Node, key string, v any) {
+	n := &yaml.Node{}
+	if err := n.Encode(v); err != nil {
+		n = scalar(fmt.Sprint(v))
+	}
+	m.Content = append(m.Content, scalar(key), n)
 }
 
 func scalar(s string) *yaml.Node {

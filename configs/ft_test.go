@@ -264,7 +264,7 @@ fault_tolerance:
 // --ft-cfg-path: the fault_tolerance section must round-trip.
 func TestEffective(t *testing.T) {
 	c := mustParse(t, []string{"--ft-rank-section-timeouts", "setup:60,step:none", "--ft-rank-termination-signal", "SIGTERM",
-		"--ft-rank-heartbeat-timeout", "30", "--ft-segment=2", "--ft-pci-topo-file=/t", "--nnodes", "1:3", "-t", "0:3,1:1",
+		"--ft-rank-heartbeat-timeout", "30", "--ft-segment=2", "--ft-pci-topo-file=/t", "--nnodes", "1:3", "--rdzv-endpoint", "10.0.0.9", "-t", "0:3,1:1",
 		"--rdzv-password", "hunter2", "train.py", "--lr", "0.1"}, nil)
 	out := c.Effective()
 	for _, want := range []string{"fault_tolerance:\n", "rank_termination_signal: SIGTERM", "launch:\n", "nnodes: \"1:3\"",

@@ -22,6 +22,7 @@ type option struct {
 	short      string
 	kind       optKind
 	env        bool   // PET_<NAMES[0]> fallback
+	altEnv     string // a second variable, preferred over the PET_ one
 	deprecated string // non-empty: the whole option is deprecated; this says why
 	early      bool   // applied before the YAML file is read (it locates the file)
 	group      string
@@ -37,6 +38,19 @@ func (o *option) envName() string {
 		return ""
 	}
 	return "PET_" + strings.ToUpper(strings.ReplaceAll(o.names[0], "-", "_"))
+}
+
+// envNames are the option's variables in the order they are applied, so
+// the last one set wins: the PET_ one, then altEnv.
+func (o *option) envNames() []string {
+	var out []string
+	if n := o.envName(); n != "" {
+		out = append(out, n)
+	}
+	if o.altEnv != "" {
+		out = append(out, o.altEnv)
+	}
+	return out
 }
 
 // Help groups, in the order Usage prints them.
@@ -88,7 +102,7 @@ func options() []*option {
 			help: "Restarts of the whole worker group before giving up; >= 0.",
 			set:  func(p *parser, v string) (err error) { p.cfg.MaxRestarts, err = parseNonNegInt(v); return err }},
 		{names: []string{"monitor-interval"}, env: true, group: grpLaunch, arg: "SECONDS", def: "0.3",
-			help: "Accepted for torchrun compatibility (> 0). ft-launcher polls nothing: rank exits arrive on SIGCHLD and hangs on their own deadlines.",
+			help: "Accepted for torchrun compatibility (> 0) and ignored: ft-launcher is event-driven and polls nothing (rank exits arrive on SIGCHLD, hangs are acted on at their own deadlines).",
 			set:  func(p *parser, v string) (err error) { p.cfg.MonitorInterval, err = parseSeconds(v, true); return err }},
 		{names: []string{"start-method"}, env: true, group: grpLaunch, arg: "spawn|fork|forkserver", def: "spawn",
 			help: "Accepted for torchrun compatibility; scripts always run as separate processes.",
@@ -132,7 +146,7 @@ func options() []*option {
 				return fmt.Errorf("invalid value %q: must be static, c10d, etcd or etcd-v2", v)
 			}},
 		{names: []string{"rdzv-endpoint"}, env: true, group: grpRdzv, arg: "HOST[:PORT]", def: "\"\"",
-			help: "Rendezvous server address; IPv6 as [addr]:port.",
+			help: "Rendezvous address(es), comma-separated host[:port]; IPv6 as [addr]:port. Default port 29400 for c10d/static (the embedded etcd, hosted at the first endpoint), 2379 for etcd/etcd-v2. Required with more than one node, except for static, which falls back to --master-addr:--master-port.",
 			set: func(p *parser, v string) error {
 				p.cfg.RdzvEndpoint = v
 				p.explicit["rdzv-endpoint"] = v != ""
@@ -146,13 +160,13 @@ func options() []*option {
 				return nil
 			}},
 		{names: []string{"rdzv-conf"}, env: true, group: grpRdzv, arg: "K=V,...", def: "\"\"",
-			help: "Extra rendezvous settings as key=value pairs (keys and values trimmed, neither empty, no commas in values). Read by the etcd rendezvous, in seconds: join_timeout, last_call_timeout (default 0.5), connect_timeout (20), lease_ttl (5), etcd_loss_bound (60), rejoin_wait (--workers-stop-timeout + 10); is_host=1 makes this launcher host the embedded etcd.",
+			help: "Extra rendezvous settings as key=value pairs (keys and values trimmed, neither empty, no commas in values), checked before anything starts. Timings of the etcd rendezvous, in seconds from 0.001 to 604800 (7 days): join_timeout (default 600), last_call_timeout (0.5), connect_timeout (20), lease_ttl (5), etcd_loss_bound (60), rejoin_wait (--workers-stop-timeout + 10). is_host=1|0|true|false says whether this launcher hosts the embedded etcd (default: whether the first endpoint is this node's address). torchrun's other keys (read_timeout, timeout, close_timeout, keep_alive_interval, ...) are accepted with a warning and not used; unknown keys are ignored with a warning.",
 			set:  func(p *parser, v string) (err error) { p.cfg.RdzvConf, err = parseRdzvConf(v); return err }},
 		{names: []string{"standalone"}, kind: kindSwitch, env: true, group: grpRdzv, def: "off",
 			help: "Single-node job: backend c10d, endpoint localhost:0, random run id; explicit rendezvous values are ignored.",
 			set:  func(p *parser, v string) (err error) { p.cfg.Standalone, err = p.switchValue(v); return err }},
 		{names: []string{"node-rank"}, env: true, group: grpRdzv, arg: "N", def: "-1 (not given)",
-			help: "Rank of this node; used by the static backend only.",
+			help: "Rank of this node. The static backend's node rank, and the etcd rendezvous orders nodes by it (else by SLURM_PROCID, else JOB_COMPLETION_INDEX), which decides group ranks.",
 			set:  func(p *parser, v string) (err error) { p.cfg.NodeRank, err = parseNonNegInt(v); return err }},
 		{names: []string{"master-addr"}, env: true, group: grpRdzv, arg: "ADDR", def: "127.0.0.1",
 			help: "Static backend: rank 0's address when --rdzv-endpoint is empty.",
@@ -235,8 +249,11 @@ func options() []*option {
 		{names: []string{"health-check-cmd"}, env: true, group: grpOurs, arg: "CMD", def: "off",
 			help: "Command run before each rendezvous join; a non-zero exit marks this node unhealthy.",
 			set:  func(p *parser, v string) error { p.cfg.HealthCheckCmd = v; return nil }},
+		{names: []string{"verdict-file"}, env: true, altEnv: "FT_LAUNCHER_VERDICT_FILE", group: grpOurs, arg: "PATH",
+			help: "JSON verdict written atomically when the launcher exits (why it stopped, exit code, restarts used, finished flag, quarantined nodes); default: verdict.json in the run's log directory. See docs/verdict.md. Also YAML fault_tolerance.verdict_file.",
+			set:  func(p *parser, v string) error { p.cfg.VerdictFile = v; return nil }},
 		{names: []string{"print-config"}, kind: kindSwitch, group: grpOurs, def: "off",
-			help: "Print the effective configuration as YAML and exit.",
+			help: "Print the effective configuration as YAML (the rendezvous as interpreted included) and exit.",
 			set:  func(p *parser, v string) (err error) { p.cfg.PrintConfig, err = p.switchValue(v); return err }},
 
 		// Legacy nvrx options that have no effect any more.

@@ -17,6 +17,10 @@ import (
 // script. The caller prints Usage() and exits 0.
 var ErrHelp = errors.New("help requested")
 
+// ErrVersion is returned by Parse when --version appears before the
+// training script. The caller prints the version and exits 0.
+var ErrVersion = errors.New("version requested")
+
 // UsageError is bad command-line, environment or YAML input. Error() is one
 // line that names the flag, PET_ variable or YAML key and what is allowed.
 // The caller prints it and exits with ExitUsage (2).
@@ -34,22 +38,27 @@ func usageErr(subject, format string, args ...any) *UsageError {
 }
 
 // Parse parses args (without argv[0]) with env lookups through getenv
-// (os.Getenv in production, a map in tests). Precedence is flag > PET_*
+// (os.Getenv in production, a map in tests); isLocal decides whether this
+// launcher hosts the embedded etcd (nil: no endpoint is local, so only
+// --rdzv-conf is_host makes a host). Precedence is flag > PET_*
 // variable > YAML (--ft-cfg-path) > default. An empty variable counts as unset.
 //
 // It returns ErrHelp when help was asked for, and a *UsageError on bad input.
 // Config.PythonExec is $PYTHON_EXEC or else the bare name "python3", which the
 // agent resolves through PATH. Warnings (deprecated or ignored options,
 // unknown YAML keys) are collected in Config.Warnings for the caller to log.
-func Parse(args []string, getenv func(string) string) (*Config, error) {
-	return parse(args, getenv, machine{devDir: "/dev", numCPU: runtime.NumCPU()})
+func Parse(args []string, getenv func(string) string, isLocal IsLocalFunc) (*Config, error) {
+	return parse(args, getenv, machine{devDir: "/dev", numCPU: runtime.NumCPU(), isLocal: isLocal})
 }
 
-// machine is what --nproc-per-node cpu/gpu/auto look at; tests point devDir
-// at a directory of fake device nodes because no GPU exists here.
+// machine is what parsing looks at beyond the arguments: --nproc-per-node
+// cpu/gpu/auto count devices (tests point devDir at a directory of fake
+// device nodes because no GPU exists here), and the rendezvous asks whether
+// an endpoint is this machine's.
 type machine struct {
-	devDir string
-	numCPU int
+	devDir  string
+	numCPU  int
+	isLocal IsLocalFunc
 }
 
 // parser holds one parse's state.
@@ -59,6 +68,7 @@ type parser struct {
 	subj          string            // source of the value being applied, for messages
 	source        map[string]string // option name -> source of its last value
 	explicit      map[string]bool   // rendezvous values given by the user
+	isLocal       IsLocalFunc
 	ignoreMissing bool
 }
 
@@ -115,7 +125,11 @@ func parse(args []string, getenv func(string) string, m machine) (*Config, error
 	if getenv == nil {
 		getenv = func(string) string { return "" }
 	}
-	p := &parser{cfg: defaultConfig(), getenv: getenv, source: map[string]string{}, explicit: map[string]bool{}}
+	isLocal := m.isLocal
+	if isLocal == nil {
+		isLocal = func(string, string) bool { return false }
+	}
+	p := &parser{cfg: defaultConfig(), getenv: getenv, source: map[string]string{}, explicit: map[string]bool{}, isLocal: isLocal}
 	opts := options()
 
 	fs := pflag.NewFlagSet("ft-launcher", pflag.ContinueOnError)
@@ -138,11 +152,15 @@ func parse(args []string, getenv func(string) string, m machine) (*Config, error
 		}
 	}
 	fs.BoolP("help", "h", false, "")
+	fs.Bool("version", false, "")
 
 	var occs []occurrence
 	err := fs.ParseAll(args, func(f *pflag.Flag, v string) error {
-		if f.Name == "help" {
+		switch f.Name {
+		case "help":
 			return ErrHelp
+		case "version":
+			return ErrVersion
 		}
 		occs = append(occs, occurrence{opt: byName[f.Name], name: f.Name, value: v})
 		return nil
@@ -174,23 +192,24 @@ func parse(args []string, getenv func(string) string, m machine) (*Config, error
 
 func (p *parser) applyEnv(opts []*option, early bool) error {
 	for _, o := range opts {
-		name := o.envName()
-		if o.early != early || name == "" {
+		if o.early != early {
 			continue
 		}
-		v := p.getenv(name)
-		if v == "" {
-			continue
-		}
-		if o.kind == kindSwitch {
-			on, err := parsePETBool(v)
-			if err != nil {
-				return usageErr(name, "%s: %v", name, err)
+		for _, name := range o.envNames() {
+			v := p.getenv(name)
+			if v == "" {
+				continue
 			}
-			v = fmt.Sprint(on)
-		}
-		if err := p.apply(o, name, v); err != nil {
-			return err
+			if o.kind == kindSwitch {
+				on, err := parsePETBool(v)
+				if err != nil {
+					return usageErr(name, "%s: %v", name, err)
+				}
+				v = fmt.Sprint(on)
+			}
+			if err := p.apply(o, name, v); err != nil {
+				return err
+			}
 		}
 	}
 	return nil
@@ -277,7 +296,8 @@ func (p *parser) finish(positional []string, m machine) error {
 	if c.PythonExec == "" {
 		c.PythonExec = "python3"
 	}
-	return nil
+	p.resolveInfraRank()
+	return p.resolveRendezvous()
 }
 
 // randomID returns a version-4 UUID string, as torchrun's --standalone uses.
@@ -293,8 +313,8 @@ func randomID() (string, error) {
 
 // flagError turns pflag's errors into one-line usage errors.
 func flagError(err error, byName map[string]*option) error {
-	if errors.Is(err, ErrHelp) {
-		return ErrHelp
+	if errors.Is(err, ErrHelp) || errors.Is(err, ErrVersion) {
+		return err
 	}
 	var notExist *pflag.NotExistError
 	var needsValue *pflag.ValueRequiredError

@@ -11,6 +11,9 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/ftlauncher/ft-launcher/k8s"
+	"github.com/ftlauncher/ft-launcher/slurm"
 )
 
 // envOf returns a getenv over m.
@@ -58,7 +61,7 @@ func TestTorchrunFlags(t *testing.T) {
 		value string
 		check func(c *Config) bool
 	}{
-		{"nnodes", "2:4", func(c *Config) bool { return c.NNodes == NNodes{2, 4} }},
+		{"nnodes", "2:4", func(c *Config) bool { return c.NNodes == NNodes{2, 4} && c.Rdzv.Mode == RdzvEmbedded }},
 		{"nproc-per-node", "3", func(c *Config) bool { return c.NProcPerNode == 3 && c.NProcSpec == "3" }},
 		{"nproc-per-node", "cpu", func(c *Config) bool { return c.NProcPerNode == 7 }},
 		{"nproc-per-node", "auto", func(c *Config) bool { return c.NProcPerNode == 7 }},
@@ -109,6 +112,12 @@ func TestTorchrunFlags(t *testing.T) {
 			"environment": {[]string{"train.py"}, map[string]string{env: tt.value}},
 		}
 		for name, cs := range cases {
+			if tt.flag == "nnodes" { // several nodes need a rendezvous endpoint
+				cs.env = map[string]string{env: cs.env[env], "PET_RDZV_ENDPOINT": "10.0.0.9"}
+				if name != "environment" {
+					delete(cs.env, env)
+				}
+			}
 			t.Run(tt.flag+"/"+tt.value+"/"+name, func(t *testing.T) {
 				c := mustParse(t, cs.args, cs.env)
 				if !tt.check(c) {
@@ -126,6 +135,11 @@ func TestDefaults(t *testing.T) {
 	want.Script = "train.py"
 	want.ScriptArgs = []string{}
 	want.PythonExec = "python3"
+	want.Rdzv = Rendezvous{Mode: RdzvSingleNode, JoinTimeout: 10 * time.Minute, LastCallTimeout: 500 * time.Millisecond,
+		ConnectTimeout: 20 * time.Second, LeaseTTL: 5 * time.Second, EtcdLossBound: time.Minute, RejoinWait: 25 * time.Second}
+	want.InfraRank, want.InfraRankFrom = -1, "none"
+	want.Slurm = slurm.Env{ProcID: -1, NodeID: -1, NNodes: -1, ArrayTaskID: -1, RestartCount: -1, LocalID: -1}
+	want.K8s = k8s.Env{CompletionIndex: -1, PodOrdinal: -1}
 	if !reflect.DeepEqual(c, want) {
 		t.Errorf("defaults:\n got %+v\nwant %+v", c, want)
 	}

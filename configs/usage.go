@@ -47,7 +47,7 @@ Rules:
 			b.WriteString(optionHelp(o))
 		}
 	}
-	b.WriteString("\nOther:\n  -h, --help\n        Print this help and exit.\n")
+	b.WriteString("\nOther:\n  -h, --help\n        Print this help and exit.\n  --version\n        Print the version (release, commit, Go version, platform) and exit.\n")
 
 	b.WriteString("\nLegacy spellings (accepted with a deprecation warning):\n")
 	var legacy []string
@@ -65,7 +65,8 @@ YAML file (--ft-cfg-path): the first fault_tolerance: mapping anywhere in the
 document is used, so NeMo/Hydra files with a nested section work. Keys are the
 nvrx field names (the --ft-* flag without --ft-, '-' as '_'; the storage path
 list is storage_healthcheck_path); num_warmup_iterations is YAML only. Unknown
-keys are ignored with a warning. rank_termination_signal and log_level take a
+keys are ignored with a warning. The launcher option verdict_file
+(--verdict-file) may be set there too. rank_termination_signal and log_level take a
 name or a number, timeouts a number or null. Example:
 
   fault_tolerance:
@@ -91,8 +92,8 @@ func optionHelp(o *option) string {
 		fmt.Fprintf(&b, " %s", o.arg)
 	}
 	var meta []string
-	if env := o.envName(); env != "" {
-		meta = append(meta, "env "+env)
+	if envs := o.envNames(); len(envs) > 0 {
+		meta = append(meta, "env "+strings.Join(envs, ", "))
 	}
 	if o.def != "" {
 		meta = append(meta, "default "+o.def)

@@ -57,6 +57,18 @@ func (p *parser) loadYAML() error {
 			if err := setFTNode(&p.cfg.FT, sp, v); err != nil {
 				return usageErr("fault_tolerance."+k.Value, "%s: %q: fault_tolerance.%s (line %d): %v", subj, path, k.Value, k.Line, err)
 			}
+		case k.Value == "verdict_file":
+			// A launcher option, not an nvrx field; it lives here so that one
+			// file can carry it. Flags and variables still win (applied later).
+			v = resolveAlias(v)
+			if v.Kind != yaml.ScalarNode {
+				return usageErr("fault_tolerance.verdict_file", "%s: %q: fault_tolerance.verdict_file (line %d): must be a path", subj, path, k.Line)
+			}
+			if v.Tag == "!!null" {
+				p.cfg.VerdictFile = ""
+			} else {
+				p.cfg.VerdictFile = v.Value
+			}
 		case unimplementedFTKey(k.Value):
 			p.warn("%q line %d: fault_tolerance.%s is not implemented by ft-launcher; ignored", path, k.Line, k.Value)
 		default:
@@ -64,6 +76,14 @@ func (p *parser) loadYAML() error {
 		}
 	}
 	return nil
+}
+
+// resolveAlias follows YAML aliases to the node they name.
+func resolveAlias(n *yaml.Node) *yaml.Node {
+	for n.Kind == yaml.AliasNode && n.Alias != nil {
+		n = n.Alias
+	}
+	return n
 }
 
 // findFTSection returns the first fault_tolerance mapping, depth-first

@@ -13,17 +13,25 @@ import (
 	"os/signal"
 
 	"github.com/ftlauncher/ft-launcher/configs"
+	"github.com/ftlauncher/ft-launcher/internal/version"
+	"github.com/ftlauncher/ft-launcher/rendezvous"
 )
 
 func main() {
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 
+// run is the whole command: parse and validate the launch line (a usage
+// error exits 2 before anything is started), then launch.
 func run(args []string, stdout, stderr io.Writer) int {
-	cfg, err := configs.Parse(args, os.Getenv)
+	cfg, err := configs.Parse(args, os.Getenv, rendezvous.IsLocalEndpoint)
 	if err != nil {
-		if errors.Is(err, configs.ErrHelp) {
+		switch {
+		case errors.Is(err, configs.ErrHelp):
 			fmt.Fprint(stdout, configs.Usage())
+			return configs.ExitSuccess
+		case errors.Is(err, configs.ErrVersion):
+			fmt.Fprintln(stdout, version.String("ft-launcher"))
 			return configs.ExitSuccess
 		}
 		fmt.Fprintf(stderr, "ft-launcher: %v\n", err)

@@ -1,0 +1,125 @@
+package configs
+
+import (
+	"errors"
+	"path/filepath"
+	"reflect"
+	"regexp"
+	"strings"
+	"testing"
+)
+
+// TestVerdictFile: flag > FT_LAUNCHER_VERDICT_FILE > PET_VERDICT_FILE > YAML > default.
+func TestVerdictFile(t *testing.T) {
+	dir := t.TempDir()
+	yml := filepath.Join(dir, "ft.yaml")
+	writeFile(t, yml, "fault_tolerance:\n  verdict_file: /yaml/v.json\n  rank_heartbeat_timeout: 30\n")
+	nullYML := filepath.Join(dir, "null.yaml")
+	writeFile(t, nullYML, "fault_tolerance:\n  verdict_file: null\n")
+	tests := []struct {
+		name string
+		args []string
+		env  map[string]string
+		want string
+	}{
+		{"default: chosen by the agent", nil, nil, ""},
+		{"flag", []string{"--verdict-file", "/f/v.json"}, nil, "/f/v.json"},
+		{"underscore flag", []string{"--verdict_file=/f/u.json"}, nil, "/f/u.json"},
+		{"PET_VERDICT_FILE", nil, map[string]string{"PET_VERDICT_FILE": "/pet/v.json"}, "/pet/v.json"},
+		{"FT_LAUNCHER_VERDICT_FILE beats PET_VERDICT_FILE", nil,
+			map[string]string{"PET_VERDICT_FILE": "/pet/v.json", "FT_LAUNCHER_VERDICT_FILE": "/ftl/v.json"}, "/ftl/v.json"},
+		{"flag beats the variables", []string{"--verdict-file", "/f/v.json"},
+			map[string]string{"PET_VERDICT_FILE": "/pet/v.json", "FT_LAUNCHER_VERDICT_FILE": "/ftl/v.json"}, "/f/v.json"},
+		{"YAML", []string{"--ft-cfg-path", yml}, nil, "/yaml/v.json"},
+		{"YAML null", []string{"--ft-cfg-path", nullYML}, nil, ""},
+		{"variable beats YAML", []string{"--ft-cfg-path", yml}, map[string]string{"FT_LAUNCHER_VERDICT_FILE": "/ftl/v.json"}, "/ftl/v.json"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := mustParse(t, append(tt.args, "train.py"), tt.env)
+			if c.VerdictFile != tt.want {
+				t.Errorf("VerdictFile = %q, want %q", c.VerdictFile, tt.want)
+			}
+			if len(c.Warnings) != 0 {
+				t.Errorf("unexpected warnings %q", c.Warnings)
+			}
+			if !strings.Contains(c.Effective(), "verdict_file: "+tt.want) {
+				t.Errorf("--print-config does not show verdict_file %q", tt.want)
+			}
+		})
+	}
+	u := Usage()
+	for _, want := range []string{"--verdict-file PATH", "env PET_VERDICT_FILE, FT_LAUNCHER_VERDICT_FILE",
+		"JSON verdict written atomically when the launcher exits", "default: verdict.json in the run's log directory", "docs/verdict.md"} {
+		if !strings.Contains(strings.Join(strings.Fields(u), " "), want) {
+			t.Errorf("Usage() lacks %q", want)
+		}
+	}
+}
+
+func TestVersionFlag(t *testing.T) {
+	for _, args := range [][]string{{"--version"}, {"--max-restarts", "2", "--version", "x"}, {"--version", "--help"}} {
+		if _, err := parse(args, envOf(nil), noGPU(t)); !errors.Is(err, ErrVersion) {
+			t.Errorf("%q: got %v, want ErrVersion", args, err)
+		}
+	}
+	c := mustParse(t, []string{"x", "--version"}, nil)
+	if !reflect.DeepEqual(c.ScriptArgs, []string{"--version"}) {
+		t.Errorf("--version after the script must reach it, got %q", c.ScriptArgs)
+	}
+}
+
+// TestHelpIsTrue: options stored but not acted on say so, and the help
+// cites no document that is not in the repository.
+func TestHelpIsTrue(t *testing.T) {
+	help := map[string]string{}
+	for _, o := range options() {
+		help[o.names[0]] = strings.Join(strings.Fields(o.help), " ")
+	}
+	notActed := "Accepted for nvrx compatibility; not acted on by ft-launcher"
+	passed := "Passed through to rank clients only."
+	tests := []struct {
+		flag, want string
+	}{
+		{"ft-max-no-progress-cycles", notActed},
+		{"ft-min-progress-iterations", notActed},
+		{"ft-gpu-memory-reclaim-timeout", notActed},
+		{"ft-gpu-memory-tolerance-mb", notActed},
+		{"ft-gpu-memory-poll-interval", notActed},
+		{"ft-check-remaining-processes", notActed},
+		{"ft-cycle-info-dir", notActed},
+		{"ft-enable-nic-monitor", notActed},
+		{"ft-enable-nic-healthcheck", notActed},
+		{"ft-enable-dist-storage-healthcheck", notActed},
+		{"ft-storage-health-check-path", notActed},
+		{"ft-pci-topo-file", notActed},
+		{"ft-link-down-path-template", notActed},
+		{"ft-link-state-path-template", notActed},
+		{"ft-segment", notActed},
+		{"ft-numa-bind-strict", notActed},
+		{"ft-restart-check-interval", notActed},
+		{"ft-install-exception-hook", passed},
+		{"ft-workload-check-interval", passed},
+		{"ft-node-health-check-interval", passed},
+		{"ft-checkpoint-iteration-file", "ft-launcher only notices it change"},
+		{"monitor-interval", "ignored: ft-launcher is event-driven"},
+		{"node-rank", "the etcd rendezvous orders nodes by it"},
+	}
+	for _, tt := range tests {
+		if !strings.Contains(help[tt.flag], tt.want) {
+			t.Errorf("--%s help %q lacks %q", tt.flag, help[tt.flag], tt.want)
+		}
+	}
+	if strings.Contains(help["node-rank"], "static backend only") {
+		t.Errorf("--node-rank help still says static backend only: %q", help["node-rank"])
+	}
+	u := Usage()
+	if m := regexp.MustCompile(`\w+\.md §|reference/`).FindString(u); m != "" {
+		t.Errorf("Usage() cites %q", m)
+	}
+	for _, want := range []string{"--version", "Print the version"} {
+		if !strings.Contains(u, want) {
+			t.Errorf("Usage() lacks %q", want)
+		}
+	}
+}

@@ -1,0 +1,313 @@
+package configs
+
+import (
+	"fmt"
+	"math"
+	"net"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/ftlauncher/ft-launcher/k8s"
+	"github.com/ftlauncher/ft-launcher/slurm"
+)
+
+// IsLocalFunc reports whether a rendezvous endpoint (host:port) is this
+// launcher's to host: its host is localAddr when that is set, else an
+// address of this machine. Production passes rendezvous.IsLocalEndpoint;
+// taking it as a function keeps configs free of our other packages (which
+// import configs) and lets tests decide without DNS.
+type IsLocalFunc func(endpoint, localAddr string) bool
+
+// RdzvMode says how this launcher meets the others.
+type RdzvMode string
+
+// Rendezvous modes.
+const (
+	// RdzvSingleNode: one node, no rendezvous server (--standalone, or one
+	// node without an endpoint, or one node with the static backend).
+	RdzvSingleNode RdzvMode = "single-node"
+	// RdzvEmbedded: the etcd rendezvous on an etcd that one of the launchers
+	// starts (--rdzv-backend c10d or static, what existing scripts pass).
+	RdzvEmbedded RdzvMode = "embedded"
+	// RdzvExternal: the etcd rendezvous on the user's etcd cluster
+	// (--rdzv-backend etcd or etcd-v2).
+	RdzvExternal RdzvMode = "external"
+)
+
+// Default rendezvous ports when an endpoint has none.
+const (
+	defaultEmbeddedPort = 29400 // torchrun's c10d port
+	defaultEtcdPort     = 2379  // etcd's client port
+)
+
+// Bounds of the --rdzv-conf timings: below a millisecond a timer is
+// meaningless, and a week is longer than any wait a job should make.
+const (
+	minRdzvTiming = time.Millisecond
+	maxRdzvTiming = 7 * 24 * time.Hour
+)
+
+// Rendezvous is the interpreted, validated rendezvous part of the launch
+// line: --rdzv-backend, --rdzv-endpoint and --rdzv-conf together, with every
+// default filled in. The timings apply to the etcd rendezvous only.
+type Rendezvous struct {
+	Mode RdzvMode
+	// Endpoints are host:port with the default port added; nil in
+	// single-node mode. The embedded etcd is hosted at Endpoints[0].
+	Endpoints []string
+	TLS       bool // https: --rdzv-ca-cert or --rdzv-cert was given
+
+	// HostsEtcd says this launcher starts the embedded etcd (embedded mode
+	// only); HostsEtcdBy says what decided it.
+	HostsEtcd   bool
+	HostsEtcdBy string
+
+	JoinTimeout     time.Duration // an open round must close within this
+	LastCallTimeout time.Duration // straggler wait once MIN nodes are present and MAX > MIN
+	ConnectTimeout  time.Duration // etcd unreachable at start: give up after this
+	LeaseTTL        time.Duration // membership lease, backstop for node loss
+	EtcdLossBound   time.Duration // etcd unreachable mid-run longer than this ends the job
+	RejoinWait      time.Duration // a restart round waits this long for the previous round's nodes
+}
+
+// ClientURLs are the endpoints as etcd client URLs.
+func (r Rendezvous) ClientURLs() []string {
+	scheme := "http://"
+	if r.TLS {
+		scheme = "https://"
+	}
+	out := make([]string, len(r.Endpoints))
+	for i, e := range r.Endpoints {
+		out[i] = scheme + e
+	}
+	return out
+}
+
+// rdzvTiming is one --rdzv-conf timing key and where its value goes.
+type rdzvTiming struct {
+	key string
+	dst func(*Rendezvous) *time.Duration
+	def time.Duration // 0: computed (rejoin_wait)
+}
+
+// rdzvTimings lists the timing keys ft-launcher reads. join_timeout and
+// last_call_timeout are torchrun's and nvrx's keys; the others are ours.
+func rdzvTimings() []rdzvTiming {
+	return []rdzvTiming{
+		{"join_timeout", func(r *Rendezvous) *time.Duration { return &r.JoinTimeout }, 10 * time.Minute},
+		{"last_call_timeout", func(r *Rendezvous) *time.Duration { return &r.LastCallTimeout }, 500 * time.Millisecond},
+		{"connect_timeout", func(r *Rendezvous) *time.Duration { return &r.ConnectTimeout }, 20 * time.Second},
+		{"lease_ttl", func(r *Rendezvous) *time.Duration { return &r.LeaseTTL }, 5 * time.Second},
+		{"etcd_loss_bound", func(r *Rendezvous) *time.Duration { return &r.EtcdLossBound }, 60 * time.Second},
+		{"rejoin_wait", func(r *Rendezvous) *time.Duration { return &r.RejoinWait }, 0},
+	}
+}
+
+// knownRdzvConfKeys names the keys ft-launcher reads, for messages.
+func knownRdzvConfKeys() string {
+	var keys []string
+	for _, t := range rdzvTimings() {
+		keys = append(keys, t.key)
+	}
+	return strings.Join(keys, ", ") + " and is_host"
+}
+
+// torchrunOnlyRdzvConf are keys torchrun's rendezvous backends read and
+// ft-launcher does not; the value says what to use instead, if anything.
+func torchrunOnlyRdzvConf() map[string]string {
+	return map[string]string{
+		"read_timeout":           "",
+		"timeout":                "",
+		"close_timeout":          "",
+		"heartbeat_timeout":      "",
+		"keep_alive_interval":    "",
+		"keep_alive_max_attempt": "",
+		"store_type":             "",
+		"use_libuv":              "",
+		"etcd_prefix":            "",
+		"rank":                   "use --node-rank",
+		"protocol":               "https is used when --rdzv-ca-cert or --rdzv-cert is given",
+		"cacert":                 "use --rdzv-ca-cert",
+		"cert":                   "use --rdzv-cert",
+		"key":                    "use --rdzv-key",
+	}
+}
+
+// resolveRendezvous interprets the rendezvous options once every layer is
+// merged. It fails with a *UsageError before anything is started.
+func (p *parser) resolveRendezvous() error {
+	c := p.cfg
+	r := Rendezvous{TLS: c.RdzvCACert != "" || c.RdzvCert != ""}
+	confSubj := p.source["rdzv-conf"]
+	if confSubj == "" {
+		confSubj = "--rdzv-conf"
+	}
+
+	// Every key is checked whatever the mode, so that a typo fails the same
+	// way on a laptop as on the cluster.
+	timings := rdzvTimings()
+	known := map[string]bool{"is_host": true}
+	for _, t := range timings {
+		known[t.key] = true
+	}
+	ignoredKeys := torchrunOnlyRdzvConf()
+	for _, k := range sortedKeys(c.RdzvConf) {
+		if known[k] {
+			continue
+		}
+		if hint, ok := ignoredKeys[k]; ok {
+			msg := fmt.Sprintf("%s %s: torchrun's key, accepted but not used by ft-launcher", confSubj, k)
+			if hint != "" {
+				msg += " (" + hint + ")"
+			}
+			p.warn("%s", msg)
+			continue
+		}
+		p.warn("%s %s: unknown key ignored; ft-launcher reads %s", confSubj, k, knownRdzvConfKeys())
+	}
+	for _, t := range timings {
+		d := t.def
+		if v, ok := c.RdzvConf[t.key]; ok {
+			var err error
+			if d, err = parseRdzvTiming(v); err != nil {
+				return usageErr(confSubj, "%s %s=%q: %v", confSubj, t.key, v, err)
+			}
+		} else if t.key == "rejoin_wait" {
+			// Long enough for a node to stop its ranks (the SIGTERM grace)
+			// and come back, so that it keeps its group rank.
+			d = c.WorkersStopTimeout + 10*time.Second
+		}
+		*t.dst(&r) = d
+	}
+	isHost, hasIsHost := false, false
+	if v, ok := c.RdzvConf["is_host"]; ok {
+		switch strings.ToLower(v) {
+		case "1", "true":
+			isHost = true
+		case "0", "false":
+		default:
+			return usageErr(confSubj, "%s is_host=%q: must be 1, 0, true or false", confSubj, v)
+		}
+		hasIsHost = true
+	}
+
+	endpoint := c.RdzvEndpoint
+	switch {
+	case c.Standalone, c.NNodes.Max == 1 && endpoint == "", c.NNodes.Max == 1 && c.RdzvBackend == "static":
+		r.Mode = RdzvSingleNode
+	case c.RdzvBackend == "etcd" || c.RdzvBackend == "etcd-v2":
+		r.Mode = RdzvExternal
+	default:
+		r.Mode = RdzvEmbedded
+	}
+	if r.Mode == RdzvSingleNode {
+		c.Rdzv = r
+		return nil
+	}
+
+	epSubj := p.source["rdzv-endpoint"]
+	defPort := defaultEmbeddedPort
+	if r.Mode == RdzvExternal {
+		defPort = defaultEtcdPort
+	}
+	if endpoint == "" && c.RdzvBackend == "static" {
+		// torchrun's static backend meets at rank 0's MASTER_ADDR:MASTER_PORT.
+		endpoint = net.JoinHostPort(c.MasterAddr, strconv.Itoa(c.MasterPort))
+		epSubj = "--master-addr/--master-port"
+	}
+	if endpoint == "" {
+		return usageErr("--rdzv-endpoint", "--rdzv-endpoint is required with --nnodes %d:%d and --rdzv-backend %s: give host[:port] of the rendezvous (default port %d)",
+			c.NNodes.Min, c.NNodes.Max, c.RdzvBackend, defPort)
+	}
+	eps, err := parseEndpoints(endpoint, defPort)
+	if err != nil {
+		return usageErr(epSubj, "%s %q: %v", epSubj, endpoint, err)
+	}
+	r.Endpoints = eps
+
+	switch {
+	case r.Mode == RdzvExternal:
+		if hasIsHost {
+			p.warn("%s is_host: no effect with --rdzv-backend %s (the etcd cluster is yours; no launcher hosts one)", confSubj, c.RdzvBackend)
+		}
+	case hasIsHost:
+		r.HostsEtcd, r.HostsEtcdBy = isHost, confSubj+" is_host="+c.RdzvConf["is_host"]
+	case c.LocalAddr != "":
+		r.HostsEtcd = p.isLocal(eps[0], c.LocalAddr)
+		r.HostsEtcdBy = fmt.Sprintf("--local-addr %s %s endpoint %s", c.LocalAddr, map[bool]string{true: "matches", false: "does not match"}[r.HostsEtcd], eps[0])
+	default:
+		r.HostsEtcd = p.isLocal(eps[0], "")
+		r.HostsEtcdBy = fmt.Sprintf("endpoint %s %s", eps[0], map[bool]string{true: "is an address of this machine", false: "is not an address of this machine"}[r.HostsEtcd])
+	}
+	c.Rdzv = r
+	return nil
+}
+
+// parseRdzvTiming parses a --rdzv-conf timing: finite seconds within bounds.
+func parseRdzvTiming(v string) (time.Duration, error) {
+	bad := fmt.Errorf("must be a number of seconds from %g to %g (7 days)", minRdzvTiming.Seconds(), maxRdzvTiming.Seconds())
+	f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+	if err != nil || math.IsNaN(f) || math.IsInf(f, 0) || f < minRdzvTiming.Seconds() || f > maxRdzvTiming.Seconds() {
+		return 0, bad
+	}
+	return time.Duration(math.Round(f * float64(time.Second))), nil
+}
+
+// parseEndpoints splits a comma list of host[:port] (IPv6 as [addr]:port or
+// a bare address), adds defPort where a port is missing and checks each.
+// Empty items are skipped; a list with none left is an error.
+func parseEndpoints(s string, defPort int) ([]string, error) {
+	var out []string
+	for _, e := range strings.Split(s, ",") {
+		e = strings.TrimSpace(e)
+		if e == "" {
+			continue
+		}
+		if strings.Contains(e, "://") {
+			return nil, fmt.Errorf("endpoint %q: give host[:port] without a scheme (https is used when --rdzv-ca-cert or --rdzv-cert is given)", e)
+		}
+		host, port, err := net.SplitHostPort(e)
+		if err != nil {
+			// No port: a host name, an IPv4 address, or a bare or bracketed IPv6 address.
+			host, port = strings.TrimSuffix(strings.TrimPrefix(e, "["), "]"), strconv.Itoa(defPort)
+			if strings.Contains(host, ":") && net.ParseIP(host) == nil {
+				return nil, fmt.Errorf("endpoint %q: must be host[:port], IPv6 as [addr]:port", e)
+			}
+		}
+		if host == "" || strings.ContainsAny(host, " []/") {
+			return nil, fmt.Errorf("endpoint %q: must be host[:port] with a host name or address", e)
+		}
+		n, err := strconv.Atoi(port)
+		if err != nil || n < 1 || n > 65535 {
+			return nil, fmt.Errorf("endpoint %q: the port must be 1-65535", e)
+		}
+		out = append(out, net.JoinHostPort(host, port))
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("no address given: must be host[:port][,host[:port]...]")
+	}
+	return out, nil
+}
+
+// resolveInfraRank picks the node's rank as the infrastructure knows it,
+// which the etcd rendezvous uses to order nodes: --node-rank, else
+// SLURM_PROCID, else JOB_COMPLETION_INDEX; -1 when none is known.
+func (p *parser) resolveInfraRank() {
+	c := p.cfg
+	c.Slurm = slurm.FromEnv(p.getenv)
+	c.K8s = k8s.FromEnv(p.getenv)
+	for _, bad := range append(append([]string{}, c.Slurm.Invalid...), c.K8s.Invalid...) {
+		p.warn("%s is not an integer >= 0; ignored", bad)
+	}
+	switch {
+	case c.NodeRank >= 0:
+		c.InfraRank, c.InfraRankFrom = c.NodeRank, p.source["node-rank"]
+	case c.Slurm.ProcID >= 0:
+		c.InfraRank, c.InfraRankFrom = c.Slurm.ProcID, "SLURM_PROCID"
+	case c.K8s.CompletionIndex >= 0:
+		c.InfraRank, c.InfraRankFrom = c.K8s.CompletionIndex, "JOB_COMPLETION_INDEX"
+	default:
+		c.InfraRank, c.InfraRankFrom = -1, "none"
+	}
+}
