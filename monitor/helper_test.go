@@ -199,8 +199,16 @@ type testWriter struct{ t *testing.T }
 
 func (w testWriter) Write(p []byte) (int, error) {
 	w.t.Logf("%s", strings.TrimRight(string(p), "\n"))
+	// Every test also checks the phase machine: no path may break it.
+	if strings.Contains(string(p), "illegal phase transition") {
+		w.t.Errorf("%s", p)
+	}
 	return len(p), nil
 }
+
+// noSuchPID is PID_MAX_LIMIT: no process ever has it, so a rank registered
+// with it can be declared hung without signalling anything.
+const noSuchPID = 1 << 22
 
 func fptr(v float64) *float64 { return &v }
 

@@ -66,11 +66,12 @@ func lazyStream() []byte {
 }
 
 // newLazySession returns a connected session of rank 0 without a socket and
-// with no clock armed (no pid), for feeding bytes to processLocked.
+// with no clock armed (every timeout disabled), for feeding bytes to
+// processLocked.
 func newLazySession(t *testing.T) (*Manager, *lazyConn) {
 	m := newManager(t, 1, nil, "")
 	r := m.ranks[0]
-	r.begin(0, 0, m.Timeouts(), 0)
+	r.begin(0, noSuchPID, Timeouts{}, 0)
 	c1, c2 := net.Pipe()
 	t.Cleanup(func() { c1.Close(); c2.Close() })
 	gen := r.install(c1)

@@ -558,8 +558,8 @@ func (m *Manager) FiredHang(cycle, localRank int) (Hang, bool) {
 	r := m.ranks[localRank]
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if !r.fired || r.cycle != cycle {
+	if r.hang == nil || r.hang.Cycle != cycle {
 		return Hang{}, false
 	}
-	return r.firedHang, true
+	return *r.hang, true
 }

@@ -40,22 +40,19 @@ type rankMon struct {
 	local int
 
 	gen        atomic.Uint64 // generation of the current connection; stale connections are ignored
-	hbSeen     atomic.Bool
-	lastHB     atomic.Int64 // monotonic ns since m.epoch
-	maxIv      atomic.Int64 // longest heartbeat interval this cycle
-	nIv        atomic.Int64 // heartbeat intervals this cycle
-	heartbeats atomic.Int64 // heartbeats received this cycle (status only)
+	phase      atomic.Uint32 // a rankPhase; written under mu, read lock-free by the heartbeat hot path
+	lastHB     atomic.Int64  // monotonic ns since m.epoch
+	maxIv      atomic.Int64  // longest heartbeat interval this cycle
+	nIv        atomic.Int64  // heartbeat intervals this cycle
+	heartbeats atomic.Int64  // heartbeats received this cycle (status only)
 
 	mu          sync.Mutex
 	conn        io.Closer // net.Conn, or *lazyConn after a native handshake
 	cycle       int
-	active      bool
 	pid         int
 	globalRank  int
-	fired       bool
-	firedHang   Hang // what fired, recorded before the rank is signalled
+	hang        *Hang // what fired this cycle, recorded before the rank is signalled; kept after the cycle ends
 	to          Timeouts
-	connected   bool // a session is initialised
 	initAt      int64
 	open        map[string]int64 // open sections → opened at
 	oosStart    int64
@@ -88,7 +85,15 @@ func (r *rankMon) begin(cycle, pid int, to Timeouts, warmup int) {
 	r.gen.Add(1)
 	r.resetSessionLocked()
 	r.cycle, r.pid, r.to, r.warmupIters = cycle, pid, to, int64(warmup)
-	r.active, r.fired = pid > 0, false
+	r.hang = nil
+	if p := r.loadPhase(); p != phaseIdle && p != phaseEnded {
+		r.setPhaseLocked(phaseEnded) // the previous cycle was never ended
+	}
+	if pid > 0 {
+		r.setPhaseLocked(phaseWaiting)
+	} else {
+		r.setPhaseLocked(phaseIdle)
+	}
 	r.globalRank = -1
 	r.obs = observations{SectionMax: map[string]time.Duration{}, SectionCloses: map[string]int{}}
 	r.maxIv.Store(0)
@@ -100,7 +105,9 @@ func (r *rankMon) begin(cycle, pid int, to Timeouts, warmup int) {
 func (r *rankMon) end() observations {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.active = false
+	if r.loadPhase() != phaseIdle {
+		r.setPhaseLocked(phaseEnded)
+	}
 	r.timer.Stop()
 	r.armed = 0
 	o := r.obs
@@ -109,10 +116,30 @@ func (r *rankMon) end() observations {
 	return o
 }
 
+// loadPhase returns the current phase.
+func (r *rankMon) loadPhase() rankPhase { return rankPhase(r.phase.Load()) }
+
+// setPhaseLocked moves the rank to phase to, logging an illegal transition
+// (a bug) but making it anyway so the monitor follows what happened.
+func (r *rankMon) setPhaseLocked(to rankPhase) {
+	from := r.loadPhase()
+	if !phaseTransitionOK(from, to) {
+		r.m.log.Error("rank monitor: illegal phase transition", "local_rank", r.local, "cycle", r.cycle, "from", from, "to", to)
+	}
+	r.phase.Store(uint32(to))
+}
+
+// endSessionLocked returns a rank whose session ended to waiting for the
+// next one. A hung rank stays hung: nothing more is evaluated this cycle.
+func (r *rankMon) endSessionLocked() {
+	if r.loadPhase().inSession() {
+		r.setPhaseLocked(phaseWaiting)
+	}
+	r.resetSessionLocked()
+}
+
 // resetSessionLocked clears every clock of the session.
 func (r *rankMon) resetSessionLocked() {
-	r.connected = false
-	r.hbSeen.Store(false)
 	r.lastHB.Store(0)
 	clear(r.open)
 	r.stepSeen, r.stepOpens, r.iterKnown = false, 0, false
@@ -149,7 +176,7 @@ func (r *rankMon) install(c net.Conn) uint64 {
 		r.m.log.Warn("rank monitor: new connection replaces the previous one", "local_rank", r.local, "cycle", r.cycle)
 		r.conn.Close()
 		r.warnOpenLocked("replaced")
-		r.resetSessionLocked()
+		r.endSessionLocked()
 	}
 	r.conn = c
 	return r.gen.Add(1)
@@ -165,7 +192,7 @@ func (r *rankMon) disconnect(gen uint64) {
 	r.conn = nil
 	r.gen.Add(1)
 	r.warnOpenLocked("disconnected")
-	r.resetSessionLocked()
+	r.endSessionLocked()
 }
 
 func (r *rankMon) warnOpenLocked(why string) {
@@ -186,11 +213,15 @@ func (r *rankMon) init(gen uint64, info initInfo) bool {
 	if r.gen.Load() != gen {
 		return false
 	}
+	r.globalRank = info.globalRank
+	if p := r.loadPhase(); p != phaseWaiting && !p.inSession() {
+		// Hung, or no cycle running: keep the connection, evaluate nothing.
+		return true
+	}
 	now := r.m.mono()
 	r.resetSessionLocked()
-	r.connected = true
+	r.setPhaseLocked(phaseInitial)
 	r.initAt, r.oosStart = now, now
-	r.globalRank = info.globalRank
 	if info.numWarmupIters != nil && *info.numWarmupIters >= 0 {
 		r.warmupIters = *info.numWarmupIters
 	}
@@ -215,8 +246,7 @@ func (r *rankMon) heartbeatsAt(gen uint64, now, k int64) {
 	if r.gen.Load() != gen {
 		return
 	}
-	if !r.hbSeen.Load() {
-		r.firstHeartbeat(gen, now, k)
+	if r.loadPhase() != phaseHeartbeating && !r.firstHeartbeat(gen, now, k) {
 		return
 	}
 	r.heartbeats.Add(k)
@@ -242,28 +272,39 @@ func (r *rankMon) heartbeatsAt(gen uint64, now, k int64) {
 	}
 }
 
-func (r *rankMon) firstHeartbeat(gen uint64, now, k int64) {
+// firstHeartbeat handles a heartbeat that found the rank not heartbeating.
+// It reports whether the caller should count it as an ordinary heartbeat:
+// another one got the lock first, or the rank hung after heartbeating.
+func (r *rankMon) firstHeartbeat(gen uint64, now, k int64) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.gen.Load() != gen || !r.connected {
-		return
+	if r.gen.Load() != gen {
+		return false
+	}
+	switch r.loadPhase() {
+	case phaseHeartbeating:
+		return true
+	case phaseHung:
+		return r.lastHB.Load() != 0
+	case phaseInitial:
+	default:
+		return false
 	}
 	r.heartbeats.Add(k)
 	r.nIv.Add(k - 1)
 	now = max(now, r.initAt) // a client time cannot precede the session
-	if !r.hbSeen.Load() {
-		r.obs.InitialDelay = max(r.obs.InitialDelay, time.Duration(now-r.initAt))
-	}
+	r.obs.InitialDelay = max(r.obs.InitialDelay, time.Duration(now-r.initAt))
 	r.lastHB.Store(now)
-	r.hbSeen.Store(true)
+	r.setPhaseLocked(phaseHeartbeating)
 	r.rearmLocked(r.m.mono())
+	return false
 }
 
 // openSection returns an error text when the section was already open.
 func (r *rankMon) openSection(gen uint64, name string, iter *int64, now int64) string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.gen.Load() != gen || !r.connected {
+	if r.gen.Load() != gen || !r.loadPhase().inSession() {
 		return ""
 	}
 	// A ring event carries the client's time, converted late; it cannot
@@ -297,7 +338,7 @@ func (r *rankMon) openSection(gen uint64, name string, iter *int64, now int64) s
 func (r *rankMon) closeSection(gen uint64, name string, now int64) string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.gen.Load() != gen || !r.connected {
+	if r.gen.Load() != gen || !r.loadPhase().inSession() {
 		return ""
 	}
 	// A ring event carries the client's time, converted late; it cannot
@@ -320,7 +361,7 @@ func (r *rankMon) closeSection(gen uint64, name string, now int64) string {
 func (r *rankMon) closeAll(gen uint64, now int64) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.gen.Load() != gen || !r.connected {
+	if r.gen.Load() != gen || !r.loadPhase().inSession() {
 		return
 	}
 	// A ring event carries the client's time, converted late; it cannot
@@ -367,13 +408,13 @@ func (r *rankMon) earliestLocked() (expiry, bool) {
 			best = expiry{kind: kind, section: section, timeout: timeout, deadline: d}
 		}
 	}
-	if !r.active || !r.connected || r.fired {
-		return best, false
-	}
-	if r.hbSeen.Load() {
+	switch r.loadPhase() {
+	case phaseHeartbeating:
 		consider(KindHeartbeat, "", r.lastHB.Load(), r.to.Heartbeat)
-	} else {
+	case phaseInitial:
 		consider(KindInitialHeartbeat, "", r.initAt, r.to.InitialHeartbeat)
+	default:
+		return best, false
 	}
 	warmupTO, hasWarmup := r.to.Sections["warmup"]
 	// Every open section counts, not just the last one iterated (nvrx bug).
@@ -433,14 +474,14 @@ func (r *rankMon) onTimer() {
 		return
 	}
 	now = r.m.mono()
-	r.fired = true
+	r.setPhaseLocked(phaseHung)
 	h := Hang{
 		Cycle: r.cycle, LocalRank: r.local, GlobalRank: r.globalRank, Kind: e.kind, Section: e.section,
 		Timeout: e.timeout, Elapsed: time.Duration(now - (e.deadline - int64(e.timeout))),
 		ExpiredAt: r.m.epoch.Add(time.Duration(e.deadline)),
 		Signal:    r.m.opts.FT.RankTerminationSignal,
 	}
-	r.firedHang = h
+	r.hang = &h
 	pid := r.pid
 	r.mu.Unlock()
 	r.m.goTracked(func() { r.m.terminate(h, pid) })
@@ -476,7 +517,7 @@ func (r *rankMon) status() RankStatus {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	s := RankStatus{
-		LocalRank: r.local, GlobalRank: r.globalRank, PID: r.pid, Connected: r.connected,
+		LocalRank: r.local, GlobalRank: r.globalRank, PID: r.pid, Connected: r.loadPhase().inSession(),
 		Heartbeats: r.heartbeats.Load(), Timeouts: r.to.Clone(),
 	}
 	s.OpenedAt = make(map[string]time.Time, len(r.open))
