@@ -13,6 +13,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -23,6 +24,7 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/ftlauncher/ft-launcher/internal/version"
 	"github.com/ftlauncher/ft-launcher/rendezvous/etcdserver"
 )
 
@@ -37,8 +39,22 @@ func run(args []string, stdout, stderr io.Writer) int {
 	clientURL := fs.String("client-url", "http://127.0.0.1:2379", "client URL to listen on and advertise")
 	peerURL := fs.String("peer-url", "", "peer URL (\"\": a free port on the client host)")
 	ready := fs.Duration("ready-timeout", 30*time.Second, "how long to wait for the server to serve")
+	showVersion := fs.Bool("version", false, "print the version and exit")
+	fs.Usage = func() {} // help goes to stdout, below; errors get one line
 	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, pflag.ErrHelp) {
+			fmt.Fprintf(stdout, "Usage: ft-launcher-etcd [options]\n\n"+
+				"The embedded etcd server of ft-launcher's multi-node rendezvous; the hosting\n"+
+				"ft-launcher starts it. Once serving it prints \"ready <client endpoint>\".\n\nOptions:\n%s", fs.FlagUsages())
+			return 0
+		}
+		// pflag prints nothing itself with ContinueOnError.
+		fmt.Fprintf(stderr, "ft-launcher-etcd: %v\nRun 'ft-launcher-etcd --help' for usage.\n", err)
 		return 2
+	}
+	if *showVersion {
+		fmt.Fprintln(stdout, version.String("ft-launcher-etcd"))
+		return 0
 	}
 	log := slog.New(slog.NewTextHandler(stderr, nil)).With("component", "ft-launcher-etcd")
 	sigs := make(chan os.Signal, 1)
