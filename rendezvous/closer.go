@@ -184,6 +184,11 @@ func (e *Etcd) writeAssignment(ctx context.Context, r int) error {
 		return err
 	}
 	sum.Round, sum.MembersRev = r, rev
+	// Fenced below on ctl/round == r, and the count only changes with the
+	// round: this is the count round r opened with.
+	if sum.RestartsUsed, err = e.readRestarts(ctx); err != nil {
+		return err
+	}
 	if err := e.writeRanks(ctx, r, ms, ranks, sum); err != nil {
 		return err
 	}

@@ -8,8 +8,6 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
-
-	"github.com/ftlauncher/ft-launcher/verdict"
 )
 
 // watchCtl follows <run>/ctl/ (round, end record, close record) and turns
@@ -111,10 +109,7 @@ func (e *Etcd) applyCloseLocked(val []byte) {
 	if e.closed != nil {
 		return
 	}
-	var ci closeInfo
-	if err := json.Unmarshal(val, &ci); err != nil {
-		ci = closeInfo{Kind: verdict.FatalError, Code: 1, Reason: "unreadable close record: " + string(val)}
-	}
+	ci := decodeClose(val)
 	e.closed = &ci
 	e.closeLocally("job closed: " + ci.Reason)
 	e.dropAliveLocked()
@@ -136,14 +131,14 @@ func (e *Etcd) fireLocked(r int, s *endSub) {
 	var end RoundEnd
 	switch {
 	case e.closed != nil:
-		end = RoundEnd{Kind: EndJobClosed, Round: r, Code: e.closed.Code, Reason: e.closed.Reason, Node: e.closed.Node, Close: e.closed.Kind}
+		end = RoundEnd{Kind: EndJobClosed, Round: r, Code: e.closed.Code, Reason: e.closed.Reason, Node: e.closed.Node, Close: e.closed.Kind, Cause: e.closed.Cause}
 	case e.ctlRound > r:
 		le := e.lastEnds[r]
 		reason := le.Reason
 		if reason == "" {
 			reason = fmt.Sprintf("round %d superseded by round %d", r, e.ctlRound)
 		}
-		end = RoundEnd{Kind: EndRestart, Round: r, Reason: reason, Node: le.Node}
+		end = RoundEnd{Kind: EndRestart, Round: r, Reason: reason, Node: le.Node, Cause: le.Cause}
 	default:
 		return
 	}

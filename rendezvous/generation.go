@@ -186,10 +186,8 @@ func (e *Etcd) supersededErr(ctx context.Context) error {
 	e.mu.Unlock()
 	if closed == nil {
 		if resp, err := e.cli.Get(ctx, e.k.closed()); err == nil && len(resp.Kvs) > 0 {
-			var ci closeInfo
-			if json.Unmarshal(resp.Kvs[0].Value, &ci) == nil {
-				closed = &ci
-			}
+			ci := decodeClose(resp.Kvs[0].Value)
+			closed = &ci
 		}
 	}
 	if closed == nil {

@@ -9,6 +9,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/ftlauncher/ft-launcher/policy"
 	"github.com/ftlauncher/ft-launcher/verdict"
 )
 
@@ -77,7 +78,9 @@ func (e *Etcd) watchLoss(ctx context.Context, r int, sum roundSummary) {
 }
 
 // nodeLost ends round r because node id is gone, if id was active in r and
-// had not finished. Several survivors may race; the txn decides.
+// had not finished: the policy sees a node loss (or an exclusion, when the
+// node left on purpose), which a live spare absorbs without spending a
+// restart. Several survivors may race; the txn decides.
 func (e *Etcd) nodeLost(r int, id, how string) {
 	if id == e.o.NodeID {
 		return
@@ -102,11 +105,11 @@ func (e *Etcd) nodeLost(r int, id, how string) {
 		clientv3.Compare(clientv3.CreateRevision(e.k.done(r, id)), "=", 0),
 		clientv3.Compare(clientv3.CreateRevision(e.k.assignment(r)), ">", 0),
 	}
-	d, err := e.endRound(ctx, r, fmt.Sprintf("node %s lost (%s)", id, how), conds)
+	d, err := e.endRound(ctx, r, policy.NodeLost, id, fmt.Sprintf("node %s lost (%s)", id, how), conds)
 	if err != nil {
 		e.log.Warn("report node loss", "lost", id, "err", err)
 		return
 	}
 	e.o.Metrics.NodeFailed()
-	e.log.Warn("node lost", "lost", id, "how", how, "round", r, "restart", d.Restart, "reason", d.Reason)
+	e.log.Warn("node lost", "lost", id, "how", how, "round", r, "action", string(d.Action), "reason", d.Reason)
 }

@@ -14,69 +14,14 @@ import (
 	"github.com/ftlauncher/ft-launcher/verdict"
 )
 
-// Fail reports a local failure in round r: one txn opens round r+1 if the
-// budget allows, else closes the job. A stale report is a no-op.
+// Fail reports a local failure of kind f in round r: the restart policy
+// opens round r+1 or closes the job (endRound). A stale report is a no-op
+// that returns what the job did instead.
 func (e *Etcd) Fail(ctx context.Context, round int, f policy.Failure, reason string) (Decision, error) {
+	// Fenced on the caller's own membership: a node whose lease expired
+	// (partitioned away) cannot end the round of the others.
 	conds := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(e.k.member(round, e.o.NodeID)), ">", 0)}
-	d, err := e.endRound(ctx, round, fmt.Sprintf("node %s failed: %s", e.o.NodeID, reason), conds)
-	if err != nil {
-		return Decision{}, err
-	}
-	return d, nil
-}
-
-// endRound is the single fenced txn that ends round r: open r+1 when the
-// job-wide budget allows (restarts used == r), else close the job with 1.
-func (e *Etcd) endRound(ctx context.Context, r int, reason string, extra []clientv3.Cmp) (Decision, error) {
-	e.mu.Lock()
-	maxRestarts := e.o.MaxRestarts
-	if e.cfg != nil {
-		maxRestarts = e.cfg.MaxRestarts
-	}
-	e.mu.Unlock()
-	conds := append([]clientv3.Cmp{
-		clientv3.Compare(clientv3.Value(e.k.round()), "=", strconv.Itoa(r)),
-		clientv3.Compare(clientv3.CreateRevision(e.k.closed()), "=", 0),
-		e.genCmp(),
-	}, extra...)
-	var ops []clientv3.Op
-	var dec Decision
-	if r < maxRestarts {
-		le, _ := json.Marshal(endInfo{Round: r, Reason: reason, Node: e.o.NodeID})
-		ops = []clientv3.Op{clientv3.OpPut(e.k.lastEnd(), string(le)), clientv3.OpPut(e.k.round(), strconv.Itoa(r+1))}
-		dec = Decision{Restart: true, Reason: reason}
-	} else {
-		ci := closeInfo{Kind: verdict.RestartBudgetExhausted, Code: 1, Reason: fmt.Sprintf("restart budget exhausted (%d of %d restarts used): %s", r, maxRestarts, reason), Node: e.o.NodeID}
-		cb, _ := json.Marshal(ci)
-		ops = []clientv3.Op{clientv3.OpPut(e.k.closed(), string(cb))}
-		dec = Decision{Restart: false, Code: 1, Reason: ci.Reason}
-	}
-	resp, err := e.cli.Txn(ctx).If(conds...).Then(ops...).
-		Else(clientv3.OpGet(e.k.round()), clientv3.OpGet(e.k.closed())).Commit()
-	if err != nil {
-		return Decision{}, fmt.Errorf("rendezvous: end round %d: %w", r, err)
-	}
-	if resp.Succeeded {
-		e.log.Info("rendezvous round ended", "round", r, "restart", dec.Restart, "reason", dec.Reason)
-		return dec, nil
-	}
-	// Lost the race or fenced out: report what the job did instead.
-	if kvs := resp.Responses[1].GetResponseRange().Kvs; len(kvs) > 0 {
-		var ci closeInfo
-		_ = json.Unmarshal(kvs[0].Value, &ci)
-		return Decision{Restart: false, Code: ci.Code, Reason: ci.Reason}, nil
-	}
-	cur := -1
-	if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
-		cur, _ = strconv.Atoi(string(kvs[0].Value))
-	}
-	if cur > r {
-		return Decision{Restart: true, Reason: fmt.Sprintf("round %d already superseded by round %d", r, cur)}, nil
-	}
-	if cur < r {
-		return Decision{}, fmt.Errorf("rendezvous: round %d reported but the job is at round %d", r, cur)
-	}
-	return Decision{Restart: true, Reason: fmt.Sprintf("node %s no longer belongs to round %d (membership expired)", e.o.NodeID, r)}, nil
+	return e.endRound(ctx, round, f, "", fmt.Sprintf("node %s failed: %s", e.o.NodeID, reason), conds)
 }
 
 // Succeed marks this node done in round and waits for the job's outcome.
@@ -152,25 +97,45 @@ func (e *Etcd) Shutdown(ctx context.Context, kind verdict.Kind, code int, reason
 	}
 }
 
-// Leave withdraws this node: it drops its lease (so its membership keys
-// go now) and leaves gossip; the job goes on and others see a node loss.
+// Leave withdraws this node (ExcludeThisNode, a failed health check)
+// without closing the job for others. It first records why under
+// excluded/<id>, so that peers report policy.NodeExcluded with this reason
+// rather than an anonymous loss, then leaves gossip and drops its lease (its
+// membership keys go at once). For this node the job is then over with
+// kind verdict.NodeExcluded.
 func (e *Etcd) Leave(ctx context.Context, reason string) error {
 	e.mu.Lock()
+	r := e.lastRound
+	if e.closed == nil {
+		e.closed = &closeInfo{Kind: verdict.NodeExcluded, Code: 1, Reason: "node left the job: " + reason,
+			Node: e.o.NodeID, Cause: policy.NodeExcluded}
+	}
 	e.closeLocally("left: " + reason)
-	lease := e.lease
+	e.broadcastLocked()
 	e.mu.Unlock()
 	e.log.Warn("leaving the job", "reason", reason)
+	var errs []error
+	xb, _ := json.Marshal(excludeInfo{Round: r, Reason: reason})
+	if _, err := e.cli.Txn(ctx).If(e.genCmp()).Then(clientv3.OpPut(e.k.excluded(e.o.NodeID), string(xb))).Commit(); err != nil {
+		// Peers then see an anonymous node loss; leaving goes on.
+		errs = append(errs, fmt.Errorf("rendezvous: record exclusion: %w", err))
+	}
 	e.stopGossip(true)
-	if lease != 0 && e.ownsLease {
+	if err := e.dropKeys(ctx, r); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// dropKeys removes this node's keys: an owned lease is revoked (everything
+// under it goes); a shared one must survive, so the keys are deleted.
+func (e *Etcd) dropKeys(ctx context.Context, r int) error {
+	if lease := e.currentLease(); lease != 0 && e.ownsLease {
 		if _, err := e.cli.Revoke(ctx, lease); err != nil {
 			return fmt.Errorf("rendezvous: revoke lease on leave: %w", err)
 		}
 		return nil
 	}
-	// A shared lease must survive: delete our own keys instead.
-	e.mu.Lock()
-	r := e.lastRound
-	e.mu.Unlock()
 	if _, err := e.cli.Delete(ctx, e.k.alive(e.o.NodeID)); err != nil {
 		return fmt.Errorf("rendezvous: remove alive key on leave: %w", err)
 	}

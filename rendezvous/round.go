@@ -322,7 +322,7 @@ func (e *Etcd) adopt(target int, sum roundSummary, ri rankInfo) Assignment {
 	}
 	a := Assignment{RunID: e.o.RunID, Round: target, GroupRank: ri.GroupRank, GroupWorldSize: sum.GroupWorldSize,
 		RankBase: ri.RankBase, WorldSize: sum.WorldSize, MasterAddr: sum.MasterAddr, MasterPort: sum.MasterPort,
-		MaxRestarts: maxRestarts, Standby: ri.Standby}
+		MaxRestarts: maxRestarts, RestartsUsed: sum.RestartsUsed, Standby: ri.Standby}
 	e.lastRound = target
 	e.assigned[target] = sum
 	for r := range e.assigned {

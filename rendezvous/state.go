@@ -2,10 +2,11 @@ package rendezvous
 
 import (
 	"fmt"
-
-	"github.com/ftlauncher/ft-launcher/verdict"
 	"sort"
 	"strconv"
+
+	"github.com/ftlauncher/ft-launcher/policy"
+	"github.com/ftlauncher/ft-launcher/verdict"
 )
 
 // nodeState is one node's rendezvous life. Every change goes through
@@ -100,22 +101,37 @@ type roundSummary struct {
 	Standbys       int      `json:"standbys"`
 	Seeds          []string `json:"seeds,omitempty"` // gossip addresses of the first nodes
 	MembersRev     int64    `json:"members_rev"`     // etcd revision the membership was read at
+	// RestartsUsed is ctl/restarts when the round closed (it only changes
+	// together with ctl/round, so it is the count the round opened with).
+	RestartsUsed int `json:"restarts_used"`
 }
 
 // closeInfo is the job's close record. Kind is the typed outcome; a record
 // written by an older launcher has none and is read as failure (or success
 // for code 0).
 type closeInfo struct {
-	Kind   verdict.Kind `json:"kind,omitempty"`
-	Code   int          `json:"code"`
-	Reason string       `json:"reason"`
-	Node   string       `json:"node,omitempty"`
+	Kind   verdict.Kind   `json:"kind,omitempty"`
+	Code   int            `json:"code"`
+	Reason string         `json:"reason"`
+	Node   string         `json:"node,omitempty"`
+	Cause  policy.Failure `json:"cause,omitempty"` // the failure that closed the job, if one did
 }
 
+// endInfo is the record of the last round that ended with a new round.
 type endInfo struct {
-	Round  int    `json:"round"`
+	Round        int            `json:"round"`
+	Reason       string         `json:"reason"`
+	Node         string         `json:"node,omitempty"`
+	Cause        policy.Failure `json:"cause,omitempty"`
+	Action       policy.Action  `json:"action,omitempty"`
+	RestartsUsed int            `json:"restarts_used"` // after this end
+}
+
+// excludeInfo is written by a node that leaves the job (Leave) before it
+// drops its lease, so that peers report an exclusion, not a loss.
+type excludeInfo struct {
+	Round  int    `json:"round"` // the last round the node was assigned (-1 none)
 	Reason string `json:"reason"`
-	Node   string `json:"node,omitempty"`
 }
 
 // keys builds the key layout of one generation of one run: base is
@@ -133,6 +149,7 @@ func (k keys) ctl() string                    { return k.base + "ctl/" }
 func (k keys) round() string                  { return k.base + "ctl/round" }
 func (k keys) closed() string                 { return k.base + "ctl/closed" }
 func (k keys) lastEnd() string                { return k.base + "ctl/end" }
+func (k keys) restarts() string               { return k.base + "ctl/restarts" }
 func (k keys) roundDir(r int) string          { return k.base + "rounds/" + strconv.Itoa(r) + "/" }
 func (k keys) assignment(r int) string        { return k.roundDir(r) + "assignment" }
 func (k keys) closer(r int) string            { return k.roundDir(r) + "closer" }
@@ -146,6 +163,7 @@ func (k keys) alives() string                 { return k.base + "alive/" }
 func (k keys) alive(id string) string         { return k.alives() + id }
 func (k keys) deads() string                  { return k.base + "dead/" }
 func (k keys) dead(id string) string          { return k.deads() + id }
+func (k keys) excluded(id string) string      { return k.base + "excluded/" + id }
 
 // orderMembers sorts round candidates deterministically (see docs/rendezvous.md):
 //  1. known infra rank (SLURM_PROCID, --node-rank, ...) ascending, unknown last;

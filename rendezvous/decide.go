@@ -1,0 +1,243 @@
+package rendezvous
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/ftlauncher/ft-launcher/policy"
+	"github.com/ftlauncher/ft-launcher/verdict"
+)
+
+// NoRestartExitCode is the exit code of a job closed because a rank asked
+// not to be restarted, when the close came through Fail(NoRestartRequest)
+// rather than Shutdown with the agent's configured code (nvrx's default).
+const NoRestartExitCode = 93
+
+// roundFacts are the job-wide facts the restart policy needs about round
+// r, read at one revision.
+type roundFacts struct {
+	round       int        // ctl/round; -1 when absent
+	closed      *closeInfo // the job's close record, if any
+	restarts    int        // ctl/restarts: restarts spent so far
+	restartsRev int64      // mod revision of ctl/restarts (0: absent); fences the end txn
+	maxRestarts int        // the job's agreed budget (its stored config)
+	spares      int        // live nodes of the job that are not active in r
+	present     int        // live nodes of the job (active and spare), lost node excluded
+	excluded    *excludeInfo
+}
+
+// endRound is the single fenced txn that ends round r. It applies the
+// restart policy (policy.Decide) to failure f with the job's restart count
+// from etcd: open round r+1 (restart in place, spending a restart, or swap
+// in a spare, spending none) or close the job with the policy's kind. lost
+// names the lost node for a node loss ("" for a local failure); a node
+// that left on purpose (excluded record) turns the loss into NodeExcluded.
+// extra are the caller's fences. A report that lost a race, or was fenced
+// out, returns what the job did instead.
+func (e *Etcd) endRound(ctx context.Context, r int, f policy.Failure, lost, reason string, extra []clientv3.Cmp) (Decision, error) {
+	facts, err := e.readFacts(ctx, r, lost)
+	if err != nil {
+		return Decision{}, fmt.Errorf("rendezvous: end round %d: read job state: %w", r, err)
+	}
+	if facts.excluded != nil {
+		f, reason = policy.NodeExcluded, fmt.Sprintf("node %s left the job: %s", lost, facts.excluded.Reason)
+	}
+	in := policy.Input{Failure: f, RestartsUsed: facts.restarts, MaxRestarts: facts.maxRestarts,
+		SparesAvailable: facts.spares, NodesPresent: facts.present, MinNodes: e.o.MinNodes}
+	if lost == "" {
+		// A rank failure leaves the membership as it is; it never takes a spare.
+		in.SparesAvailable, in.NodesPresent = 0, e.o.MinNodes
+	}
+	ops, dec := e.endOps(r, f, policy.Decide(in), facts.restarts, reason)
+	conds := append([]clientv3.Cmp{
+		clientv3.Compare(clientv3.Value(e.k.round()), "=", strconv.Itoa(r)),
+		clientv3.Compare(clientv3.CreateRevision(e.k.closed()), "=", 0),
+		clientv3.Compare(clientv3.ModRevision(e.k.restarts()), "=", facts.restartsRev),
+		e.genCmp(),
+	}, extra...)
+	resp, err := e.cli.Txn(ctx).If(conds...).Then(ops...).
+		Else(clientv3.OpGet(e.k.round()), clientv3.OpGet(e.k.closed()), clientv3.OpGet(e.k.restarts()), clientv3.OpGet(e.k.lastEnd())).Commit()
+	if err != nil {
+		return Decision{}, fmt.Errorf("rendezvous: end round %d: %w", r, err)
+	}
+	if resp.Succeeded {
+		e.log.Info("rendezvous round ended", "round", r, "failure", string(f), "action", string(dec.Action),
+			"restarts_used", dec.RestartsUsed, "reason", dec.Reason)
+		return dec, nil
+	}
+	return e.raceOutcome(r, resp)
+}
+
+// endOps are the writes that carry out policy decision d for round r.
+func (e *Etcd) endOps(r int, f policy.Failure, d policy.Decision, used int, reason string) ([]clientv3.Op, Decision) {
+	if d.Action == policy.CloseJob {
+		code := 1
+		if d.Close == verdict.NoRestart {
+			code = NoRestartExitCode
+		}
+		ci := closeInfo{Kind: d.Close, Code: code, Reason: d.Why + ": " + reason, Node: e.o.NodeID, Cause: f}
+		cb, _ := json.Marshal(ci)
+		return []clientv3.Op{clientv3.OpPut(e.k.closed(), string(cb))},
+			Decision{Action: d.Action, Close: d.Close, Code: code, Reason: ci.Reason, RestartsUsed: used}
+	}
+	if d.CountsRestart {
+		used++
+	}
+	le := endInfo{Round: r, Reason: reason + "; " + d.Why, Node: e.o.NodeID, Cause: f, Action: d.Action, RestartsUsed: used}
+	lb, _ := json.Marshal(le)
+	return []clientv3.Op{clientv3.OpPut(e.k.lastEnd(), string(lb)), clientv3.OpPut(e.k.round(), strconv.Itoa(r+1)),
+			clientv3.OpPut(e.k.restarts(), strconv.Itoa(used))},
+		Decision{Restart: true, Action: d.Action, Reason: le.Reason, RestartsUsed: used}
+}
+
+// raceOutcome reads the else branch of the end txn (round, close record,
+// restarts, last end) and reports what the job did instead.
+func (e *Etcd) raceOutcome(r int, resp *clientv3.TxnResponse) (Decision, error) {
+	kvs := func(i int) []*mvccpb.KeyValue { return resp.Responses[i].GetResponseRange().Kvs }
+	used := 0
+	if kv := kvs(2); len(kv) > 0 {
+		used, _ = strconv.Atoi(string(kv[0].Value))
+	}
+	if kv := kvs(1); len(kv) > 0 {
+		ci := decodeClose(kv[0].Value)
+		return Decision{Action: policy.CloseJob, Close: ci.Kind, Code: ci.Code, Reason: ci.Reason, RestartsUsed: used}, nil
+	}
+	cur := -1
+	if kv := kvs(0); len(kv) > 0 {
+		cur, _ = strconv.Atoi(string(kv[0].Value))
+	}
+	if cur < r {
+		return Decision{}, fmt.Errorf("rendezvous: round %d reported but the job is at round %d", r, cur)
+	}
+	if cur == r {
+		return Decision{Restart: true, Action: policy.RestartInPlace, RestartsUsed: used,
+			Reason: fmt.Sprintf("node %s no longer belongs to round %d (membership expired)", e.o.NodeID, r)}, nil
+	}
+	d := Decision{Restart: true, Action: policy.RestartInPlace, RestartsUsed: used,
+		Reason: fmt.Sprintf("round %d already superseded by round %d", r, cur)}
+	var le endInfo
+	if kv := kvs(3); len(kv) > 0 && json.Unmarshal(kv[0].Value, &le) == nil && le.Round == r && le.Action != "" {
+		d.Action, d.Reason = le.Action, fmt.Sprintf("%s (round %d already ended: %s)", d.Reason, r, le.Reason)
+	}
+	return d, nil
+}
+
+// readFacts reads what the policy needs about round r in one txn. For a
+// node loss (lost != "") it also reads round r's ranks, the memberships of
+// rounds r and r+1 (a standby registers for the next round at once) and
+// the lost node's excluded record.
+func (e *Etcd) readFacts(ctx context.Context, r int, lost string) (roundFacts, error) {
+	ops := []clientv3.Op{clientv3.OpGet(e.k.round()), clientv3.OpGet(e.k.closed()),
+		clientv3.OpGet(e.k.restarts()), clientv3.OpGet(e.k.config())}
+	if lost != "" {
+		ops = append(ops, clientv3.OpGet(e.k.ranks(r), clientv3.WithPrefix()),
+			clientv3.OpGet(e.k.nodes(r), clientv3.WithPrefix(), clientv3.WithKeysOnly()),
+			clientv3.OpGet(e.k.nodes(r+1), clientv3.WithPrefix(), clientv3.WithKeysOnly()),
+			clientv3.OpGet(e.k.excluded(lost)))
+	}
+	resp, err := e.cli.Txn(ctx).Then(ops...).Commit()
+	if err != nil {
+		return roundFacts{}, err
+	}
+	kvs := func(i int) []*mvccpb.KeyValue { return resp.Responses[i].GetResponseRange().Kvs }
+	f := roundFacts{round: -1, maxRestarts: e.maxRestarts()}
+	if kv := kvs(0); len(kv) > 0 {
+		f.round, _ = strconv.Atoi(string(kv[0].Value))
+	}
+	if kv := kvs(1); len(kv) > 0 {
+		ci := decodeClose(kv[0].Value)
+		f.closed = &ci
+	}
+	if kv := kvs(2); len(kv) > 0 {
+		f.restarts, _ = strconv.Atoi(string(kv[0].Value))
+		f.restartsRev = kv[0].ModRevision
+	}
+	var cfg jobConfig
+	if kv := kvs(3); len(kv) > 0 && json.Unmarshal(kv[0].Value, &cfg) == nil {
+		f.maxRestarts = cfg.MaxRestarts
+	}
+	if lost != "" {
+		f.countNodes(e.k, r, lost, kvs(4), kvs(5), kvs(6))
+		var x excludeInfo
+		if kv := kvs(7); len(kv) > 0 && json.Unmarshal(kv[0].Value, &x) == nil {
+			f.excluded = &x
+		}
+	}
+	return f, nil
+}
+
+// countNodes counts the live nodes after losing node lost: a node is live
+// while one of its memberships (round r or r+1) exists, i.e. its lease is
+// alive; a live node that is not active in round r is a spare.
+func (f *roundFacts) countNodes(k keys, r int, lost string, ranks, now, next []*mvccpb.KeyValue) {
+	active := map[string]bool{}
+	for _, kv := range ranks {
+		var ri rankInfo
+		if json.Unmarshal(kv.Value, &ri) == nil && !ri.Standby {
+			active[strings.TrimPrefix(string(kv.Key), k.ranks(r))] = true
+		}
+	}
+	alive := map[string]bool{}
+	for _, kv := range now {
+		alive[strings.TrimPrefix(string(kv.Key), k.nodes(r))] = true
+	}
+	for _, kv := range next {
+		alive[strings.TrimPrefix(string(kv.Key), k.nodes(r+1))] = true
+	}
+	delete(alive, lost)
+	for id := range alive {
+		if !active[id] {
+			f.spares++
+		}
+	}
+	f.present = len(alive)
+}
+
+// maxRestarts is the job's budget as this node knows it (the stored job
+// config once checked, else its own option).
+func (e *Etcd) maxRestarts() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.cfg != nil {
+		return e.cfg.MaxRestarts
+	}
+	return e.o.MaxRestarts
+}
+
+// readRestarts returns the job's restart count (ctl/restarts).
+func (e *Etcd) readRestarts(ctx context.Context) (int, error) {
+	resp, err := e.cli.Get(ctx, e.k.restarts())
+	if err != nil {
+		return 0, fmt.Errorf("read restart count: %w", err)
+	}
+	if len(resp.Kvs) == 0 {
+		return 0, nil
+	}
+	n, err := strconv.Atoi(string(resp.Kvs[0].Value))
+	if err != nil {
+		return 0, fmt.Errorf("bad restart count %q: %w", resp.Kvs[0].Value, err)
+	}
+	return n, nil
+}
+
+// decodeClose reads a close record; one without a kind (older launchers)
+// is read as success for code 0 and as a fatal error otherwise.
+func decodeClose(b []byte) closeInfo {
+	var ci closeInfo
+	if err := json.Unmarshal(b, &ci); err != nil {
+		return closeInfo{Kind: verdict.FatalError, Code: 1, Reason: "unreadable close record: " + string(b)}
+	}
+	if ci.Kind == "" {
+		ci.Kind = verdict.FatalError
+		if ci.Code == 0 {
+			ci.Kind = verdict.Succeeded
+		}
+	}
+	return ci
+}
