@@ -1,6 +1,8 @@
 package integration
 
 import (
+	"github.com/ftlauncher/ft-launcher/verdict"
+
 	"fmt"
 	"path/filepath"
 	"strings"
@@ -33,10 +35,16 @@ func TestNvrxClientHangDetected(t *testing.T) {
 func TestNvrxShutdownWorkloadRequestHonoured(t *testing.T) {
 	worker, _ := filepath.Abs("testdata/nvrx_worker.py")
 	j := newJob(t)
+	vpath := filepath.Join(j.dir, "verdict.json")
 	code := j.run(2*time.Minute, []string{"PYTHON_EXEC=" + debianPython}, "--standalone", "--nproc-per-node", "2",
-		"--max-restarts", "3", worker, "shutdown")
+		"--max-restarts", "3", "--verdict-file", vpath, worker, "shutdown")
 	if code != 93 {
 		t.Fatalf("exit %d, want 93 (the no-restart exit code)\n%s", code, j.stderr.String())
+	}
+	v := readVerdict(t, vpath)
+	wantVerdict(t, v, verdict.NoRestart, 93)
+	if !strings.Contains(v.Reason, "ShutdownWorkload") || v.RestartsUsed != 0 {
+		t.Fatalf("verdict %+v", v)
 	}
 	reqs := j.eventsOf("workload_request")
 	if len(reqs) != 1 || reqs[0]["action"] != "ShutdownWorkload" || reqs[0]["description"] != "loss is NaN" {
@@ -57,7 +65,7 @@ func TestNvrxExcludeThisNodeLeavesJob(t *testing.T) {
 	worker, _ := filepath.Abs("testdata/nvrx_worker.py")
 	c := newCluster(t, embeddedEndpoint(t))
 	for i := 0; i < 3; i++ {
-		c.addNode([]string{"PYTHON_EXEC=" + debianPython}, "--nnodes", "2:3", "--nproc-per-node", "1",
+		c.addNodeV([]string{"PYTHON_EXEC=" + debianPython}, "--nnodes", "2:3", "--nproc-per-node", "1",
 			"--max-restarts", "2", worker, "exclude")
 	}
 	codes := c.waitAll(2 * time.Minute)
@@ -76,6 +84,16 @@ func TestNvrxExcludeThisNodeLeavesJob(t *testing.T) {
 	reqs := c.nodes[excluded].eventsOf("workload_request")
 	if len(reqs) != 1 || reqs[0]["action"] != "ExcludeThisNode" {
 		t.Fatalf("excluded node %d workload_request events %v", excluded, reqs)
+	}
+	v := readVerdict(t, c.verdictPath(excluded))
+	wantVerdict(t, v, verdict.NodeExcluded, 1)
+	if len(v.Quarantined) != 1 || v.Quarantined[0].Evidence != verdict.EvidenceExcluded || v.Quarantined[0].Node != v.Node {
+		t.Fatalf("the excluded node's verdict does not quarantine itself: %+v", v.Quarantined)
+	}
+	for i := range c.nodes {
+		if i != excluded {
+			wantVerdict(t, readVerdict(t, c.verdictPath(i)), verdict.Succeeded, 0)
+		}
 	}
 	ran := 0
 	for i, n := range c.nodes {

@@ -98,8 +98,17 @@ func launch(ctx context.Context, cfg *configs.Config, log *slog.Logger, sigs <-c
 
 	ag := agent.New(agent.Deps{Config: cfg, Logger: log.With("component", "agent"), Events: ev, Metrics: met,
 		Ranks: agent.SpawnRanks{Reaper: reaper}, Logs: logs, Monitors: mon, Rdzv: rdzv, Signals: sigs,
-		Hostname: host, NodeID: rec.node, Environ: environ})
+		Hostname: host, NodeID: rec.node, Environ: environ, CallTimeout: callTimeout(cfg)})
 	return rec.write(ag.Run(ctx))
+}
+
+// callTimeout bounds the agent's short rendezvous calls: the rendezvous
+// gives up by itself at the etcd loss bound; this is the backstop.
+func callTimeout(cfg *configs.Config) time.Duration {
+	if cfg.Rdzv.Mode == configs.RdzvSingleNode {
+		return 10 * time.Second
+	}
+	return cfg.Rdzv.EtcdLossBound + 10*time.Second
 }
 
 // verdictRecorder writes the verdict file for every exit of launch.
