@@ -12,23 +12,21 @@ package ftclient
 
 import (
 	"context"
-	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"math"
 	"os"
 	"runtime"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"time"
-	"unsafe"
 
-	"github.com/ftlauncher/ft-launcher/monitor/ftwire"
 	"golang.org/x/sys/unix"
+
+	"github.com/ftlauncher/ft-launcher/internal/ftshm"
+	"github.com/ftlauncher/ft-launcher/monitor/ftwire"
 )
 
 // Environment variables read by Connect.
@@ -57,7 +55,7 @@ type Client struct {
 	// Shared-memory heartbeats (nil shm: socket heartbeats). The time
 	// stored is CLOCK_MONOTONIC, computed as cmBase + time.Since(t0)
 	// without a syscall (Go's monotonic clock is CLOCK_MONOTONIC).
-	shm    []byte
+	shm    *ftshm.Region
 	count  uint64
 	t0     time.Time
 	cmBase int64
@@ -108,29 +106,41 @@ func envInt(k string) int {
 // ConnectPath connects to the monitor socket at path and performs the
 // handshake; ctx bounds the handshake.
 func ConnectPath(ctx context.Context, path string, o Options) (*Client, error) {
-	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	fd, err := dial(ctx, path)
 	if err != nil {
-		return nil, fmt.Errorf("ftclient: socket: %w", err)
+		return nil, err
 	}
 	c := &Client{fd: fd, ids: map[string]uint64{}, hb: [1]byte{ftwire.MsgHeartbeat}}
-	if err := c.handshake(ctx, path, o); err != nil {
+	if err := c.handshake(o); err != nil {
 		unix.Close(fd)
 		return nil, err
 	}
 	return c, nil
 }
 
-func (c *Client) handshake(ctx context.Context, path string, o Options) error {
+// dial connects a blocking Unix socket to path, with send and receive
+// timeouts set from ctx's deadline (30 s without one): a raw fd rather than
+// a net.Conn keeps heartbeats off the netpoller.
+func dial(ctx context.Context, path string) (int, error) {
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return -1, fmt.Errorf("ftclient: socket: %w", err)
+	}
 	deadline, ok := ctx.Deadline()
 	if !ok {
 		deadline = time.Now().Add(30 * time.Second)
 	}
 	tv := unix.NsecToTimeval(max(time.Until(deadline), time.Millisecond).Nanoseconds())
-	_ = unix.SetsockoptTimeval(c.fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
-	_ = unix.SetsockoptTimeval(c.fd, unix.SOL_SOCKET, unix.SO_SNDTIMEO, &tv)
-	if err := unix.Connect(c.fd, &unix.SockaddrUnix{Name: path}); err != nil {
-		return fmt.Errorf("ftclient: connect %s: %w", path, err)
+	_ = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
+	_ = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_SNDTIMEO, &tv)
+	if err := unix.Connect(fd, &unix.SockaddrUnix{Name: path}); err != nil {
+		unix.Close(fd)
+		return -1, fmt.Errorf("ftclient: connect %s: %w", path, err)
 	}
+	return fd, nil
+}
+
+func (c *Client) handshake(o Options) error {
 	host, _ := os.Hostname()
 	h, err := json.Marshal(ftwire.Hello{GlobalRank: o.GlobalRank, LocalRank: o.LocalRank, PID: os.Getpid(),
 		Host: host, Iteration: o.Iteration, NumWarmupIters: o.NumWarmupIters, Client: "ftclient-go/1",
@@ -155,7 +165,7 @@ func (c *Client) handshake(ctx context.Context, path string, o Options) error {
 	if _, err := r.Read(t[:]); err != nil || t[0] != ftwire.MsgConfig {
 		return fmt.Errorf("ftclient: handshake: unexpected reply type %#x: %v", t[0], err)
 	}
-	p, err := readPayload(r)
+	p, err := ftwire.ReadPayload(r)
 	if err != nil {
 		return fmt.Errorf("ftclient: handshake: read config: %w", err)
 	}
@@ -231,40 +241,25 @@ func (b bytesReader) Read(p []byte) (int, error) { return copy(p, b), nil }
 
 // mapShm maps the shared-memory heartbeat region and calibrates the clock.
 func (c *Client) mapShm(fd int) error {
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		return fmt.Errorf("fstat: %w", err)
-	}
-	size := int64(ftwire.ShmSize)
+	size := ftshm.Size
 	if c.cfg.ShmSections {
-		size = ftwire.ShmRegionSize
+		size = ftshm.RegionSize
 	}
-	if st.Size < size {
-		return fmt.Errorf("region of %d bytes, want %d", st.Size, size)
-	}
-	mem, err := unix.Mmap(fd, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	shm, err := ftshm.Map(fd, size)
 	if err != nil {
-		return fmt.Errorf("mmap: %w", err)
+		return err
 	}
 	// time.Now first, CLOCK_MONOTONIC second: cmBase is then at least the
 	// true clock at t0, so stored times err late (never an early hang).
 	t0 := time.Now()
-	var ts unix.Timespec
-	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
-		_ = unix.Munmap(mem)
-		return fmt.Errorf("clock_gettime: %w", err)
+	cm, err := ftshm.Monotonic()
+	if err != nil {
+		_ = shm.Close()
+		return err
 	}
-	c.shm, c.t0, c.cmBase = mem, t0, ts.Nano()
+	c.shm, c.t0, c.cmBase = shm, t0, cm
 	c.ring = c.cfg.ShmSections
 	return nil
-}
-
-func shmStore(mem []byte, off int, v uint64) {
-	(*atomic.Uint64)(unsafe.Pointer(&mem[off])).Store(v)
-}
-
-func shmLoad(mem []byte, off int) uint64 {
-	return (*atomic.Uint64)(unsafe.Pointer(&mem[off])).Load()
 }
 
 // SharedMemory reports whether heartbeats go through shared memory.
@@ -281,18 +276,14 @@ func (c *Client) monoNow() uint64 { return uint64(c.cmBase + int64(time.Since(c.
 // dropped or reordered. Caller holds mu.
 func (c *Client) push(kind, id, iter uint64) error {
 	at := c.monoNow()
-	if c.tail-c.head >= ftwire.ShmRingCap {
+	if c.tail-c.head >= ftshm.RingCap {
 		if err := c.waitSpace(); err != nil {
 			return err
 		}
 	}
-	off := ftwire.ShmRingOff + int(c.tail%ftwire.ShmRingCap)*ftwire.ShmEventSize
-	shmStore(c.shm, off+ftwire.ShmEvWordKind, kind)
-	shmStore(c.shm, off+ftwire.ShmEvWordID, id)
-	shmStore(c.shm, off+ftwire.ShmEvWordIter, iter)
-	shmStore(c.shm, off+ftwire.ShmEvWordTime, at)
+	c.shm.PutEvent(c.tail, ftshm.Event{Kind: kind, ID: id, Iter: iter, Time: at})
 	c.tail++
-	shmStore(c.shm, ftwire.ShmOffTail, c.tail) // publishes the words above
+	c.shm.Store(ftshm.OffTail, c.tail) // publishes the event
 	return nil
 }
 
@@ -303,8 +294,8 @@ func (c *Client) push(kind, id, iter uint64) error {
 // Config, so readability means EOF or an error).
 func (c *Client) waitSpace() error {
 	full := func() bool {
-		c.head = shmLoad(c.shm, ftwire.ShmOffHead)
-		return c.tail-c.head >= ftwire.ShmRingCap
+		c.head = c.shm.Load(ftshm.OffHead)
+		return c.tail-c.head >= ftshm.RingCap
 	}
 	spinUntil := time.Now().Add(time.Millisecond)
 	for full() {
@@ -324,23 +315,8 @@ func (c *Client) waitSpace() error {
 	return nil
 }
 
-// fdReader reads one byte at a time from a blocking fd (handshake only).
-// readPayload reads one frame payload: a uvarint length, then that many bytes.
-func readPayload(r *fdReader) ([]byte, error) {
-	n, err := binary.ReadUvarint(r)
-	if err != nil {
-		return nil, fmt.Errorf("payload length: %w", err)
-	}
-	if n > ftwire.MaxPayload {
-		return nil, fmt.Errorf("payload of %d bytes exceeds the %d-byte limit", n, ftwire.MaxPayload)
-	}
-	p := make([]byte, n)
-	if _, err := io.ReadFull(r, p); err != nil {
-		return nil, err
-	}
-	return p, nil
-}
-
+// fdReader reads from a blocking fd without buffering (handshake and
+// acknowledgement only), so nothing after a frame is consumed.
 type fdReader struct{ fd int }
 
 func (r *fdReader) Read(p []byte) (int, error) {
@@ -416,10 +392,8 @@ func (c *Client) SendHeartbeat() error {
 		return ErrClosed
 	}
 	if c.shm != nil {
-		// Time first, then the count: the monitor reads the count first.
 		c.count++
-		shmStore(c.shm, ftwire.ShmOffTime, uint64(c.cmBase+int64(time.Since(c.t0))))
-		shmStore(c.shm, ftwire.ShmOffCount, c.count)
+		c.shm.StoreHeartbeat(c.count, c.monoNow())
 		return nil
 	}
 	for {
@@ -466,12 +440,12 @@ func (c *Client) sectionOp(name string, t byte, iter *int64) error {
 				return fmt.Errorf("ftclient: section %q: %w", name, err)
 			}
 		}
-		kind, it := uint64(ftwire.ShmEvOpen), uint64(0)
+		kind, it := uint64(ftshm.EvOpen), uint64(0)
 		switch {
 		case t == ftwire.MsgSectionClose:
-			kind = ftwire.ShmEvClose
+			kind = ftshm.EvClose
 		case iter != nil && *iter >= 0:
-			kind, it = ftwire.ShmEvOpenIter, uint64(*iter)
+			kind, it = ftshm.EvOpenIter, uint64(*iter)
 		}
 		return c.push(kind, id, it)
 	}
@@ -510,7 +484,7 @@ func (c *Client) EndAllSections() error {
 	ring := c.ring && !c.closed
 	if ring {
 		defer c.mu.Unlock()
-		return c.push(ftwire.ShmEvCloseAll, 0, 0)
+		return c.push(ftshm.EvCloseAll, 0, 0)
 	}
 	c.mu.Unlock()
 	return c.send([]byte{ftwire.MsgSectionCloseAll})
@@ -570,7 +544,7 @@ func (c *Client) Close() error {
 	}
 	c.closed = true
 	if c.shm != nil {
-		_ = unix.Munmap(c.shm)
+		_ = c.shm.Close()
 		c.shm = nil
 		c.ring = false
 	}
@@ -591,22 +565,12 @@ func RequestWorkloadAction(ctx context.Context, path string, globalRank int, act
 	if path == "" {
 		return errors.New("ftclient: FT_LAUNCHER_IPC_SOCKET is not set")
 	}
-	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	fd, err := dial(ctx, path)
 	if err != nil {
-		return fmt.Errorf("ftclient: socket: %w", err)
+		return err
 	}
 	defer unix.Close(fd)
 	c := &Client{fd: fd}
-	deadline, ok := ctx.Deadline()
-	if !ok {
-		deadline = time.Now().Add(30 * time.Second)
-	}
-	tv := unix.NsecToTimeval(max(time.Until(deadline), time.Millisecond).Nanoseconds())
-	_ = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
-	_ = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_SNDTIMEO, &tv)
-	if err := unix.Connect(fd, &unix.SockaddrUnix{Name: path}); err != nil {
-		return fmt.Errorf("ftclient: connect %s: %w", path, err)
-	}
 	p, err := json.Marshal(ftwire.WorkloadRequest{GlobalRank: globalRank, Action: action, Description: description})
 	if err != nil {
 		return fmt.Errorf("ftclient: encode request: %w", err)
@@ -622,7 +586,7 @@ func RequestWorkloadAction(ctx context.Context, path string, globalRank int, act
 	if err != nil || t != ftwire.MsgAck {
 		return fmt.Errorf("ftclient: unexpected ack type %#x: %v", t, err)
 	}
-	b, err := readPayload(r)
+	b, err := ftwire.ReadPayload(r)
 	if err != nil {
 		return fmt.Errorf("ftclient: read ack: %w", err)
 	}

@@ -63,7 +63,7 @@ func (m *Manager) serveControl(c *net.UnixConn) {
 			return
 		}
 		req = WorkloadRequest{GlobalRank: x.GlobalRank, Action: actionName(x.Action), Description: x.Description}
-		ack = framed(nvrxwire.EncodeBytesOK())
+		ack, _ = nvrxwire.AppendFrame(nil, nvrxwire.EncodeBytesOK()) // a few bytes: always fits
 	case ftwire.Magic[0]:
 		if err := ftwire.ReadMagic(br); err != nil {
 			m.log.Error("launcher socket: native request", "err", err)
@@ -102,11 +102,4 @@ func (m *Manager) serveControl(c *net.UnixConn) {
 	if err := writeAll(c, ack); err != nil {
 		m.log.Warn("launcher socket: write ack", "err", err)
 	}
-}
-
-func framed(p []byte) []byte {
-	b := make([]byte, 4+len(p))
-	b[0], b[1], b[2], b[3] = byte(len(p)>>24), byte(len(p)>>16), byte(len(p)>>8), byte(len(p))
-	copy(b[4:], p)
-	return b
 }

@@ -220,8 +220,15 @@ func newManager(t *testing.T, nlocal int, mut func(*configs.FaultTolerance), sta
 	if mut != nil {
 		mut(&ft)
 	}
-	m, err := New(Options{NLocal: nlocal, FT: ft, StateFile: stateFile, MinComputedTimeout: -1,
-		Logger: slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))})
+	return startManager(t, Options{NLocal: nlocal, FT: ft, StateFile: stateFile, MinComputedTimeout: -1})
+}
+
+// startManager creates a Manager from o with a logger writing to the test
+// log, closed when the test ends.
+func startManager(t *testing.T, o Options) *Manager {
+	t.Helper()
+	o.Logger = slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	m, err := New(o)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,6 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/ftlauncher/ft-launcher/internal/ftshm"
 	"github.com/ftlauncher/ft-launcher/monitor/ftwire"
 )
 
@@ -87,9 +88,9 @@ type lazyConn struct {
 	names   map[uint64]string
 	msgs    int // messages processed
 	buf     [readChunk]byte
-	// shm is the read-only mapping of the session's shared-memory
-	// heartbeat region (nil without one); unmapped with the fd.
-	shm      []byte
+	// shm is the mapping of the session's shared-memory region (nil
+	// without one); unmapped with the fd.
+	shm      *ftshm.Region
 	shmCount uint64 // heartbeat count at the last read
 	ring     bool   // section events come through shm's ring
 	ringHead uint64 // ring events consumed
@@ -112,7 +113,7 @@ func (lc *lazyConn) closeLocked(err error) {
 	_ = unix.Close(lc.fd)
 	lc.fd = -1
 	if lc.shm != nil {
-		_ = unix.Munmap(lc.shm)
+		_ = lc.shm.Close()
 		lc.shm = nil
 	}
 	lc.err = err
@@ -401,10 +402,10 @@ func nextInterval(p time.Duration, busiest int, elapsed time.Duration) time.Dura
 // is done and returns when the session ends. buffered holds what the
 // handshake reader had already read past Hello. shm, the session's
 // shared-memory mapping or nil, is owned by serveLazy from here on.
-func (m *Manager) serveLazy(r *rankMon, gen uint64, c *net.UnixConn, buffered, shm []byte, ring bool) error {
+func (m *Manager) serveLazy(r *rankMon, gen uint64, c *net.UnixConn, buffered []byte, shm *ftshm.Region, ring bool) error {
 	unmap := func() {
 		if shm != nil {
-			_ = unix.Munmap(shm)
+			_ = shm.Close()
 		}
 	}
 	rc, err := c.SyscallConn()

@@ -10,6 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/ftlauncher/ft-launcher/internal/ftshm"
 	"github.com/ftlauncher/ft-launcher/monitor/ftwire"
 )
 
@@ -104,10 +105,10 @@ func (m *Manager) serveNative(r *rankMon, gen uint64, uc *net.UnixConn, dc *dead
 		return nil // replaced meanwhile
 	}
 	sc := m.serverConfig(r)
-	shmFD, shm := -1, []byte(nil)
+	shmFD, shm := -1, (*ftshm.Region)(nil)
 	if h.Shm && m.shmOK {
 		var err error
-		if shmFD, shm, err = newShmRegion(); err != nil {
+		if shmFD, shm, err = ftshm.Create(); err != nil {
 			// Socket heartbeats still work: the client falls back.
 			r.logger().Debug("rank monitor: no shared-memory heartbeats; using the socket", "err", err)
 		}
@@ -118,7 +119,7 @@ func (m *Manager) serveNative(r *rankMon, gen uint64, uc *net.UnixConn, dc *dead
 	if err != nil {
 		if shm != nil {
 			_ = unix.Close(shmFD)
-			_ = unix.Munmap(shm)
+			_ = shm.Close()
 		}
 		return fmt.Errorf("encode config: %w", err)
 	}
@@ -127,7 +128,7 @@ func (m *Manager) serveNative(r *rankMon, gen uint64, uc *net.UnixConn, dc *dead
 		err = writeWithFD(uc, reply, shmFD)
 		_ = unix.Close(shmFD) // the client holds its own copy; the mapping stays
 		if err != nil {
-			_ = unix.Munmap(shm)
+			_ = shm.Close()
 			return fmt.Errorf("write config: %w", err)
 		}
 	} else if err := writeAll(dc.Conn, reply); err != nil {

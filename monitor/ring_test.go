@@ -3,7 +3,6 @@ package monitor
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"os"
 	"sync"
 	"testing"
@@ -28,17 +27,7 @@ func ringManager(t *testing.T, p time.Duration, mut func(*configs.FaultTolerance
 	if mut != nil {
 		mut(&ft)
 	}
-	m, err := New(Options{NLocal: 1, FT: ft, MinComputedTimeout: -1, DrainInterval: p,
-		Logger: slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := m.Close(); err != nil {
-			t.Errorf("close: %v", err)
-		}
-	})
-	return m
+	return startManager(t, Options{NLocal: 1, FT: ft, MinComputedTimeout: -1, DrainInterval: p})
 }
 
 // selfClient connects the test process itself as rank 0 (no hang can be

@@ -1,14 +1,10 @@
 package monitor
 
 import (
-	"log/slog"
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/ftlauncher/ft-launcher/configs"
-	"github.com/ftlauncher/ft-launcher/monitor/ftwire"
 )
 
 // shmManager is a monitor with only heartbeat timeouts: initial 2 s,
@@ -22,17 +18,7 @@ func shmManager(t *testing.T, hb float64, p time.Duration) *Manager {
 	ft.RankHeartbeatTimeout = fptr(hb)
 	ft.RankSectionTimeouts = map[string]*float64{}
 	ft.RankOutOfSectionTimeout = nil
-	m, err := New(Options{NLocal: 1, FT: ft, MinComputedTimeout: -1, DrainInterval: p,
-		Logger: slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := m.Close(); err != nil {
-			t.Errorf("close: %v", err)
-		}
-	})
-	return m
+	return startManager(t, Options{NLocal: 1, FT: ft, MinComputedTimeout: -1, DrainInterval: p})
 }
 
 // TestShmHeartbeats: heartbeats stored in shared memory (Go client default)
@@ -138,24 +124,5 @@ func TestShmFallback(t *testing.T) {
 	p.waitLine(t, "done", 30*time.Second)
 	if s := m.RankStatus(0); s.Heartbeats != 5 {
 		t.Errorf("counted %d heartbeats, want 5", s.Heartbeats)
-	}
-}
-
-// TestShmRegionSealed: a client cannot shrink the region (which would make
-// the monitor's reads fault) nor grow it.
-func TestShmRegionSealed(t *testing.T) {
-	t.Parallel()
-	fd, mem, err := newShmRegion()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = unix.Close(fd); _ = unix.Munmap(mem) })
-	for _, size := range []int64{0, 2 * ftwire.ShmSize} {
-		if err := unix.Ftruncate(fd, size); err == nil {
-			t.Errorf("ftruncate to %d succeeded on a sealed region", size)
-		}
-	}
-	if got := shmWord(mem, ftwire.ShmOffCount); got != 0 {
-		t.Errorf("fresh region count %d", got)
 	}
 }

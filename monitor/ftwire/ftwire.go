@@ -12,7 +12,6 @@
 package ftwire
 
 import (
-	"bufio"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -63,8 +62,8 @@ type Hello struct {
 	Iteration      *int64 `json:"iteration,omitempty"`
 	NumWarmupIters *int64 `json:"num_warmup_iters,omitempty"`
 	Client         string `json:"client,omitempty"` // e.g. "ftclient-go/1", "ft_launcher_client-py/1"
-	// Shm asks for a shared-memory heartbeat region (see ShmSize). A
-	// server that grants it sets ServerConfig.Shm and attaches the
+	// Shm asks for a shared-memory heartbeat region (its layout is
+	// internal/ftshm). A server that grants it sets ServerConfig.Shm and attaches the
 	// region's fd (SCM_RIGHTS) to the first byte of its reply.
 	Shm bool `json:"shm,omitempty"`
 	// ShmSections asks for the section-event ring in the shared region
@@ -72,41 +71,6 @@ type Hello struct {
 	// the client must then send every section event through the ring.
 	ShmSections bool `json:"shm_sections,omitempty"`
 }
-
-// Shared-memory heartbeat region (docs/protocol.md, "Shared-memory
-// heartbeats"): ShmSize bytes, little-endian uint64 words, written only by the
-// client with aligned 8-byte stores. A heartbeat stores the client's
-// CLOCK_MONOTONIC time in ns at ShmOffTime, then the incremented heartbeat
-// count at ShmOffCount; the server reads the count first.
-//
-// A client that was granted ShmSections also finds a single-producer,
-// single-consumer ring of section events in the region: the client writes
-// an event's four words at ShmRingOff + (tail mod ShmRingCap) × ShmEventSize,
-// then stores tail+1 at ShmOffTail; the server applies events in order and
-// stores the number consumed at ShmOffHead. Both counters only grow; the ring
-// is full when tail − head = ShmRingCap. Event words: kind (ShmEv*), section
-// id (defined over the socket first), iteration (ShmEvOpenIter only) and the
-// client's CLOCK_MONOTONIC time in ns.
-const (
-	ShmSize     = 4096 // the heartbeat words; regions are at least this big
-	ShmOffCount = 0
-	ShmOffTime  = 8
-
-	ShmOffTail    = 64  // client-written, own cache line
-	ShmOffHead    = 128 // server-written, own cache line
-	ShmRingOff    = 4096
-	ShmEventSize  = 32
-	ShmRingCap    = 1024
-	ShmRegionSize = ShmRingOff + ShmRingCap*ShmEventSize // size of a region the server creates
-	ShmEvWordKind = 0
-	ShmEvWordID   = 8
-	ShmEvWordIter = 16
-	ShmEvWordTime = 24
-	ShmEvOpen     = 1
-	ShmEvClose    = 2
-	ShmEvCloseAll = 3
-	ShmEvOpenIter = 4
-)
 
 // ServerConfig is the server's reply to Hello: the effective timeouts and
 // the fault-tolerance settings a client needs. Timeouts are seconds; null
@@ -206,9 +170,16 @@ func AppendSectionOpenIter(dst []byte, id uint64, iteration uint64) []byte {
 	return binary.AppendUvarint(dst, iteration)
 }
 
+// ByteReader is what ReadPayload reads from: a *bufio.Reader on the server,
+// a plain fd reader on the client's handshake.
+type ByteReader interface {
+	io.Reader
+	io.ByteReader
+}
+
 // ReadPayload reads the uvarint length and payload that follow a
 // length-prefixed type byte.
-func ReadPayload(r *bufio.Reader) ([]byte, error) {
+func ReadPayload(r ByteReader) ([]byte, error) {
 	n, err := binary.ReadUvarint(r)
 	if err != nil {
 		return nil, fmt.Errorf("read payload length: %w", err)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 )
 
 // MaxFrame is the largest frame payload accepted by default. Frames larger
@@ -40,15 +41,23 @@ func ReadFrame(r io.Reader, max int) ([]byte, error) {
 	return buf, nil
 }
 
+// AppendFrame appends payload framed: its 4-byte big-endian length, then
+// the payload. It is the one place nvrx frames are built.
+func AppendFrame(dst, payload []byte) ([]byte, error) {
+	if uint64(len(payload)) > math.MaxUint32 {
+		return dst, fmt.Errorf("nvrxwire: frame payload of %d bytes does not fit a 32-bit length", len(payload))
+	}
+	dst = binary.BigEndian.AppendUint32(dst, uint32(len(payload)))
+	return append(dst, payload...), nil
+}
+
 // WriteFrame writes the length header and payload with a single Write call,
 // so concurrent writers on a stream socket never interleave half frames.
 func WriteFrame(w io.Writer, payload []byte) error {
-	if uint64(len(payload)) > 0xFFFFFFFF {
-		return fmt.Errorf("nvrxwire: frame payload of %d bytes does not fit a 32-bit length", len(payload))
+	buf, err := AppendFrame(make([]byte, 0, 4+len(payload)), payload)
+	if err != nil {
+		return err
 	}
-	buf := make([]byte, 4+len(payload))
-	binary.BigEndian.PutUint32(buf, uint32(len(payload)))
-	copy(buf[4:], payload)
 	if _, err := w.Write(buf); err != nil {
 		return fmt.Errorf("nvrxwire: write frame: %w", err)
 	}

@@ -51,6 +51,38 @@ func TestWriteFrameSingleWrite(t *testing.T) {
 	}
 }
 
+// TestAppendFrame: the header is the big-endian payload length, and
+// ReadFrame reads back what AppendFrame built, after what dst held.
+func TestAppendFrame(t *testing.T) {
+	tests := []struct {
+		name    string
+		dst     []byte
+		payload []byte
+		header  []byte
+	}{
+		{"empty", nil, nil, []byte{0, 0, 0, 0}},
+		{"ok message", nil, EncodeBytesOK(), []byte{0, 0, 0, byte(len(EncodeBytesOK()))}},
+		{"after other bytes", []byte("xy"), []byte("abc"), []byte{0, 0, 0, 3}},
+		{"length over 255", nil, bytes.Repeat([]byte{7}, 70000), []byte{0, 1, 0x11, 0x70}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := AppendFrame(bytes.Clone(tc.dst), tc.payload)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := append(append(bytes.Clone(tc.dst), tc.header...), tc.payload...)
+			if !bytes.Equal(got, want) {
+				t.Fatalf("AppendFrame = % x..., want % x...", got[:min(len(got), 8)], want[:min(len(want), 8)])
+			}
+			back, err := ReadFrame(bytes.NewReader(got[len(tc.dst):]), 0)
+			if err != nil || !bytes.Equal(back, tc.payload) {
+				t.Errorf("ReadFrame = %d bytes, %v", len(back), err)
+			}
+		})
+	}
+}
+
 func TestReadFrameErrors(t *testing.T) {
 	hdr := func(n uint32) []byte { return binary.BigEndian.AppendUint32(nil, n) }
 	tests := []struct {
