@@ -103,7 +103,7 @@ type Config struct {
 	EventLog       string // JSON-lines event log path ("" disables)
 	MetricsAddr    string // Prometheus listen address ("" disables)
 	HealthCheckCmd string // pre-join node health check command ("" disables)
-	VerdictFile    string // JSON verdict written on exit ("": the agent's default in the log directory)
+	VerdictFile    string // JSON verdict written on exit ("": verdict.json in the run's log directory, chosen at run time)
 	PrintConfig    bool
 	CfgPath        string // --ft-cfg-path as given
 

@@ -235,10 +235,18 @@ func (p *parser) resolveRendezvous() error {
 		r.HostsEtcd, r.HostsEtcdBy = isHost, confSubj+" is_host="+c.RdzvConf["is_host"]
 	case c.LocalAddr != "":
 		r.HostsEtcd = p.isLocal(eps[0], c.LocalAddr)
-		r.HostsEtcdBy = fmt.Sprintf("--local-addr %s %s endpoint %s", c.LocalAddr, map[bool]string{true: "matches", false: "does not match"}[r.HostsEtcd], eps[0])
+		verb := "does not match"
+		if r.HostsEtcd {
+			verb = "matches"
+		}
+		r.HostsEtcdBy = fmt.Sprintf("--local-addr %s %s endpoint %s", c.LocalAddr, verb, eps[0])
 	default:
 		r.HostsEtcd = p.isLocal(eps[0], "")
-		r.HostsEtcdBy = fmt.Sprintf("endpoint %s %s", eps[0], map[bool]string{true: "is an address of this machine", false: "is not an address of this machine"}[r.HostsEtcd])
+		verb := "is not"
+		if r.HostsEtcd {
+			verb = "is"
+		}
+		r.HostsEtcdBy = fmt.Sprintf("endpoint %s %s an address of this machine", eps[0], verb)
 	}
 	c.Rdzv = r
 	return nil

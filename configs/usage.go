@@ -66,8 +66,8 @@ document is used, so NeMo/Hydra files with a nested section work. Keys are the
 nvrx field names (the --ft-* flag without --ft-, '-' as '_'; the storage path
 list is storage_healthcheck_path); num_warmup_iterations is YAML only. Unknown
 keys are ignored with a warning. The launcher option verdict_file
-(--verdict-file) may be set there too. rank_termination_signal and log_level take a
-name or a number, timeouts a number or null. Example:
+(--verdict-file) may be set there too. rank_termination_signal and log_level
+take a name or a number, timeouts a number or null. Example:
 
   fault_tolerance:
     rank_heartbeat_timeout: 300
