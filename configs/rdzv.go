@@ -143,42 +143,11 @@ func (p *parser) resolveRendezvous() error {
 	if confSubj == "" {
 		confSubj = "--rdzv-conf"
 	}
-
 	// Every key is checked whatever the mode, so that a typo fails the same
 	// way on a laptop as on the cluster.
-	timings := rdzvTimings()
-	known := map[string]bool{"is_host": true}
-	for _, t := range timings {
-		known[t.key] = true
-	}
-	ignoredKeys := torchrunOnlyRdzvConf()
-	for _, k := range sortedKeys(c.RdzvConf) {
-		if known[k] {
-			continue
-		}
-		if hint, ok := ignoredKeys[k]; ok {
-			msg := fmt.Sprintf("%s %s: torchrun's key, accepted but not used by ft-launcher", confSubj, k)
-			if hint != "" {
-				msg += " (" + hint + ")"
-			}
-			p.warn("%s", msg)
-			continue
-		}
-		p.warn("%s %s: unknown key ignored; ft-launcher reads %s", confSubj, k, knownRdzvConfKeys())
-	}
-	for _, t := range timings {
-		d := t.def
-		if v, ok := c.RdzvConf[t.key]; ok {
-			var err error
-			if d, err = parseRdzvTiming(v); err != nil {
-				return usageErr(confSubj, "%s %s=%q: %v", confSubj, t.key, v, err)
-			}
-		} else if t.key == "rejoin_wait" {
-			// Long enough for a node to stop its ranks (the SIGTERM grace)
-			// and come back, so that it keeps its group rank.
-			d = c.WorkersStopTimeout + 10*time.Second
-		}
-		*t.dst(&r) = d
+	p.warnUnusedRdzvConf(confSubj)
+	if err := p.rdzvConfTimings(&r, confSubj); err != nil {
+		return err
 	}
 	isHost, hasIsHost := false, false
 	if v, ok := c.RdzvConf["is_host"]; ok {
@@ -249,6 +218,51 @@ func (p *parser) resolveRendezvous() error {
 		r.HostsEtcdBy = fmt.Sprintf("endpoint %s %s an address of this machine", eps[0], verb)
 	}
 	c.Rdzv = r
+	return nil
+}
+
+// warnUnusedRdzvConf warns about each --rdzv-conf key ft-launcher does
+// not read: torchrun's own keys, with a hint where one of our flags does the
+// job, and unknown keys, with the list of known ones.
+func (p *parser) warnUnusedRdzvConf(confSubj string) {
+	known := map[string]bool{"is_host": true}
+	for _, t := range rdzvTimings() {
+		known[t.key] = true
+	}
+	torchrunOnly := torchrunOnlyRdzvConf()
+	for _, k := range sortedKeys(p.cfg.RdzvConf) {
+		if known[k] {
+			continue
+		}
+		if hint, ok := torchrunOnly[k]; ok {
+			msg := fmt.Sprintf("%s %s: torchrun's key, accepted but not used by ft-launcher", confSubj, k)
+			if hint != "" {
+				msg += " (" + hint + ")"
+			}
+			p.warn("%s", msg)
+			continue
+		}
+		p.warn("%s %s: unknown key ignored; ft-launcher reads %s", confSubj, k, knownRdzvConfKeys())
+	}
+}
+
+// rdzvConfTimings sets every timing of r: the --rdzv-conf value, checked,
+// else its default.
+func (p *parser) rdzvConfTimings(r *Rendezvous, confSubj string) error {
+	for _, t := range rdzvTimings() {
+		d := t.def
+		if v, ok := p.cfg.RdzvConf[t.key]; ok {
+			var err error
+			if d, err = parseRdzvTiming(v); err != nil {
+				return usageErr(confSubj, "%s %s=%q: %v", confSubj, t.key, v, err)
+			}
+		} else if t.key == "rejoin_wait" {
+			// Long enough for a node to stop its ranks (the SIGTERM grace)
+			// and come back, so that it keeps its group rank.
+			d = p.cfg.WorkersStopTimeout + 10*time.Second
+		}
+		*t.dst(r) = d
+	}
 	return nil
 }
 
