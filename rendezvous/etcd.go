@@ -34,8 +34,11 @@ func (c *JobClosedError) Error() string {
 	return fmt.Sprintf("%v: code %d: %s", ErrClosed, c.Code, c.Reason)
 }
 
-// Is makes errors.Is(err, ErrClosed) true.
-func (c *JobClosedError) Is(target error) bool { return target == ErrClosed }
+// Is makes errors.Is(err, ErrClosed) true, and errors.Is(err,
+// ErrRendezvousLost) when the job was closed because etcd was lost.
+func (c *JobClosedError) Is(target error) bool {
+	return target == ErrClosed || (target == ErrRendezvousLost && c.Kind == verdict.RendezvousLost)
+}
 
 // EtcdOptions configures the multi-node etcd v3 rendezvous.
 type EtcdOptions struct {
@@ -87,8 +90,10 @@ type Etcd struct {
 	ownsLease  bool
 	leaseMu    sync.Mutex // serializes lease renewals (keepAlive and joinRound)
 
-	ctx    context.Context
+	ctx    context.Context // ends on Close
 	cancel context.CancelFunc
+	lost   context.Context // ends on Close, or with an ErrRendezvousLost cause once etcd is lost
+	loseFn context.CancelCauseFunc
 	wg     sync.WaitGroup
 	ml     *memberlist.Memberlist
 
@@ -127,6 +132,7 @@ func NewEtcd(ctx context.Context, opts EtcdOptions) (*Etcd, error) {
 		lastEnds: map[int]endInfo{}, changed: make(chan struct{}), lastRound: -1,
 		assigned: map[int]roundSummary{}, ctlRound: -1}
 	e.ctx, e.cancel = context.WithCancel(context.Background())
+	e.lost, e.loseFn = context.WithCancelCause(e.ctx)
 	if err := e.start(ctx); err != nil {
 		e.Close()
 		return nil, err

@@ -490,7 +490,7 @@ func TestEtcdLeaveAndHealthCheck(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if _, err := c.nodes[2].Next(ctx); err == nil || !strings.Contains(err.Error(), "GPU 3") {
+	if _, err := c.nodes[2].Next(ctx); !errors.Is(err, ErrHealthCheck) || !strings.Contains(err.Error(), "GPU 3") {
 		t.Fatalf("unhealthy node admitted: %v", err)
 	}
 	as := nextAll(t, c.nodes[:2])
@@ -506,6 +506,21 @@ func TestEtcdLeaveAndHealthCheck(t *testing.T) {
 	e := waitEnd(t, end, 10*time.Second)
 	if e.Kind != EndRestart || !strings.Contains(e.Reason, c.nodes[1].o.NodeID) {
 		t.Fatalf("end after leave: %+v", e)
+	}
+}
+
+// TestEtcdJoinTimeout: a round that cannot gather MIN nodes fails Next
+// with ErrJoinTimeout after JoinTimeout.
+func TestEtcdJoinTimeout(t *testing.T) {
+	m := startEmbedded(t)
+	c := &cluster{t: t, ep: m.Endpoint(), run: t.Name()}
+	o := c.opts(0, 1, 2, 2, 0)
+	o.JoinTimeout = time.Second
+	n := c.add(o)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if _, err := n.Next(ctx); !errors.Is(err, ErrJoinTimeout) || !strings.Contains(err.Error(), "need 2 nodes") {
+		t.Fatalf("Next alone in a 2-node job: %v, want ErrJoinTimeout", err)
 	}
 }
 

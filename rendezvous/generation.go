@@ -170,7 +170,7 @@ func (e *Etcd) dropAliveLocked() {
 	e.wg.Add(1)
 	go func() {
 		defer e.wg.Done()
-		ctx, cancel := context.WithTimeout(e.ctx, 5*time.Second)
+		ctx, cancel := e.lostTimeout(5 * time.Second)
 		defer cancel()
 		if _, err := e.cli.Delete(ctx, key); err != nil {
 			e.log.Debug("drop alive key", "err", err)

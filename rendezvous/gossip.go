@@ -1,7 +1,6 @@
 package rendezvous
 
 import (
-	"context"
 	"fmt"
 	"io"
 	"net"
@@ -127,7 +126,7 @@ func (e *Etcd) markDead(id string) {
 	if id == e.o.NodeID {
 		return
 	}
-	ctx, cancel := context.WithTimeout(e.ctx, 5*time.Second)
+	ctx, cancel := e.lostTimeout(5 * time.Second)
 	defer cancel()
 	if _, err := e.cli.Put(ctx, e.k.dead(id), e.o.NodeID, clientv3.WithLease(e.currentLease())); err != nil {
 		e.log.Debug("record gossip death", "node", id, "err", err)

@@ -80,7 +80,7 @@ func (e *Etcd) reputAlive() {
 	if closed {
 		return
 	}
-	ctx, cancel := context.WithTimeout(e.ctx, 5*time.Second)
+	ctx, cancel := e.lostTimeout(5 * time.Second)
 	defer cancel()
 	if _, err := e.cli.Txn(ctx).If(e.genCmp(), clientv3.Compare(clientv3.CreateRevision(e.k.closed()), "=", 0)).
 		Then(clientv3.OpPut(e.k.alive(e.o.NodeID), "", clientv3.WithLease(e.currentLease()))).Commit(); err != nil {

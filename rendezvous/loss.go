@@ -10,11 +10,11 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/ftlauncher/ft-launcher/policy"
-	"github.com/ftlauncher/ft-launcher/verdict"
 )
 
 // probe checks etcd reachability; past EtcdLossBound it closes the job
-// locally with code 1 so the agent stops instead of running blind.
+// locally (kind RendezvousLost, code 1) so the agent stops instead of
+// running blind, and cancels e.lost, which ends every etcd call in flight.
 func (e *Etcd) probe() {
 	defer e.wg.Done()
 	t := time.NewTicker(e.o.ProbeInterval)
@@ -38,15 +38,16 @@ func (e *Etcd) probe() {
 			continue
 		}
 		down := time.Since(e.lastProbe)
-		if e.ctx.Err() == nil && e.closed == nil && down > e.o.EtcdLossBound {
-			e.closed = &closeInfo{Kind: verdict.RendezvousLost, Code: 1, Node: e.o.NodeID, Reason: fmt.Sprintf(
-				"etcd at %s unreachable for more than %v (etcd loss bound)", e.endpoints(), e.o.EtcdLossBound)}
-			e.log.Error("closing: etcd lost", "reason", e.closed.Reason)
-			e.closeLocally(e.closed.Reason)
-			e.broadcastLocked()
-		} else if e.ctx.Err() == nil {
-			e.log.Warn("etcd unreachable", "for", down.Round(time.Millisecond), "bound", e.o.EtcdLossBound, "err", err)
+		if e.ctx.Err() != nil {
+			e.mu.Unlock()
+			return
 		}
+		if down > e.o.EtcdLossBound {
+			e.declareLostLocked() // final: this node's job is over
+			e.mu.Unlock()
+			return
+		}
+		e.log.Warn("etcd unreachable", "for", down.Round(time.Millisecond), "bound", e.o.EtcdLossBound, "err", err)
 		e.mu.Unlock()
 	}
 }
@@ -85,15 +86,18 @@ func (e *Etcd) nodeLost(r int, id, how string) {
 	if id == e.o.NodeID {
 		return
 	}
-	ctx, cancel := context.WithTimeout(e.ctx, 10*time.Second)
-	defer cancel()
+	ctx := e.lost // retried until reported, etcd lost or Close
 	e.mu.Lock()
 	skip := e.closed != nil || e.ctlRound != r
 	e.mu.Unlock()
 	if skip {
 		return
 	}
-	rk, err := e.cli.Get(ctx, e.k.rank(r, id))
+	var rk *clientv3.GetResponse
+	err := e.retry(ctx, func(ctx context.Context) (err error) {
+		rk, err = e.cli.Get(ctx, e.k.rank(r, id))
+		return err
+	})
 	if err != nil || len(rk.Kvs) == 0 {
 		return
 	}
@@ -105,7 +109,11 @@ func (e *Etcd) nodeLost(r int, id, how string) {
 		clientv3.Compare(clientv3.CreateRevision(e.k.done(r, id)), "=", 0),
 		clientv3.Compare(clientv3.CreateRevision(e.k.assignment(r)), ">", 0),
 	}
-	d, err := e.endRound(ctx, r, policy.NodeLost, id, fmt.Sprintf("node %s lost (%s)", id, how), conds)
+	var d Decision
+	err = e.retry(ctx, func(ctx context.Context) (err error) {
+		d, err = e.endRound(ctx, r, policy.NodeLost, id, fmt.Sprintf("node %s lost (%s)", id, how), conds)
+		return err
+	})
 	if err != nil {
 		e.log.Warn("report node loss", "lost", id, "err", err)
 		return

@@ -18,80 +18,132 @@ import (
 // opens round r+1 or closes the job (endRound). A stale report is a no-op
 // that returns what the job did instead.
 func (e *Etcd) Fail(ctx context.Context, round int, f policy.Failure, reason string) (Decision, error) {
+	ctx, cancel := e.bounded(ctx)
+	defer cancel()
+	e.mu.Lock()
+	if e.closed != nil {
+		d := Decision{Action: policy.CloseJob, Close: e.closed.Kind, Code: e.closed.Code, Reason: e.closed.Reason}
+		err := e.lostErrLocked()
+		e.mu.Unlock()
+		return d, err
+	}
+	e.mu.Unlock()
 	// Fenced on the caller's own membership: a node whose lease expired
 	// (partitioned away) cannot end the round of the others.
 	conds := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(e.k.member(round, e.o.NodeID)), ">", 0)}
-	return e.endRound(ctx, round, f, "", fmt.Sprintf("node %s failed: %s", e.o.NodeID, reason), conds)
+	var d Decision
+	err := e.retry(ctx, func(ctx context.Context) (err error) {
+		d, err = e.endRound(ctx, round, f, "", fmt.Sprintf("node %s failed: %s", e.o.NodeID, reason), conds)
+		return err
+	})
+	if err = e.callErr(err); errors.Is(err, ErrRendezvousLost) {
+		d = Decision{Action: policy.CloseJob, Close: verdict.RendezvousLost, Code: 1, Reason: err.Error()}
+	}
+	return d, err
 }
 
 // Succeed marks this node done in round and waits for the job's outcome.
 func (e *Etcd) Succeed(ctx context.Context, round int) (int, error) {
-	resp, err := e.cli.Txn(ctx).
-		If(clientv3.Compare(clientv3.Value(e.k.round()), "=", strconv.Itoa(round)),
-			clientv3.Compare(clientv3.CreateRevision(e.k.closed()), "=", 0), e.genCmp()).
-		Then(clientv3.OpPut(e.k.done(round, e.o.NodeID), "1")).Commit()
-	if err != nil {
-		return 1, fmt.Errorf("rendezvous: mark done in round %d: %w", round, err)
-	}
-	if resp.Succeeded {
-		e.mu.Lock()
-		sum, ok := e.assigned[round]
-		e.mu.Unlock()
-		if !ok {
-			return 1, fmt.Errorf("rendezvous: Succeed for round %d, which this node was not assigned", round)
-		}
-		// The last node to mark done sees every marker and closes the job.
-		cnt, err := e.cli.Get(ctx, e.k.dones(round), clientv3.WithPrefix(), clientv3.WithCountOnly())
-		if err != nil {
-			return 1, fmt.Errorf("rendezvous: count done nodes: %w", err)
-		}
-		if int(cnt.Count) >= sum.GroupWorldSize {
-			cb, _ := json.Marshal(closeInfo{Kind: verdict.Succeeded, Code: 0, Reason: "all nodes succeeded", Node: e.o.NodeID})
-			if _, err := e.cli.Txn(ctx).
-				If(clientv3.Compare(clientv3.CreateRevision(e.k.closed()), "=", 0),
-					clientv3.Compare(clientv3.Value(e.k.round()), "=", strconv.Itoa(round)), e.genCmp()).
-				Then(clientv3.OpPut(e.k.closed(), string(cb))).Commit(); err != nil {
-				return 1, fmt.Errorf("rendezvous: close job: %w", err)
-			}
+	ctx, cancel := e.bounded(ctx)
+	defer cancel()
+	e.mu.Lock()
+	closed := e.closed != nil
+	e.mu.Unlock()
+	if !closed { // else the job is over: no marker to write, the loop reports the outcome
+		if err := e.retry(ctx, func(ctx context.Context) error { return e.markDone(ctx, round) }); err != nil {
+			return 1, e.callErr(err)
 		}
 	}
 	for {
 		e.mu.Lock()
 		ch, closed, cur := e.changed, e.closed, e.ctlRound
+		var err error
+		if closed != nil {
+			err = e.lostErrLocked()
+		}
 		e.mu.Unlock()
 		if closed != nil {
-			return closed.Code, nil
+			return closed.Code, err
 		}
 		if cur > round {
 			return 1, ErrRoundRestarted
 		}
 		select {
 		case <-ctx.Done():
-			return 1, fmt.Errorf("rendezvous: waiting for other nodes to finish round %d: %w", round, ctx.Err())
+			return 1, e.callErr(fmt.Errorf("rendezvous: waiting for other nodes to finish round %d: %w", round, ctx.Err()))
 		case <-ch:
 		}
 	}
 }
 
-// Shutdown closes the job for every node; the first close record wins.
-func (e *Etcd) Shutdown(ctx context.Context, kind verdict.Kind, code int, reason string) error {
-	cb, _ := json.Marshal(closeInfo{Kind: kind, Code: code, Reason: reason, Node: e.o.NodeID})
+// markDone writes done/<id> for round (fenced on the round being current
+// and open); the last node to do so sees every marker and closes the job
+// with success.
+func (e *Etcd) markDone(ctx context.Context, round int) error {
+	resp, err := e.cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.Value(e.k.round()), "=", strconv.Itoa(round)),
+			clientv3.Compare(clientv3.CreateRevision(e.k.closed()), "=", 0), e.genCmp()).
+		Then(clientv3.OpPut(e.k.done(round, e.o.NodeID), "1")).Commit()
+	if err != nil {
+		return fmt.Errorf("rendezvous: mark done in round %d: %w", round, err)
+	}
+	if !resp.Succeeded {
+		return nil // the round or the job is over: the caller reads which
+	}
+	e.mu.Lock()
+	sum, ok := e.assigned[round]
+	e.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("rendezvous: Succeed for round %d, which this node was not assigned", round)
+	}
+	cnt, err := e.cli.Get(ctx, e.k.dones(round), clientv3.WithPrefix(), clientv3.WithCountOnly())
+	if err != nil {
+		return fmt.Errorf("rendezvous: count done nodes: %w", err)
+	}
+	if int(cnt.Count) < sum.GroupWorldSize {
+		return nil
+	}
+	cb, _ := json.Marshal(closeInfo{Kind: verdict.Succeeded, Code: 0, Reason: "all nodes succeeded", Node: e.o.NodeID})
 	if _, err := e.cli.Txn(ctx).
-		If(clientv3.Compare(clientv3.CreateRevision(e.k.closed()), "=", 0), e.genCmp()).
+		If(clientv3.Compare(clientv3.CreateRevision(e.k.closed()), "=", 0),
+			clientv3.Compare(clientv3.Value(e.k.round()), "=", strconv.Itoa(round)), e.genCmp()).
 		Then(clientv3.OpPut(e.k.closed(), string(cb))).Commit(); err != nil {
 		return fmt.Errorf("rendezvous: close job: %w", err)
 	}
-	// Wait until the watcher has seen it so Ended fires before we return.
-	for {
+	return nil
+}
+
+// Shutdown closes the job for every node with kind, code and reason; the
+// first close record wins. On a job that is already over it does nothing.
+func (e *Etcd) Shutdown(ctx context.Context, kind verdict.Kind, code int, reason string) error {
+	ctx, cancel := e.bounded(ctx)
+	defer cancel()
+	cb, _ := json.Marshal(closeInfo{Kind: kind, Code: code, Reason: reason, Node: e.o.NodeID})
+	for first := true; ; first = false {
 		e.mu.Lock()
 		ch, closed := e.changed, e.closed
+		var err error
+		if closed != nil {
+			err = e.lostErrLocked()
+		}
 		e.mu.Unlock()
 		if closed != nil {
-			return nil
+			return err // Ended has fired: the watcher saw the close
+		}
+		if first {
+			if err := e.retry(ctx, func(ctx context.Context) error {
+				_, err := e.cli.Txn(ctx).
+					If(clientv3.Compare(clientv3.CreateRevision(e.k.closed()), "=", 0), e.genCmp()).
+					Then(clientv3.OpPut(e.k.closed(), string(cb))).Commit()
+				return err
+			}); err != nil {
+				return e.callErr(fmt.Errorf("rendezvous: close job: %w", err))
+			}
+			continue
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("rendezvous: waiting for job close: %w", ctx.Err())
+			return e.callErr(fmt.Errorf("rendezvous: waiting for job close: %w", ctx.Err()))
 		case <-ch:
 		}
 	}
@@ -104,6 +156,8 @@ func (e *Etcd) Shutdown(ctx context.Context, kind verdict.Kind, code int, reason
 // membership keys go at once). For this node the job is then over with
 // kind verdict.NodeExcluded.
 func (e *Etcd) Leave(ctx context.Context, reason string) error {
+	ctx, cancel := e.bounded(ctx)
+	defer cancel()
 	e.mu.Lock()
 	r := e.lastRound
 	if e.closed == nil {
@@ -116,15 +170,18 @@ func (e *Etcd) Leave(ctx context.Context, reason string) error {
 	e.log.Warn("leaving the job", "reason", reason)
 	var errs []error
 	xb, _ := json.Marshal(excludeInfo{Round: r, Reason: reason})
-	if _, err := e.cli.Txn(ctx).If(e.genCmp()).Then(clientv3.OpPut(e.k.excluded(e.o.NodeID), string(xb))).Commit(); err != nil {
+	if err := e.retry(ctx, func(ctx context.Context) error {
+		_, err := e.cli.Txn(ctx).If(e.genCmp()).Then(clientv3.OpPut(e.k.excluded(e.o.NodeID), string(xb))).Commit()
+		return err
+	}); err != nil {
 		// Peers then see an anonymous node loss; leaving goes on.
 		errs = append(errs, fmt.Errorf("rendezvous: record exclusion: %w", err))
 	}
 	e.stopGossip(true)
-	if err := e.dropKeys(ctx, r); err != nil {
+	if err := e.retry(ctx, func(ctx context.Context) error { return e.dropKeys(ctx, r) }); err != nil {
 		errs = append(errs, err)
 	}
-	return errors.Join(errs...)
+	return e.callErr(errors.Join(errs...))
 }
 
 // dropKeys removes this node's keys: an owned lease is revoked (everything
@@ -151,7 +208,10 @@ func (e *Etcd) dropKeys(ctx context.Context, r int) error {
 }
 
 // Close stops watchers and gossip, revokes an owned lease and closes an
-// owned client. It does not close the job.
+// owned client. It does not close the job. Every step is bounded (gossip
+// leave 300 ms, revoke 2 s, skipped once etcd is lost), so Close returns
+// within seconds with etcd gone; it then reports the loss (the lease was
+// left to expire).
 func (e *Etcd) Close() error {
 	e.mu.Lock()
 	if e.state != stateClosed {
@@ -159,11 +219,15 @@ func (e *Etcd) Close() error {
 	}
 	lease := e.lease
 	e.mu.Unlock()
+	lerr := e.lossErr() // before cancel: the loss cause stays, but read it once
 	e.stopGossip(true)
 	e.cancel()
 	e.wg.Wait()
 	var errs []error
-	if e.ownsLease && lease != 0 && e.cli != nil {
+	switch {
+	case lerr != nil:
+		errs = append(errs, fmt.Errorf("rendezvous: lease left to expire: %w", lerr))
+	case e.ownsLease && lease != 0 && e.cli != nil:
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		if _, err := e.cli.Revoke(ctx, lease); err != nil {
 			e.log.Debug("revoke lease on close", "err", err)

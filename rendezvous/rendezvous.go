@@ -74,6 +74,18 @@ type Decision struct {
 // ErrClosed is returned by Next once the job has been closed.
 var ErrClosed = errors.New("rendezvous closed")
 
+// Errors the agent maps to outcome kinds (wrapped with details).
+var (
+	// ErrRendezvousLost: the rendezvous store was unreachable past its
+	// loss bound; every call returns it from then on.
+	ErrRendezvousLost = errors.New("rendezvous lost")
+	// ErrJoinTimeout: a round did not gather --nnodes MIN nodes in time.
+	ErrJoinTimeout = errors.New("rendezvous round did not close in time")
+	// ErrHealthCheck: this node's health check failed before joining; the
+	// node left the job.
+	ErrHealthCheck = errors.New("node health check failed")
+)
+
 // Rendezvous is the node agent's view of the job-wide round state machine.
 type Rendezvous interface {
 	// Next joins the next round and blocks until it closes (or ctx ends).

@@ -12,8 +12,17 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-// Next joins the next round and blocks until it closes.
+// Next joins the next round and blocks until it closes. Once the job is
+// closed it returns a *JobClosedError with the job's outcome (which also
+// matches ErrRendezvousLost when etcd was lost).
 func (e *Etcd) Next(ctx context.Context) (Assignment, error) {
+	ctx, cancel := e.bounded(ctx)
+	defer cancel()
+	a, err := e.next(ctx)
+	return a, e.callErr(err)
+}
+
+func (e *Etcd) next(ctx context.Context) (Assignment, error) {
 	e.mu.Lock()
 	if e.closed != nil {
 		e.mu.Unlock()
@@ -28,7 +37,7 @@ func (e *Etcd) Next(ctx context.Context) (Assignment, error) {
 	e.mu.Unlock()
 
 	if needCfg {
-		if err := e.checkConfig(ctx); err != nil {
+		if err := e.retry(ctx, e.checkConfig); err != nil {
 			return Assignment{}, err
 		}
 	}
@@ -38,7 +47,7 @@ func (e *Etcd) Next(ctx context.Context) (Assignment, error) {
 			if lerr := e.Leave(ctx, reason); lerr != nil {
 				e.log.Warn("leave after failed health check", "err", lerr)
 			}
-			return Assignment{}, fmt.Errorf("rendezvous: node %s kept out: %w", e.o.NodeID, err)
+			return Assignment{}, fmt.Errorf("rendezvous: node %s kept out: %w: %w", e.o.NodeID, ErrHealthCheck, err)
 		}
 	}
 	for {
@@ -46,6 +55,9 @@ func (e *Etcd) Next(ctx context.Context) (Assignment, error) {
 		target := max(e.ctlRound, e.lastRound+1)
 		e.mu.Unlock()
 		a, retarget, err := e.joinRound(ctx, target)
+		if transient(err) && sleepCtx(ctx, retryPause) {
+			continue // etcd away: join again (registering twice is harmless)
+		}
 		if err != nil {
 			return Assignment{}, err
 		}
@@ -224,7 +236,7 @@ func (e *Etcd) waitAssignment(ctx context.Context, target int) (sum []byte, reta
 			return nil, false, fmt.Errorf("rendezvous: waiting for round %d: %w", target, ctx.Err())
 		case <-joinDeadline:
 			e.withdraw(target)
-			return nil, false, fmt.Errorf("rendezvous: round %d did not close within %v (need %d nodes)", target, e.o.JoinTimeout, e.o.MinNodes)
+			return nil, false, fmt.Errorf("rendezvous: round %d did not close within %v (need %d nodes): %w", target, e.o.JoinTimeout, e.o.MinNodes, ErrJoinTimeout)
 		case <-ch:
 		case wr, ok := <-wch:
 			if !ok {
@@ -354,7 +366,7 @@ func (e *Etcd) adopt(target int, sum roundSummary, ri rankInfo) Assignment {
 
 // withdraw removes this node's registration in an unassigned round.
 func (e *Etcd) withdraw(r int) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	ctx, cancel := e.lostTimeout(2 * time.Second)
 	defer cancel()
 	_, _ = e.cli.Txn(ctx).
 		If(clientv3.Compare(clientv3.CreateRevision(e.k.assignment(r)), "=", 0)).

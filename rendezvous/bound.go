@@ -1,0 +1,114 @@
+package rendezvous
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/ftlauncher/ft-launcher/verdict"
+)
+
+// Every etcd call of a node runs under a context that ends when etcd has
+// been unreachable past EtcdLossBound (e.lost, cancelled by probe), so no
+// call waits longer than the bound whatever context its caller passed:
+// gRPC waits for a connection as long as its context lives.
+
+// bounded returns ctx, also cancelled once etcd is lost or the rendezvous
+// is closed; call the returned func when done.
+func (e *Etcd) bounded(ctx context.Context) (context.Context, context.CancelFunc) {
+	bctx, cancel := context.WithCancelCause(ctx)
+	stop := context.AfterFunc(e.lost, func() { cancel(context.Cause(e.lost)) })
+	return bctx, func() {
+		stop()
+		cancel(context.Canceled)
+	}
+}
+
+// lostTimeout is context.WithTimeout on e.lost: for background calls.
+func (e *Etcd) lostTimeout(d time.Duration) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(e.lost, d)
+}
+
+// lossErr is the error every call returns once etcd is lost, nil before.
+func (e *Etcd) lossErr() error {
+	if cause := context.Cause(e.lost); errors.Is(cause, ErrRendezvousLost) {
+		return cause
+	}
+	return nil
+}
+
+// callErr returns err, or the loss error (naming the endpoints and the
+// bound, and err's text) when etcd was lost meanwhile: the call was cut
+// short by the loss.
+func (e *Etcd) callErr(err error) error {
+	if err == nil || errors.Is(err, ErrRendezvousLost) || errors.Is(err, ErrClosed) || errors.Is(err, ErrRoundRestarted) {
+		return err // says what happened already
+	}
+	if lerr := e.lossErr(); lerr != nil {
+		return fmt.Errorf("%w (interrupted: %v)", lerr, err)
+	}
+	return err
+}
+
+// declareLostLocked closes the job for this node (kind RendezvousLost,
+// code 1, unless it was closed already) and cancels every call in flight.
+func (e *Etcd) declareLostLocked() {
+	reason := fmt.Sprintf("etcd at %s unreachable for more than %v (etcd loss bound)", e.endpoints(), e.o.EtcdLossBound)
+	if e.closed == nil {
+		e.closed = &closeInfo{Kind: verdict.RendezvousLost, Code: 1, Node: e.o.NodeID, Reason: reason}
+		e.log.Error("closing: etcd lost", "reason", reason)
+		e.closeLocally(reason)
+		e.broadcastLocked()
+	}
+	e.loseFn(fmt.Errorf("%w: %s", ErrRendezvousLost, reason))
+}
+
+// lostErrLocked is the loss error when this node's job was closed because
+// etcd was lost, nil for any other close (mu held, e.closed set).
+func (e *Etcd) lostErrLocked() error {
+	if e.closed.Kind != verdict.RendezvousLost {
+		return nil
+	}
+	if lerr := e.lossErr(); lerr != nil {
+		return lerr
+	}
+	return fmt.Errorf("%w: %s", ErrRendezvousLost, e.closed.Reason)
+}
+
+// retry runs op until it succeeds, fails for a reason other than etcd
+// being unavailable, or ctx ends: a call in flight when the connection
+// drops fails at once, and only the loss bound (through a bounded ctx)
+// decides that etcd is gone. op must be safe to repeat (fenced txns are).
+func (e *Etcd) retry(ctx context.Context, op func(ctx context.Context) error) error {
+	for {
+		err := op(ctx)
+		if !transient(err) {
+			return err
+		}
+		e.log.Debug("etcd unavailable; retrying within the loss bound", "err", err)
+		if !sleepCtx(ctx, retryPause) {
+			return err
+		}
+	}
+}
+
+// transient reports whether err says etcd is unavailable for now (a lost
+// connection, no leader, a server-side timeout).
+func transient(err error) bool {
+	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return false
+	}
+	code := codes.OK
+	var ee rpctypes.EtcdError
+	if errors.As(err, &ee) {
+		code = ee.Code()
+	} else if s, ok := status.FromError(err); ok {
+		code = s.Code()
+	}
+	return code == codes.Unavailable || code == codes.DeadlineExceeded
+}
