@@ -12,11 +12,11 @@ import (
 
 // watchCtl follows <run>/ctl/ (round, end record, close record) and turns
 // changes into Ended events. clientv3 resumes the watch after reconnects,
-// so an etcd outage alone never ends a round.
+// so an etcd outage alone never ends a round; it stops once etcd is lost.
 func (e *Etcd) watchCtl(rev int64) {
 	defer e.wg.Done()
-	for e.ctx.Err() == nil {
-		wch := e.cli.Watch(clientv3.WithRequireLeader(e.ctx), e.k.ctl(), clientv3.WithPrefix(), clientv3.WithRev(rev+1))
+	for e.lost.Err() == nil {
+		wch := e.cli.Watch(clientv3.WithRequireLeader(e.lost), e.k.ctl(), clientv3.WithPrefix(), clientv3.WithRev(rev+1))
 		for wr := range wch {
 			if err := wr.Err(); err != nil {
 				e.log.Debug("ctl watch interrupted", "err", err)
@@ -31,10 +31,10 @@ func (e *Etcd) watchCtl(rev int64) {
 			rev = wr.Header.Revision
 		}
 		// The stream broke (no leader, compaction): re-read, then re-watch.
-		if e.ctx.Err() != nil || !sleepCtx(e.ctx, retryPause) {
+		if e.lost.Err() != nil || !sleepCtx(e.lost, retryPause) {
 			return
 		}
-		if r, err := e.loadCtl(e.ctx); err == nil {
+		if r, err := e.loadCtl(e.lost); err == nil {
 			rev = r
 		}
 	}

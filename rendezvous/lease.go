@@ -47,24 +47,25 @@ func (e *Etcd) currentLease() clientv3.LeaseID {
 }
 
 // keepAlive keeps the owned lease alive; if etcd reports it gone (we were
-// away longer than its TTL) a new one is granted for later rounds.
+// away longer than its TTL) a new one is granted for later rounds. It stops
+// once etcd is lost.
 func (e *Etcd) keepAlive() {
 	defer e.wg.Done()
-	for e.ctx.Err() == nil {
+	for e.lost.Err() == nil {
 		lease := e.currentLease()
-		ch, err := e.cli.KeepAlive(e.ctx, lease)
+		ch, err := e.cli.KeepAlive(e.lost, lease)
 		if err == nil {
 			for range ch {
 			}
 		}
-		if e.ctx.Err() != nil || !sleepCtx(e.ctx, 500*time.Millisecond) {
+		if e.lost.Err() != nil || !sleepCtx(e.lost, 500*time.Millisecond) {
 			return
 		}
-		ctx, cancel := context.WithTimeout(e.ctx, 2*time.Second)
+		ctx, cancel := e.lostTimeout(2 * time.Second)
 		ttl, err := e.cli.TimeToLive(ctx, lease)
 		cancel()
 		if err == nil && ttl.TTL <= 0 {
-			if err := e.renewLease(e.ctx, lease); err != nil {
+			if err := e.renewLease(e.lost, lease); err != nil {
 				e.log.Warn("re-grant lease", "err", err)
 			}
 		}

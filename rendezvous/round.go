@@ -350,7 +350,7 @@ func (e *Etcd) adopt(target int, sum roundSummary, ri rankInfo) Assignment {
 	if e.roundStop != nil {
 		e.roundStop()
 	}
-	rctx, rcancel := context.WithCancel(e.ctx)
+	rctx, rcancel := context.WithCancel(e.lost)
 	e.roundStop = rcancel
 	stale := e.ctlRound > target || e.closed != nil
 	e.mu.Unlock()
