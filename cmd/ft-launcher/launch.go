@@ -174,9 +174,7 @@ func nodeName(cfg *configs.Config, host string) string {
 // node (nothing external), else the etcd backend, hosting an embedded etcd
 // when this launcher's address is the endpoint's.
 func newRendezvous(ctx context.Context, cfg *configs.Config, log *slog.Logger, reaper *spawn.Reaper, met *metrics.Metrics) (rendezvous.Rendezvous, func(), error) {
-	single := cfg.Standalone || (cfg.NNodes.Max == 1 && cfg.RdzvEndpoint == "") ||
-		(cfg.NNodes.Max == 1 && cfg.RdzvBackend == "static")
-	if single {
+	if cfg.Rdzv.Mode == configs.RdzvSingleNode { // decided and validated at parse time
 		addr := cfg.MasterAddr
 		port := cfg.MasterPort
 		if cfg.Standalone || cfg.RdzvBackend != "static" {
