@@ -132,6 +132,7 @@ func testEtcdLostMidRound(t *testing.T, hostDies bool) {
 		call("Succeed after the loss", func(ctx context.Context) error { _, err := n.Succeed(ctx, 0); return err })
 		call("Shutdown after the loss", func(ctx context.Context) error { return n.Shutdown(ctx, verdict.Signaled, 143, "SIGTERM") })
 		call("Next after the loss", func(ctx context.Context) error { _, err := n.Next(ctx); return err })
+		call("Leave after the loss", func(ctx context.Context) error { return n.Leave(ctx, "ExcludeThisNode") })
 		call("Close", func(context.Context) error { return n.Close() })
 	}
 	waitGroup(t, &wg, limit)
@@ -160,4 +161,29 @@ func waitGroup(t *testing.T, wg *sync.WaitGroup, d time.Duration) {
 	case <-time.After(d):
 		t.Fatalf("rendezvous calls still blocked %v after the loss bound", d)
 	}
+}
+
+// TestRealEtcdCloseWithEtcdGone: Close returns within seconds when etcd
+// died moments ago, long before the loss bound (a SIGTERM right after the
+// etcd host went away): gossip leave, the lease revoke and the watchers
+// are all bounded.
+func TestRealEtcdCloseWithEtcdGone(t *testing.T) {
+	p := startEtcdProc(t)
+	c := &cluster{t: t, ep: p.clientURL, run: t.Name()}
+	for i := 0; i < 2; i++ {
+		c.add(c.opts(i, 1, 2, 2, 3)) // default loss bound: 60s
+	}
+	nextAll(t, c.nodes)
+	p.stop()
+	var wg sync.WaitGroup
+	for _, n := range c.nodes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			start := time.Now()
+			err := n.Close()
+			t.Logf("Close returned after %v: %v", time.Since(start).Round(time.Millisecond), err)
+		}()
+	}
+	waitGroup(t, &wg, 15*time.Second)
 }
