@@ -206,6 +206,13 @@ func TestRun(t *testing.T) {
 				if g := h.ranks.groups[0]; len(g.stopped) != 1 || g.stopped[0] != syscall.SIGTERM {
 					t.Errorf("first cycle stopped with %v", g.stopped)
 				}
+				for name, want := range map[string]float64{"ftlauncher_restarts_total": 1,
+					`ftlauncher_rank_exits_total{result="failure"}`: 2, // the crash, then its peer stopped by SIGTERM
+					`ftlauncher_rank_exits_total{result="success"}`: 2} {
+					if got := h.metric(name); got != want {
+						t.Errorf("%s = %v, want %v", name, got, want)
+					}
+				}
 			},
 		},
 		{
@@ -230,6 +237,9 @@ func TestRun(t *testing.T) {
 				}
 				if o.Cycles[0].End != "hang" {
 					t.Errorf("cycle end %q", o.Cycles[0].End)
+				}
+				if got := h.metric(`ftlauncher_hang_kills_total{timeout_kind="section"}`); got != 1 {
+					t.Errorf("hang kills %v", got)
 				}
 			},
 		},

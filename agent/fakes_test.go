@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/ftlauncher/ft-launcher/configs"
+	"github.com/ftlauncher/ft-launcher/metrics"
 	"github.com/ftlauncher/ft-launcher/monitor"
 	"github.com/ftlauncher/ft-launcher/policy"
 	"github.com/ftlauncher/ft-launcher/ranklogs"
@@ -302,6 +303,7 @@ type harness struct {
 	env   []string
 	// callTimeout bounds short rendezvous calls (default 5s).
 	callTimeout time.Duration
+	met         *metrics.Metrics
 }
 
 func newHarness(t *testing.T) *harness {
@@ -311,7 +313,7 @@ func newHarness(t *testing.T) *harness {
 		WorkersStopTimeout: 2 * time.Second, TermTimeout: 2 * time.Second, FT: configs.DefaultFaultTolerance()}
 	cfg.FT.TerminationGrace = 0.1
 	return &harness{t: t, cfg: cfg, rdzv: newFakeRdzv(), ranks: newFakeRanks(), mons: newFakeMonitors(),
-		sigs: make(chan os.Signal, 4), callTimeout: 5 * time.Second}
+		sigs: make(chan os.Signal, 4), callTimeout: 5 * time.Second, met: metrics.New()}
 }
 
 func (h *harness) start() <-chan Outcome {
@@ -320,7 +322,7 @@ func (h *harness) start() <-chan Outcome {
 	if err != nil {
 		h.t.Fatal(err)
 	}
-	h.agent = New(Deps{Config: h.cfg, Logger: slog.New(slog.DiscardHandler), Ranks: h.ranks, Logs: logs,
+	h.agent = New(Deps{Config: h.cfg, Logger: slog.New(slog.DiscardHandler), Metrics: h.met, Ranks: h.ranks, Logs: logs,
 		Monitors: h.mons, Rdzv: h.rdzv, Signals: h.sigs, Hostname: "host-a", NodeID: "10.0.0.1/42",
 		Environ: h.env, CallTimeout: h.callTimeout})
 	out := make(chan Outcome, 1)
@@ -337,4 +339,28 @@ func (h *harness) outcome(out <-chan Outcome) Outcome {
 		h.t.Fatalf("agent did not end (state %v)", h.agent.State())
 		return Outcome{}
 	}
+}
+
+// metric reads one sample of the harness's metrics (labels as name{k="v"}).
+func (h *harness) metric(name string) float64 {
+	h.t.Helper()
+	mfs, err := h.met.Registry.Gather()
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			full := mf.GetName()
+			for _, l := range m.GetLabel() {
+				full += "{" + l.GetName() + "=\"" + l.GetValue() + "\"}"
+			}
+			if full == name {
+				if c := m.GetCounter(); c != nil {
+					return c.GetValue()
+				}
+				return m.GetGauge().GetValue()
+			}
+		}
+	}
+	return 0
 }

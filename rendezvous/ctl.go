@@ -91,10 +91,7 @@ func (e *Etcd) applyRoundLocked(val []byte) {
 	if err != nil || r <= e.ctlRound {
 		return
 	}
-	if e.ctlRound >= 0 {
-		e.o.Metrics.Restarted()
-	}
-	e.ctlRound = r
+	e.ctlRound = r // restarts are counted by the agent, which acts on them
 	if e.lastRound >= 0 && e.lastRound < r && e.state == stateActive {
 		e.setStateLocked(stateRoundEnded, "round "+strconv.Itoa(r)+" opened")
 		if e.roundStop != nil {

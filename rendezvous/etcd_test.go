@@ -240,7 +240,7 @@ func TestEtcdHappyPathAndFail(t *testing.T) {
 		t.Fatalf("Next after success: %v, want ErrClosed", err)
 	}
 	for name, want := range map[string]float64{"ftlauncher_rounds_total": 2,
-		"ftlauncher_restarts_total": 1, "ftlauncher_current_round": 1, "ftlauncher_world_size": 6} {
+		"ftlauncher_current_round": 1, "ftlauncher_world_size": 6} {
 		if got := metricValue(t, met, name); got != want {
 			t.Errorf("%s = %v, want %v", name, got, want)
 		}

@@ -108,7 +108,6 @@ func (l *Local) Fail(ctx context.Context, round int, f policy.Failure, reason st
 	if d.CountsRestart {
 		l.restarts++
 	}
-	l.met.Restarted()
 	return Decision{Restart: true, Action: d.Action, Reason: d.Why + ": " + reason, RestartsUsed: l.restarts}, nil
 }
 
