@@ -161,6 +161,7 @@ func TestBadRdzvConfExitsBeforeStarting(t *testing.T) {
 func rankProbe(c *cluster) string {
 	return recorder(c, `
 echo $$ >> "$OUT/pids"
+echo $$ > "$OUT/pid.$NODE"
 echo ready >> "$OUT/ready"
 while :; do
   if [ "$NODE" = 1 ] && [ -e "$OUT/crash" ]; then exit 1; fi
@@ -328,14 +329,8 @@ func TestSIGTERMDuringBlockedRendezvousCall(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Node 1's rank fails; its launcher now reports to an unreachable etcd.
-	waitFor(t, generous, func() bool {
-		for _, pid := range rankPids(t, c.dir) {
-			if pidAlive(pid) {
-				return false
-			}
-		}
-		return true
-	})
+	failed := readInt(t, filepath.Join(c.dir, "pid.1"))
+	waitFor(t, generous, func() bool { return !pidAlive(failed) })
 	time.Sleep(500 * time.Millisecond)
 	for _, n := range c.nodes {
 		_ = n.cmd.Process.Signal(syscall.SIGTERM)

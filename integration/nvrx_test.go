@@ -90,10 +90,21 @@ func TestNvrxExcludeThisNodeLeavesJob(t *testing.T) {
 	if len(v.Quarantined) != 1 || v.Quarantined[0].Evidence != verdict.EvidenceExcluded || v.Quarantined[0].Node != v.Node {
 		t.Fatalf("the excluded node's verdict does not quarantine itself: %+v", v.Quarantined)
 	}
+	seen := false // the peer active with it in round 0 records why it left
 	for i := range c.nodes {
-		if i != excluded {
-			wantVerdict(t, readVerdict(t, c.verdictPath(i)), verdict.Succeeded, 0)
+		if i == excluded {
+			continue
 		}
+		pv := readVerdict(t, c.verdictPath(i))
+		wantVerdict(t, pv, verdict.Succeeded, 0)
+		for _, q := range pv.Quarantined {
+			if q.Node == v.Node && q.Evidence == verdict.EvidenceExcluded {
+				seen = true
+			}
+		}
+	}
+	if !seen {
+		t.Errorf("no peer recorded node %s as excluded", v.Node)
 	}
 	ran := 0
 	for i, n := range c.nodes {

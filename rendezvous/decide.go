@@ -54,7 +54,11 @@ func (e *Etcd) endRound(ctx context.Context, r int, f policy.Failure, lost, reas
 		// A rank failure leaves the membership as it is; it never takes a spare.
 		in.SparesAvailable, in.NodesPresent = 0, e.o.MinNodes
 	}
-	ops, dec := e.endOps(r, f, policy.Decide(in), facts.restarts, reason)
+	subject := e.o.NodeID // the node that caused the end: the reporter, or the node it lost
+	if lost != "" {
+		subject = lost
+	}
+	ops, dec := e.endOps(r, f, policy.Decide(in), facts.restarts, subject, reason)
 	conds := append([]clientv3.Cmp{
 		clientv3.Compare(clientv3.Value(e.k.round()), "=", strconv.Itoa(r)),
 		clientv3.Compare(clientv3.CreateRevision(e.k.closed()), "=", 0),
@@ -75,13 +79,13 @@ func (e *Etcd) endRound(ctx context.Context, r int, f policy.Failure, lost, reas
 }
 
 // endOps are the writes that carry out policy decision d for round r.
-func (e *Etcd) endOps(r int, f policy.Failure, d policy.Decision, used int, reason string) ([]clientv3.Op, Decision) {
+func (e *Etcd) endOps(r int, f policy.Failure, d policy.Decision, used int, subject, reason string) ([]clientv3.Op, Decision) {
 	if d.Action == policy.CloseJob {
 		code := 1
 		if d.Close == verdict.NoRestart {
 			code = NoRestartExitCode
 		}
-		ci := closeInfo{Kind: d.Close, Code: code, Reason: d.Why + ": " + reason, Node: e.o.NodeID, Cause: f}
+		ci := closeInfo{Kind: d.Close, Code: code, Reason: d.Why + ": " + reason, Node: subject, Cause: f}
 		cb, _ := json.Marshal(ci)
 		return []clientv3.Op{clientv3.OpPut(e.k.closed(), string(cb))},
 			Decision{Action: d.Action, Close: d.Close, Code: code, Reason: ci.Reason, RestartsUsed: used}
@@ -89,7 +93,7 @@ func (e *Etcd) endOps(r int, f policy.Failure, d policy.Decision, used int, reas
 	if d.CountsRestart {
 		used++
 	}
-	le := endInfo{Round: r, Reason: reason + "; " + d.Why, Node: e.o.NodeID, Cause: f, Action: d.Action, RestartsUsed: used}
+	le := endInfo{Round: r, Reason: reason + "; " + d.Why, Node: subject, Cause: f, Action: d.Action, RestartsUsed: used}
 	lb, _ := json.Marshal(le)
 	return []clientv3.Op{clientv3.OpPut(e.k.lastEnd(), string(lb)), clientv3.OpPut(e.k.round(), strconv.Itoa(r+1)),
 			clientv3.OpPut(e.k.restarts(), strconv.Itoa(used))},

@@ -228,3 +228,7 @@ func (e *Etcd) Ended(round int) <-chan RoundEnd {
 // Generation is the job generation this node belongs to: it grows by one
 // each time a run id is reused after its job closed (docs/rendezvous.md).
 func (e *Etcd) Generation() int { return e.gen }
+
+// NodeID is this node's id in the job's records (<local addr>/<pid>): the
+// id peers use when they record this node as lost or excluded.
+func (e *Etcd) NodeID() string { return e.o.NodeID }
