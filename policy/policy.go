@@ -20,10 +20,14 @@ const (
 	NodeLost         Failure = "node_lost"     // gossip or lease expiry: an active node is gone
 	NodeExcluded     Failure = "node_excluded" // an active node left (ExcludeThisNode, health check)
 	NoRestartRequest Failure = "no_restart"    // a rank asked ShutdownWorkload
+	// NodeStopped: an active node's launcher was stopped by a signal
+	// (scancel, preemption, a person) and left the job gracefully. It is
+	// handled like a loss, but it is no evidence against the node.
+	NodeStopped Failure = "node_stopped"
 )
 
 // Failures lists every failure kind (tests, docs).
-var Failures = []Failure{RankCrash, RankHang, NodeLost, NodeExcluded, NoRestartRequest}
+var Failures = []Failure{RankCrash, RankHang, NodeLost, NodeExcluded, NodeStopped, NoRestartRequest}
 
 // Input is everything the decision depends on.
 type Input struct {
@@ -64,7 +68,7 @@ type Decision struct {
 // Decide applies the restart policy:
 //
 //   - a no-restart request closes the job (NoRestart) whatever the budget;
-//   - a lost or excluded node is replaced by a spare when one is available,
+//   - a lost, excluded or stopped node is replaced by a spare when one is available,
 //     without spending a restart (so --max-restarts 0 with a standby still
 //     survives a node loss); with no spare, the job restarts in place and
 //     waits for MIN nodes, which spends a restart;
@@ -76,7 +80,7 @@ func Decide(in Input) Decision {
 	switch in.Failure {
 	case NoRestartRequest:
 		return Decision{Action: CloseJob, Close: verdict.NoRestart, Why: "a rank asked not to restart the workload"}
-	case NodeLost, NodeExcluded:
+	case NodeLost, NodeExcluded, NodeStopped:
 		if in.SparesAvailable > 0 {
 			return Decision{Action: SwapSpare, Why: fmt.Sprintf("%s: a spare takes its place (%d available; no restart spent)",
 				in.Failure, in.SparesAvailable)}

@@ -31,6 +31,8 @@ func TestDecide(t *testing.T) {
 		{"node excluded with spare", Input{Failure: NodeExcluded, MaxRestarts: 0, SparesAvailable: 2, NodesPresent: 3, MinNodes: 2}, SwapSpare, false, ""},
 		{"node excluded no spare", Input{Failure: NodeExcluded, MaxRestarts: 1, NodesPresent: 1, MinNodes: 2}, RestartInPlace, true, ""},
 		{"node excluded no spare, no budget", Input{Failure: NodeExcluded, RestartsUsed: 1, MaxRestarts: 1, NodesPresent: 1, MinNodes: 2}, CloseJob, false, verdict.RestartBudgetExhausted},
+		{"node stopped with spare", Input{Failure: NodeStopped, MaxRestarts: 0, SparesAvailable: 1, NodesPresent: 2, MinNodes: 2}, SwapSpare, false, ""},
+		{"node stopped no spare", Input{Failure: NodeStopped, MaxRestarts: 2, NodesPresent: 1, MinNodes: 2}, RestartInPlace, true, ""},
 		{"no-restart request with budget", Input{Failure: NoRestartRequest, MaxRestarts: 10, NodesPresent: 2, MinNodes: 2}, CloseJob, false, verdict.NoRestart},
 		{"no-restart request with spares", Input{Failure: NoRestartRequest, MaxRestarts: 10, SparesAvailable: 3, NodesPresent: 5, MinNodes: 2}, CloseJob, false, verdict.NoRestart},
 		{"unknown failure counts as process failure", Input{Failure: "mystery", MaxRestarts: 1, NodesPresent: 1, MinNodes: 1}, RestartInPlace, true, ""},
@@ -67,7 +69,7 @@ func TestDecideInvariants(t *testing.T) {
 							t.Fatalf("%+v: restart in place must count and needs budget: %+v", in, d)
 						}
 					case SwapSpare:
-						if d.CountsRestart || spares == 0 || (f != NodeLost && f != NodeExcluded) {
+						if d.CountsRestart || spares == 0 || (f != NodeLost && f != NodeExcluded && f != NodeStopped) {
 							t.Fatalf("%+v: bad swap: %+v", in, d)
 						}
 					default:
