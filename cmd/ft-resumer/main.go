@@ -1,38 +1,381 @@
-// Command ft-resumer drives the outer fault-tolerance loop across scheduler
-// jobs (Slurm auto-resume, Kubernetes workload reset). It is not implemented
-// yet: it has its own issue. Only --version and --help work.
+// Command ft-resumer keeps a chain of Slurm jobs going until training is
+// finished (auto-resume), with the decisions made from facts: the
+// launchers' verdict files, the finished flag and Slurm's record. The logic
+// is in package slurm; this is its command line. docs/slurm.md describes
+// the mechanism.
 package main
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"sort"
+	"strings"
+	"syscall"
+	"time"
 
+	"github.com/spf13/pflag"
+
+	"github.com/ftlauncher/ft-launcher/internal/atomicfile"
 	"github.com/ftlauncher/ft-launcher/internal/version"
+	"github.com/ftlauncher/ft-launcher/slurm"
 )
 
 func main() {
-	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
 }
 
-const usage = `Usage: ft-resumer [--version | --help]
+const usage = `Usage: ft-resumer COMMAND [flags]
 
-ft-resumer will drive the outer fault-tolerance loop across scheduler jobs
-(Slurm auto-resume, Kubernetes workload reset). It is not implemented yet;
-use ft-launcher.
+Keeps a chain of Slurm jobs going until training is finished. The chain's
+state lives in its directory (chain.json) and in Slurm, so ft-resumer may
+die and be run again at any time: it picks the chain up where it was.
+
+Commands:
+  run SCRIPT      start a chain with the batch script SCRIPT (or pick up the
+                  chain in --chain-dir) and follow it until it ends; exits 0
+                  when training finished, 1 when the chain stopped
+  submit SCRIPT   start (or pick up) a chain and return at once
+  status          show the chain (--json for tools)
+  cancel          stop the chain and cancel its pending and running jobs
+  step begin|end  the decision steps the generated job wrapper runs
+  node -- CMD     run CMD (ft-launcher) on a node with its verdict file set to
+                  $FT_RESUMER_JOB_DIR/verdict-$SLURMD_NODENAME.json: use it in
+                  srun lines (srun ft-resumer node -- ft-launcher ...)
+
+Run 'ft-resumer COMMAND --help' for a command's flags; --version prints the
+version.
 `
 
-func run(args []string, stdout, stderr io.Writer) int {
-	if len(args) == 1 {
-		switch args[0] {
-		case "--version":
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return 2
+	}
+	switch args[0] {
+	case "--version":
+		if len(args) == 1 {
 			fmt.Fprintln(stdout, version.String("ft-resumer"))
 			return 0
-		case "-h", "--help":
-			fmt.Fprint(stdout, usage)
-			return 0
+		}
+	case "-h", "--help", "help":
+		fmt.Fprint(stdout, usage)
+		return 0
+	case "run", "submit":
+		return cmdStart(ctx, args[0], args[1:], stdout, stderr)
+	case "status":
+		return cmdStatus(ctx, args[1:], stdout, stderr)
+	case "cancel":
+		return cmdCancel(ctx, args[1:], stdout, stderr)
+	case "step":
+		return cmdStep(ctx, args[1:], stderr)
+	case "node":
+		return cmdNode(args[1:], stderr)
+	}
+	fmt.Fprintf(stderr, "ft-resumer: unknown command %q\n\n%s", strings.Join(args, " "), usage)
+	return 2
+}
+
+// flagSet is a pflag set that reports errors once, to stderr.
+func flagSet(name string, stderr io.Writer) *pflag.FlagSet {
+	fs := pflag.NewFlagSet("ft-resumer "+name, pflag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.SortFlags = false
+	return fs
+}
+
+func parse(fs *pflag.FlagSet, args []string, stdout io.Writer) (code int, done bool) {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, pflag.ErrHelp) {
+			fs.SetOutput(stdout)
+			fs.PrintDefaults()
+			return 0, true
+		}
+		fmt.Fprintf(fs.Output(), "%s: %v\n", fs.Name(), err)
+		return 2, true
+	}
+	return 0, false
+}
+
+func chainDirFlag(fs *pflag.FlagSet) *string {
+	return fs.String("chain-dir", os.Getenv("FT_RESUMER_CHAIN"), "the chain's directory (state, job script, verdicts, _job_results); on a file system every node sees ($FT_RESUMER_CHAIN)")
+}
+
+func resumer(dir string, log io.Writer) *slurm.Resumer {
+	return &slurm.Resumer{Dir: dir, Log: log}
+}
+
+func cmdStart(ctx context.Context, name string, args []string, stdout, stderr io.Writer) int {
+	fs := flagSet(name, stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "Usage: ft-resumer %s --chain-dir DIR [flags] SCRIPT [-- SBATCH OPTIONS...]\n", name)
+		fs.PrintDefaults()
+	}
+	dir := chainDirFlag(fs)
+	maxFail := fs.Int("max-subsequent-job-failures", 3, "consecutive failed jobs that are retried; the next failure stops the chain (walltime and preemption never count; any job that made progress resets the count)")
+	maxJobs := fs.Int("max-jobs", 0, "at most this many jobs train (0: no limit)")
+	expiry := fs.Duration("exclusion-expiry", 24*time.Hour, "how long a node quarantined by a launcher stays excluded from the chain's jobs")
+	flag := fs.String("finished-flag", "", "FAULT_TOL_FINISHED_FLAG_FILE: the file the training creates when it is complete (default <chain-dir>/finished.flag)")
+	format := fs.String("job-results-format", "nfl", `_job_results lines: "nfl" (<jobid> X|S|F) or "nemo-run" (<jobid> <restarts> X|S|F)`)
+	noRestart := fs.Int("no-restart-exit-code", 93, "the launcher's exit code for do-not-restart (--ft-no-restart-exit-code)")
+	resumerPath := fs.String("resumer-path", "", "the ft-resumer binary the jobs run (default: this one; it must be visible on every node)")
+	poll := fs.Duration("poll", 500*time.Millisecond, "run: how often to check Slurm")
+	if code, done := parse(fs, args, stdout); done {
+		return code
+	}
+	if *dir == "" {
+		fmt.Fprintf(stderr, "ft-resumer %s: --chain-dir is required\n", name)
+		return 2
+	}
+	if *format != "nfl" && *format != "nemo-run" {
+		fmt.Fprintf(stderr, "ft-resumer %s: --job-results-format must be nfl or nemo-run, not %q\n", name, *format)
+		return 2
+	}
+	if *maxFail < 0 || *maxJobs < 0 || *expiry <= 0 {
+		fmt.Fprintf(stderr, "ft-resumer %s: --max-subsequent-job-failures and --max-jobs must be >= 0, --exclusion-expiry > 0\n", name)
+		return 2
+	}
+	abs, err := filepath.Abs(*dir)
+	if err != nil {
+		fmt.Fprintf(stderr, "ft-resumer %s: %v\n", name, err)
+		return 2
+	}
+	r := resumer(abs, stderr)
+	pos := fs.Args()
+	script := ""
+	var sbatchArgs []string
+	if dash := fs.ArgsLenAtDash(); dash >= 0 {
+		sbatchArgs, pos = pos[dash:], pos[:dash]
+	}
+	if len(pos) > 1 {
+		fmt.Fprintf(stderr, "ft-resumer %s: one script expected, got %q (sbatch options go after --)\n", name, pos)
+		return 2
+	}
+	if len(pos) == 1 {
+		script = pos[0]
+	}
+	if _, err := slurm.LoadState(abs); errors.Is(err, slurm.ErrNoChain) && script == "" {
+		fmt.Fprintf(stderr, "ft-resumer %s: no chain in %s yet: give the batch script\n", name, abs)
+		return 2
+	}
+	set := slurm.Settings{
+		MaxSubsequentFailures: *maxFail, MaxJobs: *maxJobs, ExclusionTTL: slurm.Duration(*expiry),
+		FinishedFlag: *flag, SbatchArgs: sbatchArgs, Resumer: *resumerPath, JobResultsFormat: *format,
+		NoRestartCode: *noRestart,
+	}
+	if set.FinishedFlag != "" {
+		if set.FinishedFlag, err = filepath.Abs(set.FinishedFlag); err != nil {
+			fmt.Fprintf(stderr, "ft-resumer %s: %v\n", name, err)
+			return 2
 		}
 	}
-	fmt.Fprintln(stderr, "ft-resumer: not yet implemented (auto-resume and workload reset arrive with their own issue); use ft-launcher")
-	return 2
+	st, created, err := r.Start(ctx, script, set)
+	if err != nil {
+		fmt.Fprintf(stderr, "ft-resumer %s: %v\n", name, err)
+		return 1
+	}
+	if !created {
+		fmt.Fprintf(stderr, "ft-resumer: picking up the chain in %s (%s, %d jobs); its settings are kept\n", abs, st.Status, len(st.Jobs))
+	}
+	if name == "submit" {
+		if _, err := r.Reconcile(ctx); err != nil {
+			fmt.Fprintf(stderr, "ft-resumer submit: %v\n", err)
+			return 1
+		}
+		return 0
+	}
+	return follow(ctx, r, *poll, stdout, stderr)
+}
+
+// follow reconciles the chain with Slurm every poll until it has ended and
+// no job of it is left in Slurm, printing each job's judgement once.
+func follow(ctx context.Context, r *slurm.Resumer, poll time.Duration, stdout, stderr io.Writer) int {
+	printed := map[string]bool{}
+	for {
+		st, err := r.Reconcile(ctx)
+		if err != nil && ctx.Err() == nil {
+			fmt.Fprintf(stderr, "ft-resumer: %v (retrying)\n", err)
+		}
+		if st != nil {
+			for _, j := range st.Jobs {
+				if j.Outcome != "" && !printed[j.ID] {
+					printed[j.ID] = true
+					fmt.Fprintf(stdout, "job %s: %s -> %s (%s; decided by %s)\n", j.ID, j.Outcome, j.Decision, j.Reason, j.DecidedBy)
+				}
+			}
+			if st.Status != slurm.Active && allEnded(st) {
+				if st.Status == slurm.Done {
+					fmt.Fprintf(stdout, "chain done: training finished (%d jobs)\n", len(st.Jobs))
+					return 0
+				}
+				fmt.Fprintf(stdout, "chain stopped: %s\n", st.StopReason)
+				return 1
+			}
+		}
+		select {
+		case <-ctx.Done():
+			fmt.Fprintln(stderr, "ft-resumer: interrupted; the chain goes on in Slurm (run ft-resumer again to follow it)")
+			return 130
+		case <-time.After(poll):
+		}
+	}
+}
+
+func allEnded(st *slurm.State) bool {
+	for _, j := range st.Jobs {
+		if j.Slurm == nil || !j.Slurm.Terminal() {
+			return false
+		}
+	}
+	return true
+}
+
+func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := flagSet("status", stderr)
+	dir := chainDirFlag(fs)
+	asJSON := fs.Bool("json", false, "print JSON (for tools) instead of a table")
+	noUpdate := fs.Bool("no-update", false, "do not ask Slurm first (show chain.json as it is)")
+	if code, done := parse(fs, args, stdout); done {
+		return code
+	}
+	if *dir == "" {
+		fmt.Fprintln(stderr, "ft-resumer status: --chain-dir is required")
+		return 2
+	}
+	abs, _ := filepath.Abs(*dir)
+	var st *slurm.State
+	var err error
+	if *noUpdate {
+		st, err = slurm.LoadState(abs)
+	} else {
+		st, err = resumer(abs, stderr).Reconcile(ctx)
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "ft-resumer status: %v\n", err)
+		if st == nil {
+			return 1
+		}
+	}
+	v := st.View(time.Now())
+	if *asJSON {
+		err = v.WriteJSON(stdout)
+	} else {
+		err = v.WriteTable(stdout)
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "ft-resumer status: %v\n", err)
+		return 1
+	}
+	return 0
+}
+
+func cmdCancel(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := flagSet("cancel", stderr)
+	dir := chainDirFlag(fs)
+	if code, done := parse(fs, args, stdout); done {
+		return code
+	}
+	if *dir == "" {
+		fmt.Fprintln(stderr, "ft-resumer cancel: --chain-dir is required")
+		return 2
+	}
+	abs, _ := filepath.Abs(*dir)
+	if _, err := resumer(abs, stderr).Cancel(ctx, "cancelled with ft-resumer cancel"); err != nil {
+		fmt.Fprintf(stderr, "ft-resumer cancel: %v\n", err)
+		return 1
+	}
+	return 0
+}
+
+// cmdStep runs a decision step inside a job (the wrapper calls it).
+func cmdStep(ctx context.Context, args []string, stderr io.Writer) int {
+	if len(args) == 0 || (args[0] != "begin" && args[0] != "end") {
+		fmt.Fprintln(stderr, "Usage: ft-resumer step begin|end --chain-dir DIR [--rc N]")
+		return 2
+	}
+	fs := flagSet("step "+args[0], stderr)
+	dir := chainDirFlag(fs)
+	rc := fs.Int("rc", 0, "end: the job script's exit status")
+	if code, done := parse(fs, args[1:], stderr); done {
+		return code
+	}
+	id := os.Getenv("SLURM_JOB_ID")
+	if *dir == "" || id == "" {
+		fmt.Fprintln(stderr, "ft-resumer step: needs --chain-dir and SLURM_JOB_ID (run it inside the job)")
+		if args[0] == "end" {
+			return *rc
+		}
+		return 2
+	}
+	// A decision step must not hang the job: bound it.
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	r := resumer(*dir, stderr)
+	if args[0] == "end" {
+		code, err := r.End(ctx, id, *rc)
+		if err != nil {
+			fmt.Fprintf(stderr, "ft-resumer step end: %v\n", err)
+		}
+		return code
+	}
+	res, err := r.Begin(ctx, id, os.Getenv("SLURM_JOB_NODELIST"))
+	if err != nil {
+		fmt.Fprintf(stderr, "ft-resumer step begin: %v\n", err)
+		return 1
+	}
+	if !res.Run {
+		fmt.Fprintf(stderr, "ft-resumer: job %s does not run: %s\n", id, res.Reason)
+		return slurm.ExitSkip
+	}
+	jobDir := os.Getenv("FT_RESUMER_JOB_DIR")
+	if jobDir == "" {
+		jobDir = filepath.Join(*dir, slurm.JobsDir, id)
+	}
+	keys := make([]string, 0, len(res.Env))
+	for k := range res.Env {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	var b strings.Builder
+	for _, k := range keys {
+		fmt.Fprintf(&b, "export %s=%q\n", k, res.Env[k])
+	}
+	if err := atomicfile.Write(filepath.Join(jobDir, "env.sh"), []byte(b.String()), 0o644); err != nil {
+		fmt.Fprintf(stderr, "ft-resumer step begin: %v\n", err)
+	}
+	return 0
+}
+
+// cmdNode execs a command with this node's verdict path.
+func cmdNode(args []string, stderr io.Writer) int {
+	if len(args) > 0 && args[0] == "--" {
+		args = args[1:]
+	}
+	if len(args) == 0 {
+		fmt.Fprintln(stderr, "Usage: ft-resumer node -- COMMAND [ARGS...]")
+		return 2
+	}
+	if dir := os.Getenv("FT_RESUMER_JOB_DIR"); dir != "" {
+		node := os.Getenv("SLURMD_NODENAME")
+		if node == "" {
+			node, _ = os.Hostname()
+		}
+		os.Setenv("FT_LAUNCHER_VERDICT_FILE", filepath.Join(dir, "verdict-"+node+".json"))
+	}
+	path, err := exec.LookPath(args[0])
+	if err != nil {
+		fmt.Fprintf(stderr, "ft-resumer node: %v\n", err)
+		return 127
+	}
+	err = syscall.Exec(path, args, os.Environ())
+	fmt.Fprintf(stderr, "ft-resumer node: exec %s: %v\n", path, err)
+	return 126
 }

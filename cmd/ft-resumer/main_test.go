@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"regexp"
 	"strings"
 	"testing"
@@ -9,6 +10,7 @@ import (
 
 func TestRun(t *testing.T) {
 	version := regexp.MustCompile(`^ft-resumer \S+ \(commit \S+, go1\.[0-9.]+\S*, [a-z0-9]+/[a-z0-9]+\)\n$`)
+	empty := func(s string) bool { return s == "" }
 	tests := []struct {
 		args   []string
 		code   int
@@ -18,12 +20,24 @@ func TestRun(t *testing.T) {
 		{[]string{"--version"}, 0, version.MatchString, ""},
 		{[]string{"--help"}, 0, func(s string) bool { return strings.HasPrefix(s, "Usage: ft-resumer") }, ""},
 		{[]string{"-h"}, 0, func(s string) bool { return strings.HasPrefix(s, "Usage: ft-resumer") }, ""},
-		{nil, 2, func(s string) bool { return s == "" }, "not yet implemented"},
-		{[]string{"--version", "x"}, 2, func(s string) bool { return s == "" }, "not yet implemented"},
+		{nil, 2, empty, "Usage: ft-resumer"},
+		{[]string{"--version", "x"}, 2, empty, "unknown command"},
+		{[]string{"frobnicate"}, 2, empty, "unknown command"},
+		{[]string{"run", "job.sh"}, 2, empty, "--chain-dir is required"},
+		{[]string{"run", "--chain-dir", "/nonexistent-ftr", "--job-results-format", "x", "job.sh"}, 2, empty, "nfl or nemo-run"},
+		{[]string{"run", "--chain-dir", "/nonexistent-ftr"}, 2, empty, "give the batch script"},
+		{[]string{"run", "--chain-dir", "/nonexistent-ftr", "a.sh", "b.sh"}, 2, empty, "one script expected"},
+		{[]string{"run", "--bogus"}, 2, empty, "unknown flag"},
+		{[]string{"status"}, 2, empty, "--chain-dir is required"},
+		{[]string{"status", "--chain-dir", "/nonexistent-ftr"}, 1, empty, "no chain"},
+		{[]string{"step"}, 2, empty, "Usage: ft-resumer step"},
+		{[]string{"node"}, 2, empty, "Usage: ft-resumer node"},
+		{[]string{"node", "--", "/nonexistent-ftr/prog"}, 127, empty, "no such file"},
 	}
 	for _, tt := range tests {
 		var stdout, stderr bytes.Buffer
-		code := run(tt.args, &stdout, &stderr)
+		t.Setenv("FT_RESUMER_CHAIN", "")
+		code := run(context.Background(), tt.args, &stdout, &stderr)
 		if code != tt.code || !tt.stdout(stdout.String()) || !strings.Contains(stderr.String(), tt.stderr) {
 			t.Errorf("run(%q) = %d, stdout %q, stderr %q; want %d and stderr containing %q", tt.args, code, stdout.String(), stderr.String(), tt.code, tt.stderr)
 		}

@@ -1,0 +1,75 @@
+package slurm
+
+import (
+	"testing"
+
+	"github.com/ftlauncher/ft-launcher/verdict"
+)
+
+func TestJudge(t *testing.T) {
+	rc := func(n int) *int { return &n }
+	ended := func(state string, code, sig int) Job { return Job{ID: "7", State: state, ExitCode: code, Signal: sig} }
+	v := func(k verdict.Kind) []verdict.Verdict {
+		return []verdict.Verdict{{Kind: k, Hostname: "gpu1", Reason: "why"}}
+	}
+	tests := []struct {
+		name   string
+		f      Facts
+		want   Outcome
+		defers bool
+	}{
+		{"flag wins over a failed teardown", Facts{Began: true, FlagPresent: true, ScriptRC: rc(1)}, Finished, false},
+		{"flag with COMPLETED", Facts{Began: true, FlagPresent: true, Slurm: ended("COMPLETED", 0, 0)}, Finished, false},
+		{"no_restart verdict although srun said 143", Facts{Began: true, ScriptRC: rc(143), Verdicts: v(verdict.NoRestart)}, NoRestart, false},
+		{"no_restart verdict although the script said 1", Facts{Began: true, Slurm: ended("FAILED", 1, 0), Verdicts: v(verdict.NoRestart)}, NoRestart, false},
+		{"script exit 93", Facts{Began: true, ScriptRC: rc(93)}, NoRestart, false},
+		{"custom no-restart code", Facts{Began: true, ScriptRC: rc(42), NoRestartCode: 42}, NoRestart, false},
+		{"Slurm exit 93", Facts{Began: true, Slurm: ended("FAILED", 93, 0)}, NoRestart, false},
+		{"end step: script exit 0 without flag", Facts{Began: true, ScriptRC: rc(0)}, Success, false},
+		{"end step: script failed", Facts{Began: true, ScriptRC: rc(1), Verdicts: v(verdict.RestartBudgetExhausted)}, Failure, false},
+		{"end step: killed by a signal defers", Facts{Began: true, ScriptRC: rc(143)}, "", true},
+		{"end step: signaled verdict defers", Facts{Began: true, ScriptRC: rc(1), Verdicts: v(verdict.Signaled)}, "", true},
+		{"end step: no status defers", Facts{Began: true}, "", true},
+		{"TIMEOUT", Facts{Began: true, Slurm: ended("TIMEOUT", 0, 15)}, Walltime, false},
+		{"DEADLINE", Facts{Began: true, Slurm: ended("DEADLINE", 0, 0)}, Walltime, false},
+		{"PREEMPTED", Facts{Began: true, Slurm: ended("PREEMPTED", 0, 15)}, Preempted, false},
+		{"NODE_FAIL", Facts{Began: true, Slurm: ended("NODE_FAIL", 0, 0)}, Failure, false},
+		{"OUT_OF_MEMORY", Facts{Began: true, Slurm: ended("OUT_OF_MEMORY", 0, 125)}, Failure, false},
+		{"FAILED", Facts{Began: true, Slurm: ended("FAILED", 1, 0)}, Failure, false},
+		{"CANCELLED while running", Facts{Began: true, Slurm: ended("CANCELLED", 0, 15)}, Failure, false},
+		{"CANCELLED before it began", Facts{Slurm: ended("CANCELLED", 0, 0), FlagPresent: true}, NeverRan, false},
+		{"NODE_FAIL before it began still counts", Facts{Slurm: ended("NODE_FAIL", 0, 0)}, Failure, false},
+		{"FAILED 75 after a script exit 0", Facts{Began: true, ScriptRC: rc(0), Slurm: ended("FAILED", 75, 0)}, Success, false},
+		{"COMPLETED without flag", Facts{Began: true, Slurm: ended("COMPLETED", 0, 0)}, Success, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := Judge(tt.f)
+			if got.Outcome != tt.want || got.Defer != tt.defers || got.Reason == "" {
+				t.Errorf("Judge = %+v, want outcome %q defer %v and a reason", got, tt.want, tt.defers)
+			}
+		})
+	}
+}
+
+func TestOutcomeCounting(t *testing.T) {
+	tests := []struct {
+		o                   Outcome
+		counts, resets, ran bool
+	}{
+		{Finished, false, false, true},
+		{NoRestart, false, false, true},
+		{Success, false, true, true},
+		{Walltime, false, true, true},
+		{Preempted, false, true, true},
+		{Failure, true, false, true},
+		{Relocated, false, false, false},
+		{Skipped, false, false, false},
+		{NeverRan, false, false, false},
+	}
+	for _, tt := range tests {
+		if tt.o.Counts() != tt.counts || tt.o.Resets() != tt.resets || tt.o.Ran() != tt.ran {
+			t.Errorf("%s: counts %v resets %v ran %v; want %v %v %v", tt.o, tt.o.Counts(), tt.o.Resets(), tt.o.Ran(), tt.counts, tt.resets, tt.ran)
+		}
+	}
+}

@@ -1,0 +1,648 @@
+package slurm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/ftlauncher/ft-launcher/verdict"
+)
+
+// ExitContinue is the wrapper's exit status for a job whose script exited 0
+// without finishing the training: non-zero, so that the pre-scheduled
+// afternotok successor runs (75 is EX_TEMPFAIL).
+const ExitContinue = 75
+
+// Resumer runs a chain's steps: Start on the login node, Begin and End in
+// each job around the user's script, Reconcile from any ft-resumer command.
+// It holds no state between calls: every call locks the chain, reads
+// chain.json, acts on Slurm, and writes chain.json back.
+type Resumer struct {
+	Dir   string
+	Sched Scheduler
+	Log   io.Writer              // decisions, one line each (nil: discarded)
+	Now   func() time.Time       // nil: time.Now
+	Exec  func() (string, error) // this binary, for the wrapper (nil: os.Executable)
+}
+
+func (r *Resumer) now() time.Time {
+	if r.Now != nil {
+		return r.Now()
+	}
+	return time.Now()
+}
+
+func (r *Resumer) logf(format string, a ...any) {
+	if r.Log != nil {
+		fmt.Fprintf(r.Log, "ft-resumer: "+format+"\n", a...)
+	}
+}
+
+// withState runs f on the locked, loaded chain and saves it afterwards
+// (also when f fails: what was done on Slurm must be recorded).
+func (r *Resumer) withState(ctx context.Context, f func(*State) error) (*State, error) {
+	if _, err := os.Stat(filepath.Join(r.Dir, StateFile)); errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("%w %s", ErrNoChain, r.Dir)
+	}
+	unlock, err := lockChain(ctx, r.Dir)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	st, err := LoadState(r.Dir)
+	if err != nil {
+		return nil, err
+	}
+	st.Dir = r.Dir
+	ferr := f(st)
+	if err := st.Save(); err != nil {
+		return st, errors.Join(ferr, err)
+	}
+	if err := writeJobResults(st); err != nil {
+		return st, errors.Join(ferr, err)
+	}
+	return st, ferr
+}
+
+// ErrFinishedAlready is returned by Start when the finished flag exists
+// before the chain starts.
+var ErrFinishedAlready = errors.New("slurm: the finished flag already exists")
+
+// Start begins a chain in r.Dir with the user's batch script, or, when the
+// directory already holds a chain, picks it up (created is false) without
+// submitting anything: Reconcile then repairs what needs it.
+func (r *Resumer) Start(ctx context.Context, script string, set Settings) (st *State, created bool, err error) {
+	if err := os.MkdirAll(r.Dir, 0o755); err != nil {
+		return nil, false, fmt.Errorf("slurm: chain dir: %w", err)
+	}
+	unlock, err := lockChain(ctx, r.Dir)
+	if err != nil {
+		return nil, false, err
+	}
+	defer unlock()
+	if st, err := LoadState(r.Dir); err == nil {
+		return st, false, nil
+	} else if !errors.Is(err, ErrNoChain) {
+		return nil, false, err
+	}
+	if set.FinishedFlag == "" {
+		set.FinishedFlag = filepath.Join(r.Dir, "finished.flag")
+	}
+	if _, err := os.Stat(set.FinishedFlag); err == nil {
+		return nil, false, fmt.Errorf("%w (%s): training is done; remove it to train again", ErrFinishedAlready, set.FinishedFlag)
+	}
+	if set.Resumer == "" {
+		exe := r.Exec
+		if exe == nil {
+			exe = os.Executable
+		}
+		if set.Resumer, err = exe(); err != nil {
+			return nil, false, fmt.Errorf("slurm: own path: %w", err)
+		}
+	}
+	if set.JobResultsFormat == "" {
+		set.JobResultsFormat = "nfl"
+	}
+	if set.NoRestartCode == 0 {
+		set.NoRestartCode = verdict.DefaultNoRestartExitCode
+	}
+	body, err := os.ReadFile(script)
+	if err != nil {
+		return nil, false, fmt.Errorf("slurm: job script: %w", err)
+	}
+	st = &State{Dir: r.Dir, Settings: set, Status: Active, Created: r.now()}
+	if err := os.WriteFile(filepath.Join(r.Dir, JobScriptFile), body, 0o755); err != nil {
+		return nil, false, fmt.Errorf("slurm: job script copy: %w", err)
+	}
+	if err := os.WriteFile(filepath.Join(r.Dir, WrapperFile), []byte(Wrapper(string(body), r.Dir, set)), 0o755); err != nil {
+		return nil, false, fmt.Errorf("slurm: wrapper: %w", err)
+	}
+	_, serr := r.submit(ctx, st, "", "start")
+	if err := st.Save(); err != nil {
+		return nil, false, errors.Join(serr, err)
+	}
+	if serr != nil {
+		return st, true, serr
+	}
+	return st, true, writeJobResults(st)
+}
+
+// submit submits the next job of the chain (after: afternotok dependency,
+// "" for none) with the active exclusions, and records it.
+func (r *Resumer) submit(ctx context.Context, st *State, after, by string) (*ChainJob, error) {
+	excl := st.ActiveExclusions(r.now())
+	id, err := r.Sched.Submit(ctx, Submission{
+		Script:     filepath.Join(st.Dir, WrapperFile),
+		Args:       st.Settings.SbatchArgs,
+		AfterNotOK: after,
+		Exclude:    excl,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("slurm: submit (%s): %w", by, err)
+	}
+	j := &ChainJob{ID: id, Submitted: r.now(), SubmittedBy: by, Exclude: excl}
+	st.Jobs = append(st.Jobs, j)
+	r.logf("submitted job %s (%s)%s", id, by, excludeNote(excl))
+	return j, nil
+}
+
+func excludeNote(excl []string) string {
+	if len(excl) == 0 {
+		return ""
+	}
+	return " excluding " + strings.Join(excl, ",")
+}
+
+// BeginResult says whether the job's own script should run.
+type BeginResult struct {
+	Run    bool
+	Reason string
+	Env    map[string]string // exported to the job's script (FT_RESUMED, ...)
+}
+
+// Begin is the decision step at the start of job id (running on the nodes
+// nodeList): it judges any predecessor whose own end step did not run (a
+// job killed at its walltime, by a node failure, by scancel), checks that
+// this job did not land on an excluded node (else it submits a replacement
+// that excludes it and does not run), and pre-schedules its successor with
+// --dependency=afternotok:<id> --kill-on-invalid-dep=yes, before the
+// training starts, so that however this job ends, a successor exists.
+func (r *Resumer) Begin(ctx context.Context, id, nodeList string) (BeginResult, error) {
+	var res BeginResult
+	_, err := r.withState(ctx, func(st *State) error {
+		job := st.Job(id)
+		if job == nil { // submitted by hand with the wrapper, or its record was lost
+			job = &ChainJob{ID: id, Submitted: r.now(), SubmittedBy: "unknown"}
+			st.Jobs = append(st.Jobs, job)
+		}
+		job.Began = r.now()
+		job.Nodes, _ = ExpandNodeList(nodeList)
+		by := "begin step of " + id
+		for _, p := range st.Jobs {
+			if p != job && p.Outcome == "" {
+				r.judgeFromSlurm(ctx, st, p, by)
+			}
+		}
+		if st.Status != Active {
+			job.Outcome, job.Reason, job.Decided, job.DecidedBy = Skipped, "chain is "+st.Status+": "+st.StopReason, r.now(), by
+			res.Reason = job.Reason
+			return nil
+		}
+		excl := st.ActiveExclusions(r.now())
+		if bad := intersect(job.Nodes, excl); len(bad) > 0 {
+			next, err := r.submit(ctx, st, "", "relocation of "+id)
+			job.Outcome, job.Decided, job.DecidedBy = Relocated, r.now(), by
+			job.Reason = fmt.Sprintf("landed on excluded node(s) %s", strings.Join(bad, ","))
+			if err != nil {
+				return err
+			}
+			job.Reason += "; replaced by job " + next.ID
+			res.Reason = job.Reason
+			r.logf("job %s %s", id, job.Reason)
+			return nil
+		}
+		res.Run = true
+		index := 0
+		for _, j := range st.Jobs {
+			if j == job {
+				break
+			}
+			if j.Outcome.Ran() {
+				index++
+			}
+		}
+		res.Env = map[string]string{"FT_RESUMER_JOB_INDEX": fmt.Sprint(index)}
+		if index > 0 {
+			res.Env["FT_RESUMED"] = "1" // NeMo-Framework-Launcher's continuation marker
+		}
+		if max := st.Settings.MaxJobs; max > 0 && st.trainingJobs() >= max {
+			r.logf("job %s is job %d of at most %d: no successor", id, st.trainingJobs(), max)
+			return nil
+		}
+		_, err := r.submit(ctx, st, id, "begin of "+id)
+		return err
+	})
+	return res, err
+}
+
+// End is the decision step after the user's script of job id exited with
+// rc. It returns the status the job should exit with: 0 when the chain is
+// done (Slurm then cancels the afternotok successor by itself), else
+// non-zero (rc, or ExitContinue when rc is 0 but training is not finished)
+// so that the successor runs unless the chain stopped and cancelled it.
+func (r *Resumer) End(ctx context.Context, id string, rc int) (int, error) {
+	exit := rc
+	if rc == 0 {
+		exit = ExitContinue
+	}
+	_, err := r.withState(ctx, func(st *State) error {
+		job := st.Job(id)
+		if job == nil {
+			job = &ChainJob{ID: id, Submitted: r.now(), SubmittedBy: "unknown", Began: r.now()}
+			st.Jobs = append(st.Jobs, job)
+		}
+		job.ScriptRC = &rc
+		if job.Outcome != "" { // judged already (skipped, relocated)
+			if st.Status == Done {
+				exit = 0
+			}
+			return nil
+		}
+		f, sums := r.facts(st, job, Job{})
+		job.Verdicts = sums
+		j := Judge(f)
+		if j.Defer {
+			r.logf("job %s: %s", id, j.Reason)
+			return nil
+		}
+		r.apply(ctx, st, job, j, f.Verdicts, "end step")
+		switch {
+		case st.Status == Done:
+			exit = 0
+		case st.Status == Stopped && rc == 0:
+			exit = 0
+		}
+		return nil
+	})
+	return exit, err
+}
+
+// Reconcile brings the chain up to date with Slurm: it judges every job
+// Slurm has finished that nobody judged yet, records Slurm's final state of
+// every job, and, when the chain is active but no job of it is pending or
+// running (a successor cancelled by hand, a job that died before its begin
+// step), submits one. Any ft-resumer command runs it first, so running
+// ft-resumer again after it died picks the chain up where it was.
+func (r *Resumer) Reconcile(ctx context.Context) (*State, error) {
+	return r.withState(ctx, func(st *State) error {
+		live := false
+		for _, j := range st.Jobs {
+			if j.Slurm != nil && j.Slurm.Terminal() {
+				continue
+			}
+			rec, err := r.Sched.Job(ctx, j.ID)
+			if err != nil {
+				if errors.Is(err, ErrUnknownJob) && j.Outcome != "" {
+					continue
+				}
+				return err
+			}
+			if !rec.Terminal() {
+				live = true
+				continue
+			}
+			j.Slurm = &rec
+			if j.Outcome == "" {
+				r.judge(ctx, st, j, rec, "resumer")
+			}
+		}
+		if st.Status != Active || live {
+			return nil
+		}
+		if max := st.Settings.MaxJobs; max > 0 && st.trainingJobs() >= max {
+			r.stop(ctx, st, fmt.Sprintf("max jobs reached (%d)", max))
+			return nil
+		}
+		if err := r.checkCapacity(ctx, st, lastTrained(st)); err != nil {
+			return nil // checkCapacity stopped the chain
+		}
+		_, err := r.submit(ctx, st, "", "repair: no job pending or running")
+		return err
+	})
+}
+
+// Cancel stops the chain on purpose: it is marked stopped and every job of
+// it that is pending or running is cancelled.
+func (r *Resumer) Cancel(ctx context.Context, reason string) (*State, error) {
+	return r.withState(ctx, func(st *State) error {
+		if st.Status == Active {
+			r.stop(ctx, st, reason)
+		}
+		return r.cancelLive(ctx, st, nil, true)
+	})
+}
+
+// judgeFromSlurm judges job from Slurm's record if Slurm is done with it.
+func (r *Resumer) judgeFromSlurm(ctx context.Context, st *State, job *ChainJob, by string) {
+	rec, err := r.Sched.Job(ctx, job.ID)
+	if err != nil || !rec.Terminal() {
+		return
+	}
+	job.Slurm = &rec
+	r.judge(ctx, st, job, rec, by)
+}
+
+func (r *Resumer) judge(ctx context.Context, st *State, job *ChainJob, rec Job, by string) {
+	f, sums := r.facts(st, job, rec)
+	job.Verdicts = sums
+	j := Judge(f)
+	if j.Defer { // cannot happen with a terminal record; be safe
+		j = Judgement{Outcome: Failure, Reason: j.Reason}
+	}
+	r.apply(ctx, st, job, j, f.Verdicts, by)
+}
+
+// facts gathers what is known about job: its launchers' verdicts
+// (jobs/<id>/verdict*.json), the finished flag (only if no later job
+// began: a later job may have made it), the script status and rec.
+func (r *Resumer) facts(st *State, job *ChainJob, rec Job) (Facts, []VerdictSummary) {
+	f := Facts{ScriptRC: job.ScriptRC, Slurm: rec, NoRestartCode: st.Settings.NoRestartCode, Began: !job.Began.IsZero()}
+	var sums []VerdictSummary
+	for _, nv := range readVerdicts(filepath.Join(st.Dir, JobsDir, job.ID)) {
+		f.Verdicts = append(f.Verdicts, nv.v)
+		sums = append(sums, VerdictSummary{File: filepath.Base(nv.file), Hostname: nv.v.Hostname, Kind: string(nv.v.Kind), ExitCode: nv.v.ExitCode, Reason: nv.v.Reason})
+	}
+	later := false
+	seen := false
+	for _, j := range st.Jobs {
+		if j == job {
+			seen = true
+		} else if seen && !j.Began.IsZero() && j.Outcome != Skipped && j.Outcome != Relocated {
+			later = true
+		}
+	}
+	if _, err := os.Stat(st.Settings.FinishedFlag); err == nil && !later {
+		f.FlagPresent = true
+	}
+	return f, sums
+}
+
+// apply records a judgement and acts on it: counts, exclusions, the chain's
+// status, and the pending successor (its exclusions, or its cancellation).
+func (r *Resumer) apply(ctx context.Context, st *State, job *ChainJob, j Judgement, vs []verdict.Verdict, by string) {
+	job.Outcome, job.Reason, job.Decided, job.DecidedBy = j.Outcome, j.Reason, r.now(), by
+	switch {
+	case j.Outcome == Finished:
+		st.Status, st.Ended = Done, r.now()
+	case j.Outcome == NoRestart:
+		r.stop(ctx, st, fmt.Sprintf("job %s: %s", job.ID, j.Reason))
+	case j.Outcome.Counts():
+		st.Failures++
+		st.Total++
+		if st.Failures > st.Settings.MaxSubsequentFailures {
+			r.stop(ctx, st, fmt.Sprintf("%d consecutive failed jobs (max_subsequent_job_failures=%d); last: job %s: %s",
+				st.Failures, st.Settings.MaxSubsequentFailures, job.ID, j.Reason))
+		}
+	case j.Outcome.Resets():
+		st.Failures = 0
+	}
+	if st.Status == Active && job.Outcome.Ran() {
+		r.addExclusions(ctx, st, job, vs)
+		_ = r.checkCapacity(ctx, st, job)
+	}
+	switch st.Status {
+	case Done:
+		job.Decision = "done"
+	case Stopped:
+		job.Decision = "stop"
+	default:
+		job.Decision = "continue"
+	}
+	r.logf("job %s: %s (%s) -> %s [decided by %s; consecutive failures %d/%d]", job.ID, job.Outcome, job.Reason, job.Decision, by, st.Failures, st.Settings.MaxSubsequentFailures)
+	if st.Status != Active {
+		_ = r.cancelLive(ctx, st, job, false)
+		return
+	}
+	// The pending successor gets the exclusions known now: slurmctld
+	// applies ExcNodeList when it places the job, which is after this job
+	// ends (afternotok), so it is in time whenever this runs in the end step.
+	excl := st.ActiveExclusions(r.now())
+	for _, p := range st.Jobs {
+		if p == job || p.Outcome != "" || !p.Began.IsZero() || slices.Equal(p.Exclude, excl) {
+			continue
+		}
+		if err := r.Sched.SetExclude(ctx, p.ID, excl); err != nil {
+			r.logf("job %s: could not set ExcNodeList=%s: %v (its begin step will relocate it if needed)", p.ID, strings.Join(excl, ","), err)
+			continue
+		}
+		p.Exclude = excl
+		r.logf("job %s: excluding %s", p.ID, strings.Join(excl, ","))
+	}
+}
+
+func (r *Resumer) stop(ctx context.Context, st *State, reason string) {
+	if st.Status != Active {
+		return
+	}
+	st.Status, st.StopReason, st.Ended = Stopped, reason, r.now()
+	r.logf("chain stopped: %s", reason)
+}
+
+// cancelLive cancels the chain's jobs that have not begun (and, with
+// running, those that have), except keep.
+func (r *Resumer) cancelLive(ctx context.Context, st *State, keep *ChainJob, running bool) error {
+	var ids []string
+	for _, p := range st.Jobs {
+		if p == keep || p.Outcome != "" || (p.Slurm != nil && p.Slurm.Terminal()) {
+			continue
+		}
+		if !p.Began.IsZero() && !running {
+			continue
+		}
+		ids = append(ids, p.ID)
+	}
+	if len(ids) == 0 {
+		return nil
+	}
+	r.logf("cancelling job(s) %s", strings.Join(ids, ","))
+	return r.Sched.Cancel(ctx, ids...)
+}
+
+// addExclusions records the nodes quarantined in job's verdicts (and the
+// node of a verdict of kind node_excluded) as exclusions with an expiry.
+func (r *Resumer) addExclusions(ctx context.Context, st *State, job *ChainJob, _ []verdict.Verdict) {
+	nvs := readVerdicts(filepath.Join(st.Dir, JobsDir, job.ID))
+	type cand struct {
+		keys                   []string
+		host, evidence, detail string
+		at                     time.Time
+	}
+	var cands []cand
+	for _, nv := range nvs {
+		if nv.v.Kind == verdict.NodeExcluded {
+			cands = append(cands, cand{keys: []string{nv.node, nv.v.Hostname, addrOf(nv.v.Node)}, host: nv.v.Hostname,
+				evidence: string(verdict.EvidenceExcluded), detail: nv.v.Reason, at: nv.v.EndedAt})
+		}
+		for _, q := range nv.v.Quarantined {
+			cands = append(cands, cand{keys: []string{q.Host, addrOf(q.Node)}, host: q.Host,
+				evidence: string(q.Evidence), detail: q.Detail, at: q.At})
+		}
+	}
+	if len(cands) == 0 {
+		return
+	}
+	nodes, err := r.Sched.Nodes(ctx)
+	if err != nil {
+		r.logf("job %s: cannot map quarantined nodes to Slurm nodes: %v", job.ID, err)
+	}
+	resolve := nodeResolver(nodes, nvs)
+	now := r.now()
+	for _, c := range cands {
+		name := ""
+		for _, k := range c.keys {
+			if name = resolve(k); name != "" {
+				break
+			}
+		}
+		if name == "" {
+			r.logf("job %s: quarantined node %v (%s) matches no Slurm node; not excluded", job.ID, c.keys, c.evidence)
+			continue
+		}
+		exp := now.Add(time.Duration(st.Settings.ExclusionTTL))
+		found := false
+		for i := range st.Exclusions {
+			if e := &st.Exclusions[i]; e.Node == name && e.Expires.After(now) {
+				found = true
+				if exp.After(e.Expires) {
+					e.Expires = exp
+				}
+			}
+		}
+		if found {
+			continue
+		}
+		at := c.at
+		if at.IsZero() {
+			at = now
+		}
+		st.Exclusions = append(st.Exclusions, Exclusion{Node: name, Host: c.host, Evidence: c.evidence, Detail: c.detail, Job: job.ID, At: at, Expires: exp})
+		r.logf("job %s: node %s quarantined (%s: %s), excluded until %s", job.ID, name, c.evidence, c.detail, exp.Format(time.RFC3339))
+	}
+}
+
+// checkCapacity stops the chain when the exclusions leave fewer usable
+// nodes than the job needs: a chain that cannot be placed must say so, not
+// wait in the queue forever.
+func (r *Resumer) checkCapacity(ctx context.Context, st *State, job *ChainJob) error {
+	excl := st.ActiveExclusions(r.now())
+	if len(excl) == 0 || job == nil {
+		return nil
+	}
+	need := len(job.Nodes)
+	if job.Slurm != nil && job.Slurm.NumNodes > need {
+		need = job.Slurm.NumNodes
+	}
+	if need == 0 {
+		return nil
+	}
+	nodes, err := r.Sched.Nodes(ctx)
+	if err != nil {
+		return nil // cannot tell; Slurm will say if it cannot place the job
+	}
+	parts := map[string]bool{}
+	for _, n := range nodes {
+		if slices.Contains(job.Nodes, n.Name) {
+			for _, p := range n.Partitions {
+				parts[p] = true
+			}
+		}
+	}
+	var usable []string
+	for _, n := range nodes {
+		inPart := len(parts) == 0
+		for _, p := range n.Partitions {
+			inPart = inPart || parts[p]
+		}
+		if inPart && !slices.Contains(excl, n.Name) {
+			usable = append(usable, n.Name)
+		}
+	}
+	if len(usable) >= need {
+		return nil
+	}
+	r.stop(ctx, st, fmt.Sprintf("excluding %s leaves %d usable node(s) (%s) but the job needs %d",
+		strings.Join(excl, ","), len(usable), strings.Join(usable, ","), need))
+	return errors.New("not enough nodes")
+}
+
+func lastTrained(st *State) *ChainJob {
+	for i := len(st.Jobs) - 1; i >= 0; i-- {
+		if st.Jobs[i].Outcome.Ran() {
+			return st.Jobs[i]
+		}
+	}
+	return nil
+}
+
+type nodeVerdict struct {
+	file string
+	node string // Slurm node name from the file name (verdict-<node>.json), if any
+	v    verdict.Verdict
+}
+
+func readVerdicts(dir string) []nodeVerdict {
+	files, _ := filepath.Glob(filepath.Join(dir, "verdict*.json"))
+	sort.Strings(files)
+	var out []nodeVerdict
+	for _, f := range files {
+		v, err := verdict.Read(f)
+		if err != nil {
+			continue
+		}
+		node := strings.TrimSuffix(strings.TrimPrefix(filepath.Base(f), "verdict-"), ".json")
+		if node == "verdict.json" || node == filepath.Base(f) {
+			node = ""
+		}
+		out = append(out, nodeVerdict{file: f, node: node, v: v})
+	}
+	return out
+}
+
+// addrOf returns the address part of a rendezvous node id ("addr/pid").
+func addrOf(node string) string {
+	a, _, _ := strings.Cut(node, "/")
+	return a
+}
+
+// nodeResolver maps a host name, address or node name to a Slurm node
+// name: Slurm's own NodeName/NodeAddr/NodeHostName (a host name only when
+// one node has it: fake nodes share one), then the verdict files' names.
+func nodeResolver(nodes []NodeInfo, nvs []nodeVerdict) func(string) string {
+	byKey := map[string]string{}
+	hostCount := map[string]int{}
+	for _, n := range nodes {
+		hostCount[n.Hostname]++
+	}
+	for _, n := range nodes {
+		byKey[n.Name] = n.Name
+		if n.Addr != "" {
+			byKey[n.Addr] = n.Name
+		}
+		if n.Hostname != "" && hostCount[n.Hostname] == 1 {
+			byKey[n.Hostname] = n.Name
+		}
+	}
+	for _, nv := range nvs {
+		if nv.node == "" {
+			continue
+		}
+		if a := addrOf(nv.v.Node); a != "" {
+			if _, ok := byKey[a]; !ok {
+				byKey[a] = nv.node
+			}
+		}
+	}
+	return func(k string) string {
+		if k == "" {
+			return ""
+		}
+		return byKey[k]
+	}
+}
+
+func intersect(a, b []string) []string {
+	var out []string
+	for _, x := range a {
+		if slices.Contains(b, x) {
+			out = append(out, x)
+		}
+	}
+	return out
+}
