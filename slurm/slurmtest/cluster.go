@@ -460,7 +460,12 @@ func (c *Cluster) running(name string) bool {
 // FTL_SLURMTEST_MARKER=marker (daemons, slurmstepd and job processes of one
 // cluster), skipping zombies and this process.
 func Leftovers(marker string) []string {
-	want := []byte("FTL_SLURMTEST_MARKER=" + marker + "\x00")
+	return processesWith([]byte("FTL_SLURMTEST_MARKER=" + marker + "\x00"))
+}
+
+// processesWith lists "pid comm" of live processes whose environment
+// contains want, skipping zombies and this process.
+func processesWith(want []byte) []string {
 	var left []string
 	ents, _ := os.ReadDir("/proc")
 	for _, e := range ents {

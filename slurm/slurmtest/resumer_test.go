@@ -1,0 +1,519 @@
+package slurmtest
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/ftlauncher/ft-launcher/slurm"
+)
+
+// These tests run ft-resumer against the real private cluster. Job steps are
+// real ft-launcher single-node runs (--no-python) or plain shell emulating a
+// training that writes a checkpoint; multi-node DDP under srun is tested
+// with the launcher's own Slurm support.
+
+// rankScript writes a rank program for ft-launcher --no-python.
+func rankScript(t *testing.T, dir, name, body string) string {
+	t.Helper()
+	p := filepath.Join(dir, name)
+	if err := os.WriteFile(p, []byte("#!/bin/bash\n"+body), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// launch is the srun line that runs one real ft-launcher per node.
+func launch(rank string) string {
+	return "srun --kill-on-bad-exit=1 ft-resumer node -- ft-launcher --standalone --nproc-per-node 1 --no-python --max-restarts 0 " + rank
+}
+
+func TestAutoResumeOverTwoJobs(t *testing.T) {
+	c := need(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	ch := newChain(t, c)
+	work := filepath.Dir(ch.dir)
+	ckpt := filepath.Join(work, "ckpt")
+	// Three steps per job from the checkpoint; training ends at step 6.
+	// The first job's rank crashes after its steps (the launcher's budget
+	// is 0), the second finishes and writes the finished flag.
+	rank := rankScript(t, work, "rank.sh", fmt.Sprintf(`ck=%q
+step=$(cat "$ck" 2>/dev/null || echo 0)
+for i in 1 2 3; do step=$((step+1)); echo $step > "$ck.tmp"; mv "$ck.tmp" "$ck"; done
+if [ "$step" -lt 6 ]; then echo "crash at step $step" >&2; exit 1; fi
+touch "$FAULT_TOL_FINISHED_FLAG_FILE"
+`, ckpt))
+	script := ch.script("#SBATCH -N1\n" + launch(rank) + "\n")
+	code, out, errOut := ch.resumer(ctx, "run", "--chain-dir", ch.dir, "--max-subsequent-job-failures", "1", script)
+	if code != 0 {
+		t.Fatalf("ft-resumer run = %d\n%s\n%s", code, out, errOut)
+	}
+	v := ch.status(ctx)
+	if got := outcomes(v); !slices.Equal(got, []string{"failure", "finished", "never_ran"}) {
+		t.Errorf("outcomes %v, want [failure finished never_ran] (the last: the successor Slurm removed)", got)
+	}
+	if v.Status != slurm.Done || v.FailuresTotal != 1 {
+		t.Errorf("chain %s with %d failures, want done with 1", v.Status, v.FailuresTotal)
+	}
+	if got := strings.TrimSpace(readFile(t, ckpt)); got != "6" {
+		t.Errorf("checkpoint step %s, want 6 (the second job resumed from the first's checkpoint)", got)
+	}
+	// The launcher under srun wrote its verdict per node.
+	if j := v.Jobs[0]; len(j.Verdicts) != 1 || j.Verdicts[0].Kind != "restart_budget_exhausted" || j.Verdicts[0].File != "verdict-"+j.Nodes[0]+".json" {
+		t.Errorf("job 1 verdicts %+v, want one restart_budget_exhausted in verdict-<node>.json", j.Verdicts)
+	}
+	want := fmt.Sprintf("%s F\n%s S\n", v.Jobs[0].ID, v.Jobs[1].ID)
+	if got := readFile(t, filepath.Join(ch.dir, slurm.JobResultsFile)); got != want {
+		t.Errorf("_job_results %q, want %q", got, want)
+	}
+	if live := ch.live(ctx); len(live) > 0 {
+		t.Errorf("jobs still pending or running after the chain ended: %v", live)
+	}
+}
+
+func TestWalltimeDoesNotCount(t *testing.T) {
+	c := need(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
+	defer cancel()
+	ch := newChain(t, c)
+	// The first job outlives its one-minute limit; the second finishes. With
+	// no failure allowed, the chain only goes on if TIMEOUT is not counted.
+	script := ch.script(`#SBATCH -N1 -t 1
+if [ "$FT_RESUMER_JOB_INDEX" = 0 ]; then sleep 600; fi
+touch "$FAULT_TOL_FINISHED_FLAG_FILE"
+`)
+	code, out, errOut := ch.resumer(ctx, "run", "--chain-dir", ch.dir, "--max-subsequent-job-failures", "0", script)
+	if code != 0 {
+		t.Fatalf("ft-resumer run = %d\n%s\n%s", code, out, errOut)
+	}
+	v := ch.status(ctx)
+	if got := outcomes(v); !slices.Equal(got, []string{"walltime", "finished", "never_ran"}) {
+		t.Fatalf("outcomes %v, want [walltime finished never_ran]", got)
+	}
+	if v.Jobs[0].SlurmState != "TIMEOUT" || v.Jobs[0].Counted || v.FailuresTotal != 0 {
+		t.Errorf("job 1: Slurm %s, counted %v, failures %d; want TIMEOUT, not counted, 0", v.Jobs[0].SlurmState, v.Jobs[0].Counted, v.FailuresTotal)
+	}
+	if v.Jobs[0].DecidedBy == "end step" {
+		t.Errorf("a walltime kill was decided by the job's own end step (%s); Slurm's record must decide", v.Jobs[0].Reason)
+	}
+}
+
+func TestConsecutiveFailuresStopTheChain(t *testing.T) {
+	c := need(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	ch := newChain(t, c)
+	script := ch.script("#SBATCH -N1\nexit 1\n")
+	code, out, errOut := ch.resumer(ctx, "run", "--chain-dir", ch.dir, "--max-subsequent-job-failures", "2", script)
+	if code != 1 {
+		t.Fatalf("ft-resumer run = %d, want 1\n%s\n%s", code, out, errOut)
+	}
+	v := ch.status(ctx)
+	var trained []string
+	for _, j := range v.Jobs {
+		if j.Outcome.Ran() {
+			trained = append(trained, string(j.Outcome))
+		}
+	}
+	if !slices.Equal(trained, []string{"failure", "failure", "failure"}) {
+		t.Errorf("jobs that ran: %v, want three failures", trained)
+	}
+	if v.Status != slurm.Stopped || !strings.Contains(v.StopReason, "3 consecutive failed jobs (max_subsequent_job_failures=2)") {
+		t.Errorf("chain %s: %q", v.Status, v.StopReason)
+	}
+	if !strings.Contains(out, "chain stopped: 3 consecutive") {
+		t.Errorf("run output does not say why the chain stopped:\n%s", out)
+	}
+	if lines := strings.Count(readFile(t, filepath.Join(ch.dir, slurm.JobResultsFile)), " F\n"); lines != 3 {
+		t.Errorf("_job_results has %d F lines, want 3", lines)
+	}
+	if live := ch.live(ctx); len(live) > 0 {
+		t.Errorf("jobs left after the chain stopped: %v", live)
+	}
+}
+
+func TestNoRestartVerdictStopsTheChain(t *testing.T) {
+	c := need(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	ch := newChain(t, c)
+	work := filepath.Dir(ch.dir)
+	// The rank asks the launcher to shut the workload down (nvrx's
+	// ShutdownWorkload): the launcher exits 93 with a no_restart verdict.
+	// The job script then exits 1 whatever srun reported (set -e style).
+	rank := rankScript(t, work, "rank.sh", `python3 -c 'from ft_launcher_client import request_workload_action as r; r("ShutdownWorkload", "loss is NaN")'
+sleep 30
+`)
+	script := ch.script("#SBATCH -N1\n" + launch(rank) + "\nrc=$?\necho \"srun exit status $rc\" > " + filepath.Join(work, "srun-rc") + "\n[ $rc -eq 0 ] || exit 1\n")
+	code, out, errOut := ch.resumer(ctx, "run", "--chain-dir", ch.dir, "--max-subsequent-job-failures", "5", script)
+	if code != 1 {
+		t.Fatalf("ft-resumer run = %d, want 1\n%s\n%s", code, out, errOut)
+	}
+	t.Logf("%s (the job script exited 1)", strings.TrimSpace(readFile(t, filepath.Join(work, "srun-rc"))))
+	v := ch.status(ctx)
+	if v.Jobs[0].Outcome != slurm.NoRestart || v.Status != slurm.Stopped || !strings.Contains(v.StopReason, "ShutdownWorkload") {
+		t.Errorf("job 1 %s, chain %s (%s); want no_restart, stopped by the verdict", v.Jobs[0].Outcome, v.Status, v.StopReason)
+	}
+	for _, j := range v.Jobs[1:] {
+		if j.Outcome.Ran() {
+			t.Errorf("job %s ran (%s) after a no_restart verdict", j.ID, j.Outcome)
+		}
+	}
+	if live := ch.live(ctx); len(live) > 0 {
+		t.Errorf("successor left after no_restart: %v", live)
+	}
+}
+
+// quarantineScript makes job 0 of an -N<n> job write its launchers'
+// verdicts, the first node's naming the second (by address, evidence lost),
+// and fail; later jobs record their node list and finish.
+func quarantineScript(nodes int, work string) string {
+	return fmt.Sprintf(`#SBATCH -N%d
+if [ "$FT_RESUMER_JOB_INDEX" != 0 ]; then
+  echo "$SLURM_JOB_NODELIST" > %[2]s/nodes-$FT_RESUMER_JOB_INDEX
+  touch "$FAULT_TOL_FINISHED_FLAG_FILE"; exit 0
+fi
+set -- $(scontrol show hostnames "$SLURM_JOB_NODELIST")
+addr() { scontrol show node -o "$1" | tr ' ' '\n' | sed -n 's/^NodeAddr=//p'; }
+a1=$(addr $1) a2=$(addr $2)
+echo "$2" > %[2]s/quarantined
+now=$(date -u +%%Y-%%m-%%dT%%H:%%M:%%SZ)
+cat > "$FT_RESUMER_JOB_DIR/verdict-$1.json" <<EOF
+{"schema":"ft-launcher.verdict/v1","kind":"restart_budget_exhausted","exit_code":1,
+ "reason":"restart budget exhausted (1 of 1 restarts used): node $a2/200 lost","finished":false,
+ "finished_flag":{"path":"","present":false},"run_id":"t","node":"$a1/100","hostname":"vm","pid":100,
+ "restarts_used":1,"max_restarts":1,"last_round":1,
+ "quarantined":[{"node":"$a2/200","host":"$a2","evidence":"lost","detail":"node $a2/200 lost (gossip)","round":0,"at":"$now"}],
+ "cycles":[],"started_at":"$now","ended_at":"$now"}
+EOF
+exit 1
+`, nodes, work)
+}
+
+func TestQuarantinedNodeIsExcludedFromTheNextJob(t *testing.T) {
+	c := need(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	ch := newChain(t, c)
+	work := filepath.Dir(ch.dir)
+	script := ch.script(quarantineScript(2, work))
+	start := time.Now()
+	code, out, errOut := ch.resumer(ctx, "run", "--chain-dir", ch.dir, "--exclusion-expiry", "1h", script)
+	if code != 0 {
+		t.Fatalf("ft-resumer run = %d\n%s\n%s", code, out, errOut)
+	}
+	bad := strings.TrimSpace(readFile(t, filepath.Join(work, "quarantined")))
+	nodes2, err := slurm.ExpandNodeList(strings.TrimSpace(readFile(t, filepath.Join(work, "nodes-1"))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(nodes2) != 2 || slices.Contains(nodes2, bad) {
+		t.Errorf("job 2 ran on %v; node %s was quarantined by job 1", nodes2, bad)
+	}
+	v := ch.status(ctx)
+	if len(v.Exclusions) != 1 {
+		t.Fatalf("exclusions %+v, want one", v.Exclusions)
+	}
+	e := v.Exclusions[0]
+	if e.Node != bad || e.Evidence != "lost" || !e.Active || e.Job != v.Jobs[0].ID || !strings.Contains(e.Detail, "lost (gossip)") {
+		t.Errorf("exclusion %+v, want node %s, evidence lost, active, from job %s", e, bad, v.Jobs[0].ID)
+	}
+	if exp := e.Expires.Sub(start); exp < 59*time.Minute || exp > 61*time.Minute+5*time.Minute {
+		t.Errorf("exclusion expires %v after the start, want about 1h", exp)
+	}
+	if !slices.Contains(v.Jobs[1].Nodes, v.Jobs[1].Nodes[0]) || slices.Contains(v.Jobs[1].Nodes, bad) {
+		t.Errorf("chain records job 2 on %v", v.Jobs[1].Nodes)
+	}
+}
+
+func TestExclusionsNeverShrinkTheJob(t *testing.T) {
+	c := need(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	ch := newChain(t, c)
+	// All three nodes are needed: excluding one must stop the chain with a
+	// clear message instead of leaving a job that can never be placed.
+	script := ch.script(quarantineScript(3, filepath.Dir(ch.dir)))
+	code, out, errOut := ch.resumer(ctx, "run", "--chain-dir", ch.dir, script)
+	if code != 1 {
+		t.Fatalf("ft-resumer run = %d, want 1\n%s\n%s", code, out, errOut)
+	}
+	v := ch.status(ctx)
+	if v.Status != slurm.Stopped || !strings.Contains(v.StopReason, "leaves 2 usable node(s)") || !strings.Contains(v.StopReason, "needs 3") {
+		t.Errorf("chain %s: %q; want stopped because 2 nodes are left for a 3-node job", v.Status, v.StopReason)
+	}
+}
+
+func TestResumerKilledMidChainIsPickedUp(t *testing.T) {
+	c := need(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	ch := newChain(t, c)
+	work := filepath.Dir(ch.dir)
+	gate := filepath.Join(work, "go")
+	script := ch.script(fmt.Sprintf(`#SBATCH -N1
+for i in $(seq 1500); do [ -f %[1]q ] && break; sleep 0.2; done
+if [ "$FT_RESUMER_JOB_INDEX" = 0 ]; then exit 1; fi
+touch "$FAULT_TOL_FINISHED_FLAG_FILE"
+`, gate))
+	args := []string{"run", "--chain-dir", ch.dir, script}
+	cmd, out := ch.startResumer(args...)
+	var st *slurm.State
+	waitFor(t, time.Minute, "job 1 to begin", func() bool {
+		s, err := slurm.LoadState(ch.dir)
+		st = s
+		return err == nil && len(s.Jobs) >= 2 && !s.Jobs[0].Began.IsZero()
+	})
+	if t.Failed() {
+		cmd.Process.Kill()
+		cmd.Wait()
+		t.FailNow()
+	}
+	// ft-resumer dies while job 1 runs and its successor is pending; then
+	// the successor is lost too (cancelled by hand) and job 1 fails.
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	cmd.Wait()
+	t.Logf("first ft-resumer (killed):\n%s", out)
+	first, successor := st.Jobs[0].ID, st.Jobs[1].ID
+	if _, err := c.Run(ctx, "scancel", successor); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(gate, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, time.Minute, "job 1 to end", func() bool {
+		out, _ := c.Run(ctx, "squeue", "-h", "-j", first, "-o", "%T")
+		return out == ""
+	})
+	code, out2, errOut := ch.resumer(ctx, args...)
+	if code != 0 {
+		t.Fatalf("second ft-resumer run = %d\n%s\n%s", code, out2, errOut)
+	}
+	if !strings.Contains(errOut, "picking up the chain") {
+		t.Errorf("second run did not say it picked the chain up:\n%s", errOut)
+	}
+	v := ch.status(ctx)
+	if got := outcomes(v); !slices.Equal(got, []string{"failure", "never_ran", "finished", "never_ran"}) {
+		t.Errorf("outcomes %v, want [failure never_ran finished never_ran]", got)
+	}
+	if len(v.Jobs) == 4 && (v.Jobs[0].DecidedBy != "end step" || !strings.HasPrefix(v.Jobs[2].SubmittedBy, "repair")) {
+		t.Errorf("job 1 decided by %q, job 3 submitted by %q; want the end step and a repair", v.Jobs[0].DecidedBy, v.Jobs[2].SubmittedBy)
+	}
+	if live := ch.live(ctx); len(live) > 0 {
+		t.Errorf("jobs left: %v", live)
+	}
+}
+
+func TestScancelLeavesNoProcess(t *testing.T) {
+	c := need(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	ch := newChain(t, c)
+	work := filepath.Dir(ch.dir)
+	started := filepath.Join(work, "started")
+	// A rank with a child and a setsid grandchild, under a real launcher.
+	rank := rankScript(t, work, "rank.sh", fmt.Sprintf(`sleep 1000 &
+setsid sleep 1000 &
+touch %q
+wait
+`, started))
+	script := ch.script("#SBATCH -N1\nif [ \"$FT_RESUMER_JOB_INDEX\" != 0 ]; then touch \"$FAULT_TOL_FINISHED_FLAG_FILE\"; exit 0; fi\n" + launch(rank) + "\n")
+	cmd, out := ch.startResumer("run", "--chain-dir", ch.dir, script)
+	defer func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+	}()
+	waitFor(t, time.Minute, "the rank to start", func() bool { _, err := os.Stat(started); return err == nil })
+	st := ch.state()
+	first := st.Jobs[0].ID
+	// The job's processes (not this test's ft-resumer, which carries the
+	// marker too).
+	self := fmt.Sprintf("%d ", cmd.Process.Pid)
+	before := slices.DeleteFunc(ProcessesWithEnv("TEST_CHAIN_MARKER="+ch.marker), func(p string) bool { return strings.HasPrefix(p, self) })
+	t.Logf("processes of job %s before scancel: %v", first, before)
+	if len(before) < 4 {
+		t.Fatalf("expected the launcher, the rank and its two sleeps among %v", before)
+	}
+	if _, err := c.Run(ctx, "scancel", first); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, time.Minute, "job 1 to leave Slurm", func() bool {
+		out, _ := c.Run(ctx, "squeue", "-h", "-j", first, "-o", "%T")
+		return out == ""
+	})
+	// Nothing of job 1 may survive: its launcher, ranks, children, escapees.
+	waitFor(t, 30*time.Second, "no process of job 1 left", func() bool {
+		for _, p := range ProcessesWithEnv("TEST_CHAIN_MARKER=" + ch.marker) {
+			if slices.Contains(before, p) {
+				return false
+			}
+		}
+		return true
+	})
+	if t.Failed() {
+		t.Logf("processes of the job before scancel: %v; now: %v", before, ProcessesWithEnv("TEST_CHAIN_MARKER="+ch.marker))
+	}
+	// The chain treats the cancelled job as a failure and goes on.
+	if err := cmd.Wait(); err != nil {
+		t.Errorf("ft-resumer run: %v\n%s", err, out)
+	}
+	if got := outcomes(ch.status(ctx)); !slices.Equal(got, []string{"failure", "finished", "never_ran"}) {
+		t.Errorf("outcomes %v, want [failure finished never_ran]", got)
+	}
+}
+
+// TestMeasureDecisionLatency measures (FT_RESUMER_BENCH=1), on this
+// cluster, the time from a job's script end to the chain's decision and to
+// the successor's script start, for ft-resumer and for a hand-written
+// NeMo-Framework-Launcher-style afterany loop. It asserts no speed.
+func TestMeasureDecisionLatency(t *testing.T) {
+	if os.Getenv("FT_RESUMER_BENCH") == "" {
+		t.Skip("set FT_RESUMER_BENCH=1 to measure")
+	}
+	c := need(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+	const jobs = 6
+	stamp := func(dir string) string {
+		return fmt.Sprintf(`echo "start $SLURM_JOB_ID $(date +%%s.%%N)" >> %[1]s/stamps
+n=$(grep -c '^start' %[1]s/stamps)
+sleep 1
+if [ "$n" -ge %[2]d ]; then touch "$FAULT_TOL_FINISHED_FLAG_FILE"; echo "end $SLURM_JOB_ID $(date +%%s.%%N)" >> %[1]s/stamps; exit 0; fi
+echo "end $SLURM_JOB_ID $(date +%%s.%%N)" >> %[1]s/stamps
+exit 1
+`, dir, jobs)
+	}
+	ch := newChain(t, c)
+	work := filepath.Dir(ch.dir)
+	script := ch.script("#SBATCH -N1\n" + stamp(work))
+	if code, out, errOut := ch.resumer(ctx, "run", "--chain-dir", ch.dir, "--max-subsequent-job-failures", "10", script); code != 0 {
+		t.Fatalf("ft-resumer run = %d\n%s\n%s", code, out, errOut)
+	}
+	gaps := gapsFrom(t, filepath.Join(work, "stamps"))
+	st := ch.state()
+	var decide []float64
+	ends := endsFrom(t, filepath.Join(work, "stamps"))
+	for _, j := range st.Jobs {
+		if e, ok := ends[j.ID]; ok && !j.Decided.IsZero() {
+			decide = append(decide, j.Decided.Sub(e).Seconds())
+		}
+	}
+	t.Logf("ft-resumer: script end -> decision (s): %s", fmtList(decide))
+	t.Logf("ft-resumer: script end -> successor script start (s): %s", fmtList(gaps))
+
+	// NeMo-Framework-Launcher's loop, by hand: pre-schedule an afterany
+	// continuation, check the flag and the failure window at start, record
+	// X/S/F in _job_results, cancel the continuation when finished.
+	nemo := filepath.Join(t.TempDir(), "nemo")
+	if err := os.MkdirAll(nemo, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	flag := filepath.Join(nemo, "_finished_flag")
+	body := fmt.Sprintf(`#!/bin/bash
+#SBATCH -N1 -o %[1]s/slurm-%%j.out
+export FAULT_TOL_FINISHED_FLAG_FILE=%[2]s
+R=%[1]s/_job_results
+if [ -n "$FT_RESUMED" ]; then
+  [ -f "$FAULT_TOL_FINISHED_FLAG_FILE" ] && exit 0
+  [ "$(tail -n 10 $R | grep -c ' [XF]$')" -ge 10 ] && exit 1
+fi
+NEXT=$(FT_RESUMED=1 sbatch --parsable --dependency=afterany:$SLURM_JOB_ID %[1]s/job.sh)
+echo "$SLURM_JOB_ID X" >> $R
+bash %[1]s/train.sh
+rc=$?
+if [ $rc -eq 0 ]; then sed -i "s/^$SLURM_JOB_ID X$/$SLURM_JOB_ID S/" $R; else sed -i "s/^$SLURM_JOB_ID X$/$SLURM_JOB_ID F/" $R; fi
+if [ -f "$FAULT_TOL_FINISHED_FLAG_FILE" ]; then scancel $NEXT; exit 0; fi
+exit $rc
+`, nemo, flag)
+	if err := os.WriteFile(filepath.Join(nemo, "job.sh"), []byte(body), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(nemo, "train.sh"), []byte(stamp(nemo)), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cmd := c.Command(ctx, "sbatch", "--parsable", filepath.Join(nemo, "job.sh"))
+	cmd.Env = append(cmd.Env, "TEST_CHAIN_MARKER="+ch.marker)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("sbatch: %v %s", err, out)
+	}
+	waitFor(t, 5*time.Minute, "the NeMo-style loop to finish", func() bool {
+		_, err := os.Stat(flag)
+		return err == nil
+	})
+	waitFor(t, time.Minute, "the NeMo-style loop's jobs to end", func() bool {
+		out, _ := c.Run(ctx, "squeue", "-h", "-o", "%A")
+		return out == ""
+	})
+	t.Logf("NeMo-style afterany loop: script end -> successor script start (s): %s", fmtList(gapsFrom(t, filepath.Join(nemo, "stamps"))))
+}
+
+type stampLine struct {
+	kind, job string
+	at        float64
+}
+
+func readStamps(t *testing.T, path string) []stampLine {
+	t.Helper()
+	var out []stampLine
+	for _, l := range strings.Split(strings.TrimSpace(readFile(t, path)), "\n") {
+		f := strings.Fields(l)
+		if len(f) != 3 {
+			continue
+		}
+		at, err := strconv.ParseFloat(f[2], 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, stampLine{f[0], f[1], at})
+	}
+	sort.SliceStable(out, func(i, j int) bool { return out[i].at < out[j].at })
+	return out
+}
+
+func gapsFrom(t *testing.T, path string) []float64 {
+	var gaps []float64
+	var lastEnd float64
+	for _, s := range readStamps(t, path) {
+		if s.kind == "end" {
+			lastEnd = s.at
+		} else if lastEnd > 0 {
+			gaps = append(gaps, s.at-lastEnd)
+		}
+	}
+	return gaps
+}
+
+func endsFrom(t *testing.T, path string) map[string]time.Time {
+	ends := map[string]time.Time{}
+	for _, s := range readStamps(t, path) {
+		if s.kind == "end" {
+			sec := int64(s.at)
+			ends[s.job] = time.Unix(sec, int64((s.at-float64(sec))*1e9))
+		}
+	}
+	return ends
+}
+
+func fmtList(xs []float64) string {
+	if len(xs) == 0 {
+		return "none"
+	}
+	s := append([]float64{}, xs...)
+	sort.Float64s(s)
+	parts := make([]string, len(xs))
+	for i, x := range xs {
+		parts[i] = fmt.Sprintf("%.3f", x)
+	}
+	return fmt.Sprintf("%s (median %.3f)", strings.Join(parts, " "), s[len(s)/2])
+}
