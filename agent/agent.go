@@ -79,8 +79,12 @@ type Deps struct {
 	Logs     *ranklogs.Logs
 	Monitors Monitors // nil: no rank monitors
 	Rdzv     rendezvous.Rendezvous
-	Signals  <-chan os.Signal // signals to forward to ranks (SignalsToHandle)
-	Hostname string
+	Signals  <-chan os.Signal // signals to forward to ranks (SignalsToHandle and WalltimeSignals)
+	// WalltimeSignals are the scheduler's pre-walltime warnings (Slurm's
+	// --signal=USR1@N): forwarded to the ranks so they can checkpoint,
+	// never counted as a failure; the outcome is then Walltime.
+	WalltimeSignals []os.Signal
+	Hostname        string
 	// NodeID names this node in quarantine records (the rendezvous node
 	// id where there is one, else the host).
 	NodeID string
@@ -117,6 +121,16 @@ func New(d Deps) *Agent {
 // State is the agent's current state (for tests and diagnostics; only the
 // agent's own goroutine changes it).
 func (a *Agent) State() State { return a.state }
+
+// isWalltime reports whether s is a pre-walltime warning signal.
+func (a *Agent) isWalltime(s os.Signal) bool {
+	for _, w := range a.d.WalltimeSignals {
+		if w == s {
+			return true
+		}
+	}
+	return false
+}
 
 // Run runs the node agent until the job ends for this node and returns
 // why it ended. It never blocks past a signal: every state reads Signals.

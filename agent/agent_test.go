@@ -455,6 +455,7 @@ func TestRun(t *testing.T) {
 			},
 		},
 	}
+	tests = append(tests, walltimeCases()...)
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newHarness(t)
@@ -471,6 +472,74 @@ func TestRun(t *testing.T) {
 			}
 			tc.check(t, h, o)
 		})
+	}
+}
+
+// walltimeCases: the scheduler's pre-walltime warning is forwarded and
+// never counted as a failure.
+func walltimeCases() []struct {
+	name  string
+	setup func(h *harness)
+	act   func(h *harness)
+	check func(t *testing.T, h *harness, o Outcome)
+} {
+	wt := func(h *harness) {
+		h.rdzv.next = append(h.rdzv.next, active(0, 0))
+		h.walltime = []os.Signal{syscall.SIGUSR1}
+	}
+	return []struct {
+		name  string
+		setup func(h *harness)
+		act   func(h *harness)
+		check func(t *testing.T, h *harness, o Outcome)
+	}{
+		{
+			name:  "walltime: USR1 forwarded; a rank dying of it is not a failure",
+			setup: wt,
+			act: func(h *harness) {
+				g := h.ranks.wait(h.t)
+				h.sigs <- syscall.SIGUSR1
+				waitFor(h.t, func() bool { g.mu.Lock(); defer g.mu.Unlock(); return len(g.signalled) == 1 })
+				g.exit(0, 0, syscall.SIGUSR1)
+			},
+			check: func(t *testing.T, h *harness, o Outcome) {
+				want(t, o, verdict.Walltime, 1)
+				if g := h.ranks.groups[0]; g.signalled[0] != syscall.SIGUSR1 {
+					t.Errorf("signalled %v", g.signalled)
+				}
+				if len(h.rdzv.fails) != 0 {
+					t.Errorf("counted as a failure: %+v", h.rdzv.fails)
+				}
+			},
+		},
+		{
+			name:  "walltime: ranks checkpoint and exit 0",
+			setup: wt,
+			act: func(h *harness) {
+				g := h.ranks.wait(h.t)
+				h.sigs <- syscall.SIGUSR1
+				waitFor(h.t, func() bool { g.mu.Lock(); defer g.mu.Unlock(); return len(g.signalled) == 1 })
+				g.exit(0, 0, 0)
+				g.exit(1, 0, 0)
+			},
+			check: func(t *testing.T, h *harness, o Outcome) { want(t, o, verdict.Walltime, 0) },
+		},
+		{
+			name:  "walltime: SIGTERM after the warning",
+			setup: wt,
+			act: func(h *harness) {
+				g := h.ranks.wait(h.t)
+				h.sigs <- syscall.SIGUSR1
+				waitFor(h.t, func() bool { g.mu.Lock(); defer g.mu.Unlock(); return len(g.signalled) == 1 })
+				h.sigs <- syscall.SIGTERM
+			},
+			check: func(t *testing.T, h *harness, o Outcome) {
+				want(t, o, verdict.Walltime, 1)
+				if o.Signal != syscall.SIGTERM || !strings.Contains(o.Reason, "SIGUSR1") {
+					t.Errorf("signal %v reason %q", o.Signal, o.Reason)
+				}
+			},
+		},
 	}
 }
 
@@ -520,6 +589,8 @@ func TestExitCode(t *testing.T) {
 		{Outcome{Kind: verdict.Signaled, RanksClean: true}, 0},
 		{Outcome{Kind: verdict.Signaled}, 1},
 		{Outcome{Kind: verdict.FatalError}, 1},
+		{Outcome{Kind: verdict.Walltime, RanksClean: true}, 0},
+		{Outcome{Kind: verdict.Walltime}, 1},
 	}
 	for _, tc := range tests {
 		if got := tc.o.ExitCode(); got != tc.code {

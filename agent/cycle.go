@@ -48,6 +48,7 @@ const (
 	endRoundEnded // another node failed, node lost, or job closed
 	endSignal
 	endWorkload // a rank's ShutdownWorkload request
+	endWalltime // a rank exited after the pre-walltime warning
 )
 
 func (k endKind) String() string {
@@ -62,6 +63,8 @@ func (k endKind) String() string {
 		return "signal"
 	case endWorkload:
 		return "workload_request"
+	case endWalltime:
+		return "walltime"
 	}
 	return "unknown"
 }
@@ -139,6 +142,10 @@ wait:
 		case res = <-done:
 			break wait
 		case s := <-a.d.Signals:
+			if a.isWalltime(s) {
+				a.walltimeWarning(s, g)
+				continue
+			}
 			signals++
 			if signals == 1 {
 				a.run.pendingSignal = s
@@ -209,6 +216,10 @@ func (a *Agent) supervise(ctx context.Context) cycleEnd {
 			end.reason = e.Reason
 			return end
 		case s := <-a.d.Signals:
+			if a.isWalltime(s) {
+				a.walltimeWarning(s, g)
+				continue
+			}
 			a.log.Warn("signal received; forwarding to every rank's process group", "signal", s.String(), "term_timeout", a.cfg.TermTimeout)
 			a.ev.Emit(eventlog.SignalReceived, map[string]any{"round": asg.Round, "signal": sigName(s)})
 			end.kind = endSignal
@@ -219,6 +230,18 @@ func (a *Agent) supervise(ctx context.Context) cycleEnd {
 			end.sig = syscall.SIGTERM
 			return end
 		}
+	}
+}
+
+// walltimeWarning forwards the scheduler's pre-walltime signal to every
+// rank so it can checkpoint; from now on rank exits end the job by
+// walltime instead of counting as failures.
+func (a *Agent) walltimeWarning(s os.Signal, g RankGroup) {
+	a.run.walltime = s
+	a.log.Warn("pre-walltime signal received; forwarding it to every rank (not a failure)", "signal", sigName(s))
+	a.ev.Emit(eventlog.WalltimeWarning, map[string]any{"round": a.run.asg.Round, "signal": sigName(s)})
+	if ss, ok := s.(syscall.Signal); ok {
+		g.SignalAll(ss)
 	}
 }
 
@@ -234,6 +257,14 @@ func (a *Agent) rankFailed(e spawn.Exit, hangs <-chan monitor.Hang, hangByRank m
 		}
 	}
 	end.kind = endRankFailure
+	if a.run.walltime != nil {
+		// After the walltime warning an exit is the job's time running out
+		// (a rank that does not handle the signal dies of it).
+		end.kind = endWalltime
+		end.reason = fmt.Sprintf("local rank %d (rank %d) %s after the pre-walltime signal %s",
+			e.LocalRank, asg.RankBase+e.LocalRank, exitText(e), sigName(a.run.walltime))
+		return
+	}
 	if h, ok := hangByRank[e.LocalRank]; ok {
 		end.hang = true
 		end.reason = hangReason(h)

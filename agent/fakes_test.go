@@ -304,6 +304,7 @@ type harness struct {
 	// callTimeout bounds short rendezvous calls (default 5s).
 	callTimeout time.Duration
 	met         *metrics.Metrics
+	walltime    []os.Signal
 }
 
 func newHarness(t *testing.T) *harness {
@@ -324,7 +325,7 @@ func (h *harness) start() <-chan Outcome {
 	}
 	h.agent = New(Deps{Config: h.cfg, Logger: slog.New(slog.DiscardHandler), Metrics: h.met, Ranks: h.ranks, Logs: logs,
 		Monitors: h.mons, Rdzv: h.rdzv, Signals: h.sigs, Hostname: "host-a", NodeID: "10.0.0.1/42",
-		Environ: h.env, CallTimeout: h.callTimeout})
+		Environ: h.env, CallTimeout: h.callTimeout, WalltimeSignals: h.walltime})
 	out := make(chan Outcome, 1)
 	go func() { out <- h.agent.Run(context.Background()) }()
 	return out

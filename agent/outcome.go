@@ -52,7 +52,7 @@ func (o Outcome) ExitCode() int {
 			return o.Code
 		}
 		return verdict.DefaultNoRestartExitCode
-	case verdict.Signaled:
+	case verdict.Signaled, verdict.Walltime:
 		if o.RanksClean {
 			return configs.ExitSuccess
 		}
@@ -88,8 +88,10 @@ type runState struct {
 	pendingReq   *monitor.WorkloadRequest
 	// pendingSignal is a signal taken while stopping ranks for a restart.
 	pendingSignal os.Signal
-	quarantined   []verdict.Quarantine
-	outcome       *Outcome
+	// walltime is the pre-walltime warning signal, once received.
+	walltime    os.Signal
+	quarantined []verdict.Quarantine
+	outcome     *Outcome
 }
 
 // cycleTiming are the instants of one cycle's phases.
@@ -134,8 +136,20 @@ func (r *runState) signaled(sig os.Signal, ranksClean bool) {
 	if sig != nil {
 		reason = "stopped by " + sigName(sig)
 	}
-	r.setOutcome(verdict.Signaled, reason)
+	kind := verdict.Signaled
+	if r.walltime != nil {
+		// The scheduler warned of its time limit, then stopped us.
+		kind = verdict.Walltime
+		reason += " after the pre-walltime signal " + sigName(r.walltime)
+	}
+	r.setOutcome(kind, reason)
 	r.outcome.Signal, r.outcome.RanksClean = sig, ranksClean
+}
+
+// walltimeEnded records a job ended by its time limit.
+func (r *runState) walltimeEnded(reason string, ranksClean bool) {
+	r.setOutcome(verdict.Walltime, reason)
+	r.outcome.Signal, r.outcome.RanksClean = r.walltime, ranksClean
 }
 
 // quarantine records a node the job stopped using, once per node.
@@ -185,6 +199,10 @@ func (a *Agent) finish() Outcome {
 	o.Quarantined, o.Cycles = r.quarantined, r.cycles
 	o.StartedAt, o.EndedAt = r.started.UTC(), time.Now().UTC()
 	o.FinishedFlag = finishedFlag(a.envValue("FAULT_TOL_FINISHED_FLAG_FILE"))
+	if o.Kind == verdict.Walltime && o.RanksClean && o.FinishedFlag.Present {
+		// The training reached its end as the time limit came.
+		o.Kind = verdict.Succeeded
+	}
 	if o.Finished() {
 		a.log.Info("training finished: finished flag present", "flag", o.FinishedFlag.Path)
 		a.ev.Emit(eventlog.TrainingFinished, map[string]any{"round": o.LastRound, "flag": o.FinishedFlag.Path})

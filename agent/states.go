@@ -107,6 +107,9 @@ func (a *Agent) joining(ctx context.Context) State {
 		asg, err = a.d.Rdzv.Next(ctx)
 		return err
 	})
+	if sig != nil && a.isWalltime(sig) {
+		a.run.walltime = sig
+	}
 	if sig != nil {
 		a.log.Warn("signal received while waiting for a round; exiting", "signal", sig.String())
 		a.ev.Emit(eventlog.SignalReceived, map[string]any{"signal": sigName(sig), "state": StateJoining.String()})
@@ -228,6 +231,11 @@ func (a *Agent) deciding(ctx context.Context) State {
 		return a.decideRoundEnded(end)
 	case endWorkload:
 		return StateEscalating
+	case endWalltime:
+		a.log.Warn("job ended by walltime", "reason", end.reason)
+		a.ev.Emit(eventlog.JobFailed, map[string]any{"round": asg.Round, "kind": string(verdict.Walltime), "reason": end.reason})
+		a.run.walltimeEnded(end.reason, end.clean())
+		return StateDone
 	case endSignal:
 		clean := end.clean()
 		a.log.Warn("stopped by signal", "signal", end.sig.String(), "ranks_clean", clean)
@@ -282,6 +290,11 @@ func (a *Agent) decideSuccess(ctx context.Context) State {
 		a.log.Error("job failed on another node", "exit_code", code)
 		a.ev.Emit(eventlog.JobFailed, map[string]any{"round": asg.Round, "exit_code": code, "reason": reason})
 		a.run.closedBy("", code, reason)
+		return StateDone
+	}
+	if a.run.walltime != nil {
+		// The ranks stopped themselves after the pre-walltime signal.
+		a.run.walltimeEnded("every rank exited 0 after the pre-walltime signal "+sigName(a.run.walltime), true)
 		return StateDone
 	}
 	a.log.Info("all ranks succeeded", "round", asg.Round)
@@ -413,6 +426,9 @@ func (a *Agent) call(ctx context.Context, timeout time.Duration, f func(context.
 	<-exited
 	select {
 	case s := <-got:
+		if a.isWalltime(s) {
+			a.run.walltime = s
+		}
 		return s, err
 	default:
 		return nil, err

@@ -26,8 +26,9 @@ const (
 	JobSucceeded     = "job_succeeded"
 	JobFailed        = "job_failed"
 	WorkloadRequest  = "workload_request"
-	Standby          = "standby" // this node parked beyond --nnodes MIN for a round
-	Verdict          = "verdict" // the outcome, as written to the verdict file
+	Standby          = "standby"          // this node parked beyond --nnodes MIN for a round
+	Verdict          = "verdict"          // the outcome, as written to the verdict file
+	WalltimeWarning  = "walltime_warning" // the scheduler's pre-walltime signal, forwarded to the ranks
 )
 
 // Log appends events to a file. A nil *Log discards events.

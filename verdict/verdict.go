@@ -58,10 +58,14 @@ const (
 	// FatalError: the launcher could not do its job (ranks could not start,
 	// a refused configuration, an internal error).
 	FatalError Kind = "fatal_error"
+	// Walltime: the scheduler's pre-walltime warning signal (USR1 by
+	// default) arrived; the ranks were told so they could checkpoint, and
+	// the job ended by its time limit, not by a failure.
+	Walltime Kind = "walltime"
 )
 
 // Kinds lists every kind, for documentation and validation.
-var Kinds = []Kind{Succeeded, RestartBudgetExhausted, NoRestart, NodeExcluded, RendezvousLost, NotEnoughNodes, Signaled, FatalError}
+var Kinds = []Kind{Succeeded, RestartBudgetExhausted, NoRestart, NodeExcluded, RendezvousLost, NotEnoughNodes, Signaled, FatalError, Walltime}
 
 // Valid reports whether k is a known kind.
 func (k Kind) Valid() bool {
