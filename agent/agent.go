@@ -57,6 +57,16 @@ type Monitors interface {
 	LauncherSocket() string
 }
 
+// Spare is the filler work of a spare node (*filler.Filler): started when
+// the node parks as a standby, reclaimed before the node's ranks start.
+type Spare interface {
+	Park()
+	// Reclaim kills the filler's tree and waits, bounded, until it and
+	// the GPUs are free; an error means this node must not run ranks.
+	Reclaim(ctx context.Context) (time.Duration, error)
+	Close()
+}
+
 // SpawnRanks adapts *spawn.Reaper to RankStarter.
 type SpawnRanks struct{ Reaper *spawn.Reaper }
 
@@ -90,6 +100,8 @@ type Deps struct {
 	NodeID string
 	// Environ is the launcher's environment (os.Environ in production).
 	Environ []string
+	// Spare runs filler work while this node is a standby; nil for none.
+	Spare Spare
 	// CallTimeout bounds the short rendezvous calls (Fail, Shutdown,
 	// Leave) on top of the rendezvous's own loss bound; 0 means 2 minutes.
 	CallTimeout time.Duration
@@ -145,6 +157,9 @@ func (a *Agent) Run(ctx context.Context) Outcome {
 	for a.state != StateDone {
 		next := a.handle(ctx, a.state)
 		a.transition(next)
+	}
+	if a.d.Spare != nil {
+		a.d.Spare.Close()
 	}
 	return a.finish()
 }

@@ -456,6 +456,7 @@ func TestRun(t *testing.T) {
 		},
 	}
 	tests = append(tests, walltimeCases()...)
+	tests = append(tests, spareCases()...)
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newHarness(t)
@@ -537,6 +538,63 @@ func walltimeCases() []struct {
 				want(t, o, verdict.Walltime, 1)
 				if o.Signal != syscall.SIGTERM || !strings.Contains(o.Reason, "SIGUSR1") {
 					t.Errorf("signal %v reason %q", o.Signal, o.Reason)
+				}
+			},
+		},
+	}
+}
+
+// spareCases: a standby runs filler work, reclaimed before its ranks start.
+func spareCases() []struct {
+	name  string
+	setup func(h *harness)
+	act   func(h *harness)
+	check func(t *testing.T, h *harness, o Outcome)
+} {
+	return []struct {
+		name  string
+		setup func(h *harness)
+		act   func(h *harness)
+		check func(t *testing.T, h *harness, o Outcome)
+	}{
+		{
+			name: "spare: filler parked while standby, reclaimed before the ranks start",
+			setup: func(h *harness) {
+				h.spare = &fakeSpare{}
+				h.rdzv.next = append(h.rdzv.next, standbyIn(0), active(1, 0))
+			},
+			act: func(h *harness) {
+				g := h.ranks.wait(h.t)
+				h.spare.mu.Lock()
+				calls := fmt.Sprint(h.spare.calls)
+				h.spare.mu.Unlock()
+				if calls != "[park reclaim]" {
+					h.t.Errorf("filler calls before the ranks started: %s", calls)
+				}
+				g.exit(0, 0, 0)
+				g.exit(1, 0, 0)
+			},
+			check: func(t *testing.T, h *harness, o Outcome) {
+				want(t, o, verdict.Succeeded, 0)
+				if fmt.Sprint(h.spare.calls) != "[park reclaim close]" {
+					t.Errorf("filler calls %v", h.spare.calls)
+				}
+				if o.Cycles[0].FillerReclaimMS != 3 {
+					t.Errorf("reclaim time not recorded: %+v", o.Cycles[0])
+				}
+			},
+		},
+		{
+			name: "spare: a filler that cannot be reclaimed quarantines this node",
+			setup: func(h *harness) {
+				h.spare = &fakeSpare{reclaimE: errors.New("GPUs still in use: pid 4242 holds GPU 0")}
+				h.rdzv.next = append(h.rdzv.next, standbyIn(0), active(1, 0))
+			},
+			check: func(t *testing.T, h *harness, o Outcome) {
+				want(t, o, verdict.NodeExcluded, 1)
+				wantQuarantine(t, o, "10.0.0.1/42", verdict.EvidenceFillerReclaim)
+				if len(h.rdzv.leaves) != 1 || len(h.ranks.groups) != 0 {
+					t.Errorf("leaves %v, %d rank groups started", h.rdzv.leaves, len(h.ranks.groups))
 				}
 			},
 		},

@@ -305,6 +305,7 @@ type harness struct {
 	callTimeout time.Duration
 	met         *metrics.Metrics
 	walltime    []os.Signal
+	spare       *fakeSpare
 }
 
 func newHarness(t *testing.T) *harness {
@@ -323,7 +324,11 @@ func (h *harness) start() <-chan Outcome {
 	if err != nil {
 		h.t.Fatal(err)
 	}
-	h.agent = New(Deps{Config: h.cfg, Logger: slog.New(slog.DiscardHandler), Metrics: h.met, Ranks: h.ranks, Logs: logs,
+	var spare Spare
+	if h.spare != nil {
+		spare = h.spare
+	}
+	h.agent = New(Deps{Spare: spare, Config: h.cfg, Logger: slog.New(slog.DiscardHandler), Metrics: h.met, Ranks: h.ranks, Logs: logs,
 		Monitors: h.mons, Rdzv: h.rdzv, Signals: h.sigs, Hostname: "host-a", NodeID: "10.0.0.1/42",
 		Environ: h.env, CallTimeout: h.callTimeout, WalltimeSignals: h.walltime})
 	out := make(chan Outcome, 1)
@@ -365,3 +370,22 @@ func (h *harness) metric(name string) float64 {
 	}
 	return 0
 }
+
+// fakeSpare records what the agent asks of a spare's filler.
+type fakeSpare struct {
+	mu       sync.Mutex
+	calls    []string
+	reclaimE error
+}
+
+func (s *fakeSpare) record(c string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.calls = append(s.calls, c)
+}
+func (s *fakeSpare) Park() { s.record("park") }
+func (s *fakeSpare) Reclaim(context.Context) (time.Duration, error) {
+	s.record("reclaim")
+	return 3 * time.Millisecond, s.reclaimE
+}
+func (s *fakeSpare) Close() { s.record("close") }

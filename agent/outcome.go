@@ -99,6 +99,7 @@ type cycleTiming struct {
 	round                              int
 	start, joined, spawnStart, spawned time.Time
 	stopStart, stopped                 time.Time
+	reclaim                            time.Duration // taking the node back from its filler
 }
 
 func newRunState(now time.Time, maxRestarts int) runState {
@@ -176,7 +177,8 @@ func (r *runState) finishCycle(end cycleEnd) {
 		return float64(to.Sub(from).Microseconds()) / 1000
 	}
 	r.cycles = append(r.cycles, verdict.Cycle{Round: c.round, RendezvousMS: ms(c.start, c.joined),
-		SpawnMS: ms(c.spawnStart, c.spawned), RunMS: ms(c.spawned, c.stopStart), StopMS: ms(c.stopStart, c.stopped),
+		FillerReclaimMS: float64(c.reclaim.Microseconds()) / 1000,
+		SpawnMS:         ms(c.spawnStart, c.spawned), RunMS: ms(c.spawned, c.stopStart), StopMS: ms(c.stopStart, c.stopped),
 		End: cycleEndName(end), Reason: end.reason, StartedAt: c.start.UTC()})
 }
 

@@ -128,6 +128,11 @@ func (a *Agent) joining(ctx context.Context) State {
 	if asg.Standby {
 		return StateStandby
 	}
+	if a.d.Spare != nil {
+		if err := a.reclaimSpare(ctx); err != nil {
+			return StateDone
+		}
+	}
 	a.log.Info("round closed", "round", asg.Round, "group_rank", asg.GroupRank,
 		"group_world_size", asg.GroupWorldSize, "world_size", asg.WorldSize,
 		"master", fmt.Sprintf("%s:%d", asg.MasterAddr, asg.MasterPort),
@@ -176,12 +181,37 @@ func classifyRdzvErr(err error) verdict.Kind {
 	return verdict.FatalError
 }
 
-// standby: this node is parked for a later round.
+// standby: this node is parked for a later round; its filler (if any)
+// runs meanwhile.
 func (a *Agent) standby() State {
 	asg := a.run.asg
 	a.log.Info("standby: this node is parked for a later round", "round", asg.Round)
 	a.ev.Emit(eventlog.Standby, map[string]any{"round": asg.Round})
+	if a.d.Spare != nil {
+		a.d.Spare.Park()
+	}
 	return StateJoining
+}
+
+// reclaimSpare takes the node back from its filler before its ranks start.
+// A node whose filler (or GPUs) cannot be reclaimed in time leaves the job
+// quarantined, so the next spare takes its place.
+func (a *Agent) reclaimSpare(ctx context.Context) error {
+	took, err := a.d.Spare.Reclaim(ctx)
+	a.run.cycle.reclaim = took
+	if err == nil {
+		return nil
+	}
+	round := a.run.asg.Round
+	reason := "filler could not be reclaimed: " + err.Error()
+	a.log.Error("this spare cannot run the job; leaving it", "err", err)
+	if _, lerr := a.call(ctx, a.d.CallTimeout, func(ctx context.Context) error { return a.d.Rdzv.Leave(ctx, reason) }); lerr != nil {
+		a.log.Warn("leaving the rendezvous", "err", lerr)
+	}
+	a.ev.Emit(eventlog.JobFailed, map[string]any{"round": round, "kind": string(verdict.NodeExcluded), "reason": reason})
+	a.run.quarantine(a.d.NodeID, a.d.Hostname, verdict.EvidenceFillerReclaim, reason, round)
+	a.run.setOutcome(verdict.NodeExcluded, reason)
+	return err
 }
 
 // running starts the cycle's ranks and waits for what ends the cycle.

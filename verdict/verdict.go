@@ -86,6 +86,9 @@ const (
 	EvidenceHealthCheck Evidence = "health_check" // the node's health check failed
 	EvidenceLost        Evidence = "lost"         // gossip or lease expiry declared it gone
 	EvidenceExcluded    Evidence = "excluded"     // a rank asked ExcludeThisNode
+	// EvidenceFillerReclaim: a spare's filler (or its GPUs) could not be
+	// reclaimed within the bound when the spare was promoted.
+	EvidenceFillerReclaim Evidence = "filler_reclaim"
 )
 
 // Quarantine is a node the job stopped using, with the evidence.
@@ -109,13 +112,16 @@ type Cycle struct {
 	Round int `json:"round"`
 	// Phases, in milliseconds: waiting for the round, starting the ranks,
 	// running until the first ending event, stopping what still ran.
-	RendezvousMS float64   `json:"rendezvous_ms"`
-	SpawnMS      float64   `json:"spawn_ms"`
-	RunMS        float64   `json:"run_ms"`
-	StopMS       float64   `json:"stop_ms"`
-	End          string    `json:"end"`              // success, rank_failure, hang, round_ended, signal, workload_request
-	Reason       string    `json:"reason,omitempty"` // what ended it
-	StartedAt    time.Time `json:"started_at"`
+	RendezvousMS float64 `json:"rendezvous_ms"`
+	// FillerReclaimMS is the time taken to reclaim this spare from its
+	// filler before its ranks started (0 when it ran none).
+	FillerReclaimMS float64   `json:"filler_reclaim_ms,omitempty"`
+	SpawnMS         float64   `json:"spawn_ms"`
+	RunMS           float64   `json:"run_ms"`
+	StopMS          float64   `json:"stop_ms"`
+	End             string    `json:"end"`              // success, rank_failure, hang, round_ended, signal, workload_request
+	Reason          string    `json:"reason,omitempty"` // what ended it
+	StartedAt       time.Time `json:"started_at"`
 }
 
 // Verdict is the file's content.
