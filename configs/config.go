@@ -62,6 +62,7 @@ type Config struct {
 	Redirects        StdSpec
 	Tee              StdSpec
 	LocalRanksFilter []int // nil: every local rank is shown on the console
+	LogKeepAttempts  int   // keep the last N per-cycle attempt dirs of the run's log dir; 0 keeps all
 	NodeRank         int   // -1 when not given; static backend rank and etcd node order
 	MasterAddr       string
 	MasterPort       int
@@ -69,7 +70,7 @@ type Config struct {
 	SignalsToHandle  []syscall.Signal
 
 	// Stop and signal handling.
-	TermTimeout        time.Duration // grace after forwarding a received signal (nvrx --term-timeout, default 1800s)
+	TermTimeout        time.Duration // grace after forwarding a received signal (nvrx --term-timeout, default 1800s as nvrx)
 	WorkersStopTimeout time.Duration // grace when stopping ranks for a restart (nvrx default 15s)
 
 	// Worker command.

@@ -56,6 +56,7 @@ func (c *Config) Effective() string {
 	} else {
 		add("local_ranks_filter", c.LocalRanksFilter)
 	}
+	add("log_keep_attempts", c.LogKeepAttempts)
 	add("node_rank", c.NodeRank)
 	add("master_addr", c.MasterAddr)
 	add("master_port", c.MasterPort)

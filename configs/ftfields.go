@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"reflect"
 	"strconv"
+	"strings"
 
 	"gopkg.in/yaml.v3"
 )
@@ -157,23 +158,18 @@ func setFT(ft *FaultTolerance, sp ftSpec, s string, null bool) (warning string, 
 		return "", nil
 	}
 
-	allowed := func() string {
-		if sp.positive {
-			return "must be a number > 0"
-		}
-		return "must be a number >= 0"
-	}
+	lo, hi, allowed := floatBounds(sp)
 	switch f.Interface().(type) {
 	case float64:
 		if isNone(s) {
 			if null {
-				return "", fmt.Errorf("invalid value null: %s (this setting cannot be disabled)", allowed())
+				return "", fmt.Errorf("invalid value null: %s (this setting cannot be disabled)", allowed)
 			}
 			return "value " + strconv.Quote(s) + " ignored: this setting cannot be disabled", nil
 		}
 		v, err := parseFloat(s)
-		if err != nil || checkSeconds(v, sp.positive) != nil {
-			return "", fmt.Errorf("invalid value %q: %s", s, allowed())
+		if err != nil || v < lo || v > hi {
+			return "", fmt.Errorf("invalid value %q: %s", s, allowed)
 		}
 		f.SetFloat(v)
 	case *float64:
@@ -183,7 +179,7 @@ func setFT(ft *FaultTolerance, sp ftSpec, s string, null bool) (warning string, 
 		}
 		v, err := parseFloat(s)
 		if err != nil || checkSeconds(v, false) != nil {
-			return "", fmt.Errorf("invalid value %q: must be a number of seconds >= 0, or none/null to disable", s)
+			return "", fmt.Errorf("invalid value %q: %s, or none/null to disable", s, allowedSeconds(false))
 		}
 		f.Set(reflect.ValueOf(&v))
 	case bool:
@@ -196,32 +192,26 @@ func setFT(ft *FaultTolerance, sp ftSpec, s string, null bool) (warning string, 
 		}
 		f.SetBool(b)
 	case int:
-		v, err := strconv.Atoi(s)
-		lo, hi := 0, int(^uint(0)>>1)
+		v, err := strconv.Atoi(strings.TrimSpace(s))
+		lo, hi := 0, MaxCount
 		switch sp.key {
 		case "max_no_progress_cycles":
-			lo = -hi
+			lo = -MaxCount // <= 0 disables
 		case "no_restart_exit_code":
 			lo, hi = 1, 255
 		}
 		if err != nil || null || v < lo || v > hi {
-			if sp.key == "no_restart_exit_code" {
-				return "", fmt.Errorf("invalid value %q: must be an integer 1-255", s)
-			}
-			if lo < 0 {
-				return "", fmt.Errorf("invalid value %q: must be an integer", s)
-			}
-			return "", fmt.Errorf("invalid value %q: must be an integer >= 0", s)
+			return "", fmt.Errorf("invalid value %q: must be an integer from %d to %d", s, lo, hi)
 		}
 		f.SetInt(int64(v))
-	case *int:
+	case *int: // segment: a node count
 		if null || isNone(s) {
 			f.Set(reflect.Zero(f.Type()))
 			return "", nil
 		}
-		v, err := strconv.Atoi(s)
-		if err != nil || v <= 0 {
-			return "", fmt.Errorf("invalid value %q: must be an integer > 0 or none", s)
+		v, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil || v <= 0 || v > MaxNodes {
+			return "", fmt.Errorf("invalid value %q: must be an integer from 1 to %d, or none", s, MaxNodes)
 		}
 		f.Set(reflect.ValueOf(&v))
 	case string:
@@ -267,8 +257,11 @@ func setFTNode(ft *FaultTolerance, sp ftSpec, n *yaml.Node) error {
 				continue
 			}
 			x, err := parseFloat(v.Value)
-			if v.Kind != yaml.ScalarNode || err != nil || x < 0 {
-				return fmt.Errorf("section %q: must be a number of seconds >= 0 or null", k.Value)
+			if err == nil {
+				err = checkSeconds(x, false)
+			}
+			if v.Kind != yaml.ScalarNode || err != nil {
+				return fmt.Errorf("section %q: %s, or null", k.Value, allowedSeconds(false))
 			}
 			m[k.Value] = &x
 		}
@@ -285,6 +278,21 @@ func setFTNode(ft *FaultTolerance, sp ftSpec, n *yaml.Node) error {
 	sp.rule = rule
 	_, err := setFT(ft, sp, n.Value, n.Tag == "!!null")
 	return err
+}
+
+// floatBounds are the bounds of a float64 field and the message that
+// states them: seconds unless the field is a factor or a size.
+func floatBounds(sp ftSpec) (lo, hi float64, allowed string) {
+	switch sp.key {
+	case "safety_factor":
+		return MinPositiveSeconds, MaxSafetyFactor, fmt.Sprintf("must be a number from %g to %d", MinPositiveSeconds, MaxSafetyFactor)
+	case "gpu_memory_tolerance_mb":
+		return 0, MaxMB, fmt.Sprintf("must be a number of MB from 0 to %g", float64(MaxMB))
+	}
+	if sp.positive {
+		return MinPositiveSeconds, MaxSeconds, allowedSeconds(true)
+	}
+	return 0, MaxSeconds, allowedSeconds(false)
 }
 
 func ftFieldKind(ft *FaultTolerance, key string) any {

@@ -87,10 +87,10 @@ func options() []*option {
 	opts := []*option{
 		// Launch.
 		{names: []string{"nnodes"}, env: true, group: grpLaunch, arg: "N|MIN:MAX", def: "1:1",
-			help: "Number of nodes, or MIN:MAX for an elastic job (MAX-MIN hot spares); 0 < MIN <= MAX.",
+			help: "Number of nodes, or MIN:MAX for an elastic job (MAX-MIN hot spares); 0 < MIN <= MAX <= 65536.",
 			set:  func(p *parser, v string) (err error) { p.cfg.NNodes, err = parseNNodes(v); return err }},
 		{names: []string{"nproc-per-node"}, env: true, group: grpLaunch, arg: "N|cpu|gpu|auto", def: "1",
-			help: "Workers per node: an integer, cpu (CPU count), gpu (count of /dev/nvidia<N> honouring CUDA_VISIBLE_DEVICES) or auto (gpu if any, else cpu).",
+			help: "Workers per node (1 to 4096): an integer, cpu (CPU count), gpu (count of /dev/nvidia<N> honouring CUDA_VISIBLE_DEVICES) or auto (gpu if any, else cpu).",
 			set: func(p *parser, v string) error {
 				if err := checkNProcSpec(v); err != nil {
 					return err
@@ -99,10 +99,13 @@ func options() []*option {
 				return nil
 			}},
 		{names: []string{"max-restarts"}, env: true, group: grpLaunch, arg: "N", def: "0",
-			help: "Restarts of the whole worker group before giving up; >= 0.",
-			set:  func(p *parser, v string) (err error) { p.cfg.MaxRestarts, err = parseNonNegInt(v); return err }},
+			help: "Restarts of the whole worker group before giving up; 0 to 1000000000.",
+			set: func(p *parser, v string) (err error) {
+				p.cfg.MaxRestarts, err = parseIntRange(v, 0, MaxCount)
+				return err
+			}},
 		{names: []string{"monitor-interval"}, env: true, group: grpLaunch, arg: "SECONDS", def: "0.3",
-			help: "Accepted for torchrun compatibility (> 0) and ignored: ft-launcher is event-driven and polls nothing (rank exits arrive on SIGCHLD, hangs are acted on at their own deadlines).",
+			help: "Accepted for torchrun compatibility (0.001 to 604800) and ignored: ft-launcher is event-driven and polls nothing (rank exits arrive on SIGCHLD, hangs are acted on at their own deadlines).",
 			set:  func(p *parser, v string) (err error) { p.cfg.MonitorInterval, err = parseSeconds(v, true); return err }},
 		{names: []string{"start-method"}, env: true, group: grpLaunch, arg: "spawn|fork|forkserver", def: "spawn",
 			help: "Accepted for torchrun compatibility; scripts always run as separate processes.",
@@ -166,16 +169,19 @@ func options() []*option {
 			help: "Single-node job: backend c10d, endpoint localhost:0, random run id; explicit rendezvous values are ignored.",
 			set:  func(p *parser, v string) (err error) { p.cfg.Standalone, err = p.switchValue(v); return err }},
 		{names: []string{"node-rank"}, env: true, group: grpRdzv, arg: "N", def: "-1 (not given)",
-			help: "Rank of this node. The static backend's node rank, and the etcd rendezvous orders nodes by it (else by SLURM_PROCID, else JOB_COMPLETION_INDEX), which decides group ranks.",
-			set:  func(p *parser, v string) (err error) { p.cfg.NodeRank, err = parseNonNegInt(v); return err }},
+			help: "Rank of this node. The static backend's node rank, and the etcd rendezvous orders nodes by it (else by SLURM_PROCID, else JOB_COMPLETION_INDEX), which decides group ranks; 0 to 65535.",
+			set: func(p *parser, v string) (err error) {
+				p.cfg.NodeRank, err = parseIntRange(v, 0, MaxNodes-1)
+				return err
+			}},
 		{names: []string{"master-addr"}, env: true, group: grpRdzv, arg: "ADDR", def: "127.0.0.1",
 			help: "Static backend: rank 0's address when --rdzv-endpoint is empty.",
 			set:  func(p *parser, v string) error { p.cfg.MasterAddr = v; return nil }},
 		{names: []string{"master-port"}, env: true, group: grpRdzv, arg: "PORT", def: "29500",
 			help: "Static backend: rank 0's port when --rdzv-endpoint is empty; 0-65535.",
 			set: func(p *parser, v string) error {
-				n, err := parseNonNegInt(v)
-				if err != nil || n > 65535 {
+				n, err := parseIntRange(v, 0, 65535)
+				if err != nil {
 					return fmt.Errorf("invalid value %q: must be a port number 0-65535", v)
 				}
 				p.cfg.MasterPort = n
@@ -213,19 +219,25 @@ func options() []*option {
 		{names: []string{"local-ranks-filter"}, env: true, group: grpLogs, arg: "RANK,...", def: "all ranks",
 			help: "Show only these local ranks' output on the console (files keep everything).",
 			set:  func(p *parser, v string) (err error) { p.cfg.LocalRanksFilter, err = parseRanksFilter(v); return err }},
+		{names: []string{"log-keep-attempts"}, env: true, group: grpLogs, arg: "N", def: "0 (keep all)",
+			help: "Keep only the last N per-cycle attempt directories of the run's log directory, removing older ones as new cycles start; 0 keeps all, as torchrun. 0 to 1000000000; also YAML fault_tolerance.log_keep_attempts.",
+			set: func(p *parser, v string) (err error) {
+				p.cfg.LogKeepAttempts, err = parseIntRange(v, 0, MaxCount)
+				return err
+			}},
 
 		// Signals and stopping.
 		{names: []string{"signals-to-handle"}, env: true, group: grpStop, arg: "SIG,...", def: "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
-			help: "Signals caught by the launcher and forwarded to the workers.",
+			help: "Signals caught by the launcher and forwarded to the workers. The terminating ones are caught from the launcher's first instant (before this option is read) and a second one while workers stop SIGKILLs them at once.",
 			set:  func(p *parser, v string) (err error) { p.cfg.SignalsToHandle, err = parseSignalList(v); return err }},
-		{names: []string{"term-timeout"}, env: true, group: grpStop, arg: "SECONDS", def: "1800",
-			help: "After forwarding a caught signal, wait this long for workers before SIGKILL.",
+		{names: []string{"term-timeout"}, env: true, group: grpStop, arg: "SECONDS", def: "1800 (nvrx's)",
+			help: "After forwarding a caught signal, wait this long for workers before SIGKILL (a second signal SIGKILLs them at once); 0 to 604800.",
 			set:  func(p *parser, v string) (err error) { p.cfg.TermTimeout, err = parseSeconds(v, false); return err }},
 		{names: []string{"shutdown-timeout"}, env: true, group: grpStop, arg: "SECONDS", def: "same as --term-timeout",
 			help: "torchrun's name for --term-timeout (sets it).",
 			set:  func(p *parser, v string) (err error) { p.cfg.TermTimeout, err = parseSeconds(v, false); return err }},
 		{names: []string{"workers-stop-timeout"}, env: true, group: grpStop, arg: "SECONDS", def: "15",
-			help: "When stopping workers for a restart, wait this long after SIGTERM before SIGKILL.",
+			help: "When stopping workers for a restart, wait this long after SIGTERM before SIGKILL; 0 to 604800.",
 			set: func(p *parser, v string) (err error) {
 				p.cfg.WorkersStopTimeout, err = parseSeconds(v, false)
 				return err
@@ -244,8 +256,16 @@ func options() []*option {
 			help: "Append a JSON-lines event log of launcher phases to PATH.",
 			set:  func(p *parser, v string) error { p.cfg.EventLog = v; return nil }},
 		{names: []string{"metrics-addr"}, env: true, group: grpOurs, arg: "ADDR", def: "off",
-			help: "Serve Prometheus metrics on ADDR (e.g. 127.0.0.1:9400).",
-			set:  func(p *parser, v string) error { p.cfg.MetricsAddr = v; return nil }},
+			help: "Serve Prometheus metrics on ADDR, host:port with a port 0-65535 (e.g. 127.0.0.1:9400).",
+			set: func(p *parser, v string) error {
+				if v != "" {
+					if err := checkListenAddr(v); err != nil {
+						return err
+					}
+				}
+				p.cfg.MetricsAddr = v
+				return nil
+			}},
 		{names: []string{"health-check-cmd"}, env: true, group: grpOurs, arg: "CMD", def: "off",
 			help: "Command run before each rendezvous join; a non-zero exit marks this node unhealthy.",
 			set:  func(p *parser, v string) error { p.cfg.HealthCheckCmd = v; return nil }},

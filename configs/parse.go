@@ -286,8 +286,14 @@ func (p *parser) finish(positional []string, m machine) error {
 	}
 
 	n, err := resolveNProc(c.NProcSpec, p.getenv, m.devDir, m.numCPU)
+	if err == nil && n > MaxNProcPerNode {
+		err = fmt.Errorf("value %s resolved to %d workers: at most %d per node; give an integer", c.NProcSpec, n, MaxNProcPerNode)
+	}
 	if err != nil {
 		subj := p.source["nproc-per-node"]
+		if subj == "" {
+			subj = "--nproc-per-node"
+		}
 		return usageErr(subj, "%s: %v", subj, err)
 	}
 	c.NProcPerNode = n

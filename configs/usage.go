@@ -34,6 +34,10 @@ Rules:
     exist. An empty variable counts as unset. For switches the PET_ value must
     be an integer: 0 off, anything else on.
   * Timeouts written none, null or '' (any case) are disabled.
+  * Numbers are bounded and must be finite (nan and inf are refused): seconds
+    0 to 604800 (7 days; at least 0.001 where > 0 is required), counts as
+    each option says. The --ft-cfg-path file may hold at most 1 MiB and
+    100000 YAML nodes with aliases expanded.
   * The worker interpreter is $PYTHON_EXEC, else python3 found on PATH; it runs
     as PYTHON -u [-m] SCRIPT ARGS.
 `)

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"net"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -39,7 +40,8 @@ func parseFloat(s string) (float64, error) {
 	return v, nil
 }
 
-// parseSeconds parses a non-negative float of seconds; positive demands > 0.
+// parseSeconds parses a number of seconds from 0 to MaxSeconds; positive
+// demands at least MinPositiveSeconds.
 func parseSeconds(s string, positive bool) (time.Duration, error) {
 	v, err := parseFloat(s)
 	if err == nil {
@@ -48,30 +50,48 @@ func parseSeconds(s string, positive bool) (time.Duration, error) {
 	if err != nil {
 		return 0, fmt.Errorf("invalid value %q: %s", s, allowedSeconds(positive))
 	}
-	return time.Duration(v * float64(time.Second)), nil
+	return time.Duration(math.Round(v * float64(time.Second))), nil
 }
 
 func allowedSeconds(positive bool) string {
 	if positive {
-		return "must be a number of seconds > 0"
+		return fmt.Sprintf("must be a number of seconds from %g to %s", MinPositiveSeconds, maxSecondsText)
 	}
-	return "must be a number of seconds >= 0"
+	return "must be a number of seconds from 0 to " + maxSecondsText
 }
 
+// checkSeconds checks a number of seconds: finite, within [0, MaxSeconds],
+// and at least MinPositiveSeconds when positive.
 func checkSeconds(v float64, positive bool) error {
-	if math.IsNaN(v) || math.IsInf(v, 0) || v < 0 || (positive && v == 0) {
+	if math.IsNaN(v) || math.IsInf(v, 0) || v < 0 || v > MaxSeconds || (positive && v < MinPositiveSeconds) {
 		return errors.New(allowedSeconds(positive))
 	}
 	return nil
 }
 
-// parseNonNegInt parses an integer >= 0.
-func parseNonNegInt(s string) (int, error) {
+// parseIntRange parses an integer from lo to hi.
+func parseIntRange(s string, lo, hi int) (int, error) {
 	v, err := strconv.Atoi(strings.TrimSpace(s))
-	if err != nil || v < 0 {
-		return 0, fmt.Errorf("invalid value %q: must be an integer >= 0", s)
+	if err != nil || v < lo || v > hi {
+		return 0, fmt.Errorf("invalid value %q: must be an integer from %d to %d", s, lo, hi)
 	}
 	return v, nil
+}
+
+// checkListenAddr checks a listen address: host:port (host may be empty)
+// with a port 0-65535.
+func checkListenAddr(s string) error {
+	_, port, err := net.SplitHostPort(s)
+	if err == nil {
+		var n int
+		if n, err = strconv.Atoi(port); err == nil && (n < 0 || n > 65535) {
+			err = errors.New("port out of range")
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("invalid value %q: must be host:port with a port 0-65535, like 127.0.0.1:9400 or :9400", s)
+	}
+	return nil
 }
 
 // parsePETBool applies torchrun's check_env rule: the variable must be an
@@ -93,9 +113,9 @@ func parseFlagBool(s string) (bool, error) {
 	return v, nil
 }
 
-// parseNNodes parses N or MIN:MAX with 0 < MIN <= MAX.
+// parseNNodes parses N or MIN:MAX with 0 < MIN <= MAX <= MaxNodes.
 func parseNNodes(s string) (NNodes, error) {
-	bad := fmt.Errorf("invalid value %q: must be N or MIN:MAX with 0 < MIN <= MAX", s)
+	bad := fmt.Errorf("invalid value %q: must be N or MIN:MAX with 0 < MIN <= MAX <= %d", s, MaxNodes)
 	parts := strings.Split(strings.TrimSpace(s), ":")
 	if len(parts) > 2 {
 		return NNodes{}, bad
@@ -111,7 +131,7 @@ func parseNNodes(s string) (NNodes, error) {
 	if len(parts) == 1 {
 		n[1] = n[0]
 	}
-	if n[0] <= 0 || n[0] > n[1] {
+	if n[0] <= 0 || n[0] > n[1] || n[1] > MaxNodes {
 		return NNodes{}, bad
 	}
 	return NNodes{Min: n[0], Max: n[1]}, nil
@@ -126,8 +146,8 @@ func checkNProcSpec(s string) error {
 		return nil
 	}
 	v, err := strconv.Atoi(strings.TrimSpace(s))
-	if err != nil || v <= 0 {
-		return fmt.Errorf("invalid value %q: must be an integer > 0, cpu, gpu or auto", s)
+	if err != nil || v <= 0 || v > MaxNProcPerNode {
+		return fmt.Errorf("invalid value %q: must be an integer from 1 to %d, cpu, gpu or auto", s, MaxNProcPerNode)
 	}
 	return nil
 }
@@ -229,8 +249,8 @@ func parseRanksFilter(s string) ([]int, error) {
 	var out []int
 	for _, tok := range strings.Split(s, ",") {
 		v, err := strconv.Atoi(strings.TrimSpace(tok))
-		if err != nil || v < 0 {
-			return nil, fmt.Errorf("invalid value %q: must be comma-separated local ranks (integers >= 0) like 0,2", s)
+		if err != nil || v < 0 || v >= MaxNProcPerNode {
+			return nil, fmt.Errorf("invalid value %q: must be comma-separated local ranks (integers from 0 to %d) like 0,2", s, MaxNProcPerNode-1)
 		}
 		out = append(out, v)
 	}
@@ -358,7 +378,7 @@ func parseSectionTimeouts(s string) (map[string]*float64, error) {
 			err = checkSeconds(v, false)
 		}
 		if err != nil {
-			return nil, fmt.Errorf("invalid value %q: section %q: must be a number of seconds >= 0 or none", s, name)
+			return nil, fmt.Errorf("invalid value %q: section %q: %s, or none", s, name, allowedSeconds(false))
 		}
 		out[name] = &v
 	}

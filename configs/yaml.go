@@ -2,6 +2,7 @@ package configs
 
 import (
 	"errors"
+	"fmt"
 	"os"
 
 	"gopkg.in/yaml.v3"
@@ -28,19 +29,25 @@ func (p *parser) loadYAML() error {
 		return nil
 	}
 	subj := p.source["ft-cfg-path"]
-	data, err := os.ReadFile(path)
+	data, err := readBounded(path, MaxYAMLBytes)
 	if err != nil {
 		if p.ignoreMissing && errors.Is(err, os.ErrNotExist) {
 			p.warn("%s: %q does not exist; using fault tolerance defaults (--ft-ignore-missing-cfg)", subj, path)
 			return nil
 		}
-		return usageErr(subj, "%s: cannot read %q: %v (must be a readable YAML file)", subj, path, err)
+		return usageErr(subj, "%s: cannot read %q: %v (must be a readable YAML file of at most 1 MiB)", subj, path, err)
 	}
-	var root yaml.Node
-	if err := yaml.Unmarshal(data, &root); err != nil {
-		return usageErr(subj, "%s: %q is not valid YAML: %v", subj, path, err)
+	return p.applyYAML(data, path, subj)
+}
+
+// applyYAML applies the fault_tolerance section of a YAML document read
+// from path (named subj on the command line).
+func (p *parser) applyYAML(data []byte, path, subj string) error {
+	root, err := decodeYAML(data)
+	if err != nil {
+		return usageErr(subj, "%s: %q %v", subj, path, err)
 	}
-	sec := findFTSection(&root, 0)
+	sec := findFTSection(root, 0)
 	if sec == nil {
 		p.warn("%s: %q has no fault_tolerance: mapping; using fault tolerance defaults", subj, path)
 		return nil
@@ -69,6 +76,15 @@ func (p *parser) loadYAML() error {
 			} else {
 				p.cfg.VerdictFile = v.Value
 			}
+		case k.Value == "log_keep_attempts":
+			// A launcher option too (--log-keep-attempts), like verdict_file.
+			v = resolveAlias(v)
+			n, err := parseIntRange(v.Value, 0, MaxCount)
+			if v.Kind != yaml.ScalarNode || v.Tag == "!!null" || err != nil {
+				return usageErr("fault_tolerance.log_keep_attempts", "%s: %q: fault_tolerance.log_keep_attempts (line %d): must be an integer from 0 to %d (0 keeps every attempt)",
+					subj, path, k.Line, MaxCount)
+			}
+			p.cfg.LogKeepAttempts = n
 		case unimplementedFTKey(k.Value):
 			p.warn("%q line %d: fault_tolerance.%s is not implemented by ft-launcher; ignored", path, k.Line, k.Value)
 		default:
@@ -76,6 +92,22 @@ func (p *parser) loadYAML() error {
 		}
 	}
 	return nil
+}
+
+// decodeYAML parses data into a node tree and refuses documents that
+// would exceed MaxYAMLNodes once aliases are expanded: the tree is walked
+// through aliases below, and an alias bomb would make that walk
+// exponential. (yaml.v3 bounds alias expansion only when decoding into Go
+// values, not into a yaml.Node.) The error completes "FILE ...".
+func decodeYAML(data []byte) (*yaml.Node, error) {
+	var root yaml.Node
+	if err := yaml.Unmarshal(data, &root); err != nil {
+		return nil, fmt.Errorf("is not valid YAML: %v", err)
+	}
+	if _, err := expandedNodes(&root, MaxYAMLNodes); err != nil {
+		return nil, fmt.Errorf("is refused: more than %d YAML nodes once aliases are expanded (alias bomb?); write the values out", MaxYAMLNodes)
+	}
+	return &root, nil
 }
 
 // resolveAlias follows YAML aliases to the node they name.
