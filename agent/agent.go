@@ -21,6 +21,7 @@ import (
 
 	"github.com/ftlauncher/ft-launcher/configs"
 	"github.com/ftlauncher/ft-launcher/eventlog"
+	"github.com/ftlauncher/ft-launcher/ledger"
 	"github.com/ftlauncher/ft-launcher/metrics"
 	"github.com/ftlauncher/ft-launcher/monitor"
 	"github.com/ftlauncher/ft-launcher/ranklogs"
@@ -102,6 +103,9 @@ type Deps struct {
 	Environ []string
 	// Spare runs filler work while this node is a standby; nil for none.
 	Spare Spare
+	// Ledger is this node's book of leases (Active, Spare, Filler); nil
+	// keeps no ledger.
+	Ledger *ledger.Book
 	// CallTimeout bounds the short rendezvous calls (Fail, Shutdown,
 	// Leave) on top of the rendezvous's own loss bound; 0 means 2 minutes.
 	CallTimeout time.Duration

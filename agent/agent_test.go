@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ftlauncher/ft-launcher/ledger"
 	"github.com/ftlauncher/ft-launcher/monitor"
 	"github.com/ftlauncher/ft-launcher/policy"
 	"github.com/ftlauncher/ft-launcher/rendezvous"
@@ -585,8 +586,76 @@ func spareCases() []struct {
 			},
 		},
 		{
+			name: "ledger: a node lost, a spare with filler takes its place",
+			setup: func(h *harness) {
+				h.spare = &fakeSpare{}
+				h.store = newMemStore()
+				lostAt := time.Now().UTC().Add(-time.Second)
+				h.store.recs["10.0.0.2/7#1"] = ledger.Record{Job: "job", Node: "10.0.0.2/7", Role: ledger.Active, GroupRank: 1, Seq: 1, Start: lostAt}
+				h.rdzv.next = append(h.rdzv.next, standbyIn(0), func(context.Context) (rendezvous.Assignment, error) {
+					// The round opened when a survivor recorded the loss.
+					h.store.CloseOpen(context.Background(), "10.0.0.2/7", ledger.NodeFailure, "lost (gossip)", "10.0.0.3/9", time.Now().UTC())
+					a, _ := active(1, 0)(nil)
+					a.GroupRank, a.OpenedAt = 1, time.Now()
+					return a, nil
+				})
+			},
+			act: func(h *harness) {
+				g := h.ranks.wait(h.t)
+				g.exit(0, 0, 0)
+				g.exit(1, 0, 0)
+			},
+			check: func(t *testing.T, h *harness, o Outcome) {
+				want(t, o, verdict.Succeeded, 0)
+				var got []string
+				for _, r := range h.store.all() {
+					got = append(got, fmt.Sprintf("%s/%s/%s", r.Node, r.Role, r.Reason))
+				}
+				wantSeq := "[10.0.0.2/7/Active/NodeFailure 10.0.0.1/42/Filler/ReclaimedBySpare 10.0.0.1/42/Spare/Swap 10.0.0.1/42/Active/JobSucceeded]"
+				if fmt.Sprint(got) != wantSeq {
+					t.Errorf("ledger %v\nwant    %s", got, wantSeq)
+				}
+				if len(o.Ledger) != 3 || o.Ledger[2].Role != ledger.Active || o.Ledger[2].GroupRank != 1 {
+					t.Errorf("verdict ledger %+v", o.Ledger)
+				}
+				for name, want := range map[string]float64{"ftlauncher_spares_allocated_total": 1, "ftlauncher_spares_swaps_total": 1,
+					"ftlauncher_filler_preemptions_total": 1, "ftlauncher_spares_active": 0} {
+					if got := h.metric(name); got != want {
+						t.Errorf("%s = %v, want %v", name, got, want)
+					}
+				}
+			},
+		},
+		{
+			name: "ledger: a survivor records the lost peer's NodeFailure",
+			setup: func(h *harness) {
+				h.store = newMemStore()
+				h.store.recs["10.0.0.2/7#1"] = ledger.Record{Job: "job", Node: "10.0.0.2/7", Role: ledger.Active, GroupRank: 1, Seq: 1, Start: time.Now().UTC()}
+				h.rdzv.next = append(h.rdzv.next, active(0, 0), active(1, 0))
+			},
+			act: func(h *harness) {
+				h.ranks.wait(h.t)
+				h.rdzv.endRound(0, rendezvous.RoundEnd{Kind: rendezvous.EndRestart, Round: 0, Node: "10.0.0.2/7",
+					Reason: "node 10.0.0.2/7 lost (gossip)", Cause: policy.NodeLost})
+				g := h.ranks.wait(h.t)
+				g.exit(0, 0, 0)
+				g.exit(1, 0, 0)
+			},
+			check: func(t *testing.T, h *harness, o Outcome) {
+				r := h.store.recs["10.0.0.2/7#1"]
+				if r.Reason != ledger.NodeFailure || r.ClosedBy != "10.0.0.1/42" {
+					t.Errorf("lost peer's lease %+v", r)
+				}
+				own := h.store.recs["10.0.0.1/42#1"]
+				if own.Role != ledger.Active || own.Reason != ledger.JobSucceeded || own.Cycle != 0 {
+					t.Errorf("own lease %+v (a restart in place keeps one Active lease)", own)
+				}
+			},
+		},
+		{
 			name: "spare: a filler that cannot be reclaimed quarantines this node",
 			setup: func(h *harness) {
+				h.store = newMemStore()
 				h.spare = &fakeSpare{reclaimE: errors.New("GPUs still in use: pid 4242 holds GPU 0")}
 				h.rdzv.next = append(h.rdzv.next, standbyIn(0), active(1, 0))
 			},
@@ -595,6 +664,11 @@ func spareCases() []struct {
 				wantQuarantine(t, o, "10.0.0.1/42", verdict.EvidenceFillerReclaim)
 				if len(h.rdzv.leaves) != 1 || len(h.ranks.groups) != 0 {
 					t.Errorf("leaves %v, %d rank groups started", h.rdzv.leaves, len(h.ranks.groups))
+				}
+				for _, r := range h.store.all() {
+					if r.Reason != ledger.Quarantined {
+						t.Errorf("lease %s/%s ended %s, want Quarantined", r.Node, r.Role, r.Reason)
+					}
 				}
 			},
 		},

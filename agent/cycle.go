@@ -102,6 +102,7 @@ func (a *Agent) startCycle() error {
 	}
 	a.run.cycle.spawned = time.Now()
 	a.run.group, a.run.att = g, att
+	a.swapDone()
 	pids := g.PIDs()
 	if a.d.Monitors != nil {
 		a.d.Monitors.BeginCycle(asg.Round, pids)

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/ftlauncher/ft-launcher/configs"
+	"github.com/ftlauncher/ft-launcher/ledger"
 	"github.com/ftlauncher/ft-launcher/metrics"
 	"github.com/ftlauncher/ft-launcher/monitor"
 	"github.com/ftlauncher/ft-launcher/policy"
@@ -306,6 +307,7 @@ type harness struct {
 	met         *metrics.Metrics
 	walltime    []os.Signal
 	spare       *fakeSpare
+	store       *memStore // the job's ledger; a lost peer's lease is put here first
 }
 
 func newHarness(t *testing.T) *harness {
@@ -328,7 +330,11 @@ func (h *harness) start() <-chan Outcome {
 	if h.spare != nil {
 		spare = h.spare
 	}
-	h.agent = New(Deps{Spare: spare, Config: h.cfg, Logger: slog.New(slog.DiscardHandler), Metrics: h.met, Ranks: h.ranks, Logs: logs,
+	var book *ledger.Book
+	if h.store != nil {
+		book = ledger.NewBook("job", "10.0.0.1/42", "host-a", func(err error) { h.t.Error(err) }, h.store)
+	}
+	h.agent = New(Deps{Spare: spare, Ledger: book, Config: h.cfg, Logger: slog.New(slog.DiscardHandler), Metrics: h.met, Ranks: h.ranks, Logs: logs,
 		Monitors: h.mons, Rdzv: h.rdzv, Signals: h.sigs, Hostname: "host-a", NodeID: "10.0.0.1/42",
 		Environ: h.env, CallTimeout: h.callTimeout, WalltimeSignals: h.walltime})
 	out := make(chan Outcome, 1)
@@ -389,3 +395,42 @@ func (s *fakeSpare) Reclaim(context.Context) (time.Duration, error) {
 	return 3 * time.Millisecond, s.reclaimE
 }
 func (s *fakeSpare) Close() { s.record("close") }
+
+// memStore is a job-wide ledger store in memory (several nodes' leases).
+type memStore struct {
+	mu   sync.Mutex
+	recs map[string]ledger.Record
+}
+
+func newMemStore() *memStore { return &memStore{recs: map[string]ledger.Record{}} }
+
+func (m *memStore) Put(_ context.Context, r ledger.Record) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.recs[r.ID()] = r
+	return nil
+}
+
+func (m *memStore) CloseOpen(_ context.Context, node string, reason ledger.Reason, detail, by string, at time.Time) (ledger.Record, bool, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for id, r := range m.recs {
+		if r.Node == node && r.Open() {
+			r.End, r.Reason, r.Detail, r.ClosedBy = &at, reason, detail, by
+			m.recs[id] = r
+			return r, true, nil
+		}
+	}
+	return ledger.Record{}, false, nil
+}
+
+func (m *memStore) all() []ledger.Record {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make([]ledger.Record, 0, len(m.recs))
+	for _, r := range m.recs {
+		out = append(out, r)
+	}
+	ledger.SortByChange(out)
+	return out
+}

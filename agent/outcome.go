@@ -6,6 +6,7 @@ import (
 
 	"github.com/ftlauncher/ft-launcher/configs"
 	"github.com/ftlauncher/ft-launcher/eventlog"
+	"github.com/ftlauncher/ft-launcher/ledger"
 	"github.com/ftlauncher/ft-launcher/monitor"
 	"github.com/ftlauncher/ft-launcher/ranklogs"
 	"github.com/ftlauncher/ft-launcher/rendezvous"
@@ -30,8 +31,10 @@ type Outcome struct {
 	Quarantined  []verdict.Quarantine
 	FinishedFlag verdict.FinishedFlag
 	Cycles       []verdict.Cycle
-	StartedAt    time.Time
-	EndedAt      time.Time
+	// Ledger is this node's leases and the peers' leases it ended.
+	Ledger    []ledger.Record
+	StartedAt time.Time
+	EndedAt   time.Time
 }
 
 // Finished reports whether training is over: the ranks succeeded and the
@@ -66,7 +69,7 @@ func (o Outcome) Verdict(runID, node, host string) verdict.Verdict {
 	v := verdict.Verdict{Kind: o.Kind, ExitCode: o.ExitCode(), Reason: o.Reason, Finished: o.Finished(),
 		FinishedFlag: o.FinishedFlag, RunID: runID, Node: node, Hostname: host, PID: os.Getpid(),
 		RestartsUsed: o.RestartsUsed, MaxRestarts: o.MaxRestarts, LastRound: o.LastRound,
-		Quarantined: o.Quarantined, Cycles: o.Cycles, StartedAt: o.StartedAt, EndedAt: o.EndedAt}
+		Quarantined: o.Quarantined, Cycles: o.Cycles, Ledger: o.Ledger, StartedAt: o.StartedAt, EndedAt: o.EndedAt}
 	if o.Signal != nil {
 		v.Signal = sigName(o.Signal)
 	}
@@ -86,6 +89,9 @@ type runState struct {
 	cycle        cycleTiming
 	cycles       []verdict.Cycle
 	pendingReq   *monitor.WorkloadRequest
+	isSpare      bool        // parked as a spare (a Spare lease is open)
+	fillerOn     bool        // the spare's filler was started
+	swap         *swapTiming // a promotion being timed until the ranks run
 	// pendingSignal is a signal taken while stopping ranks for a restart.
 	pendingSignal os.Signal
 	// walltime is the pre-walltime warning signal, once received.
@@ -205,6 +211,7 @@ func (a *Agent) finish() Outcome {
 		// The training reached its end as the time limit came.
 		o.Kind = verdict.Succeeded
 	}
+	a.closeLedger(&o)
 	if o.Finished() {
 		a.log.Info("training finished: finished flag present", "flag", o.FinishedFlag.Path)
 		a.ev.Emit(eventlog.TrainingFinished, map[string]any{"round": o.LastRound, "flag": o.FinishedFlag.Path})

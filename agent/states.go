@@ -83,7 +83,7 @@ func (a *Agent) handle(ctx context.Context, s State) State {
 	case StateJoining:
 		return a.joining(ctx)
 	case StateStandby:
-		return a.standby()
+		return a.standby(ctx)
 	case StateRunning:
 		return a.running(ctx)
 	case StateStopping:
@@ -133,6 +133,7 @@ func (a *Agent) joining(ctx context.Context) State {
 			return StateDone
 		}
 	}
+	a.promoted(ctx, a.run.cycle.reclaim)
 	a.log.Info("round closed", "round", asg.Round, "group_rank", asg.GroupRank,
 		"group_world_size", asg.GroupWorldSize, "world_size", asg.WorldSize,
 		"master", fmt.Sprintf("%s:%d", asg.MasterAddr, asg.MasterPort),
@@ -183,13 +184,11 @@ func classifyRdzvErr(err error) verdict.Kind {
 
 // standby: this node is parked for a later round; its filler (if any)
 // runs meanwhile.
-func (a *Agent) standby() State {
+func (a *Agent) standby(ctx context.Context) State {
 	asg := a.run.asg
 	a.log.Info("standby: this node is parked for a later round", "round", asg.Round)
 	a.ev.Emit(eventlog.Standby, map[string]any{"round": asg.Round})
-	if a.d.Spare != nil {
-		a.d.Spare.Park()
-	}
+	a.parked(ctx)
 	return StateJoining
 }
 
@@ -258,7 +257,7 @@ func (a *Agent) deciding(ctx context.Context) State {
 		}
 		return a.decideFailure(ctx, end)
 	case endRoundEnded:
-		return a.decideRoundEnded(end)
+		return a.decideRoundEnded(ctx, end)
 	case endWorkload:
 		return StateEscalating
 	case endWalltime:
@@ -372,7 +371,7 @@ func (a *Agent) decideFailure(ctx context.Context, end cycleEnd) State {
 	return StateJoining
 }
 
-func (a *Agent) decideRoundEnded(end cycleEnd) State {
+func (a *Agent) decideRoundEnded(ctx context.Context, end cycleEnd) State {
 	asg := a.run.asg
 	e := end.rdzvEnd
 	a.ev.Emit(eventlog.RoundEnded, map[string]any{"round": asg.Round, "reason": e.Reason, "node": e.Node,
@@ -383,6 +382,7 @@ func (a *Agent) decideRoundEnded(end cycleEnd) State {
 	case policy.NodeExcluded:
 		a.run.quarantine(e.Node, "", verdict.EvidenceExcluded, e.Reason, asg.Round)
 	}
+	a.peerEnded(ctx, e.Cause, e.Node, e.Reason)
 	if e.Kind == rendezvous.EndJobClosed {
 		a.log.Warn("job closed", "kind", string(e.Close), "reason", e.Reason, "exit_code", e.Code)
 		if e.Code == 0 {

@@ -27,6 +27,12 @@ type Metrics struct {
 	worldSize    prometheus.Gauge
 	rankExits    *prometheus.CounterVec
 	hangKills    *prometheus.CounterVec
+
+	sparesAllocated   prometheus.Counter
+	sparesActive      prometheus.Gauge
+	spareSwaps        prometheus.Counter
+	fillerPreemptions prometheus.Counter
+	swapLatency       *prometheus.HistogramVec
 }
 
 // New creates the collectors and registers them on a fresh registry.
@@ -54,8 +60,21 @@ func New() *Metrics {
 	m.hangKills = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "ftlauncher_hang_kills_total", Help: "Ranks of this node killed by their monitor, by the timeout that expired."},
 		[]string{"timeout_kind"})
+	m.sparesAllocated = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "ftlauncher_spares_allocated_total", Help: "Times this node was parked as a spare (a Spare lease began)."})
+	m.sparesActive = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "ftlauncher_spares_active", Help: "1 while this node is parked as a spare, else 0 (sum over nodes: the job's spares)."})
+	m.spareSwaps = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "ftlauncher_spares_swaps_total", Help: "Times this spare was promoted to take a lost node's place."})
+	m.fillerPreemptions = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "ftlauncher_filler_preemptions_total", Help: "Times this spare's filler work was reclaimed (killed) for the job."})
+	m.swapLatency = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name: "ftlauncher_swap_latency_seconds",
+		Help: "Spare swap on the promoted node, by phase: rendezvous (round opened -> assignment), " +
+			"filler_reclaim, spawn (-> every rank exec'd), total (round opened -> every rank exec'd).",
+		Buckets: prometheus.ExponentialBuckets(0.001, 2, 16)}, []string{"phase"})
 	m.Registry.MustRegister(m.rounds, m.restarts, m.nodeFailures, m.rdzvLatency, m.currentRound, m.worldSize,
-		m.rankExits, m.hangKills)
+		m.rankExits, m.hangKills, m.sparesAllocated, m.sparesActive, m.spareSwaps, m.fillerPreemptions, m.swapLatency)
 	return m
 }
 
@@ -89,6 +108,43 @@ func (m *Metrics) HangKilled(kind string) {
 		return
 	}
 	m.hangKills.WithLabelValues(kind).Inc()
+}
+
+// SpareParked records this node parked as a spare (new says a new Spare
+// lease began).
+func (m *Metrics) SpareParked(isNew bool) {
+	if m == nil {
+		return
+	}
+	if isNew {
+		m.sparesAllocated.Inc()
+	}
+	m.sparesActive.Set(1)
+}
+
+// SpareLeft records this node no longer parked (promoted or gone).
+func (m *Metrics) SpareLeft() {
+	if m == nil {
+		return
+	}
+	m.sparesActive.Set(0)
+}
+
+// SpareSwapped records a promotion of this spare, with the phases of the
+// swap (zero phases are not observed).
+func (m *Metrics) SpareSwapped(preempted bool, phases map[string]time.Duration) {
+	if m == nil {
+		return
+	}
+	m.spareSwaps.Inc()
+	if preempted {
+		m.fillerPreemptions.Inc()
+	}
+	for p, d := range phases {
+		if d > 0 {
+			m.swapLatency.WithLabelValues(p).Observe(d.Seconds())
+		}
+	}
 }
 
 // Restarted records a round that ended with a restart.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -93,7 +94,8 @@ func (e *Etcd) endOps(r int, f policy.Failure, d policy.Decision, used int, subj
 	if d.CountsRestart {
 		used++
 	}
-	le := endInfo{Round: r, Reason: reason + "; " + d.Why, Node: subject, Cause: f, Action: d.Action, RestartsUsed: used}
+	le := endInfo{Round: r, Reason: reason + "; " + d.Why, Node: subject, Cause: f, Action: d.Action, RestartsUsed: used,
+		At: time.Now().UTC()}
 	lb, _ := json.Marshal(le)
 	return []clientv3.Op{clientv3.OpPut(e.k.lastEnd(), string(lb)), clientv3.OpPut(e.k.round(), strconv.Itoa(r+1)),
 			clientv3.OpPut(e.k.restarts(), strconv.Itoa(used))},

@@ -7,6 +7,7 @@ package rendezvous
 import (
 	"context"
 	"errors"
+	"time"
 
 	"github.com/ftlauncher/ft-launcher/policy"
 	"github.com/ftlauncher/ft-launcher/verdict"
@@ -23,6 +24,9 @@ type Assignment struct {
 	MasterAddr     string
 	MasterPort     int
 	MaxRestarts    int // the job's agreed budget (the first node's --max-restarts)
+	// OpenedAt is when the round was opened by the end of the previous one
+	// (zero when unknown, e.g. round 0).
+	OpenedAt time.Time
 	// RestartsUsed is the number of restarts the job had spent when this
 	// round opened. It differs from Round once a spare replaced a lost node
 	// (a swap opens a round without spending a restart).

@@ -332,7 +332,8 @@ func (e *Etcd) adopt(target int, sum roundSummary, ri rankInfo) Assignment {
 	if e.cfg != nil {
 		maxRestarts = e.cfg.MaxRestarts
 	}
-	a := Assignment{RunID: e.o.RunID, Round: target, GroupRank: ri.GroupRank, GroupWorldSize: sum.GroupWorldSize,
+	opened := e.lastEnds[target-1].At // zero for round 0 or an end record not seen
+	a := Assignment{OpenedAt: opened, RunID: e.o.RunID, Round: target, GroupRank: ri.GroupRank, GroupWorldSize: sum.GroupWorldSize,
 		RankBase: ri.RankBase, WorldSize: sum.WorldSize, MasterAddr: sum.MasterAddr, MasterPort: sum.MasterPort,
 		MaxRestarts: maxRestarts, RestartsUsed: sum.RestartsUsed, Standby: ri.Standby}
 	e.lastRound = target

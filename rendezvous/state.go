@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"sort"
 	"strconv"
+	"time"
 
 	"github.com/ftlauncher/ft-launcher/policy"
 	"github.com/ftlauncher/ft-launcher/verdict"
@@ -125,6 +126,9 @@ type endInfo struct {
 	Cause        policy.Failure `json:"cause,omitempty"`
 	Action       policy.Action  `json:"action,omitempty"`
 	RestartsUsed int            `json:"restarts_used"` // after this end
+	// At is when the round was ended (the next one opened); nodes use it
+	// to time a swap from the decision to their ranks' start.
+	At time.Time `json:"at,omitempty"`
 }
 
 // excludeInfo is written by a node that leaves the job (Leave) before it

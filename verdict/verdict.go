@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/ftlauncher/ft-launcher/internal/atomicfile"
+	"github.com/ftlauncher/ft-launcher/ledger"
 )
 
 // Schema is the value of the schema field of the files this version writes.
@@ -142,8 +143,11 @@ type Verdict struct {
 	Signal       string       `json:"signal,omitempty"`
 	Quarantined  []Quarantine `json:"quarantined"`
 	Cycles       []Cycle      `json:"cycles"`
-	StartedAt    time.Time    `json:"started_at"`
-	EndedAt      time.Time    `json:"ended_at"`
+	// Ledger is the node's leases (Active, Spare, Filler) and the peers'
+	// leases this node ended (a lost node's NodeFailure).
+	Ledger    []ledger.Record `json:"ledger"`
+	StartedAt time.Time       `json:"started_at"`
+	EndedAt   time.Time       `json:"ended_at"`
 }
 
 // Write stores v at path atomically (0644), setting Schema.
@@ -157,6 +161,9 @@ func Write(path string, v Verdict) error {
 	}
 	if v.Cycles == nil {
 		v.Cycles = []Cycle{}
+	}
+	if v.Ledger == nil {
+		v.Ledger = []ledger.Record{}
 	}
 	b, err := json.MarshalIndent(v, "", "  ")
 	if err != nil {
