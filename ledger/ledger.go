@@ -287,3 +287,34 @@ func WriteJSON(w io.Writer, rs []Record) error {
 	enc.SetIndent("", "  ")
 	return enc.Encode(rs)
 }
+
+// WriteJSONLine prints one record as one JSON line (for following).
+func WriteJSONLine(w io.Writer, r Record) error {
+	b, err := json.Marshal(r)
+	if err != nil {
+		return err
+	}
+	_, err = w.Write(append(b, '\n'))
+	return err
+}
+
+// FormatLine is one record as one line for people following a ledger.
+func FormatLine(r Record) string {
+	what := "began"
+	at := r.Start
+	if r.End != nil {
+		what, at = "ended "+string(r.Reason), *r.End
+	}
+	s := fmt.Sprintf("%s  %-22s %-6s", at.Format("15:04:05.000"), r.Node, r.Role)
+	if r.GroupRank >= 0 {
+		s += fmt.Sprintf(" group rank %d", r.GroupRank)
+	}
+	s += fmt.Sprintf(" (cycle %d) %s", r.Cycle, what)
+	if r.Detail != "" {
+		s += ": " + r.Detail
+	}
+	if r.ClosedBy != "" {
+		s += " (recorded by " + r.ClosedBy + ")"
+	}
+	return s
+}

@@ -45,6 +45,9 @@ Commands:
                   when training finished, 1 when the chain stopped
   submit SCRIPT   start (or pick up) a chain and return at once
   status          show the chain (--json for tools)
+  ledger          print a job's ledger of node leases (Active, Spare, Filler)
+                  and why each ended, from its etcd or its verdict files
+  watch           print a running job's ledger and follow it live
   cancel          stop the chain and cancel its pending and running jobs
   step begin|end  the decision steps the generated job wrapper runs
   node -- CMD     run CMD (ft-launcher) on a node with its verdict file set to
@@ -73,6 +76,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return cmdStart(ctx, args[0], args[1:], stdout, stderr)
 	case "status":
 		return cmdStatus(ctx, args[1:], stdout, stderr)
+	case "ledger", "watch":
+		return cmdLedger(ctx, args[0], args[1:], stdout, stderr)
 	case "cancel":
 		return cmdCancel(ctx, args[1:], stdout, stderr)
 	case "step":
