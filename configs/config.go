@@ -105,8 +105,16 @@ type Config struct {
 	MetricsAddr    string // Prometheus listen address ("" disables)
 	HealthCheckCmd string // pre-join node health check command ("" disables)
 	VerdictFile    string // JSON verdict written on exit ("": verdict.json in the run's log directory, chosen at run time)
-	PrintConfig    bool
-	CfgPath        string // --ft-cfg-path as given
+
+	// Spares.
+	SpareFiller               string        // command run on this node while it is a spare ("" none)
+	SpareFillerReclaimTimeout time.Duration // bound on killing the filler and freeing the GPUs when promoted
+
+	// WalltimeSignals are the scheduler's pre-walltime warnings: forwarded
+	// to the ranks, never a failure (default SIGUSR1, SIGUSR2).
+	WalltimeSignals []syscall.Signal
+	PrintConfig     bool
+	CfgPath         string // --ft-cfg-path as given
 
 	FT FaultTolerance
 

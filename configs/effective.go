@@ -73,6 +73,13 @@ func (c *Config) Effective() string {
 	add("metrics_addr", c.MetricsAddr)
 	add("health_check_cmd", c.HealthCheckCmd)
 	add("verdict_file", c.VerdictFile)
+	add("spare_filler", c.SpareFiller)
+	add("spare_filler_reclaim_timeout", c.SpareFillerReclaimTimeout.Seconds())
+	wt := make([]string, len(c.WalltimeSignals))
+	for i, s := range c.WalltimeSignals {
+		wt[i] = signalName(s)
+	}
+	add("walltime_signals", wt)
 	add("ft_cfg_path", c.CfgPath)
 	add("python_exec", c.PythonExec)
 	add("training_script", c.Script)

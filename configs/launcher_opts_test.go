@@ -2,11 +2,15 @@ package configs
 
 import (
 	"errors"
+	"fmt"
+	"os"
 	"path/filepath"
 	"reflect"
 	"regexp"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 )
 
 // TestVerdictFile: flag > FT_LAUNCHER_VERDICT_FILE > PET_VERDICT_FILE > YAML > default.
@@ -121,5 +125,51 @@ func TestHelpIsTrue(t *testing.T) {
 		if !strings.Contains(u, want) {
 			t.Errorf("Usage() lacks %q", want)
 		}
+	}
+}
+
+// TestSpareAndWalltimeOptions: flag, variable and YAML; defaults; errors.
+func TestSpareAndWalltimeOptions(t *testing.T) {
+	dir := t.TempDir()
+	yml := filepath.Join(dir, "ft.yaml")
+	if err := os.WriteFile(yml, []byte("fault_tolerance:\n  spare_filler: python3 filler.py --from-yaml\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name    string
+		args    []string
+		env     map[string]string
+		filler  string
+		reclaim time.Duration
+		wt      []syscall.Signal
+		err     string
+	}{
+		{name: "defaults", args: []string{"x"}, reclaim: 30 * time.Second, wt: []syscall.Signal{syscall.SIGUSR1, syscall.SIGUSR2}},
+		{name: "flag", args: []string{"--spare-filler", "sleep 1000", "--spare-filler-reclaim-timeout", "2.5", "--walltime-signals", "USR2", "x"},
+			filler: "sleep 1000", reclaim: 2500 * time.Millisecond, wt: []syscall.Signal{syscall.SIGUSR2}},
+		{name: "variable", args: []string{"x"}, env: map[string]string{"PET_SPARE_FILLER": "burn"}, filler: "burn",
+			reclaim: 30 * time.Second, wt: []syscall.Signal{syscall.SIGUSR1, syscall.SIGUSR2}},
+		{name: "yaml", args: []string{"--ft-cfg-path", yml, "x"}, filler: "python3 filler.py --from-yaml",
+			reclaim: 30 * time.Second, wt: []syscall.Signal{syscall.SIGUSR1, syscall.SIGUSR2}},
+		{name: "walltime none", args: []string{"--walltime-signals", "none", "x"}, reclaim: 30 * time.Second},
+		{name: "bad reclaim", args: []string{"--spare-filler-reclaim-timeout", "0", "x"}, err: "--spare-filler-reclaim-timeout"},
+		{name: "bad walltime signal", args: []string{"--walltime-signals", "USR9", "x"}, err: "--walltime-signals"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := Parse(tc.args, func(k string) string { return tc.env[k] }, fakeIsLocal)
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("err %v, want one naming %s", err, tc.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c.SpareFiller != tc.filler || c.SpareFillerReclaimTimeout != tc.reclaim || fmt.Sprint(c.WalltimeSignals) != fmt.Sprint(tc.wt) {
+				t.Fatalf("filler %q reclaim %v walltime %v", c.SpareFiller, c.SpareFillerReclaimTimeout, c.WalltimeSignals)
+			}
+		})
 	}
 }

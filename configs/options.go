@@ -272,6 +272,25 @@ func options() []*option {
 		{names: []string{"verdict-file"}, env: true, altEnv: "FT_LAUNCHER_VERDICT_FILE", group: grpOurs, arg: "PATH",
 			help: "JSON verdict written atomically when the launcher exits (why it stopped, exit code, restarts used, finished flag, quarantined nodes); default: verdict.json in the run's log directory. See docs/verdict.md. Also YAML fault_tolerance.verdict_file.",
 			set:  func(p *parser, v string) error { p.cfg.VerdictFile = v; return nil }},
+		{names: []string{"spare-filler"}, env: true, group: grpOurs, arg: "CMD", def: "off",
+			help: "Filler work for this node while it waits as a spare (nodes beyond --nnodes MIN): run as /bin/sh -c CMD in its own process group, with FT_LAUNCHER_FILLER=1 and none of the job's variables, its output in filler.log in the run's log directory, restarted with backoff if it exits. When the spare is promoted the whole filler tree is SIGKILLed at once (no grace: filler is pre-emptible by contract) before the job's ranks start. Also YAML fault_tolerance.spare_filler. See docs/spares.md.",
+			set:  func(p *parser, v string) error { p.cfg.SpareFiller = v; return nil }},
+		{names: []string{"spare-filler-reclaim-timeout"}, env: true, group: grpOurs, arg: "SECONDS", def: "30",
+			help: "Bound on reclaiming a promoted spare: the filler tree's exit and, with GPUs, until nvidia-smi shows no process on them and memory below --ft-gpu-memory-tolerance-mb. Past it the spare is quarantined and the next spare takes its place. 0.001 to 604800.",
+			set: func(p *parser, v string) (err error) {
+				p.cfg.SpareFillerReclaimTimeout, err = parseSeconds(v, true)
+				return err
+			}},
+		{names: []string{"walltime-signals"}, env: true, group: grpStop, arg: "SIG,...|none", def: "SIGUSR1,SIGUSR2",
+			help: "The scheduler's pre-walltime warnings (Slurm's --signal=USR1@SECONDS): forwarded to every rank so it can checkpoint, never counted as a failure; the verdict then says walltime. none disables.",
+			set: func(p *parser, v string) (err error) {
+				if strings.EqualFold(strings.TrimSpace(v), "none") {
+					p.cfg.WalltimeSignals = nil
+					return nil
+				}
+				p.cfg.WalltimeSignals, err = parseSignalList(v)
+				return err
+			}},
 		{names: []string{"print-config"}, kind: kindSwitch, group: grpOurs, def: "off",
 			help: "Print the effective configuration as YAML (the rendezvous as interpreted included) and exit.",
 			set:  func(p *parser, v string) (err error) { p.cfg.PrintConfig, err = p.switchValue(v); return err }},

@@ -89,21 +89,23 @@ func (p *parser) switchValue(v string) (bool, error) { return parseFlagBool(v) }
 
 func defaultConfig() *Config {
 	return &Config{
-		NNodes:             NNodes{Min: 1, Max: 1},
-		NProcSpec:          "1",
-		RdzvBackend:        "c10d",
-		RdzvID:             "none",
-		RdzvConf:           map[string]string{},
-		MonitorInterval:    300 * time.Millisecond,
-		StartMethod:        "spawn",
-		Role:               "default",
-		NodeRank:           -1,
-		MasterAddr:         "127.0.0.1",
-		MasterPort:         29500,
-		SignalsToHandle:    []syscall.Signal{syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGQUIT},
-		TermTimeout:        1800 * time.Second,
-		WorkersStopTimeout: 15 * time.Second,
-		FT:                 DefaultFaultTolerance(),
+		NNodes:                    NNodes{Min: 1, Max: 1},
+		NProcSpec:                 "1",
+		RdzvBackend:               "c10d",
+		RdzvID:                    "none",
+		RdzvConf:                  map[string]string{},
+		MonitorInterval:           300 * time.Millisecond,
+		StartMethod:               "spawn",
+		Role:                      "default",
+		NodeRank:                  -1,
+		MasterAddr:                "127.0.0.1",
+		MasterPort:                29500,
+		SignalsToHandle:           []syscall.Signal{syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGQUIT},
+		WalltimeSignals:           []syscall.Signal{syscall.SIGUSR1, syscall.SIGUSR2},
+		SpareFillerReclaimTimeout: 30 * time.Second,
+		TermTimeout:               1800 * time.Second,
+		WorkersStopTimeout:        15 * time.Second,
+		FT:                        DefaultFaultTolerance(),
 	}
 }
 

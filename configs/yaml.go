@@ -76,6 +76,17 @@ func (p *parser) applyYAML(data []byte, path, subj string) error {
 			} else {
 				p.cfg.VerdictFile = v.Value
 			}
+		case k.Value == "spare_filler":
+			// A launcher option too (--spare-filler), like verdict_file.
+			v = resolveAlias(v)
+			if v.Kind != yaml.ScalarNode {
+				return usageErr("fault_tolerance.spare_filler", "%s: %q: fault_tolerance.spare_filler (line %d): must be a command line", subj, path, k.Line)
+			}
+			if v.Tag == "!!null" {
+				p.cfg.SpareFiller = ""
+			} else {
+				p.cfg.SpareFiller = v.Value
+			}
 		case k.Value == "log_keep_attempts":
 			// A launcher option too (--log-keep-attempts), like verdict_file.
 			v = resolveAlias(v)
