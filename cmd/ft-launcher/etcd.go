@@ -38,7 +38,7 @@ func newEtcdRendezvous(ctx context.Context, cfg *configs.Config, log *slog.Logge
 			if err != nil {
 				return nil, nil, fmt.Errorf("embedded etcd peer port on %s: %w", h, err)
 			}
-			ep, stop, err := hostEtcd(reaper, log, "http://"+rz.Endpoints[0], "http://"+net.JoinHostPort(h, strconv.Itoa(peerPort)))
+			ep, stop, err := hostEtcd(ctx, reaper, log, "http://"+rz.Endpoints[0], "http://"+net.JoinHostPort(h, strconv.Itoa(peerPort)))
 			if err != nil {
 				return nil, nil, fmt.Errorf("host the embedded etcd at %s: %w", rz.Endpoints[0], err)
 			}

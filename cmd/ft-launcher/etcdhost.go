@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"log/slog"
 	"os"
@@ -36,7 +37,7 @@ func findEtcdCompanion() (string, error) {
 // hostEtcd starts the embedded etcd server as a child of this launcher (it
 // gets the parent-death signal like a rank) and waits until it serves. The
 // returned stop function stops it and removes its data directory.
-func hostEtcd(reaper *spawn.Reaper, log *slog.Logger, clientURL, peerURL string) (endpoint string, stop func(), err error) {
+func hostEtcd(ctx context.Context, reaper *spawn.Reaper, log *slog.Logger, clientURL, peerURL string) (endpoint string, stop func(), err error) {
 	bin, err := findEtcdCompanion()
 	if err != nil {
 		return "", nil, err
@@ -74,6 +75,9 @@ func hostEtcd(reaper *spawn.Reaper, log *slog.Logger, clientURL, peerURL string)
 		}
 		stop()
 		return "", nil, fmt.Errorf("embedded etcd at %s did not start (see its log above)", clientURL)
+	case <-ctx.Done(): // a signal during the set-up
+		stop()
+		return "", nil, fmt.Errorf("embedded etcd at %s: start abandoned: %w", clientURL, ctx.Err())
 	case <-time.After(60 * time.Second):
 		stop()
 		return "", nil, fmt.Errorf("embedded etcd at %s did not serve within 60s", clientURL)

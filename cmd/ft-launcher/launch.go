@@ -10,6 +10,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
+	"syscall"
 	"time"
 
 	"github.com/ftlauncher/ft-launcher/agent"
@@ -21,13 +23,23 @@ import (
 	"github.com/ftlauncher/ft-launcher/rendezvous"
 	"github.com/ftlauncher/ft-launcher/spawn"
 	"github.com/ftlauncher/ft-launcher/verdict"
+	"golang.org/x/sys/unix"
 )
 
 // launch sets up every part of the node agent, runs it, and tears every part
 // down again in reverse order, whatever happened. Every exit after the
 // configuration was accepted goes through one path: an agent.Outcome, whose
 // ExitCode is the exit code and whose verdict is written to the verdict file.
+//
+// sigs are the handled signals. During the set-up the first one cancels
+// the set-up (an etcd connect may otherwise wait connect_timeout) and ends
+// the launcher with a signaled verdict; once the agent runs it reads them.
 func launch(ctx context.Context, cfg *configs.Config, log *slog.Logger, sigs <-chan os.Signal, stderr io.Writer) int {
+	setupCtx, cancelSetup := context.WithCancel(ctx)
+	defer cancelSetup()
+	guard := guardSetup(sigs, cancelSetup)
+	defer guard.end()
+
 	environ := os.Environ()
 	if !cfg.NoPython {
 		py, err := exec.LookPath(cfg.PythonExec)
@@ -87,19 +99,73 @@ func launch(ctx context.Context, cfg *configs.Config, log *slog.Logger, sigs <-c
 		}()
 	}
 
-	rdzv, cleanup, err := newRendezvous(ctx, cfg, log, reaper, met)
+	// The local parts above take milliseconds; the rendezvous may wait on
+	// etcd (or start it), so a signal is checked before and cancels it.
+	if sig := guard.caught(); sig != nil {
+		return rec.signaled(sig)
+	}
+	rdzv, cleanup, err := newRendezvous(setupCtx, cfg, log, reaper, met)
 	if err != nil {
+		if sig := guard.end(); sig != nil {
+			return rec.signaled(sig)
+		}
 		return rec.setupFailed("rendezvous set-up failed", err)
 	}
 	defer cleanup()
 	if n, ok := rdzv.(interface{ NodeID() string }); ok {
 		rec.node = n.NodeID() // the id peers use in their records of this node
 	}
+	if sig := guard.end(); sig != nil {
+		return rec.signaled(sig)
+	}
 
 	ag := agent.New(agent.Deps{Config: cfg, Logger: log.With("component", "agent"), Events: ev, Metrics: met,
 		Ranks: agent.SpawnRanks{Reaper: reaper}, Logs: logs, Monitors: mon, Rdzv: rdzv, Signals: sigs,
 		Hostname: host, NodeID: rec.node, Environ: environ, CallTimeout: callTimeout(cfg)})
 	return rec.write(ag.Run(ctx))
+}
+
+// setupGuard watches the handled signals while the launcher sets up, until
+// the agent takes them over.
+type setupGuard struct {
+	stop     chan struct{}
+	done     chan struct{}
+	stopOnce sync.Once
+	sig      os.Signal // the signal taken, if any; written before done closes
+}
+
+// guardSetup starts watching sigs: the first signal is kept and cancels
+// the set-up through cancel.
+func guardSetup(sigs <-chan os.Signal, cancel context.CancelFunc) *setupGuard {
+	g := &setupGuard{stop: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(g.done)
+		select {
+		case s := <-sigs:
+			g.sig = s
+			cancel()
+		case <-g.stop:
+		}
+	}()
+	return g
+}
+
+// caught returns the signal taken so far, without ending the watch.
+func (g *setupGuard) caught() os.Signal {
+	select {
+	case <-g.done:
+		return g.sig
+	default:
+		return nil
+	}
+}
+
+// end stops the watch and returns the signal it took, if any; after end no
+// signal is taken from the channel, so the agent gets every later one.
+func (g *setupGuard) end() os.Signal {
+	g.stopOnce.Do(func() { close(g.stop) })
+	<-g.done
+	return g.sig
 }
 
 // callTimeout bounds the agent's short rendezvous calls: the rendezvous
@@ -145,6 +211,23 @@ func (r *verdictRecorder) setupFailed(what string, err error) int {
 	r.ev.Emit(eventlog.JobFailed, map[string]any{"kind": string(kind), "reason": reason})
 	return r.write(agent.Outcome{Kind: kind, Reason: reason, MaxRestarts: r.cfg.MaxRestarts, LastRound: -1,
 		StartedAt: r.started.UTC(), EndedAt: time.Now().UTC()})
+}
+
+// signaled records a signal that ended the launcher during its set-up,
+// before any rank was started.
+func (r *verdictRecorder) signaled(sig os.Signal) int {
+	name := sig.String()
+	if s, ok := sig.(syscall.Signal); ok && unix.SignalName(s) != "" {
+		name = unix.SignalName(s)
+	}
+	reason := "stopped by " + name + " during set-up, before any rank started"
+	r.log.Warn("signal received during set-up; exiting", "signal", name)
+	r.ev.Emit(eventlog.SignalReceived, map[string]any{"signal": name, "state": "setup"})
+	o := agent.Outcome{Kind: verdict.Signaled, Reason: reason, Signal: sig, MaxRestarts: r.cfg.MaxRestarts, LastRound: -1,
+		StartedAt: r.started.UTC(), EndedAt: time.Now().UTC()}
+	r.ev.Emit(eventlog.Verdict, map[string]any{"kind": string(o.Kind), "exit_code": o.ExitCode(), "reason": reason,
+		"restarts_used": 0, "last_round": -1, "finished": false, "quarantined": 0})
+	return r.write(o)
 }
 
 // write stores the outcome's verdict and returns its exit code. A verdict

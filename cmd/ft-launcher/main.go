@@ -10,21 +10,32 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"os/signal"
+	"time"
 
+	"github.com/ftlauncher/ft-launcher/cmd/ft-launcher/internal/earlysig"
 	"github.com/ftlauncher/ft-launcher/configs"
 	"github.com/ftlauncher/ft-launcher/internal/version"
 	"github.com/ftlauncher/ft-launcher/rendezvous"
 )
 
 func main() {
-	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+	// Terminating signals have been caught since package initialisation
+	// (earlysig); run decides what becomes of them.
+	os.Exit(run(os.Args[1:], earlysig.Take(), os.Stdout, os.Stderr))
 }
 
+// parsePatience is how long a stuck configuration parse (a FIFO as
+// --ft-cfg-path) may hold a signal before the signal takes its default
+// action; a parse takes about a millisecond.
+const parsePatience = 500 * time.Millisecond
+
 // run is the whole command: parse and validate the launch line (a usage
-// error exits 2 before anything is started), then launch.
-func run(args []string, stdout, stderr io.Writer) int {
-	cfg, err := configs.Parse(args, os.Getenv, rendezvous.IsLocalEndpoint)
+// error exits 2 before anything is started), then launch. Signals caught
+// by early before the handled set was known are honoured then.
+func run(args []string, early *earlysig.Catcher, stdout, stderr io.Writer) int {
+	var cfg *configs.Config
+	var err error
+	early.During(func() { cfg, err = configs.Parse(args, os.Getenv, rendezvous.IsLocalEndpoint) }, parsePatience)
 	if err != nil {
 		switch {
 		case errors.Is(err, configs.ErrHelp):
@@ -47,15 +58,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return configs.ExitSuccess
 	}
 
-	// Signals are caught from the start (torchrun installs its handlers only
-	// once workers start, so an early SIGTERM kills it without cleanup).
-	sigs := make(chan os.Signal, 4)
-	handled := make([]os.Signal, 0, len(cfg.SignalsToHandle))
-	for _, s := range cfg.SignalsToHandle {
-		handled = append(handled, s)
-	}
-	signal.Notify(sigs, handled...)
-	defer signal.Stop(sigs)
+	// From here on exactly --signals-to-handle is handled; one that came
+	// earlier is delivered now (torchrun installs its handlers only once
+	// workers start, so an early SIGTERM kills it without cleanup).
+	sigs := early.Handle(cfg.SignalsToHandle)
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

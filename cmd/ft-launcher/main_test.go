@@ -4,11 +4,14 @@ import (
 	"bytes"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/ftlauncher/ft-launcher/cmd/ft-launcher/internal/earlysig"
 )
 
 // closedPort returns a local port nothing listens on.
@@ -100,7 +103,7 @@ func TestRunRejectsBadRendezvousBeforeLaunch(t *testing.T) {
 			tr := newTraces(t)
 			var stdout, stderr bytes.Buffer
 			args := append(append(tr.args(), tt.args...), "--no-python", "/bin/true")
-			if code := run(args, &stdout, &stderr); code != 2 {
+			if code := run(args, earlysig.Take(), &stdout, &stderr); code != 2 {
 				t.Fatalf("run(%q) = %d, want 2; stderr:\n%s", args, code, stderr.String())
 			}
 			lines := strings.Split(strings.TrimSpace(stderr.String()), "\n")
@@ -124,7 +127,7 @@ func TestRunLaunchLeavesTraces(t *testing.T) {
 	args := append(tr.args(), "--nnodes", "2", "--rdzv-backend", "etcd", "--rdzv-endpoint", ep,
 		"--rdzv-conf", "connect_timeout=0.2", "--no-python", "/bin/true")
 	var stdout, stderr bytes.Buffer
-	if code := run(args, &stdout, &stderr); code != 1 {
+	if code := run(args, earlysig.Take(), &stdout, &stderr); code != 1 {
 		t.Fatalf("run(%q) = %d, want 1; stderr:\n%s", args, code, stderr.String())
 	}
 	if _, err := os.Stat(tr.events); err != nil {
@@ -134,7 +137,7 @@ func TestRunLaunchLeavesTraces(t *testing.T) {
 
 func TestRunVersion(t *testing.T) {
 	var stdout, stderr bytes.Buffer
-	if code := run([]string{"--version"}, &stdout, &stderr); code != 0 {
+	if code := run([]string{"--version"}, earlysig.Take(), &stdout, &stderr); code != 0 {
 		t.Fatalf("--version exit %d, stderr %q", code, stderr.String())
 	}
 	re := regexp.MustCompile(`^ft-launcher \S+ \(commit \S+, go1\.[0-9.]+\S*, [a-z0-9]+/[a-z0-9]+\)\n$`)
@@ -145,13 +148,13 @@ func TestRunVersion(t *testing.T) {
 
 func TestRunHelpAndPrintConfig(t *testing.T) {
 	var stdout, stderr bytes.Buffer
-	if code := run([]string{"--help"}, &stdout, &stderr); code != 0 || !strings.Contains(stdout.String(), "--verdict-file PATH") ||
+	if code := run([]string{"--help"}, earlysig.Take(), &stdout, &stderr); code != 0 || !strings.Contains(stdout.String(), "--verdict-file PATH") ||
 		!strings.Contains(stdout.String(), "--version") {
 		t.Errorf("--help: exit %d, output lacks --verdict-file or --version:\n%s", code, stdout.String())
 	}
 	stdout.Reset()
 	t.Setenv("SLURM_PROCID", "1")
-	code := run([]string{"--nnodes", "2", "--rdzv-endpoint", "10.255.255.1", "--rdzv-conf", "join_timeout=90", "--print-config", "x.py"}, &stdout, &stderr)
+	code := run([]string{"--nnodes", "2", "--rdzv-endpoint", "10.255.255.1", "--rdzv-conf", "join_timeout=90", "--print-config", "x.py"}, earlysig.Take(), &stdout, &stderr)
 	if code != 0 {
 		t.Fatalf("--print-config exit %d, stderr %q", code, stderr.String())
 	}
@@ -160,5 +163,40 @@ func TestRunHelpAndPrintConfig(t *testing.T) {
 		if !strings.Contains(stdout.String(), want) {
 			t.Errorf("--print-config lacks %q:\n%s", want, stdout.String())
 		}
+	}
+}
+
+// TestSignalsCaughtBeforeHeavyInit: the package that catches signals is
+// initialised before the launcher's configuration, logging, gRPC and etcd
+// client packages (Go's init order: dependencies first, ties by import
+// path), so the window where a SIGTERM kills the launcher by default is
+// the runtime's own start only. This test binary links the same packages.
+func TestSignalsCaughtBeforeHeavyInit(t *testing.T) {
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), "GODEBUG=inittrace=1")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	order := map[string]int{}
+	for i, line := range strings.Split(string(out), "\n") {
+		if f := strings.Fields(line); len(f) > 1 && f[0] == "init" {
+			if _, seen := order[f[1]]; !seen {
+				order[f[1]] = i
+			}
+		}
+	}
+	early, ok := order["github.com/ftlauncher/ft-launcher/cmd/ft-launcher/internal/earlysig"]
+	if !ok {
+		t.Fatalf("earlysig did not initialise:\n%s", out)
+	}
+	for _, later := range []string{"log/slog", "github.com/ftlauncher/ft-launcher/configs", "google.golang.org/grpc",
+		"go.etcd.io/etcd/client/v3", "github.com/ftlauncher/ft-launcher/rendezvous"} {
+		if i, ok := order[later]; ok && i < early {
+			t.Errorf("%s initialises before the signals are caught", later)
+		}
+	}
+	if _, ok := order["github.com/ftlauncher/ft-launcher/configs"]; !ok {
+		t.Errorf("inittrace does not list configs: the order cannot be checked:\n%s", out)
 	}
 }
