@@ -25,6 +25,10 @@ const (
 	NeverRan  Outcome = "never_ran"  // ended without running (cancelled while pending)
 )
 
+// Unknown is the state recorded for a job no Slurm source knows any more
+// (purged after MinJobAge with no accounting).
+const Unknown = "UNKNOWN"
+
 // Facts are what is known about a job when it is judged.
 type Facts struct {
 	// ScriptRC is the exit status of the user's job script, as the job's
@@ -63,7 +67,7 @@ func Judge(f Facts) Judgement {
 	if code == 0 {
 		code = verdict.DefaultNoRestartExitCode
 	}
-	if !f.Began && f.Slurm.State == "CANCELLED" {
+	if !f.Began && (f.Slurm.State == "CANCELLED" || f.Slurm.State == Unknown) {
 		// Cancelled before its begin step: a successor Slurm removed
 		// (kill-on-invalid-dep) or one cancelled by hand while pending.
 		return Judgement{Outcome: NeverRan, Reason: "Slurm: CANCELLED before it began (reason " + f.Slurm.Reason + ")"}

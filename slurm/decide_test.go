@@ -38,6 +38,8 @@ func TestJudge(t *testing.T) {
 		{"FAILED", Facts{Began: true, Slurm: ended("FAILED", 1, 0)}, Failure, false},
 		{"CANCELLED while running", Facts{Began: true, Slurm: ended("CANCELLED", 0, 15)}, Failure, false},
 		{"CANCELLED before it began", Facts{Slurm: ended("CANCELLED", 0, 0), FlagPresent: true}, NeverRan, false},
+		{"unknown to Slurm before it began", Facts{Slurm: ended(Unknown, 0, 0)}, NeverRan, false},
+		{"unknown to Slurm after it began", Facts{Began: true, Slurm: ended(Unknown, 0, 0)}, Failure, false},
 		{"NODE_FAIL before it began still counts", Facts{Slurm: ended("NODE_FAIL", 0, 0)}, Failure, false},
 		{"FAILED 75 after a script exit 0", Facts{Began: true, ScriptRC: rc(0), Slurm: ended("FAILED", 75, 0)}, Success, false},
 		{"COMPLETED without flag", Facts{Began: true, Slurm: ended("COMPLETED", 0, 0)}, Success, false},

@@ -288,10 +288,10 @@ func (r *Resumer) Reconcile(ctx context.Context) (*State, error) {
 				continue
 			}
 			rec, err := r.Sched.Job(ctx, j.ID)
+			if errors.Is(err, ErrUnknownJob) {
+				rec, err = Job{ID: j.ID, State: Unknown}, nil
+			}
 			if err != nil {
-				if errors.Is(err, ErrUnknownJob) && j.Outcome != "" {
-					continue
-				}
 				return err
 			}
 			if !rec.Terminal() {
@@ -378,7 +378,11 @@ func (r *Resumer) facts(st *State, job *ChainJob, rec Job) (Facts, []VerdictSumm
 // status, and the pending successor (its exclusions, or its cancellation).
 func (r *Resumer) apply(ctx context.Context, st *State, job *ChainJob, j Judgement, vs []verdict.Verdict, by string) {
 	job.Outcome, job.Reason, job.Decided, job.DecidedBy = j.Outcome, j.Reason, r.now(), by
+	wasActive := st.Status == Active
 	switch {
+	case !wasActive:
+		// A job ending after the chain ended (cancelled by ft-resumer
+		// cancel, or skipped) changes nothing.
 	case j.Outcome == Finished:
 		st.Status, st.Ended = Done, r.now()
 	case j.Outcome == NoRestart:

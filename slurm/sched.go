@@ -40,7 +40,10 @@ type Submission struct {
 
 // Submit runs sbatch --parsable and returns the job id.
 func (s Scheduler) Submit(ctx context.Context, sub Submission) (string, error) {
-	args := append([]string{"--parsable"}, sub.Args...)
+	// --no-requeue: the chain, not Slurm's requeue, continues the training
+	// (a requeued job would run beside its own successor). The user's
+	// options come after it and may say otherwise.
+	args := append([]string{"--parsable", "--no-requeue"}, sub.Args...)
 	if sub.AfterNotOK != "" {
 		args = append(args, "--dependency=afternotok:"+sub.AfterNotOK, "--kill-on-invalid-dep=yes")
 	}

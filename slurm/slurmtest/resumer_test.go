@@ -187,14 +187,14 @@ addr() { scontrol show node -o "$1" | tr ' ' '\n' | sed -n 's/^NodeAddr=//p'; }
 a1=$(addr $1) a2=$(addr $2)
 echo "$2" > %[2]s/quarantined
 now=$(date -u +%%Y-%%m-%%dT%%H:%%M:%%SZ)
-cat > "$FT_RESUMER_JOB_DIR/verdict-$1.json" <<EOF
+cat > "$FT_RESUMER_JOB_DIR/verdict-$1.json" <<VERDICT
 {"schema":"ft-launcher.verdict/v1","kind":"restart_budget_exhausted","exit_code":1,
  "reason":"restart budget exhausted (1 of 1 restarts used): node $a2/200 lost","finished":false,
  "finished_flag":{"path":"","present":false},"run_id":"t","node":"$a1/100","hostname":"vm","pid":100,
  "restarts_used":1,"max_restarts":1,"last_round":1,
  "quarantined":[{"node":"$a2/200","host":"$a2","evidence":"lost","detail":"node $a2/200 lost (gossip)","round":0,"at":"$now"}],
  "cycles":[],"started_at":"$now","ended_at":"$now"}
-EOF
+VERDICT
 exit 1
 `, nodes, work)
 }
@@ -232,6 +232,78 @@ func TestQuarantinedNodeIsExcludedFromTheNextJob(t *testing.T) {
 	}
 	if !slices.Contains(v.Jobs[1].Nodes, v.Jobs[1].Nodes[0]) || slices.Contains(v.Jobs[1].Nodes, bad) {
 		t.Errorf("chain records job 2 on %v", v.Jobs[1].Nodes)
+	}
+}
+
+func TestSuccessorOnAnExcludedNodeIsRelocated(t *testing.T) {
+	c := need(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	ch := newChain(t, c)
+	work := filepath.Dir(ch.dir)
+	// Job 1 quarantines its own node (a node_excluded verdict, as a failed
+	// health check writes) and is then SIGKILLed with its batch script (its process group), so
+	// no end step passes the exclusion to the pending successor, which
+	// Slurm places on the same (lowest idle) node. Its begin step must see
+	// that and hand over to a job that excludes the node.
+	script := ch.script(fmt.Sprintf(`#SBATCH -N1
+if [ "$FT_RESUMER_JOB_INDEX" != 0 ]; then
+  echo "$SLURMD_NODENAME" > %[1]s/trained-on-$FT_RESUMER_JOB_INDEX
+  touch "$FAULT_TOL_FINISHED_FLAG_FILE"; exit 0
+fi
+echo "$SLURMD_NODENAME" > %[1]s/quarantined
+now=$(date -u +%%Y-%%m-%%dT%%H:%%M:%%SZ)
+cat > "$FT_RESUMER_JOB_DIR/verdict-$SLURMD_NODENAME.json" <<VERDICT
+{"schema":"ft-launcher.verdict/v1","kind":"node_excluded","exit_code":1,"reason":"health check failed: nvidia-smi exited 9",
+ "finished":false,"finished_flag":{"path":"","present":false},"run_id":"t","node":"$SLURMD_NODENAME","hostname":"vm","pid":1,
+ "restarts_used":0,"max_restarts":0,"last_round":0,"quarantined":[],"cycles":[],"started_at":"$now","ended_at":"$now"}
+VERDICT
+kill -KILL 0  # the batch script and all of its process group
+sleep 60
+`, work))
+	// Other jobs hold every node but the first, so the successor can only
+	// go where job 1 was.
+	var blockers []string
+	for _, n := range c.Nodes[1:] {
+		id, err := c.Run(ctx, "sbatch", "--parsable", "--exclusive", "-w", n.Name, "-o", "/dev/null", "--wrap", "sleep 300")
+		if err != nil {
+			t.Fatal(err)
+		}
+		blockers = append(blockers, id)
+	}
+	defer c.Run(context.Background(), "scancel", blockers...)
+	waitFor(t, time.Minute, "the blockers to run", func() bool {
+		out, _ := c.Run(ctx, "squeue", "-h", "-t", "running", "-o", "%A", "-j", strings.Join(blockers, ","))
+		return len(strings.Fields(out)) == len(blockers)
+	})
+	// submit, not run: no follower may pass the exclusion on before the
+	// successor is placed; only the jobs' own steps act.
+	if code, out, errOut := ch.resumer(ctx, "submit", "--chain-dir", ch.dir, script); code != 0 {
+		t.Fatalf("ft-resumer submit = %d\n%s\n%s", code, out, errOut)
+	}
+	waitFor(t, 2*time.Minute, "a relocated job", func() bool {
+		st, err := slurm.LoadState(ch.dir)
+		return err == nil && slices.ContainsFunc(st.Jobs, func(j *slurm.ChainJob) bool { return j.Outcome == slurm.Relocated })
+	})
+	if _, err := c.Run(ctx, "scancel", blockers...); err != nil {
+		t.Fatal(err)
+	}
+	if code, out, errOut := ch.resumer(ctx, "run", "--chain-dir", ch.dir); code != 0 {
+		t.Fatalf("ft-resumer run = %d\n%s\n%s", code, out, errOut)
+	}
+	bad := strings.TrimSpace(readFile(t, filepath.Join(work, "quarantined")))
+	if got := strings.TrimSpace(readFile(t, filepath.Join(work, "trained-on-1"))); got == bad {
+		t.Errorf("the job after job 1 trained on %s, which job 1 quarantined", got)
+	}
+	v := ch.status(ctx)
+	if got := outcomes(v); !slices.Equal(got, []string{"failure", "relocated", "finished", "never_ran"}) {
+		t.Errorf("outcomes %v, want [failure relocated finished never_ran]", got)
+	}
+	if len(v.Exclusions) != 1 || v.Exclusions[0].Node != bad || v.Exclusions[0].Evidence != "excluded" || !strings.Contains(v.Exclusions[0].Detail, "health check") {
+		t.Errorf("exclusions %+v, want %s with evidence excluded and the health check detail", v.Exclusions, bad)
+	}
+	if len(v.Jobs) > 2 && !strings.HasPrefix(v.Jobs[2].SubmittedBy, "relocation of "+v.Jobs[1].ID) {
+		t.Errorf("job 3 submitted by %q, want the relocation of job 2", v.Jobs[2].SubmittedBy)
 	}
 }
 
