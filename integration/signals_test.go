@@ -202,3 +202,44 @@ while :; do sleep 0.05; done
 		t.Fatalf("processes left behind: %v", left)
 	}
 }
+
+// TestSIGTERMAtRandomMomentsWhileHostingEtcd: the same for a launcher that
+// hosts the embedded etcd (started, connected to, then waiting for the
+// second node): it ends, and its etcd companion, its data directory and
+// every socket directory go with it.
+func TestSIGTERMAtRandomMomentsWhileHostingEtcd(t *testing.T) {
+	for i := 0; i < 6; i++ {
+		t.Run(fmt.Sprint(i), func(t *testing.T) {
+			j := newJob(t)
+			tmp := filepath.Join(j.dir, "tmp")
+			if err := os.Mkdir(tmp, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			ep := fmt.Sprintf("127.0.0.1:%d", freeTCPPort(t, "127.0.0.1"))
+			vpath := filepath.Join(j.dir, "verdict.json")
+			s := j.script("sleeper.sh", "exec sleep 30\n")
+			delay := time.Duration(rand.IntN(401)) * time.Millisecond
+			j.start([]string{"TMPDIR=" + tmp}, "--nnodes", "2", "--rdzv-endpoint", ep, "--rdzv-conf", "is_host=1", "--local-addr", "127.0.0.1",
+				"--verdict-file", vpath, "--log-dir", filepath.Join(j.dir, "logs"), "--no-python", s)
+			time.Sleep(delay)
+			if err := j.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+				j.wait(generous)
+				t.Fatalf("after %s: %v\n%s", delay, err, j.stderr.String())
+			}
+			sent := time.Now()
+			code, took := j.waitExit(sent)
+			var ee *exec.ExitError
+			if !errors.As(j.exitErr, &ee) || !ee.Sys().(syscall.WaitStatus).Signaled() {
+				wantVerdict(t, readVerdict(t, vpath), verdict.Signaled, code)
+			}
+			t.Logf("SIGTERM after %s: exit %d %s later", delay, code, took)
+			if took > signalBound {
+				t.Errorf("exited %s after SIGTERM, want within %s\n%s", took, signalBound, j.stderr.String())
+			}
+			if left := j.waitNoLeftovers(10 * time.Second); len(left) > 0 {
+				t.Fatalf("after %s: processes left behind: %v", delay, left)
+			}
+			emptyDir(t, tmp)
+		})
+	}
+}

@@ -57,10 +57,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 0
 	}
 	log := slog.New(slog.NewTextHandler(stderr, nil)).With("component", "ft-launcher-etcd")
-	sigs := make(chan os.Signal, 1)
-	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
-
-	ctx, cancel := context.WithCancel(context.Background())
+	// A signal while etcd starts abandons the start (which removes the
+	// data directory), so that a launcher signalled during its set-up ends
+	// at once; once serving, it stops the server.
+	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer cancel()
 	srv, err := etcdserver.Start(ctx, etcdserver.Options{Dir: *dataDir, ClientURL: *clientURL,
 		PeerURL: *peerURL, Logger: log, ReadyTimeout: *ready})
@@ -69,7 +69,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	fmt.Fprintf(stdout, "ready %s\n", srv.Endpoint())
-	<-sigs
+	<-ctx.Done()
 	if err := srv.Close(); err != nil {
 		fmt.Fprintf(stderr, "ft-launcher-etcd: %v\n", err)
 		return 1
