@@ -100,13 +100,15 @@ type ChainJob struct {
 	// Began is when the job's begin step ran (zero: never).
 	Began time.Time `json:"began,omitzero"`
 	Nodes []string  `json:"nodes,omitempty"`
-	// ScriptRC is the user's job script's exit status from the end step.
-	ScriptRC *int      `json:"script_rc,omitempty"`
-	Slurm    *Job      `json:"slurm,omitempty"` // Slurm's final record
-	Outcome  Outcome   `json:"outcome,omitempty"`
-	Reason   string    `json:"reason,omitempty"`
-	Decision string    `json:"decision,omitempty"` // continue, done, stop
-	Decided  time.Time `json:"decided,omitzero"`
+	// ScriptRC is the user's job script's exit status from the end step,
+	// which ran at ScriptEnded.
+	ScriptRC    *int      `json:"script_rc,omitempty"`
+	ScriptEnded time.Time `json:"script_ended,omitzero"`
+	Slurm       *Job      `json:"slurm,omitempty"` // Slurm's final record
+	Outcome     Outcome   `json:"outcome,omitempty"`
+	Reason      string    `json:"reason,omitempty"`
+	Decision    string    `json:"decision,omitempty"` // continue, done, stop
+	Decided     time.Time `json:"decided,omitzero"`
 	// DecidedBy is who judged it: end step, begin step of <id>, resumer.
 	DecidedBy string           `json:"decided_by,omitempty"`
 	Verdicts  []VerdictSummary `json:"verdicts,omitempty"`

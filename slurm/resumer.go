@@ -233,11 +233,14 @@ func (r *Resumer) Begin(ctx context.Context, id, nodeList string) (BeginResult, 
 }
 
 // End is the decision step after the user's script of job id exited with
-// rc. It returns the status the job should exit with: 0 when the chain is
+// rc at scriptEnded (zero: now). It returns the status the job should exit with: 0 when the chain is
 // done (Slurm then cancels the afternotok successor by itself), else
 // non-zero (rc, or ExitContinue when rc is 0 but training is not finished)
 // so that the successor runs unless the chain stopped and cancelled it.
-func (r *Resumer) End(ctx context.Context, id string, rc int) (int, error) {
+func (r *Resumer) End(ctx context.Context, id string, rc int, scriptEnded time.Time) (int, error) {
+	if scriptEnded.IsZero() {
+		scriptEnded = r.now()
+	}
 	exit := rc
 	if rc == 0 {
 		exit = ExitContinue
@@ -248,7 +251,7 @@ func (r *Resumer) End(ctx context.Context, id string, rc int) (int, error) {
 			job = &ChainJob{ID: id, Submitted: r.now(), SubmittedBy: "unknown", Began: r.now()}
 			st.Jobs = append(st.Jobs, job)
 		}
-		job.ScriptRC = &rc
+		job.ScriptRC, job.ScriptEnded = &rc, scriptEnded
 		if job.Outcome != "" { // judged already (skipped, relocated)
 			if st.Status == Done {
 				exit = 0

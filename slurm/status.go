@@ -21,9 +21,10 @@ type StatusView struct {
 	Exclusions          []ExclusionView `json:"exclusions"`
 }
 
-// JobView is one job in the status view. Times are Slurm's (whole seconds);
-// DecisionAfterEndS is negative when the job's end step decided before
-// Slurm recorded the job's end.
+// JobView is one job in the status view. Start and End are Slurm's (whole
+// seconds). DecisionAfterEndS and SuccessorStartS count from the job's end:
+// when its end step ran (the script had just exited), else Slurm's end
+// time; the successor starts when its begin step runs.
 type JobView struct {
 	ID                string           `json:"id"`
 	SubmittedBy       string           `json:"submitted_by"`
@@ -63,13 +64,19 @@ func (st *State) View(now time.Time) StatusView {
 				jv.Nodes = j.Slurm.NodeList
 			}
 		}
-		if !jv.End.IsZero() && !j.Decided.IsZero() {
-			d := j.Decided.Sub(jv.End).Seconds()
+		// The end: the end step's clock where it ran (milliseconds), else
+		// Slurm's (whole seconds); the successor's start: its begin step.
+		end := j.ScriptEnded
+		if end.IsZero() {
+			end = jv.End
+		}
+		if !end.IsZero() && !j.Decided.IsZero() {
+			d := j.Decided.Sub(end).Seconds()
 			jv.DecisionAfterEndS = &d
 		}
-		if !jv.End.IsZero() && i+1 < len(st.Jobs) {
-			if n := st.Jobs[i+1]; n.Slurm != nil && !n.Slurm.Start.IsZero() {
-				d := n.Slurm.Start.Sub(jv.End).Seconds()
+		if !end.IsZero() && i+1 < len(st.Jobs) {
+			if n := st.Jobs[i+1]; !n.Began.IsZero() {
+				d := n.Began.Sub(end).Seconds()
 				jv.SuccessorStartS = &d
 			}
 		}
@@ -99,7 +106,7 @@ func (v StatusView) WriteTable(w io.Writer) error {
 	}
 	fmt.Fprintf(w, "\nfailures: %d consecutive (max %d), %d in all\n\n", v.ConsecutiveFailures, v.Settings.MaxSubsequentFailures, v.FailuresTotal)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "JOB\tNODES\tSLURM\tEXIT\tOUTCOME\tCOUNTED\tDECISION\tDECIDED AFTER END\tNEXT START AFTER END\tREASON")
+	fmt.Fprintln(tw, "JOB\tNODES\tSLURM\tEXIT\tOUTCOME\tCOUNTED\tDECISION\tEND->DECISION\tEND->NEXT BEGINS\tREASON")
 	for _, j := range v.Jobs {
 		state := j.SlurmState
 		if state == "" {
@@ -144,5 +151,5 @@ func secs(p *float64) string {
 	if p == nil {
 		return "-"
 	}
-	return fmt.Sprintf("%.1fs", *p)
+	return fmt.Sprintf("%.3fs", *p)
 }

@@ -58,7 +58,7 @@ if [ "$rc" -ne 0 ]; then echo "ft-resumer: begin step failed ($rc); running the 
 if [ -f "$FT_RESUMER_JOB_DIR/env.sh" ]; then . "$FT_RESUMER_JOB_DIR/env.sh"; fi
 %[6]s "$@"
 rc=$?
-exec %[4]s step end --chain-dir %[2]s --rc "$rc"
+exec %[4]s step end --chain-dir %[2]s --rc "$rc" --script-ended "${EPOCHREALTIME:-}"
 `, dir, q(dir), q(set.FinishedFlag), q(set.Resumer), ExitSkip, q(filepath.Join(dir, JobScriptFile)))
 	return b.String()
 }

@@ -15,6 +15,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -309,6 +310,7 @@ func cmdStep(ctx context.Context, args []string, stderr io.Writer) int {
 	fs := flagSet("step "+args[0], stderr)
 	dir := chainDirFlag(fs)
 	rc := fs.Int("rc", 0, "end: the job script's exit status")
+	ended := fs.String("script-ended", "", "end: when the job script exited, in Unix seconds ($EPOCHREALTIME); default now")
 	if code, done := parse(fs, args[1:], stderr); done {
 		return code
 	}
@@ -325,7 +327,11 @@ func cmdStep(ctx context.Context, args []string, stderr io.Writer) int {
 	defer cancel()
 	r := resumer(*dir, stderr)
 	if args[0] == "end" {
-		code, err := r.End(ctx, id, *rc)
+		var at time.Time
+		if f, err := strconv.ParseFloat(strings.Replace(*ended, ",", ".", 1), 64); err == nil && f > 0 {
+			at = time.Unix(0, int64(f*1e9))
+		}
+		code, err := r.End(ctx, id, *rc, at)
 		if err != nil {
 			fmt.Fprintf(stderr, "ft-resumer step end: %v\n", err)
 		}

@@ -456,7 +456,7 @@ func TestMeasureDecisionLatency(t *testing.T) {
 	c := need(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
-	const jobs = 6
+	const jobs = 10
 	stamp := func(dir string) string {
 		return fmt.Sprintf(`echo "start $SLURM_JOB_ID $(date +%%s.%%N)" >> %[1]s/stamps
 n=$(grep -c '^start' %[1]s/stamps)
@@ -483,6 +483,8 @@ exit 1
 	}
 	t.Logf("ft-resumer: script end -> decision (s): %s", fmtList(decide))
 	t.Logf("ft-resumer: script end -> successor script start (s): %s", fmtList(gaps))
+	_, table, _ := ch.resumer(ctx, "status", "--chain-dir", ch.dir)
+	t.Logf("ft-resumer status:\n%s", table)
 
 	// NeMo-Framework-Launcher's loop, by hand: pre-schedule an afterany
 	// continuation, check the flag and the failure window at start, record
