@@ -40,15 +40,16 @@ var programs = []string{"munged", "slurmctld", "slurmd", "sbatch", "squeue", "sc
 // installed and cannot be installed here; tests skip on it.
 var ErrUnavailable = errors.New("slurmtest: Slurm is not available")
 
-// Ensure checks that the Slurm and munge programs are installed and, when
-// they are not and this process is root on a Debian machine, installs them
-// with apt-get (as .ci/run does).
+// Ensure checks that this process is root (the daemons need it) and that the
+// Slurm and munge programs are installed; when they are not, it installs
+// them with apt-get (as .ci/run does).
 func Ensure(ctx context.Context) error {
+	if os.Geteuid() != 0 {
+		// slurmd must be root to start job steps as their users.
+		return fmt.Errorf("%w: the daemons need root (slurmd starts job steps as their users)", ErrUnavailable)
+	}
 	if missing := missingPrograms(); len(missing) == 0 {
 		return nil
-	}
-	if os.Geteuid() != 0 {
-		return fmt.Errorf("%w: %v missing and not root to install %v", ErrUnavailable, missingPrograms(), Packages)
 	}
 	if _, err := exec.LookPath("apt-get"); err != nil {
 		return fmt.Errorf("%w: %v missing and no apt-get to install %v", ErrUnavailable, missingPrograms(), Packages)

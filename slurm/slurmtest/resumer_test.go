@@ -107,6 +107,51 @@ touch "$FAULT_TOL_FINISHED_FLAG_FILE"
 	}
 }
 
+func TestNodeFailureCountsAndTheChainGoesOn(t *testing.T) {
+	c := need(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	ch := newChain(t, c)
+	work := filepath.Dir(ch.dir)
+	script := ch.script(fmt.Sprintf(`#SBATCH -N1
+if [ "$FT_RESUMER_JOB_INDEX" = 0 ]; then echo "$SLURMD_NODENAME" > %[1]s/node-0; sleep 300; fi
+echo "$SLURMD_NODENAME" > %[1]s/node-1
+touch "$FAULT_TOL_FINISHED_FLAG_FILE"
+`, work))
+	cmd, out := ch.startResumer("run", "--chain-dir", ch.dir, "--max-subsequent-job-failures", "1", script)
+	defer func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+	}()
+	var node string
+	waitFor(t, time.Minute, "job 1 to run", func() bool {
+		b, err := os.ReadFile(filepath.Join(work, "node-0"))
+		node = strings.TrimSpace(string(b))
+		return err == nil && node != ""
+	})
+	if t.Failed() {
+		t.FailNow()
+	}
+	// The node fails (as slurmctld sees it): the job ends NODE_FAIL.
+	if _, err := c.Run(ctx, "scontrol", "update", "NodeName="+node, "State=DOWN", "Reason=ft-resumer test"); err != nil {
+		t.Fatal(err)
+	}
+	defer c.Run(context.Background(), "scontrol", "update", "NodeName="+node, "State=RESUME")
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("ft-resumer run: %v\n%s", err, out)
+	}
+	v := ch.status(ctx)
+	if got := outcomes(v); !slices.Equal(got, []string{"failure", "finished", "never_ran"}) {
+		t.Fatalf("outcomes %v, want [failure finished never_ran]", got)
+	}
+	if j := v.Jobs[0]; j.SlurmState != "NODE_FAIL" || !j.Counted || v.FailuresTotal != 1 {
+		t.Errorf("job 1: %s counted %v (failures %d); want NODE_FAIL, counted", j.SlurmState, j.Counted, v.FailuresTotal)
+	}
+	if got := strings.TrimSpace(readFile(t, filepath.Join(work, "node-1"))); got == node {
+		t.Errorf("job 2 ran on the DOWN node %s", got)
+	}
+}
+
 func TestConsecutiveFailuresStopTheChain(t *testing.T) {
 	c := need(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
