@@ -144,6 +144,9 @@ func (f *fakeRdzv) Leave(ctx context.Context, reason string) error {
 	return nil
 }
 
+// Depart is a no-op here (added with the interface method; rendezvous tests cover it).
+func (f *fakeRdzv) Depart(ctx context.Context, reason string) error { return nil }
+
 func (f *fakeRdzv) Close() error { return nil }
 
 // fakeRanks starts fakeGroups; the test makes their ranks exit.

@@ -119,6 +119,30 @@ func (e *Etcd) broadcastLocked() {
 	for r, s := range e.ends {
 		e.fireLocked(r, s)
 	}
+	e.pruneLocked()
+}
+
+// pruneLocked keeps the per-round maps to what can still be asked for: the
+// current and the previous round (a job may restart tens of thousands of
+// times). An Ended channel is dropped once it fired; asking again for an
+// old round gets a new one that fires at once.
+func (e *Etcd) pruneLocked() {
+	keep := max(e.ctlRound, e.lastRound) - 1
+	for r, s := range e.ends {
+		if r < keep && s.fired {
+			delete(e.ends, r)
+		}
+	}
+	for r := range e.lastEnds {
+		if r < keep-1 {
+			delete(e.lastEnds, r)
+		}
+	}
+	for r := range e.assigned {
+		if r < keep {
+			delete(e.assigned, r)
+		}
+	}
 }
 
 func (e *Etcd) fireLocked(r int, s *endSub) {

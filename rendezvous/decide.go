@@ -38,7 +38,8 @@ type roundFacts struct {
 // from etcd: open round r+1 (restart in place, spending a restart, or swap
 // in a spare, spending none) or close the job with the policy's kind. lost
 // names the lost node for a node loss ("" for a local failure); a node
-// that left on purpose (excluded record) turns the loss into NodeExcluded.
+// that left on purpose (excluded record) turns the loss into NodeExcluded,
+// one stopped by a signal (Depart) into NodeStopped.
 // extra are the caller's fences. A report that lost a race, or was fenced
 // out, returns what the job did instead.
 func (e *Etcd) endRound(ctx context.Context, r int, f policy.Failure, lost, reason string, extra []clientv3.Cmp) (Decision, error) {
@@ -47,7 +48,7 @@ func (e *Etcd) endRound(ctx context.Context, r int, f policy.Failure, lost, reas
 		return Decision{}, fmt.Errorf("rendezvous: end round %d: read job state: %w", r, err)
 	}
 	if facts.excluded != nil {
-		f, reason = policy.NodeExcluded, fmt.Sprintf("node %s left the job: %s", lost, facts.excluded.Reason)
+		f, reason = facts.excluded.failure(lost)
 	}
 	in := policy.Input{Failure: f, RestartsUsed: facts.restarts, MaxRestarts: facts.maxRestarts,
 		SparesAvailable: facts.spares, NodesPresent: facts.present, MinNodes: e.o.MinNodes}

@@ -59,16 +59,23 @@ type EtcdOptions struct {
 	// dead by gossip), so a node slow to stop its ranks keeps its group rank
 	// instead of being replaced by a standby. Default 30s; set it above the
 	// agent's workers stop timeout.
-	RejoinWait     time.Duration
-	LeaseTTL       time.Duration // membership lease (default 5s): backstop for node loss
-	JoinTimeout    time.Duration // an open round must close within this (default 10m)
-	EtcdLossBound  time.Duration // etcd unreachable longer than this mid-run closes the job (default 60s)
-	ConnectTimeout time.Duration // etcd unreachable at start: error after this (default 20s)
-	GossipPort     int           // memberlist port on LocalAddr (0 picks one)
-	DisableGossip  bool          // lease expiry is then the only node-loss detector
-	HealthCheck    func(ctx context.Context) error
-	Metrics        *metrics.Metrics
-	Logger         *slog.Logger
+	RejoinWait  time.Duration
+	LeaseTTL    time.Duration // membership lease (default 5s): backstop for node loss
+	JoinTimeout time.Duration // an open round must close within this (default 10m)
+	// FixedAllocation says no new node can join to replace a lost one (the
+	// launcher sets it under Slurm when MIN == MAX): a restart round left
+	// with fewer than MIN live nodes and no spare then closes the job with
+	// kind verdict.NotEnoughNodes after MinNodesWait (--rdzv-conf
+	// min_nodes_wait, default 30s), not after JoinTimeout.
+	FixedAllocation bool
+	MinNodesWait    time.Duration
+	EtcdLossBound   time.Duration // etcd unreachable longer than this mid-run closes the job (default 60s)
+	ConnectTimeout  time.Duration // etcd unreachable at start: error after this (default 20s)
+	GossipPort      int           // memberlist port on LocalAddr (0 picks one)
+	DisableGossip   bool          // lease expiry is then the only node-loss detector
+	HealthCheck     func(ctx context.Context) error
+	Metrics         *metrics.Metrics
+	Logger          *slog.Logger
 
 	// ProbeInterval is how often etcd reachability is checked (default 1s).
 	ProbeInterval time.Duration
@@ -99,6 +106,7 @@ type Etcd struct {
 
 	mu         sync.Mutex
 	lease      clientv3.LeaseID
+	kaStop     context.CancelFunc // moves the keep-alive loop to a replaced lease
 	state      nodeState
 	cfg        *jobConfig // job config as stored, after the first successful check
 	ctlRound   int        // the job's current round, as last seen from etcd
@@ -203,6 +211,7 @@ func (o *EtcdOptions) defaults() error {
 	def(&o.RejoinWait, 30*time.Second)
 	def(&o.LeaseTTL, 5*time.Second)
 	def(&o.JoinTimeout, 10*time.Minute)
+	def(&o.MinNodesWait, 30*time.Second)
 	def(&o.EtcdLossBound, 60*time.Second)
 	def(&o.ConnectTimeout, 20*time.Second)
 	def(&o.ProbeInterval, time.Second)
@@ -221,6 +230,7 @@ func (e *Etcd) Ended(round int) <-chan RoundEnd {
 		s = &endSub{ch: make(chan RoundEnd, 1)}
 		e.ends[round] = s
 		e.fireLocked(round, s)
+		e.pruneLocked() // a long-gone round fired at once: not kept
 	}
 	return s.ch
 }

@@ -6,7 +6,18 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/ftlauncher/ft-launcher/policy"
 )
+
+// A node's lease is its incarnation: every key that says the node is there
+// (alive, its round memberships, the closer key it holds) hangs on it. A
+// node that the others declared lost must not come back on the lease it had
+// then: that lease may still expire (it was frozen about as long as the
+// TTL), and the expiry would delete the membership of the round it rejoined
+// and end that round too. So a node declared lost takes a new lease before
+// it joins again (reincarnate) and revokes the old one: one stall ends at
+// most one round (issue 12).
 
 func (e *Etcd) grantLease(ctx context.Context) error {
 	ttl := int64((e.o.LeaseTTL + time.Second - 1) / time.Second)
@@ -18,7 +29,11 @@ func (e *Etcd) grantLease(ctx context.Context) error {
 	}
 	e.mu.Lock()
 	e.lease = resp.ID
+	stop := e.kaStop
 	e.mu.Unlock()
+	if stop != nil {
+		stop() // the keep-alive loop moves to the new lease at once
+	}
 	return nil
 }
 
@@ -40,25 +55,79 @@ func (e *Etcd) renewLease(ctx context.Context, old clientv3.LeaseID) error {
 	return nil
 }
 
+// reincarnate gives this node a new lease when the round it last ran in
+// ended because it was declared lost (the end record names it), or when a
+// gossip death record of it exists; the old lease is revoked and the death
+// record removed, so later restart rounds wait for the node again. It does
+// nothing for a shared lease, which others' keys hang on.
+func (e *Etcd) reincarnate(ctx context.Context) error {
+	e.mu.Lock()
+	last := e.lastRound
+	le, seen := e.lastEnds[last]
+	e.mu.Unlock()
+	if last < 0 || !e.ownsLease {
+		return nil
+	}
+	declared := seen && le.Node == e.o.NodeID && le.Cause == policy.NodeLost
+	if !declared {
+		resp, err := e.cli.Get(ctx, e.k.dead(e.o.NodeID), clientv3.WithCountOnly())
+		if err != nil {
+			return fmt.Errorf("rendezvous: read this node's death record: %w", err)
+		}
+		if declared = resp.Count > 0; !declared {
+			return nil
+		}
+	}
+	e.leaseMu.Lock()
+	defer e.leaseMu.Unlock()
+	old := e.currentLease()
+	if err := e.grantLease(ctx); err != nil {
+		return fmt.Errorf("rendezvous: new lease after being declared lost: %w", err)
+	}
+	e.log.Warn("this node was declared lost; rejoining with a new lease", "round", last,
+		"old_lease", fmt.Sprintf("%x", old), "lease", fmt.Sprintf("%x", e.currentLease()))
+	e.reputAlive()
+	rctx, cancel := e.lostTimeout(2 * time.Second)
+	defer cancel()
+	if _, err := e.cli.Revoke(rctx, old); err != nil {
+		e.log.Debug("revoke the lease of the lost incarnation", "err", err) // it expires by itself
+	}
+	if _, err := e.cli.Delete(rctx, e.k.dead(e.o.NodeID)); err != nil {
+		e.log.Debug("remove this node's death record", "err", err)
+	}
+	return nil
+}
+
 func (e *Etcd) currentLease() clientv3.LeaseID {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return e.lease
 }
 
-// keepAlive keeps the owned lease alive; if etcd reports it gone (we were
-// away longer than its TTL) a new one is granted for later rounds. It stops
-// once etcd is lost.
+// keepAlive keeps the owned lease alive, following it when it is replaced;
+// if etcd reports it gone (we were away longer than its TTL) a new one is
+// granted for later rounds. It stops once etcd is lost.
 func (e *Etcd) keepAlive() {
 	defer e.wg.Done()
 	for e.lost.Err() == nil {
-		lease := e.currentLease()
-		ch, err := e.cli.KeepAlive(e.lost, lease)
+		e.mu.Lock()
+		lease := e.lease
+		kctx, stop := context.WithCancel(e.lost)
+		e.kaStop = stop
+		e.mu.Unlock()
+		ch, err := e.cli.KeepAlive(kctx, lease)
 		if err == nil {
 			for range ch {
 			}
 		}
-		if e.lost.Err() != nil || !sleepCtx(e.lost, 500*time.Millisecond) {
+		stop()
+		if e.lost.Err() != nil {
+			return
+		}
+		if e.currentLease() != lease {
+			continue // replaced: keep the new one alive at once
+		}
+		if !sleepCtx(e.lost, 500*time.Millisecond) {
 			return
 		}
 		ctx, cancel := e.lostTimeout(2 * time.Second)

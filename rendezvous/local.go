@@ -27,8 +27,10 @@ type Local struct {
 	kind     verdict.Kind
 	code     int
 	reason   string
-	ends     map[int]chan RoundEnd
-	met      *metrics.Metrics
+	// ends holds the Ended channels of the current and the previous round
+	// only: a job may restart tens of thousands of times.
+	ends map[int]chan RoundEnd
+	met  *metrics.Metrics
 }
 
 // WithMetrics makes l report rounds and restarts to m (nil-safe).
@@ -69,19 +71,31 @@ func (l *Local) Next(ctx context.Context) (Assignment, error) {
 }
 
 // Ended returns a channel for round; on one node nothing else ends a round
-// except Shutdown.
+// except Shutdown. A round older than the previous one gets a channel that
+// is not kept (nothing can end it any more).
 func (l *Local) Ended(round int) <-chan RoundEnd {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	ch, ok := l.ends[round]
 	if !ok {
 		ch = make(chan RoundEnd, 1)
-		l.ends[round] = ch
+		if round >= l.round-1 {
+			l.ends[round] = ch
+		}
 		if l.closed {
 			ch <- RoundEnd{Kind: EndJobClosed, Round: round, Code: l.code, Reason: l.reason, Close: l.kind}
 		}
 	}
 	return ch
+}
+
+// pruneLocked drops the channels of rounds before the previous one.
+func (l *Local) pruneLocked() {
+	for r := range l.ends {
+		if r < l.round-1 {
+			delete(l.ends, r)
+		}
+	}
 }
 
 // Fail applies the restart policy to a failure of this node's ranks.
@@ -105,6 +119,7 @@ func (l *Local) Fail(ctx context.Context, round int, f policy.Failure, reason st
 		return Decision{Action: d.Action, Close: d.Close, Code: code, Reason: l.reason, RestartsUsed: l.restarts}, nil
 	}
 	l.round++
+	l.pruneLocked()
 	if d.CountsRestart {
 		l.restarts++
 	}
@@ -143,6 +158,10 @@ func (l *Local) Shutdown(ctx context.Context, kind verdict.Kind, code int, reaso
 func (l *Local) Leave(ctx context.Context, reason string) error {
 	return l.Shutdown(ctx, verdict.NodeExcluded, 1, "node left: "+reason)
 }
+
+// Depart does nothing on a single node: there is no peer to tell, and the
+// stopping agent's own outcome (signaled) is not the rendezvous's to set.
+func (l *Local) Depart(ctx context.Context, reason string) error { return nil }
 
 // noRestartCode is the code a no-restart close gets on one node: the agent
 // closes with its configured code through Shutdown; Fail only sees

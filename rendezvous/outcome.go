@@ -156,26 +156,48 @@ func (e *Etcd) Shutdown(ctx context.Context, kind verdict.Kind, code int, reason
 // membership keys go at once). For this node the job is then over with
 // kind verdict.NodeExcluded.
 func (e *Etcd) Leave(ctx context.Context, reason string) error {
+	e.log.Warn("leaving the job", "reason", reason)
+	return e.withdrawNode(ctx, excludeInfo{Reason: reason, Cause: policy.NodeExcluded},
+		closeInfo{Kind: verdict.NodeExcluded, Code: 1, Reason: "node left the job: " + reason, Cause: policy.NodeExcluded})
+}
+
+// Depart withdraws this node because its launcher was stopped by a signal
+// (reason says which, e.g. "SIGTERM"). Like Leave it records why before it
+// leaves gossip and drops its lease, with cause policy.NodeStopped: peers
+// end the round with that cause and "node <id> stopped: <reason>", a spare
+// takes the node's place without spending a restart, and no evidence is
+// held against the node. For this node the job is then over (kind
+// verdict.Signaled); the job goes on for the others.
+func (e *Etcd) Depart(ctx context.Context, reason string) error {
+	e.log.Warn("departing from the job", "reason", reason)
+	return e.withdrawNode(ctx, excludeInfo{Reason: reason, Cause: policy.NodeStopped},
+		closeInfo{Kind: verdict.Signaled, Code: 1, Reason: "node stopped: " + reason, Cause: policy.NodeStopped})
+}
+
+// withdrawNode closes this node's state with ci (unless the job is already
+// closed), writes the record x that peers read when they see it go, leaves
+// gossip and drops its keys.
+func (e *Etcd) withdrawNode(ctx context.Context, x excludeInfo, ci closeInfo) error {
 	ctx, cancel := e.bounded(ctx)
 	defer cancel()
 	e.mu.Lock()
 	r := e.lastRound
 	if e.closed == nil {
-		e.closed = &closeInfo{Kind: verdict.NodeExcluded, Code: 1, Reason: "node left the job: " + reason,
-			Node: e.o.NodeID, Cause: policy.NodeExcluded}
+		ci.Node = e.o.NodeID
+		e.closed = &ci
 	}
-	e.closeLocally("left: " + reason)
+	e.closeLocally(string(x.Cause) + ": " + x.Reason)
 	e.broadcastLocked()
 	e.mu.Unlock()
-	e.log.Warn("leaving the job", "reason", reason)
 	var errs []error
-	xb, _ := json.Marshal(excludeInfo{Round: r, Reason: reason})
+	x.Round = r
+	xb, _ := json.Marshal(x)
 	if err := e.retry(ctx, func(ctx context.Context) error {
 		_, err := e.cli.Txn(ctx).If(e.genCmp()).Then(clientv3.OpPut(e.k.excluded(e.o.NodeID), string(xb))).Commit()
 		return err
 	}); err != nil {
 		// Peers then see an anonymous node loss; leaving goes on.
-		errs = append(errs, fmt.Errorf("rendezvous: record exclusion: %w", err))
+		errs = append(errs, fmt.Errorf("rendezvous: record why this node leaves: %w", err))
 	}
 	e.stopGossip(true)
 	if err := e.retry(ctx, func(ctx context.Context) error { return e.dropKeys(ctx, r) }); err != nil {

@@ -110,6 +110,11 @@ type Rendezvous interface {
 	// Leave withdraws this node (ExcludeThisNode, health check failure)
 	// without closing the job for others.
 	Leave(ctx context.Context, reason string) error
+	// Depart withdraws this node because its launcher was stopped by a
+	// signal (reason names it): peers end the round with cause
+	// policy.NodeStopped and the reason instead of recording a node loss,
+	// and a spare takes its place. This node's rendezvous is then closed.
+	Depart(ctx context.Context, reason string) error
 	// Close releases resources (leases, connections, embedded servers).
 	Close() error
 }

@@ -94,6 +94,8 @@ func TestEtcdRestartPolicy(t *testing.T) {
 		{"node lost (gossip), max-restarts 0: standby promoted", 0, true, "crash", policy.NodeLost, "", 0, 0, true},
 		{"node lost (lease expiry), max-restarts 0: standby promoted", 0, false, "crash", policy.NodeLost, "", 0, 0, true},
 		{"node excluded, max-restarts 0: standby promoted", 0, true, "leave", policy.NodeExcluded, "", 0, 0, true},
+		{"node stopped (Depart), max-restarts 0: standby promoted", 0, true, "depart", policy.NodeStopped, "", 0, 0, true},
+		{"node stopped (Depart, lease only), max-restarts 0: standby promoted", 0, false, "depart", policy.NodeStopped, "", 0, 0, true},
 		{"rank crash, max-restarts 1: restart in place, spare kept", 1, true, "fail", policy.RankCrash, "", 0, 1, false},
 		{"rank crash, max-restarts 0: budget exhausted despite a spare", 0, true, "fail", policy.RankCrash, verdict.RestartBudgetExhausted, 1, 0, false},
 		{"no-restart request", 3, true, "no-restart", policy.NoRestartRequest, verdict.NoRestart, NoRestartExitCode, 0, false},
@@ -114,6 +116,18 @@ func TestEtcdRestartPolicy(t *testing.T) {
 				time.Sleep(500 * time.Millisecond)
 				if err := c.nodes[victim].Leave(ctx, "ExcludeThisNode: GPU 2 unhealthy"); err != nil {
 					t.Fatal(err)
+				}
+			case "depart":
+				time.Sleep(500 * time.Millisecond)
+				own := c.nodes[victim].Ended(0)
+				if err := c.nodes[victim].Depart(ctx, "SIGTERM"); err != nil {
+					t.Fatal(err)
+				}
+				if e := waitEnd(t, own, 5*time.Second); e.Kind != EndJobClosed || e.Close != verdict.Signaled || e.Cause != policy.NodeStopped {
+					t.Fatalf("departed node's own end %+v, want closed (signaled, node_stopped)", e)
+				}
+				if _, err := c.nodes[victim].Next(ctx); !errors.Is(err, ErrClosed) {
+					t.Fatalf("Next after Depart: %v, want ErrClosed", err)
 				}
 			case "fail", "no-restart":
 				f := map[string]policy.Failure{"fail": policy.RankCrash, "no-restart": policy.NoRestartRequest}[tc.act]
@@ -148,6 +162,9 @@ func TestEtcdRestartPolicy(t *testing.T) {
 			}
 			if tc.act == "leave" && !strings.Contains(e.Reason, "GPU 2 unhealthy") {
 				t.Fatalf("exclusion reason lost: %+v", e)
+			}
+			if want := "node " + c.nodes[victim].NodeID() + " stopped: SIGTERM"; tc.act == "depart" && (!strings.Contains(e.Reason, want) || e.Node != c.nodes[victim].NodeID()) {
+				t.Fatalf("departure: %+v, want a reason with %q", e, want)
 			}
 			next := []<-chan nextResult{nextAsync(t, c.nodes[master]), sbc}
 			if tc.act == "fail" {

@@ -50,6 +50,11 @@ func (e *Etcd) next(ctx context.Context) (Assignment, error) {
 			return Assignment{}, fmt.Errorf("rendezvous: node %s kept out: %w: %w", e.o.NodeID, ErrHealthCheck, err)
 		}
 	}
+	// Back from being declared lost (a stall, a partition): come back as a
+	// new incarnation, so the old lease's expiry cannot end the next round.
+	if err := e.retry(ctx, e.reincarnate); err != nil {
+		return Assignment{}, err
+	}
 	for {
 		e.mu.Lock()
 		target := max(e.ctlRound, e.lastRound+1)
@@ -214,7 +219,8 @@ func (e *Etcd) waitAssignment(ctx context.Context, target int) (sum []byte, reta
 	wch := e.cli.Watch(wctx, e.k.assignment(target), clientv3.WithRange(e.k.closer(target)+"\x00"),
 		clientv3.WithRev(get.Header.Revision+1))
 	cl.try(wctx)
-	var joinDeadline <-chan time.Time
+	var timers roundTimers
+	defer timers.stop()
 	for {
 		e.mu.Lock()
 		ch, closed, cur := e.changed, e.closed, e.ctlRound
@@ -225,16 +231,16 @@ func (e *Etcd) waitAssignment(ctx context.Context, target int) (sum []byte, reta
 		if cur > target {
 			return nil, true, nil
 		}
-		if cur == target && joinDeadline == nil {
-			t := time.NewTimer(e.o.JoinTimeout)
-			defer t.Stop()
-			joinDeadline = t.C
+		if cur == target && !timers.armed() {
+			timers.arm(e.o, target)
 		}
 		select {
 		case <-ctx.Done():
 			e.withdraw(target)
 			return nil, false, fmt.Errorf("rendezvous: waiting for round %d: %w", target, ctx.Err())
-		case <-joinDeadline:
+		case <-timers.shortC():
+			e.checkShortage(wctx, target, &timers)
+		case <-timers.joinC():
 			e.withdraw(target)
 			return nil, false, fmt.Errorf("rendezvous: round %d did not close within %v (need %d nodes): %w", target, e.o.JoinTimeout, e.o.MinNodes, ErrJoinTimeout)
 		case <-ch:
@@ -338,11 +344,7 @@ func (e *Etcd) adopt(target int, sum roundSummary, ri rankInfo) Assignment {
 		MaxRestarts: maxRestarts, RestartsUsed: sum.RestartsUsed, Standby: ri.Standby}
 	e.lastRound = target
 	e.assigned[target] = sum
-	for r := range e.assigned {
-		if r < target-1 {
-			delete(e.assigned, r)
-		}
-	}
+	e.pruneLocked()
 	if a.Standby {
 		e.setStateLocked(stateStandby, "parked in round "+strconv.Itoa(target))
 	} else {

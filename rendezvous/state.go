@@ -131,11 +131,24 @@ type endInfo struct {
 	At time.Time `json:"at,omitempty"`
 }
 
-// excludeInfo is written by a node that leaves the job (Leave) before it
-// drops its lease, so that peers report an exclusion, not a loss.
+// excludeInfo is written by a node that leaves the job (Leave) or departs
+// (Depart) before it drops its lease, so that peers report an exclusion or
+// a stop, not a loss.
 type excludeInfo struct {
 	Round  int    `json:"round"` // the last round the node was assigned (-1 none)
 	Reason string `json:"reason"`
+	// Cause is policy.NodeStopped for a departure; empty (older launchers)
+	// or policy.NodeExcluded for an exclusion.
+	Cause policy.Failure `json:"cause,omitempty"`
+}
+
+// failure is the policy failure this record turns a loss of node id into,
+// with the round-end reason peers report.
+func (x excludeInfo) failure(id string) (policy.Failure, string) {
+	if x.Cause == policy.NodeStopped {
+		return policy.NodeStopped, fmt.Sprintf("node %s stopped: %s", id, x.Reason)
+	}
+	return policy.NodeExcluded, fmt.Sprintf("node %s left the job: %s", id, x.Reason)
 }
 
 // keys builds the key layout of one generation of one run: base is

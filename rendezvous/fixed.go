@@ -1,0 +1,91 @@
+package rendezvous
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/ftlauncher/ft-launcher/verdict"
+)
+
+// In a fixed allocation (Slurm with MIN == MAX) no new node can come to
+// replace one that is gone, so a restart round short of MIN live nodes with
+// no spare would only wait for JoinTimeout (10 min by default). Instead
+// every node waiting for the round checks, MinNodesWait after the round
+// opened and then every LeaseTTL, how many nodes of the job are alive (their
+// alive keys: a stalled node whose lease expired is back once it renews);
+// below MIN, the first to notice closes the job with kind NotEnoughNodes.
+
+// roundTimers are the deadlines of one wait for a round's assignment, armed
+// once the round is the job's current one.
+type roundTimers struct {
+	join, short *time.Timer
+}
+
+func (t *roundTimers) armed() bool { return t.join != nil }
+
+// arm starts the join timeout and, for a restart round of a fixed
+// allocation, the shortage check.
+func (t *roundTimers) arm(o EtcdOptions, target int) {
+	t.join = time.NewTimer(o.JoinTimeout)
+	if o.FixedAllocation && target > 0 {
+		t.short = time.NewTimer(o.MinNodesWait)
+	}
+}
+
+func (t *roundTimers) joinC() <-chan time.Time {
+	if t.join == nil {
+		return nil
+	}
+	return t.join.C
+}
+
+func (t *roundTimers) shortC() <-chan time.Time {
+	if t.short == nil {
+		return nil
+	}
+	return t.short.C
+}
+
+func (t *roundTimers) stop() {
+	for _, tm := range []*time.Timer{t.join, t.short} {
+		if tm != nil {
+			tm.Stop()
+		}
+	}
+}
+
+// checkShortage closes the job with kind NotEnoughNodes when fewer than MIN
+// nodes of the job are alive while round target waits for its assignment;
+// otherwise it re-arms the check. The close is fenced on the round still
+// being current, unassigned and open (another node may have closed it).
+func (e *Etcd) checkShortage(ctx context.Context, target int, t *roundTimers) {
+	resp, err := e.cli.Get(ctx, e.k.alives(), clientv3.WithPrefix(), clientv3.WithCountOnly())
+	if err != nil || int(resp.Count) >= e.o.MinNodes {
+		t.short.Reset(e.o.LeaseTTL)
+		return
+	}
+	e.mu.Lock()
+	le := e.lastEnds[target-1]
+	e.mu.Unlock()
+	reason := fmt.Sprintf("only %d of the %d nodes needed are left in a fixed allocation with no spare, and none came back within min_nodes_wait=%v",
+		resp.Count, e.o.MinNodes, e.o.MinNodesWait)
+	if le.Reason != "" {
+		reason += " (round " + strconv.Itoa(target-1) + " ended: " + le.Reason + ")"
+	}
+	cb, _ := json.Marshal(closeInfo{Kind: verdict.NotEnoughNodes, Code: 1, Reason: reason, Node: le.Node, Cause: le.Cause})
+	tr, err := e.cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(e.k.closed()), "=", 0),
+			clientv3.Compare(clientv3.Value(e.k.round()), "=", strconv.Itoa(target)),
+			clientv3.Compare(clientv3.CreateRevision(e.k.assignment(target)), "=", 0), e.genCmp()).
+		Then(clientv3.OpPut(e.k.closed(), string(cb))).Commit()
+	if err != nil || !tr.Succeeded {
+		t.short.Reset(e.o.LeaseTTL) // the watch reports what happened instead
+		return
+	}
+	e.log.Error("closing the job: not enough nodes", "round", target, "alive", resp.Count, "min", e.o.MinNodes)
+}
