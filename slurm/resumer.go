@@ -233,10 +233,11 @@ func (r *Resumer) Begin(ctx context.Context, id, nodeList string) (BeginResult, 
 }
 
 // End is the decision step after the user's script of job id exited with
-// rc at scriptEnded (zero: now). It returns the status the job should exit with: 0 when the chain is
-// done (Slurm then cancels the afternotok successor by itself), else
-// non-zero (rc, or ExitContinue when rc is 0 but training is not finished)
-// so that the successor runs unless the chain stopped and cancelled it.
+// rc at scriptEnded (zero: now). It returns the status the job should exit
+// with: 0 when the chain is done (Slurm then cancels the afternotok
+// successor by itself), else non-zero (rc, or ExitContinue when rc is 0 but
+// training is not finished) so that the successor runs unless the chain
+// stopped and cancelled it.
 func (r *Resumer) End(ctx context.Context, id string, rc int, scriptEnded time.Time) (int, error) {
 	if scriptEnded.IsZero() {
 		scriptEnded = r.now()
@@ -335,6 +336,17 @@ func (r *Resumer) Cancel(ctx context.Context, reason string) (*State, error) {
 // judgeFromSlurm judges job from Slurm's record if Slurm is done with it.
 func (r *Resumer) judgeFromSlurm(ctx context.Context, st *State, job *ChainJob, by string) {
 	rec, err := r.Sched.Job(ctx, job.ID)
+	// A predecessor that Slurm is still cleaning up (COMPLETING: its
+	// processes being killed) ends within KillWait; wait for its final
+	// state, bounded, rather than start this job without judging it.
+	for deadline := time.Now().Add(30 * time.Second); err == nil && rec.State == "COMPLETING" && time.Now().Before(deadline); {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(200 * time.Millisecond):
+		}
+		rec, err = r.Sched.Job(ctx, job.ID)
+	}
 	if err != nil || !rec.Terminal() {
 		return
 	}
