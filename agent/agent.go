@@ -162,10 +162,28 @@ func (a *Agent) Run(ctx context.Context) Outcome {
 		next := a.handle(ctx, a.state)
 		a.transition(next)
 	}
+	a.departIfSignaled()
 	if a.d.Spare != nil {
 		a.d.Spare.Close()
 	}
 	return a.finish()
+}
+
+// departIfSignaled tells the rendezvous that this node was stopped by a
+// signal (scancel, preemption, walltime, a person), so that its peers
+// record a departure with the reason rather than a node loss, and a spare
+// takes its place without waiting for its lease to expire.
+func (a *Agent) departIfSignaled() {
+	o := a.run.outcome
+	if o == nil || (o.Kind != verdict.Signaled && o.Kind != verdict.Walltime) {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), a.d.CallTimeout)
+	defer cancel()
+	reason := fmt.Sprintf("node %s %s", a.d.NodeID, o.Reason)
+	if err := a.d.Rdzv.Depart(ctx, reason); err != nil {
+		a.log.Warn("leaving the rendezvous after a signal", "err", err)
+	}
 }
 
 // transition moves to next; an illegal move is a bug, logged loudly, and

@@ -259,6 +259,9 @@ func TestRun(t *testing.T) {
 				if o.RestartsUsed != 3 {
 					t.Errorf("restarts used %d", o.RestartsUsed)
 				}
+				if len(h.rdzv.departs) != 0 {
+					t.Errorf("a failed job departed: %q", h.rdzv.departs)
+				}
 			},
 		},
 		{
@@ -427,6 +430,10 @@ func TestRun(t *testing.T) {
 				want(t, o, verdict.Signaled, 1)
 				if g := h.ranks.groups[0]; len(g.stopped) != 1 || g.stopped[0] != syscall.SIGTERM {
 					t.Errorf("stopped with %v", g.stopped)
+				}
+				if len(h.rdzv.departs) != 1 || !strings.Contains(h.rdzv.departs[0], "stopped by SIGTERM") ||
+					!strings.Contains(h.rdzv.departs[0], "10.0.0.1/42") {
+					t.Errorf("departs %q: want one naming the node and the signal", h.rdzv.departs)
 				}
 			},
 		},

@@ -49,6 +49,7 @@ type fakeRdzv struct {
 	fails     []failCall
 	shutdowns []shutdownCall
 	leaves    []string
+	departs   []string
 	nexts     int
 }
 
@@ -145,7 +146,12 @@ func (f *fakeRdzv) Leave(ctx context.Context, reason string) error {
 }
 
 // Depart is a no-op here (added with the interface method; rendezvous tests cover it).
-func (f *fakeRdzv) Depart(ctx context.Context, reason string) error { return nil }
+func (f *fakeRdzv) Depart(ctx context.Context, reason string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.departs = append(f.departs, reason)
+	return nil
+}
 
 func (f *fakeRdzv) Close() error { return nil }
 

@@ -17,6 +17,8 @@ import (
 	"github.com/ftlauncher/ft-launcher/agent"
 	"github.com/ftlauncher/ft-launcher/configs"
 	"github.com/ftlauncher/ft-launcher/eventlog"
+	"github.com/ftlauncher/ft-launcher/filler"
+	"github.com/ftlauncher/ft-launcher/ledger"
 	"github.com/ftlauncher/ft-launcher/metrics"
 	"github.com/ftlauncher/ft-launcher/monitor"
 	"github.com/ftlauncher/ft-launcher/ranklogs"
@@ -119,10 +121,64 @@ func launch(ctx context.Context, cfg *configs.Config, log *slog.Logger, sigs <-c
 		return rec.signaled(sig)
 	}
 
-	ag := agent.New(agent.Deps{Config: cfg, Logger: log.With("component", "agent"), Events: ev, Metrics: met,
+	book := newLedgerBook(cfg, rdzv, ev, rec.node, host, log)
+	deps := agent.Deps{Config: cfg, Logger: log.With("component", "agent"), Events: ev, Metrics: met,
 		Ranks: agent.SpawnRanks{Reaper: reaper}, Logs: logs, Monitors: mon, Rdzv: rdzv, Signals: sigs,
-		Hostname: host, NodeID: rec.node, Environ: environ, CallTimeout: callTimeout(cfg)})
-	return rec.write(ag.Run(ctx))
+		Hostname: host, NodeID: rec.node, Environ: environ, CallTimeout: callTimeout(cfg),
+		Ledger: book, WalltimeSignals: osSignals(cfg.WalltimeSignals)}
+	if cfg.SpareFiller != "" {
+		deps.Spare = newFiller(cfg, reaper, logs.Dir(), environ, ev, log)
+	}
+	return rec.write(agent.New(deps).Run(ctx))
+}
+
+// newLedgerBook is this node's book of leases: in the job's etcd when the
+// rendezvous has one, and in the event log.
+func newLedgerBook(cfg *configs.Config, rdzv rendezvous.Rendezvous, ev *eventlog.Log, node, host string, log *slog.Logger) *ledger.Book {
+	var store ledger.Store
+	if s, ok := rdzv.(interface{ LedgerStore() ledger.Store }); ok {
+		store = s.LedgerStore()
+	}
+	onErr := func(err error) { log.Warn("ledger", "err", err) }
+	return ledger.NewBook(cfg.RdzvID, node, host, onErr, store, ledgerEvents{ev})
+}
+
+// ledgerEvents writes ledger records to the JSON-lines event log.
+type ledgerEvents struct{ ev *eventlog.Log }
+
+func (l ledgerEvents) Put(_ context.Context, r ledger.Record) error {
+	l.ev.Emit(eventlog.Ledger, map[string]any{"record": r})
+	return nil
+}
+
+// newFiller is the --spare-filler work of this node while it is a spare.
+func newFiller(cfg *configs.Config, reaper *spawn.Reaper, logDir string, environ []string, ev *eventlog.Log, log *slog.Logger) *filler.Filler {
+	logPath := os.DevNull
+	if logDir != "" {
+		logPath = filler.LogPath(logDir)
+	}
+	o := filler.Options{Command: cfg.SpareFiller, Env: environ, LogPath: logPath,
+		ReclaimTimeout: cfg.SpareFillerReclaimTimeout, Logger: log.With("component", "filler"),
+		OnEvent: func(kind string, fields map[string]any) { ev.Emit(kind, fields) }}
+	if hasNvidiaSMI() {
+		run := func(ctx context.Context, argv []string) ([]byte, error) {
+			out, ex, err := reaper.Run(ctx, argv, os.Environ())
+			if err == nil && ex.Failed() {
+				err = fmt.Errorf("%s", ex)
+			}
+			return out, err
+		}
+		o.GPUCheck = filler.NvidiaSMICheck(run, cfg.FT.GpuMemoryToleranceMB)
+	}
+	return filler.New(reaper, o)
+}
+
+func osSignals(s []syscall.Signal) []os.Signal {
+	out := make([]os.Signal, len(s))
+	for i, x := range s {
+		out[i] = x
+	}
+	return out
 }
 
 // setupGuard watches the handled signals while the launcher sets up, until

@@ -10,6 +10,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"slices"
 	"time"
 
 	"github.com/ftlauncher/ft-launcher/cmd/ft-launcher/internal/earlysig"
@@ -61,7 +62,13 @@ func run(args []string, early *earlysig.Catcher, stdout, stderr io.Writer) int {
 	// From here on exactly --signals-to-handle is handled; one that came
 	// earlier is delivered now (torchrun installs its handlers only once
 	// workers start, so an early SIGTERM kills it without cleanup).
-	sigs := early.Handle(cfg.SignalsToHandle)
+	handled := slices.Clone(cfg.SignalsToHandle)
+	for _, w := range cfg.WalltimeSignals { // forwarded to the ranks, never a failure
+		if !slices.Contains(handled, w) {
+			handled = append(handled, w)
+		}
+	}
+	sigs := early.Handle(handled)
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
