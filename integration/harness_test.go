@@ -19,7 +19,7 @@ import (
 )
 
 // binDir holds the binaries built once for the whole package.
-type binaries struct{ launcher string }
+type binaries struct{ launcher, resumer string }
 
 var bins binaries // written once in TestMain, read-only afterwards
 
@@ -30,8 +30,9 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	bins.launcher = filepath.Join(dir, "ft-launcher")
+	bins.resumer = filepath.Join(dir, "ft-resumer")
 	// ft-launcher-etcd (the embedded etcd server) must sit beside ft-launcher.
-	cmd := exec.Command("go", "build", "-o", dir+"/", "../cmd/ft-launcher", "../cmd/ft-launcher-etcd")
+	cmd := exec.Command("go", "build", "-o", dir+"/", "../cmd/ft-launcher", "../cmd/ft-launcher-etcd", "../cmd/ft-resumer")
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 	if err := cmd.Run(); err != nil {
 		fmt.Fprintln(os.Stderr, "build ft-launcher:", err)
