@@ -170,14 +170,24 @@ func TestTorchDDPNodeLossResumesOnStandby(t *testing.T) {
 		t.Fatalf("uninterrupted 4-rank run exited %d\n%s", code, rj.stderr.String())
 	}
 	want := readWeights(t, filepath.Join(ref, "w.json"))
+	// The same scenario with the standby idle, and with a small torch job
+	// as filler work on it (reclaimed when it is promoted).
+	for _, tc := range []struct{ name, filler string }{{"idle standby", ""}, {"torch filler on the standby", torchFiller}} {
+		t.Run(tc.name, func(t *testing.T) { torchNodeLoss(t, want, tc.filler) })
+	}
+}
 
+func torchNodeLoss(t *testing.T, want weights, fill string) {
 	c := newCluster(t, embeddedEndpoint(t))
 	ckpt := filepath.Join(c.dir, "ckpt")
 	out := filepath.Join(c.dir, "w.json")
 	for i := 0; i < 3; i++ {
-		c.addNode([]string{"PYTHON_EXEC=" + debianPython}, "--nnodes", "2:3", "--nproc-per-node", "2",
-			"--max-restarts", "3", "--rdzv-backend", "c10d",
-			trainScript(t), "--ckpt-dir", ckpt, "--out", out, "--step-sleep", "0.1")
+		args := []string{"--nnodes", "2:3", "--nproc-per-node", "2", "--max-restarts", "3", "--rdzv-backend", "c10d"}
+		if fill != "" {
+			args = append(args, "--spare-filler", fill)
+		}
+		c.addNode([]string{"PYTHON_EXEC=" + debianPython, "OUT=" + c.dir}, append(args,
+			trainScript(t), "--ckpt-dir", ckpt, "--out", out, "--step-sleep", "0.1")...)
 	}
 	// Kill an active node other than node 0 (the etcd host) once the
 	// checkpoint of step 20 exists.
@@ -191,6 +201,10 @@ func TestTorchDDPNodeLossResumesOnStandby(t *testing.T) {
 	}
 	if victim < 0 {
 		t.Fatalf("no active node besides the etcd host\n%s", c.stderrs())
+	}
+	standby := 3 - victim // nodes are 0, 1, 2: the one that was neither 0 nor the victim
+	if fill != "" {
+		waitFor(t, torchTimeout, func() bool { return len(fillerPids(t, c.dir, standby)) > 0 })
 	}
 	if err := c.nodes[victim].cmd.Process.Kill(); err != nil {
 		t.Fatal(err)
@@ -208,8 +222,17 @@ func TestTorchDDPNodeLossResumesOnStandby(t *testing.T) {
 	if got.SHA256 != want.SHA256 {
 		t.Fatalf("weights after node loss %s differ from the uninterrupted run %s", got.SHA256, want.SHA256)
 	}
-	standby := 3 - victim // nodes are 0, 1, 2: the one that was neither 0 nor the victim
 	if len(c.nodes[standby].eventsOf("cycle_started")) == 0 {
 		t.Fatalf("the standby node %d never ran ranks", standby)
+	}
+	if fill != "" {
+		if len(c.nodes[standby].eventsOf("filler_reclaimed")) != 1 {
+			t.Errorf("the standby's filler was not reclaimed once")
+		}
+		for _, p := range fillerPids(t, c.dir, standby) {
+			if pidAlive(p) {
+				t.Errorf("filler process %d is alive", p)
+			}
+		}
 	}
 }
