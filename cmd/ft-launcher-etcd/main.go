@@ -8,7 +8,10 @@
 // launch, single-node ones included.
 //
 // Protocol with the launcher: once the server serves, one line
-// "ready <client endpoint>" on stdout; SIGTERM or SIGINT stops it cleanly.
+// "ready <client endpoint>" on stdout; SIGTERM or SIGINT stops it cleanly
+// and removes its temporary data dir. A server killed outright (SIGKILL)
+// leaves the dir; the next start in the same $TMPDIR removes it (its owner
+// lock is free once the owner is dead).
 package main
 
 import (
@@ -35,7 +38,7 @@ func main() {
 func run(args []string, stdout, stderr io.Writer) int {
 	fs := pflag.NewFlagSet("ft-launcher-etcd", pflag.ContinueOnError)
 	fs.SetOutput(stderr)
-	dataDir := fs.String("data-dir", "", "etcd data directory (\"\": a temporary one, removed on exit)")
+	dataDir := fs.String("data-dir", "", "etcd data directory (\"\": a temporary one under $TMPDIR, removed on exit, or at the next start if this one is killed)")
 	clientURL := fs.String("client-url", "http://127.0.0.1:2379", "client URL to listen on and advertise")
 	peerURL := fs.String("peer-url", "", "peer URL (\"\": a free port on the client host)")
 	ready := fs.Duration("ready-timeout", 30*time.Second, "how long to wait for the server to serve")

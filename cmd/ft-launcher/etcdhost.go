@@ -46,8 +46,10 @@ func hostEtcd(ctx context.Context, reaper *spawn.Reaper, log *slog.Logger, clien
 	if err != nil {
 		return "", nil, fmt.Errorf("embedded etcd: %w", err)
 	}
-	// The server makes and removes its own data directory; it gets SIGTERM,
-	// not SIGKILL, if this launcher dies, so it can still remove it.
+	// The server makes and removes its own data directory under $TMPDIR
+	// (inherited: under Slurm the job's temp dir when the cluster sets
+	// one); it gets SIGTERM, not SIGKILL, if this launcher dies, so it can
+	// still remove it, and a later start removes a dir left by a SIGKILL.
 	g, err := reaper.StartGroup([]spawn.Spec{{LocalRank: -1,
 		Argv:        []string{bin, "--client-url", clientURL, "--peer-url", peerURL},
 		Env:         os.Environ(),

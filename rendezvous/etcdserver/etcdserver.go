@@ -21,7 +21,9 @@ import (
 // Options configures the etcd server that a launcher hosts when no
 // external etcd is given (the c10d default).
 type Options struct {
-	Dir       string // data dir; "" creates a temp dir that Close removes
+	// Dir is the data dir; "" creates one under $TMPDIR that Close removes
+	// (and that a later start removes if this process is killed first).
+	Dir       string
 	ClientURL string // e.g. http://127.0.0.2:2379; port 0 picks a free one
 	PeerURL   string // "" picks a free port on the client host
 	Logger    *slog.Logger
@@ -33,7 +35,7 @@ type Options struct {
 type Server struct {
 	etcd       *embed.Etcd
 	endpoint   string
-	removeDir  string
+	owned      *dataDir // the temporary data dir, nil for Options.Dir
 	logger     *slog.Logger
 	closedOnce chan struct{}
 }
@@ -44,28 +46,65 @@ func Start(ctx context.Context, o Options) (*Server, error) {
 	if logger == nil {
 		logger = slog.Default()
 	}
+	curl, purl, err := urls(o)
+	if err != nil {
+		return nil, err
+	}
+	dir, owned := o.Dir, (*dataDir)(nil)
+	if dir == "" {
+		sweepStale(os.TempDir(), logger)
+		d, err := newDataDir(os.TempDir())
+		if err != nil {
+			return nil, err
+		}
+		dir, owned = d.data(), d
+	}
+	e, err := embed.StartEtcd(config(dir, curl, purl))
+	if err == nil {
+		err = waitReady(ctx, e, o.ReadyTimeout)
+		if err != nil {
+			e.Close()
+		}
+	} else {
+		err = fmt.Errorf("start embedded etcd on %s: %w", curl.String(), err)
+	}
+	if err != nil {
+		if owned != nil {
+			owned.remove()
+		}
+		return nil, err
+	}
+	endpoint := curl.String()
+	if len(e.Clients) > 0 {
+		// Port 0 was resolved by the listener: advertise the real one.
+		endpoint = curl.Scheme + "://" + e.Clients[0].Addr().String()
+	}
+	logger.Info("embedded etcd serving", "endpoint", endpoint, "dir", dir)
+	m := &Server{etcd: e, endpoint: endpoint, owned: owned, logger: logger,
+		closedOnce: make(chan struct{})}
+	go m.reportFailure()
+	return m, nil
+}
+
+// urls resolves the client and peer URLs (defaults, port 0).
+func urls(o Options) (curl, purl *url.URL, err error) {
 	if o.ClientURL == "" {
 		o.ClientURL = "http://127.0.0.1:0"
 	}
-	curl, err := resolveURL(o.ClientURL)
-	if err != nil {
-		return nil, fmt.Errorf("embedded etcd client url: %w", err)
+	if curl, err = resolveURL(o.ClientURL); err != nil {
+		return nil, nil, fmt.Errorf("embedded etcd client url: %w", err)
 	}
 	if o.PeerURL == "" {
 		o.PeerURL = "http://" + net.JoinHostPort(curl.Hostname(), "0")
 	}
-	purl, err := resolveURL(o.PeerURL)
-	if err != nil {
-		return nil, fmt.Errorf("embedded etcd peer url: %w", err)
+	if purl, err = resolveURL(o.PeerURL); err != nil {
+		return nil, nil, fmt.Errorf("embedded etcd peer url: %w", err)
 	}
-	dir, removeDir := o.Dir, ""
-	if dir == "" {
-		d, err := os.MkdirTemp("", "ft-launcher-etcd-")
-		if err != nil {
-			return nil, fmt.Errorf("embedded etcd data dir: %w", err)
-		}
-		dir, removeDir = d, d
-	}
+	return curl, purl, nil
+}
+
+// config is the single-member server configuration.
+func config(dir string, curl, purl *url.URL) *embed.Config {
 	cfg := embed.NewConfig()
 	cfg.Name = "ft-launcher"
 	cfg.Dir = dir
@@ -75,63 +114,47 @@ func Start(ctx context.Context, o Options) (*Server, error) {
 	cfg.AdvertisePeerUrls = []url.URL{*purl}
 	cfg.InitialCluster = cfg.InitialClusterFromName(cfg.Name)
 	// etcd logs routine shutdown steps at error level; real failures reach
-	// us through Err(), which is logged below.
+	// us through Err(), which reportFailure logs.
 	cfg.LogLevel = "fatal"
 	// Large jobs write many rank keys per round; allow big transactions.
 	cfg.MaxTxnOps = 4096
 	cfg.MaxRequestBytes = 8 << 20
+	return cfg
+}
 
-	e, err := embed.StartEtcd(cfg)
-	if err != nil {
-		if removeDir != "" {
-			os.RemoveAll(removeDir)
-		}
-		return nil, fmt.Errorf("start embedded etcd on %s: %w", curl.String(), err)
-	}
-	to := o.ReadyTimeout
+// waitReady waits until e serves, fails, the timeout (default 30s) passes
+// or ctx ends.
+func waitReady(ctx context.Context, e *embed.Etcd, to time.Duration) error {
 	if to <= 0 {
 		to = 30 * time.Second
 	}
 	timer := time.NewTimer(to)
 	defer timer.Stop()
-	fail := func(err error) (*Server, error) {
-		e.Close()
-		if removeDir != "" {
-			os.RemoveAll(removeDir)
-		}
-		return nil, err
-	}
 	select {
 	case <-e.Server.ReadyNotify():
+		return nil
 	case err := <-e.Err():
-		return fail(fmt.Errorf("embedded etcd failed while starting: %w", err))
+		return fmt.Errorf("embedded etcd failed while starting: %w", err)
 	case <-timer.C:
-		return fail(fmt.Errorf("embedded etcd not ready after %v", to))
+		return fmt.Errorf("embedded etcd not ready after %v", to)
 	case <-ctx.Done():
-		return fail(fmt.Errorf("embedded etcd start: %w", ctx.Err()))
+		return fmt.Errorf("embedded etcd start: %w", ctx.Err())
 	}
-	endpoint := curl.String()
-	if len(e.Clients) > 0 {
-		// Port 0 was resolved by the listener: advertise the real one.
-		endpoint = curl.Scheme + "://" + e.Clients[0].Addr().String()
-	}
-	logger.Info("embedded etcd serving", "endpoint", endpoint, "dir", dir)
-	m := &Server{etcd: e, endpoint: endpoint, removeDir: removeDir, logger: logger,
-		closedOnce: make(chan struct{})}
-	go func() {
-		select {
-		case err, ok := <-e.Err():
-			if ok && err != nil {
-				select {
-				case <-m.closedOnce:
-				default:
-					logger.Error("embedded etcd failed", "err", err)
-				}
+}
+
+// reportFailure logs a server failure that happens before Close.
+func (m *Server) reportFailure() {
+	select {
+	case err, ok := <-m.etcd.Err():
+		if ok && err != nil {
+			select {
+			case <-m.closedOnce:
+			default:
+				m.logger.Error("embedded etcd failed", "err", err)
 			}
-		case <-m.closedOnce:
 		}
-	}()
-	return m, nil
+	case <-m.closedOnce:
+	}
 }
 
 // resolveURL parses u and replaces port 0 with a free port, because etcd's
@@ -154,7 +177,7 @@ func resolveURL(raw string) (*url.URL, error) {
 // Endpoint is the client URL to give to NewEtcd.
 func (m *Server) Endpoint() string { return m.endpoint }
 
-// Close stops the server and removes the data dir if StartEmbedded created it.
+// Close stops the server and removes the data dir if Start created it.
 func (m *Server) Close() error {
 	select {
 	case <-m.closedOnce:
@@ -163,10 +186,8 @@ func (m *Server) Close() error {
 		close(m.closedOnce)
 	}
 	m.etcd.Close()
-	if m.removeDir != "" {
-		if err := os.RemoveAll(m.removeDir); err != nil {
-			return fmt.Errorf("remove embedded etcd dir: %w", err)
-		}
+	if m.owned != nil {
+		return m.owned.remove()
 	}
 	return nil
 }
