@@ -159,6 +159,20 @@ func TestRun(t *testing.T) {
 			},
 		},
 		{
+			name: "joining-done: a quarantined node may not come back",
+			setup: func(h *harness) {
+				h.rdzv.next = append(h.rdzv.next, nextErr(fmt.Errorf("rendezvous: %w", &rendezvous.QuarantineError{
+					Addr: "10.0.0.1", Cause: policy.NodeLost, Reason: "node 10.0.0.1/42 lost (gossip)", Round: 3})))
+			},
+			check: func(t *testing.T, h *harness, o Outcome) {
+				want(t, o, verdict.NodeExcluded, 1)
+				wantQuarantine(t, o, "10.0.0.1/42", verdict.EvidenceLost)
+				if !strings.Contains(o.Reason, "cannot become active again") {
+					t.Errorf("reason %q", o.Reason)
+				}
+			},
+		},
+		{
 			name: "joining-done: a signal while waiting for a round",
 			setup: func(h *harness) {
 				h.rdzv.next = append(h.rdzv.next, func(ctx context.Context) (rendezvous.Assignment, error) {

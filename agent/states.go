@@ -157,7 +157,15 @@ func (a *Agent) joinFailed(ctx context.Context, err error) {
 		a.run.signaled(nil, false)
 	default:
 		kind := classifyRdzvErr(err)
-		if kind == verdict.NodeExcluded {
+		var q *rendezvous.QuarantineError
+		switch {
+		case errors.As(err, &q):
+			ev := verdict.EvidenceExcluded
+			if q.Cause == policy.NodeLost {
+				ev = verdict.EvidenceLost
+			}
+			a.run.quarantine(a.d.NodeID, a.d.Hostname, ev, err.Error(), q.Round)
+		case kind == verdict.NodeExcluded:
 			a.run.quarantine(a.d.NodeID, a.d.Hostname, verdict.EvidenceHealthCheck, err.Error(), a.run.lastRound)
 		}
 		a.log.Error("rendezvous failed", "kind", string(kind), "err", err)
@@ -174,7 +182,7 @@ func classifyRdzvErr(err error) verdict.Kind {
 		return verdict.RendezvousLost
 	case errors.Is(err, rendezvous.ErrJoinTimeout):
 		return verdict.NotEnoughNodes
-	case errors.Is(err, rendezvous.ErrHealthCheck):
+	case errors.Is(err, rendezvous.ErrHealthCheck), errors.Is(err, rendezvous.ErrQuarantined):
 		return verdict.NodeExcluded
 	case errors.Is(err, rendezvous.ErrClosed):
 		return verdict.FatalError

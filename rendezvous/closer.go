@@ -203,11 +203,19 @@ func (e *Etcd) readCandidates(ctx context.Context, r int) ([]memberInfo, int64, 
 	if err != nil {
 		return nil, 0, fmt.Errorf("list members: %w", err)
 	}
+	bad, err := e.quarantinedAddrs(ctx)
+	if err != nil {
+		return nil, 0, err
+	}
 	ms := make([]memberInfo, 0, len(get.Kvs))
 	for _, kv := range get.Kvs {
 		var m memberInfo
 		if err := json.Unmarshal(kv.Value, &m); err != nil {
 			e.log.Warn("skip unreadable member", "key", string(kv.Key), "err", err)
+			continue
+		}
+		if bad[nodeAddr(m.NodeID)] {
+			e.log.Warn("leaving a quarantined node out of the round", "round", r, "node", m.NodeID)
 			continue
 		}
 		ms = append(ms, m)

@@ -98,9 +98,12 @@ func (e *Etcd) endOps(r int, f policy.Failure, d policy.Decision, used int, subj
 	le := endInfo{Round: r, Reason: reason + "; " + d.Why, Node: subject, Cause: f, Action: d.Action, RestartsUsed: used,
 		At: time.Now().UTC()}
 	lb, _ := json.Marshal(le)
-	return []clientv3.Op{clientv3.OpPut(e.k.lastEnd(), string(lb)), clientv3.OpPut(e.k.round(), strconv.Itoa(r+1)),
-			clientv3.OpPut(e.k.restarts(), strconv.Itoa(used))},
-		Decision{Restart: true, Action: d.Action, Reason: le.Reason, RestartsUsed: used}
+	ops := []clientv3.Op{clientv3.OpPut(e.k.lastEnd(), string(lb)), clientv3.OpPut(e.k.round(), strconv.Itoa(r+1)),
+		clientv3.OpPut(e.k.restarts(), strconv.Itoa(used))}
+	if subject != e.o.NodeID && quarantines(f, d.Action, subject) {
+		ops = append(ops, e.quarantineOp(r, f, subject, reason))
+	}
+	return ops, Decision{Restart: true, Action: d.Action, Reason: le.Reason, RestartsUsed: used}
 }
 
 // raceOutcome reads the else branch of the end txn (round, close record,

@@ -250,3 +250,65 @@ func TestEtcdRestartsCountedApartFromRounds(t *testing.T) {
 		t.Fatalf("late Fail: %+v %v", d, err)
 	}
 }
+
+// TestEtcdQuarantine: a node the job replaced with a spare, or that left
+// with evidence, may not come back as a new launcher on the same address;
+// a node stopped by a signal may.
+func TestEtcdQuarantine(t *testing.T) {
+	m := startEmbedded(t)
+	tests := []struct {
+		name        string
+		act         string
+		quarantined bool
+	}{
+		{"lost and replaced by the spare", "crash", true},
+		{"left (ExcludeThisNode)", "leave", true},
+		{"stopped by a signal", "depart", false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c, _, master, victim, standby := standbyCluster(t, m.Endpoint(), 0, true)
+			sbc := nextAsync(t, c.nodes[standby])
+			end := c.nodes[master].Ended(0)
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			time.Sleep(500 * time.Millisecond) // let gossip converge
+			switch tc.act {
+			case "crash":
+				crash(c.nodes[victim])
+			case "leave":
+				if err := c.nodes[victim].Leave(ctx, "ExcludeThisNode: GPU 2 unhealthy"); err != nil {
+					t.Fatal(err)
+				}
+			case "depart":
+				if err := c.nodes[victim].Depart(ctx, "SIGTERM"); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if e := waitEnd(t, end, 15*time.Second); e.Kind != EndRestart {
+				t.Fatalf("master's end %+v", e)
+			}
+			mc := nextAsync(t, c.nodes[master])
+			for _, ch := range []<-chan nextResult{mc, sbc} {
+				if r := recvNext(t, ch); r.err != nil || r.a.Standby {
+					t.Fatalf("round 1: %+v %v", r.a, r.err)
+				}
+			}
+			// The victim's address comes back as a new launcher.
+			o := c.opts(victim, 1, 2, 3, 0)
+			o.NodeID = nodeAddr(o.NodeID) + "/again"
+			back := c.add(o)
+			a, err := back.Next(ctx)
+			if tc.quarantined {
+				var q *QuarantineError
+				if !errors.Is(err, ErrQuarantined) || !errors.As(err, &q) || !strings.Contains(err.Error(), "cannot become active again") {
+					t.Fatalf("returning node: %+v %v, want ErrQuarantined", a, err)
+				}
+				return
+			}
+			if err != nil || !a.Standby {
+				t.Fatalf("a node stopped by a signal came back: %+v %v, want a standby", a, err)
+			}
+		})
+	}
+}

@@ -50,6 +50,10 @@ func (e *Etcd) next(ctx context.Context) (Assignment, error) {
 			return Assignment{}, fmt.Errorf("rendezvous: node %s kept out: %w: %w", e.o.NodeID, ErrHealthCheck, err)
 		}
 	}
+	// A node the job replaced or that left with evidence stays out.
+	if err := e.retry(ctx, e.checkQuarantine); err != nil {
+		return Assignment{}, err
+	}
 	// Back from being declared lost (a stall, a partition): come back as a
 	// new incarnation, so the old lease's expiry cannot end the next round.
 	if err := e.retry(ctx, e.reincarnate); err != nil {

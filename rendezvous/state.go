@@ -181,6 +181,8 @@ func (k keys) alive(id string) string         { return k.alives() + id }
 func (k keys) deads() string                  { return k.base + "dead/" }
 func (k keys) dead(id string) string          { return k.deads() + id }
 func (k keys) excluded(id string) string      { return k.base + "excluded/" + id }
+func (k keys) quarantines() string            { return k.base + "quarantine/" }
+func (k keys) quarantine(addr string) string  { return k.quarantines() + addr }
 
 // orderMembers sorts round candidates deterministically (see docs/rendezvous.md):
 //  1. known infra rank (SLURM_PROCID, --node-rank, ...) ascending, unknown last;
