@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ftlauncher/ft-launcher/configs"
 	"github.com/ftlauncher/ft-launcher/ledger"
 	"github.com/ftlauncher/ft-launcher/monitor"
 	"github.com/ftlauncher/ft-launcher/policy"
@@ -670,6 +671,30 @@ func spareCases() []struct {
 				own := h.store.recs["10.0.0.1/42#1"]
 				if own.Role != ledger.Active || own.Reason != ledger.JobSucceeded || own.Cycle != 0 {
 					t.Errorf("own lease %+v (a restart in place keeps one Active lease)", own)
+				}
+			},
+		},
+		{
+			name: "repeated hangs quarantine the node when the job can have spares",
+			setup: func(h *harness) {
+				h.cfg.NNodes = configs.NNodes{Min: 2, Max: 3}
+				h.rdzv.next = append(h.rdzv.next, active(0, 0), active(1, 1), active(2, 2))
+			},
+			act: func(h *harness) {
+				for i := 0; i < HangQuarantineThreshold; i++ {
+					g := h.ranks.wait(h.t)
+					h.mons.mu.Lock()
+					h.mons.fired[0] = true
+					h.mons.mu.Unlock()
+					g.exit(0, 0, syscall.SIGKILL)
+					h.mons.hangs <- monitor.Hang{Cycle: i, LocalRank: 0, Kind: "heartbeat", Timeout: time.Second, Signal: syscall.SIGKILL}
+				}
+			},
+			check: func(t *testing.T, h *harness, o Outcome) {
+				want(t, o, verdict.NodeExcluded, 1)
+				wantQuarantine(t, o, "10.0.0.1/42", verdict.EvidenceHang)
+				if len(h.rdzv.fails) != HangQuarantineThreshold-1 || len(h.rdzv.leaves) != 1 {
+					t.Errorf("fails %d leaves %v", len(h.rdzv.fails), h.rdzv.leaves)
 				}
 			},
 		},

@@ -89,6 +89,7 @@ type runState struct {
 	cycle        cycleTiming
 	cycles       []verdict.Cycle
 	pendingReq   *monitor.WorkloadRequest
+	hangs        int         // hang verdicts on this node in this job
 	isSpare      bool        // parked as a spare (a Spare lease is open)
 	fillerOn     bool        // the spare's filler was started
 	swap         *swapTiming // a promotion being timed until the ranks run

@@ -121,7 +121,7 @@ func (a *Agent) closeLedger(o *Outcome) {
 	case verdict.NodeExcluded:
 		reason = ledger.Excluded
 		for _, q := range o.Quarantined {
-			if q.Node == a.d.NodeID && q.Evidence == verdict.EvidenceFillerReclaim {
+			if q.Node == a.d.NodeID && (q.Evidence == verdict.EvidenceFillerReclaim || q.Evidence == verdict.EvidenceHang) {
 				reason = ledger.Quarantined
 			}
 		}

@@ -340,11 +340,21 @@ func (a *Agent) decideSuccess(ctx context.Context) State {
 	return StateDone
 }
 
+// HangQuarantineThreshold is the number of hang verdicts on one node within
+// one job after which the node is declared bad and leaves, quarantined, so a
+// spare takes its place (only when the job can have spares: --nnodes
+// MIN < MAX; without spares the job restarts in place until its budget ends).
+const HangQuarantineThreshold = 3
+
 func (a *Agent) decideFailure(ctx context.Context, end cycleEnd) State {
 	asg := a.run.asg
 	f := policy.RankCrash
 	if end.hang {
 		f = policy.RankHang
+		a.run.hangs++
+		if a.run.hangs >= HangQuarantineThreshold && a.cfg.NNodes.Max > a.cfg.NNodes.Min {
+			return a.quarantineForHangs(ctx, end)
+		}
 	}
 	var dec rendezvous.Decision
 	sig, err := a.call(ctx, a.d.CallTimeout, func(ctx context.Context) error {
@@ -405,6 +415,21 @@ func (a *Agent) decideRoundEnded(ctx context.Context, end cycleEnd) State {
 	a.ev.Emit(eventlog.Restart, map[string]any{"after_round": asg.Round, "reason": e.Reason})
 	a.met.Restarted()
 	return StateJoining
+}
+
+// quarantineForHangs takes this node out of the job after repeated hang
+// verdicts on it: the peers see it excluded and swap in a spare.
+func (a *Agent) quarantineForHangs(ctx context.Context, end cycleEnd) State {
+	round := a.run.asg.Round
+	reason := fmt.Sprintf("%d hang verdicts on this node in this job (threshold %d); last: %s", a.run.hangs, HangQuarantineThreshold, end.reason)
+	a.log.Error("quarantining this node: repeated hangs", "hangs", a.run.hangs, "last", end.reason)
+	if _, err := a.call(ctx, a.d.CallTimeout, func(ctx context.Context) error { return a.d.Rdzv.Leave(ctx, "quarantined: "+reason) }); err != nil {
+		a.log.Warn("leaving the rendezvous", "err", err)
+	}
+	a.ev.Emit(eventlog.JobFailed, map[string]any{"round": round, "kind": string(verdict.NodeExcluded), "reason": reason})
+	a.run.quarantine(a.d.NodeID, a.d.Hostname, verdict.EvidenceHang, reason, round)
+	a.run.setOutcome(verdict.NodeExcluded, reason)
+	return StateDone
 }
 
 // escalating carries out a rank's workload-control request at the end of
