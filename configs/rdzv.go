@@ -59,9 +59,14 @@ type Rendezvous struct {
 	TLS       bool // https: --rdzv-ca-cert or --rdzv-cert was given
 
 	// HostsEtcd says this launcher starts the embedded etcd (embedded mode
-	// only); HostsEtcdBy says what decided it.
+	// only); HostsEtcdBy says what decided it. EtcdMember is the index in
+	// Endpoints of the member this launcher hosts (-1: none). With several
+	// endpoints the embedded etcd is a Raft cluster of that many members,
+	// member i served at Endpoints[i] (clients) and its port + 1 (peers),
+	// hosted by the launcher whose address matches Endpoints[i].
 	HostsEtcd   bool
 	HostsEtcdBy string
+	EtcdMember  int
 
 	JoinTimeout     time.Duration // an open round must close within this
 	LastCallTimeout time.Duration // straggler wait once MIN nodes are present and MAX > MIN
@@ -138,7 +143,7 @@ func torchrunOnlyRdzvConf() map[string]string {
 // merged. It fails with a *UsageError before anything is started.
 func (p *parser) resolveRendezvous() error {
 	c := p.cfg
-	r := Rendezvous{TLS: c.RdzvCACert != "" || c.RdzvCert != ""}
+	r := Rendezvous{TLS: c.RdzvCACert != "" || c.RdzvCert != "", EtcdMember: -1}
 	confSubj := p.source["rdzv-conf"]
 	if confSubj == "" {
 		confSubj = "--rdzv-conf"
@@ -200,24 +205,71 @@ func (p *parser) resolveRendezvous() error {
 		if hasIsHost {
 			p.warn("%s is_host: no effect with --rdzv-backend %s (the etcd cluster is yours; no launcher hosts one)", confSubj, c.RdzvBackend)
 		}
-	case hasIsHost:
+	case hasIsHost && len(eps) == 1:
 		r.HostsEtcd, r.HostsEtcdBy = isHost, confSubj+" is_host="+c.RdzvConf["is_host"]
-	case c.LocalAddr != "":
-		r.HostsEtcd = p.isLocal(eps[0], c.LocalAddr)
-		verb := "does not match"
-		if r.HostsEtcd {
-			verb = "matches"
-		}
-		r.HostsEtcdBy = fmt.Sprintf("--local-addr %s %s endpoint %s", c.LocalAddr, verb, eps[0])
 	default:
-		r.HostsEtcd = p.isLocal(eps[0], "")
-		verb := "is not"
-		if r.HostsEtcd {
-			verb = "is"
+		if hasIsHost {
+			p.warn("%s is_host: ignored with %d endpoints: each launcher hosts the etcd member whose endpoint matches its address", confSubj, len(eps))
 		}
-		r.HostsEtcdBy = fmt.Sprintf("endpoint %s %s an address of this machine", eps[0], verb)
+		if len(eps) > 1 {
+			if err := checkMemberPorts(eps); err != nil {
+				return usageErr(epSubj, "%s %q: %v", epSubj, endpoint, err)
+			}
+		}
+		r.HostsEtcd, r.HostsEtcdBy = p.hostedMember(&r, eps)
+	}
+	if r.HostsEtcd && r.EtcdMember < 0 {
+		r.EtcdMember = 0
 	}
 	c.Rdzv = r
+	return nil
+}
+
+// hostedMember finds the endpoint this launcher hosts: the first whose
+// host is --local-addr (when given) or an address of this machine.
+func (p *parser) hostedMember(r *Rendezvous, eps []string) (bool, string) {
+	c := p.cfg
+	member := ""
+	for i, ep := range eps {
+		if p.isLocal(ep, c.LocalAddr) {
+			r.EtcdMember = i
+			if len(eps) > 1 {
+				member = fmt.Sprintf(" (member %d of %d)", i, len(eps))
+			}
+			if c.LocalAddr != "" {
+				return true, fmt.Sprintf("--local-addr %s matches endpoint %s%s", c.LocalAddr, ep, member)
+			}
+			return true, fmt.Sprintf("endpoint %s is an address of this machine%s", ep, member)
+		}
+	}
+	switch {
+	case len(eps) == 1 && c.LocalAddr != "":
+		return false, fmt.Sprintf("--local-addr %s does not match endpoint %s", c.LocalAddr, eps[0])
+	case len(eps) == 1:
+		return false, fmt.Sprintf("endpoint %s is not an address of this machine", eps[0])
+	case c.LocalAddr != "":
+		return false, fmt.Sprintf("--local-addr %s matches none of the endpoints %s", c.LocalAddr, strings.Join(eps, ","))
+	}
+	return false, fmt.Sprintf("none of the endpoints %s is an address of this machine", strings.Join(eps, ","))
+}
+
+// checkMemberPorts: each member of a multi-member embedded etcd takes its
+// endpoint's port for clients and the next one for its peers.
+func checkMemberPorts(eps []string) error {
+	used := map[string]bool{}
+	for _, ep := range eps {
+		h, ps, _ := net.SplitHostPort(ep)
+		port, _ := strconv.Atoi(ps)
+		if port >= 65535 {
+			return fmt.Errorf("endpoint %s: a member's peer port is its client port + 1; use a port below 65535", ep)
+		}
+		for _, k := range []string{net.JoinHostPort(h, ps), net.JoinHostPort(h, strconv.Itoa(port+1))} {
+			if used[k] {
+				return fmt.Errorf("endpoint %s: %s is taken by another member (members use their port and port + 1)", ep, k)
+			}
+			used[k] = true
+		}
+	}
 	return nil
 }
 

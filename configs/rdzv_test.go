@@ -28,7 +28,8 @@ func parseRdzv(t *testing.T, args []string, env map[string]string) (*Config, err
 
 func TestRendezvousResolved(t *testing.T) {
 	defTimings := Rendezvous{JoinTimeout: 10 * time.Minute, LastCallTimeout: 500 * time.Millisecond,
-		ConnectTimeout: 20 * time.Second, LeaseTTL: 5 * time.Second, EtcdLossBound: time.Minute, RejoinWait: 25 * time.Second}
+		ConnectTimeout: 20 * time.Second, LeaseTTL: 5 * time.Second, EtcdLossBound: time.Minute, RejoinWait: 25 * time.Second,
+		EtcdMember: -1}
 	with := func(f func(r *Rendezvous)) Rendezvous {
 		r := defTimings
 		f(&r)
@@ -53,17 +54,17 @@ func TestRendezvousResolved(t *testing.T) {
 			}), []string{"http://10.0.0.1:29400"}},
 		{"one node with an endpoint still meets there", []string{"--rdzv-endpoint", "127.0.0.1:1234"}, nil,
 			with(func(r *Rendezvous) {
-				r.Mode, r.Endpoints, r.HostsEtcd = RdzvEmbedded, []string{"127.0.0.1:1234"}, true
+				r.Mode, r.Endpoints, r.HostsEtcd, r.EtcdMember = RdzvEmbedded, []string{"127.0.0.1:1234"}, true, 0
 				r.HostsEtcdBy = "endpoint 127.0.0.1:1234 is an address of this machine"
 			}), []string{"http://127.0.0.1:1234"}},
 		{"--local-addr decides hosting", []string{"--nnodes", "2", "--rdzv-endpoint", "127.0.0.2", "--local-addr", "127.0.0.2"}, nil,
 			with(func(r *Rendezvous) {
-				r.Mode, r.Endpoints, r.HostsEtcd = RdzvEmbedded, []string{"127.0.0.2:29400"}, true
+				r.Mode, r.Endpoints, r.HostsEtcd, r.EtcdMember = RdzvEmbedded, []string{"127.0.0.2:29400"}, true, 0
 				r.HostsEtcdBy = "--local-addr 127.0.0.2 matches endpoint 127.0.0.2:29400"
 			}), []string{"http://127.0.0.2:29400"}},
 		{"is_host=true overrides the address", []string{"--nnodes", "2", "--rdzv-endpoint", "10.0.0.1", "--rdzv-conf", "is_host=TRUE"}, nil,
 			with(func(r *Rendezvous) {
-				r.Mode, r.Endpoints, r.HostsEtcd = RdzvEmbedded, []string{"10.0.0.1:29400"}, true
+				r.Mode, r.Endpoints, r.HostsEtcd, r.EtcdMember = RdzvEmbedded, []string{"10.0.0.1:29400"}, true, 0
 				r.HostsEtcdBy = "--rdzv-conf is_host=TRUE"
 			}), nil},
 		{"is_host=0 from PET_RDZV_CONF", []string{"--nnodes", "2", "--rdzv-endpoint", "127.0.0.1"}, map[string]string{"PET_RDZV_CONF": "is_host=0"},
@@ -85,11 +86,11 @@ func TestRendezvousResolved(t *testing.T) {
 		{"IPv6 endpoints", []string{"--nnodes", "2", "--rdzv-endpoint", "::1,[fe80::1],[fe80::2]:7"}, nil,
 			with(func(r *Rendezvous) {
 				r.Mode, r.Endpoints = RdzvEmbedded, []string{"[::1]:29400", "[fe80::1]:29400", "[fe80::2]:7"}
-				r.HostsEtcdBy = "endpoint [::1]:29400 is not an address of this machine"
+				r.HostsEtcdBy = "none of the endpoints [::1]:29400,[fe80::1]:29400,[fe80::2]:7 is an address of this machine"
 			}), nil},
 		{"every timing, rounded to the nanosecond", []string{"--nnodes", "2", "--rdzv-endpoint", "h", "--rdzv-conf",
 			"join_timeout=60, last_call_timeout=0.001,connect_timeout=2.5,lease_ttl=7,etcd_loss_bound=604800,rejoin_wait=1e1"}, nil,
-			Rendezvous{Mode: RdzvEmbedded, Endpoints: []string{"h:29400"}, HostsEtcdBy: "endpoint h:29400 is not an address of this machine",
+			Rendezvous{Mode: RdzvEmbedded, Endpoints: []string{"h:29400"}, HostsEtcdBy: "endpoint h:29400 is not an address of this machine", EtcdMember: -1,
 				JoinTimeout: time.Minute, LastCallTimeout: time.Millisecond, ConnectTimeout: 2500 * time.Millisecond,
 				LeaseTTL: 7 * time.Second, EtcdLossBound: 7 * 24 * time.Hour, RejoinWait: 10 * time.Second}, nil},
 		{"rejoin_wait follows --workers-stop-timeout", []string{"--workers-stop-timeout", "3"}, nil,
@@ -266,5 +267,41 @@ func TestEffectiveRendezvous(t *testing.T) {
 	c, _ = parseRdzv(t, nil, nil)
 	if out := c.Effective(); !strings.Contains(out, "  mode: single-node\n") || strings.Contains(out, "endpoints:") {
 		t.Errorf("single-node rendezvous rendered wrong:\n%s", out)
+	}
+}
+
+// TestEmbeddedMembers: with several endpoints the embedded etcd is a
+// cluster; each launcher hosts the member whose endpoint matches it.
+func TestEmbeddedMembers(t *testing.T) {
+	eps := "127.0.0.2:2400,127.0.0.3:2400,127.0.0.4:2400"
+	tests := []struct {
+		name   string
+		args   []string
+		member int
+		by     string
+		err    string
+	}{
+		{"second member", []string{"--local-addr", "127.0.0.3", "--rdzv-endpoint", eps}, 1, "--local-addr 127.0.0.3 matches endpoint 127.0.0.3:2400 (member 1 of 3)", ""},
+		{"no member", []string{"--local-addr", "127.0.0.9", "--rdzv-endpoint", eps}, -1, "--local-addr 127.0.0.9 matches none of the endpoints " + eps, ""},
+		{"is_host ignored with several", []string{"--local-addr", "127.0.0.4", "--rdzv-endpoint", eps, "--rdzv-conf", "is_host=0"}, 2, "--local-addr 127.0.0.4 matches endpoint 127.0.0.4:2400 (member 2 of 3)", ""},
+		{"peer port collides", []string{"--rdzv-endpoint", "127.0.0.2:2400,127.0.0.2:2401"}, 0, "", "127.0.0.2:2401 is taken by another member"},
+		{"no room for the peer port", []string{"--rdzv-endpoint", "127.0.0.2:65535,127.0.0.3:2400"}, 0, "", "port below 65535"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := parseRdzv(t, append([]string{"--nnodes", "3:4"}, tc.args...), nil)
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("err %v, want %q", err, tc.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c.Rdzv.EtcdMember != tc.member || c.Rdzv.HostsEtcd != (tc.member >= 0) || c.Rdzv.HostsEtcdBy != tc.by {
+				t.Fatalf("member %d hosts %v by %q", c.Rdzv.EtcdMember, c.Rdzv.HostsEtcd, c.Rdzv.HostsEtcdBy)
+			}
+		})
 	}
 }
