@@ -115,6 +115,7 @@ type Etcd struct {
 	lastEnds   map[int]endInfo
 	changed    chan struct{} // closed and replaced on every ctl change
 	lastRound  int           // round of the last assignment this node got; -1 none
+	reborn     int           // the lastRound after which this node took a new lease; -1 none
 	assigned   map[int]roundSummary
 	roundStop  context.CancelFunc // stops the watchers of the active round
 	lastProbe  time.Time
@@ -137,7 +138,7 @@ func NewEtcd(ctx context.Context, opts EtcdOptions) (*Etcd, error) {
 	}
 	e := &Etcd{o: opts, log: opts.Logger.With("node", opts.NodeID, "run_id", opts.RunID),
 		rk: runKeys{base: opts.KeyPrefix + opts.RunID + "/"}, ends: map[int]*endSub{},
-		lastEnds: map[int]endInfo{}, changed: make(chan struct{}), lastRound: -1,
+		lastEnds: map[int]endInfo{}, changed: make(chan struct{}), lastRound: -1, reborn: -1,
 		assigned: map[int]roundSummary{}, ctlRound: -1}
 	e.ctx, e.cancel = context.WithCancel(context.Background())
 	e.lost, e.loseFn = context.WithCancelCause(e.ctx)

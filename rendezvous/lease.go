@@ -62,10 +62,10 @@ func (e *Etcd) renewLease(ctx context.Context, old clientv3.LeaseID) error {
 // nothing for a shared lease, which others' keys hang on.
 func (e *Etcd) reincarnate(ctx context.Context) error {
 	e.mu.Lock()
-	last := e.lastRound
+	last, done := e.lastRound, e.reborn == e.lastRound
 	le, seen := e.lastEnds[last]
 	e.mu.Unlock()
-	if last < 0 || !e.ownsLease {
+	if last < 0 || done || !e.ownsLease {
 		return nil
 	}
 	declared := seen && le.Node == e.o.NodeID && le.Cause == policy.NodeLost
@@ -84,6 +84,9 @@ func (e *Etcd) reincarnate(ctx context.Context) error {
 	if err := e.grantLease(ctx); err != nil {
 		return fmt.Errorf("rendezvous: new lease after being declared lost: %w", err)
 	}
+	e.mu.Lock()
+	e.reborn = last // once per loss, even if Next is called again
+	e.mu.Unlock()
 	e.log.Warn("this node was declared lost; rejoining with a new lease", "round", last,
 		"old_lease", fmt.Sprintf("%x", old), "lease", fmt.Sprintf("%x", e.currentLease()))
 	e.reputAlive()
