@@ -42,6 +42,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	clientURL := fs.String("client-url", "http://127.0.0.1:2379", "client URL to listen on and advertise")
 	peerURL := fs.String("peer-url", "", "peer URL (\"\": a free port on the client host)")
 	ready := fs.Duration("ready-timeout", 30*time.Second, "how long to wait for the server to serve")
+	name := fs.String("name", "", "member name in --initial-cluster (with --initial-cluster)")
+	cluster := fs.String("initial-cluster", "", "name=peerURL,... of every member: makes this server one member of a cluster (\"\": a single member)")
+	token := fs.String("cluster-token", "", "initial cluster token (the run id)")
 	showVersion := fs.Bool("version", false, "print the version and exit")
 	fs.Usage = func() {} // help goes to stdout, below; errors get one line
 	if err := fs.Parse(args); err != nil {
@@ -66,7 +69,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer cancel()
 	srv, err := etcdserver.Start(ctx, etcdserver.Options{Dir: *dataDir, ClientURL: *clientURL,
-		PeerURL: *peerURL, Logger: log, ReadyTimeout: *ready})
+		PeerURL: *peerURL, Logger: log, ReadyTimeout: *ready, Name: *name, InitialCluster: *cluster, ClusterToken: *token})
 	if err != nil {
 		fmt.Fprintf(stderr, "ft-launcher-etcd: %v\n", err)
 		return 1

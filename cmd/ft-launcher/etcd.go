@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"strconv"
+	"strings"
 
 	"github.com/ftlauncher/ft-launcher/configs"
 	"github.com/ftlauncher/ft-launcher/metrics"
@@ -33,16 +34,16 @@ func newEtcdRendezvous(ctx context.Context, cfg *configs.Config, log *slog.Logge
 			log.Info("--rdzv-backend c10d is served by ft-launcher's embedded etcd rendezvous", "endpoint", rz.Endpoints[0])
 		}
 		if rz.HostsEtcd {
-			h, _, _ := net.SplitHostPort(rz.Endpoints[0])
-			peerPort, err := rendezvous.FreePort(h)
+			m, err := etcdMember(cfg)
 			if err != nil {
-				return nil, nil, fmt.Errorf("embedded etcd peer port on %s: %w", h, err)
+				return nil, nil, err
 			}
-			ep, stop, err := hostEtcd(ctx, reaper, log, "http://"+rz.Endpoints[0], "http://"+net.JoinHostPort(h, strconv.Itoa(peerPort)))
+			ep, stop, err := hostEtcd(ctx, reaper, log, m)
 			if err != nil {
-				return nil, nil, fmt.Errorf("host the embedded etcd at %s: %w", rz.Endpoints[0], err)
+				return nil, nil, fmt.Errorf("host the embedded etcd at %s: %w", m.clientURL, err)
 			}
-			log.Info("hosting the embedded etcd rendezvous", "endpoint", ep, "decided_by", rz.HostsEtcdBy)
+			log.Info("hosting the embedded etcd rendezvous", "endpoint", ep, "member", m.name, "members", len(rz.Endpoints),
+				"decided_by", rz.HostsEtcdBy)
 			cleanup = stop
 		}
 	}
@@ -65,4 +66,31 @@ func newEtcdRendezvous(ctx context.Context, cfg *configs.Config, log *slog.Logge
 		return nil, nil, fmt.Errorf("etcd rendezvous at %v: %w", rz.Endpoints, err)
 	}
 	return r, func() { r.Close(); cleanup() }, nil
+}
+
+// etcdMember is what this launcher's embedded etcd serves: with one
+// endpoint a single member on a free peer port; with several, member i of
+// a cluster whose member j serves clients at Endpoints[j] and peers at its
+// port + 1, named m<j>, its token the run id.
+func etcdMember(cfg *configs.Config) (member, error) {
+	rz := cfg.Rdzv
+	ep := rz.Endpoints[rz.EtcdMember]
+	h, ps, _ := net.SplitHostPort(ep)
+	if len(rz.Endpoints) == 1 {
+		peerPort, err := rendezvous.FreePort(h)
+		if err != nil {
+			return member{}, fmt.Errorf("embedded etcd peer port on %s: %w", h, err)
+		}
+		return member{clientURL: "http://" + ep, peerURL: "http://" + net.JoinHostPort(h, strconv.Itoa(peerPort))}, nil
+	}
+	var cluster []string
+	for j, e := range rz.Endpoints {
+		eh, eps, _ := net.SplitHostPort(e)
+		p, _ := strconv.Atoi(eps)
+		cluster = append(cluster, fmt.Sprintf("m%d=http://%s", j, net.JoinHostPort(eh, strconv.Itoa(p+1))))
+	}
+	port, _ := strconv.Atoi(ps)
+	return member{name: fmt.Sprintf("m%d", rz.EtcdMember), clientURL: "http://" + ep,
+		peerURL: "http://" + net.JoinHostPort(h, strconv.Itoa(port+1)),
+		cluster: strings.Join(cluster, ","), token: "ft-launcher-" + cfg.RdzvID}, nil
 }

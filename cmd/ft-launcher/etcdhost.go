@@ -37,7 +37,25 @@ func findEtcdCompanion() (string, error) {
 // hostEtcd starts the embedded etcd server as a child of this launcher (it
 // gets the parent-death signal like a rank) and waits until it serves. The
 // returned stop function stops it and removes its data directory.
-func hostEtcd(ctx context.Context, reaper *spawn.Reaper, log *slog.Logger, clientURL, peerURL string) (endpoint string, stop func(), err error) {
+// member is the etcd member a launcher hosts.
+type member struct {
+	name, clientURL, peerURL string
+	cluster, token           string // "" for a single member
+}
+
+func (m member) args(bin string) []string {
+	argv := []string{bin, "--client-url", m.clientURL, "--peer-url", m.peerURL}
+	if m.cluster != "" {
+		// A member serves once a majority is up: the other launchers may
+		// start a little later.
+		argv = append(argv, "--name", m.name, "--initial-cluster", m.cluster, "--cluster-token", m.token,
+			"--ready-timeout", "55s")
+	}
+	return argv
+}
+
+func hostEtcd(ctx context.Context, reaper *spawn.Reaper, log *slog.Logger, m member) (endpoint string, stop func(), err error) {
+	clientURL := m.clientURL
 	bin, err := findEtcdCompanion()
 	if err != nil {
 		return "", nil, err
@@ -51,7 +69,7 @@ func hostEtcd(ctx context.Context, reaper *spawn.Reaper, log *slog.Logger, clien
 	// one); it gets SIGTERM, not SIGKILL, if this launcher dies, so it can
 	// still remove it, and a later start removes a dir left by a SIGKILL.
 	g, err := reaper.StartGroup([]spawn.Spec{{LocalRank: -1,
-		Argv:        []string{bin, "--client-url", clientURL, "--peer-url", peerURL},
+		Argv:        m.args(bin),
 		Env:         os.Environ(),
 		Stdout:      w,
 		DeathSignal: syscall.SIGTERM}})

@@ -29,6 +29,13 @@ type Options struct {
 	Logger    *slog.Logger
 	// ReadyTimeout bounds the wait for the server to serve (default 30s).
 	ReadyTimeout time.Duration
+	// Name and InitialCluster make this server one member of a cluster
+	// (name=peerURL,name=peerURL,...): it serves once a majority of the
+	// members are up. Empty: a single-member server.
+	Name           string
+	InitialCluster string
+	// ClusterToken distinguishes clusters that reuse addresses (the run id).
+	ClusterToken string
 }
 
 // Server is a running single-member etcd server.
@@ -59,7 +66,7 @@ func Start(ctx context.Context, o Options) (*Server, error) {
 		}
 		dir, owned = d.data(), d
 	}
-	e, err := embed.StartEtcd(config(dir, curl, purl))
+	e, err := embed.StartEtcd(config(dir, curl, purl, o))
 	if err == nil {
 		err = waitReady(ctx, e, o.ReadyTimeout)
 		if err != nil {
@@ -103,8 +110,9 @@ func urls(o Options) (curl, purl *url.URL, err error) {
 	return curl, purl, nil
 }
 
-// config is the single-member server configuration.
-func config(dir string, curl, purl *url.URL) *embed.Config {
+// config is the server configuration: a single member, or member o.Name of
+// o.InitialCluster.
+func config(dir string, curl, purl *url.URL, o Options) *embed.Config {
 	cfg := embed.NewConfig()
 	cfg.Name = "ft-launcher"
 	cfg.Dir = dir
@@ -113,6 +121,12 @@ func config(dir string, curl, purl *url.URL) *embed.Config {
 	cfg.ListenPeerUrls = []url.URL{*purl}
 	cfg.AdvertisePeerUrls = []url.URL{*purl}
 	cfg.InitialCluster = cfg.InitialClusterFromName(cfg.Name)
+	if o.InitialCluster != "" {
+		cfg.Name, cfg.InitialCluster = o.Name, o.InitialCluster
+		if o.ClusterToken != "" {
+			cfg.InitialClusterToken = o.ClusterToken
+		}
+	}
 	// etcd logs routine shutdown steps at error level; real failures reach
 	// us through Err(), which reportFailure logs.
 	cfg.LogLevel = "fatal"
@@ -185,9 +199,25 @@ func (m *Server) Close() error {
 	default:
 		close(m.closedOnce)
 	}
-	m.etcd.Close()
+	// A member of a cluster that lost its quorum (its peers stopping at
+	// the same time) may wait a long time for the raft loop; the data dir
+	// is only ours and goes either way, bounded.
+	stopped := make(chan struct{})
+	go func() {
+		m.etcd.Close()
+		close(stopped)
+	}()
+	select {
+	case <-stopped:
+	case <-time.After(closeBound):
+		m.logger.Warn("embedded etcd did not stop in time; removing its data dir anyway", "bound", closeBound)
+	}
 	if m.owned != nil {
 		return m.owned.remove()
 	}
 	return nil
 }
+
+// closeBound bounds Close: the companion gets SIGTERM when its launcher
+// dies and must remove its data dir before anything SIGKILLs it.
+const closeBound = 2 * time.Second
