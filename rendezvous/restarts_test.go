@@ -108,28 +108,7 @@ func TestEtcdRestartPolicy(t *testing.T) {
 			end := c.nodes[master].Ended(0)
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
-			switch tc.act {
-			case "crash":
-				time.Sleep(500 * time.Millisecond) // let gossip converge
-				crash(c.nodes[victim])
-			case "leave":
-				time.Sleep(500 * time.Millisecond)
-				if err := c.nodes[victim].Leave(ctx, "ExcludeThisNode: GPU 2 unhealthy"); err != nil {
-					t.Fatal(err)
-				}
-			case "depart":
-				time.Sleep(500 * time.Millisecond)
-				own := c.nodes[victim].Ended(0)
-				if err := c.nodes[victim].Depart(ctx, "SIGTERM"); err != nil {
-					t.Fatal(err)
-				}
-				if e := waitEnd(t, own, 5*time.Second); e.Kind != EndJobClosed || e.Close != verdict.Signaled || e.Cause != policy.NodeStopped {
-					t.Fatalf("departed node's own end %+v, want closed (signaled, node_stopped)", e)
-				}
-				if _, err := c.nodes[victim].Next(ctx); !errors.Is(err, ErrClosed) {
-					t.Fatalf("Next after Depart: %v, want ErrClosed", err)
-				}
-			case "fail", "no-restart":
+			if tc.act == "fail" || tc.act == "no-restart" {
 				f := map[string]policy.Failure{"fail": policy.RankCrash, "no-restart": policy.NoRestartRequest}[tc.act]
 				d, err := c.nodes[victim].Fail(ctx, 0, f, "rank 1 exited 1")
 				if err != nil {
@@ -138,10 +117,8 @@ func TestEtcdRestartPolicy(t *testing.T) {
 				if d.Restart != (tc.wantClose == "") || d.Close != tc.wantClose || d.RestartsUsed != tc.wantUsed {
 					t.Fatalf("Fail decision %+v", d)
 				}
-			case "shutdown":
-				if err := c.nodes[victim].Shutdown(ctx, verdict.FatalError, 4, "ranks could not start"); err != nil {
-					t.Fatal(err)
-				}
+			} else {
+				policyAct(t, ctx, c.nodes[victim], tc.act)
 			}
 			e := waitEnd(t, end, 15*time.Second)
 			if e.Cause != tc.wantCause {
@@ -170,20 +147,7 @@ func TestEtcdRestartPolicy(t *testing.T) {
 			if tc.act == "fail" {
 				next = append(next, nextAsync(t, c.nodes[victim]))
 			}
-			var got []Assignment
-			for _, ch := range next {
-				r := recvNext(t, ch)
-				if r.err != nil {
-					t.Fatalf("round 1 Next: %v", r.err)
-				}
-				got = append(got, r.a)
-			}
-			checkConsistent(t, got, 1, 2)
-			for _, a := range got {
-				if a.Round != 1 || a.RestartsUsed != tc.wantUsed {
-					t.Fatalf("round 1: %+v, want RestartsUsed %d", a, tc.wantUsed)
-				}
-			}
+			got := recvRound(t, next, 1, tc.wantUsed)
 			if sb := got[1]; sb.Standby == tc.promoted {
 				t.Fatalf("standby in round 1: %+v, promoted %v wanted", sb, tc.promoted)
 			} else if tc.promoted && sb.GroupRank != as[victim].GroupRank {
@@ -193,6 +157,61 @@ func TestEtcdRestartPolicy(t *testing.T) {
 				t.Fatalf("master moved: %+v", got[0])
 			}
 		})
+	}
+}
+
+// recvRound collects the Next results of round want, checks they agree and
+// carry the restart count used.
+func recvRound(t *testing.T, next []<-chan nextResult, want, used int) []Assignment {
+	t.Helper()
+	var got []Assignment
+	for _, ch := range next {
+		r := recvNext(t, ch)
+		if r.err != nil {
+			t.Fatalf("round %d Next: %v", want, r.err)
+		}
+		got = append(got, r.a)
+	}
+	checkConsistent(t, got, 1, 2)
+	for _, a := range got {
+		if a.Round != want || a.RestartsUsed != used {
+			t.Fatalf("round %d: %+v, want RestartsUsed %d", want, a, used)
+		}
+	}
+	return got
+}
+
+// policyAct does to victim what a TestEtcdRestartPolicy case names (other
+// than a Fail): crash it, make it leave or depart, or shut the job down.
+func policyAct(t *testing.T, ctx context.Context, victim *Etcd, act string) {
+	t.Helper()
+	switch act {
+	case "crash":
+		time.Sleep(500 * time.Millisecond) // let gossip converge
+		crash(victim)
+	case "leave":
+		time.Sleep(500 * time.Millisecond)
+		if err := victim.Leave(ctx, "ExcludeThisNode: GPU 2 unhealthy"); err != nil {
+			t.Fatal(err)
+		}
+	case "depart":
+		time.Sleep(500 * time.Millisecond)
+		own := victim.Ended(0)
+		if err := victim.Depart(ctx, "SIGTERM"); err != nil {
+			t.Fatal(err)
+		}
+		if e := waitEnd(t, own, 5*time.Second); e.Kind != EndJobClosed || e.Close != verdict.Signaled || e.Cause != policy.NodeStopped {
+			t.Fatalf("departed node's own end %+v, want closed (signaled, node_stopped)", e)
+		}
+		if _, err := victim.Next(ctx); !errors.Is(err, ErrClosed) {
+			t.Fatalf("Next after Depart: %v, want ErrClosed", err)
+		}
+	case "shutdown":
+		if err := victim.Shutdown(ctx, verdict.FatalError, 4, "ranks could not start"); err != nil {
+			t.Fatal(err)
+		}
+	default:
+		t.Fatalf("unknown act %q", act)
 	}
 }
 
