@@ -12,6 +12,13 @@ exchange a byte every 50 ms; 1 s of silence makes a rank exit 1, as NCCL with
 async error handling would.
 
 Scenarios (repetitions alternate launchers so background load hits both):
+  swap      ft-launcher only: --nnodes 3:4, one spare. Variants in one run:
+            "no filler", "filler" (--spare-filler: a process tree of sleeps
+            on the spare, reclaimed on promotion) and "etcd member" (three
+            embedded etcd members on nodes 0-2, filler on the spare, the
+            powered-off node hosts a member). Latency as nodeloss, split
+            into phases from the promoted spare's spare_swap event: detect
+            (kill -> round opened), rendezvous, filler reclaim, spawn.
   nodeloss  --nnodes 3:4, 4 launchers. When round 0 is ready, one active node
             that does not host the rendezvous (node 1 if active) is powered
             off: its launcher and every process under it get SIGKILL in one
@@ -69,10 +76,10 @@ class Launcher:
     def __init__(self, name, kind, argv, rdzv_conf=""):
         self.name, self.kind, self.argv, self.rdzv_conf = name, kind, argv, rdzv_conf
 
-    def cmd(self, node, endpoint, run_id, nnodes, nproc, log_dir, worker_args):
+    def cmd(self, node, endpoint, run_id, nnodes, nproc, log_dir, worker_args, extra=()):
         if self.kind == "ft":
             conf = ["--rdzv-conf", self.rdzv_conf] if self.rdzv_conf else []
-            return self.argv + [
+            return self.argv + list(extra) + [
                 "--local-addr", f"127.0.0.{2 + node}", "--rdzv-backend", "c10d",
                 "--rdzv-endpoint", endpoint, "--rdzv-id", run_id, *conf,
                 "--nnodes", nnodes, "--nproc-per-node", str(nproc),
@@ -89,11 +96,11 @@ class Launcher:
 class Cluster:
     """NODES launchers of one job, each in its own session; stop() leaves nothing."""
 
-    def __init__(self, launcher, workdir, tag, nnodes, nproc, mode, crash=()):
+    def __init__(self, launcher, workdir, tag, nnodes, nproc, mode, crash=(), extra=(), endpoint=None):
         self.dir = os.path.join(workdir, tag)
         os.makedirs(self.dir)
         self.stamps = os.path.join(self.dir, "stamps")
-        endpoint = f"127.0.0.2:{free_port('127.0.0.2')}"
+        endpoint = endpoint or f"127.0.0.2:{free_port('127.0.0.2')}"
         run_id = f"mnbench-{tag}-{time.time_ns()}"
         self.procs, self.logs, self.known = [], [], {}  # known: pid -> start time
         for node in range(NODES):
@@ -103,7 +110,8 @@ class Cluster:
             # TMPDIR inside workdir: a SIGKILLed node's etcd data dir is removed too.
             env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", TMPDIR=tmp)
             cmd = launcher.cmd(node, endpoint, run_id, nnodes, nproc, os.path.join(ndir, "logs"),
-                               [self.stamps, str(node), mode, *crash])
+                               [self.stamps, str(node), mode, *crash],
+                               [x.replace("{node_dir}", ndir) for x in extra])
             log = open(os.path.join(ndir, "launcher.log"), "wb")
             self.logs.append(log)
             p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -284,6 +292,82 @@ def crash_once(launcher, nproc, bound, workdir, tag):
         c.stop()
 
 
+SWAP_VARIANTS = {
+    "no filler": dict(filler=False, members=False),
+    "filler": dict(filler=True, members=False),
+    "etcd member": dict(filler=True, members=True),
+}
+FILLER = "sleep 600 & (sleep 600 &) & setsid sleep 600 & wait"
+
+
+def member_endpoints():
+    """Three endpoints on nodes 0-2 whose port and port + 1 are free."""
+    eps = []
+    for node in range(3):
+        host = f"127.0.0.{2 + node}"
+        while True:
+            port = free_port(host)
+            try:
+                with socket.socket() as s:
+                    s.bind((host, port + 1))
+            except OSError:
+                continue
+            eps.append(f"{host}:{port}")
+            break
+    return ",".join(eps)
+
+
+def swap_event(c, node):
+    """The spare_swap event of node's event log, or None."""
+    import json
+    path = os.path.join(c.dir, f"node{node}", "events.jsonl")
+    try:
+        with open(path) as f:
+            for line in f:
+                e = json.loads(line)
+                if e.get("event") == "spare_swap":
+                    return e
+    except OSError:
+        pass
+    return None
+
+
+def swap_once(launcher, nproc, bound, workdir, tag, variant):
+    v = SWAP_VARIANTS[variant]
+    w = (NODES - 1) * nproc
+    extra = ["--event-log", "{node_dir}/events.jsonl"]
+    if v["filler"]:
+        extra += ["--spare-filler", FILLER]
+    endpoint = member_endpoints() if v["members"] else None
+    c = Cluster(launcher, workdir, tag, f"{NODES - 1}:{NODES}", nproc, "poweroff", extra=extra, endpoint=endpoint)
+    try:
+        r0 = wait_for(c, lambda: round0_ready(c, w), 120, "round 0")
+        if not r0:
+            raise RuntimeError(f"round 0 never ready:\n{c.tail(0)}")
+        time.sleep(1.0)
+        spare = next(n for n in range(NODES) if n not in r0[1])
+        # Node 1: active, not the etcd host (node 0), and a member host in
+        # the "etcd member" variant.
+        victim = 1 if 1 in r0[1] and r0[2] != 1 else next(n for n in r0[1] if n not in (0, r0[2]))
+        t_kill = c.power_off(victim)
+        res = wait_for(c, lambda: complete_round(c.lines(), w, t_kill), bound, "next round")
+        if not res:
+            raise NoRestart(f"no complete {w}-rank round within {bound:.0f} s after the kill")
+        last, _, nodes, _ = res
+        if spare not in nodes:
+            raise RuntimeError(f"the spare {spare} did not run in the next round {nodes}")
+        ev = wait_for(c, lambda: swap_event(c, spare), 10, "swap event")
+        if not ev:
+            raise RuntimeError("the promoted spare recorded no spare_swap event")
+        total = last - t_kill
+        opened = ev.get("total_ms")
+        detect = total / 1e6 - opened if opened is not None else None
+        return total, {"detect": detect, "rendezvous": ev.get("rendezvous_ms"),
+                       "filler_reclaim": ev.get("filler_reclaim_ms"), "spawn": ev.get("spawn_ms")}
+    finally:
+        c.stop()
+
+
 def loadavg():
     with open("/proc/loadavg") as f:
         return " ".join(f.read().split()[:3])
@@ -298,7 +382,7 @@ def main():
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--nproc", type=int, default=1)
     p.add_argument("--bound", type=float, default=120.0)
-    p.add_argument("--only", default="nodeloss,crash")
+    p.add_argument("--only", default="nodeloss,crash", help="comma list of nodeloss, crash, swap")
     p.add_argument("--torchrun-tuned", action="store_true",
                    help=f"also run torchrun with --rdzv_conf {TUNED_CONF}")
     p.add_argument("--keep", help="keep stamps and launcher logs in this new directory")
@@ -365,6 +449,40 @@ def main():
         if "crash" in only:
             res, loads = collect("crash", crash_once)
             table(f"Rank crash on one node -> all 4 nodes x {a.nproc} ranks running again", res, loads)
+        if "swap" in only:
+            ft = [l for l in launchers if l.kind == "ft"]
+            if not ft:
+                raise SystemExit("swap needs ft-launcher (--bin-dir)")
+            swaps = {name: [] for name in SWAP_VARIANTS}
+            loads = []
+            for i in range(a.reps):
+                for name in SWAP_VARIANTS:
+                    tag = f"swap-{name.replace(' ', '')}-{i}"
+                    try:
+                        v = swap_once(ft[0], a.nproc, a.bound, workdir, tag, name)
+                        swaps[name].append(v)
+                        progress(f"{tag}: {ms(v[0]):.0f} ms {v[1]}")
+                    except NoRestart as e:
+                        swaps[name].append(None)
+                        progress(f"{tag}: {e}")
+                    except Exception as e:
+                        failures.append(f"{tag}: {e}")
+                        progress(f"FAILED {tag}: {e}")
+                loads.append(loadavg())
+            print(f"### Spare swap: power-off of an active node -> all {3 * a.nproc} ranks of the new round exec'd "
+                  f"(4 nodes, one spare)\n")
+            print("| variant | runs | ok | p50 total | max total | p50 detect | p50 rendezvous | p50 filler reclaim | p50 spawn |\n"
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+            for name, v in swaps.items():
+                ok = [x for x in v if x]
+                tot = [ms(x[0]) for x in ok]
+                ph = lambda k: pct([x[1][k] for x in ok if x[1].get(k) is not None], .5) if ok else float("nan")
+                if tot:
+                    print(f"| {name} | {len(v)} | {len(ok)} | {pct(tot, .5):.0f} | {max(tot):.0f} | {ph('detect'):.0f} | "
+                          f"{ph('rendezvous'):.1f} | {ph('filler_reclaim'):.1f} | {ph('spawn'):.1f} |")
+                else:
+                    print(f"| {name} | {len(v)} | 0 | - | - | - | - | - | - |")
+            print(f"\nAll values in ms. Load average after each rep: {'; '.join(loads)}\n")
     if failures:
         print("Failures:\n")
         for f in failures:
