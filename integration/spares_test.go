@@ -335,3 +335,57 @@ exit 0
 		t.Fatalf("the next spare (node 3) did not run: %v", groups)
 	}
 }
+
+// TestQuarantinedNodeDoesNotComeBack: a node replaced by a spare comes back
+// as a new launcher with the same address; it may not become active again
+// in that job and says why.
+func TestQuarantinedNodeDoesNotComeBack(t *testing.T) {
+	c := newCluster(t, embeddedEndpoint(t))
+	c.extra = []string{"--rdzv-backend", "c10d"}
+	s := recorder(c, `
+if [ "$TORCHELASTIC_RESTART_COUNT" = 0 ]; then echo ready0 >> "$OUT/ready"; exec sleep 600; fi
+echo ready1 >> "$OUT/ready"
+while [ ! -e "$OUT/finish" ]; do sleep 0.05; done
+exit 0
+`)
+	args := []string{"--nnodes", "2:3", "--nproc-per-node", "1", "--max-restarts", "0", "--no-python", s}
+	for i := 0; i < 3; i++ {
+		c.addNodeV(nil, args...)
+	}
+	waitCount(t, filepath.Join(c.dir, "ready"), "ready0", 2, generous)
+	if g := checkRound(t, readStarts(t, c.dir), 0, 2); len(g) != 2 || g[1] != 1 {
+		t.Fatalf("round 0 ran on %v, want nodes 0 and 1", g)
+	}
+	_ = c.nodes[1].cmd.Process.Signal(syscall.SIGKILL)
+	c.nodes[1].wait(generous)
+	waitCount(t, filepath.Join(c.dir, "ready"), "ready1", 2, generous)
+	// Node 1 again: a new launcher on 127.0.0.3 (the harness numbers nodes
+	// by their position, so put a placeholder first and start it as node 3
+	// with node 1's address).
+	back := &job{t: t, dir: c.dir, marker: c.marker, events: filepath.Join(c.dir, "events-back.jsonl")}
+	t.Cleanup(back.cleanup)
+	vback := filepath.Join(c.dir, "verdict-back.json")
+	back.start([]string{"OUT=" + c.dir, "NODE=9"}, append([]string{"--local-addr", "127.0.0.3", "--rdzv-endpoint", c.endpoint,
+		"--rdzv-id", "job-" + c.marker, "--rdzv-backend", "c10d", "--verdict-file", vback}, args...)...)
+	if code := back.wait(generous); code != 1 {
+		t.Fatalf("the returning node exited %d, want 1\n%s", code, back.stderr.String())
+	}
+	v := readVerdict(t, vback)
+	wantVerdict(t, v, verdict.NodeExcluded, 1)
+	if !strings.Contains(v.Reason, "cannot become active again") || !strings.Contains(back.stderr.String(), "quarantined") {
+		t.Fatalf("the returning node was not told why: %q\n%s", v.Reason, back.stderr.String())
+	}
+	if err := os.WriteFile(filepath.Join(c.dir, "finish"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, i := range []int{0, 2} {
+		if code := c.nodes[i].wait(2 * time.Minute); code != 0 {
+			t.Fatalf("node %d exited %d\n%s", i, code, c.stderrs())
+		}
+	}
+	for _, r := range readStarts(t, c.dir) {
+		if r.node == 9 {
+			t.Fatalf("the returning node ran ranks: %+v", r)
+		}
+	}
+}
