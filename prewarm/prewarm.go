@@ -1,0 +1,371 @@
+// Package prewarm starts ranks in interpreters that have already imported
+// the heavy modules (--prewarm torch,torch.distributed), so that a restart
+// goes straight to the user's code instead of paying for the interpreter
+// and its imports again.
+//
+// A Starter implements agent.RankStarter. For every local rank it keeps one
+// standby: a Python interpreter started through spawn exactly like a rank
+// (its own process group, parent-death signal, reaped by the launcher)
+// running a small embedded program (standby.py) that imports the modules
+// and waits on a control socket. StartGroup hands each ready standby its
+// rank: working directory, argv, environment and the rank's stdout and
+// stderr as file descriptors; the standby then runs the script as
+// `python -u script.py args` or `python -u -m module args` would. A rank
+// whose standby is missing, not ready or broken starts cold (plain spawn),
+// and the launcher says why; a handover is bounded, so a stuck standby
+// never stalls a restart. New standbys are started in the background after
+// the ranks started. docs/prewarm.md lists what a warm rank can observe
+// differently from a cold one.
+package prewarm
+
+import (
+	_ "embed"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"regexp"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/ftlauncher/ft-launcher/agent"
+	"github.com/ftlauncher/ft-launcher/spawn"
+)
+
+//go:embed standby.py
+var standbyProgram string
+
+// Event kinds written to the event log.
+const (
+	EventFallback = "prewarm_fallback" // a rank started cold: local_rank, reason
+	EventWarm     = "prewarm_started"  // ranks handed to standbys: local_ranks, handover_ms
+	EventDisabled = "prewarm_disabled" // the modules cannot be imported: reason
+)
+
+// DefaultHandoverTimeout bounds one handover: past it the standby is
+// killed and the rank starts cold.
+const DefaultHandoverTimeout = 2 * time.Second
+
+// Options configure a Starter.
+type Options struct {
+	Reaper  *spawn.Reaper
+	Modules []string // imported by every standby, in order
+	Logger  *slog.Logger
+	// OnEvent receives the event-log records (nil: none).
+	OnEvent func(kind string, fields map[string]any)
+	// HandoverTimeout bounds one handover (0: DefaultHandoverTimeout).
+	HandoverTimeout time.Duration
+}
+
+var moduleName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$`)
+
+// ValidModule reports whether name is a dotted Python module name.
+func ValidModule(name string) bool { return moduleName.MatchString(name) }
+
+// Starter starts ranks on standbys where it can (see the package doc).
+type Starter struct {
+	o   Options
+	log *slog.Logger
+
+	mu       sync.Mutex
+	standby  map[int]*standby // local rank -> its standby (ready or not)
+	closed   bool
+	disabled string // why no more standbys are started
+	refills  sync.WaitGroup
+}
+
+// NewStarter returns a Starter. The first cycle's ranks start cold; their
+// standbys start once they run.
+func NewStarter(o Options) (*Starter, error) {
+	if o.Reaper == nil {
+		return nil, errors.New("prewarm: no reaper")
+	}
+	if len(o.Modules) == 0 {
+		return nil, errors.New("prewarm: no modules to import")
+	}
+	for _, m := range o.Modules {
+		if !ValidModule(m) {
+			return nil, fmt.Errorf("prewarm: %q is not a Python module name", m)
+		}
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if o.HandoverTimeout <= 0 {
+		o.HandoverTimeout = DefaultHandoverTimeout
+	}
+	return &Starter{o: o, log: o.Logger, standby: map[int]*standby{}}, nil
+}
+
+// pyCommand is a rank command as agent.WorkerArgv builds it for Python:
+// python -u [-m] target args...
+type pyCommand struct {
+	python, mode, target string
+}
+
+func parseArgv(argv []string) (pyCommand, bool) {
+	if len(argv) < 3 || argv[1] != "-u" {
+		return pyCommand{}, false
+	}
+	if argv[2] == "-m" {
+		if len(argv) < 4 {
+			return pyCommand{}, false
+		}
+		return pyCommand{argv[0], "module", argv[3]}, true
+	}
+	if strings.HasPrefix(argv[2], "-") {
+		return pyCommand{}, false
+	}
+	return pyCommand{argv[0], "script", argv[2]}, true
+}
+
+// warmable says why spec cannot run on a standby ("" when it can): only a
+// plain script file or a module (python runs a directory or zip through
+// its __main__.py, which the standby does not emulate).
+func warmable(spec spawn.Spec) (pyCommand, string) {
+	c, ok := parseArgv(spec.Argv)
+	if !ok {
+		return c, "the rank command is not python -u [-m] TARGET"
+	}
+	if c.mode == "script" {
+		p := c.target
+		if !strings.HasPrefix(p, "/") && spec.Dir != "" {
+			p = spec.Dir + "/" + p
+		}
+		if st, err := os.Stat(p); err != nil || !st.Mode().IsRegular() {
+			return c, "the script is not a regular file"
+		}
+	}
+	return c, ""
+}
+
+type handed struct {
+	s   *standby
+	err error
+}
+
+// StartGroup starts the ranks of one cycle: each on its ready standby, the
+// others cold. It implements agent.RankStarter.
+func (st *Starter) StartGroup(specs []spawn.Spec) (agent.RankGroup, error) {
+	started := time.Now()
+	st.mu.Lock()
+	if st.closed {
+		st.mu.Unlock()
+		return nil, errors.New("prewarm: starter is closed")
+	}
+	var cold []spawn.Spec
+	var tryWarm []spawn.Spec
+	var cands []*standby
+	reasons := map[int]string{}
+	for _, sp := range specs {
+		s := st.standby[sp.LocalRank]
+		c, why := warmable(sp)
+		switch {
+		case why != "":
+		case s == nil:
+			why = "no standby"
+			if st.disabled != "" {
+				why += " (" + st.disabled + ")"
+			}
+		case s.mode != c.mode || s.target != c.target:
+			why = "the standby was warmed for another command"
+		default:
+			if ok, w := s.usable(); !ok {
+				why = w
+			}
+		}
+		if why != "" {
+			reasons[sp.LocalRank] = why
+			cold = append(cold, sp)
+			if s != nil && !strings.HasPrefix(why, "the standby is still importing") {
+				s.kill()
+				delete(st.standby, sp.LocalRank)
+			}
+			continue
+		}
+		delete(st.standby, sp.LocalRank)
+		tryWarm = append(tryWarm, sp)
+		cands = append(cands, s)
+	}
+	st.mu.Unlock()
+
+	res := make([]handed, len(tryWarm))
+	var wg sync.WaitGroup
+	for i := range tryWarm {
+		wg.Go(func() {
+			res[i] = handed{s: cands[i], err: cands[i].handover(tryWarm[i], st.o.HandoverTimeout)}
+		})
+	}
+	wg.Wait()
+	var warm []*standby
+	for i, h := range res {
+		if h.err != nil {
+			h.s.kill()
+			reasons[tryWarm[i].LocalRank] = h.err.Error()
+			cold = append(cold, tryWarm[i])
+			continue
+		}
+		warm = append(warm, h.s)
+	}
+	handoverDone := time.Since(started)
+
+	var coldGroup *spawn.Group
+	if len(cold) > 0 {
+		g, err := st.o.Reaper.StartGroup(cold)
+		if err != nil {
+			for _, s := range warm {
+				s.g.Stop(syscall.SIGKILL, 0)
+			}
+			return nil, err
+		}
+		coldGroup = g
+	}
+	st.report(specs, warm, reasons, handoverDone)
+	st.refill(specs)
+	return newGroup(coldGroup, warm, len(specs)), nil
+}
+
+// report logs and records how each rank started.
+func (st *Starter) report(specs []spawn.Spec, warm []*standby, reasons map[int]string, took time.Duration) {
+	round := envValue(specs, "TORCHELASTIC_RESTART_COUNT")
+	if len(warm) > 0 {
+		lrs := make([]int, len(warm))
+		for i, s := range warm {
+			lrs[i] = s.localRank
+		}
+		st.log.Info("ranks started on prewarmed standbys", "local_ranks", lrs, "handover", took)
+		st.event(EventWarm, map[string]any{"round": round, "local_ranks": lrs,
+			"handover_ms": float64(took.Microseconds()) / 1000})
+	}
+	for _, sp := range specs {
+		why, ok := reasons[sp.LocalRank]
+		if !ok {
+			continue
+		}
+		st.log.Info("rank starts cold", "local_rank", sp.LocalRank, "reason", why)
+		st.event(EventFallback, map[string]any{"round": round, "local_rank": sp.LocalRank, "reason": why})
+	}
+}
+
+func (st *Starter) event(kind string, fields map[string]any) {
+	if st.o.OnEvent != nil {
+		st.o.OnEvent(kind, fields)
+	}
+}
+
+// refill starts, in the background, a standby for every rank of specs that
+// has none, with that rank's environment and directory.
+func (st *Starter) refill(specs []spawn.Spec) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.closed || st.disabled != "" {
+		return
+	}
+	var todo []spawn.Spec
+	for _, sp := range specs {
+		if _, ok := st.standby[sp.LocalRank]; ok {
+			continue
+		}
+		if _, why := warmable(sp); why != "" {
+			continue
+		}
+		todo = append(todo, sp)
+	}
+	if len(todo) == 0 {
+		return
+	}
+	st.refills.Go(func() {
+		for _, sp := range todo {
+			st.startOne(sp)
+		}
+	})
+}
+
+// startOne starts the standby of one rank unless the Starter closed.
+func (st *Starter) startOne(sp spawn.Spec) {
+	c, _ := warmable(sp)
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.closed || st.disabled != "" || st.standby[sp.LocalRank] != nil {
+		return
+	}
+	s, err := startStandby(st.o.Reaper, sp.LocalRank, c.python, sp.Env, sp.Dir, c.mode, c.target, st.o.Modules)
+	if err != nil {
+		st.log.Warn("prewarm: could not start a standby; the rank will start cold", "local_rank", sp.LocalRank, "err", err)
+		return
+	}
+	st.standby[sp.LocalRank] = s
+	go st.watch(s)
+}
+
+// watch reports a standby that fails before it is used; a failed import
+// disables prewarming (every new standby would fail the same way).
+func (st *Starter) watch(s *standby) {
+	select {
+	case <-s.ready:
+		st.log.Debug("prewarm: standby ready", "local_rank", s.localRank, "pid", s.pid)
+		return
+	case <-s.done:
+	}
+	<-s.diagDone // its last words, for the message
+	_, why := s.usable()
+	st.mu.Lock()
+	if st.standby[s.localRank] == s {
+		delete(st.standby, s.localRank)
+	}
+	closed := st.closed
+	first := false
+	if s.importFailed() && st.disabled == "" && !closed {
+		st.disabled = "the --prewarm modules could not be imported: " + why
+		first = true
+	}
+	st.mu.Unlock()
+	if closed {
+		return
+	}
+	if first {
+		st.log.Error("prewarm: a standby could not import the --prewarm modules; ranks start cold from now on",
+			"local_rank", s.localRank, "modules", strings.Join(st.o.Modules, ","), "reason", why, "output", s.diag.String())
+		st.event(EventDisabled, map[string]any{"local_rank": s.localRank, "reason": why})
+		return
+	}
+	st.log.Warn("prewarm: a standby ended before it was used; its rank will start cold", "local_rank", s.localRank, "reason", why, "output", s.diag.String())
+}
+
+// Close kills every standby and waits, bounded, until they are reaped.
+// Call it before closing the reaper.
+func (st *Starter) Close() {
+	st.mu.Lock()
+	st.closed = true
+	st.mu.Unlock()
+	st.refills.Wait()
+	st.mu.Lock()
+	all := st.standby
+	st.standby = map[int]*standby{}
+	st.mu.Unlock()
+	timeout := time.After(5 * time.Second)
+	for _, s := range all {
+		s.kill()
+	}
+	for _, s := range all {
+		select {
+		case <-s.done:
+		case <-timeout:
+			st.log.Warn("prewarm: a standby was not reaped after SIGKILL", "local_rank", s.localRank, "pid", s.pid)
+			return
+		}
+	}
+}
+
+func envValue(specs []spawn.Spec, k string) string {
+	for _, sp := range specs {
+		for i := len(sp.Env) - 1; i >= 0; i-- {
+			if v, ok := strings.CutPrefix(sp.Env[i], k+"="); ok {
+				return v
+			}
+		}
+	}
+	return ""
+}
