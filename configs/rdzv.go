@@ -74,6 +74,7 @@ type Rendezvous struct {
 	LeaseTTL        time.Duration // membership lease, backstop for node loss
 	EtcdLossBound   time.Duration // etcd unreachable mid-run longer than this ends the job
 	RejoinWait      time.Duration // a restart round waits this long for the previous round's nodes
+	MinNodesWait    time.Duration // in a fixed allocation (Slurm, MIN == MAX), a restart round short of MIN nodes ends the job after this
 }
 
 // ClientURLs are the endpoints as etcd client URLs.
@@ -106,6 +107,7 @@ func rdzvTimings() []rdzvTiming {
 		{"lease_ttl", func(r *Rendezvous) *time.Duration { return &r.LeaseTTL }, 5 * time.Second},
 		{"etcd_loss_bound", func(r *Rendezvous) *time.Duration { return &r.EtcdLossBound }, 60 * time.Second},
 		{"rejoin_wait", func(r *Rendezvous) *time.Duration { return &r.RejoinWait }, 0},
+		{"min_nodes_wait", func(r *Rendezvous) *time.Duration { return &r.MinNodesWait }, 30 * time.Second},
 	}
 }
 

@@ -29,7 +29,7 @@ func parseRdzv(t *testing.T, args []string, env map[string]string) (*Config, err
 func TestRendezvousResolved(t *testing.T) {
 	defTimings := Rendezvous{JoinTimeout: 10 * time.Minute, LastCallTimeout: 500 * time.Millisecond,
 		ConnectTimeout: 20 * time.Second, LeaseTTL: 5 * time.Second, EtcdLossBound: time.Minute, RejoinWait: 25 * time.Second,
-		EtcdMember: -1}
+		MinNodesWait: 30 * time.Second, EtcdMember: -1}
 	with := func(f func(r *Rendezvous)) Rendezvous {
 		r := defTimings
 		f(&r)
@@ -92,7 +92,7 @@ func TestRendezvousResolved(t *testing.T) {
 			"join_timeout=60, last_call_timeout=0.001,connect_timeout=2.5,lease_ttl=7,etcd_loss_bound=604800,rejoin_wait=1e1"}, nil,
 			Rendezvous{Mode: RdzvEmbedded, Endpoints: []string{"h:29400"}, HostsEtcdBy: "endpoint h:29400 is not an address of this machine", EtcdMember: -1,
 				JoinTimeout: time.Minute, LastCallTimeout: time.Millisecond, ConnectTimeout: 2500 * time.Millisecond,
-				LeaseTTL: 7 * time.Second, EtcdLossBound: 7 * 24 * time.Hour, RejoinWait: 10 * time.Second}, nil},
+				LeaseTTL: 7 * time.Second, EtcdLossBound: 7 * 24 * time.Hour, RejoinWait: 10 * time.Second, MinNodesWait: 30 * time.Second}, nil},
 		{"rejoin_wait follows --workers-stop-timeout", []string{"--workers-stop-timeout", "3"}, nil,
 			with(func(r *Rendezvous) { r.Mode, r.RejoinWait = RdzvSingleNode, 13*time.Second }), nil},
 	}
@@ -189,7 +189,7 @@ func TestRendezvousConfWarnings(t *testing.T) {
 		{"torchrun TLS keys point at our flags", append(multi, "--rdzv-conf", "cacert=/ca.pem"), []string{
 			"--rdzv-conf cacert: torchrun's key, accepted but not used by ft-launcher (use --rdzv-ca-cert)"}},
 		{"unknown keys name the known ones", append(multi, "--rdzv-conf", "join_timout=5"), []string{
-			"--rdzv-conf join_timout: unknown key ignored; ft-launcher reads join_timeout, last_call_timeout, connect_timeout, lease_ttl, etcd_loss_bound, rejoin_wait and is_host"}},
+			"--rdzv-conf join_timout: unknown key ignored; ft-launcher reads join_timeout, last_call_timeout, connect_timeout, lease_ttl, etcd_loss_bound, rejoin_wait, min_nodes_wait and is_host"}},
 		{"is_host with an external etcd", []string{"--nnodes", "2", "--rdzv-backend", "etcd", "--rdzv-endpoint", "e1", "--rdzv-conf", "is_host=1"}, []string{
 			"--rdzv-conf is_host: no effect with --rdzv-backend etcd"}},
 	}

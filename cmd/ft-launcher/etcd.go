@@ -50,7 +50,7 @@ func newEtcdRendezvous(ctx context.Context, cfg *configs.Config, log *slog.Logge
 	r, err := rendezvous.NewEtcd(ctx, rendezvous.EtcdOptions{
 		JoinTimeout: rz.JoinTimeout, LastCall: rz.LastCallTimeout,
 		ConnectTimeout: rz.ConnectTimeout, LeaseTTL: rz.LeaseTTL,
-		EtcdLossBound: rz.EtcdLossBound, RejoinWait: rz.RejoinWait,
+		EtcdLossBound: rz.EtcdLossBound, RejoinWait: rz.RejoinWait, MinNodesWait: rz.MinNodesWait,
 		Endpoints: rz.ClientURLs(), CACert: cfg.RdzvCACert, Cert: cfg.RdzvCert, Key: cfg.RdzvKey,
 		Username: cfg.RdzvUser, Password: cfg.RdzvPassword,
 		RunID: cfg.RdzvID, NodeID: fmt.Sprintf("%s/%d", localAddr, os.Getpid()), LocalAddr: localAddr,
