@@ -140,6 +140,29 @@ exit 0
 	if b, _ := os.ReadFile(filepath.Join(c.dir, "filler-env-2")); spares[0] == 2 && !strings.Contains(string(b), "ok") {
 		t.Errorf("the filler saw the job's variables or not FT_LAUNCHER_FILLER")
 	}
+	// Someone follows the ledger live.
+	watch := exec.Command(bins.resumer, "watch", "--rdzv-endpoint", c.endpoint, "--rdzv-id", "job-"+c.marker, "--json")
+	watchOut, err := watch.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := watch.Start(); err != nil {
+		t.Fatal(err)
+	}
+	watched := make(chan ledger.Record, 64)
+	watchDone := make(chan error, 1)
+	go func() {
+		sc := bufio.NewScanner(watchOut)
+		for sc.Scan() {
+			var r ledger.Record
+			if json.Unmarshal(sc.Bytes(), &r) == nil {
+				watched <- r
+			}
+		}
+		watchDone <- watch.Wait()
+	}()
+	t.Cleanup(func() { _ = watch.Process.Kill() })
+
 	if err := c.nodes[victim].cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
@@ -208,6 +231,30 @@ exit 0
 		}
 		wantVerdict(t, readVerdict(t, c.verdictPath(i)), verdict.Succeeded, 0)
 	}
+	// The live follower saw the swap and ended by itself with the job.
+	var live2 []ledger.Record
+	select {
+	case err := <-watchDone:
+		if err != nil {
+			t.Errorf("ft-resumer watch: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Errorf("ft-resumer watch did not end with the job")
+	}
+	close(watched)
+	for r := range watched {
+		live2 = append(live2, r)
+	}
+	latest := map[string]ledger.Record{}
+	for _, r := range live2 {
+		latest[r.ID()] = r
+	}
+	var followed []ledger.Record
+	for _, r := range latest {
+		followed = append(followed, r)
+	}
+	checkSwapLedger(t, followed, victim, promoted)
+
 	// After the job: from the verdict files.
 	var args []string
 	for i := range c.nodes {
