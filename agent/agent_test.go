@@ -45,14 +45,17 @@ func TestTransitionTable(t *testing.T) {
 
 // TestRun drives the agent through every transition with fakes; each case
 // scripts the rendezvous and acts on the ranks, then checks the outcome.
+// runCase is one scenario of TestRun.
+type runCase struct {
+	name  string
+	setup func(h *harness)
+	act   func(h *harness)
+	check func(t *testing.T, h *harness, o Outcome)
+}
+
 func TestRun(t *testing.T) {
 	lost := errors.New("etcd at http://127.0.0.9:2379 unreachable for more than 2s")
-	tests := []struct {
-		name  string
-		setup func(h *harness)
-		act   func(h *harness)
-		check func(t *testing.T, h *harness, o Outcome)
-	}{
+	tests := []runCase{
 		{
 			name:  "joining-running-stopping-deciding-done: success",
 			setup: func(h *harness) { h.rdzv.next = append(h.rdzv.next, active(0, 0)) },
@@ -501,22 +504,12 @@ func TestRun(t *testing.T) {
 
 // walltimeCases: the scheduler's pre-walltime warning is forwarded and
 // never counted as a failure.
-func walltimeCases() []struct {
-	name  string
-	setup func(h *harness)
-	act   func(h *harness)
-	check func(t *testing.T, h *harness, o Outcome)
-} {
+func walltimeCases() []runCase {
 	wt := func(h *harness) {
 		h.rdzv.next = append(h.rdzv.next, active(0, 0))
 		h.walltime = []os.Signal{syscall.SIGUSR1}
 	}
-	return []struct {
-		name  string
-		setup func(h *harness)
-		act   func(h *harness)
-		check func(t *testing.T, h *harness, o Outcome)
-	}{
+	return []runCase{
 		{
 			name:  "walltime: USR1 forwarded; a rank dying of it is not a failure",
 			setup: wt,
@@ -568,18 +561,8 @@ func walltimeCases() []struct {
 }
 
 // spareCases: a standby runs filler work, reclaimed before its ranks start.
-func spareCases() []struct {
-	name  string
-	setup func(h *harness)
-	act   func(h *harness)
-	check func(t *testing.T, h *harness, o Outcome)
-} {
-	return []struct {
-		name  string
-		setup func(h *harness)
-		act   func(h *harness)
-		check func(t *testing.T, h *harness, o Outcome)
-	}{
+func spareCases() []runCase {
+	return []runCase{
 		{
 			name: "spare: filler parked while standby, reclaimed before the ranks start",
 			setup: func(h *harness) {

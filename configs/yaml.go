@@ -64,28 +64,20 @@ func (p *parser) applyYAML(data []byte, path, subj string) error {
 			if err := setFTNode(&p.cfg.FT, sp, v); err != nil {
 				return usageErr("fault_tolerance."+k.Value, "%s: %q: fault_tolerance.%s (line %d): %v", subj, path, k.Value, k.Line, err)
 			}
-		case k.Value == "verdict_file":
-			// A launcher option, not an nvrx field; it lives here so that one
-			// file can carry it. Flags and variables still win (applied later).
+		case k.Value == "verdict_file" || k.Value == "spare_filler":
+			// Launcher options, not nvrx fields; they live here so that one
+			// file can carry them. Flags and variables still win (applied later).
+			dst, what := &p.cfg.VerdictFile, "a path"
+			if k.Value == "spare_filler" {
+				dst, what = &p.cfg.SpareFiller, "a command line"
+			}
 			v = resolveAlias(v)
 			if v.Kind != yaml.ScalarNode {
-				return usageErr("fault_tolerance.verdict_file", "%s: %q: fault_tolerance.verdict_file (line %d): must be a path", subj, path, k.Line)
+				return usageErr("fault_tolerance."+k.Value, "%s: %q: fault_tolerance.%s (line %d): must be %s", subj, path, k.Value, k.Line, what)
 			}
+			*dst = v.Value
 			if v.Tag == "!!null" {
-				p.cfg.VerdictFile = ""
-			} else {
-				p.cfg.VerdictFile = v.Value
-			}
-		case k.Value == "spare_filler":
-			// A launcher option too (--spare-filler), like verdict_file.
-			v = resolveAlias(v)
-			if v.Kind != yaml.ScalarNode {
-				return usageErr("fault_tolerance.spare_filler", "%s: %q: fault_tolerance.spare_filler (line %d): must be a command line", subj, path, k.Line)
-			}
-			if v.Tag == "!!null" {
-				p.cfg.SpareFiller = ""
-			} else {
-				p.cfg.SpareFiller = v.Value
+				*dst = ""
 			}
 		case k.Value == "log_keep_attempts":
 			// A launcher option too (--log-keep-attempts), like verdict_file.
