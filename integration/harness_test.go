@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -103,10 +104,13 @@ func (j *job) script(name, body string) string {
 	return p
 }
 
-// start starts ft-launcher with args (the event log flag is added).
+// start starts ft-launcher with args (the event log flag is added, and
+// --prewarm $FTL_TEST_PREWARM for Python ranks when that is set, so the
+// suite can run with warm restarts: FTL_TEST_PREWARM=torch,torch.distributed).
 func (j *job) start(env []string, args ...string) {
 	j.t.Helper()
-	full := append([]string{"--event-log", j.events}, args...)
+	full := append([]string{"--event-log", j.events}, prewarmArgs(args)...)
+	full = append(full, args...)
 	j.cmd = exec.Command(bins.launcher, full...)
 	j.cmd.Env = append(append(os.Environ(), "FTL_TEST_MARKER="+j.marker, "GOTRACEBACK=all"), env...)
 	j.cmd.Dir = j.dir
@@ -116,6 +120,16 @@ func (j *job) start(env []string, args ...string) {
 	}
 	j.done = make(chan struct{})
 	go func() { j.exitErr = j.cmd.Wait(); close(j.done) }()
+}
+
+// prewarmArgs is --prewarm $FTL_TEST_PREWARM unless it is unset or the
+// ranks are not Python (--no-python).
+func prewarmArgs(args []string) []string {
+	mods := os.Getenv("FTL_TEST_PREWARM")
+	if mods == "" || slices.Contains(args, "--no-python") || slices.Contains(args, "--prewarm") {
+		return nil
+	}
+	return []string{"--prewarm", mods}
 }
 
 // wait waits for the launcher to exit and returns its exit code.
