@@ -169,6 +169,9 @@ func (a *Agent) Run(ctx context.Context) Outcome {
 	return a.finish()
 }
 
+// departTimeout bounds the departure of a node stopped by a signal.
+const departTimeout = 3 * time.Second
+
 // departIfSignaled tells the rendezvous that this node was stopped by a
 // signal (scancel, preemption, walltime, a person), so that its peers
 // record a departure with the reason rather than a node loss, and a spare
@@ -178,7 +181,9 @@ func (a *Agent) departIfSignaled() {
 	if o == nil || (o.Kind != verdict.Signaled && o.Kind != verdict.Walltime) {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), a.d.CallTimeout)
+	// A courtesy to the peers, never a reason to linger: a few seconds at
+	// most (their gossip and the lease notice the node's absence anyway).
+	ctx, cancel := context.WithTimeout(context.Background(), min(a.d.CallTimeout, departTimeout))
 	defer cancel()
 	reason := fmt.Sprintf("node %s %s", a.d.NodeID, o.Reason)
 	if err := a.d.Rdzv.Depart(ctx, reason); err != nil {

@@ -163,16 +163,17 @@ func TestRun(t *testing.T) {
 			},
 		},
 		{
-			name: "joining-done: a quarantined node may not come back",
+			name: "joining-done: a quarantined node parks until the job ends and exits with its code",
 			setup: func(h *harness) {
-				h.rdzv.next = append(h.rdzv.next, nextErr(fmt.Errorf("rendezvous: %w", &rendezvous.QuarantineError{
-					Addr: "10.0.0.1", Cause: policy.NodeLost, Reason: "node 10.0.0.1/42 lost (gossip)", Round: 3})))
+				q := &rendezvous.QuarantineError{Addr: "10.0.0.1", Cause: policy.NodeLost, Reason: "node 10.0.0.1/42 lost (gossip)", Round: 3}
+				h.rdzv.next = append(h.rdzv.next, nextErr(fmt.Errorf("rendezvous: %w", &rendezvous.JobClosedError{
+					Kind: verdict.Succeeded, Code: 0, Reason: "all nodes succeeded", Quarantine: q})))
 			},
 			check: func(t *testing.T, h *harness, o Outcome) {
-				want(t, o, verdict.NodeExcluded, 1)
+				want(t, o, verdict.Succeeded, 0)
 				wantQuarantine(t, o, "10.0.0.1/42", verdict.EvidenceLost)
-				if !strings.Contains(o.Reason, "cannot become active again") {
-					t.Errorf("reason %q", o.Reason)
+				if !strings.Contains(o.Quarantined[0].Detail, "cannot become active again") {
+					t.Errorf("quarantine detail %q", o.Quarantined[0].Detail)
 				}
 			},
 		},

@@ -128,7 +128,7 @@ func (a *Agent) closeLedger(o *Outcome) {
 	case verdict.Signaled, verdict.Walltime:
 		reason = ledger.Stopped
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
 	a.d.Ledger.EndAll(ctx, reason, o.Reason)
 	o.Ledger = a.d.Ledger.Records()

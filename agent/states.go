@@ -148,7 +148,16 @@ func (a *Agent) joinFailed(ctx context.Context, err error) {
 	switch {
 	case errors.As(err, &closed):
 		// A standby (or a late node) learns the job's end here and exits
-		// with the same kind and code as every other node.
+		// with the same kind and code as every other node; a quarantined
+		// node parked until then says why it took no part.
+		if q := closed.Quarantine; q != nil {
+			ev := verdict.EvidenceExcluded
+			if q.Cause == policy.NodeLost {
+				ev = verdict.EvidenceLost
+			}
+			a.run.quarantine(a.d.NodeID, a.d.Hostname, ev, q.Error(), q.Round)
+			a.log.Warn("this node was quarantined and parked until the job ended", "why", q.Error())
+		}
 		a.log.Info("job closed while waiting for a round", "kind", string(closed.Kind), "exit_code", closed.Code, "reason", closed.Reason)
 		a.ev.Emit(eventlog.RoundEnded, map[string]any{"job_closed": true, "kind": string(closed.Kind), "reason": closed.Reason, "exit_code": closed.Code})
 		a.run.closedBy(closed.Kind, closed.Code, closed.Reason)
@@ -157,15 +166,7 @@ func (a *Agent) joinFailed(ctx context.Context, err error) {
 		a.run.signaled(nil, false)
 	default:
 		kind := classifyRdzvErr(err)
-		var q *rendezvous.QuarantineError
-		switch {
-		case errors.As(err, &q):
-			ev := verdict.EvidenceExcluded
-			if q.Cause == policy.NodeLost {
-				ev = verdict.EvidenceLost
-			}
-			a.run.quarantine(a.d.NodeID, a.d.Hostname, ev, err.Error(), q.Round)
-		case kind == verdict.NodeExcluded:
+		if kind == verdict.NodeExcluded {
 			a.run.quarantine(a.d.NodeID, a.d.Hostname, verdict.EvidenceHealthCheck, err.Error(), a.run.lastRound)
 		}
 		a.log.Error("rendezvous failed", "kind", string(kind), "err", err)
@@ -182,7 +183,7 @@ func classifyRdzvErr(err error) verdict.Kind {
 		return verdict.RendezvousLost
 	case errors.Is(err, rendezvous.ErrJoinTimeout):
 		return verdict.NotEnoughNodes
-	case errors.Is(err, rendezvous.ErrHealthCheck), errors.Is(err, rendezvous.ErrQuarantined):
+	case errors.Is(err, rendezvous.ErrHealthCheck):
 		return verdict.NodeExcluded
 	case errors.Is(err, rendezvous.ErrClosed):
 		return verdict.FatalError

@@ -385,7 +385,7 @@ exit 0
 
 // TestQuarantinedNodeDoesNotComeBack: a node replaced by a spare comes back
 // as a new launcher with the same address; it may not become active again
-// in that job and says why.
+// in that job: it parks, says why, and exits with the job's code at its end.
 func TestQuarantinedNodeDoesNotComeBack(t *testing.T) {
 	c := newCluster(t, embeddedEndpoint(t))
 	c.extra = []string{"--rdzv-backend", "c10d"}
@@ -414,14 +414,7 @@ exit 0
 	vback := filepath.Join(c.dir, "verdict-back.json")
 	back.start([]string{"OUT=" + c.dir, "NODE=9"}, append([]string{"--local-addr", "127.0.0.3", "--rdzv-endpoint", c.endpoint,
 		"--rdzv-id", "job-" + c.marker, "--rdzv-backend", "c10d", "--verdict-file", vback}, args...)...)
-	if code := back.wait(generous); code != 1 {
-		t.Fatalf("the returning node exited %d, want 1\n%s", code, back.stderr.String())
-	}
-	v := readVerdict(t, vback)
-	wantVerdict(t, v, verdict.NodeExcluded, 1)
-	if !strings.Contains(v.Reason, "cannot become active again") || !strings.Contains(back.stderr.String(), "quarantined") {
-		t.Fatalf("the returning node was not told why: %q\n%s", v.Reason, back.stderr.String())
-	}
+	time.Sleep(2 * time.Second) // it joins, finds itself quarantined and parks
 	if err := os.WriteFile(filepath.Join(c.dir, "finish"), nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -429,6 +422,18 @@ exit 0
 		if code := c.nodes[i].wait(2 * time.Minute); code != 0 {
 			t.Fatalf("node %d exited %d\n%s", i, code, c.stderrs())
 		}
+	}
+	if code := back.wait(generous); code != 0 {
+		t.Fatalf("the returning node exited %d, want the job's 0\n%s", code, back.stderr.String())
+	}
+	if !strings.Contains(back.stderr.String(), "parked until the job ends") {
+		t.Errorf("the returning node did not say it is parked as quarantined:\n%s", back.stderr.String())
+	}
+	v := readVerdict(t, vback)
+	wantVerdict(t, v, verdict.Succeeded, 0)
+	if len(v.Quarantined) != 1 || v.Quarantined[0].Evidence != verdict.EvidenceLost ||
+		!strings.Contains(v.Quarantined[0].Detail, "cannot become active again") {
+		t.Fatalf("the returning node's verdict does not say it was quarantined: %+v", v.Quarantined)
 	}
 	for _, r := range readStarts(t, c.dir) {
 		if r.node == 9 {

@@ -28,6 +28,9 @@ type JobClosedError struct {
 	Kind   verdict.Kind
 	Code   int
 	Reason string
+	// Quarantine is set when this node was parked because it is
+	// quarantined in the job (it waited for the job's end, not a round).
+	Quarantine *QuarantineError
 }
 
 func (c *JobClosedError) Error() string {
@@ -37,7 +40,8 @@ func (c *JobClosedError) Error() string {
 // Is makes errors.Is(err, ErrClosed) true, and errors.Is(err,
 // ErrRendezvousLost) when the job was closed because etcd was lost.
 func (c *JobClosedError) Is(target error) bool {
-	return target == ErrClosed || (target == ErrRendezvousLost && c.Kind == verdict.RendezvousLost)
+	return target == ErrClosed || (target == ErrRendezvousLost && c.Kind == verdict.RendezvousLost) ||
+		(target == ErrQuarantined && c.Quarantine != nil)
 }
 
 // EtcdOptions configures the multi-node etcd v3 rendezvous.

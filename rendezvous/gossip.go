@@ -64,15 +64,22 @@ func (e *Etcd) startGossip() error {
 		}
 		port = p
 	}
-	c := gossipConfig(e.o.NodeID, e.o.LocalAddr, port)
+	// memberlist binds and advertises only an IP: a host name given as
+	// the local address is resolved here.
+	ips, err := (Resolver{}).Resolve(e.o.LocalAddr)
+	if err != nil {
+		return fmt.Errorf("rendezvous: gossip address: %w", err)
+	}
+	addr := ips[0]
+	c := gossipConfig(e.o.NodeID, addr, port)
 	c.Events = gossipEvents{e: e}
 	ml, err := memberlist.Create(c)
 	if err != nil {
-		return fmt.Errorf("rendezvous: start gossip on %s:%d: %w", e.o.LocalAddr, port, err)
+		return fmt.Errorf("rendezvous: start gossip on %s:%d: %w", addr, port, err)
 	}
 	e.mu.Lock()
 	e.ml = ml
-	e.gossipAddr = net.JoinHostPort(e.o.LocalAddr, strconv.Itoa(port))
+	e.gossipAddr = net.JoinHostPort(addr, strconv.Itoa(port))
 	e.mu.Unlock()
 	return nil
 }

@@ -121,3 +121,12 @@ func (e *Etcd) nodeLost(r int, id, how string) {
 	e.o.Metrics.NodeFailed()
 	e.log.Warn("node lost", "lost", id, "how", how, "round", r, "action", string(d.Action), "reason", d.Reason)
 }
+
+// unreachableNow reports whether the last reachability probes failed (etcd
+// is away now, though maybe not yet past the loss bound): courtesy writes
+// (a departure, ledger records at exit) are skipped then.
+func (e *Etcd) unreachableNow() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return !e.lastProbe.IsZero() && time.Since(e.lastProbe) > 2*e.o.ProbeInterval+time.Second
+}

@@ -170,6 +170,14 @@ func (e *Etcd) Leave(ctx context.Context, reason string) error {
 // verdict.Signaled); the job goes on for the others.
 func (e *Etcd) Depart(ctx context.Context, reason string) error {
 	e.log.Warn("departing from the job", "reason", reason)
+	if e.unreachableNow() {
+		// A courtesy that cannot be delivered now: the peers' gossip and
+		// the lease notice the node's absence; do not hold its exit.
+		e.mu.Lock()
+		e.closeLocally("departed while etcd was unreachable: " + reason)
+		e.mu.Unlock()
+		return fmt.Errorf("rendezvous: etcd at %s unreachable: departure not recorded", e.endpoints())
+	}
 	return e.withdrawNode(ctx, excludeInfo{Reason: reason, Cause: policy.NodeStopped},
 		closeInfo{Kind: verdict.Signaled, Code: 1, Reason: "node stopped: " + reason, Cause: policy.NodeStopped})
 }

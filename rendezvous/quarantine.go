@@ -92,6 +92,25 @@ func (e *Etcd) checkQuarantine(ctx context.Context) error {
 	return &QuarantineError{Addr: nodeAddr(e.o.NodeID), Cause: q.Cause, Reason: q.Reason, Round: q.Round, RecordAt: q.At}
 }
 
+// parkQuarantined keeps a quarantined node out of every round until the
+// job closes; it returns the job's close with the quarantine attached.
+func (e *Etcd) parkQuarantined(ctx context.Context, q *QuarantineError) error {
+	e.log.Warn("this node is quarantined in this job: parked until the job ends", "why", q.Error())
+	for {
+		e.mu.Lock()
+		ch, closed := e.changed, e.closed
+		e.mu.Unlock()
+		if closed != nil {
+			return &JobClosedError{Kind: closed.Kind, Code: closed.Code, Reason: closed.Reason, Quarantine: q}
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("rendezvous: parked as quarantined: %w", ctx.Err())
+		case <-ch:
+		}
+	}
+}
+
 // quarantinedAddrs lists the quarantined addresses (for the closer, which
 // leaves them out of a round even if they registered before the record).
 func (e *Etcd) quarantinedAddrs(ctx context.Context) (map[string]bool, error) {

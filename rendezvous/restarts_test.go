@@ -317,14 +317,26 @@ func TestEtcdQuarantine(t *testing.T) {
 			o := c.opts(victim, 1, 2, 3, 0)
 			o.NodeID = nodeAddr(o.NodeID) + "/again"
 			back := c.add(o)
-			a, err := back.Next(ctx)
 			if tc.quarantined {
-				var q *QuarantineError
-				if !errors.Is(err, ErrQuarantined) || !errors.As(err, &q) || !strings.Contains(err.Error(), "cannot become active again") {
-					t.Fatalf("returning node: %+v %v, want ErrQuarantined", a, err)
+				// It parks: no round until the job ends, then the job's close.
+				bc := nextAsync(t, back)
+				select {
+				case r := <-bc:
+					t.Fatalf("a quarantined node got %+v %v instead of parking", r.a, r.err)
+				case <-time.After(time.Second):
+				}
+				if err := c.nodes[master].Shutdown(ctx, verdict.Succeeded, 0, "done"); err != nil {
+					t.Fatal(err)
+				}
+				r := recvNext(t, bc)
+				var ce *JobClosedError
+				if !errors.Is(r.err, ErrQuarantined) || !errors.As(r.err, &ce) || ce.Kind != verdict.Succeeded ||
+					ce.Quarantine == nil || !strings.Contains(ce.Quarantine.Error(), "cannot become active again") {
+					t.Fatalf("parked node: %+v %v, want the job's close with the quarantine", r.a, r.err)
 				}
 				return
 			}
+			a, err := back.Next(ctx)
 			if err != nil || !a.Standby {
 				t.Fatalf("a node stopped by a signal came back: %+v %v, want a standby", a, err)
 			}

@@ -50,8 +50,13 @@ func (e *Etcd) next(ctx context.Context) (Assignment, error) {
 			return Assignment{}, fmt.Errorf("rendezvous: node %s kept out: %w: %w", e.o.NodeID, ErrHealthCheck, err)
 		}
 	}
-	// A node the job replaced or that left with evidence stays out.
+	// A node the job replaced or that left with evidence stays out: it
+	// parks until the job ends and then exits with the job's code.
 	if err := e.retry(ctx, e.checkQuarantine); err != nil {
+		var q *QuarantineError
+		if errors.As(err, &q) {
+			return Assignment{}, e.parkQuarantined(ctx, q)
+		}
 		return Assignment{}, err
 	}
 	// Back from being declared lost (a stall, a partition): come back as a
