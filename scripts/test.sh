@@ -17,3 +17,6 @@ if [ -d monitor/nvrxwire ]; then
   echo "== fuzz (nvrx pickle decoder, 20s)"
   go test -run '^$' -fuzz=FuzzDecodeMessage -fuzztime=20s ./monitor/nvrxwire
 fi
+echo "== fuzz (YAML loader with its size and alias limits, 10s; command-line parser, 10s)"
+go test -run '^$' -fuzz='^FuzzYAML$' -fuzztime=10s ./configs
+go test -run '^$' -fuzz='^FuzzParse$' -fuzztime=10s ./configs
