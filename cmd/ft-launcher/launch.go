@@ -43,18 +43,8 @@ func launch(ctx context.Context, cfg *configs.Config, log *slog.Logger, sigs <-c
 	defer guard.end()
 
 	environ := os.Environ()
-	if !cfg.NoPython {
-		py, err := exec.LookPath(cfg.PythonExec)
-		if err != nil {
-			fmt.Fprintf(stderr, "ft-launcher: python interpreter %q not found on PATH (set PYTHON_EXEC, or use --no-python): %v\n", cfg.PythonExec, err)
-			return configs.ExitUsage
-		}
-		cfg.PythonExec = py
-	}
-	if os.Getenv("OMP_NUM_THREADS") == "" && cfg.NProcPerNode > 1 {
-		fmt.Fprintln(stderr, "*****************************************\n"+
-			"Setting OMP_NUM_THREADS environment variable for each process to be 1 in default, to avoid your system being overloaded, please further tune the variable for optimal performance in your application as needed. \n"+
-			"*****************************************")
+	if !workerReady(cfg, stderr) {
+		return configs.ExitUsage
 	}
 	host, _ := os.Hostname()
 	rec := &verdictRecorder{cfg: cfg, log: log, host: host, node: nodeName(cfg, host), started: time.Now()}
@@ -91,15 +81,7 @@ func launch(ctx context.Context, cfg *configs.Config, log *slog.Logger, sigs <-c
 	}
 	defer mon.Close()
 
-	var met *metrics.Metrics
-	if cfg.MetricsAddr != "" {
-		met = metrics.New()
-		go func() {
-			if err := met.Serve(ctx, cfg.MetricsAddr); err != nil {
-				log.Error("metrics endpoint", "addr", cfg.MetricsAddr, "err", err)
-			}
-		}()
-	}
+	met := serveMetrics(ctx, cfg, log)
 
 	// The local parts above take milliseconds; the rendezvous may wait on
 	// etcd (or start it), so a signal is checked before and cancels it.
@@ -179,6 +161,40 @@ func osSignals(s []syscall.Signal) []os.Signal {
 		out[i] = x
 	}
 	return out
+}
+
+// workerReady resolves the worker interpreter (a usage error when it is
+// missing) and prints torchrun's OMP_NUM_THREADS notice.
+func workerReady(cfg *configs.Config, stderr io.Writer) bool {
+	if !cfg.NoPython {
+		py, err := exec.LookPath(cfg.PythonExec)
+		if err != nil {
+			fmt.Fprintf(stderr, "ft-launcher: python interpreter %q not found on PATH (set PYTHON_EXEC, or use --no-python): %v\n", cfg.PythonExec, err)
+			return false
+		}
+		cfg.PythonExec = py
+	}
+	if os.Getenv("OMP_NUM_THREADS") == "" && cfg.NProcPerNode > 1 {
+		fmt.Fprintln(stderr, "*****************************************\n"+
+			"Setting OMP_NUM_THREADS environment variable for each process to be 1 in default, to avoid your system being overloaded, please further tune the variable for optimal performance in your application as needed. \n"+
+			"*****************************************")
+	}
+	return true
+}
+
+// serveMetrics starts the Prometheus endpoint of --metrics-addr (nil
+// Metrics, which record nothing, without it).
+func serveMetrics(ctx context.Context, cfg *configs.Config, log *slog.Logger) *metrics.Metrics {
+	if cfg.MetricsAddr == "" {
+		return nil
+	}
+	met := metrics.New()
+	go func() {
+		if err := met.Serve(ctx, cfg.MetricsAddr); err != nil {
+			log.Error("metrics endpoint", "addr", cfg.MetricsAddr, "err", err)
+		}
+	}()
+	return met
 }
 
 // setupGuard watches the handled signals while the launcher sets up, until
