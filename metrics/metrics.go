@@ -33,6 +33,10 @@ type Metrics struct {
 	spareSwaps        prometheus.Counter
 	fillerPreemptions prometheus.Counter
 	swapLatency       *prometheus.HistogramVec
+
+	rankRefused   *prometheus.CounterVec
+	rankLogErrors prometheus.Counter
+	orphansKilled prometheus.Counter
 }
 
 // New creates the collectors and registers them on a fresh registry.
@@ -73,6 +77,14 @@ func New() *Metrics {
 		Help: "Spare swap on the promoted node, by phase: rendezvous (round opened -> assignment), " +
 			"filler_reclaim, spawn (-> every rank exec'd), total (round opened -> every rank exec'd).",
 		Buckets: prometheus.ExponentialBuckets(0.001, 2, 16)}, []string{"phase"})
+	m.rankRefused = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "ftlauncher_rank_input_refused_total",
+		Help: "Input from ranks the monitors refused, by kind (timeouts, section, connection)."}, []string{"kind"})
+	m.rankLogErrors = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "ftlauncher_rank_log_write_errors_total", Help: "Failed writes of rank output to its log files (e.g. a full disk)."})
+	m.orphansKilled = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "ftlauncher_rank_orphans_killed_total", Help: "Processes of ranks left after their rank exited that the launcher killed."})
+	m.Registry.MustRegister(m.rankRefused, m.rankLogErrors, m.orphansKilled)
 	m.Registry.MustRegister(m.rounds, m.restarts, m.nodeFailures, m.rdzvLatency, m.currentRound, m.worldSize,
 		m.rankExits, m.hangKills, m.sparesAllocated, m.sparesActive, m.spareSwaps, m.fillerPreemptions, m.swapLatency)
 	return m
@@ -202,4 +214,29 @@ func (m *Metrics) serveListener(ctx context.Context, ln net.Listener) error {
 		<-errc
 		return nil
 	}
+}
+
+// RankInputRefused records one input from a rank a monitor refused (kind:
+// timeouts, section, connection).
+func (m *Metrics) RankInputRefused(kind string) {
+	if m == nil {
+		return
+	}
+	m.rankRefused.WithLabelValues(kind).Inc()
+}
+
+// RankLogWriteError records a failed write of rank output to its log.
+func (m *Metrics) RankLogWriteError() {
+	if m == nil {
+		return
+	}
+	m.rankLogErrors.Inc()
+}
+
+// RankOrphansKilled records n leftover rank processes killed.
+func (m *Metrics) RankOrphansKilled(n int) {
+	if m == nil {
+		return
+	}
+	m.orphansKilled.Add(float64(n))
 }

@@ -276,7 +276,7 @@ func (lc *lazyConn) message(b []byte, now int64) (int, error) {
 		} else {
 			e = r.openSection(gen, name, iter, now)
 		}
-		if e != "" {
+		if e != "" && e != sectionLimitCause {
 			log().Warn("rank monitor: " + e)
 		}
 		return used, nil
@@ -301,6 +301,12 @@ func (lc *lazyConn) message(b []byte, now int64) (int, error) {
 			id, name, err := ftwire.ParseDefineSection(p)
 			if err != nil {
 				return 0, err
+			}
+			if _, ok := lc.names[id]; !ok && len(lc.names) >= MaxSectionNames {
+				return 0, fmt.Errorf("more than %d section ids defined", MaxSectionNames)
+			}
+			if len(name) > MaxSectionNameLen {
+				return 0, fmt.Errorf("section name of %d bytes, more than %d", len(name), MaxSectionNameLen)
 			}
 			lc.names[id] = name
 		case ftwire.MsgSetTimeouts:

@@ -9,11 +9,13 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
 
 	"github.com/ftlauncher/ft-launcher/configs"
+	"github.com/ftlauncher/ft-launcher/metrics"
 	"github.com/ftlauncher/ft-launcher/monitor/ftwire"
 )
 
@@ -48,6 +50,8 @@ type Options struct {
 	// handshake (lazy.go). 0 derives it from the timeouts in force:
 	// min(10 ms, smallest enabled timeout / 20), at least 1 ms.
 	DrainInterval time.Duration
+	// Metrics counts refused rank input; nil records nothing.
+	Metrics *metrics.Metrics
 }
 
 // DefaultMinComputedTimeout is the default floor of computed timeouts.
@@ -110,12 +114,18 @@ type Manager struct {
 	cycleCh    chan struct{} // closed and replaced by every BeginCycle
 	eff        Timeouts      // timeouts for the next/current cycle
 	configured Timeouts
-	clientSet  map[string]bool // fields a client set during this cycle
-	ckptStamp  string          // checkpoint-iteration file's state at BeginCycle
+	clientSet  map[string]bool                  // fields a client set during this cycle
+	base       Timeouts                         // m.eff at BeginCycle: what a field falls back to until every rank agrees
+	sent       map[string]map[int]time.Duration // this cycle: field → local rank → value it sent
+	ckptStamp  string                           // checkpoint-iteration file's state at BeginCycle
 	conns      map[net.Conn]struct{}
 	closed     bool
 
 	poll *poller // batched reader of native sessions
+
+	pending     chan struct{} // one token per connection in the peer check
+	refusedOnce onceSet       // refused rank input already logged (what/local rank)
+	connLog     logLimiter    // refused connections
 }
 
 // New binds every socket and loads persisted timeouts.
@@ -138,6 +148,7 @@ func New(opts Options) (*Manager, error) {
 		hangs: make(chan Hang, chanBuffer), reqs: make(chan WorkloadRequest, chanBuffer),
 		ctx: ctx, cancel: cancel, pids: map[int]int{}, cycleCh: make(chan struct{}),
 		conns: map[net.Conn]struct{}{}, clientSet: map[string]bool{}, ownPgrp: syscall.Getpgrp(),
+		sent: map[string]map[int]time.Duration{}, pending: make(chan struct{}, maxPendingPeers),
 	}
 	if err := m.makeDir(); err != nil {
 		cancel()
@@ -150,6 +161,7 @@ func New(opts Options) (*Manager, error) {
 	}
 	m.configured = configuredTimeouts(&opts.FT)
 	m.eff = m.configured.Clone()
+	m.base = m.eff.Clone()
 	m.poll = newPoller(m.drainInterval())
 	if opts.StateFile != "" {
 		u, err := loadState(opts.StateFile)
@@ -275,6 +287,8 @@ func (m *Manager) BeginCycle(cycle int, pids map[int]int) {
 		m.pids[k] = v
 	}
 	clear(m.clientSet)
+	clear(m.sent)
+	m.base = m.eff.Clone()
 	m.ckptStamp = fileStamp(m.opts.FT.CheckpointIterationFile)
 	for i, r := range m.ranks {
 		r.begin(cycle, m.pids[i], m.eff.Clone(), m.opts.FT.NumWarmupIterations)
@@ -341,24 +355,58 @@ func (m *Manager) persistLocked(obs *observations) {
 	}
 }
 
-// clientTimeouts records timeouts a client sent: they hold for the rest of
-// the cycle for that rank, for every rank from the next cycle, and are
-// persisted at EndCycle.
-func (m *Manager) clientTimeouts(u *ftwire.TimeoutsUpdate) {
+// clientTimeouts records a validated update from local rank local for the
+// node (docs/timeouts.md, "Timeouts sent by ranks"): each field becomes the
+// tightest value the ranks sent this cycle; it may be looser than the value
+// the cycle began with only once every rank of the cycle sent it. So one
+// rank can tighten the node's detection but never weaken another rank's.
+// The result holds for every rank from the next cycle and is persisted at
+// EndCycle.
+func (m *Manager) clientTimeouts(local int, cu *clientUpdate) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if u.Heartbeat != nil {
+	if cu.hbSet {
 		m.clientSet["heartbeat"] = true
 	}
-	if u.Section != nil {
+	if cu.secSet {
 		m.clientSet["oos"] = true
-		for s := range u.Section.Section {
-			m.clientSet["section:"+s] = true
-		}
 	}
-	m.eff.applyUpdate(u)
+	for k, d := range cu.fields {
+		if name, ok := strings.CutPrefix(k, "section:"); ok {
+			m.clientSet["section:"+name] = true
+		}
+		if m.sent[k] == nil {
+			m.sent[k] = map[int]time.Duration{}
+		}
+		m.sent[k][local] = d
+		var v time.Duration
+		all := true
+		for l, pid := range m.pids {
+			if pid <= 0 {
+				continue
+			}
+			if s, ok := m.sent[k][l]; ok {
+				v = tighter(v, s)
+			} else {
+				all = false
+			}
+		}
+		if !all || v <= 0 {
+			v = tighter(v, m.base.get(k))
+		}
+		m.eff.set(k, v, cu.calculated(k))
+	}
 	m.poll.every.Store(int64(m.drainInterval()))
-	m.log.Info("client set timeouts", "timeouts", m.eff.String())
+	m.log.Info("client set timeouts", "local_rank", local, "timeouts", m.eff.String())
+}
+
+// refuse counts refused input of kind what from rank r and logs it once per
+// rank and kind, so a rank repeating it cannot flood the log.
+func (m *Manager) refuse(r *rankMon, what string, err error) {
+	m.opts.Metrics.RankInputRefused(what)
+	if m.refusedOnce.first(what + "/" + strconv.Itoa(r.local)) {
+		r.logger().Warn("rank monitor: refused input from rank (further ones are only counted)", "kind", what, "err", err)
+	}
 }
 
 // Close stops everything, closes the sockets and removes the socket dir.
@@ -445,14 +493,23 @@ func (m *Manager) acceptLoop(ln *net.UnixListener, serve func(*net.UnixConn)) {
 // admitRank checks the peer of a rank connection and installs it. It returns
 // the connection generation, or false when the peer was refused.
 func (m *Manager) admitRank(r *rankMon, c *net.UnixConn) (uint64, bool) {
-	cred, err := peerCred(c)
-	if err != nil {
-		m.log.Warn("rank monitor: cannot read peer credentials; refusing", "local_rank", r.local, "err", err)
+	refused := func(msg string, args ...any) (uint64, bool) {
+		m.opts.Metrics.RankInputRefused("connection")
+		m.connLog.log(m.log, "rank monitor: "+msg, append([]any{"local_rank", r.local}, args...)...)
 		return 0, false
 	}
+	select {
+	case m.pending <- struct{}{}:
+		defer func() { <-m.pending }()
+	default:
+		return refused("refusing connection: too many waiting for the peer check", "limit", maxPendingPeers)
+	}
+	cred, err := peerCred(c)
+	if err != nil {
+		return refused("cannot read peer credentials; refusing", "err", err)
+	}
 	if int(cred.Uid) != m.opts.UID {
-		m.log.Warn("rank monitor: refusing peer with another uid", "local_rank", r.local, "peer_pid", cred.Pid, "peer_uid", cred.Uid)
-		return 0, false
+		return refused("refusing peer with another uid", "peer_pid", cred.Pid, "peer_uid", cred.Uid)
 	}
 	deadline := time.NewTimer(pendingPeerWait)
 	defer deadline.Stop()
@@ -479,9 +536,8 @@ func (m *Manager) admitRank(r *rankMon, c *net.UnixConn) (uint64, bool) {
 		case <-m.ctx.Done():
 			return 0, false
 		}
-		m.log.Warn("rank monitor: refusing peer that is not the rank or its descendant", "local_rank", r.local,
+		return refused("refusing peer that is not the rank or its descendant",
 			"peer_pid", cred.Pid, "peer_uid", cred.Uid, "rank_pid", pid)
-		return 0, false
 	}
 }
 

@@ -142,9 +142,20 @@ func (m *Manager) serveNative(r *rankMon, gen uint64, uc *net.UnixConn, dc *dead
 	return m.serveLazy(r, gen, uc, bytes.Clone(buffered), shm, sc.ShmSections)
 }
 
-// applyClientTimeouts honours client-sent timeouts at once for the rank and
-// records them for the next cycles.
+// applyClientTimeouts validates client-sent timeouts, honours them at once
+// for the sending rank and records them for the next cycles. A refused
+// update changes nothing; it is counted and logged once per rank.
 func (m *Manager) applyClientTimeouts(r *rankMon, gen uint64, u *ftwire.TimeoutsUpdate) {
-	r.setTimeouts(gen, func(t *Timeouts) { t.applyUpdate(u) })
-	m.clientTimeouts(u)
+	cu, err := validateUpdate(u, m.configured.Sections)
+	if err != nil {
+		m.refuse(r, "timeouts", err)
+		return
+	}
+	if len(cu.fields) == 0 {
+		return
+	}
+	if !r.setTimeouts(gen, cu.applyTo) {
+		return
+	}
+	m.clientTimeouts(r.local, cu)
 }

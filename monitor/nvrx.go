@@ -123,7 +123,7 @@ func (m *Manager) serveNvrx(r *rankMon, gen uint64, dc *deadlineConn, br *bufio.
 			default:
 				return fmt.Errorf("unknown section action %d", x.Action)
 			}
-			if cause != "" {
+			if cause != "" && cause != sectionLimitCause {
 				log.Warn("rank monitor: " + cause)
 			}
 			if !skip {

@@ -313,6 +313,10 @@ func (r *rankMon) openSection(gen uint64, name string, iter *int64, now int64) s
 	if _, ok := r.open[name]; ok {
 		return fmt.Sprintf("Section '%s' is already open", name)
 	}
+	if err := r.sectionAllowedLocked(name); err != nil {
+		r.m.refuse(r, "section", err)
+		return sectionLimitCause
+	}
 	if len(r.open) == 0 {
 		r.obs.OutOfSectionMax = max(r.obs.OutOfSectionMax, time.Duration(now-r.oosStart))
 		r.obs.OutOfSections++
@@ -332,6 +336,29 @@ func (r *rankMon) openSection(gen uint64, name string, iter *int64, now int64) s
 	}
 	r.rearmLocked(r.m.mono()) // now may be a client time in the past
 	return ""
+}
+
+// sectionLimitCause is the error a rank gets for a section beyond the
+// limits; callers do not log it (refuse did, once).
+const sectionLimitCause = "too many section names (limit reached)"
+
+// sectionAllowedLocked bounds the section names a rank can make the
+// monitor remember: configured names always; others up to MaxSectionNames
+// per cycle, each at most MaxSectionNameLen bytes.
+func (r *rankMon) sectionAllowedLocked(name string) error {
+	if _, ok := r.to.Sections[name]; ok {
+		return nil
+	}
+	if _, ok := r.obs.SectionMax[name]; ok {
+		return nil
+	}
+	if len(name) > MaxSectionNameLen {
+		return fmt.Errorf("section name of %d bytes, more than %d", len(name), MaxSectionNameLen)
+	}
+	if len(r.obs.SectionMax)+len(r.open) >= MaxSectionNames {
+		return fmt.Errorf("more than %d distinct section names this cycle", MaxSectionNames)
+	}
+	return nil
 }
 
 // closeSection returns an error text when the section was not open.
@@ -378,15 +405,17 @@ func (r *rankMon) closeAll(gen uint64, now int64) {
 	r.rearmLocked(r.m.mono()) // now may be a client time in the past
 }
 
-// setTimeouts applies timeouts sent by the client, at once.
-func (r *rankMon) setTimeouts(gen uint64, apply func(*Timeouts)) {
+// setTimeouts applies timeouts sent by the client, at once. It reports
+// false when connection gen was replaced meanwhile.
+func (r *rankMon) setTimeouts(gen uint64, apply func(*Timeouts)) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.gen.Load() != gen {
-		return
+		return false
 	}
 	apply(&r.to)
 	r.rearmLocked(r.m.mono())
+	return true
 }
 
 // expiry is one armed clock.

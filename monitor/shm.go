@@ -82,7 +82,7 @@ func (lc *lazyConn) readRingLocked() error {
 		default:
 			return fmt.Errorf("section ring: unknown event kind %d", ev.Kind)
 		}
-		if e != "" {
+		if e != "" && e != sectionLimitCause {
 			r.logger().Warn("rank monitor: " + e)
 		}
 	}
