@@ -22,6 +22,8 @@ type Env struct {
 	RestartCount int    // SLURM_RESTART_COUNT: times the job was requeued
 	JobNodeList  string // SLURM_JOB_NODELIST, compressed as given ("node[01-04]")
 	LocalID      int    // SLURM_LOCALID: rank of this task on its node
+	NodeName     string // SLURMD_NODENAME: this node's Slurm name
+	StepNodeList string // SLURM_STEP_NODELIST: the nodes of this srun step (unset in the batch script)
 
 	// Invalid lists "NAME=value" for integer variables that were set but
 	// are not integers >= 0, so the caller can warn about them.
@@ -34,9 +36,11 @@ func (e Env) InJob() bool { return e.JobID != "" }
 // FromEnv reads the Slurm variables through getenv (os.Getenv in production).
 func FromEnv(getenv func(string) string) Env {
 	e := Env{
-		JobID:       strings.TrimSpace(getenv("SLURM_JOB_ID")),
-		ArrayJobID:  strings.TrimSpace(getenv("SLURM_ARRAY_JOB_ID")),
-		JobNodeList: strings.TrimSpace(getenv("SLURM_JOB_NODELIST")),
+		JobID:        strings.TrimSpace(getenv("SLURM_JOB_ID")),
+		ArrayJobID:   strings.TrimSpace(getenv("SLURM_ARRAY_JOB_ID")),
+		JobNodeList:  strings.TrimSpace(getenv("SLURM_JOB_NODELIST")),
+		NodeName:     strings.TrimSpace(getenv("SLURMD_NODENAME")),
+		StepNodeList: strings.TrimSpace(getenv("SLURM_STEP_NODELIST")),
 	}
 	num := func(name string) int {
 		v := strings.TrimSpace(getenv(name))
@@ -60,4 +64,30 @@ func FromEnv(getenv func(string) string) Env {
 	e.RestartCount = num("SLURM_RESTART_COUNT")
 	e.LocalID = num("SLURM_LOCALID")
 	return e
+}
+
+// NodeList is the nodes the launchers run on: the step's when in an srun
+// step (srun -N2 inside a 3-node job runs on two), else the job's.
+func (e Env) NodeList() string {
+	if e.StepNodeList != "" {
+		return e.StepNodeList
+	}
+	return e.JobNodeList
+}
+
+// RunID names one run of the job: the job id (for an array task
+// "<array job id>_<task id>", Slurm's own spelling) and "-r<N>" with N the
+// requeue count (SLURM_RESTART_COUNT, 0 when unset). A requeued job keeps
+// its id but is a new run: with an etcd that outlives the job, the old run's
+// rounds must not be continued, so each requeue gets a run id of its own.
+// "" outside a job.
+func (e Env) RunID() string {
+	if e.JobID == "" {
+		return ""
+	}
+	id := e.JobID
+	if e.ArrayJobID != "" && e.ArrayTaskID >= 0 {
+		id = fmt.Sprintf("%s_%d", e.ArrayJobID, e.ArrayTaskID)
+	}
+	return fmt.Sprintf("%s-r%d", id, max(e.RestartCount, 0))
 }
