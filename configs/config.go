@@ -1,6 +1,7 @@
 // Package configs turns a launch line (torchrun and nvrx ft_launcher flags,
 // PET_* environment fallbacks, an optional fault-tolerance YAML file) into one
-// validated Config. Precedence is flag > environment (PET_*) > YAML > default.
+// validated Config. Precedence is flag > environment (PET_*) > the Slurm
+// job (inside one) > YAML > default.
 package configs
 
 import (
@@ -117,6 +118,11 @@ type Config struct {
 	CfgPath         string // --ft-cfg-path as given
 
 	FT FaultTolerance
+
+	// Sources says where each launch option's value came from, keyed as
+	// in --print-config's launch block: the flag or PET_* variable, the
+	// Slurm job, the YAML file, or "default".
+	Sources map[string]string
 
 	// Warnings collected while parsing (deprecated spellings and the like),
 	// logged by the caller once a logger exists.

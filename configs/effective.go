@@ -11,7 +11,9 @@ import (
 // fault_tolerance block with nvrx's key names (so the output can be fed back
 // through --ft-cfg-path), a launch block with the other settings, keyed by
 // the flags' PET_ names in lower case, and a rendezvous block with the
-// rendezvous as interpreted (mode, endpoints, hosting, timings, node order).
+// rendezvous as interpreted (mode, endpoints, hosting, timings, node order),
+// and a sources block saying where each launch option came from (flag,
+// PET_* variable, the Slurm job, the YAML file or default).
 // The etcd password is redacted.
 func (c *Config) Effective() string {
 	ft := &yaml.Node{}
@@ -85,9 +87,14 @@ func (c *Config) Effective() string {
 	add("training_script", c.Script)
 	add("training_script_args", c.ScriptArgs)
 
+	sources := &yaml.Node{Kind: yaml.MappingNode}
+	for _, k := range sortedKeys(c.Sources) {
+		addKey(sources, k, c.Sources[k])
+	}
 	doc := &yaml.Node{Kind: yaml.MappingNode, Content: []*yaml.Node{
 		scalar("fault_tolerance"), ft,
 		scalar("launch"), launch,
+		scalar("sources"), sources,
 		scalar("rendezvous"), c.rdzvNode(),
 	}}
 	var b strings.Builder
@@ -107,6 +114,9 @@ func (c *Config) rdzvNode() *yaml.Node {
 	addKey(n, "mode", string(r.Mode))
 	if r.Mode != RdzvSingleNode {
 		addKey(n, "endpoints", r.ClientURLs())
+		if r.Given != nil {
+			addKey(n, "endpoints_given", r.Given)
+		}
 	}
 	if r.Mode == RdzvEmbedded {
 		addKey(n, "hosts_embedded_etcd", r.HostsEtcd)

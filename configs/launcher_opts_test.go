@@ -157,7 +157,7 @@ func TestSpareAndWalltimeOptions(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			c, err := Parse(tc.args, func(k string) string { return tc.env[k] }, fakeIsLocal)
+			c, err := Parse(tc.args, func(k string) string { return tc.env[k] }, fakeNet())
 			if tc.err != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.err) {
 					t.Fatalf("err %v, want one naming %s", err, tc.err)

@@ -10,6 +10,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/ftlauncher/ft-launcher/k8s"
+	"github.com/ftlauncher/ft-launcher/slurm"
 	"github.com/spf13/pflag"
 )
 
@@ -38,27 +40,30 @@ func usageErr(subject, format string, args ...any) *UsageError {
 }
 
 // Parse parses args (without argv[0]) with env lookups through getenv
-// (os.Getenv in production, a map in tests); isLocal decides whether this
-// launcher hosts the embedded etcd (nil: no endpoint is local, so only
-// --rdzv-conf is_host makes a host). Precedence is flag > PET_*
-// variable > YAML (--ft-cfg-path) > default. An empty variable counts as unset.
+// (os.Getenv in production, a map in tests); nw resolves host names and
+// knows this machine's addresses, which decide the local address and
+// whether this launcher hosts the embedded etcd (a zero Network resolves
+// nothing and no endpoint is local, so only --rdzv-conf is_host makes a
+// host). Precedence is flag > PET_* variable > the Slurm job (see
+// slurmDefaults) > YAML (--ft-cfg-path) > default. An empty variable counts
+// as unset.
 //
 // It returns ErrHelp when help was asked for, and a *UsageError on bad input.
 // Config.PythonExec is $PYTHON_EXEC or else the bare name "python3", which the
 // agent resolves through PATH. Warnings (deprecated or ignored options,
 // unknown YAML keys) are collected in Config.Warnings for the caller to log.
-func Parse(args []string, getenv func(string) string, isLocal IsLocalFunc) (*Config, error) {
-	return parse(args, getenv, machine{devDir: "/dev", numCPU: runtime.NumCPU(), isLocal: isLocal})
+func Parse(args []string, getenv func(string) string, nw Network) (*Config, error) {
+	return parse(args, getenv, machine{devDir: "/dev", numCPU: runtime.NumCPU(), net: nw})
 }
 
 // machine is what parsing looks at beyond the arguments: --nproc-per-node
 // cpu/gpu/auto count devices (tests point devDir at a directory of fake
-// device nodes because no GPU exists here), and the rendezvous asks whether
-// an endpoint is this machine's.
+// device nodes because no GPU exists here), and the rendezvous asks the
+// network about host names and this machine's addresses.
 type machine struct {
-	devDir  string
-	numCPU  int
-	isLocal IsLocalFunc
+	devDir string
+	numCPU int
+	net    Network
 }
 
 // parser holds one parse's state.
@@ -68,7 +73,7 @@ type parser struct {
 	subj          string            // source of the value being applied, for messages
 	source        map[string]string // option name -> source of its last value
 	explicit      map[string]bool   // rendezvous values given by the user
-	isLocal       IsLocalFunc
+	net           Network
 	ignoreMissing bool
 }
 
@@ -127,11 +132,7 @@ func parse(args []string, getenv func(string) string, m machine) (*Config, error
 	if getenv == nil {
 		getenv = func(string) string { return "" }
 	}
-	isLocal := m.isLocal
-	if isLocal == nil {
-		isLocal = func(string, string) bool { return false }
-	}
-	p := &parser{cfg: defaultConfig(), getenv: getenv, source: map[string]string{}, explicit: map[string]bool{}, isLocal: isLocal}
+	p := &parser{cfg: defaultConfig(), getenv: getenv, source: map[string]string{}, explicit: map[string]bool{}, net: m.net}
 	opts := options()
 
 	fs := pflag.NewFlagSet("ft-launcher", pflag.ContinueOnError)
@@ -304,8 +305,21 @@ func (p *parser) finish(positional []string, m machine) error {
 	if c.PythonExec == "" {
 		c.PythonExec = "python3"
 	}
+	c.Slurm = slurm.FromEnv(p.getenv)
+	c.K8s = k8s.FromEnv(p.getenv)
+	for _, bad := range append(append([]string{}, c.Slurm.Invalid...), c.K8s.Invalid...) {
+		p.warn("%s is not an integer >= 0; ignored", bad)
+	}
+	if err := p.slurmDefaults(); err != nil {
+		return err
+	}
 	p.resolveInfraRank()
-	return p.resolveRendezvous()
+	if err := p.resolveRendezvous(); err != nil {
+		return err
+	}
+	p.resolveMasterAddr()
+	c.Sources = p.sources()
+	return nil
 }
 
 // randomID returns a version-4 UUID string, as torchrun's --standalone uses.

@@ -140,6 +140,15 @@ func TestDefaults(t *testing.T) {
 	want.InfraRank, want.InfraRankFrom = -1, "none"
 	want.Slurm = slurm.Env{ProcID: -1, NodeID: -1, NNodes: -1, ArrayTaskID: -1, RestartCount: -1, LocalID: -1}
 	want.K8s = k8s.Env{CompletionIndex: -1, PodOrdinal: -1}
+	for k, v := range c.Sources {
+		if v != "default" {
+			t.Errorf("source of %s is %q with nothing given, want default", k, v)
+		}
+	}
+	if len(c.Sources) == 0 || c.Sources["rdzv_endpoint"] != "default" {
+		t.Errorf("sources %v lack the launch options", c.Sources)
+	}
+	want.Sources = c.Sources
 	if !reflect.DeepEqual(c, want) {
 		t.Errorf("defaults:\n got %+v\nwant %+v", c, want)
 	}

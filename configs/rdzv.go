@@ -4,20 +4,11 @@ import (
 	"fmt"
 	"math"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
-
-	"github.com/ftlauncher/ft-launcher/k8s"
-	"github.com/ftlauncher/ft-launcher/slurm"
 )
-
-// IsLocalFunc reports whether a rendezvous endpoint (host:port) is this
-// launcher's to host: its host is localAddr when that is set, else an
-// address of this machine. Production passes rendezvous.IsLocalEndpoint;
-// taking it as a function keeps configs free of our other packages (which
-// import configs) and lets tests decide without DNS.
-type IsLocalFunc func(endpoint, localAddr string) bool
 
 // RdzvMode says how this launcher meets the others.
 type RdzvMode string
@@ -54,8 +45,11 @@ const (
 type Rendezvous struct {
 	Mode RdzvMode
 	// Endpoints are host:port with the default port added; nil in
-	// single-node mode. The embedded etcd is hosted at Endpoints[0].
+	// single-node mode. The embedded etcd's are resolved to IP:port
+	// (Given keeps them as given when that changed them); an external
+	// etcd's stay as given (its TLS certificate names them).
 	Endpoints []string
+	Given     []string
 	TLS       bool // https: --rdzv-ca-cert or --rdzv-cert was given
 
 	// HostsEtcd says this launcher starts the embedded etcd (embedded mode
@@ -201,6 +195,19 @@ func (p *parser) resolveRendezvous() error {
 		return usageErr(epSubj, "%s %q: %v", epSubj, endpoint, err)
 	}
 	r.Endpoints = eps
+	firstHost, _, _ := net.SplitHostPort(eps[0])
+	ln, err := p.resolveLocalAddr(p.net, firstHost)
+	if err != nil {
+		return err
+	}
+	if r.Mode == RdzvEmbedded {
+		if r.Endpoints, err = p.resolveEndpoints(p.net, eps, epSubj, endpoint); err != nil {
+			return err
+		}
+		if !slices.Equal(r.Endpoints, eps) {
+			r.Given = eps
+		}
+	}
 
 	switch {
 	case r.Mode == RdzvExternal:
@@ -218,7 +225,8 @@ func (p *parser) resolveRendezvous() error {
 				return usageErr(epSubj, "%s %q: %v", epSubj, endpoint, err)
 			}
 		}
-		r.HostsEtcd, r.HostsEtcdBy = p.hostedMember(&r, eps)
+		r.HostsEtcd, r.HostsEtcdBy = hostedMember(&r, eps, ln)
+		p.warnLoopbackHost(r, ln)
 	}
 	if r.HostsEtcd && r.EtcdMember < 0 {
 		r.EtcdMember = 0
@@ -227,32 +235,35 @@ func (p *parser) resolveRendezvous() error {
 	return nil
 }
 
-// hostedMember finds the endpoint this launcher hosts: the first whose
-// host is --local-addr (when given) or an address of this machine.
-func (p *parser) hostedMember(r *Rendezvous, eps []string) (bool, string) {
-	c := p.cfg
-	member := ""
-	for i, ep := range eps {
-		if p.isLocal(ep, c.LocalAddr) {
+// hostedMember finds the endpoint this launcher hosts: the first that
+// names this node (see localNode.matches). given are the endpoints as given.
+func hostedMember(r *Rendezvous, given []string, ln localNode) (bool, string) {
+	for i, ep := range r.Endpoints {
+		if ok, why := ln.matches(given[i], ep); ok {
 			r.EtcdMember = i
-			if len(eps) > 1 {
-				member = fmt.Sprintf(" (member %d of %d)", i, len(eps))
+			if len(given) > 1 {
+				why += fmt.Sprintf(" (member %d of %d)", i, len(given))
 			}
-			if c.LocalAddr != "" {
-				return true, fmt.Sprintf("--local-addr %s matches endpoint %s%s", c.LocalAddr, ep, member)
-			}
-			return true, fmt.Sprintf("endpoint %s is an address of this machine%s", ep, member)
+			return true, why
 		}
 	}
-	switch {
-	case len(eps) == 1 && c.LocalAddr != "":
-		return false, fmt.Sprintf("--local-addr %s does not match endpoint %s", c.LocalAddr, eps[0])
-	case len(eps) == 1:
-		return false, fmt.Sprintf("endpoint %s is not an address of this machine", eps[0])
-	case c.LocalAddr != "":
-		return false, fmt.Sprintf("--local-addr %s matches none of the endpoints %s", c.LocalAddr, strings.Join(eps, ","))
+	return false, ln.mismatch(given, r.Endpoints)
+}
+
+// warnLoopbackHost warns when this node hosts the embedded etcd on a
+// loopback address although it has a routable one: a host name that
+// /etc/hosts maps to 127.0.1.1 (Debian's default) resolves elsewhere to
+// the node's real address, where nothing would listen.
+func (p *parser) warnLoopbackHost(r Rendezvous, ln localNode) {
+	if !r.HostsEtcd || r.EtcdMember < 0 || p.cfg.NNodes.Max < 2 {
+		return
 	}
-	return false, fmt.Sprintf("none of the endpoints %s is an address of this machine", strings.Join(eps, ","))
+	h, _, _ := net.SplitHostPort(r.Endpoints[r.EtcdMember])
+	ip, self := net.ParseIP(h), net.ParseIP(ln.addr)
+	if ip != nil && ip.IsLoopback() && self != nil && !self.IsLoopback() {
+		p.warn("the embedded etcd will listen on %s, a loopback address, although this node's address is %s: other nodes cannot reach it; give --rdzv-endpoint as a routable address (a host name that /etc/hosts maps to 127.0.1.1?)",
+			r.Endpoints[r.EtcdMember], ln.addr)
+	}
 }
 
 // checkMemberPorts: each member of a multi-member embedded etcd takes its
@@ -371,11 +382,6 @@ func parseEndpoints(s string, defPort int) ([]string, error) {
 // SLURM_PROCID, else JOB_COMPLETION_INDEX; -1 when none is known.
 func (p *parser) resolveInfraRank() {
 	c := p.cfg
-	c.Slurm = slurm.FromEnv(p.getenv)
-	c.K8s = k8s.FromEnv(p.getenv)
-	for _, bad := range append(append([]string{}, c.Slurm.Invalid...), c.K8s.Invalid...) {
-		p.warn("%s is not an integer >= 0; ignored", bad)
-	}
 	switch {
 	case c.NodeRank >= 0:
 		c.InfraRank, c.InfraRankFrom = c.NodeRank, p.source["node-rank"]

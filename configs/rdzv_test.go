@@ -2,6 +2,7 @@ package configs
 
 import (
 	"errors"
+	"fmt"
 	"net"
 	"reflect"
 	"strings"
@@ -9,20 +10,36 @@ import (
 	"time"
 )
 
-// fakeIsLocal treats 127.0.0.1 as this machine's only address, or
-// localAddr when one is given, as rendezvous.IsLocalEndpoint does.
-func fakeIsLocal(endpoint, localAddr string) bool {
-	host, _, _ := net.SplitHostPort(endpoint)
-	if localAddr != "" {
-		return host == localAddr
+// fakeHosts is the fake network's name table: "box" is this machine; n1-n3
+// are Slurm node names that DNS does not know (the fake resolves them as
+// the production resolver does through scontrol).
+var fakeHosts = map[string]string{"box": "10.0.0.7", "h": "10.0.0.8", "n1": "10.0.1.1", "n2": "10.0.1.2", "n3": "10.0.1.3"}
+
+// fakeNet is a machine named box whose only interface address is
+// 127.0.0.1; every route leaves from 10.0.0.7 but loopback's.
+func fakeNet() Network {
+	return Network{
+		Resolve: func(host string) ([]string, error) {
+			if ip, ok := fakeHosts[host]; ok {
+				return []string{ip}, nil
+			}
+			return nil, fmt.Errorf("%s does not resolve: no such host", host)
+		},
+		LocalIPs: func() []string { return []string{"127.0.0.1"} },
+		RouteTo: func(ip string) string {
+			if net.ParseIP(ip).IsLoopback() {
+				return "127.0.0.1"
+			}
+			return "10.0.0.7"
+		},
+		Hostname: func() string { return "box" },
 	}
-	return host == "127.0.0.1"
 }
 
 func parseRdzv(t *testing.T, args []string, env map[string]string) (*Config, error) {
 	t.Helper()
 	m := noGPU(t)
-	m.isLocal = fakeIsLocal
+	m.net = fakeNet()
 	return parse(append(args, "train.py"), envOf(env), m)
 }
 
@@ -50,7 +67,7 @@ func TestRendezvousResolved(t *testing.T) {
 		{"c10d maps to the embedded etcd, default port 29400", []string{"--nnodes", "2", "--rdzv-endpoint", "10.0.0.1"}, nil,
 			with(func(r *Rendezvous) {
 				r.Mode, r.Endpoints = RdzvEmbedded, []string{"10.0.0.1:29400"}
-				r.HostsEtcdBy = "endpoint 10.0.0.1:29400 is not an address of this machine"
+				r.HostsEtcdBy = "endpoint 10.0.0.1:29400 is not an address of this machine: this node has address 10.0.0.7 (the route to 10.0.0.1), host name box, interfaces 127.0.0.1"
 			}), []string{"http://10.0.0.1:29400"}},
 		{"one node with an endpoint still meets there", []string{"--rdzv-endpoint", "127.0.0.1:1234"}, nil,
 			with(func(r *Rendezvous) {
@@ -75,7 +92,7 @@ func TestRendezvousResolved(t *testing.T) {
 		{"static falls back to master addr and port", []string{"--nnodes", "2", "--rdzv-backend", "static", "--master-addr", "10.0.0.5"}, nil,
 			with(func(r *Rendezvous) {
 				r.Mode, r.Endpoints = RdzvEmbedded, []string{"10.0.0.5:29500"}
-				r.HostsEtcdBy = "endpoint 10.0.0.5:29500 is not an address of this machine"
+				r.HostsEtcdBy = "endpoint 10.0.0.5:29500 is not an address of this machine: this node has address 10.0.0.7 (the route to 10.0.0.5), host name box, interfaces 127.0.0.1"
 			}), nil},
 		{"etcd is external, default port 2379, empty items skipped", []string{"--nnodes", "1:3", "--rdzv-backend", "etcd", "--rdzv-endpoint", " e1 ,, e2:2380,"}, nil,
 			with(func(r *Rendezvous) { r.Mode, r.Endpoints = RdzvExternal, []string{"e1:2379", "e2:2380"} }),
@@ -83,14 +100,35 @@ func TestRendezvousResolved(t *testing.T) {
 		{"TLS makes https URLs", []string{"--nnodes", "2", "--rdzv-backend", "etcd-v2", "--rdzv-endpoint", "e1", "--rdzv-ca-cert", "/ca.pem"}, nil,
 			with(func(r *Rendezvous) { r.Mode, r.Endpoints, r.TLS = RdzvExternal, []string{"e1:2379"}, true }),
 			[]string{"https://e1:2379"}},
-		{"IPv6 endpoints", []string{"--nnodes", "2", "--rdzv-endpoint", "::1,[fe80::1],[fe80::2]:7"}, nil,
+		{"IPv6 endpoints, loopback is this machine", []string{"--nnodes", "2", "--rdzv-endpoint", "::1,[fe80::1],[fe80::2]:7"}, nil,
 			with(func(r *Rendezvous) {
-				r.Mode, r.Endpoints = RdzvEmbedded, []string{"[::1]:29400", "[fe80::1]:29400", "[fe80::2]:7"}
-				r.HostsEtcdBy = "none of the endpoints [::1]:29400,[fe80::1]:29400,[fe80::2]:7 is an address of this machine"
+				r.Mode, r.Endpoints, r.HostsEtcd, r.EtcdMember = RdzvEmbedded, []string{"[::1]:29400", "[fe80::1]:29400", "[fe80::2]:7"}, true, 0
+				r.HostsEtcdBy = "endpoint [::1]:29400 is an address of this machine (member 0 of 3)"
+			}), nil},
+		{"IPv6 endpoints elsewhere", []string{"--nnodes", "2", "--rdzv-endpoint", "[fe80::1],[fe80::2]:7"}, nil,
+			with(func(r *Rendezvous) {
+				r.Mode, r.Endpoints = RdzvEmbedded, []string{"[fe80::1]:29400", "[fe80::2]:7"}
+				r.HostsEtcdBy = "none of the endpoints [fe80::1]:29400,[fe80::2]:7 is an address of this machine: this node has address 10.0.0.7 (the route to fe80::1), host name box, interfaces 127.0.0.1"
+			}), nil},
+		{"a host name is resolved; this machine's name hosts", []string{"--nnodes", "2", "--rdzv-endpoint", "box:7000"}, nil,
+			with(func(r *Rendezvous) {
+				r.Mode, r.Endpoints, r.Given, r.HostsEtcd, r.EtcdMember = RdzvEmbedded, []string{"10.0.0.7:7000"}, []string{"box:7000"}, true, 0
+				r.HostsEtcdBy = "endpoint box:7000 (10.0.0.7) is this node (host name box)"
+			}), []string{"http://10.0.0.7:7000"}},
+		{"a host name --local-addr is resolved and matches", []string{"--nnodes", "2", "--rdzv-endpoint", "n2", "--local-addr", "n2"}, nil,
+			with(func(r *Rendezvous) {
+				r.Mode, r.Endpoints, r.Given, r.HostsEtcd, r.EtcdMember = RdzvEmbedded, []string{"10.0.1.2:29400"}, []string{"n2:29400"}, true, 0
+				r.HostsEtcdBy = "--local-addr n2 matches endpoint n2:29400 (10.0.1.2)"
+			}), nil},
+		{"a name --local-addr against an address endpoint", []string{"--nnodes", "2", "--rdzv-endpoint", "10.0.1.1", "--local-addr", "n2"}, nil,
+			with(func(r *Rendezvous) {
+				r.Mode, r.Endpoints = RdzvEmbedded, []string{"10.0.1.1:29400"}
+				r.HostsEtcdBy = "--local-addr n2 does not match endpoint 10.0.1.1:29400"
 			}), nil},
 		{"every timing, rounded to the nanosecond", []string{"--nnodes", "2", "--rdzv-endpoint", "h", "--rdzv-conf",
 			"join_timeout=60, last_call_timeout=0.001,connect_timeout=2.5,lease_ttl=7,etcd_loss_bound=604800,rejoin_wait=1e1"}, nil,
-			Rendezvous{Mode: RdzvEmbedded, Endpoints: []string{"h:29400"}, HostsEtcdBy: "endpoint h:29400 is not an address of this machine", EtcdMember: -1,
+			Rendezvous{Mode: RdzvEmbedded, Endpoints: []string{"10.0.0.8:29400"}, Given: []string{"h:29400"}, EtcdMember: -1,
+				HostsEtcdBy: "endpoint h:29400 (10.0.0.8) is not an address of this machine: this node has address 10.0.0.7 (the route to 10.0.0.8), host name box, interfaces 127.0.0.1",
 				JoinTimeout: time.Minute, LastCallTimeout: time.Millisecond, ConnectTimeout: 2500 * time.Millisecond,
 				LeaseTTL: 7 * time.Second, EtcdLossBound: 7 * 24 * time.Hour, RejoinWait: 10 * time.Second, MinNodesWait: 30 * time.Second}, nil},
 		{"rejoin_wait follows --workers-stop-timeout", []string{"--workers-stop-timeout", "3"}, nil,
@@ -243,7 +281,11 @@ func TestInfraRank(t *testing.T) {
 			}
 		})
 	}
-	c, _ := parseRdzv(t, nil, map[string]string{"SLURM_JOB_ID": "77", "SLURM_NNODES": "4", "KUBERNETES_SERVICE_HOST": "x", "HOSTNAME": "w-1"})
+	c, err := parseRdzv(t, nil, map[string]string{"SLURM_JOB_ID": "77", "SLURM_NNODES": "4", "SLURM_STEP_NODELIST": "n[1-3],box",
+		"SLURMD_NODENAME": "n2", "KUBERNETES_SERVICE_HOST": "x", "HOSTNAME": "w-1"})
+	if err != nil {
+		t.Fatal(err)
+	}
 	if c.Slurm.JobID != "77" || c.Slurm.NNodes != 4 || !c.K8s.InPod || c.K8s.PodOrdinal != 1 {
 		t.Errorf("scheduler environment not kept: slurm %+v k8s %+v", c.Slurm, c.K8s)
 	}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 
 	"gopkg.in/yaml.v3"
 )
@@ -79,6 +80,7 @@ func (p *parser) applyYAML(data []byte, path, subj string) error {
 			if v.Tag == "!!null" {
 				*dst = ""
 			}
+			p.source[strings.ReplaceAll(k.Value, "_", "-")] = subj + " fault_tolerance." + k.Value
 		case k.Value == "log_keep_attempts":
 			// A launcher option too (--log-keep-attempts), like verdict_file.
 			v = resolveAlias(v)
@@ -88,6 +90,7 @@ func (p *parser) applyYAML(data []byte, path, subj string) error {
 					subj, path, k.Line, MaxCount)
 			}
 			p.cfg.LogKeepAttempts = n
+			p.source["log-keep-attempts"] = subj + " fault_tolerance.log_keep_attempts"
 		case unimplementedFTKey(k.Value):
 			p.warn("%q line %d: fault_tolerance.%s is not implemented by ft-launcher; ignored", path, k.Line, k.Value)
 		default:

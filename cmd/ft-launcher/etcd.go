@@ -8,10 +8,12 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/ftlauncher/ft-launcher/configs"
 	"github.com/ftlauncher/ft-launcher/metrics"
 	"github.com/ftlauncher/ft-launcher/rendezvous"
+	"github.com/ftlauncher/ft-launcher/slurm"
 	"github.com/ftlauncher/ft-launcher/spawn"
 )
 
@@ -47,6 +49,9 @@ func newEtcdRendezvous(ctx context.Context, cfg *configs.Config, log *slog.Logge
 			cleanup = stop
 		}
 	}
+	if rz.Mode == configs.RdzvEmbedded && !rz.HostsEtcd {
+		defer warnWhileNobodyServes(cfg, log)()
+	}
 	r, err := rendezvous.NewEtcd(ctx, rendezvous.EtcdOptions{
 		JoinTimeout: rz.JoinTimeout, LastCall: rz.LastCallTimeout,
 		ConnectTimeout: rz.ConnectTimeout, LeaseTTL: rz.LeaseTTL,
@@ -63,9 +68,69 @@ func newEtcdRendezvous(ctx context.Context, cfg *configs.Config, log *slog.Logge
 	})
 	if err != nil {
 		cleanup()
-		return nil, nil, fmt.Errorf("etcd rendezvous at %v: %w", rz.Endpoints, err)
+		err = fmt.Errorf("etcd rendezvous at %v: %w", rz.Endpoints, err)
+		if rz.Mode == configs.RdzvEmbedded && !rz.HostsEtcd && ctx.Err() == nil && !anyListens(rz.Endpoints) {
+			err = fmt.Errorf("%w; %s", err, noHostHint(cfg))
+		}
+		return nil, nil, err
 	}
 	return r, func() { r.Close(); cleanup() }, nil
+}
+
+// launcherNetwork is what parsing asks about addresses: DNS, then, inside a
+// Slurm job, Slurm's node table (node names need not be in DNS); this
+// machine's interfaces, routes and host name.
+func launcherNetwork(getenv func(string) string) configs.Network {
+	res := rendezvous.Resolver{}
+	if getenv("SLURM_JOB_ID") != "" {
+		res.NodeAddr = slurm.Scheduler{}.NodeAddr
+	}
+	return configs.Network{Resolve: res.Resolve, LocalIPs: rendezvous.LocalIPs, RouteTo: rendezvous.RouteTo,
+		Hostname: func() string { h, _ := os.Hostname(); return h }}
+}
+
+// nobodyServesAfter is how long a launcher that does not host the embedded
+// etcd waits for it before saying what it compared: the host normally
+// serves within a second of its start.
+const nobodyServesAfter = 3 * time.Second
+
+// warnWhileNobodyServes logs, once, if nothing listens at the embedded
+// etcd's endpoints nobodyServesAfter from now, why this launcher does not
+// host it, instead of only failing after connect_timeout. The returned
+// function cancels it.
+func warnWhileNobodyServes(cfg *configs.Config, log *slog.Logger) func() {
+	t := time.AfterFunc(nobodyServesAfter, func() {
+		if !anyListens(cfg.Rdzv.Endpoints) {
+			log.Warn("nothing listens at the embedded etcd's endpoints yet; still waiting (connect_timeout)", "hint", noHostHint(cfg))
+		}
+	})
+	return func() { t.Stop() }
+}
+
+// anyListens reports whether a TCP connect to one of the endpoints succeeds.
+func anyListens(endpoints []string) bool {
+	for _, ep := range endpoints {
+		if c, err := net.DialTimeout("tcp", ep, time.Second); err == nil {
+			c.Close()
+			return true
+		}
+	}
+	return false
+}
+
+// noHostHint says that perhaps no launcher hosts the embedded etcd, what
+// makes a launcher host it, and what this one compared.
+func noHostHint(cfg *configs.Config) string {
+	rz := cfg.Rdzv
+	eps := strings.Join(rz.Endpoints, ",")
+	if rz.Given != nil {
+		eps = strings.Join(rz.Given, ",") + " (" + eps + ")"
+	}
+	host, _ := os.Hostname()
+	return fmt.Sprintf("no launcher hosts the embedded etcd at %s? The launcher whose --local-addr (else its host name, Slurm node name "+
+		"or an address of its node) matches an endpoint hosts it, or the one given --rdzv-conf is_host=1; this node's addresses were "+
+		"%s (local address, from %s), host name %s, interfaces %s: %s",
+		eps, cfg.LocalAddr, cfg.Sources["local_addr"], host, strings.Join(rendezvous.LocalIPs(), ","), rz.HostsEtcdBy)
 }
 
 // etcdMember is what this launcher's embedded etcd serves: with one

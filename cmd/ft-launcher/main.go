@@ -16,7 +16,6 @@ import (
 	"github.com/ftlauncher/ft-launcher/cmd/ft-launcher/internal/earlysig"
 	"github.com/ftlauncher/ft-launcher/configs"
 	"github.com/ftlauncher/ft-launcher/internal/version"
-	"github.com/ftlauncher/ft-launcher/rendezvous"
 )
 
 func main() {
@@ -36,7 +35,7 @@ const parsePatience = 500 * time.Millisecond
 func run(args []string, early *earlysig.Catcher, stdout, stderr io.Writer) int {
 	var cfg *configs.Config
 	var err error
-	early.During(func() { cfg, err = configs.Parse(args, os.Getenv, rendezvous.IsLocalEndpoint) }, parsePatience)
+	early.During(func() { cfg, err = configs.Parse(args, os.Getenv, launcherNetwork(os.Getenv)) }, parsePatience)
 	if err != nil {
 		switch {
 		case errors.Is(err, configs.ErrHelp):
