@@ -42,11 +42,16 @@ const (
 	EventFallback = "prewarm_fallback" // a rank started cold: local_rank, reason
 	EventWarm     = "prewarm_started"  // ranks handed to standbys: local_ranks, handover_ms
 	EventDisabled = "prewarm_disabled" // the modules cannot be imported: reason
+	EventReady    = "prewarm_ready"    // a standby has imported the modules: local_rank, pid, import_ms
 )
 
 // DefaultHandoverTimeout bounds one handover: past it the standby is
 // killed and the rank starts cold.
 const DefaultHandoverTimeout = 2 * time.Second
+
+// DefaultRefillDelay: on few cores, standbys importing torch while the
+// restarted ranks build their process group slowed the first step ~10x.
+const DefaultRefillDelay = 2 * time.Second
 
 // Options configure a Starter.
 type Options struct {
@@ -57,6 +62,10 @@ type Options struct {
 	OnEvent func(kind string, fields map[string]any)
 	// HandoverTimeout bounds one handover (0: DefaultHandoverTimeout).
 	HandoverTimeout time.Duration
+	// RefillDelay is how long after a cycle started its new standbys
+	// start (0: DefaultRefillDelay; negative: at once), so that their
+	// imports do not compete for CPU with the ranks' first steps.
+	RefillDelay time.Duration
 }
 
 var moduleName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$`)
@@ -72,7 +81,9 @@ type Starter struct {
 	mu       sync.Mutex
 	standby  map[int]*standby // local rank -> its standby (ready or not)
 	closed   bool
-	disabled string // why no more standbys are started
+	closing  chan struct{} // closed by Close: ends a refill's delay
+	disabled string        // why no more standbys are started
+	seen     bool          // a cycle was started (the first one has no standbys)
 	refills  sync.WaitGroup
 }
 
@@ -96,7 +107,10 @@ func NewStarter(o Options) (*Starter, error) {
 	if o.HandoverTimeout <= 0 {
 		o.HandoverTimeout = DefaultHandoverTimeout
 	}
-	return &Starter{o: o, log: o.Logger, standby: map[int]*standby{}}, nil
+	if o.RefillDelay == 0 {
+		o.RefillDelay = DefaultRefillDelay
+	}
+	return &Starter{o: o, log: o.Logger, standby: map[int]*standby{}, closing: make(chan struct{})}, nil
 }
 
 // pyCommand is a rank command as agent.WorkerArgv builds it for Python:
@@ -166,6 +180,9 @@ func (st *Starter) StartGroup(specs []spawn.Spec) (agent.RankGroup, error) {
 		case why != "":
 		case s == nil:
 			why = "no standby"
+			if !st.seen {
+				why = "no standby yet (standbys start once the first ranks run)"
+			}
 			if st.disabled != "" {
 				why += " (" + st.disabled + ")"
 			}
@@ -189,6 +206,7 @@ func (st *Starter) StartGroup(specs []spawn.Spec) (agent.RankGroup, error) {
 		tryWarm = append(tryWarm, sp)
 		cands = append(cands, s)
 	}
+	st.seen = true
 	st.mu.Unlock()
 
 	res := make([]handed, len(tryWarm))
@@ -255,7 +273,7 @@ func (st *Starter) event(kind string, fields map[string]any) {
 	}
 }
 
-// refill starts, in the background, a standby for every rank of specs that
+// refill starts, in the background and after RefillDelay, a standby for every rank of specs that
 // has none, with that rank's environment and directory.
 func (st *Starter) refill(specs []spawn.Spec) {
 	st.mu.Lock()
@@ -277,6 +295,15 @@ func (st *Starter) refill(specs []spawn.Spec) {
 		return
 	}
 	st.refills.Go(func() {
+		if st.o.RefillDelay > 0 {
+			t := time.NewTimer(st.o.RefillDelay)
+			defer t.Stop()
+			select {
+			case <-t.C:
+			case <-st.closing:
+				return
+			}
+		}
 		for _, sp := range todo {
 			st.startOne(sp)
 		}
@@ -305,7 +332,10 @@ func (st *Starter) startOne(sp spawn.Spec) {
 func (st *Starter) watch(s *standby) {
 	select {
 	case <-s.ready:
-		st.log.Debug("prewarm: standby ready", "local_rank", s.localRank, "pid", s.pid)
+		took := time.Since(s.started)
+		st.log.Debug("prewarm: standby ready", "local_rank", s.localRank, "pid", s.pid, "import", took)
+		st.event(EventReady, map[string]any{"local_rank": s.localRank, "pid": s.pid,
+			"import_ms": float64(took.Microseconds()) / 1000})
 		return
 	case <-s.done:
 	}
@@ -338,6 +368,9 @@ func (st *Starter) watch(s *standby) {
 // Call it before closing the reaper.
 func (st *Starter) Close() {
 	st.mu.Lock()
+	if !st.closed {
+		close(st.closing)
+	}
 	st.closed = true
 	st.mu.Unlock()
 	st.refills.Wait()

@@ -60,7 +60,7 @@ func (e *events) of(kind string) []map[string]any {
 func newStarter(t *testing.T, r *spawn.Reaper, modules ...string) (*Starter, *events) {
 	t.Helper()
 	ev := &events{}
-	st, err := NewStarter(Options{Reaper: r, Modules: modules, OnEvent: ev.add})
+	st, err := NewStarter(Options{Reaper: r, Modules: modules, OnEvent: ev.add, RefillDelay: -1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -385,5 +385,34 @@ func TestNewStarterValidates(t *testing.T) {
 		if st != nil {
 			st.Close()
 		}
+	}
+}
+
+// TestRefillWaitsTheDelay: new standbys start only after RefillDelay, and
+// Close during the delay starts none.
+func TestRefillWaitsTheDelay(t *testing.T) {
+	r := newReaper(t)
+	for _, closeEarly := range []bool{false, true} {
+		st, err := NewStarter(Options{Reaper: r, Modules: []string{"json"}, RefillDelay: time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		begin := time.Now()
+		run(t, st, filepath.Join(t.TempDir(), "1"), recordCase{})
+		st.mu.Lock()
+		n := len(st.standby)
+		st.mu.Unlock()
+		if n != 0 && time.Since(begin) < time.Second {
+			t.Fatalf("a standby started before the refill delay")
+		}
+		if closeEarly {
+			st.Close()
+			if len(st.standby) != 0 {
+				t.Fatalf("standbys after Close: %v", st.standby)
+			}
+			continue
+		}
+		waitReady(t, st, 0)
+		st.Close()
 	}
 }

@@ -28,6 +28,7 @@ type standby struct {
 	conn      *net.UnixConn // the launcher's end of the control socket
 	mode      string        // "script" or "module": what it was warmed for
 	target    string
+	started   time.Time
 
 	ready chan struct{} // closed when it reported ready
 	done  chan struct{} // closed when it was reaped
@@ -97,7 +98,7 @@ func startStandby(r *spawn.Reaper, localRank int, python string, env []string, d
 		pr.Close()
 		return nil, fmt.Errorf("prewarm: start the standby of local rank %d: %w", localRank, err)
 	}
-	s := &standby{localRank: localRank, g: g, pid: g.PIDs()[localRank], conn: conn, mode: mode, target: target,
+	s := &standby{localRank: localRank, g: g, started: time.Now(), pid: g.PIDs()[localRank], conn: conn, mode: mode, target: target,
 		ready: make(chan struct{}), done: make(chan struct{}), diagDone: make(chan struct{})}
 	go func() {
 		defer close(s.diagDone)
