@@ -33,6 +33,7 @@ import (
 	"time"
 
 	"github.com/ftlauncher/ft-launcher/configs"
+	"github.com/ftlauncher/ft-launcher/metrics"
 )
 
 // DefaultPrefixTemplate is torchrun's console prefix for teed lines.
@@ -67,6 +68,12 @@ type Options struct {
 	Console        io.Writer // teed stdout goes here; nil: os.Stdout
 	ConsoleErr     io.Writer // teed stderr goes here; nil: os.Stderr
 	Log            *slog.Logger
+	// KeepAttempts keeps only the newest KeepAttempts attempt_<n> dirs of
+	// this launcher's run dir, removing older ones as new cycles start;
+	// 0 keeps all (as torchrun).
+	KeepAttempts int
+	// Metrics counts failed log writes; nil records nothing.
+	Metrics *metrics.Metrics
 }
 
 // RankInfo identifies one rank of an attempt.
@@ -81,6 +88,9 @@ type Logs struct {
 	// consoleMu serialises whole-line writes to both console writers, which
 	// are often the same terminal.
 	consoleMu sync.Mutex
+
+	mu       sync.Mutex
+	attempts []string // attempt dirs this launcher created, oldest first
 }
 
 // New creates <log_dir>/<run_id>_<rand>/ (once per launcher).
@@ -144,6 +154,7 @@ type Attempt struct {
 	dir   string // "" when files are off
 	ranks map[int]*rankFiles
 	log   *slog.Logger
+	met   *metrics.Metrics
 
 	parentEnds []*os.File // pipe write ends kept open until the ranks exited
 	readers    []*os.File // pipe read ends, owned by tee goroutines
@@ -165,13 +176,14 @@ type rankFiles struct {
 // give each rank as stdout and stderr. An existing attempt_<n> is never
 // reused: attempt_<n>.1, attempt_<n>.2, ... are tried in turn.
 func (l *Logs) Attempt(n int, ranks []RankInfo) (*Attempt, error) {
-	a := &Attempt{ranks: make(map[int]*rankFiles, len(ranks)), log: l.opts.Log}
+	a := &Attempt{ranks: make(map[int]*rankFiles, len(ranks)), log: l.opts.Log, met: l.opts.Metrics}
 	if l.runDir != "" {
 		dir, err := claimDir(l.runDir, "attempt_"+strconv.Itoa(n))
 		if err != nil {
 			return nil, err
 		}
 		a.dir = dir
+		l.retain(dir)
 	}
 	var devNull *os.File
 	nullFile := func() (*os.File, error) {
@@ -230,7 +242,14 @@ func (l *Logs) Attempt(n int, ranks []RankInfo) (*Attempt, error) {
 				}
 				*s.dst = w
 			case file != nil:
-				*s.dst = file
+				// Through a pipe, not the file itself: a write error (a
+				// full disk) is then seen here and reported, not lost.
+				w, err := a.startTee(file, nil, "", nil)
+				if err != nil {
+					a.abort()
+					return nil, err
+				}
+				*s.dst = w
 			case redirect || tee || !shown:
 				f, err := nullFile()
 				if err != nil {
@@ -245,6 +264,24 @@ func (l *Logs) Attempt(n int, ranks []RankInfo) (*Attempt, error) {
 		a.ranks[r.LocalRank] = rf
 	}
 	return a, nil
+}
+
+// retain records dir as the newest attempt and removes the oldest ones
+// beyond KeepAttempts. Only dirs this launcher created are ever removed.
+func (l *Logs) retain(dir string) {
+	if l.opts.KeepAttempts <= 0 {
+		return // nothing to remember: no per-cycle growth
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.attempts = append(l.attempts, dir)
+	for len(l.attempts) > l.opts.KeepAttempts {
+		old := l.attempts[0]
+		l.attempts = l.attempts[1:]
+		if err := os.RemoveAll(old); err != nil {
+			l.opts.Log.Warn("ranklogs: remove old attempt dir", "dir", old, "err", err)
+		}
+	}
 }
 
 // claimDir creates parent/name, or parent/name.1, parent/name.2, ... when it
@@ -275,18 +312,28 @@ func (a *Attempt) startTee(file *os.File, console io.Writer, prefix string, mu *
 	}
 	a.parentEnds = append(a.parentEnds, pw)
 	a.readers = append(a.readers, pr)
-	lw := &lineWriter{prefix: []byte(prefix), w: console, mu: mu}
+	var lw *lineWriter
+	if console != nil {
+		lw = &lineWriter{prefix: []byte(prefix), w: console, mu: mu}
+	}
 	a.tees.Add(1)
 	go func() {
 		defer a.tees.Done()
 		buf := make([]byte, 32<<10)
+		reported := false
 		for {
 			n, err := pr.Read(buf)
 			if n > 0 {
 				if file != nil {
+					// Every failed write is counted; the first is logged.
+					// Later writes are still tried: space may come back.
 					if _, werr := file.Write(buf[:n]); werr != nil {
-						a.log.Warn("ranklogs: write log file", "file", file.Name(), "err", werr)
-						file = nil
+						a.met.RankLogWriteError()
+						if !reported {
+							reported = true
+							a.log.Error("ranklogs: rank output lost: cannot write its log file (further failures only counted)",
+								"file", file.Name(), "err", werr)
+						}
 					}
 				}
 				lw.write(buf[:n])
@@ -401,6 +448,9 @@ type lineWriter struct {
 }
 
 func (lw *lineWriter) write(p []byte) {
+	if lw == nil {
+		return
+	}
 	lw.buf = append(lw.buf, p...)
 	lw.out = lw.out[:0]
 	start := 0
@@ -422,6 +472,9 @@ func (lw *lineWriter) write(p []byte) {
 
 // flush emits a last line that had no newline.
 func (lw *lineWriter) flush() {
+	if lw == nil {
+		return
+	}
 	lw.out = lw.out[:0]
 	if len(lw.buf) > 0 {
 		lw.out = append(lw.out, lw.prefix...)

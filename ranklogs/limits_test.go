@@ -1,0 +1,129 @@
+package ranklogs
+
+import (
+	"bytes"
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ftlauncher/ft-launcher/configs"
+	"github.com/ftlauncher/ft-launcher/metrics"
+)
+
+// TestKeepAttempts: only the newest KeepAttempts attempt dirs survive; 0
+// keeps every one.
+func TestKeepAttempts(t *testing.T) {
+	tests := []struct {
+		name   string
+		keep   int
+		cycles int
+		want   []string
+	}{
+		{"keep all", 0, 4, []string{"attempt_0", "attempt_1", "attempt_2", "attempt_3"}},
+		{"keep 1", 1, 4, []string{"attempt_3"}},
+		{"keep 2", 2, 5, []string{"attempt_3", "attempt_4"}},
+		{"keep more than made", 10, 3, []string{"attempt_0", "attempt_1", "attempt_2"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			l, err := New(Options{LogDir: t.TempDir(), RunID: "r", KeepAttempts: tc.keep,
+				Redirects: configs.StdSpec{All: configs.StdOut | configs.StdErr}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i := 0; i < tc.cycles; i++ {
+				a, err := l.Attempt(i, []RankInfo{{LocalRank: 0, GlobalRank: 0}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				a.CloseParentEnds()
+				if err := a.Close(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			ents, err := os.ReadDir(l.Dir())
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			for _, e := range ents {
+				got = append(got, e.Name())
+			}
+			if strings.Join(got, ",") != strings.Join(tc.want, ",") {
+				t.Errorf("attempt dirs %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+type syncBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuf) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+// TestLogWriteErrorReportedOnceAndCounted: a rank log that cannot be
+// written (here /dev/full: ENOSPC, as a full disk) is logged once and every
+// failed write counted.
+func TestLogWriteErrorReportedOnceAndCounted(t *testing.T) {
+	full, err := os.OpenFile("/dev/full", os.O_WRONLY, 0)
+	if err != nil {
+		t.Skipf("no /dev/full on this machine: %v", err)
+	}
+	defer full.Close()
+	logs := &syncBuf{}
+	met := metrics.New()
+	a := &Attempt{ranks: map[int]*rankFiles{}, log: slog.New(slog.NewTextHandler(logs, nil)), met: met}
+	w, err := a.startTee(full, nil, "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 3; i++ {
+		if _, err := w.Write([]byte("line\n")); err != nil {
+			t.Fatal(err)
+		}
+		if i < 2 {
+			// Wait until the reader consumed it, so each write is one failure.
+			deadline := time.Now().Add(30 * time.Second)
+			for n := failures(t, met); n < float64(i+1); n = failures(t, met) {
+				if time.Now().After(deadline) {
+					t.Fatalf("write %d not counted", i)
+				}
+				time.Sleep(time.Millisecond)
+			}
+		}
+	}
+	a.CloseParentEnds()
+	a.tees.Wait()
+	for _, r := range a.readers {
+		r.Close()
+	}
+	if n := strings.Count(logs.b.String(), "rank output lost"); n != 1 {
+		t.Errorf("write error logged %d times, want once:\n%s", n, logs.b.String())
+	}
+	if n := failures(t, met); n != 3 {
+		t.Errorf("counted %v failed writes, want 3", n)
+	}
+}
+
+func failures(t *testing.T, m *metrics.Metrics) float64 {
+	t.Helper()
+	mfs, err := m.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == "ftlauncher_rank_log_write_errors_total" {
+			return mf.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	return 0
+}
