@@ -59,7 +59,7 @@ func launch(ctx context.Context, cfg *configs.Config, log *slog.Logger, sigs <-c
 
 	logs, err := ranklogs.New(ranklogs.Options{
 		LogDir: cfg.LogDir, RunID: cfg.RdzvID, Role: cfg.Role,
-		Redirects: cfg.Redirects, Tee: cfg.Tee, LocalRanksFilter: cfg.LocalRanksFilter,
+		Redirects: cfg.Redirects, Tee: cfg.Tee, LocalRanksFilter: cfg.LocalRanksFilter, KeepAttempts: cfg.LogKeepAttempts,
 		PrefixTemplate: os.Getenv("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"),
 		Console:        os.Stdout, ConsoleErr: os.Stderr,
 	})
