@@ -87,7 +87,7 @@ func options() []*option {
 	opts := []*option{
 		// Launch.
 		{names: []string{"nnodes"}, env: true, group: grpLaunch, arg: "N|MIN:MAX", def: "1:1",
-			help: "Number of nodes, or MIN:MAX for an elastic job (MAX-MIN hot spares); 0 < MIN <= MAX <= 65536.",
+			help: "Number of nodes, or MIN:MAX for an elastic job (MAX-MIN hot spares); 0 < MIN <= MAX <= 65536. Inside a Slurm job: SLURM_NNODES by default.",
 			set:  func(p *parser, v string) (err error) { p.cfg.NNodes, err = parseNNodes(v); return err }},
 		{names: []string{"nproc-per-node"}, env: true, group: grpLaunch, arg: "N|cpu|gpu|auto", def: "1",
 			help: "Workers per node (1 to 4096): an integer, cpu (CPU count), gpu (count of /dev/nvidia<N> honouring CUDA_VISIBLE_DEVICES) or auto (gpu if any, else cpu).",
@@ -149,14 +149,14 @@ func options() []*option {
 				return fmt.Errorf("invalid value %q: must be static, c10d, etcd or etcd-v2", v)
 			}},
 		{names: []string{"rdzv-endpoint"}, env: true, group: grpRdzv, arg: "HOST[:PORT]", def: "\"\"",
-			help: "Rendezvous address(es), comma-separated host[:port]; IPv6 as [addr]:port. Default port 29400 for c10d/static (the embedded etcd, hosted at the first endpoint), 2379 for etcd/etcd-v2. Required with more than one node, except for static, which falls back to --master-addr:--master-port.",
+			help: "Rendezvous address(es), comma-separated host[:port]; IPv6 as [addr]:port. Default port 29400 for c10d/static (the embedded etcd, hosted at the first endpoint), 2379 for etcd/etcd-v2. Host names are resolved (DNS, then Slurm's node table). Required with more than one node, except for static, which falls back to --master-addr:--master-port, and inside a Slurm step, where c10d defaults to the step's first node (first three with three or more) on port 29400 + 2*(job id mod 500).",
 			set: func(p *parser, v string) error {
 				p.cfg.RdzvEndpoint = v
 				p.explicit["rdzv-endpoint"] = v != ""
 				return nil
 			}},
 		{names: []string{"rdzv-id"}, env: true, group: grpRdzv, arg: "ID", def: "none",
-			help: "Run id shared by every node of the job (the default 'none' collides between jobs).",
+			help: "Run id shared by every node of the job (the default 'none' collides between jobs). Inside a Slurm job: <job id>-r<SLURM_RESTART_COUNT> (array tasks <array job id>_<task id>-r<N>).",
 			set: func(p *parser, v string) error {
 				p.cfg.RdzvID = v
 				p.explicit["rdzv-id"] = true
@@ -187,8 +187,8 @@ func options() []*option {
 				p.cfg.MasterPort = n
 				return nil
 			}},
-		{names: []string{"local-addr"}, env: true, group: grpRdzv, arg: "ADDR", def: "host name",
-			help: "Address other nodes use to reach this one (MASTER_ADDR when this node is group rank 0).",
+		{names: []string{"local-addr"}, env: true, group: grpRdzv, arg: "ADDR", def: "this node's address",
+			help: "Address (or host name, resolved) other nodes use to reach this one (MASTER_ADDR when this node is group rank 0); the launcher it matches an endpoint of hosts the embedded etcd. Default with several nodes: SLURMD_NODENAME resolved under Slurm, else the address this machine reaches the first endpoint from, else the host name resolved.",
 			set:  func(p *parser, v string) error { p.cfg.LocalAddr = v; return nil }},
 		{names: []string{"rdzv-ca-cert"}, env: true, group: grpRdzv, arg: "PATH",
 			help: "etcd rendezvous: CA certificate for TLS.",
