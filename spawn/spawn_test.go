@@ -24,8 +24,12 @@ const helperEnv = "SPAWN_TEST_HELPER"
 // TestMain doubles as the Pdeathsig helper: the test binary re-executes
 // itself with helperEnv set (the os/exec self-exec trick, no extra build).
 func TestMain(m *testing.M) {
-	if os.Getenv(helperEnv) == "pdeathsig" {
+	switch os.Getenv(helperEnv) {
+	case "pdeathsig":
 		pdeathsigHelper()
+		return
+	case "contain":
+		containHelper()
 		return
 	}
 	os.Exit(m.Run())
