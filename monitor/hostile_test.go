@@ -8,6 +8,8 @@ import (
 	"math"
 	"net"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
@@ -293,3 +295,34 @@ func TestConnectionFloodLogBounded(t *testing.T) {
 }
 
 func itoa(i int) string { return strconv.Itoa(i) }
+
+// TestStaleSocketDirsRemoved: socket dirs of dead launchers are removed at
+// the next start; those of live ones (and foreign names) are kept.
+func TestStaleSocketDirsRemoved(t *testing.T) {
+	tmp := t.TempDir()
+	dead := exec.Command("true")
+	if err := dead.Run(); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name string
+		keep bool
+	}{
+		{socketDirPrefix + strconv.Itoa(dead.Process.Pid) + "-abc", false},
+		{socketDirPrefix + strconv.Itoa(os.Getpid()) + "-abc", true},
+		{socketDirPrefix + "xyz", true},
+		{"other-1-abc", true},
+	}
+	for _, tc := range tests {
+		if err := os.MkdirAll(filepath.Join(tmp, tc.name, "sub"), 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	removeStaleDirs(tmp, slog.New(slog.DiscardHandler))
+	for _, tc := range tests {
+		_, err := os.Stat(filepath.Join(tmp, tc.name))
+		if got := err == nil; got != tc.keep {
+			t.Errorf("%s kept = %v, want %v", tc.name, got, tc.keep)
+		}
+	}
+}

@@ -201,7 +201,10 @@ func New(opts Options) (*Manager, error) {
 
 func (m *Manager) makeDir() error {
 	if m.opts.Dir == "" {
-		d, err := os.MkdirTemp("", "ftl-mon-")
+		removeStaleDirs(os.TempDir(), m.log)
+		// The owner's pid in the name lets a later launcher remove the
+		// dir once this one is gone (SIGKILLed launchers cannot).
+		d, err := os.MkdirTemp("", socketDirPrefix+strconv.Itoa(os.Getpid())+"-")
 		if err != nil {
 			return fmt.Errorf("monitor: create socket dir: %w", err)
 		}
@@ -219,6 +222,42 @@ func (m *Manager) makeDir() error {
 		return fmt.Errorf("monitor: chmod socket dir: %w", err)
 	}
 	return nil
+}
+
+// socketDirPrefix starts the name of private socket dirs: ftl-mon-<pid>-<rand>.
+const socketDirPrefix = "ftl-mon-"
+
+// removeStaleDirs removes socket dirs under tmp of launchers that are gone:
+// named ftl-mon-<pid>-..., owned by this uid, pid not running.
+func removeStaleDirs(tmp string, log *slog.Logger) {
+	ents, err := os.ReadDir(tmp)
+	if err != nil {
+		return
+	}
+	for _, e := range ents {
+		rest, ok := strings.CutPrefix(e.Name(), socketDirPrefix)
+		if !ok || !e.IsDir() {
+			continue
+		}
+		pidStr, _, ok := strings.Cut(rest, "-")
+		pid, err := strconv.Atoi(pidStr)
+		if !ok || err != nil || pid <= 0 || pidRunning(pid) {
+			continue
+		}
+		info, err := e.Info()
+		if st, ok2 := info.Sys().(*syscall.Stat_t); err != nil || !ok2 || int(st.Uid) != os.Getuid() {
+			continue
+		}
+		if err := os.RemoveAll(filepath.Join(tmp, e.Name())); err == nil {
+			log.Debug("rank monitor: removed the socket dir of a dead launcher", "dir", e.Name(), "pid", pid)
+		}
+	}
+}
+
+// pidRunning: kill(pid, 0) finds it (EPERM: it exists, another user's).
+func pidRunning(pid int) bool {
+	err := syscall.Kill(pid, 0)
+	return err == nil || errors.Is(err, syscall.EPERM)
 }
 
 func (m *Manager) listen(path string) (*net.UnixListener, error) {

@@ -68,6 +68,11 @@ func launch(ctx context.Context, cfg *configs.Config, log *slog.Logger, sigs <-c
 	}
 	rec.logDir = logs.Dir()
 
+	// Where cgroups are writable, nothing of a rank outlives this launcher,
+	// even SIGKILLed; elsewhere only the parent-death signal and sweeps do.
+	if _, err := spawn.Contain(log.With("component", "spawn")); err != nil {
+		log.Debug("rank processes not contained in a cgroup", "err", err)
+	}
 	reaper, err := spawn.NewReaper(log.With("component", "spawn"))
 	if err != nil {
 		return rec.setupFailed("start the process reaper", err)
