@@ -1,7 +1,10 @@
 package integration
 
 import (
+	"errors"
+	"os"
 	"path/filepath"
+	"strconv"
 	"testing"
 	"time"
 )
@@ -44,5 +47,48 @@ func TestHostileRankCannotDisableHangDetection(t *testing.T) {
 				t.Fatalf("the job took %v: a hang went undetected for a long time", took)
 			}
 		})
+	}
+}
+
+// TestSIGKILLedLauncherLeavesNoRankDescendants: each rank leaves a child in
+// its process group, a setsid'd child and a double-forked daemon; after
+// SIGKILL of the launcher none survives (its cgroup is killed by the
+// guardian), and the next launcher removes the dead one's socket dir.
+func TestSIGKILLedLauncherLeavesNoRankDescendants(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("cgroups are writable only by root on these machines; without them a SIGKILLed launcher's setsid'd and double-forked descendants survive (docs/architecture.md)")
+	}
+	j := newJob(t)
+	s := j.script("descendants.sh", `sleep 1000 &
+setsid sleep 1000 &
+sh -c 'sleep 1000 &'
+touch "$READY.$LOCAL_RANK"
+exec sleep 1000
+`)
+	ready := filepath.Join(j.dir, "ready")
+	j.start([]string{"READY=" + ready}, "--standalone", "--nproc-per-node", "2", "--no-python", s)
+	for r := 0; r < 2; r++ {
+		waitFile(t, ready+"."+strconv.Itoa(r), 60*time.Second)
+	}
+	if n := len(j.leftovers()); n < 8 {
+		t.Fatalf("%d processes of the job before the kill, want at least 8 (launcher, 2 ranks, 6 descendants)", n)
+	}
+	launcher := j.cmd.Process.Pid
+	sockDirs, _ := filepath.Glob(filepath.Join(os.TempDir(), "ftl-mon-"+strconv.Itoa(launcher)+"-*"))
+	if len(sockDirs) != 1 {
+		t.Fatalf("socket dirs of the launcher: %v, want 1", sockDirs)
+	}
+	_ = j.cmd.Process.Kill()
+	<-j.done
+	if left := j.waitNoLeftovers(20 * time.Second); len(left) > 0 {
+		t.Fatalf("processes left after SIGKILL of the launcher:\n%s", describeProcs(left))
+	}
+	// The next launcher removes the dead one's socket dir.
+	j2 := newJob(t)
+	if code := j2.run(time.Minute, nil, "--standalone", "--nproc-per-node", "1", "--no-python", "/bin/true"); code != 0 {
+		t.Fatalf("second launcher exit %d\n%s", code, j2.stderr.String())
+	}
+	if _, err := os.Stat(sockDirs[0]); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("stale socket dir %s not removed by the next launcher: %v", sockDirs[0], err)
 	}
 }
