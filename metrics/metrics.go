@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
@@ -84,7 +85,10 @@ func New() *Metrics {
 		Name: "ftlauncher_rank_log_write_errors_total", Help: "Failed writes of rank output to its log files (e.g. a full disk)."})
 	m.orphansKilled = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "ftlauncher_rank_orphans_killed_total", Help: "Processes of ranks left after their rank exited that the launcher killed."})
-	m.Registry.MustRegister(m.rankRefused, m.rankLogErrors, m.orphansKilled)
+	m.Registry.MustRegister(m.rankRefused, m.rankLogErrors, m.orphansKilled,
+		// go_goroutines, process_resident_memory_bytes, process_open_fds...:
+		// what a soak (bench/soak.py) watches for growth.
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.Registry.MustRegister(m.rounds, m.restarts, m.nodeFailures, m.rdzvLatency, m.currentRound, m.worldSize,
 		m.rankExits, m.hangKills, m.sparesAllocated, m.sparesActive, m.spareSwaps, m.fillerPreemptions, m.swapLatency)
 	return m
