@@ -69,7 +69,7 @@ func newEtcdRendezvous(ctx context.Context, cfg *configs.Config, log *slog.Logge
 	if err != nil {
 		cleanup()
 		err = fmt.Errorf("etcd rendezvous at %v: %w", rz.Endpoints, err)
-		if rz.Mode == configs.RdzvEmbedded && !rz.HostsEtcd && ctx.Err() == nil && !anyListens(rz.Endpoints) {
+		if rz.Mode == configs.RdzvEmbedded && !rz.HostsEtcd && ctx.Err() == nil {
 			err = fmt.Errorf("%w; %s", err, noHostHint(cfg))
 		}
 		return nil, nil, err

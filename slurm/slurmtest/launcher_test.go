@@ -230,15 +230,23 @@ func TestNoLauncherHostsSaysSo(t *testing.T) {
 	rank := rankScript(t, j.work, "rank.sh", "true")
 	n3 := c.Nodes[2]
 	j.args = []string{"-w", c.Nodes[0].Name + "," + c.Nodes[1].Name}
-	j.submit(ctx, 2, fmt.Sprintf("srun ft-launcher --nproc-per-node 1 --no-python --rdzv-endpoint %s --rdzv-conf connect_timeout=5 %s",
-		n3.Name, rank), "FAILED")
+	ports, err := freePorts(1) // a port nothing listens on, not even a wildcard listener
+	if err != nil {
+		t.Fatal(err)
+	}
+	j.submit(ctx, 2, fmt.Sprintf("srun ft-launcher --nproc-per-node 1 --no-python --rdzv-endpoint %s:%d --rdzv-conf connect_timeout=5 %s",
+		n3.Name, ports[0], rank), "FAILED")
 	logs := j.logs()
 	for _, node := range c.Nodes[:2] {
-		want := fmt.Sprintf("no launcher hosts the embedded etcd at %s:29400 (%s:29400)? The launcher whose --local-addr (else its host name, Slurm node name or an address of its node) matches an endpoint hosts it, or the one given --rdzv-conf is_host=1; this node's addresses were %s (local address, from SLURMD_NODENAME %s)",
-			n3.Name, n3.Addr, node.Addr, node.Name)
+		want := fmt.Sprintf("no launcher hosts the embedded etcd at %s:%d (%s:%d)? The launcher whose --local-addr (else its host name, Slurm node name or an address of its node) matches an endpoint hosts it, or the one given --rdzv-conf is_host=1; this node's addresses were %s (local address, from SLURMD_NODENAME %s)",
+			n3.Name, ports[0], n3.Addr, ports[0], node.Addr, node.Name)
 		if !strings.Contains(logs, want) {
 			t.Errorf("job output lacks %q:\n%s", want, logs)
 		}
+	}
+	// Said at once, not only when connect_timeout ran out.
+	if !strings.Contains(logs, "nothing listens at the embedded etcd's endpoints yet") {
+		t.Errorf("no early warning:\n%s", logs)
 	}
 }
 
