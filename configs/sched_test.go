@@ -205,3 +205,23 @@ func TestPrintConfigSources(t *testing.T) {
 		}
 	}
 }
+
+// TestLoopbackHostWarns: a host name that /etc/hosts maps to 127.0.1.1 on
+// the hosting node (Debian's default) would put the embedded etcd out of
+// the other nodes' reach: the launcher warns.
+func TestLoopbackHostWarns(t *testing.T) {
+	m := noGPU(t)
+	m.net = Network{
+		Resolve:  func(string) ([]string, error) { return []string{"127.0.1.1"}, nil },
+		LocalIPs: func() []string { return []string{"127.0.0.1", "10.0.0.7"} },
+		RouteTo:  func(string) string { return "10.0.0.7" },
+		Hostname: func() string { return "box" },
+	}
+	c, err := parse([]string{"--nnodes", "2", "--rdzv-endpoint", "box", "train.py"}, envOf(nil), m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !c.Rdzv.HostsEtcd || !strings.Contains(strings.Join(c.Warnings, "\n"), "the embedded etcd will listen on 127.0.1.1:29400, a loopback address, although this node's address is 10.0.0.7") {
+		t.Errorf("hosts %v, warnings %q; want hosting with a loopback warning", c.Rdzv.HostsEtcd, c.Warnings)
+	}
+}
