@@ -57,7 +57,8 @@ func launch(ctx context.Context, cfg *configs.Config, log *slog.Logger, sigs <-c
 	defer ev.Close()
 	rec.ev = ev
 
-	logs, err := ranklogs.New(ranklogs.Options{
+	met := serveMetrics(ctx, cfg, log)
+	logs, err := ranklogs.New(ranklogs.Options{Metrics: met,
 		LogDir: cfg.LogDir, RunID: cfg.RdzvID, Role: cfg.Role,
 		Redirects: cfg.Redirects, Tee: cfg.Tee, LocalRanksFilter: cfg.LocalRanksFilter, KeepAttempts: cfg.LogKeepAttempts,
 		PrefixTemplate: os.Getenv("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"),
@@ -68,8 +69,7 @@ func launch(ctx context.Context, cfg *configs.Config, log *slog.Logger, sigs <-c
 	}
 	rec.logDir = logs.Dir()
 
-	// Where cgroups are writable, nothing of a rank outlives this launcher,
-	// even SIGKILLed; elsewhere only the parent-death signal and sweeps do.
+	// Where cgroups are writable nothing of a rank outlives us, even SIGKILLed.
 	if _, err := spawn.Contain(log.With("component", "spawn")); err != nil {
 		log.Debug("rank processes not contained in a cgroup", "err", err)
 	}
@@ -80,13 +80,11 @@ func launch(ctx context.Context, cfg *configs.Config, log *slog.Logger, sigs <-c
 	defer reaper.Close()
 
 	mon, err := monitor.New(monitor.Options{NLocal: cfg.NProcPerNode, FT: cfg.FT,
-		StateFile: cfg.FT.TimeoutsStateFile, Logger: log.With("component", "monitor")})
+		StateFile: cfg.FT.TimeoutsStateFile, Logger: log.With("component", "monitor"), Metrics: met})
 	if err != nil {
 		return rec.setupFailed("start the rank monitors", err)
 	}
 	defer mon.Close()
-
-	met := serveMetrics(ctx, cfg, log)
 
 	// The local parts above take milliseconds; the rendezvous may wait on
 	// etcd (or start it), so a signal is checked before and cancels it.
