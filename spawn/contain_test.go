@@ -16,7 +16,13 @@ import (
 // leaves a child in its process group, a setsid'd child and a double-forked
 // daemon, prints the cgroup and every pid, and blocks until killed.
 func containHelper() {
-	c, err := Contain(nil)
+	var c *Containment
+	var err error
+	if root := os.Getenv("CONTAIN_ROOT"); root != "" {
+		c, err = containUnder(root)
+	} else {
+		c, err = Contain(nil)
+	}
 	if err != nil {
 		fmt.Println("nocgroup", err)
 		select {}
@@ -53,12 +59,23 @@ func TestContainSIGKILLedLauncherLeavesNothing(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("cgroups are writable only by root here")
 	}
+	for _, root := range []string{"", "/sys/fs/cgroup/unified", "/sys/fs/cgroup/freezer"} {
+		t.Run("root="+root, func(t *testing.T) {
+			if root != "" && !fileExists(root) {
+				t.Skipf("no %s on this machine", root)
+			}
+			testContain(t, root)
+		})
+	}
+}
+
+func testContain(t *testing.T, root string) {
 	self, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
 	}
 	cmd := exec.Command(self, "-test.run=^$")
-	cmd.Env = append(os.Environ(), helperEnv+"=contain")
+	cmd.Env = append(os.Environ(), helperEnv+"=contain", "CONTAIN_ROOT="+root)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
