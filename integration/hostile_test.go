@@ -2,9 +2,13 @@ package integration
 
 import (
 	"errors"
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -90,5 +94,78 @@ exec sleep 1000
 	}
 	if _, err := os.Stat(sockDirs[0]); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("stale socket dir %s not removed by the next launcher: %v", sockDirs[0], err)
+	}
+}
+
+// vmRSS returns a process's resident set in bytes.
+func vmRSS(t *testing.T, pid int) int64 {
+	t.Helper()
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(l); len(f) == 3 && f[0] == "VmRSS:" {
+			kb, _ := strconv.ParseInt(f[1], 10, 64)
+			return kb << 10
+		}
+	}
+	t.Fatal("no VmRSS")
+	return 0
+}
+
+// TestHostileSectionNamesAndConnectionFlood: a rank opening and closing
+// 100,000 distinct section names (nvrx pickles) grows the launcher by far
+// less than the 215 MB this once cost, and is logged once; 2,000
+// connections from a process that is not a rank are refused with a bounded
+// number of log lines.
+func TestHostileSectionNamesAndConnectionFlood(t *testing.T) {
+	worker, err := filepath.Abs("testdata/hostile_worker.py")
+	if err != nil {
+		t.Fatal(err)
+	}
+	j := newJob(t)
+	out := filepath.Join(j.dir, "out")
+	if err := os.Mkdir(out, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	j.start([]string{"PYTHON_EXEC=" + debianPython}, "--standalone", "--nproc-per-node", "1",
+		"--ft-rank-heartbeat-timeout", "600", worker, "sections", "100000", out)
+	waitFile(t, filepath.Join(out, "sock0"), 60*time.Second)
+	before := vmRSS(t, j.cmd.Process.Pid)
+	waitFile(t, filepath.Join(out, "done0"), 3*time.Minute)
+	grew := vmRSS(t, j.cmd.Process.Pid) - before
+	if grew > 64<<20 {
+		t.Errorf("launcher RSS grew by %d MB for 100,000 section names", grew>>20)
+	}
+	sock, err := os.ReadFile(filepath.Join(out, "sock0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	for i := 0; i < 2000; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c, err := net.Dial("unix", string(sock))
+			if err != nil {
+				return
+			}
+			defer c.Close()
+			_ = c.SetReadDeadline(time.Now().Add(30 * time.Second))
+			_, _ = c.Read(make([]byte, 1)) // until the launcher closes it
+		}()
+	}
+	wg.Wait()
+	_ = j.cmd.Process.Signal(syscall.SIGTERM)
+	j.wait(time.Minute)
+	logs := j.stderr.String()
+	t.Logf("RSS growth %d KB; refused-section lines %d; refused-connection lines %d",
+		grew>>10, strings.Count(logs, "kind=section"), strings.Count(logs, "refusing"))
+	if n := strings.Count(logs, "kind=section"); n != 1 {
+		t.Errorf("refused section names logged %d times, want once", n)
+	}
+	if n := strings.Count(logs, "refusing"); n < 1 || n > 10 {
+		t.Errorf("2,000 refused connections logged %d lines, want 1 to 10", n)
 	}
 }

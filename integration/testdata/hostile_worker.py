@@ -1,6 +1,12 @@
 #!/usr/bin/python3
 """Ranks for the hostile-rank tests (integration/hostile_test.go).
 
+usage: hostile_worker.py sections N OUTDIR
+  Every rank writes its monitor socket path to OUTDIR/sock<local rank>, then
+  opens and closes N distinct section names over nvrx (replies skipped, as
+  nvrx >= 0.6 clients do), waits for the reply to an UpdateConfigMsg (so all
+  of them were handled), writes OUTDIR/done<local rank> and sleeps.
+
 usage: hostile_worker.py PROTOCOL VALUE SENTFILE
   Local rank 1 is hostile: it connects to its rank monitor with PROTOCOL
   ("native": FTL1 raw frames; "nvrx": nvrx pickles through the stand-in
@@ -74,7 +80,29 @@ def hostile(proto, value, rank):
     return s
 
 
+def sections(n, outdir):
+    local = os.environ["LOCAL_RANK"]
+    with open(os.path.join(outdir, "sock" + local), "w") as f:
+        f.write(os.environ["FT_RANK_MONITOR_IPC_SOCKET"])
+    rank = int(os.environ["RANK"])
+    s, cfg = nvrx_session(rank)
+    for i in range(n):
+        name = "hostile-section-%d" % i
+        for action in (nv.SectionAction.OPEN, nv.SectionAction.CLOSE):
+            nv.send(s, nv.SectionMsg(rank, name, action, None))
+            if not cfg.skip_section_response:
+                nv.recv(s)
+    nv.send(s, nv.UpdateConfigMsg())  # always answered: everything before it was handled
+    assert isinstance(nv.recv(s), nv.OkMsg)
+    with open(os.path.join(outdir, "done" + local), "w") as f:
+        f.write("ok")
+    time.sleep(3600)
+    return 0
+
+
 def main():
+    if sys.argv[1] == "sections":
+        return sections(int(sys.argv[2]), sys.argv[3])
     proto, value, sent = sys.argv[1], sys.argv[2], sys.argv[3]
     rank = int(os.environ["RANK"])
     sent += os.environ["TORCHELASTIC_RESTART_COUNT"]
