@@ -490,6 +490,10 @@ func (c *Client) EndAllSections() error {
 	return c.send([]byte{ftwire.MsgSectionCloseAll})
 }
 
+// maxTimeout mirrors monitor.MaxClientTimeout (the client does not import
+// the launcher's packages).
+const maxTimeout = 7 * 24 * time.Hour
+
 func secs(d time.Duration) *float64 {
 	if d <= 0 {
 		return nil
@@ -499,20 +503,31 @@ func secs(d time.Duration) *float64 {
 }
 
 // SetHeartbeatTimeouts sets the initial and subsequent heartbeat timeouts
-// (0 disables one). calculated marks them as computed from observed timing,
-// so the launcher may blend them with later observations.
+// (0 leaves one unchanged: a rank cannot disable a timeout). calculated
+// marks them as computed from observed timing, so the launcher may blend
+// them with later observations. A timeout above monitor.MaxClientTimeout
+// (7 days) is refused here; the launcher would refuse the whole update. The
+// new values apply at once to this rank; to the node from the next cycle as
+// docs/timeouts.md ("Timeouts sent by ranks") says.
 func (c *Client) SetHeartbeatTimeouts(initial, subsequent time.Duration, calculated bool) error {
+	if initial < 0 || subsequent < 0 || initial > maxTimeout || subsequent > maxTimeout {
+		return fmt.Errorf("ftclient: heartbeat timeouts %v/%v outside 0 to %v", initial, subsequent, maxTimeout)
+	}
 	return c.setTimeouts(ftwire.TimeoutsUpdate{Heartbeat: &ftwire.HeartbeatTimeouts{
 		Initial: secs(initial), Subsequent: secs(subsequent), WereCalculated: calculated}})
 }
 
-// SetSectionTimeouts sets per-section timeouts and the out-of-section
-// timeout (0 disables). calculated marks them as computed.
+// SetSectionTimeouts sets per-section timeouts (configured sections only)
+// and the out-of-section timeout (0 leaves one unchanged). calculated marks
+// them as computed. Rules as for SetHeartbeatTimeouts.
 func (c *Client) SetSectionTimeouts(sections map[string]time.Duration, outOfSection time.Duration, calculated bool) error {
+	if outOfSection < 0 || outOfSection > maxTimeout {
+		return fmt.Errorf("ftclient: invalid out-of-section timeout %v", outOfSection)
+	}
 	st := &ftwire.SectionTimeouts{Section: map[string]*float64{}, OutOfSection: secs(outOfSection),
 		CalculatedSections: []string{}, IsOutOfSectionCalculated: calculated}
 	for s, d := range sections {
-		if d < 0 || math.IsInf(d.Seconds(), 0) {
+		if d < 0 || d > maxTimeout || math.IsInf(d.Seconds(), 0) {
 			return fmt.Errorf("ftclient: invalid timeout %v for section %q", d, s)
 		}
 		st.Section[s] = secs(d)

@@ -5,6 +5,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -218,4 +219,28 @@ func BenchmarkSectionOpenCloseSocket(b *testing.B) {
 		b.Fatal("socket sections requested, got the ring")
 	}
 	benchOpenClose(b, c)
+}
+
+// TestTimeoutsOutOfBoundsRefusedLocally: values the launcher would refuse
+// are refused by the client before anything is sent.
+func TestTimeoutsOutOfBoundsRefusedLocally(t *testing.T) {
+	var c ftclient.Client // never connected: nothing can be sent
+	tests := []struct {
+		name string
+		call func() error
+	}{
+		{"negative heartbeat", func() error { return c.SetHeartbeatTimeouts(-time.Second, time.Second, false) }},
+		{"heartbeat above 7 days", func() error { return c.SetHeartbeatTimeouts(time.Second, 8*24*time.Hour, false) }},
+		{"negative section", func() error {
+			return c.SetSectionTimeouts(map[string]time.Duration{"step": -1}, time.Second, false)
+		}},
+		{"out of section above 7 days", func() error { return c.SetSectionTimeouts(nil, 8*24*time.Hour, false) }},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if err := tc.call(); err == nil || !strings.Contains(err.Error(), "ftclient:") {
+				t.Fatalf("err = %v, want the client's refusal", err)
+			}
+		})
+	}
 }
