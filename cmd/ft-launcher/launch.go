@@ -49,7 +49,7 @@ func launch(ctx context.Context, cfg *configs.Config, log *slog.Logger, sigs <-c
 	host, _ := os.Hostname()
 	rec := &verdictRecorder{cfg: cfg, log: log, host: host, node: nodeName(cfg, host), started: time.Now()}
 
-	ev, err := eventlog.Open(cfg.EventLog, map[string]any{"node": rec.node, "run_id": cfg.RdzvID})
+	ev, err := eventlog.Open(cfg.EventLog, eventBase(cfg, rec.node))
 	if err != nil {
 		fmt.Fprintf(stderr, "ft-launcher: --event-log %s: %v\n", cfg.EventLog, err)
 		return configs.ExitUsage
@@ -164,6 +164,19 @@ func osSignals(s []syscall.Signal) []os.Signal {
 		out[i] = x
 	}
 	return out
+}
+
+// eventBase are the fields of every event: the node and run, and the
+// scheduler's job when there is one (so a record names the Slurm job).
+func eventBase(cfg *configs.Config, node string) map[string]any {
+	base := map[string]any{"node": node, "run_id": cfg.RdzvID}
+	if cfg.Slurm.InJob() {
+		base["slurm_job_id"] = cfg.Slurm.JobID
+		if cfg.Slurm.RestartCount >= 0 {
+			base["slurm_restart_count"] = cfg.Slurm.RestartCount
+		}
+	}
+	return base
 }
 
 // workerReady resolves the worker interpreter (a usage error when it is

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/ftlauncher/ft-launcher/configs"
 	"github.com/ftlauncher/ft-launcher/cmd/ft-launcher/internal/earlysig"
 )
 
@@ -198,5 +199,21 @@ func TestSignalsCaughtBeforeHeavyInit(t *testing.T) {
 	}
 	if _, ok := order["github.com/ftlauncher/ft-launcher/configs"]; !ok {
 		t.Errorf("inittrace does not list configs: the order cannot be checked:\n%s", out)
+	}
+}
+
+func TestEventBaseNamesTheSlurmJob(t *testing.T) {
+	env := map[string]string{"SLURM_JOB_ID": "4242", "SLURM_RESTART_COUNT": "2"}
+	cfg, err := configs.Parse([]string{"--standalone", "--no-python", "x"}, func(k string) string { return env[k] }, launcherNetwork(func(k string) string { return env[k] }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := eventBase(cfg, "n1")
+	if b["slurm_job_id"] != "4242" || b["slurm_restart_count"] != 2 || b["node"] != "n1" {
+		t.Fatalf("event base %v", b)
+	}
+	cfg.Slurm.JobID = ""
+	if _, ok := eventBase(cfg, "n1")["slurm_job_id"]; ok {
+		t.Fatal("slurm_job_id outside Slurm")
 	}
 }
