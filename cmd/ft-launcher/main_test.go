@@ -11,8 +11,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/ftlauncher/ft-launcher/configs"
 	"github.com/ftlauncher/ft-launcher/cmd/ft-launcher/internal/earlysig"
+	"github.com/ftlauncher/ft-launcher/configs"
 )
 
 // closedPort returns a local port nothing listens on.
