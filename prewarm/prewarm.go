@@ -49,8 +49,8 @@ const (
 // killed and the rank starts cold.
 const DefaultHandoverTimeout = 2 * time.Second
 
-// DefaultRefillDelay: on few cores, standbys importing torch while the
-// restarted ranks build their process group slowed the first step ~10x.
+// DefaultRefillDelay keeps the new standbys' imports (a CPU-second each
+// for torch) off the CPU while the restarted ranks reach their first step.
 const DefaultRefillDelay = 2 * time.Second
 
 // Options configure a Starter.

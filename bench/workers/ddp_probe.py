@@ -1,0 +1,61 @@
+#!/usr/bin/python3
+"""Runs examples/ddp_train.py unchanged, stamping its phases (bench/prewarm.py).
+
+Appends "<ns> <phase> <rank> <cycle>" lines to $PROBE_STAMPS: start (first
+line of user code), imports (torch, torch.distributed, torch.nn done),
+pg (init_process_group returned), ckpt (torch.load returned), step (the
+first optimizer step returned), crash (right before the injected os._exit).
+"""
+import os
+import runpy
+import sys
+import time
+
+T0 = time.time_ns()
+_RANK = os.environ.get("RANK", "?")
+_CYCLE = os.environ.get("TORCHELASTIC_RESTART_COUNT", "?")
+_FD = os.open(os.environ["PROBE_STAMPS"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+
+def stamp(phase, at=None):
+    os.write(_FD, f"{at or time.time_ns()} {phase} {_RANK} {_CYCLE}\n".encode())
+
+
+stamp("start", T0)
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.nn  # noqa: E402,F401
+from torch.nn.parallel import DistributedDataParallel  # noqa: E402,F401
+
+stamp("imports")
+
+
+def after(obj, name, phase, once=True):
+    orig = getattr(obj, name)
+    done = []
+
+    def wrapped(*a, **k):
+        r = orig(*a, **k)
+        if not (once and done):
+            done.append(1)
+            stamp(phase)
+        return r
+    setattr(obj, name, wrapped)
+
+
+after(dist, "init_process_group", "pg")
+after(torch, "load", "ckpt")
+after(torch.optim.Adam, "step", "step")
+_exit = os._exit
+
+
+def crash(code):
+    stamp("crash")
+    _exit(code)
+
+
+os._exit = crash
+train = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples", "ddp_train.py")
+train = os.path.normpath(train)
+sys.argv = [train] + sys.argv[1:]
+runpy.run_path(train, run_name="__main__")
