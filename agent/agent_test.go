@@ -760,3 +760,16 @@ func TestExitCode(t *testing.T) {
 		}
 	}
 }
+
+// TestCyclesBounded: a job that restarts thousands of times keeps the
+// newest 64 cycles and the count of all of them.
+func TestCyclesBounded(t *testing.T) {
+	r := newRunState(time.Now(), 1000)
+	for i := 0; i < 1000; i++ {
+		r.cycle = cycleTiming{round: i}
+		r.finishCycle(cycleEnd{kind: endRankFailure})
+	}
+	if len(r.cycles) != maxCycles || r.cyclesTotal != 1000 || r.cycles[0].Round != 1000-maxCycles || r.cycles[maxCycles-1].Round != 999 {
+		t.Fatalf("%d cycles kept (first %d, last %d), %d total", len(r.cycles), r.cycles[0].Round, r.cycles[len(r.cycles)-1].Round, r.cyclesTotal)
+	}
+}

@@ -30,7 +30,8 @@ type Outcome struct {
 	RanksClean   bool
 	Quarantined  []verdict.Quarantine
 	FinishedFlag verdict.FinishedFlag
-	Cycles       []verdict.Cycle
+	Cycles       []verdict.Cycle // the newest (at most 64)
+	CyclesTotal  int             // every cycle this node ran
 	// Ledger is this node's leases and the peers' leases it ended.
 	Ledger    []ledger.Record
 	StartedAt time.Time
@@ -69,7 +70,7 @@ func (o Outcome) Verdict(runID, node, host string) verdict.Verdict {
 	v := verdict.Verdict{Kind: o.Kind, ExitCode: o.ExitCode(), Reason: o.Reason, Finished: o.Finished(),
 		FinishedFlag: o.FinishedFlag, RunID: runID, Node: node, Hostname: host, PID: os.Getpid(),
 		RestartsUsed: o.RestartsUsed, MaxRestarts: o.MaxRestarts, LastRound: o.LastRound,
-		Quarantined: o.Quarantined, Cycles: o.Cycles, Ledger: o.Ledger, StartedAt: o.StartedAt, EndedAt: o.EndedAt}
+		Quarantined: o.Quarantined, Cycles: o.Cycles, CyclesTotal: o.CyclesTotal, Ledger: o.Ledger, StartedAt: o.StartedAt, EndedAt: o.EndedAt}
 	if o.Signal != nil {
 		v.Signal = sigName(o.Signal)
 	}
@@ -88,6 +89,7 @@ type runState struct {
 	end          cycleEnd
 	cycle        cycleTiming
 	cycles       []verdict.Cycle
+	cyclesTotal  int
 	pendingReq   *monitor.WorkloadRequest
 	hangs        int         // hang verdicts on this node in this job
 	isSpare      bool        // parked as a spare (a Spare lease is open)
@@ -100,6 +102,10 @@ type runState struct {
 	quarantined []verdict.Quarantine
 	outcome     *Outcome
 }
+
+// maxCycles is how many of the newest cycles the outcome keeps (the verdict
+// says how many there were in all).
+const maxCycles = 64
 
 // cycleTiming are the instants of one cycle's phases.
 type cycleTiming struct {
@@ -183,6 +189,13 @@ func (r *runState) finishCycle(end cycleEnd) {
 		}
 		return float64(to.Sub(from).Microseconds()) / 1000
 	}
+	r.cyclesTotal++
+	if len(r.cycles) == maxCycles {
+		// Keep the newest: a long job restarts thousands of times, and the
+		// verdict (and this process) must not grow with it.
+		copy(r.cycles, r.cycles[1:])
+		r.cycles = r.cycles[:maxCycles-1]
+	}
 	r.cycles = append(r.cycles, verdict.Cycle{Round: c.round, RendezvousMS: ms(c.start, c.joined),
 		FillerReclaimMS: float64(c.reclaim.Microseconds()) / 1000,
 		SpawnMS:         ms(c.spawnStart, c.spawned), RunMS: ms(c.spawned, c.stopStart), StopMS: ms(c.stopStart, c.stopped),
@@ -205,7 +218,7 @@ func (a *Agent) finish() Outcome {
 	}
 	o := *r.outcome
 	o.RestartsUsed, o.MaxRestarts, o.LastRound = r.restartsUsed, r.maxRestarts, r.lastRound
-	o.Quarantined, o.Cycles = r.quarantined, r.cycles
+	o.Quarantined, o.Cycles, o.CyclesTotal = r.quarantined, r.cycles, r.cyclesTotal
 	o.StartedAt, o.EndedAt = r.started.UTC(), time.Now().UTC()
 	o.FinishedFlag = finishedFlag(a.envValue("FAULT_TOL_FINISHED_FLAG_FILE"))
 	if o.Kind == verdict.Walltime && o.RanksClean && o.FinishedFlag.Present {

@@ -142,7 +142,8 @@ type Verdict struct {
 	LastRound    int          `json:"last_round"` // -1 when no round was assigned
 	Signal       string       `json:"signal,omitempty"`
 	Quarantined  []Quarantine `json:"quarantined"`
-	Cycles       []Cycle      `json:"cycles"`
+	Cycles       []Cycle      `json:"cycles"`       // the newest cycles, at most 64
+	CyclesTotal  int          `json:"cycles_total"` // every cycle this node ran
 	// Ledger is the node's leases (Active, Spare, Filler) and the peers'
 	// leases this node ended (a lost node's NodeFailure).
 	Ledger    []ledger.Record `json:"ledger"`
