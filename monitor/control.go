@@ -26,7 +26,8 @@ func validAction(a string) bool {
 }
 
 // serveControl handles one workload-control connection: one request, one
-// acknowledgement, close (nvrx.md §3.7). Any process of our uid may send.
+// acknowledgement, close (as nvrx's launcher IPC does). Any process of our
+// uid may send.
 func (m *Manager) serveControl(c *net.UnixConn) {
 	cred, err := peerCred(c)
 	if err != nil || int(cred.Uid) != m.opts.UID {

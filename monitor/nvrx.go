@@ -51,8 +51,8 @@ func (m *Manager) nvrxConfig(r *rankMon, skip bool) *configs.FaultTolerance {
 	return &cfg
 }
 
-// serveNvrx runs an nvrx (pickle) session exactly as nvrx.md §3.5 and the
-// §3.9 matrix: replies to heartbeats and sections are sent unless the client
+// serveNvrx runs an nvrx (pickle) session as nvrx's rank monitor server
+// does (docs/protocol.md): replies to heartbeats and sections are sent unless the client
 // was told skip_section_response=True, which only happens for clients known
 // to be >= 0.6 (InitMsg carries iteration keys) when the config allows it.
 func (m *Manager) serveNvrx(r *rankMon, gen uint64, dc *deadlineConn, br *bufio.Reader) error {

@@ -15,7 +15,7 @@ import (
 
 const systemPython = "/usr/bin/python3"
 
-// nvrxConfigFields is every FaultToleranceConfig field of nvrx.md §2.
+// nvrxConfigFields is every field of nvrx's FaultToleranceConfig.
 var nvrxConfigFields = []string{
 	"workload_check_interval", "initial_rank_heartbeat_timeout", "rank_heartbeat_timeout",
 	"rank_section_timeouts", "rank_out_of_section_timeout", "node_health_check_interval",
