@@ -415,3 +415,43 @@ exit 0
 		}
 	})
 }
+
+// TestWalltimeSignalForwardedNotAFailure: the scheduler's pre-walltime
+// USR1 reaches the rank (which checkpoints and exits 0 here), is not
+// counted as a failure and no restart follows; the verdict says walltime.
+// A rank without a handler dies of USR1: still walltime, no restart.
+func TestWalltimeSignalForwardedNotAFailure(t *testing.T) {
+	for _, tc := range []struct {
+		name, rank string
+		code       int
+	}{
+		{"rank checkpoints and exits 0", `trap 'echo ckpt >> "$OUT/ckpt"; exit 0' USR1` + "\n" + `echo $$ > "$OUT/rank.pid"; while :; do sleep 0.05; done`, 0},
+		{"rank without a handler", `echo $$ > "$OUT/rank.pid"; exec sleep 600`, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			j := newJob(t)
+			vpath := filepath.Join(j.dir, "verdict.json")
+			s := j.script("rank.sh", tc.rank+"\n")
+			j.start([]string{"OUT=" + j.dir}, "--standalone", "--nproc-per-node", "1", "--max-restarts", "3",
+				"--verdict-file", vpath, "--no-python", s)
+			waitFile(t, filepath.Join(j.dir, "rank.pid"), generous)
+			_ = j.cmd.Process.Signal(syscall.SIGUSR1)
+			if code := j.wait(generous); code != tc.code {
+				t.Fatalf("exit %d, want %d\n%s", code, tc.code, j.stderr.String())
+			}
+			v := readVerdict(t, vpath)
+			wantVerdict(t, v, verdict.Walltime, tc.code)
+			if v.RestartsUsed != 0 || len(j.eventsOf("cycle_started")) != 1 {
+				t.Fatalf("restarted after the walltime signal: %+v", v)
+			}
+			if len(j.eventsOf("walltime_warning")) != 1 {
+				t.Fatalf("no walltime_warning event")
+			}
+			if tc.code == 0 {
+				if b, _ := os.ReadFile(filepath.Join(j.dir, "ckpt")); !strings.Contains(string(b), "ckpt") {
+					t.Fatal("the rank never got USR1")
+				}
+			}
+		})
+	}
+}
