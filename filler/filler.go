@@ -53,7 +53,10 @@ type Options struct {
 	ReclaimTimeout time.Duration
 	GPUPoll        time.Duration
 	GPUCheck       GPUCheck // nil: no GPUs to wait for
-	Logger         *slog.Logger
+	// CgroupParent is the launcher's own cgroup (spawn.Contain); with
+	// cgroup v2 each filler start gets a child cgroup there. "" for none.
+	CgroupParent string
+	Logger       *slog.Logger
 	// OnEvent, when set, is told about starts, exits and reclaims (the
 	// agent writes them to the event log).
 	OnEvent func(kind string, fields map[string]any)
@@ -103,6 +106,7 @@ type Filler struct {
 	stop    chan struct{} // closed to end the loop
 	done    chan struct{} // closed when the loop returned
 	group   *spawn.Group  // the current start, nil between starts
+	cgroup  string        // the current start's cgroup ("" none)
 	starts  int
 }
 
@@ -152,6 +156,7 @@ func (f *Filler) supervise(stop, done chan struct{}) {
 		case e = <-g.Exits():
 		}
 		// Its children may live on in its group: clear them before a restart.
+		f.killCgroup()
 		g.Stop(syscall.SIGKILL, 0)
 		f.setGroup(nil)
 		f.log.Warn("filler exited while the node is a spare", "exit", e.String())
@@ -181,13 +186,17 @@ func (f *Filler) startOnce() (*spawn.Group, error) {
 	if err != nil {
 		return nil, fmt.Errorf("start filler %q: %w", f.o.Command, err)
 	}
+	pid := g.PIDs()[-2]
+	cg, cerr := cgroupFor(f.o.CgroupParent, pid)
+	if cerr != nil {
+		f.log.Warn("filler runs without its own cgroup", "err", cerr)
+	}
 	f.mu.Lock()
-	f.group = g
+	f.group, f.cgroup = g, cg
 	f.starts++
 	n := f.starts
 	f.mu.Unlock()
-	pid := g.PIDs()[-2]
-	f.log.Info("filler started on this spare node", "pid", pid, "start", n, "log", f.o.LogPath)
+	f.log.Info("filler started on this spare node", "pid", pid, "start", n, "log", f.o.LogPath, "cgroup", cg)
 	f.o.OnEvent(EventStarted, map[string]any{"pid": pid, "start": n, "command": f.o.Command, "log": f.o.LogPath})
 	return g, nil
 }
@@ -220,6 +229,7 @@ func (f *Filler) Reclaim(ctx context.Context) (time.Duration, error) {
 		return 0, nil
 	}
 	close(stop)
+	f.killCgroup()
 	if g != nil {
 		// Stop with SIGKILL: signal, sweep the group and every orphan the
 		// launcher adopted, bounded by spawn.
@@ -246,6 +256,17 @@ func (f *Filler) Reclaim(ctx context.Context) (time.Duration, error) {
 	f.log.Info("filler reclaimed", "took", took)
 	f.o.OnEvent(EventReclaimed, map[string]any{"took_ms": float64(took.Microseconds()) / 1000})
 	return took, nil
+}
+
+// killCgroup kills the current start's cgroup, if it has one.
+func (f *Filler) killCgroup() {
+	f.mu.Lock()
+	dir := f.cgroup
+	f.cgroup = ""
+	f.mu.Unlock()
+	if err := killCgroup(dir); err != nil {
+		f.log.Warn("filler cgroup", "err", err)
+	}
 }
 
 // waitGPUs polls GPUCheck until the GPUs are free or ctx ends.

@@ -264,3 +264,52 @@ func TestOwnProcessGroup(t *testing.T) {
 		t.Fatal("filler alive after Close")
 	}
 }
+
+// TestOwnCgroup: with a cgroup v2 parent (the launcher's containment), the
+// filler runs in a child cgroup of its own, and the reclaim kills
+// everything in it (a setsid escapee included) and removes it. Skips, with
+// the reason, where no cgroup v2 hierarchy is writable.
+func TestOwnCgroup(t *testing.T) {
+	var parent string
+	for _, root := range []string{"/sys/fs/cgroup", "/sys/fs/cgroup/unified"} {
+		if _, err := os.Stat(filepath.Join(root, "cgroup.controllers")); err != nil {
+			continue
+		}
+		dir := filepath.Join(root, fmt.Sprintf("ftl-fillertest-%d", os.Getpid()))
+		if err := os.Mkdir(dir, 0o755); err == nil {
+			parent = dir
+			break
+		}
+	}
+	if parent == "" {
+		t.Skip("no writable cgroup v2 hierarchy here (needs root and cgroup v2): the filler relies on the process-group and orphan sweep")
+	}
+	t.Cleanup(func() { _ = os.Remove(parent) })
+	if _, err := os.Stat(filepath.Join(parent, "cgroup.kill")); err != nil {
+		t.Skip("cgroup v2 without cgroup.kill (kernel older than 5.14)")
+	}
+	dir := t.TempDir()
+	f := New(newReaper(t), Options{Command: `echo $$ > pid.sh; setsid sh -c 'echo $$ > pid.setsid; exec sleep 600' & exec sleep 600`,
+		Dir: dir, LogPath: LogPath(dir), CgroupParent: parent})
+	f.Park()
+	waitUntil(t, "the filler", func() bool { return len(readPids(t, dir)) == 2 })
+	f.mu.Lock()
+	cg := f.cgroup
+	f.mu.Unlock()
+	if cg == "" {
+		t.Fatal("the filler has no cgroup of its own")
+	}
+	sh := readPids(t, dir)
+	waitUntil(t, "the filler's processes in its cgroup", func() bool { return len(cgroupPids(cg)) >= 1 })
+	if _, err := f.Reclaim(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range sh {
+		if alive(p) {
+			t.Errorf("filler process %d alive after the reclaim", p)
+		}
+	}
+	if _, err := os.Stat(cg); !os.IsNotExist(err) {
+		t.Errorf("the filler's cgroup %s was not removed: %v", cg, err)
+	}
+}

@@ -69,10 +69,7 @@ func launch(ctx context.Context, cfg *configs.Config, log *slog.Logger, sigs <-c
 	}
 	rec.logDir = logs.Dir()
 
-	// Where cgroups are writable nothing of a rank outlives us, even SIGKILLed.
-	if _, err := spawn.Contain(log.With("component", "spawn")); err != nil {
-		log.Debug("rank processes not contained in a cgroup", "err", err)
-	}
+	cgroup := contain(log)
 	reaper, err := spawn.NewReaper(log.With("component", "spawn"))
 	if err != nil {
 		return rec.setupFailed("start the process reaper", err)
@@ -112,7 +109,7 @@ func launch(ctx context.Context, cfg *configs.Config, log *slog.Logger, sigs <-c
 		Hostname: host, NodeID: rec.node, Environ: environ, CallTimeout: callTimeout(cfg),
 		Ledger: book, WalltimeSignals: osSignals(cfg.WalltimeSignals)}
 	if cfg.SpareFiller != "" {
-		deps.Spare = newFiller(cfg, reaper, logs.Dir(), environ, ev, log)
+		deps.Spare = newFiller(cfg, reaper, logs.Dir(), cgroup, environ, ev, log)
 	}
 	return rec.write(agent.New(deps).Run(ctx))
 }
@@ -136,13 +133,25 @@ func (l ledgerEvents) Put(_ context.Context, r ledger.Record) error {
 	return nil
 }
 
+// contain moves the launcher into a cgroup of its own where cgroups are
+// writable, so nothing of a rank outlives it, even SIGKILLed; it returns
+// the cgroup's directory ("" where none).
+func contain(log *slog.Logger) string {
+	c, err := spawn.Contain(log.With("component", "spawn"))
+	if err != nil {
+		log.Debug("rank processes not contained in a cgroup", "err", err)
+		return ""
+	}
+	return c.Dir
+}
+
 // newFiller is the --spare-filler work of this node while it is a spare.
-func newFiller(cfg *configs.Config, reaper *spawn.Reaper, logDir string, environ []string, ev *eventlog.Log, log *slog.Logger) *filler.Filler {
+func newFiller(cfg *configs.Config, reaper *spawn.Reaper, logDir, cgroup string, environ []string, ev *eventlog.Log, log *slog.Logger) *filler.Filler {
 	logPath := os.DevNull
 	if logDir != "" {
 		logPath = filler.LogPath(logDir)
 	}
-	o := filler.Options{Command: cfg.SpareFiller, Env: environ, LogPath: logPath,
+	o := filler.Options{Command: cfg.SpareFiller, Env: environ, LogPath: logPath, CgroupParent: cgroup,
 		ReclaimTimeout: cfg.SpareFillerReclaimTimeout, Logger: log.With("component", "filler"),
 		OnEvent: func(kind string, fields map[string]any) { ev.Emit(kind, fields) }}
 	if hasNvidiaSMI() {
