@@ -111,6 +111,10 @@ type Config struct {
 	SpareFiller               string        // command run on this node while it is a spare ("" none)
 	SpareFillerReclaimTimeout time.Duration // bound on killing the filler and freeing the GPUs when promoted
 
+	// Prewarm are the Python modules each local rank's standby interpreter
+	// imports ahead of a restart (nil: ranks always start cold; docs/prewarm.md).
+	Prewarm []string
+
 	// WalltimeSignals are the scheduler's pre-walltime warnings: forwarded
 	// to the ranks, never a failure (default SIGUSR1, SIGUSR2).
 	WalltimeSignals []syscall.Signal

@@ -77,6 +77,7 @@ func (c *Config) Effective() string {
 	add("verdict_file", c.VerdictFile)
 	add("spare_filler", c.SpareFiller)
 	add("spare_filler_reclaim_timeout", c.SpareFillerReclaimTimeout.Seconds())
+	add("prewarm", strings.Join(c.Prewarm, ","))
 	wt := make([]string, len(c.WalltimeSignals))
 	for i, s := range c.WalltimeSignals {
 		wt[i] = signalName(s)

@@ -3,6 +3,7 @@ package configs
 import (
 	"fmt"
 	"reflect"
+	"regexp"
 	"strings"
 )
 
@@ -275,6 +276,9 @@ func options() []*option {
 		{names: []string{"spare-filler"}, env: true, group: grpOurs, arg: "CMD", def: "off",
 			help: "Filler work for this node while it waits as a spare (nodes beyond --nnodes MIN): run as /bin/sh -c CMD in its own process group, with FT_LAUNCHER_FILLER=1 and none of the job's variables, its output in filler.log in the run's log directory, restarted with backoff if it exits. When the spare is promoted the whole filler tree is SIGKILLed at once (no grace: filler is pre-emptible by contract) before the job's ranks start. Also YAML fault_tolerance.spare_filler. See docs/spares.md.",
 			set:  func(p *parser, v string) error { p.cfg.SpareFiller = v; return nil }},
+		{names: []string{"prewarm"}, env: true, group: grpOurs, arg: "MODULES", def: "off",
+			help: "Comma-separated Python modules (e.g. torch,torch.distributed) that one standby interpreter per local rank imports ahead of time; a restart hands each rank to its standby instead of starting a new interpreter (no GPU work in the standby; ignored with --no-python). Costs one imported interpreter per local rank. Also YAML fault_tolerance.prewarm. See docs/prewarm.md.",
+			set:  func(p *parser, v string) (err error) { p.cfg.Prewarm, err = parseModuleList(v); return err }},
 		{names: []string{"spare-filler-reclaim-timeout"}, env: true, group: grpOurs, arg: "SECONDS", def: "30",
 			help: "Bound on reclaiming a promoted spare: the filler tree's exit and, with GPUs, until nvidia-smi shows no process on them and memory below --ft-gpu-memory-tolerance-mb. Past it the spare is quarantined and the next spare takes its place. 0.001 to 604800.",
 			set: func(p *parser, v string) (err error) {
@@ -383,3 +387,23 @@ func ftDefault(ft *FaultTolerance, key string) string {
 	}
 	return fmt.Sprint(f.Interface())
 }
+
+// parseModuleList parses --prewarm: dotted Python module names, comma
+// separated ("" or "off": none).
+func parseModuleList(v string) ([]string, error) {
+	v = strings.TrimSpace(v)
+	if v == "" || strings.EqualFold(v, "off") {
+		return nil, nil
+	}
+	var out []string
+	for _, m := range strings.Split(v, ",") {
+		m = strings.TrimSpace(m)
+		if !pyModuleRE.MatchString(m) {
+			return nil, fmt.Errorf("%q is not a Python module name", m)
+		}
+		out = append(out, m)
+	}
+	return out, nil
+}
+
+var pyModuleRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$`)

@@ -81,6 +81,17 @@ func (p *parser) applyYAML(data []byte, path, subj string) error {
 				*dst = ""
 			}
 			p.source[strings.ReplaceAll(k.Value, "_", "-")] = subj + " fault_tolerance." + k.Value
+		case k.Value == "prewarm":
+			// A launcher option too (--prewarm), like verdict_file.
+			v = resolveAlias(v)
+			var err error
+			if v.Kind == yaml.ScalarNode {
+				p.cfg.Prewarm, err = parseModuleList(v.Value)
+			}
+			if v.Kind != yaml.ScalarNode || err != nil {
+				return usageErr("fault_tolerance.prewarm", "%s: %q: fault_tolerance.prewarm (line %d): must be comma-separated Python module names", subj, path, k.Line)
+			}
+			p.source["prewarm"] = subj + " fault_tolerance.prewarm"
 		case k.Value == "log_keep_attempts":
 			// A launcher option too (--log-keep-attempts), like verdict_file.
 			v = resolveAlias(v)

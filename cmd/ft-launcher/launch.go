@@ -21,6 +21,7 @@ import (
 	"github.com/ftlauncher/ft-launcher/ledger"
 	"github.com/ftlauncher/ft-launcher/metrics"
 	"github.com/ftlauncher/ft-launcher/monitor"
+	"github.com/ftlauncher/ft-launcher/prewarm"
 	"github.com/ftlauncher/ft-launcher/ranklogs"
 	"github.com/ftlauncher/ft-launcher/rendezvous"
 	"github.com/ftlauncher/ft-launcher/spawn"
@@ -103,9 +104,19 @@ func launch(ctx context.Context, cfg *configs.Config, log *slog.Logger, sigs <-c
 		return rec.signaled(sig)
 	}
 
+	var ranks agent.RankStarter = agent.SpawnRanks{Reaper: reaper}
+	if len(cfg.Prewarm) > 0 && !cfg.NoPython {
+		st, err := prewarm.NewStarter(prewarm.Options{Reaper: reaper, Modules: cfg.Prewarm,
+			Logger: log.With("component", "prewarm"), OnEvent: ev.Emit})
+		if err != nil {
+			return rec.setupFailed("prewarm", err)
+		}
+		defer st.Close() // before the reaper closes: kills the standbys
+		ranks = st
+	}
 	book := newLedgerBook(cfg, rdzv, ev, rec.node, host, log)
 	deps := agent.Deps{Config: cfg, Logger: log.With("component", "agent"), Events: ev, Metrics: met,
-		Ranks: agent.SpawnRanks{Reaper: reaper}, Logs: logs, Monitors: mon, Rdzv: rdzv, Signals: sigs,
+		Ranks: ranks, Logs: logs, Monitors: mon, Rdzv: rdzv, Signals: sigs,
 		Hostname: host, NodeID: rec.node, Environ: environ, CallTimeout: callTimeout(cfg),
 		Ledger: book, WalltimeSignals: osSignals(cfg.WalltimeSignals)}
 	if cfg.SpareFiller != "" {
