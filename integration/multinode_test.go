@@ -271,6 +271,11 @@ if [ "$TORCHELASTIC_RESTART_COUNT" = 0 ]; then exec sleep 120; fi
 sleep 1
 exit 0
 `)
+		t.Cleanup(func() {
+			if t.Failed() {
+				t.Logf("every node's log:\n%s", c.stderrs())
+			}
+		})
 		// MIN 2, MAX 3: two active nodes and one standby.
 		for i := 0; i < 3; i++ {
 			c.addNode(nil, "--nnodes", "2:3", "--nproc-per-node", "2", "--max-restarts", "2", "--no-python", s)

@@ -127,6 +127,17 @@ func (r *Reaper) liveCount() int {
 	return len(r.children)
 }
 
+// Keep registers pid, a child this process started outside the Reaper
+// (the cgroup guardian of Contain), so that the orphan sweep of a stop
+// leaves it alone; its exit is reaped like any other.
+func (r *Reaper) Keep(pid int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, ok := r.children[pid]; !ok {
+		r.children[pid] = func(int, unix.WaitStatus, time.Time) {}
+	}
+}
+
 // isTracked reports whether pid is a live child started through the Reaper.
 func (r *Reaper) isTracked(pid int) bool {
 	r.mu.Lock()

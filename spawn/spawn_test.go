@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -456,5 +457,35 @@ func TestRun(t *testing.T) {
 
 	if _, _, err := r.Run(context.Background(), []string{"/nonexistent/tool"}, nil); err == nil || !strings.Contains(err.Error(), "/nonexistent/tool") {
 		t.Errorf("missing tool err %v", err)
+	}
+}
+
+// TestKeptChildSurvivesTheSweep: a child started outside the Reaper and
+// registered with Keep (the cgroup guardian) is not an orphan for a stop's
+// sweep, while an unregistered one is.
+func TestKeptChildSurvivesTheSweep(t *testing.T) {
+	r := newReaper(t)
+	start := func() *exec.Cmd {
+		c := exec.Command("sleep", "60")
+		if err := c.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = c.Process.Kill() })
+		return c
+	}
+	kept, stray := start(), start()
+	r.Keep(kept.Process.Pid)
+	g, err := r.StartGroup([]Spec{{LocalRank: 0, Argv: []string{"sleep", "60"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g.Stop(syscall.SIGTERM, time.Second)
+	if err := syscall.Kill(kept.Process.Pid, 0); err != nil {
+		t.Fatalf("the kept child was swept: %v", err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", stray.Process.Pid))
+	if len(b) > 0 && !strings.Contains(string(b), ") Z ") {
+		t.Fatalf("the unregistered child was not swept: %s", b)
 	}
 }

@@ -70,12 +70,17 @@ func launch(ctx context.Context, cfg *configs.Config, log *slog.Logger, sigs <-c
 	}
 	rec.logDir = logs.Dir()
 
-	cgroup := contain(log)
+	cg := contain(log)
 	reaper, err := spawn.NewReaper(log.With("component", "spawn"))
 	if err != nil {
 		return rec.setupFailed("start the process reaper", err)
 	}
 	defer reaper.Close()
+	cgroup := ""
+	if cg != nil {
+		reaper.Keep(cg.Guardian) // not an orphan for the sweeps to kill
+		cgroup = cg.Dir
+	}
 
 	mon, err := monitor.New(monitor.Options{NLocal: cfg.NProcPerNode, FT: cfg.FT,
 		StateFile: cfg.FT.TimeoutsStateFile, Logger: log.With("component", "monitor"), Metrics: met})
@@ -146,14 +151,14 @@ func (l ledgerEvents) Put(_ context.Context, r ledger.Record) error {
 
 // contain moves the launcher into a cgroup of its own where cgroups are
 // writable, so nothing of a rank outlives it, even SIGKILLed; it returns
-// the cgroup's directory ("" where none).
-func contain(log *slog.Logger) string {
+// the containment (nil where none).
+func contain(log *slog.Logger) *spawn.Containment {
 	c, err := spawn.Contain(log.With("component", "spawn"))
 	if err != nil {
 		log.Debug("rank processes not contained in a cgroup", "err", err)
-		return ""
+		return nil
 	}
-	return c.Dir
+	return c
 }
 
 // newFiller is the --spare-filler work of this node while it is a spare.
