@@ -401,6 +401,11 @@ func TestMultiNodeExternalEtcdRestartedMidRun(t *testing.T) {
 	data := t.TempDir()
 	etcd := startEtcd(t, data, client, peer)
 	c := newCluster(t, client)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("every node's log:\n%s", c.stderrs())
+		}
+	})
 	s := recorder(c, `
 echo ready >> "$OUT/ready"
 i=0; while [ $i -lt 80 ]; do sleep 0.1; i=$((i+1)); done
