@@ -13,6 +13,9 @@ echo "== go test"
 # One package at a time: several tests are timing-sensitive (gossip, hang
 # deadlines) and the machine has 2 cores.
 go test -race -count=1 -p 1 -timeout 40m ./...
+echo "== integration tests that run Python ranks, again with --prewarm on (issue 11)"
+FTL_TEST_PREWARM=torch,torch.distributed go test -count=1 -timeout 20m \
+  -run 'Torch|Nvrx|Python|Hang|Prewarm|Computed|PID1|Tee|ErrorFile' ./integration/
 if [ -d monitor/nvrxwire ]; then
   echo "== fuzz (nvrx pickle decoder, 20s)"
   go test -run '^$' -fuzz=FuzzDecodeMessage -fuzztime=20s ./monitor/nvrxwire
