@@ -290,15 +290,16 @@ func TestOwnCgroup(t *testing.T) {
 	}
 	dir := t.TempDir()
 	f := New(newReaper(t), Options{Command: `echo $$ > pid.sh; setsid sh -c 'echo $$ > pid.setsid; exec sleep 600' & exec sleep 600`,
-		Dir: dir, LogPath: LogPath(dir), CgroupParent: parent})
+		Dir: dir, LogPath: LogPath(dir), CgroupParent: parent, Logger: slog.New(slog.NewTextHandler(os.Stderr, nil))})
 	f.Park()
 	waitUntil(t, "the filler", func() bool { return len(readPids(t, dir)) == 2 })
-	f.mu.Lock()
-	cg := f.cgroup
-	f.mu.Unlock()
-	if cg == "" {
-		t.Fatal("the filler has no cgroup of its own")
-	}
+	var cg string
+	waitUntil(t, "the filler's own cgroup", func() bool {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		cg = f.cgroup
+		return cg != ""
+	})
 	sh := readPids(t, dir)
 	waitUntil(t, "the filler's processes in its cgroup", func() bool { return len(cgroupPids(cg)) >= 1 })
 	if _, err := f.Reclaim(context.Background()); err != nil {
