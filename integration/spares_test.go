@@ -319,6 +319,11 @@ func ledgerText(recs []ledger.Record) string {
 // and the next spare takes the place.
 func TestSpareNotReclaimableQuarantined(t *testing.T) {
 	c := newCluster(t, embeddedEndpoint(t))
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("every node's log:\n%s", c.stderrs())
+		}
+	})
 	c.extra = []string{"--rdzv-backend", "c10d"}
 	fake := filepath.Join(c.dir, "fakegpu")
 	if err := os.MkdirAll(fake, 0o755); err != nil {
