@@ -47,12 +47,7 @@ func portFree(host string, port int) bool {
 func TestEmbeddedEtcdClusterSurvivesAMemberHost(t *testing.T) {
 	c := newCluster(t, memberEndpoints(t))
 	c.extra = []string{"--rdzv-backend", "c10d"}
-	s := recorder(c, `
-if [ "$TORCHELASTIC_RESTART_COUNT" = 0 ]; then echo ready0 >> "$OUT/ready"; exec sleep 600; fi
-echo ready1 >> "$OUT/ready"
-while [ ! -e "$OUT/finish" ]; do sleep 0.05; done
-exit 0
-`)
+	s := swapRank(c)
 	// Nodes 0, 1, 2 host the members; MIN 2 of MAX 4 leaves two spares.
 	for i := 0; i < 4; i++ {
 		c.addNodeV(nil, "--nnodes", "2:4", "--nproc-per-node", "1", "--max-restarts", "0", "--no-python", s)

@@ -71,8 +71,26 @@ func freeTCPPort(t *testing.T, host string) int {
 
 func newCluster(t *testing.T, endpoint string) *cluster {
 	dir := t.TempDir()
-	return &cluster{t: t, dir: dir, endpoint: endpoint,
-		marker: testMarker(t)}
+	c := &cluster{t: t, dir: dir, endpoint: endpoint, marker: testMarker(t)}
+	// Registered before any node's cleanup, so it runs after them: every
+	// launcher has exited and its output can be read.
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("every node's log:\n%s", c.stderrs())
+		}
+	})
+	return c
+}
+
+// swapRank is a rank that says ready0 in round 0 and waits there to be
+// stopped, says ready1 in a later round and exits 0 once $OUT/finish exists.
+func swapRank(c *cluster) string {
+	return recorder(c, `
+if [ "$TORCHELASTIC_RESTART_COUNT" = 0 ]; then echo ready0 >> "$OUT/ready"; exec sleep 600; fi
+echo ready1 >> "$OUT/ready"
+while [ ! -e "$OUT/finish" ]; do sleep 0.05; done
+exit 0
+`)
 }
 
 // embeddedEndpoint is a rendezvous endpoint served by the launcher on 127.0.0.2.
@@ -271,11 +289,6 @@ if [ "$TORCHELASTIC_RESTART_COUNT" = 0 ]; then exec sleep 120; fi
 sleep 1
 exit 0
 `)
-		t.Cleanup(func() {
-			if t.Failed() {
-				t.Logf("every node's log:\n%s", c.stderrs())
-			}
-		})
 		// MIN 2, MAX 3: two active nodes and one standby.
 		for i := 0; i < 3; i++ {
 			c.addNode(nil, "--nnodes", "2:3", "--nproc-per-node", "2", "--max-restarts", "2", "--no-python", s)
@@ -401,11 +414,6 @@ func TestMultiNodeExternalEtcdRestartedMidRun(t *testing.T) {
 	data := t.TempDir()
 	etcd := startEtcd(t, data, client, peer)
 	c := newCluster(t, client)
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("every node's log:\n%s", c.stderrs())
-		}
-	})
 	s := recorder(c, `
 echo ready >> "$OUT/ready"
 i=0; while [ $i -lt 80 ]; do sleep 0.1; i=$((i+1)); done

@@ -92,12 +92,7 @@ func resumer(t *testing.T, args ...string) []byte {
 func TestSpareFillerReclaimedOnSwap(t *testing.T) {
 	c := newCluster(t, embeddedEndpoint(t))
 	c.extra = []string{"--rdzv-backend", "c10d"}
-	s := recorder(c, `
-if [ "$TORCHELASTIC_RESTART_COUNT" = 0 ]; then echo ready0 >> "$OUT/ready"; exec sleep 600; fi
-echo ready1 >> "$OUT/ready"
-while [ ! -e "$OUT/finish" ]; do sleep 0.05; done
-exit 0
-`)
+	s := swapRank(c)
 	metrics := make([]string, 4)
 	for i := 0; i < 4; i++ {
 		filler := shellFiller
@@ -319,11 +314,6 @@ func ledgerText(recs []ledger.Record) string {
 // and the next spare takes the place.
 func TestSpareNotReclaimableQuarantined(t *testing.T) {
 	c := newCluster(t, embeddedEndpoint(t))
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("every node's log:\n%s", c.stderrs())
-		}
-	})
 	c.extra = []string{"--rdzv-backend", "c10d"}
 	fake := filepath.Join(c.dir, "fakegpu")
 	if err := os.MkdirAll(fake, 0o755); err != nil {
@@ -394,12 +384,7 @@ exit 0
 func TestQuarantinedNodeDoesNotComeBack(t *testing.T) {
 	c := newCluster(t, embeddedEndpoint(t))
 	c.extra = []string{"--rdzv-backend", "c10d"}
-	s := recorder(c, `
-if [ "$TORCHELASTIC_RESTART_COUNT" = 0 ]; then echo ready0 >> "$OUT/ready"; exec sleep 600; fi
-echo ready1 >> "$OUT/ready"
-while [ ! -e "$OUT/finish" ]; do sleep 0.05; done
-exit 0
-`)
+	s := swapRank(c)
 	args := []string{"--nnodes", "2:3", "--nproc-per-node", "1", "--max-restarts", "0", "--no-python", s}
 	for i := 0; i < 3; i++ {
 		c.addNodeV(nil, args...)
