@@ -326,3 +326,34 @@ func TestStaleSocketDirsRemoved(t *testing.T) {
 		}
 	}
 }
+
+// TestStaleSocketDirsRemovedConcurrently: launchers sharing $TMPDIR start
+// together and sweep the same dead launcher's dirs; a dir another one
+// removed first is skipped (it once crashed the launcher: a nil FileInfo).
+func TestStaleSocketDirsRemovedConcurrently(t *testing.T) {
+	dead := exec.Command("true")
+	if err := dead.Run(); err != nil {
+		t.Fatal(err)
+	}
+	for round := 0; round < 20; round++ {
+		tmp := t.TempDir()
+		for i := 0; i < 100; i++ {
+			name := socketDirPrefix + strconv.Itoa(dead.Process.Pid) + "-" + strconv.Itoa(i)
+			if err := os.MkdirAll(filepath.Join(tmp, name), 0o700); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var wg sync.WaitGroup
+		for w := 0; w < 4; w++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				removeStaleDirs(tmp, slog.New(slog.DiscardHandler))
+			}()
+		}
+		wg.Wait()
+		if left, _ := os.ReadDir(tmp); len(left) != 0 {
+			t.Fatalf("round %d: %d stale dirs left", round, len(left))
+		}
+	}
+}

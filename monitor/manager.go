@@ -244,8 +244,13 @@ func removeStaleDirs(tmp string, log *slog.Logger) {
 		if !ok || err != nil || pid <= 0 || pidRunning(pid) {
 			continue
 		}
+		// Another launcher sharing this $TMPDIR may remove the same dir
+		// first: Info then fails and there is nothing left to do.
 		info, err := e.Info()
-		if st, ok2 := info.Sys().(*syscall.Stat_t); err != nil || !ok2 || int(st.Uid) != os.Getuid() {
+		if err != nil {
+			continue
+		}
+		if st, ok := info.Sys().(*syscall.Stat_t); !ok || int(st.Uid) != os.Getuid() {
 			continue
 		}
 		if err := os.RemoveAll(filepath.Join(tmp, e.Name())); err == nil {
