@@ -1,0 +1,270 @@
+package appwrapper
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	yamlutil "k8s.io/apimachinery/pkg/util/yaml"
+)
+
+// Duration is a time.Duration in the operator configuration. Upstream's
+// fields are plain time.Duration, so its files carry integer nanoseconds
+// (appwrapper.md 3.1); people write "90s". Both decode; it encodes as the
+// string form.
+type Duration struct{ time.Duration }
+
+// MarshalJSON writes the duration as a Go duration string ("1m30s").
+func (d Duration) MarshalJSON() ([]byte, error) {
+	return json.Marshal(d.Duration.String())
+}
+
+// UnmarshalJSON reads a Go duration string or an integer number of
+// nanoseconds; null leaves the value as it was (the default).
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	b = bytes.TrimSpace(b)
+	if bytes.Equal(b, []byte("null")) {
+		return nil
+	}
+	if len(b) > 0 && b[0] == '"' {
+		var s string
+		if err := json.Unmarshal(b, &s); err != nil {
+			return fmt.Errorf("duration: %w", err)
+		}
+		v, err := time.ParseDuration(strings.TrimSpace(s))
+		if err != nil {
+			return fmt.Errorf("duration %q: want a Go duration such as \"90s\" or \"1h30m\", or integer nanoseconds", s)
+		}
+		d.Duration = v
+		return nil
+	}
+	if n, err := strconv.ParseInt(string(b), 10, 64); err == nil {
+		d.Duration = time.Duration(n)
+		return nil
+	}
+	// YAML may turn a large integer into 6e+10; accept it when integral.
+	f, err := strconv.ParseFloat(string(b), 64)
+	if err != nil || f != math.Trunc(f) || math.Abs(f) > math.MaxInt64 {
+		return fmt.Errorf("duration %s: want a Go duration such as \"90s\" or \"1h30m\", or integer nanoseconds", b)
+	}
+	d.Duration = time.Duration(f)
+	return nil
+}
+
+// FaultToleranceConfig holds the operator-wide fault-tolerance defaults
+// (appwrapper.md 1.5 and 3.1). The YAML keys are upstream's, which differ
+// from the Go names for four of them.
+type FaultToleranceConfig struct {
+	AdmissionGracePeriod        Duration `json:"admissionGracePeriod"`
+	WarmupGracePeriod           Duration `json:"warmupGracePeriod"`
+	FailureGracePeriod          Duration `json:"failureGracePeriod"`
+	RetryPausePeriod            Duration `json:"resetPause"`
+	RetryLimit                  int32    `json:"retryLimit"`
+	ForcefulDeletionGracePeriod Duration `json:"deletionGracePeriod"`
+	GracePeriodMaximum          Duration `json:"gracePeriodCeiling"`
+	SuccessTTL                  Duration `json:"successTTLCeiling"`
+}
+
+// AutopilotConfig is the IBM Autopilot integration (appwrapper.md 2.1).
+// ResourceTaints are node *labels* key=value, classified by Effect, per
+// resource name.
+type AutopilotConfig struct {
+	InjectAntiAffinities   bool                      `json:"injectAntiAffinities"`
+	MonitorNodes           bool                      `json:"monitorNodes"`
+	ResourceTaints         map[string][]corev1.Taint `json:"resourceTaints"`
+	PreferNoScheduleWeight *int32                    `json:"preferNoScheduleWeight"`
+}
+
+// Config is the operator configuration.
+type Config struct {
+	FaultTolerance FaultToleranceConfig `json:"faultTolerance"`
+	Autopilot      AutopilotConfig      `json:"autopilot"`
+	// SchedulerName is set on pod templates that name none.
+	SchedulerName string `json:"schedulerName,omitempty"`
+	// QuarantineTTL is how long a node that ft-launcher quarantined is
+	// avoided by recreated pods (ours, not upstream's); 0 disables it.
+	QuarantineTTL Duration `json:"quarantineTTL"`
+}
+
+// Autopilot's health label and the values it writes.
+const (
+	autopilotHealthLabel = "autopilot.ibm.com/gpuhealth"
+	gpuResource          = "nvidia.com/gpu"
+)
+
+// DefaultConfig returns upstream's defaults. The Autopilot taints are the
+// code's (WARN, TESTING, EVICT), not the docs' (appwrapper.md 1.10 item 6).
+func DefaultConfig() Config {
+	weight := int32(50)
+	return Config{
+		FaultTolerance: FaultToleranceConfig{
+			AdmissionGracePeriod:        Duration{time.Minute},
+			WarmupGracePeriod:           Duration{5 * time.Minute},
+			FailureGracePeriod:          Duration{time.Minute},
+			RetryPausePeriod:            Duration{90 * time.Second},
+			RetryLimit:                  3,
+			ForcefulDeletionGracePeriod: Duration{10 * time.Minute},
+			GracePeriodMaximum:          Duration{24 * time.Hour},
+			SuccessTTL:                  Duration{7 * 24 * time.Hour},
+		},
+		Autopilot: AutopilotConfig{
+			InjectAntiAffinities: true,
+			MonitorNodes:         true,
+			ResourceTaints: map[string][]corev1.Taint{
+				gpuResource: {
+					{Key: autopilotHealthLabel, Value: "WARN", Effect: corev1.TaintEffectPreferNoSchedule},
+					{Key: autopilotHealthLabel, Value: "TESTING", Effect: corev1.TaintEffectNoSchedule},
+					{Key: autopilotHealthLabel, Value: "EVICT", Effect: corev1.TaintEffectNoExecute},
+				},
+			},
+			PreferNoScheduleWeight: &weight,
+		},
+		QuarantineTTL: Duration{time.Hour},
+	}
+}
+
+// upstreamKey is the top-level key of upstream's operator config file
+// (OperatorConfig.appwrapper, appwrapper.md 3.1).
+const upstreamKey = "appwrapper"
+
+// LoadConfig decodes YAML (or JSON) over DefaultConfig, so keys left out
+// keep their defaults, and validates the result. It accepts the bare form
+// (faultTolerance, autopilot, ... at the top) and upstream's file, where
+// they sit under "appwrapper:" beside keys this controller ignores
+// (certManagement, controllerManager, webhooksEnabled, ...).
+//
+// As with upstream's decoder, resourceTaints merges per resource over the
+// default map: naming "nvidia.com/gpu" replaces its list, "nvidia.com/gpu: []"
+// removes it, another resource is added beside it.
+func LoadConfig(data []byte) (Config, error) {
+	cfg := DefaultConfig()
+	js, err := yamlutil.ToJSON(data)
+	if err != nil {
+		return Config{}, fmt.Errorf("appwrapper config: %w", err)
+	}
+	if len(bytes.TrimSpace(js)) == 0 || bytes.Equal(bytes.TrimSpace(js), []byte("null")) {
+		return cfg, cfg.Validate()
+	}
+	var top map[string]json.RawMessage
+	if err := json.Unmarshal(js, &top); err != nil {
+		return Config{}, fmt.Errorf("appwrapper config: want a mapping at the top: %w", err)
+	}
+	body := js
+	if inner, ok := top[upstreamKey]; ok {
+		for _, k := range []string{"faultTolerance", "autopilot"} {
+			if _, both := top[k]; both {
+				return Config{}, fmt.Errorf("appwrapper config: %q is both at the top and under %q; use one layout", k, upstreamKey)
+			}
+		}
+		body = inner
+	}
+	if err := json.Unmarshal(body, &cfg); err != nil {
+		return Config{}, fmt.Errorf("appwrapper config: %w", err)
+	}
+	// A misspelt key would otherwise silently keep its default; the two
+	// sections whose keys are all known are checked strictly.
+	if err := checkKnownKeys(body); err != nil {
+		return Config{}, fmt.Errorf("appwrapper config: %w", err)
+	}
+	if err := cfg.Validate(); err != nil {
+		return Config{}, err
+	}
+	return cfg, nil
+}
+
+// checkKnownKeys rejects unknown keys under faultTolerance and autopilot.
+func checkKnownKeys(body []byte) error {
+	var sections struct {
+		FaultTolerance json.RawMessage `json:"faultTolerance"`
+		Autopilot      json.RawMessage `json:"autopilot"`
+	}
+	if err := json.Unmarshal(body, &sections); err != nil {
+		return err
+	}
+	strict := func(name string, raw json.RawMessage, into any) error {
+		if len(raw) == 0 || bytes.Equal(raw, []byte("null")) {
+			return nil
+		}
+		dec := json.NewDecoder(bytes.NewReader(raw))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(into); err != nil {
+			return fmt.Errorf("%s: %w", name, err)
+		}
+		return nil
+	}
+	if err := strict("faultTolerance", sections.FaultTolerance, &FaultToleranceConfig{}); err != nil {
+		return err
+	}
+	return strict("autopilot", sections.Autopilot, &AutopilotConfig{})
+}
+
+// Validate applies upstream's rules (appwrapper.md 1.5: no grace period
+// above gracePeriodCeiling, admissionGracePeriod <= warmupGracePeriod,
+// successTTLCeiling > 0) and rejects what would make every workload fail at
+// creation or misbehave: negative durations, a preferNoScheduleWeight
+// outside the API's 1..100, an Autopilot taint with no key or an unknown
+// effect. All problems are reported together.
+func (c Config) Validate() error {
+	var errs []error
+	ft := c.FaultTolerance
+	ceiling := ft.GracePeriodMaximum.Duration
+	if ceiling < 0 {
+		errs = append(errs, fmt.Errorf("faultTolerance.gracePeriodCeiling %v: must be >= 0", ceiling))
+	}
+	graces := []struct {
+		key string
+		d   time.Duration
+	}{
+		{"admissionGracePeriod", ft.AdmissionGracePeriod.Duration},
+		{"warmupGracePeriod", ft.WarmupGracePeriod.Duration},
+		{"failureGracePeriod", ft.FailureGracePeriod.Duration},
+		{"resetPause", ft.RetryPausePeriod.Duration},
+		{"deletionGracePeriod", ft.ForcefulDeletionGracePeriod.Duration},
+	}
+	for _, g := range graces {
+		if g.d < 0 || (ceiling >= 0 && g.d > ceiling) {
+			errs = append(errs, fmt.Errorf("faultTolerance.%s %v: must be in [0, gracePeriodCeiling %v]", g.key, g.d, ceiling))
+		}
+	}
+	if ft.AdmissionGracePeriod.Duration > ft.WarmupGracePeriod.Duration {
+		errs = append(errs, fmt.Errorf("faultTolerance.admissionGracePeriod %v: must be <= warmupGracePeriod %v",
+			ft.AdmissionGracePeriod.Duration, ft.WarmupGracePeriod.Duration))
+	}
+	if ft.SuccessTTL.Duration <= 0 {
+		errs = append(errs, fmt.Errorf("faultTolerance.successTTLCeiling %v: must be > 0", ft.SuccessTTL.Duration))
+	}
+	if w := c.Autopilot.PreferNoScheduleWeight; w != nil && (*w < 1 || *w > 100) {
+		errs = append(errs, fmt.Errorf("autopilot.preferNoScheduleWeight %d: must be in [1, 100]", *w))
+	}
+	resources := make([]string, 0, len(c.Autopilot.ResourceTaints))
+	for r := range c.Autopilot.ResourceTaints {
+		resources = append(resources, r)
+	}
+	sort.Strings(resources)
+	for _, r := range resources {
+		for i, t := range c.Autopilot.ResourceTaints[r] {
+			if t.Key == "" {
+				errs = append(errs, fmt.Errorf("autopilot.resourceTaints[%q][%d]: key must not be empty", r, i))
+			}
+			switch t.Effect {
+			case corev1.TaintEffectNoSchedule, corev1.TaintEffectPreferNoSchedule, corev1.TaintEffectNoExecute:
+			default:
+				errs = append(errs, fmt.Errorf("autopilot.resourceTaints[%q][%d].effect %q: must be NoSchedule, PreferNoSchedule or NoExecute", r, i, t.Effect))
+			}
+		}
+	}
+	if c.QuarantineTTL.Duration < 0 {
+		errs = append(errs, fmt.Errorf("quarantineTTL %v: must be >= 0 (0 disables)", c.QuarantineTTL.Duration))
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("appwrapper config: %w", errors.Join(errs...))
+	}
+	return nil
+}

@@ -1,0 +1,22 @@
+// Package appwrapper reconciles AppWrapper objects
+// (workload.codeflare.dev/v1beta2) with the fault-tolerance contract of the
+// upstream AppWrapper controller (project-codeflare/appwrapper; the
+// reference appwrapper.md describes it and is cited by section in the
+// comments here), plus ft-launcher's own signals.
+//
+// The package has two halves. The pure half, which needs no API server,
+// holds the decisions: the operator configuration (config.go), the
+// per-AppWrapper fault-tolerance parameters read from annotations
+// (params.go), pod-set inference and validation (podsets.go), the objects
+// to create with their injected labels, affinities and environment
+// (inject.go, autopilot.go), and the health summary of a workload's pods,
+// including the verdicts ft-launcher leaves in termination messages
+// (summary.go). The reconciler half drives the phase machine against the
+// API server with these functions.
+//
+// Differences from upstream are deliberate and small: durations in the
+// configuration may be written as "90s" as well as integer nanoseconds,
+// exit-code annotation lists tolerate spaces and report bad entries, every
+// malformed annotation is reported instead of only logged, and pods are
+// kept off the nodes that ft-launcher quarantined.
+package appwrapper
