@@ -1,0 +1,261 @@
+// Package k8stest runs a real Kubernetes control plane for tests: etcd and
+// kube-apiserver through controller-runtime's envtest, with the AppWrapper
+// CRD installed, and a real kube-controller-manager running the Job
+// controller and the garbage collector. The binaries are built from the Go
+// module proxy by scripts/k8s-assets.sh and found through KUBEBUILDER_ASSETS;
+// nothing is downloaded at test time.
+//
+// What cannot run here is a kubelet (there is no container runtime): Kubelet
+// stands in for it, binding pods to Node objects and writing pod status.
+package k8stest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	k8sruntime "k8s.io/apimachinery/pkg/runtime"
+	utilrand "k8s.io/apimachinery/pkg/util/rand"
+	"k8s.io/client-go/kubernetes"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	"github.com/ftlauncher/ft-launcher/k8s/api/v1beta2"
+)
+
+// ErrNoAssets is returned by Start when KUBEBUILDER_ASSETS does not name a
+// folder with the etcd, kube-apiserver and kube-controller-manager binaries.
+var ErrNoAssets = errors.New("k8stest: KUBEBUILDER_ASSETS does not hold etcd, kube-apiserver and kube-controller-manager: build them with `scripts/k8s-assets.sh` and export KUBEBUILDER_ASSETS=$(scripts/k8s-assets.sh)")
+
+// Env is a running control plane.
+type Env struct {
+	// Config reaches the API server as a cluster admin.
+	Config *rest.Config
+	// Client is an uncached client with the core, batch and AppWrapper types.
+	Client client.Client
+	// Clientset is client-go's typed client (bindings, status writes).
+	Clientset *kubernetes.Clientset
+	// Scheme knows the built-in types and AppWrapper.
+	Scheme *k8sruntime.Scheme
+
+	env *envtest.Environment
+	kcm *exec.Cmd
+	dir string
+}
+
+// Assets returns the folder the binaries are in, or ErrNoAssets.
+func Assets() (string, error) {
+	dir := os.Getenv("KUBEBUILDER_ASSETS")
+	if dir == "" {
+		return "", ErrNoAssets
+	}
+	for _, b := range []string{"etcd", "kube-apiserver", "kube-controller-manager"} {
+		if st, err := os.Stat(filepath.Join(dir, b)); err != nil || st.Mode()&0o111 == 0 {
+			return "", fmt.Errorf("%w (missing %s in %s)", ErrNoAssets, b, dir)
+		}
+	}
+	return dir, nil
+}
+
+// repoDir is the repository root, found from this file's location so tests
+// in any package can reach deploy/.
+func repoDir() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Join(filepath.Dir(file), "..", "..")
+}
+
+// CRDDir is the folder of the CRDs the project ships.
+func CRDDir() string { return filepath.Join(repoDir(), "deploy", "k8s", "crd") }
+
+// Start starts etcd, kube-apiserver (with the shipped CRDs and the test
+// PodGroup CRD) and kube-controller-manager.
+func Start() (*Env, error) {
+	assets, err := Assets()
+	if err != nil {
+		return nil, err
+	}
+	sch := k8sruntime.NewScheme()
+	if err := clientgoscheme.AddToScheme(sch); err != nil {
+		return nil, fmt.Errorf("k8stest: scheme: %w", err)
+	}
+	if err := v1beta2.AddToScheme(sch); err != nil {
+		return nil, fmt.Errorf("k8stest: scheme: %w", err)
+	}
+	_, self, _, _ := runtime.Caller(0)
+	te := &envtest.Environment{
+		BinaryAssetsDirectory: assets,
+		CRDDirectoryPaths:     []string{CRDDir(), filepath.Join(filepath.Dir(self), "testdata", "crd")},
+		ErrorIfCRDPathMissing: true,
+		Scheme:                sch,
+	}
+	cfg, err := te.Start()
+	if err != nil {
+		return nil, fmt.Errorf("k8stest: start etcd and kube-apiserver from %s: %w", assets, err)
+	}
+	e := &Env{Config: cfg, Scheme: sch, env: te}
+	fail := func(err error) (*Env, error) {
+		_ = e.Stop()
+		return nil, err
+	}
+	if e.Client, err = client.New(cfg, client.Options{Scheme: sch}); err != nil {
+		return fail(fmt.Errorf("k8stest: client: %w", err))
+	}
+	if e.Clientset, err = kubernetes.NewForConfig(cfg); err != nil {
+		return fail(fmt.Errorf("k8stest: clientset: %w", err))
+	}
+	if err := e.startControllerManager(assets); err != nil {
+		return fail(err)
+	}
+	return e, nil
+}
+
+// startControllerManager runs the real Job controller (a Job's pods) and
+// garbage collector (background deletion of a Job's pods) against the API
+// server, as a cluster admin.
+func (e *Env) startControllerManager(assets string) error {
+	dir, err := os.MkdirTemp("", "k8stest-kcm-")
+	if err != nil {
+		return fmt.Errorf("k8stest: %w", err)
+	}
+	e.dir = dir
+	user, err := e.env.AddUser(envtest.User{Name: "kube-controller-manager", Groups: []string{"system:masters"}}, nil)
+	if err != nil {
+		return fmt.Errorf("k8stest: kube-controller-manager user: %w", err)
+	}
+	kc, err := user.KubeConfig()
+	if err != nil {
+		return fmt.Errorf("k8stest: kube-controller-manager kubeconfig: %w", err)
+	}
+	kcPath := filepath.Join(dir, "kubeconfig")
+	if err := os.WriteFile(kcPath, kc, 0o600); err != nil {
+		return fmt.Errorf("k8stest: %w", err)
+	}
+	logPath := filepath.Join(dir, "kube-controller-manager.log")
+	logf, err := os.Create(logPath)
+	if err != nil {
+		return fmt.Errorf("k8stest: %w", err)
+	}
+	defer logf.Close()
+	cmd := exec.Command(filepath.Join(assets, "kube-controller-manager"),
+		"--kubeconfig="+kcPath,
+		"--controllers=job,garbagecollector",
+		"--leader-elect=false",
+		"--secure-port=0",
+		"--concurrent-job-syncs=10",
+	)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	// The controller manager dies with the test binary, even a killed one.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("k8stest: start kube-controller-manager: %w", err)
+	}
+	e.kcm = cmd
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	// Ready once the Job controller has a lease-free informer running; the
+	// cheapest observable sign is that it keeps running for a moment and
+	// has logged that it started the job controller.
+	deadline := time.Now().Add(60 * time.Second)
+	for time.Now().Before(deadline) {
+		select {
+		case err := <-exited:
+			e.kcm = nil
+			b, _ := os.ReadFile(logPath)
+			return fmt.Errorf("k8stest: kube-controller-manager exited (%v):\n%s", err, tail(string(b), 4000))
+		case <-time.After(100 * time.Millisecond):
+		}
+		b, _ := os.ReadFile(logPath)
+		if strings.Contains(string(b), `"Started controller" controller="job-controller"`) ||
+			strings.Contains(string(b), "Started job-controller") ||
+			regexp.MustCompile(`(?i)started.*job`).Match(b) {
+			go func() { <-exited }()
+			return nil
+		}
+	}
+	b, _ := os.ReadFile(logPath)
+	return fmt.Errorf("k8stest: kube-controller-manager did not start its Job controller within 60s:\n%s", tail(string(b), 4000))
+}
+
+func tail(s string, n int) string {
+	if len(s) > n {
+		return s[len(s)-n:]
+	}
+	return s
+}
+
+// Stop stops every process Start started and removes their files.
+func (e *Env) Stop() error {
+	var errs []error
+	if e.kcm != nil && e.kcm.Process != nil {
+		_ = syscall.Kill(-e.kcm.Process.Pid, syscall.SIGKILL)
+		e.kcm = nil
+	}
+	if e.env != nil {
+		if err := e.env.Stop(); err != nil {
+			errs = append(errs, fmt.Errorf("k8stest: stop envtest: %w", err))
+		}
+	}
+	if e.dir != "" {
+		_ = os.RemoveAll(e.dir)
+	}
+	return errors.Join(errs...)
+}
+
+// Main is TestMain for a package whose tests need the control plane: it
+// starts it into *env, runs the tests and stops it. Without the binaries it
+// fails the run with the command that builds them, unless
+// FTL_K8S_TESTS=skip is set (then every test of the package is skipped and
+// says so).
+func Main(m *testing.M, env **Env) {
+	if _, err := Assets(); err != nil {
+		if os.Getenv("FTL_K8S_TESTS") == "skip" {
+			fmt.Fprintln(os.Stderr, "SKIP: Kubernetes tests skipped (FTL_K8S_TESTS=skip):", err)
+			os.Exit(0)
+		}
+		fmt.Fprintln(os.Stderr, "FAIL:", err)
+		fmt.Fprintln(os.Stderr, "(set FTL_K8S_TESTS=skip to skip these tests on a machine that cannot build them)")
+		os.Exit(1)
+	}
+	e, err := Start()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "FAIL:", err)
+		os.Exit(1)
+	}
+	*env = e
+	code := m.Run()
+	if err := e.Stop(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		if code == 0 {
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// Namespace creates a fresh namespace for t.
+func (e *Env) Namespace(t testing.TB) string {
+	t.Helper()
+	name := strings.ToLower(regexp.MustCompile(`[^a-zA-Z0-9]+`).ReplaceAllString(t.Name(), "-"))
+	if len(name) > 40 {
+		name = name[:40]
+	}
+	name = strings.Trim(name, "-") + "-" + utilrand.String(5)
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}
+	if err := e.Client.Create(context.Background(), ns); err != nil {
+		t.Fatalf("create namespace %s: %v", name, err)
+	}
+	return name
+}
