@@ -17,6 +17,9 @@ type Network struct {
 	LocalIPs func() []string                     // addresses of this machine's interfaces
 	RouteTo  func(ip string) string              // the address this machine sends from to reach ip ("" none)
 	Hostname func() string
+	// EtcHosts reads /etc/hosts, where the kubelet names a pod with a
+	// subdomain (read only in a pod; tests hand in a file of their own).
+	EtcHosts func() ([]byte, error)
 }
 
 // resolve returns host's addresses; nil (no error) when no resolver is set.
@@ -37,6 +40,14 @@ func (n Network) hostname() string {
 	return n.Hostname()
 }
 
+// etcHosts returns /etc/hosts; nil (no error) when no reader is set.
+func (n Network) etcHosts() ([]byte, error) {
+	if n.EtcHosts == nil {
+		return nil, nil
+	}
+	return n.EtcHosts()
+}
+
 // localNode is this node as the hosting decision sees it.
 type localNode struct {
 	addr   string   // the local address, resolved
@@ -50,9 +61,9 @@ type localNode struct {
 
 // resolveLocalAddr settles --local-addr for a multi-node rendezvous: a
 // given name is resolved; when none is given, this node's routable address:
-// under Slurm its node name (SLURMD_NODENAME) resolved, else the address
-// this machine sends from towards the first endpoint, else its host name
-// resolved. cfg.LocalAddr becomes that address (gossip and etcd bind only
+// under Slurm its node name (SLURMD_NODENAME) resolved, in a pod with a
+// subdomain the pod's address in /etc/hosts, else the address this machine
+// sends from towards the first endpoint, else its host name resolved. cfg.LocalAddr becomes that address (gossip and etcd bind only
 // on an IP, and ranks elsewhere must reach MASTER_ADDR).
 func (p *parser) resolveLocalAddr(nw Network, firstHost string) (localNode, error) {
 	c := p.cfg
@@ -85,6 +96,14 @@ func (p *parser) resolveLocalAddr(nw Network, firstHost string) (localNode, erro
 			ln.addr, ln.from, ln.shared = ips[0], "SLURMD_NODENAME "+name, true
 		}
 	}
+	if pod := c.K8s.DNS; pod.FQDN != "" {
+		// The kubelet's line for this pod: known from its start, unlike
+		// cluster DNS, which learns the name once the pod is ready.
+		ln.names, ln.kinds = append(ln.names, pod.FQDN), append(ln.kinds, "pod FQDN")
+		if ln.addr == "" && len(pod.IPs) > 0 {
+			ln.addr, ln.from = pod.IPs[0], "/etc/hosts "+pod.FQDN
+		}
+	}
 	if ln.addr == "" && nw.RouteTo != nil && firstHost != "" {
 		if ips, _ := nw.resolve(firstHost); len(ips) > 0 {
 			if a := nw.RouteTo(ips[0]); a != "" {
@@ -110,12 +129,27 @@ func (p *parser) resolveLocalAddr(nw Network, firstHost string) (localNode, erro
 
 // resolveEndpoints resolves the embedded etcd's endpoints to IP:port: the
 // etcd listens only on an IP, and its clients and peers need names that
-// DNS may not know (Slurm node names) as addresses.
+// DNS may not know (Slurm node names) as addresses. The pod's own FQDN is
+// its address in /etc/hosts. An endpoint taken from the pod's Kubernetes
+// environment that does not resolve yet stays a name, with a warning: the
+// index-0 pod may not be scheduled yet (cluster DNS names a pod once it is
+// ready), and the rendezvous resolves the name when it connects.
 func (p *parser) resolveEndpoints(nw Network, eps []string, subj, given string) ([]string, error) {
 	out := make([]string, len(eps))
 	for i, ep := range eps {
 		h, port, _ := net.SplitHostPort(ep)
-		ips, err := nw.resolve(h)
+		pod := p.cfg.K8s.DNS
+		var ips []string
+		var err error
+		if pod.FQDN != "" && strings.EqualFold(h, pod.FQDN) {
+			ips = pod.IPs
+		} else {
+			ips, err = nw.resolve(h)
+		}
+		if err != nil && p.podEndpoint != "" {
+			p.warn("%s: %s does not resolve yet (%v); the rendezvous resolves it when it connects, for up to connect_timeout", subj, h, err)
+			ips, err = nil, nil
+		}
 		if err != nil {
 			return nil, usageErr(subj, "%s %q: endpoint %s: %v", subj, given, ep, err)
 		}

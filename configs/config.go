@@ -1,7 +1,7 @@
 // Package configs turns a launch line (torchrun and nvrx ft_launcher flags,
 // PET_* environment fallbacks, an optional fault-tolerance YAML file) into one
 // validated Config. Precedence is flag > environment (PET_*) > the Slurm
-// job (inside one) > YAML > default.
+// job (inside one) > the Kubernetes pod (inside one) > YAML > default.
 package configs
 
 import (
@@ -93,7 +93,7 @@ type Config struct {
 	// InfraRank is this node's rank as the infrastructure knows it, which
 	// orders nodes in the etcd rendezvous (-1 unknown); InfraRankFrom names
 	// its source: the --node-rank flag or PET_NODE_RANK, SLURM_PROCID,
-	// JOB_COMPLETION_INDEX or "none".
+	// JOB_COMPLETION_INDEX, the pod ordinal of a pod's host name, or "none".
 	InfraRank     int
 	InfraRankFrom string
 
@@ -106,6 +106,7 @@ type Config struct {
 	MetricsAddr    string // Prometheus listen address ("" disables)
 	HealthCheckCmd string // pre-join node health check command ("" disables)
 	VerdictFile    string // JSON verdict written on exit ("": verdict.json in the run's log directory, chosen at run time)
+	TerminationLog string // the verdict, compacted, for the kubelet's termination message ("" disables)
 
 	// Spares.
 	SpareFiller               string        // command run on this node while it is a spare ("" none)
@@ -125,7 +126,7 @@ type Config struct {
 
 	// Sources says where each launch option's value came from, keyed as
 	// in --print-config's launch block: the flag or PET_* variable, the
-	// Slurm job, the YAML file, or "default".
+	// Slurm job, the Kubernetes pod, the YAML file, or "default".
 	Sources map[string]string
 
 	// Warnings collected while parsing (deprecated spellings and the like),

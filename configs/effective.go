@@ -13,7 +13,8 @@ import (
 // the flags' PET_ names in lower case, and a rendezvous block with the
 // rendezvous as interpreted (mode, endpoints, hosting, timings, node order),
 // and a sources block saying where each launch option came from (flag,
-// PET_* variable, the Slurm job, the YAML file or default).
+// PET_* variable, the Slurm job, the Kubernetes pod, the YAML file or
+// default).
 // The etcd password is redacted.
 func (c *Config) Effective() string {
 	ft := &yaml.Node{}
@@ -75,6 +76,7 @@ func (c *Config) Effective() string {
 	add("metrics_addr", c.MetricsAddr)
 	add("health_check_cmd", c.HealthCheckCmd)
 	add("verdict_file", c.VerdictFile)
+	add("termination_log", c.TerminationLog)
 	add("spare_filler", c.SpareFiller)
 	add("spare_filler_reclaim_timeout", c.SpareFillerReclaimTimeout.Seconds())
 	add("prewarm", strings.Join(c.Prewarm, ","))

@@ -88,7 +88,7 @@ func options() []*option {
 	opts := []*option{
 		// Launch.
 		{names: []string{"nnodes"}, env: true, group: grpLaunch, arg: "N|MIN:MAX", def: "1:1",
-			help: "Number of nodes, or MIN:MAX for an elastic job (MAX-MIN hot spares); 0 < MIN <= MAX <= 65536. Inside a Slurm job: SLURM_NNODES by default.",
+			help: "Number of nodes, or MIN:MAX for an elastic job (MAX-MIN hot spares); 0 < MIN <= MAX <= 65536. Inside a Slurm job: SLURM_NNODES by default. In a Kubernetes pod set PET_NNODES in the pod template (pods are not told their Job's size).",
 			set:  func(p *parser, v string) (err error) { p.cfg.NNodes, err = parseNNodes(v); return err }},
 		{names: []string{"nproc-per-node"}, env: true, group: grpLaunch, arg: "N|cpu|gpu|auto", def: "1",
 			help: "Workers per node (1 to 4096): an integer, cpu (CPU count), gpu (count of /dev/nvidia<N> honouring CUDA_VISIBLE_DEVICES) or auto (gpu if any, else cpu).",
@@ -150,14 +150,14 @@ func options() []*option {
 				return fmt.Errorf("invalid value %q: must be static, c10d, etcd or etcd-v2", v)
 			}},
 		{names: []string{"rdzv-endpoint"}, env: true, group: grpRdzv, arg: "HOST[:PORT]", def: "\"\"",
-			help: "Rendezvous address(es), comma-separated host[:port]; IPv6 as [addr]:port. Default port 29400 for c10d/static (the embedded etcd, hosted at the first endpoint), 2379 for etcd/etcd-v2. Host names are resolved (DNS, then Slurm's node table). Required with more than one node, except for static, which falls back to --master-addr:--master-port, and inside a Slurm step, where c10d defaults to the step's first node (first three with three or more) on port 29400 + 2*(job id mod 500).",
+			help: "Rendezvous address(es), comma-separated host[:port]; IPv6 as [addr]:port. Default port 29400 for c10d/static (the embedded etcd, hosted at the first endpoint), 2379 for etcd/etcd-v2. Host names are resolved (DNS, then Slurm's node table). Required with more than one node, except for static, which falls back to --master-addr:--master-port, inside a Slurm step, where c10d defaults to the step's first node (first three with three or more) on port 29400 + 2*(job id mod 500), and in a Kubernetes pod, where c10d defaults to FTL_RDZV_SERVICE, else the index-0 pod's name under the pod's subdomain, port 29400 (docs/kubernetes.md).",
 			set: func(p *parser, v string) error {
 				p.cfg.RdzvEndpoint = v
 				p.explicit["rdzv-endpoint"] = v != ""
 				return nil
 			}},
 		{names: []string{"rdzv-id"}, env: true, group: grpRdzv, arg: "ID", def: "none",
-			help: "Run id shared by every node of the job (the default 'none' collides between jobs). Inside a Slurm job: <job id>-r<SLURM_RESTART_COUNT> (array tasks <array job id>_<task id>-r<N>).",
+			help: "Run id shared by every node of the job (the default 'none' collides between jobs). Inside a Slurm job: <job id>-r<SLURM_RESTART_COUNT> (array tasks <array job id>_<task id>-r<N>). In a Kubernetes pod: <AppWrapper>-r<FTL_WORKLOAD_RESETS>, else an Indexed Job's name (<job>-r<JOBSET_RESTART_ATTEMPT> when set).",
 			set: func(p *parser, v string) error {
 				p.cfg.RdzvID = v
 				p.explicit["rdzv-id"] = true
@@ -170,7 +170,7 @@ func options() []*option {
 			help: "Single-node job: backend c10d, endpoint localhost:0, random run id; explicit rendezvous values are ignored.",
 			set:  func(p *parser, v string) (err error) { p.cfg.Standalone, err = p.switchValue(v); return err }},
 		{names: []string{"node-rank"}, env: true, group: grpRdzv, arg: "N", def: "-1 (not given)",
-			help: "Rank of this node. The static backend's node rank, and the etcd rendezvous orders nodes by it (else by SLURM_PROCID, else JOB_COMPLETION_INDEX), which decides group ranks; 0 to 65535.",
+			help: "Rank of this node. The static backend's node rank, and the etcd rendezvous orders nodes by it (else by SLURM_PROCID, else JOB_COMPLETION_INDEX, else a pod's ordinal NAME-N), which decides group ranks; 0 to 65535.",
 			set: func(p *parser, v string) (err error) {
 				p.cfg.NodeRank, err = parseIntRange(v, 0, MaxNodes-1)
 				return err
@@ -273,6 +273,9 @@ func options() []*option {
 		{names: []string{"verdict-file"}, env: true, altEnv: "FT_LAUNCHER_VERDICT_FILE", group: grpOurs, arg: "PATH",
 			help: "JSON verdict written atomically when the launcher exits (why it stopped, exit code, restarts used, finished flag, quarantined nodes); default: verdict.json in the run's log directory. See docs/verdict.md. Also YAML fault_tolerance.verdict_file.",
 			set:  func(p *parser, v string) error { p.cfg.VerdictFile = v; return nil }},
+		{names: []string{"termination-log"}, env: true, altEnv: "FT_LAUNCHER_TERMINATION_LOG", group: grpOurs, arg: "PATH", def: "/dev/termination-log in a Kubernetes pod when it exists, else off",
+			help: "Also write the verdict, compacted to at most 4096 bytes (the kubelet's limit), to PATH: the container's termination message, which the pod's status then carries. \"\" disables. Also YAML fault_tolerance.termination_log. See docs/kubernetes.md.",
+			set:  func(p *parser, v string) error { p.cfg.TerminationLog = v; return nil }},
 		{names: []string{"spare-filler"}, env: true, group: grpOurs, arg: "CMD", def: "off",
 			help: "Filler work for this node while it waits as a spare (nodes beyond --nnodes MIN): run as /bin/sh -c CMD in its own process group, with FT_LAUNCHER_FILLER=1 and none of the job's variables, its output in filler.log in the run's log directory, restarted with backoff if it exits. When the spare is promoted the whole filler tree is SIGKILLed at once (no grace: filler is pre-emptible by contract) before the job's ranks start. Also YAML fault_tolerance.spare_filler. See docs/spares.md.",
 			set:  func(p *parser, v string) error { p.cfg.SpareFiller = v; return nil }},

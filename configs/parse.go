@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"syscall"
@@ -45,8 +47,8 @@ func usageErr(subject, format string, args ...any) *UsageError {
 // whether this launcher hosts the embedded etcd (a zero Network resolves
 // nothing and no endpoint is local, so only --rdzv-conf is_host makes a
 // host). Precedence is flag > PET_* variable > the Slurm job (see
-// slurmDefaults) > YAML (--ft-cfg-path) > default. An empty variable counts
-// as unset.
+// slurmDefaults) > the Kubernetes pod (see k8sDefaults) > YAML
+// (--ft-cfg-path) > default. An empty variable counts as unset.
 //
 // It returns ErrHelp when help was asked for, and a *UsageError on bad input.
 // Config.PythonExec is $PYTHON_EXEC or else the bare name "python3", which the
@@ -57,9 +59,10 @@ func Parse(args []string, getenv func(string) string, nw Network) (*Config, erro
 }
 
 // machine is what parsing looks at beyond the arguments: --nproc-per-node
-// cpu/gpu/auto count devices (tests point devDir at a directory of fake
-// device nodes because no GPU exists here), and the rendezvous asks the
-// network about host names and this machine's addresses.
+// cpu/gpu/auto count devices and a pod's termination log is
+// devDir/termination-log (tests point devDir at a directory of fake device
+// nodes because no GPU exists here), and the rendezvous asks the network
+// about host names and this machine's addresses.
 type machine struct {
 	devDir string
 	numCPU int
@@ -75,6 +78,8 @@ type parser struct {
 	explicit      map[string]bool   // rendezvous values given by the user
 	net           Network
 	ignoreMissing bool
+	podEndpoint   string // podEndpointSubdomain or podEndpointService: the endpoint came from the pod (k8sDefaults)
+	endpointHint  string // why the pod gave no endpoint, for the missing-endpoint error
 }
 
 // occurrence is one option found on the command line.
@@ -313,6 +318,10 @@ func (p *parser) finish(positional []string, m machine) error {
 	if err := p.slurmDefaults(); err != nil {
 		return err
 	}
+	if err := p.k8sDefaults(); err != nil {
+		return err
+	}
+	p.terminationLog(m.devDir)
 	p.resolveInfraRank()
 	if err := p.resolveRendezvous(); err != nil {
 		return err
@@ -320,6 +329,20 @@ func (p *parser) finish(positional []string, m machine) error {
 	p.resolveMasterAddr()
 	c.Sources = p.sources()
 	return nil
+}
+
+// terminationLog defaults --termination-log, in a pod, to the file the
+// kubelet mounts for the container's termination message, when it exists
+// (terminationMessagePath may move it: then give the flag).
+func (p *parser) terminationLog(devDir string) {
+	if p.source["termination-log"] != "" || !p.cfg.K8s.InPod {
+		return
+	}
+	path := filepath.Join(devDir, "termination-log")
+	if st, err := os.Stat(path); err == nil && !st.IsDir() {
+		p.cfg.TerminationLog = path
+		p.source["termination-log"] = "Kubernetes (" + path + ")"
+	}
 }
 
 // randomID returns a version-4 UUID string, as torchrun's --standalone uses.

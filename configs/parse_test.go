@@ -139,7 +139,7 @@ func TestDefaults(t *testing.T) {
 		ConnectTimeout: 20 * time.Second, LeaseTTL: 5 * time.Second, EtcdLossBound: time.Minute, RejoinWait: 25 * time.Second}
 	want.InfraRank, want.InfraRankFrom = -1, "none"
 	want.Slurm = slurm.Env{ProcID: -1, NodeID: -1, NNodes: -1, ArrayTaskID: -1, RestartCount: -1, LocalID: -1}
-	want.K8s = k8s.Env{CompletionIndex: -1, PodOrdinal: -1}
+	want.K8s = k8s.Env{CompletionIndex: -1, PodOrdinal: -1, WorkloadResets: -1, JobSetRestartAttempt: -1}
 	for k, v := range c.Sources {
 		if v != "default" {
 			t.Errorf("source of %s is %q with nothing given, want default", k, v)

@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/ftlauncher/ft-launcher/k8s"
 )
 
 // RdzvMode says how this launcher meets the others.
@@ -187,8 +189,12 @@ func (p *parser) resolveRendezvous() error {
 		epSubj = "--master-addr/--master-port"
 	}
 	if endpoint == "" {
-		return usageErr("--rdzv-endpoint", "--rdzv-endpoint is required with --nnodes %d:%d and --rdzv-backend %s: give host[:port] of the rendezvous (default port %d)",
-			c.NNodes.Min, c.NNodes.Max, c.RdzvBackend, defPort)
+		hint := ""
+		if p.endpointHint != "" {
+			hint = "; " + p.endpointHint
+		}
+		return usageErr("--rdzv-endpoint", "--rdzv-endpoint is required with --nnodes %d:%d and --rdzv-backend %s: give host[:port] of the rendezvous (default port %d)%s",
+			c.NNodes.Min, c.NNodes.Max, c.RdzvBackend, defPort, hint)
 	}
 	eps, err := parseEndpoints(endpoint, defPort)
 	if err != nil {
@@ -225,6 +231,10 @@ func (p *parser) resolveRendezvous() error {
 				return usageErr(epSubj, "%s %q: %v", epSubj, endpoint, err)
 			}
 		}
+		if n, from := c.K8s.Index(); p.podEndpoint == podEndpointService && len(eps) == 1 && n >= 0 {
+			r.HostsEtcd, r.HostsEtcdBy = p.serviceHost(&r, eps, n, from)
+			break
+		}
 		r.HostsEtcd, r.HostsEtcdBy = hostedMember(&r, eps, ln)
 		p.warnLoopbackHost(r, ln)
 	}
@@ -233,6 +243,25 @@ func (p *parser) resolveRendezvous() error {
 	}
 	c.Rdzv = r
 	return nil
+}
+
+// serviceHost decides hosting for an endpoint that is a Service
+// (FTL_RDZV_SERVICE): the pod of index n == 0 hosts. Matching addresses
+// cannot decide it: a ClusterIP is no pod's address, and cluster DNS names
+// the pods behind a headless Service only once they are ready, later than
+// this. The host listens on its own address, where the Service sends the
+// others.
+func (p *parser) serviceHost(r *Rendezvous, given []string, n int, from string) (bool, string) {
+	if n != 0 {
+		return false, fmt.Sprintf("%s: the index-0 pod hosts; this pod is %s=%d", k8s.EnvRdzvService, from, n)
+	}
+	_, port, _ := net.SplitHostPort(given[0])
+	if ip := net.ParseIP(p.cfg.LocalAddr); ip != nil {
+		r.Endpoints = []string{net.JoinHostPort(ip.String(), port)}
+		r.Given = given
+	}
+	r.EtcdMember = 0
+	return true, fmt.Sprintf("%s: the index-0 pod hosts (%s=0), listening on its own address %s", k8s.EnvRdzvService, from, r.Endpoints[0])
 }
 
 // hostedMember finds the endpoint this launcher hosts: the first that
@@ -321,6 +350,8 @@ func (p *parser) rdzvConfTimings(r *Rendezvous, confSubj string) error {
 			if d, err = parseRdzvTiming(v); err != nil {
 				return usageErr(confSubj, "%s %s=%q: %v", confSubj, t.key, v, err)
 			}
+		} else if t.key == "connect_timeout" && p.podEndpoint != "" {
+			d = podConnectTimeout
 		} else if t.key == "rejoin_wait" {
 			// Long enough for a node to stop its ranks (the SIGTERM grace)
 			// and come back, so that it keeps its group rank.
@@ -379,16 +410,18 @@ func parseEndpoints(s string, defPort int) ([]string, error) {
 
 // resolveInfraRank picks the node's rank as the infrastructure knows it,
 // which the etcd rendezvous uses to order nodes: --node-rank, else
-// SLURM_PROCID, else JOB_COMPLETION_INDEX; -1 when none is known.
+// SLURM_PROCID, else JOB_COMPLETION_INDEX, else, in a pod, the ordinal of
+// a StatefulSet-style host name NAME-N; -1 when none is known.
 func (p *parser) resolveInfraRank() {
 	c := p.cfg
+	n, from := c.K8s.Index()
 	switch {
 	case c.NodeRank >= 0:
 		c.InfraRank, c.InfraRankFrom = c.NodeRank, p.source["node-rank"]
 	case c.Slurm.ProcID >= 0:
 		c.InfraRank, c.InfraRankFrom = c.Slurm.ProcID, "SLURM_PROCID"
-	case c.K8s.CompletionIndex >= 0:
-		c.InfraRank, c.InfraRankFrom = c.K8s.CompletionIndex, "JOB_COMPLETION_INDEX"
+	case n >= 0:
+		c.InfraRank, c.InfraRankFrom = n, from
 	default:
 		c.InfraRank, c.InfraRankFrom = -1, "none"
 	}

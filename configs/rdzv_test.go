@@ -263,7 +263,9 @@ func TestInfraRank(t *testing.T) {
 		{"PET_NODE_RANK", nil, map[string]string{"PET_NODE_RANK": "4", "JOB_COMPLETION_INDEX": "1"}, 4, "PET_NODE_RANK", nil},
 		{"SLURM_PROCID before JOB_COMPLETION_INDEX", nil, map[string]string{"SLURM_PROCID": "5", "JOB_COMPLETION_INDEX": "1"}, 5, "SLURM_PROCID", nil},
 		{"JOB_COMPLETION_INDEX", nil, map[string]string{"JOB_COMPLETION_INDEX": "1"}, 1, "JOB_COMPLETION_INDEX", nil},
-		{"pod ordinal is read but does not order nodes", nil, map[string]string{"KUBERNETES_SERVICE_HOST": "10.0.0.1", "HOSTNAME": "trainer-3"}, -1, "none", nil},
+		{"a pod's ordinal orders nodes", nil, map[string]string{"KUBERNETES_SERVICE_HOST": "10.0.0.1", "HOSTNAME": "trainer-3"}, 3, "pod ordinal of HOSTNAME=trainer-3", nil},
+		{"JOB_COMPLETION_INDEX before the pod ordinal", nil, map[string]string{"KUBERNETES_SERVICE_HOST": "10.0.0.1", "HOSTNAME": "trainer-3", "JOB_COMPLETION_INDEX": "0"}, 0, "JOB_COMPLETION_INDEX", nil},
+		{"an ordinal outside a pod is only a host name", nil, map[string]string{"HOSTNAME": "trainer-3"}, -1, "none", nil},
 		{"malformed SLURM_PROCID is ignored with a warning", nil, map[string]string{"SLURM_PROCID": "x", "JOB_COMPLETION_INDEX": "2"}, 2, "JOB_COMPLETION_INDEX",
 			[]string{`SLURM_PROCID="x" is not an integer >= 0; ignored`}},
 	}

@@ -69,8 +69,8 @@ YAML file (--ft-cfg-path): the first fault_tolerance: mapping anywhere in the
 document is used, so NeMo/Hydra files with a nested section work. Keys are the
 nvrx field names (the --ft-* flag without --ft-, '-' as '_'; the storage path
 list is storage_healthcheck_path); num_warmup_iterations is YAML only. Unknown
-keys are ignored with a warning. The launcher option verdict_file
-(--verdict-file) may be set there too. rank_termination_signal and log_level
+keys are ignored with a warning. The launcher options verdict_file
+(--verdict-file) and termination_log (--termination-log) may be set there too. rank_termination_signal and log_level
 take a name or a number, timeouts a number or null. Example:
 
   fault_tolerance:

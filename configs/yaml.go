@@ -65,11 +65,14 @@ func (p *parser) applyYAML(data []byte, path, subj string) error {
 			if err := setFTNode(&p.cfg.FT, sp, v); err != nil {
 				return usageErr("fault_tolerance."+k.Value, "%s: %q: fault_tolerance.%s (line %d): %v", subj, path, k.Value, k.Line, err)
 			}
-		case k.Value == "verdict_file" || k.Value == "spare_filler":
+		case k.Value == "verdict_file" || k.Value == "termination_log" || k.Value == "spare_filler":
 			// Launcher options, not nvrx fields; they live here so that one
 			// file can carry them. Flags and variables still win (applied later).
 			dst, what := &p.cfg.VerdictFile, "a path"
-			if k.Value == "spare_filler" {
+			switch k.Value {
+			case "termination_log":
+				dst = &p.cfg.TerminationLog
+			case "spare_filler":
 				dst, what = &p.cfg.SpareFiller, "a command line"
 			}
 			v = resolveAlias(v)
