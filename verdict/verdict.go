@@ -1,7 +1,9 @@
 // Package verdict is the record an ft-launcher leaves when it exits: why it
 // stopped and what the level above it (ft-resumer on Slurm, the Kubernetes
-// adapter, a person) should do next. The file is JSON, written atomically,
-// versioned by its schema field; docs/verdict.md describes every field.
+// controller, a person) should do next. The file is JSON, written
+// atomically, versioned by its schema field; docs/verdict.md describes
+// every field. In a pod the same record, compacted to the kubelet's 4096
+// bytes (Compact), is also the container's termination message.
 package verdict
 
 import (
@@ -142,8 +144,12 @@ type Verdict struct {
 	LastRound    int          `json:"last_round"` // -1 when no round was assigned
 	Signal       string       `json:"signal,omitempty"`
 	Quarantined  []Quarantine `json:"quarantined"`
-	Cycles       []Cycle      `json:"cycles"`       // the newest cycles, at most 64
-	CyclesTotal  int          `json:"cycles_total"` // every cycle this node ran
+	// QuarantinedOmitted counts the entries left out of Quarantined to fit
+	// a size limit (a Kubernetes termination message, see Compact); 0 in
+	// the verdict file.
+	QuarantinedOmitted int     `json:"quarantined_omitted,omitempty"`
+	Cycles             []Cycle `json:"cycles"`       // the newest cycles, at most 64
+	CyclesTotal        int     `json:"cycles_total"` // every cycle this node ran
 	// Ledger is the node's leases (Active, Spare, Filler) and the peers'
 	// leases this node ended (a lost node's NodeFailure).
 	Ledger    []ledger.Record `json:"ledger"`
