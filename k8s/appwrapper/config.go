@@ -165,12 +165,12 @@ func LoadConfig(data []byte) (Config, error) {
 		}
 		body = inner
 	}
-	if err := json.Unmarshal(body, &cfg); err != nil {
+	// Key by key first, so that an error names its key and a misspelt key,
+	// which would otherwise silently keep its default, is refused.
+	if err := checkKeys(body); err != nil {
 		return Config{}, fmt.Errorf("appwrapper config: %w", err)
 	}
-	// A misspelt key would otherwise silently keep its default; the two
-	// sections whose keys are all known are checked strictly.
-	if err := checkKnownKeys(body); err != nil {
+	if err := json.Unmarshal(body, &cfg); err != nil {
 		return Config{}, fmt.Errorf("appwrapper config: %w", err)
 	}
 	if err := cfg.Validate(); err != nil {
@@ -179,30 +179,64 @@ func LoadConfig(data []byte) (Config, error) {
 	return cfg, nil
 }
 
-// checkKnownKeys rejects unknown keys under faultTolerance and autopilot.
-func checkKnownKeys(body []byte) error {
-	var sections struct {
-		FaultTolerance json.RawMessage `json:"faultTolerance"`
-		Autopilot      json.RawMessage `json:"autopilot"`
-	}
-	if err := json.Unmarshal(body, &sections); err != nil {
+// checkKeys decodes each key of the config's own sections on its own, so
+// that a decoding error names the key. Keys under faultTolerance and
+// autopilot must be known; other keys at the top are left to upstream's
+// layout (userRBACAdmissionCheck, defaultQueueName, ...) and ignored.
+func checkKeys(body []byte) error {
+	var top map[string]json.RawMessage
+	if err := json.Unmarshal(body, &top); err != nil {
 		return err
 	}
-	strict := func(name string, raw json.RawMessage, into any) error {
-		if len(raw) == 0 || bytes.Equal(raw, []byte("null")) {
-			return nil
+	sections := []struct {
+		key  string
+		into func() any
+	}{
+		{"faultTolerance", func() any { return &FaultToleranceConfig{} }},
+		{"autopilot", func() any { return &AutopilotConfig{} }},
+	}
+	for _, sec := range sections {
+		raw, ok := top[sec.key]
+		if !ok || bytes.Equal(bytes.TrimSpace(raw), []byte("null")) {
+			continue
 		}
-		dec := json.NewDecoder(bytes.NewReader(raw))
-		dec.DisallowUnknownFields()
+		var fields map[string]json.RawMessage
+		if err := json.Unmarshal(raw, &fields); err != nil {
+			return fmt.Errorf("%s: want a mapping", sec.key)
+		}
+		if err := decodeEach(sec.key+".", fields, sec.into(), true); err != nil {
+			return err
+		}
+		delete(top, sec.key)
+	}
+	return decodeEach("", top, &Config{}, false)
+}
+
+// decodeEach decodes {key: value} into into for each key, naming the key
+// in any error; with strict an unknown key is an error.
+func decodeEach(prefix string, fields map[string]json.RawMessage, into any, strict bool) error {
+	keys := make([]string, 0, len(fields))
+	for k := range fields {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		one, err := json.Marshal(map[string]json.RawMessage{k: fields[k]})
+		if err != nil {
+			return fmt.Errorf("%s%s: %w", prefix, k, err)
+		}
+		dec := json.NewDecoder(bytes.NewReader(one))
+		if strict {
+			dec.DisallowUnknownFields()
+		}
 		if err := dec.Decode(into); err != nil {
-			return fmt.Errorf("%s: %w", name, err)
+			if strings.Contains(err.Error(), "unknown field") {
+				return fmt.Errorf("%s%s: unknown key", prefix, k)
+			}
+			return fmt.Errorf("%s%s: %w", prefix, k, err)
 		}
-		return nil
 	}
-	if err := strict("faultTolerance", sections.FaultTolerance, &FaultToleranceConfig{}); err != nil {
-		return err
-	}
-	return strict("autopilot", sections.Autopilot, &AutopilotConfig{})
+	return nil
 }
 
 // Validate applies upstream's rules (appwrapper.md 1.5: no grace period
