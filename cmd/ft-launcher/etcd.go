@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -86,7 +87,23 @@ func launcherNetwork(getenv func(string) string) configs.Network {
 		res.NodeAddr = slurm.Scheduler{}.NodeAddr
 	}
 	return configs.Network{Resolve: res.Resolve, LocalIPs: rendezvous.LocalIPs, RouteTo: rendezvous.RouteTo,
-		Hostname: func() string { h, _ := os.Hostname(); return h }}
+		Hostname: func() string { h, _ := os.Hostname(); return h },
+		EtcHosts: func() ([]byte, error) { return readHead("/etc/hosts", 1<<20) }}
+}
+
+// readHead reads at most limit bytes of path: a kubelet's /etc/hosts is a
+// few hundred.
+func readHead(path string, limit int64) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, limit))
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", path, err)
+	}
+	return b, nil
 }
 
 // nobodyServesAfter is how long a launcher that does not host the embedded

@@ -32,7 +32,8 @@ import (
 // launch sets up every part of the node agent, runs it, and tears every part
 // down again in reverse order, whatever happened. Every exit after the
 // configuration was accepted goes through one path: an agent.Outcome, whose
-// ExitCode is the exit code and whose verdict is written to the verdict file.
+// ExitCode is the exit code and whose verdict is written to the verdict file
+// and the termination log.
 //
 // sigs are the handled signals. During the set-up the first one cancels
 // the set-up (an etcd connect may otherwise wait connect_timeout) and ends
@@ -290,7 +291,8 @@ func callTimeout(cfg *configs.Config) time.Duration {
 	return cfg.Rdzv.EtcdLossBound + 10*time.Second
 }
 
-// verdictRecorder writes the verdict file for every exit of launch.
+// verdictRecorder writes the verdict file and the termination log for every
+// exit of launch.
 type verdictRecorder struct {
 	cfg     *configs.Config
 	log     *slog.Logger
@@ -343,19 +345,27 @@ func (r *verdictRecorder) signaled(sig os.Signal) int {
 	return r.write(o)
 }
 
-// write stores the outcome's verdict and returns its exit code. A verdict
-// that cannot be written is logged; the exit code stands.
+// write stores the outcome's verdict in the verdict file and, compacted,
+// in the termination log (--termination-log: in a pod the kubelet puts it
+// in the pod's status), and returns its exit code. A verdict that cannot be
+// written is logged; the exit code stands.
 func (r *verdictRecorder) write(o agent.Outcome) int {
 	code := o.ExitCode()
-	path := r.path()
-	if path == "" {
-		return code
+	v := o.Verdict(r.cfg.RdzvID, r.node, r.host)
+	if path := r.path(); path != "" {
+		if err := verdict.Write(path, v); err != nil {
+			r.log.Error("could not write the verdict file", "path", path, "err", err)
+		} else {
+			r.log.Info("verdict written", "path", path, "kind", string(o.Kind), "exit_code", code)
+		}
 	}
-	if err := verdict.Write(path, o.Verdict(r.cfg.RdzvID, r.node, r.host)); err != nil {
-		r.log.Error("could not write the verdict file", "path", path, "err", err)
-		return code
+	if path := r.cfg.TerminationLog; path != "" {
+		if err := verdict.WriteTerminationMessage(path, v); err != nil {
+			r.log.Error("could not write the termination log", "path", path, "err", err)
+		} else {
+			r.log.Debug("termination log written", "path", path)
+		}
 	}
-	r.log.Info("verdict written", "path", path, "kind", string(o.Kind), "exit_code", code)
 	return code
 }
 
