@@ -1,0 +1,614 @@
+package appwrapper
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
+
+	"github.com/ftlauncher/ft-launcher/k8s/api/v1beta2"
+)
+
+// ControllerName names the controller in logs, metrics and as the Events'
+// reporting controller.
+const ControllerName = "appwrapper"
+
+// Reconciler drives AppWrappers through the phase machine of
+// appwrapper.md 1.3. Its only state outside the API server is what the
+// watches feed it (the Autopilot node map) and bookkeeping that may be lost
+// at any time (which dynamic watches run, which annotation problems were
+// reported): every decision is taken from the AppWrapper's status, whose
+// timers are condition lastTransitionTimes, so a restarted controller
+// carries on where the old one stopped.
+type Reconciler struct {
+	client    client.Client // the manager's: cached reads of AppWrappers and pods
+	apiReader client.Reader // uncached: confirms what the cache says is gone
+	scheme    *runtime.Scheme
+	mapper    meta.RESTMapper
+	cache     cache.Cache
+	recorder  events.EventRecorder
+	config    Config
+	phases    *prometheus.CounterVec
+	nodes     *nodeHealth
+	now       func() time.Time
+
+	mu       sync.Mutex
+	ctrl     controller.Controller
+	watched  map[schema.GroupVersionKind]bool
+	reported map[types.NamespacedName]string // annotation problems last reported
+}
+
+// NewReconciler builds the reconciler for mgr with the operator
+// configuration cfg, and registers its phase counter on controller-runtime's
+// metrics registry (a second reconciler in the same process shares the
+// counter). SetupWithManager is the usual entry point; this one is for
+// callers that want the reconciler before it is set up.
+func NewReconciler(mgr ctrl.Manager, cfg Config) (*Reconciler, error) {
+	for _, gvk := range []schema.GroupVersionKind{
+		v1beta2.GroupVersion.WithKind("AppWrapper"),
+		corev1.SchemeGroupVersion.WithKind("Pod"),
+	} {
+		if !mgr.GetScheme().Recognizes(gvk) {
+			return nil, fmt.Errorf("appwrapper: the manager's scheme lacks %v (add v1beta2.AddToScheme and client-go's scheme)", gvk)
+		}
+	}
+	phases, err := registerPhaseCounter()
+	if err != nil {
+		return nil, err
+	}
+	return &Reconciler{
+		client:    mgr.GetClient(),
+		apiReader: mgr.GetAPIReader(),
+		scheme:    mgr.GetScheme(),
+		mapper:    mgr.GetRESTMapper(),
+		cache:     mgr.GetCache(),
+		recorder:  mgr.GetEventRecorder(ControllerName),
+		config:    cfg,
+		phases:    phases,
+		nodes:     newNodeHealth(),
+		now:       time.Now,
+		watched:   map[schema.GroupVersionKind]bool{},
+		reported:  map[types.NamespacedName]string{},
+	}, nil
+}
+
+// SetupWithManager is the one entry point of the package for a command:
+// it builds the reconciler for cfg and registers it, with its watches, on
+// mgr. The manager's scheme must hold the AppWrapper types and client-go's;
+// ConfigureCache is the cache setting that goes with it.
+func SetupWithManager(mgr ctrl.Manager, cfg Config) error {
+	r, err := NewReconciler(mgr, cfg)
+	if err != nil {
+		return err
+	}
+	return r.SetupWithManager(mgr)
+}
+
+// registerPhaseCounter registers the counter of phase transitions
+// (appwrapper.md 1.3, transitionToPhase) on controller-runtime's registry,
+// or returns the one already registered.
+func registerPhaseCounter() (*prometheus.CounterVec, error) {
+	c := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "appwrapper_phase_total",
+		Help: "AppWrapper phase transitions, by namespace and the phase entered.",
+	}, []string{"namespace", "phase"})
+	if err := ctrlmetrics.Registry.Register(c); err != nil {
+		var are prometheus.AlreadyRegisteredError
+		if errors.As(err, &are) {
+			if existing, ok := are.ExistingCollector.(*prometheus.CounterVec); ok {
+				return existing, nil
+			}
+		}
+		return nil, fmt.Errorf("appwrapper: register the phase counter: %w", err)
+	}
+	return c, nil
+}
+
+// pass is one reconciliation of one AppWrapper: the object, the status as
+// last written (to skip writes that change nothing) and its parameters.
+type pass struct {
+	r    *Reconciler
+	aw   *v1beta2.AppWrapper
+	orig v1beta2.AppWrapperStatus
+	p    Params
+	log  logr.Logger
+}
+
+// Reconcile runs the handler of the AppWrapper's phase.
+func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	res, err := r.reconcile(ctx, req)
+	if err != nil && apierrors.IsConflict(err) {
+		// Our copy was stale. The newer version's watch event queues the
+		// AppWrapper again, so retrying now would only repeat the conflict.
+		log.FromContext(ctx).V(1).Info("stale AppWrapper, waiting for the newer version", "error", err.Error())
+		return ctrl.Result{}, nil
+	}
+	return res, err
+}
+
+func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	aw := &v1beta2.AppWrapper{}
+	if err := r.client.Get(ctx, req.NamespacedName, aw); err != nil {
+		if apierrors.IsNotFound(err) {
+			r.forget(req.NamespacedName)
+			return ctrl.Result{}, nil
+		}
+		return ctrl.Result{}, fmt.Errorf("get AppWrapper %s: %w", req.NamespacedName, err)
+	}
+	// Another controller owns it (appwrapper.md 1.1).
+	if aw.Spec.ManagedBy != nil && *aw.Spec.ManagedBy != v1beta2.ControllerName {
+		return ctrl.Result{}, nil
+	}
+	p, problems := ParamsFor(aw, r.config.FaultTolerance)
+	r.reportProblems(aw, problems)
+	s := &pass{r: r, aw: aw, orig: *aw.Status.DeepCopy(), p: p,
+		log: log.FromContext(ctx).WithValues("phase", string(aw.Status.Phase))}
+	r.ensureComponentWatches(aw)
+
+	if !aw.DeletionTimestamp.IsZero() {
+		return s.terminating(ctx)
+	}
+	switch aw.Status.Phase {
+	case v1beta2.AppWrapperEmpty:
+		return s.empty(ctx)
+	case v1beta2.AppWrapperSuspended:
+		return s.suspended(ctx)
+	case v1beta2.AppWrapperResuming:
+		return s.resuming(ctx)
+	case v1beta2.AppWrapperRunning:
+		return s.running(ctx)
+	case v1beta2.AppWrapperResetting:
+		return s.resetting(ctx)
+	case v1beta2.AppWrapperSuspending:
+		return s.suspending(ctx)
+	case v1beta2.AppWrapperFailed:
+		return s.failed(ctx)
+	case v1beta2.AppWrapperSucceeded:
+		return s.succeeded(ctx)
+	case v1beta2.AppWrapperTerminating:
+		// Only reached with a deletionTimestamp, handled above; a phase
+		// left behind without one (an undone deletion cannot happen, but a
+		// hand-edited status can) has nothing to act on.
+		return ctrl.Result{}, nil
+	}
+	s.log.Info("unknown phase; leaving the AppWrapper alone")
+	return ctrl.Result{}, nil
+}
+
+// forget drops the bookkeeping kept for a deleted AppWrapper.
+func (r *Reconciler) forget(key types.NamespacedName) {
+	r.mu.Lock()
+	delete(r.reported, key)
+	r.mu.Unlock()
+}
+
+// reportProblems emits one Warning Event "InvalidAnnotation" per malformed
+// annotation, once for each distinct set of problems (so an edit that
+// introduces a new mistake is reported again, and a steady one is not
+// repeated on every reconciliation). Upstream only logs them
+// (appwrapper.md 1.5); the default is used either way.
+func (r *Reconciler) reportProblems(aw *v1beta2.AppWrapper, problems []string) {
+	key := types.NamespacedName{Namespace: aw.Namespace, Name: aw.Name}
+	joined := strings.Join(problems, "\n")
+	r.mu.Lock()
+	last, seen := r.reported[key]
+	if joined != "" {
+		r.reported[key] = joined
+	} else {
+		delete(r.reported, key)
+	}
+	r.mu.Unlock()
+	if joined == "" || (seen && last == joined) {
+		return
+	}
+	for _, pr := range problems {
+		r.recorder.Eventf(aw, nil, corev1.EventTypeWarning, ReasonInvalidAnnotation, "Validate", "%s", pr)
+	}
+}
+
+// save writes the status if it changed since it was read or last written.
+func (s *pass) save(ctx context.Context) error {
+	if equality.Semantic.DeepEqual(s.aw.Status, s.orig) {
+		return nil
+	}
+	if err := s.r.client.Status().Update(ctx, s.aw); err != nil {
+		return &statusWriteError{fmt.Errorf("update status of AppWrapper %s/%s: %w", s.aw.Namespace, s.aw.Name, err)}
+	}
+	s.orig = *s.aw.Status.DeepCopy()
+	return nil
+}
+
+// statusWriteError is a failed status write: the pass ends with it,
+// whatever it was doing.
+type statusWriteError struct{ err error }
+
+func (e *statusWriteError) Error() string { return e.err.Error() }
+func (e *statusWriteError) Unwrap() error { return e.err }
+
+// wait saves the status and asks to be run again after d: the remaining
+// time of a grace period, measured from a condition's lastTransitionTime.
+func (s *pass) wait(ctx context.Context, d time.Duration) (ctrl.Result, error) {
+	if err := s.save(ctx); err != nil {
+		return ctrl.Result{}, err
+	}
+	return ctrl.Result{RequeueAfter: max(d, time.Millisecond)}, nil
+}
+
+// done saves the status and waits for the next watch event.
+func (s *pass) done(ctx context.Context) (ctrl.Result, error) {
+	return ctrl.Result{}, s.save(ctx)
+}
+
+// ---- the phase handlers (appwrapper.md 1.3) ----
+
+// empty fixes the effective pod sets of every component in
+// status.componentStatus, so later spec edits do not change what is
+// counted (appwrapper.md 3.2), and moves to Suspended.
+func (s *pass) empty(ctx context.Context) (ctrl.Result, error) {
+	statuses, err := initialComponentStatus(s.aw)
+	if err != nil {
+		// The admission webhook refuses such AppWrappers; without it, the
+		// same error would come back on every retry, so fail it now.
+		s.markUnhealthy(ReasonCreateFailed, err.Error())
+		return s.transition(ctx, v1beta2.AppWrapperFailed, err.Error())
+	}
+	s.aw.Status.ComponentStatus = statuses
+	return s.transition(ctx, v1beta2.AppWrapperSuspended, "component status initialised")
+}
+
+// suspended waits for admission (spec.suspend false), then takes the
+// finalizer and reserves quota.
+func (s *pass) suspended(ctx context.Context) (ctrl.Result, error) {
+	if s.aw.Spec.Suspend {
+		return ctrl.Result{}, nil
+	}
+	if controllerutil.AddFinalizer(s.aw, v1beta2.Finalizer) {
+		// A real update before anything is created, so the resources
+		// cannot outlive the AppWrapper. The response replaces s.aw; the
+		// status is not touched by it.
+		if err := s.r.client.Update(ctx, s.aw); err != nil {
+			return ctrl.Result{}, fmt.Errorf("add finalizer to AppWrapper %s/%s: %w", s.aw.Namespace, s.aw.Name, err)
+		}
+		s.orig = *s.aw.Status.DeepCopy()
+	}
+	const msg = "Suspend is false"
+	s.setCondition(v1beta2.QuotaReserved, true, ReasonResuming, msg)
+	s.setCondition(v1beta2.ResourcesDeployed, true, ReasonResuming, msg)
+	s.setCondition(v1beta2.PodsReady, false, ReasonResuming, "")
+	s.setCondition(v1beta2.Unhealthy, false, ReasonResuming, "")
+	return s.transition(ctx, v1beta2.AppWrapperResuming, "admitted")
+}
+
+// resuming creates the components. A fatal error fails the AppWrapper at
+// once; any other is retried until AdmissionGracePeriod after
+// ResourcesDeployed's transition (the start of Resuming), then counts as an
+// unhealthy verdict.
+func (s *pass) resuming(ctx context.Context) (ctrl.Result, error) {
+	if s.aw.Spec.Suspend {
+		return s.transition(ctx, v1beta2.AppWrapperSuspending, "suspend requested while resuming")
+	}
+	fatal, err := s.createComponents(ctx)
+	if err == nil {
+		return s.transition(ctx, v1beta2.AppWrapperRunning, fmt.Sprintf("%d components created", len(s.aw.Spec.Components)))
+	}
+	var swe *statusWriteError
+	if errors.As(err, &swe) {
+		return ctrl.Result{}, err
+	}
+	msg := fmt.Sprintf("error creating components: %v", err)
+	if !fatal {
+		deadline := s.since(v1beta2.ResourcesDeployed).Add(s.p.AdmissionGracePeriod)
+		if left := deadline.Sub(s.r.now()); left > 0 {
+			s.log.Info("component creation failed; retrying within the admission grace period", "error", err.Error(), "left", left)
+			// A short retry interval for a transient API error, bounded by
+			// the grace period's end.
+			return s.wait(ctx, min(left, time.Second))
+		}
+	}
+	s.markUnhealthy(ReasonCreateFailed, msg)
+	if fatal {
+		return s.transition(ctx, v1beta2.AppWrapperFailed, "fatal: "+msg)
+	}
+	return s.resetOrFail(ctx, false, 1, ReasonCreateFailed+": "+msg)
+}
+
+// running evaluates the workload's health in the order of appwrapper.md
+// 1.4, with two additions marked below: a component is "missing" only when
+// an uncached read agrees (1.9), and an ft-launcher no_restart verdict
+// fails the workload at once.
+func (s *pass) running(ctx context.Context) (ctrl.Result, error) {
+	aw := s.aw
+	// 1. Suspension.
+	if aw.Spec.Suspend {
+		return s.transition(ctx, v1beta2.AppWrapperSuspending, "suspend requested while running")
+	}
+	// 2. Gather.
+	comps, err := s.componentHealth(ctx)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	pods, err := s.listPods(ctx)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	var noExecute map[string][]string
+	if s.r.config.Autopilot.MonitorNodes {
+		noExecute = s.r.nodes.snapshot()
+	}
+	sum := SummarizePods(pods, s.p, noExecute)
+	expected := ExpectedPodCount(aw)
+	// ft-launcher's quarantines are recorded before any decision, so a
+	// reset decided below recreates the pods away from those hosts.
+	if err := s.recordQuarantine(ctx, sum.QuarantinedHosts); err != nil {
+		return ctrl.Result{}, err
+	}
+
+	// 3. A component deleted by someone else: Failed, no grace, no retry.
+	if comps.deployed != comps.expected {
+		msg := fmt.Sprintf("Only found %d deployed components, but was expecting %d (missing: %s)",
+			comps.deployed, comps.expected, strings.Join(comps.missing, ", "))
+		s.markUnhealthy(ReasonMissingComponent, msg)
+		return s.transition(ctx, v1beta2.AppWrapperFailed, ReasonMissingComponent+": "+msg)
+	}
+	// 3a (ours). A launcher said the workload must not be restarted
+	// (verdict no_restart, e.g. a rank's ShutdownWorkload or exit 93):
+	// neither FailureGracePeriod nor retries apply. It comes before the
+	// failed-component check, which would otherwise reset a Job that the
+	// same failure failed.
+	if sum.NoRestart {
+		msg := noRestartMessage(sum)
+		s.markUnhealthy(ReasonNoRestartVerdict, msg)
+		return s.transition(ctx, v1beta2.AppWrapperFailed, ReasonNoRestartVerdict+": "+msg)
+	}
+	// 4. A component its own controller declared failed: no grace.
+	if comps.failed > 0 {
+		msg := fmt.Sprintf("Found %d failed components: %s", comps.failed, strings.Join(comps.failedNames, ", "))
+		s.markUnhealthy(ReasonFailedComponent, msg)
+		return s.resetOrFail(ctx, sum.TerminalFailure, 1, ReasonFailedComponent+": "+msg)
+	}
+	// 5. Success (checked before failed pods).
+	if sum.Succeeded >= expected && sum.Pending+sum.Running+sum.Failed == 0 {
+		msg := fmt.Sprintf("%d pods succeeded; none pending, running or failed", sum.Succeeded)
+		s.setCondition(v1beta2.QuotaReserved, false, ReasonSucceeded, msg)
+		s.setCondition(v1beta2.ResourcesDeployed, true, ReasonSucceeded, msg)
+		return s.transition(ctx, v1beta2.AppWrapperSucceeded, msg)
+	}
+	// 6. Failed pods: FailureGracePeriod from Unhealthy's transition. The
+	// message stays empty so that it says nothing stale while waiting.
+	if sum.Failed > 0 {
+		s.markUnhealthy(ReasonFoundFailedPods, "")
+		deadline := s.since(v1beta2.Unhealthy).Add(s.p.FailureGracePeriod)
+		if left := deadline.Sub(s.r.now()); left > 0 {
+			return s.wait(ctx, left)
+		}
+		cause := fmt.Sprintf("%s: %d failed pods", ReasonFoundFailedPods, sum.Failed)
+		if sum.TerminalFailure && sum.TerminalReason != "" {
+			cause += " (terminal: " + sum.TerminalReason + ")"
+		}
+		return s.resetOrFail(ctx, sum.TerminalFailure, 1, cause)
+	}
+	// 7. Autopilot flagged a node a running pod uses: migrate at once, not
+	// counted as a retry but still bounded by the retry limit (1.5).
+	if len(sum.NoExecuteNodes) > 0 {
+		msg := "Workload contains pods using NoExecute resources on Nodes: " + strings.Join(sum.NoExecuteNodes, ", ")
+		s.markUnhealthy(ReasonAutopilotNoExecute, msg)
+		return s.resetOrFail(ctx, false, 0, ReasonAutopilotNoExecute+": "+msg)
+	}
+	// 8. Healthy.
+	s.setCondition(v1beta2.Unhealthy, false, ReasonFoundNoFailedPods, "")
+	// 9. Enough pods. No periodic requeue: pod, component and node
+	// events bring the AppWrapper back.
+	if sum.Running+sum.Succeeded >= expected {
+		s.setCondition(v1beta2.PodsReady, true, ReasonSufficientPodsReady,
+			fmt.Sprintf("%d pods running; %d pods succeeded", sum.Running, sum.Succeeded))
+		return s.done(ctx)
+	}
+	// 10. Too few: Warmup grace when every pod exists, Admission grace
+	// otherwise, both from ResourcesDeployed's transition (1.10 item 2).
+	detail := fmt.Sprintf("%d pods pending; %d pods running; %d pods succeeded", sum.Pending, sum.Running, sum.Succeeded)
+	s.setCondition(v1beta2.PodsReady, false, ReasonInsufficientPodsReady, detail)
+	grace := s.p.AdmissionGracePeriod
+	if sum.Pending+sum.Running+sum.Succeeded >= expected {
+		grace = s.p.WarmupGracePeriod
+	}
+	deadline := s.since(v1beta2.ResourcesDeployed).Add(grace)
+	if left := deadline.Sub(s.r.now()); left > 0 {
+		return s.wait(ctx, left)
+	}
+	s.markUnhealthy(ReasonInsufficientPodsReady, detail)
+	return s.resetOrFail(ctx, sum.TerminalFailure, 1, ReasonInsufficientPodsReady+": "+detail)
+}
+
+// resetting deletes everything, keeping the quota (QuotaReserved stays
+// true), then pauses until RetryPausePeriod after Unhealthy's transition
+// (the detection, so a slow deletion eats the pause) and resumes.
+func (s *pass) resetting(ctx context.Context) (ctrl.Result, error) {
+	if s.aw.Spec.Suspend {
+		// Suspension wins over a reset in progress.
+		return s.transition(ctx, v1beta2.AppWrapperSuspending, "suspend requested while resetting")
+	}
+	s.setCondition(v1beta2.PodsReady, false, ReasonResetting, "")
+	if meta.IsStatusConditionTrue(s.aw.Status.Conditions, string(v1beta2.ResourcesDeployed)) {
+		gone, left, err := s.deleteComponents(ctx)
+		if err != nil || !gone {
+			return s.afterDelete(ctx, left, err)
+		}
+		s.setCondition(v1beta2.ResourcesDeployed, false, ReasonResetting, "Resources deleted for the reset")
+	}
+	deadline := s.since(v1beta2.Unhealthy).Add(s.p.RetryPausePeriod)
+	if left := deadline.Sub(s.r.now()); left > 0 {
+		return s.wait(ctx, left)
+	}
+	s.setCondition(v1beta2.ResourcesDeployed, true, ReasonResuming, "Reset complete; resuming")
+	return s.transition(ctx, v1beta2.AppWrapperResuming, fmt.Sprintf("reset complete (retries used %d of %d)", s.aw.Status.Retries, s.p.RetryLimit))
+}
+
+// suspending finishes deleting whatever the suspend bit says now, then
+// releases the quota.
+func (s *pass) suspending(ctx context.Context) (ctrl.Result, error) {
+	const msg = "Suspend is true"
+	if meta.IsStatusConditionTrue(s.aw.Status.Conditions, string(v1beta2.ResourcesDeployed)) {
+		gone, left, err := s.deleteComponents(ctx)
+		if err != nil || !gone {
+			return s.afterDelete(ctx, left, err)
+		}
+		s.setCondition(v1beta2.ResourcesDeployed, false, ReasonSuspended, msg)
+	}
+	s.setCondition(v1beta2.QuotaReserved, false, ReasonSuspended, msg)
+	s.setCondition(v1beta2.PodsReady, false, ReasonSuspended, "")
+	s.setCondition(v1beta2.Unhealthy, false, ReasonSuspended, "")
+	return s.transition(ctx, v1beta2.AppWrapperSuspended, "resources deleted, quota released")
+}
+
+// failed optionally holds the resources for DeletionOnFailureGracePeriod
+// (for debugging; a suspension cuts it short), then deletes them and
+// releases the quota.
+func (s *pass) failed(ctx context.Context) (ctrl.Result, error) {
+	deployed := meta.IsStatusConditionTrue(s.aw.Status.Conditions, string(v1beta2.ResourcesDeployed))
+	delay := s.p.DeletionOnFailureGracePeriod
+	if deployed && delay > 0 && !s.aw.Spec.Suspend && !s.deletionStarted() {
+		c := meta.FindStatusCondition(s.aw.Status.Conditions, string(v1beta2.DeletingResources))
+		if c == nil || c.Reason != ReasonDeletionPaused {
+			// The hold starts now. Upstream keeps an older
+			// lastTransitionTime when the condition is already False from
+			// an earlier reset, shortening the hold (appwrapper.md 1.10
+			// item 4); dropping the condition first gives a fresh one.
+			meta.RemoveStatusCondition(&s.aw.Status.Conditions, string(v1beta2.DeletingResources))
+		}
+		s.setCondition(v1beta2.DeletingResources, false, ReasonDeletionPaused,
+			fmt.Sprintf("%s is %v", v1beta2.DeletionOnFailureGracePeriodAnnotation, delay))
+		deadline := s.since(v1beta2.DeletingResources).Add(delay)
+		if left := deadline.Sub(s.r.now()); left > 0 {
+			return s.wait(ctx, left)
+		}
+	}
+	if deployed {
+		gone, left, err := s.deleteComponents(ctx)
+		if err != nil || !gone {
+			return s.afterDelete(ctx, left, err)
+		}
+		msg := "Resources deleted for the failed AppWrapper"
+		if delay > 0 && s.aw.Spec.Suspend {
+			msg = "Kueue forced resource deletion by suspending AppWrapper"
+		}
+		s.setCondition(v1beta2.ResourcesDeployed, false, ReasonFailed, msg)
+	}
+	s.setCondition(v1beta2.QuotaReserved, false, ReasonFailed, "No resources deployed")
+	return s.done(ctx)
+}
+
+// deletionStarted reports whether deleteComponents has run since the last
+// completed deletion, which ends a DeletionOnFailure hold for good.
+func (s *pass) deletionStarted() bool {
+	c := meta.FindStatusCondition(s.aw.Status.Conditions, string(v1beta2.DeletingResources))
+	return c != nil && c.Status == "True"
+}
+
+// succeeded deletes the resources SuccessTTL after ResourcesDeployed's
+// transition. That is deploy time, not success time (appwrapper.md 1.10
+// item 3), kept for compatibility.
+func (s *pass) succeeded(ctx context.Context) (ctrl.Result, error) {
+	if !meta.IsStatusConditionTrue(s.aw.Status.Conditions, string(v1beta2.ResourcesDeployed)) {
+		return ctrl.Result{}, nil
+	}
+	deadline := s.since(v1beta2.ResourcesDeployed).Add(s.p.SuccessTTL)
+	if left := deadline.Sub(s.r.now()); left > 0 {
+		return s.wait(ctx, left)
+	}
+	gone, left, err := s.deleteComponents(ctx)
+	if err != nil || !gone {
+		return s.afterDelete(ctx, left, err)
+	}
+	s.setCondition(v1beta2.ResourcesDeployed, false, ReasonSucceeded,
+		fmt.Sprintf("Resources deleted %v after deployment (successTTL)", s.p.SuccessTTL))
+	return s.done(ctx)
+}
+
+// terminating deletes the resources of an AppWrapper being deleted, then
+// lets it go by removing the finalizer.
+func (s *pass) terminating(ctx context.Context) (ctrl.Result, error) {
+	if !controllerutil.ContainsFinalizer(s.aw, v1beta2.Finalizer) {
+		return ctrl.Result{}, nil
+	}
+	if meta.IsStatusConditionTrue(s.aw.Status.Conditions, string(v1beta2.ResourcesDeployed)) {
+		gone, left, err := s.deleteComponents(ctx)
+		if err != nil || !gone {
+			if s.aw.Status.Phase != v1beta2.AppWrapperTerminating {
+				if _, terr := s.transition(ctx, v1beta2.AppWrapperTerminating, "AppWrapper deleted; deleting its resources"); terr != nil {
+					return ctrl.Result{}, terr
+				}
+			}
+			return s.afterDelete(ctx, left, err)
+		}
+	}
+	const msg = "AppWrapper deleted"
+	s.setCondition(v1beta2.ResourcesDeployed, false, ReasonTerminating, msg)
+	s.setCondition(v1beta2.QuotaReserved, false, ReasonTerminating, msg)
+	if err := s.save(ctx); err != nil {
+		return ctrl.Result{}, err
+	}
+	if controllerutil.RemoveFinalizer(s.aw, v1beta2.Finalizer) {
+		if err := s.r.client.Update(ctx, s.aw); err != nil && !apierrors.IsNotFound(err) {
+			return ctrl.Result{}, fmt.Errorf("remove finalizer of AppWrapper %s/%s: %w", s.aw.Namespace, s.aw.Name, err)
+		}
+	}
+	return ctrl.Result{}, nil
+}
+
+// afterDelete saves the progress of an unfinished deletion. The watches on
+// pods and components bring the AppWrapper back as things go away; left is
+// the time until forced deletion starts, the one timer involved.
+func (s *pass) afterDelete(ctx context.Context, left time.Duration, err error) (ctrl.Result, error) {
+	if serr := s.save(ctx); serr != nil {
+		return ctrl.Result{}, serr
+	}
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	if left > 0 {
+		return ctrl.Result{RequeueAfter: left}, nil
+	}
+	return ctrl.Result{}, nil
+}
+
+// noRestartMessage names the pods whose verdict was no_restart.
+func noRestartMessage(sum PodSummary) string {
+	var parts []string
+	for _, v := range sum.Verdicts {
+		if v.Verdict.Kind != noRestartKind {
+			continue
+		}
+		part := "pod " + v.Pod
+		if v.Node != "" {
+			part += " on " + v.Node
+		}
+		if v.Verdict.Reason != "" {
+			part += ": " + v.Verdict.Reason
+		}
+		parts = append(parts, part)
+	}
+	if len(parts) == 0 {
+		return "an ft-launcher verdict asked not to restart the workload"
+	}
+	return "ft-launcher verdict no_restart: " + strings.Join(parts, "; ")
+}

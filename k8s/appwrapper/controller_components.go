@@ -1,0 +1,333 @@
+package appwrapper
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+
+	"github.com/ftlauncher/ft-launcher/k8s/api/v1beta2"
+)
+
+// initialComponentStatus is status.componentStatus as first written: the
+// kind, version and name of each template with its effective pod sets.
+func initialComponentStatus(aw *v1beta2.AppWrapper) ([]v1beta2.AppWrapperComponentStatus, error) {
+	out := make([]v1beta2.AppWrapperComponentStatus, 0, len(aw.Spec.Components))
+	for i, comp := range aw.Spec.Components {
+		obj, err := DecodeTemplate(comp.Template)
+		if err != nil {
+			return nil, fmt.Errorf("component %d: %w", i, err)
+		}
+		podSets, err := EffectivePodSets(comp)
+		if err != nil {
+			return nil, fmt.Errorf("component %d (%s %s): %w", i, obj.GetKind(), obj.GetName(), err)
+		}
+		out = append(out, v1beta2.AppWrapperComponentStatus{
+			Name:       obj.GetName(),
+			Kind:       obj.GetKind(),
+			APIVersion: obj.GetAPIVersion(),
+			PodSets:    podSets,
+		})
+	}
+	return out, nil
+}
+
+func componentGVK(cs *v1beta2.AppWrapperComponentStatus) schema.GroupVersionKind {
+	return schema.FromAPIVersionAndKind(cs.APIVersion, cs.Kind)
+}
+
+func (s *pass) setComponentCondition(cs *v1beta2.AppWrapperComponentStatus, status metav1.ConditionStatus, reason, msg string) {
+	meta.SetStatusCondition(&cs.Conditions, metav1.Condition{
+		Type:               string(v1beta2.ResourcesDeployed),
+		Status:             status,
+		Reason:             reason,
+		Message:            msg,
+		ObservedGeneration: s.aw.Generation,
+	})
+}
+
+// createComponents creates every component not yet created (appwrapper.md
+// 3.3). Each creation is recorded as initiated before the Create call and
+// as done after it, so a controller that stops in between finds its own
+// object (AlreadyExists, controlled by this AppWrapper) on the next pass.
+// fatal reports an error that no retry can fix.
+func (s *pass) createComponents(ctx context.Context) (fatal bool, err error) {
+	aw := s.aw
+	if len(aw.Status.ComponentStatus) != len(aw.Spec.Components) {
+		return true, fmt.Errorf("spec.components has %d entries but status.componentStatus %d: components were changed after submission",
+			len(aw.Spec.Components), len(aw.Status.ComponentStatus))
+	}
+	opts := InjectOptions{
+		SchedulerName: s.r.config.SchedulerName,
+		Autopilot:     s.r.config.Autopilot,
+		AvoidNodes:    avoidedHosts(aw, s.r.now()),
+	}
+	for i := range aw.Spec.Components {
+		cs := &aw.Status.ComponentStatus[i]
+		if meta.IsStatusConditionTrue(cs.Conditions, string(v1beta2.ResourcesDeployed)) {
+			continue
+		}
+		obj, err := BuildComponent(aw, i, opts)
+		if err != nil {
+			// Decoding and injection depend only on the spec: every retry
+			// would fail the same way.
+			s.setComponentCondition(cs, metav1.ConditionFalse, ReasonComponentCreationErrored, err.Error())
+			return true, fmt.Errorf("component %d: %w", i, err)
+		}
+		if err := controllerutil.SetControllerReference(aw, obj, s.r.scheme); err != nil {
+			s.setComponentCondition(cs, metav1.ConditionFalse, ReasonComponentCreationErrored, err.Error())
+			return true, fmt.Errorf("component %d: owner reference: %w", i, err)
+		}
+		gvk := obj.GroupVersionKind()
+		cs.Name, cs.Kind, cs.APIVersion = obj.GetName(), gvk.Kind, gvk.GroupVersion().String()
+		s.setComponentCondition(cs, metav1.ConditionUnknown, ReasonComponentCreationInitiated, "")
+		if err := s.save(ctx); err != nil {
+			return false, err
+		}
+
+		err = s.r.client.Create(ctx, obj)
+		switch {
+		case err == nil:
+		case apierrors.IsAlreadyExists(err):
+			existing, gerr := s.ownedExisting(ctx, obj)
+			if gerr != nil {
+				s.setComponentCondition(cs, metav1.ConditionFalse, ReasonComponentCreationErrored, gerr.Error())
+				return errors.Is(gerr, errNotOurs), fmt.Errorf("component %d: %w", i, gerr)
+			}
+			obj = existing
+		case apierrors.IsInvalid(err), meta.IsNoMatchError(err):
+			s.setComponentCondition(cs, metav1.ConditionFalse, ReasonComponentCreationErrored, err.Error())
+			return true, fmt.Errorf("component %d: create %s %s: %w", i, gvk.Kind, obj.GetName(), err)
+		default:
+			// Marked False, not left Unknown: a component whose creation
+			// failed must never be waited for at deletion (appwrapper.md
+			// 1.6, the missing-CRD wedge).
+			s.setComponentCondition(cs, metav1.ConditionFalse, ReasonComponentCreationErrored, err.Error())
+			return false, fmt.Errorf("component %d: create %s %s: %w", i, gvk.Kind, obj.GetName(), err)
+		}
+		cs.Name = obj.GetName()
+		s.setComponentCondition(cs, metav1.ConditionTrue, ReasonComponentCreatedSuccessfully, "")
+		if err := s.save(ctx); err != nil {
+			return false, err
+		}
+		s.r.ensureWatch(gvk)
+	}
+	return false, nil
+}
+
+// errNotOurs is an existing object in the way that this AppWrapper does not
+// control: fatal.
+var errNotOurs = errors.New("exists and is not controlled by this AppWrapper")
+
+// ownedExisting reads the object a Create found in the way, uncached, and
+// returns it when this AppWrapper controls it.
+func (s *pass) ownedExisting(ctx context.Context, obj *unstructured.Unstructured) (*unstructured.Unstructured, error) {
+	existing := &unstructured.Unstructured{}
+	existing.SetGroupVersionKind(obj.GroupVersionKind())
+	if err := s.r.apiReader.Get(ctx, client.ObjectKeyFromObject(obj), existing); err != nil {
+		return nil, fmt.Errorf("read existing %s %s: %w", obj.GetKind(), obj.GetName(), err)
+	}
+	if ref := metav1.GetControllerOf(existing); ref == nil || ref.UID != s.aw.UID {
+		return nil, fmt.Errorf("%s %s %w", obj.GetKind(), obj.GetName(), errNotOurs)
+	}
+	return existing, nil
+}
+
+// componentHealthSummary counts the components as appwrapper.md 1.4 steps 3
+// and 4 need them.
+type componentHealthSummary struct {
+	expected, deployed, failed int
+	missing, failedNames       []string
+}
+
+// componentHealth reads every component. One that looks gone (not found,
+// or being deleted) is read again from the API server before it counts as
+// missing, since a cache that has not caught up with a fresh Create would
+// otherwise fail a healthy workload (appwrapper.md 1.9).
+func (s *pass) componentHealth(ctx context.Context) (componentHealthSummary, error) {
+	h := componentHealthSummary{expected: len(s.aw.Spec.Components)}
+	for i := range s.aw.Status.ComponentStatus {
+		cs := &s.aw.Status.ComponentStatus[i]
+		obj, alive, err := s.readComponent(ctx, s.r.client, cs)
+		if err != nil {
+			return h, err
+		}
+		if !alive {
+			if obj, alive, err = s.readComponent(ctx, s.r.apiReader, cs); err != nil {
+				return h, err
+			}
+		}
+		if !alive {
+			h.missing = append(h.missing, fmt.Sprintf("%s %s", cs.Kind, cs.Name))
+			continue
+		}
+		h.deployed++
+		if componentFailed(obj) {
+			h.failed++
+			h.failedNames = append(h.failedNames, fmt.Sprintf("%s %s", cs.Kind, cs.Name))
+		}
+	}
+	return h, nil
+}
+
+// readComponent reads a component; alive is false when it is not found or
+// is being deleted.
+func (s *pass) readComponent(ctx context.Context, r client.Reader, cs *v1beta2.AppWrapperComponentStatus) (*unstructured.Unstructured, bool, error) {
+	if cs.Name == "" {
+		return nil, false, nil
+	}
+	obj := &unstructured.Unstructured{}
+	obj.SetGroupVersionKind(componentGVK(cs))
+	err := r.Get(ctx, client.ObjectKey{Namespace: s.aw.Namespace, Name: cs.Name}, obj)
+	switch {
+	case apierrors.IsNotFound(err):
+		return nil, false, nil
+	case err != nil:
+		return nil, false, fmt.Errorf("read component %s %s: %w", cs.Kind, cs.Name, err)
+	}
+	return obj, obj.GetDeletionTimestamp().IsZero(), nil
+}
+
+// componentFailed recognises the two kinds whose own status says failed
+// for good: batch/v1 Job and kubeflow.org PyTorchJob, both through a
+// Failed=True condition (appwrapper.md 1.4 step 4). Ray kinds are left
+// out on purpose: their failed state is not terminal.
+func componentFailed(obj *unstructured.Unstructured) bool {
+	gvk := obj.GroupVersionKind()
+	switch {
+	case gvk.Group == "batch" && gvk.Kind == "Job":
+	case gvk.Group == "kubeflow.org" && gvk.Kind == "PyTorchJob":
+	default:
+		return false
+	}
+	conds, _, _ := unstructured.NestedSlice(obj.Object, "status", "conditions")
+	for _, c := range conds {
+		m, ok := c.(map[string]any)
+		if ok && m["type"] == "Failed" && m["status"] == "True" {
+			return true
+		}
+	}
+	return false
+}
+
+// listPods lists the AppWrapper's pods by the injected label.
+func (s *pass) listPods(ctx context.Context) ([]corev1.Pod, error) {
+	var pods corev1.PodList
+	if err := s.r.client.List(ctx, &pods, client.InNamespace(s.aw.Namespace),
+		client.MatchingLabels{v1beta2.AppWrapperLabel: s.aw.Name}); err != nil {
+		return nil, fmt.Errorf("list pods of AppWrapper %s/%s: %w", s.aw.Namespace, s.aw.Name, err)
+	}
+	return pods.Items, nil
+}
+
+// deleteComponents makes progress deleting everything the AppWrapper
+// created, with the guarantee of appwrapper.md 1.6: a background delete of
+// each component first; ForcefulDeletionGracePeriod after DeletingResources
+// turned True, every labelled pod is deleted with grace 0, and once none is
+// left the remaining components too. gone is true only when no component
+// and no labelled pod is left (confirmed by an uncached list, since the
+// caller then releases the quota). left is the time until forcing starts
+// when that is what is being waited for.
+func (s *pass) deleteComponents(ctx context.Context) (gone bool, left time.Duration, err error) {
+	aw := s.aw
+	s.setCondition(v1beta2.DeletingResources, true, ReasonDeletionInitiated, "")
+	deadline := s.since(v1beta2.DeletingResources).Add(s.p.ForcefulDeletionGracePeriod)
+	now := s.r.now()
+	forced := now.After(deadline)
+
+	var remaining []int
+	var firstErr error
+	for i := range aw.Status.ComponentStatus {
+		cs := &aw.Status.ComponentStatus[i]
+		c := meta.FindStatusCondition(cs.Conditions, string(v1beta2.ResourcesDeployed))
+		if c == nil || c.Status == metav1.ConditionFalse || (c.Status == metav1.ConditionUnknown && cs.Name == "") {
+			continue
+		}
+		err := s.r.client.Delete(ctx, componentRef(aw.Namespace, cs), client.PropagationPolicy(metav1.DeletePropagationBackground))
+		switch {
+		case apierrors.IsNotFound(err):
+			s.setComponentCondition(cs, metav1.ConditionFalse, ReasonComponentDeleted, "")
+			continue
+		case err != nil:
+			s.log.Error(err, "delete component", "kind", cs.Kind, "name", cs.Name)
+			firstErr = cmpErr(firstErr, fmt.Errorf("delete %s %s: %w", cs.Kind, cs.Name, err))
+		}
+		remaining = append(remaining, i)
+	}
+	if len(remaining) > 0 && !forced {
+		return false, deadline.Sub(now), firstErr
+	}
+
+	pods, err := s.listPods(ctx)
+	if err != nil {
+		return false, 0, err
+	}
+	if len(remaining) == 0 && len(pods) == 0 {
+		var live corev1.PodList
+		if err := s.r.apiReader.List(ctx, &live, client.InNamespace(aw.Namespace),
+			client.MatchingLabels{v1beta2.AppWrapperLabel: aw.Name}); err != nil {
+			return false, 0, fmt.Errorf("list pods of AppWrapper %s/%s: %w", aw.Namespace, aw.Name, err)
+		}
+		if len(live.Items) == 0 {
+			s.setCondition(v1beta2.DeletingResources, false, ReasonDeletionComplete, "")
+			return true, 0, nil
+		}
+		// The cache lags: the pods' deletion events are still to come.
+		return false, 0, nil
+	}
+	if !forced {
+		return false, deadline.Sub(now), firstErr
+	}
+
+	// Forced: pods first, so nothing keeps running while components that
+	// would recreate them are forced away.
+	if len(pods) > 0 {
+		for i := range pods {
+			pod := &pods[i]
+			if g := pod.DeletionGracePeriodSeconds; g != nil && *g == 0 {
+				continue // already forced; a finalizer holds it
+			}
+			s.log.Info("forcing deletion of pod", "pod", pod.Name, "grace", "0s")
+			if err := s.r.client.Delete(ctx, pod, client.GracePeriodSeconds(0)); err != nil && !apierrors.IsNotFound(err) {
+				firstErr = cmpErr(firstErr, fmt.Errorf("force delete pod %s: %w", pod.Name, err))
+			}
+		}
+		return false, 0, firstErr
+	}
+	for _, i := range remaining {
+		cs := &aw.Status.ComponentStatus[i]
+		s.log.Info("forcing deletion of component", "kind", cs.Kind, "name", cs.Name, "grace", "0s")
+		err := s.r.client.Delete(ctx, componentRef(aw.Namespace, cs),
+			client.GracePeriodSeconds(0), client.PropagationPolicy(metav1.DeletePropagationBackground))
+		if err != nil && !apierrors.IsNotFound(err) {
+			firstErr = cmpErr(firstErr, fmt.Errorf("force delete %s %s: %w", cs.Kind, cs.Name, err))
+		}
+	}
+	return false, 0, firstErr
+}
+
+func cmpErr(first, next error) error {
+	if first != nil {
+		return first
+	}
+	return next
+}
+
+// componentRef is a component as a metadata-only object, enough to delete
+// it whatever its kind.
+func componentRef(ns string, cs *v1beta2.AppWrapperComponentStatus) *metav1.PartialObjectMetadata {
+	obj := &metav1.PartialObjectMetadata{}
+	obj.SetGroupVersionKind(componentGVK(cs))
+	obj.SetNamespace(ns)
+	obj.SetName(cs.Name)
+	return obj
+}

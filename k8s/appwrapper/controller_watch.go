@@ -1,0 +1,173 @@
+package appwrapper
+
+import (
+	"context"
+	"fmt"
+
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/selection"
+	"k8s.io/client-go/util/workqueue"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
+
+	"github.com/ftlauncher/ft-launcher/k8s/api/v1beta2"
+)
+
+// podNodeField indexes the cached pods by the node they are bound to, for
+// the node watch.
+const podNodeField = "spec.nodeName"
+
+// ConfigureCache restricts the manager's pod cache to pods that carry the
+// AppWrapper label: the only pods the controller reads, and on a large
+// cluster a small fraction of all of them. A command passes it its
+// cache.Options before creating the manager.
+func ConfigureCache(o *cache.Options) {
+	sel, err := labels.NewRequirement(v1beta2.AppWrapperLabel, selection.Exists, nil)
+	if err != nil {
+		panic(fmt.Sprintf("appwrapper: label requirement: %v", err)) // a constant label key: cannot fail
+	}
+	if o.ByObject == nil {
+		o.ByObject = map[client.Object]cache.ByObject{}
+	}
+	o.ByObject[&corev1.Pod{}] = cache.ByObject{Label: labels.NewSelector().Add(*sel)}
+}
+
+// SetupWithManager registers the reconciler and its watches on mgr:
+//   - AppWrappers;
+//   - every change of a pod carrying the AppWrapper label (creation,
+//     readiness, failure, deletion) queues the AppWrapper it names, where
+//     upstream watches only pod success and samples the rest every minute
+//     (appwrapper.md 1.4);
+//   - the objects it creates, metadata only, mapped to their controlling
+//     AppWrapper: batch/v1 Job from the start, any other kind once a
+//     component of that kind has been created;
+//   - with Autopilot's monitorNodes, Nodes: a change of a node's
+//     NoExecute resources queues the AppWrappers with running pods there.
+func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
+	b := ctrl.NewControllerManagedBy(mgr).
+		Named(ControllerName).
+		For(&v1beta2.AppWrapper{}).
+		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(podToAppWrapper),
+			builder.WithPredicates(predicate.NewPredicateFuncs(func(o client.Object) bool {
+				return o.GetLabels()[v1beta2.AppWrapperLabel] != ""
+			})))
+	if r.config.Autopilot.MonitorNodes {
+		if err := mgr.GetFieldIndexer().IndexField(context.Background(), &corev1.Pod{}, podNodeField, func(o client.Object) []string {
+			if p, ok := o.(*corev1.Pod); ok && p.Spec.NodeName != "" {
+				return []string{p.Spec.NodeName}
+			}
+			return nil
+		}); err != nil {
+			return fmt.Errorf("appwrapper: index pods by node: %w", err)
+		}
+		node := &metav1.PartialObjectMetadata{}
+		node.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("Node"))
+		b = b.WatchesRawSource(source.Kind(mgr.GetCache(), node,
+			handler.TypedFuncs[*metav1.PartialObjectMetadata, reconcile.Request]{
+				CreateFunc: func(ctx context.Context, e event.TypedCreateEvent[*metav1.PartialObjectMetadata], q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+					r.nodeChanged(ctx, e.Object, q)
+				},
+				UpdateFunc: func(ctx context.Context, e event.TypedUpdateEvent[*metav1.PartialObjectMetadata], q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+					r.nodeChanged(ctx, e.ObjectNew, q)
+				},
+				DeleteFunc: func(ctx context.Context, e event.TypedDeleteEvent[*metav1.PartialObjectMetadata], q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+					r.nodes.remove(e.Object.GetName())
+				},
+			}))
+	}
+	c, err := b.Build(r)
+	if err != nil {
+		return fmt.Errorf("appwrapper: build controller: %w", err)
+	}
+	r.mu.Lock()
+	r.ctrl = c
+	r.mu.Unlock()
+	r.ensureWatch(batchv1.SchemeGroupVersion.WithKind("Job"))
+	return nil
+}
+
+// podToAppWrapper maps a labelled pod to its AppWrapper.
+func podToAppWrapper(_ context.Context, o client.Object) []reconcile.Request {
+	name := o.GetLabels()[v1beta2.AppWrapperLabel]
+	if name == "" {
+		return nil
+	}
+	return []reconcile.Request{{NamespacedName: client.ObjectKey{Namespace: o.GetNamespace(), Name: name}}}
+}
+
+// ensureWatch starts a metadata-only watch of kind gvk mapped to the
+// controlling AppWrapper, once per kind. Watches are added as kinds are
+// created, so a kind whose CRD is not installed is never watched.
+func (r *Reconciler) ensureWatch(gvk schema.GroupVersionKind) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.ctrl == nil || r.watched[gvk] || gvk.Kind == "" {
+		return
+	}
+	obj := &metav1.PartialObjectMetadata{}
+	obj.SetGroupVersionKind(gvk)
+	src := source.Kind(r.cache, obj, handler.TypedEnqueueRequestForOwner[*metav1.PartialObjectMetadata](
+		r.scheme, r.mapper, &v1beta2.AppWrapper{}, handler.OnlyControllerOwner()))
+	if err := r.ctrl.Watch(src); err != nil {
+		log.Log.WithName(ControllerName).Error(err, "watch component kind", "gvk", gvk.String())
+		return
+	}
+	r.watched[gvk] = true
+}
+
+// ensureComponentWatches watches the kinds of components created before
+// this process started.
+func (r *Reconciler) ensureComponentWatches(aw *v1beta2.AppWrapper) {
+	for i := range aw.Status.ComponentStatus {
+		cs := &aw.Status.ComponentStatus[i]
+		if cs.Name != "" && cs.Kind != "" {
+			r.ensureWatch(componentGVK(cs))
+		}
+	}
+}
+
+// nodeChanged records the node's NoExecute resources and, when they
+// changed and are not empty, queues every AppWrapper with a running pod
+// on it (appwrapper.md 2.3; upstream does not queue them at all).
+func (r *Reconciler) nodeChanged(ctx context.Context, n *metav1.PartialObjectMetadata, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+	if !n.GetDeletionTimestamp().IsZero() {
+		r.nodes.remove(n.GetName())
+		return
+	}
+	// Autopilot's "taints" are node labels, so the metadata is all that
+	// is needed.
+	resources := NoExecuteResources(&corev1.Node{ObjectMeta: n.ObjectMeta}, r.config.Autopilot)
+	if !r.nodes.set(n.GetName(), resources) || len(resources) == 0 {
+		return
+	}
+	var pods corev1.PodList
+	if err := r.client.List(ctx, &pods, client.MatchingFields{podNodeField: n.GetName()}); err != nil {
+		log.FromContext(ctx).Error(err, "list pods on node", "node", n.GetName())
+		return
+	}
+	seen := map[reconcile.Request]bool{}
+	for i := range pods.Items {
+		p := &pods.Items[i]
+		if p.Status.Phase != corev1.PodRunning {
+			continue
+		}
+		for _, req := range podToAppWrapper(ctx, p) {
+			if !seen[req] {
+				seen[req] = true
+				q.Add(req)
+			}
+		}
+	}
+}
