@@ -18,11 +18,17 @@ ETCD_VERSION=${ETCD_VERSION:-3.7.3}
 CACHE=${FTL_K8S_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/ft-launcher/k8s}
 OUT=$CACHE/bin-k8s${K8S_VERSION}-etcd${ETCD_VERSION}
 
-if [ -x "$OUT/kube-apiserver" ] && [ -x "$OUT/etcd" ] && [ -x "$OUT/kube-controller-manager" ] &&
-   "$OUT/kube-apiserver" --version 2>/dev/null | grep -q "v${K8S_VERSION}\$" &&
-   "$OUT/etcd" --version 2>/dev/null | grep -q "${ETCD_VERSION}"; then
-  echo "$OUT"
-  exit 0
+# (Outputs are captured first: with pipefail, `cmd | grep -q` fails when
+# grep exits early and cmd gets SIGPIPE.)
+if [ -x "$OUT/kube-apiserver" ] && [ -x "$OUT/etcd" ] && [ -x "$OUT/kube-controller-manager" ]; then
+  have_k8s=$("$OUT/kube-apiserver" --version 2>/dev/null || true)
+  have_kcm=$("$OUT/kube-controller-manager" --version 2>/dev/null || true)
+  have_etcd=$("$OUT/etcd" --version 2>/dev/null || true)
+  if [ "$have_k8s" = "Kubernetes v${K8S_VERSION}" ] && [ "$have_kcm" = "Kubernetes v${K8S_VERSION}" ] &&
+     [[ "$have_etcd" == *"etcd Version: ${ETCD_VERSION}"* ]]; then
+    echo "$OUT"
+    exit 0
+  fi
 fi
 
 export GOMODCACHE=$CACHE/gomodcache GOCACHE=$CACHE/gocache GOPATH=$CACHE/gopath
@@ -61,7 +67,7 @@ done
 # which silently moves k8s.io/kubernetes to a newer patch release.
 go get "k8s.io/kubernetes@v${K8S_VERSION}" >&2
 go get "k8s.io/kubernetes/cmd/kube-apiserver@v${K8S_VERSION}" "k8s.io/kubernetes/cmd/kube-controller-manager@v${K8S_VERSION}" >&2
-grep -q "k8s.io/kubernetes v${K8S_VERSION}\$" go.mod || { echo "k8s-assets: go.mod does not pin k8s.io/kubernetes v${K8S_VERSION}:" >&2; grep k8s.io/kubernetes go.mod >&2; exit 1; }
+grep -Eq "k8s.io/kubernetes v${K8S_VERSION}( |$)" go.mod || { echo "k8s-assets: go.mod does not pin k8s.io/kubernetes v${K8S_VERSION}:" >&2; grep k8s.io/kubernetes go.mod >&2; exit 1; }
 LDFLAGS="-s -w"
 for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
   LDFLAGS="$LDFLAGS -X $p.gitVersion=v${K8S_VERSION} -X $p.gitMajor=1 -X $p.gitMinor=${MINOR} -X $p.gitTreeState=clean"

@@ -9,6 +9,14 @@ unformatted=$(gofmt -l $(git ls-files '*.go' 2>/dev/null || find . -name '*.go')
 if [ -n "$unformatted" ]; then echo "gofmt needed:"; echo "$unformatted"; exit 1; fi
 echo "== go vet"
 go vet ./...
+echo "== Kubernetes test binaries (etcd, kube-apiserver, kube-controller-manager)"
+# Built from the Go module proxy and cached under ~/.cache/ft-launcher/k8s:
+# about 9 minutes the first time, instant after. The k8s packages' tests fail
+# without them unless FTL_K8S_TESTS=skip is set.
+if [ -z "${KUBEBUILDER_ASSETS:-}" ] && [ "${FTL_K8S_TESTS:-}" != skip ]; then
+  KUBEBUILDER_ASSETS=$(./scripts/k8s-assets.sh)
+  export KUBEBUILDER_ASSETS
+fi
 echo "== go test"
 # One package at a time: several tests are timing-sensitive (gossip, hang
 # deadlines) and the machine has 2 cores.

@@ -165,9 +165,8 @@ func (e *Env) startControllerManager(assets string) error {
 	e.kcm = cmd
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
-	// Ready once the Job controller has a lease-free informer running; the
-	// cheapest observable sign is that it keeps running for a moment and
-	// has logged that it started the job controller.
+	// Ready once the Job controller has started and the garbage collector
+	// has synced its monitors (the log lines of the pinned version).
 	deadline := time.Now().Add(60 * time.Second)
 	for time.Now().Before(deadline) {
 		select {
@@ -178,9 +177,7 @@ func (e *Env) startControllerManager(assets string) error {
 		case <-time.After(100 * time.Millisecond):
 		}
 		b, _ := os.ReadFile(logPath)
-		if strings.Contains(string(b), `"Started controller" controller="job-controller"`) ||
-			strings.Contains(string(b), "Started job-controller") ||
-			regexp.MustCompile(`(?i)started.*job`).Match(b) {
+		if strings.Contains(string(b), "Starting job controller") && strings.Contains(string(b), "Proceeding to collect garbage") {
 			go func() { <-exited }()
 			return nil
 		}
