@@ -225,3 +225,21 @@ func TestLoadConfigErrors(t *testing.T) {
 		})
 	}
 }
+
+// The defaults, marshalled (as a controller writes a missing ConfigMap),
+// load back unchanged.
+func TestConfigRoundTrip(t *testing.T) {
+	c := DefaultConfig()
+	c.SchedulerName = "coscheduler"
+	b, err := json.Marshal(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(b), `"successTTLCeiling":"168h0m0s"`) {
+		t.Errorf("marshalled %s", b)
+	}
+	got, err := LoadConfig(b)
+	if err != nil || !equalJSON(got, c) {
+		t.Errorf("got %+v, %v", got, err)
+	}
+}
