@@ -1,8 +1,9 @@
-// Command ft-resumer keeps a chain of Slurm jobs going until training is
+// Command ft-resumer drives the outer loop of fault tolerance, above the
+// launchers. On Slurm it keeps a chain of jobs going until training is
 // finished (auto-resume), with the decisions made from facts: the
-// launchers' verdict files, the finished flag and Slurm's record. The logic
-// is in package slurm; this is its command line. docs/slurm.md describes
-// the mechanism.
+// launchers' verdict files, the finished flag and Slurm's record (package
+// slurm; docs/slurm.md). On Kubernetes, `ft-resumer appwrapper-controller`
+// resets AppWrapper workloads (package k8s/appwrapper; docs/kubernetes.md).
 package main
 
 import (
@@ -54,6 +55,10 @@ Commands:
   node -- CMD     run CMD (ft-launcher) on a node with its verdict file set to
                   $FT_RESUMER_JOB_DIR/verdict-$SLURMD_NODENAME.json: use it in
                   srun lines (srun ft-resumer node -- ft-launcher ...)
+  appwrapper-controller
+                  on Kubernetes: reconcile AppWrapper workloads (resets with
+                  AppWrapper's contract, driven by the launchers' verdicts);
+                  replaces the upstream AppWrapper controller
 
 Run 'ft-resumer COMMAND --help' for a command's flags; --version prints the
 version.
@@ -85,6 +90,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return cmdStep(ctx, args[1:], stderr)
 	case "node":
 		return cmdNode(args[1:], stderr)
+	case "appwrapper-controller":
+		return cmdAppWrapperController(ctx, args[1:], stdout, stderr)
 	}
 	fmt.Fprintf(stderr, "ft-resumer: unknown command %q\n\n%s", strings.Join(args, " "), usage)
 	return 2

@@ -1,0 +1,126 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+
+	"github.com/go-logr/logr"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	"github.com/ftlauncher/ft-launcher/k8s/api/v1beta2"
+	"github.com/ftlauncher/ft-launcher/k8s/appwrapper"
+)
+
+// cmdAppWrapperController runs the AppWrapper controller: the Kubernetes
+// rung of the outer loop (workload resets), as `ft-resumer
+// appwrapper-controller`. It replaces the upstream AppWrapper controller in
+// a cluster; docs/kubernetes.md says how to deploy it.
+func cmdAppWrapperController(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := flagSet("appwrapper-controller", stderr)
+	kubeconfig := fs.String("kubeconfig", "", "kubeconfig file (default: $KUBECONFIG, else the pod's service account in a cluster, else ~/.kube/config)")
+	cfgFile := fs.String("config", "", "operator configuration YAML: the upstream appwrapper-operator-config ConfigMap's content mounted as a file (fields not given keep their defaults; see docs/kubernetes.md)")
+	metricsAddr := fs.String("metrics-bind-address", ":8080", "address of the Prometheus /metrics endpoint (0 disables it)")
+	probeAddr := fs.String("health-probe-bind-address", ":8081", "address of /healthz and /readyz (0 disables them)")
+	leaderElect := fs.Bool("leader-elect", false, "elect a leader among replicas (a Lease in --leader-election-namespace)")
+	leaderNS := fs.String("leader-election-namespace", "", "namespace of the leader-election Lease (default: the pod's namespace)")
+	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	if code, done := parse(fs, args, stdout); done {
+		return code
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "ft-resumer appwrapper-controller: unexpected arguments %q\n", fs.Args())
+		return 2
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
+		fmt.Fprintf(stderr, "ft-resumer appwrapper-controller: --log-level %q: want debug, info, warn or error\n", *logLevel)
+		return 2
+	}
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	ctrl.SetLogger(logr.FromSlogHandler(log.Handler()))
+
+	cfg := appwrapper.DefaultConfig()
+	if *cfgFile != "" {
+		b, err := os.ReadFile(*cfgFile)
+		if err != nil {
+			fmt.Fprintf(stderr, "ft-resumer appwrapper-controller: --config: %v\n", err)
+			return 2
+		}
+		if cfg, err = appwrapper.LoadConfig(b); err != nil {
+			fmt.Fprintf(stderr, "ft-resumer appwrapper-controller: --config %s: %v\n", *cfgFile, err)
+			return 2
+		}
+	}
+
+	restCfg, err := restConfig(*kubeconfig)
+	if err != nil {
+		fmt.Fprintf(stderr, "ft-resumer appwrapper-controller: %v\n", err)
+		return 2
+	}
+	scheme := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		fmt.Fprintf(stderr, "ft-resumer appwrapper-controller: %v\n", err)
+		return 1
+	}
+	if err := v1beta2.AddToScheme(scheme); err != nil {
+		fmt.Fprintf(stderr, "ft-resumer appwrapper-controller: %v\n", err)
+		return 1
+	}
+	mgr, err := ctrl.NewManager(restCfg, ctrl.Options{
+		Scheme:                  scheme,
+		Metrics:                 metricsserver.Options{BindAddress: *metricsAddr},
+		HealthProbeBindAddress:  *probeAddr,
+		LeaderElection:          *leaderElect,
+		LeaderElectionID:        "appwrapper-controller.ft-launcher.dev",
+		LeaderElectionNamespace: *leaderNS,
+	})
+	if err != nil {
+		fmt.Fprintf(stderr, "ft-resumer appwrapper-controller: create the manager: %v\n", err)
+		return 1
+	}
+	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
+		fmt.Fprintf(stderr, "ft-resumer appwrapper-controller: %v\n", err)
+		return 1
+	}
+	if err := mgr.AddReadyzCheck("readyz", healthz.Ping); err != nil {
+		fmt.Fprintf(stderr, "ft-resumer appwrapper-controller: %v\n", err)
+		return 1
+	}
+	if err := appwrapper.SetupWithManager(mgr, cfg); err != nil {
+		fmt.Fprintf(stderr, "ft-resumer appwrapper-controller: %v\n", err)
+		return 1
+	}
+	log.Info("AppWrapper controller starting", "host", restCfg.Host, "leader_elect", *leaderElect)
+	if err := mgr.Start(ctx); err != nil {
+		log.Error("AppWrapper controller stopped", "err", err)
+		return 1
+	}
+	log.Info("AppWrapper controller stopped")
+	return 0
+}
+
+// restConfig is --kubeconfig's cluster, else controller-runtime's lookup
+// ($KUBECONFIG, in-cluster, ~/.kube/config).
+func restConfig(path string) (*rest.Config, error) {
+	if path != "" {
+		c, err := clientcmd.BuildConfigFromFlags("", path)
+		if err != nil {
+			return nil, fmt.Errorf("--kubeconfig %s: %w", path, err)
+		}
+		return c, nil
+	}
+	c, err := ctrl.GetConfig()
+	if err != nil {
+		return nil, fmt.Errorf("no cluster to talk to (give --kubeconfig, set KUBECONFIG, or run in a pod): %w", err)
+	}
+	return c, nil
+}
