@@ -211,6 +211,8 @@ func TestK8sErrors(t *testing.T) {
 			`FTL_RDZV_SERVICE="rdzv:99999": endpoint "rdzv:99999": the port must be 1-65535`},
 		{"FTL_RDZV_SERVICE scheme", pod("train-0", 0, "FTL_RDZV_SERVICE", "http://rdzv"), podNet(t, "train-0", "train", nil), "FTL_RDZV_SERVICE",
 			`give host[:port] without a scheme`},
+		{"FTL_RDZV_SERVICE outside a pod", map[string]string{"FTL_RDZV_SERVICE": "rdzv:0"}, fakeNet(), "FTL_RDZV_SERVICE",
+			`FTL_RDZV_SERVICE="rdzv:0": endpoint "rdzv:0": the port must be 1-65535`},
 		{"index 2 of a job with no node count", pod("train-2", 2), podNet(t, "train-2", "train", nil), "--nnodes",
 			`--nnodes is not given (default 1), but this pod is JOB_COMPLETION_INDEX=2 of an Indexed Job: set PET_NNODES in the pod template`},
 		{"no subdomain, no service", pod("train-1", 1, "PET_NNODES", "2"), podNet(t, "train-1", "", nil), "--rdzv-endpoint",

@@ -115,8 +115,8 @@ const podConnectTimeout = 10 * time.Minute
 //
 // --standalone keeps its own defaults, and a Slurm job in a pod (Slinky's
 // slurmd pods) is a Slurm job: only slurmDefaults apply. The precedence is
-// flag > PET_* > Slurm > Kubernetes > YAML > default. Malformed FTL_*
-// variables are refused wherever they are set.
+// flag > PET_* > Slurm > Kubernetes > YAML > default. Malformed FTL_* and
+// JOBSET_RESTART_ATTEMPT values are refused, in a pod or not.
 func (p *parser) k8sDefaults() error {
 	c := p.cfg
 	k := &c.K8s
@@ -124,6 +124,19 @@ func (p *parser) k8sDefaults() error {
 		e := k.Errors[0]
 		return usageErr(e.Name, "%s", e.Error())
 	}
+	var service string
+	if k.RdzvService != "" {
+		eps, err := parseEndpoints(k.RdzvService, defaultEmbeddedPort)
+		if err == nil && len(eps) != 1 {
+			err = fmt.Errorf("one name only")
+		}
+		if err != nil {
+			return usageErr(k8s.EnvRdzvService, "%s=%q: %v: give the DNS name of a Service that reaches the index-0 pod, NAME[:PORT] (default port %d)",
+				k8s.EnvRdzvService, k.RdzvService, err, defaultEmbeddedPort)
+		}
+		service = eps[0]
+	}
+
 	if !k.InPod {
 		for _, v := range []struct{ name, value string }{{k8s.EnvWorkload, k.WorkloadName}, {k8s.EnvRdzvService, k.RdzvService}} {
 			if v.value != "" {
@@ -143,19 +156,6 @@ func (p *parser) k8sDefaults() error {
 	} else {
 		k.DNS, _ = k8s.ParseHosts(hosts, k.Hostname)
 	}
-	var service string
-	if k.RdzvService != "" {
-		eps, err := parseEndpoints(k.RdzvService, defaultEmbeddedPort)
-		if err == nil && len(eps) != 1 {
-			err = fmt.Errorf("one name only")
-		}
-		if err != nil {
-			return usageErr(k8s.EnvRdzvService, "%s=%q: %v: give the DNS name of a Service that reaches the index-0 pod, NAME[:PORT] (default port %d)",
-				k8s.EnvRdzvService, k.RdzvService, err, defaultEmbeddedPort)
-		}
-		service = eps[0]
-	}
-
 	if p.source["nnodes"] == "" && k.CompletionIndex >= 1 {
 		return usageErr("--nnodes", "--nnodes is not given (default 1), but this pod is JOB_COMPLETION_INDEX=%d of an Indexed Job: "+
 			"set PET_NNODES in the pod template to the number of pods (the Job's completions), or give --nnodes; "+
