@@ -93,7 +93,7 @@ type Config struct {
 	QuarantineTTL Duration `json:"quarantineTTL"`
 }
 
-// Autopilot's health label and the values it writes.
+// Autopilot's GPU health label and the resource whose health it reports.
 const (
 	autopilotHealthLabel = "autopilot.ibm.com/gpuhealth"
 	gpuResource          = "nvidia.com/gpu"
@@ -142,7 +142,7 @@ const upstreamKey = "appwrapper"
 //
 // As with upstream's decoder, resourceTaints merges per resource over the
 // default map: naming "nvidia.com/gpu" replaces its list, "nvidia.com/gpu: []"
-// removes it, another resource is added beside it.
+// empties it, another resource is added beside it.
 func LoadConfig(data []byte) (Config, error) {
 	cfg := DefaultConfig()
 	js, err := yamlutil.ToJSON(data)

@@ -15,8 +15,11 @@
 // API server with these functions.
 //
 // Differences from upstream are deliberate and small: durations in the
-// configuration may be written as "90s" as well as integer nanoseconds,
-// exit-code annotation lists tolerate spaces and report bad entries, every
-// malformed annotation is reported instead of only logged, and pods are
-// kept off the nodes that ft-launcher quarantined.
+// configuration may be written as "90s" as well as integer nanoseconds, and
+// misspelt keys and values the API would reject are refused at load;
+// exit-code annotation lists tolerate spaces and report bad entries; every
+// malformed annotation is reported to the caller instead of only logged;
+// multi-host Ray worker groups count numOfHosts pods per replica; and pods
+// are kept off the nodes that ft-launcher quarantined and learn their
+// workload's identity from FTL_WORKLOAD and FTL_WORKLOAD_RESETS.
 package appwrapper

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	yamlutil "k8s.io/apimachinery/pkg/util/yaml"
@@ -396,5 +398,19 @@ spec:
 		if _, err := GetPodTemplate(obj, path); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%s: %v, want %q", path, err, want)
 		}
+	}
+}
+
+func TestDecodeTemplateObject(t *testing.T) {
+	pod := &corev1.Pod{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"}, ObjectMeta: metav1.ObjectMeta{Name: "p"}}
+	obj, err := DecodeTemplate(runtime.RawExtension{Object: pod})
+	if err != nil || obj.GetKind() != "Pod" || obj.GetName() != "p" {
+		t.Fatalf("got %v, %v", obj, err)
+	}
+	if sets, err := InferPodSets(obj); err != nil || len(sets) != 1 || sets[0].Path != "template" {
+		t.Errorf("pod sets %+v, %v", sets, err)
+	}
+	if _, err := DecodeTemplate(runtime.RawExtension{Object: &corev1.Pod{}}); err == nil || !strings.Contains(err.Error(), "apiVersion and kind are required") {
+		t.Errorf("no kind: %v", err)
 	}
 }
