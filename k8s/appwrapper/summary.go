@@ -37,8 +37,8 @@ type PodSummary struct {
 	// Verdicts: every parsable verdict in a terminated container's
 	// message (current state, then last termination state).
 	Verdicts []PodVerdict
-	// QuarantinedHosts, sorted and deduplicated: the Host (else Node) of
-	// every node the verdicts quarantined.
+	// QuarantinedHosts, sorted and deduplicated: the Kubernetes node names
+	// of the nodes the verdicts quarantined (see podNodes).
 	QuarantinedHosts []string
 }
 
@@ -56,6 +56,7 @@ func SummarizePods(pods []corev1.Pod, p Params, noExecute map[string][]string) P
 	}
 	sort.SliceStable(order, func(a, b int) bool { return pods[order[a]].Name < pods[order[b]].Name })
 
+	where := podNodes(pods)
 	var exitReason, verdictReason string
 	noExec := map[string]bool{}
 	hosts := map[string]bool{}
@@ -92,8 +93,8 @@ func SummarizePods(pods []corev1.Pod, p Params, noExecute map[string][]string) P
 				}
 				s.Verdicts = append(s.Verdicts, PodVerdict{Pod: pod.Name, Node: pod.Spec.NodeName, Verdict: v})
 				for _, q := range v.Quarantined {
-					if h := cmp.Or(q.Host, q.Node); h != "" {
-						hosts[h] = true
+					if n := where.node(q); n != "" {
+						hosts[n] = true
 					}
 				}
 				if v.Kind == verdict.NoRestart {
@@ -153,4 +154,50 @@ func sortedKeys(m map[string]bool) []string {
 	}
 	sort.Strings(out)
 	return out
+}
+
+// nodeIndex maps what a launcher knows a node by to the Kubernetes node its
+// pod ran on. Launchers name a quarantined node by its rendezvous id
+// ("<address>/<pid>", the address being the pod IP) and, for their own
+// node, by their host name (the pod's host name): neither is a node name,
+// and an anti-affinity on kubernetes.io/hostname needs the node's.
+type nodeIndex map[string]string
+
+// podNodes indexes the pods' names, host names and IPs, and the node names
+// themselves (a launcher given the node name as its host name), to their
+// node; pods not bound to a node are left out.
+func podNodes(pods []corev1.Pod) nodeIndex {
+	ix := nodeIndex{}
+	for i := range pods {
+		p := &pods[i]
+		n := p.Spec.NodeName
+		if n == "" {
+			continue
+		}
+		ix[n] = n
+		for _, k := range []string{p.Name, p.Spec.Hostname, p.Status.PodIP} {
+			if k != "" {
+				ix[k] = n
+			}
+		}
+		for _, ip := range p.Status.PodIPs {
+			if ip.IP != "" {
+				ix[ip.IP] = n
+			}
+		}
+	}
+	return ix
+}
+
+// node is the Kubernetes node of quarantine entry q, "" when no pod of the
+// workload explains it (it is then not avoided: a wrong name would only
+// mislead).
+func (ix nodeIndex) node(q verdict.Quarantine) string {
+	addr, _, _ := strings.Cut(q.Node, "/")
+	for _, k := range []string{q.Host, addr} {
+		if n := ix[k]; n != "" {
+			return n
+		}
+	}
+	return ""
 }
