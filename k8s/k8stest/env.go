@@ -131,17 +131,9 @@ func (e *Env) startControllerManager(assets string) error {
 		return fmt.Errorf("k8stest: %w", err)
 	}
 	e.dir = dir
-	user, err := e.env.AddUser(envtest.User{Name: "kube-controller-manager", Groups: []string{"system:masters"}}, nil)
+	kcPath, err := e.Kubeconfig(dir, "kube-controller-manager")
 	if err != nil {
-		return fmt.Errorf("k8stest: kube-controller-manager user: %w", err)
-	}
-	kc, err := user.KubeConfig()
-	if err != nil {
-		return fmt.Errorf("k8stest: kube-controller-manager kubeconfig: %w", err)
-	}
-	kcPath := filepath.Join(dir, "kubeconfig")
-	if err := os.WriteFile(kcPath, kc, 0o600); err != nil {
-		return fmt.Errorf("k8stest: %w", err)
+		return err
 	}
 	logPath := filepath.Join(dir, "kube-controller-manager.log")
 	logf, err := os.Create(logPath)
@@ -255,4 +247,23 @@ func (e *Env) Namespace(t testing.TB) string {
 		t.Fatalf("create namespace %s: %v", name, err)
 	}
 	return name
+}
+
+// Kubeconfig writes a cluster-admin kubeconfig for the API server into dir
+// and returns its path, for commands under test (ft-resumer
+// appwrapper-controller --kubeconfig).
+func (e *Env) Kubeconfig(dir, user string) (string, error) {
+	u, err := e.env.AddUser(envtest.User{Name: user, Groups: []string{"system:masters"}}, nil)
+	if err != nil {
+		return "", fmt.Errorf("k8stest: user %s: %w", user, err)
+	}
+	kc, err := u.KubeConfig()
+	if err != nil {
+		return "", fmt.Errorf("k8stest: kubeconfig: %w", err)
+	}
+	path := filepath.Join(dir, user+".kubeconfig")
+	if err := os.WriteFile(path, kc, 0o600); err != nil {
+		return "", fmt.Errorf("k8stest: %w", err)
+	}
+	return path, nil
 }
