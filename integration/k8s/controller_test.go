@@ -380,3 +380,77 @@ func TestBadConfigRefused(t *testing.T) {
 		})
 	}
 }
+
+// TestShippedManifests: deploy/k8s applies to a real API server, its
+// ConfigMap is a valid operator config, and the controller run with the
+// Deployment's flags as the service account the manifests bind (RBAC
+// decides, no admin rights) takes the seeds' sample to Succeeded.
+func TestShippedManifests(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	var config string
+	for _, f := range []string{"rbac.yaml", "controller.yaml"} {
+		b, err := os.ReadFile(filepath.Join("..", "..", "deploy", "k8s", f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, doc := range strings.Split(string(b), "\n---\n") {
+			var obj unstructured.Unstructured
+			if err := yaml.Unmarshal([]byte(doc), &obj.Object); err != nil {
+				t.Fatalf("%s: %v", f, err)
+			}
+			if len(obj.Object) == 0 {
+				continue
+			}
+			if obj.GetKind() == "ConfigMap" {
+				data, _, _ := unstructured.NestedStringMap(obj.Object, "data")
+				config = data["config.yaml"]
+			}
+			if err := env.Client.Create(ctx, &obj); err != nil {
+				t.Fatalf("%s: %s %s: %v", f, obj.GetKind(), obj.GetName(), err)
+			}
+		}
+	}
+	if config == "" {
+		t.Fatal("controller.yaml has no appwrapper-operator-config ConfigMap with config.yaml")
+	}
+	cfgPath := filepath.Join(dir, "config.yaml")
+	if err := os.WriteFile(cfgPath, []byte(config), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	kc, err := env.KubeconfigAs(dir, "system:serviceaccount:ft-launcher-system:appwrapper-controller", "system:serviceaccounts", "system:authenticated")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	cmd := exec.Command(bins.resumer, "appwrapper-controller", "--kubeconfig", kc, "--config", cfgPath,
+		"--leader-elect", "--leader-election-namespace=ft-launcher-system",
+		"--metrics-bind-address", "0", "--health-probe-bind-address", "0")
+	cmd.Stdout, cmd.Stderr = &out, &out
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		_ = cmd.Wait()
+		if t.Failed() || strings.Contains(out.String(), "forbidden") {
+			t.Errorf("controller log (a \"forbidden\" means rbac.yaml misses a rule):\n%s", out.String())
+		}
+	}()
+
+	doc, err := os.ReadFile(filepath.Join("..", "..", "k8s", "appwrapper", "testdata", "job-with-podgroup.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns := env.Namespace(t)
+	kl := env.NewKubelet(t, ns, "rbac-node-a", "rbac-node-b")
+	obj := apply(t, ns, doc)
+	waitPhase(t, ns, obj.GetName(), v1beta2.AppWrapperRunning)
+	for _, p := range runningPods(t, ns, obj.GetName(), 2, nil) {
+		if err := kl.Succeed(ctx, p.Name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitPhase(t, ns, obj.GetName(), v1beta2.AppWrapperSucceeded)
+}

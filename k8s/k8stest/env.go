@@ -253,7 +253,14 @@ func (e *Env) Namespace(t testing.TB) string {
 // and returns its path, for commands under test (ft-resumer
 // appwrapper-controller --kubeconfig).
 func (e *Env) Kubeconfig(dir, user string) (string, error) {
-	u, err := e.env.AddUser(envtest.User{Name: user, Groups: []string{"system:masters"}}, nil)
+	return e.KubeconfigAs(dir, user, "system:masters")
+}
+
+// KubeconfigAs is Kubeconfig for a user in the given groups only: RBAC
+// decides what it may do (a service account is the user
+// "system:serviceaccount:<namespace>:<name>").
+func (e *Env) KubeconfigAs(dir, user string, groups ...string) (string, error) {
+	u, err := e.env.AddUser(envtest.User{Name: user, Groups: groups}, nil)
 	if err != nil {
 		return "", fmt.Errorf("k8stest: user %s: %w", user, err)
 	}
@@ -261,7 +268,7 @@ func (e *Env) Kubeconfig(dir, user string) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("k8stest: kubeconfig: %w", err)
 	}
-	path := filepath.Join(dir, user+".kubeconfig")
+	path := filepath.Join(dir, strings.ReplaceAll(user, ":", "_")+".kubeconfig")
 	if err := os.WriteFile(path, kc, 0o600); err != nil {
 		return "", fmt.Errorf("k8stest: %w", err)
 	}
