@@ -202,11 +202,13 @@ func (r *Reconciler) forget(key types.NamespacedName) {
 	r.mu.Unlock()
 }
 
-// reportProblems emits one Warning Event "InvalidAnnotation" per malformed
-// annotation, once for each distinct set of problems (so an edit that
-// introduces a new mistake is reported again, and a steady one is not
+// reportProblems emits one Warning Event "InvalidAnnotation" naming every
+// malformed annotation, once for each distinct set of problems (so an edit
+// that introduces a new mistake is reported again, and a steady one is not
 // repeated on every reconciliation). Upstream only logs them
-// (appwrapper.md 1.5); the default is used either way.
+// (appwrapper.md 1.5); the default is used either way. One Event, not one
+// per problem: the events API folds Events of the same object, reason and
+// action into one series and keeps only the first note.
 func (r *Reconciler) reportProblems(aw *v1beta2.AppWrapper, problems []string) {
 	key := types.NamespacedName{Namespace: aw.Namespace, Name: aw.Name}
 	joined := strings.Join(problems, "\n")
@@ -221,9 +223,8 @@ func (r *Reconciler) reportProblems(aw *v1beta2.AppWrapper, problems []string) {
 	if joined == "" || (seen && last == joined) {
 		return
 	}
-	for _, pr := range problems {
-		r.recorder.Eventf(aw, nil, corev1.EventTypeWarning, ReasonInvalidAnnotation, "Validate", "%s", pr)
-	}
+	r.recorder.Eventf(aw, nil, corev1.EventTypeWarning, ReasonInvalidAnnotation, "Validate", "%s",
+		truncate(fmt.Sprintf("%d malformed annotation(s), defaults used: %s", len(problems), strings.Join(problems, "; "))))
 }
 
 // save writes the status if it changed since it was read or last written.

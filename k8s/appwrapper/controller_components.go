@@ -93,6 +93,7 @@ func (s *pass) createComponents(ctx context.Context) (fatal bool, err error) {
 		if err := s.save(ctx); err != nil {
 			return false, err
 		}
+		cs = &aw.Status.ComponentStatus[i] // the write decoded a new status into aw
 
 		err = s.r.client.Create(ctx, obj)
 		switch {
@@ -138,6 +139,11 @@ func (s *pass) ownedExisting(ctx context.Context, obj *unstructured.Unstructured
 	}
 	if ref := metav1.GetControllerOf(existing); ref == nil || ref.UID != s.aw.UID {
 		return nil, fmt.Errorf("%s %s %w", obj.GetKind(), obj.GetName(), errNotOurs)
+	}
+	if !existing.GetDeletionTimestamp().IsZero() {
+		// Ours, but from before a reset and still going away: not the
+		// component to run; retry until it is gone.
+		return nil, fmt.Errorf("%s %s is still being deleted", obj.GetKind(), obj.GetName())
 	}
 	return existing, nil
 }

@@ -114,7 +114,11 @@ func (s *pass) markUnhealthy(reason, msg string) {
 
 // transition writes the new phase with the status built so far, counts it
 // and records it as an Event whose reason is the phase entered and whose
-// note says why and how many retries were spent.
+// note says why and how many retries were spent. The Event is emitted after
+// the write, so it refers to the new resourceVersion: the events API folds
+// Events whose object reference, reason and action are equal into one
+// series with the first note, and the version keeps two resets' Events
+// (attempt 1, attempt 2) apart.
 func (s *pass) transition(ctx context.Context, to v1beta2.AppWrapperPhase, why string) (ctrl.Result, error) {
 	from := s.aw.Status.Phase
 	s.aw.Status.Phase = to
