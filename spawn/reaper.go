@@ -49,6 +49,9 @@ type Reaper struct {
 	// can never be reaped before its exit callback is registered.
 	mu       sync.Mutex
 	children map[int]exitFunc
+	// kept are children registered by Keep: they live as long as this
+	// process (the cgroup guardian), so Close does not wait for them.
+	kept map[int]bool
 
 	forkReq  chan forkRequest
 	sigCh    chan os.Signal
@@ -85,6 +88,7 @@ func NewReaper(log *slog.Logger) (*Reaper, error) {
 		log:      log,
 		self:     os.Getpid(),
 		children: make(map[int]exitFunc),
+		kept:     make(map[int]bool),
 		forkReq:  make(chan forkRequest),
 		sigCh:    make(chan os.Signal, 1),
 		stopFork: make(chan struct{}),
@@ -111,6 +115,7 @@ func (r *Reaper) Close() error {
 			r.reapAll()
 			time.Sleep(10 * time.Millisecond)
 		}
+		r.reapAll() // kept children that have already exited
 		if n := r.liveCount(); n > 0 {
 			r.log.Warn("spawn: children still unreaped at close", "count", n)
 		}
@@ -121,20 +126,29 @@ func (r *Reaper) Close() error {
 	return nil
 }
 
+// liveCount is the children Close waits for: all but the kept ones.
 func (r *Reaper) liveCount() int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return len(r.children)
+	n := 0
+	for pid := range r.children {
+		if !r.kept[pid] {
+			n++
+		}
+	}
+	return n
 }
 
 // Keep registers pid, a child this process started outside the Reaper
 // (the cgroup guardian of Contain), so that the orphan sweep of a stop
-// leaves it alone; its exit is reaped like any other.
+// leaves it alone; its exit is reaped like any other, and Close does not
+// wait for it (it outlives the Reaper by design).
 func (r *Reaper) Keep(pid int) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if _, ok := r.children[pid]; !ok {
 		r.children[pid] = func(int, unix.WaitStatus, time.Time) {}
+		r.kept[pid] = true
 	}
 }
 
@@ -181,6 +195,7 @@ func (r *Reaper) reapAll() {
 		}
 		fn := r.children[pid]
 		delete(r.children, pid)
+		delete(r.kept, pid)
 		done = append(done, reaped{pid: pid, ws: ws, fn: fn})
 	}
 	r.mu.Unlock()

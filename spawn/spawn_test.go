@@ -470,7 +470,18 @@ func TestKeptChildSurvivesTheSweep(t *testing.T) {
 		if err := c.Start(); err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { _ = c.Process.Kill() })
+		t.Cleanup(func() {
+			// Dead (a zombie for the Reaper's Close to reap) before
+			// Close runs: Close does not wait for kept children.
+			_ = c.Process.Kill()
+			for i := 0; i < 200; i++ {
+				b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", c.Process.Pid))
+				if err != nil || strings.Contains(string(b), ") Z ") {
+					return
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+		})
 		return c
 	}
 	kept, stray := start(), start()
@@ -488,4 +499,31 @@ func TestKeptChildSurvivesTheSweep(t *testing.T) {
 	if len(b) > 0 && !strings.Contains(string(b), ") Z ") {
 		t.Fatalf("the unregistered child was not swept: %s", b)
 	}
+}
+
+// TestCloseLeavesKeptChildAlone: Close does not wait for a kept child (the
+// cgroup guardian lives until the launcher exits) nor report it unreaped:
+// every launcher exit waited the full bound for it once.
+func TestCloseLeavesKeptChildAlone(t *testing.T) {
+	var logs strings.Builder
+	r, err := NewReaper(slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := exec.Command("sleep", "60")
+	if err := c.Start(); err != nil {
+		t.Fatal(err)
+	}
+	r.Keep(c.Process.Pid)
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(c.Process.Pid, 0); err != nil {
+		t.Fatalf("the kept child is gone after Close: %v", err)
+	}
+	if strings.Contains(logs.String(), "unreaped") {
+		t.Errorf("Close reported the kept child: %s", logs.String())
+	}
+	_ = c.Process.Kill()
+	_ = c.Wait()
 }
