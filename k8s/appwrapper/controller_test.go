@@ -2,6 +2,7 @@ package appwrapper
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"slices"
 	"strings"
@@ -15,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -141,10 +143,19 @@ func TestResetOnFailedPods(t *testing.T) {
 		t.Errorf("ResourcesDeployed message %q", c.Message)
 	}
 
-	want := []v1beta2.AppWrapperPhase{"", v1beta2.AppWrapperSuspended, v1beta2.AppWrapperResuming, v1beta2.AppWrapperRunning,
-		v1beta2.AppWrapperResetting, v1beta2.AppWrapperResuming, v1beta2.AppWrapperRunning}
-	if got := hist.phases(); !slices.Equal(got, want) {
-		t.Errorf("phases %v, want %v", got, want)
+	h.expectPhases(hist, "", v1beta2.AppWrapperSuspended, v1beta2.AppWrapperResuming, v1beta2.AppWrapperRunning,
+		v1beta2.AppWrapperResetting, v1beta2.AppWrapperResuming, v1beta2.AppWrapperRunning)
+	// Each creation was recorded as initiated before it was recorded done.
+	var created []string
+	for _, v := range hist.all() {
+		if len(v.Status.ComponentStatus) == 1 {
+			if r := cond2(v.Status.ComponentStatus[0].Conditions).Reason; r != "" && (len(created) == 0 || created[len(created)-1] != r) {
+				created = append(created, r)
+			}
+		}
+	}
+	if !slices.Equal(created[:min(len(created), 2)], []string{ReasonComponentCreationInitiated, ReasonComponentCreatedSuccessfully}) {
+		t.Errorf("component condition reasons in order: %v", created)
 	}
 	// The failure was seen as FoundFailedPods and waited for: the reset
 	// came no earlier than FailureGracePeriod after Unhealthy's transition.
@@ -235,11 +246,8 @@ func TestResetOnInsufficientPods(t *testing.T) {
 			if c := cond(aw, v1beta2.Unhealthy); !strings.Contains(c.Message, tc.detail) {
 				t.Errorf("Unhealthy message %q, want %q", c.Message, tc.detail)
 			}
-			want := []v1beta2.AppWrapperPhase{"", v1beta2.AppWrapperSuspended, v1beta2.AppWrapperResuming, v1beta2.AppWrapperRunning,
-				v1beta2.AppWrapperResetting, v1beta2.AppWrapperResuming, v1beta2.AppWrapperRunning, v1beta2.AppWrapperFailed}
-			if got := hist.phases(); !slices.Equal(got, want) {
-				t.Errorf("phases %v, want %v", got, want)
-			}
+			h.expectPhases(hist, "", v1beta2.AppWrapperSuspended, v1beta2.AppWrapperResuming, v1beta2.AppWrapperRunning,
+				v1beta2.AppWrapperResetting, v1beta2.AppWrapperResuming, v1beta2.AppWrapperRunning, v1beta2.AppWrapperFailed)
 			h.waitEvent(name, corev1.EventTypeWarning, "Resetting", "attempt 1 of 1", ReasonInsufficientPodsReady)
 			h.waitEvent(name, corev1.EventTypeWarning, "Failed", "retry limit reached (1 of 1 used)")
 			aw = h.waitFor(name, "resources deleted", func(aw *v1beta2.AppWrapper) bool {
@@ -271,8 +279,8 @@ func TestExternallyDeletedComponentFails(t *testing.T) {
 	if aw.Status.Retries != 0 {
 		t.Errorf("retries %d, want 0", aw.Status.Retries)
 	}
-	if slices.Contains(hist.phases(), v1beta2.AppWrapperResetting) {
-		t.Errorf("reset before failing: %v", hist.phases())
+	if ph := h.phasesThrough(hist, v1beta2.AppWrapperFailed); slices.Contains(ph, v1beta2.AppWrapperResetting) {
+		t.Errorf("reset before failing: %v", ph)
 	}
 	aw = h.waitFor(name, "quota released", func(aw *v1beta2.AppWrapper) bool {
 		return cond(aw, v1beta2.QuotaReserved).Status == False && cond(aw, v1beta2.ResourcesDeployed).Status == False
@@ -405,8 +413,8 @@ func TestTerminalExitCode(t *testing.T) {
 			if aw.Status.Retries != 0 {
 				t.Errorf("retries %d, want 0", aw.Status.Retries)
 			}
-			if slices.Contains(hist.phases(), v1beta2.AppWrapperResetting) {
-				t.Errorf("reset: %v", hist.phases())
+			if ph := h.phasesThrough(hist, v1beta2.AppWrapperFailed); slices.Contains(ph, v1beta2.AppWrapperResetting) {
+				t.Errorf("reset: %v", ph)
 			}
 			h.expectCond(aw, v1beta2.Unhealthy, True, ReasonFoundFailedPods)
 			h.waitEvent(name, corev1.EventTypeWarning, "Failed", "terminal failure", fmt.Sprintf("exit code %d is terminal", tc.code))
@@ -520,13 +528,26 @@ func TestDeletionOnFailureGracePeriod(t *testing.T) {
 			t.Errorf("the Job is left")
 		}
 		// Deletion started no earlier than the hold's end.
+		h.eventually("the deletion in the watch", func() (bool, string) {
+			for _, v := range hist.all() {
+				if v.Status.Phase == v1beta2.AppWrapperFailed && cond(v, v1beta2.ResourcesDeployed).Status == False {
+					return true, ""
+				}
+			}
+			return false, fmt.Sprint(hist.phases())
+		})
+		started := false
 		for _, v := range hist.all() {
 			if c := cond(v, v1beta2.DeletingResources); v.Status.Phase == v1beta2.AppWrapperFailed && c.Status == True {
 				if c.LastTransitionTime.Before(&metav1.Time{Time: paused.LastTransitionTime.Add(4 * time.Second)}) {
 					t.Errorf("deletion started at %v, hold began %v: shorter than 4s", c.LastTransitionTime, paused.LastTransitionTime)
 				}
+				started = true
 				break
 			}
+		}
+		if !started {
+			t.Errorf("never saw DeletingResources True after the failure")
 		}
 	})
 	t.Run("suspend cuts it short", func(t *testing.T) {
@@ -614,8 +635,8 @@ func TestSuspendDuringReset(t *testing.T) {
 	if cond(aw, v1beta2.ResourcesDeployed).Status != False {
 		t.Errorf("ResourcesDeployed %s while suspended", cond(aw, v1beta2.ResourcesDeployed).Status)
 	}
-	if !slices.Contains(hist.phases(), v1beta2.AppWrapperSuspending) {
-		t.Errorf("phases %v lack Suspending", hist.phases())
+	if ph := h.phasesThrough(hist, v1beta2.AppWrapperSuspended); !slices.Contains(ph, v1beta2.AppWrapperSuspending) {
+		t.Errorf("phases %v lack Suspending", ph)
 	}
 
 	h.patchSuspend(name, false)
@@ -815,8 +836,8 @@ func TestNoRestartVerdictFailsAtOnce(t *testing.T) {
 	if c := cond(aw, v1beta2.Unhealthy); !strings.Contains(c.Message, "ShutdownWorkload") || !strings.Contains(c.Message, pods[0].Name) {
 		t.Errorf("Unhealthy message %q names neither the pod nor the reason", c.Message)
 	}
-	if aw.Status.Retries != 0 || slices.Contains(hist.phases(), v1beta2.AppWrapperResetting) {
-		t.Errorf("retries %d, phases %v: want a failure without reset", aw.Status.Retries, hist.phases())
+	if ph := h.phasesThrough(hist, v1beta2.AppWrapperFailed); aw.Status.Retries != 0 || slices.Contains(ph, v1beta2.AppWrapperResetting) {
+		t.Errorf("retries %d, phases %v: want a failure without reset", aw.Status.Retries, ph)
 	}
 	h.waitFor(name, "resources deleted", func(aw *v1beta2.AppWrapper) bool {
 		return cond(aw, v1beta2.ResourcesDeployed).Status == False
@@ -935,4 +956,152 @@ func TestManagedByAnotherController(t *testing.T) {
 	if aw := h.get("foreign"); aw.Status.Phase != "" || len(aw.Finalizers) != 0 || h.jobExists("foreign") {
 		t.Errorf("foreign AppWrapper touched: %s, finalizers %v", describe(aw), aw.Finalizers)
 	}
+}
+
+// TestCreateErrors: an error that no retry can fix fails the AppWrapper at
+// once (CreateFailed, no retry spent); any other is retried within
+// AdmissionGracePeriod, here until a quota that forbids the Job is lifted.
+func TestCreateErrors(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		template func(t *testing.T) runtime.RawExtension
+		before   func(h *harness)
+		detail   string
+	}{
+		{
+			name:     "object exists and is not ours",
+			template: func(t *testing.T) runtime.RawExtension { return jobTemplate(t, "taken", 1, nil) },
+			before: func(h *harness) {
+				j := &batchv1.Job{}
+				if err := json.Unmarshal(jobTemplate(h.t, "taken", 1, nil).Raw, j); err != nil {
+					h.t.Fatal(err)
+				}
+				j.Namespace = h.ns
+				if err := h.c.Create(h.ctx, j); err != nil {
+					h.t.Fatal(err)
+				}
+			},
+			detail: "not controlled by this AppWrapper",
+		},
+		{
+			name: "invalid object",
+			template: func(t *testing.T) runtime.RawExtension {
+				return jobTemplate(t, "bad", 1, func(j *batchv1.Job) { j.Spec.Template.Spec.Containers[0].Name = "Not_A_DNS_Label" })
+			},
+			detail: "Invalid",
+		},
+		{
+			name: "kind not served",
+			template: func(t *testing.T) runtime.RawExtension {
+				return runtime.RawExtension{Raw: []byte(`{"apiVersion":"example.com/v1","kind":"Widget","metadata":{"name":"w"}}`)}
+			},
+			detail: "no matches for kind",
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, 1, nil)
+			if tc.before != nil {
+				tc.before(h)
+			}
+			const name = "broken"
+			hist := h.watch(name)
+			h.create(appWrapper(name, ann(v1beta2.RetryLimitAnnotation, "3"), tc.template(t)))
+			aw := h.waitPhase(name, v1beta2.AppWrapperFailed)
+			h.expectCond(aw, v1beta2.Unhealthy, True, ReasonCreateFailed)
+			if c := cond(aw, v1beta2.Unhealthy); !strings.Contains(c.Message, tc.detail) {
+				t.Errorf("Unhealthy message %q, want it to say %q", c.Message, tc.detail)
+			}
+			if c := cond2(aw.Status.ComponentStatus[0].Conditions); c.Status != False || c.Reason != ReasonComponentCreationErrored {
+				t.Errorf("component condition %s/%s, want False/%s", c.Status, c.Reason, ReasonComponentCreationErrored)
+			}
+			if ph := h.phasesThrough(hist, v1beta2.AppWrapperFailed); aw.Status.Retries != 0 || slices.Contains(ph, v1beta2.AppWrapperResetting) {
+				t.Errorf("retried: retries %d, phases %v", aw.Status.Retries, ph)
+			}
+			h.waitFor(name, "quota released", func(aw *v1beta2.AppWrapper) bool {
+				return cond(aw, v1beta2.QuotaReserved).Status == False && cond(aw, v1beta2.ResourcesDeployed).Status == False
+			})
+			if tc.before != nil && !h.jobExists("taken") {
+				t.Errorf("the Job the AppWrapper does not own was deleted")
+			}
+		})
+	}
+
+	// A quota that forbids Jobs: Forbidden is not fatal. Lifted within
+	// AdmissionGracePeriod, the workload runs; kept past it, the error is an
+	// unhealthy verdict (here with no retry allowed: Failed).
+	for _, lift := range []bool{true, false} {
+		t.Run(fmt.Sprintf("transient error, quota lifted %v", lift), func(t *testing.T) {
+			h := newHarness(t, 1, nil)
+			quota := &corev1.ResourceQuota{
+				ObjectMeta: metav1.ObjectMeta{Namespace: h.ns, Name: "no-jobs"},
+				Spec:       corev1.ResourceQuotaSpec{Hard: corev1.ResourceList{"count/jobs.batch": resource.MustParse("0")}},
+			}
+			if err := h.c.Create(h.ctx, quota); err != nil {
+				t.Fatal(err)
+			}
+			// No quota controller runs here: the usage is written by hand.
+			quota.Status = corev1.ResourceQuotaStatus{Hard: quota.Spec.Hard, Used: corev1.ResourceList{"count/jobs.batch": resource.MustParse("0")}}
+			if err := h.c.Status().Update(h.ctx, quota); err != nil {
+				t.Fatal(err)
+			}
+			const name = "waits"
+			hist := h.watch(name)
+			grace := "2s"
+			if lift {
+				grace = "10m"
+			}
+			h.create(appWrapper(name, ann(
+				v1beta2.AdmissionGracePeriodDurationAnnotation, grace,
+				v1beta2.RetryLimitAnnotation, "0",
+			), jobTemplate(t, name, 1, nil)))
+			if !lift {
+				aw := h.waitPhase(name, v1beta2.AppWrapperFailed)
+				h.expectCond(aw, v1beta2.Unhealthy, True, ReasonCreateFailed)
+				if c := cond(aw, v1beta2.Unhealthy); !strings.Contains(c.Message, "forbidden") {
+					t.Errorf("Unhealthy message %q", c.Message)
+				}
+				h.waitEvent(name, corev1.EventTypeWarning, "Failed", "retry limit reached (0 of 0 used)", ReasonCreateFailed)
+				return
+			}
+			aw := h.waitFor(name, "the creation refused", func(aw *v1beta2.AppWrapper) bool {
+				return len(aw.Status.ComponentStatus) == 1 &&
+					cond2(aw.Status.ComponentStatus[0].Conditions).Reason == ReasonComponentCreationErrored
+			})
+			if aw.Status.Phase != v1beta2.AppWrapperResuming {
+				t.Errorf("phase %s while the error is retried, want Resuming", aw.Status.Phase)
+			}
+			if err := h.c.Delete(h.ctx, quota); err != nil {
+				t.Fatal(err)
+			}
+			aw = h.waitFor(name, "running once the quota is gone", func(aw *v1beta2.AppWrapper) bool {
+				return aw.Status.Phase == v1beta2.AppWrapperRunning && cond(aw, v1beta2.PodsReady).Status == True
+			})
+			if aw.Status.Retries != 0 || slices.Contains(hist.phases(), v1beta2.AppWrapperFailed) {
+				t.Errorf("retries %d, phases %v", aw.Status.Retries, hist.phases())
+			}
+		})
+	}
+}
+
+// TestSuspendWhileRunning: Kueue preempting a running workload deletes its
+// resources and releases the quota; admitted again, it runs again.
+func TestSuspendWhileRunning(t *testing.T) {
+	h := newHarness(t, 1, nil)
+	const name = "preempt"
+	h.create(appWrapper(name, nil, jobTemplate(t, name, 2, nil)))
+	first := h.waitRunning(name, 2)
+	h.patchSuspend(name, true)
+	aw := h.waitPhase(name, v1beta2.AppWrapperSuspended)
+	h.expectCond(aw, v1beta2.QuotaReserved, False, ReasonSuspended)
+	h.expectCond(aw, v1beta2.ResourcesDeployed, False, ReasonSuspended)
+	if h.jobExists(name) || len(h.pods(name)) != 0 {
+		t.Errorf("resources left while suspended")
+	}
+	h.patchSuspend(name, false)
+	for _, p := range h.waitRunning(name, 2) {
+		if uids(first)[string(p.UID)] {
+			t.Errorf("pod %s predates the suspension", p.Name)
+		}
+	}
+	h.waitEvent(name, corev1.EventTypeNormal, "Suspending", "suspend requested while running")
 }

@@ -486,6 +486,28 @@ func (hi *history) phases() []v1beta2.AppWrapperPhase {
 	return out
 }
 
+// expectPhases waits until the watch has delivered the phase sequence want
+// (a GET can be ahead of the watch), failing with what it saw.
+func (h *harness) expectPhases(hist *history, want ...v1beta2.AppWrapperPhase) {
+	h.t.Helper()
+	h.eventually(fmt.Sprintf("phases %v", want), func() (bool, string) {
+		got := hist.phases()
+		return slices.Equal(got, want), fmt.Sprint(got)
+	})
+}
+
+// phasesThrough waits until the watch has delivered phase p and returns the
+// sequence up to then.
+func (h *harness) phasesThrough(hist *history, p v1beta2.AppWrapperPhase) []v1beta2.AppWrapperPhase {
+	h.t.Helper()
+	var got []v1beta2.AppWrapperPhase
+	h.eventually(fmt.Sprintf("phase %s in the watch", p), func() (bool, string) {
+		got = hist.phases()
+		return slices.Contains(got, p), fmt.Sprint(got)
+	})
+	return got
+}
+
 // all returns the versions seen so far.
 func (hi *history) all() []*v1beta2.AppWrapper {
 	hi.mu.Lock()
