@@ -13,6 +13,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
@@ -75,8 +76,11 @@ func cmdAppWrapperController(ctx context.Context, args []string, stdout, stderr 
 		fmt.Fprintf(stderr, "ft-resumer appwrapper-controller: %v\n", err)
 		return 1
 	}
+	var cacheOpts cache.Options
+	appwrapper.ConfigureCache(&cacheOpts) // cache only the workloads' pods
 	mgr, err := ctrl.NewManager(restCfg, ctrl.Options{
 		Scheme:                  scheme,
+		Cache:                   cacheOpts,
 		Metrics:                 metricsserver.Options{BindAddress: *metricsAddr},
 		HealthProbeBindAddress:  *probeAddr,
 		LeaderElection:          *leaderElect,
