@@ -102,6 +102,9 @@ func flagSet(name string, stderr io.Writer) *pflag.FlagSet {
 	fs := pflag.NewFlagSet("ft-resumer "+name, pflag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.SortFlags = false
+	// --help is printed once, by parse, to stdout (pflag would print it to
+	// stderr first).
+	fs.Usage = func() {}
 	return fs
 }
 
@@ -109,6 +112,7 @@ func parse(fs *pflag.FlagSet, args []string, stdout io.Writer) (code int, done b
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
 			fs.SetOutput(stdout)
+			fmt.Fprintf(stdout, "Usage of %s:\n", fs.Name())
 			fs.PrintDefaults()
 			return 0, true
 		}
