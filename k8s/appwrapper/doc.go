@@ -22,4 +22,12 @@
 // multi-host Ray worker groups count numOfHosts pods per replica; and pods
 // are kept off the nodes that ft-launcher quarantined and learn their
 // workload's identity from FTL_WORKLOAD and FTL_WORKLOAD_RESETS.
+//
+// The reconciler adds what upstream lacks: failures are seen from pod,
+// component and node watches rather than a periodic requeue; a component
+// that looks missing is confirmed with an uncached read before the
+// workload fails; a launcher's no_restart verdict fails the workload at
+// once; the nodes the launchers quarantined are recorded on the
+// AppWrapper (ft-launcher.dev/avoid-nodes) and avoided by recreated pods;
+// and every transition is an Event with the attempt number.
 package appwrapper
