@@ -32,7 +32,10 @@ for _ in range(10):
     c.send_heartbeat()
     time.sleep(0.02)
 c.shutdown_workload_monitoring()
-print("heartbeats sent from", ft_launcher_client.__file__)
+# One write: both ranks share the launcher's stdout, and print's pieces
+# (unbuffered) could interleave with the other rank's.
+sys.stdout.write("heartbeats sent from %s\n" % ft_launcher_client.__file__)
+sys.stdout.flush()
 `), 0o644)
 	code := j.run(2*time.Minute, []string{"PYTHON_EXEC=" + debianPython, "PYTHONPATH=" + target, "PIP_TARGET_DIR=" + target},
 		"--standalone", "--nproc-per-node", "2", "--ft-rank-heartbeat-timeout", "30", script)
