@@ -1,7 +1,6 @@
 package configs
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -175,14 +174,7 @@ func TestK8sDefaults(t *testing.T) {
 			if w.connect != 0 && c.Rdzv.ConnectTimeout != w.connect {
 				t.Errorf("connect_timeout %v, want %v", c.Rdzv.ConnectTimeout, w.connect)
 			}
-			for k, v := range w.sources {
-				if c.Sources[k] != v {
-					t.Errorf("source of %s = %q, want %q", k, c.Sources[k], v)
-				}
-			}
-			if got := strings.Join(c.Warnings, "\n"); (w.warn == "") != (got == "") || !strings.Contains(got, w.warn) {
-				t.Errorf("warnings %q, want %q", c.Warnings, w.warn)
-			}
+			checkSourcesAndWarnings(t, c, w.sources, w.warn)
 		})
 	}
 }
@@ -225,13 +217,7 @@ func TestK8sErrors(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			_, err := parsePod(t, nil, tt.env, tt.nw)
-			var ue *UsageError
-			if !errors.As(err, &ue) {
-				t.Fatalf("err = %v, want a *UsageError", err)
-			}
-			if ue.Subject != tt.subject || !strings.Contains(ue.Msg, tt.want) || !strings.HasPrefix(ue.Msg, tt.subject) || strings.Contains(ue.Msg, "\n") {
-				t.Errorf("error %q (subject %q), want one line starting with %q containing %q", ue.Msg, ue.Subject, tt.subject, tt.want)
-			}
+			checkUsageError(t, err, tt.subject, tt.want)
 		})
 	}
 }

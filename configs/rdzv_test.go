@@ -200,13 +200,7 @@ func TestRendezvousErrors(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			_, err := parseRdzv(t, tt.args, tt.env)
-			var ue *UsageError
-			if !errors.As(err, &ue) {
-				t.Fatalf("err = %v, want a *UsageError", err)
-			}
-			if ue.Subject != tt.subject || !strings.Contains(ue.Msg, tt.want) || !strings.HasPrefix(ue.Msg, tt.subject) || strings.Contains(ue.Msg, "\n") {
-				t.Errorf("error %q (subject %q), want one line starting with %q containing %q", ue.Msg, ue.Subject, tt.subject, tt.want)
-			}
+			checkUsageError(t, err, tt.subject, tt.want)
 		})
 	}
 }
@@ -347,5 +341,18 @@ func TestEmbeddedMembers(t *testing.T) {
 				t.Fatalf("member %d hosts %v by %q", c.Rdzv.EtcdMember, c.Rdzv.HostsEtcd, c.Rdzv.HostsEtcdBy)
 			}
 		})
+	}
+}
+
+// checkUsageError: err is a one-line *UsageError about subject (its
+// message starts with it) that contains want.
+func checkUsageError(t *testing.T, err error, subject, want string) {
+	t.Helper()
+	var ue *UsageError
+	if !errors.As(err, &ue) {
+		t.Fatalf("err = %v, want a *UsageError", err)
+	}
+	if ue.Subject != subject || !strings.Contains(ue.Msg, want) || !strings.HasPrefix(ue.Msg, subject) || strings.Contains(ue.Msg, "\n") {
+		t.Errorf("error %q (subject %q), want one line starting with %q containing %q", ue.Msg, ue.Subject, subject, want)
 	}
 }

@@ -1,7 +1,6 @@
 package configs
 
 import (
-	"errors"
 	"reflect"
 	"strings"
 	"testing"
@@ -114,14 +113,7 @@ func TestSlurmDefaults(t *testing.T) {
 			if w.rank != 0 && c.InfraRank != w.rank {
 				t.Errorf("infra rank %d from %s, want %d", c.InfraRank, c.InfraRankFrom, w.rank)
 			}
-			for k, v := range w.sources {
-				if c.Sources[k] != v {
-					t.Errorf("source of %s = %q, want %q", k, c.Sources[k], v)
-				}
-			}
-			if got := strings.Join(c.Warnings, "\n"); (w.warn == "") != (got == "") || !strings.Contains(got, w.warn) {
-				t.Errorf("warnings %q, want %q", c.Warnings, w.warn)
-			}
+			checkSourcesAndWarnings(t, c, w.sources, w.warn)
 		})
 	}
 }
@@ -150,13 +142,7 @@ func TestAddressErrors(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			_, err := parseRdzv(t, tt.args, tt.env)
-			var ue *UsageError
-			if !errors.As(err, &ue) {
-				t.Fatalf("err = %v, want a *UsageError", err)
-			}
-			if ue.Subject != tt.subject || !strings.Contains(ue.Msg, tt.want) || !strings.HasPrefix(ue.Msg, tt.subject) || strings.Contains(ue.Msg, "\n") {
-				t.Errorf("error %q (subject %q), want one line starting with %q containing %q", ue.Msg, ue.Subject, tt.subject, tt.want)
-			}
+			checkUsageError(t, err, tt.subject, tt.want)
 		})
 	}
 }
@@ -223,5 +209,19 @@ func TestLoopbackHostWarns(t *testing.T) {
 	}
 	if !c.Rdzv.HostsEtcd || !strings.Contains(strings.Join(c.Warnings, "\n"), "the embedded etcd will listen on 127.0.1.1:29400, a loopback address, although this node's address is 10.0.0.7") {
 		t.Errorf("hosts %v, warnings %q; want hosting with a loopback warning", c.Rdzv.HostsEtcd, c.Warnings)
+	}
+}
+
+// checkSourcesAndWarnings: each named setting came from the given source,
+// and the warnings are empty when warn is, else contain it.
+func checkSourcesAndWarnings(t *testing.T, c *Config, sources map[string]string, warn string) {
+	t.Helper()
+	for k, v := range sources {
+		if c.Sources[k] != v {
+			t.Errorf("source of %s = %q, want %q", k, c.Sources[k], v)
+		}
+	}
+	if got := strings.Join(c.Warnings, "\n"); (warn == "") != (got == "") || !strings.Contains(got, warn) {
+		t.Errorf("warnings %q, want %q", c.Warnings, warn)
 	}
 }
