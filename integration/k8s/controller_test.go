@@ -59,15 +59,22 @@ func TestMain(m *testing.M) {
 	k8stest.Main(m, &env)
 }
 
-// controller runs `ft-resumer appwrapper-controller` against the test API
-// server until the end of t, with the given extra flags.
-func controller(t *testing.T, args ...string) *bytes.Buffer {
+// controller runs `ft-resumer appwrapper-controller` as a cluster admin
+// against the test API server until the end of t, with the given extra
+// flags.
+func controller(t *testing.T, args ...string) {
 	t.Helper()
-	dir := t.TempDir()
-	kc, err := env.Kubeconfig(dir, "appwrapper-controller")
+	kc, err := env.Kubeconfig(t.TempDir(), "appwrapper-controller")
 	if err != nil {
 		t.Fatal(err)
 	}
+	runController(t, kc, nil, args...)
+}
+
+// runController runs `ft-resumer appwrapper-controller --kubeconfig kc`
+// until the end of t; once it has stopped, check (if any) reads its log.
+func runController(t *testing.T, kc string, check func(log string), args ...string) {
+	t.Helper()
 	var out bytes.Buffer
 	cmd := exec.Command(bins.resumer, append([]string{"appwrapper-controller", "--kubeconfig", kc,
 		"--metrics-bind-address", "0", "--health-probe-bind-address", "0"}, args...)...)
@@ -87,11 +94,13 @@ func controller(t *testing.T, args ...string) *bytes.Buffer {
 			<-done
 			t.Errorf("the controller did not stop within 30s of SIGTERM")
 		}
+		if check != nil {
+			check(out.String())
+		}
 		if t.Failed() {
 			t.Logf("controller log:\n%s", out.String())
 		}
 	})
-	return &out
 }
 
 // apply creates the object of a YAML document in ns, as `kubectl create`
@@ -422,22 +431,11 @@ func TestShippedManifests(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var out bytes.Buffer
-	cmd := exec.Command(bins.resumer, "appwrapper-controller", "--kubeconfig", kc, "--config", cfgPath,
-		"--leader-elect", "--leader-election-namespace=ft-launcher-system",
-		"--metrics-bind-address", "0", "--health-probe-bind-address", "0")
-	cmd.Stdout, cmd.Stderr = &out, &out
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		_ = cmd.Wait()
-		if t.Failed() || strings.Contains(out.String(), "forbidden") {
-			t.Errorf("controller log (a \"forbidden\" means rbac.yaml misses a rule):\n%s", out.String())
+	runController(t, kc, func(log string) {
+		if strings.Contains(log, "forbidden") {
+			t.Errorf("the controller was refused something (rbac.yaml misses a rule):\n%s", log)
 		}
-	}()
+	}, "--config", cfgPath, "--leader-elect", "--leader-election-namespace=ft-launcher-system")
 
 	doc, err := os.ReadFile(filepath.Join("..", "..", "k8s", "appwrapper", "testdata", "job-with-podgroup.yaml"))
 	if err != nil {
