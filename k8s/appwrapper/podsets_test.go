@@ -2,6 +2,8 @@ package appwrapper
 
 import (
 	"encoding/json"
+	"os"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
@@ -17,68 +19,16 @@ import (
 
 // The MLBatch quick start's samples (seed 002): a Job, and a Job with a
 // coscheduler PodGroup.
-const (
-	sampleJob = `
-apiVersion: workload.codeflare.dev/v1beta2
-kind: AppWrapper
-metadata:
-  name: sample-job
-spec:
-  components:
-  - template:
-      apiVersion: batch/v1
-      kind: Job
-      metadata:
-        name: sample-job
-      spec:
-        template:
-          spec:
-            restartPolicy: Never
-            containers:
-            - name: busybox
-              image: quay.io/project-codeflare/busybox:1.36
-              command: ["sh", "-c", "sleep 30"]
-              resources:
-                requests:
-                  cpu: 1
-`
-	sampleJobWithPodGroup = `
-apiVersion: workload.codeflare.dev/v1beta2
-kind: AppWrapper
-metadata:
-  name: sample-job
-spec:
-  components:
-  - template:
-      apiVersion: scheduling.x-k8s.io/v1alpha1
-      kind: PodGroup
-      metadata:
-        name: sample-job
-      spec:
-        minMember: 2
-  - template:
-      apiVersion: batch/v1
-      kind: Job
-      metadata:
-        name: sample-job
-      spec:
-        parallelism: 2
-        completions: 2
-        template:
-          metadata:
-            labels:
-              scheduling.x-k8s.io/pod-group: sample-job
-          spec:
-            restartPolicy: Never
-            containers:
-            - name: busybox
-              image: quay.io/project-codeflare/busybox:1.36
-              command: ["sh", "-c", "sleep 5"]
-              resources:
-                requests:
-                  cpu: 1
-`
-)
+// sample reads one of the MLBatch user guide's sample AppWrappers, kept
+// verbatim in testdata.
+func sample(t *testing.T, name string) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("testdata", name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
 
 func decodeAW(t *testing.T, y string) *v1beta2.AppWrapper {
 	t.Helper()
@@ -111,13 +61,13 @@ func ps(path string, replicas int32) v1beta2.AppWrapperPodSet {
 }
 
 func TestSamplesPodSets(t *testing.T) {
-	aw := decodeAW(t, sampleJob)
+	aw := decodeAW(t, sample(t, "job.yaml"))
 	got, err := EffectivePodSets(aw.Spec.Components[0])
 	if err != nil || !reflect.DeepEqual(got, []v1beta2.AppWrapperPodSet{ps("template.spec.template", 1)}) {
 		t.Errorf("sample job: %+v, %v", got, err)
 	}
 
-	aw = decodeAW(t, sampleJobWithPodGroup)
+	aw = decodeAW(t, sample(t, "job-with-podgroup.yaml"))
 	got, err = EffectivePodSets(aw.Spec.Components[0])
 	if err != nil || len(got) != 0 {
 		t.Errorf("PodGroup: %+v, %v; want none", got, err)
