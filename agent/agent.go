@@ -68,6 +68,15 @@ type Spare interface {
 	Close()
 }
 
+// Store is the agent store (*agentstore.Host): the c10d TCPStore that the
+// launcher of group rank 0 serves to every rank of the round.
+type Store interface {
+	// Round makes the store follow asg before its ranks start: serving,
+	// emptied for the round, at asg's MASTER_ADDR:MASTER_PORT when this
+	// node is group rank 0; closed when it is not (or is a standby).
+	Round(asg rendezvous.Assignment) error
+}
+
 // SpawnRanks adapts *spawn.Reaper to RankStarter.
 type SpawnRanks struct{ Reaper *spawn.Reaper }
 
@@ -101,6 +110,9 @@ type Deps struct {
 	NodeID string
 	// Environ is the launcher's environment (os.Environ in production).
 	Environ []string
+	// Store is the agent store; nil when the ranks' rank 0 hosts the
+	// store itself (--agent-store off).
+	Store Store
 	// Spare runs filler work while this node is a standby; nil for none.
 	Spare Spare
 	// Ledger is this node's book of leases (Active, Spare, Filler); nil

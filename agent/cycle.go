@@ -74,6 +74,14 @@ func (a *Agent) startCycle() error {
 	cfg := a.cfg
 	asg := a.run.asg
 	n := cfg.NProcPerNode
+	if a.d.Store != nil {
+		// Before any rank of this node starts: group rank 0's store was
+		// bound before the round could close (the rendezvous advertised
+		// its port), so no rank anywhere waits on a connect retry.
+		if err := a.d.Store.Round(asg); err != nil {
+			return fmt.Errorf("serve the agent store at %s:%d: %w", asg.MasterAddr, asg.MasterPort, err)
+		}
+	}
 	infos := make([]ranklogs.RankInfo, n)
 	for i := range infos {
 		infos[i] = ranklogs.RankInfo{LocalRank: i, GlobalRank: asg.RankBase + i}

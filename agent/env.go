@@ -39,7 +39,12 @@ type Sockets interface {
 // TORCHELASTIC_RESTART_COUNT is the job-wide round number (every restart
 // cycle, spare swaps included, so it is the same on every node);
 // TORCHELASTIC_MAX_RESTARTS is the job's agreed budget and
-// FT_LAUNCHER_RESTARTS_USED the part of it already spent.
+// FT_LAUNCHER_RESTARTS_USED the part of it already spent. With
+// cfg.AgentStore, MASTER_ADDR:MASTER_PORT is the store the launcher of
+// group rank 0 serves (TORCHELASTIC_USE_AGENT_STORE=True: torch connects
+// every rank, rank 0 included, as a client and prefixes its keys with
+// /worker/attempt_<TORCHELASTIC_RESTART_COUNT>); without it rank 0 hosts
+// the store there.
 func WorkerEnv(base []string, cfg *configs.Config, asg rendezvous.Assignment, localRank int, errorFile string, mon Sockets) []string {
 	set := map[string]string{
 		"LOCAL_RANK":                   strconv.Itoa(localRank),
@@ -57,7 +62,7 @@ func WorkerEnv(base []string, cfg *configs.Config, asg rendezvous.Assignment, lo
 		"TORCHELASTIC_MAX_RESTARTS":    strconv.Itoa(asg.MaxRestarts),
 		"FT_LAUNCHER_RESTARTS_USED":    strconv.Itoa(asg.RestartsUsed),
 		"TORCHELASTIC_RUN_ID":          asg.RunID,
-		"TORCHELASTIC_USE_AGENT_STORE": "False",
+		"TORCHELASTIC_USE_AGENT_STORE": torchBool(cfg.AgentStore),
 		"TORCHELASTIC_ERROR_FILE":      errorFile,
 	}
 	if mon != nil {
@@ -87,4 +92,12 @@ func WorkerEnv(base []string, cfg *configs.Config, asg rendezvous.Assignment, lo
 		out = append(out, k+"="+v)
 	}
 	return out
+}
+
+// torchBool spells b as torch's elastic variables expect it.
+func torchBool(b bool) string {
+	if b {
+		return "True"
+	}
+	return "False"
 }

@@ -195,6 +195,9 @@ func classifyRdzvErr(err error) verdict.Kind {
 // runs meanwhile.
 func (a *Agent) standby(ctx context.Context) State {
 	asg := a.run.asg
+	if a.d.Store != nil {
+		_ = a.d.Store.Round(asg) // a standby serves no store: only closes one
+	}
 	a.log.Info("standby: this node is parked for a later round", "round", asg.Round)
 	a.ev.Emit(eventlog.Standby, map[string]any{"round": asg.Round})
 	a.parked(ctx)

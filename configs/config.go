@@ -116,6 +116,11 @@ type Config struct {
 	// imports ahead of a restart (nil: ranks always start cold; docs/prewarm.md).
 	Prewarm []string
 
+	// AgentStore makes group rank 0's launcher serve the ranks' c10d
+	// TCPStore (TORCHELASTIC_USE_AGENT_STORE=True); false leaves it to
+	// rank 0, as before (docs/agentstore.md).
+	AgentStore bool
+
 	// WalltimeSignals are the scheduler's pre-walltime warnings: forwarded
 	// to the ranks, never a failure (default SIGUSR1, SIGUSR2).
 	WalltimeSignals []syscall.Signal

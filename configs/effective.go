@@ -80,6 +80,7 @@ func (c *Config) Effective() string {
 	add("spare_filler", c.SpareFiller)
 	add("spare_filler_reclaim_timeout", c.SpareFillerReclaimTimeout.Seconds())
 	add("prewarm", strings.Join(c.Prewarm, ","))
+	add("agent_store", onOff(c.AgentStore))
 	wt := make([]string, len(c.WalltimeSignals))
 	for i, s := range c.WalltimeSignals {
 		wt[i] = signalName(s)
@@ -158,4 +159,12 @@ func stdSpecString(s StdSpec) string {
 		}
 	}
 	return strings.Join(parts, ",")
+}
+
+// onOff spells an on|off option's value as the user writes it.
+func onOff(b bool) string {
+	if b {
+		return "on"
+	}
+	return "off"
 }

@@ -173,3 +173,63 @@ func TestSpareAndWalltimeOptions(t *testing.T) {
 		})
 	}
 }
+
+// TestAgentStoreOption: --agent-store and --agent_store, PET_AGENT_STORE,
+// YAML fault_tolerance.agent_store (on/off and YAML booleans); flag > env >
+// YAML > default on; a bad value names the allowed ones; --print-config
+// shows the value and its source.
+func TestAgentStoreOption(t *testing.T) {
+	dir := t.TempDir()
+	yOff := filepath.Join(dir, "off.yaml")
+	writeFile(t, yOff, "fault_tolerance:\n  agent_store: off\n")
+	yFalse := filepath.Join(dir, "false.yaml")
+	writeFile(t, yFalse, "fault_tolerance:\n  agent_store: false\n")
+	yBad := filepath.Join(dir, "bad.yaml")
+	writeFile(t, yBad, "fault_tolerance:\n  agent_store: maybe\n")
+	tests := []struct {
+		name   string
+		args   []string
+		env    map[string]string
+		want   bool
+		source string
+		err    string
+	}{
+		{name: "default on", want: true, source: "default"},
+		{name: "flag off", args: []string{"--agent-store", "off"}, want: false, source: "--agent-store"},
+		{name: "underscore flag", args: []string{"--agent_store=off"}, want: false, source: "--agent-store"},
+		{name: "flag on, case-insensitive", args: []string{"--agent-store", "ON"}, want: true, source: "--agent-store"},
+		{name: "env", env: map[string]string{"PET_AGENT_STORE": "off"}, want: false, source: "PET_AGENT_STORE"},
+		{name: "flag over env", args: []string{"--agent-store", "on"}, env: map[string]string{"PET_AGENT_STORE": "off"}, want: true, source: "--agent-store"},
+		{name: "yaml", args: []string{"--ft-cfg-path", yOff}, want: false, source: "fault_tolerance.agent_store"},
+		{name: "yaml boolean", args: []string{"--ft-cfg-path", yFalse}, want: false, source: "fault_tolerance.agent_store"},
+		{name: "env over yaml", args: []string{"--ft-cfg-path", yOff}, env: map[string]string{"PET_AGENT_STORE": "on"}, want: true, source: "PET_AGENT_STORE"},
+		{name: "bad flag", args: []string{"--agent-store", "yes"}, err: `--agent-store: invalid value "yes": must be on or off`},
+		{name: "bad env", env: map[string]string{"PET_AGENT_STORE": "1"}, err: `PET_AGENT_STORE: invalid value "1": must be on or off`},
+		{name: "bad yaml", args: []string{"--ft-cfg-path", yBad}, err: "fault_tolerance.agent_store (line 2): must be on or off"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, err := parse(append(append([]string{}, tt.args...), "x.py"), envOf(tt.env), noGPU(t))
+			if tt.err != "" {
+				var ue *UsageError
+				if !errors.As(err, &ue) || !strings.Contains(err.Error(), tt.err) {
+					t.Fatalf("got %v, want a usage error containing %q", err, tt.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c.AgentStore != tt.want {
+				t.Errorf("AgentStore = %v, want %v", c.AgentStore, tt.want)
+			}
+			eff := c.Effective()
+			if want := "agent_store: \"" + onOff(tt.want) + "\"\n"; !strings.Contains(eff, want) {
+				t.Errorf("--print-config lacks %q:\n%s", want, eff)
+			}
+			if src := c.Sources["agent_store"]; !strings.Contains(src, tt.source) {
+				t.Errorf("source of agent_store = %q, want one naming %q", src, tt.source)
+			}
+		})
+	}
+}

@@ -282,6 +282,9 @@ func options() []*option {
 		{names: []string{"prewarm"}, env: true, group: grpOurs, arg: "MODULES", def: "off",
 			help: "Comma-separated Python modules (e.g. torch,torch.distributed) that one standby interpreter per local rank imports ahead of time; a restart hands each rank to its standby instead of starting a new interpreter (no GPU work in the standby; ignored with --no-python). Costs one imported interpreter per local rank. Also YAML fault_tolerance.prewarm. See docs/prewarm.md.",
 			set:  func(p *parser, v string) (err error) { p.cfg.Prewarm, err = parseModuleList(v); return err }},
+		{names: []string{"agent-store"}, env: true, group: grpOurs, arg: "on|off", def: "on",
+			help: "on: the launcher of group rank 0 serves the ranks' c10d TCPStore at MASTER_ADDR:MASTER_PORT, listening before any rank starts, and ranks get TORCHELASTIC_USE_AGENT_STORE=True (no rank waits on a connect retry; keys reset every round). off: rank 0 hosts the store, as torchrun's static launch does. Also YAML fault_tolerance.agent_store. See docs/agentstore.md.",
+			set:  func(p *parser, v string) (err error) { p.cfg.AgentStore, err = parseOnOff(v); return err }},
 		{names: []string{"spare-filler-reclaim-timeout"}, env: true, group: grpOurs, arg: "SECONDS", def: "30",
 			help: "Bound on reclaiming a promoted spare: the filler tree's exit and, with GPUs, until nvidia-smi shows no process on them and memory below --ft-gpu-memory-tolerance-mb. Past it the spare is quarantined and the next spare takes its place. 0.001 to 604800.",
 			set: func(p *parser, v string) (err error) {
@@ -389,6 +392,17 @@ func ftDefault(ft *FaultTolerance, key string) string {
 		return fmt.Sprint(f.Elem().Interface())
 	}
 	return fmt.Sprint(f.Interface())
+}
+
+// parseOnOff parses an on|off option such as --agent-store.
+func parseOnOff(v string) (bool, error) {
+	switch strings.ToLower(strings.TrimSpace(v)) {
+	case "on":
+		return true, nil
+	case "off":
+		return false, nil
+	}
+	return false, fmt.Errorf("invalid value %q: must be on or off", v)
 }
 
 // parseModuleList parses --prewarm: dotted Python module names, comma

@@ -116,6 +116,7 @@ func defaultConfig() *Config {
 		TermTimeout:               1800 * time.Second,
 		WorkersStopTimeout:        15 * time.Second,
 		FT:                        DefaultFaultTolerance(),
+		AgentStore:                true,
 	}
 }
 

@@ -95,6 +95,18 @@ func (p *parser) applyYAML(data []byte, path, subj string) error {
 				return usageErr("fault_tolerance.prewarm", "%s: %q: fault_tolerance.prewarm (line %d): must be comma-separated Python module names", subj, path, k.Line)
 			}
 			p.source["prewarm"] = subj + " fault_tolerance.prewarm"
+		case k.Value == "agent_store":
+			// A launcher option too (--agent-store), like verdict_file.
+			// YAML 1.1 would read a bare on/off as a boolean; both forms mean the same.
+			v = resolveAlias(v)
+			var err error
+			if v.Kind == yaml.ScalarNode {
+				p.cfg.AgentStore, err = parseOnOff(yamlOnOff(v.Value))
+			}
+			if v.Kind != yaml.ScalarNode || err != nil {
+				return usageErr("fault_tolerance.agent_store", "%s: %q: fault_tolerance.agent_store (line %d): must be on or off", subj, path, k.Line)
+			}
+			p.source["agent-store"] = subj + " fault_tolerance.agent_store"
 		case k.Value == "log_keep_attempts":
 			// A launcher option too (--log-keep-attempts), like verdict_file.
 			v = resolveAlias(v)
@@ -171,4 +183,15 @@ func findFTSection(n *yaml.Node, depth int) *yaml.Node {
 		}
 	}
 	return nil
+}
+
+// yamlOnOff maps YAML booleans (true/false) to on/off.
+func yamlOnOff(v string) string {
+	switch strings.ToLower(v) {
+	case "true":
+		return "on"
+	case "false":
+		return "off"
+	}
+	return v
 }

@@ -78,8 +78,13 @@ type EtcdOptions struct {
 	GossipPort      int           // memberlist port on LocalAddr (0 picks one)
 	DisableGossip   bool          // lease expiry is then the only node-loss detector
 	HealthCheck     func(ctx context.Context) error
-	Metrics         *metrics.Metrics
-	Logger          *slog.Logger
+	// MasterPort is the port this node advertises for round (its
+	// MASTER_PORT should it be group rank 0); nil picks a free one. The
+	// agent store binds its server on LocalAddr here, before the node
+	// registers, so group rank 0's store listens before the round closes.
+	MasterPort func(round int) (int, error)
+	Metrics    *metrics.Metrics
+	Logger     *slog.Logger
 
 	// ProbeInterval is how often etcd reachability is checked (default 1s).
 	ProbeInterval time.Duration

@@ -19,6 +19,7 @@ type Local struct {
 	maxRestarts int
 	masterAddr  string
 	masterPort  int // 0: pick a free port each round
+	portFn      func(round int) (int, error)
 
 	mu       sync.Mutex
 	round    int
@@ -36,6 +37,14 @@ type Local struct {
 // WithMetrics makes l report rounds and restarts to m (nil-safe).
 func (l *Local) WithMetrics(m *metrics.Metrics) *Local {
 	l.met = m
+	return l
+}
+
+// WithMasterPort makes l take the port of each round from fn (the agent
+// store's, bound before the round is handed out) when no fixed port was
+// given.
+func (l *Local) WithMasterPort(fn func(round int) (int, error)) *Local {
+	l.portFn = fn
 	return l
 }
 
@@ -57,7 +66,13 @@ func (l *Local) Next(ctx context.Context) (Assignment, error) {
 		return Assignment{}, ErrClosed
 	}
 	port := l.masterPort
-	if port == 0 {
+	if port == 0 && l.portFn != nil {
+		p, err := l.portFn(l.round)
+		if err != nil {
+			return Assignment{}, fmt.Errorf("rendezvous: master port for round %d: %w", l.round, err)
+		}
+		port = p
+	} else if port == 0 {
 		p, err := FreePort(l.masterAddr)
 		if err != nil {
 			return Assignment{}, err

@@ -162,9 +162,15 @@ func (e *Etcd) joinRound(ctx context.Context, target int) (Assignment, bool, err
 // round not being assigned and the job not closed. A fenced-out
 // registration is not an error: waitAssignment reports what happened.
 func (e *Etcd) register(ctx context.Context, target int) error {
-	port, err := FreePort(e.o.LocalAddr)
+	var port int
+	var err error
+	if e.o.MasterPort != nil {
+		port, err = e.o.MasterPort(target)
+	} else {
+		port, err = FreePort(e.o.LocalAddr)
+	}
 	if err != nil {
-		return fmt.Errorf("rendezvous: %w", err)
+		return fmt.Errorf("rendezvous: master port for round %d: %w", target, err)
 	}
 	e.mu.Lock()
 	gossipAddr := e.gossipAddr
