@@ -1,0 +1,553 @@
+package tcpstore
+
+import (
+	"bufio"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"sync"
+	"time"
+)
+
+// refusal is an error that closes the connection as a refusal: counted in
+// Stats.Refused and logged at a limited rate.
+type refusal struct{ reason string }
+
+func (r *refusal) Error() string { return r.reason }
+
+func refusef(format string, args ...any) error {
+	return &refusal{reason: fmt.Sprintf(format, args...)}
+}
+
+// notifyQueue bounds the server-initiated messages (wait answers, watch
+// updates, cancel acknowledgements) queued for one connection that is slow
+// to read them; a connection that lets more pile up is refused.
+const notifyQueue = 256
+
+// conn is one client connection: a reader goroutine (serve) answers queries
+// in order, a notifier goroutine writes what other connections caused
+// (a WAIT answered by someone's SET, a watched key changing).
+type conn struct {
+	s  *Server
+	nc net.Conn
+	st *state // the attempt the connection belongs to
+	br *bufio.Reader
+
+	wmu sync.Mutex // one message at a time on the wire
+	bw  *bufio.Writer
+
+	out       chan []byte
+	done      chan struct{} // closed by close
+	closeOnce sync.Once
+	notified  chan struct{} // notifier returned
+	exited    chan struct{} // both goroutines returned, state cleaned up
+
+	dialect  dialect
+	reserved int64 // bytes of the query being read, held in Server.inflight
+
+	// Under Server.mu:
+	waits    []*waiter
+	watching []string
+	overflow bool
+}
+
+func newConn(s *Server, nc net.Conn, st *state) *conn {
+	return &conn{
+		s:        s,
+		nc:       nc,
+		st:       st,
+		br:       bufio.NewReaderSize(nc, 4096),
+		bw:       bufio.NewWriterSize(nc, 4096),
+		out:      make(chan []byte, notifyQueue),
+		done:     make(chan struct{}),
+		notified: make(chan struct{}),
+		exited:   make(chan struct{}),
+	}
+}
+
+func (c *conn) close() {
+	c.closeOnce.Do(func() {
+		close(c.done)
+		_ = c.nc.Close()
+	})
+}
+
+// push queues a server-initiated message; called under Server.mu. A full
+// queue means the client does not read: it is refused.
+func (c *conn) push(msg []byte) {
+	if c.overflow {
+		return
+	}
+	select {
+	case c.out <- msg:
+	default:
+		c.overflow = true
+		c.close()
+	}
+}
+
+// forgetWait drops w from c's outstanding waits; called under Server.mu.
+func (c *conn) forgetWait(w *waiter) {
+	for i, x := range c.waits {
+		if x == w {
+			c.waits = append(c.waits[:i], c.waits[i+1:]...)
+			return
+		}
+	}
+}
+
+func (c *conn) notifyLoop() {
+	defer c.s.wg.Done()
+	defer close(c.notified)
+	for {
+		select {
+		case <-c.done:
+			return
+		case msg := <-c.out:
+			if err := c.write(func(w *bufio.Writer) { _, _ = w.Write(msg) }); err != nil {
+				c.close()
+				return
+			}
+		}
+	}
+}
+
+// write sends one message, bounded by the message timeout.
+func (c *conn) write(fill func(*bufio.Writer)) error {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	_ = c.nc.SetWriteDeadline(time.Now().Add(c.s.lim.MessageTimeout))
+	fill(c.bw)
+	return c.bw.Flush()
+}
+
+func (c *conn) serve() {
+	s := c.s
+	var err error
+	defer func() {
+		c.close()
+		<-c.notified
+		s.mu.Lock()
+		c.st.cancelWaits(c)
+		c.st.dropWatches(c)
+		overflow := c.overflow
+		delete(s.conns, c)
+		s.mu.Unlock()
+		c.release()
+		var r *refusal
+		switch {
+		case errors.As(err, &r):
+			s.refuse(c.nc.RemoteAddr(), r.reason, "dialect", c.dialect.String())
+		case overflow:
+			s.refuse(c.nc.RemoteAddr(), "client does not read the server's notifications", "queued", notifyQueue)
+		case errors.Is(err, os.ErrDeadlineExceeded):
+			s.refuse(c.nc.RemoteAddr(), "query or reply not completed in time", "timeout", s.lim.MessageTimeout.String())
+		case err != nil && !isClosed(err):
+			s.log.Debug("TCPStore connection ended", "peer", c.nc.RemoteAddr().String(), "err", err)
+		}
+		close(c.exited)
+		s.wg.Done()
+	}()
+	for {
+		_ = c.nc.SetReadDeadline(time.Time{}) // idle between queries as long as it likes
+		var b byte
+		if b, err = c.br.ReadByte(); err != nil {
+			return
+		}
+		// The rest of the query must follow promptly: a client cannot hold a
+		// half-sent query (and the bytes reserved for it) forever.
+		_ = c.nc.SetReadDeadline(time.Now().Add(s.lim.MessageTimeout))
+		if c.dialect == dialectUnknown {
+			var validated bool
+			if validated, err = c.detect(b); err != nil {
+				return
+			}
+			if validated {
+				continue
+			}
+		}
+		o := c.dialect.op(b)
+		err = c.handle(o, b)
+		c.release()
+		if err != nil {
+			return
+		}
+	}
+}
+
+// detect picks the dialect from the first query: a v2 client starts with
+// VALIDATE (0) and the magic number, a legacy client with any query, whose
+// 0 is SET followed by a uint64 key length. The two cannot be confused: the
+// low half of a key length equal to the magic would be a 1 GiB key.
+func (c *conn) detect(b byte) (validated bool, err error) {
+	if b == 0 {
+		p, err := c.br.Peek(4)
+		if err != nil {
+			return false, err
+		}
+		if binary.LittleEndian.Uint32(p) == validationMagic {
+			_, _ = c.br.Discard(4)
+			c.dialect = dialectV2
+			return true, nil
+		}
+	}
+	c.dialect = dialectLegacy
+	return false, nil
+}
+
+func (c *conn) release() {
+	if c.reserved != 0 {
+		c.s.inflight.Add(-c.reserved)
+		c.reserved = 0
+	}
+}
+
+func (c *conn) readU64() (uint64, error) {
+	var b [8]byte
+	if _, err := io.ReadFull(c.br, b[:]); err != nil {
+		return 0, err
+	}
+	return binary.LittleEndian.Uint64(b[:]), nil
+}
+
+func (c *conn) readU32() (uint32, error) {
+	var b [4]byte
+	if _, err := io.ReadFull(c.br, b[:]); err != nil {
+		return 0, err
+	}
+	return binary.LittleEndian.Uint32(b[:]), nil
+}
+
+// readVec reads a length-prefixed byte vector of at most max bytes; the
+// length is checked, and the bytes reserved, before anything is allocated.
+func (c *conn) readVec(max int, what string) ([]byte, error) {
+	n, err := c.readU64()
+	if err != nil {
+		return nil, err
+	}
+	if n > uint64(max) {
+		return nil, refusef("%s of %d bytes exceeds the limit of %d bytes", what, n, max)
+	}
+	if n > 0 {
+		if c.s.inflight.Add(int64(n)) > c.s.lim.MaxTotalBytes {
+			c.s.inflight.Add(-int64(n))
+			return nil, refusef("queries being received hold more than %d bytes", c.s.lim.MaxTotalBytes)
+		}
+		c.reserved += int64(n)
+	}
+	buf := make([]byte, n)
+	if _, err := io.ReadFull(c.br, buf); err != nil {
+		return nil, err
+	}
+	return buf, nil
+}
+
+func (c *conn) readKey() (string, error) {
+	b, err := c.readVec(c.s.lim.MaxKeyBytes, "key")
+	return string(b), err
+}
+
+func (c *conn) readValue() ([]byte, error) {
+	return c.readVec(c.s.lim.MaxValueBytes, "value")
+}
+
+func (c *conn) readCount() (int, error) {
+	n, err := c.readU64()
+	if err != nil {
+		return 0, err
+	}
+	if n > uint64(c.s.lim.MaxKeysPerQuery) {
+		return 0, refusef("query names %d keys, over the limit of %d", n, c.s.lim.MaxKeysPerQuery)
+	}
+	return int(n), nil
+}
+
+func (c *conn) readKeys() ([]string, error) {
+	n, err := c.readCount()
+	if err != nil {
+		return nil, err
+	}
+	keys := make([]string, 0, min(n, 1024))
+	for range n {
+		k, err := c.readKey()
+		if err != nil {
+			return nil, err
+		}
+		keys = append(keys, k)
+	}
+	return keys, nil
+}
+
+func (c *conn) replyVec(v []byte) error {
+	return c.write(func(w *bufio.Writer) {
+		writeU64(w, uint64(len(v)))
+		_, _ = w.Write(v)
+	})
+}
+
+func (c *conn) replyI64(v int64) error {
+	return c.write(func(w *bufio.Writer) { writeU64(w, uint64(v)) })
+}
+
+func (c *conn) replyByte(b byte) error {
+	return c.write(func(w *bufio.Writer) { _ = w.WriteByte(b) })
+}
+
+func writeU64(w *bufio.Writer, v uint64) {
+	var b [8]byte
+	binary.LittleEndian.PutUint64(b[:], v)
+	_, _ = w.Write(b[:])
+}
+
+// locked runs f on the connection's attempt under the server lock.
+func (c *conn) locked(f func(st *state) error) error {
+	c.s.mu.Lock()
+	defer c.s.mu.Unlock()
+	return f(c.st)
+}
+
+// handle reads the arguments of one query and answers it.
+func (c *conn) handle(o op, b byte) error {
+	switch o {
+	case opSet:
+		key, err := c.readKey()
+		if err != nil {
+			return err
+		}
+		val, err := c.readValue()
+		if err != nil {
+			return err
+		}
+		return c.locked(func(st *state) error { return st.set(key, val) })
+
+	case opCompareSet:
+		key, err := c.readKey()
+		if err != nil {
+			return err
+		}
+		expected, err := c.readValue()
+		if err != nil {
+			return err
+		}
+		desired, err := c.readValue()
+		if err != nil {
+			return err
+		}
+		var res []byte
+		if err := c.locked(func(st *state) (err error) {
+			res, err = st.compareSet(key, expected, desired)
+			return err
+		}); err != nil {
+			return err
+		}
+		return c.replyVec(res)
+
+	case opGet:
+		key, err := c.readKey()
+		if err != nil {
+			return err
+		}
+		var val []byte
+		_ = c.locked(func(st *state) error { val = st.kv[key]; return nil })
+		return c.replyVec(val) // a missing key reads as empty, as in torch's libuv server
+
+	case opAdd:
+		key, err := c.readKey()
+		if err != nil {
+			return err
+		}
+		delta, err := c.readU64()
+		if err != nil {
+			return err
+		}
+		var n int64
+		if err := c.locked(func(st *state) (err error) {
+			n, err = st.add(key, int64(delta))
+			return err
+		}); err != nil {
+			return err
+		}
+		return c.replyI64(n)
+
+	case opCheck:
+		keys, err := c.readKeys()
+		if err != nil {
+			return err
+		}
+		var ready bool
+		_ = c.locked(func(st *state) error { ready = st.allPresent(keys); return nil })
+		if ready {
+			return c.replyByte(checkReady)
+		}
+		return c.replyByte(checkNotReady)
+
+	case opWait:
+		keys, err := c.readKeys()
+		if err != nil {
+			return err
+		}
+		var ready bool
+		if err := c.locked(func(st *state) (err error) {
+			ready, err = st.wait(c, keys)
+			return err
+		}); err != nil {
+			return err
+		}
+		if ready {
+			return c.replyByte(waitStopWaiting)
+		}
+		return nil
+
+	case opCancelWait:
+		// Queued behind any answer already on its way, so the client reads
+		// STOP_WAITING (if the keys came first) and then WAIT_CANCELED.
+		return c.locked(func(st *state) error {
+			st.cancelWaits(c)
+			c.push([]byte{waitCanceled})
+			return nil
+		})
+
+	case opNumKeys:
+		var n int
+		_ = c.locked(func(st *state) error { n = len(st.kv); return nil })
+		return c.replyI64(int64(n))
+
+	case opDeleteKey:
+		key, err := c.readKey()
+		if err != nil {
+			return err
+		}
+		var n int64
+		_ = c.locked(func(st *state) error { n = st.deleteKey(key); return nil })
+		return c.replyI64(n)
+
+	case opWatchKey:
+		key, err := c.readKey()
+		if err != nil {
+			return err
+		}
+		return c.locked(func(st *state) error { return st.watch(c, key) })
+
+	case opAppend:
+		key, err := c.readKey()
+		if err != nil {
+			return err
+		}
+		val, err := c.readValue()
+		if err != nil {
+			return err
+		}
+		return c.locked(func(st *state) error { return st.appendTo(key, val) })
+
+	case opMultiGet:
+		keys, err := c.readKeys()
+		if err != nil {
+			return err
+		}
+		vals := make([][]byte, len(keys))
+		_ = c.locked(func(st *state) error {
+			for i, k := range keys {
+				vals[i] = st.kv[k]
+			}
+			return nil
+		})
+		return c.write(func(w *bufio.Writer) {
+			for _, v := range vals {
+				writeU64(w, uint64(len(v)))
+				_, _ = w.Write(v)
+			}
+		})
+
+	case opMultiSet:
+		n, err := c.readCount()
+		if err != nil {
+			return err
+		}
+		type kv struct {
+			k string
+			v []byte
+		}
+		pairs := make([]kv, 0, min(n, 1024))
+		for range n {
+			key, err := c.readKey()
+			if err != nil {
+				return err
+			}
+			val, err := c.readValue()
+			if err != nil {
+				return err
+			}
+			pairs = append(pairs, kv{key, val})
+		}
+		return c.locked(func(st *state) error {
+			for _, p := range pairs {
+				if err := st.set(p.k, p.v); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+
+	case opPing:
+		nonce, err := c.readU32()
+		if err != nil {
+			return err
+		}
+		return c.write(func(w *bufio.Writer) {
+			var b [4]byte
+			binary.LittleEndian.PutUint32(b[:], nonce)
+			_, _ = w.Write(b[:])
+		})
+
+	case opQueuePush:
+		key, err := c.readKey()
+		if err != nil {
+			return err
+		}
+		val, err := c.readValue()
+		if err != nil {
+			return err
+		}
+		return c.locked(func(st *state) error { return st.queuePush(key, val) })
+
+	case opQueuePop:
+		key, err := c.readKey()
+		if err != nil {
+			return err
+		}
+		var val []byte
+		var ok bool
+		_ = c.locked(func(st *state) error { val, ok = st.queuePop(key); return nil })
+		if !ok {
+			return c.replyI64(0)
+		}
+		return c.write(func(w *bufio.Writer) {
+			writeU64(w, 1)
+			writeU64(w, uint64(len(val)))
+			_, _ = w.Write(val)
+		})
+
+	case opQueueLen:
+		key, err := c.readKey()
+		if err != nil {
+			return err
+		}
+		var n int
+		_ = c.locked(func(st *state) error { n = len(st.queues[key]); return nil })
+		return c.replyI64(int64(n))
+
+	case opValidate:
+		// Only the first query of a v2 connection may validate (detect
+		// consumed it); torch's servers close a connection that sends it
+		// again.
+		return refusef("VALIDATE after the first query")
+	}
+	return refusef("unknown query type %d for a %s client", b, c.dialect)
+}
+
+func isClosed(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed)
+}

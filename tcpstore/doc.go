@@ -1,0 +1,24 @@
+// Package tcpstore serves the key-value store that torch.distributed ranks
+// reach through c10d's TCPStore client, so that a launcher (not rank 0) can
+// host it: the server listens before any rank starts, and no rank ever races
+// a bind or sleeps through a connect retry.
+//
+// The server speaks the TCPStore wire protocol of two client generations and
+// picks one per connection from its first bytes:
+//
+//   - "legacy": torch 1.13 up to 2.1, whose first query type is SET = 0 and
+//     which can open a second connection for WATCH_KEY callbacks;
+//   - "v2": torch 2.2 and later, whose clients open every connection with a
+//     VALIDATE query carrying a magic number and number the queries from
+//     VALIDATE = 0.
+//
+// docs/protocol.md ("c10d TCPStore (the agent store)") gives the wire format,
+// every query, the wait semantics and the limits. Everything a client can make
+// the server hold or wait on is bounded by Limits; a client that goes past a
+// limit is refused: its connection is closed, the refusal is counted in
+// Stats.Refused and logged at a limited rate, and other clients carry on.
+//
+// Keys live until Reset, which a launcher calls between attempts: torch 1.13
+// ranks scope their keys under /worker/attempt_N themselves, torch 2.x ranks
+// expect a fresh store, and both are served by dropping everything.
+package tcpstore

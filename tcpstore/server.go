@@ -1,0 +1,290 @@
+package tcpstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Limits bound what clients can make the server hold or wait on. A zero field
+// takes the value of DefaultLimits.
+type Limits struct {
+	MaxKeyBytes   int   // one key
+	MaxValueBytes int   // one value (SET/COMPARE_SET/APPEND/ADD results)
+	MaxKeys       int   // keys held at once
+	MaxTotalBytes int64 // keys+values held at once
+	MaxConns      int   // open client connections
+	MaxWaiters    int   // outstanding WAIT/watch registrations
+
+	// MaxWaitsPerConn bounds the WAIT queries one connection may have
+	// outstanding. A torch client has at most one, more only after 1.13
+	// timed out on a wait (it cannot cancel one), so a connection that
+	// piles up more is buggy or hostile and must not take every waiter slot.
+	MaxWaitsPerConn int
+	// MaxKeysPerQuery bounds the keys named by one CHECK, WAIT, MULTI_GET
+	// or MULTI_SET (torch's libuv server allows 128 Ki).
+	MaxKeysPerQuery int
+	// MessageTimeout is how long the rest of a query may take to arrive once
+	// its first byte has, and how long a reply may take to be written. A
+	// connection may stay idle between queries for as long as it likes.
+	MessageTimeout time.Duration
+}
+
+// DefaultLimits are generous for any real job (torch's own libuv server
+// caps keys at 8 KiB and values at 8 MiB) and small enough that a hostile
+// client cannot make the launcher hold more than about a GiB.
+func DefaultLimits() Limits {
+	return Limits{
+		MaxKeyBytes:     8 << 10,
+		MaxValueBytes:   8 << 20,
+		MaxKeys:         1 << 20,
+		MaxTotalBytes:   512 << 20,
+		MaxConns:        16384,
+		MaxWaiters:      1 << 20,
+		MaxWaitsPerConn: 64,
+		MaxKeysPerQuery: 128 << 10,
+		MessageTimeout:  30 * time.Second,
+	}
+}
+
+// withDefaults fills zero fields from DefaultLimits.
+func (l Limits) withDefaults() Limits {
+	d := DefaultLimits()
+	if l.MaxKeyBytes <= 0 {
+		l.MaxKeyBytes = d.MaxKeyBytes
+	}
+	if l.MaxValueBytes <= 0 {
+		l.MaxValueBytes = d.MaxValueBytes
+	}
+	if l.MaxKeys <= 0 {
+		l.MaxKeys = d.MaxKeys
+	}
+	if l.MaxTotalBytes <= 0 {
+		l.MaxTotalBytes = d.MaxTotalBytes
+	}
+	if l.MaxConns <= 0 {
+		l.MaxConns = d.MaxConns
+	}
+	if l.MaxWaiters <= 0 {
+		l.MaxWaiters = d.MaxWaiters
+	}
+	if l.MaxWaitsPerConn <= 0 {
+		l.MaxWaitsPerConn = d.MaxWaitsPerConn
+	}
+	if l.MaxKeysPerQuery <= 0 {
+		l.MaxKeysPerQuery = d.MaxKeysPerQuery
+	}
+	if l.MessageTimeout <= 0 {
+		l.MessageTimeout = d.MessageTimeout
+	}
+	return l
+}
+
+// Options configure a Server.
+type Options struct {
+	Limits Limits
+	Logger *slog.Logger // nil: slog.Default()
+}
+
+// Stats is a snapshot of what the server holds.
+type Stats struct {
+	Keys    int    // keys held in the current attempt
+	Bytes   int64  // their keys+values
+	Conns   int    // open client connections
+	Waiters int    // outstanding wait and watch registrations (one per key)
+	Refused uint64 // connections refused or closed for breaking a limit or the protocol, since Listen
+}
+
+// Server is a c10d TCPStore-compatible server.
+type Server struct {
+	lim  Limits
+	log  *slog.Logger
+	ln   *net.TCPListener
+	addr *net.TCPAddr
+
+	stopCtx   func() bool // stops the context.AfterFunc that closes the server
+	closeOnce sync.Once
+	closeErr  error
+	wg        sync.WaitGroup // accept loop and connection goroutines
+
+	refused  atomic.Uint64
+	refusals refusalLog
+	inflight atomic.Int64 // bytes of queries being read, against MaxTotalBytes
+
+	mu     sync.Mutex
+	closed bool
+	st     *state
+	conns  map[*conn]struct{}
+}
+
+// Listen binds addr ("host:port", port 0 = any) and serves in goroutines; the
+// listener accepts connections when Listen returns (no client ever races it).
+// Cancelling ctx closes the server.
+func Listen(ctx context.Context, addr string, opts Options) (*Server, error) {
+	var lc net.ListenConfig
+	l, err := lc.Listen(ctx, "tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("tcpstore: listen on %s: %w", addr, err)
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	s := &Server{
+		lim:   opts.Limits.withDefaults(),
+		log:   log.With("component", "tcpstore"),
+		ln:    l.(*net.TCPListener),
+		conns: map[*conn]struct{}{},
+	}
+	s.st = newState(s.lim)
+	s.addr = s.ln.Addr().(*net.TCPAddr)
+	s.wg.Add(1)
+	go s.acceptLoop()
+	s.stopCtx = context.AfterFunc(ctx, func() { _ = s.Close() })
+	s.log.Info("TCPStore server listening", "addr", s.addr.String())
+	return s, nil
+}
+
+// Addr is the address the server listens on.
+func (s *Server) Addr() *net.TCPAddr { return s.addr }
+
+func (s *Server) acceptLoop() {
+	defer s.wg.Done()
+	for {
+		nc, err := s.ln.Accept()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			// Out of file descriptors and the like: back off, do not spin.
+			s.log.Warn("TCPStore accept failed", "err", err)
+			time.Sleep(50 * time.Millisecond)
+			continue
+		}
+		if tc, ok := nc.(*net.TCPConn); ok {
+			_ = tc.SetNoDelay(true)
+		}
+		s.mu.Lock()
+		if s.closed {
+			s.mu.Unlock()
+			_ = nc.Close()
+			return
+		}
+		if len(s.conns) >= s.lim.MaxConns {
+			n := len(s.conns)
+			s.mu.Unlock()
+			_ = nc.Close()
+			s.refuse(nc.RemoteAddr(), "too many connections", "open", n, "max_conns", s.lim.MaxConns)
+			continue
+		}
+		c := newConn(s, nc, s.st)
+		s.conns[c] = struct{}{}
+		s.wg.Add(2)
+		s.mu.Unlock()
+		go c.serve()
+		go c.notifyLoop()
+	}
+}
+
+// Reset starts a new attempt: every key is dropped, every waiter and current
+// connection is closed. Memory after Reset does not depend on earlier attempts.
+func (s *Server) Reset() {
+	s.mu.Lock()
+	old := s.conns
+	s.conns = map[*conn]struct{}{}
+	s.st = newState(s.lim)
+	s.mu.Unlock()
+	closeAll(old)
+	s.log.Debug("TCPStore reset", "closed_conns", len(old))
+}
+
+// closeAll closes the connections and waits until their goroutines let go
+// of them.
+func closeAll(conns map[*conn]struct{}) {
+	for c := range conns {
+		c.close()
+	}
+	for c := range conns {
+		<-c.exited
+	}
+}
+
+// Close stops listening, closes every connection and waits for the server's
+// goroutines. It is idempotent.
+func (s *Server) Close() error {
+	s.closeOnce.Do(func() {
+		if s.stopCtx != nil {
+			s.stopCtx()
+		}
+		s.mu.Lock()
+		s.closed = true
+		old := s.conns
+		s.conns = map[*conn]struct{}{}
+		s.st = newState(s.lim)
+		s.mu.Unlock()
+		if err := s.ln.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
+			s.closeErr = fmt.Errorf("tcpstore: close listener: %w", err)
+		}
+		closeAll(old)
+		s.wg.Wait()
+		s.log.Info("TCPStore server closed", "addr", s.addr.String())
+	})
+	return s.closeErr
+}
+
+// Stats reports what the server holds now.
+func (s *Server) Stats() Stats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return Stats{
+		Keys:    len(s.st.kv),
+		Bytes:   s.st.bytes,
+		Conns:   len(s.conns),
+		Waiters: s.st.waiters,
+		Refused: s.refused.Load(),
+	}
+}
+
+// refuse counts a refusal and logs it at a limited rate.
+func (s *Server) refuse(peer net.Addr, reason string, args ...any) {
+	s.refused.Add(1)
+	s.refusals.log(s.log, append([]any{"peer", peer.String(), "reason", reason}, args...)...)
+}
+
+// refusalLog logs the first refusalBurst refusals one by one, then at most
+// one line per refusalEvery carrying how many it held back: a client that
+// reconnects in a loop cannot flood the launcher's log.
+type refusalLog struct {
+	mu         sync.Mutex
+	logged     int
+	suppressed int
+	last       time.Time
+}
+
+const (
+	refusalBurst = 10
+	refusalEvery = time.Second
+)
+
+func (r *refusalLog) log(log *slog.Logger, args ...any) {
+	r.mu.Lock()
+	now := time.Now()
+	if r.logged >= refusalBurst && now.Sub(r.last) < refusalEvery {
+		r.suppressed++
+		r.mu.Unlock()
+		return
+	}
+	if r.suppressed > 0 {
+		args = append(args, "suppressed_since_last", r.suppressed)
+	}
+	r.logged++
+	r.suppressed = 0
+	r.last = now
+	r.mu.Unlock()
+	log.Warn("TCPStore client refused", args...)
+}

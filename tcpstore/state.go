@@ -1,0 +1,375 @@
+package tcpstore
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"strconv"
+)
+
+// state is what one attempt holds. Reset replaces it whole, so nothing an
+// attempt grew (map buckets included) outlives it. Every method runs under
+// Server.mu.
+type state struct {
+	lim      Limits
+	kv       map[string][]byte
+	queues   map[string][][]byte // QUEUE_PUSH lists, present while not empty
+	bytes    int64               // keys+values of kv and queues
+	waiting  map[string][]*waiter
+	watchers map[string][]*conn
+	waiters  int // registrations: one per key a WAIT waits on, one per watched key
+}
+
+// waiter is one WAIT query still waiting on left keys.
+type waiter struct {
+	c    *conn
+	left int
+	keys []string // the keys it is registered under
+}
+
+func newState(lim Limits) *state {
+	return &state{
+		lim:      lim,
+		kv:       map[string][]byte{},
+		queues:   map[string][][]byte{},
+		waiting:  map[string][]*waiter{},
+		watchers: map[string][]*conn{},
+	}
+}
+
+func (st *state) present(key string) bool {
+	if _, ok := st.kv[key]; ok {
+		return true
+	}
+	return len(st.queues[key]) > 0
+}
+
+func (st *state) allPresent(keys []string) bool {
+	for _, k := range keys {
+		if !st.present(k) {
+			return false
+		}
+	}
+	return true
+}
+
+// fits checks that replacing a value of oldLen bytes (-1: a new key) under key
+// by one of newLen bytes stays within the limits.
+func (st *state) fits(key string, oldLen, newLen int) error {
+	if newLen > st.lim.MaxValueBytes {
+		return refusef("value of %d bytes for key %q exceeds the limit of %d bytes", newLen, clip(key), st.lim.MaxValueBytes)
+	}
+	grow := int64(newLen)
+	if oldLen < 0 {
+		if len(st.kv)+len(st.queues) >= st.lim.MaxKeys {
+			return refusef("store holds %d keys, the limit", st.lim.MaxKeys)
+		}
+		grow += int64(len(key))
+	} else {
+		grow -= int64(oldLen)
+	}
+	if st.bytes+grow > st.lim.MaxTotalBytes {
+		return refusef("store would hold %d bytes, over the limit of %d", st.bytes+grow, st.lim.MaxTotalBytes)
+	}
+	return nil
+}
+
+// put stores val under key (limits checked by the caller) and returns the
+// old value and whether there was one.
+func (st *state) put(key string, val []byte) ([]byte, bool) {
+	old, had := st.kv[key]
+	if had {
+		st.bytes += int64(len(val)) - int64(len(old))
+	} else {
+		st.bytes += int64(len(key)) + int64(len(val))
+	}
+	st.kv[key] = val
+	st.wake(key)
+	if had {
+		st.notifyWatchers(key, watchKeyUpdated, old, val)
+	} else {
+		st.notifyWatchers(key, watchKeyCreated, nil, val)
+	}
+	return old, had
+}
+
+func (st *state) set(key string, val []byte) error {
+	oldLen := -1
+	if old, ok := st.kv[key]; ok {
+		oldLen = len(old)
+	}
+	if err := st.fits(key, oldLen, len(val)); err != nil {
+		return err
+	}
+	st.put(key, val)
+	return nil
+}
+
+// compareSet stores desired when the key holds expected, or when it is
+// missing and expected is empty, and returns what the key holds afterwards;
+// a missing key with a non-empty expected value answers expected, as torch's
+// servers do.
+func (st *state) compareSet(key string, expected, desired []byte) ([]byte, error) {
+	cur, ok := st.kv[key]
+	switch {
+	case !ok && len(expected) == 0:
+		if err := st.fits(key, -1, len(desired)); err != nil {
+			return nil, err
+		}
+		st.put(key, desired)
+		return desired, nil
+	case !ok:
+		return expected, nil
+	case bytes.Equal(cur, expected):
+		if err := st.fits(key, len(cur), len(desired)); err != nil {
+			return nil, err
+		}
+		st.put(key, desired)
+		return desired, nil
+	}
+	return cur, nil
+}
+
+func (st *state) add(key string, delta int64) (int64, error) {
+	oldLen := -1
+	if cur, ok := st.kv[key]; ok {
+		n, err := parseLeadingInt(cur)
+		if err != nil {
+			return 0, refusef("ADD to key %q, whose value %q is not an integer", clip(key), clip(string(cur)))
+		}
+		delta += n // wraps like the C++ servers
+		oldLen = len(cur)
+	}
+	val := []byte(strconv.FormatInt(delta, 10))
+	if err := st.fits(key, oldLen, len(val)); err != nil {
+		return 0, err
+	}
+	st.put(key, val)
+	return delta, nil
+}
+
+func (st *state) appendTo(key string, data []byte) error {
+	cur, ok := st.kv[key]
+	oldLen := -1
+	if ok {
+		oldLen = len(cur)
+	}
+	if err := st.fits(key, oldLen, len(cur)+len(data)); err != nil {
+		return err
+	}
+	// A fresh slice: a value handed to a reply being written is never
+	// changed under it.
+	val := make([]byte, 0, len(cur)+len(data))
+	val = append(append(val, cur...), data...)
+	if ok {
+		st.bytes += int64(len(data))
+	} else {
+		st.bytes += int64(len(key)) + int64(len(val))
+	}
+	st.kv[key] = val
+	st.wake(key)
+	if ok {
+		st.notifyWatchers(key, watchKeyAppended, cur, val)
+	} else {
+		st.notifyWatchers(key, watchKeyCreated, nil, val)
+	}
+	return nil
+}
+
+func (st *state) deleteKey(key string) int64 {
+	cur, ok := st.kv[key]
+	if !ok {
+		return 0
+	}
+	delete(st.kv, key)
+	st.bytes -= int64(len(key)) + int64(len(cur))
+	st.notifyWatchers(key, watchKeyDeleted, cur, nil)
+	return 1
+}
+
+func (st *state) queuePush(key string, val []byte) error {
+	q, ok := st.queues[key]
+	if len(val) > st.lim.MaxValueBytes {
+		return refusef("value of %d bytes for queue %q exceeds the limit of %d bytes", len(val), clip(key), st.lim.MaxValueBytes)
+	}
+	grow := int64(len(val))
+	if !ok {
+		if len(st.kv)+len(st.queues) >= st.lim.MaxKeys {
+			return refusef("store holds %d keys, the limit", st.lim.MaxKeys)
+		}
+		grow += int64(len(key))
+	}
+	if st.bytes+grow > st.lim.MaxTotalBytes {
+		return refusef("store would hold %d bytes, over the limit of %d", st.bytes+grow, st.lim.MaxTotalBytes)
+	}
+	st.bytes += grow
+	st.queues[key] = append(q, val)
+	st.wake(key)
+	return nil
+}
+
+func (st *state) queuePop(key string) ([]byte, bool) {
+	q := st.queues[key]
+	if len(q) == 0 {
+		return nil, false
+	}
+	v := q[0]
+	q[0] = nil
+	st.bytes -= int64(len(v))
+	if len(q) == 1 {
+		delete(st.queues, key)
+		st.bytes -= int64(len(key))
+	} else {
+		st.queues[key] = q[1:]
+	}
+	return v, true
+}
+
+// wait registers c to be told when every key is present; it returns true
+// when they already are (nothing registered).
+func (st *state) wait(c *conn, keys []string) (bool, error) {
+	var missing []string
+	for _, k := range keys {
+		if !st.present(k) {
+			missing = append(missing, k)
+		}
+	}
+	if len(missing) == 0 {
+		return true, nil
+	}
+	if len(c.waits) >= st.lim.MaxWaitsPerConn {
+		return false, refusef("connection has %d WAIT queries outstanding, the limit", len(c.waits))
+	}
+	if st.waiters+len(missing) > st.lim.MaxWaiters {
+		return false, refusef("server has %d wait registrations, a WAIT on %d more keys would pass the limit of %d", st.waiters, len(missing), st.lim.MaxWaiters)
+	}
+	w := &waiter{c: c, left: len(missing), keys: missing}
+	for _, k := range missing {
+		st.waiting[k] = append(st.waiting[k], w)
+	}
+	st.waiters += len(missing)
+	c.waits = append(c.waits, w)
+	return false, nil
+}
+
+// wake counts key off every waiter registered on it and answers those that
+// have nothing left to wait for.
+func (st *state) wake(key string) {
+	ws, ok := st.waiting[key]
+	if !ok {
+		return
+	}
+	delete(st.waiting, key)
+	st.waiters -= len(ws)
+	for _, w := range ws {
+		w.left--
+		if w.left == 0 {
+			w.c.forgetWait(w)
+			w.c.push([]byte{waitStopWaiting})
+		}
+	}
+}
+
+// cancelWaits drops every wait registration of c.
+func (st *state) cancelWaits(c *conn) {
+	for _, w := range c.waits {
+		for _, k := range w.keys {
+			ws := st.waiting[k]
+			for i, x := range ws {
+				if x == w {
+					ws = append(ws[:i], ws[i+1:]...)
+					st.waiters--
+					break
+				}
+			}
+			if len(ws) == 0 {
+				delete(st.waiting, k)
+			} else {
+				st.waiting[k] = ws
+			}
+		}
+	}
+	c.waits = nil
+}
+
+func (st *state) watch(c *conn, key string) error {
+	if st.waiters+1 > st.lim.MaxWaiters {
+		return refusef("server has %d wait registrations, the limit", st.waiters)
+	}
+	st.watchers[key] = append(st.watchers[key], c)
+	st.waiters++
+	c.watching = append(c.watching, key)
+	c.push([]byte{watchKeyCallbackRegistered})
+	return nil
+}
+
+func (st *state) notifyWatchers(key string, kind byte, old, cur []byte) {
+	cs := st.watchers[key]
+	if len(cs) == 0 {
+		return
+	}
+	msg := make([]byte, 0, 1+3*8+len(key)+len(old)+len(cur))
+	msg = append(msg, kind)
+	msg = appendBytes(msg, []byte(key))
+	msg = appendBytes(msg, old)
+	msg = appendBytes(msg, cur)
+	for _, c := range cs {
+		c.push(msg)
+	}
+}
+
+// dropWatches removes every watch registration of c.
+func (st *state) dropWatches(c *conn) {
+	for _, k := range c.watching {
+		cs := st.watchers[k]
+		for i, x := range cs {
+			if x == c {
+				cs = append(cs[:i], cs[i+1:]...)
+				st.waiters--
+				break
+			}
+		}
+		if len(cs) == 0 {
+			delete(st.watchers, k)
+		} else {
+			st.watchers[k] = cs
+		}
+	}
+	c.watching = nil
+}
+
+func appendBytes(b, v []byte) []byte {
+	b = binary.LittleEndian.AppendUint64(b, uint64(len(v)))
+	return append(b, v...)
+}
+
+// parseLeadingInt reads an integer the way std::stoll does, which is what
+// torch's servers use for ADD: leading white space, a sign, digits, and
+// whatever follows ignored.
+func parseLeadingInt(b []byte) (int64, error) {
+	i := 0
+	for i < len(b) && (b[i] == ' ' || (b[i] >= '\t' && b[i] <= '\r')) {
+		i++
+	}
+	j := i
+	if j < len(b) && (b[j] == '+' || b[j] == '-') {
+		j++
+	}
+	k := j
+	for k < len(b) && b[k] >= '0' && b[k] <= '9' {
+		k++
+	}
+	if k == j {
+		return 0, fmt.Errorf("no digits")
+	}
+	return strconv.ParseInt(string(b[i:k]), 10, 64)
+}
+
+// clip shortens what a client sent for a log line.
+func clip(s string) string {
+	const n = 64
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "..."
+}
