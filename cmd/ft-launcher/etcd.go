@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ftlauncher/ft-launcher/agentstore"
 	"github.com/ftlauncher/ft-launcher/configs"
 	"github.com/ftlauncher/ft-launcher/metrics"
 	"github.com/ftlauncher/ft-launcher/rendezvous"
@@ -21,7 +22,7 @@ import (
 // newEtcdRendezvous sets up the multi-node rendezvous from the validated
 // cfg.Rdzv: on the user's etcd (external mode) or on the embedded etcd,
 // which this launcher starts first when cfg.Rdzv.HostsEtcd says it hosts it.
-func newEtcdRendezvous(ctx context.Context, cfg *configs.Config, log *slog.Logger, reaper *spawn.Reaper, met *metrics.Metrics) (rendezvous.Rendezvous, func(), error) {
+func newEtcdRendezvous(ctx context.Context, cfg *configs.Config, log *slog.Logger, reaper *spawn.Reaper, met *metrics.Metrics, store *agentstore.Host) (rendezvous.Rendezvous, func(), error) {
 	rz := cfg.Rdzv
 	if rz.Mode == configs.RdzvSingleNode || len(rz.Endpoints) == 0 {
 		return nil, nil, fmt.Errorf("internal error: etcd rendezvous asked for with rendezvous mode %q and endpoints %v", rz.Mode, rz.Endpoints)
@@ -53,7 +54,11 @@ func newEtcdRendezvous(ctx context.Context, cfg *configs.Config, log *slog.Logge
 	if rz.Mode == configs.RdzvEmbedded && !rz.HostsEtcd {
 		defer warnWhileNobodyServes(cfg, log)()
 	}
-	r, err := rendezvous.NewEtcd(ctx, rendezvous.EtcdOptions{
+	var masterPort func(int) (int, error)
+	if store != nil {
+		masterPort = func(round int) (int, error) { return store.Port(localAddr, round) }
+	}
+	r, err := rendezvous.NewEtcd(ctx, rendezvous.EtcdOptions{MasterPort: masterPort,
 		JoinTimeout: rz.JoinTimeout, LastCall: rz.LastCallTimeout,
 		ConnectTimeout: rz.ConnectTimeout, LeaseTTL: rz.LeaseTTL,
 		EtcdLossBound: rz.EtcdLossBound, RejoinWait: rz.RejoinWait, MinNodesWait: rz.MinNodesWait,

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/ftlauncher/ft-launcher/agent"
+	"github.com/ftlauncher/ft-launcher/agentstore"
 	"github.com/ftlauncher/ft-launcher/configs"
 	"github.com/ftlauncher/ft-launcher/eventlog"
 	"github.com/ftlauncher/ft-launcher/filler"
@@ -25,6 +26,7 @@ import (
 	"github.com/ftlauncher/ft-launcher/ranklogs"
 	"github.com/ftlauncher/ft-launcher/rendezvous"
 	"github.com/ftlauncher/ft-launcher/spawn"
+	"github.com/ftlauncher/ft-launcher/tcpstore"
 	"github.com/ftlauncher/ft-launcher/verdict"
 	"golang.org/x/sys/unix"
 )
@@ -95,7 +97,13 @@ func launch(ctx context.Context, cfg *configs.Config, log *slog.Logger, sigs <-c
 	if sig := guard.caught(); sig != nil {
 		return rec.signaled(sig)
 	}
-	rdzv, cleanup, err := newRendezvous(setupCtx, cfg, log, reaper, met)
+	var store *agentstore.Host
+	if cfg.AgentStore {
+		store = agentstore.New(ctx, agentstore.Options{Logger: log.With("component", "agent-store"), Events: ev,
+			Store: tcpstore.Options{Limits: tcpstore.DefaultLimits()}})
+		defer store.Close() // after the agent: its ranks are stopped by then
+	}
+	rdzv, cleanup, err := newRendezvous(setupCtx, cfg, log, reaper, met, store)
 	if err != nil {
 		if sig := guard.end(); sig != nil {
 			return rec.signaled(sig)
@@ -125,6 +133,9 @@ func launch(ctx context.Context, cfg *configs.Config, log *slog.Logger, sigs <-c
 		Ranks: ranks, Logs: logs, Monitors: mon, Rdzv: rdzv, Signals: sigs,
 		Hostname: host, NodeID: rec.node, Environ: environ, CallTimeout: callTimeout(cfg),
 		Ledger: book, WalltimeSignals: osSignals(cfg.WalltimeSignals)}
+	if store != nil {
+		deps.Store = store
+	}
 	if cfg.SpareFiller != "" {
 		deps.Spare = newFiller(cfg, reaper, logs.Dir(), cgroup, environ, ev, log)
 	}
@@ -379,7 +390,9 @@ func nodeName(cfg *configs.Config, host string) string {
 // newRendezvous picks the rendezvous for the launch line: Local for a single
 // node (nothing external), else the etcd backend, hosting an embedded etcd
 // when this launcher's address is the endpoint's.
-func newRendezvous(ctx context.Context, cfg *configs.Config, log *slog.Logger, reaper *spawn.Reaper, met *metrics.Metrics) (rendezvous.Rendezvous, func(), error) {
+// With the agent store, each round's MASTER_PORT is its server's, bound
+// before the round is handed out.
+func newRendezvous(ctx context.Context, cfg *configs.Config, log *slog.Logger, reaper *spawn.Reaper, met *metrics.Metrics, store *agentstore.Host) (rendezvous.Rendezvous, func(), error) {
 	if cfg.Rdzv.Mode == configs.RdzvSingleNode { // decided and validated at parse time
 		addr := cfg.MasterAddr
 		port := cfg.MasterPort
@@ -389,9 +402,13 @@ func newRendezvous(ctx context.Context, cfg *configs.Config, log *slog.Logger, r
 		if cfg.LocalAddr != "" && !cfg.Standalone {
 			addr = cfg.LocalAddr
 		}
-		return rendezvous.NewLocal(cfg.RdzvID, cfg.NProcPerNode, cfg.MaxRestarts, addr, port).WithMetrics(met), func() {}, nil
+		l := rendezvous.NewLocal(cfg.RdzvID, cfg.NProcPerNode, cfg.MaxRestarts, addr, port).WithMetrics(met)
+		if store != nil {
+			l.WithMasterPort(func(round int) (int, error) { return store.Port(addr, round) })
+		}
+		return l, func() {}, nil
 	}
-	return newEtcdRendezvous(ctx, cfg, log, reaper, met)
+	return newEtcdRendezvous(ctx, cfg, log, reaper, met, store)
 }
 
 // healthCheck returns the pre-join node health check, or nil.
