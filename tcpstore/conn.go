@@ -519,13 +519,13 @@ func (c *conn) handle(o op, b byte) error {
 			return err
 		}
 		var val []byte
-		var ok bool
-		_ = c.locked(func(st *state) error { val, ok = st.queuePop(key); return nil })
-		if !ok {
+		var n int
+		_ = c.locked(func(st *state) error { val, n = st.queuePop(key); return nil })
+		if n == 0 {
 			return c.replyI64(0)
 		}
 		return c.write(func(w *bufio.Writer) {
-			writeU64(w, 1)
+			writeU64(w, uint64(n))
 			writeU64(w, uint64(len(val)))
 			_, _ = w.Write(val)
 		})

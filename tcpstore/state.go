@@ -204,14 +204,16 @@ func (st *state) queuePush(key string, val []byte) error {
 	}
 	st.bytes += grow
 	st.queues[key] = append(q, val)
-	st.wake(key)
+	st.wakeOne(key)
 	return nil
 }
 
-func (st *state) queuePop(key string) ([]byte, bool) {
+// queuePop takes the oldest item of a queue and returns it with the length
+// the queue had (0: nothing taken), which is what torch's reply carries.
+func (st *state) queuePop(key string) ([]byte, int) {
 	q := st.queues[key]
 	if len(q) == 0 {
-		return nil, false
+		return nil, 0
 	}
 	v := q[0]
 	q[0] = nil
@@ -222,7 +224,7 @@ func (st *state) queuePop(key string) ([]byte, bool) {
 	} else {
 		st.queues[key] = q[1:]
 	}
-	return v, true
+	return v, len(q)
 }
 
 // wait registers c to be told when every key is present; it returns true
@@ -267,6 +269,27 @@ func (st *state) wake(key string) {
 			w.c.forgetWait(w)
 			w.c.push([]byte{waitStopWaiting})
 		}
+	}
+}
+
+// wakeOne counts key off the oldest waiter registered on it: one pushed
+// queue item lets one blocked QUEUE_POP go on, as in torch's libuv server.
+func (st *state) wakeOne(key string) {
+	ws := st.waiting[key]
+	if len(ws) == 0 {
+		return
+	}
+	w := ws[0]
+	if len(ws) == 1 {
+		delete(st.waiting, key)
+	} else {
+		st.waiting[key] = ws[1:]
+	}
+	st.waiters--
+	w.left--
+	if w.left == 0 {
+		w.c.forgetWait(w)
+		w.c.push([]byte{waitStopWaiting})
 	}
 }
 
