@@ -534,7 +534,7 @@ func TestSlowClients(t *testing.T) {
 	q := append([]byte{deaf.code(opMultiGet)}, keysArg(repeat("/big", 64))...)
 	deaf.sendRaw(q)
 	eventually(t, "both refused", func() bool { return s.Stats().Refused == 2 })
-	deaf.expectClosed() // reads what was sent before the deadline, then the close
+	deaf.expectClosed()                // reads what was sent before the deadline, then the close
 	time.Sleep(400 * time.Millisecond) // longer than MessageTimeout, idle
 	if n := must[uint32](t)(idle.ping(7)); n != 7 {
 		t.Fatalf("idle client's ping = %d", n)
