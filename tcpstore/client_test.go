@@ -41,17 +41,23 @@ func dialRaw(t testing.TB, addr string, d dialect) *wireClient {
 	return &wireClient{t: t, nc: nc, br: bufio.NewReader(nc), d: d}
 }
 
-// dial connects the way torch's client does: a 2.x client validates and
-// pings first, a 1.13 client sends nothing until its first query.
+// handshake does what torch's client does on connecting: a 2.x client
+// validates and pings, a 1.13 client sends nothing until its first query.
+func (c *wireClient) handshake() {
+	c.t.Helper()
+	if c.d == dialectV2 {
+		c.send(opValidate, u32(validationMagic))
+		if got, err := c.ping(0xBEEF); err != nil || got != 0xBEEF {
+			c.t.Fatalf("ping after validate: got %#x, %v", got, err)
+		}
+	}
+}
+
+// dial connects the way torch's client does.
 func dial(t testing.TB, addr string, d dialect) *wireClient {
 	t.Helper()
 	c := dialRaw(t, addr, d)
-	if d == dialectV2 {
-		c.send(opValidate, u32(validationMagic))
-		if got, err := c.ping(0xBEEF); err != nil || got != 0xBEEF {
-			t.Fatalf("ping after validate: got %#x, %v", got, err)
-		}
-	}
+	c.handshake()
 	return c
 }
 

@@ -22,10 +22,11 @@ func refusef(format string, args ...any) error {
 	return &refusal{reason: fmt.Sprintf(format, args...)}
 }
 
-// notifyQueue bounds the server-initiated messages (wait answers, watch
-// updates, cancel acknowledgements) queued for one connection that is slow
-// to read them; a connection that lets more pile up is refused.
-const notifyQueue = 256
+// notifySlack is how many server-initiated messages (wait answers, watch
+// updates, cancel acknowledgements) may be queued for one connection beyond
+// the answers to its MaxWaitsPerConn waits; a connection that lets more pile
+// up unread is refused.
+const notifySlack = 16
 
 // conn is one client connection: a reader goroutine (serve) answers queries
 // in order, a notifier goroutine writes what other connections caused
@@ -61,7 +62,7 @@ func newConn(s *Server, nc net.Conn, st *state) *conn {
 		st:       st,
 		br:       bufio.NewReaderSize(nc, 4096),
 		bw:       bufio.NewWriterSize(nc, 4096),
-		out:      make(chan []byte, notifyQueue),
+		out:      make(chan []byte, s.lim.MaxWaitsPerConn+notifySlack),
 		done:     make(chan struct{}),
 		notified: make(chan struct{}),
 		exited:   make(chan struct{}),
@@ -142,7 +143,7 @@ func (c *conn) serve() {
 		case errors.As(err, &r):
 			s.refuse(c.nc.RemoteAddr(), r.reason, "dialect", c.dialect.String())
 		case overflow:
-			s.refuse(c.nc.RemoteAddr(), "client does not read the server's notifications", "queued", notifyQueue)
+			s.refuse(c.nc.RemoteAddr(), "client does not read the server's notifications", "queued", cap(c.out))
 		case errors.Is(err, os.ErrDeadlineExceeded):
 			s.refuse(c.nc.RemoteAddr(), "query or reply not completed in time", "timeout", s.lim.MessageTimeout.String())
 		case err != nil && !isClosed(err):

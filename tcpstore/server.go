@@ -112,9 +112,10 @@ type Server struct {
 	closeErr  error
 	wg        sync.WaitGroup // accept loop and connection goroutines
 
-	refused  atomic.Uint64
-	refusals refusalLog
-	inflight atomic.Int64 // bytes of queries being read, against MaxTotalBytes
+	refused    atomic.Uint64
+	refusals   rateLog
+	acceptErrs rateLog
+	inflight   atomic.Int64 // bytes of queries being read, against MaxTotalBytes
 
 	mu     sync.Mutex
 	closed bool
@@ -161,8 +162,9 @@ func (s *Server) acceptLoop() {
 			if errors.Is(err, net.ErrClosed) {
 				return
 			}
-			// Out of file descriptors and the like: back off, do not spin.
-			s.log.Warn("TCPStore accept failed", "err", err)
+			// Out of file descriptors and the like: back off, do not spin,
+			// and do not flood the log either.
+			s.acceptErrs.log(s.log, "TCPStore accept failed", "err", err)
 			time.Sleep(50 * time.Millisecond)
 			continue
 		}
@@ -178,8 +180,8 @@ func (s *Server) acceptLoop() {
 		if len(s.conns) >= s.lim.MaxConns {
 			n := len(s.conns)
 			s.mu.Unlock()
-			_ = nc.Close()
 			s.refuse(nc.RemoteAddr(), "too many connections", "open", n, "max_conns", s.lim.MaxConns)
+			_ = nc.Close()
 			continue
 		}
 		c := newConn(s, nc, s.st)
@@ -253,13 +255,13 @@ func (s *Server) Stats() Stats {
 // refuse counts a refusal and logs it at a limited rate.
 func (s *Server) refuse(peer net.Addr, reason string, args ...any) {
 	s.refused.Add(1)
-	s.refusals.log(s.log, append([]any{"peer", peer.String(), "reason", reason}, args...)...)
+	s.refusals.log(s.log, "TCPStore client refused", append([]any{"peer", peer.String(), "reason", reason}, args...)...)
 }
 
-// refusalLog logs the first refusalBurst refusals one by one, then at most
-// one line per refusalEvery carrying how many it held back: a client that
+// rateLog logs the first refusalBurst events one by one, then at most one
+// line per refusalEvery carrying how many it held back: a client that
 // reconnects in a loop cannot flood the launcher's log.
-type refusalLog struct {
+type rateLog struct {
 	mu         sync.Mutex
 	logged     int
 	suppressed int
@@ -271,7 +273,7 @@ const (
 	refusalEvery = time.Second
 )
 
-func (r *refusalLog) log(log *slog.Logger, args ...any) {
+func (r *rateLog) log(log *slog.Logger, msg string, args ...any) {
 	r.mu.Lock()
 	now := time.Now()
 	if r.logged >= refusalBurst && now.Sub(r.last) < refusalEvery {
@@ -286,5 +288,5 @@ func (r *refusalLog) log(log *slog.Logger, args ...any) {
 	r.suppressed = 0
 	r.last = now
 	r.mu.Unlock()
-	log.Warn("TCPStore client refused", args...)
+	log.Warn(msg, args...)
 }
