@@ -255,6 +255,17 @@ func (c *conn) readValue() ([]byte, error) {
 	return c.readVec(c.s.lim.MaxValueBytes, "value")
 }
 
+// readKeyValue reads the (key, value) pair of SET, APPEND, QUEUE_PUSH and
+// each MULTI_SET entry.
+func (c *conn) readKeyValue() (string, []byte, error) {
+	key, err := c.readKey()
+	if err != nil {
+		return "", nil, err
+	}
+	val, err := c.readValue()
+	return key, val, err
+}
+
 func (c *conn) readCount() (int, error) {
 	n, err := c.readU64()
 	if err != nil {
@@ -314,11 +325,7 @@ func (c *conn) locked(f func(st *state) error) error {
 func (c *conn) handle(o op, b byte) error {
 	switch o {
 	case opSet:
-		key, err := c.readKey()
-		if err != nil {
-			return err
-		}
-		val, err := c.readValue()
+		key, val, err := c.readKeyValue()
 		if err != nil {
 			return err
 		}
@@ -433,11 +440,7 @@ func (c *conn) handle(o op, b byte) error {
 		return c.locked(func(st *state) error { return st.watch(c, key) })
 
 	case opAppend:
-		key, err := c.readKey()
-		if err != nil {
-			return err
-		}
-		val, err := c.readValue()
+		key, val, err := c.readKeyValue()
 		if err != nil {
 			return err
 		}
@@ -473,11 +476,7 @@ func (c *conn) handle(o op, b byte) error {
 		}
 		pairs := make([]kv, 0, min(n, 1024))
 		for range n {
-			key, err := c.readKey()
-			if err != nil {
-				return err
-			}
-			val, err := c.readValue()
+			key, val, err := c.readKeyValue()
 			if err != nil {
 				return err
 			}
@@ -504,11 +503,7 @@ func (c *conn) handle(o op, b byte) error {
 		})
 
 	case opQueuePush:
-		key, err := c.readKey()
-		if err != nil {
-			return err
-		}
-		val, err := c.readValue()
+		key, val, err := c.readKeyValue()
 		if err != nil {
 			return err
 		}

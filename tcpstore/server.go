@@ -55,34 +55,22 @@ func DefaultLimits() Limits {
 // withDefaults fills zero fields from DefaultLimits.
 func (l Limits) withDefaults() Limits {
 	d := DefaultLimits()
-	if l.MaxKeyBytes <= 0 {
-		l.MaxKeyBytes = d.MaxKeyBytes
-	}
-	if l.MaxValueBytes <= 0 {
-		l.MaxValueBytes = d.MaxValueBytes
-	}
-	if l.MaxKeys <= 0 {
-		l.MaxKeys = d.MaxKeys
-	}
-	if l.MaxTotalBytes <= 0 {
-		l.MaxTotalBytes = d.MaxTotalBytes
-	}
-	if l.MaxConns <= 0 {
-		l.MaxConns = d.MaxConns
-	}
-	if l.MaxWaiters <= 0 {
-		l.MaxWaiters = d.MaxWaiters
-	}
-	if l.MaxWaitsPerConn <= 0 {
-		l.MaxWaitsPerConn = d.MaxWaitsPerConn
-	}
-	if l.MaxKeysPerQuery <= 0 {
-		l.MaxKeysPerQuery = d.MaxKeysPerQuery
-	}
-	if l.MessageTimeout <= 0 {
-		l.MessageTimeout = d.MessageTimeout
-	}
+	orDefault(&l.MaxKeyBytes, d.MaxKeyBytes)
+	orDefault(&l.MaxValueBytes, d.MaxValueBytes)
+	orDefault(&l.MaxKeys, d.MaxKeys)
+	orDefault(&l.MaxTotalBytes, d.MaxTotalBytes)
+	orDefault(&l.MaxConns, d.MaxConns)
+	orDefault(&l.MaxWaiters, d.MaxWaiters)
+	orDefault(&l.MaxWaitsPerConn, d.MaxWaitsPerConn)
+	orDefault(&l.MaxKeysPerQuery, d.MaxKeysPerQuery)
+	orDefault(&l.MessageTimeout, d.MessageTimeout)
 	return l
+}
+
+func orDefault[T int | int64 | time.Duration](v *T, def T) {
+	if *v <= 0 {
+		*v = def
+	}
 }
 
 // Options configure a Server.
