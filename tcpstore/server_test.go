@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"runtime"
 	"strings"
@@ -771,4 +772,46 @@ func TestRefusalLogRateLimited(t *testing.T) {
 	if !strings.Contains(logs.String(), "reason=too many connections") {
 		t.Fatalf("log does not name the reason:\n%s", logs.String())
 	}
+}
+
+// TestGarbageClients: connections that send random bytes (a port scanner,
+// a confused client) are dropped without harming the server or its clients.
+func TestGarbageClients(t *testing.T) {
+	s := startServer(t, Limits{MessageTimeout: 500 * time.Millisecond})
+	addr := s.Addr().String()
+	good := dial(t, addr, dialectV2)
+	good.set("/good", "1")
+	rng := rand.New(rand.NewPCG(1, 2))
+	var wg sync.WaitGroup
+	for i := range 64 {
+		junk := make([]byte, 1+rng.IntN(4096))
+		for j := range junk {
+			junk[j] = byte(rng.UintN(256))
+		}
+		if i%2 == 0 {
+			junk[0] = 0 // half of them look like a SET or a VALIDATE at first
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c, err := net.Dial("tcp", addr)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer c.Close()
+			_, _ = c.Write(junk)
+			_ = c.SetReadDeadline(time.Now().Add(ioTimeout))
+			_, _ = io.Copy(io.Discard, c) // until the server drops it
+		}()
+	}
+	wg.Wait()
+	eventually(t, "only the good client is left", func() bool {
+		st := s.Stats()
+		return st.Conns == 1 && st.Waiters == 0
+	})
+	if v := must[string](t)(good.get("/good")); v != "1" {
+		t.Fatalf("good client's get = %q", v)
+	}
+	t.Logf("stats after the junk: %+v", s.Stats())
 }
