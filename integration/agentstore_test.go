@@ -59,7 +59,9 @@ func mastersByRound(j *job) map[int]string {
 // launcher's store lives on). The restarted ranks, cold or handed to
 // prewarmed standbys, connect to the same launcher's store, emptied for
 // the new attempt, resume from the step-20 checkpoint and end with the
-// weights of the uninterrupted run.
+// weights of the uninterrupted run. With --agent-store off (the rank-0
+// store, as before) the job trains to the same weights and the launcher
+// serves no store.
 func TestAgentStoreTorchDDPCrashResumes(t *testing.T) {
 	requireTorch(t)
 	ref := referenceWeights(t)
@@ -67,39 +69,48 @@ func TestAgentStoreTorchDDPCrashResumes(t *testing.T) {
 		name  string
 		flags []string
 	}{
-		{"cold", nil},
+		{"cold", []string{"--agent-store", "on"}},
 		// The step sleep leaves the standbys time to import torch before the crash.
-		{"prewarm", []string{"--prewarm", torchModules}},
+		{"prewarm", []string{"--agent-store", "on", "--prewarm", torchModules}},
+		{"off", []string{"--agent-store", "off"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			j := newJob(t)
 			out := filepath.Join(j.dir, "w.json")
-			args := append([]string{"--standalone", "--nproc-per-node", nranks, "--max-restarts", "2", "--agent-store", "on"}, tc.flags...)
+			args := append([]string{"--standalone", "--nproc-per-node", nranks, "--max-restarts", "2"}, tc.flags...)
 			args = append(args, trainScript(t), "--ckpt-dir", filepath.Join(j.dir, "ckpt"), "--out", out,
 				"--crash-at-step", "25", "--crash-rank", "0")
-			if tc.flags != nil {
+			if tc.name == "prewarm" {
 				args = append(args, "--step-sleep", "0.4")
 			}
 			if code := j.run(torchTimeout, []string{"PYTHON_EXEC=" + debianPython}, args...); code != 0 {
 				t.Fatalf("exit %d\n%s", code, j.stderr.String())
 			}
-			if tc.flags != nil {
-				requireWarmRestart(t, j)
+			w := readWeights(t, out)
+			if w.SHA256 != ref.SHA256 || w.ResumedFromStep != 20 {
+				t.Fatalf("weights %s resumed from step %d; want the uninterrupted run's %s, resumed from 20", w.SHA256, w.ResumedFromStep, ref.SHA256)
 			}
-			checkAgentStoreRun(t, j, out, ref)
+			if n := len(j.eventsOf("restart")); n != 1 {
+				t.Errorf("%d restart events, want 1", n)
+			}
+			switch tc.name {
+			case "off":
+				checkNoAgentStore(t, j, out)
+			case "prewarm":
+				requireWarmRestart(t, j)
+				checkAgentStoreRun(t, j, out)
+			default:
+				checkAgentStoreRun(t, j, out)
+			}
 		})
 	}
 }
 
 // checkAgentStoreRun checks a one-node run that restarted once with the
-// agent store: same weights as ref, and both rounds' ranks used the store
-// the launcher served at the address they were given.
-func checkAgentStoreRun(t *testing.T, j *job, out string, ref weights) {
+// agent store: both rounds' ranks used the store the launcher served at
+// the address they were given.
+func checkAgentStoreRun(t *testing.T, j *job, out string) {
 	t.Helper()
-	w := readWeights(t, out)
-	if w.SHA256 != ref.SHA256 || w.ResumedFromStep != 20 {
-		t.Fatalf("weights %s resumed from step %d; want the uninterrupted run's %s, resumed from 20", w.SHA256, w.ResumedFromStep, ref.SHA256)
-	}
 	if got := readStoreRecord(t, out); got != "True" {
 		t.Errorf("ranks ran with TORCHELASTIC_USE_AGENT_STORE=%q, want True", got)
 	}
@@ -123,32 +134,15 @@ func checkAgentStoreRun(t *testing.T, j *job, out string, ref weights) {
 	}
 }
 
-// TestAgentStoreOffTrains: --agent-store off is the rank-0 store, as
-// before; the job still restarts and resumes to the same weights, and no
-// store is served by the launcher.
-func TestAgentStoreOffTrains(t *testing.T) {
-	requireTorch(t)
-	ref := referenceWeights(t)
-	j := newJob(t)
-	out := filepath.Join(j.dir, "w.json")
-	code := j.run(torchTimeout, []string{"PYTHON_EXEC=" + debianPython},
-		"--standalone", "--nproc-per-node", nranks, "--max-restarts", "2", "--agent-store", "off",
-		trainScript(t), "--ckpt-dir", filepath.Join(j.dir, "ckpt"), "--out", out,
-		"--crash-at-step", "25", "--crash-rank", "1")
-	if code != 0 {
-		t.Fatalf("exit %d\n%s", code, j.stderr.String())
-	}
-	if w := readWeights(t, out); w.SHA256 != ref.SHA256 {
-		t.Fatalf("weights %s differ from the uninterrupted run %s", w.SHA256, ref.SHA256)
-	}
+// checkNoAgentStore checks a run with --agent-store off: rank 0's store,
+// none served by the launcher.
+func checkNoAgentStore(t *testing.T, j *job, out string) {
+	t.Helper()
 	if got := readStoreRecord(t, out); got != "False" {
 		t.Errorf("ranks ran with TORCHELASTIC_USE_AGENT_STORE=%q, want False", got)
 	}
 	if n := len(j.eventsOf("agent_store_served")) + len(j.eventsOf("agent_store_closed")); n != 0 {
 		t.Errorf("%d agent store events with --agent-store off", n)
-	}
-	if n := len(j.eventsOf("restart")); n != 1 {
-		t.Errorf("%d restart events, want 1", n)
 	}
 }
 
