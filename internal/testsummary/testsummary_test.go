@@ -51,13 +51,13 @@ func TestStream(t *testing.T) {
 	start, ok, failPkg := lines(ev("start", p, "", "")), lines(ev("output", p, "", "PASS\n"), ev("output", p, "", "ok  \t"+p+"\t0.1s\n"), ev("pass", p, "", "")),
 		lines(ev("output", p, "", "FAIL\t"+p+"\t0.1s\n"), ev("fail", p, "", ""))
 	tests := []struct {
-		name                   string
-		stream                 string
+		name                    string
+		stream                  string
 		passed, failed, skipped int
-		failures               []string // "Test: why" substrings, in order
-		skips                  []Skip
-		want, notWant          []string // in the human output
-		order                  []string // substrings that appear in this order
+		failures                []string // "Test: why" substrings, in order
+		skips                   []Skip
+		want, notWant           []string // in the human output
+		order                   []string // substrings that appear in this order
 	}{
 		{name: "pass", stream: cat(start, passing(p, "TestA", "quiet"), passing(p, "TestB", "quiet"), ok), passed: 2,
 			want: []string{"ok  \t" + p}, notWant: []string{"=== RUN", "quiet", "--- PASS", "PASS\n"}},
