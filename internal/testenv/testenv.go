@@ -27,7 +27,7 @@ const (
 	MissingPrefix = "testenv: missing "
 	// HardwarePrefix starts the message of absent hardware that CI
 	// machines cannot have: the only skip allowed under CI.
-	HardwarePrefix = "testenv: no hardware "
+	HardwarePrefix = "testenv: hardware missing (allowed to skip in CI): "
 )
 
 // Requirement is one thing of the machine some tests need.

@@ -68,12 +68,12 @@ func TestStream(t *testing.T) {
 			want: []string{"    x_test.go:4: got 1, want 2\n--- FAIL: TestB (0.00s)\n", "FAIL\t" + p}, notWant: []string{"=== RUN", "quiet"}},
 		{name: "skips by kind, with their reasons", stream: cat(start,
 			skipping(p, "TestSlurm", "testenv: missing Slurm: not on PATH: srun; to get it: apt-get install slurmd"),
-			skipping(p, "TestGPU", "testenv: no hardware an NVIDIA GPU with nvidia-smi: none"),
+			skipping(p, "TestGPU", "testenv: hardware missing (allowed to skip in CI): an NVIDIA GPU with nvidia-smi: none"),
 			skipping(p, "TestBench", "set FT_RESUMER_BENCH=1 to measure", "(a long measurement)"),
 			lines(ev("run", p, "TestBare", ""), ev("output", p, "TestBare", "--- SKIP: TestBare (0.00s)\n"), ev("skip", p, "TestBare", "")), ok),
 			skipped: 4, skips: []Skip{
 				{p, "TestSlurm", "testenv: missing Slurm: not on PATH: srun; to get it: apt-get install slurmd", Environment},
-				{p, "TestGPU", "testenv: no hardware an NVIDIA GPU with nvidia-smi: none", Hardware},
+				{p, "TestGPU", "testenv: hardware missing (allowed to skip in CI): an NVIDIA GPU with nvidia-smi: none", Hardware},
 				{p, "TestBench", "set FT_RESUMER_BENCH=1 to measure (a long measurement)", Other},
 				{p, "TestBare", "(no reason given)", Other}},
 			want: []string{"--- SKIP: TestSlurm", "x_test.go:10: testenv: missing Slurm"}},
@@ -176,7 +176,7 @@ func TestReport(t *testing.T) {
 	var r Result
 	r.Add(Result{Passed: 3, Skipped: 1, Skips: []Skip{{"p", "TestBench", "opt-in", Other}}})
 	r.Add(Result{Passed: 2, Failed: 1, Skipped: 2, Failures: []Failure{{Package: "q", Test: "TestX"}},
-		Skips: []Skip{{"q", "TestGPU", "testenv: no hardware GPU", Hardware}, {"q", "TestSlurm", "testenv: missing Slurm", Environment}}})
+		Skips: []Skip{{"q", "TestGPU", "testenv: hardware missing (allowed to skip in CI): GPU", Hardware}, {"q", "TestSlurm", "testenv: missing Slurm", Environment}}})
 	r.Fail("r", "build failed")
 	var b strings.Builder
 	r.Report(&b)

@@ -244,11 +244,7 @@ func Need(t testing.TB, env *Env) {
 	if env != nil {
 		return
 	}
-	detail := "FTL_K8S_TESTS=skip"
-	if _, err := Assets(); err != nil {
-		detail += ": " + err.Error()
-	}
-	testenv.Missing(t, testenv.ControlPlane, detail)
+	testenv.Missing(t, testenv.ControlPlane, fmt.Sprintf("FTL_K8S_TESTS=skip, and KUBEBUILDER_ASSETS=%q lacks etcd, kube-apiserver or kube-controller-manager", os.Getenv("KUBEBUILDER_ASSETS")))
 }
 
 // Namespace creates a fresh namespace for t.
