@@ -85,33 +85,16 @@ func (r Requirement) Info() Info {
 		return Info{How: "run the tests as root (CI does)", check: checkRoot}
 	case Slurm:
 		return Info{Packages: []string{"munge", "slurmctld", "slurmd", "slurm-client"},
-			How: "run as root: slurmd starts job steps as their users",
-			check: func() error {
-				if err := lookPaths("munged", "slurmctld", "slurmd", "sbatch", "srun"); err != nil {
-					return err
-				}
-				return checkRoot()
-			}}
+			How:   "run as root: slurmd starts job steps as their users",
+			check: asRoot("munged", "slurmctld", "slurmd", "sbatch", "srun")}
 	case Cgroups:
 		return Info{How: "run as root on a machine with cgroup v2 (cgroup.kill: kernel 5.14 or later) or the cgroup v1 freezer"}
 	case CgroupV2Kill:
 		return Info{How: "run as root on a machine with a cgroup v2 hierarchy (/sys/fs/cgroup or /sys/fs/cgroup/unified) and kernel 5.14 or later"}
 	case NetNamespaces:
-		return Info{Packages: []string{"iproute2"}, How: "run as root (CAP_NET_ADMIN and CAP_SYS_ADMIN)",
-			check: func() error {
-				if err := lookPaths("ip"); err != nil {
-					return err
-				}
-				return checkRoot()
-			}}
+		return Info{Packages: []string{"iproute2"}, How: "run as root (CAP_NET_ADMIN and CAP_SYS_ADMIN)", check: asRoot("ip")}
 	case PIDNamespaces:
-		return Info{Packages: []string{"util-linux"}, How: "run as root (unshare --pid)",
-			check: func() error {
-				if err := lookPaths("unshare"); err != nil {
-					return err
-				}
-				return checkRoot()
-			}}
+		return Info{Packages: []string{"util-linux"}, How: "run as root (unshare --pid)", check: asRoot("unshare")}
 	case ControlPlane:
 		return Info{How: "build them once with `export KUBEBUILDER_ASSETS=$(scripts/k8s-assets.sh)` (scripts/test.sh does; about 9 minutes the first time)"}
 	case Torch:
@@ -264,6 +247,16 @@ func checkRoot() error {
 		return fmt.Errorf("running as uid %d, not root", id)
 	}
 	return nil
+}
+
+// asRoot checks for the programs on PATH and for root.
+func asRoot(progs ...string) func() error {
+	return func() error {
+		if err := lookPaths(progs...); err != nil {
+			return err
+		}
+		return checkRoot()
+	}
 }
 
 // lookPaths reports the programs not found on PATH.
