@@ -1,9 +1,11 @@
 package testenv
 
 import (
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -207,5 +209,50 @@ func TestMissingFailsUnderCI(t *testing.T) {
 				t.Errorf("a test went on after Missing:\n%s", s)
 			}
 		})
+	}
+}
+
+// TestNoBareEnvironmentSkips: every t.Skip in the repository's tests goes
+// through this package, or says on its line or the line above that it is
+// "Not an environment skip" (an opt-in measurement, -short), so that no
+// environment skip escapes CI's failure.
+func TestNoBareEnvironmentSkips(t *testing.T) {
+	skip := regexp.MustCompile(`\b\w+\.Skip(f|Now)?\(`)
+	root := filepath.Join("..", "..")
+	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			if name := d.Name(); name == "testdata" || name == "vendor" || strings.HasPrefix(name, ".") && path != root {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if !strings.HasSuffix(path, "_test.go") {
+			return nil
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		lines := strings.Split(string(b), "\n")
+		for i, l := range lines {
+			if !skip.MatchString(l) {
+				continue
+			}
+			marked := strings.Contains(l, "Not an environment skip")
+			if i > 0 && strings.Contains(lines[i-1], "Not an environment skip") {
+				marked = true
+			}
+			if !marked {
+				rel, _ := filepath.Rel(root, path)
+				t.Errorf("%s:%d: %s\n\tan environment skip goes through internal/testenv (Require or Missing); any other skip says \"// Not an environment skip: why\" on the line above", rel, i+1, strings.TrimSpace(l))
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 }
