@@ -3,11 +3,12 @@ package configs
 import (
 	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/ftlauncher/ft-launcher/internal/testenv"
 )
 
 // TestNumericBounds: every numeric input refuses values past its bound,
@@ -211,9 +212,7 @@ func TestYAMLLimits(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			if tt.path == "/dev/zero" {
-				if _, err := os.Stat("/dev/zero"); err != nil {
-					t.Skip("no /dev/zero")
-				}
+				testenv.Require(t, testenv.DevZero)
 			}
 			done := make(chan struct{})
 			var c *Config

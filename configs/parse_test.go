@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ftlauncher/ft-launcher/internal/testenv"
 	"github.com/ftlauncher/ft-launcher/k8s"
 	"github.com/ftlauncher/ft-launcher/slurm"
 )
@@ -353,11 +354,10 @@ func writeFile(t *testing.T, path, content string) {
 
 // TestGPUCountMatchesNvidiaSmi cross-checks the /dev/nvidia<N> count behind
 // --nproc-per-node gpu against `nvidia-smi -L`. It needs the NVIDIA driver,
-// which this project's CI machines do not have (no GPU), so it skips there.
+// which this project's CI machines do not have (no GPU), so it skips there:
+// the one skip allowed under CI (testenv.GPU is hardware).
 func TestGPUCountMatchesNvidiaSmi(t *testing.T) {
-	if _, err := exec.LookPath("nvidia-smi"); err != nil {
-		t.Skip("no nvidia-smi on this machine: needs a GPU host")
-	}
+	testenv.Require(t, testenv.GPU)
 	out, err := exec.Command("nvidia-smi", "-L").Output()
 	if err != nil {
 		t.Fatalf("nvidia-smi -L: %v", err)

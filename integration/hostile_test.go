@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/ftlauncher/ft-launcher/internal/testenv"
 )
 
 // TestHostileRankCannotDisableHangDetection: local rank 1 sends timeouts
@@ -60,7 +62,7 @@ func TestHostileRankCannotDisableHangDetection(t *testing.T) {
 // guardian), and the next launcher removes the dead one's socket dir.
 func TestSIGKILLedLauncherLeavesNoRankDescendants(t *testing.T) {
 	if os.Geteuid() != 0 {
-		t.Skip("cgroups are writable only by root on these machines; without them a SIGKILLed launcher's setsid'd and double-forked descendants survive (docs/architecture.md)")
+		testenv.Missing(t, testenv.Cgroups, "running as uid "+strconv.Itoa(os.Geteuid())+": cgroups are writable only by root; without them a SIGKILLed launcher's setsid'd and double-forked descendants survive (docs/architecture.md)")
 	}
 	j := newJob(t)
 	s := j.script("descendants.sh", `sleep 1000 &

@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/ftlauncher/ft-launcher/internal/testenv"
 )
 
 // Several nodes on one machine: each launcher binds its own loopback address
@@ -375,9 +377,10 @@ type etcdProc struct {
 
 func startEtcd(t *testing.T, dataDir, client, peer string) *etcdProc {
 	t.Helper()
+	testenv.Require(t, testenv.Etcd)
 	bin, err := exec.LookPath("etcd")
 	if err != nil {
-		t.Fatalf("Debian's etcd-server is required (apt-get install etcd-server): %v", err)
+		t.Fatal(err)
 	}
 	cmd := exec.Command(bin, "--name", "ftl-test", "--data-dir", dataDir,
 		"--listen-client-urls", "http://"+client, "--advertise-client-urls", "http://"+client,

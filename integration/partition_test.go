@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/ftlauncher/ft-launcher/internal/testenv"
 )
 
 // A network partition between real "hosts": every launcher runs in its own
@@ -35,19 +37,17 @@ type netLab struct {
 	nss    []string // every namespace created, for cleanup
 }
 
-// newNetLab creates the switch namespace, or skips the test when network
-// namespaces cannot be created here.
+// newNetLab creates the switch namespace, or ends the test when network
+// namespaces cannot be created here (a skip, or a failure under CI).
 func newNetLab(t *testing.T) *netLab {
 	t.Helper()
-	if _, err := exec.LookPath("ip"); err != nil {
-		t.Skipf("skipping: the partition test needs iproute2's ip to create network namespaces (%v); CI runs it as root with iproute2 installed", err)
-	}
+	testenv.Require(t, testenv.NetNamespaces, testenv.Etcd)
 	reapStaleNamespaces(t)
 	l := &netLab{t: t, prefix: fmt.Sprintf("ftlpart-%d-%d", os.Getpid(), time.Now().UnixNano()%1_000_000_000)}
 	l.sw = l.prefix + "-sw"
 	if out, err := exec.Command("ip", "netns", "add", l.sw).CombinedOutput(); err != nil {
-		t.Skipf("skipping: cannot create a network namespace (euid %d; needs root / CAP_NET_ADMIN and CAP_SYS_ADMIN): ip netns add: %v: %s; CI runs this test as root",
-			os.Geteuid(), err, strings.TrimSpace(string(out)))
+		testenv.Missing(t, testenv.NetNamespaces, fmt.Sprintf("cannot create a network namespace (euid %d): ip netns add: %v: %s",
+			os.Geteuid(), err, strings.TrimSpace(string(out))))
 	}
 	l.nss = append(l.nss, l.sw)
 	t.Cleanup(l.cleanup)
@@ -133,9 +133,10 @@ func nsCommand(ns string, argv ...string) *exec.Cmd {
 // accepts connections there.
 func startEtcdIn(t *testing.T, ns, addr, marker string) {
 	t.Helper()
+	testenv.Require(t, testenv.Etcd)
 	bin, err := exec.LookPath("etcd")
 	if err != nil {
-		t.Fatalf("Debian's etcd-server is required (apt-get install etcd-server): %v", err)
+		t.Fatal(err)
 	}
 	client, peer := addr+":2379", addr+":2380" // fixed ports: the namespace is ours alone
 	cmd := nsCommand(ns, bin, "--name", "ftl-part", "--data-dir", t.TempDir(),

@@ -9,6 +9,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/ftlauncher/ft-launcher/internal/testenv"
 )
 
 // childrenOf lists the direct children of pid (zombies included).
@@ -42,9 +44,7 @@ func procState(pid int) string {
 // container entrypoint is: orphans that exit must be reaped (no zombies) and
 // a SIGTERM must reach the ranks.
 func TestLauncherAsPID1(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root for a PID namespace (unshare --pid); CI runs as root")
-	}
+	testenv.Require(t, testenv.PIDNamespaces)
 	unshare, err := exec.LookPath("unshare")
 	if err != nil {
 		t.Fatalf("unshare (util-linux) is required: %v", err)

@@ -7,12 +7,15 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/ftlauncher/ft-launcher/internal/testenv"
 )
 
 // TestPythonClientInstallsWithPipAndHeartbeats installs client/python with
 // pip (no package index needed: the package builds with an in-tree,
 // standard-library backend) and runs ranks that import the installed copy.
 func TestPythonClientInstallsWithPipAndHeartbeats(t *testing.T) {
+	testenv.Require(t, testenv.Pip)
 	target := t.TempDir()
 	src, _ := filepath.Abs("../client/python")
 	pip := exec.Command("python3", "-m", "pip", "install", "--quiet", "--target", target, src)

@@ -4,12 +4,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/ftlauncher/ft-launcher/internal/testenv"
 )
 
 // These tests train a real small DDP model (Debian's python3-torch, gloo on
@@ -19,12 +20,11 @@ const debianPython = "/usr/bin/python3"
 
 const torchTimeout = 5 * time.Minute
 
+// requireTorch: scripts/test.sh installs python3-torch, so without it
+// this is a broken machine: a failure under CI, a skip naming it elsewhere.
 func requireTorch(t *testing.T) {
 	t.Helper()
-	if out, err := exec.Command(debianPython, "-c", "import torch").CombinedOutput(); err != nil {
-		// .ci/run installs python3-torch, so this is a broken machine, not a skip.
-		t.Fatalf("Debian's python3-torch is required (apt-get install python3-torch): %v\n%s", err, out)
-	}
+	testenv.Require(t, testenv.Torch)
 }
 
 func trainScript(t *testing.T) string {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/ftlauncher/ft-launcher/configs"
+	"github.com/ftlauncher/ft-launcher/internal/testenv"
 	"github.com/ftlauncher/ft-launcher/metrics"
 )
 
@@ -76,7 +77,7 @@ func (s *syncBuf) Write(p []byte) (int, error) {
 func TestLogWriteErrorReportedOnceAndCounted(t *testing.T) {
 	full, err := os.OpenFile("/dev/full", os.O_WRONLY, 0)
 	if err != nil {
-		t.Skipf("no /dev/full on this machine: %v", err)
+		testenv.Missing(t, testenv.DevFull, err.Error())
 	}
 	defer full.Close()
 	logs := &syncBuf{}

@@ -6,11 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if ! /usr/bin/python3 -c 'import torch' 2>/dev/null; then
-  echo "== installing Debian's python3-torch"
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -q && apt-get install -y -q --no-install-recommends python3-torch
-fi
+./scripts/deps.sh python3 python3-torch
 
 echo "== building ft-launcher"
 mkdir -p bin

@@ -1,9 +1,21 @@
 #!/usr/bin/env bash
-# The whole test suite: vet, gofmt, unit and integration tests (race detector
-# on the concurrent packages), and a short fuzz run of the nvrx pickle decoder.
+# The whole test suite: installs the Debian packages the tests need when
+# they are missing (scripts/deps.sh), then gofmt, vet, unit and integration
+# tests (race detector on), the integration tests again with --prewarm, and
+# short fuzz runs. The go test runs stream through internal/testsummary,
+# fuzz runs included (each fuzz target counts as one test), and the output
+# ends with their count: the failures, the skipped tests with
+# their reasons, the number of environment skips, and the last line
+# "N passed, N failed, N skipped".
+#
+# Under CI (CI set) or with FTL_REQUIRE_ALL=1, a test whose environment is
+# missing (Slurm, cgroups, namespaces, the control plane, torch ...) fails
+# instead of skipping (internal/testenv); only a GPU may skip.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+echo "== Debian packages the tests need (scripts/deps.sh)"
+./scripts/deps.sh
 echo "== gofmt"
 unformatted=$(gofmt -l $(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))
 if [ -n "$unformatted" ]; then echo "gofmt needed:"; echo "$unformatted"; exit 1; fi
@@ -11,23 +23,35 @@ echo "== go vet"
 go vet ./...
 echo "== Kubernetes test binaries (etcd, kube-apiserver, kube-controller-manager)"
 # Built from the Go module proxy and cached under ~/.cache/ft-launcher/k8s:
-# about 9 minutes the first time, instant after. The k8s packages' tests fail
-# without them unless FTL_K8S_TESTS=skip is set.
+# about 9 minutes the first time, instant after. Without them the k8s
+# packages' tests fail, unless FTL_K8S_TESTS=skip is set (then they skip,
+# except under CI, where they fail naming what is missing).
 if [ -z "${KUBEBUILDER_ASSETS:-}" ] && [ "${FTL_K8S_TESTS:-}" != skip ]; then
   KUBEBUILDER_ASSETS=$(./scripts/k8s-assets.sh)
   export KUBEBUILDER_ASSETS
 fi
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/ftl-test.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+go build -o "$work/testsummary" ./internal/testsummary/cmd/testsummary
+summary() { "$work/testsummary" --state "$work/runs.jsonl" -- "$@"; }
+status=0
+
 echo "== go test"
 # One package at a time: several tests are timing-sensitive (gossip, hang
 # deadlines) and the machine has 2 cores.
-go test -race -count=1 -p 1 -timeout 40m ./...
+summary go test -json -race -count=1 -p 1 -timeout 40m ./... || status=1
 echo "== integration tests that run Python ranks, again with --prewarm on (issue 11)"
-FTL_TEST_PREWARM=torch,torch.distributed go test -count=1 -timeout 20m \
-  -run 'Torch|Nvrx|Python|Hang|Prewarm|Computed|PID1|Tee|ErrorFile' ./integration/
+FTL_TEST_PREWARM=torch,torch.distributed summary go test -json -count=1 -timeout 20m \
+  -run 'Torch|Nvrx|Python|Hang|Prewarm|Computed|PID1|Tee|ErrorFile' ./integration/ || status=1
 if [ -d monitor/nvrxwire ]; then
   echo "== fuzz (nvrx pickle decoder, 20s)"
-  go test -run '^$' -fuzz=FuzzDecodeMessage -fuzztime=20s ./monitor/nvrxwire
+  summary go test -json -run '^$' -fuzz=FuzzDecodeMessage -fuzztime=20s ./monitor/nvrxwire || status=1
 fi
 echo "== fuzz (YAML loader with its size and alias limits, 10s; command-line parser, 10s)"
-go test -run '^$' -fuzz='^FuzzYAML$' -fuzztime=10s ./configs
-go test -run '^$' -fuzz='^FuzzParse$' -fuzztime=10s ./configs
+summary go test -json -run '^$' -fuzz='^FuzzYAML$' -fuzztime=10s ./configs || status=1
+summary go test -json -run '^$' -fuzz='^FuzzParse$' -fuzztime=10s ./configs || status=1
+
+echo "== summary of the go test runs"
+"$work/testsummary" --report "$work/runs.jsonl" || status=1
+exit $status

@@ -10,6 +10,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/ftlauncher/ft-launcher/internal/testenv"
 )
 
 // containHelper is a launcher: it contains itself, starts a rank that
@@ -57,12 +59,12 @@ exec sleep 1000`
 // and a double-forked daemon are all gone, and so is the cgroup.
 func TestContainSIGKILLedLauncherLeavesNothing(t *testing.T) {
 	if os.Geteuid() != 0 {
-		t.Skip("cgroups are writable only by root here")
+		testenv.Missing(t, testenv.Cgroups, fmt.Sprintf("running as uid %d: cgroups are writable only by root here", os.Geteuid()))
 	}
 	for _, root := range []string{"", "/sys/fs/cgroup/unified", "/sys/fs/cgroup/freezer"} {
 		t.Run("root="+root, func(t *testing.T) {
 			if root != "" && !fileExists(root) {
-				t.Skipf("no %s on this machine", root)
+				testenv.Missing(t, testenv.Cgroups, "no "+root+" on this machine (this subtest drives that hierarchy)")
 			}
 			testContain(t, root)
 		})
@@ -99,7 +101,7 @@ func testContain(t *testing.T, root string) {
 	}
 	f := strings.Fields(line)
 	if len(f) > 0 && f[0] == "nocgroup" {
-		t.Skipf("no writable cgroup (v2 cgroup.kill or v1 freezer) on this machine: %s", line)
+		testenv.Missing(t, testenv.Cgroups, "no writable cgroup (v2 cgroup.kill or v1 freezer) on this machine: "+strings.TrimSpace(line))
 	}
 	if len(f) != 6 {
 		t.Fatalf("helper said %q", line)

@@ -12,13 +12,15 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/ftlauncher/ft-launcher/internal/testenv"
 )
 
 func python(t *testing.T) string {
 	t.Helper()
 	p, err := exec.LookPath("python3")
 	if err != nil {
-		t.Skip("python3 not installed")
+		testenv.Missing(t, testenv.SystemPython, err.Error())
 	}
 	return p
 }

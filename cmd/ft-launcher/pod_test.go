@@ -25,10 +25,11 @@ import (
 // on the ranks' end and on a failed set-up alike. A rank's own exit code 93
 // is a failure like any other; the no-restart verdict (exit 93) comes from
 // a rank's ShutdownWorkload request, made here by this test binary run as
-// the rank (TestRankAsksShutdown).
+// the rank (see TestMain).
 func TestTerminationLogInPod(t *testing.T) {
 	if testing.Short() {
-		t.Skip("builds the launcher")
+		// Not an environment skip: -short leaves out the slower tests.
+		t.Skip("-short: builds the launcher")
 	}
 	bin := filepath.Join(t.TempDir(), "ft-launcher")
 	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
@@ -42,7 +43,7 @@ func TestTerminationLogInPod(t *testing.T) {
 		code  int
 		kinds []verdict.Kind
 	}{
-		{"a rank asks for no restart", []string{"--max-restarts", "2", "--no-python", os.Args[0], "-test.run=^TestRankAsksShutdown$"},
+		{"a rank asks for no restart", []string{"--max-restarts", "2", "--no-python", os.Args[0], "-test.run=^$"},
 			[]string{"FTL_TEST_RANK_ACTION=ShutdownWorkload"}, 93, []verdict.Kind{verdict.NoRestart}},
 		{"a rank fails", []string{"--no-python", "/bin/sh", "-c", "exit 3"}, nil, 1, []verdict.Kind{verdict.RestartBudgetExhausted}},
 		{"the rendezvous cannot be set up", []string{"--nnodes", "2", "--rdzv-backend", "etcd", "--rdzv-endpoint", closed,
@@ -108,14 +109,19 @@ func podlessEnviron() []string {
 	return out
 }
 
-// TestRankAsksShutdown is a rank, not a test: run by the launcher in
-// TestTerminationLogInPod, it asks the launcher to shut the workload down,
-// as an nvrx rank's ShutdownWorkload does, and waits to be stopped.
-func TestRankAsksShutdown(t *testing.T) {
-	action := os.Getenv("FTL_TEST_RANK_ACTION")
-	if action == "" {
-		t.Skip("a rank of TestTerminationLogInPod")
+// TestMain runs this test binary as a rank when FTL_TEST_RANK_ACTION is
+// set (TestTerminationLogInPod starts it under the launcher): a helper
+// process, not a test, so it never shows as a skipped test.
+func TestMain(m *testing.M) {
+	if action := os.Getenv("FTL_TEST_RANK_ACTION"); action != "" {
+		rankAsks(action)
 	}
+	os.Exit(m.Run())
+}
+
+// rankAsks is the rank: it asks the launcher to shut the workload down,
+// as an nvrx rank's ShutdownWorkload does, and waits to be stopped.
+func rankAsks(action string) {
 	signal.Reset() // the launcher's early signal catcher is linked in: die by SIGTERM like a rank
 	rank, _ := strconv.Atoi(os.Getenv("RANK"))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

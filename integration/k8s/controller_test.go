@@ -176,6 +176,7 @@ func runningPods(t *testing.T, ns, aw string, n int, old map[types.UID]bool) []c
 // the real controller binary, then Succeeded when their pods complete.
 // Pods are run by the stand-in kubelet; the Job controller is real.
 func TestSeedSamplesRunUnchanged(t *testing.T) {
+	k8stest.Need(t, env)
 	controller(t)
 	for _, tc := range []struct {
 		file string
@@ -304,6 +305,7 @@ func podEnv(p corev1.Pod, name string) string {
 // asked ShutdownWorkload (no_restart, exit 93) fails the workload at once,
 // with retries left.
 func TestLauncherVerdictDrivesReset(t *testing.T) {
+	k8stest.Need(t, env)
 	ctx := context.Background()
 	controller(t)
 	ns := env.Namespace(t)
@@ -395,6 +397,7 @@ func TestBadConfigRefused(t *testing.T) {
 // Deployment's flags as the service account the manifests bind (RBAC
 // decides, no admin rights) takes the seeds' sample to Succeeded.
 func TestShippedManifests(t *testing.T) {
+	k8stest.Need(t, env)
 	ctx := context.Background()
 	dir := t.TempDir()
 	var config string

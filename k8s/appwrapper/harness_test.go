@@ -48,20 +48,16 @@ var env *k8stest.Env
 func TestMain(m *testing.M) {
 	// Each manager gets its own logger; this silences the global one.
 	ctrllog.SetLogger(logr.Discard())
-	if _, err := k8stest.Assets(); err != nil && os.Getenv("FTL_K8S_TESTS") == "skip" {
-		// The package's API-server-free tests still run; the others skip.
-		fmt.Fprintln(os.Stderr, "SKIP: the envtest tests of k8s/appwrapper:", err)
-		os.Exit(m.Run())
-	}
+	// With FTL_K8S_TESTS=skip and no binaries, the package's API-server-free
+	// tests still run; the others end in needEnv.
 	k8stest.Main(m, &env)
 }
 
-// needEnv skips a test that needs the control plane when there is none.
+// needEnv ends a test that needs the control plane when there is none: a
+// skip, or a failure under CI.
 func needEnv(t *testing.T) {
 	t.Helper()
-	if env == nil {
-		t.Skip("no control plane (FTL_K8S_TESTS=skip)")
-	}
+	k8stest.Need(t, env)
 }
 
 // waitTimeout bounds every wait: generous, since the tests assert what

@@ -20,6 +20,7 @@ func TestMain(m *testing.M) { Main(m, &env) }
 // its affinity allows, and the real garbage collector removes them when the
 // Job is deleted in the background.
 func TestJobPodsRunAndAreCollected(t *testing.T) {
+	Need(t, env)
 	ctx := context.Background()
 	ns := env.Namespace(t)
 	k := env.NewKubelet(t, ns, "harness-a", "harness-b")

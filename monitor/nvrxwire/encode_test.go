@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/ftlauncher/ft-launcher/configs"
+	"github.com/ftlauncher/ft-launcher/internal/testenv"
 )
 
 const systemPython = "/usr/bin/python3"
@@ -54,7 +55,7 @@ func customConfig() *configs.FaultTolerance {
 func pythonLoads(t *testing.T, payloads map[string][]byte) map[string]any {
 	t.Helper()
 	if _, err := os.Stat(systemPython); err != nil {
-		t.Skipf("%s not available (%v): cannot cross-check the encoder against CPython", systemPython, err)
+		testenv.Missing(t, testenv.SystemPython, err.Error()+": cannot cross-check the encoder against CPython")
 	}
 	dir := t.TempDir()
 	args := []string{filepath.Join("testdata", "verify_encoder.py")}

@@ -31,51 +31,29 @@ import (
 	"time"
 )
 
-// Packages are the Debian packages the cluster needs.
+// Packages are the Debian packages the cluster needs (scripts/deps.sh
+// installs them, with every other package the tests need).
 var Packages = []string{"munge", "slurmctld", "slurmd", "slurm-client"}
 
 var programs = []string{"munged", "slurmctld", "slurmd", "sbatch", "squeue", "scontrol", "sacct", "scancel", "srun", "sinfo"}
 
 // ErrUnavailable is returned by Ensure (and Start) when Slurm is not
-// installed and cannot be installed here; tests skip on it.
+// installed or this process is not root; tests report it through
+// internal/testenv (a skip, or a failure under CI).
 var ErrUnavailable = errors.New("slurmtest: Slurm is not available")
 
 // Ensure checks that this process is root (the daemons need it) and that the
-// Slurm and munge programs are installed; when they are not, it installs
-// them with apt-get (as .ci/run does).
+// Slurm and munge programs are installed. It installs nothing:
+// scripts/deps.sh does (scripts/test.sh runs it first).
 func Ensure(ctx context.Context) error {
 	if os.Geteuid() != 0 {
 		// slurmd must be root to start job steps as their users.
 		return fmt.Errorf("%w: the daemons need root (slurmd starts job steps as their users)", ErrUnavailable)
 	}
-	if missing := missingPrograms(); len(missing) == 0 {
-		return nil
-	}
-	if _, err := exec.LookPath("apt-get"); err != nil {
-		return fmt.Errorf("%w: %v missing and no apt-get to install %v", ErrUnavailable, missingPrograms(), Packages)
-	}
-	install := func() error {
-		args := append([]string{"install", "-y", "-q", "--no-install-recommends"}, Packages...)
-		cmd := exec.CommandContext(ctx, "apt-get", args...)
-		cmd.Env = append(os.Environ(), "DEBIAN_FRONTEND=noninteractive")
-		out, err := cmd.CombinedOutput()
-		if err != nil {
-			return fmt.Errorf("apt-get install: %w: %s", err, tail(out, 400))
-		}
-		return nil
-	}
-	if err := install(); err != nil {
-		if out, uerr := exec.CommandContext(ctx, "apt-get", "update", "-q").CombinedOutput(); uerr != nil {
-			return fmt.Errorf("%w: apt-get update: %v: %s", ErrUnavailable, uerr, tail(out, 400))
-		}
-		if err := install(); err != nil {
-			return fmt.Errorf("%w: %v", ErrUnavailable, err)
-		}
-	}
 	if missing := missingPrograms(); len(missing) > 0 {
-		return fmt.Errorf("%w: still missing after install: %v", ErrUnavailable, missing)
+		return fmt.Errorf("%w: %v missing: install %v (scripts/deps.sh does)", ErrUnavailable, missing, Packages)
 	}
-	return nil
+	return ctx.Err()
 }
 
 func missingPrograms() []string {

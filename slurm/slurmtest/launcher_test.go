@@ -5,13 +5,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/ftlauncher/ft-launcher/internal/testenv"
 	"github.com/ftlauncher/ft-launcher/slurm"
 )
 
@@ -170,12 +170,7 @@ func TestMinimalSrunLine(t *testing.T) {
 // ddp_train.py ...` with no other launcher flag.
 func TestMinimalSrunLineTrainsDDP(t *testing.T) {
 	c := need(t)
-	if _, err := os.Stat("/usr/bin/python3"); err != nil {
-		t.Skip("needs Debian's python3 with python3-torch")
-	}
-	if out, err := execOutput("/usr/bin/python3", "-c", "import torch"); err != nil {
-		t.Skipf("needs python3-torch: %v %s", err, out)
-	}
+	testenv.Require(t, testenv.Torch)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	j := newLaunchJob(t, c)
@@ -248,8 +243,4 @@ func TestNoLauncherHostsSaysSo(t *testing.T) {
 	if !strings.Contains(logs, "nothing listens at the embedded etcd's endpoints yet") {
 		t.Errorf("no early warning:\n%s", logs)
 	}
-}
-
-func execOutput(name string, args ...string) ([]byte, error) {
-	return exec.Command(name, args...).CombinedOutput()
 }

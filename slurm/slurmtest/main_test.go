@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ftlauncher/ft-launcher/internal/testenv"
 	"github.com/ftlauncher/ft-launcher/slurm"
 )
 
@@ -65,11 +66,12 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// need skips the test when Slurm is not installed and cannot be.
+// need ends the test when Slurm is not installed or this is not root: a
+// skip, or a failure under CI (internal/testenv).
 func need(t *testing.T) *Cluster {
 	t.Helper()
 	if errors.Is(startErr, ErrUnavailable) {
-		t.Skipf("real Slurm needed: %v (install %v, as .ci/run does)", startErr, Packages)
+		testenv.Missing(t, testenv.Slurm, startErr.Error())
 	}
 	if cluster == nil {
 		t.Fatal("no cluster")

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/ftlauncher/ft-launcher/internal/testenv"
 )
 
 // weights is the final summary examples/ddp_train.py writes.
@@ -34,13 +36,6 @@ func readWeights(t *testing.T, path string) weights {
 	return w
 }
 
-func needTorch(t *testing.T) {
-	t.Helper()
-	if out, err := exec.Command("/usr/bin/python3", "-c", "import torch").CombinedOutput(); err != nil {
-		t.Skipf("needs Debian's python3-torch (installed by .ci/run): %v %s", err, out)
-	}
-}
-
 // TestAutoResumeDDPSameWeights: the example DDP training on two nodes
 // (2 x 2 ranks) under the minimal srun line, driven by ft-resumer. The
 // first job's rank crashes at step 12 with no restart budget, so the job
@@ -49,7 +44,7 @@ func needTorch(t *testing.T) {
 // final weights equal those of an uninterrupted 4-rank run.
 func TestAutoResumeDDPSameWeights(t *testing.T) {
 	c := need(t)
-	needTorch(t)
+	testenv.Require(t, testenv.Torch)
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
 	train := filepath.Join(repoRoot, "examples", "ddp_train.py")
