@@ -166,6 +166,19 @@ func lanes(rec *records, r *Report) (nodes, ranks []Lane) {
 			lane.Marks = append(lane.Marks, Mark{Kind: "node_loss", At: *lr.End, Label: string(lr.Reason) + ": " + lr.Detail})
 		}
 	}
+	// A lost node's spans end with its loss (it wrote nothing after).
+	for i := range nodes {
+		for _, m := range nodes[i].Marks {
+			if m.Kind != "node_loss" {
+				continue
+			}
+			for s := range nodes[i].Spans {
+				if sp := &nodes[i].Spans[s]; sp.Start.Before(m.At) && sp.End.After(m.At) {
+					sp.End = m.At
+				}
+			}
+		}
+	}
 	// Verdict-only nodes get their cycles from the verdicts.
 	for _, lv := range rec.verdicts {
 		name := shortNode(lv.v.Node)
