@@ -2,18 +2,15 @@ package integration
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
-	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
-	"time"
 
 	"github.com/ftlauncher/ft-launcher/report"
+	"github.com/ftlauncher/ft-launcher/report/reporttest"
 )
 
 // runReport runs `ft-resumer report ARGS --json -o HTML` and returns the
@@ -27,77 +24,6 @@ func runReport(t *testing.T, dir string, args ...string) (report.Report, string)
 		t.Fatalf("report JSON: %v\n%s", err, out)
 	}
 	return r, html
-}
-
-// checkAccount: the phases add up to the wall time within 1%, and every
-// restart appears, followed by the round it started.
-func checkAccount(t *testing.T, r report.Report, restarts int) {
-	t.Helper()
-	sum := 0.0
-	for p, v := range r.PhasesS {
-		if v < 0 {
-			t.Errorf("phase %s is negative: %v", p, v)
-		}
-		sum += v
-	}
-	if r.WallS <= 0 || math.Abs(sum-r.WallS) > 0.01*r.WallS {
-		t.Errorf("phases add up to %.3fs, wall time %.3fs: more than 1%% apart (%v)", sum, r.WallS, r.PhasesS)
-	}
-	if len(r.Restarts) != restarts {
-		t.Errorf("%d restarts in the report, want %d: %+v", len(r.Restarts), restarts, r.Restarts)
-	}
-	for _, rs := range r.Restarts {
-		found := false
-		for _, rd := range r.Rounds {
-			found = found || (rd.Job == rs.Job && rd.Round > rs.AfterRound)
-		}
-		if !found {
-			t.Errorf("restart after round %d is followed by no round in the report", rs.AfterRound)
-		}
-	}
-	if r.PhasesS[report.Productive] <= 0 || r.Goodput <= 0 || r.Goodput >= 1 {
-		t.Errorf("productive %.3fs, goodput %.3f: want some training and some badput", r.PhasesS[report.Productive], r.Goodput)
-	}
-}
-
-// checkHTMLInChromium loads the report in headless Chromium (Debian's
-// chromium package) and checks that it loads without console errors and
-// that its timeline has one lane per rank.
-func checkHTMLInChromium(t *testing.T, html string, ranks int) {
-	t.Helper()
-	bin, err := exec.LookPath("chromium")
-	if err != nil {
-		t.Fatalf("Debian's chromium package is required to render the report (apt-get install chromium): %v", err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, bin, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-		"--disable-component-update", "--no-first-run", "--user-data-dir="+t.TempDir(), "--enable-logging=stderr", "--v=0",
-		"--dump-dom", "file://"+html)
-	// Chromium forks helpers: its own process group, killed afterwards.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	err = cmd.Run()
-	if cmd.Process != nil {
-		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-	}
-	if err != nil {
-		t.Fatalf("chromium --dump-dom %s: %v\n%s", html, err, stderr.String())
-	}
-	for _, line := range strings.Split(stderr.String(), "\n") {
-		if strings.Contains(line, "CONSOLE") || strings.Contains(line, "Uncaught") || strings.Contains(line, "net::ERR") {
-			t.Errorf("the report logged in the browser: %s", line)
-		}
-	}
-	dom := stdout.String()
-	if !strings.Contains(dom, "<svg") || !strings.Contains(dom, "Goodput") {
-		t.Fatalf("chromium's DOM of the report has no timeline or no goodput table:\n%.2000s", dom)
-	}
-	if n := strings.Count(dom, `class="lane-rank"`); n != ranks {
-		t.Errorf("the timeline has %d rank lanes, want %d", n, ranks)
-	}
 }
 
 // lane returns the named lane.
@@ -137,7 +63,7 @@ func TestReportCrashAndResume(t *testing.T) {
 		t.Fatalf("exit %d\n%s", code, j.stderr.String())
 	}
 	r, html := runReport(t, j.dir, "--event-log", j.events, "--verdict", vpath)
-	checkAccount(t, r, 1)
+	reporttest.CheckAccount(t, r, 1)
 	if len(r.Rounds) != 2 || r.Rounds[0].End != "crash" || r.Rounds[1].End != "success" {
 		t.Fatalf("rounds %+v, want a crash then a success", r.Rounds)
 	}
@@ -162,7 +88,7 @@ func TestReportCrashAndResume(t *testing.T) {
 		t.Errorf("rank 1's lane: %d crash, %d first step after the restart, %d checkpoints; want 1, 1, >= 2",
 			marks(r1, "crash"), marks(r1, "first_step"), marks(r1, "checkpoint"))
 	}
-	checkHTMLInChromium(t, html, 2)
+	reporttest.CheckHTMLInChromium(t, html, 2)
 }
 
 // TestReportBadInputCLI: the command names the file and never prints a

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/ftlauncher/ft-launcher/ledger"
+	"github.com/ftlauncher/ft-launcher/report/reporttest"
 	"github.com/ftlauncher/ft-launcher/verdict"
 )
 
@@ -291,7 +292,7 @@ func checkSwapReport(t *testing.T, c *cluster, victim, promoted int, verdicts []
 		}
 	}
 	r, html := runReport(t, c.dir, append(args, verdicts...)...)
-	checkAccount(t, r, len(restarts))
+	reporttest.CheckAccount(t, r, len(restarts))
 	rounds := map[int]bool{}
 	for _, rd := range r.Rounds {
 		rounds[rd.Round] = true
@@ -308,7 +309,7 @@ func checkSwapReport(t *testing.T, c *cluster, victim, promoted int, verdicts []
 	if len(r.Nodes) != len(c.nodes) || len(r.Ranks) != 2 {
 		t.Errorf("%d node lanes, %d rank lanes; want %d and 2: %+v", len(r.Nodes), len(r.Ranks), len(c.nodes), r.Nodes)
 	}
-	checkHTMLInChromium(t, html, 2)
+	reporttest.CheckHTMLInChromium(t, html, 2)
 }
 
 // checkSwapLedger: the lost node's NodeFailure, then the promoted spare's
