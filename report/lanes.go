@@ -101,7 +101,10 @@ func lanes(rec *records, r *Report) (nodes, ranks []Lane) {
 			node(e.Node).Marks = append(node(e.Node).Marks, Mark{Kind: "filler_reclaim", At: e.TS, Label: fmt.Sprintf("filler reclaimed in %vms", e.F["took_ms"])})
 		case "round_ended":
 			reason, _ := e.F["reason"].(string)
-			node(e.Node).Marks = append(node(e.Node).Marks, Mark{Kind: "round_ended", At: e.TS, Label: reason})
+			// Its node field names the node that ended the round (several
+			// launchers may share one event log).
+			l := node(laneName(nodeIdx, e.Node))
+			l.Marks = append(l.Marks, Mark{Kind: "round_ended", At: e.TS, Label: reason})
 		case "rank_exited":
 			g, ok := globalRank(e, k)
 			if !ok {

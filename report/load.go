@@ -130,7 +130,6 @@ func readEventLog(path string) ([]Event, error) {
 	sc := bufio.NewScanner(bytes.NewReader(b))
 	sc.Buffer(make([]byte, 64*1024), 16*1024*1024)
 	n := 0
-	launcher := "" // the node of the launcher writing these lines
 	for sc.Scan() {
 		n++
 		line := bytes.TrimSpace(sc.Bytes())
@@ -148,13 +147,6 @@ func readEventLog(path string) ([]Event, error) {
 		e := Event{File: path, Line: n, F: m}
 		e.Kind, _ = m["event"].(string)
 		e.Node, _ = m["node"].(string)
-		switch {
-		case e.Kind == "launcher_started":
-			launcher = e.Node
-		case e.Kind == "round_ended" && launcher != "":
-			// Its node field names the node that ended the round.
-			e.Node = launcher
-		}
 		e.RunID, _ = m["run_id"].(string)
 		e.Job = jobID(m["slurm_job_id"])
 		ts, _ := m["ts"].(string)

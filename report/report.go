@@ -291,7 +291,9 @@ func computeJob(g *jobRecords, r *Report) (Job, error) {
 	nodesWithEvents := map[string]bool{}
 	restarts := map[int]Restart{}
 	for _, e := range g.events {
-		nodesWithEvents[e.Node] = true
+		if e.Kind != "round_ended" { // its node is the one that ended the round
+			nodesWithEvents[e.Node] = true
+		}
 		start, end = earlier(start, e.TS), later(end, e.TS)
 		if j.RunID == "" {
 			j.RunID = e.RunID

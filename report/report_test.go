@@ -220,3 +220,25 @@ func TestBuildBadInput(t *testing.T) {
 		})
 	}
 }
+
+func TestBuildAppWrapper(t *testing.T) {
+	r, err := Build(Inputs{EventLogs: []string{"testdata/crash.jsonl"}, AppWrapper: "testdata/appwrapper.yaml"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := r.Workload
+	if w == nil || w.Name != "team-a/train" || w.Phase != "Running" || w.Resets != 1 || len(w.Conditions) != 2 {
+		t.Fatalf("workload %+v, want team-a/train Running with 1 reset and 2 conditions", w)
+	}
+	var h bytes.Buffer
+	if err := r.WriteHTML(&h); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(h.String(), `class="lane-workload"`) || !strings.Contains(h.String(), "PodsReady=True") {
+		t.Error("the AppWrapper's lane is not in the HTML")
+	}
+	if _, err := Build(Inputs{EventLogs: []string{"testdata/crash.jsonl"}, AppWrapper: "testdata/verdict-v2.json"}); err == nil ||
+		!strings.Contains(err.Error(), "testdata/verdict-v2.json") || !strings.Contains(err.Error(), "want AppWrapper") {
+		t.Errorf("a file that is no AppWrapper: %v", err)
+	}
+}
