@@ -114,7 +114,7 @@ func load(in Inputs) (*records, error) {
 	for _, lv := range rec.verdicts {
 		rec.ledger = append(rec.ledger, lv.v.Ledger...)
 	}
-	rec.ledger = mergeLedger(rec.ledger)
+	rec.ledger = ledger.Merge(rec.ledger)
 	return rec, nil
 }
 
@@ -255,26 +255,26 @@ func (rec *records) checkRuns() error {
 			if job != "" {
 				where = " of Slurm job " + job
 			}
-			return fmt.Errorf("records of two runs mixed%s: %s has run id %q, %s has %q (give the files of one run)",
+			return fmt.Errorf("records of two runs mixed%s: %s has run id %q, %s has %q (give the files of one run, or --chain-dir for the jobs of a Slurm chain)",
 				where, f.file, f.id, file, id)
 		}
 		seen[job] = first{id, file}
 		return nil
 	}
 	for _, e := range rec.events {
-		if err := check(e.Job, e.RunID, e.File); err != nil {
+		job := ""
+		if rec.chain != nil {
+			job = e.Job // outside a chain, two Slurm jobs are two runs
+		}
+		if err := check(job, e.RunID, e.File); err != nil {
 			return err
 		}
 	}
 	for _, lv := range rec.verdicts {
-		job := lv.job
-		if job == "" && rec.chain == nil {
-			job = ""
-		}
-		if job == "" && rec.chain != nil {
+		if lv.job == "" && rec.chain != nil {
 			continue // a verdict given by hand beside a chain: its job is unknown
 		}
-		if err := check(job, lv.v.RunID, lv.file); err != nil {
+		if err := check(lv.job, lv.v.RunID, lv.file); err != nil {
 			return err
 		}
 	}
@@ -295,24 +295,6 @@ func ledgerOf(e Event) (ledger.Record, bool) {
 		return ledger.Record{}, false
 	}
 	return r, true
-}
-
-// mergeLedger keeps one record per lease, in its ended form when any
-// source saw it end.
-func mergeLedger(in []ledger.Record) []ledger.Record {
-	byID := map[string]ledger.Record{}
-	for _, r := range in {
-		if old, ok := byID[r.ID()]; ok && !old.Open() {
-			continue
-		}
-		byID[r.ID()] = r
-	}
-	out := make([]ledger.Record, 0, len(byID))
-	for _, r := range byID {
-		out = append(out, r)
-	}
-	ledger.SortByStart(out)
-	return out
 }
 
 // shortNode is a rendezvous node id without its /pid: the name the

@@ -166,29 +166,17 @@ func dialEtcd(f ledgerFlags) (*clientv3.Client, error) {
 	return cli, nil
 }
 
-// ledgerFromVerdicts merges the leases recorded in verdict files; a lease
-// recorded by two nodes (the holder, and a survivor that ended it) is kept
-// once, in its ended form.
+// ledgerFromVerdicts merges the leases recorded in verdict files.
 func ledgerFromVerdicts(paths []string) ([]ledger.Record, error) {
-	byID := map[string]ledger.Record{}
+	var all []ledger.Record
 	for _, p := range paths {
 		v, err := verdict.Read(p)
 		if err != nil {
 			return nil, err
 		}
-		for _, r := range v.Ledger {
-			if old, ok := byID[r.ID()]; ok && !old.Open() {
-				continue
-			}
-			byID[r.ID()] = r
-		}
+		all = append(all, v.Ledger...)
 	}
-	out := make([]ledger.Record, 0, len(byID))
-	for _, r := range byID {
-		out = append(out, r)
-	}
-	ledger.SortByStart(out)
-	return out, nil
+	return ledger.Merge(all), nil
 }
 
 func printLedger(stdout, stderr io.Writer, recs []ledger.Record, asJSON bool) int {
