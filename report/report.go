@@ -433,6 +433,7 @@ func computeJob(g *jobRecords, r *Report) (Job, error) {
 		cursor = to
 		return to
 	}
+	firstRound := len(r.Rounds) // this job's rounds are appended from here
 	noSections := []string{}
 	noHeartbeat := []string{}
 	for i, n := range ns {
@@ -514,6 +515,15 @@ func computeJob(g *jobRecords, r *Report) (Job, error) {
 	if len(noSections) > 0 {
 		r.Notes = append(r.Notes, fmt.Sprintf("%sfailed round(s) %s: no 'step'/'checkpointing' sections recorded: the steps lost since the last checkpoint are unknown and counted as productive",
 			jobPrefix(g.id), strings.Join(noSections, ", ")))
+	}
+	if len(restarts) == 0 {
+		// No event log: each failed round followed by another was a restart
+		// (the verdicts' cycles).
+		for i := firstRound; i+1 < len(r.Rounds); i++ {
+			if rd := r.Rounds[i]; rd.End != "success" {
+				restarts[rd.Round] = Restart{Job: g.id, AfterRound: rd.Round, At: rd.Stopped, Reason: rd.Reason}
+			}
+		}
 	}
 	rs := make([]int, 0, len(restarts))
 	for n := range restarts {

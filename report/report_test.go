@@ -55,12 +55,12 @@ func TestBuildPhases(t *testing.T) {
 			notes: []string{"no rank reported a heartbeat", "steps lost since the last checkpoint are unknown"},
 		},
 		{
-			name:   "verdict only: the cycles' phases",
-			in:     Inputs{Verdicts: []string{"testdata/verdict-only.json"}},
-			wall:   21,
-			phases: map[string]float64{Rendezvous: 2, Productive: 17, Stop: 1, Shutdown: 1},
-			ends:   []string{"crash", "success"},
-			notes:  []string{"no rank reported a heartbeat"},
+			name:     "verdict only: the cycles' phases",
+			in:       Inputs{Verdicts: []string{"testdata/verdict-only.json"}},
+			wall:     21,
+			phases:   map[string]float64{Rendezvous: 2, Productive: 17, Stop: 1, Shutdown: 1},
+			restarts: []int{0}, ends: []string{"crash", "success"},
+			notes: []string{"no rank reported a heartbeat"},
 		},
 	}
 	for _, tt := range tests {
