@@ -316,6 +316,7 @@ func (a *Agent) recordHang(h monitor.Hang, hangByRank map[int]monitor.Hang) {
 		"rank": h.GlobalRank, "timeout_kind": h.Kind, "section": h.Section,
 		"timeout_s": h.Timeout.Seconds(), "elapsed_s": h.Elapsed.Seconds(), "signal": sigName(h.Signal),
 		"detect_latency_ms":    float64(h.SignalledAt.Sub(h.ExpiredAt).Microseconds()) / 1000,
+		"signalled_at":         h.SignalledAt.UTC(), // the stall began elapsed_s before it
 		"escalated_to_sigkill": h.Escalated})
 }
 

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/ftlauncher/ft-launcher/ledger"
+	"github.com/ftlauncher/ft-launcher/report/reporttest"
 	"github.com/ftlauncher/ft-launcher/verdict"
 )
 
@@ -274,6 +275,41 @@ func TestSpareFillerReclaimedOnSwap(t *testing.T) {
 			}
 		}
 	}
+	checkSwapReport(t, c, victim, promoted, args)
+}
+
+// checkSwapReport: ft-resumer report on every node's event log (the lost
+// node's included) and the survivors' verdicts shows the node loss, the
+// swap and the filler reclaim, and accounts for the time.
+func checkSwapReport(t *testing.T, c *cluster, victim, promoted int, verdicts []string) {
+	t.Helper()
+	var args []string
+	restarts := map[float64]bool{}
+	for _, n := range c.nodes {
+		args = append(args, "--event-log", n.events)
+		for _, e := range n.eventsOf("restart") {
+			restarts[e["after_round"].(float64)] = true
+		}
+	}
+	r, html := runReport(t, c.dir, append(args, verdicts...)...)
+	reporttest.CheckAccount(t, r, len(restarts))
+	rounds := map[int]bool{}
+	for _, rd := range r.Rounds {
+		rounds[rd.Round] = true
+	}
+	if !rounds[0] || !rounds[1] {
+		t.Errorf("rounds %+v, want round 0 and the swap's round 1", r.Rounds)
+	}
+	pn := lane(t, r.Nodes, fmt.Sprintf("127.0.0.%d", 2+promoted))
+	vn := lane(t, r.Nodes, fmt.Sprintf("127.0.0.%d", 2+victim))
+	if marks(pn, "swap") != 1 || marks(pn, "filler_reclaim") != 1 || marks(vn, "node_loss") != 1 {
+		t.Errorf("promoted node: %d swap, %d filler reclaim marks; lost node: %d node loss marks; want 1 each",
+			marks(pn, "swap"), marks(pn, "filler_reclaim"), marks(vn, "node_loss"))
+	}
+	if len(r.Nodes) != len(c.nodes) || len(r.Ranks) != 2 {
+		t.Errorf("%d node lanes, %d rank lanes; want %d and 2: %+v", len(r.Nodes), len(r.Ranks), len(c.nodes), r.Nodes)
+	}
+	reporttest.CheckHTMLInChromium(t, html, 2)
 }
 
 // checkSwapLedger: the lost node's NodeFailure, then the promoted spare's

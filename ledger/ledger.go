@@ -243,6 +243,26 @@ func SortByChange(rs []Record) {
 	sort.SliceStable(rs, func(i, j int) bool { return changed(rs[i]).Before(changed(rs[j])) })
 }
 
+// Merge keeps one record per lease from records gathered from several
+// sources (nodes' verdicts, event logs, etcd): a lease recorded by two
+// nodes (its holder, and a survivor that ended it) is kept once, in its
+// ended form. The result is sorted by start.
+func Merge(in []Record) []Record {
+	byID := map[string]Record{}
+	for _, r := range in {
+		if old, ok := byID[r.ID()]; ok && !old.Open() {
+			continue
+		}
+		byID[r.ID()] = r
+	}
+	out := make([]Record, 0, len(byID))
+	for _, r := range byID {
+		out = append(out, r)
+	}
+	SortByStart(out)
+	return out
+}
+
 // SortByStart orders records by start, then node and sequence.
 func SortByStart(rs []Record) {
 	sort.SliceStable(rs, func(i, j int) bool {

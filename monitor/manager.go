@@ -52,7 +52,21 @@ type Options struct {
 	DrainInterval time.Duration
 	// Metrics counts refused rank input; nil records nothing.
 	Metrics *metrics.Metrics
+	// OnEvent receives the few rank milestones worth a record (the event
+	// log; docs/report.md): each rank's first heartbeat and first "step"
+	// of a cycle, every closed "checkpointing" section, and a summary of
+	// the steps since the last checkpoint when the cycle ends. Never
+	// called for ordinary heartbeats or steps. nil records nothing.
+	OnEvent func(kind string, fields map[string]any)
 }
+
+// Event kinds given to Options.OnEvent.
+const (
+	EventFirstHeartbeat = "rank_first_heartbeat" // round, local_rank, rank, at, since_init_ms
+	EventFirstStep      = "rank_first_step"      // round, local_rank, rank, at, iteration (when sent)
+	EventCheckpoint     = "rank_checkpoint"      // round, local_rank, rank, opened_at, at, duration_ms, steps
+	EventCycleSteps     = "rank_steps"           // round, local_rank, rank, steps, steps_since_checkpoint, checkpoints, last_step_at
+)
 
 // DefaultMinComputedTimeout is the default floor of computed timeouts.
 const DefaultMinComputedTimeout = 5 * time.Second
@@ -291,6 +305,16 @@ func (m *Manager) goTracked(f func()) {
 
 func (m *Manager) mono() int64 { return int64(time.Since(m.epoch)) }
 
+// wall converts a m.mono() time to wall-clock time, for records.
+func (m *Manager) wall(mono int64) time.Time { return m.epoch.Add(time.Duration(mono)) }
+
+// emit hands a record to Options.OnEvent; callers hold no lock.
+func (m *Manager) emit(kind string, fields map[string]any) {
+	if m.opts.OnEvent != nil && fields != nil {
+		m.opts.OnEvent(kind, fields)
+	}
+}
+
 // RankSocket is the value for FT_RANK_MONITOR_IPC_SOCKET of localRank.
 func (m *Manager) RankSocket(localRank int) string {
 	return filepath.Join(m.dir, "rmon"+strconv.Itoa(localRank)+".sock")
@@ -356,6 +380,13 @@ func (m *Manager) EndCycleWith(completed bool) {
 	for _, r := range m.ranks {
 		r.drain()
 	}
+	var summaries []map[string]any
+	defer func() {
+		// Recorded once m.mu is released (this defer runs last).
+		for _, f := range summaries {
+			m.emit(EventCycleSteps, f)
+		}
+	}()
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if !m.active {
@@ -364,8 +395,11 @@ func (m *Manager) EndCycleWith(completed bool) {
 	m.active = false
 	obs := observations{SectionMax: map[string]time.Duration{}, SectionCloses: map[string]int{}}
 	for _, r := range m.ranks {
-		o := r.end()
+		o, sum := r.endWithSummary()
 		obs.merge(&o)
+		if sum != nil {
+			summaries = append(summaries, sum)
+		}
 	}
 	// Heartbeat and out-of-section intervals are trusted only from a cycle
 	// that contained a checkpoint, the longest gap in most trainings.

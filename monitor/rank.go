@@ -65,6 +65,41 @@ type rankMon struct {
 	timer       *time.Timer
 	armed       int64 // deadline the timer is set for; 0 = not armed
 	obs         observations
+	rec         cycleRecord
+	pending     []pendingRecord // recorded under mu, emitted by unlockAndRecord
+}
+
+type pendingRecord struct {
+	kind   string
+	fields map[string]any
+}
+
+// recordLocked queues a record of the rank for Options.OnEvent.
+func (r *rankMon) recordLocked(kind string, f map[string]any) {
+	if r.m.opts.OnEvent != nil {
+		r.pending = append(r.pending, pendingRecord{kind, r.fieldsLocked(f)})
+	}
+}
+
+// unlockAndRecord releases mu, then emits the queued records (writing the
+// event log is I/O, not done under the rank's lock).
+func (r *rankMon) unlockAndRecord() {
+	p := r.pending
+	r.pending = nil
+	r.mu.Unlock()
+	for _, e := range p {
+		r.m.emit(e.kind, e.fields)
+	}
+}
+
+// cycleRecord is what a rank did this cycle that is worth a record
+// (Options.OnEvent), across its sessions.
+type cycleRecord struct {
+	firstHB, firstStep bool  // already recorded
+	steps              int64 // "step" sections opened
+	stepsAtCkpt        int64 // steps when the last checkpoint closed
+	checkpoints        int64
+	lastStepAt         int64 // mono time of the last step opened; 0 none
 }
 
 func newRankMon(m *Manager, local int) *rankMon {
@@ -95,6 +130,7 @@ func (r *rankMon) begin(cycle, pid int, to Timeouts, warmup int) {
 		r.setPhaseLocked(phaseIdle)
 	}
 	r.globalRank = -1
+	r.rec = cycleRecord{}
 	r.obs = observations{SectionMax: map[string]time.Duration{}, SectionCloses: map[string]int{}}
 	r.maxIv.Store(0)
 	r.nIv.Store(0)
@@ -103,8 +139,20 @@ func (r *rankMon) begin(cycle, pid int, to Timeouts, warmup int) {
 
 // end stops evaluation and returns this cycle's observations.
 func (r *rankMon) end() observations {
+	o, _ := r.endWithSummary()
+	return o
+}
+
+// endWithSummary is end, with the record of the cycle's steps (nil when
+// the rank never opened a "step" section this cycle).
+func (r *rankMon) endWithSummary() (observations, map[string]any) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	var sum map[string]any
+	if r.rec.steps > 0 && r.loadPhase() != phaseIdle && r.loadPhase() != phaseEnded {
+		sum = r.fieldsLocked(map[string]any{"steps": r.rec.steps, "steps_since_checkpoint": r.rec.steps - r.rec.stepsAtCkpt,
+			"checkpoints": r.rec.checkpoints, "last_step_at": r.m.wall(r.rec.lastStepAt)})
+	}
 	if r.loadPhase() != phaseIdle {
 		r.setPhaseLocked(phaseEnded)
 	}
@@ -113,7 +161,13 @@ func (r *rankMon) end() observations {
 	o := r.obs
 	o.HeartbeatMax = time.Duration(r.maxIv.Load())
 	o.Heartbeats = r.nIv.Load()
-	return o
+	return o, sum
+}
+
+// fieldsLocked adds the rank's identity to a record's fields.
+func (r *rankMon) fieldsLocked(f map[string]any) map[string]any {
+	f["round"], f["local_rank"], f["rank"] = r.cycle, r.local, r.globalRank
+	return f
 }
 
 // loadPhase returns the current phase.
@@ -277,7 +331,7 @@ func (r *rankMon) heartbeatsAt(gen uint64, now, k int64) {
 // another one got the lock first, or the rank hung after heartbeating.
 func (r *rankMon) firstHeartbeat(gen uint64, now, k int64) bool {
 	r.mu.Lock()
-	defer r.mu.Unlock()
+	defer r.unlockAndRecord()
 	if r.gen.Load() != gen {
 		return false
 	}
@@ -293,6 +347,11 @@ func (r *rankMon) firstHeartbeat(gen uint64, now, k int64) bool {
 	r.heartbeats.Add(k)
 	r.nIv.Add(k - 1)
 	now = max(now, r.initAt) // a client time cannot precede the session
+	if !r.rec.firstHB {
+		r.rec.firstHB = true
+		r.recordLocked(EventFirstHeartbeat, map[string]any{"at": r.m.wall(now),
+			"since_init_ms": float64(time.Duration(now-r.initAt).Microseconds()) / 1000})
+	}
 	r.obs.InitialDelay = max(r.obs.InitialDelay, time.Duration(now-r.initAt))
 	r.lastHB.Store(now)
 	r.setPhaseLocked(phaseHeartbeating)
@@ -303,7 +362,7 @@ func (r *rankMon) firstHeartbeat(gen uint64, now, k int64) bool {
 // openSection returns an error text when the section was already open.
 func (r *rankMon) openSection(gen uint64, name string, iter *int64, now int64) string {
 	r.mu.Lock()
-	defer r.mu.Unlock()
+	defer r.unlockAndRecord()
 	if r.gen.Load() != gen || !r.loadPhase().inSession() {
 		return ""
 	}
@@ -325,6 +384,16 @@ func (r *rankMon) openSection(gen uint64, name string, iter *int64, now int64) s
 	if name == "step" {
 		r.stepSeen = true
 		r.stepOpens++
+		r.rec.steps++
+		r.rec.lastStepAt = now
+		if !r.rec.firstStep {
+			r.rec.firstStep = true
+			f := map[string]any{"at": r.m.wall(now)}
+			if iter != nil {
+				f["iteration"] = *iter
+			}
+			r.recordLocked(EventFirstStep, f)
+		}
 		if iter != nil {
 			if !r.iterKnown {
 				r.iterKnown, r.initialIter = true, *iter
@@ -364,7 +433,7 @@ func (r *rankMon) sectionAllowedLocked(name string) error {
 // closeSection returns an error text when the section was not open.
 func (r *rankMon) closeSection(gen uint64, name string, now int64) string {
 	r.mu.Lock()
-	defer r.mu.Unlock()
+	defer r.unlockAndRecord()
 	if r.gen.Load() != gen || !r.loadPhase().inSession() {
 		return ""
 	}
@@ -376,8 +445,7 @@ func (r *rankMon) closeSection(gen uint64, name string, now int64) string {
 		return fmt.Sprintf("Section '%s' is not open", name)
 	}
 	delete(r.open, name)
-	r.obs.SectionMax[name] = max(r.obs.SectionMax[name], time.Duration(now-at))
-	r.obs.SectionCloses[name]++
+	r.closedLocked(name, at, now)
 	if len(r.open) == 0 {
 		r.oosStart = now
 	}
@@ -385,9 +453,22 @@ func (r *rankMon) closeSection(gen uint64, name string, now int64) string {
 	return ""
 }
 
+// closedLocked observes a section that was open from at to now; a
+// closed checkpoint is recorded.
+func (r *rankMon) closedLocked(name string, at, now int64) {
+	r.obs.SectionMax[name] = max(r.obs.SectionMax[name], time.Duration(now-at))
+	r.obs.SectionCloses[name]++
+	if name == checkpointSection {
+		r.rec.checkpoints++
+		r.rec.stepsAtCkpt = r.rec.steps
+		r.recordLocked(EventCheckpoint, map[string]any{"opened_at": r.m.wall(at), "at": r.m.wall(now),
+			"duration_ms": float64(time.Duration(now-at).Microseconds()) / 1000, "steps": r.rec.steps})
+	}
+}
+
 func (r *rankMon) closeAll(gen uint64, now int64) {
 	r.mu.Lock()
-	defer r.mu.Unlock()
+	defer r.unlockAndRecord()
 	if r.gen.Load() != gen || !r.loadPhase().inSession() {
 		return
 	}
@@ -395,8 +476,7 @@ func (r *rankMon) closeAll(gen uint64, now int64) {
 	// precede the session.
 	now = max(now, r.initAt)
 	for name, at := range r.open {
-		r.obs.SectionMax[name] = max(r.obs.SectionMax[name], time.Duration(now-at))
-		r.obs.SectionCloses[name]++
+		r.closedLocked(name, at, now)
 	}
 	if len(r.open) > 0 {
 		r.oosStart = now

@@ -85,7 +85,7 @@ func launch(ctx context.Context, cfg *configs.Config, log *slog.Logger, sigs <-c
 		cgroup = cg.Dir
 	}
 
-	mon, err := monitor.New(monitor.Options{NLocal: cfg.NProcPerNode, FT: cfg.FT,
+	mon, err := monitor.New(monitor.Options{NLocal: cfg.NProcPerNode, FT: cfg.FT, OnEvent: ev.Emit,
 		StateFile: cfg.FT.TimeoutsStateFile, Logger: log.With("component", "monitor"), Metrics: met})
 	if err != nil {
 		return rec.setupFailed("start the rank monitors", err)

@@ -50,7 +50,7 @@ func parseLedgerFlags(name string, args []string, stderr io.Writer) (ledgerFlags
 	fs.StringVar(&f.prefix, "key-prefix", "/ft-launcher/", "the rendezvous key prefix")
 	fs.StringArrayVar(&f.verdicts, "verdict", nil, "read the ledger from this verdict file (repeatable)")
 	fs.BoolVar(&f.json, "json", false, "JSON for tools instead of a table")
-	fs.DurationVar(&f.timeout, "timeout", 10*time.Second, "bound on connecting to etcd and reading")
+	fs.DurationVar(&f.timeout, "timeout", defaultEtcdTimeout, "bound on connecting to etcd and reading")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
 			return f, -1
@@ -123,6 +123,29 @@ func cmdLedger(ctx context.Context, name string, args []string, stdout, stderr i
 	return followLedger(ctx, cli, st, f, gen, recs, rev, stdout, stderr)
 }
 
+// defaultEtcdTimeout bounds connecting to a job's etcd and reading it.
+const defaultEtcdTimeout = 10 * time.Second
+
+// etcdLedger reads a job's ledger from its etcd once.
+func etcdLedger(ctx context.Context, f ledgerFlags) ([]ledger.Record, error) {
+	cli, err := dialEtcd(f)
+	if err != nil {
+		return nil, err
+	}
+	defer cli.Close()
+	rctx, cancel := context.WithTimeout(ctx, f.timeout)
+	defer cancel()
+	st, _, err := etcdstore.Discover(rctx, cli, f.prefix, f.runID)
+	if err != nil {
+		return nil, fmt.Errorf("etcd at %s: %w", f.endpoints, err)
+	}
+	recs, _, err := st.List(rctx)
+	if err != nil {
+		return nil, fmt.Errorf("etcd at %s: %w", f.endpoints, err)
+	}
+	return recs, nil
+}
+
 func dialEtcd(f ledgerFlags) (*clientv3.Client, error) {
 	var eps []string
 	for _, e := range strings.Split(f.endpoints, ",") {
@@ -143,29 +166,17 @@ func dialEtcd(f ledgerFlags) (*clientv3.Client, error) {
 	return cli, nil
 }
 
-// ledgerFromVerdicts merges the leases recorded in verdict files; a lease
-// recorded by two nodes (the holder, and a survivor that ended it) is kept
-// once, in its ended form.
+// ledgerFromVerdicts merges the leases recorded in verdict files.
 func ledgerFromVerdicts(paths []string) ([]ledger.Record, error) {
-	byID := map[string]ledger.Record{}
+	var all []ledger.Record
 	for _, p := range paths {
 		v, err := verdict.Read(p)
 		if err != nil {
 			return nil, err
 		}
-		for _, r := range v.Ledger {
-			if old, ok := byID[r.ID()]; ok && !old.Open() {
-				continue
-			}
-			byID[r.ID()] = r
-		}
+		all = append(all, v.Ledger...)
 	}
-	out := make([]ledger.Record, 0, len(byID))
-	for _, r := range byID {
-		out = append(out, r)
-	}
-	ledger.SortByStart(out)
-	return out, nil
+	return ledger.Merge(all), nil
 }
 
 func printLedger(stdout, stderr io.Writer, recs []ledger.Record, asJSON bool) int {

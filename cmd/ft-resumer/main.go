@@ -50,6 +50,9 @@ Commands:
   ledger          print a job's ledger of node leases (Active, Spare, Filler)
                   and why each ended, from its etcd or its verdict files
   watch           print a running job's ledger and follow it live
+  report          a run's timeline and goodput account (where the time
+                  went: training, detection, stop, rendezvous, start-up,
+                  recomputed steps) as one offline HTML page or --json
   cancel          stop the chain and cancel its pending and running jobs
   step begin|end  the decision steps the generated job wrapper runs
   node -- CMD     run CMD (ft-launcher) on a node with its verdict file set to
@@ -92,6 +95,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return cmdNode(args[1:], stderr)
 	case "appwrapper-controller":
 		return cmdAppWrapperController(ctx, args[1:], stdout, stderr)
+	case "report":
+		return cmdReport(ctx, args[1:], stdout, stderr)
 	}
 	fmt.Fprintf(stderr, "ft-resumer: unknown command %q\n\n%s", strings.Join(args, " "), usage)
 	return 2

@@ -33,6 +33,14 @@ func TestRun(t *testing.T) {
 		{[]string{"step"}, 2, empty, "Usage: ft-resumer step"},
 		{[]string{"node"}, 2, empty, "Usage: ft-resumer node"},
 		{[]string{"node", "--", "/nonexistent-ftr/prog"}, 127, empty, "no such file"},
+		{[]string{"report", "--help"}, 0, func(s string) bool {
+			return strings.HasPrefix(s, "Usage: ft-resumer report") && strings.Contains(s, "--event-log")
+		}, ""},
+		{[]string{"report"}, 2, empty, "no records: give --event-log, --verdict or --chain-dir"},
+		{[]string{"report", "--bogus"}, 2, empty, "unknown flag: --bogus"},
+		{[]string{"report", "--event-log", "x", "y"}, 2, empty, `unexpected argument "y"`},
+		{[]string{"report", "--event-log", "x", "--rdzv-id", "j"}, 2, empty, "--rdzv-endpoint and --rdzv-id go together"},
+		{[]string{"report", "--event-log", "/nonexistent-ftr/ev.jsonl", "--json"}, 1, empty, "/nonexistent-ftr/ev.jsonl"},
 	}
 	for _, tt := range tests {
 		var stdout, stderr bytes.Buffer

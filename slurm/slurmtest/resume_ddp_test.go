@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/ftlauncher/ft-launcher/internal/testenv"
+	"github.com/ftlauncher/ft-launcher/report"
+	"github.com/ftlauncher/ft-launcher/report/reporttest"
 )
 
 // weights is the final summary examples/ddp_train.py writes.
@@ -62,11 +64,12 @@ func TestAutoResumeDDPSameWeights(t *testing.T) {
 	ch := newChain(t, c)
 	work := filepath.Dir(ch.dir)
 	ckpt, out := filepath.Join(work, "ckpt"), filepath.Join(work, "w.json")
+	events := filepath.Join(work, "events.jsonl") // every launcher of every job appends to it
 	script := ch.script(fmt.Sprintf(`#SBATCH -N2
-export PYTHON_EXEC=/usr/bin/python3
+export PYTHON_EXEC=/usr/bin/python3 PET_EVENT_LOG=%s
 srun --kill-on-bad-exit=1 ft-resumer node -- ft-launcher --nproc-per-node 2 --max-restarts 0 %s \
   --steps 20 --ckpt-every 5 --ckpt-dir %s --out %s --crash-at-step 12 --crash-rank 1
-`, train, ckpt, out))
+`, events, train, ckpt, out))
 	code, stdout, stderr := ch.resumer(ctx, "run", "--chain-dir", ch.dir, "--max-subsequent-job-failures", "1", script)
 	if code != 0 {
 		t.Fatalf("ft-resumer run = %d\n%s\n%s\n%s", code, stdout, stderr, ch.logs())
@@ -88,6 +91,36 @@ srun --kill-on-bad-exit=1 ft-resumer node -- ft-launcher --nproc-per-node 2 --ma
 	if live := ch.live(ctx); len(live) > 0 {
 		t.Errorf("jobs still pending or running after the chain ended: %v", live)
 	}
+	checkChainReport(ctx, t, ch, events)
+}
+
+// checkChainReport: ft-resumer report across the chain's jobs (chain.json,
+// the jobs' verdicts, the shared event log) accounts for the time of both
+// jobs and the queue between them, and shows the 4 ranks.
+func checkChainReport(ctx context.Context, t *testing.T, ch *chain, events string) {
+	t.Helper()
+	html := filepath.Join(filepath.Dir(ch.dir), "report.html")
+	code, stdout, stderr := ch.resumer(ctx, "report", "--chain-dir", ch.dir, "--event-log", events, "--json", "-o", html)
+	if code != 0 {
+		t.Fatalf("ft-resumer report = %d\n%s", code, stderr)
+	}
+	var r report.Report
+	if err := json.Unmarshal([]byte(stdout), &r); err != nil {
+		t.Fatalf("report JSON: %v\n%s", err, stdout)
+	}
+	// Each job has one round (--max-restarts 0): the chain restarts by
+	// submitting the next job.
+	reporttest.CheckAccount(t, r, 0)
+	if len(r.Jobs) != 2 || len(r.RunIDs) != 2 || len(r.Rounds) != 2 || r.Rounds[0].End != "crash" || r.Rounds[1].End != "success" {
+		t.Errorf("jobs %+v, rounds %+v: want two jobs of two runs, a crash then a success", r.Jobs, r.Rounds)
+	}
+	if l := r.Rounds[0].StepsLost; l == nil || *l < 2 || *l > 3 {
+		t.Errorf("steps lost in job 1: %v, want 2 or 3 (crash before step 12, checkpoint after step 10)", l)
+	}
+	if r.PhasesS[report.Queue] <= 0 || r.PhasesS[report.Recompute] <= 0 {
+		t.Errorf("queue %.3fs, recompute %.3fs: want both > 0", r.PhasesS[report.Queue], r.PhasesS[report.Recompute])
+	}
+	reporttest.CheckHTMLInChromium(t, html, 4)
 }
 
 // TestScancelMultiNodeLeavesNothing: scancel of a running two-node job

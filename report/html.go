@@ -1,0 +1,274 @@
+package report
+
+import (
+	"encoding/json"
+	"fmt"
+	"html/template"
+	"io"
+	"time"
+)
+
+// WriteJSON writes the report as indented JSON.
+func (r *Report) WriteJSON(w io.Writer) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(r); err != nil {
+		return fmt.Errorf("report: encode JSON: %w", err)
+	}
+	return nil
+}
+
+// Geometry of the timeline, in SVG user units.
+const (
+	svgWidth = 1300
+	labelW   = 170
+	plotW    = svgWidth - labelW - 20
+	laneH    = 22
+	axisH    = 28
+	headingH = 24
+	barInset = 4
+	markSize = 5
+)
+
+// colors of spans, marks and phases (one palette; also the legend).
+var colors = map[string]string{
+	"running": "#4c9f70", "spare": "#9db4d8", "filler": "#b48ad8", "stopping": "#c05050",
+	Productive: "#4c9f70", Recompute: "#e07b39", Detection: "#c03030", Stop: "#8a3a3a", Rendezvous: "#5878b8",
+	Startup: "#e0b040", Queue: "#999999", Shutdown: "#bbbbbb",
+	"crash": "#d01010", "hang": "#a000c0", "node_loss": "#000000", "swap": "#0070e0", "filler_reclaim": "#b48ad8",
+	"restart": "#ff8c00", "checkpoint": "#1060c0", "first_step": "#00a0a0", "exit": "#606060", "round_ended": "#805000",
+	"standby": "#9db4d8", "condition": "#444444",
+}
+
+type svgRect struct {
+	X, Y, W, H         float64
+	Fill, Title, Class string
+}
+
+type svgMark struct {
+	X, Y       float64
+	Fill, Kind string
+	Title      string
+}
+
+type svgText struct {
+	X, Y        float64
+	Text, Class string
+}
+
+type page struct {
+	R          *Report
+	Height     float64
+	Width      int
+	Rects      []svgRect
+	Marks      []svgMark
+	Texts      []svgText
+	Lines      []svgRect // grid lines (W=0)
+	Phases     []phaseRow
+	Legend     []legendItem
+	Start, End string
+}
+
+type phaseRow struct {
+	Name, Color, Meaning string
+	Seconds, Share       float64
+}
+
+type legendItem struct{ Name, Color string }
+
+// phaseMeaning is the table's explanation of each phase (docs/report.md
+// has the long form).
+var phaseMeaning = map[string]string{
+	Productive: "training that was kept: from every rank's first heartbeat to the fault, or to the last checkpoint before it",
+	Recompute:  "steps done after the last checkpoint of a failed round: lost, done again after the restart",
+	Detection:  "from the fault (a hung rank's last progress, a crash) to the launcher knowing it",
+	Stop:       "stopping the round's remaining ranks",
+	Rendezvous: "launcher start and waiting for each round's nodes",
+	Startup:    "ranks started until every rank's first heartbeat (imports, process group, checkpoint restore)",
+	Queue:      "between the jobs of a Slurm chain (the scheduler's queue)",
+	Shutdown:   "after the last ranks exited until the launchers exited",
+}
+
+// WriteHTML writes the report as one self-contained HTML page: inline CSS
+// and SVG, no script, no external resource.
+func (r *Report) WriteHTML(w io.Writer) error {
+	p := &page{R: r, Width: svgWidth, Start: r.Start.Format(time.RFC3339), End: r.End.Format(time.RFC3339)}
+	wall := r.End.Sub(r.Start)
+	x := func(t time.Time) float64 {
+		if wall <= 0 {
+			return labelW
+		}
+		return labelW + float64(t.Sub(r.Start))/float64(wall)*plotW
+	}
+	y := float64(axisH)
+	// Axis: ticks every ~1/10 of the wall time, rounded.
+	step := niceStep(wall / 10)
+	for t := time.Duration(0); t <= wall && step > 0; t += step {
+		xt := x(r.Start.Add(t))
+		p.Lines = append(p.Lines, svgRect{X: xt, Y: axisH - 6})
+		p.Texts = append(p.Texts, svgText{X: xt, Y: axisH - 10, Text: fmtDur(t), Class: "tick"})
+	}
+	heading := func(s string) {
+		y += headingH
+		p.Texts = append(p.Texts, svgText{X: 4, Y: y - 6, Text: s, Class: "heading"})
+	}
+	lane := func(l Lane, class string) {
+		p.Texts = append(p.Texts, svgText{X: 8, Y: y + laneH - 7, Text: l.Name, Class: "lane-label"})
+		p.Rects = append(p.Rects, svgRect{X: labelW, Y: y, W: plotW, H: laneH, Fill: "#f4f4f4", Class: class, Title: l.Name})
+		for _, s := range l.Spans {
+			x0, x1 := x(s.Start), x(s.End)
+			p.Rects = append(p.Rects, svgRect{X: x0, Y: y + barInset, W: max(x1-x0, 1), H: laneH - 2*barInset, Fill: colors[s.Kind],
+				Class: "span " + s.Kind, Title: fmt.Sprintf("%s %s: %s → %s (%s)", l.Name, s.Label, s.Start.Format("15:04:05.000"), s.End.Format("15:04:05.000"), fmtDur(s.End.Sub(s.Start)))})
+		}
+		for _, m := range l.Marks {
+			p.Marks = append(p.Marks, svgMark{X: x(m.At), Y: y + laneH/2, Fill: colors[m.Kind], Kind: m.Kind,
+				Title: fmt.Sprintf("%s %s at %s: %s", l.Name, m.Kind, m.At.Format("15:04:05.000"), m.Label)})
+		}
+		y += laneH + 2
+	}
+	// The job's phases as one lane.
+	heading("Phases (goodput account)")
+	phaseLane := Lane{Name: "job"}
+	for _, rd := range r.Rounds {
+		cur := rd.Start
+		for _, ph := range []string{Startup, Productive, Recompute, Detection, Stop} {
+			d := time.Duration(rd.PhasesS[ph] * float64(time.Second))
+			if d > 0 {
+				phaseLane.Spans = append(phaseLane.Spans, Span{Kind: ph, Start: cur, End: cur.Add(d), Label: fmt.Sprintf("round %d %s", rd.Round, ph)})
+			}
+			cur = cur.Add(d)
+		}
+	}
+	for _, rs := range r.Restarts {
+		phaseLane.Marks = append(phaseLane.Marks, Mark{Kind: "restart", At: rs.At, Label: fmt.Sprintf("after round %d: %s", rs.AfterRound, rs.Reason)})
+	}
+	lane(phaseLane, "lane-phase")
+	heading("Nodes")
+	for _, l := range r.Nodes {
+		lane(l, "lane-node")
+	}
+	heading("Ranks")
+	for _, l := range r.Ranks {
+		lane(l, "lane-rank")
+	}
+	if r.Workload != nil {
+		heading("AppWrapper " + r.Workload.Name)
+		lane(Lane{Name: fmt.Sprintf("%s (%d resets)", r.Workload.Phase, r.Workload.Resets), Marks: r.Workload.Conditions}, "lane-workload")
+	}
+	p.Height = y + 10
+	for _, ph := range PhaseOrder {
+		s := r.PhasesS[ph]
+		share := 0.0
+		if r.WallS > 0 {
+			share = s / r.WallS * 100
+		}
+		p.Phases = append(p.Phases, phaseRow{Name: ph, Color: colors[ph], Meaning: phaseMeaning[ph], Seconds: s, Share: share})
+	}
+	for _, k := range []string{"running", "startup", "spare", "filler", "crash", "hang", "node_loss", "swap", "filler_reclaim", "restart", "checkpoint", "first_step", "exit", "round_ended", "standby"} {
+		p.Legend = append(p.Legend, legendItem{Name: k, Color: colors[k]})
+	}
+	if err := pageTmpl.Execute(w, p); err != nil {
+		return fmt.Errorf("report: render HTML: %w", err)
+	}
+	return nil
+}
+
+func niceStep(d time.Duration) time.Duration {
+	for _, s := range []time.Duration{100 * time.Millisecond, 250 * time.Millisecond, 500 * time.Millisecond, time.Second, 2 * time.Second,
+		5 * time.Second, 10 * time.Second, 15 * time.Second, 30 * time.Second, time.Minute, 2 * time.Minute, 5 * time.Minute,
+		10 * time.Minute, 15 * time.Minute, 30 * time.Minute, time.Hour, 2 * time.Hour, 6 * time.Hour, 12 * time.Hour, 24 * time.Hour} {
+		if s >= d {
+			return s
+		}
+	}
+	return 24 * time.Hour
+}
+
+func fmtDur(d time.Duration) string {
+	switch {
+	case d >= time.Hour:
+		return d.Round(time.Minute).String()
+	case d >= time.Minute:
+		return d.Round(time.Second).String()
+	case d >= 10*time.Second:
+		return d.Round(100 * time.Millisecond).String()
+	}
+	return d.Round(time.Millisecond).String()
+}
+
+var pageTmpl = template.Must(template.New("report").Funcs(template.FuncMap{
+	"f1":  func(f float64) string { return fmt.Sprintf("%.1f", f) },
+	"f3":  func(f float64) string { return fmt.Sprintf("%.3f", f) },
+	"pct": func(f float64) string { return fmt.Sprintf("%.1f%%", f*100) },
+	"ts": func(v any) string {
+		switch t := v.(type) {
+		case time.Time:
+			return t.Format("15:04:05.000")
+		case *time.Time:
+			if t != nil {
+				return t.Format("15:04:05.000")
+			}
+		}
+		return ""
+	},
+	"add": func(a, b float64) float64 { return a + b },
+}).Parse(`<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<title>ft-launcher run report {{range .R.RunIDs}}{{.}} {{end}}</title>
+<style>
+body { font-family: sans-serif; margin: 16px; color: #222; }
+h1 { font-size: 20px; margin: 0 0 4px 0; }
+h2 { font-size: 16px; margin: 18px 0 6px 0; }
+table { border-collapse: collapse; font-size: 13px; }
+td, th { border: 1px solid #ccc; padding: 3px 8px; text-align: left; vertical-align: top; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; }
+.swatch { display: inline-block; width: 12px; height: 12px; margin-right: 4px; vertical-align: middle; }
+.summary { font-size: 14px; margin: 4px 0 8px 0; }
+.legend span.item { margin-right: 12px; font-size: 12px; }
+svg text { font-size: 11px; }
+svg text.heading { font-size: 12px; font-weight: bold; }
+svg text.tick { text-anchor: middle; fill: #555; }
+.note { font-size: 13px; color: #444; }
+.warn { font-size: 13px; color: #a00000; }
+</style>
+</head>
+<body>
+<h1>Run report: {{range .R.RunIDs}}{{.}} {{end}}</h1>
+<div class="summary">{{.Start}} → {{.End}} · wall {{f1 .R.WallS}} s · <b>goodput {{pct .R.Goodput}}</b> · {{len .R.Rounds}} round(s), {{len .R.Restarts}} restart(s){{if gt (len .R.Jobs) 1}}, {{len .R.Jobs}} jobs{{end}}</div>
+{{range .R.Warnings}}<div class="warn">warning: {{.}}</div>{{end}}
+<h2>Timeline</h2>
+<div class="legend">{{range .Legend}}<span class="item"><span class="swatch" style="background: {{.Color}}"></span>{{.Name}}</span>{{end}}</div>
+<svg xmlns="http://www.w3.org/2000/svg" width="{{.Width}}" height="{{.Height}}" viewBox="0 0 {{.Width}} {{.Height}}" role="img" aria-label="timeline">
+{{range .Lines}}<line x1="{{.X}}" y1="{{.Y}}" x2="{{.X}}" y2="{{$.Height}}" stroke="#e0e0e0" stroke-width="1"/>
+{{end}}{{range .Texts}}<text x="{{.X}}" y="{{.Y}}" class="{{.Class}}">{{.Text}}</text>
+{{end}}{{range .Rects}}<rect x="{{.X}}" y="{{.Y}}" width="{{.W}}" height="{{.H}}" fill="{{.Fill}}" class="{{.Class}}"><title>{{.Title}}</title></rect>
+{{end}}{{range .Marks}}<circle cx="{{.X}}" cy="{{.Y}}" r="5" fill="{{.Fill}}" stroke="#fff" stroke-width="1" class="mark {{.Kind}}"><title>{{.Title}}</title></circle>
+{{end}}</svg>
+<h2>Goodput</h2>
+<table>
+<tr><th>phase</th><th>seconds</th><th>share of wall time</th><th>what it is</th></tr>
+{{range .Phases}}<tr><td><span class="swatch" style="background: {{.Color}}"></span>{{.Name}}</td><td class="num">{{f3 .Seconds}}</td><td class="num">{{f1 .Share}}%</td><td>{{.Meaning}}</td></tr>
+{{end}}<tr><th>wall time</th><th class="num">{{f3 .R.WallS}}</th><th class="num">100%</th><th>the phases add up to it</th></tr>
+</table>
+{{range .R.Notes}}<p class="note">note: {{.}}</p>{{end}}
+<h2>Rounds</h2>
+<table>
+<tr><th>job</th><th>round</th><th>start</th><th>ready</th><th>end</th><th>reason</th><th>steps lost</th><th>productive s</th><th>badput s</th></tr>
+{{range .R.Rounds}}<tr><td>{{.Job}}</td><td class="num">{{.Round}}</td><td>{{ts .Start}}</td><td>{{if .Ready}}{{ts .Ready}}{{end}}</td><td>{{.End}}</td><td>{{.Reason}}</td><td class="num">{{if .StepsLost}}{{.StepsLost}}{{end}}</td><td class="num">{{f3 (index .PhasesS "productive")}}</td><td class="num">{{f3 (add (add (index .PhasesS "startup") (index .PhasesS "recompute")) (add (index .PhasesS "detection") (add (index .PhasesS "stop") (index .PhasesS "rendezvous"))))}}</td></tr>
+{{end}}</table>
+<h2>Restarts</h2>
+<table>
+<tr><th>job</th><th>after round</th><th>at</th><th>action</th><th>reason</th></tr>
+{{range .R.Restarts}}<tr><td>{{.Job}}</td><td class="num">{{.AfterRound}}</td><td>{{ts .At}}</td><td>{{.Action}}</td><td>{{.Reason}}</td></tr>
+{{end}}</table>
+{{if .R.Ledger}}<h2>Ledger</h2>
+<table>
+<tr><th>node</th><th>role</th><th>group rank</th><th>start</th><th>end</th><th>reason</th><th>detail</th></tr>
+{{range .R.Ledger}}<tr><td>{{.Node}}</td><td>{{.Role}}</td><td class="num">{{.GroupRank}}</td><td>{{ts .Start}}</td><td>{{if .End}}{{ts .End}}{{end}}</td><td>{{.Reason}}</td><td>{{.Detail}}</td></tr>
+{{end}}</table>{{end}}
+<p class="note">Made by ft-resumer report from the launchers' records (docs/report.md explains every number). This page loads nothing from the network.</p>
+</body>
+</html>
+`))

@@ -1,0 +1,610 @@
+// Package report turns a run's records (the launchers' event logs, their
+// verdicts, the ledger, a Slurm chain or an AppWrapper's status) into a
+// goodput account and a timeline: where the wall time of a job went, split
+// into productive training and the badput of each fault (detection, stop,
+// rendezvous, start-up, steps recomputed since the last checkpoint). The
+// phases partition the wall time, so they add up to it. ft-resumer report
+// renders it as self-contained HTML (html.go) or JSON; docs/report.md
+// explains every number.
+package report
+
+import (
+	"fmt"
+	"math"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/ftlauncher/ft-launcher/ledger"
+)
+
+// Schema is the value of the JSON form's schema field.
+const Schema = "ft-resumer.report/v1"
+
+// Phase names, in the order they are shown.
+const (
+	Productive = "productive"
+	Recompute  = "recompute"  // steps done after the last checkpoint of a failed round: lost
+	Detection  = "detection"  // from the fault to the launcher knowing it
+	Stop       = "stop"       // stopping what still ran
+	Rendezvous = "rendezvous" // waiting for a round (the launcher's start included)
+	Startup    = "startup"    // ranks started until every rank's first heartbeat (restore included)
+	Queue      = "queue"      // a Slurm chain: between one job's end and the next one's start
+	Shutdown   = "shutdown"   // after the last round's ranks exited, until the launchers exited
+)
+
+// PhaseOrder lists the phases.
+var PhaseOrder = []string{Productive, Recompute, Detection, Stop, Rendezvous, Startup, Queue, Shutdown}
+
+// Report is the account of one run (or of every job of a Slurm chain).
+type Report struct {
+	Schema  string    `json:"schema"`
+	RunIDs  []string  `json:"run_ids"`
+	Start   time.Time `json:"start"`
+	End     time.Time `json:"end"`
+	WallS   float64   `json:"wall_s"`
+	Goodput float64   `json:"goodput"` // productive / wall, 0..1
+	// PhasesS holds every phase's seconds; they add up to WallS.
+	PhasesS  map[string]float64 `json:"phases_s"`
+	Jobs     []Job              `json:"jobs"`
+	Rounds   []Round            `json:"rounds"`
+	Restarts []Restart          `json:"restarts"`
+	Nodes    []Lane             `json:"nodes"`
+	Ranks    []Lane             `json:"ranks"`
+	Ledger   []ledger.Record    `json:"ledger"`
+	Workload *Workload          `json:"workload,omitempty"`
+	Notes    []string           `json:"notes"`
+	Warnings []string           `json:"warnings"`
+}
+
+// Job is one launch of the run: the only one, or a Slurm job of a chain.
+type Job struct {
+	ID      string             `json:"id,omitempty"` // Slurm job id
+	RunID   string             `json:"run_id,omitempty"`
+	Start   time.Time          `json:"start"`
+	End     time.Time          `json:"end"`
+	Outcome string             `json:"outcome,omitempty"` // the verdicts' kind, or the chain's outcome
+	PhasesS map[string]float64 `json:"phases_s"`
+}
+
+// Round is one restart round of a job.
+type Round struct {
+	Job   string `json:"job,omitempty"`
+	Round int    `json:"round"`
+	// Start: the first rank of the round started; Ready: every rank had
+	// sent its first heartbeat; Fault: the failure began; Detected: the
+	// launcher knew; Stopped: every rank of the round was gone.
+	Start     time.Time          `json:"start"`
+	Ready     *time.Time         `json:"ready,omitempty"`
+	FirstStep *time.Time         `json:"first_step,omitempty"`
+	LastCkpt  *time.Time         `json:"last_checkpoint,omitempty"`
+	Fault     time.Time          `json:"fault"`
+	Detected  time.Time          `json:"detected"`
+	Stopped   time.Time          `json:"stopped"`
+	End       string             `json:"end"` // success, crash, hang, node_loss, round_ended, signal, unknown
+	Reason    string             `json:"reason,omitempty"`
+	StepsLost *int               `json:"steps_lost,omitempty"` // steps since the last checkpoint, when the sections show it
+	Nodes     []string           `json:"nodes"`
+	WorldSize int                `json:"world_size"`
+	PhasesS   map[string]float64 `json:"phases_s"`
+}
+
+// Restart is one restart decision (deduplicated across nodes).
+type Restart struct {
+	Job        string    `json:"job,omitempty"`
+	AfterRound int       `json:"after_round"`
+	At         time.Time `json:"at"`
+	Action     string    `json:"action,omitempty"`
+	Reason     string    `json:"reason"`
+}
+
+// Lane is one node's or one rank's row of the timeline.
+type Lane struct {
+	Name  string `json:"name"`
+	Spans []Span `json:"spans"`
+	Marks []Mark `json:"marks"`
+}
+
+// Span is an interval on a lane.
+type Span struct {
+	Kind  string    `json:"kind"` // running, startup, standby, spare, filler, stopping
+	Start time.Time `json:"start"`
+	End   time.Time `json:"end"`
+	Label string    `json:"label,omitempty"`
+}
+
+// Mark is an instant on a lane.
+type Mark struct {
+	Kind  string    `json:"kind"` // crash, hang, node_loss, swap, filler_reclaim, restart, checkpoint, first_step, exit, signal
+	At    time.Time `json:"at"`
+	Label string    `json:"label,omitempty"`
+}
+
+// Workload is an AppWrapper's status.
+type Workload struct {
+	Name       string `json:"name"`
+	Phase      string `json:"phase"`
+	Resets     int32  `json:"resets"`
+	Conditions []Mark `json:"conditions"`
+}
+
+// Build loads the inputs and computes the report.
+func Build(in Inputs) (*Report, error) {
+	rec, err := load(in)
+	if err != nil {
+		return nil, err
+	}
+	return compute(rec)
+}
+
+// compute builds the report from loaded records.
+func compute(rec *records) (*Report, error) {
+	r := &Report{Schema: Schema, PhasesS: zeroPhases(), Notes: []string{}, Warnings: append([]string{}, rec.warnings...),
+		Jobs: []Job{}, Rounds: []Round{}, Restarts: []Restart{}, Ledger: rec.ledger}
+	groups := groupByJob(rec)
+	if len(groups) == 0 {
+		return nil, fmt.Errorf("the records hold no launcher activity (no events and no verdict cycles)")
+	}
+	for _, g := range groups {
+		j, err := computeJob(g, r)
+		if err != nil {
+			return nil, err
+		}
+		r.Jobs = append(r.Jobs, j)
+	}
+	sort.SliceStable(r.Jobs, func(a, b int) bool { return r.Jobs[a].Start.Before(r.Jobs[b].Start) })
+	r.Start, r.End = r.Jobs[0].Start, r.Jobs[0].End
+	for _, j := range r.Jobs {
+		r.End = later(r.End, j.End)
+		addPhases(r.PhasesS, j.PhasesS)
+	}
+	if rec.chain != nil {
+		// The chain's wall time runs from its creation; the gaps
+		// between jobs are the scheduler's (queue, requeue).
+		if !rec.chain.Created.IsZero() && rec.chain.Created.Before(r.Start) {
+			r.Start = rec.chain.Created
+		}
+		cursor := r.Start
+		for _, j := range r.Jobs {
+			if j.Start.After(cursor) {
+				r.PhasesS[Queue] += j.Start.Sub(cursor).Seconds()
+			}
+			cursor = later(cursor, j.End)
+		}
+	}
+	r.WallS = r.End.Sub(r.Start).Seconds()
+	if r.WallS > 0 {
+		r.Goodput = r.PhasesS[Productive] / r.WallS
+	}
+	runs := map[string]bool{}
+	for _, j := range r.Jobs {
+		if j.RunID != "" && !runs[j.RunID] {
+			runs[j.RunID] = true
+			r.RunIDs = append(r.RunIDs, j.RunID)
+		}
+	}
+	if r.RunIDs == nil {
+		r.RunIDs = []string{}
+	}
+	r.Nodes, r.Ranks = lanes(rec, r)
+	if rec.aw != nil {
+		r.Workload = workload(rec)
+	}
+	return r, nil
+}
+
+// jobRecords are the records of one launch.
+type jobRecords struct {
+	id       string
+	events   []Event
+	verdicts []loadedVerdict
+	start    time.Time // from the chain, when known
+	end      time.Time
+	outcome  string
+}
+
+func groupByJob(rec *records) []*jobRecords {
+	byID := map[string]*jobRecords{}
+	var order []string
+	get := func(id string) *jobRecords {
+		if g, ok := byID[id]; ok {
+			return g
+		}
+		g := &jobRecords{id: id}
+		byID[id] = g
+		order = append(order, id)
+		return g
+	}
+	if rec.chain != nil {
+		for _, cj := range rec.chain.Jobs {
+			if cj.Began.IsZero() {
+				continue // never ran: its time is the queue's
+			}
+			g := get(cj.ID)
+			g.start, g.end, g.outcome = cj.Began, cj.ScriptEnded, string(cj.Outcome)
+			if g.end.IsZero() && cj.Slurm != nil && !cj.Slurm.End.IsZero() {
+				g.end = cj.Slurm.End
+			}
+		}
+	}
+	for _, e := range rec.events {
+		id := e.Job
+		if rec.chain == nil {
+			id = ""
+		}
+		get(id).events = append(get(id).events, e)
+	}
+	for _, lv := range rec.verdicts {
+		id := lv.job
+		if rec.chain == nil {
+			id = ""
+		}
+		get(id).verdicts = append(get(id).verdicts, lv)
+	}
+	var out []*jobRecords
+	for _, id := range order {
+		g := byID[id]
+		if len(g.events) > 0 || len(g.verdicts) > 0 || !g.start.IsZero() {
+			out = append(out, g)
+		}
+	}
+	return out
+}
+
+// roundFacts are one round's instants, merged across nodes.
+type roundFacts struct {
+	round                   int
+	start, ready, firstStep time.Time
+	readyRanks              map[int]time.Time
+	fault, detected         time.Time
+	stopped                 time.Time
+	lastExit                time.Time
+	end, reason             string
+	ckpts                   []time.Time
+	sections                bool // the ranks reported steps or checkpoints this round
+	stepsLost               int
+	nodes                   map[string]bool
+	world                   int
+}
+
+func (f *roundFacts) failAt(detected, fault time.Time, end, reason string) {
+	if f.detected.IsZero() || detected.Before(f.detected) {
+		f.detected, f.end, f.reason = detected, end, reason
+	}
+	if f.fault.IsZero() || fault.Before(f.fault) {
+		f.fault = fault
+	}
+}
+
+func computeJob(g *jobRecords, r *Report) (Job, error) {
+	j := Job{ID: g.id, Outcome: g.outcome, PhasesS: zeroPhases()}
+	rounds := map[int]*roundFacts{}
+	get := func(n int) *roundFacts {
+		if f, ok := rounds[n]; ok {
+			return f
+		}
+		f := &roundFacts{round: n, readyRanks: map[int]time.Time{}, nodes: map[string]bool{}}
+		rounds[n] = f
+		return f
+	}
+	var start, end time.Time
+	nodesWithEvents := map[string]bool{}
+	restarts := map[int]Restart{}
+	for _, e := range g.events {
+		if e.Kind != "round_ended" { // its node is the one that ended the round
+			nodesWithEvents[e.Node] = true
+		}
+		start, end = earlier(start, e.TS), later(end, e.TS)
+		if j.RunID == "" {
+			j.RunID = e.RunID
+		}
+		round, hasRound := intField(e.F, "round")
+		switch e.Kind {
+		case "cycle_started":
+			f := get(round)
+			f.start = earlier(f.start, e.TS)
+			f.nodes[e.Node] = true
+			if w, ok := intField(e.F, "world_size"); ok {
+				f.world = max(f.world, w)
+			}
+		case "rank_first_heartbeat":
+			f := get(round)
+			rank, _ := intField(e.F, "rank")
+			f.readyRanks[rank] = later(f.readyRanks[rank], timeField(e.F, "at", e.TS))
+		case "rank_first_step":
+			f := get(round)
+			f.firstStep = earlier(f.firstStep, timeField(e.F, "at", e.TS))
+			f.sections = true
+		case "rank_checkpoint":
+			f := get(round)
+			f.ckpts = append(f.ckpts, timeField(e.F, "at", e.TS))
+			f.sections = true
+		case "rank_steps":
+			f := get(round)
+			f.sections = true
+			if n, ok := intField(e.F, "steps_since_checkpoint"); ok {
+				f.stepsLost = max(f.stepsLost, n)
+			}
+		case "rank_exited":
+			f := get(round)
+			f.lastExit = later(f.lastExit, e.TS)
+			code, _ := intField(e.F, "exit_code")
+			_, signalled := e.F["signal"]
+			if code != 0 && !signalled {
+				rank, _ := intField(e.F, "rank")
+				f.failAt(e.TS, e.TS, "crash", fmt.Sprintf("rank %d exited with code %d", rank, code))
+			}
+		case "rank_hang":
+			f := get(round)
+			at := timeField(e.F, "signalled_at", e.TS)
+			el, _ := e.F["elapsed_s"].(float64)
+			rank, _ := intField(e.F, "rank")
+			f.failAt(at, at.Add(-time.Duration(el*float64(time.Second))), "hang",
+				fmt.Sprintf("rank %d hung (%v %v)", rank, e.F["timeout_kind"], e.F["section"]))
+		case "round_ended":
+			if hasRound {
+				f := get(round)
+				reason, _ := e.F["reason"].(string)
+				kind := "round_ended"
+				if strings.Contains(reason, "lost") {
+					kind = "node_loss"
+				}
+				f.failAt(e.TS, e.TS, kind, reason)
+			}
+		case "signal_received", "walltime_warning":
+			if hasRound {
+				f := get(round)
+				sig, _ := e.F["signal"].(string)
+				f.failAt(e.TS, e.TS, "signal", "signal "+sig)
+			}
+		case "restart":
+			after, _ := intField(e.F, "after_round")
+			f := get(after)
+			f.stopped = later(f.stopped, e.TS)
+			if old, ok := restarts[after]; !ok || e.TS.Before(old.At) {
+				reason, _ := e.F["reason"].(string)
+				action, _ := e.F["action"].(string)
+				restarts[after] = Restart{Job: g.id, AfterRound: after, At: e.TS, Action: action, Reason: reason}
+			}
+		case "job_succeeded", "job_failed":
+			if hasRound {
+				f := get(round)
+				f.stopped = later(f.stopped, e.TS)
+			}
+		}
+	}
+	// Verdict cycles fill in what no event log recorded (a node whose log
+	// was not given, or no logs at all).
+	for _, lv := range g.verdicts {
+		v := lv.v
+		if j.RunID == "" {
+			j.RunID = v.RunID
+		}
+		start, end = earlier(start, v.StartedAt), later(end, v.EndedAt)
+		if j.Outcome == "" {
+			j.Outcome = string(v.Kind)
+		}
+		if nodesWithEvents[shortNode(v.Node)] || nodesWithEvents[v.Node] {
+			continue
+		}
+		for _, c := range v.Cycles {
+			f := get(c.Round)
+			ms := func(x float64) time.Duration { return time.Duration(x * float64(time.Millisecond)) }
+			s := c.StartedAt.Add(ms(c.RendezvousMS + c.FillerReclaimMS + c.SpawnMS))
+			f.start = earlier(f.start, s)
+			f.nodes[shortNode(v.Node)] = true
+			runEnd := s.Add(ms(c.RunMS))
+			f.stopped = later(f.stopped, runEnd.Add(ms(c.StopMS)))
+			f.lastExit = later(f.lastExit, runEnd)
+			if c.End != "success" {
+				kind := map[string]string{"rank_failure": "crash", "hang": "hang", "signal": "signal"}[c.End]
+				if kind == "" {
+					kind = c.End
+				}
+				f.failAt(runEnd, runEnd, kind, c.Reason)
+			}
+		}
+	}
+	if start.IsZero() {
+		start = g.start
+	}
+	if !g.start.IsZero() && g.start.Before(start) {
+		start = g.start
+	}
+	if !g.end.IsZero() {
+		end = later(end, g.end)
+	}
+	if start.IsZero() || !end.After(start) {
+		return j, fmt.Errorf("job %q: its records span no time", g.id)
+	}
+	j.Start, j.End = start, end
+
+	ns := make([]int, 0, len(rounds))
+	for n := range rounds {
+		ns = append(ns, n)
+	}
+	sort.Ints(ns)
+	cursor := start
+	add := func(p string, to time.Time, rp map[string]float64) time.Time {
+		to = clamp(to, cursor, end)
+		d := to.Sub(cursor).Seconds()
+		j.PhasesS[p] += d
+		rp[p] += d
+		cursor = to
+		return to
+	}
+	firstRound := len(r.Rounds) // this job's rounds are appended from here
+	noSections := []string{}
+	noHeartbeat := []string{}
+	for i, n := range ns {
+		f := rounds[n]
+		if f.start.IsZero() {
+			continue // a round this job never started ranks in (standby only)
+		}
+		rp := zeroPhases()
+		rd := Round{Job: g.id, Round: n, WorldSize: f.world, Nodes: sortedKeys(f.nodes), PhasesS: rp}
+		if f.detected.IsZero() {
+			// No failure: the round ran until its ranks exited.
+			done := f.lastExit
+			if done.IsZero() {
+				done = later(f.stopped, end)
+			}
+			f.detected, f.fault, f.end = done, done, "success"
+			if f.stopped.IsZero() {
+				f.stopped = done
+			}
+		}
+		if f.stopped.Before(f.detected) {
+			f.stopped = later(f.detected, f.lastExit)
+		}
+		if i+1 < len(ns) {
+			if next := rounds[ns[i+1]]; !next.start.IsZero() && next.start.Before(f.stopped) {
+				f.stopped = next.start
+			}
+		}
+		ready := f.start
+		if len(f.readyRanks) > 0 {
+			for _, t := range f.readyRanks {
+				ready = later(ready, t)
+			}
+			rd.Ready = timePtr(ready)
+		} else {
+			noHeartbeat = append(noHeartbeat, fmt.Sprint(n))
+		}
+		ready = clamp(ready, f.start, f.fault)
+		keep := f.fault
+		if f.end != "success" {
+			if f.sections {
+				keep = ready
+				for _, c := range f.ckpts {
+					if !c.After(f.fault) {
+						keep = later(keep, c)
+					}
+				}
+				lost := f.stepsLost
+				rd.StepsLost = &lost
+			} else {
+				noSections = append(noSections, fmt.Sprint(n))
+			}
+		}
+		if len(f.ckpts) > 0 {
+			last := f.ckpts[0]
+			for _, c := range f.ckpts {
+				last = later(last, c)
+			}
+			rd.LastCkpt = timePtr(last)
+		}
+		if !f.firstStep.IsZero() {
+			rd.FirstStep = timePtr(f.firstStep)
+		}
+		rd.Start = add(Rendezvous, f.start, rp)
+		add(Startup, ready, rp)
+		add(Productive, keep, rp)
+		add(Recompute, f.fault, rp)
+		rd.Fault = cursor
+		rd.Detected = add(Detection, f.detected, rp)
+		rd.Stopped = add(Stop, f.stopped, rp)
+		rd.End, rd.Reason = f.end, f.reason
+		r.Rounds = append(r.Rounds, rd)
+	}
+	add(Shutdown, end, map[string]float64{})
+	if len(noHeartbeat) > 0 {
+		r.Notes = append(r.Notes, fmt.Sprintf("%sround(s) %s: no rank reported a heartbeat (no rank-monitor client): start-up cannot be told from training and is counted as productive",
+			jobPrefix(g.id), strings.Join(noHeartbeat, ", ")))
+	}
+	if len(noSections) > 0 {
+		r.Notes = append(r.Notes, fmt.Sprintf("%sfailed round(s) %s: no 'step'/'checkpointing' sections recorded: the steps lost since the last checkpoint are unknown and counted as productive",
+			jobPrefix(g.id), strings.Join(noSections, ", ")))
+	}
+	if len(restarts) == 0 {
+		// No event log: each failed round followed by another was a restart
+		// (the verdicts' cycles).
+		for i := firstRound; i+1 < len(r.Rounds); i++ {
+			if rd := r.Rounds[i]; rd.End != "success" {
+				restarts[rd.Round] = Restart{Job: g.id, AfterRound: rd.Round, At: rd.Stopped, Reason: rd.Reason}
+			}
+		}
+	}
+	rs := make([]int, 0, len(restarts))
+	for n := range restarts {
+		rs = append(rs, n)
+	}
+	sort.Ints(rs)
+	for _, n := range rs {
+		r.Restarts = append(r.Restarts, restarts[n])
+	}
+	return j, nil
+}
+
+func jobPrefix(id string) string {
+	if id == "" {
+		return ""
+	}
+	return "job " + id + ": "
+}
+
+func zeroPhases() map[string]float64 {
+	m := make(map[string]float64, len(PhaseOrder))
+	for _, p := range PhaseOrder {
+		m[p] = 0
+	}
+	return m
+}
+
+func addPhases(dst, src map[string]float64) {
+	for k, v := range src {
+		dst[k] += v
+	}
+}
+
+func intField(m map[string]any, k string) (int, bool) {
+	f, ok := m[k].(float64)
+	if !ok || math.IsNaN(f) {
+		return 0, false
+	}
+	return int(f), true
+}
+
+func timeField(m map[string]any, k string, def time.Time) time.Time {
+	if s, ok := m[k].(string); ok {
+		if t, err := time.Parse(time.RFC3339Nano, s); err == nil {
+			return t
+		}
+	}
+	return def
+}
+
+func earlier(a, b time.Time) time.Time {
+	if a.IsZero() || (!b.IsZero() && b.Before(a)) {
+		return b
+	}
+	return a
+}
+
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
+}
+
+func clamp(t, lo, hi time.Time) time.Time {
+	if t.Before(lo) {
+		return lo
+	}
+	if t.After(hi) {
+		return hi
+	}
+	return t
+}
+
+func timePtr(t time.Time) *time.Time { return &t }
+
+func sortedKeys(m map[string]bool) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
