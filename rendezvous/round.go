@@ -167,10 +167,10 @@ func (e *Etcd) register(ctx context.Context, target int) error {
 		return fmt.Errorf("rendezvous: %w", err)
 	}
 	e.mu.Lock()
-	gossipAddr := e.gossipAddr
+	gossipAddr, streamAddr := e.gossipAddr, e.streamAddr
 	e.mu.Unlock()
 	mi := memberInfo{NodeID: e.o.NodeID, Addr: e.o.LocalAddr, InfraRank: e.o.InfraRank,
-		NProc: e.o.NProcPerNode, MasterPort: port, GossipAddr: gossipAddr}
+		NProc: e.o.NProcPerNode, MasterPort: port, GossipAddr: gossipAddr, StreamAddr: streamAddr}
 	b, _ := json.Marshal(mi)
 	put := func(lease clientv3.LeaseID) (*clientv3.TxnResponse, error) {
 		then := []clientv3.Op{clientv3.OpPut(e.k.member(target, e.o.NodeID), string(b), clientv3.WithLease(lease))}
@@ -369,8 +369,9 @@ func (e *Etcd) adopt(target int, sum roundSummary, ri rankInfo) Assignment {
 	if stale {
 		rcancel()
 	} else if !a.Standby {
-		e.wg.Add(1)
+		e.wg.Add(2)
 		go e.watchLoss(rctx, target, sum)
+		go e.watchStreams(rctx, target)
 		e.gossipJoin(sum.Seeds)
 	}
 	return a

@@ -83,6 +83,7 @@ type memberInfo struct {
 	NProc      int    `json:"nproc"`
 	MasterPort int    `json:"master_port"`
 	GossipAddr string `json:"gossip_addr,omitempty"`
+	StreamAddr string `json:"stream_addr,omitempty"` // watch listener (stream.go)
 }
 
 type rankInfo struct {
@@ -90,6 +91,9 @@ type rankInfo struct {
 	RankBase  int  `json:"rank_base"`
 	Standby   bool `json:"standby"`
 	Order     int  `json:"order"` // position in the sorted candidate list, kept for the next round's ordering
+	// Stream is an active node's watch listener: its ring neighbours hold
+	// a connection to it, whose close is the fast loss signal (stream.go).
+	Stream string `json:"stream,omitempty"`
 }
 
 type roundSummary struct {
@@ -129,6 +133,10 @@ type endInfo struct {
 	// At is when the round was ended (the next one opened); nodes use it
 	// to time a swap from the decision to their ranks' start.
 	At time.Time `json:"at,omitempty"`
+	// DetectMS is, for a node loss, the time from the detector's first
+	// evidence (the lost node's closed connection, or its last gossip ack)
+	// to this end; 0 when not known (a lease expiry, a local failure).
+	DetectMS float64 `json:"detect_ms,omitempty"`
 }
 
 // excludeInfo is written by a node that leaves the job (Leave) or departs
@@ -244,7 +252,7 @@ func assign(ms []memberInfo, minNodes int, pinned map[string]int) (map[string]ra
 	base := 0
 	for i, m := range append(slots, rest...) {
 		if i < minNodes {
-			out[m.NodeID] = rankInfo{GroupRank: i, RankBase: base, Order: i}
+			out[m.NodeID] = rankInfo{GroupRank: i, RankBase: base, Order: i, Stream: m.StreamAddr}
 			base += m.NProc
 			if i == 0 {
 				sum.MasterAddr, sum.MasterPort, sum.MasterNode = m.Addr, m.MasterPort, m.NodeID

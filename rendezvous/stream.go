@@ -1,0 +1,219 @@
+package rendezvous
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net"
+	"sync"
+	"syscall"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// The fast node-loss signal. A launcher that dies while its host lives
+// (a crash, an OOM kill, SIGKILL) has its sockets closed by the kernel.
+// Every launcher listens on a "stream" port; each active node of a round
+// holds a connection to the next streamWatchPeers active nodes (in node id
+// order, wrapping around), so every active node is watched by that many
+// others at O(1) cost per node. When a watched connection ends without
+// the "bye" a launcher writes when it closes on purpose, the watcher dials
+// the port again: a refused dial (the host answers, nothing listens) means
+// the launcher is gone, and the loss is reported at once. Anything else
+// (the dial times out, the host is unreachable) is left to gossip, which
+// bounds it: a silent node never closes a connection, so this path cannot
+// raise a false alarm for a stall or a partition.
+
+const (
+	streamWatchPeers = 2
+	streamBye        = "bye\n"
+	streamDialWait   = 2 * time.Second
+)
+
+// streamServer accepts the watch connections of peers and holds them.
+type streamServer struct {
+	ln    net.Listener
+	mu    sync.Mutex
+	conns map[net.Conn]struct{}
+	wg    sync.WaitGroup
+}
+
+// startStream opens this launcher's stream listener on ip.
+func (e *Etcd) startStream(ip string) error {
+	ln, err := net.Listen("tcp", net.JoinHostPort(ip, "0"))
+	if err != nil {
+		return err
+	}
+	s := &streamServer{ln: ln, conns: map[net.Conn]struct{}{}}
+	s.wg.Add(1)
+	go s.accept()
+	e.mu.Lock()
+	e.stream = s
+	e.streamAddr = ln.Addr().String()
+	e.mu.Unlock()
+	return nil
+}
+
+func (s *streamServer) accept() {
+	defer s.wg.Done()
+	for {
+		c, err := s.ln.Accept()
+		if err != nil {
+			return
+		}
+		s.mu.Lock()
+		s.conns[c] = struct{}{}
+		s.mu.Unlock()
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			_, _ = io.Copy(io.Discard, c) // returns when the watcher hangs up (or stop closes c)
+			s.mu.Lock()
+			delete(s.conns, c)
+			s.mu.Unlock()
+			c.Close()
+		}()
+	}
+}
+
+// stop closes the listener and says bye on every held connection, so that
+// the watchers know this close is deliberate.
+func (s *streamServer) stop() {
+	s.ln.Close()
+	s.mu.Lock()
+	for c := range s.conns {
+		_ = c.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
+		_, _ = io.WriteString(c, streamBye)
+		c.Close()
+	}
+	s.mu.Unlock()
+	s.wg.Wait()
+}
+
+// stopStream stops this launcher's stream listener (at Close).
+func (e *Etcd) stopStream() {
+	e.mu.Lock()
+	s := e.stream
+	e.stream = nil
+	e.mu.Unlock()
+	if s != nil {
+		s.stop()
+	}
+}
+
+// watchStreams connects to the next active nodes of round r after this
+// one and watches their connections until ctx ends (the round ends).
+func (e *Etcd) watchStreams(ctx context.Context, r int) {
+	defer e.wg.Done()
+	peers, err := e.streamPeers(ctx, r)
+	if err != nil {
+		if ctx.Err() == nil {
+			e.log.Debug("stream watch: read peers", "round", r, "err", err)
+		}
+		return
+	}
+	var wg sync.WaitGroup
+	for id, addr := range peers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			e.watchPeer(ctx, r, id, addr)
+		}()
+	}
+	wg.Wait()
+}
+
+// streamPeers returns the next streamWatchPeers active nodes of round r
+// after this one, in node id order (wrapping), with their stream addresses.
+// Two small range reads: no node reads the whole round.
+func (e *Etcd) streamPeers(ctx context.Context, r int) (map[string]string, error) {
+	peers := map[string]string{}
+	const batch = streamWatchPeers + 8 // room for standbys among them
+	end := clientv3.GetPrefixRangeEnd(e.k.ranks(r))
+	for _, from := range []string{e.k.rank(r, e.o.NodeID) + "\x00", e.k.ranks(r)} {
+		resp, err := e.cli.Get(ctx, from, clientv3.WithRange(end), clientv3.WithLimit(batch))
+		if err != nil {
+			return nil, err
+		}
+		for _, kv := range resp.Kvs {
+			id := string(kv.Key[len(e.k.ranks(r)):])
+			ri, ok := decodeRank(kv.Value)
+			if !ok || ri.Standby || ri.Stream == "" || id == e.o.NodeID || len(peers) == streamWatchPeers {
+				continue
+			}
+			peers[id] = ri.Stream
+		}
+		if len(peers) == streamWatchPeers {
+			break
+		}
+	}
+	return peers, nil
+}
+
+// watchPeer holds a connection to node id's stream port and reports the
+// node lost when the connection ends and the port refuses a new one.
+func (e *Etcd) watchPeer(ctx context.Context, r int, id, addr string) {
+	d := net.Dialer{Timeout: streamDialWait}
+	c, err := d.DialContext(ctx, "tcp", addr)
+	how, evidence := "stream port refused", time.Time{}
+	for ctx.Err() == nil {
+		if err != nil {
+			if errors.Is(err, syscall.ECONNREFUSED) {
+				if evidence.IsZero() {
+					evidence = time.Now()
+				}
+				e.nodeLostAt(r, id, how, evidence)
+			} else if ctx.Err() == nil {
+				e.log.Debug("stream watch: dial; leaving the node to gossip", "node", id, "err", err)
+			}
+			return
+		}
+		stop := context.AfterFunc(ctx, func() { c.Close() })
+		bye, rerr := readBye(c)
+		stop()
+		c.Close()
+		if bye || ctx.Err() != nil {
+			return
+		}
+		if !errors.Is(rerr, io.EOF) && !errors.Is(rerr, syscall.ECONNRESET) {
+			e.log.Debug("stream watch: read; leaving the node to gossip", "node", id, "err", rerr)
+			return
+		}
+		// Closed without a bye: dial again to tell a dead launcher (refused)
+		// from a live one that dropped the connection (accepted: watch on).
+		e.log.Debug("stream watch: connection closed without bye", "node", id, "round", r)
+		how, evidence = "connection closed, stream port refused", time.Now()
+		c, err = d.DialContext(ctx, "tcp", addr)
+		if err == nil {
+			evidence = time.Time{} // alive after all
+		}
+	}
+	if c != nil {
+		c.Close()
+	}
+}
+
+// readBye reads a watch connection until it ends: bye is true when the
+// peer said bye first.
+func readBye(c net.Conn) (bool, error) {
+	buf := make([]byte, len(streamBye))
+	n, err := io.ReadFull(c, buf)
+	if err == nil && string(buf[:n]) == streamBye {
+		return true, nil
+	}
+	if err == io.ErrUnexpectedEOF {
+		err = io.EOF
+	}
+	return false, err
+}
+
+// decodeRank reads a rank record.
+func decodeRank(b []byte) (rankInfo, bool) {
+	var ri rankInfo
+	if err := json.Unmarshal(b, &ri); err != nil {
+		return ri, false
+	}
+	return ri, true
+}
