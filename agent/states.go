@@ -124,7 +124,7 @@ func (a *Agent) joining(ctx context.Context) State {
 	a.run.lastRound = asg.Round
 	a.run.restartsUsed = asg.RestartsUsed
 	a.run.maxRestarts = asg.MaxRestarts
-	a.run.cycle = cycleTiming{round: asg.Round, start: t0, joined: time.Now()}
+	a.run.cycle = cycleTiming{round: asg.Round, start: t0, joined: time.Now(), detection: asg.Detection}
 	if asg.Standby {
 		return StateStandby
 	}

@@ -347,8 +347,8 @@ func (e *Etcd) adopt(target int, sum roundSummary, ri rankInfo) Assignment {
 	if e.cfg != nil {
 		maxRestarts = e.cfg.MaxRestarts
 	}
-	opened := e.lastEnds[target-1].At // zero for round 0 or an end record not seen
-	a := Assignment{OpenedAt: opened, RunID: e.o.RunID, Round: target, GroupRank: ri.GroupRank, GroupWorldSize: sum.GroupWorldSize,
+	prevEnd := e.lastEnds[target-1] // zero for round 0 or an end record not seen
+	a := Assignment{OpenedAt: prevEnd.At, Detection: time.Duration(prevEnd.DetectMS * float64(time.Millisecond)), RunID: e.o.RunID, Round: target, GroupRank: ri.GroupRank, GroupWorldSize: sum.GroupWorldSize,
 		RankBase: ri.RankBase, WorldSize: sum.WorldSize, MasterAddr: sum.MasterAddr, MasterPort: sum.MasterPort,
 		MaxRestarts: maxRestarts, RestartsUsed: sum.RestartsUsed, Standby: ri.Standby}
 	e.lastRound = target
