@@ -165,6 +165,7 @@ func (e *Etcd) watchPeer(ctx context.Context, r int, id, addr string) {
 					evidence = time.Now()
 				}
 				e.nodeLostAt(r, id, how, evidence)
+				e.markDead(id) // for a later round's closer, when r had already ended
 			} else if ctx.Err() == nil {
 				e.log.Debug("stream watch: dial; leaving the node to gossip", "node", id, "err", err)
 			}
