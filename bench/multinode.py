@@ -16,9 +16,14 @@ Scenarios (repetitions alternate launchers so background load hits both):
             "no filler", "filler" (--spare-filler: a process tree of sleeps
             on the spare, reclaimed on promotion) and "etcd member" (three
             embedded etcd members on nodes 0-2, filler on the spare, the
-            powered-off node hosts a member). Latency as nodeloss, split
-            into phases from the promoted spare's spare_swap event: detect
-            (kill -> round opened), rendezvous, filler reclaim, spawn.
+            powered-off node hosts a member), and "silent" (the node's
+            launcher and ranks are frozen with SIGSTOP instead: gossip
+            suspicion must confirm it; the frozen node is SIGKILLed after
+            the measurement). Latency as nodeloss, split into phases from
+            the promoted spare's spare_swap event: detect (kill -> round
+            opened), of which "detector" is the detecting node's own time
+            from the first evidence (closed connection, last gossip ack) to
+            the round's end, rendezvous, filler reclaim, spawn.
   nodeloss  --nnodes 3:4, 4 launchers. When round 0 is ready, one active node
             that does not host the rendezvous (node 1 if active) is powered
             off: its launcher and every process under it get SIGKILL in one
@@ -145,6 +150,20 @@ class Cluster:
         for pid in pids:
             try:
                 os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        return t
+
+    def freeze(self, node):
+        """SIGSTOP the node's launcher and all its processes (a silent node); returns the time."""
+        pids = self.node_pids(node)
+        pids += [int(f[7]) for f in read_lines(self.stamps)
+                 if f[1] == "start" and f[2] == str(node) and int(f[7]) not in pids]
+        self.remember(pids)
+        t = time.time_ns()
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGSTOP)
             except ProcessLookupError:
                 pass
         return t
@@ -296,6 +315,7 @@ SWAP_VARIANTS = {
     "no filler": dict(filler=False, members=False),
     "filler": dict(filler=True, members=False),
     "etcd member": dict(filler=True, members=True),
+    "silent": dict(filler=False, members=False, freeze=True),
 }
 FILLER = "sleep 600 & (sleep 600 &) & setsid sleep 600 & wait"
 
@@ -349,8 +369,10 @@ def swap_once(launcher, nproc, bound, workdir, tag, variant):
         # Node 1: active, not the etcd host (node 0), and a member host in
         # the "etcd member" variant.
         victim = 1 if 1 in r0[1] and r0[2] != 1 else next(n for n in r0[1] if n not in (0, r0[2]))
-        t_kill = c.power_off(victim)
+        t_kill = c.freeze(victim) if v.get("freeze") else c.power_off(victim)
         res = wait_for(c, lambda: complete_round(c.lines(), w, t_kill), bound, "next round")
+        if v.get("freeze"):
+            c.power_off(victim)  # a frozen node would hold stop() up
         if not res:
             raise NoRestart(f"no complete {w}-rank round within {bound:.0f} s after the kill")
         last, _, nodes, _ = res
@@ -362,7 +384,7 @@ def swap_once(launcher, nproc, bound, workdir, tag, variant):
         total = last - t_kill
         opened = ev.get("total_ms")
         detect = total / 1e6 - opened if opened is not None else None
-        return total, {"detect": detect, "rendezvous": ev.get("rendezvous_ms"),
+        return total, {"detect": detect, "detector": ev.get("detection_ms"), "rendezvous": ev.get("rendezvous_ms"),
                        "filler_reclaim": ev.get("filler_reclaim_ms"), "spawn": ev.get("spawn_ms")}
     finally:
         c.stop()
@@ -386,6 +408,8 @@ def main():
     p.add_argument("--torchrun-tuned", action="store_true",
                    help=f"also run torchrun with --rdzv_conf {TUNED_CONF}")
     p.add_argument("--keep", help="keep stamps and launcher logs in this new directory")
+    p.add_argument("--variants", default=",".join(SWAP_VARIANTS),
+                   help="comma list of swap variants: " + ", ".join(SWAP_VARIANTS))
     a = p.parse_args()
 
     launchers = []
@@ -453,10 +477,14 @@ def main():
             ft = [l for l in launchers if l.kind == "ft"]
             if not ft:
                 raise SystemExit("swap needs ft-launcher (--bin-dir)")
-            swaps = {name: [] for name in SWAP_VARIANTS}
+            variants = [x for x in a.variants.split(",") if x]
+            bad = [x for x in variants if x not in SWAP_VARIANTS]
+            if bad:
+                raise SystemExit(f"unknown --variants {bad}: choose from {', '.join(SWAP_VARIANTS)}")
+            swaps = {name: [] for name in variants}
             loads = []
             for i in range(a.reps):
-                for name in SWAP_VARIANTS:
+                for name in variants:
                     tag = f"swap-{name.replace(' ', '')}-{i}"
                     try:
                         v = swap_once(ft[0], a.nproc, a.bound, workdir, tag, name)
@@ -471,17 +499,17 @@ def main():
                 loads.append(loadavg())
             print(f"### Spare swap: power-off of an active node -> all {3 * a.nproc} ranks of the new round exec'd "
                   f"(4 nodes, one spare)\n")
-            print("| variant | runs | ok | p50 total | max total | p50 detect | p50 rendezvous | p50 filler reclaim | p50 spawn |\n"
-                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+            print("| variant | runs | ok | p50 total | max total | p50 detect | p50 detector | p50 rendezvous | p50 filler reclaim | p50 spawn |\n"
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
             for name, v in swaps.items():
                 ok = [x for x in v if x]
                 tot = [ms(x[0]) for x in ok]
                 ph = lambda k: pct([x[1][k] for x in ok if x[1].get(k) is not None], .5) if ok else float("nan")
                 if tot:
-                    print(f"| {name} | {len(v)} | {len(ok)} | {pct(tot, .5):.0f} | {max(tot):.0f} | {ph('detect'):.0f} | "
+                    print(f"| {name} | {len(v)} | {len(ok)} | {pct(tot, .5):.0f} | {max(tot):.0f} | {ph('detect'):.0f} | {ph('detector'):.1f} | "
                           f"{ph('rendezvous'):.1f} | {ph('filler_reclaim'):.1f} | {ph('spawn'):.1f} |")
                 else:
-                    print(f"| {name} | {len(v)} | 0 | - | - | - | - | - | - |")
+                    print(f"| {name} | {len(v)} | 0 | - | - | - | - | - | - | - |")
             print(f"\nAll values in ms. Load average after each rep: {'; '.join(loads)}\n")
     if failures:
         print("Failures:\n")
