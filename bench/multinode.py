@@ -101,14 +101,15 @@ class Launcher:
 class Cluster:
     """NODES launchers of one job, each in its own session; stop() leaves nothing."""
 
-    def __init__(self, launcher, workdir, tag, nnodes, nproc, mode, crash=(), extra=(), endpoint=None):
+    def __init__(self, launcher, workdir, tag, nnodes, nproc, mode, crash=(), extra=(), endpoint=None, nodes=NODES):
         self.dir = os.path.join(workdir, tag)
         os.makedirs(self.dir)
         self.stamps = os.path.join(self.dir, "stamps")
         endpoint = endpoint or f"127.0.0.2:{free_port('127.0.0.2')}"
         run_id = f"mnbench-{tag}-{time.time_ns()}"
         self.procs, self.logs, self.known = [], [], {}  # known: pid -> start time
-        for node in range(NODES):
+        self.n = nodes
+        for node in range(nodes):
             ndir = os.path.join(self.dir, f"node{node}")
             tmp = os.path.join(ndir, "tmp")  # etcd data dir and torch temp files
             os.makedirs(tmp)
@@ -136,7 +137,7 @@ class Cluster:
         return [root] + descendants(root)
 
     def refresh(self):
-        for n in range(NODES):
+        for n in range(self.n):
             self.remember(self.node_pids(n))
         self.remember(int(f[7]) for f in read_lines(self.stamps) if f[1] == "start")
 
@@ -390,6 +391,47 @@ def swap_once(launcher, nproc, bound, workdir, tag, variant):
         c.stop()
 
 
+SOAK_NODES = 8
+
+
+def soak(launcher, nproc, seconds, workdir):
+    """No false alarm: SOAK_NODES launchers (--nnodes SOAK_NODES) with
+    heartbeating ranks for `seconds` while one busy loop per CPU saturates
+    the machine. Returns (node losses declared, rounds ended, load samples)."""
+    import json
+    extra = ["--event-log", "{node_dir}/events.jsonl"]
+    c = Cluster(launcher, workdir, "soak", str(SOAK_NODES), nproc, "poweroff", extra=extra, nodes=SOAK_NODES)
+    burners = []
+    try:
+        if not wait_for(c, lambda: round0_ready(c, SOAK_NODES * nproc), 180, "round 0"):
+            raise RuntimeError(f"round 0 never ready:\n{c.tail(0)}")
+        for _ in range(os.cpu_count() or 1):
+            burners.append(subprocess.Popen([sys.executable, "-S", "-c", "while True: pass"]))
+        loads, end = [], time.monotonic() + seconds
+        while time.monotonic() < end:
+            time.sleep(min(30, max(0.1, end - time.monotonic())))
+            loads.append(loadavg())
+            progress(f"soak: {seconds - max(0, end - time.monotonic()):.0f}/{seconds:.0f} s, load {loads[-1]}")
+    finally:
+        for b in burners:
+            b.kill()
+            b.wait()
+        c.stop()
+    lost, ended = set(), set()
+    for node in range(SOAK_NODES):
+        try:
+            with open(os.path.join(c.dir, f"node{node}", "events.jsonl")) as f:
+                for line in f:
+                    e = json.loads(line)
+                    if e.get("event") == "round_ended":
+                        ended.add(e.get("round"))
+                        if "lost" in str(e.get("reason", "")):
+                            lost.add((e.get("round"), str(e.get("reason"))))
+        except OSError:
+            pass
+    return lost, ended, loads
+
+
 def loadavg():
     with open("/proc/loadavg") as f:
         return " ".join(f.read().split()[:3])
@@ -404,7 +446,9 @@ def main():
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--nproc", type=int, default=1)
     p.add_argument("--bound", type=float, default=120.0)
-    p.add_argument("--only", default="nodeloss,crash", help="comma list of nodeloss, crash, swap")
+    p.add_argument("--only", default="nodeloss,crash",
+                   help="comma list of nodeloss, crash, swap, soak (soak: the no-false-alarm load test, not in the default)")
+    p.add_argument("--soak-seconds", type=float, default=300.0, help="length of the soak test")
     p.add_argument("--torchrun-tuned", action="store_true",
                    help=f"also run torchrun with --rdzv_conf {TUNED_CONF}")
     p.add_argument("--keep", help="keep stamps and launcher logs in this new directory")
@@ -511,6 +555,18 @@ def main():
                 else:
                     print(f"| {name} | {len(v)} | 0 | - | - | - | - | - | - | - |")
             print(f"\nAll values in ms. Load average after each rep: {'; '.join(loads)}\n")
+        if "soak" in only:
+            ft = [l for l in launchers if l.kind == "ft"]
+            if not ft:
+                raise SystemExit("soak needs ft-launcher (--bin-dir)")
+            lost, ended, loads = soak(ft[0], a.nproc, a.soak_seconds, workdir)
+            print(f"### No false alarm: {SOAK_NODES} launchers x {a.nproc} heartbeating ranks, "
+                  f"{a.soak_seconds:.0f} s, {os.cpu_count()} busy loops saturating the CPUs\n")
+            print(f"- node losses declared: {len(lost)}{' ' + repr(sorted(lost)) if lost else ''}")
+            print(f"- rounds ended (any cause): {len(ended)}")
+            print(f"- load average during the test: {'; '.join(loads)}\n")
+            if lost:
+                failures.append(f"soak: {len(lost)} false node loss(es)")
     if failures:
         print("Failures:\n")
         for f in failures:
