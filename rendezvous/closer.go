@@ -114,7 +114,11 @@ func (c *closerRun) tryClose(ctx context.Context) closeStep {
 		Opened: now, MinMetAt: c.minMetAt, LastCall: o.LastCall, RejoinWait: o.RejoinWait, DetectBound: c.e.detectBound()}
 	if c.gate != nil {
 		in.Opened = c.gate.opened
-		in.Missing = c.gate.missing(c.present, c.e.gossipSuspect)
+	}
+	// Below MIN the rule only waits: the population (O(n)) is not looked at
+	// for each of the n registrations of a large round.
+	if c.gate != nil && n >= o.MinNodes {
+		in.Missing = c.gate.missing(c.present, c.e.gossipSuspects())
 		for i := range in.Missing {
 			p := &in.Missing[i]
 			if p.State != peerSuspect {

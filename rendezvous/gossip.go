@@ -100,20 +100,25 @@ func (e *Etcd) detectBound() time.Duration {
 	return e.o.Gossip.Suspicion(n) + 2*e.o.Gossip.ProbeInterval
 }
 
-// gossipSuspect reports whether this node's gossip suspects node id now.
-func (e *Etcd) gossipSuspect(id string) bool {
+// gossipSuspects are the members this node's gossip suspects now (nil
+// without gossip).
+func (e *Etcd) gossipSuspects() map[string]bool {
 	e.mu.Lock()
 	ml := e.ml
 	e.mu.Unlock()
 	if ml == nil {
-		return false
+		return nil
 	}
+	var out map[string]bool
 	for _, m := range ml.Members() {
-		if m.Name == id {
-			return m.State == memberlist.StateSuspect
+		if m.State == memberlist.StateSuspect {
+			if out == nil {
+				out = map[string]bool{}
+			}
+			out[m.Name] = true
 		}
 	}
-	return false
+	return out
 }
 
 type gossipEvents struct{ e *Etcd }
@@ -234,7 +239,10 @@ func (e *Etcd) stopGossip(graceful bool) {
 // for it (see rejoinGate). The record is under our lease: it only has to
 // outlive the dead node's own lease.
 func (e *Etcd) markDead(id string) {
-	if id == e.o.NodeID {
+	e.mu.Lock()
+	closed := e.closed != nil
+	e.mu.Unlock()
+	if id == e.o.NodeID || closed {
 		return
 	}
 	ctx, cancel := e.lostTimeout(5 * time.Second)

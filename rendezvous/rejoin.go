@@ -139,8 +139,8 @@ func (g *rejoinGate) refresh() {
 }
 
 // missing lists the nodes of the job not present in the round, with what
-// is known of them; suspect says whether gossip suspects a node now.
-func (g *rejoinGate) missing(present map[string]bool, suspect func(id string) bool) []missingPeer {
+// is known of them; suspects are the nodes this node's gossip suspects now.
+func (g *rejoinGate) missing(present, suspects map[string]bool) []missingPeer {
 	var out []missingPeer
 	add := func(id string) {
 		if present[id] || g.bad[nodeAddr(id)] {
@@ -150,7 +150,7 @@ func (g *rejoinGate) missing(present map[string]bool, suspect func(id string) bo
 		switch {
 		case g.dead[id] || !g.alive[id]:
 			st = peerDead // recorded dead, or its lease is gone
-		case suspect(id):
+		case suspects[id]:
 			st = peerSuspect
 		}
 		out = append(out, missingPeer{ID: id, State: st, PrevActive: g.prevActive[id]})

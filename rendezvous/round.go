@@ -371,7 +371,7 @@ func (e *Etcd) adopt(target int, sum roundSummary, ri rankInfo) Assignment {
 	} else if !a.Standby {
 		e.wg.Add(2)
 		go e.watchLoss(rctx, target, sum)
-		go e.watchStreams(rctx, target)
+		go e.watchStreams(rctx, target, ri.Watch)
 		e.gossipJoin(sum.Seeds)
 	}
 	return a

@@ -2,23 +2,21 @@ package rendezvous
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"io"
 	"net"
 	"sync"
 	"syscall"
 	"time"
-
-	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // The fast node-loss signal. A launcher that dies while its host lives
 // (a crash, an OOM kill, SIGKILL) has its sockets closed by the kernel.
 // Every launcher listens on a "stream" port; each active node of a round
-// holds a connection to the next streamWatchPeers active nodes (in node id
-// order, wrapping around), so every active node is watched by that many
-// others at O(1) cost per node. When a watched connection ends without
+// holds a connection to the next streamWatchPeers active nodes (in group
+// rank order, wrapping around; the closer lists them in each rank record),
+// so every active node is watched by that many others at O(1) cost per
+// node and no extra etcd read. When a watched connection ends without
 // the "bye" a launcher writes when it closes on purpose, the watcher dials
 // the port again: a refused dial (the host answers, nothing listens) means
 // the launcher is gone, and the loss is reported at once. Anything else
@@ -103,53 +101,19 @@ func (e *Etcd) stopStream() {
 	}
 }
 
-// watchStreams connects to the next active nodes of round r after this
-// one and watches their connections until ctx ends (the round ends).
-func (e *Etcd) watchStreams(ctx context.Context, r int) {
+// watchStreams watches the stream connections of peers (this node's
+// rank record lists them) until ctx ends (the round ends).
+func (e *Etcd) watchStreams(ctx context.Context, r int, peers []streamPeer) {
 	defer e.wg.Done()
-	peers, err := e.streamPeers(ctx, r)
-	if err != nil {
-		if ctx.Err() == nil {
-			e.log.Debug("stream watch: read peers", "round", r, "err", err)
-		}
-		return
-	}
 	var wg sync.WaitGroup
-	for id, addr := range peers {
+	for _, p := range peers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			e.watchPeer(ctx, r, id, addr)
+			e.watchPeer(ctx, r, p.ID, p.Addr)
 		}()
 	}
 	wg.Wait()
-}
-
-// streamPeers returns the next streamWatchPeers active nodes of round r
-// after this one, in node id order (wrapping), with their stream addresses.
-// Two small range reads: no node reads the whole round.
-func (e *Etcd) streamPeers(ctx context.Context, r int) (map[string]string, error) {
-	peers := map[string]string{}
-	const batch = streamWatchPeers + 8 // room for standbys among them
-	end := clientv3.GetPrefixRangeEnd(e.k.ranks(r))
-	for _, from := range []string{e.k.rank(r, e.o.NodeID) + "\x00", e.k.ranks(r)} {
-		resp, err := e.cli.Get(ctx, from, clientv3.WithRange(end), clientv3.WithLimit(batch))
-		if err != nil {
-			return nil, err
-		}
-		for _, kv := range resp.Kvs {
-			id := string(kv.Key[len(e.k.ranks(r)):])
-			ri, ok := decodeRank(kv.Value)
-			if !ok || ri.Standby || ri.Stream == "" || id == e.o.NodeID || len(peers) == streamWatchPeers {
-				continue
-			}
-			peers[id] = ri.Stream
-		}
-		if len(peers) == streamWatchPeers {
-			break
-		}
-	}
-	return peers, nil
 }
 
 // watchPeer holds a connection to node id's stream port and reports the
@@ -208,13 +172,4 @@ func readBye(c net.Conn) (bool, error) {
 		err = io.EOF
 	}
 	return false, err
-}
-
-// decodeRank reads a rank record.
-func decodeRank(b []byte) (rankInfo, bool) {
-	var ri rankInfo
-	if err := json.Unmarshal(b, &ri); err != nil {
-		return ri, false
-	}
-	return ri, true
 }
