@@ -430,7 +430,7 @@ exit 0
 	recs = readStarts(t, dir)
 	for _, r := range recs {
 		if r.cycle > 1 || (r.cycle >= 1 && r.node == victim) {
-			t.Fatalf("the healed node disturbed round 1: start %+v in %v", r, recs)
+			t.Fatalf("the healed node disturbed round 1: start %+v in %v\n%s", r, recs, partStderrs(nodes))
 		}
 	}
 

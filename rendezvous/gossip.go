@@ -1,6 +1,7 @@
 package rendezvous
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
 	"math"
@@ -153,6 +154,14 @@ func (g gossipEvents) NotifyLeave(n *memberlist.Node) {
 	delete(e.lastAck, n.Name)
 	e.mu.Unlock()
 	go func() {
+		if n.State != memberlist.StateLeft && e.answersOnStream(r, n.Name) {
+			// A dead message can be stale: a node that was cut off declares
+			// everyone else dead, and its queued messages arrive when the
+			// partition heals. The accused refutes it in gossip; here it
+			// must not end a round.
+			e.log.Warn("gossip declared a node dead, but it answers on its stream port: not lost", "node", n.Name, "round", r)
+			return
+		}
 		e.nodeLostAt(r, n.Name, how, evidence)
 		e.markDead(n.Name)
 	}()
@@ -250,4 +259,20 @@ func (e *Etcd) markDead(id string) {
 	if _, err := e.cli.Put(ctx, e.k.dead(id), e.o.NodeID, clientv3.WithLease(e.currentLease())); err != nil {
 		e.log.Debug("record gossip death", "node", id, "err", err)
 	}
+}
+
+// answersOnStream reports whether node id of round r answers on the
+// stream listener its membership of r names, within the probe timeout.
+func (e *Etcd) answersOnStream(r int, id string) bool {
+	ctx, cancel := e.lostTimeout(2 * time.Second)
+	defer cancel()
+	resp, err := e.cli.Get(ctx, e.k.member(r, id))
+	if err != nil || len(resp.Kvs) == 0 {
+		return false // gone from etcd, or etcd away: trust gossip
+	}
+	var m memberInfo
+	if json.Unmarshal(resp.Kvs[0].Value, &m) != nil || m.StreamAddr == "" {
+		return false
+	}
+	return streamAnswers(m.StreamAddr, max(e.o.Gossip.ProbeTimeout, 50*time.Millisecond))
 }

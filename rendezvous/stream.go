@@ -1,6 +1,7 @@
 package rendezvous
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"io"
@@ -26,6 +27,7 @@ import (
 
 const (
 	streamWatchPeers = 2
+	streamHello      = "hi\n" // written on accept: a live launcher answers
 	streamBye        = "bye\n"
 	streamDialWait   = 2 * time.Second
 )
@@ -61,6 +63,12 @@ func (s *streamServer) accept() {
 		if err != nil {
 			return
 		}
+		_ = c.SetWriteDeadline(time.Now().Add(time.Second))
+		if _, err := io.WriteString(c, streamHello); err != nil {
+			c.Close()
+			continue
+		}
+		_ = c.SetWriteDeadline(time.Time{})
 		s.mu.Lock()
 		s.conns[c] = struct{}{}
 		s.mu.Unlock()
@@ -163,13 +171,29 @@ func (e *Etcd) watchPeer(ctx context.Context, r int, id, addr string) {
 // readBye reads a watch connection until it ends: bye is true when the
 // peer said bye first.
 func readBye(c net.Conn) (bool, error) {
-	buf := make([]byte, len(streamBye))
-	n, err := io.ReadFull(c, buf)
-	if err == nil && string(buf[:n]) == streamBye {
-		return true, nil
+	r := bufio.NewReader(c)
+	for {
+		line, err := r.ReadString('\n')
+		if line == streamBye {
+			return true, nil
+		}
+		if err != nil {
+			return false, err
+		}
 	}
-	if err == io.ErrUnexpectedEOF {
-		err = io.EOF
+}
+
+// streamAnswers reports whether a launcher answers on its stream listener
+// at addr within wait: then it is alive and reachable from here, whatever
+// a (possibly stale) gossip message says. A stopped process does not
+// answer (the kernel completes the handshake, but nobody writes).
+func streamAnswers(addr string, wait time.Duration) bool {
+	c, err := net.DialTimeout("tcp", addr, wait)
+	if err != nil {
+		return false
 	}
-	return false, err
+	defer c.Close()
+	_ = c.SetReadDeadline(time.Now().Add(wait))
+	line, err := bufio.NewReader(c).ReadString('\n')
+	return err == nil && line == streamHello
 }
