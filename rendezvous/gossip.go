@@ -84,9 +84,10 @@ func (t GossipTimings) Suspicion(n int) time.Duration {
 // Bound is the detection bound of a silent node in a cluster of n: a
 // probe interval until a member probes it (each member probes one per
 // interval, so with several members one comes about every interval), one
-// for the failed direct and indirect probes, then the suspicion.
+// for the failed direct and indirect probes, the suspicion, then a probe
+// timeout for the stream check (answersOnStream).
 func (t GossipTimings) Bound(n int) time.Duration {
-	return 2*t.ProbeInterval + t.Suspicion(n)
+	return 2*t.ProbeInterval + t.Suspicion(n) + max(t.ProbeTimeout, 50*time.Millisecond)
 }
 
 // detectBound is how long a closer waits for a node gossip suspects: the
