@@ -32,6 +32,13 @@ Scenarios (repetitions alternate launchers so background load hits both):
   crash     --nnodes 4, 4 launchers. Node 1's local rank 0 exits 1 one second
             after round 0 is ready. Latency = max start stamp of the first
             complete round after the crash (4 x nproc ranks) - crash stamp.
+  stall     --nnodes 4: node 1's launcher and ranks are frozen for each
+            --stall-ms length, then resumed; counts the runs where a round
+            ended for a node loss (which stall length is taken for a loss).
+  soak      not in the default: the no-false-alarm load test, 8 launchers
+            (--nnodes 8) with heartbeating ranks for --soak-seconds while
+            one busy loop per CPU saturates the machine; counts the node
+            losses declared (must be 0) and the rounds ended.
 A round not complete within --bound seconds is recorded as "no restart within
 bound". Prints markdown on stdout; progress and failures on stderr.
 
@@ -391,6 +398,41 @@ def swap_once(launcher, nproc, bound, workdir, tag, variant):
         c.stop()
 
 
+def stall_once(launcher, nproc, stall_ms, workdir, tag):
+    """Freeze node 1's launcher and ranks (SIGSTOP) for stall_ms, resume
+    them, wait 3 s: True when a round ended for a node loss (the stall was
+    taken for one; a stall over the workers' 1 s silence also fails ranks,
+    which is not counted)."""
+    import json
+    world = NODES * nproc
+    extra = ["--event-log", "{node_dir}/events.jsonl"]
+    c = Cluster(launcher, workdir, tag, str(NODES), nproc, "poweroff", extra=extra)
+    try:
+        if not wait_for(c, lambda: round0_ready(c, world), 120, "round 0"):
+            raise RuntimeError(f"round 0 never ready:\n{c.tail(0)}")
+        time.sleep(1.0)
+        pids = c.node_pids(1)
+        c.freeze(1)
+        time.sleep(stall_ms / 1000)
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        time.sleep(3.0)
+        for node in range(NODES):
+            try:
+                with open(os.path.join(c.dir, f"node{node}", "events.jsonl")) as f:
+                    if any(json.loads(l).get("event") == "round_ended" and "lost" in str(json.loads(l).get("reason"))
+                           for l in f):
+                        return True
+            except OSError:
+                pass
+        return False
+    finally:
+        c.stop()
+
+
 SOAK_NODES = 8
 
 
@@ -447,8 +489,10 @@ def main():
     p.add_argument("--nproc", type=int, default=1)
     p.add_argument("--bound", type=float, default=120.0)
     p.add_argument("--only", default="nodeloss,crash",
-                   help="comma list of nodeloss, crash, swap, soak (soak: the no-false-alarm load test, not in the default)")
+                   help="comma list of nodeloss, crash, swap, stall, soak (soak: the no-false-alarm load test, not in the default)")
     p.add_argument("--soak-seconds", type=float, default=300.0, help="length of the soak test")
+    p.add_argument("--stall-ms", default="300,500,700,900,1200,2000",
+                   help="stall scenario: comma list of SIGSTOP lengths in ms (each --reps times)")
     p.add_argument("--torchrun-tuned", action="store_true",
                    help=f"also run torchrun with --rdzv_conf {TUNED_CONF}")
     p.add_argument("--keep", help="keep stamps and launcher logs in this new directory")
@@ -555,6 +599,22 @@ def main():
                 else:
                     print(f"| {name} | {len(v)} | 0 | - | - | - | - | - | - | - |")
             print(f"\nAll values in ms. Load average after each rep: {'; '.join(loads)}\n")
+        if "stall" in only:
+            ft = [l for l in launchers if l.kind == "ft"]
+            if not ft:
+                raise SystemExit("stall needs ft-launcher (--bin-dir)")
+            print(f"### Stall (SIGSTOP of node 1's launcher and ranks, then SIGCONT) -> taken for a node loss?\n")
+            print("| stall | runs | a round ended |\n|---:|---:|---:|")
+            for st in [int(x) for x in a.stall_ms.split(",") if x]:
+                ended = 0
+                for i in range(a.reps):
+                    try:
+                        ended += stall_once(ft[0], a.nproc, st, workdir, f"stall-{st}-{i}")
+                    except Exception as e:
+                        failures.append(f"stall-{st}-{i}: {e}")
+                progress(f"stall {st} ms: {ended}/{a.reps} ended a round, load {loadavg()}")
+                print(f"| {st} ms | {a.reps} | {ended} |")
+            print(f"\nLoad average after: {loadavg()}\n")
         if "soak" in only:
             ft = [l for l in launchers if l.kind == "ft"]
             if not ft:
