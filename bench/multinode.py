@@ -148,8 +148,8 @@ class Cluster:
             self.remember(self.node_pids(n))
         self.remember(int(f[7]) for f in read_lines(self.stamps) if f[1] == "start")
 
-    def power_off(self, node):
-        """SIGKILL the node's launcher and all its processes at once; returns the kill time."""
+    def signal_node(self, node, sig):
+        """Send sig to the node's launcher and all its processes at once; returns the time."""
         pids = self.node_pids(node)
         pids += [int(f[7]) for f in read_lines(self.stamps)
                  if f[1] == "start" and f[2] == str(node) and int(f[7]) not in pids]
@@ -157,24 +157,18 @@ class Cluster:
         t = time.time_ns()
         for pid in pids:
             try:
-                os.kill(pid, signal.SIGKILL)
+                os.kill(pid, sig)
             except ProcessLookupError:
                 pass
         return t
 
+    def power_off(self, node):
+        """SIGKILL the node's launcher and all its processes at once; returns the kill time."""
+        return self.signal_node(node, signal.SIGKILL)
+
     def freeze(self, node):
         """SIGSTOP the node's launcher and all its processes (a silent node); returns the time."""
-        pids = self.node_pids(node)
-        pids += [int(f[7]) for f in read_lines(self.stamps)
-                 if f[1] == "start" and f[2] == str(node) and int(f[7]) not in pids]
-        self.remember(pids)
-        t = time.time_ns()
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGSTOP)
-            except ProcessLookupError:
-                pass
-        return t
+        return self.signal_node(node, signal.SIGSTOP)
 
     def lines(self):
         return read_lines(self.stamps)
@@ -411,14 +405,9 @@ def stall_once(launcher, nproc, stall_ms, workdir, tag):
         if not wait_for(c, lambda: round0_ready(c, world), 120, "round 0"):
             raise RuntimeError(f"round 0 never ready:\n{c.tail(0)}")
         time.sleep(1.0)
-        pids = c.node_pids(1)
         c.freeze(1)
         time.sleep(stall_ms / 1000)
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
+        c.signal_node(1, signal.SIGCONT)
         time.sleep(3.0)
         for node in range(NODES):
             try:
