@@ -133,6 +133,12 @@ func (c *closerRun) tryClose(ctx context.Context) closeStep {
 	}
 	d := decideClose(in)
 	if d.Close {
+		for _, p := range in.Missing {
+			if p.PrevActive && p.State != peerDead {
+				c.e.log.Warn("closing the round without a previous active node (its wait is over)", "round", c.r,
+					"node", p.ID, "state", p.State.String())
+			}
+		}
 		if err := c.e.writeAssignment(ctx, c.r); err != nil {
 			c.e.log.Warn("closer: write assignment", "round", c.r, "err", err)
 			return closeRetry
