@@ -544,6 +544,12 @@ def main():
                       f"{pct(rdy, .5):.0f} |" if rdy else f"| {name} | {len(v)} | {len(ok)} | {cols} | - |")
             print(f"\nAll values in ms. Load average (1/5/15 min) after each rep: {'; '.join(loads)}\n")
 
+        def ft_only(what):
+            ft = [l for l in launchers if l.kind == "ft"]
+            if not ft:
+                raise SystemExit(f"{what} needs ft-launcher (--bin-dir)")
+            return ft
+
         if "nodeloss" in only:
             res, loads = collect("nodeloss", nodeloss_once)
             table(f"Node loss (power-off) -> job running again on 3 nodes x {a.nproc} ranks", res, loads)
@@ -551,9 +557,7 @@ def main():
             res, loads = collect("crash", crash_once)
             table(f"Rank crash on one node -> all 4 nodes x {a.nproc} ranks running again", res, loads)
         if "swap" in only:
-            ft = [l for l in launchers if l.kind == "ft"]
-            if not ft:
-                raise SystemExit("swap needs ft-launcher (--bin-dir)")
+            ft = ft_only("swap")
             variants = [x for x in a.variants.split(",") if x]
             bad = [x for x in variants if x not in SWAP_VARIANTS]
             if bad:
@@ -589,9 +593,7 @@ def main():
                     print(f"| {name} | {len(v)} | 0 | - | - | - | - | - | - | - |")
             print(f"\nAll values in ms. Load average after each rep: {'; '.join(loads)}\n")
         if "stall" in only:
-            ft = [l for l in launchers if l.kind == "ft"]
-            if not ft:
-                raise SystemExit("stall needs ft-launcher (--bin-dir)")
+            ft = ft_only("stall")
             print(f"### Stall (SIGSTOP of node 1's launcher and ranks, then SIGCONT) -> taken for a node loss?\n")
             print("| stall | runs | a round ended |\n|---:|---:|---:|")
             for st in [int(x) for x in a.stall_ms.split(",") if x]:
@@ -605,9 +607,7 @@ def main():
                 print(f"| {st} ms | {a.reps} | {ended} |")
             print(f"\nLoad average after: {loadavg()}\n")
         if "soak" in only:
-            ft = [l for l in launchers if l.kind == "ft"]
-            if not ft:
-                raise SystemExit("soak needs ft-launcher (--bin-dir)")
+            ft = ft_only("soak")
             lost, ended, loads = soak(ft[0], a.nproc, a.soak_seconds, workdir)
             print(f"### No false alarm: {SOAK_NODES} launchers x {a.nproc} heartbeating ranks, "
                   f"{a.soak_seconds:.0f} s, {os.cpu_count()} busy loops saturating the CPUs\n")

@@ -30,6 +30,18 @@ exit 0
 `)
 }
 
+// lossCluster starts n launchers with a lossRank and nnodes; it returns
+// the cluster and the launchers' arguments (for a replacement node).
+func lossCluster(t *testing.T, n int, nnodes string) (*cluster, []string) {
+	c := newCluster(t, embeddedEndpoint(t))
+	c.extra = []string{"--rdzv-backend", "c10d"}
+	args := []string{"--nnodes", nnodes, "--nproc-per-node", "1", "--max-restarts", "2", "--no-python", lossRank(c)}
+	for i := 0; i < n; i++ {
+		c.addNodeV(nil, args...)
+	}
+	return c, args
+}
+
 // roundZeroActives waits until round 0 runs on want nodes and returns
 // them, by group rank.
 func roundZeroActives(t *testing.T, c *cluster, want int) map[int]int {
@@ -51,6 +63,17 @@ func lossReasons(c *cluster, skip map[int]bool) []string {
 		}
 	}
 	return out
+}
+
+// addReplacement checks that the round waits below MIN (no round 1 after
+// 2 s), then starts a replacement node.
+func addReplacement(t *testing.T, c *cluster, args []string) {
+	t.Helper()
+	time.Sleep(2 * time.Second)
+	if b, _ := os.ReadFile(filepath.Join(c.dir, "ready")); strings.Contains(string(b), "ready1") {
+		t.Fatalf("round 1 ran with fewer than MIN nodes: %s", b)
+	}
+	c.addNodeV(nil, args...)
 }
 
 // finishAll lets every round-1 rank exit and checks the survivors' codes.
@@ -83,13 +106,7 @@ func TestNodeLossSigkillConfirmedByStream(t *testing.T) {
 		{"no-spare", 2},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c := newCluster(t, embeddedEndpoint(t))
-			c.extra = []string{"--rdzv-backend", "c10d"}
-			s := lossRank(c)
-			args := []string{"--nnodes", "2:3", "--nproc-per-node", "1", "--max-restarts", "2", "--no-python", s}
-			for i := 0; i < tc.launched; i++ {
-				c.addNodeV(nil, args...)
-			}
+			c, args := lossCluster(t, tc.launched, "2:3")
 			g0 := roundZeroActives(t, c, 2)
 			victim := -1
 			for node := range g0 {
@@ -101,11 +118,7 @@ func TestNodeLossSigkillConfirmedByStream(t *testing.T) {
 				t.Fatal(err)
 			}
 			if tc.launched == 2 {
-				time.Sleep(2 * time.Second) // the round waits: below MIN, no spare
-				if b, _ := os.ReadFile(filepath.Join(c.dir, "ready")); strings.Contains(string(b), "ready1") {
-					t.Fatalf("round 1 ran with fewer than MIN nodes: %s", b)
-				}
-				c.addNodeV(nil, args...)
+				addReplacement(t, c, args)
 			}
 			waitCount(t, filepath.Join(c.dir, "ready"), "ready1", 2, generous)
 			recs := readStarts(t, c.dir)
@@ -152,13 +165,7 @@ func TestNodeLossSigkillConfirmedByStream(t *testing.T) {
 // waits for a replacement node (MIN is 3) and then runs round 1 on the
 // survivor, the spare and the replacement.
 func TestTwoNodesLostAtOnceOneSpare(t *testing.T) {
-	c := newCluster(t, embeddedEndpoint(t))
-	c.extra = []string{"--rdzv-backend", "c10d"}
-	s := lossRank(c)
-	args := []string{"--nnodes", "3:4", "--nproc-per-node", "1", "--max-restarts", "2", "--no-python", s}
-	for i := 0; i < 4; i++ {
-		c.addNodeV(nil, args...)
-	}
+	c, args := lossCluster(t, 4, "3:4")
 	g0 := roundZeroActives(t, c, 3)
 	dead := map[int]bool{}
 	for node := range g0 {
@@ -174,11 +181,7 @@ func TestTwoNodesLostAtOnceOneSpare(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	time.Sleep(2 * time.Second)
-	if b, _ := os.ReadFile(filepath.Join(c.dir, "ready")); strings.Contains(string(b), "ready1") {
-		t.Fatalf("round 1 ran with fewer than MIN nodes: %s", b)
-	}
-	c.addNodeV(nil, args...)
+	addReplacement(t, c, args)
 	waitCount(t, filepath.Join(c.dir, "ready"), "ready1", 3, generous)
 	recs := readStarts(t, c.dir)
 	g1 := checkRound(t, recs, 1, 3)
