@@ -113,6 +113,7 @@ type cycleTiming struct {
 	start, joined, spawnStart, spawned time.Time
 	stopStart, stopped                 time.Time
 	reclaim                            time.Duration // taking the node back from its filler
+	detection                          time.Duration // the previous round's node loss, as its detector timed it
 }
 
 func newRunState(now time.Time, maxRestarts int) runState {
@@ -196,7 +197,8 @@ func (r *runState) finishCycle(end cycleEnd) {
 		copy(r.cycles, r.cycles[1:])
 		r.cycles = r.cycles[:maxCycles-1]
 	}
-	r.cycles = append(r.cycles, verdict.Cycle{Round: c.round, RendezvousMS: ms(c.start, c.joined),
+	r.cycles = append(r.cycles, verdict.Cycle{Round: c.round, DetectionMS: float64(c.detection.Microseconds()) / 1000,
+		RendezvousMS:    ms(c.start, c.joined),
 		FillerReclaimMS: float64(c.reclaim.Microseconds()) / 1000,
 		SpawnMS:         ms(c.spawnStart, c.spawned), RunMS: ms(c.spawned, c.stopStart), StopMS: ms(c.stopStart, c.stopped),
 		End: cycleEndName(end), Reason: end.reason, StartedAt: c.start.UTC()})

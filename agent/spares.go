@@ -78,7 +78,7 @@ func (a *Agent) swapDone() {
 	}
 	a.run.swap = nil
 	c := a.run.cycle
-	phases := map[string]time.Duration{"filler_reclaim": s.reclaim, "spawn": c.spawned.Sub(c.spawnStart)}
+	phases := map[string]time.Duration{"detection": a.run.asg.Detection, "filler_reclaim": s.reclaim, "spawn": c.spawned.Sub(c.spawnStart)}
 	if !s.opened.IsZero() {
 		phases["rendezvous"] = s.assigned.Sub(s.opened) - s.reclaim
 		phases["total"] = c.spawned.Sub(s.opened)

@@ -124,7 +124,13 @@ func (a *Agent) joining(ctx context.Context) State {
 	a.run.lastRound = asg.Round
 	a.run.restartsUsed = asg.RestartsUsed
 	a.run.maxRestarts = asg.MaxRestarts
-	a.run.cycle = cycleTiming{round: asg.Round, start: t0, joined: time.Now()}
+	// A spare waits in Next long before its round opens: its rendezvous
+	// phase starts when the round opened.
+	start := t0
+	if asg.OpenedAt.After(start) {
+		start = asg.OpenedAt
+	}
+	a.run.cycle = cycleTiming{round: asg.Round, start: start, joined: time.Now(), detection: asg.Detection}
 	if asg.Standby {
 		return StateStandby
 	}

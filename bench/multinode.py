@@ -16,9 +16,14 @@ Scenarios (repetitions alternate launchers so background load hits both):
             "no filler", "filler" (--spare-filler: a process tree of sleeps
             on the spare, reclaimed on promotion) and "etcd member" (three
             embedded etcd members on nodes 0-2, filler on the spare, the
-            powered-off node hosts a member). Latency as nodeloss, split
-            into phases from the promoted spare's spare_swap event: detect
-            (kill -> round opened), rendezvous, filler reclaim, spawn.
+            powered-off node hosts a member), and "silent" (the node's
+            launcher and ranks are frozen with SIGSTOP instead: gossip
+            suspicion must confirm it; the frozen node is SIGKILLed after
+            the measurement). Latency as nodeloss, split into phases from
+            the promoted spare's spare_swap event: detect (kill -> round
+            opened), of which "detector" is the detecting node's own time
+            from the first evidence (closed connection, last gossip ack) to
+            the round's end, rendezvous, filler reclaim, spawn.
   nodeloss  --nnodes 3:4, 4 launchers. When round 0 is ready, one active node
             that does not host the rendezvous (node 1 if active) is powered
             off: its launcher and every process under it get SIGKILL in one
@@ -27,6 +32,13 @@ Scenarios (repetitions alternate launchers so background load hits both):
   crash     --nnodes 4, 4 launchers. Node 1's local rank 0 exits 1 one second
             after round 0 is ready. Latency = max start stamp of the first
             complete round after the crash (4 x nproc ranks) - crash stamp.
+  stall     --nnodes 4: node 1's launcher and ranks are frozen for each
+            --stall-ms length, then resumed; counts the runs where a round
+            ended for a node loss (which stall length is taken for a loss).
+  soak      not in the default: the no-false-alarm load test, 8 launchers
+            (--nnodes 8) with heartbeating ranks for --soak-seconds while
+            one busy loop per CPU saturates the machine; counts the node
+            losses declared (must be 0) and the rounds ended.
 A round not complete within --bound seconds is recorded as "no restart within
 bound". Prints markdown on stdout; progress and failures on stderr.
 
@@ -96,14 +108,15 @@ class Launcher:
 class Cluster:
     """NODES launchers of one job, each in its own session; stop() leaves nothing."""
 
-    def __init__(self, launcher, workdir, tag, nnodes, nproc, mode, crash=(), extra=(), endpoint=None):
+    def __init__(self, launcher, workdir, tag, nnodes, nproc, mode, crash=(), extra=(), endpoint=None, nodes=NODES):
         self.dir = os.path.join(workdir, tag)
         os.makedirs(self.dir)
         self.stamps = os.path.join(self.dir, "stamps")
         endpoint = endpoint or f"127.0.0.2:{free_port('127.0.0.2')}"
         run_id = f"mnbench-{tag}-{time.time_ns()}"
         self.procs, self.logs, self.known = [], [], {}  # known: pid -> start time
-        for node in range(NODES):
+        self.n = nodes
+        for node in range(nodes):
             ndir = os.path.join(self.dir, f"node{node}")
             tmp = os.path.join(ndir, "tmp")  # etcd data dir and torch temp files
             os.makedirs(tmp)
@@ -131,12 +144,12 @@ class Cluster:
         return [root] + descendants(root)
 
     def refresh(self):
-        for n in range(NODES):
+        for n in range(self.n):
             self.remember(self.node_pids(n))
         self.remember(int(f[7]) for f in read_lines(self.stamps) if f[1] == "start")
 
-    def power_off(self, node):
-        """SIGKILL the node's launcher and all its processes at once; returns the kill time."""
+    def signal_node(self, node, sig):
+        """Send sig to the node's launcher and all its processes at once; returns the time."""
         pids = self.node_pids(node)
         pids += [int(f[7]) for f in read_lines(self.stamps)
                  if f[1] == "start" and f[2] == str(node) and int(f[7]) not in pids]
@@ -144,10 +157,18 @@ class Cluster:
         t = time.time_ns()
         for pid in pids:
             try:
-                os.kill(pid, signal.SIGKILL)
+                os.kill(pid, sig)
             except ProcessLookupError:
                 pass
         return t
+
+    def power_off(self, node):
+        """SIGKILL the node's launcher and all its processes at once; returns the kill time."""
+        return self.signal_node(node, signal.SIGKILL)
+
+    def freeze(self, node):
+        """SIGSTOP the node's launcher and all its processes (a silent node); returns the time."""
+        return self.signal_node(node, signal.SIGSTOP)
 
     def lines(self):
         return read_lines(self.stamps)
@@ -296,6 +317,7 @@ SWAP_VARIANTS = {
     "no filler": dict(filler=False, members=False),
     "filler": dict(filler=True, members=False),
     "etcd member": dict(filler=True, members=True),
+    "silent": dict(filler=False, members=False, freeze=True),
 }
 FILLER = "sleep 600 & (sleep 600 &) & setsid sleep 600 & wait"
 
@@ -349,8 +371,10 @@ def swap_once(launcher, nproc, bound, workdir, tag, variant):
         # Node 1: active, not the etcd host (node 0), and a member host in
         # the "etcd member" variant.
         victim = 1 if 1 in r0[1] and r0[2] != 1 else next(n for n in r0[1] if n not in (0, r0[2]))
-        t_kill = c.power_off(victim)
+        t_kill = c.freeze(victim) if v.get("freeze") else c.power_off(victim)
         res = wait_for(c, lambda: complete_round(c.lines(), w, t_kill), bound, "next round")
+        if v.get("freeze"):
+            c.power_off(victim)  # a frozen node would hold stop() up
         if not res:
             raise NoRestart(f"no complete {w}-rank round within {bound:.0f} s after the kill")
         last, _, nodes, _ = res
@@ -362,10 +386,81 @@ def swap_once(launcher, nproc, bound, workdir, tag, variant):
         total = last - t_kill
         opened = ev.get("total_ms")
         detect = total / 1e6 - opened if opened is not None else None
-        return total, {"detect": detect, "rendezvous": ev.get("rendezvous_ms"),
+        return total, {"detect": detect, "detector": ev.get("detection_ms"), "rendezvous": ev.get("rendezvous_ms"),
                        "filler_reclaim": ev.get("filler_reclaim_ms"), "spawn": ev.get("spawn_ms")}
     finally:
         c.stop()
+
+
+def stall_once(launcher, nproc, stall_ms, workdir, tag):
+    """Freeze node 1's launcher and ranks (SIGSTOP) for stall_ms, resume
+    them, wait 3 s: True when a round ended for a node loss (the stall was
+    taken for one; a stall over the workers' 1 s silence also fails ranks,
+    which is not counted)."""
+    import json
+    world = NODES * nproc
+    extra = ["--event-log", "{node_dir}/events.jsonl"]
+    c = Cluster(launcher, workdir, tag, str(NODES), nproc, "poweroff", extra=extra)
+    try:
+        if not wait_for(c, lambda: round0_ready(c, world), 120, "round 0"):
+            raise RuntimeError(f"round 0 never ready:\n{c.tail(0)}")
+        time.sleep(1.0)
+        c.freeze(1)
+        time.sleep(stall_ms / 1000)
+        c.signal_node(1, signal.SIGCONT)
+        time.sleep(3.0)
+        for node in range(NODES):
+            try:
+                with open(os.path.join(c.dir, f"node{node}", "events.jsonl")) as f:
+                    if any(json.loads(l).get("event") == "round_ended" and "lost" in str(json.loads(l).get("reason"))
+                           for l in f):
+                        return True
+            except OSError:
+                pass
+        return False
+    finally:
+        c.stop()
+
+
+SOAK_NODES = 8
+
+
+def soak(launcher, nproc, seconds, workdir):
+    """No false alarm: SOAK_NODES launchers (--nnodes SOAK_NODES) with
+    heartbeating ranks for `seconds` while one busy loop per CPU saturates
+    the machine. Returns (node losses declared, rounds ended, load samples)."""
+    import json
+    extra = ["--event-log", "{node_dir}/events.jsonl"]
+    c = Cluster(launcher, workdir, "soak", str(SOAK_NODES), nproc, "poweroff", extra=extra, nodes=SOAK_NODES)
+    burners = []
+    try:
+        if not wait_for(c, lambda: round0_ready(c, SOAK_NODES * nproc), 180, "round 0"):
+            raise RuntimeError(f"round 0 never ready:\n{c.tail(0)}")
+        for _ in range(os.cpu_count() or 1):
+            burners.append(subprocess.Popen([sys.executable, "-S", "-c", "while True: pass"]))
+        loads, end = [], time.monotonic() + seconds
+        while time.monotonic() < end:
+            time.sleep(min(30, max(0.1, end - time.monotonic())))
+            loads.append(loadavg())
+            progress(f"soak: {seconds - max(0, end - time.monotonic()):.0f}/{seconds:.0f} s, load {loads[-1]}")
+    finally:
+        for b in burners:
+            b.kill()
+            b.wait()
+        c.stop()
+    lost, ended = set(), set()
+    for node in range(SOAK_NODES):
+        try:
+            with open(os.path.join(c.dir, f"node{node}", "events.jsonl")) as f:
+                for line in f:
+                    e = json.loads(line)
+                    if e.get("event") == "round_ended":
+                        ended.add(e.get("round"))
+                        if "lost" in str(e.get("reason", "")):
+                            lost.add((e.get("round"), str(e.get("reason"))))
+        except OSError:
+            pass
+    return lost, ended, loads
 
 
 def loadavg():
@@ -382,10 +477,16 @@ def main():
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--nproc", type=int, default=1)
     p.add_argument("--bound", type=float, default=120.0)
-    p.add_argument("--only", default="nodeloss,crash", help="comma list of nodeloss, crash, swap")
+    p.add_argument("--only", default="nodeloss,crash",
+                   help="comma list of nodeloss, crash, swap, stall, soak (soak: the no-false-alarm load test, not in the default)")
+    p.add_argument("--soak-seconds", type=float, default=300.0, help="length of the soak test")
+    p.add_argument("--stall-ms", default="300,500,700,900,1200,2000",
+                   help="stall scenario: comma list of SIGSTOP lengths in ms (each --reps times)")
     p.add_argument("--torchrun-tuned", action="store_true",
                    help=f"also run torchrun with --rdzv_conf {TUNED_CONF}")
     p.add_argument("--keep", help="keep stamps and launcher logs in this new directory")
+    p.add_argument("--variants", default=",".join(SWAP_VARIANTS),
+                   help="comma list of swap variants: " + ", ".join(SWAP_VARIANTS))
     a = p.parse_args()
 
     launchers = []
@@ -443,6 +544,12 @@ def main():
                       f"{pct(rdy, .5):.0f} |" if rdy else f"| {name} | {len(v)} | {len(ok)} | {cols} | - |")
             print(f"\nAll values in ms. Load average (1/5/15 min) after each rep: {'; '.join(loads)}\n")
 
+        def ft_only(what):
+            ft = [l for l in launchers if l.kind == "ft"]
+            if not ft:
+                raise SystemExit(f"{what} needs ft-launcher (--bin-dir)")
+            return ft
+
         if "nodeloss" in only:
             res, loads = collect("nodeloss", nodeloss_once)
             table(f"Node loss (power-off) -> job running again on 3 nodes x {a.nproc} ranks", res, loads)
@@ -450,13 +557,15 @@ def main():
             res, loads = collect("crash", crash_once)
             table(f"Rank crash on one node -> all 4 nodes x {a.nproc} ranks running again", res, loads)
         if "swap" in only:
-            ft = [l for l in launchers if l.kind == "ft"]
-            if not ft:
-                raise SystemExit("swap needs ft-launcher (--bin-dir)")
-            swaps = {name: [] for name in SWAP_VARIANTS}
+            ft = ft_only("swap")
+            variants = [x for x in a.variants.split(",") if x]
+            bad = [x for x in variants if x not in SWAP_VARIANTS]
+            if bad:
+                raise SystemExit(f"unknown --variants {bad}: choose from {', '.join(SWAP_VARIANTS)}")
+            swaps = {name: [] for name in variants}
             loads = []
             for i in range(a.reps):
-                for name in SWAP_VARIANTS:
+                for name in variants:
                     tag = f"swap-{name.replace(' ', '')}-{i}"
                     try:
                         v = swap_once(ft[0], a.nproc, a.bound, workdir, tag, name)
@@ -471,18 +580,42 @@ def main():
                 loads.append(loadavg())
             print(f"### Spare swap: power-off of an active node -> all {3 * a.nproc} ranks of the new round exec'd "
                   f"(4 nodes, one spare)\n")
-            print("| variant | runs | ok | p50 total | max total | p50 detect | p50 rendezvous | p50 filler reclaim | p50 spawn |\n"
-                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+            print("| variant | runs | ok | p50 total | max total | p50 detect | p50 detector | p50 rendezvous | p50 filler reclaim | p50 spawn |\n"
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
             for name, v in swaps.items():
                 ok = [x for x in v if x]
                 tot = [ms(x[0]) for x in ok]
                 ph = lambda k: pct([x[1][k] for x in ok if x[1].get(k) is not None], .5) if ok else float("nan")
                 if tot:
-                    print(f"| {name} | {len(v)} | {len(ok)} | {pct(tot, .5):.0f} | {max(tot):.0f} | {ph('detect'):.0f} | "
+                    print(f"| {name} | {len(v)} | {len(ok)} | {pct(tot, .5):.0f} | {max(tot):.0f} | {ph('detect'):.0f} | {ph('detector'):.1f} | "
                           f"{ph('rendezvous'):.1f} | {ph('filler_reclaim'):.1f} | {ph('spawn'):.1f} |")
                 else:
-                    print(f"| {name} | {len(v)} | 0 | - | - | - | - | - | - |")
+                    print(f"| {name} | {len(v)} | 0 | - | - | - | - | - | - | - |")
             print(f"\nAll values in ms. Load average after each rep: {'; '.join(loads)}\n")
+        if "stall" in only:
+            ft = ft_only("stall")
+            print(f"### Stall (SIGSTOP of node 1's launcher and ranks, then SIGCONT) -> taken for a node loss?\n")
+            print("| stall | runs | a round ended |\n|---:|---:|---:|")
+            for st in [int(x) for x in a.stall_ms.split(",") if x]:
+                ended = 0
+                for i in range(a.reps):
+                    try:
+                        ended += stall_once(ft[0], a.nproc, st, workdir, f"stall-{st}-{i}")
+                    except Exception as e:
+                        failures.append(f"stall-{st}-{i}: {e}")
+                progress(f"stall {st} ms: {ended}/{a.reps} ended a round, load {loadavg()}")
+                print(f"| {st} ms | {a.reps} | {ended} |")
+            print(f"\nLoad average after: {loadavg()}\n")
+        if "soak" in only:
+            ft = ft_only("soak")
+            lost, ended, loads = soak(ft[0], a.nproc, a.soak_seconds, workdir)
+            print(f"### No false alarm: {SOAK_NODES} launchers x {a.nproc} heartbeating ranks, "
+                  f"{a.soak_seconds:.0f} s, {os.cpu_count()} busy loops saturating the CPUs\n")
+            print(f"- node losses declared: {len(lost)}{' ' + repr(sorted(lost)) if lost else ''}")
+            print(f"- rounds ended (any cause): {len(ended)}")
+            print(f"- load average during the test: {'; '.join(loads)}\n")
+            if lost:
+                failures.append(f"soak: {len(lost)} false node loss(es)")
     if failures:
         print("Failures:\n")
         for f in failures:

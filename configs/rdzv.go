@@ -71,6 +71,7 @@ type Rendezvous struct {
 	EtcdLossBound   time.Duration // etcd unreachable mid-run longer than this ends the job
 	RejoinWait      time.Duration // a restart round waits this long for the previous round's nodes
 	MinNodesWait    time.Duration // in a fixed allocation (Slurm, MIN == MAX), a restart round short of MIN nodes ends the job after this
+	Gossip          Gossip        // the node-loss detector's timings (gossip_* keys)
 }
 
 // ClientURLs are the endpoints as etcd client URLs.
@@ -113,6 +114,7 @@ func knownRdzvConfKeys() string {
 	for _, t := range rdzvTimings() {
 		keys = append(keys, t.key)
 	}
+	keys = append(keys, gossipKeys...)
 	return strings.Join(keys, ", ") + " and is_host"
 }
 
@@ -150,6 +152,9 @@ func (p *parser) resolveRendezvous() error {
 	// way on a laptop as on the cluster.
 	p.warnUnusedRdzvConf(confSubj)
 	if err := p.rdzvConfTimings(&r, confSubj); err != nil {
+		return err
+	}
+	if err := p.rdzvConfGossip(&r, confSubj); err != nil {
 		return err
 	}
 	isHost, hasIsHost := false, false
@@ -322,6 +327,9 @@ func (p *parser) warnUnusedRdzvConf(confSubj string) {
 	known := map[string]bool{"is_host": true}
 	for _, t := range rdzvTimings() {
 		known[t.key] = true
+	}
+	for _, k := range gossipKeys {
+		known[k] = true
 	}
 	torchrunOnly := torchrunOnlyRdzvConf()
 	for _, k := range sortedKeys(p.cfg.RdzvConf) {

@@ -378,6 +378,14 @@ exit 0
 		t.Fatalf("the majority did not restart within 30s of the partition: %v\n%s", recs, partStderrs(nodes))
 	}
 	t.Logf("round 1 started %.2fs after the partition", time.Since(cutAt).Seconds())
+	// A silent node is confirmed by gossip suspicion (docs/rendezvous.md,
+	// "Node-loss detection"): not by the stream connections, which a cut
+	// does not close, and well before its lease expires.
+	if e, ok := nodes[survivor].waitEvent("round_ended", 10*time.Second, func(e map[string]any) bool { return roundOf(e) == 0 }); !ok {
+		t.Fatalf("the survivor recorded no end of round 0\n%s", partStderrs(nodes))
+	} else if r := fmt.Sprint(e["reason"]); !strings.Contains(r, "(gossip)") {
+		t.Fatalf("round 0 ended with %q: want the loss confirmed by gossip", r)
+	}
 	g1 := checkRound(t, recs, 1, 2)
 	if _, ok := g1[victim]; ok {
 		t.Fatalf("the partitioned node %d ran in round 1: %v", victim, recs)
@@ -423,7 +431,7 @@ exit 0
 	recs = readStarts(t, dir)
 	for _, r := range recs {
 		if r.cycle > 1 || (r.cycle >= 1 && r.node == victim) {
-			t.Fatalf("the healed node disturbed round 1: start %+v in %v", r, recs)
+			t.Fatalf("the healed node disturbed round 1: start %+v in %v\n%s", r, recs, partStderrs(nodes))
 		}
 	}
 

@@ -188,15 +188,21 @@ func TestSpareFillerReclaimedOnSwap(t *testing.T) {
 		}
 	}
 	// Metrics, summed over the live nodes: one swap, one filler preemption.
-	sum := map[string]float64{}
-	for i, m := range metrics {
-		if i == victim {
-			continue
+	// The promoted spare records the swap right after its ranks' exec, so a
+	// rank may say ready1 first: wait for it (bounded).
+	var sum map[string]float64
+	waitFor(t, generous, func() bool {
+		sum = map[string]float64{}
+		for i, m := range metrics {
+			if i == victim {
+				continue
+			}
+			for k, v := range scrape(t, m) {
+				sum[k] += v
+			}
 		}
-		for k, v := range scrape(t, m) {
-			sum[k] += v
-		}
-	}
+		return sum["ftlauncher_spares_swaps_total"] >= 1
+	})
 	for k, want := range map[string]float64{"ftlauncher_spares_swaps_total": 1, "ftlauncher_filler_preemptions_total": 1,
 		"ftlauncher_spares_allocated_total": 2, "ftlauncher_spares_active": 1} {
 		if sum[k] != want {

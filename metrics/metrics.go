@@ -75,7 +75,8 @@ func New() *Metrics {
 		Name: "ftlauncher_filler_preemptions_total", Help: "Times this spare's filler work was reclaimed (killed) for the job."})
 	m.swapLatency = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name: "ftlauncher_swap_latency_seconds",
-		Help: "Spare swap on the promoted node, by phase: rendezvous (round opened -> assignment), " +
+		Help: "Spare swap on the promoted node, by phase: detection (the lost node's first evidence -> round ended, as its detector timed it), " +
+			"rendezvous (round opened -> assignment), " +
 			"filler_reclaim, spawn (-> every rank exec'd), total (round opened -> every rank exec'd).",
 		Buckets: prometheus.ExponentialBuckets(0.001, 2, 16)}, []string{"phase"})
 	m.rankRefused = prometheus.NewCounterVec(prometheus.CounterOpts{

@@ -22,16 +22,18 @@ func (e *Etcd) claimCloser(ctx context.Context, r int) (bool, error) {
 	return resp.Succeeded, nil
 }
 
-// closerRun is the state of one closer: round r's members as watched, the
-// LastCall timer and the rejoin gate.
+// closerRun is the state of one closer: round r's members as watched,
+// the population view of a restart round (gate) and the timer of the
+// next deadline of the round-closing rule (decideClose).
 type closerRun struct {
-	e            *Etcd
-	r            int
-	present      map[string]bool
-	wch          clientv3.WatchChan
-	lastCall     *time.Timer
-	lastCallDone bool
-	gate         *rejoinGate
+	e        *Etcd
+	r        int
+	present  map[string]bool
+	wch      clientv3.WatchChan
+	timer    *time.Timer
+	minMetAt time.Time            // when MIN members were first present
+	suspects map[string]time.Time // first seen suspected by this node's gossip
+	gate     *rejoinGate
 }
 
 // closeStep is what one attempt to close the round led to.
@@ -44,16 +46,15 @@ const (
 )
 
 // runCloser counts round r's members (watch, no polling) and writes the
-// assignment once the round may close: >= MIN present, round r open, the
-// rejoin gate open (see rejoinGate), and either MAX present or LastCall
-// elapsed since MIN was reached.
+// assignment once round r is open and the round-closing rule (decideClose)
+// says so.
 func (e *Etcd) runCloser(ctx context.Context, r int) {
 	get, err := e.cli.Get(ctx, e.k.nodes(r), clientv3.WithPrefix(), clientv3.WithKeysOnly())
 	if err != nil {
 		e.log.Debug("closer: list members", "round", r, "err", err)
 		return
 	}
-	c := &closerRun{e: e, r: r, present: map[string]bool{},
+	c := &closerRun{e: e, r: r, present: map[string]bool{}, suspects: map[string]time.Time{},
 		wch: e.cli.Watch(ctx, e.k.nodes(r), clientv3.WithPrefix(), clientv3.WithRev(get.Header.Revision+1))}
 	for _, kv := range get.Kvs {
 		c.present[strings.TrimPrefix(string(kv.Key), e.k.nodes(r))] = true
@@ -100,34 +101,74 @@ func (c *closerRun) openGate(ctx context.Context) closeStep {
 	return closeWait
 }
 
-// tryClose writes the assignment when the round may close, and arms the
-// LastCall timer once MIN nodes are present.
+// tryClose writes the assignment when the round-closing rule says so, and
+// otherwise arms the timer for its next deadline.
 func (c *closerRun) tryClose(ctx context.Context) closeStep {
 	o := c.e.o
+	now := time.Now()
 	n := len(c.present)
-	if n < o.MinNodes {
-		return closeWait
+	if n >= o.MinNodes && c.minMetAt.IsZero() {
+		c.minMetAt = now
 	}
-	gateOpen := c.gate == nil || c.gate.open(c.present)
-	if gateOpen && (n >= o.MaxNodes || c.lastCallDone || o.MaxNodes == o.MinNodes) {
+	in := closeInput{Min: o.MinNodes, Max: o.MaxNodes, Present: n, FirstRound: c.gate == nil, Now: now,
+		Opened: now, MinMetAt: c.minMetAt, LastCall: o.LastCall, RejoinWait: o.RejoinWait, DetectBound: c.e.detectBound()}
+	if c.gate != nil {
+		in.Opened = c.gate.opened
+	}
+	// Below MIN the rule only waits: the population (O(n)) is not looked at
+	// for each of the n registrations of a large round.
+	if c.gate != nil && n >= o.MinNodes {
+		in.Missing = c.gate.missing(c.present, c.e.gossipSuspects())
+		for i := range in.Missing {
+			p := &in.Missing[i]
+			if p.State != peerSuspect {
+				delete(c.suspects, p.ID)
+				continue
+			}
+			if _, ok := c.suspects[p.ID]; !ok {
+				c.suspects[p.ID] = now
+			}
+			p.Since = c.suspects[p.ID]
+		}
+	}
+	d := decideClose(in)
+	if d.Close {
+		for _, p := range in.Missing {
+			if p.PrevActive && p.State != peerDead {
+				c.e.log.Warn("closing the round without a previous active node (its wait is over)", "round", c.r,
+					"node", p.ID, "state", p.State.String())
+			}
+		}
 		if err := c.e.writeAssignment(ctx, c.r); err != nil {
 			c.e.log.Warn("closer: write assignment", "round", c.r, "err", err)
-			c.lastCallDone = true
 			return closeRetry
 		}
+		c.e.log.Debug("closer: round closes", "round", c.r, "why", d.Why)
 		return closeDone
 	}
-	if c.lastCall == nil && o.MaxNodes > o.MinNodes {
-		c.lastCall = time.NewTimer(o.LastCall)
+	c.arm(now, d.Until)
+	if len(d.Waiting) > 0 {
+		c.e.log.Debug("closer: waiting", "round", c.r, "why", d.Why)
 	}
 	return closeWait
 }
 
+// arm sets the timer for deadline until (zero: none).
+func (c *closerRun) arm(now, until time.Time) {
+	if c.timer != nil {
+		c.timer.Stop()
+		c.timer = nil
+	}
+	if !until.IsZero() {
+		c.timer = time.NewTimer(until.Sub(now))
+	}
+}
+
 // wait blocks for the next event; false means the closer should stop.
 func (c *closerRun) wait(ctx context.Context, changed <-chan struct{}) bool {
-	var lastCall <-chan time.Time
-	if c.lastCall != nil {
-		lastCall = c.lastCall.C
+	var deadline <-chan time.Time
+	if c.timer != nil {
+		deadline = c.timer.C
 	}
 	var gateCh <-chan struct{}
 	if c.gate != nil {
@@ -137,8 +178,8 @@ func (c *closerRun) wait(ctx context.Context, changed <-chan struct{}) bool {
 	case <-ctx.Done():
 		return false
 	case <-changed:
-	case <-lastCall:
-		c.lastCallDone = true
+	case <-deadline:
+		c.timer = nil
 	case <-gateCh:
 		c.gate.refresh()
 	case wr, ok := <-c.wch:
@@ -158,8 +199,8 @@ func (c *closerRun) wait(ctx context.Context, changed <-chan struct{}) bool {
 }
 
 func (c *closerRun) stop() {
-	if c.lastCall != nil {
-		c.lastCall.Stop()
+	if c.timer != nil {
+		c.timer.Stop()
 	}
 	if c.gate != nil {
 		c.gate.stop()

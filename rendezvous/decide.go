@@ -40,9 +40,10 @@ type roundFacts struct {
 // names the lost node for a node loss ("" for a local failure); a node
 // that left on purpose (excluded record) turns the loss into NodeExcluded,
 // one stopped by a signal (Depart) into NodeStopped.
-// extra are the caller's fences. A report that lost a race, or was fenced
+// evidence is when the failure was first seen (zero: not known), for the
+// end record's detection time. extra are the caller's fences. A report that lost a race, or was fenced
 // out, returns what the job did instead.
-func (e *Etcd) endRound(ctx context.Context, r int, f policy.Failure, lost, reason string, extra []clientv3.Cmp) (Decision, error) {
+func (e *Etcd) endRound(ctx context.Context, r int, f policy.Failure, lost, reason string, evidence time.Time, extra []clientv3.Cmp) (Decision, error) {
 	facts, err := e.readFacts(ctx, r, lost)
 	if err != nil {
 		return Decision{}, fmt.Errorf("rendezvous: end round %d: read job state: %w", r, err)
@@ -60,7 +61,7 @@ func (e *Etcd) endRound(ctx context.Context, r int, f policy.Failure, lost, reas
 	if lost != "" {
 		subject = lost
 	}
-	ops, dec := e.endOps(r, f, policy.Decide(in), facts.restarts, subject, reason)
+	ops, dec := e.endOps(r, f, policy.Decide(in), facts.restarts, subject, reason, evidence)
 	conds := append([]clientv3.Cmp{
 		clientv3.Compare(clientv3.Value(e.k.round()), "=", strconv.Itoa(r)),
 		clientv3.Compare(clientv3.CreateRevision(e.k.closed()), "=", 0),
@@ -81,7 +82,7 @@ func (e *Etcd) endRound(ctx context.Context, r int, f policy.Failure, lost, reas
 }
 
 // endOps are the writes that carry out policy decision d for round r.
-func (e *Etcd) endOps(r int, f policy.Failure, d policy.Decision, used int, subject, reason string) ([]clientv3.Op, Decision) {
+func (e *Etcd) endOps(r int, f policy.Failure, d policy.Decision, used int, subject, reason string, evidence time.Time) ([]clientv3.Op, Decision) {
 	if d.Action == policy.CloseJob {
 		code := 1
 		if d.Close == verdict.NoRestart {
@@ -97,11 +98,19 @@ func (e *Etcd) endOps(r int, f policy.Failure, d policy.Decision, used int, subj
 	}
 	le := endInfo{Round: r, Reason: reason + "; " + d.Why, Node: subject, Cause: f, Action: d.Action, RestartsUsed: used,
 		At: time.Now().UTC()}
+	if !evidence.IsZero() {
+		le.DetectMS = float64(le.At.Sub(evidence).Microseconds()) / 1000
+	}
 	lb, _ := json.Marshal(le)
 	ops := []clientv3.Op{clientv3.OpPut(e.k.lastEnd(), string(lb)), clientv3.OpPut(e.k.round(), strconv.Itoa(r+1)),
 		clientv3.OpPut(e.k.restarts(), strconv.Itoa(used))}
-	if subject != e.o.NodeID && quarantines(f, d.Action, subject) {
-		ops = append(ops, e.quarantineOp(r, f, subject, reason))
+	if subject != e.o.NodeID {
+		// The next round's closer must not wait for the node that ended
+		// this one: its death is recorded with the end, not after it.
+		ops = append(ops, clientv3.OpPut(e.k.dead(subject), e.o.NodeID, clientv3.WithLease(e.currentLease())))
+		if quarantines(f, d.Action, subject) {
+			ops = append(ops, e.quarantineOp(r, f, subject, reason))
+		}
 	}
 	return ops, Decision{Restart: true, Action: d.Action, Reason: le.Reason, RestartsUsed: used}
 }

@@ -77,6 +77,7 @@ type EtcdOptions struct {
 	ConnectTimeout  time.Duration // etcd unreachable at start: error after this (default 20s)
 	GossipPort      int           // memberlist port on LocalAddr (0 picks one)
 	DisableGossip   bool          // lease expiry is then the only node-loss detector
+	Gossip          GossipTimings // failure detector timings (zero fields: defaults)
 	HealthCheck     func(ctx context.Context) error
 	// MasterPort is the port this node advertises for round (its
 	// MASTER_PORT should it be group rank 0); nil picks a free one. The
@@ -129,6 +130,9 @@ type Etcd struct {
 	roundStop  context.CancelFunc // stops the watchers of the active round
 	lastProbe  time.Time
 	gossipAddr string
+	stream     *streamServer
+	streamAddr string
+	lastAck    map[string]time.Time // last gossip ack from each member (evidence of life)
 }
 
 type endSub struct {
@@ -148,7 +152,7 @@ func NewEtcd(ctx context.Context, opts EtcdOptions) (*Etcd, error) {
 	e := &Etcd{o: opts, log: opts.Logger.With("node", opts.NodeID, "run_id", opts.RunID),
 		rk: runKeys{base: opts.KeyPrefix + opts.RunID + "/"}, ends: map[int]*endSub{},
 		lastEnds: map[int]endInfo{}, changed: make(chan struct{}), lastRound: -1, reborn: -1,
-		assigned: map[int]roundSummary{}, ctlRound: -1}
+		assigned: map[int]roundSummary{}, ctlRound: -1, lastAck: map[string]time.Time{}}
 	e.ctx, e.cancel = context.WithCancel(context.Background())
 	e.lost, e.loseFn = context.WithCancelCause(e.ctx)
 	if err := e.start(ctx); err != nil {
@@ -225,6 +229,7 @@ func (o *EtcdOptions) defaults() error {
 	def(&o.EtcdLossBound, 60*time.Second)
 	def(&o.ConnectTimeout, 20*time.Second)
 	def(&o.ProbeInterval, time.Second)
+	o.Gossip.defaults()
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}

@@ -1,8 +1,10 @@
 package rendezvous
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"strconv"
 	"time"
@@ -11,19 +13,22 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-// Gossip (SWIM via hashicorp/memberlist) detects a dead launcher within
-// about a second, far sooner than its etcd lease expires. Timings are tuned
-// for a LAN or loopback; seeds come from the round's assignment.
-func gossipConfig(name, addr string, port int) *memberlist.Config {
+// Gossip (SWIM via hashicorp/memberlist) confirms a silent node's loss
+// (power-off, partition, a stall) within the detection bound; a launcher
+// that dies while its host lives is confirmed sooner by its peers' stream
+// connections (stream.go). Timings come from GossipTimings; seeds come from
+// the round's assignment.
+func gossipConfig(name, addr string, port int, t GossipTimings) *memberlist.Config {
 	c := memberlist.DefaultLANConfig()
 	c.Name = name
 	c.BindAddr = addr
 	c.BindPort = port
 	c.AdvertiseAddr = addr
 	c.AdvertisePort = port
-	c.ProbeInterval = 200 * time.Millisecond
-	c.ProbeTimeout = 100 * time.Millisecond
-	c.SuspicionMult = 2
+	c.ProbeInterval = t.ProbeInterval
+	c.ProbeTimeout = t.ProbeTimeout
+	c.SuspicionMult = t.SuspicionMult
+	c.IndirectChecks = t.IndirectChecks
 	c.GossipInterval = 100 * time.Millisecond
 	c.PushPullInterval = 5 * time.Second
 	c.TCPTimeout = 2 * time.Second
@@ -31,10 +36,108 @@ func gossipConfig(name, addr string, port int) *memberlist.Config {
 	return c
 }
 
+// GossipTimings are the failure detector's settings (--rdzv-conf
+// gossip_probe_interval, gossip_probe_timeout, gossip_suspicion_mult,
+// gossip_indirect_checks). Zero fields take the defaults.
+type GossipTimings struct {
+	ProbeInterval  time.Duration // each member probes one other this often (default 200ms)
+	ProbeTimeout   time.Duration // a direct probe's ack wait before indirect probes (default 100ms)
+	SuspicionMult  int           // suspicion lasts SuspicionMult * max(1, log10(n)) probe intervals (default 2)
+	IndirectChecks int           // members asked to probe a node that missed a direct probe (0: default 3; negative: none)
+}
+
+// DefaultGossipTimings are the defaults (docs/rendezvous.md, "Detection").
+var DefaultGossipTimings = GossipTimings{ProbeInterval: 200 * time.Millisecond, ProbeTimeout: 100 * time.Millisecond,
+	SuspicionMult: 2, IndirectChecks: 3}
+
+func (t *GossipTimings) defaults() {
+	d := DefaultGossipTimings
+	if t.ProbeInterval <= 0 {
+		t.ProbeInterval = d.ProbeInterval
+	}
+	if t.ProbeTimeout <= 0 {
+		t.ProbeTimeout = min(d.ProbeTimeout, t.ProbeInterval/2)
+	}
+	if t.SuspicionMult <= 0 {
+		t.SuspicionMult = d.SuspicionMult
+	}
+	switch {
+	case t.IndirectChecks == 0:
+		t.IndirectChecks = d.IndirectChecks
+	case t.IndirectChecks < 0:
+		t.IndirectChecks = 0
+	}
+}
+
+// Suspicion is how long a member of a cluster of n stays suspected before
+// it is declared dead, at most (memberlist shortens it with independent
+// confirmations when SuspicionMult > 2).
+func (t GossipTimings) Suspicion(n int) time.Duration {
+	scale := math.Max(1, math.Log10(math.Max(1, float64(n))))
+	d := time.Duration(float64(t.SuspicionMult) * scale * float64(t.ProbeInterval))
+	if t.SuspicionMult > 2 {
+		d *= 6 // memberlist's SuspicionMaxTimeoutMult: the bound without confirmations
+	}
+	return d
+}
+
+// Bound is the detection bound of a silent node in a cluster of n: a
+// probe interval until a member probes it (each member probes one per
+// interval, so with several members one comes about every interval), one
+// for the failed direct and indirect probes, the suspicion, then a probe
+// timeout for the stream check (answersOnStream).
+func (t GossipTimings) Bound(n int) time.Duration {
+	return 2*t.ProbeInterval + t.Suspicion(n) + max(t.ProbeTimeout, 50*time.Millisecond)
+}
+
+// detectBound is how long a closer waits for a node gossip suspects: the
+// rest of its suspicion and the news of its death.
+func (e *Etcd) detectBound() time.Duration {
+	n := 1
+	e.mu.Lock()
+	if e.ml != nil {
+		n = e.ml.NumMembers()
+	}
+	e.mu.Unlock()
+	return e.o.Gossip.Suspicion(n) + 2*e.o.Gossip.ProbeInterval
+}
+
+// gossipSuspects are the members this node's gossip suspects now (nil
+// without gossip).
+func (e *Etcd) gossipSuspects() map[string]bool {
+	e.mu.Lock()
+	ml := e.ml
+	e.mu.Unlock()
+	if ml == nil {
+		return nil
+	}
+	var out map[string]bool
+	for _, m := range ml.Members() {
+		if m.State == memberlist.StateSuspect {
+			if out == nil {
+				out = map[string]bool{}
+			}
+			out[m.Name] = true
+		}
+	}
+	return out
+}
+
 type gossipEvents struct{ e *Etcd }
 
 func (g gossipEvents) NotifyJoin(n *memberlist.Node)   {}
 func (g gossipEvents) NotifyUpdate(n *memberlist.Node) {}
+
+// AckPayload and NotifyPingComplete (memberlist.PingDelegate) record each
+// member's last ack: the evidence of life a loss's detection time is
+// measured from.
+func (g gossipEvents) AckPayload() []byte { return nil }
+
+func (g gossipEvents) NotifyPingComplete(n *memberlist.Node, _ time.Duration, _ []byte) {
+	g.e.mu.Lock()
+	g.e.lastAck[n.Name] = time.Now()
+	g.e.mu.Unlock()
+}
 
 // NotifyLeave fires for dead and for cleanly departed members; both end the
 // round if the member was active and not done (nodeLost checks).
@@ -47,8 +150,20 @@ func (g gossipEvents) NotifyLeave(n *memberlist.Node) {
 	if n.State == memberlist.StateLeft {
 		how = "gossip: left"
 	}
+	e.mu.Lock()
+	evidence := e.lastAck[n.Name]
+	delete(e.lastAck, n.Name)
+	e.mu.Unlock()
 	go func() {
-		e.nodeLost(r, n.Name, how)
+		if n.State != memberlist.StateLeft && e.answersOnStream(r, n.Name) {
+			// A dead message can be stale: a node that was cut off declares
+			// everyone else dead, and its queued messages arrive when the
+			// partition heals. The accused refutes it in gossip; here it
+			// must not end a round.
+			e.log.Warn("gossip declared a node dead, but it answers on its stream port: not lost", "node", n.Name, "round", r)
+			return
+		}
+		e.nodeLostAt(r, n.Name, how, evidence)
 		e.markDead(n.Name)
 	}()
 }
@@ -71,8 +186,12 @@ func (e *Etcd) startGossip() error {
 		return fmt.Errorf("rendezvous: gossip address: %w", err)
 	}
 	addr := ips[0]
-	c := gossipConfig(e.o.NodeID, addr, port)
+	if err := e.startStream(addr); err != nil {
+		return fmt.Errorf("rendezvous: stream listener on %s: %w", addr, err)
+	}
+	c := gossipConfig(e.o.NodeID, addr, port, e.o.Gossip)
 	c.Events = gossipEvents{e: e}
+	c.Ping = gossipEvents{e: e}
 	ml, err := memberlist.Create(c)
 	if err != nil {
 		return fmt.Errorf("rendezvous: start gossip on %s:%d: %w", addr, port, err)
@@ -130,7 +249,10 @@ func (e *Etcd) stopGossip(graceful bool) {
 // for it (see rejoinGate). The record is under our lease: it only has to
 // outlive the dead node's own lease.
 func (e *Etcd) markDead(id string) {
-	if id == e.o.NodeID {
+	e.mu.Lock()
+	closed := e.closed != nil
+	e.mu.Unlock()
+	if id == e.o.NodeID || closed {
 		return
 	}
 	ctx, cancel := e.lostTimeout(5 * time.Second)
@@ -138,4 +260,20 @@ func (e *Etcd) markDead(id string) {
 	if _, err := e.cli.Put(ctx, e.k.dead(id), e.o.NodeID, clientv3.WithLease(e.currentLease())); err != nil {
 		e.log.Debug("record gossip death", "node", id, "err", err)
 	}
+}
+
+// answersOnStream reports whether node id of round r answers on the
+// stream listener its membership of r names, within the probe timeout.
+func (e *Etcd) answersOnStream(r int, id string) bool {
+	ctx, cancel := e.lostTimeout(2 * time.Second)
+	defer cancel()
+	resp, err := e.cli.Get(ctx, e.k.member(r, id))
+	if err != nil || len(resp.Kvs) == 0 {
+		return false // gone from etcd, or etcd away: trust gossip
+	}
+	var m memberInfo
+	if json.Unmarshal(resp.Kvs[0].Value, &m) != nil || m.StreamAddr == "" {
+		return false
+	}
+	return streamAnswers(m.StreamAddr, max(e.o.Gossip.ProbeTimeout, 50*time.Millisecond))
 }

@@ -82,7 +82,10 @@ func (e *Etcd) watchLoss(ctx context.Context, r int, sum roundSummary) {
 // had not finished: the policy sees a node loss (or an exclusion, when the
 // node left on purpose), which a live spare absorbs without spending a
 // restart. Several survivors may race; the txn decides.
-func (e *Etcd) nodeLost(r int, id, how string) {
+func (e *Etcd) nodeLost(r int, id, how string) { e.nodeLostAt(r, id, how, time.Time{}) }
+
+// nodeLostAt is nodeLost with the time of the detector's first evidence.
+func (e *Etcd) nodeLostAt(r int, id, how string, evidence time.Time) {
 	if id == e.o.NodeID {
 		return
 	}
@@ -111,7 +114,7 @@ func (e *Etcd) nodeLost(r int, id, how string) {
 	}
 	var d Decision
 	err = e.retry(ctx, func(ctx context.Context) (err error) {
-		d, err = e.endRound(ctx, r, policy.NodeLost, id, fmt.Sprintf("node %s lost (%s)", id, how), conds)
+		d, err = e.endRound(ctx, r, policy.NodeLost, id, fmt.Sprintf("node %s lost (%s)", id, how), evidence, conds)
 		return err
 	})
 	if err != nil {

@@ -33,7 +33,7 @@ func (e *Etcd) Fail(ctx context.Context, round int, f policy.Failure, reason str
 	conds := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(e.k.member(round, e.o.NodeID)), ">", 0)}
 	var d Decision
 	err := e.retry(ctx, func(ctx context.Context) (err error) {
-		d, err = e.endRound(ctx, round, f, "", fmt.Sprintf("node %s failed: %s", e.o.NodeID, reason), conds)
+		d, err = e.endRound(ctx, round, f, "", fmt.Sprintf("node %s failed: %s", e.o.NodeID, reason), time.Time{}, conds)
 		return err
 	})
 	if err = e.callErr(err); errors.Is(err, ErrRendezvousLost) {
@@ -208,6 +208,7 @@ func (e *Etcd) withdrawNode(ctx context.Context, x excludeInfo, ci closeInfo) er
 		errs = append(errs, fmt.Errorf("rendezvous: record why this node leaves: %w", err))
 	}
 	e.stopGossip(true)
+	e.stopStream()
 	if err := e.retry(ctx, func(ctx context.Context) error { return e.dropKeys(ctx, r) }); err != nil {
 		errs = append(errs, err)
 	}
@@ -251,6 +252,7 @@ func (e *Etcd) Close() error {
 	e.mu.Unlock()
 	lerr := e.lossErr() // before cancel: the loss cause stays, but read it once
 	e.stopGossip(true)
+	e.stopStream()
 	e.cancel()
 	e.wg.Wait()
 	var errs []error

@@ -9,109 +9,100 @@ import (
 	"sync"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-// rejoinGate holds a restart round open for the previous round's active
-// nodes, so that a node slow to stop its ranks is not demoted to standby
-// (and ranks do not shift). A previous active is waited for while its
-// membership key of the previous round exists (its lease is alive) and no
-// node has declared it dead by gossip; the gate opens anyway RejoinWait
-// after the round opened.
+// rejoinGate is a restart round closer's view of the job's population: the
+// previous round's active nodes (they are waited for, so that a node slow
+// to stop its ranks keeps its group rank), which nodes hold their lease
+// (alive keys) and which were recorded dead (a closed connection confirmed
+// by a refused dial, or gossip). decideClose turns it, with the members
+// present, into "close now" or "wait until".
 type rejoinGate struct {
 	log     *slog.Logger
 	cancel  context.CancelFunc
 	done    chan struct{} // closed when the watcher goroutine returns
 	changed chan struct{} // signalled by the watcher; runCloser then calls refresh
-	expired chan struct{} // closed when RejoinWait has passed
-	timer   *time.Timer
+	opened  time.Time
+
+	prevActive map[string]bool
+	bad        map[string]bool // quarantined addresses: never waited for
+	alive      map[string]bool // alive keys (lease held)
+	dead       map[string]bool // death records
 
 	mu      sync.Mutex
-	waiting map[string]bool // previous actives still alive
-	pending map[string]bool // events seen by the watcher, applied on refresh
-	over    bool
+	pending []gateEvent // seen by the watcher, applied on refresh
 }
 
-// newRejoinGate reads round r-1's ranks, its live memberships and the
-// gossip death records at one revision, then watches the latter two.
+type gateEvent struct {
+	dead, put bool // dead: a death record (else an alive key); put: created (else deleted)
+	id        string
+}
+
+// newRejoinGate reads round r-1's ranks, the alive keys, the death records
+// and the quarantine at one revision, then watches the alive keys and the
+// death records.
 func (e *Etcd) newRejoinGate(ctx context.Context, r int) (*rejoinGate, error) {
-	waiting, rev, err := e.previousActivesAlive(ctx, r)
+	resp, err := e.cli.Txn(ctx).Then(
+		clientv3.OpGet(e.k.ranks(r-1), clientv3.WithPrefix()),
+		clientv3.OpGet(e.k.alives(), clientv3.WithPrefix(), clientv3.WithKeysOnly()),
+		clientv3.OpGet(e.k.deads(), clientv3.WithPrefix(), clientv3.WithKeysOnly()),
+		clientv3.OpGet(e.k.quarantines(), clientv3.WithPrefix(), clientv3.WithKeysOnly())).Commit()
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("read round %d membership: %w", r-1, err)
 	}
-	g := &rejoinGate{log: e.log, changed: make(chan struct{}, 1), expired: make(chan struct{}), done: make(chan struct{}),
-		waiting: waiting, pending: map[string]bool{}}
+	kvs := func(i int) []*mvccpb.KeyValue { return resp.Responses[i].GetResponseRange().Kvs }
+	g := &rejoinGate{log: e.log, changed: make(chan struct{}, 1), done: make(chan struct{}), opened: time.Now(),
+		prevActive: map[string]bool{}, bad: map[string]bool{}, alive: map[string]bool{}, dead: map[string]bool{}}
+	for _, kv := range kvs(0) {
+		var ri rankInfo
+		if json.Unmarshal(kv.Value, &ri) == nil && !ri.Standby {
+			g.prevActive[strings.TrimPrefix(string(kv.Key), e.k.ranks(r-1))] = true
+		}
+	}
+	ids := func(kvs []*mvccpb.KeyValue, prefix string, into map[string]bool) {
+		for _, kv := range kvs {
+			into[strings.TrimPrefix(string(kv.Key), prefix)] = true
+		}
+	}
+	ids(kvs(1), e.k.alives(), g.alive)
+	ids(kvs(2), e.k.deads(), g.dead)
+	ids(kvs(3), e.k.quarantines(), g.bad)
+	rev := resp.Header.Revision
 	wctx, cancel := context.WithCancel(ctx)
 	g.cancel = cancel
-	g.timer = time.AfterFunc(e.o.RejoinWait, func() {
-		close(g.expired)
-		g.signal()
-	})
-	lost := e.cli.Watch(wctx, e.k.nodes(r-1), clientv3.WithPrefix(), clientv3.WithFilterPut(), clientv3.WithRev(rev+1))
-	deaths := e.cli.Watch(wctx, e.k.deads(), clientv3.WithPrefix(), clientv3.WithFilterDelete(), clientv3.WithRev(rev+1))
-	go g.watch(lost, e.k.nodes(r-1), deaths, e.k.deads())
-	if len(g.waiting) > 0 {
-		e.log.Info("restart round waits for the previous active nodes", "round", r, "waiting", len(g.waiting), "bound", e.o.RejoinWait)
-	}
+	alives := e.cli.Watch(wctx, e.k.alives(), clientv3.WithPrefix(), clientv3.WithRev(rev+1))
+	deaths := e.cli.Watch(wctx, e.k.deads(), clientv3.WithPrefix(), clientv3.WithRev(rev+1))
+	go g.watch(alives, e.k.alives(), deaths, e.k.deads())
 	return g, nil
 }
 
-// previousActivesAlive returns round r-1's active nodes whose membership
-// key still exists and that gossip has not declared dead, with the
-// revision of that read.
-func (e *Etcd) previousActivesAlive(ctx context.Context, r int) (map[string]bool, int64, error) {
-	resp, err := e.cli.Txn(ctx).Then(
-		clientv3.OpGet(e.k.ranks(r-1), clientv3.WithPrefix()),
-		clientv3.OpGet(e.k.nodes(r-1), clientv3.WithPrefix(), clientv3.WithKeysOnly()),
-		clientv3.OpGet(e.k.deads(), clientv3.WithPrefix(), clientv3.WithKeysOnly())).Commit()
-	if err != nil {
-		return nil, 0, fmt.Errorf("read round %d membership: %w", r-1, err)
-	}
-	prevActive := map[string]bool{}
-	for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
-		var ri rankInfo
-		if json.Unmarshal(kv.Value, &ri) == nil && !ri.Standby {
-			prevActive[strings.TrimPrefix(string(kv.Key), e.k.ranks(r-1))] = true
-		}
-	}
-	dead := map[string]bool{}
-	for _, kv := range resp.Responses[2].GetResponseRange().Kvs {
-		dead[strings.TrimPrefix(string(kv.Key), e.k.deads())] = true
-	}
-	waiting := map[string]bool{}
-	for _, kv := range resp.Responses[1].GetResponseRange().Kvs {
-		id := strings.TrimPrefix(string(kv.Key), e.k.nodes(r-1))
-		if prevActive[id] && !dead[id] {
-			waiting[id] = true
-		}
-	}
-	return waiting, resp.Header.Revision, nil
-}
-
-// watch collects lost memberships and death records until both watches end.
-func (g *rejoinGate) watch(lost clientv3.WatchChan, lostPrefix string, deaths clientv3.WatchChan, deadPrefix string) {
+// watch collects alive-key and death-record changes until both watches end.
+func (g *rejoinGate) watch(alives clientv3.WatchChan, alivePrefix string, deaths clientv3.WatchChan, deadPrefix string) {
 	defer close(g.done)
-	for lost != nil || deaths != nil {
+	for alives != nil || deaths != nil {
 		var wr clientv3.WatchResponse
-		var ok bool
+		var ok, isDead bool
 		var prefix string
 		select {
-		case wr, ok = <-lost:
+		case wr, ok = <-alives:
 			if !ok {
-				lost = nil
+				alives = nil
 				continue
 			}
-			prefix = lostPrefix
+			prefix = alivePrefix
 		case wr, ok = <-deaths:
 			if !ok {
 				deaths = nil
 				continue
 			}
-			prefix = deadPrefix
+			prefix, isDead = deadPrefix, true
 		}
 		g.mu.Lock()
 		for _, ev := range wr.Events {
-			g.pending[strings.TrimPrefix(string(ev.Kv.Key), prefix)] = true
+			g.pending = append(g.pending, gateEvent{dead: isDead, put: ev.Type == clientv3.EventTypePut,
+				id: strings.TrimPrefix(string(ev.Kv.Key), prefix)})
 		}
 		g.mu.Unlock()
 		g.signal()
@@ -125,49 +116,57 @@ func (g *rejoinGate) signal() {
 	}
 }
 
-// refresh applies what the watcher saw: those nodes are gone or dead.
+// refresh applies what the watcher saw (runCloser's goroutine only).
 func (g *rejoinGate) refresh() {
 	g.mu.Lock()
-	defer g.mu.Unlock()
-	for id := range g.pending {
-		if g.waiting[id] {
-			g.log.Info("not waiting for a previous active node: lost", "lost", id)
-			delete(g.waiting, id)
+	evs := g.pending
+	g.pending = nil
+	g.mu.Unlock()
+	for _, ev := range evs {
+		set := g.alive
+		if ev.dead {
+			set = g.dead
+		}
+		if ev.put {
+			set[ev.id] = true
+		} else {
+			delete(set, ev.id)
+		}
+		if ev.dead && ev.put && g.prevActive[ev.id] {
+			g.log.Info("not waiting for a previous active node: recorded dead", "lost", ev.id)
 		}
 	}
-	clear(g.pending)
 }
 
-// open reports whether every live previous active is present (or the
-// bound passed).
-func (g *rejoinGate) open(present map[string]bool) bool {
-	select {
-	case <-g.expired:
-		g.mu.Lock()
-		defer g.mu.Unlock()
-		if !g.over {
-			g.over = true
-			for id := range g.waiting {
-				if !present[id] {
-					g.log.Warn("rejoin wait over; closing the round without a previous active node", "node", id)
-				}
-			}
+// missing lists the nodes of the job not present in the round, with what
+// is known of them; suspects are the nodes this node's gossip suspects now.
+func (g *rejoinGate) missing(present, suspects map[string]bool) []missingPeer {
+	var out []missingPeer
+	add := func(id string) {
+		if present[id] || g.bad[nodeAddr(id)] {
+			return
 		}
-		return true
-	default:
+		st := peerAlive
+		switch {
+		case g.dead[id] || !g.alive[id]:
+			st = peerDead // recorded dead, or its lease is gone
+		case suspects[id]:
+			st = peerSuspect
+		}
+		out = append(out, missingPeer{ID: id, State: st, PrevActive: g.prevActive[id]})
 	}
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	for id := range g.waiting {
-		if !present[id] {
-			return false
+	for id := range g.prevActive {
+		add(id)
+	}
+	for id := range g.alive {
+		if !g.prevActive[id] {
+			add(id)
 		}
 	}
-	return true
+	return out
 }
 
 func (g *rejoinGate) stop() {
-	g.timer.Stop()
 	g.cancel()
 	<-g.done
 }

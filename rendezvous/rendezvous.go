@@ -27,6 +27,11 @@ type Assignment struct {
 	// OpenedAt is when the round was opened by the end of the previous one
 	// (zero when unknown, e.g. round 0).
 	OpenedAt time.Time
+	// Detection is, when the previous round ended because a node was lost,
+	// how long its detector took from the first evidence (the lost node's
+	// connection closing, or its last gossip ack) to ending the round; zero
+	// otherwise or when unknown (a lease expiry).
+	Detection time.Duration
 	// RestartsUsed is the number of restarts the job had spent when this
 	// round opened. It differs from Round once a spare replaced a lost node
 	// (a swap opens a round without spending a restart).

@@ -173,10 +173,10 @@ func (e *Etcd) register(ctx context.Context, target int) error {
 		return fmt.Errorf("rendezvous: master port for round %d: %w", target, err)
 	}
 	e.mu.Lock()
-	gossipAddr := e.gossipAddr
+	gossipAddr, streamAddr := e.gossipAddr, e.streamAddr
 	e.mu.Unlock()
 	mi := memberInfo{NodeID: e.o.NodeID, Addr: e.o.LocalAddr, InfraRank: e.o.InfraRank,
-		NProc: e.o.NProcPerNode, MasterPort: port, GossipAddr: gossipAddr}
+		NProc: e.o.NProcPerNode, MasterPort: port, GossipAddr: gossipAddr, StreamAddr: streamAddr}
 	b, _ := json.Marshal(mi)
 	put := func(lease clientv3.LeaseID) (*clientv3.TxnResponse, error) {
 		then := []clientv3.Op{clientv3.OpPut(e.k.member(target, e.o.NodeID), string(b), clientv3.WithLease(lease))}
@@ -353,8 +353,8 @@ func (e *Etcd) adopt(target int, sum roundSummary, ri rankInfo) Assignment {
 	if e.cfg != nil {
 		maxRestarts = e.cfg.MaxRestarts
 	}
-	opened := e.lastEnds[target-1].At // zero for round 0 or an end record not seen
-	a := Assignment{OpenedAt: opened, RunID: e.o.RunID, Round: target, GroupRank: ri.GroupRank, GroupWorldSize: sum.GroupWorldSize,
+	prevEnd := e.lastEnds[target-1] // zero for round 0 or an end record not seen
+	a := Assignment{OpenedAt: prevEnd.At, Detection: time.Duration(prevEnd.DetectMS * float64(time.Millisecond)), RunID: e.o.RunID, Round: target, GroupRank: ri.GroupRank, GroupWorldSize: sum.GroupWorldSize,
 		RankBase: ri.RankBase, WorldSize: sum.WorldSize, MasterAddr: sum.MasterAddr, MasterPort: sum.MasterPort,
 		MaxRestarts: maxRestarts, RestartsUsed: sum.RestartsUsed, Standby: ri.Standby}
 	e.lastRound = target
@@ -375,8 +375,9 @@ func (e *Etcd) adopt(target int, sum roundSummary, ri rankInfo) Assignment {
 	if stale {
 		rcancel()
 	} else if !a.Standby {
-		e.wg.Add(1)
+		e.wg.Add(2)
 		go e.watchLoss(rctx, target, sum)
+		go e.watchStreams(rctx, target, ri.Watch)
 		e.gossipJoin(sum.Seeds)
 	}
 	return a

@@ -83,6 +83,7 @@ type memberInfo struct {
 	NProc      int    `json:"nproc"`
 	MasterPort int    `json:"master_port"`
 	GossipAddr string `json:"gossip_addr,omitempty"`
+	StreamAddr string `json:"stream_addr,omitempty"` // watch listener (stream.go)
 }
 
 type rankInfo struct {
@@ -90,6 +91,16 @@ type rankInfo struct {
 	RankBase  int  `json:"rank_base"`
 	Standby   bool `json:"standby"`
 	Order     int  `json:"order"` // position in the sorted candidate list, kept for the next round's ordering
+	// Watch are the active nodes whose stream listener this active node
+	// holds a connection to (the next ones in group rank order): the
+	// connection's close is the fast loss signal (stream.go).
+	Watch []streamPeer `json:"watch,omitempty"`
+}
+
+// streamPeer is a node to watch and its stream listener.
+type streamPeer struct {
+	ID   string `json:"id"`
+	Addr string `json:"addr"`
 }
 
 type roundSummary struct {
@@ -129,6 +140,10 @@ type endInfo struct {
 	// At is when the round was ended (the next one opened); nodes use it
 	// to time a swap from the decision to their ranks' start.
 	At time.Time `json:"at,omitempty"`
+	// DetectMS is, for a node loss, the time from the detector's first
+	// evidence (the lost node's closed connection, or its last gossip ack)
+	// to this end; 0 when not known (a lease expiry, a local failure).
+	DetectMS float64 `json:"detect_ms,omitempty"`
 }
 
 // excludeInfo is written by a node that leaves the job (Leave) or departs
@@ -244,7 +259,7 @@ func assign(ms []memberInfo, minNodes int, pinned map[string]int) (map[string]ra
 	base := 0
 	for i, m := range append(slots, rest...) {
 		if i < minNodes {
-			out[m.NodeID] = rankInfo{GroupRank: i, RankBase: base, Order: i}
+			out[m.NodeID] = rankInfo{GroupRank: i, RankBase: base, Order: i, Watch: ringWatch(slots, i)}
 			base += m.NProc
 			if i == 0 {
 				sum.MasterAddr, sum.MasterPort, sum.MasterNode = m.Addr, m.MasterPort, m.NodeID
@@ -260,4 +275,18 @@ func assign(ms []memberInfo, minNodes int, pinned map[string]int) (map[string]ra
 	sum.GroupWorldSize = minNodes
 	sum.WorldSize = base
 	return out, sum, nil
+}
+
+// ringWatch is what active node i of actives watches: the next
+// streamWatchPeers actives (wrapping) that have a stream listener, so each
+// is watched by that many others.
+func ringWatch(actives []*memberInfo, i int) []streamPeer {
+	var out []streamPeer
+	for d := 1; d < len(actives) && len(out) < streamWatchPeers; d++ {
+		m := actives[(i+d)%len(actives)]
+		if m.StreamAddr != "" {
+			out = append(out, streamPeer{ID: m.NodeID, Addr: m.StreamAddr})
+		}
+	}
+	return out
 }

@@ -113,8 +113,11 @@ type FinishedFlag struct {
 // Cycle is one restart cycle (round) as this node saw it.
 type Cycle struct {
 	Round int `json:"round"`
-	// Phases, in milliseconds: waiting for the round, starting the ranks,
-	// running until the first ending event, stopping what still ran.
+	// Phases, in milliseconds: detecting the node loss that opened this
+	// round (0 when it was not a node loss or the time is not known),
+	// waiting for the round, starting the ranks, running until the first
+	// ending event, stopping what still ran.
+	DetectionMS  float64 `json:"detection_ms,omitempty"`
 	RendezvousMS float64 `json:"rendezvous_ms"`
 	// FillerReclaimMS is the time taken to reclaim this spare from its
 	// filler before its ranks started (0 when it ran none).

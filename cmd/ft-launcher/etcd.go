@@ -62,6 +62,8 @@ func newEtcdRendezvous(ctx context.Context, cfg *configs.Config, log *slog.Logge
 		JoinTimeout: rz.JoinTimeout, LastCall: rz.LastCallTimeout,
 		ConnectTimeout: rz.ConnectTimeout, LeaseTTL: rz.LeaseTTL,
 		EtcdLossBound: rz.EtcdLossBound, RejoinWait: rz.RejoinWait, MinNodesWait: rz.MinNodesWait,
+		Gossip: rendezvous.GossipTimings{ProbeInterval: rz.Gossip.ProbeInterval, ProbeTimeout: rz.Gossip.ProbeTimeout,
+			SuspicionMult: rz.Gossip.SuspicionMult, IndirectChecks: rz.Gossip.IndirectChecks},
 		Endpoints: rz.ClientURLs(), CACert: cfg.RdzvCACert, Cert: cfg.RdzvCert, Key: cfg.RdzvKey,
 		Username: cfg.RdzvUser, Password: cfg.RdzvPassword,
 		RunID: cfg.RdzvID, NodeID: fmt.Sprintf("%s/%d", localAddr, os.Getpid()), LocalAddr: localAddr,
