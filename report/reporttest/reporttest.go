@@ -7,7 +7,6 @@ package reporttest
 import (
 	"bytes"
 	"context"
-	"github.com/ftlauncher/ft-launcher/internal/testenv"
 	"math"
 	"os/exec"
 	"strings"
@@ -15,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ftlauncher/ft-launcher/internal/testenv"
 	"github.com/ftlauncher/ft-launcher/report"
 )
 
