@@ -115,6 +115,9 @@ type Config struct {
 	// Prewarm are the Python modules each local rank's standby interpreter
 	// imports ahead of a restart (nil: ranks always start cold; docs/prewarm.md).
 	Prewarm []string
+	// PrewarmImporting is what a restart does with a standby still
+	// importing: "auto" (also ""), "wait" or "stop" (docs/prewarm.md).
+	PrewarmImporting string
 
 	// WalltimeSignals are the scheduler's pre-walltime warnings: forwarded
 	// to the ranks, never a failure (default SIGUSR1, SIGUSR2).

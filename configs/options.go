@@ -282,6 +282,16 @@ func options() []*option {
 		{names: []string{"prewarm"}, env: true, group: grpOurs, arg: "MODULES", def: "off",
 			help: "Comma-separated Python modules (e.g. torch,torch.distributed) that one standby interpreter per local rank imports ahead of time; a restart hands each rank to its standby instead of starting a new interpreter (no GPU work in the standby; ignored with --no-python). Costs one imported interpreter per local rank. Also YAML fault_tolerance.prewarm. See docs/prewarm.md.",
 			set:  func(p *parser, v string) (err error) { p.cfg.Prewarm, err = parseModuleList(v); return err }},
+		{names: []string{"prewarm-importing"}, env: true, group: grpOurs, arg: "auto|wait|stop", def: "auto",
+			help: "What a restart does with a --prewarm standby still importing its modules: auto waits for it when its import should end sooner than a cold start would (compared in CPU time with the last standby's import) and stops it otherwise; wait always waits (bounded); stop always stops it and starts the rank cold. See docs/prewarm.md.",
+			set: func(p *parser, v string) error {
+				switch m := strings.ToLower(strings.TrimSpace(v)); m {
+				case "auto", "wait", "stop":
+					p.cfg.PrewarmImporting = m
+					return nil
+				}
+				return fmt.Errorf("%q: want auto, wait or stop", v)
+			}},
 		{names: []string{"spare-filler-reclaim-timeout"}, env: true, group: grpOurs, arg: "SECONDS", def: "30",
 			help: "Bound on reclaiming a promoted spare: the filler tree's exit and, with GPUs, until nvidia-smi shows no process on them and memory below --ft-gpu-memory-tolerance-mb. Past it the spare is quarantined and the next spare takes its place. 0.001 to 604800.",
 			set: func(p *parser, v string) (err error) {
