@@ -293,6 +293,9 @@ func TestBrokenStandbyFallsBackCold(t *testing.T) {
 			s.g.SignalAll(syscall.SIGSTOP)
 		}, "did not take the rank within"},
 		{"import fails", []string{"json", "no_such_module_ftl"}, nil, "No module named 'no_such_module_ftl'"},
+		// A fake for a GPU: ftl_fakecuda stands for an import that created
+		// a CUDA context (no GPU here).
+		{"CUDA context at import (fake)", []string{"json", "ftl_fakecuda"}, nil, "created a CUDA context; a standby must not hold one"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := newReaper(t)
