@@ -59,7 +59,7 @@ def command(kind, a, mode, nproc, workdir, tag):
     if mode == "late":
         train += ["--steps", "30", "--crash-at-step", "25", "--crash-rank", "1", "--step-sleep", str(a.step_sleep)]
     else:
-        train += ["--steps", "12", "--step-sleep", "0.2"]
+        train += ["--steps", "12", "--step-sleep", "0.2", "--ckpt-every", "0"]
     logs = os.path.join(workdir, tag + ".logs")
     if KINDS[kind] is None:
         return shlex.split(a.torchrun) + [
@@ -179,7 +179,8 @@ def table(mode, nproc, res):
         print(f"\n--prewarm vs torchrun: {p50['torchrun'] / pw:.1f}x faster (p50 of the job's next step)")
     for k in ("ft-launcher", "--prewarm-importing wait", "--prewarm-importing stop"):
         if pw and k in p50:
-            print(f"\n--prewarm vs {k}: {100 * (pw / p50[k] - 1):+.0f}% (p50 of the job's next step)")
+            print(f"\n--prewarm / {k}: {pw / p50[k]:.2f} (ratio of the p50s of the job's next step"
+                  + ("; early-crash target: at most 1.10)" if mode == "early" and k == "ft-launcher" else ")"))
     print()
 
 
