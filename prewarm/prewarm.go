@@ -11,9 +11,11 @@
 // rank: working directory, argv, environment and the rank's stdout and
 // stderr as file descriptors; the standby then runs the script as
 // `python -u script.py args` or `python -u -m module args` would. A rank
-// whose standby is missing, not ready or broken starts cold (plain spawn),
-// and the launcher says why; a handover is bounded, so a stuck standby
-// never stalls a restart. New standbys are started in the background after
+// whose standby is still importing waits for it or has it stopped and
+// starts cold, whichever should be sooner (decideImporting); a rank whose
+// standby is missing or broken starts cold (plain spawn); the launcher
+// says which path each rank took and why. Waits and handovers are
+// bounded, so a stuck standby never stalls a restart for long. New standbys are started in the background after
 // the ranks started. docs/prewarm.md lists what a warm rank can observe
 // differently from a cold one.
 package prewarm
@@ -228,13 +230,20 @@ func (st *Starter) StartGroup(specs []spawn.Spec) (agent.RankGroup, error) {
 			g.Stop(syscall.SIGKILL, 0)
 		}
 	}
-	if len(cold) > 0 {
-		g, err := st.o.Reaper.StartGroup(cold)
+	startCold := func(specs []spawn.Spec) error {
+		if len(specs) == 0 {
+			return nil
+		}
+		g, err := st.o.Reaper.StartGroup(specs)
 		if err != nil {
 			killAll()
-			return nil, err
+			return err
 		}
 		parts = append(parts, g)
+		return nil
+	}
+	if err := startCold(cold); err != nil {
+		return nil, err
 	}
 	var wg sync.WaitGroup
 	for _, p := range plans {
@@ -261,13 +270,8 @@ func (st *Starter) StartGroup(specs []spawn.Spec) (agent.RankGroup, error) {
 		}
 	}
 	handoverDone := time.Since(started)
-	if len(late) > 0 {
-		g, err := st.o.Reaper.StartGroup(late)
-		if err != nil {
-			killAll()
-			return nil, err
-		}
-		parts = append(parts, g)
+	if err := startCold(late); err != nil {
+		return nil, err
 	}
 	st.report(specs, plans, warm, handoverDone)
 	st.refill(specs)
