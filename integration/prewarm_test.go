@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -354,8 +355,8 @@ if rnd == "0":
 // TestPrewarmTorchCrashPaths: real torch ranks crash once; the restart's
 // path per rank is read from the event log. Late (the standbys are ready):
 // warm. Early (the standbys are still importing, made slow and
-// deterministic by a --prewarm module that burns 1.2 s of CPU): waited for
-// (auto) or stopped (--prewarm-importing stop). The rank of round 1 is the
+// deterministic by a --prewarm module that burns CPU until the test
+// releases it): waited for (auto) or stopped (--prewarm-importing stop). The rank of round 1 is the
 // standby's process exactly when the path says so, a stopped standby is
 // gone, and nothing of the job outlives the launcher.
 func TestPrewarmTorchCrashPaths(t *testing.T) {
@@ -391,7 +392,7 @@ func TestPrewarmTorchCrashPaths(t *testing.T) {
 			if tc.slow {
 				modules += ",ftl_slowimport"
 			}
-			j.start([]string{"PYTHON_EXEC=" + debianPython, "OUT=" + j.dir, "FTL_SLOW_DIR=" + slowDir, "FTL_SLOW_CPU=1.2"},
+			j.start([]string{"PYTHON_EXEC=" + debianPython, "OUT=" + j.dir, "FTL_SLOW_DIR=" + slowDir},
 				"--standalone", "--nproc-per-node", "2", "--max-restarts", "1", "--monitor-interval", "0.1",
 				"--prewarm", modules, "--prewarm-importing", tc.importing, script)
 			var standbys []int
@@ -419,6 +420,17 @@ func TestPrewarmTorchCrashPaths(t *testing.T) {
 			}
 			if err := os.WriteFile(filepath.Join(j.dir, "go"), nil, 0o644); err != nil {
 				t.Fatal(err)
+			}
+			if tc.path == "waited" {
+				// The slow imports end once the launcher said it waits for them.
+				for _, e := range j.waitEvents("prewarm_waiting", 2, 2*time.Minute) {
+					if e["round"] != "1" || !slices.Contains(standbys, int(e["pid"].(float64))) {
+						t.Errorf("waiting event %v: want round 1, one of the standbys %v", e, standbys)
+					}
+				}
+				if err := os.WriteFile(filepath.Join(slowDir, "release"), nil, 0o644); err != nil {
+					t.Fatal(err)
+				}
 			}
 			if code := j.wait(torchTimeout); code != 0 {
 				t.Fatalf("exit %d\n%s", code, j.stderr.String())

@@ -146,6 +146,9 @@ func TestRestartWhileImporting(t *testing.T) {
 			if warm := len(ev.of(EventWarm)) == 1; warm != tc.warm {
 				t.Errorf("warm start %v, want %v", warm, tc.warm)
 			}
+			if n, want := len(ev.of(EventWaiting)), tc.waitedAt > 0; (n == 1) != want || n > 1 {
+				t.Errorf("%d waiting events, want one: %v", n, want)
+			}
 			fb := ev.of(EventFallback)
 			if len(fb) != 2 {
 				t.Fatalf("fallback events %v, want cycle 1's and cycle 2's", fb)

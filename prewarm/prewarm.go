@@ -45,6 +45,7 @@ const (
 	EventWarm     = "prewarm_started"  // ranks handed to standbys: local_ranks, handover_ms
 	EventDisabled = "prewarm_disabled" // the modules cannot be imported: reason
 	EventReady    = "prewarm_ready"    // a standby has imported the modules: local_rank, pid, import_ms, import_cpu_ms
+	EventWaiting  = "prewarm_waiting"  // a restart waits for a standby's import: local_rank, pid, max_wait_ms, reason
 )
 
 // DefaultHandoverTimeout bounds one handover: past it the standby is
@@ -244,6 +245,15 @@ func (st *Starter) StartGroup(specs []spawn.Spec) (agent.RankGroup, error) {
 	}
 	if err := startCold(cold); err != nil {
 		return nil, err
+	}
+	round := envValue(specs, "TORCHELASTIC_RESTART_COUNT")
+	for _, p := range plans {
+		if p.wait != nil { // said now: the wait may last seconds
+			st.log.Info("waiting for a standby's import", "local_rank", p.spec.LocalRank, "pid", p.s.pid,
+				"max_wait", p.wait.MaxWait, "reason", p.reason)
+			st.event(EventWaiting, map[string]any{"round": round, "local_rank": p.spec.LocalRank, "pid": p.s.pid,
+				"max_wait_ms": ms(p.wait.MaxWait), "reason": p.reason})
+		}
 	}
 	var wg sync.WaitGroup
 	for _, p := range plans {
