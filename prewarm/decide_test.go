@@ -8,6 +8,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/ftlauncher/ft-launcher/spawn"
 )
 
 func TestDecideImporting(t *testing.T) {
@@ -183,5 +185,53 @@ func TestRestartWhileImporting(t *testing.T) {
 				t.Errorf("standby %d still exists after Close: %v", s.pid, err)
 			}
 		})
+	}
+}
+
+// TestRefillWaitsForColdImports: with a measured import, the standby of a
+// rank that started cold starts only once the rank has used that much CPU
+// (its own imports are done), not beside them.
+func TestRefillWaitsForColdImports(t *testing.T) {
+	r := newReaper(t)
+	dir := t.TempDir()
+	script := filepath.Join(dir, "burn.py")
+	// Stands for a cold rank importing (0.8 s of CPU), then training idly.
+	src := "import time\nwhile time.process_time() < 0.8:\n    pass\ntime.sleep(3)\n"
+	if err := os.WriteFile(script, []byte(src), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	st, _ := newStarter(t, r, "json")
+	const need = 400 * time.Millisecond
+	st.mu.Lock()
+	st.lastImport = importStats{Wall: time.Second, CPU: need}
+	st.mu.Unlock()
+	o, e := logFiles(t, dir)
+	g, err := st.StartGroup([]spawn.Spec{{LocalRank: 0, Argv: []string{python, "-u", script}, Env: os.Environ(), Stdout: o, Stderr: e}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { g.Stop(syscall.SIGKILL, 0) })
+	rank := g.PIDs()[0]
+	deadline := time.Now().Add(testTimeout)
+	for {
+		// The rank's CPU first, then whether the standby exists: a standby
+		// seen now was started when the rank had used at most this much.
+		cpu, err := processCPU(rank)
+		if err != nil {
+			t.Fatalf("the rank ended before its standby started: %v", err)
+		}
+		st.mu.Lock()
+		s := st.standby[0]
+		st.mu.Unlock()
+		if s != nil {
+			if cpu < need-clockTick {
+				t.Fatalf("the standby started when the cold rank had used %s CPU, under the measured import's %s", cpu, need)
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no standby within %s", testTimeout)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }

@@ -284,7 +284,13 @@ func (st *Starter) StartGroup(specs []spawn.Spec) (agent.RankGroup, error) {
 		return nil, err
 	}
 	st.report(specs, plans, warm, handoverDone)
-	st.refill(specs)
+	var coldPIDs []int
+	for _, g := range parts {
+		for _, pid := range g.PIDs() {
+			coldPIDs = append(coldPIDs, pid)
+		}
+	}
+	st.refill(specs, coldPIDs)
 	return newGroup(parts, warm, len(specs)), nil
 }
 
@@ -401,8 +407,10 @@ func (st *Starter) event(kind string, fields map[string]any) {
 }
 
 // refill starts, in the background and after RefillDelay, a standby for every rank of specs that
-// has none, with that rank's environment and directory.
-func (st *Starter) refill(specs []spawn.Spec) {
+// has none, with that rank's environment and directory; with cold ranks
+// (coldPIDs) it also waits, bounded, until they are likely past their own
+// imports (awaitColdImports).
+func (st *Starter) refill(specs []spawn.Spec, coldPIDs []int) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	if st.closed || st.disabled != "" {
@@ -431,10 +439,52 @@ func (st *Starter) refill(specs []spawn.Spec) {
 				return
 			}
 		}
+		st.awaitColdImports(coldPIDs)
 		for _, sp := range todo {
 			st.startOne(sp)
 		}
 	})
+}
+
+// refillHold bounds how long a refill waits for cold ranks' imports.
+const refillHold = 10 * time.Second
+
+// awaitColdImports waits until every cold rank of a cycle has used as much
+// CPU as the last whole standby import (so its own interpreter start and
+// imports are likely done), at most refillHold, so that the new standbys'
+// imports do not compete with the cold ranks' imports: with 4 ranks on 2
+// cores those take seconds, longer than RefillDelay. Without a measured
+// import it does not wait. A rank that ended counts as done.
+func (st *Starter) awaitColdImports(pids []int) {
+	st.mu.Lock()
+	need := st.lastImport.CPU
+	st.mu.Unlock()
+	if need <= 0 || len(pids) == 0 {
+		return
+	}
+	deadline := time.Now().Add(refillHold)
+	for {
+		pending := 0
+		for _, pid := range pids {
+			if cpu, err := processCPU(pid); err == nil && cpu < need {
+				pending++
+			}
+		}
+		if pending == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			st.log.Debug("prewarm: refilling while cold ranks may still import", "ranks", pending, "waited", refillHold)
+			return
+		}
+		t := time.NewTimer(100 * time.Millisecond)
+		select {
+		case <-t.C:
+		case <-st.closing:
+			t.Stop()
+			return
+		}
+	}
 }
 
 // startOne starts the standby of one rank unless the Starter closed.
