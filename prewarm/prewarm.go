@@ -15,9 +15,10 @@
 // starts cold, whichever should be sooner (decideImporting); a rank whose
 // standby is missing or broken starts cold (plain spawn); the launcher
 // says which path each rank took and why. Waits and handovers are
-// bounded, so a stuck standby never stalls a restart for long. New standbys are started in the background after
-// the ranks started. docs/prewarm.md lists what a warm rank can observe
-// differently from a cold one.
+// bounded, so a stuck standby never stalls a restart for long. New
+// standbys are started in the background after the ranks started.
+// docs/prewarm.md lists what a warm rank can observe differently from a
+// cold one.
 package prewarm
 
 import (
