@@ -1,22 +1,33 @@
 #!/usr/bin/python3
-"""Crash -> first training step after the restart, side by side:
+"""Crash -> next training step after the restart, side by side:
 torchrun, ft-launcher (cold) and ft-launcher --prewarm.
 
 Every launcher runs examples/ddp_train.py (gloo, CPU) through
-bench/workers/ddp_probe.py, which stamps the phases of each rank. Rank 1
-crashes (os._exit(1)) before step 25 of cycle 0 (the step sleep leaves the
-standbys time to import torch first); training resumes from the step-20
-checkpoint. Measured from the crash stamp, as the maximum over ranks of
-cycle 1's stamps: launcher (crash -> user code of every rank running),
-imports (torch, torch.distributed, torch.nn), process group
-(init_process_group), checkpoint (torch.load) and first step (DDP
-construction, forward, backward, optimizer step).
+bench/workers/ddp_probe.py, which stamps the phases of each rank. Two modes:
+  late   rank 1 crashes (os._exit(1)) before step 25 of cycle 0 (the step
+         sleep leaves the standbys time to import torch first); training
+         resumes from the step-20 checkpoint.
+  early  rank 1 crashes before its first step at or after --early-at
+         seconds (default 3) since the launch: --prewarm's standbys (started
+         2 s after the first ranks) are still importing; training restarts
+         from step 0 (no checkpoint yet). Besides --prewarm (auto) it runs
+         --prewarm-importing wait and stop, the two paths auto chooses from.
+Measured from the crash stamp: per rank, crash -> that rank's first training
+step of cycle 1; per run, the last rank's (the job's next step); the time
+each rank spent inside init_process_group; for ft-launcher the path each rank
+took (--event-log: prewarm_started / prewarm_fallback of round 1: warm,
+waited, stopped, cold). Phases as the maximum over ranks of cycle 1's stamps:
+launcher (crash -> user code of every rank running), imports (torch,
+torch.distributed, torch.nn), process group, checkpoint (torch.load), first
+step (DDP construction, forward, backward, optimizer step).
 
 usage: bench/prewarm.py [--ft-launcher PATH] [--torchrun CMD] [--reps N]
-                        [--nproc N] [--prewarm MODULES] [--kinds K,K...]
-Prints a markdown table on stdout; progress and failures on stderr.
+                        [--nproc N,...] [--mode late,early] [--kinds K,...]
+                        [--prewarm MODULES]
+Prints markdown tables on stdout; progress and failures on stderr.
 """
 import argparse
+import json
 import os
 import shlex
 import sys
@@ -30,33 +41,72 @@ from bench import DEFAULT_TORCHRUN, Run, pct, progress, read_lines  # noqa: E402
 PROBE = os.path.join(HERE, "workers", "ddp_probe.py")
 PYTHON = "/usr/bin/python3"
 PHASES = ["start", "imports", "pg", "ckpt", "step"]
-KINDS = ["torchrun", "ft-launcher", "ft-launcher --prewarm"]  # the default comparison
 COLUMNS = ["launcher", "imports", "process group", "checkpoint", "first step"]
+KINDS = {  # name -> extra ft-launcher flags (None: torchrun)
+    "torchrun": None,
+    "ft-launcher": [],
+    "ft-launcher --prewarm": ["--prewarm", "{prewarm}"],
+    "--prewarm-importing wait": ["--prewarm", "{prewarm}", "--prewarm-importing", "wait"],
+    "--prewarm-importing stop": ["--prewarm", "{prewarm}", "--prewarm-importing", "stop"],
+    "ft-launcher --agent-store off": ["--agent-store", "off"],
+    "ft-launcher --prewarm --agent-store off": ["--prewarm", "{prewarm}", "--agent-store", "off"],
+}
+SHORT = {"torchrun": "torchrun", "cold": "ft-launcher", "prewarm": "ft-launcher --prewarm",
+         "prewarm-wait": "--prewarm-importing wait", "prewarm-stop": "--prewarm-importing stop",
+         "cold-rank0-store": "ft-launcher --agent-store off",
+         "prewarm-rank0-store": "ft-launcher --prewarm --agent-store off"}
+DEFAULT_KINDS = {"late": "torchrun,cold,prewarm", "early": "torchrun,cold,prewarm,prewarm-wait,prewarm-stop"}
 
 
-def command(kind, a, nproc, workdir, tag):
-    train = ["--ckpt-dir", os.path.join(workdir, tag + ".ckpt"), "--out", os.path.join(workdir, tag + ".json"),
-             "--steps", "30", "--crash-at-step", "25", "--crash-rank", "1", "--step-sleep", str(a.step_sleep)]
+def command(kind, a, mode, nproc, workdir, tag):
+    train = ["--ckpt-dir", os.path.join(workdir, tag + ".ckpt"), "--out", os.path.join(workdir, tag + ".json")]
+    if mode == "late":
+        train += ["--steps", "30", "--crash-at-step", "25", "--crash-rank", "1", "--step-sleep", str(a.step_sleep)]
+    else:
+        train += ["--steps", "12", "--step-sleep", "0.2", "--ckpt-every", "0"]
     logs = os.path.join(workdir, tag + ".logs")
-    if kind == "torchrun":
+    if KINDS[kind] is None:
         return shlex.split(a.torchrun) + [
             "--standalone", "--nproc_per_node", str(nproc), "--max_restarts", "1",
             "--monitor_interval", "0.1", "--log_dir", logs, PROBE] + train
     line = [a.ft_launcher, "--standalone", "--nproc-per-node", str(nproc), "--max-restarts", "1",
-            "--monitor-interval", "0.1", "--log-dir", logs]
-    # The kind's own flags: "ft-launcher --prewarm --agent-store off".
-    for f in kind.split()[1:]:
-        line.append(f)
-        if f == "--prewarm":
-            line.append(a.prewarm)
+            "--monitor-interval", "0.1", "--log-dir", logs, "--event-log", os.path.join(workdir, tag + ".events")]
+    line += [x.format(prewarm=a.prewarm) for x in KINDS[kind]]
     return line + [PROBE] + train
 
 
-def once(kind, a, nproc, workdir, tag):
+def paths(events_file, nproc):
+    """Round 1's path per local rank from ft-launcher's event log."""
+    out = {}
+    try:
+        with open(events_file) as f:
+            evs = [json.loads(line) for line in f if line.strip()]
+    except FileNotFoundError:
+        return {}
+    for e in evs:
+        if str(e.get("round")) != "1":
+            continue
+        if e.get("event") == "prewarm_started":
+            for lr in e["local_ranks"]:
+                out.setdefault(int(lr), "warm")
+        elif e.get("event") == "prewarm_fallback":
+            p = e.get("path", "cold")
+            if p == "waited":
+                p += f" {e.get('wait_ms', 0) / 1000:.2f}s"
+            out[int(e["local_rank"])] = p
+    return out
+
+
+def once(kind, a, mode, nproc, workdir, tag):
     stamps = os.path.join(workdir, tag + ".stamps")
     os.environ["PROBE_STAMPS"] = stamps
     os.environ["PYTHON_EXEC"] = PYTHON
-    run = Run(command(kind, a, nproc, workdir, tag), workdir, tag)
+    if mode == "early":
+        os.environ.update(PROBE_CRASH_AFTER=str(a.early_at), PROBE_CRASH_RANK="1", PROBE_T0=str(time.time_ns()))
+    else:
+        for k in ("PROBE_CRASH_AFTER", "PROBE_T0"):
+            os.environ.pop(k, None)
+    run = Run(command(kind, a, mode, nproc, workdir, tag), workdir, tag)
     try:
         rc = run.wait(300)
         if rc != 0:
@@ -67,12 +117,75 @@ def once(kind, a, nproc, workdir, tag):
     crash = [int(f[0]) for f in lines if f[1] == "crash"]
     after = {}
     for f in lines:
-        if f[3] == "1" and f[1] in PHASES:
+        if f[3] == "1":
             after.setdefault(f[1], {})[f[2]] = int(f[0])
-    if len(crash) != 1 or any(len(after.get(p, {})) != nproc for p in PHASES):
+    if not after.get("ckpt"):  # early: no checkpoint to load yet
+        after["ckpt"] = after.get("pg", {})
+    need = PHASES + ["pg0"]
+    if len(crash) != 1 or any(len(after.get(p, {})) != nproc for p in need):
         raise RuntimeError(f"{kind}: incomplete stamps in {stamps}")
     ends = [max(after[p].values()) - crash[0] for p in PHASES]  # cumulative, ns
-    return [ends[0]] + [ends[i] - ends[i - 1] for i in range(1, len(ends))] + [ends[-1]]
+    ranks = sorted(after["step"])
+    return {
+        "phases": [ends[0]] + [ends[i] - ends[i - 1] for i in range(1, len(ends))],
+        "total": ends[-1],
+        "per_rank": [after["step"][r] - crash[0] for r in ranks],
+        "pg": [after["pg"][r] - after["pg0"][r] for r in ranks],
+        "paths": paths(os.path.join(workdir, tag + ".events"), nproc),
+        "crash_s": (crash[0] - run.t0) / 1e9,
+    }
+
+
+def dist3(values):
+    """p50 / p90 / worst of values in ns, as seconds."""
+    s = [v / 1e9 for v in values]
+    return f"{pct(s, .5):.2f} / {pct(s, .9):.2f} / {max(s):.2f}"
+
+
+def path_counts(runs):
+    n = {}
+    for r in runs:
+        for p in r["paths"].values():
+            k = p.split()[0]
+            n[k] = n.get(k, 0) + 1
+    waits = [float(p.split()[1][:-1]) for r in runs for p in r["paths"].values() if p.startswith("waited")]
+    text = ", ".join(f"{k} {v}" for k, v in sorted(n.items())) or "-"
+    if waits:
+        text += f" (wait p50 {pct(waits, .5):.2f} s, worst {max(waits):.2f} s)"
+    return text
+
+
+def table(mode, nproc, res):
+    what = "late crash (standbys ready)" if mode == "late" else "early crash (standbys importing)"
+    print(f"### {what}, examples/ddp_train.py, {nproc} ranks\n")
+    print("Crash -> next training step, seconds, p50 / p90 / worst: of the job (last rank) per run, and of "
+          "every rank of every run; time inside init_process_group per rank.\n")
+    print("| launcher | runs | crash at (s, p50) | job's next step | each rank's next step "
+          "| in init_process_group | runs with a rank > 0.2 s in it | round-1 paths (ranks) |")
+    print("|---|---:|---:|---:|---:|---:|---:|---|")
+    for k, v in res.items():
+        if not v:
+            continue
+        slow_pg = sum(1 for r in v if max(r["pg"]) > 0.2e9)
+        print(f"| {k} | {len(v)} | {pct([r['crash_s'] for r in v], .5):.2f} | {dist3([r['total'] for r in v])} "
+              f"| {dist3([x for r in v for x in r['per_rank']])} | {dist3([x for r in v for x in r['pg']])} "
+              f"| {slow_pg} | {path_counts(v) if KINDS[k] is not None else ''} |")
+    print("\nPhases (s, p50; each the last rank's end of the phase minus the previous phase's):\n")
+    print("| launcher | " + " | ".join(COLUMNS) + " |")
+    print("|---|" + "---:|" * len(COLUMNS))
+    for k, v in res.items():
+        if v:
+            print(f"| {k} | " + " | ".join(f"{pct([r['phases'][j] / 1e9 for r in v], .5):.2f}"
+                                         for j in range(len(COLUMNS))) + " |")
+    p50 = {k: pct([r["total"] for r in v], .5) for k, v in res.items() if v}
+    pw = p50.get("ft-launcher --prewarm")
+    if pw and "torchrun" in p50:
+        print(f"\n--prewarm vs torchrun: {p50['torchrun'] / pw:.1f}x faster (p50 of the job's next step)")
+    for k in ("ft-launcher", "--prewarm-importing wait", "--prewarm-importing stop"):
+        if pw and k in p50:
+            print(f"\n--prewarm / {k}: {pw / p50[k]:.2f} (ratio of the p50s of the job's next step"
+                  + ("; early-crash target: at most 1.10)" if mode == "early" and k == "ft-launcher" else ")"))
+    print()
 
 
 def main():
@@ -81,47 +194,40 @@ def main():
     p.add_argument("--torchrun", default=os.environ.get("TORCHRUN", DEFAULT_TORCHRUN))
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--nproc", default="2,4", help="comma-separated rank counts")
+    p.add_argument("--mode", default="late", help="comma-separated: late, early")
+    p.add_argument("--kinds", help="comma-separated, of " + ", ".join(SHORT) + " (default: per mode, "
+                   + "; ".join(f"{m}: {k}" for m, k in DEFAULT_KINDS.items()) + ")")
     p.add_argument("--prewarm", default="torch,torch.distributed")
-    p.add_argument("--step-sleep", type=float, default=0.5)
-    p.add_argument("--kinds", default=",".join(KINDS),
-                   help="comma-separated launchers to compare: torchrun, or ft-launcher followed by its flags "
-                        "(e.g. 'ft-launcher,ft-launcher --agent-store off': the agent store against the rank-0 store)")
+    p.add_argument("--step-sleep", type=float, default=0.5, help="late mode's step sleep")
+    p.add_argument("--early-at", type=float, default=3.0, help="early mode: crash this many seconds after the launch")
     a = p.parse_args()
-    kinds = [k.strip() for k in a.kinds.split(",") if k.strip()]
-    for k in kinds:
-        if k != "torchrun" and k.split()[0] != "ft-launcher":
-            p.error(f"--kinds: {k!r}: must be torchrun or ft-launcher [FLAGS]")
+    modes = a.mode.split(",")
+    for m in modes:
+        if m not in DEFAULT_KINDS:
+            p.error(f"--mode {m}: want late or early")
+    for k in (a.kinds or "").split(","):
+        if k and k not in SHORT:
+            p.error(f"--kinds {k}: want one of {', '.join(SHORT)}")
     print(f"Host: {os.cpu_count()} CPUs, `{os.uname().release}`; reps={a.reps}; "
-          f"date {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+          f"date {time.strftime('%Y-%m-%d %H:%M:%S')}; load average {os.getloadavg()[0]:.1f} at the start\n")
     failures = []
     with tempfile.TemporaryDirectory(prefix="ftbench-prewarm.") as workdir:
-        for nproc in [int(n) for n in a.nproc.split(",")]:
-            res = {k: [] for k in kinds}
-            for i in range(a.reps):
-                for k in kinds:
-                    tag = f"{k.replace(' ', '').replace('-', '')}-{nproc}-{i}"
-                    try:
-                        res[k].append(once(k, a, nproc, workdir, tag))
-                    except Exception as e:  # report, keep measuring
-                        failures.append(f"{tag}: {e}")
-                        progress(f"FAILED {tag}: {e}")
-                progress(f"nproc {nproc}: rep {i + 1}/{a.reps} done")
-            print(f"### Crash -> first training step after restart, examples/ddp_train.py, {nproc} ranks (s, p50)\n")
-            print("| launcher | n | total (min-max) | " + " | ".join(COLUMNS) + " |")
-            print("|---|---:|---:|" + "---:|" * len(COLUMNS))
-            for k, v in res.items():
-                if not v:
-                    continue
-                tot = [x[-1] / 1e9 for x in v]
-                cols = [f"{pct([x[j] / 1e9 for x in v], .5):.2f}" for j in range(len(COLUMNS))]
-                print(f"| {k} | {len(v)} | {pct(tot, .5):.2f} ({min(tot):.2f}-{max(tot):.2f}) | " + " | ".join(cols) + " |")
-            if res.get("ft-launcher") and res.get("ft-launcher --agent-store off"):
-                ratio = pct([x[-1] for x in res["ft-launcher --agent-store off"]], .5) / pct([x[-1] for x in res["ft-launcher"]], .5)
-                print(f"\nagent store vs rank-0 store (--agent-store off): {ratio:.2f}x (p50 totals; above 1 is faster)")
-            if res.get("torchrun") and res.get("ft-launcher --prewarm"):
-                ratio = pct([x[-1] for x in res["torchrun"]], .5) / pct([x[-1] for x in res["ft-launcher --prewarm"]], .5)
-                print(f"\n--prewarm vs torchrun: {ratio:.1f}x faster (p50 totals)")
-            print()
+        for mode in modes:
+            kinds = [SHORT[k] for k in (a.kinds or DEFAULT_KINDS[mode]).split(",")]
+            for nproc in [int(n) for n in a.nproc.split(",")]:
+                res = {k: [] for k in kinds}
+                for i in range(a.reps):
+                    for k in kinds:
+                        tag = f"{mode}-{k.replace(' ', '').replace('-', '')}-{nproc}-{i}"
+                        try:
+                            res[k].append(once(k, a, mode, nproc, workdir, tag))
+                        except Exception as e:  # report, keep measuring
+                            failures.append(f"{tag}: {e}")
+                            progress(f"FAILED {tag}: {e}")
+                    progress(f"{mode}, nproc {nproc}: rep {i + 1}/{a.reps} done, "
+                             f"load average {os.getloadavg()[0]:.1f}")
+                table(mode, nproc, res)
+        print(f"Load average at the end: {' '.join(f'{x:.1f}' for x in os.getloadavg())}\n")
     if failures:
         print("Failures:\n")
         for f in failures:

@@ -115,6 +115,9 @@ type Config struct {
 	// Prewarm are the Python modules each local rank's standby interpreter
 	// imports ahead of a restart (nil: ranks always start cold; docs/prewarm.md).
 	Prewarm []string
+	// PrewarmImporting is what a restart does with a standby still
+	// importing: "auto" (also ""), "wait" or "stop" (docs/prewarm.md).
+	PrewarmImporting string
 
 	// AgentStore makes group rank 0's launcher serve the ranks' c10d
 	// TCPStore (TORCHELASTIC_USE_AGENT_STORE=True); false leaves it to

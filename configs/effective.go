@@ -1,6 +1,7 @@
 package configs
 
 import (
+	"cmp"
 	"fmt"
 	"strings"
 
@@ -81,6 +82,7 @@ func (c *Config) Effective() string {
 	add("spare_filler_reclaim_timeout", c.SpareFillerReclaimTimeout.Seconds())
 	add("prewarm", strings.Join(c.Prewarm, ","))
 	add("agent_store", onOff(c.AgentStore))
+	add("prewarm_importing", cmp.Or(c.PrewarmImporting, "auto"))
 	wt := make([]string, len(c.WalltimeSignals))
 	for i, s := range c.WalltimeSignals {
 		wt[i] = signalName(s)

@@ -233,3 +233,28 @@ func TestAgentStoreOption(t *testing.T) {
 		})
 	}
 }
+
+func TestPrewarmImportingOption(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		env  map[string]string
+		want string
+		err  string
+	}{
+		{args: []string{"x"}, want: ""},
+		{args: []string{"--prewarm-importing", "Wait", "x"}, want: "wait"},
+		{args: []string{"x"}, env: map[string]string{"PET_PREWARM_IMPORTING": "stop"}, want: "stop"},
+		{args: []string{"--prewarm-importing", "later", "x"}, err: "want auto, wait or stop"},
+	} {
+		c, err := Parse(tc.args, func(k string) string { return tc.env[k] }, fakeNet())
+		if tc.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.err) || !strings.Contains(err.Error(), "prewarm-importing") {
+				t.Errorf("%v: err %v, want one naming --prewarm-importing and %q", tc.args, err, tc.err)
+			}
+			continue
+		}
+		if err != nil || c.PrewarmImporting != tc.want {
+			t.Errorf("%v %v: %q, %v; want %q", tc.args, tc.env, c.PrewarmImporting, err, tc.want)
+		}
+	}
+}

@@ -285,6 +285,16 @@ func options() []*option {
 		{names: []string{"agent-store"}, env: true, group: grpOurs, arg: "on|off", def: "on",
 			help: "on: the launcher of group rank 0 serves the ranks' c10d TCPStore at MASTER_ADDR:MASTER_PORT, listening before any rank starts, and ranks get TORCHELASTIC_USE_AGENT_STORE=True (no rank waits on a connect retry; keys reset every round). off: rank 0 hosts the store, as under torchrun --standalone. Also YAML fault_tolerance.agent_store. See docs/agentstore.md.",
 			set:  func(p *parser, v string) (err error) { p.cfg.AgentStore, err = parseOnOff(v); return err }},
+		{names: []string{"prewarm-importing"}, env: true, group: grpOurs, arg: "auto|wait|stop", def: "auto",
+			help: "What a restart does with a --prewarm standby still importing its modules: auto waits for it when its import should end sooner than a cold start would (compared in CPU time with the last standby's import) and stops it otherwise; wait always waits (bounded); stop always stops it and starts the rank cold. See docs/prewarm.md.",
+			set: func(p *parser, v string) error {
+				switch m := strings.ToLower(strings.TrimSpace(v)); m {
+				case "auto", "wait", "stop":
+					p.cfg.PrewarmImporting = m
+					return nil
+				}
+				return fmt.Errorf("%q: want auto, wait or stop", v)
+			}},
 		{names: []string{"spare-filler-reclaim-timeout"}, env: true, group: grpOurs, arg: "SECONDS", def: "30",
 			help: "Bound on reclaiming a promoted spare: the filler tree's exit and, with GPUs, until nvidia-smi shows no process on them and memory below --ft-gpu-memory-tolerance-mb. Past it the spare is quarantined and the next spare takes its place. 0.001 to 604800.",
 			set: func(p *parser, v string) (err error) {

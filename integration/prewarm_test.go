@@ -7,7 +7,9 @@ import (
 	"path/filepath"
 	"reflect"
 	"regexp"
+	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -327,4 +329,172 @@ func TestPrewarmBrokenStandbyFallsBackCold(t *testing.T) {
 			t.Fatalf("round 1 did not run cold: %v", err)
 		}
 	})
+}
+
+// prewarmTorchRank is a real torch rank: gloo process group and one
+// all_reduce, then it writes its pid to $OUT/step-<round>-<rank>; in round
+// 0 it then waits for $OUT/go and exits 1 (a crash, so the next round
+// restarts it).
+const prewarmTorchRank = `import os, time
+import torch
+import torch.distributed as dist
+
+rnd, rank = os.environ["TORCHELASTIC_RESTART_COUNT"], os.environ["RANK"]
+dist.init_process_group("gloo")
+t = torch.ones(1) * (dist.get_rank() + 1)
+dist.all_reduce(t)
+assert t.item() == 3, t
+with open(os.path.join(os.environ["OUT"], "step-%s-%s" % (rnd, rank)), "w") as f:
+    f.write(str(os.getpid()))
+if rnd == "0":
+    while not os.path.exists(os.path.join(os.environ["OUT"], "go")):
+        time.sleep(0.02)
+    os._exit(1)
+`
+
+// TestPrewarmTorchCrashPaths: real torch ranks crash once; the restart's
+// path per rank is read from the event log. Late (the standbys are ready):
+// warm. Early (the standbys are still importing, made slow and
+// deterministic by a --prewarm module that burns CPU until the test
+// releases it): waited for (auto) or stopped (--prewarm-importing stop). The rank of round 1 is the
+// standby's process exactly when the path says so, a stopped standby is
+// gone, and nothing of the job outlives the launcher.
+func TestPrewarmTorchCrashPaths(t *testing.T) {
+	requireTorch(t)
+	slowSrc, err := os.ReadFile(filepath.Join("..", "prewarm", "testdata", "ftl_slowimport.py"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name      string
+		slow      bool
+		importing string
+		path      string // of both ranks in round 1; "warm": no fallback event
+	}{
+		{"late crash: warm", false, "auto", "warm"},
+		{"early crash: waited", true, "auto", "waited"},
+		{"early crash: stopped", true, "stop", "stopped"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			j := newJob(t)
+			slowDir := filepath.Join(j.dir, "slow")
+			if err := os.MkdirAll(slowDir, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(j.dir, "ftl_slowimport.py"), slowSrc, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			script := filepath.Join(j.dir, "rank.py")
+			if err := os.WriteFile(script, []byte(prewarmTorchRank), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			modules := torchModules
+			if tc.slow {
+				modules += ",ftl_slowimport"
+			}
+			j.start([]string{"PYTHON_EXEC=" + debianPython, "OUT=" + j.dir, "FTL_SLOW_DIR=" + slowDir},
+				"--standalone", "--nproc-per-node", "2", "--max-restarts", "1", "--monitor-interval", "0.1",
+				"--prewarm", modules, "--prewarm-importing", tc.importing, script)
+			var standbys []int
+			if tc.slow {
+				// Both standbys are in the slow import: crash now.
+				deadline := time.Now().Add(2 * time.Minute)
+				for len(standbys) < 2 {
+					if time.Now().After(deadline) {
+						t.Fatalf("the standbys did not reach the slow import\n%s", j.stderr.String())
+					}
+					time.Sleep(20 * time.Millisecond)
+					m, _ := filepath.Glob(filepath.Join(slowDir, "importing-*"))
+					standbys = standbys[:0]
+					for _, p := range m {
+						standbys = append(standbys, readIntSuffix(t, p))
+					}
+				}
+				if n := len(j.eventsOf("prewarm_ready")); n != 0 {
+					t.Fatalf("%d standbys ready before the crash", n)
+				}
+			} else {
+				for _, e := range j.waitEvents("prewarm_ready", 2, 2*time.Minute) {
+					standbys = append(standbys, int(e["pid"].(float64)))
+				}
+			}
+			if err := os.WriteFile(filepath.Join(j.dir, "go"), nil, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if tc.path == "waited" {
+				// The slow imports end once the launcher said it waits for them.
+				for _, e := range j.waitEvents("prewarm_waiting", 2, 2*time.Minute) {
+					if e["round"] != "1" || !slices.Contains(standbys, int(e["pid"].(float64))) {
+						t.Errorf("waiting event %v: want round 1, one of the standbys %v", e, standbys)
+					}
+				}
+				if err := os.WriteFile(filepath.Join(slowDir, "release"), nil, 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if code := j.wait(torchTimeout); code != 0 {
+				t.Fatalf("exit %d\n%s", code, j.stderr.String())
+			}
+			var round1 []map[string]any
+			for _, f := range j.eventsOf("prewarm_fallback") {
+				if f["round"] == "1" {
+					round1 = append(round1, f)
+				}
+			}
+			warm := j.warmRounds()["1"]
+			switch tc.path {
+			case "warm":
+				if len(round1) != 0 || len(warm) != 2 {
+					t.Fatalf("round 1: warm on %v, fallbacks %v; want both warm", warm, round1)
+				}
+			default:
+				if len(round1) != 2 {
+					t.Fatalf("round 1 fallbacks %v, want one per rank", round1)
+				}
+				for _, f := range round1 {
+					if f["path"] != tc.path || !strings.Contains(fmt.Sprint(f["reason"]), "still importing") {
+						t.Errorf("round 1 fallback %v, want path %s", f, tc.path)
+					}
+					if cpu, _ := f["standby_cpu_ms"].(float64); cpu < 200 {
+						t.Errorf("standby_cpu_ms %v: want at least the 0.2 s the slow import had used", f["standby_cpu_ms"])
+					}
+					if _, ok := f["wait_ms"]; ok != (tc.path == "waited") {
+						t.Errorf("wait_ms in %v: want it exactly when the rank waited", f)
+					}
+				}
+				if wantWarm := tc.path == "waited"; (len(warm) == 2) != wantWarm {
+					t.Errorf("round 1 warm on %v; want both %v", warm, wantWarm)
+				}
+			}
+			// Round 1's ranks are the standbys' processes exactly when warm.
+			var ranks []int
+			for _, r := range []string{"0", "1"} {
+				ranks = append(ranks, readInt(t, filepath.Join(j.dir, "step-1-"+r)))
+			}
+			sort.Ints(ranks)
+			sort.Ints(standbys)
+			if same := reflect.DeepEqual(ranks, standbys); same != (tc.path != "stopped") {
+				t.Errorf("round 1 ran in pids %v, the standbys were %v (path %s)", ranks, standbys, tc.path)
+			}
+			if left := j.waitNoLeftovers(10 * time.Second); len(left) != 0 {
+				t.Fatalf("processes left after the launcher exited:\n%s", describeProcs(left))
+			}
+			for _, pid := range standbys {
+				if pidAlive(pid) {
+					t.Errorf("standby %d is alive after the launcher exited", pid)
+				}
+			}
+		})
+	}
+}
+
+// readIntSuffix is the number after the last '-' of path's base name.
+func readIntSuffix(t *testing.T, path string) int {
+	t.Helper()
+	b := filepath.Base(path)
+	n, err := strconv.Atoi(b[strings.LastIndexByte(b, '-')+1:])
+	if err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	return n
 }

@@ -10,21 +10,22 @@ import (
 	"github.com/ftlauncher/ft-launcher/spawn"
 )
 
-// group is the ranks of one cycle: the cold ones in one spawn.Group, each
-// warm one in the one-process spawn.Group its standby was started as.
+// group is the ranks of one cycle: the cold ones in spawn.Groups (those
+// started at once, those whose handover failed), each warm one in the
+// one-process spawn.Group its standby was started as.
 type group struct {
 	parts []*spawn.Group
 	exits chan spawn.Exit
 }
 
-func newGroup(cold *spawn.Group, warm []*standby, n int) *group {
+func newGroup(cold []*spawn.Group, warm []*standby, n int) *group {
 	g := &group{exits: make(chan spawn.Exit, n)} // one per rank: never blocks
-	if cold != nil {
-		g.parts = append(g.parts, cold)
-		k := len(cold.PIDs())
+	for _, c := range cold {
+		g.parts = append(g.parts, c)
+		k := len(c.PIDs())
 		go func() {
 			for range k {
-				g.exits <- <-cold.Exits()
+				g.exits <- <-c.Exits()
 			}
 		}()
 	}

@@ -11,11 +11,14 @@
 // rank: working directory, argv, environment and the rank's stdout and
 // stderr as file descriptors; the standby then runs the script as
 // `python -u script.py args` or `python -u -m module args` would. A rank
-// whose standby is missing, not ready or broken starts cold (plain spawn),
-// and the launcher says why; a handover is bounded, so a stuck standby
-// never stalls a restart. New standbys are started in the background after
-// the ranks started. docs/prewarm.md lists what a warm rank can observe
-// differently from a cold one.
+// whose standby is still importing waits for it or has it stopped and
+// starts cold, whichever should be sooner (decideImporting); a rank whose
+// standby is missing or broken starts cold (plain spawn); the launcher
+// says which path each rank took and why. Waits and handovers are
+// bounded, so a stuck standby never stalls a restart for long. New
+// standbys are started in the background after the ranks started.
+// docs/prewarm.md lists what a warm rank can observe differently from a
+// cold one.
 package prewarm
 
 import (
@@ -39,10 +42,11 @@ var standbyProgram string
 
 // Event kinds written to the event log.
 const (
-	EventFallback = "prewarm_fallback" // a rank started cold: local_rank, reason
+	EventFallback = "prewarm_fallback" // a rank did not start warm at once: local_rank, path, reason, timings
 	EventWarm     = "prewarm_started"  // ranks handed to standbys: local_ranks, handover_ms
 	EventDisabled = "prewarm_disabled" // the modules cannot be imported: reason
-	EventReady    = "prewarm_ready"    // a standby has imported the modules: local_rank, pid, import_ms
+	EventReady    = "prewarm_ready"    // a standby has imported the modules: local_rank, pid, import_ms, import_cpu_ms
+	EventWaiting  = "prewarm_waiting"  // a restart waits for a standby's import: local_rank, pid, max_wait_ms, reason
 )
 
 // DefaultHandoverTimeout bounds one handover: past it the standby is
@@ -66,6 +70,9 @@ type Options struct {
 	// start (0: DefaultRefillDelay; negative: at once), so that their
 	// imports do not compete for CPU with the ranks' first steps.
 	RefillDelay time.Duration
+	// Importing says what a restart does with a standby still importing
+	// ("": ImportingAuto).
+	Importing Importing
 }
 
 var moduleName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$`)
@@ -84,7 +91,9 @@ type Starter struct {
 	closing  chan struct{} // closed by Close: ends a refill's delay
 	disabled string        // why no more standbys are started
 	seen     bool          // a cycle was started (the first one has no standbys)
-	refills  sync.WaitGroup
+	// lastImport is the last completed standby import (zero: none yet).
+	lastImport importStats
+	refills    sync.WaitGroup
 }
 
 // NewStarter returns a Starter. The first cycle's ranks start cold; their
@@ -109,6 +118,12 @@ func NewStarter(o Options) (*Starter, error) {
 	}
 	if o.RefillDelay == 0 {
 		o.RefillDelay = DefaultRefillDelay
+	}
+	if o.Importing == "" {
+		o.Importing = ImportingAuto
+	}
+	if _, err := ParseImporting(string(o.Importing)); err != nil {
+		return nil, fmt.Errorf("prewarm: importing policy %w", err)
 	}
 	return &Starter{o: o, log: o.Logger, standby: map[int]*standby{}, closing: make(chan struct{})}, nil
 }
@@ -155,13 +170,31 @@ func warmable(spec spawn.Spec) (pyCommand, string) {
 	return c, ""
 }
 
-type handed struct {
-	s   *standby
-	err error
+// The paths a rank takes at a cycle's start (the prewarm_fallback event's
+// "path"; docs/prewarm.md).
+const (
+	PathWarm    = "warm"    // handed to its ready standby at once
+	PathWaited  = "waited"  // its standby was still importing: waited for it, then handed over
+	PathStopped = "stopped" // its standby was still importing: stopped, the rank started cold
+	PathCold    = "cold"    // no usable standby (or a wait or handover failed): started cold
+)
+
+// plan is how one rank of a cycle starts.
+type plan struct {
+	spec    spawn.Spec
+	s       *standby  // the standby the rank is handed to; nil: cold
+	wait    *choice   // the standby is still importing and the rank waits for it
+	stopped *choice   // the standby was still importing and is stopped
+	at      importing // how far the importing standby was at the restart
+	path    string
+	reason  string        // why not warm at once
+	waited  time.Duration // how long the rank waited for its standby
+	err     error         // the wait or the handover failed
 }
 
-// StartGroup starts the ranks of one cycle: each on its ready standby, the
-// others cold. It implements agent.RankStarter.
+// StartGroup starts the ranks of one cycle: each on its ready standby; on
+// its standby still importing when decideImporting says to wait for it;
+// the others cold, at once. It implements agent.RankStarter.
 func (st *Starter) StartGroup(specs []spawn.Spec) (agent.RankGroup, error) {
 	started := time.Now()
 	st.mu.Lock()
@@ -169,84 +202,162 @@ func (st *Starter) StartGroup(specs []spawn.Spec) (agent.RankGroup, error) {
 		st.mu.Unlock()
 		return nil, errors.New("prewarm: starter is closed")
 	}
+	plans := make([]*plan, len(specs))
 	var cold []spawn.Spec
-	var tryWarm []spawn.Spec
-	var cands []*standby
-	reasons := map[int]string{}
-	for _, sp := range specs {
+	for i, sp := range specs {
+		p := &plan{spec: sp, path: PathCold}
+		plans[i] = p
 		s := st.standby[sp.LocalRank]
-		c, why := warmable(sp)
-		switch {
-		case why != "":
-		case s == nil:
-			why = "no standby"
-			if !st.seen {
-				why = "no standby yet (standbys start once the first ranks run)"
-			}
-			if st.disabled != "" {
-				why += " (" + st.disabled + ")"
-			}
-		case s.mode != c.mode || s.target != c.target:
-			why = "the standby was warmed for another command"
-		default:
-			if ok, w := s.usable(); !ok {
-				why = w
-			}
-		}
-		if why != "" {
-			reasons[sp.LocalRank] = why
-			cold = append(cold, sp)
-			if s != nil && !strings.HasPrefix(why, "the standby is still importing") {
-				s.kill()
-				delete(st.standby, sp.LocalRank)
-			}
-			continue
-		}
 		delete(st.standby, sp.LocalRank)
-		tryWarm = append(tryWarm, sp)
-		cands = append(cands, s)
+		st.plan(p, s, started)
+		if p.s == nil {
+			if s != nil {
+				s.kill()
+			}
+			cold = append(cold, sp)
+		}
 	}
 	st.seen = true
 	st.mu.Unlock()
 
-	res := make([]handed, len(tryWarm))
+	// The cold ranks start first: nothing they do waits on a standby.
+	var parts []*spawn.Group
+	killAll := func() {
+		for _, p := range plans {
+			if p.s != nil {
+				p.s.kill()
+			}
+		}
+		for _, g := range parts {
+			g.Stop(syscall.SIGKILL, 0)
+		}
+	}
+	startCold := func(specs []spawn.Spec) error {
+		if len(specs) == 0 {
+			return nil
+		}
+		g, err := st.o.Reaper.StartGroup(specs)
+		if err != nil {
+			killAll()
+			return err
+		}
+		parts = append(parts, g)
+		return nil
+	}
+	if err := startCold(cold); err != nil {
+		return nil, err
+	}
+	round := envValue(specs, "TORCHELASTIC_RESTART_COUNT")
+	for _, p := range plans {
+		if p.wait != nil { // said now: the wait may last seconds
+			st.log.Info("waiting for a standby's import", "local_rank", p.spec.LocalRank, "pid", p.s.pid,
+				"max_wait", p.wait.MaxWait, "reason", p.reason)
+			st.event(EventWaiting, map[string]any{"round": round, "local_rank": p.spec.LocalRank, "pid": p.s.pid,
+				"max_wait_ms": ms(p.wait.MaxWait), "reason": p.reason})
+		}
+	}
 	var wg sync.WaitGroup
-	for i := range tryWarm {
-		wg.Go(func() {
-			res[i] = handed{s: cands[i], err: cands[i].handover(tryWarm[i], st.o.HandoverTimeout)}
-		})
+	for _, p := range plans {
+		if p.s != nil {
+			wg.Go(func() { p.err = st.take(p) })
+		}
 	}
 	wg.Wait()
 	var warm []*standby
-	for i, h := range res {
-		if h.err != nil {
-			h.s.kill()
-			reasons[tryWarm[i].LocalRank] = h.err.Error()
-			cold = append(cold, tryWarm[i])
-			continue
+	var late []spawn.Spec
+	for _, p := range plans {
+		switch {
+		case p.s == nil:
+		case p.err != nil:
+			p.s.kill()
+			why := p.err.Error()
+			if p.wait != nil {
+				why = p.reason + "; " + why
+			}
+			p.s, p.path, p.reason = nil, PathCold, why
+			late = append(late, p.spec)
+		default:
+			warm = append(warm, p.s)
 		}
-		warm = append(warm, h.s)
 	}
 	handoverDone := time.Since(started)
-
-	var coldGroup *spawn.Group
-	if len(cold) > 0 {
-		g, err := st.o.Reaper.StartGroup(cold)
-		if err != nil {
-			for _, s := range warm {
-				s.g.Stop(syscall.SIGKILL, 0)
-			}
-			return nil, err
-		}
-		coldGroup = g
+	if err := startCold(late); err != nil {
+		return nil, err
 	}
-	st.report(specs, warm, reasons, handoverDone)
-	st.refill(specs)
-	return newGroup(coldGroup, warm, len(specs)), nil
+	st.report(specs, plans, warm, handoverDone)
+	var coldPIDs []int
+	for _, g := range parts {
+		for _, pid := range g.PIDs() {
+			coldPIDs = append(coldPIDs, pid)
+		}
+	}
+	st.refill(specs, coldPIDs)
+	return newGroup(parts, warm, len(specs)), nil
+}
+
+// plan decides how p's rank starts, given its standby s (may be nil).
+// Called with st.mu held.
+func (st *Starter) plan(p *plan, s *standby, now time.Time) {
+	c, why := warmable(p.spec)
+	switch {
+	case why != "":
+	case s == nil:
+		why = "no standby"
+		if !st.seen {
+			why = "no standby yet (standbys start once the first ranks run)"
+		}
+		if st.disabled != "" {
+			why += " (" + st.disabled + ")"
+		}
+	case s.mode != c.mode || s.target != c.target:
+		why = "the standby was warmed for another command"
+	default:
+		ok, w := s.usable()
+		if ok {
+			p.s, p.path = s, PathWarm
+			return
+		}
+		why = w
+		if w != stillImporting {
+			break
+		}
+		p.at = s.progress(now)
+		ch := decideImporting(st.o.Importing, p.at, st.lastImport)
+		if ch.Wait {
+			p.s, p.wait, p.path, p.reason = s, &ch, PathWaited, w+": waiting for it: "+ch.Reason
+			return
+		}
+		p.stopped, p.path, why = &ch, PathStopped, w+": stopped it: "+ch.Reason
+	}
+	p.reason = why
+}
+
+// take hands p's rank to its standby, first waiting, bounded, for the end
+// of the standby's import when p says so.
+func (st *Starter) take(p *plan) error {
+	if p.wait != nil {
+		begin := time.Now()
+		t := time.NewTimer(p.wait.MaxWait)
+		select {
+		case <-p.s.ready:
+		case <-p.s.done:
+		case <-t.C:
+		case <-st.closing:
+		}
+		t.Stop()
+		p.waited = time.Since(begin)
+		if ok, why := p.s.usable(); !ok {
+			if why == stillImporting {
+				why = fmt.Sprintf("its import had not ended (at most %s)", p.wait.MaxWait.Round(time.Millisecond))
+			}
+			return fmt.Errorf("waited %s for the standby: %s", p.waited.Round(time.Millisecond), why)
+		}
+	}
+	return p.s.handover(p.spec, st.o.HandoverTimeout)
 }
 
 // report logs and records how each rank started.
-func (st *Starter) report(specs []spawn.Spec, warm []*standby, reasons map[int]string, took time.Duration) {
+func (st *Starter) report(specs []spawn.Spec, plans []*plan, warm []*standby, took time.Duration) {
 	round := envValue(specs, "TORCHELASTIC_RESTART_COUNT")
 	if len(warm) > 0 {
 		lrs := make([]int, len(warm))
@@ -255,17 +366,40 @@ func (st *Starter) report(specs []spawn.Spec, warm []*standby, reasons map[int]s
 		}
 		st.log.Info("ranks started on prewarmed standbys", "local_ranks", lrs, "handover", took)
 		st.event(EventWarm, map[string]any{"round": round, "local_ranks": lrs,
-			"handover_ms": float64(took.Microseconds()) / 1000})
+			"handover_ms": ms(took)})
 	}
-	for _, sp := range specs {
-		why, ok := reasons[sp.LocalRank]
-		if !ok {
+	for _, p := range plans {
+		if p.path == PathWarm {
 			continue
 		}
-		st.log.Info("rank starts cold", "local_rank", sp.LocalRank, "reason", why)
-		st.event(EventFallback, map[string]any{"round": round, "local_rank": sp.LocalRank, "reason": why})
+		f := map[string]any{"round": round, "local_rank": p.spec.LocalRank, "path": p.path, "reason": p.reason}
+		attrs := []any{"local_rank", p.spec.LocalRank, "path", p.path, "reason", p.reason}
+		ch := p.wait
+		if ch == nil {
+			ch = p.stopped
+		}
+		if ch != nil {
+			f["standby_elapsed_ms"], f["standby_cpu_ms"] = ms(p.at.Elapsed), ms(p.at.CPU)
+			attrs = append(attrs, "standby_elapsed", p.at.Elapsed, "standby_cpu", p.at.CPU)
+		}
+		if p.wait != nil {
+			f["wait_ms"], f["max_wait_ms"] = ms(p.waited), ms(p.wait.MaxWait)
+			attrs = append(attrs, "wait", p.waited, "max_wait", p.wait.MaxWait)
+			if p.wait.Estimate > 0 {
+				f["expected_wait_cpu_ms"] = ms(p.wait.Estimate)
+			}
+		}
+		switch p.path {
+		case PathWaited:
+			st.log.Info("rank started on its standby after waiting for its import", attrs...)
+		default:
+			st.log.Info("rank starts cold", attrs...)
+		}
+		st.event(EventFallback, f)
 	}
 }
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
 func (st *Starter) event(kind string, fields map[string]any) {
 	if st.o.OnEvent != nil {
@@ -274,8 +408,10 @@ func (st *Starter) event(kind string, fields map[string]any) {
 }
 
 // refill starts, in the background and after RefillDelay, a standby for every rank of specs that
-// has none, with that rank's environment and directory.
-func (st *Starter) refill(specs []spawn.Spec) {
+// has none, with that rank's environment and directory; with cold ranks
+// (coldPIDs) it also waits, bounded, until they are likely past their own
+// imports (awaitColdImports).
+func (st *Starter) refill(specs []spawn.Spec, coldPIDs []int) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	if st.closed || st.disabled != "" {
@@ -304,10 +440,52 @@ func (st *Starter) refill(specs []spawn.Spec) {
 				return
 			}
 		}
+		st.awaitColdImports(coldPIDs)
 		for _, sp := range todo {
 			st.startOne(sp)
 		}
 	})
+}
+
+// refillHold bounds how long a refill waits for cold ranks' imports.
+const refillHold = 10 * time.Second
+
+// awaitColdImports waits until every cold rank of a cycle has used as much
+// CPU as the last whole standby import (so its own interpreter start and
+// imports are likely done), at most refillHold, so that the new standbys'
+// imports do not compete with the cold ranks' imports: with 4 ranks on 2
+// cores those take seconds, longer than RefillDelay. Without a measured
+// import it does not wait. A rank that ended counts as done.
+func (st *Starter) awaitColdImports(pids []int) {
+	st.mu.Lock()
+	need := st.lastImport.CPU
+	st.mu.Unlock()
+	if need <= 0 || len(pids) == 0 {
+		return
+	}
+	deadline := time.Now().Add(refillHold)
+	for {
+		pending := 0
+		for _, pid := range pids {
+			if cpu, err := processCPU(pid); err == nil && cpu < need {
+				pending++
+			}
+		}
+		if pending == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			st.log.Debug("prewarm: refilling while cold ranks may still import", "ranks", pending, "waited", refillHold)
+			return
+		}
+		t := time.NewTimer(100 * time.Millisecond)
+		select {
+		case <-t.C:
+		case <-st.closing:
+			t.Stop()
+			return
+		}
+	}
 }
 
 // startOne starts the standby of one rank unless the Starter closed.
@@ -332,10 +510,15 @@ func (st *Starter) startOne(sp spawn.Spec) {
 func (st *Starter) watch(s *standby) {
 	select {
 	case <-s.ready:
-		took := time.Since(s.started)
-		st.log.Debug("prewarm: standby ready", "local_rank", s.localRank, "pid", s.pid, "import", took)
+		took := s.imported
+		st.mu.Lock()
+		if took.CPU > 0 {
+			st.lastImport = took
+		}
+		st.mu.Unlock()
+		st.log.Debug("prewarm: standby ready", "local_rank", s.localRank, "pid", s.pid, "import", took.Wall, "import_cpu", took.CPU)
 		st.event(EventReady, map[string]any{"local_rank": s.localRank, "pid": s.pid,
-			"import_ms": float64(took.Microseconds()) / 1000})
+			"import_ms": ms(took.Wall), "import_cpu_ms": ms(took.CPU)})
 		return
 	case <-s.done:
 	}

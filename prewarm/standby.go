@@ -30,9 +30,10 @@ type standby struct {
 	target    string
 	started   time.Time
 
-	ready chan struct{} // closed when it reported ready
-	done  chan struct{} // closed when it was reaped
-	exit  spawn.Exit    // valid once done is closed
+	ready    chan struct{} // closed when it reported ready
+	imported importStats   // its import: start -> ready (valid once ready is closed)
+	done     chan struct{} // closed when it was reaped
+	exit     spawn.Exit    // valid once done is closed
 
 	mu       sync.Mutex
 	failure  string // why it cannot be used (import error, death)
@@ -123,6 +124,13 @@ func (s *standby) awaitReady() {
 	case err != nil:
 		s.fail("the standby closed its control socket before it was ready")
 	case buf[0] == 'R':
+		// Read at once: from here the standby only waits (or runs the
+		// rank: a handover needs this ready first).
+		cpu, err := processCPU(s.pid)
+		if err != nil {
+			cpu = -1
+		}
+		s.imported = importStats{Wall: time.Since(s.started), CPU: cpu}
 		close(s.ready)
 	case buf[0] == 'E':
 		msg := string(buf[1:n])
@@ -150,6 +158,18 @@ func (s *standby) fail(why string) {
 	}
 }
 
+// stillImporting is usable's answer for a standby that is importing.
+const stillImporting = "the standby is still importing"
+
+// progress is how far the standby's import is at now.
+func (s *standby) progress(now time.Time) importing {
+	cpu, err := processCPU(s.pid)
+	if err != nil {
+		cpu = -1
+	}
+	return importing{Elapsed: now.Sub(s.started), CPU: cpu}
+}
+
 // usable reports whether the standby can take a rank now, and why not.
 func (s *standby) usable() (bool, string) {
 	s.mu.Lock()
@@ -167,7 +187,7 @@ func (s *standby) usable() (bool, string) {
 	case <-s.ready:
 		return true, ""
 	default:
-		return false, "the standby is still importing"
+		return false, stillImporting
 	}
 }
 

@@ -3,8 +3,14 @@
 
 Appends "<ns> <phase> <rank> <cycle>" lines to $PROBE_STAMPS: start (first
 line of user code), imports (torch, torch.distributed, torch.nn done),
-pg (init_process_group returned), ckpt (torch.load returned), step (the
-first optimizer step returned), crash (right before the injected os._exit).
+pg0 (init_process_group called), pg (init_process_group returned), ckpt
+(torch.load returned), step (the first optimizer step returned), crash
+(right before the injected os._exit).
+
+$PROBE_CRASH_AFTER (seconds) with $PROBE_T0 (ns, the launch): rank
+$PROBE_CRASH_RANK of cycle 0 crashes (os._exit(1)) before its first
+optimizer step at or after that many seconds since the launch (the
+early-crash mode of bench/prewarm.py).
 """
 import os
 import runpy
@@ -30,11 +36,13 @@ from torch.nn.parallel import DistributedDataParallel  # noqa: E402,F401
 stamp("imports")
 
 
-def after(obj, name, phase, once=True):
+def after(obj, name, phase, once=True, before=None):
     orig = getattr(obj, name)
     done = []
 
     def wrapped(*a, **k):
+        if before and not (once and done):
+            stamp(before)
         r = orig(*a, **k)
         if not (once and done):
             done.append(1)
@@ -43,7 +51,7 @@ def after(obj, name, phase, once=True):
     setattr(obj, name, wrapped)
 
 
-after(dist, "init_process_group", "pg")
+after(dist, "init_process_group", "pg", before="pg0")
 after(torch, "load", "ckpt")
 after(torch.optim.Adam, "step", "step")
 _exit = os._exit
@@ -55,6 +63,17 @@ def crash(code):
 
 
 os._exit = crash
+
+_CRASH_AFTER = os.environ.get("PROBE_CRASH_AFTER")
+if _CRASH_AFTER and _CYCLE == "0" and _RANK == os.environ.get("PROBE_CRASH_RANK", "1"):
+    _crash_at = int(os.environ["PROBE_T0"]) + int(float(_CRASH_AFTER) * 1e9)
+    _step = torch.optim.Adam.step
+
+    def _step_or_crash(*a, **k):
+        if time.time_ns() >= _crash_at:
+            crash(1)
+        return _step(*a, **k)
+    torch.optim.Adam.step = _step_or_crash
 train = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples", "ddp_train.py")
 train = os.path.normpath(train)
 sys.argv = [train] + sys.argv[1:]

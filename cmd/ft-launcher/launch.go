@@ -121,7 +121,8 @@ func launch(ctx context.Context, cfg *configs.Config, log *slog.Logger, sigs <-c
 	var ranks agent.RankStarter = agent.SpawnRanks{Reaper: reaper}
 	if len(cfg.Prewarm) > 0 && !cfg.NoPython {
 		st, err := prewarm.NewStarter(prewarm.Options{Reaper: reaper, Modules: cfg.Prewarm,
-			Logger: log.With("component", "prewarm"), OnEvent: ev.Emit})
+			Logger: log.With("component", "prewarm"), OnEvent: ev.Emit,
+			Importing: prewarm.Importing(cfg.PrewarmImporting)})
 		if err != nil {
 			return rec.setupFailed("prewarm", err)
 		}
