@@ -217,17 +217,26 @@ func (e *Etcd) waitAssignment(ctx context.Context, target int) (sum []byte, reta
 		cancel()
 		cl.wait()
 	}()
-	// One watch covers the assignment and the closer key (adjacent keys).
-	get, err := e.cli.Get(wctx, e.k.assignment(target))
+	// One read and one watch cover the assignment and the closer key
+	// (adjacent keys).
+	get, err := e.cli.Get(wctx, e.k.assignment(target), clientv3.WithRange(e.k.closer(target)+"\x00"))
 	if err != nil {
 		return nil, false, fmt.Errorf("rendezvous: read round %d: %w", target, err)
 	}
-	if len(get.Kvs) > 0 {
-		return get.Kvs[0].Value, false, nil
+	closerHeld := false
+	for _, kv := range get.Kvs {
+		if string(kv.Key) == e.k.assignment(target) {
+			return kv.Value, false, nil
+		}
+		closerHeld = true
 	}
 	wch := e.cli.Watch(wctx, e.k.assignment(target), clientv3.WithRange(e.k.closer(target)+"\x00"),
 		clientv3.WithRev(get.Header.Revision+1))
-	cl.try(wctx)
+	if !closerHeld {
+		// Only while nobody holds the closer key: each claim is a write
+		// (a raft round), and every node would make one per round.
+		cl.try(wctx)
+	}
 	var timers roundTimers
 	defer timers.stop()
 	for {
