@@ -298,5 +298,12 @@ func (e *Etcd) writeRanks(ctx context.Context, r int, ms []memberInfo, ranks map
 		}
 	}
 	sb, _ := json.Marshal(sum)
-	return write([]clientv3.Op{clientv3.OpPut(e.k.assignment(r), string(sb))})
+	ops := []clientv3.Op{clientv3.OpPut(e.k.assignment(r), string(sb))}
+	if r >= 2 {
+		// Round r-2 is over for good (r-1 is still read: previous ranks,
+		// the rejoin gate): drop its keys, or a job keeps N rank keys per
+		// round it ever ran (docs/rendezvous.md, Scale).
+		ops = append(ops, clientv3.OpDelete(e.k.roundDir(r-2), clientv3.WithPrefix()))
+	}
+	return write(ops)
 }

@@ -427,8 +427,11 @@ func TestScaleSmallJob(t *testing.T) {
 	_, as := j.firstRound(ctx)
 	_, as = j.rankFailure(ctx, "restart after a rank crash", 0, as)
 	_, as, lost := j.nodeLoss(ctx, 1, as)
-	_, _ = j.rankFailure(ctx, "restart after the swap", 2, as)
+	for r := 2; r < 6; r++ {
+		_, as = j.rankFailure(ctx, "restart after the swap", r, as)
+	}
 	j.checkLedger(ctx, lost)
+	j.checkOldRoundsGone(ctx, 6)
 	j.shutdown(ctx)
 	if n := j.ledgerE.Load(); n > 0 {
 		t.Fatalf("%d ledger writes failed", n)
@@ -480,6 +483,32 @@ func (j *simJob) checkLedger(ctx context.Context, lost string) {
 	}
 	if recorded != j.cfg.nodes-1 { // the survivors that were active
 		j.t.Fatalf("%d nodes recorded the loss of %s in their verdict, want %d", recorded, lost, j.cfg.nodes-1)
+	}
+}
+
+// checkOldRoundsGone asserts that after round r closed only rounds r-1,
+// r and r+1 (spares register early) have keys: a long job keeps O(nodes)
+// keys, not O(nodes x rounds).
+func (j *simJob) checkOldRoundsGone(ctx context.Context, r int) {
+	j.t.Helper()
+	k := j.nodes[0].e.k
+	resp, err := j.clients[0].Get(ctx, k.base+"rounds/", clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	if err != nil {
+		j.t.Fatal(err)
+	}
+	seen := map[int]int{}
+	for _, kv := range resp.Kvs {
+		rest := strings.TrimPrefix(string(kv.Key), k.base+"rounds/")
+		n, err := strconv.Atoi(rest[:strings.IndexByte(rest, '/')])
+		if err != nil {
+			j.t.Fatalf("unexpected key %s", kv.Key)
+		}
+		seen[n]++
+	}
+	for n := range seen {
+		if n < r-1 {
+			j.t.Fatalf("after round %d closed, round %d still has %d keys (rounds with keys: %v)", r, n, seen[n], seen)
+		}
 	}
 }
 
