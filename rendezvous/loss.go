@@ -35,7 +35,11 @@ func (e *Etcd) probe() {
 			skipped = true
 			continue
 		}
-		ctx, cancel := context.WithTimeout(e.ctx, max(e.o.ProbeInterval, time.Second))
+		// A slow answer is an answer: an etcd busy with thousands of
+		// nodes may take seconds, which is not an outage (up to 5 s with
+		// the default 60 s bound; 1 s at least).
+		to := max(e.o.ProbeInterval, time.Second, min(e.o.EtcdLossBound/4, 5*time.Second))
+		ctx, cancel := context.WithTimeout(e.ctx, to)
 		_, err := e.cli.Get(ctx, e.k.round())
 		cancel()
 		e.mu.Lock()

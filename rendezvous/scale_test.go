@@ -5,12 +5,14 @@ import (
 	"fmt"
 	"net/url"
 	"os"
+	"os/exec"
 	"runtime"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -38,6 +40,7 @@ type simConfig struct {
 	nodes, spares int // MIN = nodes, MAX = nodes + spares
 	clients       int // etcd connections shared by the nodes
 	nproc         int
+	leaseTTL      time.Duration // 0: the default (5 s)
 }
 
 // simEvent is a node's assignment once its per-round bookkeeping is done.
@@ -115,7 +118,7 @@ func (j *simJob) start(ctx context.Context) time.Duration {
 			id := fmt.Sprintf("sim-%05d/1", i)
 			e, err := NewEtcd(ctx, EtcdOptions{Client: j.clients[i%len(j.clients)], RunID: j.run, NodeID: id,
 				LocalAddr: "127.0.0.1", NProcPerNode: j.cfg.nproc, MinNodes: j.cfg.nodes, MaxNodes: n,
-				MaxRestarts: 1000, InfraRank: -1, DisableGossip: true, Logger: testLogger(j.t)})
+				MaxRestarts: 1000, InfraRank: -1, DisableGossip: true, LeaseTTL: j.cfg.leaseTTL, Logger: testLogger(j.t)})
 			if err != nil {
 				errs[i] = err
 				return
@@ -614,6 +617,9 @@ type scaleRow struct {
 
 func measureScale(t *testing.T, eps []string, n, reps int) {
 	spares := max(2, n/200)
+	// FTL_SCALE_LEASE_TTL (seconds) lengthens the leases where a loaded
+	// machine answers renewals later than the default 5 s TTL.
+	leaseTTL := time.Duration(envInts(t, "FTL_SCALE_LEASE_TTL", "5")[0]) * time.Second
 	names := []string{"start (NewEtcd)", "first round", "restart after a rank crash", "swap after a node loss", "restart after the swap"}
 	rows := map[string][]scaleRow{}
 	var heapPer, heapRoundPer []float64
@@ -624,7 +630,7 @@ func measureScale(t *testing.T, eps []string, n, reps int) {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 			defer cancel()
 			h0, g0 := heapInUse(), runtime.NumGoroutine()
-			j := newSimJob(t, eps, simConfig{nodes: n, spares: spares, clients: 8})
+			j := newSimJob(t, eps, simConfig{nodes: n, spares: spares, clients: 8, leaseTTL: leaseTTL})
 			snap0 := j.load.snap()
 			took := j.start(ctx)
 			st := j.load.snap().since(snap0)
@@ -641,8 +647,13 @@ func measureScale(t *testing.T, eps []string, n, reps int) {
 				rows[p.name] = append(rows[p.name], row)
 				t.Logf("rep %d %s: %v, %d requests, %s out, %s in;%s", rep, p.name, p.took.Round(time.Millisecond), r, kib(s), kib(rc), p.load)
 			}
+			var real *realLauncher
+			if bin := os.Getenv("FTL_SCALE_LAUNCHER"); bin != "" && rep == 0 {
+				real = startRealLauncher(t, bin, eps[0], j.run, n, spares)
+			}
 			p, as := j.firstRound(ctx)
 			add(p, as)
+			real.sample("after round 0")
 			h2 := heapInUse()
 			heapRoundPer = append(heapRoundPer, float64(h2-h0)/float64(n+spares))
 			p, as = j.rankFailure(ctx, "restart after a rank crash", 0, as)
@@ -652,13 +663,14 @@ func measureScale(t *testing.T, eps []string, n, reps int) {
 			add(p, as)
 			p, as = j.rankFailure(ctx, "restart after the swap", 2, as)
 			add(p, as)
+			real.sample("after the swap and a restart")
 			j.checkLedger(ctx, lost)
 			dbGrowth = append(dbGrowth, dbSize(ctx, j.clients[0], eps[0])-db0)
 			j.shutdown(ctx)
 			j.closeAll()
 		}()
 	}
-	t.Logf("uptime: %s", loadAvg())
+	t.Logf("uptime: %s; lease TTL %v", loadAvg(), leaseTTL)
 	t.Logf("| %s | nodes %d + %d spares | heap/node %.1f KiB after start, %.1f KiB after round 0 | goroutines/node %.1f | db growth over 3 rounds %v |",
 		strings.Join(eps, ","), n, spares, median(heapPer)/1024, median(heapRoundPer)/1024, median(goPer), dbGrowth)
 	for _, name := range names {
@@ -707,4 +719,56 @@ func loadAvg() string {
 		return "?"
 	}
 	return strings.TrimSpace(string(b))
+}
+
+// realLauncher is one real ft-launcher process joining the simulated job
+// as an extra spare (FTL_SCALE_LAUNCHER=path): its memory is that of a
+// launcher in a job of that size. It binds 127.0.0.2, so it sorts after
+// the simulated nodes (127.0.0.1) and stays a spare; it runs no ranks.
+type realLauncher struct {
+	t   testing.TB
+	cmd *exec.Cmd
+}
+
+func startRealLauncher(t testing.TB, bin, ep, run string, n, spares int) *realLauncher {
+	t.Helper()
+	u, err := url.Parse(ep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, "--rdzv-backend", "etcd", "--rdzv-endpoint", u.Host, "--rdzv-id", run,
+		"--nnodes", fmt.Sprintf("%d:%d", n, n+spares), "--nproc-per-node", "8", "--max-restarts", "1000",
+		"--local-addr", "127.0.0.2", "--log-dir", t.TempDir(), "--no-python", "/bin/sleep", "600")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start %s: %v", bin, err)
+	}
+	t.Cleanup(func() {
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		_ = cmd.Wait()
+	})
+	time.Sleep(2 * time.Second) // registered before the simulated nodes join
+	return &realLauncher{t: t, cmd: cmd}
+}
+
+// sample logs the launcher's resident memory now and at its peak.
+func (l *realLauncher) sample(when string) {
+	if l == nil {
+		return
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", l.cmd.Process.Pid))
+	if err != nil {
+		l.t.Logf("real launcher %s: %v", when, err)
+		return
+	}
+	var rss, hwm string
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			rss = strings.TrimSpace(v)
+		}
+		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			hwm = strings.TrimSpace(v)
+		}
+	}
+	l.t.Logf("real launcher %s: VmRSS %s, VmHWM %s", when, rss, hwm)
 }
