@@ -2,6 +2,7 @@ package rendezvous
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/url"
 	"os"
@@ -204,8 +205,15 @@ func (n *simNode) loop(ctx context.Context, events chan<- simEvent) {
 	}
 }
 
+// errorsIsClosed reports the end the test itself brings: the job closed
+// with success (shutdown) or the node closed. A node that declared etcd
+// lost is not that.
 func errorsIsClosed(err error) bool {
-	return err != nil && strings.Contains(err.Error(), ErrClosed.Error())
+	var jc *JobClosedError
+	if errors.As(err, &jc) {
+		return jc.Kind == verdict.Succeeded
+	}
+	return errors.Is(err, ErrClosed)
 }
 
 // join is Next and the agent's bookkeeping of the assignment (agent.joining,
@@ -591,18 +599,20 @@ func TestScaleMeasure(t *testing.T) {
 	for _, srv := range servers {
 		t.Run(srv, func(t *testing.T) {
 			var eps []string
+			serverPid := 0 // an etcd out of this process, whose CPU time counts too
 			switch srv {
 			case "embedded1":
 				eps = embeddedCluster(t, 1)
 			case "embedded3":
 				eps = embeddedCluster(t, 3)
 			case "debian":
-				eps = []string{startEtcdProc(t).clientURL}
+				p := startEtcdProc(t)
+				eps, serverPid = []string{p.clientURL}, p.cmd.Process.Pid
 			default:
 				t.Fatalf("FTL_SCALE_SERVERS: unknown server %q (embedded1, embedded3, debian)", srv)
 			}
 			for _, n := range nodes {
-				t.Run(fmt.Sprintf("nodes=%d", n), func(t *testing.T) { measureScale(t, eps, n, reps) })
+				t.Run(fmt.Sprintf("nodes=%d", n), func(t *testing.T) { measureScale(t, eps, serverPid, n, reps) })
 			}
 		})
 	}
@@ -610,12 +620,12 @@ func TestScaleMeasure(t *testing.T) {
 
 // scaleRow is one phase of one rep.
 type scaleRow struct {
-	took, fromOpen     time.Duration
-	reqs, sentB, recvB int64
-	load               loadSnap
+	took, fromOpen, cpu time.Duration
+	reqs, sentB, recvB  int64
+	load                loadSnap
 }
 
-func measureScale(t *testing.T, eps []string, n, reps int) {
+func measureScale(t *testing.T, eps []string, serverPid, n, reps int) {
 	spares := max(2, n/200)
 	// FTL_SCALE_LEASE_TTL (seconds) lengthens the leases where a loaded
 	// machine answers renewals later than the default 5 s TTL.
@@ -640,12 +650,16 @@ func measureScale(t *testing.T, eps []string, n, reps int) {
 			heapPer = append(heapPer, float64(h1-h0)/float64(n+spares))
 			goPer = append(goPer, float64(g1-g0)/float64(n+spares))
 			db0 := dbSize(ctx, j.clients[0], eps[0])
+			cpu0 := cpuTime(serverPid)
 			add := func(p phase, as map[int]Assignment) {
 				r, s, rc := p.load.totals()
-				row := scaleRow{took: p.took, reqs: r, sentB: s, recvB: rc, load: p.load}
+				cpu1 := cpuTime(serverPid)
+				row := scaleRow{took: p.took, reqs: r, sentB: s, recvB: rc, load: p.load, cpu: cpu1 - cpu0}
+				cpu0 = cpu1
 				row.fromOpen = p.fromOpen
 				rows[p.name] = append(rows[p.name], row)
-				t.Logf("rep %d %s: %v, %d requests, %s out, %s in;%s", rep, p.name, p.took.Round(time.Millisecond), r, kib(s), kib(rc), p.load)
+				t.Logf("rep %d %s: %v, CPU %v, %d requests, %s out, %s in;%s", rep, p.name, p.took.Round(time.Millisecond),
+					row.cpu.Round(time.Millisecond), r, kib(s), kib(rc), p.load)
 			}
 			var real *realLauncher
 			if bin := os.Getenv("FTL_SCALE_LAUNCHER"); bin != "" && rep == 0 {
@@ -664,7 +678,13 @@ func measureScale(t *testing.T, eps []string, n, reps int) {
 			p, as = j.rankFailure(ctx, "restart after the swap", 2, as)
 			add(p, as)
 			real.sample("after the swap and a restart")
-			j.checkLedger(ctx, lost)
+			if n := j.ledgerE.Load(); n > 0 {
+				// Each ledger write is bounded to 2 s and then skipped (the
+				// ledger never holds a round): on an overloaded machine some are.
+				t.Logf("rep %d: %d ledger writes failed; ledger not checked", rep, n)
+			} else {
+				j.checkLedger(ctx, lost)
+			}
 			dbGrowth = append(dbGrowth, dbSize(ctx, j.clients[0], eps[0])-db0)
 			j.shutdown(ctx)
 			j.closeAll()
@@ -680,11 +700,13 @@ func measureScale(t *testing.T, eps []string, n, reps int) {
 			ds = append(ds, r.took.Seconds())
 		}
 		last := rs[len(rs)-1]
-		var fo []float64
+		var fo, cpu []float64
 		for _, r := range rs {
 			fo = append(fo, r.fromOpen.Seconds())
+			cpu = append(cpu, r.cpu.Seconds())
 		}
-		t.Logf("| %d | %s | %.3f | %.3f | %.3f | %d | %s | %s |", n, name, median(ds), slices.Max(ds), median(fo), last.reqs, kib(last.sentB), kib(last.recvB))
+		t.Logf("| %d | %s | %.3f | %.3f | %.3f | %.2f | %d | %s | %s |", n, name, median(ds), slices.Max(ds), median(fo), median(cpu),
+			last.reqs, kib(last.sentB), kib(last.recvB))
 	}
 }
 
@@ -771,4 +793,26 @@ func (l *realLauncher) sample(when string) {
 		}
 	}
 	l.t.Logf("real launcher %s: VmRSS %s, VmHWM %s", when, rss, hwm)
+}
+
+// cpuTime is the CPU time (user and system) of this process, plus that of
+// process pid when it is not 0 (an etcd server out of process): the work a
+// phase costs, which unlike its duration does not depend on the machine's
+// load.
+func cpuTime(pid int) time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	d := time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	if pid != 0 {
+		if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid)); err == nil {
+			// Fields after the command name: state is field 3, utime 14, stime 15 (clock ticks, 100/s).
+			f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
+			if len(f) > 12 {
+				u, _ := strconv.ParseInt(f[11], 10, 64)
+				st, _ := strconv.ParseInt(f[12], 10, 64)
+				d += time.Duration(u+st) * 10 * time.Millisecond
+			}
+		}
+	}
+	return d
 }
