@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/url"
 	"os"
 	"os/exec"
@@ -119,7 +120,9 @@ func (j *simJob) start(ctx context.Context) time.Duration {
 			id := fmt.Sprintf("sim-%05d/1", i)
 			e, err := NewEtcd(ctx, EtcdOptions{Client: j.clients[i%len(j.clients)], RunID: j.run, NodeID: id,
 				LocalAddr: "127.0.0.1", NProcPerNode: j.cfg.nproc, MinNodes: j.cfg.nodes, MaxNodes: n,
-				MaxRestarts: 1000, InfraRank: -1, DisableGossip: true, LeaseTTL: j.cfg.leaseTTL, Logger: testLogger(j.t)})
+				MaxRestarts: 1000, InfraRank: -1, DisableGossip: true, LeaseTTL: j.cfg.leaseTTL,
+				// Not even formatted: N nodes' logs would be N hosts' work.
+				Logger: slog.New(slog.DiscardHandler)})
 			if err != nil {
 				errs[i] = err
 				return
@@ -621,6 +624,7 @@ func TestScaleMeasure(t *testing.T) {
 // scaleRow is one phase of one rep.
 type scaleRow struct {
 	took, fromOpen, cpu time.Duration
+	srvCPU              time.Duration
 	reqs, sentB, recvB  int64
 	load                loadSnap
 }
@@ -650,16 +654,16 @@ func measureScale(t *testing.T, eps []string, serverPid, n, reps int) {
 			heapPer = append(heapPer, float64(h1-h0)/float64(n+spares))
 			goPer = append(goPer, float64(g1-g0)/float64(n+spares))
 			db0 := dbSize(ctx, j.clients[0], eps[0])
-			cpu0 := cpuTime(serverPid)
+			cpu0, srv0 := cpuTime(serverPid), procCPU(serverPid)
 			add := func(p phase, as map[int]Assignment) {
 				r, s, rc := p.load.totals()
-				cpu1 := cpuTime(serverPid)
-				row := scaleRow{took: p.took, reqs: r, sentB: s, recvB: rc, load: p.load, cpu: cpu1 - cpu0}
-				cpu0 = cpu1
+				cpu1, srv1 := cpuTime(serverPid), procCPU(serverPid)
+				row := scaleRow{took: p.took, reqs: r, sentB: s, recvB: rc, load: p.load, cpu: cpu1 - cpu0, srvCPU: srv1 - srv0}
+				cpu0, srv0 = cpu1, srv1
 				row.fromOpen = p.fromOpen
 				rows[p.name] = append(rows[p.name], row)
-				t.Logf("rep %d %s: %v, CPU %v, %d requests, %s out, %s in;%s", rep, p.name, p.took.Round(time.Millisecond),
-					row.cpu.Round(time.Millisecond), r, kib(s), kib(rc), p.load)
+				t.Logf("rep %d %s: %v, CPU %v (etcd process %v), %d requests, %s out, %s in;%s", rep, p.name, p.took.Round(time.Millisecond),
+					row.cpu.Round(time.Millisecond), row.srvCPU.Round(time.Millisecond), r, kib(s), kib(rc), p.load)
 			}
 			var real *realLauncher
 			if bin := os.Getenv("FTL_SCALE_LAUNCHER"); bin != "" && rep == 0 {
@@ -700,13 +704,14 @@ func measureScale(t *testing.T, eps []string, serverPid, n, reps int) {
 			ds = append(ds, r.took.Seconds())
 		}
 		last := rs[len(rs)-1]
-		var fo, cpu []float64
+		var fo, cpu, srv []float64
 		for _, r := range rs {
 			fo = append(fo, r.fromOpen.Seconds())
 			cpu = append(cpu, r.cpu.Seconds())
+			srv = append(srv, r.srvCPU.Seconds())
 		}
-		t.Logf("| %d | %s | %.3f | %.3f | %.3f | %.2f | %d | %s | %s |", n, name, median(ds), slices.Max(ds), median(fo), median(cpu),
-			last.reqs, kib(last.sentB), kib(last.recvB))
+		t.Logf("| %d | %s | %.3f | %.3f | %.3f | %.2f (etcd %.2f) | %d | %s | %s |", n, name, median(ds), slices.Max(ds), median(fo),
+			median(cpu), median(srv), last.reqs, kib(last.sentB), kib(last.recvB))
 	}
 }
 
@@ -802,7 +807,12 @@ func (l *realLauncher) sample(when string) {
 func cpuTime(pid int) time.Duration {
 	var ru syscall.Rusage
 	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
-	d := time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	return time.Duration(ru.Utime.Nano()+ru.Stime.Nano()) + procCPU(pid)
+}
+
+// procCPU is the CPU time of process pid (0: none).
+func procCPU(pid int) time.Duration {
+	var d time.Duration
 	if pid != 0 {
 		if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid)); err == nil {
 			// Fields after the command name: state is field 3, utime 14, stime 15 (clock ticks, 100/s).
