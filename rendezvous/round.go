@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"strconv"
 	"time"
 
@@ -246,10 +247,16 @@ func (e *Etcd) waitAssignment(ctx context.Context, target int) (sum []byte, reta
 	}
 	wch := e.cli.Watch(wctx, e.k.assignment(target), clientv3.WithRange(e.k.closer(target)+"\x00"),
 		clientv3.WithRev(get.Header.Revision+1))
+	// Claim only while nobody holds the closer key: each claim is a write
+	// (a raft round). Nodes that arrive together (a first round) wait a
+	// random part of MaxNodes x 10 us first (50 ms at most), so that the
+	// first claim's key reaches the others' watch before they claim too.
+	var claimC <-chan time.Time
 	if !closerHeld {
-		// Only while nobody holds the closer key: each claim is a write
-		// (a raft round), and every node would make one per round.
-		cl.try(wctx)
+		spread := min(time.Duration(e.o.MaxNodes)*10*time.Microsecond, 50*time.Millisecond)
+		ct := time.NewTimer(rand.N(spread + 1))
+		defer ct.Stop()
+		claimC = ct.C
 	}
 	var timers roundTimers
 	defer timers.stop()
@@ -276,6 +283,11 @@ func (e *Etcd) waitAssignment(ctx context.Context, target int) (sum []byte, reta
 			e.withdraw(target)
 			return nil, false, fmt.Errorf("rendezvous: round %d did not close within %v (need %d nodes): %w", target, e.o.JoinTimeout, e.o.MinNodes, ErrJoinTimeout)
 		case <-ch:
+		case <-claimC:
+			claimC = nil
+			if !cl.held {
+				cl.try(wctx)
+			}
 		case wr, ok := <-wch:
 			if !ok {
 				if ctx.Err() != nil {
@@ -304,7 +316,8 @@ func (e *Etcd) roundEvents(ctx context.Context, target int, evs []*clientv3.Even
 				sum = ev.Kv.Value
 			}
 		case e.k.closer(target):
-			if ev.Type == clientv3.EventTypeDelete {
+			cl.held = ev.Type == clientv3.EventTypePut
+			if !cl.held {
 				cl.try(ctx)
 			}
 		}
@@ -317,6 +330,7 @@ type closerSlot struct {
 	e       *Etcd
 	r       int
 	running bool
+	held    bool // the closer key was seen held (by anyone)
 	done    chan struct{}
 }
 
