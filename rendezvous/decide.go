@@ -160,7 +160,12 @@ func (e *Etcd) readFacts(ctx context.Context, r int, lost string) (roundFacts, e
 			clientv3.OpGet(e.k.nodes(r+1), clientv3.WithPrefix(), clientv3.WithKeysOnly()),
 			clientv3.OpGet(e.k.excluded(lost)))
 	}
-	resp, err := e.cli.Txn(ctx).Then(ops...).Commit()
+	// The loss reads are O(nodes) and several survivors may report the
+	// same loss: only while round r is open and the job not closed, so a
+	// late reporter reads O(1) (its end txn then loses the race anyway).
+	resp, err := e.cli.Txn(ctx).If(clientv3.Compare(clientv3.Value(e.k.round()), "=", strconv.Itoa(r)),
+		clientv3.Compare(clientv3.CreateRevision(e.k.closed()), "=", 0)).
+		Then(ops...).Else(ops[:4]...).Commit()
 	if err != nil {
 		return roundFacts{}, err
 	}
@@ -181,7 +186,7 @@ func (e *Etcd) readFacts(ctx context.Context, r int, lost string) (roundFacts, e
 	if kv := kvs(3); len(kv) > 0 && json.Unmarshal(kv[0].Value, &cfg) == nil {
 		f.maxRestarts = cfg.MaxRestarts
 	}
-	if lost != "" {
+	if lost != "" && resp.Succeeded {
 		f.countNodes(e.k, r, lost, kvs(4), kvs(5), kvs(6))
 		var x excludeInfo
 		if kv := kvs(7); len(kv) > 0 && json.Unmarshal(kv[0].Value, &x) == nil {

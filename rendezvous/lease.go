@@ -121,6 +121,7 @@ func (e *Etcd) keepAlive() {
 		ch, err := e.cli.KeepAlive(kctx, lease)
 		if err == nil {
 			for range ch {
+				e.heard() // a renewal is an answer from etcd's leader: no probe needed
 			}
 		}
 		stop()

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"strconv"
 	"time"
 
@@ -85,16 +86,30 @@ func (e *Etcd) next(ctx context.Context) (Assignment, error) {
 func (e *Etcd) checkConfig(ctx context.Context) error {
 	want := jobConfig{NProcPerNode: e.o.NProcPerNode, MinNodes: e.o.MinNodes, MaxNodes: e.o.MaxNodes, MaxRestarts: e.o.MaxRestarts}
 	b, _ := json.Marshal(want)
-	resp, err := e.cli.Txn(ctx).
-		If(clientv3.Compare(clientv3.CreateRevision(e.k.config()), "=", 0), e.genCmp()).
-		Then(clientv3.OpPut(e.k.config(), string(b)), clientv3.OpPut(e.k.round(), "0")).
-		Else(clientv3.OpGet(e.k.config())).Commit()
+	// A plain read first: every node but the first finds the config, and
+	// a txn with a write branch is a raft round even when it only reads
+	// (one per node: 4,000 at 4,000 nodes).
+	get, err := e.cli.Get(ctx, e.k.config())
 	if err != nil {
-		return fmt.Errorf("rendezvous: write job config: %w", err)
+		return fmt.Errorf("rendezvous: read job config: %w", err)
+	}
+	kvs := get.Kvs
+	created := false
+	if len(kvs) == 0 {
+		resp, err := e.cli.Txn(ctx).
+			If(clientv3.Compare(clientv3.CreateRevision(e.k.config()), "=", 0), e.genCmp()).
+			Then(clientv3.OpPut(e.k.config(), string(b)), clientv3.OpPut(e.k.round(), "0")).
+			Else(clientv3.OpGet(e.k.config())).Commit()
+		if err != nil {
+			return fmt.Errorf("rendezvous: write job config: %w", err)
+		}
+		created = resp.Succeeded
+		if !created {
+			kvs = resp.Responses[0].GetResponseRange().Kvs
+		}
 	}
 	got := want
-	if !resp.Succeeded {
-		kvs := resp.Responses[0].GetResponseRange().Kvs
+	if !created {
 		if len(kvs) == 0 {
 			return e.supersededErr(ctx)
 		}
@@ -223,17 +238,32 @@ func (e *Etcd) waitAssignment(ctx context.Context, target int) (sum []byte, reta
 		cancel()
 		cl.wait()
 	}()
-	// One watch covers the assignment and the closer key (adjacent keys).
-	get, err := e.cli.Get(wctx, e.k.assignment(target))
+	// One read and one watch cover the assignment and the closer key
+	// (adjacent keys).
+	get, err := e.cli.Get(wctx, e.k.assignment(target), clientv3.WithRange(e.k.closer(target)+"\x00"))
 	if err != nil {
 		return nil, false, fmt.Errorf("rendezvous: read round %d: %w", target, err)
 	}
-	if len(get.Kvs) > 0 {
-		return get.Kvs[0].Value, false, nil
+	closerHeld := false
+	for _, kv := range get.Kvs {
+		if string(kv.Key) == e.k.assignment(target) {
+			return kv.Value, false, nil
+		}
+		closerHeld = true
 	}
 	wch := e.cli.Watch(wctx, e.k.assignment(target), clientv3.WithRange(e.k.closer(target)+"\x00"),
 		clientv3.WithRev(get.Header.Revision+1))
-	cl.try(wctx)
+	// Claim only while nobody holds the closer key: each claim is a write
+	// (a raft round). Nodes that arrive together (a first round) wait a
+	// random part of MaxNodes x 10 us first (50 ms at most), so that the
+	// first claim's key reaches the others' watch before they claim too.
+	var claimC <-chan time.Time
+	if !closerHeld {
+		spread := min(time.Duration(e.o.MaxNodes)*10*time.Microsecond, 50*time.Millisecond)
+		ct := time.NewTimer(rand.N(spread + 1))
+		defer ct.Stop()
+		claimC = ct.C
+	}
 	var timers roundTimers
 	defer timers.stop()
 	for {
@@ -259,6 +289,11 @@ func (e *Etcd) waitAssignment(ctx context.Context, target int) (sum []byte, reta
 			e.withdraw(target)
 			return nil, false, fmt.Errorf("rendezvous: round %d did not close within %v (need %d nodes): %w", target, e.o.JoinTimeout, e.o.MinNodes, ErrJoinTimeout)
 		case <-ch:
+		case <-claimC:
+			claimC = nil
+			if !cl.held {
+				cl.try(wctx)
+			}
 		case wr, ok := <-wch:
 			if !ok {
 				if ctx.Err() != nil {
@@ -287,7 +322,8 @@ func (e *Etcd) roundEvents(ctx context.Context, target int, evs []*clientv3.Even
 				sum = ev.Kv.Value
 			}
 		case e.k.closer(target):
-			if ev.Type == clientv3.EventTypeDelete {
+			cl.held = ev.Type == clientv3.EventTypePut
+			if !cl.held {
 				cl.try(ctx)
 			}
 		}
@@ -300,6 +336,7 @@ type closerSlot struct {
 	e       *Etcd
 	r       int
 	running bool
+	held    bool // the closer key was seen held (by anyone)
 	done    chan struct{}
 }
 

@@ -133,6 +133,12 @@ func config(dir string, curl, purl *url.URL, o Options) *embed.Config {
 	// Large jobs write many rank keys per round; allow big transactions.
 	cfg.MaxTxnOps = 4096
 	cfg.MaxRequestBytes = 8 << 20
+	// Keep 10 minutes of history: every round rewrites O(nodes) keys, and
+	// without compaction the database grows with every round a job ever
+	// ran until etcd refuses writes at its quota (docs/rendezvous.md,
+	// Scale). Watches resume from revisions seconds old, well within.
+	cfg.AutoCompactionMode = "periodic"
+	cfg.AutoCompactionRetention = "10m"
 	return cfg
 }
 
