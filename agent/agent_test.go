@@ -659,6 +659,42 @@ func spareCases() []runCase {
 			},
 		},
 		{
+			name: "ledger: a loss recorded with the round's end is not written again",
+			setup: func(h *harness) {
+				h.store = newMemStore()
+				h.store.recs["10.0.0.2/7#1"] = ledger.Record{Job: "job", Node: "10.0.0.2/7", Role: ledger.Active, GroupRank: 1, Seq: 1, Start: time.Now().UTC()}
+				h.rdzv.next = append(h.rdzv.next, active(0, 0), active(1, 0), active(2, 0))
+			},
+			act: func(h *harness) {
+				h.ranks.wait(h.t)
+				// Another node's end txn recorded the loss: nothing to write here.
+				h.rdzv.endRound(0, rendezvous.RoundEnd{Kind: rendezvous.EndRestart, Round: 0, Node: "10.0.0.2/7",
+					Reason: "node 10.0.0.2/7 lost (gossip)", Cause: policy.NodeLost, LedgerBy: "10.0.0.3/9"})
+				h.ranks.wait(h.t)
+				// This node's end txn recorded it: the records go to its verdict.
+				at := time.Now().UTC()
+				rec := ledger.Record{Job: "job", Node: "10.0.0.4/8", Role: ledger.Active, GroupRank: 2, Seq: 1, Start: at,
+					End: &at, Reason: ledger.NodeFailure, ClosedBy: "10.0.0.1/42"}
+				h.rdzv.endRound(1, rendezvous.RoundEnd{Kind: rendezvous.EndRestart, Round: 1, Node: "10.0.0.4/8",
+					Reason: "node 10.0.0.4/8 lost (gossip)", Cause: policy.NodeLost, LedgerBy: "10.0.0.1/42", Ledger: []ledger.Record{rec}})
+				g := h.ranks.wait(h.t)
+				g.exit(0, 0, 0)
+				g.exit(1, 0, 0)
+			},
+			check: func(t *testing.T, h *harness, o Outcome) {
+				if r := h.store.recs["10.0.0.2/7#1"]; !r.Open() {
+					t.Errorf("lost peer's lease written by this node: %+v", r)
+				}
+				found := false
+				for _, r := range o.Ledger {
+					found = found || (r.Node == "10.0.0.4/8" && r.Reason == ledger.NodeFailure)
+				}
+				if !found {
+					t.Errorf("verdict ledger lacks the loss this node recorded: %+v", o.Ledger)
+				}
+			},
+		},
+		{
 			name: "repeated hangs quarantine the node when the job can have spares",
 			setup: func(h *harness) {
 				h.cfg.NNodes = configs.NNodes{Min: 2, Max: 3}

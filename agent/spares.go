@@ -8,6 +8,7 @@ import (
 	"github.com/ftlauncher/ft-launcher/eventlog"
 	"github.com/ftlauncher/ft-launcher/ledger"
 	"github.com/ftlauncher/ft-launcher/policy"
+	"github.com/ftlauncher/ft-launcher/rendezvous"
 	"github.com/ftlauncher/ft-launcher/verdict"
 )
 
@@ -92,11 +93,19 @@ func (a *Agent) swapDone() {
 }
 
 // peerEnded records another node's lease ended by its loss or departure.
-func (a *Agent) peerEnded(ctx context.Context, cause policy.Failure, node, reason string) {
+// The rendezvous normally did it already, in the txn that ended the round
+// (e.LedgerBy): only that node keeps the records; else (an end written by
+// an older launcher) each survivor tries, and one wins.
+func (a *Agent) peerEnded(ctx context.Context, e rendezvous.RoundEnd) {
 	if a.d.Ledger == nil {
 		return
 	}
-	switch cause {
+	if e.LedgerBy != "" {
+		a.d.Ledger.Closed(ctx, e.Ledger)
+		return
+	}
+	node, reason := e.Node, e.Reason
+	switch e.Cause {
 	case policy.NodeLost:
 		a.d.Ledger.CloseOther(ctx, node, ledger.NodeFailure, reason)
 	case policy.NodeExcluded:

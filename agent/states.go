@@ -410,7 +410,7 @@ func (a *Agent) decideRoundEnded(ctx context.Context, end cycleEnd) State {
 	case policy.NodeExcluded:
 		a.run.quarantine(e.Node, "", verdict.EvidenceExcluded, e.Reason, asg.Round)
 	}
-	a.peerEnded(ctx, e.Cause, e.Node, e.Reason)
+	a.peerEnded(ctx, e)
 	if e.Kind == rendezvous.EndJobClosed {
 		a.log.Warn("job closed", "kind", string(e.Close), "reason", e.Reason, "exit_code", e.Code)
 		if e.Code == 0 {

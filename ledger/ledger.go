@@ -203,6 +203,22 @@ func (b *Book) CloseOther(ctx context.Context, node string, reason Reason, detai
 	b.log(ctx, r)
 }
 
+// Closed keeps other nodes' leases that this node ended by another write
+// than CloseOther (the rendezvous ends a lost node's leases in the txn
+// that ends its round): they go to this node's logs and Records, as
+// CloseOther's would.
+func (b *Book) Closed(ctx context.Context, rs []Record) {
+	if len(rs) == 0 {
+		return
+	}
+	b.mu.Lock()
+	b.closedOthers = append(b.closedOthers, rs...)
+	b.mu.Unlock()
+	for _, r := range rs {
+		b.log(ctx, r)
+	}
+}
+
 func (b *Book) put(ctx context.Context, r Record) {
 	if b.store != nil {
 		if err := b.store.Put(ctx, r); err != nil {

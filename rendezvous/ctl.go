@@ -143,6 +143,11 @@ func (e *Etcd) pruneLocked() {
 			delete(e.assigned, r)
 		}
 	}
+	for r := range e.ledgerClosed {
+		if r < keep-1 {
+			delete(e.ledgerClosed, r)
+		}
+	}
 }
 
 func (e *Etcd) fireLocked(r int, s *endSub) {
@@ -152,16 +157,20 @@ func (e *Etcd) fireLocked(r int, s *endSub) {
 	var end RoundEnd
 	switch {
 	case e.closed != nil:
-		end = RoundEnd{Kind: EndJobClosed, Round: r, Code: e.closed.Code, Reason: e.closed.Reason, Node: e.closed.Node, Close: e.closed.Kind, Cause: e.closed.Cause}
+		end = RoundEnd{Kind: EndJobClosed, Round: r, Code: e.closed.Code, Reason: e.closed.Reason, Node: e.closed.Node, Close: e.closed.Kind, Cause: e.closed.Cause,
+			LedgerBy: e.closed.LedgerBy}
 	case e.ctlRound > r:
 		le := e.lastEnds[r]
 		reason := le.Reason
 		if reason == "" {
 			reason = fmt.Sprintf("round %d superseded by round %d", r, e.ctlRound)
 		}
-		end = RoundEnd{Kind: EndRestart, Round: r, Reason: reason, Node: le.Node, Cause: le.Cause}
+		end = RoundEnd{Kind: EndRestart, Round: r, Reason: reason, Node: le.Node, Cause: le.Cause, LedgerBy: le.LedgerBy}
 	default:
 		return
+	}
+	if end.LedgerBy == e.o.NodeID && end.LedgerBy != "" {
+		end.Ledger = e.ledgerClosed[r][end.Node]
 	}
 	s.fired = true
 	s.ch <- end

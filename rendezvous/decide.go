@@ -11,6 +11,8 @@ import (
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/ftlauncher/ft-launcher/ledger"
+	"github.com/ftlauncher/ft-launcher/ledger/etcdstore"
 	"github.com/ftlauncher/ft-launcher/policy"
 	"github.com/ftlauncher/ft-launcher/verdict"
 )
@@ -31,6 +33,10 @@ type roundFacts struct {
 	spares      int        // live nodes of the job that are not active in r
 	present     int        // live nodes of the job (active and spare), lost node excluded
 	excluded    *excludeInfo
+	// ledger is the lost node's leases in the job's ledger; ledgerRead
+	// says they were read (a node loss, round r still open).
+	ledger     []*mvccpb.KeyValue
+	ledgerRead bool
 }
 
 // endRound is the single fenced txn that ends round r. It applies the
@@ -61,7 +67,23 @@ func (e *Etcd) endRound(ctx context.Context, r int, f policy.Failure, lost, reas
 	if lost != "" {
 		subject = lost
 	}
-	ops, dec := e.endOps(r, f, policy.Decide(in), facts.restarts, subject, reason, evidence)
+	// A lost node's open ledger leases are ended in this same txn: one
+	// writer for the whole job, exactly once (the txn that ends the round
+	// is unique), where every survivor used to read and race to write them.
+	lreason, ledgerBy := ledgerReason(f), ""
+	if facts.ledgerRead && lreason != "" {
+		ledgerBy = e.o.NodeID
+	}
+	ops, dec := e.endOps(r, f, policy.Decide(in), facts.restarts, subject, reason, evidence, ledgerBy)
+	if ledgerBy != "" {
+		var recs []ledger.Record
+		for _, c := range etcdstore.CloseOps(facts.ledger, lreason, dec.Reason, e.o.NodeID, time.Now().UTC()) {
+			ops = append(ops, clientv3.OpTxn([]clientv3.Cmp{c.Cmp}, []clientv3.Op{c.Put}, nil))
+			recs = append(recs, c.Record)
+		}
+		// Kept before the commit: the ctl watch may deliver the end first.
+		e.stashLedger(r, subject, recs)
+	}
 	conds := append([]clientv3.Cmp{
 		clientv3.Compare(clientv3.Value(e.k.round()), "=", strconv.Itoa(r)),
 		clientv3.Compare(clientv3.CreateRevision(e.k.closed()), "=", 0),
@@ -70,6 +92,9 @@ func (e *Etcd) endRound(ctx context.Context, r int, f policy.Failure, lost, reas
 	}, extra...)
 	resp, err := e.cli.Txn(ctx).If(conds...).Then(ops...).
 		Else(clientv3.OpGet(e.k.round()), clientv3.OpGet(e.k.closed()), clientv3.OpGet(e.k.restarts()), clientv3.OpGet(e.k.lastEnd())).Commit()
+	if ledgerBy != "" && (err != nil || !resp.Succeeded) {
+		e.stashLedger(r, subject, nil)
+	}
 	if err != nil {
 		return Decision{}, fmt.Errorf("rendezvous: end round %d: %w", r, err)
 	}
@@ -81,14 +106,46 @@ func (e *Etcd) endRound(ctx context.Context, r int, f policy.Failure, lost, reas
 	return e.raceOutcome(r, resp)
 }
 
-// endOps are the writes that carry out policy decision d for round r.
-func (e *Etcd) endOps(r int, f policy.Failure, d policy.Decision, used int, subject, reason string, evidence time.Time) ([]clientv3.Op, Decision) {
+// ledgerReason is the ledger's reason for a node's leases ended by
+// failure f ("" for a failure that is not a node's loss or departure).
+func ledgerReason(f policy.Failure) ledger.Reason {
+	switch f {
+	case policy.NodeLost:
+		return ledger.NodeFailure
+	case policy.NodeExcluded:
+		return ledger.Excluded
+	case policy.NodeStopped:
+		return ledger.Stopped
+	}
+	return ""
+}
+
+// stashLedger keeps (recs != nil) or drops the ledger records this node's
+// end txn of round r writes for subject.
+func (e *Etcd) stashLedger(r int, subject string, recs []ledger.Record) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	m := e.ledgerClosed[r]
+	if recs == nil {
+		delete(m, subject)
+		return
+	}
+	if m == nil {
+		m = map[string][]ledger.Record{}
+		e.ledgerClosed[r] = m
+	}
+	m[subject] = recs
+}
+
+// endOps are the writes that carry out policy decision d for round r;
+// ledgerBy names this node when the txn also ends subject's ledger leases.
+func (e *Etcd) endOps(r int, f policy.Failure, d policy.Decision, used int, subject, reason string, evidence time.Time, ledgerBy string) ([]clientv3.Op, Decision) {
 	if d.Action == policy.CloseJob {
 		code := 1
 		if d.Close == verdict.NoRestart {
 			code = NoRestartExitCode
 		}
-		ci := closeInfo{Kind: d.Close, Code: code, Reason: d.Why + ": " + reason, Node: subject, Cause: f}
+		ci := closeInfo{Kind: d.Close, Code: code, Reason: d.Why + ": " + reason, Node: subject, Cause: f, LedgerBy: ledgerBy}
 		cb, _ := json.Marshal(ci)
 		return []clientv3.Op{clientv3.OpPut(e.k.closed(), string(cb))},
 			Decision{Action: d.Action, Close: d.Close, Code: code, Reason: ci.Reason, RestartsUsed: used}
@@ -97,7 +154,7 @@ func (e *Etcd) endOps(r int, f policy.Failure, d policy.Decision, used int, subj
 		used++
 	}
 	le := endInfo{Round: r, Reason: reason + "; " + d.Why, Node: subject, Cause: f, Action: d.Action, RestartsUsed: used,
-		At: time.Now().UTC()}
+		At: time.Now().UTC(), LedgerBy: ledgerBy}
 	if !evidence.IsZero() {
 		le.DetectMS = float64(le.At.Sub(evidence).Microseconds()) / 1000
 	}
@@ -158,7 +215,8 @@ func (e *Etcd) readFacts(ctx context.Context, r int, lost string) (roundFacts, e
 		ops = append(ops, clientv3.OpGet(e.k.ranks(r), clientv3.WithPrefix()),
 			clientv3.OpGet(e.k.nodes(r), clientv3.WithPrefix(), clientv3.WithKeysOnly()),
 			clientv3.OpGet(e.k.nodes(r+1), clientv3.WithPrefix(), clientv3.WithKeysOnly()),
-			clientv3.OpGet(e.k.excluded(lost)))
+			clientv3.OpGet(e.k.excluded(lost)),
+			clientv3.OpGet(etcdstore.NodePrefix(etcdstore.LedgerBase(e.k.base), lost), clientv3.WithPrefix()))
 	}
 	// The loss reads are O(nodes) and several survivors may report the
 	// same loss: only while round r is open and the job not closed, so a
@@ -192,6 +250,7 @@ func (e *Etcd) readFacts(ctx context.Context, r int, lost string) (roundFacts, e
 		if kv := kvs(7); len(kv) > 0 && json.Unmarshal(kv[0].Value, &x) == nil {
 			f.excluded = &x
 		}
+		f.ledger, f.ledgerRead = kvs(8), true
 	}
 	return f, nil
 }

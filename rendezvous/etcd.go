@@ -12,6 +12,7 @@ import (
 	"github.com/hashicorp/memberlist"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/ftlauncher/ft-launcher/ledger"
 	"github.com/ftlauncher/ft-launcher/metrics"
 	"github.com/ftlauncher/ft-launcher/verdict"
 )
@@ -133,6 +134,10 @@ type Etcd struct {
 	stream     *streamServer
 	streamAddr string
 	lastAck    map[string]time.Time // last gossip ack from each member (evidence of life)
+	// ledgerClosed are the ledger leases this node's end txn of round r
+	// closed (set before the txn commits: the ctl watch may deliver the
+	// end first), handed to the agent with round r's RoundEnd.
+	ledgerClosed map[int]map[string][]ledger.Record // round -> lost node -> its leases
 }
 
 type endSub struct {
@@ -152,7 +157,7 @@ func NewEtcd(ctx context.Context, opts EtcdOptions) (*Etcd, error) {
 	e := &Etcd{o: opts, log: opts.Logger.With("node", opts.NodeID, "run_id", opts.RunID),
 		rk: runKeys{base: opts.KeyPrefix + opts.RunID + "/"}, ends: map[int]*endSub{},
 		lastEnds: map[int]endInfo{}, changed: make(chan struct{}), lastRound: -1, reborn: -1,
-		assigned: map[int]roundSummary{}, ctlRound: -1, lastAck: map[string]time.Time{}}
+		assigned: map[int]roundSummary{}, ctlRound: -1, lastAck: map[string]time.Time{}, ledgerClosed: map[int]map[string][]ledger.Record{}}
 	e.ctx, e.cancel = context.WithCancel(context.Background())
 	e.lost, e.loseFn = context.WithCancelCause(e.ctx)
 	if err := e.start(ctx); err != nil {

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"time"
 
+	"github.com/ftlauncher/ft-launcher/ledger"
 	"github.com/ftlauncher/ft-launcher/policy"
 	"github.com/ftlauncher/ft-launcher/verdict"
 )
@@ -65,6 +66,14 @@ type RoundEnd struct {
 	// Cause is what ended the round, when known (node_lost for a node
 	// loss, the failing node's failure kind otherwise).
 	Cause policy.Failure
+	// LedgerBy is the node that recorded Node's loss in the job's ledger
+	// in the same txn that ended the round (exactly once, and before any
+	// node saw the end); empty when the end did not, and then the agent
+	// records it (ledger.Book.CloseOther, fenced: one survivor wins).
+	LedgerBy string
+	// Ledger are the leases of Node that this node's end txn closed (only
+	// on the node named by LedgerBy), for its own logs and verdict.
+	Ledger []ledger.Record
 }
 
 // Decision is the answer to a local failure report.

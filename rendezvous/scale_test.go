@@ -258,6 +258,10 @@ func (n *simNode) roundEnded(ctx context.Context, end RoundEnd) {
 		n.quarantined = append(n.quarantined, end.Node)
 		n.mu.Unlock()
 	}
+	if end.LedgerBy != "" { // recorded with the end (agent.peerEnded)
+		n.book.Closed(ctx, end.Ledger)
+		return
+	}
 	switch end.Cause {
 	case policy.NodeLost:
 		n.book.CloseOther(ctx, end.Node, ledger.NodeFailure, end.Reason)

@@ -127,6 +127,9 @@ type closeInfo struct {
 	Reason string         `json:"reason"`
 	Node   string         `json:"node,omitempty"`
 	Cause  policy.Failure `json:"cause,omitempty"` // the failure that closed the job, if one did
+	// LedgerBy is the node whose txn that closed the job also ended Node's
+	// open ledger leases (a node loss); empty when it did not.
+	LedgerBy string `json:"ledger_by,omitempty"`
 }
 
 // endInfo is the record of the last round that ended with a new round.
@@ -144,6 +147,11 @@ type endInfo struct {
 	// evidence (the lost node's closed connection, or its last gossip ack)
 	// to this end; 0 when not known (a lease expiry, a local failure).
 	DetectMS float64 `json:"detect_ms,omitempty"`
+	// LedgerBy is the node whose end txn also ended Node's open ledger
+	// leases (a node loss: one writer for the whole job); empty when it
+	// did not (a local failure, an older launcher), and then every
+	// survivor records the loss itself (ledger.Book.CloseOther).
+	LedgerBy string `json:"ledger_by,omitempty"`
 }
 
 // excludeInfo is written by a node that leaves the job (Leave) or departs

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/ftlauncher/ft-launcher/ledger"
@@ -30,7 +31,7 @@ var _ ledger.Store = (*Store)(nil)
 
 // New returns the store under genBase (<prefix><run_id>/g<N>/).
 func New(cli *clientv3.Client, genBase string, bound func(context.Context) (context.Context, context.CancelFunc)) *Store {
-	return &Store{cli: cli, base: genBase + "ledger/", bound: bound}
+	return &Store{cli: cli, base: LedgerBase(genBase), bound: bound}
 }
 
 // Discover finds the current generation of run under prefix (the layout
@@ -84,29 +85,58 @@ func (s *Store) Put(ctx context.Context, r ledger.Record) error {
 func (s *Store) CloseOpen(ctx context.Context, node string, reason ledger.Reason, detail, by string, at time.Time) (ledger.Record, bool, error) {
 	ctx, cancel := s.ctx(ctx)
 	defer cancel()
-	resp, err := s.cli.Get(ctx, s.base+node+"#", clientv3.WithPrefix())
+	resp, err := s.cli.Get(ctx, NodePrefix(s.base, node), clientv3.WithPrefix())
 	if err != nil {
 		return ledger.Record{}, false, fmt.Errorf("read %s's leases: %w", node, err)
 	}
 	var out ledger.Record
 	closed := false
-	for _, kv := range resp.Kvs {
+	for _, c := range CloseOps(resp.Kvs, reason, detail, by, at) {
+		tr, err := s.cli.Txn(ctx).If(c.Cmp).Then(c.Put).Commit()
+		if err != nil {
+			return ledger.Record{}, false, fmt.Errorf("close %s: %w", c.Record.ID(), err)
+		}
+		if tr.Succeeded && (!closed || c.Record.Role == ledger.Active) {
+			out, closed = c.Record, true
+		}
+	}
+	return out, closed, nil
+}
+
+// NodePrefix is the key prefix of node's leases in the ledger under base
+// (a store's base, <prefix><run_id>/g<N>/ledger/).
+func NodePrefix(base, node string) string { return base + node + "#" }
+
+// LedgerBase is the ledger's base under a job generation's prefix
+// (<prefix><run_id>/g<N>/).
+func LedgerBase(genBase string) string { return genBase + "ledger/" }
+
+// Closing is the write that ends one open lease, fenced on the lease not
+// having changed since it was read (so that of several writers exactly
+// one ends it), and the record it writes.
+type Closing struct {
+	Cmp    clientv3.Cmp
+	Put    clientv3.Op
+	Record ledger.Record
+}
+
+// CloseOps returns the writes that end the open leases among kvs (a read
+// of NodePrefix) with reason, detail and by. A caller may run each in its
+// own txn, or nest them in a larger txn (the rendezvous ends a lost node's
+// leases in the txn that ends its round).
+func CloseOps(kvs []*mvccpb.KeyValue, reason ledger.Reason, detail, by string, at time.Time) []Closing {
+	var out []Closing
+	for _, kv := range kvs {
 		var r ledger.Record
 		if json.Unmarshal(kv.Value, &r) != nil || !r.Open() {
 			continue
 		}
 		r.End, r.Reason, r.Detail, r.ClosedBy = &at, reason, detail, by
 		b, _ := json.Marshal(r)
-		tr, err := s.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(string(kv.Key)), "=", kv.ModRevision)).
-			Then(clientv3.OpPut(string(kv.Key), string(b))).Commit()
-		if err != nil {
-			return ledger.Record{}, false, fmt.Errorf("close %s: %w", r.ID(), err)
-		}
-		if tr.Succeeded && (!closed || r.Role == ledger.Active) {
-			out, closed = r, true
-		}
+		out = append(out, Closing{Cmp: clientv3.Compare(clientv3.ModRevision(string(kv.Key)), "=", kv.ModRevision),
+			Put: clientv3.OpPut(string(kv.Key), string(b)), Record: r})
 	}
-	return out, closed, nil
+	return out
 }
 
 // List returns every record of the job, ordered by start.
