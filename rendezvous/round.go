@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -82,10 +83,18 @@ func (e *Etcd) next(ctx context.Context) (Assignment, error) {
 	}
 }
 
-// checkConfig creates the job config once, or refuses a node that differs.
-func (e *Etcd) checkConfig(ctx context.Context) error {
+// wantConfig is the job config this node asks for.
+func (e *Etcd) wantConfig() (jobConfig, string) {
 	want := jobConfig{NProcPerNode: e.o.NProcPerNode, MinNodes: e.o.MinNodes, MaxNodes: e.o.MaxNodes, MaxRestarts: e.o.MaxRestarts}
 	b, _ := json.Marshal(want)
+	return want, string(b)
+}
+
+// checkConfig creates the job config once, or refuses a node that differs.
+// It runs in Next only when joining the generation (registerAlive, which
+// creates or reads the config in its own txn) did not settle it.
+func (e *Etcd) checkConfig(ctx context.Context) error {
+	want, b := e.wantConfig()
 	// A plain read first: every node but the first finds the config, and
 	// a txn with a write branch is a raft round even when it only reads
 	// (one per node: 4,000 at 4,000 nodes).
@@ -98,7 +107,7 @@ func (e *Etcd) checkConfig(ctx context.Context) error {
 	if len(kvs) == 0 {
 		resp, err := e.cli.Txn(ctx).
 			If(clientv3.Compare(clientv3.CreateRevision(e.k.config()), "=", 0), e.genCmp()).
-			Then(clientv3.OpPut(e.k.config(), string(b)), clientv3.OpPut(e.k.round(), "0")).
+			Then(clientv3.OpPut(e.k.config(), b), clientv3.OpPut(e.k.round(), "0")).
 			Else(clientv3.OpGet(e.k.config())).Commit()
 		if err != nil {
 			return fmt.Errorf("rendezvous: write job config: %w", err)
@@ -108,10 +117,19 @@ func (e *Etcd) checkConfig(ctx context.Context) error {
 			kvs = resp.Responses[0].GetResponseRange().Kvs
 		}
 	}
+	if !created && len(kvs) == 0 {
+		return e.supersededErr(ctx)
+	}
+	return e.adoptConfig(want, created, kvs)
+}
+
+// adoptConfig takes the job's config: want when this node created it,
+// else the stored one (kvs), if this node is compatible with it.
+func (e *Etcd) adoptConfig(want jobConfig, created bool, kvs []*mvccpb.KeyValue) error {
 	got := want
 	if !created {
 		if len(kvs) == 0 {
-			return e.supersededErr(ctx)
+			return errors.New("rendezvous: no job config")
 		}
 		if err := json.Unmarshal(kvs[0].Value, &got); err != nil {
 			return fmt.Errorf("rendezvous: bad job config %q: %w", kvs[0].Value, err)
