@@ -60,15 +60,17 @@ func (e *Etcd) renewLease(ctx context.Context, old clientv3.LeaseID) error {
 // gossip death record of it exists; the old lease is revoked and the death
 // record removed, so later restart rounds wait for the node again. It does
 // nothing for a shared lease, which others' keys hang on.
-func (e *Etcd) reincarnate(ctx context.Context) error {
-	e.mu.Lock()
-	last, done := e.lastRound, e.reborn == e.lastRound
-	le, seen := e.lastEnds[last]
-	e.mu.Unlock()
-	if last < 0 || done || !e.ownsLease {
+func (e *Etcd) reincarnate(ctx context.Context, dr deathRead) error {
+	last, declared, need := e.deathState()
+	if !need {
 		return nil
 	}
-	declared := seen && le.Node == e.o.NodeID && le.Cause == policy.NodeLost
+	if !declared && dr.read {
+		declared = dr.dead
+		if !declared {
+			return nil
+		}
+	}
 	if !declared {
 		resp, err := e.cli.Get(ctx, e.k.dead(e.o.NodeID), clientv3.WithCountOnly())
 		if err != nil {
@@ -99,6 +101,30 @@ func (e *Etcd) reincarnate(ctx context.Context) error {
 		e.log.Debug("remove this node's death record", "err", err)
 	}
 	return nil
+}
+
+// deathRead is this node's death record as read with its quarantine
+// record (read: it was; dead: it exists).
+type deathRead struct{ read, dead bool }
+
+// deathState says whether reincarnate has anything to check (need), the
+// last round this node was assigned, and whether that round's end record
+// already declared this node lost.
+func (e *Etcd) deathState() (last int, declared, need bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	last = e.lastRound
+	if last < 0 || e.reborn == last || !e.ownsLease {
+		return last, false, false
+	}
+	le, seen := e.lastEnds[last]
+	return last, seen && le.Node == e.o.NodeID && le.Cause == policy.NodeLost, true
+}
+
+// needDeathRead: reincarnate will read this node's death record.
+func (e *Etcd) needDeathRead() bool {
+	_, declared, need := e.deathState()
+	return need && !declared
 }
 
 func (e *Etcd) currentLease() clientv3.LeaseID {

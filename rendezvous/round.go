@@ -54,7 +54,8 @@ func (e *Etcd) next(ctx context.Context) (Assignment, error) {
 	}
 	// A node the job replaced or that left with evidence stays out: it
 	// parks until the job ends and then exits with the job's code.
-	if err := e.retry(ctx, e.checkQuarantine); err != nil {
+	var dead deathRead
+	if err := e.retry(ctx, func(ctx context.Context) (err error) { dead, err = e.checkQuarantine(ctx); return err }); err != nil {
 		var q *QuarantineError
 		if errors.As(err, &q) {
 			return Assignment{}, e.parkQuarantined(ctx, q)
@@ -63,7 +64,7 @@ func (e *Etcd) next(ctx context.Context) (Assignment, error) {
 	}
 	// Back from being declared lost (a stall, a partition): come back as a
 	// new incarnation, so the old lease's expiry cannot end the next round.
-	if err := e.retry(ctx, e.reincarnate); err != nil {
+	if err := e.retry(ctx, func(ctx context.Context) error { return e.reincarnate(ctx, dead) }); err != nil {
 		return Assignment{}, err
 	}
 	for {
