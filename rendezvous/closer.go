@@ -50,10 +50,20 @@ const (
 // assignment once round r is open and the round-closing rule (decideClose)
 // says so.
 func (e *Etcd) runCloser(ctx context.Context, r int) {
-	get, err := e.cli.Get(ctx, e.k.nodes(r), clientv3.WithPrefix(), clientv3.WithKeysOnly())
-	if err != nil {
+	// The closer holds the key: giving up here would leave the round with
+	// no closer until this node goes, so a failed read (etcd overloaded by
+	// a whole job registering at once) is retried while the round waits.
+	var get *clientv3.GetResponse
+	for {
+		var err error
+		get, err = e.cli.Get(ctx, e.k.nodes(r), clientv3.WithPrefix(), clientv3.WithKeysOnly())
+		if err == nil {
+			break
+		}
 		e.log.Debug("closer: list members", "round", r, "err", err)
-		return
+		if ctx.Err() != nil || !sleepCtx(ctx, retryPause) {
+			return
+		}
 	}
 	c := &closerRun{e: e, r: r, present: map[string]bool{}, suspects: map[string]time.Time{},
 		wch: e.cli.Watch(ctx, e.k.nodes(r), clientv3.WithPrefix(), clientv3.WithRev(get.Header.Revision+1))}
