@@ -169,11 +169,10 @@ func (e *Etcd) compatible(want, got jobConfig) error {
 // assignment. retarget is true when the job moved past target meanwhile.
 func (e *Etcd) joinRound(ctx context.Context, target int) (Assignment, bool, error) {
 	start := time.Now()
-	closer, err := e.register(ctx, target)
-	if err != nil {
+	if err := e.register(ctx, target); err != nil {
 		return Assignment{}, false, err
 	}
-	sumRaw, retarget, err := e.waitAssignment(ctx, target, closer)
+	sumRaw, retarget, err := e.waitAssignment(ctx, target)
 	if err != nil || retarget {
 		return Assignment{}, retarget, err
 	}
@@ -196,19 +195,16 @@ func (e *Etcd) joinRound(ctx context.Context, target int) (Assignment, bool, err
 // register writes rounds/<target>/nodes/<id> under the lease, fenced on the
 // round not being assigned and the job not closed. A fenced-out
 // registration is not an error: waitAssignment reports what happened.
-// The same txn claims the round's closer key when nobody holds it (a
-// nested txn): the first node to register closes the round, and nodes
-// arriving together no longer each write a claim of their own. closer
-// reports that this node holds the key.
-func (e *Etcd) register(ctx context.Context, target int) (closer bool, err error) {
+func (e *Etcd) register(ctx context.Context, target int) error {
 	var port int
+	var err error
 	if e.o.MasterPort != nil {
 		port, err = e.o.MasterPort(target)
 	} else {
 		port, err = FreePort(e.o.LocalAddr)
 	}
 	if err != nil {
-		return false, fmt.Errorf("rendezvous: master port for round %d: %w", target, err)
+		return fmt.Errorf("rendezvous: master port for round %d: %w", target, err)
 	}
 	e.mu.Lock()
 	gossipAddr, streamAddr := e.gossipAddr, e.streamAddr
@@ -223,9 +219,6 @@ func (e *Etcd) register(ctx context.Context, target int) (closer bool, err error
 			// long jobs do not pile up keys. (One round back may still be live.)
 			then = append(then, clientv3.OpDelete(e.k.member(target-2, e.o.NodeID)))
 		}
-		then = append(then, clientv3.OpTxn([]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(e.k.closer(target)), "=", 0)},
-			[]clientv3.Op{clientv3.OpPut(e.k.closer(target), e.o.NodeID, clientv3.WithLease(lease))},
-			[]clientv3.Op{clientv3.OpGet(e.k.closer(target))}))
 		return e.cli.Txn(ctx).
 			If(clientv3.Compare(clientv3.CreateRevision(e.k.assignment(target)), "=", 0),
 				clientv3.Compare(clientv3.CreateRevision(e.k.closed()), "=", 0), e.genCmp()).
@@ -238,50 +231,32 @@ func (e *Etcd) register(ctx context.Context, target int) (closer bool, err error
 		// We were cut off longer than the lease TTL (a partition that
 		// healed): take a new lease and register with it.
 		if rerr := e.renewLease(ctx, lease); rerr != nil {
-			return false, fmt.Errorf("rendezvous: join round %d: renew expired lease: %w", target, rerr)
+			return fmt.Errorf("rendezvous: join round %d: renew expired lease: %w", target, rerr)
 		}
 		resp, err = put(e.currentLease())
 	}
 	if err != nil {
-		return false, fmt.Errorf("rendezvous: join round %d: %w", target, err)
+		return fmt.Errorf("rendezvous: join round %d: %w", target, err)
 	}
 	e.mu.Lock()
 	e.setStateLocked(stateWaiting, "registered in round "+strconv.Itoa(target))
 	e.mu.Unlock()
 	if !resp.Succeeded {
 		e.log.Debug("round already closed or job closed when joining", "round", target)
-		return false, nil
 	}
-	// The claim: won now, or won by this node's earlier registration for
-	// the same round (a retried join), whose closer must run again.
-	ct := resp.Responses[len(resp.Responses)-1].GetResponseTxn()
-	if ct == nil {
-		return false, nil
-	}
-	if ct.Succeeded {
-		return true, nil
-	}
-	if len(ct.Responses) > 0 {
-		kvs := ct.Responses[0].GetResponseRange().Kvs
-		return len(kvs) > 0 && string(kvs[0].Value) == e.o.NodeID, nil
-	}
-	return false, nil
+	return nil
 }
 
 // waitAssignment waits for round target's assignment, closing the round
-// itself when it holds the closer key (closer: claimed at registration) or
-// wins it later. retarget is true when the job moved past target (or the
-// watch must be re-read).
-func (e *Etcd) waitAssignment(ctx context.Context, target int, closer bool) (sum []byte, retarget bool, err error) {
+// itself when it wins the closer key. retarget is true when the job moved
+// past target (or the watch must be re-read).
+func (e *Etcd) waitAssignment(ctx context.Context, target int) (sum []byte, retarget bool, err error) {
 	wctx, cancel := context.WithCancel(ctx)
 	cl := &closerSlot{e: e, r: target}
 	defer func() {
 		cancel()
 		cl.wait()
 	}()
-	if closer {
-		cl.start(wctx)
-	}
 	// One read and one watch cover the assignment and the closer key
 	// (adjacent keys).
 	get, err := e.cli.Get(wctx, e.k.assignment(target), clientv3.WithRange(e.k.closer(target)+"\x00"))
@@ -395,17 +370,12 @@ func (c *closerSlot) try(ctx context.Context) {
 		return
 	}
 	if won {
-		c.start(ctx)
+		c.running, c.done = true, make(chan struct{})
+		go func() {
+			defer close(c.done)
+			c.e.runCloser(ctx, c.r)
+		}()
 	}
-}
-
-// start runs the closer of the round, whose key this node holds.
-func (c *closerSlot) start(ctx context.Context) {
-	c.running, c.held, c.done = true, true, make(chan struct{})
-	go func() {
-		defer close(c.done)
-		c.e.runCloser(ctx, c.r)
-	}()
 }
 
 // wait returns once the closer (if any) has stopped.
