@@ -81,6 +81,8 @@ func (c *Config) Effective() string {
 	add("spare_filler_reclaim_timeout", c.SpareFillerReclaimTimeout.Seconds())
 	add("prewarm", strings.Join(c.Prewarm, ","))
 	add("agent_store", onOff(c.AgentStore))
+	add("restart_mode", c.RestartMode)
+	add("inprocess_rejoin_timeout", c.InProcessRejoinTimeout.Seconds())
 	wt := make([]string, len(c.WalltimeSignals))
 	for i, s := range c.WalltimeSignals {
 		wt[i] = signalName(s)
