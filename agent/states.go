@@ -247,6 +247,9 @@ func (a *Agent) running(ctx context.Context) State {
 
 // stopping stops what is still running; a second signal escalates.
 func (a *Agent) stopping() State {
+	if a.keepSurvivors() { // --restart-mode in-process (inprocess.go)
+		return StateDeciding
+	}
 	a.stopCycle()
 	return StateDeciding
 }
@@ -388,8 +391,9 @@ func (a *Agent) decideFailure(ctx context.Context, end cycleEnd) State {
 	a.log.Warn("restarting all ranks", "after_round", asg.Round, "action", string(dec.Action), "reason", end.reason,
 		"restarts_used", dec.RestartsUsed)
 	a.ev.Emit(eventlog.Restart, map[string]any{"after_round": asg.Round, "action": string(dec.Action), "reason": end.reason,
-		"restarts_used": dec.RestartsUsed})
+		"restarts_used": dec.RestartsUsed, "mode": a.restartMode()})
 	a.met.Restarted()
+	a.met.RestartedMode(a.restartMode())
 	return StateJoining
 }
 
@@ -416,8 +420,9 @@ func (a *Agent) decideRoundEnded(ctx context.Context, end cycleEnd) State {
 		return StateDone
 	}
 	a.log.Warn("round ended by the job; restarting", "round", asg.Round, "reason", e.Reason)
-	a.ev.Emit(eventlog.Restart, map[string]any{"after_round": asg.Round, "reason": e.Reason})
+	a.ev.Emit(eventlog.Restart, map[string]any{"after_round": asg.Round, "reason": e.Reason, "mode": a.restartMode()})
 	a.met.Restarted()
+	a.met.RestartedMode(a.restartMode())
 	return StateJoining
 }
 
