@@ -126,7 +126,10 @@ func (a *Agent) keepSurvivors() bool {
 		return false
 	}
 	var survivors []int
-	capable := true
+	// Survivors rebuild their process group against the launcher's store;
+	// with --agent-store off rank 0 hosts it and a survivor rank 0 could
+	// not bind it again, so that is the full restart.
+	capable := a.d.Store != nil
 	for lr := 0; lr < a.cfg.NProcPerNode; lr++ {
 		if _, exited := end.exitCodes[lr]; exited {
 			continue

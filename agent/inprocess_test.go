@@ -77,6 +77,7 @@ func ipHarness(t *testing.T, capable ...int) (*harness, *ipMonitors) {
 	h.cfg.InProcessRejoinTimeout = 10 * time.Second
 	m := newIPMonitors(capable...)
 	h.monitors = m
+	h.agentStore = &fakeStore{ranks: h.ranks}
 	h.rdzv.next = append(h.rdzv.next, active(0, 0), active(1, 1), active(2, 2))
 	return h, m
 }

@@ -24,8 +24,8 @@ func newInProcessMetrics(reg *prometheus.Registry) *inProcessMetrics {
 			Help: "In-process restarts that fell back to the full restart, by why (rejoin_timeout, failure_during, notice_failed)."},
 			[]string{"why"}),
 		phases: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "ftlauncher_inprocess_phase_seconds",
-			Help: "In-process restart phases per survivor: notice (failure seen -> notice sent), teardown, rejoin, restore, first_step.",
+			Name:    "ftlauncher_inprocess_phase_seconds",
+			Help:    "In-process restart phases per survivor: notice (failure seen -> notice sent), teardown, rejoin, restore, first_step.",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 16)}, []string{"phase"}),
 	}
 	reg.MustRegister(ip.restarts, ip.fallbacks, ip.phases)
