@@ -10,7 +10,8 @@ written), and the final weights are bit-identical to an uninterrupted
 checkpoints and --out summary as ddp_train.py (imported from it).
 
 Fault injection on top of ddp_train.py's (--crash-at-step/--crash-rank,
---hang-at-step/--hang-rank; both only in round 0):
+--hang-at-step/--hang-rank, both only in round 0; a hang here stops the
+rank's heartbeats, 3 steps before it, so a heartbeat timeout finds it):
   --stuck-rank R        in round 0, rank R ignores the restart notice: when its
                         collective fails it sleeps instead of rejoining
   --crash-again-rank R  rank R crashes again at the start of round 1, before
@@ -144,7 +145,12 @@ def train(ctx, args):
         loss_val = float(loss.detach())
         if args.step_sleep > 0:
             time.sleep(args.step_sleep)
-        ctx.step()
+        if rank == args.hang_rank and cycle() == 0 and args.hang_at_step - 3 <= step < args.hang_at_step:
+            # The rank about to hang stops its heartbeats 3 steps early, so
+            # the heartbeat timeout picks it, not a peer waiting for it.
+            ctx.check()
+        else:
+            ctx.step()
         done = step + 1
         if args.ckpt_every > 0 and done % args.ckpt_every == 0 and done < args.steps:
             rng = [None] * world
@@ -152,7 +158,7 @@ def train(ctx, args):
             if rank == 0:
                 base.save_checkpoint(args.ckpt_dir, done, model, opt, rng)
             if args.restore == "memory":
-                ctx.snapshot.save(done, step=done, model=model.state_dict(), optimizer=opt.state_dict(), rng=rng)
+                ctx.snapshot.save(done, model=model.state_dict(), optimizer=opt.state_dict(), rng=rng)
             dist.barrier()
     if rank == 0:
         summary = base.params_summary(model, args, loss_val, start)

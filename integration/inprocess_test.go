@@ -1,0 +1,254 @@
+package integration
+
+import (
+	"encoding/json"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+)
+
+// In-process restarts (--restart-mode in-process, docs/inprocess.md) with
+// real torch 1.13 gloo DDP ranks: examples/ddp_train_inprocess.py uses
+// ft_launcher_client.inprocess; its final weights must be bit-identical to
+// an uninterrupted examples/ddp_train.py run (same model, batches and
+// checkpoint schedule).
+
+func inprocessScript(t *testing.T) string {
+	p, err := filepath.Abs("../examples/ddp_train_inprocess.py")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// refByRanks caches uninterrupted ddp_train.py runs by rank count.
+var refByRanks sync.Map // int -> weights
+
+func uninterruptedWeights(t *testing.T, n int) weights {
+	t.Helper()
+	if n == 2 {
+		return referenceWeights(t)
+	}
+	if w, ok := refByRanks.Load(n); ok {
+		return w.(weights)
+	}
+	j := newJob(t)
+	out := filepath.Join(j.dir, "ref.json")
+	if code := j.run(torchTimeout, []string{"PYTHON_EXEC=" + debianPython}, "--standalone", "--nproc-per-node", strconv.Itoa(n),
+		trainScript(t), "--ckpt-dir", filepath.Join(j.dir, "ckpt"), "--out", out); code != 0 {
+		t.Fatalf("uninterrupted %d-rank run exited %d\n%s", n, code, j.stderr.String())
+	}
+	w := readWeights(t, out)
+	refByRanks.Store(n, w)
+	return w
+}
+
+// cyclePIDs returns the pids of each cycle_started event, by round.
+func cyclePIDs(t *testing.T, j *job) map[int][]int {
+	t.Helper()
+	out := map[int][]int{}
+	for _, e := range j.eventsOf("cycle_started") {
+		var pids []int
+		b, _ := json.Marshal(e["pids"])
+		if err := json.Unmarshal(b, &pids); err != nil {
+			t.Fatal(err)
+		}
+		out[int(e["round"].(float64))] = pids
+	}
+	return out
+}
+
+func restartModes(j *job) []string {
+	var modes []string
+	for _, e := range j.eventsOf("restart") {
+		m, _ := e["mode"].(string)
+		modes = append(modes, m)
+	}
+	return modes
+}
+
+// TestInProcessCrashKeepsSurvivors: one rank crashes at step 25 of 60 in 2-
+// and 4-rank jobs, with the checkpoint restored from the file and from the
+// in-memory copy; the survivors keep their pids, only the crashed rank
+// starts again, and the weights equal the uninterrupted run's.
+func TestInProcessCrashKeepsSurvivors(t *testing.T) {
+	requireTorch(t)
+	for _, tc := range []struct {
+		ranks   int
+		crash   int
+		restore string
+	}{{2, 1, "checkpoint"}, {4, 2, "checkpoint"}, {2, 0, "memory"}} {
+		t.Run(fmt.Sprintf("%d ranks, rank %d crashes, restore from %s", tc.ranks, tc.crash, tc.restore), func(t *testing.T) {
+			want := uninterruptedWeights(t, tc.ranks)
+			j := newJob(t)
+			out := filepath.Join(j.dir, "w.json")
+			code := j.run(torchTimeout, []string{"PYTHON_EXEC=" + debianPython},
+				"--standalone", "--nproc-per-node", strconv.Itoa(tc.ranks), "--max-restarts", "2", "--restart-mode", "in-process",
+				inprocessScript(t), "--ckpt-dir", filepath.Join(j.dir, "ckpt"), "--out", out,
+				"--crash-at-step", "25", "--crash-rank", strconv.Itoa(tc.crash), "--restore", tc.restore)
+			if code != 0 {
+				t.Fatalf("exit %d\n%s", code, j.stderr.String())
+			}
+			got := readWeights(t, out)
+			if got.SHA256 != want.SHA256 || got.ResumedFromStep != 20 {
+				t.Fatalf("weights %s resumed from %d; want %s (uninterrupted) from step 20", got.SHA256, got.ResumedFromStep, want.SHA256)
+			}
+			if m := restartModes(j); !slices.Equal(m, []string{"in-process"}) {
+				t.Fatalf("restart modes %v, want one in-process restart", m)
+			}
+			pids := cyclePIDs(t, j)
+			for lr := 0; lr < tc.ranks; lr++ {
+				same := pids[0][lr] == pids[1][lr]
+				if same == (lr == tc.crash) {
+					t.Fatalf("round 0 pids %v, round 1 pids %v: only local rank %d should have a new process", pids[0], pids[1], tc.crash)
+				}
+			}
+			if n := len(j.eventsOf("inprocess_first_step")); n != tc.ranks-1 {
+				t.Fatalf("%d first-step reports, want one per survivor (%d)", n, tc.ranks-1)
+			}
+			if left := j.waitNoLeftovers(5 * time.Second); len(left) > 0 {
+				t.Fatalf("left behind: %s", describeProcs(left))
+			}
+		})
+	}
+}
+
+// TestInProcessHang: rank 1 stops heartbeating and hangs; the heartbeat
+// timeout kills it, which breaks rank 0's collective; rank 0 stays and
+// rejoins; the weights equal the uninterrupted run's.
+func TestInProcessHang(t *testing.T) {
+	requireTorch(t)
+	want := referenceWeights(t)
+	j := newJob(t)
+	out := filepath.Join(j.dir, "w.json")
+	code := j.run(torchTimeout, []string{"PYTHON_EXEC=" + debianPython},
+		"--standalone", "--nproc-per-node", "2", "--max-restarts", "2", "--restart-mode", "in-process",
+		"--ft-initial-rank-heartbeat-timeout", "120", "--ft-rank-heartbeat-timeout", "3",
+		inprocessScript(t), "--ckpt-dir", filepath.Join(j.dir, "ckpt"), "--out", out,
+		"--hang-at-step", "25", "--hang-rank", "1", "--step-sleep", "0.3")
+	if code != 0 {
+		t.Fatalf("exit %d\n%s", code, j.stderr.String())
+	}
+	hangs := j.eventsOf("rank_hang")
+	if len(hangs) != 1 || hangs[0]["rank"] != float64(1) {
+		t.Fatalf("rank_hang events %v, want one for rank 1", hangs)
+	}
+	if m := restartModes(j); !slices.Equal(m, []string{"in-process"}) {
+		t.Fatalf("restart modes %v, want one in-process restart", m)
+	}
+	if got := readWeights(t, out); got.SHA256 != want.SHA256 {
+		t.Fatalf("weights %s, want %s", got.SHA256, want.SHA256)
+	}
+}
+
+// TestInProcessFallbacks: a survivor that ignores the notice is killed
+// after --inprocess-rejoin-timeout and the job restarts fully; a crash
+// during the in-process restart escalates to the full restart. Both end
+// with the uninterrupted run's weights.
+func TestInProcessFallbacks(t *testing.T) {
+	requireTorch(t)
+	want := referenceWeights(t)
+	for _, tc := range []struct {
+		name  string
+		extra []string
+		why   string
+	}{
+		{"survivor ignores the notice", []string{"--stuck-rank", "0"}, "rejoin_timeout"},
+		{"crash during the in-process restart", []string{"--crash-again-rank", "1"}, "failure_during"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			j := newJob(t)
+			out := filepath.Join(j.dir, "w.json")
+			args := append([]string{"--standalone", "--nproc-per-node", "2", "--max-restarts", "3", "--restart-mode", "in-process",
+				"--inprocess-rejoin-timeout", "5",
+				inprocessScript(t), "--ckpt-dir", filepath.Join(j.dir, "ckpt"), "--out", out,
+				"--crash-at-step", "25", "--crash-rank", "1"}, tc.extra...)
+			if code := j.run(torchTimeout, []string{"PYTHON_EXEC=" + debianPython}, args...); code != 0 {
+				t.Fatalf("exit %d\n%s", code, j.stderr.String())
+			}
+			fb := j.eventsOf("inprocess_fallback")
+			if len(fb) != 1 || fb[0]["why"] != tc.why {
+				t.Fatalf("inprocess_fallback events %v, want one %q", fb, tc.why)
+			}
+			if m := restartModes(j); !slices.Equal(m, []string{"in-process", "full"}) {
+				t.Fatalf("restart modes %v, want in-process then full", m)
+			}
+			if got := readWeights(t, out); got.SHA256 != want.SHA256 {
+				t.Fatalf("weights %s, want %s", got.SHA256, want.SHA256)
+			}
+			if left := j.waitNoLeftovers(5 * time.Second); len(left) > 0 {
+				t.Fatalf("left behind: %s", describeProcs(left))
+			}
+		})
+	}
+}
+
+// TestInProcessWithoutTheAPI: examples/ddp_train.py does not use the API;
+// under --restart-mode in-process its crash is a full restart, as with
+// --restart-mode full.
+func TestInProcessWithoutTheAPI(t *testing.T) {
+	requireTorch(t)
+	want := referenceWeights(t)
+	j := newJob(t)
+	out := filepath.Join(j.dir, "w.json")
+	code := j.run(torchTimeout, []string{"PYTHON_EXEC=" + debianPython},
+		"--standalone", "--nproc-per-node", "2", "--max-restarts", "2", "--restart-mode", "in-process",
+		trainScript(t), "--ckpt-dir", filepath.Join(j.dir, "ckpt"), "--out", out, "--crash-at-step", "25", "--crash-rank", "1")
+	if code != 0 {
+		t.Fatalf("exit %d\n%s", code, j.stderr.String())
+	}
+	if m := restartModes(j); !slices.Equal(m, []string{"full"}) {
+		t.Fatalf("restart modes %v, want one full restart", m)
+	}
+	if n := len(j.eventsOf("inprocess_kept")) + len(j.eventsOf("inprocess_notice")); n != 0 {
+		t.Fatalf("%d in-process events for a script that did not opt in", n)
+	}
+	pids := cyclePIDs(t, j)
+	for lr := range 2 {
+		if pids[0][lr] == pids[1][lr] {
+			t.Fatalf("local rank %d kept its process (%v -> %v) without the API", lr, pids[0], pids[1])
+		}
+	}
+	if got := readWeights(t, out); got.SHA256 != want.SHA256 {
+		t.Fatalf("weights %s, want %s", got.SHA256, want.SHA256)
+	}
+}
+
+// TestInProcessTwoNodes: two launchers on 127.0.0.2 and 127.0.0.3, two
+// ranks each (etcd rendezvous); a rank of the second node crashes. Every
+// survivor on both nodes stays; the weights equal an uninterrupted 4-rank
+// run's.
+func TestInProcessTwoNodes(t *testing.T) {
+	requireTorch(t)
+	want := uninterruptedWeights(t, 4)
+	c := newCluster(t, embeddedEndpoint(t))
+	ckpt := filepath.Join(c.dir, "ckpt")
+	out := filepath.Join(c.dir, "w.json")
+	for range 2 {
+		c.addNode([]string{"PYTHON_EXEC=" + debianPython}, "--nnodes", "2", "--nproc-per-node", "2", "--max-restarts", "2",
+			"--rdzv-backend", "c10d", "--restart-mode", "in-process",
+			inprocessScript(t), "--ckpt-dir", ckpt, "--out", out, "--crash-at-step", "25", "--crash-rank", "3")
+	}
+	for i, code := range c.waitAll(torchTimeout) {
+		if code != 0 {
+			t.Fatalf("node %d exited %d\n%s", i, code, c.stderrs())
+		}
+	}
+	if got := readWeights(t, out); got.SHA256 != want.SHA256 || got.WorldSize != 4 {
+		t.Fatalf("weights %s world %d, want %s world 4", got.SHA256, got.WorldSize, want.SHA256)
+	}
+	survivors := 0
+	for i, n := range c.nodes {
+		if m := restartModes(n); !slices.Equal(m, []string{"in-process"}) {
+			t.Fatalf("node %d restart modes %v, want one in-process restart\n%s", i, m, c.stderrs())
+		}
+		survivors += len(n.eventsOf("inprocess_first_step"))
+	}
+	if survivors != 3 {
+		t.Fatalf("%d survivors took a first step after the restart, want 3", survivors)
+	}
+}
