@@ -147,7 +147,7 @@ func (a *Agent) keepSurvivors() bool {
 	d := policy.Decide(policy.Input{Failure: f, RestartsUsed: asg.RestartsUsed, MaxRestarts: asg.MaxRestarts,
 		NodesPresent: 1, MinNodes: 1, Mode: a.cfg.RestartMode, AllInProcessCapable: capable && len(survivors) > 0,
 		DuringInProcess: during})
-	if during && d.Action != policy.CloseJob {
+	if during && !w.overdue && d.Action != policy.CloseJob { // an overdue rejoin was recorded when it was killed
 		a.inProcessFallback("failure_during", -1, "a failure during the in-process restart of round "+
 			strconv.Itoa(w.round)+": "+end.reason)
 	}
