@@ -12,8 +12,16 @@ imports (torch, torch.distributed, torch.nn), process group
 (init_process_group), checkpoint (torch.load) and first step (DDP
 construction, forward, backward, optimizer step).
 
+With --inprocess, ft-launcher --restart-mode in-process runs
+examples/ddp_train_inprocess.py (cold and --prewarm replacement rank) beside
+torchrun and the full restart with --prewarm; a survivor has no start or
+imports phase (its process stays), so those columns are the replacement's.
+--nodes 2 runs two launchers on 127.0.0.2 and 127.0.0.3 (etcd rendezvous;
+torchrun: c10d rendezvous on 127.0.0.1), --nproc ranks each; the crashing
+rank is the last one.
+
 usage: bench/prewarm.py [--ft-launcher PATH] [--torchrun CMD] [--reps N]
-                        [--nproc N] [--prewarm MODULES]
+                        [--nproc N] [--prewarm MODULES] [--inprocess] [--nodes N]
 Prints a markdown table on stdout; progress and failures on stderr.
 """
 import argparse
@@ -33,39 +41,65 @@ PHASES = ["start", "imports", "pg", "ckpt", "step"]
 COLUMNS = ["launcher", "imports", "process group", "checkpoint", "first step"]
 
 
-def command(kind, a, nproc, workdir, tag):
+def command(kind, a, nproc, workdir, tag, node=0, port=0):
+    crash_rank = nproc * a.nodes - 1 if a.nodes > 1 else 1
     train = ["--ckpt-dir", os.path.join(workdir, tag + ".ckpt"), "--out", os.path.join(workdir, tag + ".json"),
-             "--steps", "30", "--crash-at-step", "25", "--crash-rank", "1", "--step-sleep", str(a.step_sleep)]
-    logs = os.path.join(workdir, tag + ".logs")
+             "--steps", "30", "--crash-at-step", "25", "--crash-rank", str(crash_rank), "--step-sleep", str(a.step_sleep)]
+    logs = os.path.join(workdir, tag + f".logs{node}")
     if kind == "torchrun":
-        return shlex.split(a.torchrun) + [
-            "--standalone", "--nproc_per_node", str(nproc), "--max_restarts", "1",
+        where = ["--standalone"] if a.nodes == 1 else [
+            "--nnodes", str(a.nodes), "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{port}", "--rdzv_id", tag]
+        return shlex.split(a.torchrun) + where + [
+            "--nproc_per_node", str(nproc), "--max_restarts", "1",
             "--monitor_interval", "0.1", "--log_dir", logs, PROBE] + train
-    line = [a.ft_launcher, "--standalone", "--nproc-per-node", str(nproc), "--max-restarts", "1",
-            "--monitor-interval", "0.1", "--log-dir", logs]
-    if kind == "ft-launcher --prewarm":
+    where = ["--standalone"] if a.nodes == 1 else [
+        "--nnodes", str(a.nodes), "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.2:{port}",
+        "--rdzv-id", tag, "--local-addr", f"127.0.0.{2 + node}"]
+    line = [a.ft_launcher] + where + ["--nproc-per-node", str(nproc), "--max-restarts", "1",
+                                      "--monitor-interval", "0.1", "--log-dir", logs]
+    if kind.endswith("--prewarm"):
         line += ["--prewarm", a.prewarm]
+    if "in-process" in kind:
+        line += ["--restart-mode", "in-process"]
     return line + [PROBE] + train
+
+
+def free_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.2", 0))
+        return s.getsockname()[1]
 
 
 def once(kind, a, nproc, workdir, tag):
     stamps = os.path.join(workdir, tag + ".stamps")
     os.environ["PROBE_STAMPS"] = stamps
     os.environ["PYTHON_EXEC"] = PYTHON
-    run = Run(command(kind, a, nproc, workdir, tag), workdir, tag)
+    os.environ["PROBE_TRAIN"] = "ddp_train_inprocess.py" if "in-process" in kind else "ddp_train.py"
+    port = free_port() if a.nodes > 1 else 0
+    runs = [Run(command(kind, a, nproc, workdir, tag, node, port), workdir, f"{tag}.{node}") for node in range(a.nodes)]
     try:
-        rc = run.wait(300)
-        if rc != 0:
-            raise RuntimeError(f"{kind} exited {rc}:\n{run.tail()}")
+        for run in runs:
+            rc = run.wait(300)
+            if rc != 0:
+                raise RuntimeError(f"{kind} exited {rc}:\n{run.tail()}")
     finally:
-        run.stop()
+        for run in runs:
+            run.stop()
     lines = read_lines(stamps)
     crash = [int(f[0]) for f in lines if f[1] == "crash"]
     after = {}
     for f in lines:
         if f[3] == "1" and f[1] in PHASES:
             after.setdefault(f[1], {})[f[2]] = int(f[0])
-    if len(crash) != 1 or any(len(after.get(p, {})) != nproc for p in PHASES):
+    nranks = nproc * a.nodes
+    if "in-process" in kind and len(crash) == 1:
+        # Survivors stay in their processes: no start or imports of their own.
+        for p in ("start", "imports"):
+            for r in after.get("step", {}):
+                after.setdefault(p, {}).setdefault(r, crash[0])
+    if len(crash) != 1 or any(len(after.get(p, {})) != nranks for p in PHASES):
         raise RuntimeError(f"{kind}: incomplete stamps in {stamps}")
     ends = [max(after[p].values()) - crash[0] for p in PHASES]  # cumulative, ns
     return [ends[0]] + [ends[i] - ends[i - 1] for i in range(1, len(ends))] + [ends[-1]]
@@ -79,8 +113,12 @@ def main():
     p.add_argument("--nproc", default="2,4", help="comma-separated rank counts")
     p.add_argument("--prewarm", default="torch,torch.distributed")
     p.add_argument("--step-sleep", type=float, default=0.5)
+    p.add_argument("--inprocess", action="store_true", help="add ft-launcher --restart-mode in-process")
+    p.add_argument("--nodes", type=int, default=1, help="launchers on loopback (127.0.0.2, ...), --nproc ranks each")
     a = p.parse_args()
     kinds = ["torchrun", "ft-launcher", "ft-launcher --prewarm"]
+    if a.inprocess:
+        kinds = ["torchrun", "ft-launcher --prewarm", "ft-launcher in-process", "ft-launcher in-process --prewarm"]
     print(f"Host: {os.cpu_count()} CPUs, `{os.uname().release}`; reps={a.reps}; "
           f"date {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
     failures = []
@@ -96,7 +134,8 @@ def main():
                         failures.append(f"{tag}: {e}")
                         progress(f"FAILED {tag}: {e}")
                 progress(f"nproc {nproc}: rep {i + 1}/{a.reps} done")
-            print(f"### Crash -> first training step after restart, examples/ddp_train.py, {nproc} ranks (s, p50)\n")
+            where = f"{nproc} ranks" if a.nodes == 1 else f"{a.nodes} nodes on loopback, {nproc} ranks each"
+            print(f"### Crash -> first training step after restart, examples/ddp_train.py, {where} (s, p50)\n")
             print("| launcher | n | total (min-max) | " + " | ".join(COLUMNS) + " |")
             print("|---|---:|---:|" + "---:|" * len(COLUMNS))
             for k, v in res.items():
@@ -105,6 +144,9 @@ def main():
                 tot = [x[-1] / 1e9 for x in v]
                 cols = [f"{pct([x[j] / 1e9 for x in v], .5):.2f}" for j in range(len(COLUMNS))]
                 print(f"| {k} | {len(v)} | {pct(tot, .5):.2f} ({min(tot):.2f}-{max(tot):.2f}) | " + " | ".join(cols) + " |")
+            if res.get("torchrun") and res.get("ft-launcher in-process --prewarm"):
+                ratio = pct([x[-1] for x in res["torchrun"]], .5) / pct([x[-1] for x in res["ft-launcher in-process --prewarm"]], .5)
+                print(f"\nin-process --prewarm vs torchrun: {ratio:.1f}x faster (p50 totals)")
             if res["torchrun"] and res["ft-launcher --prewarm"]:
                 ratio = pct([x[-1] for x in res["torchrun"]], .5) / pct([x[-1] for x in res["ft-launcher --prewarm"]], .5)
                 print(f"\n--prewarm vs torchrun: {ratio:.1f}x faster (p50 totals)")

@@ -133,7 +133,9 @@ class FakePG:
         self.teardowns += 1
 
 
-class InProcessTest(unittest.TestCase):
+class _Fixture(unittest.TestCase):
+    """A fake monitor, the environment of rank 0 and a fake process group."""
+
     def setUp(self):
         self.dir = tempfile.mkdtemp()
         self.mon = FakeMonitor(os.path.join(self.dir, "rank.sock"))
@@ -164,6 +166,7 @@ class InProcessTest(unittest.TestCase):
                 self.fail("condition not met in %ss" % timeout)
             time.sleep(0.01)
 
+class InProcessTest(_Fixture):
     def test_import_needs_no_torch(self):
         import subprocess
         import sys
@@ -293,6 +296,40 @@ class InProcessTest(unittest.TestCase):
         self.assertEqual(len(self.pg.inits), 1)
         with self.assertRaises(RuntimeError):
             ip.run(lambda ctx: (_ for _ in ()).throw(RuntimeError("x")))
+
+
+class LightningTest(_Fixture):
+    """The FaultToleranceCallback inside InProcess.run, with the Lightning
+    stand-in (Lightning does not install here)."""
+
+    def test_trainer_rebuilt_after_rejoin(self):
+        import sys
+
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from standin import Trainer
+
+        from ft_launcher_client.lightning import FaultToleranceCallback
+
+        ip = self.ip()
+        fits = []
+
+        def train(ctx):
+            cb = FaultToleranceCallback(autoresume=False, calculate_timeouts=False, inprocess=ctx,
+                                        exp_dir=self.dir)
+            first = not ctx.restarted
+            t = Trainer([cb], max_steps=6, fail_at_step=3 if first else None, global_rank=0)
+            if first:
+                self.mon.connected.wait(5)
+                threading.Timer(0.1, self.mon.notify, kwargs=notice(1)).start()
+            fits.append(ctx.round)
+            t.fit()
+            return t.global_step
+
+        self.assertEqual(ip.run(train), 6)
+        ip.close()
+        self.assertEqual(fits, [0, 1])
+        # The callback used the API's sessions: one per round, both registered.
+        self.assertEqual([h.get("inprocess") for h in self.mon.hellos], [True, True])
 
 
 class SnapshotTest(unittest.TestCase):
