@@ -397,10 +397,11 @@ func (a *Agent) stopKept() {
 // the group that runs it now; exits of the ranks an older group lost are
 // not delivered again.
 type mixedGroup struct {
-	parts []groupPart
-	once  sync.Once
-	exits chan spawn.Exit
-	quit  chan struct{}
+	parts    []groupPart
+	once     sync.Once
+	exits    chan spawn.Exit
+	quit     chan struct{} // closed by Stop: the forwarders end
+	stopOnce sync.Once
 }
 
 type groupPart struct {
@@ -414,6 +415,9 @@ func (m *mixedGroup) add(g RankGroup, ranks []int) {
 		p.ranks[lr] = true
 	}
 	m.parts = append(m.parts, p)
+	if m.quit == nil {
+		m.quit = make(chan struct{})
+	}
 }
 
 // PIDs maps each local rank to the pid that runs it now.
@@ -433,16 +437,22 @@ func (m *mixedGroup) PIDs() map[int]int {
 func (m *mixedGroup) Exits() <-chan spawn.Exit {
 	m.once.Do(func() {
 		m.exits = make(chan spawn.Exit, 64)
-		m.quit = make(chan struct{})
+		quit := m.quit
 		for _, p := range m.parts {
+			src := p.g.Exits()
 			go func() {
 				for {
 					select {
-					case e := <-p.g.Exits():
-						if p.ranks[e.LocalRank] {
-							m.exits <- e
+					case e := <-src:
+						if !p.ranks[e.LocalRank] {
+							continue
 						}
-					case <-m.quit:
+						select {
+						case m.exits <- e:
+						case <-quit:
+							return
+						}
+					case <-quit:
 						return
 					}
 				}
@@ -460,10 +470,7 @@ func (m *mixedGroup) Stop(sig syscall.Signal, grace time.Duration) spawn.StopRes
 		wg.Go(func() { res[i] = p.g.Stop(sig, grace) })
 	}
 	wg.Wait()
-	if m.quit != nil {
-		close(m.quit)
-		m.quit = nil
-	}
+	m.stopOnce.Do(func() { close(m.quit) })
 	var out spawn.StopResult
 	for i, p := range m.parts {
 		for _, e := range res[i].Exits {
