@@ -21,7 +21,7 @@ torchrun: c10d rendezvous on 127.0.0.1), --nproc ranks each; the crashing
 rank is the last one.
 
 usage: bench/prewarm.py [--ft-launcher PATH] [--torchrun CMD] [--reps N]
-                        [--nproc N] [--prewarm MODULES] [--inprocess] [--nodes N]
+                        [--nproc N] [--prewarm MODULES] [--kinds K,K...] [--inprocess] [--nodes N]
 Prints a markdown table on stdout; progress and failures on stderr.
 """
 import argparse
@@ -38,6 +38,11 @@ from bench import DEFAULT_TORCHRUN, Run, pct, progress, read_lines  # noqa: E402
 PROBE = os.path.join(HERE, "workers", "ddp_probe.py")
 PYTHON = "/usr/bin/python3"
 PHASES = ["start", "imports", "pg", "ckpt", "step"]
+KINDS = ["torchrun", "ft-launcher", "ft-launcher --prewarm"]  # the default comparison
+# --inprocess: the full restart with --prewarm beside in-process restarts
+# (replacement rank cold, and from a standby).
+INPROCESS_KINDS = ["torchrun", "ft-launcher --prewarm", "ft-launcher --restart-mode in-process",
+                   "ft-launcher --prewarm --restart-mode in-process"]
 COLUMNS = ["launcher", "imports", "process group", "checkpoint", "first step"]
 
 
@@ -57,10 +62,11 @@ def command(kind, a, nproc, workdir, tag, node=0, port=0):
         "--rdzv-id", tag, "--local-addr", f"127.0.0.{2 + node}"]
     line = [a.ft_launcher] + where + ["--nproc-per-node", str(nproc), "--max-restarts", "1",
                                       "--monitor-interval", "0.1", "--log-dir", logs]
-    if kind.endswith("--prewarm"):
-        line += ["--prewarm", a.prewarm]
-    if "in-process" in kind:
-        line += ["--restart-mode", "in-process"]
+    # The kind's own flags: "ft-launcher --prewarm --agent-store off".
+    for f in kind.split()[1:]:
+        line.append(f)
+        if f == "--prewarm":
+            line.append(a.prewarm)
     return line + [PROBE] + train
 
 
@@ -113,12 +119,17 @@ def main():
     p.add_argument("--nproc", default="2,4", help="comma-separated rank counts")
     p.add_argument("--prewarm", default="torch,torch.distributed")
     p.add_argument("--step-sleep", type=float, default=0.5)
-    p.add_argument("--inprocess", action="store_true", help="add ft-launcher --restart-mode in-process")
+    p.add_argument("--kinds", default=",".join(KINDS),
+                   help="comma-separated launchers to compare: torchrun, or ft-launcher followed by its flags "
+                        "(e.g. 'ft-launcher,ft-launcher --agent-store off': the agent store against the rank-0 store)")
+    p.add_argument("--inprocess", action="store_true",
+                   help="compare in-process restarts: the kinds become " + ",".join(INPROCESS_KINDS))
     p.add_argument("--nodes", type=int, default=1, help="launchers on loopback (127.0.0.2, ...), --nproc ranks each")
     a = p.parse_args()
-    kinds = ["torchrun", "ft-launcher", "ft-launcher --prewarm"]
-    if a.inprocess:
-        kinds = ["torchrun", "ft-launcher --prewarm", "ft-launcher in-process", "ft-launcher in-process --prewarm"]
+    kinds = [k.strip() for k in (",".join(INPROCESS_KINDS) if a.inprocess else a.kinds).split(",") if k.strip()]
+    for k in kinds:
+        if k != "torchrun" and k.split()[0] != "ft-launcher":
+            p.error(f"--kinds: {k!r}: must be torchrun or ft-launcher [FLAGS]")
     print(f"Host: {os.cpu_count()} CPUs, `{os.uname().release}`; reps={a.reps}; "
           f"date {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
     failures = []
@@ -144,10 +155,13 @@ def main():
                 tot = [x[-1] / 1e9 for x in v]
                 cols = [f"{pct([x[j] / 1e9 for x in v], .5):.2f}" for j in range(len(COLUMNS))]
                 print(f"| {k} | {len(v)} | {pct(tot, .5):.2f} ({min(tot):.2f}-{max(tot):.2f}) | " + " | ".join(cols) + " |")
-            if res.get("torchrun") and res.get("ft-launcher in-process --prewarm"):
-                ratio = pct([x[-1] for x in res["torchrun"]], .5) / pct([x[-1] for x in res["ft-launcher in-process --prewarm"]], .5)
+            if res.get("torchrun") and res.get(INPROCESS_KINDS[-1]):
+                ratio = pct([x[-1] for x in res["torchrun"]], .5) / pct([x[-1] for x in res[INPROCESS_KINDS[-1]]], .5)
                 print(f"\nin-process --prewarm vs torchrun: {ratio:.1f}x faster (p50 totals)")
-            if res["torchrun"] and res["ft-launcher --prewarm"]:
+            if res.get("ft-launcher") and res.get("ft-launcher --agent-store off"):
+                ratio = pct([x[-1] for x in res["ft-launcher --agent-store off"]], .5) / pct([x[-1] for x in res["ft-launcher"]], .5)
+                print(f"\nagent store vs rank-0 store (--agent-store off): {ratio:.2f}x (p50 totals; above 1 is faster)")
+            if res.get("torchrun") and res.get("ft-launcher --prewarm"):
                 ratio = pct([x[-1] for x in res["torchrun"]], .5) / pct([x[-1] for x in res["ft-launcher --prewarm"]], .5)
                 print(f"\n--prewarm vs torchrun: {ratio:.1f}x faster (p50 totals)")
             print()

@@ -254,6 +254,8 @@ def params_summary(model, args, final_loss, resumed_from):
         "resumed_from_step": resumed_from,
         "world_size": dist.get_world_size(),
         "torch_version": torch.__version__,
+        # Which store the launcher gave the ranks (ft-launcher --agent-store).
+        "agent_store": os.environ.get("TORCHELASTIC_USE_AGENT_STORE"),
     }
 
 

@@ -210,7 +210,7 @@ func TestWorkerEnvironment(t *testing.T) {
 			"LOCAL_RANK": fmt.Sprint(lr), "RANK": fmt.Sprint(lr), "GROUP_RANK": "0", "ROLE_RANK": fmt.Sprint(lr),
 			"ROLE_NAME": "trainer", "LOCAL_WORLD_SIZE": "2", "WORLD_SIZE": "2", "GROUP_WORLD_SIZE": "1",
 			"ROLE_WORLD_SIZE": "2", "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "4",
-			"TORCHELASTIC_RUN_ID": "myjob", "TORCHELASTIC_USE_AGENT_STORE": "False",
+			"TORCHELASTIC_RUN_ID": "myjob", "TORCHELASTIC_USE_AGENT_STORE": "True", // --agent-store on, the default
 			"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "MASTER_ADDR": "127.0.0.1",
 		}
 		for k, v := range want {

@@ -163,13 +163,7 @@ func TestTorchDDPHangInSectionIsDetectedAndResumes(t *testing.T) {
 // an uninterrupted 4-rank run.
 func TestTorchDDPNodeLossResumesOnStandby(t *testing.T) {
 	requireTorch(t)
-	ref := t.TempDir()
-	rj := newJob(t)
-	if code := rj.run(torchTimeout, []string{"PYTHON_EXEC=" + debianPython}, "--standalone", "--nproc-per-node", "4",
-		trainScript(t), "--ckpt-dir", filepath.Join(ref, "ckpt"), "--out", filepath.Join(ref, "w.json")); code != 0 {
-		t.Fatalf("uninterrupted 4-rank run exited %d\n%s", code, rj.stderr.String())
-	}
-	want := readWeights(t, filepath.Join(ref, "w.json"))
+	want := uninterruptedWeights(t, "4")
 	// The same scenario with the standby idle, and with a small torch job
 	// as filler work on it (reclaimed when it is promoted).
 	for _, tc := range []struct{ name, filler string }{{"idle standby", ""}, {"torch filler on the standby", torchFiller}} {

@@ -22,10 +22,11 @@ func refusef(format string, args ...any) error {
 	return &refusal{reason: fmt.Sprintf(format, args...)}
 }
 
-// notifyQueue bounds the server-initiated messages (wait answers, watch
-// updates, cancel acknowledgements) queued for one connection that is slow
-// to read them; a connection that lets more pile up is refused.
-const notifyQueue = 256
+// notifySlack is how many server-initiated messages (wait answers, watch
+// updates, cancel acknowledgements) may be queued for one connection beyond
+// the answers to its MaxWaitsPerConn waits; a connection that lets more pile
+// up unread is refused.
+const notifySlack = 16
 
 // conn is one client connection: a reader goroutine (serve) answers queries
 // in order, a notifier goroutine writes what other connections caused
@@ -61,7 +62,7 @@ func newConn(s *Server, nc net.Conn, st *state) *conn {
 		st:       st,
 		br:       bufio.NewReaderSize(nc, 4096),
 		bw:       bufio.NewWriterSize(nc, 4096),
-		out:      make(chan []byte, notifyQueue),
+		out:      make(chan []byte, s.lim.MaxWaitsPerConn+notifySlack),
 		done:     make(chan struct{}),
 		notified: make(chan struct{}),
 		exited:   make(chan struct{}),
@@ -142,7 +143,7 @@ func (c *conn) serve() {
 		case errors.As(err, &r):
 			s.refuse(c.nc.RemoteAddr(), r.reason, "dialect", c.dialect.String())
 		case overflow:
-			s.refuse(c.nc.RemoteAddr(), "client does not read the server's notifications", "queued", notifyQueue)
+			s.refuse(c.nc.RemoteAddr(), "client does not read the server's notifications", "queued", cap(c.out))
 		case errors.Is(err, os.ErrDeadlineExceeded):
 			s.refuse(c.nc.RemoteAddr(), "query or reply not completed in time", "timeout", s.lim.MessageTimeout.String())
 		case err != nil && !isClosed(err):
@@ -254,6 +255,17 @@ func (c *conn) readValue() ([]byte, error) {
 	return c.readVec(c.s.lim.MaxValueBytes, "value")
 }
 
+// readKeyValue reads the (key, value) pair of SET, APPEND, QUEUE_PUSH and
+// each MULTI_SET entry.
+func (c *conn) readKeyValue() (string, []byte, error) {
+	key, err := c.readKey()
+	if err != nil {
+		return "", nil, err
+	}
+	val, err := c.readValue()
+	return key, val, err
+}
+
 func (c *conn) readCount() (int, error) {
 	n, err := c.readU64()
 	if err != nil {
@@ -313,11 +325,7 @@ func (c *conn) locked(f func(st *state) error) error {
 func (c *conn) handle(o op, b byte) error {
 	switch o {
 	case opSet:
-		key, err := c.readKey()
-		if err != nil {
-			return err
-		}
-		val, err := c.readValue()
+		key, val, err := c.readKeyValue()
 		if err != nil {
 			return err
 		}
@@ -432,11 +440,7 @@ func (c *conn) handle(o op, b byte) error {
 		return c.locked(func(st *state) error { return st.watch(c, key) })
 
 	case opAppend:
-		key, err := c.readKey()
-		if err != nil {
-			return err
-		}
-		val, err := c.readValue()
+		key, val, err := c.readKeyValue()
 		if err != nil {
 			return err
 		}
@@ -472,11 +476,7 @@ func (c *conn) handle(o op, b byte) error {
 		}
 		pairs := make([]kv, 0, min(n, 1024))
 		for range n {
-			key, err := c.readKey()
-			if err != nil {
-				return err
-			}
-			val, err := c.readValue()
+			key, val, err := c.readKeyValue()
 			if err != nil {
 				return err
 			}
@@ -503,11 +503,7 @@ func (c *conn) handle(o op, b byte) error {
 		})
 
 	case opQueuePush:
-		key, err := c.readKey()
-		if err != nil {
-			return err
-		}
-		val, err := c.readValue()
+		key, val, err := c.readKeyValue()
 		if err != nil {
 			return err
 		}
@@ -519,13 +515,13 @@ func (c *conn) handle(o op, b byte) error {
 			return err
 		}
 		var val []byte
-		var ok bool
-		_ = c.locked(func(st *state) error { val, ok = st.queuePop(key); return nil })
-		if !ok {
+		var n int
+		_ = c.locked(func(st *state) error { val, n = st.queuePop(key); return nil })
+		if n == 0 {
 			return c.replyI64(0)
 		}
 		return c.write(func(w *bufio.Writer) {
-			writeU64(w, 1)
+			writeU64(w, uint64(n))
 			writeU64(w, uint64(len(val)))
 			_, _ = w.Write(val)
 		})

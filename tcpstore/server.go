@@ -55,34 +55,22 @@ func DefaultLimits() Limits {
 // withDefaults fills zero fields from DefaultLimits.
 func (l Limits) withDefaults() Limits {
 	d := DefaultLimits()
-	if l.MaxKeyBytes <= 0 {
-		l.MaxKeyBytes = d.MaxKeyBytes
-	}
-	if l.MaxValueBytes <= 0 {
-		l.MaxValueBytes = d.MaxValueBytes
-	}
-	if l.MaxKeys <= 0 {
-		l.MaxKeys = d.MaxKeys
-	}
-	if l.MaxTotalBytes <= 0 {
-		l.MaxTotalBytes = d.MaxTotalBytes
-	}
-	if l.MaxConns <= 0 {
-		l.MaxConns = d.MaxConns
-	}
-	if l.MaxWaiters <= 0 {
-		l.MaxWaiters = d.MaxWaiters
-	}
-	if l.MaxWaitsPerConn <= 0 {
-		l.MaxWaitsPerConn = d.MaxWaitsPerConn
-	}
-	if l.MaxKeysPerQuery <= 0 {
-		l.MaxKeysPerQuery = d.MaxKeysPerQuery
-	}
-	if l.MessageTimeout <= 0 {
-		l.MessageTimeout = d.MessageTimeout
-	}
+	orDefault(&l.MaxKeyBytes, d.MaxKeyBytes)
+	orDefault(&l.MaxValueBytes, d.MaxValueBytes)
+	orDefault(&l.MaxKeys, d.MaxKeys)
+	orDefault(&l.MaxTotalBytes, d.MaxTotalBytes)
+	orDefault(&l.MaxConns, d.MaxConns)
+	orDefault(&l.MaxWaiters, d.MaxWaiters)
+	orDefault(&l.MaxWaitsPerConn, d.MaxWaitsPerConn)
+	orDefault(&l.MaxKeysPerQuery, d.MaxKeysPerQuery)
+	orDefault(&l.MessageTimeout, d.MessageTimeout)
 	return l
+}
+
+func orDefault[T int | int64 | time.Duration](v *T, def T) {
+	if *v <= 0 {
+		*v = def
+	}
 }
 
 // Options configure a Server.
@@ -112,9 +100,10 @@ type Server struct {
 	closeErr  error
 	wg        sync.WaitGroup // accept loop and connection goroutines
 
-	refused  atomic.Uint64
-	refusals refusalLog
-	inflight atomic.Int64 // bytes of queries being read, against MaxTotalBytes
+	refused    atomic.Uint64
+	refusals   rateLog
+	acceptErrs rateLog
+	inflight   atomic.Int64 // bytes of queries being read, against MaxTotalBytes
 
 	mu     sync.Mutex
 	closed bool
@@ -161,8 +150,9 @@ func (s *Server) acceptLoop() {
 			if errors.Is(err, net.ErrClosed) {
 				return
 			}
-			// Out of file descriptors and the like: back off, do not spin.
-			s.log.Warn("TCPStore accept failed", "err", err)
+			// Out of file descriptors and the like: back off, do not spin,
+			// and do not flood the log either.
+			s.acceptErrs.log(s.log, "TCPStore accept failed", "err", err)
 			time.Sleep(50 * time.Millisecond)
 			continue
 		}
@@ -178,8 +168,8 @@ func (s *Server) acceptLoop() {
 		if len(s.conns) >= s.lim.MaxConns {
 			n := len(s.conns)
 			s.mu.Unlock()
-			_ = nc.Close()
 			s.refuse(nc.RemoteAddr(), "too many connections", "open", n, "max_conns", s.lim.MaxConns)
+			_ = nc.Close()
 			continue
 		}
 		c := newConn(s, nc, s.st)
@@ -253,13 +243,13 @@ func (s *Server) Stats() Stats {
 // refuse counts a refusal and logs it at a limited rate.
 func (s *Server) refuse(peer net.Addr, reason string, args ...any) {
 	s.refused.Add(1)
-	s.refusals.log(s.log, append([]any{"peer", peer.String(), "reason", reason}, args...)...)
+	s.refusals.log(s.log, "TCPStore client refused", append([]any{"peer", peer.String(), "reason", reason}, args...)...)
 }
 
-// refusalLog logs the first refusalBurst refusals one by one, then at most
-// one line per refusalEvery carrying how many it held back: a client that
+// rateLog logs the first refusalBurst events one by one, then at most one
+// line per refusalEvery carrying how many it held back: a client that
 // reconnects in a loop cannot flood the launcher's log.
-type refusalLog struct {
+type rateLog struct {
 	mu         sync.Mutex
 	logged     int
 	suppressed int
@@ -271,7 +261,7 @@ const (
 	refusalEvery = time.Second
 )
 
-func (r *refusalLog) log(log *slog.Logger, args ...any) {
+func (r *rateLog) log(log *slog.Logger, msg string, args ...any) {
 	r.mu.Lock()
 	now := time.Now()
 	if r.logged >= refusalBurst && now.Sub(r.last) < refusalEvery {
@@ -286,5 +276,5 @@ func (r *refusalLog) log(log *slog.Logger, args ...any) {
 	r.suppressed = 0
 	r.last = now
 	r.mu.Unlock()
-	log.Warn("TCPStore client refused", args...)
+	log.Warn(msg, args...)
 }

@@ -74,9 +74,9 @@ func (st *state) fits(key string, oldLen, newLen int) error {
 	return nil
 }
 
-// put stores val under key (limits checked by the caller) and returns the
-// old value and whether there was one.
-func (st *state) put(key string, val []byte) ([]byte, bool) {
+// put stores val under key (limits checked by the caller), wakes the key's
+// waiters and tells its watchers: created, or changed the way kind says.
+func (st *state) put(key string, val []byte, kind byte) {
 	old, had := st.kv[key]
 	if had {
 		st.bytes += int64(len(val)) - int64(len(old))
@@ -86,11 +86,10 @@ func (st *state) put(key string, val []byte) ([]byte, bool) {
 	st.kv[key] = val
 	st.wake(key)
 	if had {
-		st.notifyWatchers(key, watchKeyUpdated, old, val)
+		st.notifyWatchers(key, kind, old, val)
 	} else {
 		st.notifyWatchers(key, watchKeyCreated, nil, val)
 	}
-	return old, had
 }
 
 func (st *state) set(key string, val []byte) error {
@@ -101,7 +100,7 @@ func (st *state) set(key string, val []byte) error {
 	if err := st.fits(key, oldLen, len(val)); err != nil {
 		return err
 	}
-	st.put(key, val)
+	st.put(key, val, watchKeyUpdated)
 	return nil
 }
 
@@ -116,7 +115,7 @@ func (st *state) compareSet(key string, expected, desired []byte) ([]byte, error
 		if err := st.fits(key, -1, len(desired)); err != nil {
 			return nil, err
 		}
-		st.put(key, desired)
+		st.put(key, desired, watchKeyUpdated)
 		return desired, nil
 	case !ok:
 		return expected, nil
@@ -124,7 +123,7 @@ func (st *state) compareSet(key string, expected, desired []byte) ([]byte, error
 		if err := st.fits(key, len(cur), len(desired)); err != nil {
 			return nil, err
 		}
-		st.put(key, desired)
+		st.put(key, desired, watchKeyUpdated)
 		return desired, nil
 	}
 	return cur, nil
@@ -144,7 +143,7 @@ func (st *state) add(key string, delta int64) (int64, error) {
 	if err := st.fits(key, oldLen, len(val)); err != nil {
 		return 0, err
 	}
-	st.put(key, val)
+	st.put(key, val, watchKeyUpdated)
 	return delta, nil
 }
 
@@ -161,18 +160,7 @@ func (st *state) appendTo(key string, data []byte) error {
 	// changed under it.
 	val := make([]byte, 0, len(cur)+len(data))
 	val = append(append(val, cur...), data...)
-	if ok {
-		st.bytes += int64(len(data))
-	} else {
-		st.bytes += int64(len(key)) + int64(len(val))
-	}
-	st.kv[key] = val
-	st.wake(key)
-	if ok {
-		st.notifyWatchers(key, watchKeyAppended, cur, val)
-	} else {
-		st.notifyWatchers(key, watchKeyCreated, nil, val)
-	}
+	st.put(key, val, watchKeyAppended)
 	return nil
 }
 
@@ -204,14 +192,16 @@ func (st *state) queuePush(key string, val []byte) error {
 	}
 	st.bytes += grow
 	st.queues[key] = append(q, val)
-	st.wake(key)
+	st.wakeOne(key)
 	return nil
 }
 
-func (st *state) queuePop(key string) ([]byte, bool) {
+// queuePop takes the oldest item of a queue and returns it with the length
+// the queue had (0: nothing taken), which is what torch's reply carries.
+func (st *state) queuePop(key string) ([]byte, int) {
 	q := st.queues[key]
 	if len(q) == 0 {
-		return nil, false
+		return nil, 0
 	}
 	v := q[0]
 	q[0] = nil
@@ -222,7 +212,7 @@ func (st *state) queuePop(key string) ([]byte, bool) {
 	} else {
 		st.queues[key] = q[1:]
 	}
-	return v, true
+	return v, len(q)
 }
 
 // wait registers c to be told when every key is present; it returns true
@@ -270,26 +260,54 @@ func (st *state) wake(key string) {
 	}
 }
 
+// wakeOne counts key off the oldest waiter registered on it: one pushed
+// queue item lets one blocked QUEUE_POP go on, as in torch's libuv server.
+func (st *state) wakeOne(key string) {
+	ws := st.waiting[key]
+	if len(ws) == 0 {
+		return
+	}
+	w := ws[0]
+	if len(ws) == 1 {
+		delete(st.waiting, key)
+	} else {
+		st.waiting[key] = ws[1:]
+	}
+	st.waiters--
+	w.left--
+	if w.left == 0 {
+		w.c.forgetWait(w)
+		w.c.push([]byte{waitStopWaiting})
+	}
+}
+
 // cancelWaits drops every wait registration of c.
 func (st *state) cancelWaits(c *conn) {
 	for _, w := range c.waits {
 		for _, k := range w.keys {
-			ws := st.waiting[k]
-			for i, x := range ws {
-				if x == w {
-					ws = append(ws[:i], ws[i+1:]...)
-					st.waiters--
-					break
-				}
-			}
-			if len(ws) == 0 {
-				delete(st.waiting, k)
-			} else {
-				st.waiting[k] = ws
+			if removeOne(st.waiting, k, w) {
+				st.waiters--
 			}
 		}
 	}
 	c.waits = nil
+}
+
+// removeOne removes one x from m[k], and m[k] itself once empty.
+func removeOne[T comparable](m map[string][]T, k string, x T) bool {
+	xs := m[k]
+	for i, y := range xs {
+		if y == x {
+			xs = append(xs[:i], xs[i+1:]...)
+			if len(xs) == 0 {
+				delete(m, k)
+			} else {
+				m[k] = xs
+			}
+			return true
+		}
+	}
+	return false
 }
 
 func (st *state) watch(c *conn, key string) error {
@@ -321,18 +339,8 @@ func (st *state) notifyWatchers(key string, kind byte, old, cur []byte) {
 // dropWatches removes every watch registration of c.
 func (st *state) dropWatches(c *conn) {
 	for _, k := range c.watching {
-		cs := st.watchers[k]
-		for i, x := range cs {
-			if x == c {
-				cs = append(cs[:i], cs[i+1:]...)
-				st.waiters--
-				break
-			}
-		}
-		if len(cs) == 0 {
-			delete(st.watchers, k)
-		} else {
-			st.watchers[k] = cs
+		if removeOne(st.watchers, k, c) {
+			st.waiters--
 		}
 	}
 	c.watching = nil
