@@ -6,7 +6,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
-	"sync"
 	"testing"
 	"time"
 )
@@ -23,28 +22,6 @@ func inprocessScript(t *testing.T) string {
 		t.Fatal(err)
 	}
 	return p
-}
-
-// refByRanks caches uninterrupted ddp_train.py runs by rank count.
-var refByRanks sync.Map // int -> weights
-
-func uninterruptedWeights(t *testing.T, n int) weights {
-	t.Helper()
-	if n == 2 {
-		return referenceWeights(t)
-	}
-	if w, ok := refByRanks.Load(n); ok {
-		return w.(weights)
-	}
-	j := newJob(t)
-	out := filepath.Join(j.dir, "ref.json")
-	if code := j.run(torchTimeout, []string{"PYTHON_EXEC=" + debianPython}, "--standalone", "--nproc-per-node", strconv.Itoa(n),
-		trainScript(t), "--ckpt-dir", filepath.Join(j.dir, "ckpt"), "--out", out); code != 0 {
-		t.Fatalf("uninterrupted %d-rank run exited %d\n%s", n, code, j.stderr.String())
-	}
-	w := readWeights(t, out)
-	refByRanks.Store(n, w)
-	return w
 }
 
 // cyclePIDs returns the pids of each cycle_started event, by round.
@@ -71,6 +48,25 @@ func restartModes(j *job) []string {
 	return modes
 }
 
+// runInProcess runs one single-node job under --restart-mode in-process
+// (launcher args, then script and its args with --ckpt-dir and --out
+// added), requires exit 0 and nothing left behind, and returns the job and
+// its final weights.
+func runInProcess(t *testing.T, launcher []string, script string, args ...string) (*job, weights) {
+	t.Helper()
+	j := newJob(t)
+	out := filepath.Join(j.dir, "w.json")
+	full := append(append([]string{"--standalone", "--restart-mode", "in-process"}, launcher...),
+		append([]string{script, "--ckpt-dir", filepath.Join(j.dir, "ckpt"), "--out", out}, args...)...)
+	if code := j.run(torchTimeout, []string{"PYTHON_EXEC=" + debianPython}, full...); code != 0 {
+		t.Fatalf("exit %d\n%s", code, j.stderr.String())
+	}
+	if left := j.waitNoLeftovers(5 * time.Second); len(left) > 0 {
+		t.Fatalf("left behind: %s", describeProcs(left))
+	}
+	return j, readWeights(t, out)
+}
+
 // TestInProcessCrashKeepsSurvivors: one rank crashes at step 25 of 60 in 2-
 // and 4-rank jobs, with the checkpoint restored from the file and from the
 // in-memory copy; the survivors keep their pids, only the crashed rank
@@ -83,17 +79,9 @@ func TestInProcessCrashKeepsSurvivors(t *testing.T) {
 		restore string
 	}{{2, 1, "checkpoint"}, {4, 2, "checkpoint"}, {2, 0, "memory"}} {
 		t.Run(fmt.Sprintf("%d ranks, rank %d crashes, restore from %s", tc.ranks, tc.crash, tc.restore), func(t *testing.T) {
-			want := uninterruptedWeights(t, tc.ranks)
-			j := newJob(t)
-			out := filepath.Join(j.dir, "w.json")
-			code := j.run(torchTimeout, []string{"PYTHON_EXEC=" + debianPython},
-				"--standalone", "--nproc-per-node", strconv.Itoa(tc.ranks), "--max-restarts", "2", "--restart-mode", "in-process",
-				inprocessScript(t), "--ckpt-dir", filepath.Join(j.dir, "ckpt"), "--out", out,
-				"--crash-at-step", "25", "--crash-rank", strconv.Itoa(tc.crash), "--restore", tc.restore)
-			if code != 0 {
-				t.Fatalf("exit %d\n%s", code, j.stderr.String())
-			}
-			got := readWeights(t, out)
+			want := uninterruptedWeights(t, strconv.Itoa(tc.ranks))
+			j, got := runInProcess(t, []string{"--nproc-per-node", strconv.Itoa(tc.ranks), "--max-restarts", "2"},
+				inprocessScript(t), "--crash-at-step", "25", "--crash-rank", strconv.Itoa(tc.crash), "--restore", tc.restore)
 			if got.SHA256 != want.SHA256 || got.ResumedFromStep != 20 {
 				t.Fatalf("weights %s resumed from %d; want %s (uninterrupted) from step 20", got.SHA256, got.ResumedFromStep, want.SHA256)
 			}
@@ -110,9 +98,6 @@ func TestInProcessCrashKeepsSurvivors(t *testing.T) {
 			if n := len(j.eventsOf("inprocess_first_step")); n != tc.ranks-1 {
 				t.Fatalf("%d first-step reports, want one per survivor (%d)", n, tc.ranks-1)
 			}
-			if left := j.waitNoLeftovers(5 * time.Second); len(left) > 0 {
-				t.Fatalf("left behind: %s", describeProcs(left))
-			}
 		})
 	}
 }
@@ -123,16 +108,9 @@ func TestInProcessCrashKeepsSurvivors(t *testing.T) {
 func TestInProcessHang(t *testing.T) {
 	requireTorch(t)
 	want := referenceWeights(t)
-	j := newJob(t)
-	out := filepath.Join(j.dir, "w.json")
-	code := j.run(torchTimeout, []string{"PYTHON_EXEC=" + debianPython},
-		"--standalone", "--nproc-per-node", "2", "--max-restarts", "2", "--restart-mode", "in-process",
-		"--ft-initial-rank-heartbeat-timeout", "120", "--ft-rank-heartbeat-timeout", "3",
-		inprocessScript(t), "--ckpt-dir", filepath.Join(j.dir, "ckpt"), "--out", out,
-		"--hang-at-step", "25", "--hang-rank", "1", "--step-sleep", "0.3")
-	if code != 0 {
-		t.Fatalf("exit %d\n%s", code, j.stderr.String())
-	}
+	j, got := runInProcess(t, []string{"--nproc-per-node", "2", "--max-restarts", "2",
+		"--ft-initial-rank-heartbeat-timeout", "120", "--ft-rank-heartbeat-timeout", "3"},
+		inprocessScript(t), "--hang-at-step", "25", "--hang-rank", "1", "--step-sleep", "0.3")
 	hangs := j.eventsOf("rank_hang")
 	if len(hangs) != 1 || hangs[0]["rank"] != float64(1) {
 		t.Fatalf("rank_hang events %v, want one for rank 1", hangs)
@@ -140,7 +118,7 @@ func TestInProcessHang(t *testing.T) {
 	if m := restartModes(j); !slices.Equal(m, []string{"in-process"}) {
 		t.Fatalf("restart modes %v, want one in-process restart", m)
 	}
-	if got := readWeights(t, out); got.SHA256 != want.SHA256 {
+	if got.SHA256 != want.SHA256 {
 		t.Fatalf("weights %s, want %s", got.SHA256, want.SHA256)
 	}
 }
@@ -161,15 +139,8 @@ func TestInProcessFallbacks(t *testing.T) {
 		{"crash during the in-process restart", []string{"--crash-again-rank", "1"}, "failure_during"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			j := newJob(t)
-			out := filepath.Join(j.dir, "w.json")
-			args := append([]string{"--standalone", "--nproc-per-node", "2", "--max-restarts", "3", "--restart-mode", "in-process",
-				"--inprocess-rejoin-timeout", "5",
-				inprocessScript(t), "--ckpt-dir", filepath.Join(j.dir, "ckpt"), "--out", out,
-				"--crash-at-step", "25", "--crash-rank", "1"}, tc.extra...)
-			if code := j.run(torchTimeout, []string{"PYTHON_EXEC=" + debianPython}, args...); code != 0 {
-				t.Fatalf("exit %d\n%s", code, j.stderr.String())
-			}
+			j, got := runInProcess(t, []string{"--nproc-per-node", "2", "--max-restarts", "3", "--inprocess-rejoin-timeout", "5"},
+				inprocessScript(t), append([]string{"--crash-at-step", "25", "--crash-rank", "1"}, tc.extra...)...)
 			fb := j.eventsOf("inprocess_fallback")
 			if len(fb) != 1 || fb[0]["why"] != tc.why {
 				t.Fatalf("inprocess_fallback events %v, want one %q", fb, tc.why)
@@ -177,11 +148,8 @@ func TestInProcessFallbacks(t *testing.T) {
 			if m := restartModes(j); !slices.Equal(m, []string{"in-process", "full"}) {
 				t.Fatalf("restart modes %v, want in-process then full", m)
 			}
-			if got := readWeights(t, out); got.SHA256 != want.SHA256 {
+			if got.SHA256 != want.SHA256 {
 				t.Fatalf("weights %s, want %s", got.SHA256, want.SHA256)
-			}
-			if left := j.waitNoLeftovers(5 * time.Second); len(left) > 0 {
-				t.Fatalf("left behind: %s", describeProcs(left))
 			}
 		})
 	}
@@ -193,14 +161,8 @@ func TestInProcessFallbacks(t *testing.T) {
 func TestInProcessWithoutTheAPI(t *testing.T) {
 	requireTorch(t)
 	want := referenceWeights(t)
-	j := newJob(t)
-	out := filepath.Join(j.dir, "w.json")
-	code := j.run(torchTimeout, []string{"PYTHON_EXEC=" + debianPython},
-		"--standalone", "--nproc-per-node", "2", "--max-restarts", "2", "--restart-mode", "in-process",
-		trainScript(t), "--ckpt-dir", filepath.Join(j.dir, "ckpt"), "--out", out, "--crash-at-step", "25", "--crash-rank", "1")
-	if code != 0 {
-		t.Fatalf("exit %d\n%s", code, j.stderr.String())
-	}
+	j, got := runInProcess(t, []string{"--nproc-per-node", "2", "--max-restarts", "2"},
+		trainScript(t), "--crash-at-step", "25", "--crash-rank", "1")
 	if m := restartModes(j); !slices.Equal(m, []string{"full"}) {
 		t.Fatalf("restart modes %v, want one full restart", m)
 	}
@@ -213,7 +175,7 @@ func TestInProcessWithoutTheAPI(t *testing.T) {
 			t.Fatalf("local rank %d kept its process (%v -> %v) without the API", lr, pids[0], pids[1])
 		}
 	}
-	if got := readWeights(t, out); got.SHA256 != want.SHA256 {
+	if got.SHA256 != want.SHA256 {
 		t.Fatalf("weights %s, want %s", got.SHA256, want.SHA256)
 	}
 }
@@ -224,7 +186,7 @@ func TestInProcessWithoutTheAPI(t *testing.T) {
 // run's.
 func TestInProcessTwoNodes(t *testing.T) {
 	requireTorch(t)
-	want := uninterruptedWeights(t, 4)
+	want := uninterruptedWeights(t, "4")
 	c := newCluster(t, embeddedEndpoint(t))
 	ckpt := filepath.Join(c.dir, "ckpt")
 	out := filepath.Join(c.dir, "w.json")

@@ -15,23 +15,7 @@ import time
 import unittest
 
 from ft_launcher_client import inprocess
-from ft_launcher_client.client import SOCKET_ENV
-
-
-def _uvarint(n):
-    out = bytearray()
-    while True:
-        b = n & 0x7F
-        n >>= 7
-        if n:
-            out.append(b | 0x80)
-        else:
-            out.append(b)
-            return bytes(out)
-
-
-def _frame(t, payload):
-    return bytes((t,)) + _uvarint(len(payload)) + payload
+from ft_launcher_client.client import SOCKET_ENV, _frame
 
 
 def _recv_exact(c, n):
