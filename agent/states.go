@@ -21,6 +21,11 @@ import (
 //	   ▼  │                                  └───────► done
 //	 standby
 //	any state ──► done (signal, job closed, rendezvous lost, fatal error)
+//
+// With --restart-mode in-process the same states carry an in-process
+// restart (inprocess.go): stopping keeps the registered survivors instead of
+// stopping them, and the next running starts only the missing ranks and
+// sends the survivors their notice.
 type State int
 
 // Node-agent states.
