@@ -97,8 +97,10 @@ def once(kind, a, nproc, workdir, tag):
     crash = [int(f[0]) for f in lines if f[1] == "crash"]
     after = {}
     for f in lines:
-        if f[3] == "1" and f[1] in PHASES:
-            after.setdefault(f[1], {})[f[2]] = int(f[0])
+        # The first stamp of each phase and rank after the crash: torchrun's
+        # restart count stays 0 on a node whose ranks did not fail.
+        if len(crash) == 1 and f[1] in PHASES and int(f[0]) > crash[0]:
+            after.setdefault(f[1], {}).setdefault(f[2], int(f[0]))
     nranks = nproc * a.nodes
     if "in-process" in kind and len(crash) == 1:
         # Survivors stay in their processes: no start or imports of their own.
