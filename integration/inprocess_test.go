@@ -214,3 +214,53 @@ func TestInProcessTwoNodes(t *testing.T) {
 		t.Fatalf("%d survivors took a first step after the restart, want 3", survivors)
 	}
 }
+
+// TestInProcessNodeLossSwapsSpare: three launchers (--nnodes 2:3, two ranks
+// each); an active node other than the etcd host is killed. The standby
+// takes its place and its ranks start fresh; the other active node's ranks
+// stay in their processes and rejoin; the weights equal an uninterrupted
+// 4-rank run's.
+func TestInProcessNodeLossSwapsSpare(t *testing.T) {
+	requireTorch(t)
+	want := uninterruptedWeights(t, "4")
+	c := newCluster(t, embeddedEndpoint(t))
+	ckpt := filepath.Join(c.dir, "ckpt")
+	out := filepath.Join(c.dir, "w.json")
+	for range 3 {
+		c.addNode([]string{"PYTHON_EXEC=" + debianPython}, "--nnodes", "2:3", "--nproc-per-node", "2", "--max-restarts", "3",
+			"--rdzv-backend", "c10d", "--restart-mode", "in-process",
+			inprocessScript(t), "--ckpt-dir", ckpt, "--out", out, "--step-sleep", "0.1")
+	}
+	waitFile(t, filepath.Join(ckpt, "ckpt_00000020.pt"), torchTimeout)
+	victim := -1
+	for i := 1; i < 3; i++ {
+		if len(c.nodes[i].eventsOf("cycle_started")) > 0 {
+			victim = i
+			break
+		}
+	}
+	if victim < 0 {
+		t.Fatalf("no active node besides the etcd host\n%s", c.stderrs())
+	}
+	standby := 3 - victim
+	if err := c.nodes[victim].cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	for i, n := range c.nodes {
+		if code := n.wait(torchTimeout); i != victim && code != 0 {
+			t.Fatalf("node %d exited %d\n%s", i, code, c.stderrs())
+		}
+	}
+	if got := readWeights(t, out); got.SHA256 != want.SHA256 || got.WorldSize != 4 {
+		t.Fatalf("weights %s world %d, want %s world 4", got.SHA256, got.WorldSize, want.SHA256)
+	}
+	if n := len(c.nodes[0].eventsOf("inprocess_first_step")); n != 2 {
+		t.Fatalf("node 0: %d survivors took a first step after the swap, want 2\n%s", n, c.stderrs())
+	}
+	if m := restartModes(c.nodes[0]); !slices.Equal(m, []string{"in-process"}) {
+		t.Fatalf("node 0 restart modes %v, want one in-process restart", m)
+	}
+	if len(c.nodes[standby].eventsOf("cycle_started")) == 0 || len(c.nodes[standby].eventsOf("inprocess_notice")) != 0 {
+		t.Fatalf("the standby node %d did not start fresh ranks", standby)
+	}
+}
