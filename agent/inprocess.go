@@ -111,6 +111,7 @@ func (a *Agent) keepSurvivors() bool {
 		return false
 	}
 	var f policy.Failure
+	spares := 0
 	switch {
 	case end.kind == endRankFailure:
 		f = policy.RankCrash
@@ -122,6 +123,10 @@ func (a *Agent) keepSurvivors() bool {
 		if f == "" {
 			f = policy.RankCrash
 		}
+		// The rendezvous has already decided to restart (with a spare or
+		// with budget): what is decided here is only how this node's ranks
+		// restart, so a node failure counts as one a spare covers.
+		spares = 1
 	default:
 		return false
 	}
@@ -145,7 +150,7 @@ func (a *Agent) keepSurvivors() bool {
 	}
 	during := w != nil && !w.completed
 	d := policy.Decide(policy.Input{Failure: f, RestartsUsed: asg.RestartsUsed, MaxRestarts: asg.MaxRestarts,
-		NodesPresent: 1, MinNodes: 1, Mode: a.cfg.RestartMode, AllInProcessCapable: capable && len(survivors) > 0,
+		SparesAvailable: spares, NodesPresent: 1, MinNodes: 1, Mode: a.cfg.RestartMode, AllInProcessCapable: capable && len(survivors) > 0,
 		DuringInProcess: during})
 	if during && !w.overdue && d.Action != policy.CloseJob { // an overdue rejoin was recorded when it was killed
 		a.inProcessFallback("failure_during", -1, "a failure during the in-process restart of round "+
