@@ -324,7 +324,9 @@ func (a *Agent) inProcessReport(rep monitor.InProcessReport) {
 		since := time.Since(w.failedAt)
 		for p, d := range map[string]time.Duration{"notice": w.notices[lr].Sub(w.failedAt), "teardown": sec(rep.TeardownS),
 			"rejoin": sec(rep.RejoinS), "restore": sec(rep.RestoreS), "first_step": sec(rep.FirstStepS), "total": since} {
-			a.met.InProcessPhase(p, d)
+			if p != "notice" { // observed when the notice was sent
+				a.met.InProcessPhase(p, d)
+			}
 			w.phases[p] = max(w.phases[p], d)
 		}
 		a.ev.Emit(EventInProcessFirstStep, map[string]any{"round": w.round, "local_rank": lr,
