@@ -232,16 +232,7 @@ func TestInProcessNodeLossSwapsSpare(t *testing.T) {
 			inprocessScript(t), "--ckpt-dir", ckpt, "--out", out, "--step-sleep", "0.1")
 	}
 	waitFile(t, filepath.Join(ckpt, "ckpt_00000020.pt"), torchTimeout)
-	victim := -1
-	for i := 1; i < 3; i++ {
-		if len(c.nodes[i].eventsOf("cycle_started")) > 0 {
-			victim = i
-			break
-		}
-	}
-	if victim < 0 {
-		t.Fatalf("no active node besides the etcd host\n%s", c.stderrs())
-	}
+	victim := activeVictim(t, c)
 	standby := 3 - victim
 	if err := c.nodes[victim].cmd.Process.Kill(); err != nil {
 		t.Fatal(err)
@@ -263,4 +254,17 @@ func TestInProcessNodeLossSwapsSpare(t *testing.T) {
 	if len(c.nodes[standby].eventsOf("cycle_started")) == 0 || len(c.nodes[standby].eventsOf("inprocess_notice")) != 0 {
 		t.Fatalf("the standby node %d did not start fresh ranks", standby)
 	}
+}
+
+// activeVictim is an active node of a three-node cluster (--nnodes 2:3)
+// other than node 0, which hosts the embedded etcd: the one to kill.
+func activeVictim(t *testing.T, c *cluster) int {
+	t.Helper()
+	for i := 1; i < 3; i++ {
+		if len(c.nodes[i].eventsOf("cycle_started")) > 0 {
+			return i
+		}
+	}
+	t.Fatalf("no active node besides the etcd host\n%s", c.stderrs())
+	return -1
 }
