@@ -102,6 +102,27 @@ func TestInProcessCrashKeepsSurvivors(t *testing.T) {
 	}
 }
 
+// TestInProcessPrewarmReplacement: with --prewarm the crashed rank's
+// replacement is taken from its standby (the step sleep leaves the standby
+// time to import torch); the survivor stays; the weights are the
+// uninterrupted run's.
+func TestInProcessPrewarmReplacement(t *testing.T) {
+	requireTorch(t)
+	want := referenceWeights(t)
+	j, got := runInProcess(t, []string{"--nproc-per-node", "2", "--max-restarts", "2", "--prewarm", "torch,torch.distributed"},
+		inprocessScript(t), "--crash-at-step", "25", "--crash-rank", "1", "--step-sleep", "0.3")
+	if got.SHA256 != want.SHA256 {
+		t.Fatalf("weights %s, want %s", got.SHA256, want.SHA256)
+	}
+	warm := j.eventsOf("prewarm_started")
+	if len(warm) != 1 || fmt.Sprint(warm[0]["local_ranks"]) != "[1]" {
+		t.Fatalf("prewarm_started events %v (fallbacks %v), want local rank 1 alone from its standby", warm, j.eventsOf("prewarm_fallback"))
+	}
+	if m := restartModes(j); !slices.Equal(m, []string{"in-process"}) {
+		t.Fatalf("restart modes %v, want one in-process restart", m)
+	}
+}
+
 // TestInProcessHang: rank 1 stops heartbeating and hangs; the heartbeat
 // timeout kills it, which breaks rank 0's collective; rank 0 stays and
 // rejoins; the weights equal the uninterrupted run's.
