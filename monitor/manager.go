@@ -112,6 +112,7 @@ type Manager struct {
 	ctlLn   *net.UnixListener
 	hangs   chan Hang
 	reqs    chan WorkloadRequest
+	ipReps  chan InProcessReport
 	ctx     context.Context
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup
@@ -159,7 +160,7 @@ func New(opts Options) (*Manager, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	m := &Manager{
 		opts: opts, log: opts.Logger, epoch: time.Now(),
-		hangs: make(chan Hang, chanBuffer), reqs: make(chan WorkloadRequest, chanBuffer),
+		hangs: make(chan Hang, chanBuffer), reqs: make(chan WorkloadRequest, chanBuffer), ipReps: make(chan InProcessReport, chanBuffer),
 		ctx: ctx, cancel: cancel, pids: map[int]int{}, cycleCh: make(chan struct{}),
 		conns: map[net.Conn]struct{}{}, clientSet: map[string]bool{}, ownPgrp: syscall.Getpgrp(),
 		sent: map[string]map[int]time.Duration{}, pending: make(chan struct{}, maxPendingPeers),
