@@ -63,6 +63,12 @@ type Record struct {
 	// ClosedBy is the node that ended the lease when it was not the holder
 	// (a survivor records a lost node's NodeFailure).
 	ClosedBy string `json:"closed_by,omitempty"`
+	// Restarts counts the job's restarts during an Active lease by the
+	// mode that restarted this node's ranks: "full" or "in-process" (the
+	// "mode" of the event log's restart events and of the verdict's
+	// cycles). The holder keeps the counts in memory and stores them with
+	// the lease's next write (its end), so a restart costs no etcd write.
+	Restarts map[string]int `json:"restarts,omitempty"`
 }
 
 // Open reports whether the lease has not ended.
@@ -172,6 +178,36 @@ func (b *Book) End(ctx context.Context, role Role, reason Reason, detail string)
 	return r, true
 }
 
+// Restarted counts a restart in mode on this node's open Active lease (no
+// lease open: nothing to count). The job-wide store gets the count with
+// the lease's next write; the logs (a local file) get it at once, so the
+// count survives the holder's SIGKILL in its event log.
+func (b *Book) Restarted(ctx context.Context, mode string) {
+	b.mu.Lock()
+	idx := -1
+	for i := len(b.recs) - 1; i >= 0; i-- {
+		if b.recs[i].Role == Active && b.recs[i].Open() {
+			idx = i
+			break
+		}
+	}
+	if idx < 0 {
+		b.mu.Unlock()
+		return
+	}
+	r := &b.recs[idx]
+	// A new map each time: records handed out earlier share none of it.
+	counts := make(map[string]int, len(r.Restarts)+1)
+	for m, n := range r.Restarts {
+		counts[m] = n
+	}
+	counts[mode]++
+	r.Restarts = counts
+	rec := *r
+	b.mu.Unlock()
+	b.log(ctx, rec)
+}
+
 // EndAll closes every open lease of this node with reason.
 func (b *Book) EndAll(ctx context.Context, reason Reason, detail string) {
 	for _, role := range []Role{Filler, Spare, Active} {
@@ -246,14 +282,23 @@ func SortByChange(rs []Record) {
 // Merge keeps one record per lease from records gathered from several
 // sources (nodes' verdicts, event logs, etcd): a lease recorded by two
 // nodes (its holder, and a survivor that ended it) is kept once, in its
-// ended form. The result is sorted by start.
+// ended form, with the highest restart count of each mode any version
+// has (a survivor's closing write lacks the counts the lost holder kept
+// in memory; its event log has them).
 func Merge(in []Record) []Record {
 	byID := map[string]Record{}
 	for _, r := range in {
-		if old, ok := byID[r.ID()]; ok && !old.Open() {
+		old, ok := byID[r.ID()]
+		if !ok {
+			byID[r.ID()] = r
 			continue
 		}
-		byID[r.ID()] = r
+		keep := r
+		if !old.Open() {
+			keep = old
+		}
+		keep.Restarts = maxCounts(old.Restarts, r.Restarts)
+		byID[r.ID()] = keep
 	}
 	out := make([]Record, 0, len(byID))
 	for _, r := range byID {
@@ -261,6 +306,40 @@ func Merge(in []Record) []Record {
 	}
 	SortByStart(out)
 	return out
+}
+
+// maxCounts is each mode's higher count of a and b (nil when both are
+// empty).
+func maxCounts(a, b map[string]int) map[string]int {
+	if len(a) == 0 && len(b) == 0 {
+		return nil
+	}
+	out := make(map[string]int, len(a)+len(b))
+	for m, n := range a {
+		out[m] = n
+	}
+	for m, n := range b {
+		out[m] = max(out[m], n)
+	}
+	return out
+}
+
+// RestartsString is a record's restart counts as one word for the table:
+// "full=2,in-process=1" (modes sorted), "-" when none.
+func RestartsString(counts map[string]int) string {
+	if len(counts) == 0 {
+		return "-"
+	}
+	modes := make([]string, 0, len(counts))
+	for m := range counts {
+		modes = append(modes, m)
+	}
+	sort.Strings(modes)
+	parts := make([]string, len(modes))
+	for i, m := range modes {
+		parts[i] = fmt.Sprintf("%s=%d", m, counts[m])
+	}
+	return strings.Join(parts, ",")
 }
 
 // SortByStart orders records by start, then node and sequence.
@@ -279,7 +358,7 @@ func SortByStart(rs []Record) {
 // WriteTable prints records for people, one lease a line.
 func WriteTable(w io.Writer, rs []Record) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "NODE\tROLE\tGROUP RANK\tCYCLE\tSTART\tEND\tREASON\tDETAIL")
+	fmt.Fprintln(tw, "NODE\tROLE\tGROUP RANK\tCYCLE\tSTART\tEND\tRESTARTS\tREASON\tDETAIL")
 	for _, r := range rs {
 		gr, end := "-", "open"
 		if r.GroupRank >= 0 {
@@ -292,8 +371,8 @@ func WriteTable(w io.Writer, rs []Record) error {
 		if r.ClosedBy != "" {
 			detail = strings.TrimSpace(detail + " (recorded by " + r.ClosedBy + ")")
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", r.Node, r.Role, gr, r.Cycle,
-			r.Start.Format("15:04:05.000"), end, r.Reason, detail)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\n", r.Node, r.Role, gr, r.Cycle,
+			r.Start.Format("15:04:05.000"), end, RestartsString(r.Restarts), r.Reason, detail)
 	}
 	return tw.Flush()
 }
@@ -332,6 +411,9 @@ func FormatLine(r Record) string {
 	s += fmt.Sprintf(" (cycle %d) %s", r.Cycle, what)
 	if r.Detail != "" {
 		s += ": " + r.Detail
+	}
+	if len(r.Restarts) > 0 {
+		s += "; restarts " + RestartsString(r.Restarts)
 	}
 	if r.ClosedBy != "" {
 		s += " (recorded by " + r.ClosedBy + ")"
