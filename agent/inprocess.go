@@ -10,6 +10,7 @@ package agent
 // in-process restart: policy.Decide then escalates to the full restart.
 
 import (
+	"context"
 	"fmt"
 	"maps"
 	"slices"
@@ -99,6 +100,18 @@ func (a *Agent) restartMode() string {
 		return policy.ModeInProcess
 	}
 	return policy.ModeFull
+}
+
+// restarted counts a restart of the job by the mode that restarts this
+// node's ranks: in the metrics and on the node's Active lease in the
+// ledger (kept in memory until the lease's next write).
+func (a *Agent) restarted(ctx context.Context) {
+	mode := a.restartMode()
+	a.met.Restarted()
+	a.met.RestartedMode(mode)
+	if a.d.Ledger != nil {
+		a.d.Ledger.Restarted(ctx, mode)
+	}
 }
 
 // keepSurvivors decides, at the end of a cycle, whether this node's

@@ -2,12 +2,14 @@ package agent
 
 import (
 	"context"
+	"maps"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/ftlauncher/ft-launcher/configs"
+	"github.com/ftlauncher/ft-launcher/ledger"
 	"github.com/ftlauncher/ft-launcher/monitor"
 	"github.com/ftlauncher/ft-launcher/monitor/ftwire"
 	"github.com/ftlauncher/ft-launcher/policy"
@@ -243,6 +245,39 @@ func TestInProcessCrashDuringRestart(t *testing.T) {
 	}
 	if got := h.metric(`ftlauncher_inprocess_fallbacks_total{why="failure_during"}`); got != 1 {
 		t.Fatalf("fallback metric %v", got)
+	}
+}
+
+// TestInProcessLedgerRestarts: a job with an in-process restart and then a
+// full one (the replacement crashed before the survivor's first step) ends
+// with one Active lease that counts both, written with the lease's end:
+// the store gets no write per restart.
+func TestInProcessLedgerRestarts(t *testing.T) {
+	h, m := ipHarness(t, 0, 1)
+	h.store = newMemStore()
+	out := h.start()
+	g0 := h.ranks.wait(t)
+	g0.exit(1, 1, 0)
+	g1 := h.ranks.wait(t)
+	m.notice(t)
+	if recs := h.store.all(); len(recs) != 1 || recs[0].Restarts != nil {
+		t.Fatalf("store after the in-process restart %+v: the count waits for the lease's next write", recs)
+	}
+	g1.exit(1, 1, 0)
+	g2 := h.ranks.wait(t)
+	g2.exit(0, 0, 0)
+	g2.exit(1, 0, 0)
+	o := h.outcome(out)
+	if o.Kind != verdict.Succeeded || len(o.Cycles) != 3 || o.Cycles[1].Mode != "in-process" || o.Cycles[2].Mode != "full" {
+		t.Fatalf("outcome %+v", o)
+	}
+	want := map[string]int{"in-process": 1, "full": 1}
+	recs := h.store.all()
+	if len(recs) != 1 || recs[0].Role != ledger.Active || recs[0].Reason != ledger.JobSucceeded || !maps.Equal(recs[0].Restarts, want) {
+		t.Fatalf("stored ledger %+v; want one Active lease ended JobSucceeded with restarts %v", recs, want)
+	}
+	if len(o.Ledger) != 1 || !maps.Equal(o.Ledger[0].Restarts, want) {
+		t.Fatalf("verdict ledger %+v", o.Ledger)
 	}
 }
 

@@ -403,8 +403,7 @@ func (a *Agent) decideFailure(ctx context.Context, end cycleEnd) State {
 		"restarts_used", dec.RestartsUsed)
 	a.ev.Emit(eventlog.Restart, map[string]any{"after_round": asg.Round, "action": string(dec.Action), "reason": end.reason,
 		"restarts_used": dec.RestartsUsed, "mode": a.restartMode()})
-	a.met.Restarted()
-	a.met.RestartedMode(a.restartMode())
+	a.restarted(ctx)
 	return StateJoining
 }
 
@@ -432,8 +431,7 @@ func (a *Agent) decideRoundEnded(ctx context.Context, end cycleEnd) State {
 	}
 	a.log.Warn("round ended by the job; restarting", "round", asg.Round, "reason", e.Reason)
 	a.ev.Emit(eventlog.Restart, map[string]any{"after_round": asg.Round, "reason": e.Reason, "mode": a.restartMode()})
-	a.met.Restarted()
-	a.met.RestartedMode(a.restartMode())
+	a.restarted(ctx)
 	return StateJoining
 }
 
