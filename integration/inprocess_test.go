@@ -3,11 +3,14 @@ package integration
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/ftlauncher/ft-launcher/ledger"
 )
 
 // In-process restarts (--restart-mode in-process, docs/inprocess.md) with
@@ -56,7 +59,7 @@ func runInProcess(t *testing.T, launcher []string, script string, args ...string
 	t.Helper()
 	j := newJob(t)
 	out := filepath.Join(j.dir, "w.json")
-	full := append(append([]string{"--standalone", "--restart-mode", "in-process"}, launcher...),
+	full := append(append([]string{"--standalone", "--restart-mode", "in-process", "--verdict-file", filepath.Join(j.dir, "verdict.json")}, launcher...),
 		append([]string{script, "--ckpt-dir", filepath.Join(j.dir, "ckpt"), "--out", out}, args...)...)
 	if code := j.run(torchTimeout, []string{"PYTHON_EXEC=" + debianPython}, full...); code != 0 {
 		t.Fatalf("exit %d\n%s", code, j.stderr.String())
@@ -97,6 +100,12 @@ func TestInProcessCrashKeepsSurvivors(t *testing.T) {
 			}
 			if n := len(j.eventsOf("inprocess_first_step")); n != tc.ranks-1 {
 				t.Fatalf("%d first-step reports, want one per survivor (%d)", n, tc.ranks-1)
+			}
+			// The node's one Active lease counts the restart by its mode.
+			v := readVerdict(t, filepath.Join(j.dir, "verdict.json"))
+			if len(v.Ledger) != 1 || v.Ledger[0].Role != ledger.Active || v.Ledger[0].Reason != ledger.JobSucceeded ||
+				!maps.Equal(v.Ledger[0].Restarts, map[string]int{"in-process": 1}) {
+				t.Fatalf("verdict ledger %+v, want one Active lease ended JobSucceeded with restarts in-process 1", v.Ledger)
 			}
 		})
 	}
