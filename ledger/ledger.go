@@ -12,6 +12,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -159,13 +161,7 @@ func (b *Book) Begin(ctx context.Context, role Role, groupRank, cycle int) (r Re
 // End closes this node's open lease in role with reason.
 func (b *Book) End(ctx context.Context, role Role, reason Reason, detail string) (Record, bool) {
 	b.mu.Lock()
-	idx := -1
-	for i := len(b.recs) - 1; i >= 0; i-- {
-		if b.recs[i].Role == role && b.recs[i].Open() {
-			idx = i
-			break
-		}
-	}
+	idx := b.openIndex(role)
 	if idx < 0 {
 		b.mu.Unlock()
 		return Record{}, false
@@ -184,13 +180,7 @@ func (b *Book) End(ctx context.Context, role Role, reason Reason, detail string)
 // count survives the holder's SIGKILL in its event log.
 func (b *Book) Restarted(ctx context.Context, mode string) {
 	b.mu.Lock()
-	idx := -1
-	for i := len(b.recs) - 1; i >= 0; i-- {
-		if b.recs[i].Role == Active && b.recs[i].Open() {
-			idx = i
-			break
-		}
-	}
+	idx := b.openIndex(Active)
 	if idx < 0 {
 		b.mu.Unlock()
 		return
@@ -198,14 +188,23 @@ func (b *Book) Restarted(ctx context.Context, mode string) {
 	r := &b.recs[idx]
 	// A new map each time: records handed out earlier share none of it.
 	counts := make(map[string]int, len(r.Restarts)+1)
-	for m, n := range r.Restarts {
-		counts[m] = n
-	}
+	maps.Copy(counts, r.Restarts)
 	counts[mode]++
 	r.Restarts = counts
 	rec := *r
 	b.mu.Unlock()
 	b.log(ctx, rec)
+}
+
+// openIndex is the index of this node's latest open lease in role, -1 if
+// none; b.mu is held.
+func (b *Book) openIndex(role Role) int {
+	for i := len(b.recs) - 1; i >= 0; i-- {
+		if b.recs[i].Role == role && b.recs[i].Open() {
+			return i
+		}
+	}
+	return -1
 }
 
 // EndAll closes every open lease of this node with reason.
@@ -315,9 +314,7 @@ func maxCounts(a, b map[string]int) map[string]int {
 		return nil
 	}
 	out := make(map[string]int, len(a)+len(b))
-	for m, n := range a {
-		out[m] = n
-	}
+	maps.Copy(out, a)
 	for m, n := range b {
 		out[m] = max(out[m], n)
 	}
@@ -330,11 +327,7 @@ func RestartsString(counts map[string]int) string {
 	if len(counts) == 0 {
 		return "-"
 	}
-	modes := make([]string, 0, len(counts))
-	for m := range counts {
-		modes = append(modes, m)
-	}
-	sort.Strings(modes)
+	modes := slices.Sorted(maps.Keys(counts))
 	parts := make([]string, len(modes))
 	for i, m := range modes {
 		parts[i] = fmt.Sprintf("%s=%d", m, counts[m])
