@@ -209,27 +209,14 @@ func TestAgentStoreOption(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			c, err := parse(append(append([]string{}, tt.args...), "x.py"), envOf(tt.env), noGPU(t))
-			if tt.err != "" {
-				var ue *UsageError
-				if !errors.As(err, &ue) || !strings.Contains(err.Error(), tt.err) {
-					t.Fatalf("got %v, want a usage error containing %q", err, tt.err)
-				}
+			c := parseOrUsageError(t, tt.args, tt.env, tt.err)
+			if c == nil {
 				return
-			}
-			if err != nil {
-				t.Fatal(err)
 			}
 			if c.AgentStore != tt.want {
 				t.Errorf("AgentStore = %v, want %v", c.AgentStore, tt.want)
 			}
-			eff := c.Effective()
-			if want := "agent_store: \"" + onOff(tt.want) + "\"\n"; !strings.Contains(eff, want) {
-				t.Errorf("--print-config lacks %q:\n%s", want, eff)
-			}
-			if src := c.Sources["agent_store"]; !strings.Contains(src, tt.source) {
-				t.Errorf("source of agent_store = %q, want one naming %q", src, tt.source)
-			}
+			checkPrinted(t, c, "agent_store", "\""+onOff(tt.want)+"\"", tt.source)
 		})
 	}
 }
@@ -290,26 +277,43 @@ func TestRestartModeOptions(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			c, err := parse(append(append([]string{}, tt.args...), "x.py"), envOf(tt.env), noGPU(t))
-			if tt.err != "" {
-				var ue *UsageError
-				if !errors.As(err, &ue) || !strings.Contains(err.Error(), tt.err) {
-					t.Fatalf("got %v, want a usage error containing %q", err, tt.err)
-				}
+			c := parseOrUsageError(t, tt.args, tt.env, tt.err)
+			if c == nil {
 				return
-			}
-			if err != nil {
-				t.Fatal(err)
 			}
 			if c.RestartMode != tt.mode || c.InProcessRejoinTimeout != tt.rejoin {
 				t.Errorf("mode %q rejoin %v, want %q %v", c.RestartMode, c.InProcessRejoinTimeout, tt.mode, tt.rejoin)
 			}
-			if want := "restart_mode: " + tt.mode + "\n"; !strings.Contains(c.Effective(), want) {
-				t.Errorf("--print-config lacks %q:\n%s", want, c.Effective())
-			}
-			if src := c.Sources["restart_mode"]; !strings.Contains(src, tt.source) {
-				t.Errorf("source of restart_mode = %q, want one naming %q", src, tt.source)
-			}
+			checkPrinted(t, c, "restart_mode", tt.mode, tt.source)
 		})
+	}
+}
+
+// parseOrUsageError parses args + "x.py" with env: with wantErr set it
+// checks for a usage error containing it and returns nil; else the config.
+func parseOrUsageError(t *testing.T, args []string, env map[string]string, wantErr string) *Config {
+	t.Helper()
+	c, err := parse(append(append([]string{}, args...), "x.py"), envOf(env), noGPU(t))
+	if wantErr != "" {
+		var ue *UsageError
+		if !errors.As(err, &ue) || !strings.Contains(err.Error(), wantErr) {
+			t.Fatalf("got %v, want a usage error containing %q", err, wantErr)
+		}
+		return nil
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// checkPrinted: --print-config shows key: value, and its source names source.
+func checkPrinted(t *testing.T, c *Config, key, value, source string) {
+	t.Helper()
+	if want := key + ": " + value + "\n"; !strings.Contains(c.Effective(), want) {
+		t.Errorf("--print-config lacks %q:\n%s", want, c.Effective())
+	}
+	if src := c.Sources[key]; !strings.Contains(src, source) {
+		t.Errorf("source of %s = %q, want one naming %q", key, src, source)
 	}
 }
