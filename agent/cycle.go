@@ -101,6 +101,9 @@ func (a *Agent) startCycle() error {
 			Stderr:    errw,
 		}
 	}
+	if a.run.kept != nil {
+		return a.startInProcess(specs, att)
+	}
 	a.run.cycle.spawnStart = time.Now()
 	g, err := a.d.Ranks.StartGroup(specs)
 	att.CloseParentEnds() // the ranks hold their ends of the log pipes now
@@ -132,6 +135,7 @@ func (a *Agent) stopCycle() {
 	end := &a.run.end
 	g, att := a.run.group, a.run.att
 	defer att.Close()
+	defer a.closeKeptLogs() // logs of survivors of an in-process restart
 	a.run.cycle.stopStart = time.Now()
 	sig, grace := syscall.SIGTERM, cfg.WorkersStopTimeout
 	signals := 0
@@ -199,6 +203,7 @@ func (a *Agent) supervise(ctx context.Context) cycleEnd {
 	hangByRank := map[int]monitor.Hang{}
 	ended := a.d.Rdzv.Ended(asg.Round)
 	exits := g.Exits()
+	ipReps, rejoinC := a.ipReports(), a.rejoinTimer() // in-process restarts (inprocess.go)
 	remaining := a.cfg.NProcPerNode
 	for {
 		select {
@@ -215,6 +220,11 @@ func (a *Agent) supervise(ctx context.Context) cycleEnd {
 			}
 		case h := <-hangs:
 			a.recordHang(h, hangByRank)
+		case rep := <-ipReps:
+			a.inProcessReport(rep)
+		case <-rejoinC:
+			rejoinC = nil
+			a.rejoinOverdue(g)
 		case r := <-reqs:
 			if a.workloadRequest(r, &end) {
 				return end

@@ -318,6 +318,7 @@ type harness struct {
 	spare       *fakeSpare
 	store       *memStore // the job's ledger; a lost peer's lease is put here first
 	agentStore  Store     // nil: --agent-store off
+	monitors    Monitors  // nil: mons (inprocess_test.go passes monitors with in-process support)
 }
 
 func newHarness(t *testing.T) *harness {
@@ -347,6 +348,9 @@ func (h *harness) start() <-chan Outcome {
 	h.agent = New(Deps{Spare: spare, Ledger: book, Config: h.cfg, Logger: slog.New(slog.DiscardHandler), Metrics: h.met, Ranks: h.ranks, Logs: logs,
 		Monitors: h.mons, Rdzv: h.rdzv, Signals: h.sigs, Hostname: "host-a", NodeID: "10.0.0.1/42",
 		Environ: h.env, CallTimeout: h.callTimeout, WalltimeSignals: h.walltime, Store: h.agentStore})
+	if h.monitors != nil {
+		h.agent.d.Monitors = h.monitors
+	}
 	out := make(chan Outcome, 1)
 	go func() { out <- h.agent.Run(context.Background()) }()
 	return out

@@ -101,6 +101,16 @@ type runState struct {
 	walltime    os.Signal
 	quarantined []verdict.Quarantine
 	outcome     *Outcome
+
+	// In-process restarts (inprocess.go): survivors kept between a failure
+	// and the next round, the log attempts they write to, the restart
+	// being watched, and what the verdict's cycle records of it.
+	kept               *keptRanks
+	keptAtts           []*ranklogs.Attempt
+	rejoin             *rejoinWatch
+	inProcessFallbacks int
+	inProcessPhases    map[string]time.Duration
+	cycleMode          string
 }
 
 // maxCycles is how many of the newest cycles the outcome keeps (the verdict
@@ -202,6 +212,7 @@ func (r *runState) finishCycle(end cycleEnd) {
 		FillerReclaimMS: float64(c.reclaim.Microseconds()) / 1000,
 		SpawnMS:         ms(c.spawnStart, c.spawned), RunMS: ms(c.spawned, c.stopStart), StopMS: ms(c.stopStart, c.stopped),
 		End: cycleEndName(end), Reason: end.reason, StartedAt: c.start.UTC()})
+	r.recordCycleMode(&r.cycles[len(r.cycles)-1])
 }
 
 func cycleEndName(end cycleEnd) string {

@@ -21,6 +21,11 @@ import (
 //	   ▼  │                                  └───────► done
 //	 standby
 //	any state ──► done (signal, job closed, rendezvous lost, fatal error)
+//
+// With --restart-mode in-process the same states carry an in-process
+// restart (inprocess.go): stopping keeps the registered survivors instead of
+// stopping them, and the next running starts only the missing ranks and
+// sends the survivors their notice.
 type State int
 
 // Node-agent states.
@@ -253,6 +258,9 @@ func (a *Agent) running(ctx context.Context) State {
 
 // stopping stops what is still running; a second signal escalates.
 func (a *Agent) stopping() State {
+	if a.keepSurvivors() { // --restart-mode in-process (inprocess.go)
+		return StateDeciding
+	}
 	a.stopCycle()
 	return StateDeciding
 }
@@ -394,8 +402,8 @@ func (a *Agent) decideFailure(ctx context.Context, end cycleEnd) State {
 	a.log.Warn("restarting all ranks", "after_round", asg.Round, "action", string(dec.Action), "reason", end.reason,
 		"restarts_used", dec.RestartsUsed)
 	a.ev.Emit(eventlog.Restart, map[string]any{"after_round": asg.Round, "action": string(dec.Action), "reason": end.reason,
-		"restarts_used": dec.RestartsUsed})
-	a.met.Restarted()
+		"restarts_used": dec.RestartsUsed, "mode": a.restartMode()})
+	a.restarted(ctx)
 	return StateJoining
 }
 
@@ -422,8 +430,8 @@ func (a *Agent) decideRoundEnded(ctx context.Context, end cycleEnd) State {
 		return StateDone
 	}
 	a.log.Warn("round ended by the job; restarting", "round", asg.Round, "reason", e.Reason)
-	a.ev.Emit(eventlog.Restart, map[string]any{"after_round": asg.Round, "reason": e.Reason})
-	a.met.Restarted()
+	a.ev.Emit(eventlog.Restart, map[string]any{"after_round": asg.Round, "reason": e.Reason, "mode": a.restartMode()})
+	a.restarted(ctx)
 	return StateJoining
 }
 

@@ -96,6 +96,9 @@ class Launcher:
                 "--rdzv-endpoint", endpoint, "--rdzv-id", run_id, *conf,
                 "--nnodes", nnodes, "--nproc-per-node", str(nproc),
                 "--max-restarts", "3", "--monitor-interval", "0.1",
+                # The stand-in worker's rank 0 listens on MASTER_PORT itself
+                # (like torch 1.13's rank-0 store): the port must be free.
+                "--agent-store", "off",
                 "--log-dir", log_dir, "--no-python", WORKER, *worker_args]
         conf = f"is_host={1 if node == 0 else 0}" + (f",{self.rdzv_conf}" if self.rdzv_conf else "")
         return self.argv + [

@@ -21,9 +21,17 @@ launcher (crash -> user code of every rank running), imports (torch,
 torch.distributed, torch.nn), process group, checkpoint (torch.load), first
 step (DDP construction, forward, backward, optimizer step).
 
+With --inprocess, ft-launcher --restart-mode in-process runs
+examples/ddp_train_inprocess.py (cold and --prewarm replacement rank) beside
+torchrun and the full restart with --prewarm; a survivor has no start or
+imports phase (its process stays), so those columns are the replacement's.
+--nodes 2 (late mode) runs two launchers on 127.0.0.2 and 127.0.0.3 (etcd
+rendezvous; torchrun: c10d rendezvous on 127.0.0.1), --nproc ranks each; the
+crashing rank is the last one.
+
 usage: bench/prewarm.py [--ft-launcher PATH] [--torchrun CMD] [--reps N]
                         [--nproc N,...] [--mode late,early] [--kinds K,...]
-                        [--prewarm MODULES]
+                        [--prewarm MODULES] [--inprocess] [--nodes N]
 Prints markdown tables on stdout; progress and failures on stderr.
 """
 import argparse
@@ -50,39 +58,70 @@ KINDS = {  # name -> extra ft-launcher flags (None: torchrun)
     "--prewarm-importing stop": ["--prewarm", "{prewarm}", "--prewarm-importing", "stop"],
     "ft-launcher --agent-store off": ["--agent-store", "off"],
     "ft-launcher --prewarm --agent-store off": ["--prewarm", "{prewarm}", "--agent-store", "off"],
+    "ft-launcher --restart-mode in-process": ["--restart-mode", "in-process"],
+    "ft-launcher --prewarm --restart-mode in-process": ["--prewarm", "{prewarm}", "--restart-mode", "in-process"],
 }
 SHORT = {"torchrun": "torchrun", "cold": "ft-launcher", "prewarm": "ft-launcher --prewarm",
          "prewarm-wait": "--prewarm-importing wait", "prewarm-stop": "--prewarm-importing stop",
          "cold-rank0-store": "ft-launcher --agent-store off",
-         "prewarm-rank0-store": "ft-launcher --prewarm --agent-store off"}
+         "prewarm-rank0-store": "ft-launcher --prewarm --agent-store off",
+         "inprocess": "ft-launcher --restart-mode in-process",
+         "inprocess-prewarm": "ft-launcher --prewarm --restart-mode in-process"}
+# --inprocess: the full restart with --prewarm beside in-process restarts
+# (replacement rank cold, and from a standby).
+INPROCESS_KINDS = "torchrun,prewarm,inprocess,inprocess-prewarm"
 DEFAULT_KINDS = {"late": "torchrun,cold,prewarm", "early": "torchrun,cold,prewarm,prewarm-wait,prewarm-stop"}
 
 
-def command(kind, a, mode, nproc, workdir, tag):
+def command(kind, a, mode, nproc, workdir, tag, node=0, port=0):
+    crash_rank = nproc * a.nodes - 1 if a.nodes > 1 else 1
     train = ["--ckpt-dir", os.path.join(workdir, tag + ".ckpt"), "--out", os.path.join(workdir, tag + ".json")]
     if mode == "late":
-        train += ["--steps", "30", "--crash-at-step", "25", "--crash-rank", "1", "--step-sleep", str(a.step_sleep)]
+        train += ["--steps", "30", "--crash-at-step", "25", "--crash-rank", str(crash_rank),
+                  "--step-sleep", str(a.step_sleep)]
     else:
         train += ["--steps", "12", "--step-sleep", "0.2", "--ckpt-every", "0"]
-    logs = os.path.join(workdir, tag + ".logs")
+    logs = os.path.join(workdir, tag + f".logs{node}")
     if KINDS[kind] is None:
-        return shlex.split(a.torchrun) + [
-            "--standalone", "--nproc_per_node", str(nproc), "--max_restarts", "1",
+        where = ["--standalone"] if a.nodes == 1 else [
+            "--nnodes", str(a.nodes), "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{port}", "--rdzv_id", tag]
+        return shlex.split(a.torchrun) + where + [
+            "--nproc_per_node", str(nproc), "--max_restarts", "1",
             "--monitor_interval", "0.1", "--log_dir", logs, PROBE] + train
-    line = [a.ft_launcher, "--standalone", "--nproc-per-node", str(nproc), "--max-restarts", "1",
-            "--monitor-interval", "0.1", "--log-dir", logs, "--event-log", os.path.join(workdir, tag + ".events")]
+    where = ["--standalone"] if a.nodes == 1 else [
+        "--nnodes", str(a.nodes), "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.2:{port}",
+        "--rdzv-id", tag, "--local-addr", f"127.0.0.{2 + node}"]
+    line = [a.ft_launcher] + where + ["--nproc-per-node", str(nproc), "--max-restarts", "1",
+                                      "--monitor-interval", "0.1", "--log-dir", logs,
+                                      "--event-log", os.path.join(workdir, tag + f".events{node}")]
     line += [x.format(prewarm=a.prewarm) for x in KINDS[kind]]
     return line + [PROBE] + train
 
 
-def paths(events_file, nproc):
-    """Round 1's path per local rank from ft-launcher's event log."""
+def free_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.2", 0))
+        return s.getsockname()[1]
+
+
+def paths(events_files):
+    """Round 1's path per node and local rank from ft-launcher's event logs."""
     out = {}
-    try:
-        with open(events_file) as f:
-            evs = [json.loads(line) for line in f if line.strip()]
-    except FileNotFoundError:
-        return {}
+    for node, events_file in enumerate(events_files):
+        try:
+            with open(events_file) as f:
+                evs = [json.loads(line) for line in f if line.strip()]
+        except FileNotFoundError:
+            continue
+        for lr, p in paths_of(evs).items():
+            out[f"{node}:{lr}"] = p
+    return out
+
+
+def paths_of(evs):
+    out = {}
     for e in evs:
         if str(e.get("round")) != "1":
             continue
@@ -101,28 +140,41 @@ def once(kind, a, mode, nproc, workdir, tag):
     stamps = os.path.join(workdir, tag + ".stamps")
     os.environ["PROBE_STAMPS"] = stamps
     os.environ["PYTHON_EXEC"] = PYTHON
+    os.environ["PROBE_TRAIN"] = "ddp_train_inprocess.py" if "in-process" in kind else "ddp_train.py"
     if mode == "early":
         os.environ.update(PROBE_CRASH_AFTER=str(a.early_at), PROBE_CRASH_RANK="1", PROBE_T0=str(time.time_ns()))
     else:
         for k in ("PROBE_CRASH_AFTER", "PROBE_T0"):
             os.environ.pop(k, None)
-    run = Run(command(kind, a, mode, nproc, workdir, tag), workdir, tag)
+    port = free_port() if a.nodes > 1 else 0
+    runs = [Run(command(kind, a, mode, nproc, workdir, tag, node, port), workdir, f"{tag}.{node}")
+            for node in range(a.nodes)]
     try:
-        rc = run.wait(300)
-        if rc != 0:
-            raise RuntimeError(f"{kind} exited {rc}:\n{run.tail()}")
+        for run in runs:
+            rc = run.wait(300)
+            if rc != 0:
+                raise RuntimeError(f"{kind} exited {rc}:\n{run.tail()}")
     finally:
-        run.stop()
+        for run in runs:
+            run.stop()
     lines = read_lines(stamps)
     crash = [int(f[0]) for f in lines if f[1] == "crash"]
     after = {}
     for f in lines:
-        if f[3] == "1":
-            after.setdefault(f[1], {})[f[2]] = int(f[0])
+        # Cycle 1's stamps; on a node whose ranks did not fail torchrun keeps
+        # restart count 0, so there the first stamps after the crash count.
+        later = a.nodes > 1 and len(crash) == 1 and int(f[0]) > crash[0]
+        if f[3] == "1" or (later and f[3] == "0"):
+            after.setdefault(f[1], {}).setdefault(f[2], int(f[0]))
     if not after.get("ckpt"):  # early: no checkpoint to load yet
         after["ckpt"] = after.get("pg", {})
+    if "in-process" in kind and len(crash) == 1:
+        # Survivors stay in their processes: no start or imports of their own.
+        for p in ("start", "imports"):
+            for r in after.get("step", {}):
+                after.setdefault(p, {}).setdefault(r, crash[0])
     need = PHASES + ["pg0"]
-    if len(crash) != 1 or any(len(after.get(p, {})) != nproc for p in need):
+    if len(crash) != 1 or any(len(after.get(p, {})) != nproc * a.nodes for p in need):
         raise RuntimeError(f"{kind}: incomplete stamps in {stamps}")
     ends = [max(after[p].values()) - crash[0] for p in PHASES]  # cumulative, ns
     ranks = sorted(after["step"])
@@ -131,8 +183,8 @@ def once(kind, a, mode, nproc, workdir, tag):
         "total": ends[-1],
         "per_rank": [after["step"][r] - crash[0] for r in ranks],
         "pg": [after["pg"][r] - after["pg0"][r] for r in ranks],
-        "paths": paths(os.path.join(workdir, tag + ".events"), nproc),
-        "crash_s": (crash[0] - run.t0) / 1e9,
+        "paths": paths([os.path.join(workdir, tag + f".events{n}") for n in range(a.nodes)]),
+        "crash_s": (crash[0] - runs[0].t0) / 1e9,
     }
 
 
@@ -155,9 +207,10 @@ def path_counts(runs):
     return text
 
 
-def table(mode, nproc, res):
+def table(a, mode, nproc, res):
     what = "late crash (standbys ready)" if mode == "late" else "early crash (standbys importing)"
-    print(f"### {what}, examples/ddp_train.py, {nproc} ranks\n")
+    where = f"{nproc} ranks" if a.nodes == 1 else f"{a.nodes} nodes on loopback, {nproc} ranks each"
+    print(f"### {what}, examples/ddp_train.py, {where}\n")
     print("Crash -> next training step, seconds, p50 / p90 / worst: of the job (last rank) per run, and of "
           "every rank of every run; time inside init_process_group per rank.\n")
     print("| launcher | runs | crash at (s, p50) | job's next step | each rank's next step "
@@ -181,6 +234,12 @@ def table(mode, nproc, res):
     pw = p50.get("ft-launcher --prewarm")
     if pw and "torchrun" in p50:
         print(f"\n--prewarm vs torchrun: {p50['torchrun'] / pw:.1f}x faster (p50 of the job's next step)")
+    ip = p50.get("ft-launcher --prewarm --restart-mode in-process")
+    if ip and "torchrun" in p50:
+        print(f"\nin-process (--prewarm replacement) vs torchrun: {p50['torchrun'] / ip:.1f}x faster (p50 of the job's next step)")
+    if "ft-launcher" in p50 and "ft-launcher --agent-store off" in p50:
+        print(f"\nagent store / rank-0 store (--agent-store off): {p50['ft-launcher'] / p50['ft-launcher --agent-store off']:.2f}"
+              " (ratio of the p50s of the job's next step; at most 1.00 means no slower)")
     for k in ("ft-launcher", "--prewarm-importing wait", "--prewarm-importing stop"):
         if pw and k in p50:
             print(f"\n--prewarm / {k}: {pw / p50[k]:.2f} (ratio of the p50s of the job's next step"
@@ -200,7 +259,14 @@ def main():
     p.add_argument("--prewarm", default="torch,torch.distributed")
     p.add_argument("--step-sleep", type=float, default=0.5, help="late mode's step sleep")
     p.add_argument("--early-at", type=float, default=3.0, help="early mode: crash this many seconds after the launch")
+    p.add_argument("--inprocess", action="store_true",
+                   help="compare in-process restarts: the kinds become " + INPROCESS_KINDS)
+    p.add_argument("--nodes", type=int, default=1, help="launchers on loopback (127.0.0.2, ...), --nproc ranks each")
     a = p.parse_args()
+    if a.inprocess:
+        a.kinds = a.kinds or INPROCESS_KINDS
+    if a.nodes < 1 or (a.nodes > 1 and a.mode != "late"):
+        p.error("--nodes: 1 or more, and more than 1 only with --mode late")
     modes = a.mode.split(",")
     for m in modes:
         if m not in DEFAULT_KINDS:
@@ -226,7 +292,7 @@ def main():
                             progress(f"FAILED {tag}: {e}")
                     progress(f"{mode}, nproc {nproc}: rep {i + 1}/{a.reps} done, "
                              f"load average {os.getloadavg()[0]:.1f}")
-                table(mode, nproc, res)
+                table(a, mode, nproc, res)
         print(f"Load average at the end: {' '.join(f'{x:.1f}' for x in os.getloadavg())}\n")
     if failures:
         print("Failures:\n")

@@ -43,6 +43,12 @@ func (s StdSpec) For(localRank int) Std {
 type NNodes struct{ Min, Max int }
 
 // Config is the effective, validated configuration of one ft-launcher.
+// Restart modes (--restart-mode).
+const (
+	RestartFull      = "full"
+	RestartInProcess = "in-process"
+)
+
 type Config struct {
 	// torchrun-compatible launch options.
 	NNodes           NNodes
@@ -123,6 +129,15 @@ type Config struct {
 	// TCPStore (TORCHELASTIC_USE_AGENT_STORE=True); false leaves it to
 	// rank 0, as before (docs/agentstore.md).
 	AgentStore bool
+
+	// RestartMode is RestartFull (every rank restarts) or RestartInProcess
+	// (surviving ranks that registered for it stay and rejoin the next
+	// round; docs/inprocess.md).
+	RestartMode string
+	// InProcessRejoinTimeout bounds how long a survivor may take to
+	// rejoin after the notice before it is killed and the job falls back
+	// to the full restart.
+	InProcessRejoinTimeout time.Duration
 
 	// WalltimeSignals are the scheduler's pre-walltime warnings: forwarded
 	// to the ranks, never a failure (default SIGUSR1, SIGUSR2).

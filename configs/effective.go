@@ -83,6 +83,8 @@ func (c *Config) Effective() string {
 	add("prewarm", strings.Join(c.Prewarm, ","))
 	add("agent_store", onOff(c.AgentStore))
 	add("prewarm_importing", cmp.Or(c.PrewarmImporting, "auto"))
+	add("restart_mode", c.RestartMode)
+	add("inprocess_rejoin_timeout", c.InProcessRejoinTimeout.Seconds())
 	wt := make([]string, len(c.WalltimeSignals))
 	for i, s := range c.WalltimeSignals {
 		wt[i] = signalName(s)

@@ -209,27 +209,14 @@ func TestAgentStoreOption(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			c, err := parse(append(append([]string{}, tt.args...), "x.py"), envOf(tt.env), noGPU(t))
-			if tt.err != "" {
-				var ue *UsageError
-				if !errors.As(err, &ue) || !strings.Contains(err.Error(), tt.err) {
-					t.Fatalf("got %v, want a usage error containing %q", err, tt.err)
-				}
+			c := parseOrUsageError(t, tt.args, tt.env, tt.err)
+			if c == nil {
 				return
-			}
-			if err != nil {
-				t.Fatal(err)
 			}
 			if c.AgentStore != tt.want {
 				t.Errorf("AgentStore = %v, want %v", c.AgentStore, tt.want)
 			}
-			eff := c.Effective()
-			if want := "agent_store: \"" + onOff(tt.want) + "\"\n"; !strings.Contains(eff, want) {
-				t.Errorf("--print-config lacks %q:\n%s", want, eff)
-			}
-			if src := c.Sources["agent_store"]; !strings.Contains(src, tt.source) {
-				t.Errorf("source of agent_store = %q, want one naming %q", src, tt.source)
-			}
+			checkPrinted(t, c, "agent_store", "\""+onOff(tt.want)+"\"", tt.source)
 		})
 	}
 }
@@ -256,5 +243,77 @@ func TestPrewarmImportingOption(t *testing.T) {
 		if err != nil || c.PrewarmImporting != tc.want {
 			t.Errorf("%v %v: %q, %v; want %q", tc.args, tc.env, c.PrewarmImporting, err, tc.want)
 		}
+	}
+}
+
+// TestRestartModeOptions: --restart-mode (and its _ spelling),
+// PET_RESTART_MODE, YAML fault_tolerance.restart_mode; default full; a bad
+// value names the allowed ones; --inprocess-rejoin-timeout likewise.
+func TestRestartModeOptions(t *testing.T) {
+	dir := t.TempDir()
+	yIP := filepath.Join(dir, "ip.yaml")
+	writeFile(t, yIP, "fault_tolerance:\n  restart_mode: in-process\n  inprocess_rejoin_timeout: 7.5\n")
+	yBad := filepath.Join(dir, "bad.yaml")
+	writeFile(t, yBad, "fault_tolerance:\n  restart_mode: partial\n")
+	tests := []struct {
+		name   string
+		args   []string
+		env    map[string]string
+		mode   string
+		rejoin time.Duration
+		source string
+		err    string
+	}{
+		{name: "default full", mode: "full", rejoin: 30 * time.Second, source: "default"},
+		{name: "flag", args: []string{"--restart-mode", "in-process"}, mode: "in-process", rejoin: 30 * time.Second, source: "--restart-mode"},
+		{name: "underscore flag", args: []string{"--restart_mode=In-Process"}, mode: "in-process", rejoin: 30 * time.Second, source: "--restart-mode"},
+		{name: "env", env: map[string]string{"PET_RESTART_MODE": "in-process", "PET_INPROCESS_REJOIN_TIMEOUT": "4"}, mode: "in-process", rejoin: 4 * time.Second, source: "PET_RESTART_MODE"},
+		{name: "yaml", args: []string{"--ft-cfg-path", yIP}, mode: "in-process", rejoin: 7500 * time.Millisecond, source: "fault_tolerance.restart_mode"},
+		{name: "flag over yaml", args: []string{"--ft-cfg-path", yIP, "--restart-mode", "full"}, mode: "full", rejoin: 7500 * time.Millisecond, source: "--restart-mode"},
+		{name: "bad flag", args: []string{"--restart-mode", "partial"}, err: `--restart-mode: invalid value "partial": must be full or in-process`},
+		{name: "bad env", env: map[string]string{"PET_RESTART_MODE": "x"}, err: `PET_RESTART_MODE: invalid value "x": must be full or in-process`},
+		{name: "bad yaml", args: []string{"--ft-cfg-path", yBad}, err: "fault_tolerance.restart_mode (line 2): must be full or in-process"},
+		{name: "bad rejoin timeout", args: []string{"--inprocess-rejoin-timeout", "0"}, err: "--inprocess-rejoin-timeout"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := parseOrUsageError(t, tt.args, tt.env, tt.err)
+			if c == nil {
+				return
+			}
+			if c.RestartMode != tt.mode || c.InProcessRejoinTimeout != tt.rejoin {
+				t.Errorf("mode %q rejoin %v, want %q %v", c.RestartMode, c.InProcessRejoinTimeout, tt.mode, tt.rejoin)
+			}
+			checkPrinted(t, c, "restart_mode", tt.mode, tt.source)
+		})
+	}
+}
+
+// parseOrUsageError parses args + "x.py" with env: with wantErr set it
+// checks for a usage error containing it and returns nil; else the config.
+func parseOrUsageError(t *testing.T, args []string, env map[string]string, wantErr string) *Config {
+	t.Helper()
+	c, err := parse(append(append([]string{}, args...), "x.py"), envOf(env), noGPU(t))
+	if wantErr != "" {
+		var ue *UsageError
+		if !errors.As(err, &ue) || !strings.Contains(err.Error(), wantErr) {
+			t.Fatalf("got %v, want a usage error containing %q", err, wantErr)
+		}
+		return nil
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// checkPrinted: --print-config shows key: value, and its source names source.
+func checkPrinted(t *testing.T, c *Config, key, value, source string) {
+	t.Helper()
+	if want := key + ": " + value + "\n"; !strings.Contains(c.Effective(), want) {
+		t.Errorf("--print-config lacks %q:\n%s", want, c.Effective())
+	}
+	if src := c.Sources[key]; !strings.Contains(src, source) {
+		t.Errorf("source of %s = %q, want one naming %q", key, src, source)
 	}
 }

@@ -295,6 +295,15 @@ func options() []*option {
 				}
 				return fmt.Errorf("%q: want auto, wait or stop", v)
 			}},
+		{names: []string{"restart-mode"}, env: true, group: grpOurs, arg: "full|in-process", def: "full",
+			help: "full: a failure restarts every rank. in-process: only the failed rank is replaced; surviving ranks that use ft_launcher_client.inprocess stay in their process, leave the process group and rejoin the next round (a node whose ranks did not all opt in restarts them fully). Also YAML fault_tolerance.restart_mode. See docs/inprocess.md.",
+			set:  func(p *parser, v string) (err error) { p.cfg.RestartMode, err = parseRestartMode(v); return err }},
+		{names: []string{"inprocess-rejoin-timeout"}, env: true, group: grpOurs, arg: "SECONDS", def: "30",
+			help: "With --restart-mode in-process: a survivor that has not rejoined the next round this long after its notice is killed and the job falls back to the full restart. 0.001 to 604800. Also YAML fault_tolerance.inprocess_rejoin_timeout.",
+			set: func(p *parser, v string) (err error) {
+				p.cfg.InProcessRejoinTimeout, err = parseSeconds(v, true)
+				return err
+			}},
 		{names: []string{"spare-filler-reclaim-timeout"}, env: true, group: grpOurs, arg: "SECONDS", def: "30",
 			help: "Bound on reclaiming a promoted spare: the filler tree's exit and, with GPUs, until nvidia-smi shows no process on them and memory below --ft-gpu-memory-tolerance-mb. Past it the spare is quarantined and the next spare takes its place. 0.001 to 604800.",
 			set: func(p *parser, v string) (err error) {
@@ -402,6 +411,17 @@ func ftDefault(ft *FaultTolerance, key string) string {
 		return fmt.Sprint(f.Elem().Interface())
 	}
 	return fmt.Sprint(f.Interface())
+}
+
+// parseRestartMode parses --restart-mode.
+func parseRestartMode(v string) (string, error) {
+	switch m := strings.ToLower(strings.TrimSpace(v)); m {
+	case RestartFull, RestartInProcess:
+		return m, nil
+	case "in_process", "inprocess":
+		return RestartInProcess, nil
+	}
+	return "", fmt.Errorf("invalid value %q: must be full or in-process", v)
 }
 
 // parseOnOff parses an on|off option such as --agent-store.

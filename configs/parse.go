@@ -117,6 +117,8 @@ func defaultConfig() *Config {
 		WorkersStopTimeout:        15 * time.Second,
 		FT:                        DefaultFaultTolerance(),
 		AgentStore:                true,
+		RestartMode:               RestartFull,
+		InProcessRejoinTimeout:    30 * time.Second,
 	}
 }
 

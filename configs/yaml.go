@@ -95,6 +95,25 @@ func (p *parser) applyYAML(data []byte, path, subj string) error {
 				return usageErr("fault_tolerance.prewarm", "%s: %q: fault_tolerance.prewarm (line %d): must be comma-separated Python module names", subj, path, k.Line)
 			}
 			p.source["prewarm"] = subj + " fault_tolerance.prewarm"
+		case k.Value == "restart_mode" || k.Value == "inprocess_rejoin_timeout":
+			// Launcher options too (--restart-mode, --inprocess-rejoin-timeout).
+			v = resolveAlias(v)
+			var err error
+			if v.Kind == yaml.ScalarNode {
+				if k.Value == "restart_mode" {
+					p.cfg.RestartMode, err = parseRestartMode(v.Value)
+				} else {
+					p.cfg.InProcessRejoinTimeout, err = parseSeconds(v.Value, true)
+				}
+			}
+			if v.Kind != yaml.ScalarNode || err != nil {
+				what := "full or in-process"
+				if k.Value != "restart_mode" {
+					what = "seconds, 0.001 to 604800"
+				}
+				return usageErr("fault_tolerance."+k.Value, "%s: %q: fault_tolerance.%s (line %d): must be %s", subj, path, k.Value, k.Line, what)
+			}
+			p.source[strings.ReplaceAll(k.Value, "_", "-")] = subj + " fault_tolerance." + k.Value
 		case k.Value == "agent_store":
 			// A launcher option too (--agent-store), like verdict_file.
 			// YAML 1.1 would read a bare on/off as a boolean; both forms mean the same.

@@ -29,7 +29,7 @@ const (
 	Standby          = "standby"          // this node parked beyond --nnodes MIN for a round
 	Verdict          = "verdict"          // the outcome, as written to the verdict file
 	WalltimeWarning  = "walltime_warning" // the scheduler's pre-walltime signal, forwarded to the ranks
-	Ledger           = "ledger"           // a lease of this node began or ended (or a peer's, ended here)
+	Ledger           = "ledger"           // a lease of this node began, ended or counted a restart (or a peer's, ended here)
 	SpareSwap        = "spare_swap"       // this spare was promoted: the phases of the swap
 )
 

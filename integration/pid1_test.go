@@ -100,3 +100,58 @@ while :; do sleep 0.05; done
 		t.Fatalf("the rank did not get the forwarded SIGTERM: %q %v", b, err)
 	}
 }
+
+// TestInProcessSocketDirSweptFromAnotherPIDNamespace: while an in-process
+// job runs, a launcher starts in its own PID namespace with the same
+// $TMPDIR and sweeps stale socket dirs. The job's launcher pid is not
+// visible there; the sweep must still leave its socket dir alone, or the
+// ranks that (re)connect after it - the survivor's re-registration and the
+// replacement rank of the in-process restart - find no socket and exit 1
+// (once seen as bench/prewarm.py --inprocess failing 1 run in 5).
+func TestInProcessSocketDirSweptFromAnotherPIDNamespace(t *testing.T) {
+	testenv.Require(t, testenv.PIDNamespaces)
+	requireTorch(t)
+	unshare, err := exec.LookPath("unshare")
+	if err != nil {
+		t.Fatalf("unshare (util-linux) is required: %v", err)
+	}
+	// Short: the rank sockets' paths must fit sun_path (108 bytes).
+	tmp, err := os.MkdirTemp("/tmp", "ftl-ns-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(tmp) })
+	j := newJob(t)
+	j.start([]string{"PYTHON_EXEC=" + debianPython, "TMPDIR=" + tmp},
+		"--standalone", "--restart-mode", "in-process", "--nproc-per-node", "2", "--max-restarts", "1",
+		inprocessScript(t), "--ckpt-dir", filepath.Join(j.dir, "ckpt"), "--out", filepath.Join(j.dir, "w.json"),
+		"--steps", "30", "--crash-at-step", "25", "--crash-rank", "1", "--step-sleep", "0.3")
+	var dirs []string
+	for deadline := time.Now().Add(generous); len(dirs) == 0; time.Sleep(20 * time.Millisecond) {
+		exited := false
+		select {
+		case <-j.done:
+			exited = true
+		default:
+		}
+		if time.Now().After(deadline) || exited {
+			t.Fatalf("no ftl-mon-* socket dir appeared in %s\n%s", tmp, j.stderr.String())
+		}
+		dirs, _ = filepath.Glob(filepath.Join(tmp, "ftl-mon-*"))
+	}
+	sweep := exec.Command(unshare, "--pid", "--fork", "--mount-proc", bins.launcher,
+		"--standalone", "--nproc-per-node", "1", "--no-python", "/bin/true")
+	sweep.Env = append(os.Environ(), "TMPDIR="+tmp, "FTL_TEST_MARKER="+j.marker)
+	if out, err := sweep.CombinedOutput(); err != nil {
+		t.Fatalf("launcher in a PID namespace: %v\n%s", err, out)
+	}
+	if _, err := os.Stat(dirs[0]); err != nil {
+		t.Fatalf("the running job's socket dir was swept by a launcher in another PID namespace: %v", err)
+	}
+	if code := j.wait(torchTimeout); code != 0 {
+		t.Fatalf("exit %d\n%s", code, j.stderr.String())
+	}
+	if n := len(j.eventsOf("inprocess_first_step")); n != 1 {
+		t.Fatalf("%d first-step reports, want 1 (the survivor rejoined)", n)
+	}
+}

@@ -186,16 +186,7 @@ func torchNodeLoss(t *testing.T, want weights, fill string) {
 	// Kill an active node other than node 0 (the etcd host) once the
 	// checkpoint of step 20 exists.
 	waitFile(t, filepath.Join(ckpt, "ckpt_00000020.pt"), torchTimeout)
-	victim := -1
-	for i := 1; i < 3; i++ {
-		if len(c.nodes[i].eventsOf("cycle_started")) > 0 {
-			victim = i
-			break
-		}
-	}
-	if victim < 0 {
-		t.Fatalf("no active node besides the etcd host\n%s", c.stderrs())
-	}
+	victim := activeVictim(t, c)
 	standby := 3 - victim // nodes are 0, 1, 2: the one that was neither 0 nor the victim
 	if fill != "" {
 		waitFor(t, torchTimeout, func() bool { return len(fillerPids(t, c.dir, standby)) > 0 })

@@ -12,6 +12,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -63,6 +65,12 @@ type Record struct {
 	// ClosedBy is the node that ended the lease when it was not the holder
 	// (a survivor records a lost node's NodeFailure).
 	ClosedBy string `json:"closed_by,omitempty"`
+	// Restarts counts the job's restarts during an Active lease by the
+	// mode that restarted this node's ranks: "full" or "in-process" (the
+	// "mode" of the event log's restart events and of the verdict's
+	// cycles). The holder keeps the counts in memory and stores them with
+	// the lease's next write (its end), so a restart costs no etcd write.
+	Restarts map[string]int `json:"restarts,omitempty"`
 }
 
 // Open reports whether the lease has not ended.
@@ -153,13 +161,7 @@ func (b *Book) Begin(ctx context.Context, role Role, groupRank, cycle int) (r Re
 // End closes this node's open lease in role with reason.
 func (b *Book) End(ctx context.Context, role Role, reason Reason, detail string) (Record, bool) {
 	b.mu.Lock()
-	idx := -1
-	for i := len(b.recs) - 1; i >= 0; i-- {
-		if b.recs[i].Role == role && b.recs[i].Open() {
-			idx = i
-			break
-		}
-	}
+	idx := b.openIndex(role)
 	if idx < 0 {
 		b.mu.Unlock()
 		return Record{}, false
@@ -170,6 +172,39 @@ func (b *Book) End(ctx context.Context, role Role, reason Reason, detail string)
 	b.mu.Unlock()
 	b.put(ctx, r)
 	return r, true
+}
+
+// Restarted counts a restart in mode on this node's open Active lease (no
+// lease open: nothing to count). The job-wide store gets the count with
+// the lease's next write; the logs (a local file) get it at once, so the
+// count survives the holder's SIGKILL in its event log.
+func (b *Book) Restarted(ctx context.Context, mode string) {
+	b.mu.Lock()
+	idx := b.openIndex(Active)
+	if idx < 0 {
+		b.mu.Unlock()
+		return
+	}
+	r := &b.recs[idx]
+	// A new map each time: records handed out earlier share none of it.
+	counts := make(map[string]int, len(r.Restarts)+1)
+	maps.Copy(counts, r.Restarts)
+	counts[mode]++
+	r.Restarts = counts
+	rec := *r
+	b.mu.Unlock()
+	b.log(ctx, rec)
+}
+
+// openIndex is the index of this node's latest open lease in role, -1 if
+// none; b.mu is held.
+func (b *Book) openIndex(role Role) int {
+	for i := len(b.recs) - 1; i >= 0; i-- {
+		if b.recs[i].Role == role && b.recs[i].Open() {
+			return i
+		}
+	}
+	return -1
 }
 
 // EndAll closes every open lease of this node with reason.
@@ -262,14 +297,23 @@ func SortByChange(rs []Record) {
 // Merge keeps one record per lease from records gathered from several
 // sources (nodes' verdicts, event logs, etcd): a lease recorded by two
 // nodes (its holder, and a survivor that ended it) is kept once, in its
-// ended form. The result is sorted by start.
+// ended form, with the highest restart count of each mode any version
+// has (a survivor's closing write lacks the counts the lost holder kept
+// in memory; its event log has them).
 func Merge(in []Record) []Record {
 	byID := map[string]Record{}
 	for _, r := range in {
-		if old, ok := byID[r.ID()]; ok && !old.Open() {
+		old, ok := byID[r.ID()]
+		if !ok {
+			byID[r.ID()] = r
 			continue
 		}
-		byID[r.ID()] = r
+		keep := r
+		if !old.Open() {
+			keep = old
+		}
+		keep.Restarts = maxCounts(old.Restarts, r.Restarts)
+		byID[r.ID()] = keep
 	}
 	out := make([]Record, 0, len(byID))
 	for _, r := range byID {
@@ -277,6 +321,34 @@ func Merge(in []Record) []Record {
 	}
 	SortByStart(out)
 	return out
+}
+
+// maxCounts is each mode's higher count of a and b (nil when both are
+// empty).
+func maxCounts(a, b map[string]int) map[string]int {
+	if len(a) == 0 && len(b) == 0 {
+		return nil
+	}
+	out := make(map[string]int, len(a)+len(b))
+	maps.Copy(out, a)
+	for m, n := range b {
+		out[m] = max(out[m], n)
+	}
+	return out
+}
+
+// RestartsString is a record's restart counts as one word for the table:
+// "full=2,in-process=1" (modes sorted), "-" when none.
+func RestartsString(counts map[string]int) string {
+	if len(counts) == 0 {
+		return "-"
+	}
+	modes := slices.Sorted(maps.Keys(counts))
+	parts := make([]string, len(modes))
+	for i, m := range modes {
+		parts[i] = fmt.Sprintf("%s=%d", m, counts[m])
+	}
+	return strings.Join(parts, ",")
 }
 
 // SortByStart orders records by start, then node and sequence.
@@ -295,7 +367,7 @@ func SortByStart(rs []Record) {
 // WriteTable prints records for people, one lease a line.
 func WriteTable(w io.Writer, rs []Record) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "NODE\tROLE\tGROUP RANK\tCYCLE\tSTART\tEND\tREASON\tDETAIL")
+	fmt.Fprintln(tw, "NODE\tROLE\tGROUP RANK\tCYCLE\tSTART\tEND\tRESTARTS\tREASON\tDETAIL")
 	for _, r := range rs {
 		gr, end := "-", "open"
 		if r.GroupRank >= 0 {
@@ -308,8 +380,8 @@ func WriteTable(w io.Writer, rs []Record) error {
 		if r.ClosedBy != "" {
 			detail = strings.TrimSpace(detail + " (recorded by " + r.ClosedBy + ")")
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", r.Node, r.Role, gr, r.Cycle,
-			r.Start.Format("15:04:05.000"), end, r.Reason, detail)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\n", r.Node, r.Role, gr, r.Cycle,
+			r.Start.Format("15:04:05.000"), end, RestartsString(r.Restarts), r.Reason, detail)
 	}
 	return tw.Flush()
 }
@@ -348,6 +420,9 @@ func FormatLine(r Record) string {
 	s += fmt.Sprintf(" (cycle %d) %s", r.Cycle, what)
 	if r.Detail != "" {
 		s += ": " + r.Detail
+	}
+	if len(r.Restarts) > 0 {
+		s += "; restarts " + RestartsString(r.Restarts)
 	}
 	if r.ClosedBy != "" {
 		s += " (recorded by " + r.ClosedBy + ")"

@@ -91,3 +91,88 @@ func TestWriteTableAndJSON(t *testing.T) {
 		t.Fatalf("empty ledger as JSON: %q", jb.String())
 	}
 }
+
+// memStore is a job-wide store that keeps every write (the real one is
+// etcd, tested in ledger/etcdstore).
+type memStore struct{ memLog }
+
+func (m *memStore) CloseOpen(context.Context, string, Reason, string, string, time.Time) (Record, bool, error) {
+	return Record{}, false, nil
+}
+
+func TestBookRestarts(t *testing.T) {
+	ctx := context.Background()
+	store, log := &memStore{}, &memLog{}
+	b := NewBook("job", "10.0.0.1/5", "n1", nil, store, log)
+	b.Restarted(ctx, "full") // no lease open: nothing to count
+	b.Begin(ctx, Active, 0, 0)
+	b.Restarted(ctx, "in-process")
+	b.Restarted(ctx, "full")
+	b.Restarted(ctx, "in-process")
+	if len(store.got) != 1 {
+		t.Fatalf("store got %d writes before the lease ended; want 1 (its begin): restarts cost no store write", len(store.got))
+	}
+	if len(log.got) != 4 || log.got[3].Restarts["in-process"] != 2 || log.got[1].Restarts["in-process"] != 1 || len(log.got[1].Restarts) != 1 {
+		t.Fatalf("the log gets every count at once, each write its own copy: %+v", log.got)
+	}
+	cur, _ := b.Current(Active)
+	b.End(ctx, Active, Reassigned, "group rank 1 in round 3")
+	b.Begin(ctx, Active, 1, 3)
+	b.EndAll(ctx, JobSucceeded, "done")
+	if cur.Restarts["full"] != 1 || len(store.got) != 4 {
+		t.Fatalf("open lease %+v; store writes %d, want 4", cur, len(store.got))
+	}
+	closed, next := store.got[1], store.got[3]
+	if closed.Open() || closed.Restarts["in-process"] != 2 || closed.Restarts["full"] != 1 || len(closed.Restarts) != 2 {
+		t.Fatalf("the closing write carries the counts: %+v", closed)
+	}
+	if next.Restarts != nil {
+		t.Fatalf("the next lease starts with no restarts: %+v", next)
+	}
+
+	var jb bytes.Buffer
+	if err := WriteJSON(&jb, []Record{closed, next}); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(jb.String(), `"restarts": {`) || strings.Count(jb.String(), `"restarts"`) != 1 {
+		t.Fatalf("JSON: restarts only where counted:\n%s", jb.String())
+	}
+	var back []Record
+	if err := json.Unmarshal(jb.Bytes(), &back); err != nil || len(back) != 2 ||
+		back[0].Restarts["in-process"] != 2 || back[0].Restarts["full"] != 1 || back[1].Restarts != nil {
+		t.Fatalf("json round trip: %v %+v", err, back)
+	}
+	var tb bytes.Buffer
+	if err := WriteTable(&tb, back); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(tb.String()), "\n")
+	if len(lines) != 3 || !strings.Contains(lines[0], "RESTARTS") ||
+		!strings.Contains(lines[1], " full=1,in-process=2 ") || !strings.Contains(lines[2], " - ") {
+		t.Fatalf("table:\n%s", tb.String())
+	}
+	if line := FormatLine(back[0]); !strings.HasSuffix(line, "; restarts full=1,in-process=2") {
+		t.Fatalf("FormatLine: %q", line)
+	}
+}
+
+func TestMergeRestarts(t *testing.T) {
+	start := time.Date(2026, 11, 23, 1, 0, 0, 0, time.UTC)
+	end := start.Add(time.Minute)
+	// The holder's event log has its counts on the open lease; the
+	// survivor that ended it (the holder was lost) wrote it without.
+	open := Record{Job: "j", Node: "a/1", Role: Active, Start: start, Seq: 1, Restarts: map[string]int{"in-process": 1}}
+	open2 := open
+	open2.Restarts = map[string]int{"in-process": 2, "full": 1}
+	closed := Record{Job: "j", Node: "a/1", Role: Active, Start: start, Seq: 1, End: &end, Reason: NodeFailure, ClosedBy: "b/2"}
+	for _, in := range [][]Record{{open, open2, closed}, {closed, open2, open}, {open2, closed}} {
+		got := Merge(in)
+		if len(got) != 1 || got[0].Open() || got[0].ClosedBy != "b/2" ||
+			got[0].Restarts["in-process"] != 2 || got[0].Restarts["full"] != 1 {
+			t.Errorf("Merge(%d records) = %+v", len(in), got)
+		}
+	}
+	if got := Merge([]Record{closed, closed}); got[0].Restarts != nil {
+		t.Errorf("no counts anywhere: %+v", got[0].Restarts)
+	}
+}

@@ -38,6 +38,8 @@ type Metrics struct {
 	rankRefused   *prometheus.CounterVec
 	rankLogErrors prometheus.Counter
 	orphansKilled prometheus.Counter
+
+	ip *inProcessMetrics // --restart-mode in-process (inprocess.go)
 }
 
 // New creates the collectors and registers them on a fresh registry.
@@ -92,6 +94,7 @@ func New() *Metrics {
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.Registry.MustRegister(m.rounds, m.restarts, m.nodeFailures, m.rdzvLatency, m.currentRound, m.worldSize,
 		m.rankExits, m.hangKills, m.sparesAllocated, m.sparesActive, m.spareSwaps, m.fillerPreemptions, m.swapLatency)
+	m.ip = newInProcessMetrics(m.Registry)
 	return m
 }
 

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"errors"
 	"log/slog"
 	"math"
 	"net"
@@ -355,5 +356,70 @@ func TestStaleSocketDirsRemovedConcurrently(t *testing.T) {
 		if left, _ := os.ReadDir(tmp); len(left) != 0 {
 			t.Fatalf("round %d: %d stale dirs left", round, len(left))
 		}
+	}
+}
+
+// TestStaleSocketDirsOwnerLock: a live launcher's socket dir is kept even
+// when the pid in its name is not running here, as it is for a launcher in
+// another PID namespace sharing $TMPDIR (unshare --pid; its sweep once
+// removed a running job's dir and the in-process replacement rank could not
+// reach its monitor). The owner lock decides; once released, the dir goes.
+func TestStaleSocketDirsOwnerLock(t *testing.T) {
+	tmp := t.TempDir()
+	dead := exec.Command("true")
+	if err := dead.Run(); err != nil {
+		t.Fatal(err)
+	}
+	dir, lock, err := makeLockedDir(tmp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Close()
+	if !strings.HasPrefix(filepath.Base(dir), socketDirPrefix+strconv.Itoa(os.Getpid())+"-") {
+		t.Fatalf("socket dir %s, want %s<pid>-...", dir, socketDirPrefix)
+	}
+	// The pid another namespace would see in the name: not running here.
+	foreign := filepath.Join(tmp, socketDirPrefix+strconv.Itoa(dead.Process.Pid)+"-ns")
+	if err := os.Rename(dir, foreign); err != nil {
+		t.Fatal(err)
+	}
+	removeStaleDirs(tmp, slog.New(slog.DiscardHandler))
+	if _, err := os.Stat(foreign); err != nil {
+		t.Fatalf("the dir of a live owner (lock held) was removed: %v", err)
+	}
+	if left, _ := filepath.Glob(filepath.Join(tmp, ".ftl-mon-new-*")); len(left) != 0 {
+		t.Errorf("build dirs left behind: %v", left)
+	}
+	lock.Close() // the owner dies
+	removeStaleDirs(tmp, slog.New(slog.DiscardHandler))
+	if _, err := os.Stat(foreign); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the dir of a dead owner (lock free) was kept: %v", err)
+	}
+}
+
+// TestManagerSocketDirSurvivesSweep: a running Manager's socket dir
+// survives another launcher's sweep whatever pid its name carries, and
+// its rank sockets stay reachable.
+func TestManagerSocketDirSurvivesSweep(t *testing.T) {
+	tmp := t.TempDir()
+	t.Setenv("TMPDIR", tmp)
+	m, err := New(Options{NLocal: 1, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	sock := m.RankSocket(0)
+	removeStaleDirs(tmp, slog.New(slog.DiscardHandler))
+	if _, err := os.Stat(sock); err != nil {
+		t.Fatalf("rank socket gone after a sweep: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(filepath.Dir(sock), ownerLockFile)); err != nil {
+		t.Fatalf("no owner lock in the socket dir: %v", err)
+	}
+	if err := m.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if left, _ := os.ReadDir(tmp); len(left) != 0 {
+		t.Errorf("Close left %d entries in $TMPDIR", len(left))
 	}
 }

@@ -315,6 +315,12 @@ func (lc *lazyConn) message(b []byte, now int64) (int, error) {
 				return 0, fmt.Errorf("decode timeouts: %w", err)
 			}
 			r.m.applyClientTimeouts(r, gen, &u)
+		case ftwire.MsgInProcessReport:
+			var u ftwire.InProcessReport
+			if err := json.Unmarshal(p, &u); err != nil {
+				return 0, fmt.Errorf("decode in-process report: %w", err)
+			}
+			r.m.inProcessReport(r, u)
 		default:
 			log().Debug("rank monitor: skipping unknown message", "type", t)
 		}

@@ -106,12 +106,14 @@ type Manager struct {
 	log     *slog.Logger
 	dir     string
 	ownDir  bool
+	dirLock *os.File // holds ownerLockFile's flock while this manager lives
 	epoch   time.Time
 	ranks   []*rankMon
 	rankLn  []*net.UnixListener
 	ctlLn   *net.UnixListener
 	hangs   chan Hang
 	reqs    chan WorkloadRequest
+	ipReps  chan InProcessReport
 	ctx     context.Context
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup
@@ -159,7 +161,7 @@ func New(opts Options) (*Manager, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	m := &Manager{
 		opts: opts, log: opts.Logger, epoch: time.Now(),
-		hangs: make(chan Hang, chanBuffer), reqs: make(chan WorkloadRequest, chanBuffer),
+		hangs: make(chan Hang, chanBuffer), reqs: make(chan WorkloadRequest, chanBuffer), ipReps: make(chan InProcessReport, chanBuffer),
 		ctx: ctx, cancel: cancel, pids: map[int]int{}, cycleCh: make(chan struct{}),
 		conns: map[net.Conn]struct{}{}, clientSet: map[string]bool{}, ownPgrp: syscall.Getpgrp(),
 		sent: map[string]map[int]time.Duration{}, pending: make(chan struct{}, maxPendingPeers),
@@ -216,13 +218,11 @@ func New(opts Options) (*Manager, error) {
 func (m *Manager) makeDir() error {
 	if m.opts.Dir == "" {
 		removeStaleDirs(os.TempDir(), m.log)
-		// The owner's pid in the name lets a later launcher remove the
-		// dir once this one is gone (SIGKILLed launchers cannot).
-		d, err := os.MkdirTemp("", socketDirPrefix+strconv.Itoa(os.Getpid())+"-")
+		d, lock, err := makeLockedDir(os.TempDir())
 		if err != nil {
-			return fmt.Errorf("monitor: create socket dir: %w", err)
+			return err
 		}
-		m.dir, m.ownDir = d, true
+		m.dir, m.ownDir, m.dirLock = d, true, lock
 	} else {
 		if _, err := os.Stat(m.opts.Dir); errors.Is(err, os.ErrNotExist) {
 			m.ownDir = true
@@ -233,6 +233,7 @@ func (m *Manager) makeDir() error {
 		m.dir = m.opts.Dir
 	}
 	if err := os.Chmod(m.dir, 0o700); err != nil {
+		m.closeDirLock()
 		return fmt.Errorf("monitor: chmod socket dir: %w", err)
 	}
 	return nil
@@ -241,8 +242,55 @@ func (m *Manager) makeDir() error {
 // socketDirPrefix starts the name of private socket dirs: ftl-mon-<pid>-<rand>.
 const socketDirPrefix = "ftl-mon-"
 
-// removeStaleDirs removes socket dirs under tmp of launchers that are gone:
-// named ftl-mon-<pid>-..., owned by this uid, pid not running.
+// ownerLockFile, inside a private socket dir, is flock'ed by the launcher
+// that owns the dir for as long as it runs; the kernel drops the lock
+// when that launcher dies, SIGKILL included.
+const ownerLockFile = "owner.lock"
+
+// makeLockedDir creates a private socket dir under tmp whose owner lock is
+// already held when the dir appears under its ftl-mon- name (it is built
+// under a name removeStaleDirs ignores, then renamed), so no sweeping
+// launcher ever sees it unlocked.
+func makeLockedDir(tmp string) (string, *os.File, error) {
+	build, err := os.MkdirTemp(tmp, ".ftl-mon-new-")
+	if err != nil {
+		return "", nil, fmt.Errorf("monitor: create socket dir: %w", err)
+	}
+	lock, err := os.OpenFile(filepath.Join(build, ownerLockFile), os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if err == nil {
+		err = syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		if err != nil {
+			lock.Close()
+		}
+	}
+	if err != nil {
+		_ = os.RemoveAll(build)
+		return "", nil, fmt.Errorf("monitor: lock socket dir: %w", err)
+	}
+	// The owner's pid in the name is informational (and what launchers
+	// before the lock file went by); the random part keeps it unique.
+	d := filepath.Join(tmp, socketDirPrefix+strconv.Itoa(os.Getpid())+"-"+strings.TrimPrefix(filepath.Base(build), ".ftl-mon-new-"))
+	if err := os.Rename(build, d); err != nil {
+		lock.Close()
+		_ = os.RemoveAll(build)
+		return "", nil, fmt.Errorf("monitor: create socket dir: %w", err)
+	}
+	return d, lock, nil
+}
+
+func (m *Manager) closeDirLock() {
+	if m.dirLock != nil {
+		m.dirLock.Close()
+		m.dirLock = nil
+	}
+}
+
+// removeStaleDirs removes socket dirs under tmp of launchers that are gone,
+// owned by this uid: a dir whose owner lock nobody holds, or (a dir made
+// before the lock file existed) whose named pid is not running. The lock,
+// not the pid, decides whenever there is one: a launcher in another PID
+// namespace (unshare --pid, a container sharing /tmp) has a pid this one
+// cannot see, and removing its dir would cut its ranks off their monitors.
 func removeStaleDirs(tmp string, log *slog.Logger) {
 	ents, err := os.ReadDir(tmp)
 	if err != nil {
@@ -255,7 +303,7 @@ func removeStaleDirs(tmp string, log *slog.Logger) {
 		}
 		pidStr, _, ok := strings.Cut(rest, "-")
 		pid, err := strconv.Atoi(pidStr)
-		if !ok || err != nil || pid <= 0 || pidRunning(pid) {
+		if !ok || err != nil || pid <= 0 {
 			continue
 		}
 		// Another launcher sharing this $TMPDIR may remove the same dir
@@ -267,9 +315,26 @@ func removeStaleDirs(tmp string, log *slog.Logger) {
 		if st, ok := info.Sys().(*syscall.Stat_t); !ok || int(st.Uid) != os.Getuid() {
 			continue
 		}
-		if err := os.RemoveAll(filepath.Join(tmp, e.Name())); err == nil {
-			log.Debug("rank monitor: removed the socket dir of a dead launcher", "dir", e.Name(), "pid", pid)
+		dir := filepath.Join(tmp, e.Name())
+		lock, err := os.OpenFile(filepath.Join(dir, ownerLockFile), os.O_RDWR, 0)
+		switch {
+		case err == nil:
+			held := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB) != nil
+			if !held {
+				removeDir(dir, pid, log)
+			}
+			lock.Close()
+		case errors.Is(err, os.ErrNotExist):
+			if !pidRunning(pid) {
+				removeDir(dir, pid, log)
+			}
 		}
+	}
+}
+
+func removeDir(dir string, pid int, log *slog.Logger) {
+	if err := os.RemoveAll(dir); err == nil {
+		log.Debug("rank monitor: removed the socket dir of a dead launcher", "dir", filepath.Base(dir), "pid", pid)
 	}
 }
 
@@ -521,6 +586,7 @@ func (m *Manager) Close() error {
 			err = fmt.Errorf("monitor: remove socket dir: %w", e)
 		}
 	}
+	m.closeDirLock()
 	return err
 }
 

@@ -101,7 +101,7 @@ func (m *Manager) serveNative(r *rankMon, gen uint64, uc *net.UnixConn, dc *dead
 		return fmt.Errorf("decode hello: %w", err)
 	}
 	dc.mid = false
-	if !r.init(gen, initInfo{globalRank: h.GlobalRank, pid: h.PID, iteration: h.Iteration, numWarmupIters: h.NumWarmupIters}) {
+	if !r.init(gen, initInfo{globalRank: h.GlobalRank, pid: h.PID, iteration: h.Iteration, numWarmupIters: h.NumWarmupIters, inprocess: h.InProcess}) {
 		return nil // replaced meanwhile
 	}
 	sc := m.serverConfig(r)

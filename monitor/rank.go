@@ -29,6 +29,7 @@ type initInfo struct {
 	pid            int
 	iteration      *int64
 	numWarmupIters *int64
+	inprocess      bool // registered for in-process restarts (native Hello)
 }
 
 // rankMon is the monitor of one local rank. The heartbeat hot path touches
@@ -65,6 +66,7 @@ type rankMon struct {
 	timer       *time.Timer
 	armed       int64 // deadline the timer is set for; 0 = not armed
 	obs         observations
+	inprocess   bool // the current connection registered for in-process restarts
 	rec         cycleRecord
 	pending     []pendingRecord // recorded under mu, emitted by unlockAndRecord
 }
@@ -131,6 +133,7 @@ func (r *rankMon) begin(cycle, pid int, to Timeouts, warmup int) {
 	}
 	r.globalRank = -1
 	r.rec = cycleRecord{}
+	r.inprocess = false
 	r.obs = observations{SectionMax: map[string]time.Duration{}, SectionCloses: map[string]int{}}
 	r.maxIv.Store(0)
 	r.nIv.Store(0)
@@ -244,6 +247,7 @@ func (r *rankMon) disconnect(gen uint64) {
 		return
 	}
 	r.conn = nil
+	r.inprocess = false
 	r.gen.Add(1)
 	r.warnOpenLocked("disconnected")
 	r.endSessionLocked()
@@ -268,6 +272,7 @@ func (r *rankMon) init(gen uint64, info initInfo) bool {
 		return false
 	}
 	r.globalRank = info.globalRank
+	r.inprocess = info.inprocess
 	if p := r.loadPhase(); p != phaseWaiting && !p.inSession() {
 		// Hung, or no cycle running: keep the connection, evaluate nothing.
 		return true

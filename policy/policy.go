@@ -41,7 +41,23 @@ type Input struct {
 	// failure (active and standby), MinNodes is --nnodes MIN.
 	NodesPresent int
 	MinNodes     int
+	// Mode is the job's --restart-mode: ModeFull ("" too) or ModeInProcess.
+	Mode string
+	// AllInProcessCapable: every surviving rank that this decision would
+	// keep registered as able to restart in process (ft_launcher_client's
+	// inprocess API). One that did not means the full restart.
+	AllInProcessCapable bool
+	// DuringInProcess: the failure came while an in-process restart was
+	// still under way (a survivor had not rejoined yet); it escalates to
+	// the full restart.
+	DuringInProcess bool
 }
+
+// Restart modes (configs.RestartFull, configs.RestartInProcess).
+const (
+	ModeFull      = "full"
+	ModeInProcess = "in-process"
+)
 
 // Action is what the job does next.
 type Action string
@@ -51,6 +67,10 @@ const (
 	RestartInPlace Action = "restart_in_place" // every node restarts its ranks in a new round
 	SwapSpare      Action = "swap_spare"       // a standby takes the lost node's group rank in a new round
 	CloseJob       Action = "close_job"        // the job ends on every node with Close
+	// RestartInProcess: only the failed ranks are replaced; the survivors
+	// keep their processes and rejoin the new round (--restart-mode
+	// in-process). It spends a restart like RestartInPlace.
+	RestartInProcess Action = "restart_in_process"
 )
 
 // Decision is the policy's answer.
@@ -63,6 +83,23 @@ type Decision struct {
 	Close verdict.Kind
 	// Why says, for logs and close records, how the decision was reached.
 	Why string
+	// InProcess is true when the surviving ranks stay in their processes
+	// and rejoin the new round (RestartInProcess, or a SwapSpare or
+	// RestartInPlace after a node failure whose other nodes' ranks stay);
+	// false: every rank of the new round starts fresh.
+	InProcess bool
+}
+
+// Mode names how a restart decided by d restarts the ranks: "in-process"
+// or "full" ("" for a close).
+func (d Decision) Mode() string {
+	switch {
+	case d.Action == CloseJob:
+		return ""
+	case d.InProcess:
+		return ModeInProcess
+	}
+	return ModeFull
 }
 
 // Decide applies the restart policy:
@@ -75,8 +112,39 @@ type Decision struct {
 //   - a rank crash or hang restarts in place and spends a restart: a
 //     process-level failure never consumes a spare;
 //   - a restart that the budget does not allow closes the job
-//     (RestartBudgetExhausted).
+//     (RestartBudgetExhausted);
+//   - with Mode in-process, a restart keeps the survivors in their
+//     processes when every one of them registered as able to
+//     (AllInProcessCapable) and the failure did not come during an
+//     in-process restart (DuringInProcess escalates to the full restart):
+//     a rank failure becomes RestartInProcess (same budget), a node
+//     failure keeps its SwapSpare or RestartInPlace with InProcess set
+//     (the spare's ranks start fresh, the other nodes' ranks stay).
 func Decide(in Input) Decision {
+	d := decideFull(in)
+	if d.Action == CloseJob || in.Mode != ModeInProcess {
+		return d
+	}
+	switch {
+	case in.DuringInProcess:
+		d.Why += "; a failure during an in-process restart escalates to the full restart"
+	case !in.AllInProcessCapable:
+		d.Why += "; not every survivor registered for an in-process restart: full restart"
+	default:
+		d.InProcess = true
+		if d.Action == RestartInPlace && (in.Failure != NodeLost && in.Failure != NodeExcluded && in.Failure != NodeStopped) {
+			d.Action = RestartInProcess
+			d.Why = fmt.Sprintf("%s: replacing the failed rank; the survivors restart in process (restart %d of %d)",
+				in.Failure, in.RestartsUsed+1, in.MaxRestarts)
+		} else {
+			d.Why += "; the other ranks restart in process"
+		}
+	}
+	return d
+}
+
+// decideFull is the decision of --restart-mode full.
+func decideFull(in Input) Decision {
 	switch in.Failure {
 	case NoRestartRequest:
 		return Decision{Action: CloseJob, Close: verdict.NoRestart, Why: "a rank asked not to restart the workload"}

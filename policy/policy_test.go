@@ -64,7 +64,7 @@ func TestDecideInvariants(t *testing.T) {
 						if !d.Close.Valid() || d.CountsRestart {
 							t.Fatalf("%+v: close without kind or counted: %+v", in, d)
 						}
-					case RestartInPlace:
+					case RestartInPlace, RestartInProcess:
 						if !d.CountsRestart || used >= max {
 							t.Fatalf("%+v: restart in place must count and needs budget: %+v", in, d)
 						}
@@ -74,6 +74,70 @@ func TestDecideInvariants(t *testing.T) {
 						}
 					default:
 						t.Fatalf("%+v: unknown action %q", in, d.Action)
+					}
+				}
+			}
+		}
+	}
+}
+
+// TestDecideInProcess: the in-process action and its inputs (mode, every
+// survivor registered, failure kind, budget, a failure during an
+// in-process restart).
+func TestDecideInProcess(t *testing.T) {
+	ip := func(in Input) Input { in.Mode = ModeInProcess; in.NodesPresent, in.MinNodes = 2, 2; return in }
+	tests := []struct {
+		name      string
+		in        Input
+		action    Action
+		inProcess bool
+		counts    bool
+		close     verdict.Kind
+	}{
+		{"crash, all registered", ip(Input{Failure: RankCrash, MaxRestarts: 3, AllInProcessCapable: true}), RestartInProcess, true, true, ""},
+		{"hang, all registered", ip(Input{Failure: RankHang, RestartsUsed: 1, MaxRestarts: 3, AllInProcessCapable: true}), RestartInProcess, true, true, ""},
+		{"crash, a survivor not registered", ip(Input{Failure: RankCrash, MaxRestarts: 3}), RestartInPlace, false, true, ""},
+		{"crash during an in-process restart escalates", ip(Input{Failure: RankCrash, MaxRestarts: 3, AllInProcessCapable: true, DuringInProcess: true}), RestartInPlace, false, true, ""},
+		{"crash, budget spent", ip(Input{Failure: RankCrash, RestartsUsed: 3, MaxRestarts: 3, AllInProcessCapable: true}), CloseJob, false, false, verdict.RestartBudgetExhausted},
+		{"crash, max-restarts 0", ip(Input{Failure: RankCrash, AllInProcessCapable: true}), CloseJob, false, false, verdict.RestartBudgetExhausted},
+		{"full mode ignores registration", Input{Failure: RankCrash, MaxRestarts: 3, AllInProcessCapable: true, Mode: ModeFull, NodesPresent: 1, MinNodes: 1}, RestartInPlace, false, true, ""},
+		{"empty mode is full", Input{Failure: RankCrash, MaxRestarts: 3, AllInProcessCapable: true, NodesPresent: 1, MinNodes: 1}, RestartInPlace, false, true, ""},
+		{"node lost with spare: swap, others stay", ip(Input{Failure: NodeLost, SparesAvailable: 1, AllInProcessCapable: true}), SwapSpare, true, false, ""},
+		{"node lost with spare, not registered", ip(Input{Failure: NodeLost, SparesAvailable: 1}), SwapSpare, false, false, ""},
+		{"node lost no spare: others stay", ip(Input{Failure: NodeLost, MaxRestarts: 2, AllInProcessCapable: true}), RestartInPlace, true, true, ""},
+		{"node stopped no spare, no budget", ip(Input{Failure: NodeStopped, MaxRestarts: 0, AllInProcessCapable: true}), CloseJob, false, false, verdict.RestartBudgetExhausted},
+		{"no-restart request closes", ip(Input{Failure: NoRestartRequest, MaxRestarts: 3, AllInProcessCapable: true}), CloseJob, false, false, verdict.NoRestart},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			d := Decide(tc.in)
+			if d.Action != tc.action || d.InProcess != tc.inProcess || d.CountsRestart != tc.counts || d.Close != tc.close {
+				t.Fatalf("Decide(%+v) = %+v; want action %s in-process %v counts %v close %q", tc.in, d, tc.action, tc.inProcess, tc.counts, tc.close)
+			}
+			wantMode := map[bool]string{true: ModeInProcess, false: ModeFull}[tc.inProcess]
+			if tc.action == CloseJob {
+				wantMode = ""
+			}
+			if d.Mode() != wantMode || d.Why == "" {
+				t.Fatalf("mode %q (want %q), why %q", d.Mode(), wantMode, d.Why)
+			}
+		})
+	}
+	// The in-process mode never changes whether the job restarts or what
+	// it spends: only how the survivors restart.
+	for _, f := range Failures {
+		for used := 0; used <= 2; used++ {
+			for spares := 0; spares <= 1; spares++ {
+				for _, during := range []bool{false, true} {
+					in := Input{Failure: f, RestartsUsed: used, MaxRestarts: 2, SparesAvailable: spares, NodesPresent: 2, MinNodes: 2}
+					full := Decide(in)
+					in.Mode, in.AllInProcessCapable, in.DuringInProcess = ModeInProcess, true, during
+					d := Decide(in)
+					if d.CountsRestart != full.CountsRestart || d.Close != full.Close || (d.Action == CloseJob) != (full.Action == CloseJob) {
+						t.Fatalf("%+v: in-process %+v differs from full %+v in budget or close", in, d, full)
+					}
+					if d.InProcess == during && d.Action != CloseJob {
+						t.Fatalf("%+v: in-process %v with during=%v", in, d.InProcess, during)
 					}
 				}
 			}

@@ -598,6 +598,7 @@ func dbSize(ctx context.Context, cli *clientv3.Client, ep string) int64 {
 //	  FTL_SCALE_REPS=5 go test -count=1 -run TestScaleMeasure -v -timeout 60m ./rendezvous/
 func TestScaleMeasure(t *testing.T) {
 	if os.Getenv("FTL_SCALE_BENCH") != "1" {
+		// Not an environment skip: an opt-in measurement of minutes, not a test.
 		t.Skip("opt-in measurement: set FTL_SCALE_BENCH=1 (docs/benchmarks.md)")
 	}
 	nodes := envInts(t, "FTL_SCALE_NODES", "100,1000,4000")

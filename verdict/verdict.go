@@ -128,6 +128,14 @@ type Cycle struct {
 	End             string    `json:"end"`              // success, rank_failure, hang, round_ended, signal, workload_request
 	Reason          string    `json:"reason,omitempty"` // what ended it
 	StartedAt       time.Time `json:"started_at"`
+	// Mode is how the cycle's ranks started: "full" (every rank fresh) or
+	// "in-process" (survivors of the previous cycle stayed;
+	// docs/inprocess.md).
+	Mode string `json:"mode,omitempty"`
+	// InProcessMS are an in-process cycle's restart phases in
+	// milliseconds, the slowest survivor's of each: notice, teardown,
+	// rejoin, restore, first_step and total (failure -> first step).
+	InProcessMS map[string]float64 `json:"inprocess_ms,omitempty"`
 }
 
 // Verdict is the file's content.

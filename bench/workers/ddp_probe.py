@@ -1,6 +1,11 @@
 #!/usr/bin/python3
 """Runs examples/ddp_train.py unchanged, stamping its phases (bench/prewarm.py).
 
+$PROBE_TRAIN names another training script (bench/prewarm.py --inprocess
+runs examples/ddp_train_inprocess.py). A survivor of an in-process restart
+stays in its process: its rank and cycle are read at each stamp and the
+pg/ckpt/step stamps are written once per cycle.
+
 Appends "<ns> <phase> <rank> <cycle>" lines to $PROBE_STAMPS: start (first
 line of user code), imports (torch, torch.distributed, torch.nn done),
 pg0 (init_process_group called), pg (init_process_group returned), ckpt
@@ -18,13 +23,12 @@ import sys
 import time
 
 T0 = time.time_ns()
-_RANK = os.environ.get("RANK", "?")
-_CYCLE = os.environ.get("TORCHELASTIC_RESTART_COUNT", "?")
 _FD = os.open(os.environ["PROBE_STAMPS"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
 
 def stamp(phase, at=None):
-    os.write(_FD, f"{at or time.time_ns()} {phase} {_RANK} {_CYCLE}\n".encode())
+    rank, cycle = os.environ.get("RANK", "?"), os.environ.get("TORCHELASTIC_RESTART_COUNT", "?")
+    os.write(_FD, f"{at or time.time_ns()} {phase} {rank} {cycle}\n".encode())
 
 
 stamp("start", T0)
@@ -38,14 +42,15 @@ stamp("imports")
 
 def after(obj, name, phase, once=True, before=None):
     orig = getattr(obj, name)
-    done = []
+    done = set()  # cycles stamped
 
     def wrapped(*a, **k):
-        if before and not (once and done):
+        if before and not (once and os.environ.get("TORCHELASTIC_RESTART_COUNT") in done):
             stamp(before)
         r = orig(*a, **k)
-        if not (once and done):
-            done.append(1)
+        cycle = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+        if not (once and cycle in done):
+            done.add(cycle)
             stamp(phase)
         return r
     setattr(obj, name, wrapped)
@@ -65,7 +70,8 @@ def crash(code):
 os._exit = crash
 
 _CRASH_AFTER = os.environ.get("PROBE_CRASH_AFTER")
-if _CRASH_AFTER and _CYCLE == "0" and _RANK == os.environ.get("PROBE_CRASH_RANK", "1"):
+if (_CRASH_AFTER and os.environ.get("TORCHELASTIC_RESTART_COUNT") == "0"
+        and os.environ.get("RANK") == os.environ.get("PROBE_CRASH_RANK", "1")):
     _crash_at = int(os.environ["PROBE_T0"]) + int(float(_CRASH_AFTER) * 1e9)
     _step = torch.optim.Adam.step
 
@@ -74,7 +80,8 @@ if _CRASH_AFTER and _CYCLE == "0" and _RANK == os.environ.get("PROBE_CRASH_RANK"
             crash(1)
         return _step(*a, **k)
     torch.optim.Adam.step = _step_or_crash
-train = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples", "ddp_train.py")
+train = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples",
+                     os.environ.get("PROBE_TRAIN", "ddp_train.py"))
 train = os.path.normpath(train)
 sys.argv = [train] + sys.argv[1:]
 runpy.run_path(train, run_name="__main__")

@@ -60,6 +60,10 @@ type Failure struct {
 	Package string `json:"package"`
 	Test    string `json:"test,omitempty"`
 	Why     string `json:"why,omitempty"` // set when no test's own failure says it
+	// Said is the first line of each of the test's log entries (file:line:
+	// message), the first few: a long run's report repeats why each test
+	// failed where a reader of its last lines finds it.
+	Said []string `json:"said,omitempty"`
 }
 
 // Result is the count of one or more runs.
@@ -117,6 +121,9 @@ func (r Result) Report(w io.Writer) {
 				line += ": " + f.Why
 			}
 			fmt.Fprintln(w, line)
+			for _, said := range f.Said {
+				fmt.Fprintln(w, "      "+said)
+			}
 		}
 	}
 	if len(r.Skips) > 0 {
@@ -261,7 +268,7 @@ func (s *streamer) failUnended(name, unended string) *pkg {
 		t.ended = true
 		p.failures++
 		s.res.Failed++
-		s.res.Failures = append(s.res.Failures, Failure{Package: name, Test: t.name, Why: "did not finish: " + unended})
+		s.res.Failures = append(s.res.Failures, Failure{Package: name, Test: t.name, Why: "did not finish: " + unended, Said: entries(t.out)})
 		s.printBlock(t)
 		fmt.Fprintf(s.w, "--- FAIL: %s (did not finish: %s)\n", t.name, unended)
 	}
@@ -296,7 +303,7 @@ func (s *streamer) testEvent(e event) {
 		t.ended = true
 		p.failures++
 		s.res.Failed++
-		s.res.Failures = append(s.res.Failures, Failure{Package: e.Package, Test: e.Test})
+		s.res.Failures = append(s.res.Failures, Failure{Package: e.Package, Test: e.Test, Said: entries(t.out)})
 		s.printBlock(t)
 	case "skip":
 		t.ended = true
@@ -339,6 +346,34 @@ func skipReason(out []string) string {
 		}
 	}
 	return join(entry)
+}
+
+// The bounds of Failure.Said.
+const (
+	saidEntries = 6
+	saidWidth   = 200
+)
+
+// entries is the first line of each log entry of a test's output (its
+// file:line kept), at most saidEntries of them, each cut to saidWidth.
+func entries(out []string) []string {
+	var said []string
+	for _, o := range out {
+		for _, l := range strings.Split(o, "\n") {
+			if !logLine.MatchString(l) {
+				continue
+			}
+			if len(said) == saidEntries {
+				return append(said, "...")
+			}
+			l = strings.TrimSpace(l)
+			if len(l) > saidWidth {
+				l = l[:saidWidth] + "..."
+			}
+			said = append(said, l)
+		}
+	}
+	return said
 }
 
 func join(entry []string) string {

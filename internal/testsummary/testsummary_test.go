@@ -54,7 +54,7 @@ func TestStream(t *testing.T) {
 		name                    string
 		stream                  string
 		passed, failed, skipped int
-		failures                []string // "Test: why" substrings, in order
+		failures                []string // "Test: why [said]" substrings, in order
 		skips                   []Skip
 		want, notWant           []string // in the human output
 		order                   []string // substrings that appear in this order
@@ -64,7 +64,7 @@ func TestStream(t *testing.T) {
 		{name: "fail shows the test's output", stream: cat(start, passing(p, "TestA", "quiet"), lines(
 			ev("run", p, "TestB", ""), ev("output", p, "TestB", "=== RUN   TestB\n"), ev("output", p, "TestB", "    x_test.go:4: got 1, want 2\n"),
 			ev("output", p, "TestB", "--- FAIL: TestB (0.00s)\n"), ev("fail", p, "TestB", "")), failPkg),
-			passed: 1, failed: 1, failures: []string{"TestB"},
+			passed: 1, failed: 1, failures: []string{`TestB:  ["x_test.go:4: got 1, want 2"]`},
 			want: []string{"    x_test.go:4: got 1, want 2\n--- FAIL: TestB (0.00s)\n", "FAIL\t" + p}, notWant: []string{"=== RUN", "quiet"}},
 		{name: "skips by kind, with their reasons", stream: cat(start,
 			skipping(p, "TestSlurm", "testenv: missing Slurm: not on PATH: srun; to get it: apt-get install slurmd"),
@@ -138,7 +138,7 @@ func TestStream(t *testing.T) {
 			}
 			for i, f := range res.Failures {
 				if i < len(tt.failures) {
-					got := fmt.Sprintf("%s: %s", f.Test, f.Why)
+					got := fmt.Sprintf("%s: %s %q", f.Test, f.Why, f.Said)
 					if !strings.Contains(got, tt.failures[i]) {
 						t.Errorf("failure %d is %q; want %q in it", i, got, tt.failures[i])
 					}
@@ -175,7 +175,7 @@ func TestStream(t *testing.T) {
 func TestReport(t *testing.T) {
 	var r Result
 	r.Add(Result{Passed: 3, Skipped: 1, Skips: []Skip{{"p", "TestBench", "opt-in", Other}}})
-	r.Add(Result{Passed: 2, Failed: 1, Skipped: 2, Failures: []Failure{{Package: "q", Test: "TestX"}},
+	r.Add(Result{Passed: 2, Failed: 1, Skipped: 2, Failures: []Failure{{Package: "q", Test: "TestX", Said: []string{"x_test.go:4: got 1, want 2"}}},
 		Skips: []Skip{{"q", "TestGPU", "testenv: hardware missing (allowed to skip in CI): GPU", Hardware}, {"q", "TestSlurm", "testenv: missing Slurm", Environment}}})
 	r.Fail("r", "build failed")
 	var b strings.Builder
@@ -185,7 +185,7 @@ func TestReport(t *testing.T) {
 	if last := all[len(all)-1]; last != "5 passed, 2 failed, 3 skipped" {
 		t.Errorf("last line %q; want the totals:\n%s", last, out)
 	}
-	for _, w := range []string{"  q TestX\n", "  r: build failed\n", "1 environment skips, 1 hardware skips", "1 other skips",
+	for _, w := range []string{"  q TestX\n      x_test.go:4: got 1, want 2\n", "  r: build failed\n", "1 environment skips, 1 hardware skips", "1 other skips",
 		"  [environment] q TestSlurm: testenv: missing Slurm\n", "  [other] p TestBench: opt-in\n"} {
 		if !strings.Contains(out, w) {
 			t.Errorf("report lacks %q:\n%s", w, out)
@@ -193,5 +193,32 @@ func TestReport(t *testing.T) {
 	}
 	if strings.Index(out, "[environment]") > strings.Index(out, "[hardware]") || strings.Index(out, "[hardware]") > strings.Index(out, "[other]") {
 		t.Errorf("skips not listed environment first, then hardware, then other:\n%s", out)
+	}
+}
+
+// TestEntries: a failure's report keeps the first line of each log entry,
+// the first few, each cut short, so that why a test failed is in the last
+// lines of a long run.
+func TestEntries(t *testing.T) {
+	long := strings.Repeat("x", 300)
+	tests := []struct {
+		name string
+		out  []string
+		want []string
+	}{
+		{"none", []string{"=== RUN   TestA\n", "--- FAIL: TestA (0.00s)\n"}, nil},
+		{"first lines only", []string{"    a_test.go:7: no launcher hosted it:\n", "        == slurm-1.out\n", "        ...\n",
+			"    a_test.go:9: batch script environment:\n        SLURM_JOB_ID=3\n"},
+			[]string{"a_test.go:7: no launcher hosted it:", "a_test.go:9: batch script environment:"}},
+		{"cut", []string{"    a_test.go:7: " + long + "\n"}, []string{"a_test.go:7: " + long[:200-len("a_test.go:7: ")] + "..."}},
+		{"bounded", []string{strings.Repeat("    a_test.go:1: e\n", 8)},
+			[]string{"a_test.go:1: e", "a_test.go:1: e", "a_test.go:1: e", "a_test.go:1: e", "a_test.go:1: e", "a_test.go:1: e", "..."}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := entries(tt.out); fmt.Sprint(got) != fmt.Sprint(tt.want) {
+				t.Errorf("entries = %q; want %q", got, tt.want)
+			}
+		})
 	}
 }

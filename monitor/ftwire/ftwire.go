@@ -47,6 +47,8 @@ const (
 	MsgSetTimeouts     byte = 0x43 // C→S JSON TimeoutsUpdate; no reply
 	MsgWorkloadRequest byte = 0x44 // C→S (launcher socket) JSON WorkloadRequest
 	MsgAck             byte = 0x45 // S→C JSON Ack; reply to MsgWorkloadRequest
+	MsgRejoin          byte = 0x46 // S→C JSON Rejoin: an in-process restart's notice (docs/inprocess.md)
+	MsgInProcessReport byte = 0x47 // C→S JSON InProcessReport: a survivor rejoined / took its first step
 )
 
 // LengthPrefixed reports whether messages of type t carry a uvarint length.
@@ -70,6 +72,38 @@ type Hello struct {
 	// (with Shm). A server that grants it sets ServerConfig.ShmSections;
 	// the client must then send every section event through the ring.
 	ShmSections bool `json:"shm_sections,omitempty"`
+	// InProcess registers the rank as able to restart in process
+	// (--restart-mode in-process): it reads MsgRejoin notices after Config.
+	InProcess bool `json:"inprocess,omitempty"`
+}
+
+// Rejoin is the payload of MsgRejoin: leave the current process group and
+// join round Round's, at the launcher's store under StorePrefix, as Rank
+// of WorldSize.
+type Rejoin struct {
+	Round       int    `json:"round"`
+	Rank        int    `json:"rank"`
+	LocalRank   int    `json:"local_rank"`
+	WorldSize   int    `json:"world_size"`
+	MasterAddr  string `json:"master_addr"`
+	MasterPort  int    `json:"master_port"`
+	StorePrefix string `json:"store_prefix"`
+	Reason      string `json:"reason,omitempty"`
+	// DeadlineS is the rejoin bound in seconds (--inprocess-rejoin-timeout).
+	DeadlineS float64 `json:"deadline_s"`
+}
+
+// InProcessReport is the payload of MsgInProcessReport. Phase is
+// "rejoined" (the new process group is up) or "first_step" (the first
+// training step of the round ended); durations are seconds measured by
+// the rank (0 when not yet known).
+type InProcessReport struct {
+	Round      int     `json:"round"`
+	Phase      string  `json:"phase"`
+	TeardownS  float64 `json:"teardown_s"`
+	RejoinS    float64 `json:"rejoin_s"`
+	RestoreS   float64 `json:"restore_s"`
+	FirstStepS float64 `json:"first_step_s"`
 }
 
 // ServerConfig is the server's reply to Hello: the effective timeouts and

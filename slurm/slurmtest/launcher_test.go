@@ -71,12 +71,24 @@ func (j *launchJob) submit(ctx context.Context, nodes int, body, want string, en
 	return id, job
 }
 
-func (j *launchJob) logs() string {
+// logs is the end of each job output, for failure messages.
+func (j *launchJob) logs() string { return j.outputs(6000) }
+
+// output is the whole of each job output, for assertions: a launcher's
+// early line (what it hosts, where its settings came from) can be more
+// than a message's worth of bytes from the end once three launchers log.
+func (j *launchJob) output() string { return j.outputs(-1) }
+
+func (j *launchJob) outputs(limit int) string {
 	files, _ := filepath.Glob(filepath.Join(j.work, "slurm-*.out"))
 	var b strings.Builder
 	for _, f := range files {
 		out, _ := os.ReadFile(f)
-		fmt.Fprintf(&b, "== %s\n%s", filepath.Base(f), tail(out, 6000))
+		s := string(out)
+		if limit >= 0 {
+			s = tail(out, limit)
+		}
+		fmt.Fprintf(&b, "== %s\n%s", filepath.Base(f), s)
 	}
 	return b.String()
 }
@@ -149,7 +161,7 @@ func TestMinimalSrunLine(t *testing.T) {
 				t.Errorf("ranks ran on nodes %v, want %d distinct", nodes, n)
 			}
 			// The launchers said where their settings came from.
-			logs := j.logs()
+			logs := j.output()
 			members := "1"
 			if n >= 3 {
 				members = "3"
@@ -204,7 +216,7 @@ func TestNvrxSlurmLine(t *testing.T) {
 	_, job := j.submit(ctx, 2, `RDZV_HOST=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | tail -n 1)
 srun ft-launcher --rdzv_backend=c10d --rdzv_endpoint=$RDZV_HOST:29500 --nnodes=2 --nproc_per_node=1 --rdzv-id=$SLURM_JOB_ID \
     --ft-param-rank_heartbeat_timeout=60 --fault-tol-cfg-path=/nonexistent.yaml --ignore-missing-fault-tol-cfg --no-python `+rank, "COMPLETED")
-	logs := j.logs()
+	logs := j.output()
 	host := job.NodeList[len(job.NodeList)-1]
 	for _, want := range []string{"rank 0 of 2", "rank 1 of 2",
 		fmt.Sprintf(`decided_by="endpoint %s:29500 (%s) is this node (Slurm node name %s)"`, host, c.Nodes[len(job.NodeList)-1].Addr, host)} {
@@ -231,7 +243,7 @@ func TestNoLauncherHostsSaysSo(t *testing.T) {
 	}
 	j.submit(ctx, 2, fmt.Sprintf("srun ft-launcher --nproc-per-node 1 --no-python --rdzv-endpoint %s:%d --rdzv-conf connect_timeout=5 %s",
 		n3.Name, ports[0], rank), "FAILED")
-	logs := j.logs()
+	logs := j.output()
 	for _, node := range c.Nodes[:2] {
 		want := fmt.Sprintf("no launcher hosts the embedded etcd at %s:%d (%s:%d)? The launcher whose --local-addr (else its host name, Slurm node name or an address of its node) matches an endpoint hosts it, or the one given --rdzv-conf is_host=1; this node's addresses were %s (local address, from SLURMD_NODENAME %s)",
 			n3.Name, ports[0], n3.Addr, ports[0], node.Addr, node.Name)

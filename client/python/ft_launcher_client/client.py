@@ -204,6 +204,9 @@ class RankMonitorClient:
     # Section events through the shared region's ring (with
     # use_shared_memory); False sends them over the socket.
     use_section_ring = True
+    # Register for in-process restarts (ft_launcher_client.inprocess sets
+    # it; the session then receives Rejoin notices after Config).
+    inprocess = False
 
     def __init__(self):
         self.cfg = None
@@ -252,6 +255,8 @@ class RankMonitorClient:
                 hello["iteration"] = int(iteration)
             if num_warmup_iters is not None:
                 hello["num_warmup_iters"] = int(num_warmup_iters)
+            if self.inprocess:
+                hello["inprocess"] = True
             sock.sendall(_MAGIC + _frame(_HELLO, json.dumps(hello).encode()))
             magic, fd = _recv_magic_fd(sock)
             try:

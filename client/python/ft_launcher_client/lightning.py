@@ -76,7 +76,7 @@ class FaultToleranceCallback(_Base):
     """Heartbeats, computed timeouts and the finished flag for Lightning."""
 
     def __init__(self, autoresume, calculate_timeouts, simulated_fault_params=None, exp_dir=None,
-                 logger_name="nemo_logger.FaultToleranceCallback"):
+                 logger_name="nemo_logger.FaultToleranceCallback", inprocess=None):
         if _Base is not object:
             super().__init__()
         self.autoresume = bool(autoresume)
@@ -93,6 +93,12 @@ class FaultToleranceCallback(_Base):
         self.failed = False  # a non-graceful exception ended the run
         self._state_dir = None
         self._fault_timer = None
+        # inprocess: the ft_launcher_client.inprocess Context of the attempt
+        # (Trainer built inside InProcess.run's training function): the
+        # callback then uses the API's monitor session instead of its own and
+        # ends the fit at a batch when the launcher's notice came
+        # (docs/inprocess.md).
+        self.inprocess = inprocess
 
     # -- helpers ---------------------------------------------------------
 
@@ -130,6 +136,9 @@ class FaultToleranceCallback(_Base):
                 "FaultToleranceCallback(autoresume=True) needs %s: the file to create when training is complete"
                 % FINISHED_FLAG_ENV)
         self._state_dir = self.exp_dir or os.path.join(getattr(trainer, "log_dir", None) or os.getcwd(), "ft_state")
+        if self.inprocess is not None:
+            self.fault_tol_client = self.inprocess.monitor  # opened (and reopened) by the API
+            return
         self.fault_tol_client = RankMonitorClient()
         if self.calculate_timeouts and os.path.exists(self._state_path()):
             with open(self._state_path()) as f:
@@ -151,7 +160,8 @@ class FaultToleranceCallback(_Base):
             self._create_finished_flag()
         if self.fault_tol_client is not None:
             self._maybe_update_timeouts(trainer)
-            self.fault_tol_client.shutdown_workload_monitoring()
+            if self.inprocess is None:
+                self.fault_tol_client.shutdown_workload_monitoring()
             self.fault_tol_client = None
 
     def on_exception(self, trainer, pl_module, exception):
@@ -170,6 +180,8 @@ class FaultToleranceCallback(_Base):
         self.num_iters_total += 1
         self._heartbeat()
         self._maybe_update_timeouts(trainer)
+        if self.inprocess is not None:
+            self.inprocess.check()  # RestartNotice ends the fit; InProcess.run rejoins
 
     def on_train_end(self, trainer, pl_module):
         self._heartbeat()

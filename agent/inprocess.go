@@ -1,0 +1,551 @@
+package agent
+
+// In-process restarts (--restart-mode in-process, docs/inprocess.md): after
+// a rank failure the surviving ranks keep their processes. The agent keeps
+// them running instead of stopping them, reports the failure as usual, and
+// once the next round closes it starts only the missing ranks, sends every
+// survivor a Rejoin notice over its rank-monitor connection and watches,
+// bounded by --inprocess-rejoin-timeout, that each one rejoins. A survivor
+// that does not is killed, which ends the cycle with a failure during an
+// in-process restart: policy.Decide then escalates to the full restart.
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/ftlauncher/ft-launcher/configs"
+	"github.com/ftlauncher/ft-launcher/eventlog"
+	"github.com/ftlauncher/ft-launcher/monitor"
+	"github.com/ftlauncher/ft-launcher/monitor/ftwire"
+	"github.com/ftlauncher/ft-launcher/policy"
+	"github.com/ftlauncher/ft-launcher/ranklogs"
+	"github.com/ftlauncher/ft-launcher/rendezvous"
+	"github.com/ftlauncher/ft-launcher/spawn"
+	"github.com/ftlauncher/ft-launcher/verdict"
+)
+
+// Event kinds of in-process restarts.
+const (
+	// EventInProcessKept: the survivors of a failure stay in their
+	// processes (round, survivors, failed, why).
+	EventInProcessKept = "inprocess_kept"
+	// EventInProcessNotice: a survivor was sent the next round's notice
+	// (round, local_rank, rank, world_size, store_prefix, notice_ms).
+	EventInProcessNotice = "inprocess_notice"
+	// EventInProcessRejoined: a survivor's new process group is up
+	// (round, local_rank, teardown_s, rejoin_s).
+	EventInProcessRejoined = "inprocess_rejoined"
+	// EventInProcessFirstStep: a survivor finished its first step of the
+	// round (round, local_rank, teardown_s, rejoin_s, restore_s,
+	// first_step_s, since_failure_s).
+	EventInProcessFirstStep = "inprocess_first_step"
+	// EventInProcessFallback: an in-process restart fell back to the full
+	// restart (round, why, local_rank when one survivor caused it).
+	EventInProcessFallback = "inprocess_fallback"
+)
+
+// InProcessMonitors is what in-process restarts need of the rank monitors
+// (*monitor.Manager); monitors without it mean the full restart.
+type InProcessMonitors interface {
+	InProcessCapable(localRank int) bool
+	Notify(localRank int, n ftwire.Rejoin) error
+	InProcessReports() <-chan monitor.InProcessReport
+}
+
+// rankSignaler signals one rank's process group (*spawn.Group, mixedGroup).
+type rankSignaler interface {
+	Signal(localRank int, sig syscall.Signal) error
+}
+
+// keptRanks are the survivors of a failure between the failure and the
+// next round's start.
+type keptRanks struct {
+	group     RankGroup
+	survivors []int // local ranks that stay
+	failedAt  time.Time
+	why       string
+}
+
+// rejoinWatch follows the survivors of an in-process restart from the
+// notice until each has taken its first step.
+type rejoinWatch struct {
+	round     int
+	failedAt  time.Time
+	notices   map[int]time.Time // local rank -> notice sent
+	waiting   map[int]bool      // survivors not yet rejoined
+	stepping  map[int]bool      // survivors without a first step yet
+	timer     *time.Timer
+	overdue   bool
+	phases    map[string]time.Duration // the slowest survivor's phase durations
+	completed bool
+}
+
+func (a *Agent) ipMonitors() InProcessMonitors {
+	if a.cfg.RestartMode != configs.RestartInProcess || a.d.Monitors == nil {
+		return nil
+	}
+	ipm, _ := a.d.Monitors.(InProcessMonitors)
+	return ipm
+}
+
+// restartMode names how the coming restart restarts this node's ranks.
+func (a *Agent) restartMode() string {
+	if a.run.kept != nil {
+		return policy.ModeInProcess
+	}
+	return policy.ModeFull
+}
+
+// restarted counts a restart of the job by the mode that restarts this
+// node's ranks: in the metrics and on the node's Active lease in the
+// ledger (kept in memory until the lease's next write).
+func (a *Agent) restarted(ctx context.Context) {
+	mode := a.restartMode()
+	a.met.Restarted()
+	a.met.RestartedMode(mode)
+	if a.d.Ledger != nil {
+		a.d.Ledger.Restarted(ctx, mode)
+	}
+}
+
+// keepSurvivors decides, at the end of a cycle, whether this node's
+// surviving ranks stay for an in-process restart; when they do it does
+// the bookkeeping that stopCycle does for stopped ranks and returns true.
+func (a *Agent) keepSurvivors() bool {
+	ipm := a.ipMonitors()
+	end := a.run.end
+	if ipm == nil || a.run.pendingSignal != nil || a.run.pendingReq != nil || a.run.walltime != nil {
+		return false
+	}
+	var f policy.Failure
+	spares := 0
+	switch {
+	case end.kind == endRankFailure:
+		f = policy.RankCrash
+		if end.hang {
+			f = policy.RankHang
+		}
+	case end.kind == endRoundEnded && end.rdzvEnd.Kind == rendezvous.EndRestart:
+		f = end.rdzvEnd.Cause
+		if f == "" {
+			f = policy.RankCrash
+		}
+		// The rendezvous has already decided to restart (with a spare or
+		// with budget): what is decided here is only how this node's ranks
+		// restart, so a node failure counts as one a spare covers.
+		spares = 1
+	default:
+		return false
+	}
+	var survivors []int
+	// Survivors rebuild their process group against the launcher's store;
+	// with --agent-store off rank 0 hosts it and a survivor rank 0 could
+	// not bind it again, so that is the full restart.
+	capable := a.d.Store != nil
+	for lr := 0; lr < a.cfg.NProcPerNode; lr++ {
+		if _, exited := end.exitCodes[lr]; exited {
+			continue
+		}
+		survivors = append(survivors, lr)
+		capable = capable && ipm.InProcessCapable(lr)
+	}
+	asg := a.run.asg
+	w := a.run.rejoin
+	a.run.rejoin = nil
+	if w != nil && w.timer != nil {
+		w.timer.Stop()
+	}
+	during := w != nil && !w.completed
+	d := policy.Decide(policy.Input{Failure: f, RestartsUsed: asg.RestartsUsed, MaxRestarts: asg.MaxRestarts,
+		SparesAvailable: spares, NodesPresent: 1, MinNodes: 1, Mode: a.cfg.RestartMode, AllInProcessCapable: capable && len(survivors) > 0,
+		DuringInProcess: during})
+	if during && !w.overdue && d.Action != policy.CloseJob { // an overdue rejoin was recorded when it was killed
+		a.inProcessFallback("failure_during", -1, "a failure during the in-process restart of round "+
+			strconv.Itoa(w.round)+": "+end.reason)
+	}
+	if !d.InProcess {
+		if d.Action != policy.CloseJob {
+			a.log.Info("full restart of this node's ranks", "round", asg.Round, "why", d.Why)
+		}
+		return false
+	}
+	now := time.Now()
+	a.run.cycle.stopStart = now
+	a.run.kept = &keptRanks{group: a.run.group, survivors: survivors, failedAt: failureTime(end, now), why: d.Why}
+	a.run.keptAtts = append(a.run.keptAtts, a.run.att) // the survivors still write to its pipes
+	if a.d.Monitors != nil {
+		a.d.Monitors.EndCycleWith(false)
+	}
+	if end.kind == endRankFailure {
+		a.reportFailures(end.failures, a.run.att)
+	}
+	a.log.Warn("keeping the surviving ranks for an in-process restart", "round", asg.Round,
+		"survivors", survivors, "why", d.Why)
+	a.ev.Emit(EventInProcessKept, map[string]any{"round": asg.Round, "survivors": survivors,
+		"failed": slices.Sorted(maps.Keys(end.exitCodes)), "why": d.Why})
+	a.run.cycle.stopped = time.Now()
+	a.run.group, a.run.att = nil, nil
+	return true
+}
+
+// failureTime is when the cycle's first failure was seen.
+func failureTime(end cycleEnd, now time.Time) time.Time {
+	for _, f := range end.failures {
+		if !f.Time.IsZero() && f.Time.Before(now) {
+			now = f.Time
+		}
+	}
+	return now
+}
+
+// startInProcess starts the round for kept survivors: the missing ranks
+// start (from a standby when --prewarm has one), every survivor gets the
+// round's notice, then the monitors begin the cycle.
+func (a *Agent) startInProcess(specs []spawn.Spec, att *ranklogs.Attempt) error {
+	kept := a.run.kept
+	a.run.kept = nil
+	asg := a.run.asg
+	keep := map[int]bool{}
+	for _, lr := range kept.survivors {
+		keep[lr] = true
+	}
+	var fresh []spawn.Spec
+	for _, s := range specs {
+		if !keep[s.LocalRank] {
+			fresh = append(fresh, s)
+		}
+	}
+	a.run.cycle.spawnStart = time.Now()
+	g := &mixedGroup{}
+	g.add(kept.group, kept.survivors)
+	if len(fresh) > 0 {
+		ng, err := a.d.Ranks.StartGroup(fresh)
+		att.CloseParentEnds()
+		if err != nil {
+			att.Close()
+			a.run.group = kept.group // stopped with the failed cycle's ending
+			return fmt.Errorf("start replacement ranks: %w", err)
+		}
+		lrs := make([]int, len(fresh))
+		for i, s := range fresh {
+			lrs[i] = s.LocalRank
+		}
+		g.add(ng, lrs)
+	} else {
+		att.CloseParentEnds()
+	}
+	a.run.cycle.spawned = time.Now()
+	a.run.group, a.run.att = g, att
+	a.run.cycleMode = policy.ModeInProcess
+	a.swapDone()
+	w := &rejoinWatch{round: asg.Round, failedAt: kept.failedAt, notices: map[int]time.Time{},
+		waiting: map[int]bool{}, stepping: map[int]bool{}, phases: map[string]time.Duration{}}
+	a.run.rejoin = w
+	ipm := a.ipMonitors()
+	bound := a.cfg.InProcessRejoinTimeout
+	for _, lr := range kept.survivors {
+		n := ftwire.Rejoin{Round: asg.Round, Rank: asg.RankBase + lr, LocalRank: lr, WorldSize: asg.WorldSize,
+			MasterAddr: asg.MasterAddr, MasterPort: asg.MasterPort, StorePrefix: StorePrefix(asg.Round),
+			Reason: kept.why, DeadlineS: bound.Seconds()}
+		err := fmt.Errorf("no in-process monitors")
+		if ipm != nil {
+			err = ipm.Notify(lr, n)
+		}
+		now := time.Now()
+		if err != nil {
+			// It cannot rejoin: kill it now; its exit is a failure during
+			// the in-process restart, which escalates to the full restart.
+			a.inProcessFallback("notice_failed", lr, "notice to local rank "+strconv.Itoa(lr)+" failed: "+err.Error())
+			_ = g.Signal(lr, syscall.SIGKILL)
+			continue
+		}
+		w.notices[lr], w.waiting[lr], w.stepping[lr] = now, true, true
+		a.met.InProcessPhase("notice", now.Sub(kept.failedAt))
+		a.ev.Emit(EventInProcessNotice, map[string]any{"round": asg.Round, "local_rank": lr, "rank": n.Rank,
+			"world_size": n.WorldSize, "store_prefix": n.StorePrefix, "notice_ms": ms(now.Sub(kept.failedAt))})
+	}
+	if len(w.waiting) > 0 {
+		w.timer = time.NewTimer(bound)
+	}
+	pids := g.PIDs()
+	if a.d.Monitors != nil {
+		a.d.Monitors.BeginCycle(asg.Round, pids)
+	}
+	a.log.Info("in-process restart: survivors notified", "round", asg.Round, "survivors", kept.survivors,
+		"replaced", len(fresh), "rejoin_timeout", bound)
+	a.ev.Emit(eventlog.CycleStarted, map[string]any{"round": asg.Round, "group_rank": asg.GroupRank,
+		"world_size": asg.WorldSize, "pids": pidList(pids), "master_addr": asg.MasterAddr, "master_port": asg.MasterPort,
+		"restarts_used": asg.RestartsUsed, "mode": policy.ModeInProcess, "survivors": kept.survivors})
+	return nil
+}
+
+// StorePrefix is the c10d store prefix of a round's process group: the one
+// torch's env:// rendezvous uses with the agent store, so fresh ranks and
+// survivors of an in-process restart meet under it and nothing of an
+// older round is visible.
+func StorePrefix(round int) string { return "/worker/attempt_" + strconv.Itoa(round) }
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// rejoinTimer is the channel of the running in-process restart's bound.
+func (a *Agent) rejoinTimer() <-chan time.Time {
+	if w := a.run.rejoin; w != nil && w.timer != nil && !w.overdue {
+		return w.timer.C
+	}
+	return nil
+}
+
+// ipReports is the survivors' reports channel (nil without in-process).
+func (a *Agent) ipReports() <-chan monitor.InProcessReport {
+	if ipm := a.ipMonitors(); ipm != nil {
+		return ipm.InProcessReports()
+	}
+	return nil
+}
+
+// inProcessReport records a survivor's rejoin or first-step report.
+func (a *Agent) inProcessReport(rep monitor.InProcessReport) {
+	w := a.run.rejoin
+	if w == nil || rep.Round != w.round {
+		return
+	}
+	lr := rep.LocalRank
+	sec := func(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
+	switch rep.Phase {
+	case "rejoined":
+		if !w.waiting[lr] {
+			return
+		}
+		delete(w.waiting, lr)
+		a.ev.Emit(EventInProcessRejoined, map[string]any{"round": w.round, "local_rank": lr,
+			"teardown_s": rep.TeardownS, "rejoin_s": rep.RejoinS})
+		if len(w.waiting) == 0 && w.timer != nil {
+			w.timer.Stop()
+		}
+	case "first_step":
+		if !w.stepping[lr] {
+			return
+		}
+		delete(w.stepping, lr)
+		delete(w.waiting, lr)
+		since := time.Since(w.failedAt)
+		for p, d := range map[string]time.Duration{"notice": w.notices[lr].Sub(w.failedAt), "teardown": sec(rep.TeardownS),
+			"rejoin": sec(rep.RejoinS), "restore": sec(rep.RestoreS), "first_step": sec(rep.FirstStepS), "total": since} {
+			if p != "notice" { // observed when the notice was sent
+				a.met.InProcessPhase(p, d)
+			}
+			w.phases[p] = max(w.phases[p], d)
+		}
+		a.ev.Emit(EventInProcessFirstStep, map[string]any{"round": w.round, "local_rank": lr,
+			"teardown_s": rep.TeardownS, "rejoin_s": rep.RejoinS, "restore_s": rep.RestoreS,
+			"first_step_s": rep.FirstStepS, "since_failure_s": since.Seconds()})
+		if len(w.stepping) == 0 {
+			w.completed = true
+			if w.timer != nil {
+				w.timer.Stop()
+			}
+			a.run.inProcessPhases = w.phases
+			a.log.Info("in-process restart complete: every survivor took its first step", "round", w.round,
+				"since_failure", since.Round(time.Millisecond))
+		}
+	}
+}
+
+// rejoinOverdue kills the survivors that have not rejoined within the
+// bound; their exits end the cycle and the job falls back to the full
+// restart.
+func (a *Agent) rejoinOverdue(g RankGroup) {
+	w := a.run.rejoin
+	if w == nil {
+		return
+	}
+	w.overdue = true
+	for _, lr := range slices.Sorted(maps.Keys(w.waiting)) {
+		a.inProcessFallback("rejoin_timeout", lr, fmt.Sprintf("local rank %d did not rejoin round %d within %s; killing it",
+			lr, w.round, a.cfg.InProcessRejoinTimeout))
+		if s, ok := g.(rankSignaler); ok {
+			if err := s.Signal(lr, syscall.SIGKILL); err != nil {
+				a.log.Warn("killing a survivor that did not rejoin", "local_rank", lr, "err", err)
+			}
+		}
+	}
+}
+
+// inProcessFallback records that an in-process restart falls back to the
+// full restart (localRank -1: not one survivor's doing).
+func (a *Agent) inProcessFallback(why string, localRank int, reason string) {
+	a.run.inProcessFallbacks++
+	a.met.InProcessFallback(why)
+	fields := map[string]any{"round": a.run.asg.Round, "why": why, "reason": reason}
+	if localRank >= 0 {
+		fields["local_rank"] = localRank
+	}
+	a.log.Warn("in-process restart falls back to the full restart", "why", why, "reason", reason)
+	a.ev.Emit(EventInProcessFallback, fields)
+}
+
+// closeKeptLogs closes the log attempts the survivors wrote to, once they
+// are stopped.
+func (a *Agent) closeKeptLogs() {
+	for _, att := range a.run.keptAtts {
+		att.Close()
+	}
+	a.run.keptAtts = nil
+}
+
+// stopKept stops survivors still kept when the job ends before the next
+// round started them (a close, a signal, a lost rendezvous).
+func (a *Agent) stopKept() {
+	k := a.run.kept
+	if k == nil {
+		return
+	}
+	a.run.kept = nil
+	res := k.group.Stop(syscall.SIGTERM, a.cfg.WorkersStopTimeout)
+	a.log.Info("stopped the kept survivors: the job does not go on", "exits", len(res.Exits))
+	a.closeKeptLogs()
+}
+
+// mixedGroup is the ranks of an in-process round: survivors from an older
+// group and the ranks started for this round. Each local rank belongs to
+// the group that runs it now; exits of the ranks an older group lost are
+// not delivered again.
+type mixedGroup struct {
+	parts    []groupPart
+	once     sync.Once
+	exits    chan spawn.Exit
+	quit     chan struct{} // closed by Stop: the forwarders end
+	stopOnce sync.Once
+}
+
+type groupPart struct {
+	g     RankGroup
+	ranks map[int]bool
+}
+
+func (m *mixedGroup) add(g RankGroup, ranks []int) {
+	p := groupPart{g: g, ranks: map[int]bool{}}
+	for _, lr := range ranks {
+		p.ranks[lr] = true
+	}
+	m.parts = append(m.parts, p)
+	if m.quit == nil {
+		m.quit = make(chan struct{})
+	}
+}
+
+// PIDs maps each local rank to the pid that runs it now.
+func (m *mixedGroup) PIDs() map[int]int {
+	out := map[int]int{}
+	for _, p := range m.parts {
+		for lr, pid := range p.g.PIDs() {
+			if p.ranks[lr] {
+				out[lr] = pid
+			}
+		}
+	}
+	return out
+}
+
+// Exits merges the parts' exits of the ranks they run now.
+func (m *mixedGroup) Exits() <-chan spawn.Exit {
+	m.once.Do(func() {
+		m.exits = make(chan spawn.Exit, 64)
+		quit := m.quit
+		for _, p := range m.parts {
+			src := p.g.Exits()
+			go func() {
+				for {
+					select {
+					case e := <-src:
+						if !p.ranks[e.LocalRank] {
+							continue
+						}
+						select {
+						case m.exits <- e:
+						case <-quit:
+							return
+						}
+					case <-quit:
+						return
+					}
+				}
+			}()
+		}
+	})
+	return m.exits
+}
+
+// Stop stops every part at once and reports the current ranks' exits.
+func (m *mixedGroup) Stop(sig syscall.Signal, grace time.Duration) spawn.StopResult {
+	res := make([]spawn.StopResult, len(m.parts))
+	var wg sync.WaitGroup
+	for i, p := range m.parts {
+		wg.Go(func() { res[i] = p.g.Stop(sig, grace) })
+	}
+	wg.Wait()
+	m.stopOnce.Do(func() { close(m.quit) })
+	var out spawn.StopResult
+	for i, p := range m.parts {
+		for _, e := range res[i].Exits {
+			if p.ranks[e.LocalRank] {
+				out.Exits = append(out.Exits, e)
+			}
+		}
+		for _, lr := range res[i].Escalated {
+			if p.ranks[lr] {
+				out.Escalated = append(out.Escalated, lr)
+			}
+		}
+		out.Leftover = append(out.Leftover, res[i].Leftover...)
+	}
+	slices.SortFunc(out.Exits, func(x, y spawn.Exit) int { return x.LocalRank - y.LocalRank })
+	return out
+}
+
+// SignalAll signals every current rank.
+func (m *mixedGroup) SignalAll(sig syscall.Signal) {
+	for lr := range m.PIDs() {
+		_ = m.Signal(lr, sig)
+	}
+}
+
+// Signal signals one current rank's process group.
+func (m *mixedGroup) Signal(localRank int, sig syscall.Signal) error {
+	for _, p := range m.parts {
+		if !p.ranks[localRank] {
+			continue
+		}
+		if s, ok := p.g.(rankSignaler); ok {
+			return s.Signal(localRank, sig)
+		}
+		pid := p.g.PIDs()[localRank]
+		if pid <= 0 {
+			return fmt.Errorf("no pid for local rank %d", localRank)
+		}
+		return syscall.Kill(-pid, sig)
+	}
+	return fmt.Errorf("no local rank %d in the group", localRank)
+}
+
+// recordCycleMode writes the finished cycle's restart mode and in-process
+// phases into its verdict record.
+func (r *runState) recordCycleMode(c *verdict.Cycle) {
+	c.Mode = r.cycleMode
+	if c.Mode == "" {
+		c.Mode = policy.ModeFull
+	}
+	if c.Mode == policy.ModeInProcess && len(r.inProcessPhases) > 0 {
+		c.InProcessMS = map[string]float64{}
+		for p, d := range r.inProcessPhases {
+			c.InProcessMS[p] = ms(d)
+		}
+	}
+	r.cycleMode, r.inProcessPhases = "", nil
+}

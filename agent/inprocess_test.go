@@ -1,0 +1,336 @@
+package agent
+
+import (
+	"context"
+	"maps"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/ftlauncher/ft-launcher/configs"
+	"github.com/ftlauncher/ft-launcher/ledger"
+	"github.com/ftlauncher/ft-launcher/monitor"
+	"github.com/ftlauncher/ft-launcher/monitor/ftwire"
+	"github.com/ftlauncher/ft-launcher/policy"
+	"github.com/ftlauncher/ft-launcher/rendezvous"
+	"github.com/ftlauncher/ft-launcher/verdict"
+)
+
+// ipMonitors are fake monitors with in-process support: which local ranks
+// registered, the notices sent, and a channel for survivors' reports.
+type ipMonitors struct {
+	*fakeMonitors
+	mu      sync.Mutex
+	capable map[int]bool
+	notices chan ftwire.Rejoin
+	reports chan monitor.InProcessReport
+	begun   []int
+}
+
+func newIPMonitors(capable ...int) *ipMonitors {
+	m := &ipMonitors{fakeMonitors: newFakeMonitors(), capable: map[int]bool{},
+		notices: make(chan ftwire.Rejoin, 8), reports: make(chan monitor.InProcessReport, 8)}
+	for _, lr := range capable {
+		m.capable[lr] = true
+	}
+	return m
+}
+
+func (m *ipMonitors) InProcessCapable(lr int) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.capable[lr]
+}
+func (m *ipMonitors) Notify(lr int, n ftwire.Rejoin) error { m.notices <- n; return nil }
+func (m *ipMonitors) InProcessReports() <-chan monitor.InProcessReport {
+	return m.reports
+}
+func (m *ipMonitors) BeginCycle(cycle int, _ map[int]int) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.begun = append(m.begun, cycle)
+}
+
+// Signal makes the fake rank die of sig (the agent kills a survivor that
+// does not rejoin through it).
+func (g *fakeGroup) Signal(lr int, sig syscall.Signal) error {
+	g.mu.Lock()
+	g.signalled = append(g.signalled, sig)
+	g.mu.Unlock()
+	g.exit(lr, 0, sig)
+	return nil
+}
+
+func (m *ipMonitors) notice(t *testing.T) ftwire.Rejoin {
+	t.Helper()
+	select {
+	case n := <-m.notices:
+		return n
+	case <-time.After(10 * time.Second):
+		t.Fatal("no in-process notice sent")
+		return ftwire.Rejoin{}
+	}
+}
+
+func ipHarness(t *testing.T, capable ...int) (*harness, *ipMonitors) {
+	h := newHarness(t)
+	h.cfg.RestartMode = configs.RestartInProcess
+	h.cfg.InProcessRejoinTimeout = 10 * time.Second
+	m := newIPMonitors(capable...)
+	h.monitors = m
+	h.agentStore = &fakeStore{ranks: h.ranks}
+	h.rdzv.next = append(h.rdzv.next, active(0, 0), active(1, 1), active(2, 2))
+	return h, m
+}
+
+func stoppedCount(g *fakeGroup) int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return len(g.stopped)
+}
+
+// TestInProcessRestart: rank 1 crashes; rank 0 registered, so it is kept
+// (never stopped), only rank 1 starts again, rank 0 gets the next round's
+// notice with its rank, world size and store prefix; its reports complete
+// the restart, and the verdict's cycle says in-process with its phases.
+func TestInProcessRestart(t *testing.T) {
+	h, m := ipHarness(t, 0, 1)
+	out := h.start()
+	g0 := h.ranks.wait(t)
+	g0.exit(1, 1, 0)
+	g1 := h.ranks.wait(t)
+	if len(g1.specs) != 1 || g1.specs[0].LocalRank != 1 {
+		t.Fatalf("in-process restart started %d ranks (%v); want only local rank 1", len(g1.specs), g1.specs)
+	}
+	n := m.notice(t)
+	want := ftwire.Rejoin{Round: 1, Rank: 0, LocalRank: 0, WorldSize: 2, MasterAddr: "127.0.0.1", MasterPort: 29500,
+		StorePrefix: "/worker/attempt_1", DeadlineS: 10}
+	n.Reason = ""
+	if n != want {
+		t.Fatalf("notice %+v, want %+v", n, want)
+	}
+	if c := stoppedCount(g0); c != 0 {
+		t.Fatalf("the survivors' group was stopped %d times before the restart", c)
+	}
+	m.reports <- monitor.InProcessReport{LocalRank: 0, InProcessReport: ftwire.InProcessReport{Round: 1, Phase: "rejoined", TeardownS: 0.01, RejoinS: 0.02}}
+	m.reports <- monitor.InProcessReport{LocalRank: 0, InProcessReport: ftwire.InProcessReport{Round: 1, Phase: "first_step",
+		TeardownS: 0.01, RejoinS: 0.02, RestoreS: 0.03, FirstStepS: 0.04}}
+	time.Sleep(100 * time.Millisecond) // the reports are read by the agent's loop
+	g0.exit(0, 0, 0)
+	g1.exit(1, 0, 0)
+	o := h.outcome(out)
+	if o.Kind != verdict.Succeeded {
+		t.Fatalf("outcome %+v", o)
+	}
+	if len(h.rdzv.fails) != 1 || h.rdzv.fails[0].kind != policy.RankCrash {
+		t.Fatalf("fails %+v", h.rdzv.fails)
+	}
+	if len(o.Cycles) != 2 || o.Cycles[0].Mode != "full" || o.Cycles[1].Mode != "in-process" {
+		t.Fatalf("cycles %+v", o.Cycles)
+	}
+	ph := o.Cycles[1].InProcessMS
+	for _, p := range []string{"notice", "teardown", "rejoin", "restore", "first_step", "total"} {
+		if _, ok := ph[p]; !ok {
+			t.Fatalf("in-process phases %v lack %q", ph, p)
+		}
+	}
+	if ph["restore"] != 30 {
+		t.Fatalf("restore phase %v ms, want 30", ph["restore"])
+	}
+	if got := h.metric(`ftlauncher_restarts_by_mode_total{mode="in-process"}`); got != 1 {
+		t.Fatalf("in-process restarts metric %v", got)
+	}
+}
+
+// TestInProcessFullRestart: the cases that restart every rank as today.
+func TestInProcessFullRestart(t *testing.T) {
+	tests := []struct {
+		name    string
+		mode    string
+		capable []int
+	}{
+		{"a survivor did not register", configs.RestartInProcess, []int{1}},
+		{"mode full", configs.RestartFull, []int{0, 1}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			h, m := ipHarness(t, tc.capable...)
+			h.cfg.RestartMode = tc.mode
+			out := h.start()
+			g0 := h.ranks.wait(t)
+			g0.exit(1, 1, 0)
+			g1 := h.ranks.wait(t)
+			if len(g1.specs) != 2 || stoppedCount(g0) != 1 {
+				t.Fatalf("restart started %d ranks, old group stopped %d times; want a full restart", len(g1.specs), stoppedCount(g0))
+			}
+			select {
+			case n := <-m.notices:
+				t.Fatalf("notice %+v sent on a full restart", n)
+			default:
+			}
+			g1.exit(0, 0, 0)
+			g1.exit(1, 0, 0)
+			o := h.outcome(out)
+			if o.Kind != verdict.Succeeded || o.Cycles[1].Mode != "full" {
+				t.Fatalf("outcome %+v", o)
+			}
+			if got := h.metric(`ftlauncher_restarts_by_mode_total{mode="full"}`); got != 1 {
+				t.Fatalf("full restarts metric %v", got)
+			}
+		})
+	}
+}
+
+// TestInProcessRejoinTimeout: a survivor that does not rejoin within the
+// bound is killed; its death is a failure during the in-process restart,
+// so the job falls back to a full restart (counted).
+func TestInProcessRejoinTimeout(t *testing.T) {
+	h, m := ipHarness(t, 0, 1)
+	h.cfg.InProcessRejoinTimeout = 200 * time.Millisecond
+	out := h.start()
+	g0 := h.ranks.wait(t)
+	g0.exit(1, 1, 0)
+	g1 := h.ranks.wait(t)
+	m.notice(t)
+	// No report: the bound passes, rank 0 is killed, the cycle fails.
+	g2 := h.ranks.wait(t)
+	if len(g2.specs) != 2 {
+		t.Fatalf("fallback started %d ranks; want a full restart of 2", len(g2.specs))
+	}
+	if stoppedCount(g1) != 1 {
+		t.Fatalf("the replacement rank was not stopped for the full restart")
+	}
+	g0.mu.Lock()
+	sig := g0.signalled
+	g0.mu.Unlock()
+	if len(sig) != 1 || sig[0] != syscall.SIGKILL {
+		t.Fatalf("survivor signals %v, want one SIGKILL", sig)
+	}
+	g2.exit(0, 0, 0)
+	g2.exit(1, 0, 0)
+	o := h.outcome(out)
+	if o.Kind != verdict.Succeeded || len(o.Cycles) != 3 || o.Cycles[2].Mode != "full" {
+		t.Fatalf("outcome %+v", o)
+	}
+	if got := h.metric(`ftlauncher_inprocess_fallbacks_total{why="rejoin_timeout"}`); got != 1 {
+		t.Fatalf("fallback metric %v", got)
+	}
+	if len(h.rdzv.fails) != 2 {
+		t.Fatalf("fails %+v: both restarts count against the budget", h.rdzv.fails)
+	}
+}
+
+// TestInProcessCrashDuringRestart: the replacement rank crashes before the
+// survivor took its first step: the next restart is a full one.
+func TestInProcessCrashDuringRestart(t *testing.T) {
+	h, m := ipHarness(t, 0, 1)
+	out := h.start()
+	g0 := h.ranks.wait(t)
+	g0.exit(1, 1, 0)
+	g1 := h.ranks.wait(t)
+	m.notice(t)
+	g1.exit(1, 1, 0)
+	g2 := h.ranks.wait(t)
+	if len(g2.specs) != 2 {
+		t.Fatalf("a crash during the in-process restart started %d ranks; want 2", len(g2.specs))
+	}
+	if stoppedCount(g0) != 1 {
+		t.Fatal("the survivor was not stopped for the full restart")
+	}
+	g2.exit(0, 0, 0)
+	g2.exit(1, 0, 0)
+	if o := h.outcome(out); o.Kind != verdict.Succeeded {
+		t.Fatalf("outcome %+v", o)
+	}
+	if got := h.metric(`ftlauncher_inprocess_fallbacks_total{why="failure_during"}`); got != 1 {
+		t.Fatalf("fallback metric %v", got)
+	}
+}
+
+// TestInProcessLedgerRestarts: a job with an in-process restart and then a
+// full one (the replacement crashed before the survivor's first step) ends
+// with one Active lease that counts both, written with the lease's end:
+// the store gets no write per restart.
+func TestInProcessLedgerRestarts(t *testing.T) {
+	h, m := ipHarness(t, 0, 1)
+	h.store = newMemStore()
+	out := h.start()
+	g0 := h.ranks.wait(t)
+	g0.exit(1, 1, 0)
+	g1 := h.ranks.wait(t)
+	m.notice(t)
+	if recs := h.store.all(); len(recs) != 1 || recs[0].Restarts != nil {
+		t.Fatalf("store after the in-process restart %+v: the count waits for the lease's next write", recs)
+	}
+	g1.exit(1, 1, 0)
+	g2 := h.ranks.wait(t)
+	g2.exit(0, 0, 0)
+	g2.exit(1, 0, 0)
+	o := h.outcome(out)
+	if o.Kind != verdict.Succeeded || len(o.Cycles) != 3 || o.Cycles[1].Mode != "in-process" || o.Cycles[2].Mode != "full" {
+		t.Fatalf("outcome %+v", o)
+	}
+	want := map[string]int{"in-process": 1, "full": 1}
+	recs := h.store.all()
+	if len(recs) != 1 || recs[0].Role != ledger.Active || recs[0].Reason != ledger.JobSucceeded || !maps.Equal(recs[0].Restarts, want) {
+		t.Fatalf("stored ledger %+v; want one Active lease ended JobSucceeded with restarts %v", recs, want)
+	}
+	if len(o.Ledger) != 1 || !maps.Equal(o.Ledger[0].Restarts, want) {
+		t.Fatalf("verdict ledger %+v", o.Ledger)
+	}
+}
+
+// TestInProcessPeerRoundEnd: another node's failure ends the round; this
+// node's ranks all registered, so they all stay and get notices, and no
+// rank starts.
+func TestInProcessPeerRoundEnd(t *testing.T) {
+	h, m := ipHarness(t, 0, 1)
+	out := h.start()
+	g0 := h.ranks.wait(t)
+	h.rdzv.endRound(0, rendezvous.RoundEnd{Kind: rendezvous.EndRestart, Round: 0, Reason: "a rank of node b failed", Cause: policy.RankCrash})
+	got := map[int]ftwire.Rejoin{}
+	for range 2 {
+		n := m.notice(t)
+		got[n.LocalRank] = n
+	}
+	if got[0].Rank != 0 || got[1].Rank != 1 || got[1].Round != 1 {
+		t.Fatalf("notices %+v", got)
+	}
+	select {
+	case g := <-h.ranks.started:
+		t.Fatalf("ranks %v started though every rank stayed", g.specs)
+	case <-time.After(200 * time.Millisecond):
+	}
+	if stoppedCount(g0) != 0 {
+		t.Fatal("survivors stopped")
+	}
+	// The job closes: the kept ranks are stopped, nothing is left behind.
+	h.rdzv.endRound(1, rendezvous.RoundEnd{Kind: rendezvous.EndJobClosed, Round: 1, Code: 1, Close: verdict.FatalError, Reason: "closed"})
+	o := h.outcome(out)
+	if o.ExitCode() == 0 || stoppedCount(g0) != 1 {
+		t.Fatalf("outcome %+v, survivors stopped %d times", o, stoppedCount(g0))
+	}
+}
+
+// TestInProcessBudget: an in-process restart goes through the same
+// budget: when the rendezvous closes the job instead, the kept survivors
+// are stopped and nothing is left behind.
+func TestInProcessBudget(t *testing.T) {
+	h, m := ipHarness(t, 0, 1)
+	h.rdzv.fail = func(_ context.Context, c failCall) (rendezvous.Decision, error) {
+		return rendezvous.Decision{Close: verdict.RestartBudgetExhausted, Code: 1, Reason: "budget spent", RestartsUsed: 3}, nil
+	}
+	out := h.start()
+	g0 := h.ranks.wait(t)
+	g0.exit(1, 1, 0)
+	o := h.outcome(out)
+	if o.Kind != verdict.RestartBudgetExhausted || stoppedCount(g0) != 1 {
+		t.Fatalf("outcome %+v, survivors stopped %d times", o, stoppedCount(g0))
+	}
+	select {
+	case n := <-m.notices:
+		t.Fatalf("notice %+v after a close", n)
+	default:
+	}
+}

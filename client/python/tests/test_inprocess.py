@@ -1,0 +1,334 @@
+"""Unit tests of ft_launcher_client.inprocess against a fake rank monitor.
+
+The fake speaks FTL1 on a Unix socket: it answers Hello with Config, can
+send Rejoin notices and records what the client sends. The process group
+calls are replaced (torch is not needed here; the integration tests in
+integration/inprocess_test.go run real torch ranks).
+"""
+
+import json
+import os
+import socket
+import tempfile
+import threading
+import time
+import unittest
+
+from ft_launcher_client import inprocess
+from ft_launcher_client.client import SOCKET_ENV, _frame
+
+
+def _recv_exact(c, n):
+    buf = b""
+    while len(buf) < n:
+        chunk = c.recv(n - len(buf))
+        if not chunk:
+            raise EOFError
+        buf += chunk
+    return buf
+
+
+def _read_len_frame(c):
+    n, shift = 0, 0
+    while True:
+        b = _recv_exact(c, 1)[0]
+        n |= (b & 0x7F) << shift
+        shift += 7
+        if not b & 0x80:
+            return _recv_exact(c, n)
+
+
+class FakeMonitor:
+    """One listening rank socket; every session's Hello and messages are kept."""
+
+    def __init__(self, path):
+        self.path = path
+        self.srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.srv.bind(path)
+        self.srv.listen(4)
+        self.lock = threading.Lock()
+        self.hellos = []
+        self.reports = []
+        self.sessions = []
+        self.connected = threading.Event()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                c, _ = self.srv.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(c,), daemon=True).start()
+
+    def _serve(self, c):
+        try:
+            assert _recv_exact(c, 4) == b"FTL1"
+            assert _recv_exact(c, 1)[0] == 0x40
+            hello = json.loads(_read_len_frame(c))
+            cfg = {"protocol": 1, "cycle": 0, "rank_heartbeat_timeout": None, "initial_rank_heartbeat_timeout": None,
+                   "rank_section_timeouts": {}, "rank_out_of_section_timeout": None, "safety_factor": 5.0}
+            c.sendall(b"FTL1" + _frame(0x41, json.dumps(cfg).encode()))
+            with self.lock:
+                self.hellos.append(hello)
+                self.sessions.append(c)
+            self.connected.set()
+            while True:
+                t = c.recv(1)
+                if not t:
+                    return
+                if t[0] >= 0x40:
+                    p = _read_len_frame(c)
+                    if t[0] == 0x47:
+                        with self.lock:
+                            self.reports.append(json.loads(p))
+        except (OSError, EOFError):
+            return
+
+    def notify(self, **notice):
+        with self.lock:
+            c = self.sessions[-1]
+        c.sendall(_frame(0x46, json.dumps(notice).encode()))
+
+    def close(self):
+        self.srv.close()
+        with self.lock:
+            for c in self.sessions:
+                c.close()
+
+
+def notice(rnd, rank=0, world=2):
+    return {"round": rnd, "rank": rank, "local_rank": rank, "world_size": world, "master_addr": "127.0.0.1",
+            "master_port": 29400 + rnd, "store_prefix": "/worker/attempt_%d" % rnd, "deadline_s": 30}
+
+
+class FakePG:
+    """Stands in for torch.distributed in InProcess."""
+
+    def __init__(self):
+        self.inits = []
+        self.teardowns = 0
+
+    def install(self, ip):
+        ip._init_pg = lambda: self.inits.append(dict(os.environ))
+        ip._teardown = self._teardown
+
+    def _teardown(self):
+        self.teardowns += 1
+
+
+class _Fixture(unittest.TestCase):
+    """A fake monitor, the environment of rank 0 and a fake process group."""
+
+    def setUp(self):
+        self.dir = tempfile.mkdtemp()
+        self.mon = FakeMonitor(os.path.join(self.dir, "rank.sock"))
+        self.saved = {k: os.environ.get(k) for k in (SOCKET_ENV, "RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR",
+                                                      "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT")}
+        os.environ.update({SOCKET_ENV: self.mon.path, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2",
+                           "TORCHELASTIC_RESTART_COUNT": "0"})
+        self.pg = FakePG()
+
+    def tearDown(self):
+        self.mon.close()
+        for k, v in self.saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+    def ip(self, **kw):
+        ip = inprocess.InProcess(**kw)
+        ip.monitor.use_shared_memory = False
+        self.pg.install(ip)
+        return ip
+
+    def wait_for(self, cond, timeout=5):
+        deadline = time.monotonic() + timeout
+        while not cond():
+            if time.monotonic() > deadline:
+                self.fail("condition not met in %ss" % timeout)
+            time.sleep(0.01)
+
+class InProcessTest(_Fixture):
+    def test_import_needs_no_torch(self):
+        import subprocess
+        import sys
+
+        here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        code = "import sys, ft_launcher_client.inprocess; sys.exit('torch' in sys.modules)"
+        r = subprocess.run([sys.executable, "-c", code], cwd=here, capture_output=True, text=True)
+        self.assertEqual(r.returncode, 0, r.stderr)
+
+    def test_registers_in_hello(self):
+        ip = self.ip()
+        ip.run(lambda ctx: None)
+        ip.close()
+        self.assertTrue(self.mon.hellos[0].get("inprocess"))
+
+    def test_plain_client_does_not_register(self):
+        from ft_launcher_client import RankMonitorClient
+
+        c = RankMonitorClient()
+        c.use_shared_memory = False
+        c.init_workload_monitoring()
+        c.shutdown_workload_monitoring()
+        self.wait_for(lambda: self.mon.hellos)
+        self.assertNotIn("inprocess", self.mon.hellos[0])
+
+    def test_collective_error_then_notice_rejoins(self):
+        ip = self.ip()
+        calls = []
+
+        def train(ctx):
+            calls.append((ctx.round, ctx.restarted, ctx.attempt))
+            if len(calls) == 1:
+                self.mon.connected.wait(5)
+                threading.Timer(0.2, self.mon.notify, kwargs=notice(1, rank=1, world=3)).start()
+                raise RuntimeError("Connection closed by peer")
+            ctx.step()  # first step after the restart: reported
+            return "done"
+
+        self.assertEqual(ip.run(train), "done")
+        ip.close()
+        self.assertEqual(calls, [(0, False, 0), (1, True, 1)])
+        # The group was left and built again with the round's environment.
+        self.assertEqual(self.pg.teardowns, 1)
+        env = self.pg.inits[1]
+        self.assertEqual((env["RANK"], env["WORLD_SIZE"], env["MASTER_PORT"], env["TORCHELASTIC_RESTART_COUNT"]),
+                         ("1", "3", "29401", "1"))
+        # A new monitor session, registered again, then both reports.
+        self.wait_for(lambda: len(self.mon.reports) == 2)
+        self.assertEqual(len(self.mon.hellos), 2)
+        self.assertTrue(self.mon.hellos[1]["inprocess"])
+        phases = [r["phase"] for r in self.mon.reports]
+        self.assertEqual(phases, ["rejoined", "first_step"])
+        last = self.mon.reports[1]
+        self.assertEqual(last["round"], 1)
+        for k in ("teardown_s", "rejoin_s", "restore_s", "first_step_s"):
+            self.assertGreaterEqual(last[k], 0)
+
+    def test_notice_interrupts_a_running_loop(self):
+        ip = self.ip()
+        seen = []
+
+        def train(ctx):
+            seen.append(ctx.round)
+            if ctx.round == 0:
+                self.mon.connected.wait(5)
+                self.mon.notify(**notice(1))
+                while True:  # a healthy loop: the notice ends it at a step
+                    ctx.step()
+                    time.sleep(0.01)
+            return ctx.notice["store_prefix"]
+
+        self.assertEqual(ip.run(train), "/worker/attempt_1")
+        ip.close()
+        self.assertEqual(seen, [0, 1])
+
+    def test_restore_is_called_on_rejoin(self):
+        restored = []
+        ip = self.ip(restore=lambda ctx: restored.append(ctx.round))
+
+        def train(ctx):
+            if not ctx.restarted:
+                self.mon.connected.wait(5)
+                self.mon.notify(**notice(1))
+                raise RuntimeError("peer gone")
+
+        ip.run(train)
+        ip.close()
+        self.assertEqual(restored, [1])
+
+    def test_no_notice_reraises(self):
+        ip = self.ip(notice_wait=0.2)
+
+        def train(ctx):
+            raise RuntimeError("a real failure of this rank")
+
+        with self.assertRaisesRegex(RuntimeError, "a real failure"):
+            ip.run(train)
+        ip.close()
+        self.assertEqual(self.pg.teardowns, 0)
+
+    def test_other_exceptions_are_not_waited_for(self):
+        ip = self.ip(notice_wait=30)
+        t0 = time.monotonic()
+        with self.assertRaises(ValueError):
+            ip.run(lambda ctx: (_ for _ in ()).throw(ValueError("bug")))
+        ip.close()
+        self.assertLess(time.monotonic() - t0, 10)
+
+    def test_stale_notice_is_ignored(self):
+        ip = self.ip(notice_wait=0.3)
+
+        def train(ctx):
+            self.mon.connected.wait(5)
+            self.mon.notify(**notice(0))  # the round it already runs in
+            time.sleep(0.1)
+            ctx.check()
+            raise RuntimeError("no newer notice")
+
+        with self.assertRaises(RuntimeError):
+            ip.run(train)
+        ip.close()
+
+    def test_without_a_launcher_runs_once(self):
+        os.environ.pop(SOCKET_ENV)
+        ip = self.ip()
+        self.assertEqual(ip.run(lambda ctx: ctx.restarted), False)
+        self.assertEqual(len(self.pg.inits), 1)
+        with self.assertRaises(RuntimeError):
+            ip.run(lambda ctx: (_ for _ in ()).throw(RuntimeError("x")))
+
+
+class LightningTest(_Fixture):
+    """The FaultToleranceCallback inside InProcess.run, with the Lightning
+    stand-in (Lightning does not install here)."""
+
+    def test_trainer_rebuilt_after_rejoin(self):
+        import sys
+
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from standin import Trainer
+
+        from ft_launcher_client.lightning import FaultToleranceCallback
+
+        ip = self.ip()
+        fits = []
+
+        def train(ctx):
+            cb = FaultToleranceCallback(autoresume=False, calculate_timeouts=False, inprocess=ctx,
+                                        exp_dir=self.dir)
+            first = not ctx.restarted
+            t = Trainer([cb], max_steps=6, fail_at_step=3 if first else None, global_rank=0)
+            if first:
+                self.mon.connected.wait(5)
+                threading.Timer(0.1, self.mon.notify, kwargs=notice(1)).start()
+            fits.append(ctx.round)
+            t.fit()
+            return t.global_step
+
+        self.assertEqual(ip.run(train), 6)
+        ip.close()
+        self.assertEqual(fits, [0, 1])
+        # The callback used the API's sessions: one per round, both registered.
+        self.assertEqual([h.get("inprocess") for h in self.mon.hellos], [True, True])
+
+
+class SnapshotTest(unittest.TestCase):
+    def test_copy_semantics(self):
+        s = inprocess.Snapshot()
+        self.assertFalse(s)
+        self.assertEqual(s.load(), (None, None))
+        state = {"w": [1, 2]}
+        s.save(10, model=state)
+        state["w"].append(3)  # later training does not change the copy
+        step, got = s.load()
+        self.assertEqual((step, got), (10, {"model": {"w": [1, 2]}}))
+        got["model"]["w"].append(9)  # nor does the restored copy's use
+        self.assertEqual(s.load()[1], {"model": {"w": [1, 2]}})
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,188 @@
+#!/usr/bin/python3
+"""ddp_train.py's training with in-process restarts (ft_launcher_client.inprocess).
+
+Run under ``ft-launcher --restart-mode in-process``: when a rank fails, the
+surviving ranks stay in their processes, rebuild the process group for the
+next round and restore from the last checkpoint (or, with
+``--restore memory``, from an in-memory copy taken when the checkpoint was
+written), and the final weights are bit-identical to an uninterrupted
+``ddp_train.py`` run with the same checkpoint schedule. Same model, batches,
+checkpoints and --out summary as ddp_train.py (imported from it).
+
+Fault injection on top of ddp_train.py's (--crash-at-step/--crash-rank,
+--hang-at-step/--hang-rank, both only in round 0; a hang here stops the
+rank's heartbeats, 3 steps before it, so a heartbeat timeout finds it):
+  --stuck-rank R        in round 0, rank R ignores the restart notice: when its
+                        collective fails it sleeps instead of rejoining
+  --crash-again-rank R  rank R crashes again at the start of round 1, before
+                        its first step (a failure during the in-process restart)
+"""
+import os
+import sys
+import time
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, _HERE)
+sys.path.insert(0, os.path.normpath(os.path.join(_HERE, "..", "client", "python")))
+
+import ddp_train as base  # noqa: E402
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.nn as nn  # noqa: E402
+from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
+
+from ft_launcher_client.inprocess import InProcess  # noqa: E402
+
+
+def parse_args(argv):
+    extra = []
+    rest = []
+    it = iter(argv)
+    for a in it:
+        if a in ("--stuck-rank", "--crash-again-rank", "--restore"):
+            extra += [a, next(it)]
+        else:
+            rest.append(a)
+    args = base.parse_args(rest)
+    args.stuck_rank, args.crash_again_rank, args.restore = -1, -1, "checkpoint"
+    for k, v in zip(extra[::2], extra[1::2]):
+        if k == "--restore":
+            if v not in ("checkpoint", "memory"):
+                raise SystemExit("--restore must be checkpoint or memory, not %r" % v)
+            args.restore = v
+        else:
+            setattr(args, k[2:].replace("-", "_"), int(v))
+    return args
+
+
+def cycle():
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or "0")
+
+
+def once(ckpt_dir, kind, rank):
+    """True the first time only (a marker file in ckpt_dir)."""
+    m = base.marker(ckpt_dir, kind, 0, rank)
+    if os.path.exists(m):
+        return False
+    base.touch_marker(ckpt_dir, kind, 0, rank)
+    return True
+
+
+def restore_state(args, rank, ctx):
+    """(step, state, where): the memory copy with --restore memory when this
+    rank has one for the step rank 0 restores, else the checkpoint file."""
+    mem_step, mem = ctx.snapshot.load() if args.restore == "memory" else (None, None)
+    pick = [None]
+    if rank == 0:
+        if mem is not None:
+            pick[0] = mem_step
+        else:
+            found = base.latest_checkpoint(args.ckpt_dir)
+            pick[0] = found[0] if found else None
+    dist.broadcast_object_list(pick, src=0)  # every rank restores the same step
+    if pick[0] is None:
+        return 0, None, None
+    if mem is not None and mem_step == pick[0]:
+        return pick[0], mem, "memory"
+    # No memory copy here (the replacement rank): the file holds the same state.
+    path = os.path.join(args.ckpt_dir, f"ckpt_{pick[0]:08d}.pt")
+    return pick[0], torch.load(path), path
+
+
+def build(args, rank, ctx):
+    """Model, optimizer and start step, exactly as a fresh ddp_train.py rank
+    builds them: seeded init, then the restored state."""
+    torch.manual_seed(args.seed)
+    model = base.MLP()
+    opt = torch.optim.Adam(model.parameters(), lr=args.lr, weight_decay=1e-4)
+    torch.manual_seed(args.seed + 7919 * (rank + 1))
+    start, state, where = restore_state(args, rank, ctx)
+    if state is not None:
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        torch.set_rng_state(state["rng"][rank])
+        base.log(f"restored from {where} at step {start} (in-process restarts so far: {ctx.attempt})")
+    return model, opt, start
+
+
+def train(ctx, args):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if (rank, cycle()) == (args.crash_again_rank, 1) and once(args.ckpt_dir, "crash_again", rank):
+        base.log("injected crash at the start of round 1")
+        os._exit(1)
+    model, opt, start = build(args, rank, ctx)
+    ddp = DDP(model)
+    ddp.register_comm_hook(None, base.ordered_allreduce_hook)
+    loss_fn = nn.MSELoss()
+    teacher = base.teacher_weights(args.seed)
+    loss_val = None
+    for step in range(start, args.steps):
+        if (step, rank) == (args.crash_at_step, args.crash_rank) and \
+                base.should_inject(args.ckpt_dir, "crash", step, rank):
+            base.touch_marker(args.ckpt_dir, "crash", step, rank)
+            base.log(f"injected crash at step {step}")
+            os._exit(1)
+        if (step, rank) == (args.hang_at_step, args.hang_rank) and \
+                base.should_inject(args.ckpt_dir, "hang", step, rank):
+            base.touch_marker(args.ckpt_dir, "hang", step, rank)
+            base.log(f"injected hang at step {step} (no more heartbeats)")
+            while True:
+                time.sleep(3600)
+        x, y = base.batch_for(args.seed, step, rank, args.batch_size, teacher)
+        opt.zero_grad(set_to_none=True)
+        try:
+            loss = loss_fn(ddp(x), y)
+            loss.backward()
+        except RuntimeError:
+            if rank == args.stuck_rank and cycle() == 0:
+                base.log("ignoring the restart notice (injected)")
+                while True:
+                    time.sleep(3600)
+            raise
+        opt.step()
+        loss_val = float(loss.detach())
+        if args.step_sleep > 0:
+            time.sleep(args.step_sleep)
+        if rank == args.hang_rank and cycle() == 0 and args.hang_at_step - 3 <= step < args.hang_at_step:
+            # The rank about to hang stops its heartbeats 3 steps early, so
+            # the heartbeat timeout picks it, not a peer waiting for it.
+            ctx.check()
+        else:
+            ctx.step()
+        done = step + 1
+        if args.ckpt_every > 0 and done % args.ckpt_every == 0 and done < args.steps:
+            rng = [None] * world
+            dist.all_gather_object(rng, torch.get_rng_state())
+            if rank == 0:
+                base.save_checkpoint(args.ckpt_dir, done, model, opt, rng)
+            if args.restore == "memory":
+                ctx.snapshot.save(done, model=model.state_dict(), optimizer=opt.state_dict(), rng=rng)
+            dist.barrier()
+    if rank == 0:
+        summary = base.params_summary(model, args, loss_val, start)
+        summary["inprocess_restarts"] = ctx.attempt
+        base.atomic_write(args.out, lambda f: base.json.dump(summary, f, indent=1, sort_keys=True), binary=False)
+        base.log(f"done: sha256={summary['sha256']} loss={loss_val}")
+        flag = os.environ.get("FAULT_TOL_FINISHED_FLAG_FILE")
+        if flag:
+            with open(flag, "a"):
+                pass
+    dist.barrier()
+
+
+def main(argv):
+    args = parse_args(argv)
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    os.makedirs(args.ckpt_dir, exist_ok=True)
+    ip = InProcess(backend="gloo")
+    ip.run(train, args)
+    ip.close()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

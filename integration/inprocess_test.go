@@ -1,0 +1,300 @@
+package integration
+
+import (
+	"encoding/json"
+	"fmt"
+	"maps"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/ftlauncher/ft-launcher/ledger"
+)
+
+// In-process restarts (--restart-mode in-process, docs/inprocess.md) with
+// real torch 1.13 gloo DDP ranks: examples/ddp_train_inprocess.py uses
+// ft_launcher_client.inprocess; its final weights must be bit-identical to
+// an uninterrupted examples/ddp_train.py run (same model, batches and
+// checkpoint schedule).
+
+func inprocessScript(t *testing.T) string {
+	p, err := filepath.Abs("../examples/ddp_train_inprocess.py")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// cyclePIDs returns the pids of each cycle_started event, by round.
+func cyclePIDs(t *testing.T, j *job) map[int][]int {
+	t.Helper()
+	out := map[int][]int{}
+	for _, e := range j.eventsOf("cycle_started") {
+		var pids []int
+		b, _ := json.Marshal(e["pids"])
+		if err := json.Unmarshal(b, &pids); err != nil {
+			t.Fatal(err)
+		}
+		out[int(e["round"].(float64))] = pids
+	}
+	return out
+}
+
+func restartModes(j *job) []string {
+	var modes []string
+	for _, e := range j.eventsOf("restart") {
+		m, _ := e["mode"].(string)
+		modes = append(modes, m)
+	}
+	return modes
+}
+
+// runInProcess runs one single-node job under --restart-mode in-process
+// (launcher args, then script and its args with --ckpt-dir and --out
+// added), requires exit 0 and nothing left behind, and returns the job and
+// its final weights.
+func runInProcess(t *testing.T, launcher []string, script string, args ...string) (*job, weights) {
+	t.Helper()
+	j := newJob(t)
+	out := filepath.Join(j.dir, "w.json")
+	full := append(append([]string{"--standalone", "--restart-mode", "in-process", "--verdict-file", filepath.Join(j.dir, "verdict.json")}, launcher...),
+		append([]string{script, "--ckpt-dir", filepath.Join(j.dir, "ckpt"), "--out", out}, args...)...)
+	if code := j.run(torchTimeout, []string{"PYTHON_EXEC=" + debianPython}, full...); code != 0 {
+		t.Fatalf("exit %d\n%s", code, j.stderr.String())
+	}
+	if left := j.waitNoLeftovers(5 * time.Second); len(left) > 0 {
+		t.Fatalf("left behind: %s", describeProcs(left))
+	}
+	return j, readWeights(t, out)
+}
+
+// TestInProcessCrashKeepsSurvivors: one rank crashes at step 25 of 60 in 2-
+// and 4-rank jobs, with the checkpoint restored from the file and from the
+// in-memory copy; the survivors keep their pids, only the crashed rank
+// starts again, and the weights equal the uninterrupted run's.
+func TestInProcessCrashKeepsSurvivors(t *testing.T) {
+	requireTorch(t)
+	for _, tc := range []struct {
+		ranks   int
+		crash   int
+		restore string
+	}{{2, 1, "checkpoint"}, {4, 2, "checkpoint"}, {2, 0, "memory"}} {
+		t.Run(fmt.Sprintf("%d ranks, rank %d crashes, restore from %s", tc.ranks, tc.crash, tc.restore), func(t *testing.T) {
+			want := uninterruptedWeights(t, strconv.Itoa(tc.ranks))
+			j, got := runInProcess(t, []string{"--nproc-per-node", strconv.Itoa(tc.ranks), "--max-restarts", "2"},
+				inprocessScript(t), "--crash-at-step", "25", "--crash-rank", strconv.Itoa(tc.crash), "--restore", tc.restore)
+			if got.SHA256 != want.SHA256 || got.ResumedFromStep != 20 {
+				t.Fatalf("weights %s resumed from %d; want %s (uninterrupted) from step 20", got.SHA256, got.ResumedFromStep, want.SHA256)
+			}
+			if m := restartModes(j); !slices.Equal(m, []string{"in-process"}) {
+				t.Fatalf("restart modes %v, want one in-process restart", m)
+			}
+			pids := cyclePIDs(t, j)
+			for lr := 0; lr < tc.ranks; lr++ {
+				same := pids[0][lr] == pids[1][lr]
+				if same == (lr == tc.crash) {
+					t.Fatalf("round 0 pids %v, round 1 pids %v: only local rank %d should have a new process", pids[0], pids[1], tc.crash)
+				}
+			}
+			if n := len(j.eventsOf("inprocess_first_step")); n != tc.ranks-1 {
+				t.Fatalf("%d first-step reports, want one per survivor (%d)", n, tc.ranks-1)
+			}
+			// The node's one Active lease counts the restart by its mode.
+			v := readVerdict(t, filepath.Join(j.dir, "verdict.json"))
+			if len(v.Ledger) != 1 || v.Ledger[0].Role != ledger.Active || v.Ledger[0].Reason != ledger.JobSucceeded ||
+				!maps.Equal(v.Ledger[0].Restarts, map[string]int{"in-process": 1}) {
+				t.Fatalf("verdict ledger %+v, want one Active lease ended JobSucceeded with restarts in-process 1", v.Ledger)
+			}
+		})
+	}
+}
+
+// TestInProcessPrewarmReplacement: with --prewarm the crashed rank's
+// replacement is taken from its standby (the step sleep leaves the standby
+// time to import torch); the survivor stays; the weights are the
+// uninterrupted run's.
+func TestInProcessPrewarmReplacement(t *testing.T) {
+	requireTorch(t)
+	want := referenceWeights(t)
+	j, got := runInProcess(t, []string{"--nproc-per-node", "2", "--max-restarts", "2", "--prewarm", "torch,torch.distributed"},
+		inprocessScript(t), "--crash-at-step", "25", "--crash-rank", "1", "--step-sleep", "0.3")
+	if got.SHA256 != want.SHA256 {
+		t.Fatalf("weights %s, want %s", got.SHA256, want.SHA256)
+	}
+	warm := j.eventsOf("prewarm_started")
+	if len(warm) != 1 || fmt.Sprint(warm[0]["local_ranks"]) != "[1]" {
+		t.Fatalf("prewarm_started events %v (fallbacks %v), want local rank 1 alone from its standby", warm, j.eventsOf("prewarm_fallback"))
+	}
+	if m := restartModes(j); !slices.Equal(m, []string{"in-process"}) {
+		t.Fatalf("restart modes %v, want one in-process restart", m)
+	}
+}
+
+// TestInProcessHang: rank 1 stops heartbeating and hangs; the heartbeat
+// timeout kills it, which breaks rank 0's collective; rank 0 stays and
+// rejoins; the weights equal the uninterrupted run's.
+func TestInProcessHang(t *testing.T) {
+	requireTorch(t)
+	want := referenceWeights(t)
+	j, got := runInProcess(t, []string{"--nproc-per-node", "2", "--max-restarts", "2",
+		"--ft-initial-rank-heartbeat-timeout", "120", "--ft-rank-heartbeat-timeout", "3"},
+		inprocessScript(t), "--hang-at-step", "25", "--hang-rank", "1", "--step-sleep", "0.3")
+	hangs := j.eventsOf("rank_hang")
+	if len(hangs) != 1 || hangs[0]["rank"] != float64(1) {
+		t.Fatalf("rank_hang events %v, want one for rank 1", hangs)
+	}
+	if m := restartModes(j); !slices.Equal(m, []string{"in-process"}) {
+		t.Fatalf("restart modes %v, want one in-process restart", m)
+	}
+	if got.SHA256 != want.SHA256 {
+		t.Fatalf("weights %s, want %s", got.SHA256, want.SHA256)
+	}
+}
+
+// TestInProcessFallbacks: a survivor that ignores the notice is killed
+// after --inprocess-rejoin-timeout and the job restarts fully; a crash
+// during the in-process restart escalates to the full restart. Both end
+// with the uninterrupted run's weights.
+func TestInProcessFallbacks(t *testing.T) {
+	requireTorch(t)
+	want := referenceWeights(t)
+	for _, tc := range []struct {
+		name  string
+		extra []string
+		why   string
+	}{
+		{"survivor ignores the notice", []string{"--stuck-rank", "0"}, "rejoin_timeout"},
+		{"crash during the in-process restart", []string{"--crash-again-rank", "1"}, "failure_during"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			j, got := runInProcess(t, []string{"--nproc-per-node", "2", "--max-restarts", "3", "--inprocess-rejoin-timeout", "5"},
+				inprocessScript(t), append([]string{"--crash-at-step", "25", "--crash-rank", "1"}, tc.extra...)...)
+			fb := j.eventsOf("inprocess_fallback")
+			if len(fb) != 1 || fb[0]["why"] != tc.why {
+				t.Fatalf("inprocess_fallback events %v, want one %q", fb, tc.why)
+			}
+			if m := restartModes(j); !slices.Equal(m, []string{"in-process", "full"}) {
+				t.Fatalf("restart modes %v, want in-process then full", m)
+			}
+			if got.SHA256 != want.SHA256 {
+				t.Fatalf("weights %s, want %s", got.SHA256, want.SHA256)
+			}
+		})
+	}
+}
+
+// TestInProcessWithoutTheAPI: examples/ddp_train.py does not use the API;
+// under --restart-mode in-process its crash is a full restart, as with
+// --restart-mode full.
+func TestInProcessWithoutTheAPI(t *testing.T) {
+	requireTorch(t)
+	want := referenceWeights(t)
+	j, got := runInProcess(t, []string{"--nproc-per-node", "2", "--max-restarts", "2"},
+		trainScript(t), "--crash-at-step", "25", "--crash-rank", "1")
+	if m := restartModes(j); !slices.Equal(m, []string{"full"}) {
+		t.Fatalf("restart modes %v, want one full restart", m)
+	}
+	if n := len(j.eventsOf("inprocess_kept")) + len(j.eventsOf("inprocess_notice")); n != 0 {
+		t.Fatalf("%d in-process events for a script that did not opt in", n)
+	}
+	pids := cyclePIDs(t, j)
+	for lr := range 2 {
+		if pids[0][lr] == pids[1][lr] {
+			t.Fatalf("local rank %d kept its process (%v -> %v) without the API", lr, pids[0], pids[1])
+		}
+	}
+	if got.SHA256 != want.SHA256 {
+		t.Fatalf("weights %s, want %s", got.SHA256, want.SHA256)
+	}
+}
+
+// TestInProcessTwoNodes: two launchers on 127.0.0.2 and 127.0.0.3, two
+// ranks each (etcd rendezvous); a rank of the second node crashes. Every
+// survivor on both nodes stays; the weights equal an uninterrupted 4-rank
+// run's.
+func TestInProcessTwoNodes(t *testing.T) {
+	requireTorch(t)
+	want := uninterruptedWeights(t, "4")
+	c := newCluster(t, embeddedEndpoint(t))
+	ckpt := filepath.Join(c.dir, "ckpt")
+	out := filepath.Join(c.dir, "w.json")
+	for range 2 {
+		c.addNode([]string{"PYTHON_EXEC=" + debianPython}, "--nnodes", "2", "--nproc-per-node", "2", "--max-restarts", "2",
+			"--rdzv-backend", "c10d", "--restart-mode", "in-process",
+			inprocessScript(t), "--ckpt-dir", ckpt, "--out", out, "--crash-at-step", "25", "--crash-rank", "3")
+	}
+	for i, code := range c.waitAll(torchTimeout) {
+		if code != 0 {
+			t.Fatalf("node %d exited %d\n%s", i, code, c.stderrs())
+		}
+	}
+	if got := readWeights(t, out); got.SHA256 != want.SHA256 || got.WorldSize != 4 {
+		t.Fatalf("weights %s world %d, want %s world 4", got.SHA256, got.WorldSize, want.SHA256)
+	}
+	survivors := 0
+	for i, n := range c.nodes {
+		if m := restartModes(n); !slices.Equal(m, []string{"in-process"}) {
+			t.Fatalf("node %d restart modes %v, want one in-process restart\n%s", i, m, c.stderrs())
+		}
+		survivors += len(n.eventsOf("inprocess_first_step"))
+	}
+	if survivors != 3 {
+		t.Fatalf("%d survivors took a first step after the restart, want 3", survivors)
+	}
+}
+
+// TestInProcessNodeLossSwapsSpare: three launchers (--nnodes 2:3, two ranks
+// each); an active node other than the etcd host is killed. The standby
+// takes its place and its ranks start fresh; the other active node's ranks
+// stay in their processes and rejoin; the weights equal an uninterrupted
+// 4-rank run's.
+func TestInProcessNodeLossSwapsSpare(t *testing.T) {
+	requireTorch(t)
+	want := uninterruptedWeights(t, "4")
+	c := newCluster(t, embeddedEndpoint(t))
+	ckpt := filepath.Join(c.dir, "ckpt")
+	out := filepath.Join(c.dir, "w.json")
+	for range 3 {
+		c.addNode([]string{"PYTHON_EXEC=" + debianPython}, "--nnodes", "2:3", "--nproc-per-node", "2", "--max-restarts", "3",
+			"--rdzv-backend", "c10d", "--restart-mode", "in-process",
+			inprocessScript(t), "--ckpt-dir", ckpt, "--out", out, "--step-sleep", "0.1")
+	}
+	waitFile(t, filepath.Join(ckpt, "ckpt_00000020.pt"), torchTimeout)
+	victim := activeVictim(t, c)
+	standby := 3 - victim
+	if err := c.nodes[victim].cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	for i, n := range c.nodes {
+		if code := n.wait(torchTimeout); i != victim && code != 0 {
+			t.Fatalf("node %d exited %d\n%s", i, code, c.stderrs())
+		}
+	}
+	if got := readWeights(t, out); got.SHA256 != want.SHA256 || got.WorldSize != 4 {
+		t.Fatalf("weights %s world %d, want %s world 4", got.SHA256, got.WorldSize, want.SHA256)
+	}
+	if n := len(c.nodes[0].eventsOf("inprocess_first_step")); n != 2 {
+		t.Fatalf("node 0: %d survivors took a first step after the swap, want 2\n%s", n, c.stderrs())
+	}
+	if m := restartModes(c.nodes[0]); !slices.Equal(m, []string{"in-process"}) {
+		t.Fatalf("node 0 restart modes %v, want one in-process restart", m)
+	}
+	if len(c.nodes[standby].eventsOf("cycle_started")) == 0 || len(c.nodes[standby].eventsOf("inprocess_notice")) != 0 {
+		t.Fatalf("the standby node %d did not start fresh ranks", standby)
+	}
+}
+
+// activeVictim is an active node of a three-node cluster (--nnodes 2:3)
+// other than node 0, which hosts the embedded etcd: the one to kill.
+func activeVictim(t *testing.T, c *cluster) int {
+	t.Helper()
+	for i := 1; i < 3; i++ {
+		if len(c.nodes[i].eventsOf("cycle_started")) > 0 {
+			return i
+		}
+	}
+	t.Fatalf("no active node besides the etcd host\n%s", c.stderrs())
+	return -1
+}

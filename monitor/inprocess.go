@@ -1,0 +1,106 @@
+package monitor
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/ftlauncher/ft-launcher/monitor/ftwire"
+)
+
+// InProcessReport is a survivor's report during an in-process restart
+// (ftwire.MsgInProcessReport), with the local rank that sent it.
+type InProcessReport struct {
+	LocalRank int
+	ftwire.InProcessReport
+}
+
+// ErrNotRegistered: the rank's current connection did not register for
+// in-process restarts, so it cannot be sent a notice.
+var ErrNotRegistered = errors.New("rank did not register for in-process restarts")
+
+// InProcessReports delivers survivors' rejoin and first-step reports.
+func (m *Manager) InProcessReports() <-chan InProcessReport { return m.ipReps }
+
+// InProcessCapable reports whether local rank's current connection
+// registered for in-process restarts (native Hello "inprocess": true).
+func (m *Manager) InProcessCapable(localRank int) bool {
+	if localRank < 0 || localRank >= len(m.ranks) {
+		return false
+	}
+	r := m.ranks[localRank]
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.inprocess && r.conn != nil
+}
+
+// Notify sends an in-process restart's notice to local rank over its
+// rank-monitor connection. The write never blocks past writeTimeout: a
+// notice is a few hundred bytes and the rank reads its socket.
+func (m *Manager) Notify(localRank int, n ftwire.Rejoin) error {
+	if localRank < 0 || localRank >= len(m.ranks) {
+		return fmt.Errorf("notify: no local rank %d", localRank)
+	}
+	p, err := json.Marshal(n)
+	if err != nil {
+		return fmt.Errorf("encode notice: %w", err)
+	}
+	b := ftwire.AppendFrame(nil, ftwire.MsgRejoin, p)
+	r := m.ranks[localRank]
+	r.mu.Lock()
+	conn, ok := r.conn, r.inprocess
+	r.mu.Unlock()
+	if !ok || conn == nil {
+		return ErrNotRegistered
+	}
+	switch c := conn.(type) {
+	case *lazyConn:
+		return c.write(b)
+	case net.Conn:
+		return writeAll(c, b)
+	}
+	return fmt.Errorf("notify: connection of type %T cannot be written", conn)
+}
+
+// write writes b on the session's non-blocking fd, waiting (bounded) while
+// the socket buffer is full.
+func (lc *lazyConn) write(b []byte) error {
+	lc.mu.Lock()
+	defer lc.mu.Unlock()
+	deadline := time.Now().Add(writeTimeout)
+	for len(b) > 0 {
+		if lc.fd < 0 || lc.closing.Load() {
+			return errors.New("notify: connection closed")
+		}
+		n, err := unix.Write(lc.fd, b)
+		switch {
+		case err == unix.EAGAIN || err == unix.EINTR:
+			if time.Now().After(deadline) {
+				return fmt.Errorf("notify: socket full for %s", writeTimeout)
+			}
+			time.Sleep(time.Millisecond)
+			continue
+		case err != nil:
+			return fmt.Errorf("notify: %w", err)
+		}
+		b = b[n:]
+	}
+	return nil
+}
+
+// inProcessReport forwards a survivor's report to the agent.
+func (m *Manager) inProcessReport(r *rankMon, u ftwire.InProcessReport) {
+	if u.Phase != "rejoined" && u.Phase != "first_step" {
+		m.refuse(r, "inprocess_report", fmt.Errorf("unknown phase %q (rejoined or first_step)", u.Phase))
+		return
+	}
+	select {
+	case m.ipReps <- InProcessReport{LocalRank: r.local, InProcessReport: u}:
+	default:
+		r.logger().Warn("rank monitor: in-process report channel full; dropping", "phase", u.Phase)
+	}
+}

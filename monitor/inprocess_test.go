@@ -1,0 +1,92 @@
+package monitor
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ftlauncher/ft-launcher/monitor/ftwire"
+)
+
+// inprocessRank is a Python rank using the real client: it registers (or
+// not) for in-process restarts, prints "ready", prints the notice it
+// reads, then sends a first-step report for the notice's round.
+const inprocessRank = `
+import json, sys, time
+from ft_launcher_client import RankMonitorClient
+c = RankMonitorClient()
+c.use_shared_memory = False
+c.inprocess = sys.argv[1] == "yes"
+c.init_workload_monitoring()
+print("ready", flush=True)
+s = c._sock
+t = s.recv(1)
+n, shift = 0, 0
+while True:
+    b = s.recv(1)[0]
+    n |= (b & 0x7F) << shift
+    shift += 7
+    if not b & 0x80:
+        break
+p = b""
+while len(p) < n:
+    p += s.recv(n - len(p))
+print("notice %02x %s" % (t[0], p.decode()), flush=True)
+r = json.loads(p)["round"]
+body = json.dumps({"round": r, "phase": "first_step", "teardown_s": 0.5, "rejoin_s": 0.25}).encode()
+assert len(body) < 128
+s.sendall(bytes((0x47, len(body))) + body)
+c.send_heartbeat()
+`
+
+func TestInProcessNoticeAndReports(t *testing.T) {
+	m := newManager(t, 1, nil, "")
+	p, first := runPy(t, m, nil, "-c", inprocessRank, "yes")
+	if first != "ready" {
+		t.Fatalf("rank printed %q", first)
+	}
+	eventually(t, 10*time.Second, "registered", func() bool { return m.InProcessCapable(0) })
+	want := ftwire.Rejoin{Round: 3, Rank: 5, LocalRank: 0, WorldSize: 8, MasterAddr: "127.0.0.1", MasterPort: 29500,
+		StorePrefix: "/worker/attempt_3", DeadlineS: 30}
+	if err := m.Notify(0, want); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case l := <-p.lines:
+		if !strings.HasPrefix(l, "notice 46 {") || !strings.Contains(l, `"store_prefix":"/worker/attempt_3"`) || !strings.Contains(l, `"rank":5`) {
+			t.Fatalf("rank read %q", l)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the rank did not read the notice")
+	}
+	select {
+	case r := <-m.InProcessReports():
+		if r.LocalRank != 0 || r.Round != 3 || r.Phase != "first_step" || r.TeardownS != 0.5 || r.RejoinS != 0.25 {
+			t.Fatalf("report %+v", r)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no report")
+	}
+	if st := p.exited(t, 10*time.Second); !st.Success() {
+		t.Fatalf("rank exit %v", st)
+	}
+	eventually(t, 10*time.Second, "registration ends with the session", func() bool { return !m.InProcessCapable(0) })
+}
+
+func TestInProcessNotRegistered(t *testing.T) {
+	m := newManager(t, 1, nil, "")
+	_, first := runPy(t, m, nil, "-c", inprocessRank, "no")
+	if first != "ready" {
+		t.Fatalf("rank printed %q", first)
+	}
+	time.Sleep(100 * time.Millisecond)
+	if m.InProcessCapable(0) {
+		t.Fatal("a rank that did not register is in-process capable")
+	}
+	if err := m.Notify(0, ftwire.Rejoin{Round: 1}); err != ErrNotRegistered {
+		t.Fatalf("notify: %v, want ErrNotRegistered", err)
+	}
+	if err := m.Notify(5, ftwire.Rejoin{}); err == nil {
+		t.Fatal("notify of a local rank that does not exist succeeded")
+	}
+}
