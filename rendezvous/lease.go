@@ -56,29 +56,15 @@ func (e *Etcd) renewLease(ctx context.Context, old clientv3.LeaseID) error {
 }
 
 // reincarnate gives this node a new lease when the round it last ran in
-// ended because it was declared lost (the end record names it), or when a
-// gossip death record of it exists; the old lease is revoked and the death
-// record removed, so later restart rounds wait for the node again. It does
-// nothing for a shared lease, which others' keys hang on.
-func (e *Etcd) reincarnate(ctx context.Context, dr deathRead) error {
+// ended because it was declared lost (the end record names it), or when
+// its registration found a gossip death record of it (recorded); the old
+// lease is revoked and the death record removed, so later restart rounds
+// wait for the node again. It does nothing for a shared lease, which
+// others' keys hang on.
+func (e *Etcd) reincarnate(ctx context.Context, recorded bool) error {
 	last, declared, need := e.deathState()
-	if !need {
+	if !need || !(declared || recorded) {
 		return nil
-	}
-	if !declared && dr.read {
-		declared = dr.dead
-		if !declared {
-			return nil
-		}
-	}
-	if !declared {
-		resp, err := e.cli.Get(ctx, e.k.dead(e.o.NodeID), clientv3.WithCountOnly())
-		if err != nil {
-			return fmt.Errorf("rendezvous: read this node's death record: %w", err)
-		}
-		if declared = resp.Count > 0; !declared {
-			return nil
-		}
 	}
 	e.leaseMu.Lock()
 	defer e.leaseMu.Unlock()
@@ -103,10 +89,6 @@ func (e *Etcd) reincarnate(ctx context.Context, dr deathRead) error {
 	return nil
 }
 
-// deathRead is this node's death record as read with its quarantine
-// record (read: it was; dead: it exists).
-type deathRead struct{ read, dead bool }
-
 // deathState says whether reincarnate has anything to check (need), the
 // last round this node was assigned, and whether that round's end record
 // already declared this node lost.
@@ -121,7 +103,7 @@ func (e *Etcd) deathState() (last int, declared, need bool) {
 	return last, seen && le.Node == e.o.NodeID && le.Cause == policy.NodeLost, true
 }
 
-// needDeathRead: reincarnate will read this node's death record.
+// needDeathRead: the registration checks this node's death record.
 func (e *Etcd) needDeathRead() bool {
 	_, declared, need := e.deathState()
 	return need && !declared

@@ -78,33 +78,6 @@ func (e *Etcd) quarantineOp(r int, f policy.Failure, lost, reason string) client
 	return clientv3.OpPut(e.k.quarantine(nodeAddr(lost)), string(b))
 }
 
-// checkQuarantine refuses this node if its address is quarantined.
-//
-// When reincarnate will need it, the same read-only txn (one request, no
-// raft round) also counts this node's death record, which it returns.
-func (e *Etcd) checkQuarantine(ctx context.Context) (deathRead, error) {
-	ops := []clientv3.Op{clientv3.OpGet(e.k.quarantine(nodeAddr(e.o.NodeID)))}
-	needDead := e.needDeathRead()
-	if needDead {
-		ops = append(ops, clientv3.OpGet(e.k.dead(e.o.NodeID), clientv3.WithCountOnly()))
-	}
-	resp, err := e.cli.Txn(ctx).Then(ops...).Commit()
-	if err != nil {
-		return deathRead{}, fmt.Errorf("rendezvous: read quarantine: %w", err)
-	}
-	var dead deathRead
-	if needDead {
-		dead = deathRead{read: true, dead: resp.Responses[1].GetResponseRange().Count > 0}
-	}
-	kvs := resp.Responses[0].GetResponseRange().Kvs
-	if len(kvs) == 0 {
-		return dead, nil
-	}
-	var q quarantineInfo
-	_ = json.Unmarshal(kvs[0].Value, &q)
-	return dead, &QuarantineError{Addr: nodeAddr(e.o.NodeID), Cause: q.Cause, Reason: q.Reason, Round: q.Round, RecordAt: q.At}
-}
-
 // parkQuarantined keeps a quarantined node out of every round until the
 // job closes; it returns the job's close with the quarantine attached.
 func (e *Etcd) parkQuarantined(ctx context.Context, q *QuarantineError) error {

@@ -52,28 +52,34 @@ func (e *Etcd) next(ctx context.Context) (Assignment, error) {
 			return Assignment{}, fmt.Errorf("rendezvous: node %s kept out: %w: %w", e.o.NodeID, ErrHealthCheck, err)
 		}
 	}
-	// A node the job replaced or that left with evidence stays out: it
-	// parks until the job ends and then exits with the job's code.
-	var dead deathRead
-	if err := e.retry(ctx, func(ctx context.Context) (err error) { dead, err = e.checkQuarantine(ctx); return err }); err != nil {
-		var q *QuarantineError
-		if errors.As(err, &q) {
-			return Assignment{}, e.parkQuarantined(ctx, q)
-		}
-		return Assignment{}, err
-	}
-	// Back from being declared lost (a stall, a partition): come back as a
-	// new incarnation, so the old lease's expiry cannot end the next round.
-	if err := e.retry(ctx, func(ctx context.Context) error { return e.reincarnate(ctx, dead) }); err != nil {
-		return Assignment{}, err
-	}
 	for {
+		// Back from being declared lost (a stall, a partition): come back
+		// as a new incarnation, so the old lease's expiry cannot end the
+		// next round. A loss the last round's end record declared is known
+		// here; one recorded only in etcd stops the registration below.
+		if _, declared, need := e.deathState(); need && declared {
+			if err := e.retry(ctx, func(ctx context.Context) error { return e.reincarnate(ctx, false) }); err != nil {
+				return Assignment{}, err
+			}
+		}
 		e.mu.Lock()
 		target := max(e.ctlRound, e.lastRound+1)
 		e.mu.Unlock()
 		a, retarget, err := e.joinRound(ctx, target)
 		if transient(err) && sleepCtx(ctx, retryPause) {
 			continue // etcd away: join again (registering twice is harmless)
+		}
+		// A node the job replaced or that left with evidence stays out: it
+		// parks until the job ends and then exits with the job's code.
+		var q *QuarantineError
+		if errors.As(err, &q) {
+			return Assignment{}, e.parkQuarantined(ctx, q)
+		}
+		if errors.Is(err, errDeclaredDead) {
+			if err := e.retry(ctx, func(ctx context.Context) error { return e.reincarnate(ctx, true) }); err != nil {
+				return Assignment{}, err
+			}
+			continue
 		}
 		if err != nil {
 			return Assignment{}, err
@@ -169,10 +175,11 @@ func (e *Etcd) compatible(want, got jobConfig) error {
 // assignment. retarget is true when the job moved past target meanwhile.
 func (e *Etcd) joinRound(ctx context.Context, target int) (Assignment, bool, error) {
 	start := time.Now()
-	if err := e.register(ctx, target); err != nil {
+	seen, err := e.register(ctx, target)
+	if err != nil {
 		return Assignment{}, false, err
 	}
-	sumRaw, retarget, err := e.waitAssignment(ctx, target)
+	sumRaw, retarget, err := e.waitAssignment(ctx, target, seen)
 	if err != nil || retarget {
 		return Assignment{}, retarget, err
 	}
@@ -192,10 +199,19 @@ func (e *Etcd) joinRound(ctx context.Context, target int) (Assignment, bool, err
 	return a, false, nil
 }
 
+// roundRead is the round's assignment and closer keys as the registration
+// txn read them, and the revision to watch them from.
+type roundRead struct {
+	kvs []*mvccpb.KeyValue
+	rev int64
+}
+
 // register writes rounds/<target>/nodes/<id> under the lease, fenced on the
-// round not being assigned and the job not closed. A fenced-out
-// registration is not an error: waitAssignment reports what happened.
-func (e *Etcd) register(ctx context.Context, target int) error {
+// round not being assigned and the job not closed, and reads the round's
+// assignment and closer keys in the same txn (either branch): one request
+// per node and round instead of two. A fenced-out registration is not an
+// error: waitAssignment reports what happened.
+func (e *Etcd) register(ctx context.Context, target int) (roundRead, error) {
 	var port int
 	var err error
 	if e.o.MasterPort != nil {
@@ -204,7 +220,7 @@ func (e *Etcd) register(ctx context.Context, target int) error {
 		port, err = FreePort(e.o.LocalAddr)
 	}
 	if err != nil {
-		return fmt.Errorf("rendezvous: master port for round %d: %w", target, err)
+		return roundRead{}, fmt.Errorf("rendezvous: master port for round %d: %w", target, err)
 	}
 	e.mu.Lock()
 	gossipAddr, streamAddr := e.gossipAddr, e.streamAddr
@@ -212,6 +228,19 @@ func (e *Etcd) register(ctx context.Context, target int) error {
 	mi := memberInfo{NodeID: e.o.NodeID, Addr: e.o.LocalAddr, InfraRank: e.o.InfraRank,
 		NProc: e.o.NProcPerNode, MasterPort: port, GossipAddr: gossipAddr, StreamAddr: streamAddr}
 	b, _ := json.Marshal(mi)
+	// One read covers the assignment and the closer key (adjacent keys).
+	read := clientv3.OpGet(e.k.assignment(target), clientv3.WithRange(e.k.closer(target)+"\x00"))
+	// The node registers only if it is not quarantined and, once it has
+	// had a round, not recorded dead; otherwise the Else branch reads why.
+	quarantine := e.k.quarantine(nodeAddr(e.o.NodeID))
+	guard := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(e.k.assignment(target)), "=", 0),
+		clientv3.Compare(clientv3.CreateRevision(e.k.closed()), "=", 0), e.genCmp(),
+		clientv3.Compare(clientv3.CreateRevision(quarantine), "=", 0)}
+	why := []clientv3.Op{read, clientv3.OpGet(quarantine)}
+	if e.needDeathRead() {
+		guard = append(guard, clientv3.Compare(clientv3.CreateRevision(e.k.dead(e.o.NodeID)), "=", 0))
+		why = append(why, clientv3.OpGet(e.k.dead(e.o.NodeID), clientv3.WithCountOnly()))
+	}
 	put := func(lease clientv3.LeaseID) (*clientv3.TxnResponse, error) {
 		then := []clientv3.Op{clientv3.OpPut(e.k.member(target, e.o.NodeID), string(b), clientv3.WithLease(lease))}
 		if target >= 2 {
@@ -219,11 +248,7 @@ func (e *Etcd) register(ctx context.Context, target int) error {
 			// long jobs do not pile up keys. (One round back may still be live.)
 			then = append(then, clientv3.OpDelete(e.k.member(target-2, e.o.NodeID)))
 		}
-		return e.cli.Txn(ctx).
-			If(clientv3.Compare(clientv3.CreateRevision(e.k.assignment(target)), "=", 0),
-				clientv3.Compare(clientv3.CreateRevision(e.k.closed()), "=", 0), e.genCmp()).
-			Then(then...).
-			Commit()
+		return e.cli.Txn(ctx).If(guard...).Then(append(then, read)...).Else(why...).Commit()
 	}
 	lease := e.currentLease()
 	resp, err := put(lease)
@@ -231,54 +256,71 @@ func (e *Etcd) register(ctx context.Context, target int) error {
 		// We were cut off longer than the lease TTL (a partition that
 		// healed): take a new lease and register with it.
 		if rerr := e.renewLease(ctx, lease); rerr != nil {
-			return fmt.Errorf("rendezvous: join round %d: renew expired lease: %w", target, rerr)
+			return roundRead{}, fmt.Errorf("rendezvous: join round %d: renew expired lease: %w", target, rerr)
 		}
 		resp, err = put(e.currentLease())
 	}
 	if err != nil {
-		return fmt.Errorf("rendezvous: join round %d: %w", target, err)
+		return roundRead{}, fmt.Errorf("rendezvous: join round %d: %w", target, err)
+	}
+	if !resp.Succeeded {
+		if q := resp.Responses[1].GetResponseRange().GetKvs(); len(q) > 0 {
+			var qi quarantineInfo
+			_ = json.Unmarshal(q[0].Value, &qi)
+			return roundRead{}, &QuarantineError{Addr: nodeAddr(e.o.NodeID), Cause: qi.Cause, Reason: qi.Reason, Round: qi.Round, RecordAt: qi.At}
+		}
+		if len(resp.Responses) > 2 && resp.Responses[2].GetResponseRange().GetCount() > 0 {
+			return roundRead{}, errDeclaredDead
+		}
+		e.log.Debug("round already closed or job closed when joining", "round", target)
 	}
 	e.mu.Lock()
 	e.setStateLocked(stateWaiting, "registered in round "+strconv.Itoa(target))
 	e.mu.Unlock()
+	// The round keys' read is the last response of either branch.
+	read0 := resp.Responses[len(resp.Responses)-1].GetResponseRange()
 	if !resp.Succeeded {
-		e.log.Debug("round already closed or job closed when joining", "round", target)
+		read0 = resp.Responses[0].GetResponseRange()
 	}
-	return nil
+	return roundRead{kvs: read0.GetKvs(), rev: resp.Header.Revision}, nil
 }
+
+// errDeclaredDead: this node's registration found its death record (its
+// peers declared it lost while it stalled); it must come back as a new
+// incarnation first.
+var errDeclaredDead = errors.New("rendezvous: this node was declared lost")
 
 // waitAssignment waits for round target's assignment, closing the round
 // itself when it wins the closer key. retarget is true when the job moved
 // past target (or the watch must be re-read).
-func (e *Etcd) waitAssignment(ctx context.Context, target int) (sum []byte, retarget bool, err error) {
+func (e *Etcd) waitAssignment(ctx context.Context, target int, seen roundRead) (sum []byte, retarget bool, err error) {
 	wctx, cancel := context.WithCancel(ctx)
 	cl := &closerSlot{e: e, r: target}
 	defer func() {
 		cancel()
 		cl.wait()
 	}()
-	// One read and one watch cover the assignment and the closer key
-	// (adjacent keys).
-	get, err := e.cli.Get(wctx, e.k.assignment(target), clientv3.WithRange(e.k.closer(target)+"\x00"))
-	if err != nil {
-		return nil, false, fmt.Errorf("rendezvous: read round %d: %w", target, err)
-	}
+	// The registration read the assignment and the closer key; one watch
+	// covers both from there.
 	closerHeld := false
-	for _, kv := range get.Kvs {
+	for _, kv := range seen.kvs {
 		if string(kv.Key) == e.k.assignment(target) {
 			return kv.Value, false, nil
 		}
 		closerHeld = true
 	}
 	wch := e.cli.Watch(wctx, e.k.assignment(target), clientv3.WithRange(e.k.closer(target)+"\x00"),
-		clientv3.WithRev(get.Header.Revision+1))
+		clientv3.WithRev(seen.rev+1))
 	// Claim only while nobody holds the closer key: each claim is a write
 	// (a raft round). Nodes that arrive together (a first round) wait a
-	// random part of MaxNodes x 10 us first (50 ms at most), so that the
-	// first claim's key reaches the others' watch before they claim too.
+	// random part of MaxNodes x 100 us first (400 ms at 4,000 nodes, 500 ms
+	// at most), so that the first claim's key reaches the others' watch
+	// before they claim too. The first claim still comes about
+	// spread/N after the first registrations (the earliest of N draws), and
+	// a round of N nodes takes longer than that to gather them.
 	var claimC <-chan time.Time
 	if !closerHeld {
-		spread := min(time.Duration(e.o.MaxNodes)*10*time.Microsecond, 50*time.Millisecond)
+		spread := min(time.Duration(e.o.MaxNodes)*100*time.Microsecond, 500*time.Millisecond)
 		ct := time.NewTimer(rand.N(spread + 1))
 		defer ct.Stop()
 		claimC = ct.C
