@@ -595,6 +595,7 @@ func dbSize(ctx context.Context, cli *clientv3.Client, ep string) int64 {
 // and bytes, and the memory per simulated node. See docs/benchmarks.md.
 //
 //	FTL_SCALE_BENCH=1 FTL_SCALE_NODES=100,1000,4000 FTL_SCALE_SERVERS=embedded1,embedded3,debian \
+//	  [FTL_SCALE_DEBIAN_FLAGS="--experimental-backend-bbolt-freelist-type=map"] \
 //	  FTL_SCALE_REPS=5 go test -count=1 -run TestScaleMeasure -v -timeout 60m ./rendezvous/
 func TestScaleMeasure(t *testing.T) {
 	if os.Getenv("FTL_SCALE_BENCH") != "1" {
@@ -614,7 +615,9 @@ func TestScaleMeasure(t *testing.T) {
 			case "embedded3":
 				eps = embeddedCluster(t, 3)
 			case "debian":
-				p := startEtcdProc(t)
+				// FTL_SCALE_DEBIAN_FLAGS: extra etcd flags, e.g.
+				// --experimental-backend-bbolt-freelist-type=map.
+				p := startEtcdProcWith(t, "http", strings.Fields(os.Getenv("FTL_SCALE_DEBIAN_FLAGS"))...)
 				eps, serverPid = []string{p.clientURL}, p.cmd.Process.Pid
 			default:
 				t.Fatalf("FTL_SCALE_SERVERS: unknown server %q (embedded1, embedded3, debian)", srv)
