@@ -377,9 +377,15 @@ exit 0
 			env = []string{"PATH=" + fake + ":" + os.Getenv("PATH")}
 		}
 		c.addNodeV(env, "--nnodes", "2:4", "--nproc-per-node", "1", "--max-restarts", "0",
-			"--spare-filler", "exec sleep 600", "--spare-filler-reclaim-timeout", "1", "--no-python", s)
+			"--spare-filler", `echo $$ >> "$OUT/filler-$NODE.pids"; exec sleep 600`, "--spare-filler-reclaim-timeout", "1", "--no-python", s)
 	}
 	waitCount(t, filepath.Join(c.dir, "ready"), "ready0", 2, generous)
+	// Both spares run their filler before the loss: a spare still
+	// joining when the round ends would come to the next round without
+	// one, and nothing would be reclaimed from it.
+	for _, n := range []int{2, 3} {
+		waitFor(t, generous, func() bool { return len(fillerPids(t, c.dir, n)) >= 1 })
+	}
 	victim := -1
 	for _, r := range readStarts(t, c.dir) {
 		if r.node != 0 {

@@ -217,8 +217,13 @@ func New(opts Options) (*Manager, error) {
 
 func (m *Manager) makeDir() error {
 	if m.opts.Dir == "" {
-		removeStaleDirs(os.TempDir(), m.log)
-		d, lock, err := makeLockedDir(os.TempDir())
+		tmp := socketBase(os.TempDir(), m.opts.NLocal)
+		if tmp != os.TempDir() {
+			m.log.Info("the rank monitors' sockets go under /tmp: $TMPDIR is too long for a Unix socket path",
+				"tmpdir", os.TempDir(), "limit_bytes", maxSunPath)
+		}
+		removeStaleDirs(tmp, m.log)
+		d, lock, err := makeLockedDir(tmp)
 		if err != nil {
 			return err
 		}
@@ -237,6 +242,20 @@ func (m *Manager) makeDir() error {
 		return fmt.Errorf("monitor: chmod socket dir: %w", err)
 	}
 	return nil
+}
+
+// socketBase is where the private socket dir goes: under tmp ($TMPDIR),
+// unless the longest socket path there could pass the kernel's limit (a
+// scheduler's per-job TMPDIR can be long), then under /tmp, which is
+// always short enough.
+func socketBase(tmp string, nLocal int) string {
+	// ftl-mon-<pid>-<up to 10 random digits>/<longest socket name>
+	longest := max(len("launcher.sock"), len("rmon"+strconv.Itoa(max(nLocal-1, 0))+".sock"))
+	n := len(filepath.Join(tmp, socketDirPrefix)) + len(strconv.Itoa(os.Getpid())) + 1 + 10 + 1 + longest
+	if n > maxSunPath {
+		return "/tmp"
+	}
+	return tmp
 }
 
 // socketDirPrefix starts the name of private socket dirs: ftl-mon-<pid>-<rand>.

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -33,6 +34,57 @@ func TestSocketsAndPermissions(t *testing.T) {
 			t.Errorf("%s: mode %v, want socket 0600", p, st.Mode())
 		}
 	}
+	if err := m.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Errorf("socket dir still exists after Close: %v", err)
+	}
+}
+
+// TestSocketBase: the private socket dir goes under $TMPDIR unless a
+// socket path there could pass the kernel's 107 bytes, then under /tmp.
+func TestSocketBase(t *testing.T) {
+	long := "/" + strings.Repeat("d", 70)
+	tests := []struct {
+		tmp    string
+		nLocal int
+		want   string
+	}{
+		{"/tmp", 8, "/tmp"},
+		{"/var/tmp/slurm-123", 1024, "/var/tmp/slurm-123"},
+		{long, 1, "/tmp"},
+		{long[:50], 8, long[:50]},
+	}
+	for _, tt := range tests {
+		if got := socketBase(tt.tmp, tt.nLocal); got != tt.want {
+			t.Errorf("socketBase(%q, %d) = %q, want %q", tt.tmp, tt.nLocal, got, tt.want)
+		}
+	}
+}
+
+// TestLongTMPDIR: a $TMPDIR too long for a socket path (a scheduler's per-job
+// one) does not stop the monitors: their sockets go under /tmp, and the dir
+// goes when the manager closes.
+func TestLongTMPDIR(t *testing.T) {
+	long := filepath.Join(t.TempDir(), strings.Repeat("d", 100))
+	if err := os.Mkdir(long, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("TMPDIR", long)
+	m := newManager(t, 2, nil, "")
+	dir := filepath.Dir(m.RankSocket(1))
+	if filepath.Dir(dir) != "/tmp" {
+		t.Errorf("socket dir %s, want one under /tmp", dir)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	m.BeginCycle(0, map[int]int{1: os.Getpid()})
+	c, err := ftclient.ConnectPath(ctx, m.RankSocket(1), ftclient.Options{})
+	if err != nil {
+		t.Fatalf("connect to %s: %v", m.RankSocket(1), err)
+	}
+	c.Close()
 	if err := m.Close(); err != nil {
 		t.Fatal(err)
 	}
