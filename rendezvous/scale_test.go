@@ -1,10 +1,12 @@
 package rendezvous
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"net/url"
 	"os"
 	"os/exec"
@@ -588,6 +590,48 @@ func dbSize(ctx context.Context, cli *clientv3.Client, ep string) int64 {
 	return st.DbSize
 }
 
+// serverMetrics sums the etcd server's Prometheus metrics named in
+// FTL_SCALE_METRICS (comma list) over their label sets, read from
+// <endpoint>/metrics; nil when none are asked for or the read fails.
+func serverMetrics(ep string) map[string]float64 {
+	names := strings.Split(os.Getenv("FTL_SCALE_METRICS"), ",")
+	if names[0] == "" {
+		return nil
+	}
+	resp, err := http.Get(strings.TrimSuffix(ep, "/") + "/metrics")
+	if err != nil {
+		return nil
+	}
+	defer resp.Body.Close()
+	out := map[string]float64{}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) != 2 || strings.HasPrefix(f[0], "#") {
+			continue
+		}
+		name, _, _ := strings.Cut(f[0], "{")
+		if slices.Contains(names, name) {
+			v, _ := strconv.ParseFloat(f[1], 64)
+			out[name] += v
+		}
+	}
+	return out
+}
+
+// metricsDelta is "name=after-before ..." in the order asked for.
+func metricsDelta(before, after map[string]float64) string {
+	if after == nil {
+		return ""
+	}
+	var b strings.Builder
+	for _, name := range strings.Split(os.Getenv("FTL_SCALE_METRICS"), ",") {
+		fmt.Fprintf(&b, " %s=%.4g", name, after[name]-before[name])
+	}
+	return "; etcd metrics:" + b.String()
+}
+
 // TestScaleMeasure is the opt-in scale measurement (FTL_SCALE_BENCH=1):
 // for each server kind and node count it runs FTL_SCALE_REPS jobs (first
 // round, restart after a rank crash, swap after a node loss, restart
@@ -596,6 +640,7 @@ func dbSize(ctx context.Context, cli *clientv3.Client, ep string) int64 {
 //
 //	FTL_SCALE_BENCH=1 FTL_SCALE_NODES=100,1000,4000 FTL_SCALE_SERVERS=embedded1,embedded3,debian \
 //	  [FTL_SCALE_DEBIAN_FLAGS="--experimental-backend-bbolt-freelist-type=map"] \
+//	  [FTL_SCALE_METRICS=etcd_debugging_mvcc_slow_watcher_total,etcd_disk_backend_commit_duration_seconds_sum] \
 //	  FTL_SCALE_REPS=5 go test -count=1 -run TestScaleMeasure -v -timeout 60m ./rendezvous/
 func TestScaleMeasure(t *testing.T) {
 	if os.Getenv("FTL_SCALE_BENCH") != "1" {
@@ -663,15 +708,18 @@ func measureScale(t *testing.T, eps []string, serverPid, n, reps int) {
 			goPer = append(goPer, float64(g1-g0)/float64(n+spares))
 			db0 := dbSize(ctx, j.clients[0], eps[0])
 			cpu0, srv0 := cpuTime(serverPid), procCPU(serverPid)
+			met0 := serverMetrics(eps[0])
 			add := func(p phase, as map[int]Assignment) {
 				r, s, rc := p.load.totals()
 				cpu1, srv1 := cpuTime(serverPid), procCPU(serverPid)
+				met1 := serverMetrics(eps[0])
+				defer func() { met0 = met1 }()
 				row := scaleRow{took: p.took, reqs: r, sentB: s, recvB: rc, load: p.load, cpu: cpu1 - cpu0, srvCPU: srv1 - srv0}
 				cpu0, srv0 = cpu1, srv1
 				row.fromOpen = p.fromOpen
 				rows[p.name] = append(rows[p.name], row)
-				t.Logf("rep %d %s: %v, CPU %v (etcd process %v), %d requests, %s out, %s in;%s", rep, p.name, p.took.Round(time.Millisecond),
-					row.cpu.Round(time.Millisecond), row.srvCPU.Round(time.Millisecond), r, kib(s), kib(rc), p.load)
+				t.Logf("rep %d %s: %v, CPU %v (etcd process %v), %d requests, %s out, %s in;%s%s", rep, p.name, p.took.Round(time.Millisecond),
+					row.cpu.Round(time.Millisecond), row.srvCPU.Round(time.Millisecond), r, kib(s), kib(rc), p.load, metricsDelta(met0, met1))
 			}
 			var real *realLauncher
 			if bin := os.Getenv("FTL_SCALE_LAUNCHER"); bin != "" && rep == 0 {
