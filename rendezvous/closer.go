@@ -27,14 +27,16 @@ func (e *Etcd) claimCloser(ctx context.Context, r int) (bool, error) {
 // the population view of a restart round (gate) and the timer of the
 // next deadline of the round-closing rule (decideClose).
 type closerRun struct {
-	e        *Etcd
-	r        int
-	present  map[string]bool
-	wch      clientv3.WatchChan
-	timer    *time.Timer
-	minMetAt time.Time            // when MIN members were first present
-	suspects map[string]time.Time // first seen suspected by this node's gossip
-	gate     *rejoinGate
+	e       *Etcd
+	r       int
+	present map[string]bool
+	wch     clientv3.WatchChan
+	// cancelWatch ends wch (replaced at each list).
+	cancelWatch context.CancelFunc
+	timer       *time.Timer
+	minMetAt    time.Time            // when MIN members were first present
+	suspects    map[string]time.Time // first seen suspected by this node's gossip
+	gate        *rejoinGate
 }
 
 // closeStep is what one attempt to close the round led to.
@@ -53,22 +55,11 @@ func (e *Etcd) runCloser(ctx context.Context, r int) {
 	// The closer holds the key: giving up here would leave the round with
 	// no closer until this node goes, so a failed read (etcd overloaded by
 	// a whole job registering at once) is retried while the round waits.
-	var get *clientv3.GetResponse
-	for {
-		var err error
-		get, err = e.cli.Get(ctx, e.k.nodes(r), clientv3.WithPrefix(), clientv3.WithKeysOnly())
-		if err == nil {
-			break
-		}
-		e.log.Debug("closer: list members", "round", r, "err", err)
+	c := &closerRun{e: e, r: r, present: map[string]bool{}, suspects: map[string]time.Time{}}
+	for !c.list(ctx) {
 		if ctx.Err() != nil || !sleepCtx(ctx, retryPause) {
 			return
 		}
-	}
-	c := &closerRun{e: e, r: r, present: map[string]bool{}, suspects: map[string]time.Time{},
-		wch: e.cli.Watch(ctx, e.k.nodes(r), clientv3.WithPrefix(), clientv3.WithRev(get.Header.Revision+1))}
-	for _, kv := range get.Kvs {
-		c.present[strings.TrimPrefix(string(kv.Key), e.k.nodes(r))] = true
 	}
 	defer c.stop()
 	for {
@@ -175,11 +166,61 @@ func (c *closerRun) arm(now, until time.Time) {
 	}
 }
 
+// resyncEvery bounds how long a closer trusts its watches alone while it
+// waits with no deadline of the rule armed (below MIN, or its round not
+// open in its view): a watch of a loaded etcd cluster that stalls or
+// breaks must not hold a round whose nodes have all registered.
+const resyncEvery = 2 * time.Second
+
+// list reads round r's members (keys only) and the revision they were read
+// at, takes them as the closer's view, and watches them from there; false
+// when the read failed. A view that differs from what the watch had built
+// is logged: the watch missed events.
+func (c *closerRun) list(ctx context.Context) bool {
+	e, r := c.e, c.r
+	get, err := e.cli.Get(ctx, e.k.nodes(r), clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	if err != nil {
+		e.log.Debug("closer: list members", "round", r, "err", err)
+		return false
+	}
+	present := make(map[string]bool, len(get.Kvs))
+	for _, kv := range get.Kvs {
+		present[strings.TrimPrefix(string(kv.Key), e.k.nodes(r))] = true
+	}
+	if c.wch != nil && len(present) != len(c.present) {
+		e.log.Warn("closer: the members watch was behind; resynced", "round", r,
+			"watched", len(c.present), "listed", len(present))
+	}
+	if c.cancelWatch != nil {
+		c.cancelWatch()
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	c.present, c.cancelWatch = present, cancel
+	c.wch = e.cli.Watch(wctx, e.k.nodes(r), clientv3.WithPrefix(), clientv3.WithRev(get.Header.Revision+1))
+	return true
+}
+
+// resync re-lists the members and re-reads the job's round.
+func (c *closerRun) resync(ctx context.Context) {
+	before := c.e.currentCtlRound()
+	if _, err := c.e.loadCtl(ctx); err != nil {
+		c.e.log.Debug("closer: read the job's round", "round", c.r, "err", err)
+	} else if after := c.e.currentCtlRound(); after != before {
+		c.e.log.Warn("closer: the job's round watch was behind; resynced", "round", c.r, "watched", before, "read", after)
+	}
+	c.list(ctx)
+}
+
 // wait blocks for the next event; false means the closer should stop.
 func (c *closerRun) wait(ctx context.Context, changed <-chan struct{}) bool {
 	var deadline <-chan time.Time
+	resync := false
 	if c.timer != nil {
 		deadline = c.timer.C
+	} else {
+		t := time.NewTimer(resyncEvery)
+		defer t.Stop()
+		deadline, resync = t.C, true
 	}
 	var gateCh <-chan struct{}
 	if c.gate != nil {
@@ -190,12 +231,24 @@ func (c *closerRun) wait(ctx context.Context, changed <-chan struct{}) bool {
 		return false
 	case <-changed:
 	case <-deadline:
-		c.timer = nil
+		if resync {
+			c.resync(ctx)
+		} else {
+			c.timer = nil
+		}
 	case <-gateCh:
 		c.gate.refresh()
 	case wr, ok := <-c.wch:
 		if !ok || wr.Err() != nil {
-			return false
+			// The stream broke (no leader, compaction): list again, and
+			// watch from there.
+			if ctx.Err() != nil {
+				return false
+			}
+			if !c.list(ctx) && !sleepCtx(ctx, retryPause) {
+				return false
+			}
+			return true
 		}
 		for _, ev := range wr.Events {
 			id := strings.TrimPrefix(string(ev.Kv.Key), c.e.k.nodes(c.r))
@@ -212,6 +265,9 @@ func (c *closerRun) wait(ctx context.Context, changed <-chan struct{}) bool {
 func (c *closerRun) stop() {
 	if c.timer != nil {
 		c.timer.Stop()
+	}
+	if c.cancelWatch != nil {
+		c.cancelWatch()
 	}
 	if c.gate != nil {
 		c.gate.stop()

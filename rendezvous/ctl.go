@@ -195,3 +195,10 @@ func (e *Etcd) closeLocally(why string) {
 		e.roundStop = nil
 	}
 }
+
+// currentCtlRound is the job's round as last seen from etcd.
+func (e *Etcd) currentCtlRound() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.ctlRound
+}

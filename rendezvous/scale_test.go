@@ -123,8 +123,10 @@ func (j *simJob) start(ctx context.Context) time.Duration {
 			e, err := NewEtcd(ctx, EtcdOptions{Client: j.clients[i%len(j.clients)], RunID: j.run, NodeID: id,
 				LocalAddr: "127.0.0.1", NProcPerNode: j.cfg.nproc, MinNodes: j.cfg.nodes, MaxNodes: n,
 				MaxRestarts: 1000, InfraRank: -1, DisableGossip: true, LeaseTTL: j.cfg.leaseTTL,
-				// Not even formatted: N nodes' logs would be N hosts' work.
-				Logger: slog.New(slog.DiscardHandler)})
+				// Not even formatted: N nodes' logs would be N hosts' work;
+				// only warnings (rare: a watch behind, a lease lost) reach
+				// the test's log.
+				Logger: slog.New(warnHandler{t: j.t})})
 			if err != nil {
 				errs[i] = err
 				return
@@ -589,6 +591,28 @@ func dbSize(ctx context.Context, cli *clientv3.Client, ep string) int64 {
 	}
 	return st.DbSize
 }
+
+// warnHandler passes the simulated nodes' warnings and errors to the
+// test's log and drops the rest unformatted.
+type warnHandler struct {
+	t     testing.TB
+	attrs []slog.Attr
+}
+
+func (h warnHandler) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelWarn }
+func (h warnHandler) Handle(_ context.Context, r slog.Record) error {
+	var b strings.Builder
+	for _, a := range h.attrs {
+		fmt.Fprintf(&b, " %s=%v", a.Key, a.Value)
+	}
+	r.Attrs(func(a slog.Attr) bool { fmt.Fprintf(&b, " %s=%v", a.Key, a.Value); return true })
+	h.t.Logf("node %s: %s%s", r.Level, r.Message, b.String())
+	return nil
+}
+func (h warnHandler) WithAttrs(as []slog.Attr) slog.Handler {
+	return warnHandler{t: h.t, attrs: append(slices.Clip(h.attrs), as...)}
+}
+func (h warnHandler) WithGroup(string) slog.Handler { return h }
 
 // serverMetrics sums the etcd server's Prometheus metrics named in
 // FTL_SCALE_METRICS (comma list) over their label sets, read from
