@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+
 	"github.com/ftlauncher/ft-launcher/metrics"
 )
 
@@ -565,4 +567,59 @@ func TestIsLocalEndpoint(t *testing.T) {
 			t.Errorf("IsLocalEndpoint(%q, %q) = %v, want %v", tc.ep, tc.local, got, tc.want)
 		}
 	}
+}
+
+// TestEtcdWaiterReRegistersAfterLeaseExpiry: a node waiting for a round
+// whose lease expires (etcd answered its renewals too late; here the lease
+// is revoked from outside) loses its membership with it. It takes a new
+// lease and registers again, so the round still closes with it when the
+// other node comes; before, the round waited for a member that was gone.
+func TestEtcdWaiterReRegistersAfterLeaseExpiry(t *testing.T) {
+	m := startEmbedded(t)
+	c := &cluster{t: t, ep: m.Endpoint(), run: t.Name()}
+	a := c.add(c.opts(0, 1, 2, 2, 2))
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	type result struct {
+		a   Assignment
+		err error
+	}
+	got := make(chan result, 1)
+	go func() {
+		as, err := a.Next(ctx)
+		got <- result{as, err}
+	}()
+	member := a.k.member(0, a.o.NodeID)
+	waitMember := func() int64 {
+		for ctx.Err() == nil {
+			resp, err := a.cli.Get(ctx, member)
+			if err == nil && len(resp.Kvs) > 0 {
+				return resp.Kvs[0].Lease
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		t.Fatalf("node never registered in round 0")
+		return 0
+	}
+	old := waitMember()
+	if _, err := a.cli.Revoke(ctx, clientv3.LeaseID(old)); err != nil {
+		t.Fatalf("revoke: %v", err)
+	}
+	// Registered again, under a new lease.
+	for ctx.Err() == nil {
+		if l := waitMember(); l != old {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	b := c.add(c.opts(1, 1, 2, 2, 2))
+	bs, err := b.Next(ctx)
+	if err != nil {
+		t.Fatalf("second node: %v", err)
+	}
+	r := <-got
+	if r.err != nil {
+		t.Fatalf("first node: %v", r.err)
+	}
+	checkConsistent(t, []Assignment{r.a, bs}, 1, 2)
 }

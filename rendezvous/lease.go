@@ -52,6 +52,11 @@ func (e *Etcd) renewLease(ctx context.Context, old clientv3.LeaseID) error {
 		return err
 	}
 	e.reputAlive()
+	// A node waiting for a round lost its membership with the old lease:
+	// wake it so that it registers again (waitAssignment).
+	e.mu.Lock()
+	e.broadcastLocked()
+	e.mu.Unlock()
 	return nil
 }
 

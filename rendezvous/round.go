@@ -202,8 +202,9 @@ func (e *Etcd) joinRound(ctx context.Context, target int) (Assignment, bool, err
 // roundRead is the round's assignment and closer keys as the registration
 // txn read them, and the revision to watch them from.
 type roundRead struct {
-	kvs []*mvccpb.KeyValue
-	rev int64
+	kvs   []*mvccpb.KeyValue
+	rev   int64
+	lease clientv3.LeaseID // the lease the membership was put under
 }
 
 // register writes rounds/<target>/nodes/<id> under the lease, fenced on the
@@ -258,7 +259,8 @@ func (e *Etcd) register(ctx context.Context, target int) (roundRead, error) {
 		if rerr := e.renewLease(ctx, lease); rerr != nil {
 			return roundRead{}, fmt.Errorf("rendezvous: join round %d: renew expired lease: %w", target, rerr)
 		}
-		resp, err = put(e.currentLease())
+		lease = e.currentLease()
+		resp, err = put(lease)
 	}
 	if err != nil {
 		return roundRead{}, fmt.Errorf("rendezvous: join round %d: %w", target, err)
@@ -282,7 +284,7 @@ func (e *Etcd) register(ctx context.Context, target int) (roundRead, error) {
 	if !resp.Succeeded {
 		read0 = resp.Responses[0].GetResponseRange()
 	}
-	return roundRead{kvs: read0.GetKvs(), rev: resp.Header.Revision}, nil
+	return roundRead{kvs: read0.GetKvs(), rev: resp.Header.Revision, lease: lease}, nil
 }
 
 // errDeclaredDead: this node's registration found its death record (its
@@ -335,6 +337,13 @@ func (e *Etcd) waitAssignment(ctx context.Context, target int, seen roundRead) (
 			return nil, false, &JobClosedError{Kind: closed.Kind, Code: closed.Code, Reason: closed.Reason}
 		}
 		if cur > target {
+			return nil, true, nil
+		}
+		if e.currentLease() != seen.lease {
+			// The lease expired while we waited (etcd answered renewals
+			// too late) and our membership went with it: register again
+			// under the new one, or the round may never see MIN nodes.
+			e.log.Warn("membership lease replaced while waiting for a round; registering again", "round", target)
 			return nil, true, nil
 		}
 		if cur == target && !timers.armed() {
