@@ -117,7 +117,7 @@ func (e *Etcd) newClient(ctx context.Context, cfg clientv3.Config) (*clientv3.Cl
 				e.endpoints(), cfg.Username, err)
 		}
 		if cfg.Username == "" || ctx.Err() != nil || time.Now().After(deadline) || !sleepCtx(ctx, retryPause) {
-			return nil, fmt.Errorf("etcd unreachable at %s after %v: %w%s", e.endpoints(), e.o.ConnectTimeout, err, e.tlsHintCfg(ctx, cfg.TLS))
+			return nil, fmt.Errorf("%w at %s after %v: %w%s", ErrUnreachable, e.endpoints(), e.o.ConnectTimeout, err, e.tlsHintCfg(ctx, cfg.TLS))
 		}
 	}
 }
@@ -187,7 +187,7 @@ func (e *Etcd) waitReachable(ctx context.Context) error {
 			return fmt.Errorf("connect to etcd at %s: %w", e.endpoints(), ctx.Err())
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("etcd unreachable at %s after %v: %w%s", e.endpoints(), e.o.ConnectTimeout, err, e.tlsHint(ctx))
+			return fmt.Errorf("%w at %s after %v: %w%s", ErrUnreachable, e.endpoints(), e.o.ConnectTimeout, err, e.tlsHint(ctx))
 		}
 		if !sleepCtx(ctx, retryPause) {
 			return fmt.Errorf("connect to etcd at %s: %w", e.endpoints(), ctx.Err())

@@ -169,16 +169,11 @@ func (g gossipEvents) NotifyLeave(n *memberlist.Node) {
 }
 
 func (e *Etcd) startGossip() error {
+	// Port 0: memberlist binds a free TCP port and its UDP twin itself,
+	// trying again when the twin is taken. Picking a free port here and
+	// binding it later lost races to other sockets (an outgoing
+	// connection's ephemeral port): "bind: address already in use".
 	port := e.o.GossipPort
-	if port == 0 {
-		// memberlist needs the same port for TCP and UDP; pick a free TCP
-		// one and let memberlist fail loudly if its UDP twin is taken.
-		p, err := FreePort(e.o.LocalAddr)
-		if err != nil {
-			return fmt.Errorf("rendezvous: gossip port: %w", err)
-		}
-		port = p
-	}
 	// memberlist binds and advertises only an IP: a host name given as
 	// the local address is resolved here.
 	ips, err := (Resolver{}).Resolve(e.o.LocalAddr)
@@ -196,6 +191,7 @@ func (e *Etcd) startGossip() error {
 	if err != nil {
 		return fmt.Errorf("rendezvous: start gossip on %s:%d: %w", addr, port, err)
 	}
+	port = int(ml.LocalNode().Port)
 	e.mu.Lock()
 	e.ml = ml
 	e.gossipAddr = net.JoinHostPort(addr, strconv.Itoa(port))

@@ -92,6 +92,9 @@ type Decision struct {
 // ErrClosed is returned by Next once the job has been closed.
 var ErrClosed = errors.New("rendezvous closed")
 
+// ErrUnreachable: etcd did not answer within the connect timeout at start.
+var ErrUnreachable = errors.New("etcd unreachable")
+
 // Errors the agent maps to outcome kinds (wrapped with details).
 var (
 	// ErrRendezvousLost: the rendezvous store was unreachable past its

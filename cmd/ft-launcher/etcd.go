@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -77,7 +78,9 @@ func newEtcdRendezvous(ctx context.Context, cfg *configs.Config, log *slog.Logge
 	if err != nil {
 		cleanup()
 		err = fmt.Errorf("etcd rendezvous at %v: %w", rz.Endpoints, err)
-		if rz.Mode == configs.RdzvEmbedded && !rz.HostsEtcd && ctx.Err() == nil {
+		// Only when nothing answered: a local failure (a port, gossip)
+		// says nothing about who hosts the embedded etcd.
+		if rz.Mode == configs.RdzvEmbedded && !rz.HostsEtcd && ctx.Err() == nil && errors.Is(err, rendezvous.ErrUnreachable) {
 			err = fmt.Errorf("%w; %s", err, noHostHint(cfg))
 		}
 		return nil, nil, err
