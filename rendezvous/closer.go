@@ -282,9 +282,16 @@ func (e *Etcd) writeAssignment(ctx context.Context, r int) error {
 	if err != nil {
 		return err
 	}
-	prev, pinned, err := e.previousRanks(ctx, r)
+	prevInfo, err := e.previousRanks(ctx, r)
 	if err != nil {
 		return err
+	}
+	prev, pinned := map[string]int{}, map[string]int{}
+	for id, ri := range prevInfo {
+		prev[id] = ri.Order
+		if !ri.Standby {
+			pinned[id] = ri.GroupRank
+		}
 	}
 	orderMembers(ms, prev)
 	ranks, sum, err := assign(ms, e.o.MinNodes, pinned)
@@ -292,6 +299,7 @@ func (e *Etcd) writeAssignment(ctx context.Context, r int) error {
 		return err
 	}
 	sum.Round, sum.MembersRev = r, rev
+	rankDelta(&sum, prevInfo, ranks)
 	// Fenced below on ctl/round == r, and the count only changes with the
 	// round: this is the count round r opened with.
 	if sum.RestartsUsed, err = e.readRestarts(ctx); err != nil {
@@ -331,28 +339,25 @@ func (e *Etcd) readCandidates(ctx context.Context, r int) ([]memberInfo, int64, 
 	return ms, get.Header.Revision, nil
 }
 
-// previousRanks reads round r-1's order (prev) and its actives' group
-// ranks (pinned: they keep their slot).
-func (e *Etcd) previousRanks(ctx context.Context, r int) (prev, pinned map[string]int, err error) {
-	prev, pinned = map[string]int{}, map[string]int{}
+// previousRanks reads round r-1's rank entries by node: their order and
+// group ranks decide this round's (actives keep their slot), and the
+// summary lists the nodes whose entry changes (rankDelta).
+func (e *Etcd) previousRanks(ctx context.Context, r int) (map[string]rankInfo, error) {
+	prev := map[string]rankInfo{}
 	if r == 0 {
-		return prev, pinned, nil
+		return prev, nil
 	}
 	pg, err := e.cli.Get(ctx, e.k.ranks(r-1), clientv3.WithPrefix())
 	if err != nil {
-		return nil, nil, fmt.Errorf("read previous ranks: %w", err)
+		return nil, fmt.Errorf("read previous ranks: %w", err)
 	}
 	for _, kv := range pg.Kvs {
 		var ri rankInfo
 		if json.Unmarshal(kv.Value, &ri) == nil {
-			id := strings.TrimPrefix(string(kv.Key), e.k.ranks(r-1))
-			prev[id] = ri.Order
-			if !ri.Standby {
-				pinned[id] = ri.GroupRank
-			}
+			prev[strings.TrimPrefix(string(kv.Key), e.k.ranks(r-1))] = ri
 		}
 	}
-	return prev, pinned, nil
+	return prev, nil
 }
 
 // writeRanks writes every rank key, then the summary, in fenced batches.

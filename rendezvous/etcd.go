@@ -115,18 +115,23 @@ type Etcd struct {
 	wg     sync.WaitGroup
 	ml     *memberlist.Memberlist
 
-	mu         sync.Mutex
-	lease      clientv3.LeaseID
-	kaStop     context.CancelFunc // moves the keep-alive loop to a replaced lease
-	state      nodeState
-	cfg        *jobConfig // job config as stored, after the first successful check
-	ctlRound   int        // the job's current round, as last seen from etcd
-	closed     *closeInfo // the job's close record, or a local close (etcd lost, Leave)
-	ends       map[int]*endSub
-	lastEnds   map[int]endInfo
-	changed    chan struct{} // closed and replaced on every ctl change
-	lastRound  int           // round of the last assignment this node got; -1 none
-	reborn     int           // the lastRound after which this node took a new lease; -1 none
+	mu        sync.Mutex
+	lease     clientv3.LeaseID
+	kaStop    context.CancelFunc // moves the keep-alive loop to a replaced lease
+	state     nodeState
+	cfg       *jobConfig // job config as stored, after the first successful check
+	ctlRound  int        // the job's current round, as last seen from etcd
+	closed    *closeInfo // the job's close record, or a local close (etcd lost, Leave)
+	ends      map[int]*endSub
+	lastEnds  map[int]endInfo
+	changed   chan struct{} // closed and replaced on every ctl change
+	lastRound int           // round of the last assignment this node got; -1 none
+	// rankRound is the round whose rank entry (key) this node holds in
+	// rank, -1 none: a round whose summary says the entry is unchanged
+	// (roundSummary.Delta) reuses it instead of reading the key.
+	rankRound  int
+	rank       rankInfo
+	reborn     int // the lastRound after which this node took a new lease; -1 none
 	assigned   map[int]roundSummary
 	roundStop  context.CancelFunc // stops the watchers of the active round
 	lastProbe  time.Time
@@ -156,7 +161,7 @@ func NewEtcd(ctx context.Context, opts EtcdOptions) (*Etcd, error) {
 	}
 	e := &Etcd{o: opts, log: opts.Logger.With("node", opts.NodeID, "run_id", opts.RunID),
 		rk: runKeys{base: opts.KeyPrefix + opts.RunID + "/"}, ends: map[int]*endSub{},
-		lastEnds: map[int]endInfo{}, changed: make(chan struct{}), lastRound: -1, reborn: -1,
+		lastEnds: map[int]endInfo{}, changed: make(chan struct{}), lastRound: -1, reborn: -1, rankRound: -1,
 		assigned: map[int]roundSummary{}, ctlRound: -1, lastAck: map[string]time.Time{}, ledgerClosed: map[int]map[string][]ledger.Record{}}
 	e.ctx, e.cancel = context.WithCancel(context.Background())
 	e.lost, e.loseFn = context.WithCancelCause(e.ctx)

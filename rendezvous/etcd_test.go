@@ -9,6 +9,8 @@ import (
 	"github.com/ftlauncher/ft-launcher/verdict"
 	"io"
 	"log/slog"
+	"maps"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -373,25 +375,54 @@ func crash(e *Etcd) {
 	e.ownsClient = false
 }
 
+// TestEtcdLeaseBackstopWithoutGossip: with gossip off, a crashed node's
+// lease expiry ends the round for every survivor, whether the lost node is
+// one of the lossWatchers that watch the member keys, one that only they
+// watch, or two of the three watchers at once.
 func TestEtcdLeaseBackstopWithoutGossip(t *testing.T) {
 	m := startEmbedded(t)
-	c := &cluster{t: t, ep: m.Endpoint(), run: t.Name()}
-	for i := 0; i < 2; i++ {
-		o := c.opts(i, 1, 2, 2, 2)
-		o.DisableGossip = true
-		c.add(o)
-	}
-	as := nextAll(t, c.nodes)
-	checkConsistent(t, as, 1, 2)
-	victim := 0
-	if as[1].GroupRank == 1 {
-		victim = 1 // the non-master: the master's prefix watch must see it
-	}
-	end := c.nodes[1-victim].Ended(0)
-	crash(c.nodes[victim])
-	e := waitEnd(t, end, 15*time.Second)
-	if e.Kind != EndRestart || !strings.Contains(e.Reason, "lease expired") {
-		t.Fatalf("end: %+v", e)
+	for _, tc := range []struct {
+		name    string
+		victims []int // group ranks crashed together
+	}{
+		{"a watcher (group rank 0)", []int{0}},
+		{"a node only the watchers see (group rank 4)", []int{4}},
+		{"two of the three watchers at once (group ranks 0 and 1)", []int{0, 1}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := &cluster{t: t, ep: m.Endpoint(), run: strings.ReplaceAll(t.Name(), "/", "_")}
+			for i := 0; i < 5; i++ {
+				o := c.opts(i, 1, 5, 5, 2)
+				o.DisableGossip = true
+				c.add(o)
+			}
+			as := nextAll(t, c.nodes)
+			checkConsistent(t, as, 1, 5)
+			lost := map[int]bool{}
+			for i, a := range as {
+				if slices.Contains(tc.victims, a.GroupRank) {
+					lost[i] = true
+				}
+			}
+			ends := map[int]<-chan RoundEnd{}
+			for i, n := range c.nodes {
+				if !lost[i] {
+					ends[i] = n.Ended(0)
+				}
+			}
+			for i := range lost {
+				crash(c.nodes[i])
+			}
+			for i, ch := range ends {
+				e := waitEnd(t, ch, 15*time.Second)
+				if e.Kind != EndRestart || !strings.Contains(e.Reason, "lease expired") {
+					t.Fatalf("node %d: end %+v, want a restart for an expired lease", i, e)
+				}
+				if !slices.ContainsFunc(slices.Collect(maps.Keys(lost)), func(v int) bool { return c.nodes[v].NodeID() == e.Node }) {
+					t.Fatalf("node %d: end names %s, not a crashed node", i, e.Node)
+				}
+			}
+		})
 	}
 }
 

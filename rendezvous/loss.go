@@ -75,18 +75,23 @@ func (e *Etcd) probe() {
 	}
 }
 
-// watchLoss is the lease-expiry backstop for node loss in active round r:
-// group rank 0 watches every member key for deletion, the others watch
-// group rank 0's. Puts are filtered out server-side, so this costs O(1)
-// events per node. It stops when the round ends.
+// lossWatchers is how many active nodes (group ranks 0 to lossWatchers-1)
+// watch a round's member keys for deletion. Three independent watchers
+// keep the backstop when one or two of them are among the lost; the other
+// nodes learn of the end through the ctl watch. (Every node watching group
+// rank 0's key, as before, cost each node a watch created and cancelled per
+// round, a catch-up read of the round's writes for each of those watches
+// in etcd, and on group rank 0's loss one end-round txn per node.)
+const lossWatchers = 3
+
+// watchLoss is the lease-expiry backstop for node loss in active round r,
+// run by group ranks 0 to lossWatchers-1: it watches every member key of
+// the round for deletion from the revision the membership was read at.
+// Puts are filtered out server-side, so it costs O(lost) events. It stops
+// when the round ends.
 func (e *Etcd) watchLoss(ctx context.Context, r int, sum roundSummary) {
 	defer e.wg.Done()
-	var wch clientv3.WatchChan
-	if sum.MasterNode == e.o.NodeID {
-		wch = e.cli.Watch(ctx, e.k.nodes(r), clientv3.WithPrefix(), clientv3.WithFilterPut(), clientv3.WithRev(sum.MembersRev+1))
-	} else {
-		wch = e.cli.Watch(ctx, e.k.member(r, sum.MasterNode), clientv3.WithFilterPut(), clientv3.WithRev(sum.MembersRev+1))
-	}
+	wch := e.cli.Watch(ctx, e.k.nodes(r), clientv3.WithPrefix(), clientv3.WithFilterPut(), clientv3.WithRev(sum.MembersRev+1))
 	for wr := range wch {
 		if wr.Err() != nil {
 			return

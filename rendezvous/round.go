@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"time"
 
@@ -187,7 +188,7 @@ func (e *Etcd) joinRound(ctx context.Context, target int) (Assignment, bool, err
 	if err := json.Unmarshal(sumRaw, &sum); err != nil {
 		return Assignment{}, false, fmt.Errorf("rendezvous: bad assignment for round %d: %w", target, err)
 	}
-	ri, err := e.readRank(ctx, target)
+	ri, err := e.roundRank(ctx, target, sum)
 	if err != nil {
 		return Assignment{}, false, err
 	}
@@ -436,20 +437,43 @@ func (c *closerSlot) wait() {
 	}
 }
 
-// readRank reads this node's rank entry; a node not listed arrived after
-// the round closed and is a standby.
-func (e *Etcd) readRank(ctx context.Context, target int) (rankInfo, error) {
-	rresp, err := e.cli.Get(ctx, e.k.rank(target, e.o.NodeID))
-	if err != nil {
-		return rankInfo{}, fmt.Errorf("rendezvous: read rank for round %d: %w", target, err)
-	}
-	ri := rankInfo{GroupRank: -1, Standby: true}
-	if len(rresp.Kvs) > 0 {
-		if err := json.Unmarshal(rresp.Kvs[0].Value, &ri); err != nil {
-			return rankInfo{}, fmt.Errorf("rendezvous: bad rank for round %d: %w", target, err)
+// roundRank is this node's rank entry in round target: the previous
+// round's when the summary says it did not change, else read from its key.
+func (e *Etcd) roundRank(ctx context.Context, target int, sum roundSummary) (rankInfo, error) {
+	e.mu.Lock()
+	kept, ri := sum.Delta && e.rankRound == target-1 && !slices.Contains(sum.Changed, e.o.NodeID), e.rank
+	e.mu.Unlock()
+	keyed := true
+	if !kept {
+		var err error
+		if ri, keyed, err = e.readRank(ctx, target); err != nil {
+			return rankInfo{}, err
 		}
 	}
+	e.mu.Lock()
+	e.rankRound, e.rank = -1, rankInfo{}
+	if keyed {
+		e.rankRound, e.rank = target, ri
+	}
+	e.mu.Unlock()
 	return ri, nil
+}
+
+// readRank reads this node's rank entry; a node not listed (keyed false)
+// arrived after the round closed and is a standby.
+func (e *Etcd) readRank(ctx context.Context, target int) (ri rankInfo, keyed bool, err error) {
+	rresp, err := e.cli.Get(ctx, e.k.rank(target, e.o.NodeID))
+	if err != nil {
+		return rankInfo{}, false, fmt.Errorf("rendezvous: read rank for round %d: %w", target, err)
+	}
+	ri = rankInfo{GroupRank: -1, Standby: true}
+	if len(rresp.Kvs) == 0 {
+		return ri, false, nil
+	}
+	if err := json.Unmarshal(rresp.Kvs[0].Value, &ri); err != nil {
+		return rankInfo{}, false, fmt.Errorf("rendezvous: bad rank for round %d: %w", target, err)
+	}
+	return ri, true, nil
 }
 
 // adopt records the assignment of round target and, for an active node
@@ -482,8 +506,11 @@ func (e *Etcd) adopt(target int, sum roundSummary, ri rankInfo) Assignment {
 	if stale {
 		rcancel()
 	} else if !a.Standby {
-		e.wg.Add(2)
-		go e.watchLoss(rctx, target, sum)
+		if a.GroupRank < lossWatchers {
+			e.wg.Add(1)
+			go e.watchLoss(rctx, target, sum)
+		}
+		e.wg.Add(1)
 		go e.watchStreams(rctx, target, ri.Watch)
 		e.gossipJoin(sum.Seeds)
 	}

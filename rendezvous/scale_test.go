@@ -446,9 +446,20 @@ func TestScaleSmallJob(t *testing.T) {
 	defer cancel()
 	j := newSimJob(t, []string{m.Endpoint()}, simConfig{nodes: 100, spares: 3, clients: 4})
 	j.start(ctx)
-	_, as := j.firstRound(ctx)
-	_, as = j.rankFailure(ctx, "restart after a rank crash", 0, as)
-	_, as, lost := j.nodeLoss(ctx, 1, as)
+	p, as := j.firstRound(ctx)
+	if n := p.load["Range"].Calls; n < 100 {
+		t.Fatalf("first round: %d reads, want at least one rank read per node", n)
+	}
+	// A round that changes no rank (a restart) or a few (a swap) is read
+	// from the summary's delta: the closer's few reads, not one per node.
+	p, as = j.rankFailure(ctx, "restart after a rank crash", 0, as)
+	if n := p.load["Range"].Calls; n > 20 {
+		t.Fatalf("restart round: %d reads, want the rank entries from the summary's delta (at most 20)", n)
+	}
+	p, as, lost := j.nodeLoss(ctx, 1, as)
+	if n := p.load["Range"].Calls; n > 20 {
+		t.Fatalf("swap round: %d reads, want the rank entries from the summary's delta (at most 20)", n)
+	}
 	for r := 2; r < 6; r++ {
 		_, as = j.rankFailure(ctx, "restart after the swap", r, as)
 	}

@@ -2,6 +2,7 @@ package rendezvous
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"time"
@@ -116,6 +117,42 @@ type roundSummary struct {
 	// RestartsUsed is ctl/restarts when the round closed (it only changes
 	// together with ctl/round, so it is the count the round opened with).
 	RestartsUsed int `json:"restarts_used"`
+	// Delta says that every node with a rank entry in round Round-1 that is
+	// not listed in Changed has the same entry in this round (Order aside):
+	// such a node skips reading its rank key. Most restart rounds change no
+	// rank at all, so at 4,000 nodes this saves 4,000 reads per round. A
+	// launcher that does not know the fields reads its key as before.
+	Delta   bool     `json:"delta,omitempty"`
+	Changed []string `json:"changed,omitempty"`
+}
+
+// maxRankDelta bounds Changed: the summary goes to every node, so past this
+// many changes each node reads its own key instead (Delta false).
+const maxRankDelta = 64
+
+// rankDelta fills sum.Delta and sum.Changed from round r-1's rank entries
+// (prev, empty for round 0 or when they were not found) and this round's.
+func rankDelta(sum *roundSummary, prev, ranks map[string]rankInfo) {
+	if len(prev) == 0 {
+		return
+	}
+	var changed []string
+	for id, old := range prev {
+		if cur, ok := ranks[id]; !ok || !sameRank(old, cur) {
+			changed = append(changed, id)
+			if len(changed) > maxRankDelta {
+				return
+			}
+		}
+	}
+	slices.Sort(changed)
+	sum.Delta, sum.Changed = true, changed
+}
+
+// sameRank compares what a node takes from its rank entry (not Order, which
+// only the closer uses).
+func sameRank(a, b rankInfo) bool {
+	return a.GroupRank == b.GroupRank && a.RankBase == b.RankBase && a.Standby == b.Standby && slices.Equal(a.Watch, b.Watch)
 }
 
 // closeInfo is the job's close record. Kind is the typed outcome; a record
