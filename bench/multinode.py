@@ -488,6 +488,9 @@ def main():
     p.add_argument("--torchrun-tuned", action="store_true",
                    help=f"also run torchrun with --rdzv_conf {TUNED_CONF}")
     p.add_argument("--keep", help="keep stamps and launcher logs in this new directory")
+    p.add_argument("--ft-rdzv-conf", default="",
+                   help="--rdzv-conf for ft-launcher, e.g. gossip_probe_interval=0.5,gossip_suspicion_mult=4 "
+                        "(compares gossip timings; docs/rendezvous.md)")
     p.add_argument("--variants", default=",".join(SWAP_VARIANTS),
                    help="comma list of swap variants: " + ", ".join(SWAP_VARIANTS))
     a = p.parse_args()
@@ -495,7 +498,7 @@ def main():
     launchers = []
     ftl = os.path.join(a.bin_dir, "ft-launcher")
     if os.access(ftl, os.X_OK):
-        launchers.append(Launcher("ft-launcher", "ft", [ftl]))
+        launchers.append(Launcher("ft-launcher", "ft", [ftl], a.ft_rdzv_conf))
     else:
         progress(f"no ft-launcher in {a.bin_dir!r}: measuring torchrun only")
     if a.torchrun:
@@ -507,6 +510,7 @@ def main():
 
     print(f"Host: {os.cpu_count()} CPUs, `{os.uname().release}`; {NODES} nodes on loopback, "
           f"nproc {a.nproc}; reps={a.reps}; bound {a.bound:.0f} s; "
+          f"ft-launcher --rdzv-conf {a.ft_rdzv_conf or '(defaults)'}; "
           f"date {time.strftime('%Y-%m-%d %H:%M:%S')}; load before: {loadavg()}\n")
     failures = []
     if a.keep:
