@@ -171,6 +171,35 @@ func TestQueries(t *testing.T) {
 				}
 			}
 		}},
+		{"cancel_wait", nil, func(t *testing.T, c *wireClient, s *Server) {
+			// Sent by hand: the stand-in's legacy wait gives up without
+			// cancelling, like 1.13, but the legacy numbering has the query
+			// (type 12).
+			c.send(opWait, keysArg([]string{"/missing"}))
+			eventually(t, "the wait is registered", func() bool { return s.Stats().Waiters == 1 })
+			c.send(opCancelWait)
+			if b := must[byte](t)(c.readByte()); b != waitCanceled {
+				t.Fatalf("reply %d, want WAIT_CANCELED", b)
+			}
+			if w := s.Stats().Waiters; w != 0 {
+				t.Fatalf("waiters = %d after CANCEL_WAIT", w)
+			}
+			// The key came first: STOP_WAITING, then WAIT_CANCELED.
+			c.send(opWait, keysArg([]string{"/late"}))
+			other := dial(t, s.Addr().String(), c.d)
+			other.set("/late", "x")
+			must[int64](t)(other.numKeys()) // the SET has been served
+			c.send(opCancelWait)
+			for _, want := range []byte{waitStopWaiting, waitCanceled} {
+				if b := must[byte](t)(c.readByte()); b != want {
+					t.Fatalf("reply %d, want %d", b, want)
+				}
+			}
+			// Nothing stray is left on the connection.
+			if n := must[int64](t)(c.numKeys()); n != 1 {
+				t.Fatalf("num keys = %d, want 1", n)
+			}
+		}},
 		{"getnumkeys", nil, func(t *testing.T, c *wireClient, s *Server) {
 			c.set("/k1", "a")
 			c.set("/k2", "b")
