@@ -47,7 +47,7 @@ type conn struct {
 	exited    chan struct{} // both goroutines returned, state cleaned up
 
 	dialect  dialect
-	reserved int64 // bytes of the query being read, held in Server.inflight
+	reserved int64 // bytes held for the query being served, in Server.inflight
 
 	// Under Server.mu:
 	waits    []*waiter
@@ -199,6 +199,29 @@ func (c *conn) detect(b byte) (validated bool, err error) {
 	return false, nil
 }
 
+// listItemCost is charged to the in-flight reservation, on top of its bytes,
+// for each key or value read as part of a list (the keys of CHECK, WAIT and
+// MULTI_GET, both halves of each MULTI_SET pair): the string or slice header
+// that holds it, the room a growing slice keeps for it, and MULTI_GET's reply
+// slot. Without it a MULTI_SET of 128 Ki empty pairs would hold megabytes
+// with nothing reserved.
+const listItemCost = 64
+
+// reserve charges n bytes of the query being served to Server.inflight,
+// refusing the client when all connections together would hold more than
+// MaxTotalBytes; serve releases them once the query is answered.
+func (c *conn) reserve(n int64) error {
+	if n <= 0 {
+		return nil
+	}
+	if c.s.inflight.Add(n) > c.s.lim.MaxTotalBytes {
+		c.s.inflight.Add(-n)
+		return refusef("queries being served hold more than %d bytes", c.s.lim.MaxTotalBytes)
+	}
+	c.reserved += n
+	return nil
+}
+
 func (c *conn) release() {
 	if c.reserved != 0 {
 		c.s.inflight.Add(-c.reserved)
@@ -232,12 +255,8 @@ func (c *conn) readVec(max int, what string) ([]byte, error) {
 	if n > uint64(max) {
 		return nil, refusef("%s of %d bytes exceeds the limit of %d bytes", what, n, max)
 	}
-	if n > 0 {
-		if c.s.inflight.Add(int64(n)) > c.s.lim.MaxTotalBytes {
-			c.s.inflight.Add(-int64(n))
-			return nil, refusef("queries being received hold more than %d bytes", c.s.lim.MaxTotalBytes)
-		}
-		c.reserved += int64(n)
+	if err := c.reserve(int64(n)); err != nil {
+		return nil, err
 	}
 	buf := make([]byte, n)
 	if _, err := io.ReadFull(c.br, buf); err != nil {
@@ -284,6 +303,9 @@ func (c *conn) readKeys() ([]string, error) {
 	}
 	keys := make([]string, 0, min(n, 1024))
 	for range n {
+		if err := c.reserve(listItemCost); err != nil {
+			return nil, err
+		}
 		k, err := c.readKey()
 		if err != nil {
 			return nil, err
@@ -476,6 +498,9 @@ func (c *conn) handle(o op, b byte) error {
 		}
 		pairs := make([]kv, 0, min(n, 1024))
 		for range n {
+			if err := c.reserve(2 * listItemCost); err != nil {
+				return err
+			}
 			key, val, err := c.readKeyValue()
 			if err != nil {
 				return err

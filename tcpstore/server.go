@@ -103,7 +103,7 @@ type Server struct {
 	refused    atomic.Uint64
 	refusals   rateLog
 	acceptErrs rateLog
-	inflight   atomic.Int64 // bytes of queries being read, against MaxTotalBytes
+	inflight   atomic.Int64 // bytes held for queries being served, against MaxTotalBytes
 
 	mu     sync.Mutex
 	closed bool

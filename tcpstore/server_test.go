@@ -520,6 +520,57 @@ func TestLimits(t *testing.T) {
 	}
 }
 
+// TestInflightListOverhead: the keys and pairs of a list query are charged to
+// the bytes reserved for queries being received even when they are empty, so
+// connections that stall half-way through a MULTI_SET of empty pairs cannot
+// hold memory past MaxTotalBytes for free.
+func TestInflightListOverhead(t *testing.T) {
+	const limit = 1 << 20
+	s := startServer(t, Limits{MaxTotalBytes: limit, MessageTimeout: time.Hour})
+	addr := s.Addr().String()
+	good := dial(t, addr, dialectV2)
+
+	// A whole MULTI_SET of 2,000 pairs (250 KiB charged) is served.
+	var kv []string
+	for i := range 2000 {
+		kv = append(kv, fmt.Sprint(i), "")
+	}
+	good.multiSet(kv...)
+	if n := must[int64](t)(good.numKeys()); n != 2000 {
+		t.Fatalf("num keys = %d, want 2000", n)
+	}
+	if r := s.inflight.Load(); r != 0 {
+		t.Fatalf("%d bytes still reserved after the query", r)
+	}
+
+	// 8 connections each announce 128 Ki empty pairs, send 2 Ki of them
+	// (32 KiB on the wire, 256 KiB charged) and stall.
+	const conns, pairs = 8, 2048
+	part := append([]byte{good.code(opMultiSet)}, u64(128<<10)...)
+	for range pairs {
+		part = append(part, concat(str(""), str(""))...)
+	}
+	var stalled []*wireClient
+	for range conns {
+		c := dial(t, addr, dialectV2)
+		_ = c.nc.SetWriteDeadline(time.Now().Add(ioTimeout))
+		_, _ = c.nc.Write(part) // may fail: the server can close it first
+		stalled = append(stalled, c)
+	}
+	// At most limit / 256 KiB = 4 of them fit.
+	eventually(t, "the connections past the limit are refused", func() bool { return s.Stats().Refused >= conns-4 })
+	if r := s.inflight.Load(); r > limit {
+		t.Fatalf("%d bytes reserved, over the limit of %d", r, limit)
+	}
+	if n := must[uint32](t)(good.ping(9)); n != 9 {
+		t.Fatalf("ping = %d", n)
+	}
+	for _, c := range stalled {
+		c.nc.Close()
+	}
+	eventually(t, "every reservation released", func() bool { return s.inflight.Load() == 0 })
+}
+
 // TestTooManyConnections: the connection past MaxConns is closed at once;
 // once one leaves, a new one is served.
 func TestTooManyConnections(t *testing.T) {
