@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"slices"
 	"sync"
 	"time"
 )
@@ -206,6 +207,10 @@ func (c *conn) detect(b byte) (validated bool, err error) {
 // slot. Without it a MULTI_SET of 128 Ki empty pairs would hold megabytes
 // with nothing reserved.
 const listItemCost = 64
+
+// listKeysCost is charged per key that LIST_KEYS lists: the string header
+// of its snapshot (the key bytes are shared with the store).
+const listKeysCost = 16
 
 // reserve charges n bytes of the query being served to Server.inflight,
 // refusing the client when all connections together would hold more than
@@ -559,6 +564,47 @@ func (c *conn) handle(o op, b byte) error {
 		var n int
 		_ = c.locked(func(st *state) error { n = len(st.queues[key]); return nil })
 		return c.replyI64(int64(n))
+
+	case opListKeys:
+		var keys []string
+		if err := c.locked(func(st *state) error {
+			if err := c.reserve(int64(len(st.kv)) * listKeysCost); err != nil {
+				return err
+			}
+			keys = st.keys()
+			return nil
+		}); err != nil {
+			return err
+		}
+		slices.Sort(keys) // torch's order is its hash map's; any order will do
+		return c.write(func(w *bufio.Writer) {
+			writeU64(w, uint64(len(keys)))
+			for _, k := range keys {
+				writeU64(w, uint64(len(k)))
+				_, _ = w.WriteString(k)
+			}
+		})
+
+	case opBarrier:
+		key, err := c.readKey()
+		if err != nil {
+			return err
+		}
+		worldSize, err := c.readU64()
+		if err != nil {
+			return err
+		}
+		var done bool
+		if err := c.locked(func(st *state) (err error) {
+			done, err = st.barrier(c, key, int64(worldSize))
+			return err
+		}); err != nil {
+			return err
+		}
+		if done {
+			return c.replyByte(waitStopWaiting)
+		}
+		return nil
 
 	case opValidate:
 		// Only the first query of a v2 connection may validate (detect

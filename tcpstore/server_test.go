@@ -10,6 +10,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -281,6 +282,129 @@ func TestQueries(t *testing.T) {
 				t.Fatalf("stats after the queue emptied = %+v", st)
 			}
 		}},
+		{"list_keys on an empty store", []dialect{dialectV2}, func(t *testing.T, c *wireClient, s *Server) {
+			if keys := must[[]string](t)(c.listKeys()); len(keys) != 0 {
+				t.Fatalf("list_keys = %q, want none", keys)
+			}
+		}},
+		{"list_keys lists the keys, not the queues", []dialect{dialectV2}, func(t *testing.T, c *wireClient, s *Server) {
+			c.set("/b", "1")
+			c.set("/a", "")
+			must[int64](t)(c.add("/n", 1))
+			c.queuePush("/q", "x")
+			c.multiSet("/m", "v")
+			if got := strings.Join(must[[]string](t)(c.listKeys()), ","); got != "/a,/b,/m,/n" {
+				t.Fatalf("list_keys = %q, want /a,/b,/m,/n", got)
+			}
+			must[bool](t)(c.deleteKey("/b"))
+			if got := strings.Join(must[[]string](t)(c.listKeys()), ","); got != "/a,/m,/n" {
+				t.Fatalf("list_keys after delete = %q, want /a,/m,/n", got)
+			}
+			if r := s.inflight.Load(); r != 0 {
+				t.Fatalf("%d bytes still reserved after LIST_KEYS", r)
+			}
+		}},
+		{"barrier of three", []dialect{dialectV2}, func(t *testing.T, c *wireClient, s *Server) {
+			addr := s.Addr().String()
+			second, third := dial(t, addr, c.d), dial(t, addr, c.d)
+			c.sendBarrier("/bar", 3)
+			eventually(t, "the first waits", func() bool { return s.Stats().Waiters == 1 })
+			second.sendBarrier("/bar", 3)
+			eventually(t, "the second waits", func() bool { return s.Stats().Waiters == 2 })
+			c.expectSilent(100 * time.Millisecond)
+			second.expectSilent(10 * time.Millisecond)
+			third.sendBarrier("/bar", 3)
+			for i, x := range []*wireClient{third, c, second} {
+				if b := must[byte](t)(x.readByte()); b != waitStopWaiting {
+					t.Fatalf("client %d: reply %d, want STOP_WAITING", i, b)
+				}
+			}
+			if v := must[string](t)(c.getNoWait("/bar")); v != "3" {
+				t.Fatalf("barrier count = %q, want 3", v)
+			}
+			if w := s.Stats().Waiters; w != 0 {
+				t.Fatalf("waiters = %d after the barrier", w)
+			}
+			// Past the world size, an arrival goes straight through.
+			third.sendBarrier("/bar", 3)
+			if b := must[byte](t)(third.readByte()); b != waitStopWaiting {
+				t.Fatalf("late arrival: reply %d", b)
+			}
+			// A barrier of one, on a missing key, too.
+			c.sendBarrier("/solo", 1)
+			if b := must[byte](t)(c.readByte()); b != waitStopWaiting {
+				t.Fatalf("barrier of one: reply %d", b)
+			}
+			if v := must[string](t)(c.getNoWait("/solo")); v != "1" {
+				t.Fatalf("barrier of one count = %q, want 1", v)
+			}
+		}},
+		{"barrier counts on from an ADD", []dialect{dialectV2}, func(t *testing.T, c *wireClient, s *Server) {
+			must[int64](t)(c.add("/bar", 1))
+			c.sendBarrier("/bar", 2)
+			if b := must[byte](t)(c.readByte()); b != waitStopWaiting {
+				t.Fatalf("reply %d, want STOP_WAITING", b)
+			}
+		}},
+		{"barrier cancelled", []dialect{dialectV2}, func(t *testing.T, c *wireClient, s *Server) {
+			c.sendBarrier("/bar", 2)
+			eventually(t, "the barrier waits", func() bool { return s.Stats().Waiters == 1 })
+			c.send(opCancelWait)
+			if b := must[byte](t)(c.readByte()); b != waitCanceled {
+				t.Fatalf("reply %d, want WAIT_CANCELED", b)
+			}
+			if w := s.Stats().Waiters; w != 0 {
+				t.Fatalf("waiters = %d after CANCEL_WAIT", w)
+			}
+			// The arrival stays counted (as in torch): the next one completes
+			// the barrier and nothing stray reaches the cancelled client.
+			other := dial(t, s.Addr().String(), c.d)
+			other.sendBarrier("/bar", 2)
+			if b := must[byte](t)(other.readByte()); b != waitStopWaiting {
+				t.Fatalf("second arrival: reply %d", b)
+			}
+			if n := must[uint32](t)(c.ping(5)); n != 5 {
+				t.Fatalf("ping after the cancelled barrier = %d", n)
+			}
+		}},
+		{"wait on a barrier key waits for the last arrival", []dialect{dialectV2}, func(t *testing.T, c *wireClient, s *Server) {
+			addr := s.Addr().String()
+			b1, b2 := dial(t, addr, c.d), dial(t, addr, c.d)
+			c.send(opWait, keysArg([]string{"/bar", "/other"}))
+			eventually(t, "the wait is registered", func() bool { return s.Stats().Waiters == 2 })
+			b1.sendBarrier("/bar", 2)
+			eventually(t, "the barrier waits", func() bool { return s.Stats().Waiters == 3 })
+			// The key now exists, but its waiters were not counted off.
+			if !must[bool](t)(b2.check("/bar")) {
+				t.Fatal("check of the barrier key after an arrival = not ready")
+			}
+			if w := s.Stats().Waiters; w != 3 {
+				t.Fatalf("waiters = %d after a non-final arrival, want 3", w)
+			}
+			b2.sendBarrier("/bar", 2)
+			for i, x := range []*wireClient{b2, b1} {
+				if b := must[byte](t)(x.readByte()); b != waitStopWaiting {
+					t.Fatalf("arrival %d: reply %d", i, b)
+				}
+			}
+			// c's wait is counted off /bar but still needs /other.
+			eventually(t, "one registration left", func() bool { return s.Stats().Waiters == 1 })
+			c.expectSilent(50 * time.Millisecond)
+			b1.set("/other", "x")
+			if b := must[byte](t)(c.readByte()); b != waitStopWaiting {
+				t.Fatalf("wait reply %d", b)
+			}
+		}},
+		{"barrier on a non-number refuses the client", []dialect{dialectV2}, func(t *testing.T, c *wireClient, s *Server) {
+			other := dial(t, s.Addr().String(), c.d)
+			other.set("/text", "abc")
+			c.sendBarrier("/text", 2)
+			c.expectClosed()
+			eventually(t, "refusal counted", func() bool { return s.Stats().Refused == 1 })
+			if v := must[string](t)(other.getNoWait("/text")); v != "abc" {
+				t.Fatalf("value after the refused barrier = %q", v)
+			}
+		}},
 		{"watch_key", []dialect{dialectLegacy}, func(t *testing.T, c *wireClient, s *Server) {
 			// 1.13's callback connection: WATCH_KEY, then updates.
 			c.send(opWatchKey, str("/wk"))
@@ -456,11 +580,12 @@ func TestLimits(t *testing.T) {
 		MaxWaitsPerConn: 2,
 		MaxKeysPerQuery: 3,
 	}
-	cases := []struct {
+	type limitCase struct {
 		name  string
 		setup func(c *wireClient) // queries that stay within the limits
 		bad   func(c *wireClient)
-	}{
+	}
+	cases := []limitCase{
 		{"key too long", nil, func(c *wireClient) { c.set(strings.Repeat("k", 17), "v") }},
 		{"value too long", nil, func(c *wireClient) { c.set("/k", strings.Repeat("v", 65)) }},
 		{"length prefix of 2^60 is not allocated", nil, func(c *wireClient) {
@@ -493,8 +618,28 @@ func TestLimits(t *testing.T) {
 			c.send(opWait, keysArg([]string{"/w1", "/w2"}))
 		}, func(c *wireClient) { c.send(opWait, keysArg([]string{"/w3", "/w4"})) }},
 	}
+	v2Cases := []limitCase{
+		{"barrier past the key limit", func(c *wireClient) {
+			for i := range 3 { // and /good
+				c.set(fmt.Sprintf("/k%d", i), "v")
+			}
+		}, func(c *wireClient) { c.sendBarrier("/bar", 2) }},
+		{"barrier past the waits of one connection", func(c *wireClient) {
+			c.send(opWait, keysArg([]string{"/w1"}))
+			c.sendBarrier("/bar", 5)
+		}, func(c *wireClient) { c.sendBarrier("/bar", 5) }},
+		{"barrier past the waiter registrations", func(c *wireClient) {
+			// Short keys: with 64 bytes charged per listed key, 3 keys of 3
+			// bytes would pass the 200 bytes of queries in flight.
+			c.send(opWait, keysArg([]string{"a", "b", "c"}))
+		}, func(c *wireClient) { c.sendBarrier("/bar", 5) }},
+	}
 	for _, d := range dialects {
-		for _, tc := range cases {
+		dcases := cases
+		if d == dialectV2 {
+			dcases = append(slices.Clip(cases), v2Cases...)
+		}
+		for _, tc := range dcases {
 			t.Run(d.String()+"/"+tc.name, func(t *testing.T) {
 				s := startServer(t, lim)
 				addr := s.Addr().String()

@@ -28,6 +28,8 @@ const (
 	opQueuePush
 	opQueuePop
 	opQueueLen
+	opListKeys
+	opBarrier
 )
 
 var opNames = [...]string{
@@ -50,6 +52,8 @@ var opNames = [...]string{
 	opQueuePush:  "QUEUE_PUSH",
 	opQueuePop:   "QUEUE_POP",
 	opQueueLen:   "QUEUE_LEN",
+	opListKeys:   "LIST_KEYS",
+	opBarrier:    "BARRIER",
 }
 
 func (o op) String() string {
@@ -87,10 +91,12 @@ var legacyOps = []op{
 }
 
 // v2Ops numbers the queries of torch 2.2 and later; WATCH_KEY is gone.
+// LIST_KEYS and BARRIER are the newest (pytorch's libuv backend of 2025-2026,
+// shipped by torch 2.11).
 var v2Ops = []op{
 	opValidate, opSet, opCompareSet, opGet, opAdd, opCheck, opWait, opNumKeys,
 	opDeleteKey, opAppend, opMultiGet, opMultiSet, opCancelWait, opPing,
-	opQueuePush, opQueuePop, opQueueLen,
+	opQueuePush, opQueuePop, opQueueLen, opListKeys, opBarrier,
 }
 
 func (d dialect) op(b byte) op {
