@@ -49,6 +49,7 @@ type conn struct {
 
 	dialect  dialect
 	reserved int64 // bytes held for the query being served, in Server.inflight
+	queried  bool  // a query other than WATCH_KEY has been served
 
 	// Under Server.mu:
 	waits    []*waiter
@@ -176,6 +177,9 @@ func (c *conn) serve() {
 		c.release()
 		if err != nil {
 			return
+		}
+		if o != opWatchKey {
+			c.queried = true
 		}
 	}
 }
@@ -460,6 +464,16 @@ func (c *conn) handle(o op, b byte) error {
 		return c.replyI64(n)
 
 	case opWatchKey:
+		// Torch 1.13/2.0 send WATCH_KEY only on their callback connection,
+		// which sends nothing else. After other queries, type 7 is almost
+		// surely DELETE_KEY in the numbering of torch 2.1-era clients, which
+		// had neither WATCH_KEY nor VALIDATE: answering it as a watch would
+		// leave that client waiting for a reply that never comes.
+		if c.queried {
+			return refusef("type 7 (WATCH_KEY) after other queries on this connection: " +
+				"this looks like a torch 2.1-era client (DELETE_KEY = 7), whose numbering " +
+				"the agent store does not serve; run with --agent-store off")
+		}
 		key, err := c.readKey()
 		if err != nil {
 			return err

@@ -398,6 +398,7 @@ func TestQueries(t *testing.T) {
 		{"barrier on a non-number refuses the client", []dialect{dialectV2}, func(t *testing.T, c *wireClient, s *Server) {
 			other := dial(t, s.Addr().String(), c.d)
 			other.set("/text", "abc")
+			must[int64](t)(other.numKeys()) // the SET has been served
 			c.sendBarrier("/text", 2)
 			c.expectClosed()
 			eventually(t, "refusal counted", func() bool { return s.Stats().Refused == 1 })
@@ -489,6 +490,58 @@ func TestDialectDetection(t *testing.T) {
 	// Others carry on.
 	if v := must[string](t)(v2.get("/first")); v != "legacy" {
 		t.Fatalf("v2 get after refusals = %q", v)
+	}
+}
+
+// TestLegacyType7: WATCH_KEY on a fresh legacy connection (and again on
+// that callback connection) is a watch; type 7 after other queries is taken
+// for a torch 2.1-era DELETE_KEY and refused with a reason naming the fix.
+func TestLegacyType7(t *testing.T) {
+	var logs recorder
+	s, err := Listen(context.Background(), "127.0.0.1:0", Options{Logger: slog.New(&logs)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	addr := s.Addr().String()
+
+	watcher := dial(t, addr, dialectLegacy)
+	for _, k := range []string{"/a", "/b"} {
+		watcher.send(opWatchKey, str(k))
+		if b := must[byte](t)(watcher.readByte()); b != watchKeyCallbackRegistered {
+			t.Fatalf("watch %s: reply %d", k, b)
+		}
+	}
+	setter := dial(t, addr, dialectLegacy)
+	setter.set("/b", "x")
+	want := watchEvent{watchKeyCreated, "/b", "", "x"}
+	if ev := must[watchEvent](t)(watcher.readWatchEvent()); ev != want {
+		t.Fatalf("watch event %+v, want %+v", ev, want)
+	}
+
+	// What a 2.1-era client sends for delete_key("/b") after its other
+	// queries: type 7, then the key.
+	setter.sendRaw(append([]byte{7}, str("/b")...))
+	setter.expectClosed()
+	eventually(t, "the refusal is counted", func() bool { return s.Stats().Refused == 1 })
+	log := logs.String()
+	for _, w := range []string{"torch 2.1-era client", "--agent-store off", "dialect=legacy"} {
+		if !strings.Contains(log, w) {
+			t.Fatalf("refusal log lacks %q:\n%s", w, log)
+		}
+	}
+	// The key was not deleted, and the watcher is still served.
+	other := dial(t, addr, dialectLegacy)
+	if v := must[string](t)(other.get("/b")); v != "x" {
+		t.Fatalf("get = %q after the refused type 7", v)
+	}
+	other.set("/a", "y")
+	want = watchEvent{watchKeyCreated, "/a", "", "y"}
+	if ev := must[watchEvent](t)(watcher.readWatchEvent()); ev != want {
+		t.Fatalf("watch event %+v, want %+v", ev, want)
+	}
+	if w := s.Stats().Waiters; w != 2 {
+		t.Fatalf("waiters = %d, want the 2 watches", w)
 	}
 }
 

@@ -68,7 +68,7 @@ type dialect uint8
 
 const (
 	dialectUnknown dialect = iota
-	dialectLegacy          // torch 1.13 .. 2.1: no handshake, SET = 0
+	dialectLegacy          // torch 1.13 and 2.0: no handshake, SET = 0
 	dialectV2              // torch 2.2 and later: VALIDATE = 0 handshake first
 )
 
@@ -83,8 +83,9 @@ func (d dialect) String() string {
 }
 
 // legacyOps numbers the queries of torch 1.13 (SET .. DELETE_KEY) and the
-// ones torch 2.0/2.1 appended before the handshake came (APPEND ..
-// CANCEL_WAIT).
+// ones torch 2.0 appended (APPEND .. CANCEL_WAIT). The 2.1-era numbering,
+// which dropped WATCH_KEY (DELETE_KEY = 7 .. CANCEL_WAIT = 11) before the
+// handshake came, is not served; see conn.handle's WATCH_KEY.
 var legacyOps = []op{
 	opSet, opCompareSet, opGet, opAdd, opCheck, opWait, opNumKeys, opWatchKey,
 	opDeleteKey, opAppend, opMultiGet, opMultiSet, opCancelWait,
