@@ -17,8 +17,8 @@ import (
 // For the v2 dialect it is a STAND-IN for torch 2.x's client: torch 2.x
 // cannot be installed on this machine (only Debian's torch 1.13 is), so the
 // 2.x queries (VALIDATE, PING, APPEND, MULTI_GET, MULTI_SET, CANCEL_WAIT,
-// QUEUE_*) are written here from the wire format read in torch's
-// TCPStore.cpp / TCPStoreLibUvBackend.cpp. The legacy dialect is also checked
+// QUEUE_*, LIST_KEYS, BARRIER) are written here from the wire format read in
+// torch's TCPStore.cpp / TCPStoreLibUvBackend.cpp. The legacy dialect is also checked
 // against the real torch 1.13 client in torch_test.go; this client adds the
 // legacy queries 1.13's Python API cannot send (WATCH_KEY) and bad clients.
 type wireClient struct {
@@ -287,6 +287,43 @@ func (c *wireClient) queueLen(key string) (int64, error) {
 	c.send(opQueueLen, str(key))
 	v, err := c.readU64()
 	return int64(v), err
+}
+
+func (c *wireClient) listKeys() ([]string, error) {
+	c.send(opListKeys)
+	n, err := c.readU64()
+	if err != nil {
+		return nil, err
+	}
+	if n > 1<<20 {
+		return nil, fmt.Errorf("LIST_KEYS count %d", n)
+	}
+	keys := make([]string, 0, n)
+	for range n {
+		b, err := c.readVec()
+		if err != nil {
+			return nil, err
+		}
+		keys = append(keys, string(b))
+	}
+	return keys, nil
+}
+
+// sendBarrier sends BARRIER; its STOP_WAITING comes when worldSize clients
+// have arrived.
+func (c *wireClient) sendBarrier(key string, worldSize int64) {
+	c.send(opBarrier, str(key), u64(uint64(worldSize)))
+}
+
+// expectSilent asserts that nothing arrives on the connection for d.
+func (c *wireClient) expectSilent(d time.Duration) {
+	c.t.Helper()
+	c.deadline(d)
+	b, err := c.br.Peek(1)
+	var ne net.Error
+	if !errors.As(err, &ne) || !ne.Timeout() {
+		c.t.Fatalf("got %v, %v within %v, want nothing", b, err, d)
+	}
 }
 
 // watchEvent is one update a legacy server sends a WATCH_KEY connection.

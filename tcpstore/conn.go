@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"slices"
 	"sync"
 	"time"
 )
@@ -47,7 +48,8 @@ type conn struct {
 	exited    chan struct{} // both goroutines returned, state cleaned up
 
 	dialect  dialect
-	reserved int64 // bytes of the query being read, held in Server.inflight
+	reserved int64 // bytes held for the query being served, in Server.inflight
+	queried  bool  // a query other than WATCH_KEY has been served
 
 	// Under Server.mu:
 	waits    []*waiter
@@ -176,6 +178,9 @@ func (c *conn) serve() {
 		if err != nil {
 			return
 		}
+		if o != opWatchKey {
+			c.queried = true
+		}
 	}
 }
 
@@ -197,6 +202,33 @@ func (c *conn) detect(b byte) (validated bool, err error) {
 	}
 	c.dialect = dialectLegacy
 	return false, nil
+}
+
+// listItemCost is charged to the in-flight reservation, on top of its bytes,
+// for each key or value read as part of a list (the keys of CHECK, WAIT and
+// MULTI_GET, both halves of each MULTI_SET pair): the string or slice header
+// that holds it, the room a growing slice keeps for it, and MULTI_GET's reply
+// slot. Without it a MULTI_SET of 128 Ki empty pairs would hold megabytes
+// with nothing reserved.
+const listItemCost = 64
+
+// listKeysCost is charged per key that LIST_KEYS lists: the string header
+// of its snapshot (the key bytes are shared with the store).
+const listKeysCost = 16
+
+// reserve charges n bytes of the query being served to Server.inflight,
+// refusing the client when all connections together would hold more than
+// MaxTotalBytes; serve releases them once the query is answered.
+func (c *conn) reserve(n int64) error {
+	if n <= 0 {
+		return nil
+	}
+	if c.s.inflight.Add(n) > c.s.lim.MaxTotalBytes {
+		c.s.inflight.Add(-n)
+		return refusef("queries being served hold more than %d bytes", c.s.lim.MaxTotalBytes)
+	}
+	c.reserved += n
+	return nil
 }
 
 func (c *conn) release() {
@@ -232,12 +264,8 @@ func (c *conn) readVec(max int, what string) ([]byte, error) {
 	if n > uint64(max) {
 		return nil, refusef("%s of %d bytes exceeds the limit of %d bytes", what, n, max)
 	}
-	if n > 0 {
-		if c.s.inflight.Add(int64(n)) > c.s.lim.MaxTotalBytes {
-			c.s.inflight.Add(-int64(n))
-			return nil, refusef("queries being received hold more than %d bytes", c.s.lim.MaxTotalBytes)
-		}
-		c.reserved += int64(n)
+	if err := c.reserve(int64(n)); err != nil {
+		return nil, err
 	}
 	buf := make([]byte, n)
 	if _, err := io.ReadFull(c.br, buf); err != nil {
@@ -284,6 +312,9 @@ func (c *conn) readKeys() ([]string, error) {
 	}
 	keys := make([]string, 0, min(n, 1024))
 	for range n {
+		if err := c.reserve(listItemCost); err != nil {
+			return nil, err
+		}
 		k, err := c.readKey()
 		if err != nil {
 			return nil, err
@@ -433,6 +464,16 @@ func (c *conn) handle(o op, b byte) error {
 		return c.replyI64(n)
 
 	case opWatchKey:
+		// Torch 1.13/2.0 send WATCH_KEY only on their callback connection,
+		// which sends nothing else. After other queries, type 7 is almost
+		// surely DELETE_KEY in the numbering of torch 2.1-era clients, which
+		// had neither WATCH_KEY nor VALIDATE: answering it as a watch would
+		// leave that client waiting for a reply that never comes.
+		if c.queried {
+			return refusef("type 7 (WATCH_KEY) after other queries on this connection: " +
+				"this looks like a torch 2.1-era client (DELETE_KEY = 7), whose numbering " +
+				"the agent store does not serve; run with --agent-store off")
+		}
 		key, err := c.readKey()
 		if err != nil {
 			return err
@@ -476,6 +517,9 @@ func (c *conn) handle(o op, b byte) error {
 		}
 		pairs := make([]kv, 0, min(n, 1024))
 		for range n {
+			if err := c.reserve(2 * listItemCost); err != nil {
+				return err
+			}
 			key, val, err := c.readKeyValue()
 			if err != nil {
 				return err
@@ -534,6 +578,47 @@ func (c *conn) handle(o op, b byte) error {
 		var n int
 		_ = c.locked(func(st *state) error { n = len(st.queues[key]); return nil })
 		return c.replyI64(int64(n))
+
+	case opListKeys:
+		var keys []string
+		if err := c.locked(func(st *state) error {
+			if err := c.reserve(int64(len(st.kv)) * listKeysCost); err != nil {
+				return err
+			}
+			keys = st.keys()
+			return nil
+		}); err != nil {
+			return err
+		}
+		slices.Sort(keys) // torch's order is its hash map's; any order will do
+		return c.write(func(w *bufio.Writer) {
+			writeU64(w, uint64(len(keys)))
+			for _, k := range keys {
+				writeU64(w, uint64(len(k)))
+				_, _ = w.WriteString(k)
+			}
+		})
+
+	case opBarrier:
+		key, err := c.readKey()
+		if err != nil {
+			return err
+		}
+		worldSize, err := c.readU64()
+		if err != nil {
+			return err
+		}
+		var done bool
+		if err := c.locked(func(st *state) (err error) {
+			done, err = st.barrier(c, key, int64(worldSize))
+			return err
+		}); err != nil {
+			return err
+		}
+		if done {
+			return c.replyByte(waitStopWaiting)
+		}
+		return nil
 
 	case opValidate:
 		// Only the first query of a v2 connection may validate (detect

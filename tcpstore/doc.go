@@ -6,8 +6,10 @@
 // The server speaks the TCPStore wire protocol of two client generations and
 // picks one per connection from its first bytes:
 //
-//   - "legacy": torch 1.13 up to 2.1, whose first query type is SET = 0 and
-//     which can open a second connection for WATCH_KEY callbacks;
+//   - "legacy": torch 1.13 and 2.0, whose first query type is SET = 0 and
+//     which can open a second connection for WATCH_KEY callbacks (the
+//     2.1-era numbering without WATCH_KEY is not served: its DELETE_KEY,
+//     type 7 after other queries, is refused);
 //   - "v2": torch 2.2 and later, whose clients open every connection with a
 //     VALIDATE query carrying a magic number and number the queries from
 //     VALIDATE = 0.

@@ -19,10 +19,10 @@ type Limits struct {
 	MaxKeys       int   // keys held at once
 	MaxTotalBytes int64 // keys+values held at once
 	MaxConns      int   // open client connections
-	MaxWaiters    int   // outstanding WAIT/watch registrations
+	MaxWaiters    int   // outstanding WAIT/BARRIER/watch registrations
 
-	// MaxWaitsPerConn bounds the WAIT queries one connection may have
-	// outstanding. A torch client has at most one, more only after 1.13
+	// MaxWaitsPerConn bounds the WAIT (and BARRIER) queries one connection
+	// may have outstanding. A torch client has at most one, more only after 1.13
 	// timed out on a wait (it cannot cancel one), so a connection that
 	// piles up more is buggy or hostile and must not take every waiter slot.
 	MaxWaitsPerConn int
@@ -103,7 +103,7 @@ type Server struct {
 	refused    atomic.Uint64
 	refusals   rateLog
 	acceptErrs rateLog
-	inflight   atomic.Int64 // bytes of queries being read, against MaxTotalBytes
+	inflight   atomic.Int64 // bytes held for queries being served, against MaxTotalBytes
 
 	mu     sync.Mutex
 	closed bool

@@ -10,6 +10,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -171,6 +172,35 @@ func TestQueries(t *testing.T) {
 				}
 			}
 		}},
+		{"cancel_wait", nil, func(t *testing.T, c *wireClient, s *Server) {
+			// Sent by hand: the stand-in's legacy wait gives up without
+			// cancelling, like 1.13, but the legacy numbering has the query
+			// (type 12).
+			c.send(opWait, keysArg([]string{"/missing"}))
+			eventually(t, "the wait is registered", func() bool { return s.Stats().Waiters == 1 })
+			c.send(opCancelWait)
+			if b := must[byte](t)(c.readByte()); b != waitCanceled {
+				t.Fatalf("reply %d, want WAIT_CANCELED", b)
+			}
+			if w := s.Stats().Waiters; w != 0 {
+				t.Fatalf("waiters = %d after CANCEL_WAIT", w)
+			}
+			// The key came first: STOP_WAITING, then WAIT_CANCELED.
+			c.send(opWait, keysArg([]string{"/late"}))
+			other := dial(t, s.Addr().String(), c.d)
+			other.set("/late", "x")
+			must[int64](t)(other.numKeys()) // the SET has been served
+			c.send(opCancelWait)
+			for _, want := range []byte{waitStopWaiting, waitCanceled} {
+				if b := must[byte](t)(c.readByte()); b != want {
+					t.Fatalf("reply %d, want %d", b, want)
+				}
+			}
+			// Nothing stray is left on the connection.
+			if n := must[int64](t)(c.numKeys()); n != 1 {
+				t.Fatalf("num keys = %d, want 1", n)
+			}
+		}},
 		{"getnumkeys", nil, func(t *testing.T, c *wireClient, s *Server) {
 			c.set("/k1", "a")
 			c.set("/k2", "b")
@@ -250,6 +280,130 @@ func TestQueries(t *testing.T) {
 			}
 			if st := s.Stats(); st.Keys != 0 || st.Bytes != 0 || st.Waiters != 0 {
 				t.Fatalf("stats after the queue emptied = %+v", st)
+			}
+		}},
+		{"list_keys on an empty store", []dialect{dialectV2}, func(t *testing.T, c *wireClient, s *Server) {
+			if keys := must[[]string](t)(c.listKeys()); len(keys) != 0 {
+				t.Fatalf("list_keys = %q, want none", keys)
+			}
+		}},
+		{"list_keys lists the keys, not the queues", []dialect{dialectV2}, func(t *testing.T, c *wireClient, s *Server) {
+			c.set("/b", "1")
+			c.set("/a", "")
+			must[int64](t)(c.add("/n", 1))
+			c.queuePush("/q", "x")
+			c.multiSet("/m", "v")
+			if got := strings.Join(must[[]string](t)(c.listKeys()), ","); got != "/a,/b,/m,/n" {
+				t.Fatalf("list_keys = %q, want /a,/b,/m,/n", got)
+			}
+			must[bool](t)(c.deleteKey("/b"))
+			if got := strings.Join(must[[]string](t)(c.listKeys()), ","); got != "/a,/m,/n" {
+				t.Fatalf("list_keys after delete = %q, want /a,/m,/n", got)
+			}
+			if r := s.inflight.Load(); r != 0 {
+				t.Fatalf("%d bytes still reserved after LIST_KEYS", r)
+			}
+		}},
+		{"barrier of three", []dialect{dialectV2}, func(t *testing.T, c *wireClient, s *Server) {
+			addr := s.Addr().String()
+			second, third := dial(t, addr, c.d), dial(t, addr, c.d)
+			c.sendBarrier("/bar", 3)
+			eventually(t, "the first waits", func() bool { return s.Stats().Waiters == 1 })
+			second.sendBarrier("/bar", 3)
+			eventually(t, "the second waits", func() bool { return s.Stats().Waiters == 2 })
+			c.expectSilent(100 * time.Millisecond)
+			second.expectSilent(10 * time.Millisecond)
+			third.sendBarrier("/bar", 3)
+			for i, x := range []*wireClient{third, c, second} {
+				if b := must[byte](t)(x.readByte()); b != waitStopWaiting {
+					t.Fatalf("client %d: reply %d, want STOP_WAITING", i, b)
+				}
+			}
+			if v := must[string](t)(c.getNoWait("/bar")); v != "3" {
+				t.Fatalf("barrier count = %q, want 3", v)
+			}
+			if w := s.Stats().Waiters; w != 0 {
+				t.Fatalf("waiters = %d after the barrier", w)
+			}
+			// Past the world size, an arrival goes straight through.
+			third.sendBarrier("/bar", 3)
+			if b := must[byte](t)(third.readByte()); b != waitStopWaiting {
+				t.Fatalf("late arrival: reply %d", b)
+			}
+			// A barrier of one, on a missing key, too.
+			c.sendBarrier("/solo", 1)
+			if b := must[byte](t)(c.readByte()); b != waitStopWaiting {
+				t.Fatalf("barrier of one: reply %d", b)
+			}
+			if v := must[string](t)(c.getNoWait("/solo")); v != "1" {
+				t.Fatalf("barrier of one count = %q, want 1", v)
+			}
+		}},
+		{"barrier counts on from an ADD", []dialect{dialectV2}, func(t *testing.T, c *wireClient, s *Server) {
+			must[int64](t)(c.add("/bar", 1))
+			c.sendBarrier("/bar", 2)
+			if b := must[byte](t)(c.readByte()); b != waitStopWaiting {
+				t.Fatalf("reply %d, want STOP_WAITING", b)
+			}
+		}},
+		{"barrier cancelled", []dialect{dialectV2}, func(t *testing.T, c *wireClient, s *Server) {
+			c.sendBarrier("/bar", 2)
+			eventually(t, "the barrier waits", func() bool { return s.Stats().Waiters == 1 })
+			c.send(opCancelWait)
+			if b := must[byte](t)(c.readByte()); b != waitCanceled {
+				t.Fatalf("reply %d, want WAIT_CANCELED", b)
+			}
+			if w := s.Stats().Waiters; w != 0 {
+				t.Fatalf("waiters = %d after CANCEL_WAIT", w)
+			}
+			// The arrival stays counted (as in torch): the next one completes
+			// the barrier and nothing stray reaches the cancelled client.
+			other := dial(t, s.Addr().String(), c.d)
+			other.sendBarrier("/bar", 2)
+			if b := must[byte](t)(other.readByte()); b != waitStopWaiting {
+				t.Fatalf("second arrival: reply %d", b)
+			}
+			if n := must[uint32](t)(c.ping(5)); n != 5 {
+				t.Fatalf("ping after the cancelled barrier = %d", n)
+			}
+		}},
+		{"wait on a barrier key waits for the last arrival", []dialect{dialectV2}, func(t *testing.T, c *wireClient, s *Server) {
+			addr := s.Addr().String()
+			b1, b2 := dial(t, addr, c.d), dial(t, addr, c.d)
+			c.send(opWait, keysArg([]string{"/bar", "/other"}))
+			eventually(t, "the wait is registered", func() bool { return s.Stats().Waiters == 2 })
+			b1.sendBarrier("/bar", 2)
+			eventually(t, "the barrier waits", func() bool { return s.Stats().Waiters == 3 })
+			// The key now exists, but its waiters were not counted off.
+			if !must[bool](t)(b2.check("/bar")) {
+				t.Fatal("check of the barrier key after an arrival = not ready")
+			}
+			if w := s.Stats().Waiters; w != 3 {
+				t.Fatalf("waiters = %d after a non-final arrival, want 3", w)
+			}
+			b2.sendBarrier("/bar", 2)
+			for i, x := range []*wireClient{b2, b1} {
+				if b := must[byte](t)(x.readByte()); b != waitStopWaiting {
+					t.Fatalf("arrival %d: reply %d", i, b)
+				}
+			}
+			// c's wait is counted off /bar but still needs /other.
+			eventually(t, "one registration left", func() bool { return s.Stats().Waiters == 1 })
+			c.expectSilent(50 * time.Millisecond)
+			b1.set("/other", "x")
+			if b := must[byte](t)(c.readByte()); b != waitStopWaiting {
+				t.Fatalf("wait reply %d", b)
+			}
+		}},
+		{"barrier on a non-number refuses the client", []dialect{dialectV2}, func(t *testing.T, c *wireClient, s *Server) {
+			other := dial(t, s.Addr().String(), c.d)
+			other.set("/text", "abc")
+			must[int64](t)(other.numKeys()) // the SET has been served
+			c.sendBarrier("/text", 2)
+			c.expectClosed()
+			eventually(t, "refusal counted", func() bool { return s.Stats().Refused == 1 })
+			if v := must[string](t)(other.getNoWait("/text")); v != "abc" {
+				t.Fatalf("value after the refused barrier = %q", v)
 			}
 		}},
 		{"watch_key", []dialect{dialectLegacy}, func(t *testing.T, c *wireClient, s *Server) {
@@ -336,6 +490,58 @@ func TestDialectDetection(t *testing.T) {
 	// Others carry on.
 	if v := must[string](t)(v2.get("/first")); v != "legacy" {
 		t.Fatalf("v2 get after refusals = %q", v)
+	}
+}
+
+// TestLegacyType7: WATCH_KEY on a fresh legacy connection (and again on
+// that callback connection) is a watch; type 7 after other queries is taken
+// for a torch 2.1-era DELETE_KEY and refused with a reason naming the fix.
+func TestLegacyType7(t *testing.T) {
+	var logs recorder
+	s, err := Listen(context.Background(), "127.0.0.1:0", Options{Logger: slog.New(&logs)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	addr := s.Addr().String()
+
+	watcher := dial(t, addr, dialectLegacy)
+	for _, k := range []string{"/a", "/b"} {
+		watcher.send(opWatchKey, str(k))
+		if b := must[byte](t)(watcher.readByte()); b != watchKeyCallbackRegistered {
+			t.Fatalf("watch %s: reply %d", k, b)
+		}
+	}
+	setter := dial(t, addr, dialectLegacy)
+	setter.set("/b", "x")
+	want := watchEvent{watchKeyCreated, "/b", "", "x"}
+	if ev := must[watchEvent](t)(watcher.readWatchEvent()); ev != want {
+		t.Fatalf("watch event %+v, want %+v", ev, want)
+	}
+
+	// What a 2.1-era client sends for delete_key("/b") after its other
+	// queries: type 7, then the key.
+	setter.sendRaw(append([]byte{7}, str("/b")...))
+	setter.expectClosed()
+	eventually(t, "the refusal is counted", func() bool { return s.Stats().Refused == 1 })
+	log := logs.String()
+	for _, w := range []string{"torch 2.1-era client", "--agent-store off", "dialect=legacy"} {
+		if !strings.Contains(log, w) {
+			t.Fatalf("refusal log lacks %q:\n%s", w, log)
+		}
+	}
+	// The key was not deleted, and the watcher is still served.
+	other := dial(t, addr, dialectLegacy)
+	if v := must[string](t)(other.get("/b")); v != "x" {
+		t.Fatalf("get = %q after the refused type 7", v)
+	}
+	other.set("/a", "y")
+	want = watchEvent{watchKeyCreated, "/a", "", "y"}
+	if ev := must[watchEvent](t)(watcher.readWatchEvent()); ev != want {
+		t.Fatalf("watch event %+v, want %+v", ev, want)
+	}
+	if w := s.Stats().Waiters; w != 2 {
+		t.Fatalf("waiters = %d, want the 2 watches", w)
 	}
 }
 
@@ -427,11 +633,12 @@ func TestLimits(t *testing.T) {
 		MaxWaitsPerConn: 2,
 		MaxKeysPerQuery: 3,
 	}
-	cases := []struct {
+	type limitCase struct {
 		name  string
 		setup func(c *wireClient) // queries that stay within the limits
 		bad   func(c *wireClient)
-	}{
+	}
+	cases := []limitCase{
 		{"key too long", nil, func(c *wireClient) { c.set(strings.Repeat("k", 17), "v") }},
 		{"value too long", nil, func(c *wireClient) { c.set("/k", strings.Repeat("v", 65)) }},
 		{"length prefix of 2^60 is not allocated", nil, func(c *wireClient) {
@@ -464,8 +671,28 @@ func TestLimits(t *testing.T) {
 			c.send(opWait, keysArg([]string{"/w1", "/w2"}))
 		}, func(c *wireClient) { c.send(opWait, keysArg([]string{"/w3", "/w4"})) }},
 	}
+	v2Cases := []limitCase{
+		{"barrier past the key limit", func(c *wireClient) {
+			for i := range 3 { // and /good
+				c.set(fmt.Sprintf("/k%d", i), "v")
+			}
+		}, func(c *wireClient) { c.sendBarrier("/bar", 2) }},
+		{"barrier past the waits of one connection", func(c *wireClient) {
+			c.send(opWait, keysArg([]string{"/w1"}))
+			c.sendBarrier("/bar", 5)
+		}, func(c *wireClient) { c.sendBarrier("/bar", 5) }},
+		{"barrier past the waiter registrations", func(c *wireClient) {
+			// Short keys: with 64 bytes charged per listed key, 3 keys of 3
+			// bytes would pass the 200 bytes of queries in flight.
+			c.send(opWait, keysArg([]string{"a", "b", "c"}))
+		}, func(c *wireClient) { c.sendBarrier("/bar", 5) }},
+	}
 	for _, d := range dialects {
-		for _, tc := range cases {
+		dcases := cases
+		if d == dialectV2 {
+			dcases = append(slices.Clip(cases), v2Cases...)
+		}
+		for _, tc := range dcases {
 			t.Run(d.String()+"/"+tc.name, func(t *testing.T) {
 				s := startServer(t, lim)
 				addr := s.Addr().String()
@@ -489,6 +716,57 @@ func TestLimits(t *testing.T) {
 			})
 		}
 	}
+}
+
+// TestInflightListOverhead: the keys and pairs of a list query are charged to
+// the bytes reserved for queries being received even when they are empty, so
+// connections that stall half-way through a MULTI_SET of empty pairs cannot
+// hold memory past MaxTotalBytes for free.
+func TestInflightListOverhead(t *testing.T) {
+	const limit = 1 << 20
+	s := startServer(t, Limits{MaxTotalBytes: limit, MessageTimeout: time.Hour})
+	addr := s.Addr().String()
+	good := dial(t, addr, dialectV2)
+
+	// A whole MULTI_SET of 2,000 pairs (250 KiB charged) is served.
+	var kv []string
+	for i := range 2000 {
+		kv = append(kv, fmt.Sprint(i), "")
+	}
+	good.multiSet(kv...)
+	if n := must[int64](t)(good.numKeys()); n != 2000 {
+		t.Fatalf("num keys = %d, want 2000", n)
+	}
+	if r := s.inflight.Load(); r != 0 {
+		t.Fatalf("%d bytes still reserved after the query", r)
+	}
+
+	// 8 connections each announce 128 Ki empty pairs, send 2 Ki of them
+	// (32 KiB on the wire, 256 KiB charged) and stall.
+	const conns, pairs = 8, 2048
+	part := append([]byte{good.code(opMultiSet)}, u64(128<<10)...)
+	for range pairs {
+		part = append(part, concat(str(""), str(""))...)
+	}
+	var stalled []*wireClient
+	for range conns {
+		c := dial(t, addr, dialectV2)
+		_ = c.nc.SetWriteDeadline(time.Now().Add(ioTimeout))
+		_, _ = c.nc.Write(part) // may fail: the server can close it first
+		stalled = append(stalled, c)
+	}
+	// At most limit / 256 KiB = 4 of them fit.
+	eventually(t, "the connections past the limit are refused", func() bool { return s.Stats().Refused >= conns-4 })
+	if r := s.inflight.Load(); r > limit {
+		t.Fatalf("%d bytes reserved, over the limit of %d", r, limit)
+	}
+	if n := must[uint32](t)(good.ping(9)); n != 9 {
+		t.Fatalf("ping = %d", n)
+	}
+	for _, c := range stalled {
+		c.nc.Close()
+	}
+	eventually(t, "every reservation released", func() bool { return s.inflight.Load() == 0 })
 }
 
 // TestTooManyConnections: the connection past MaxConns is closed at once;

@@ -77,6 +77,11 @@ func (st *state) fits(key string, oldLen, newLen int) error {
 // put stores val under key (limits checked by the caller), wakes the key's
 // waiters and tells its watchers: created, or changed the way kind says.
 func (st *state) put(key string, val []byte, kind byte) {
+	st.store(key, val, kind, true)
+}
+
+// store is put, waking the key's waiters only when wake is set.
+func (st *state) store(key string, val []byte, kind byte, wake bool) {
 	old, had := st.kv[key]
 	if had {
 		st.bytes += int64(len(val)) - int64(len(old))
@@ -84,7 +89,9 @@ func (st *state) put(key string, val []byte, kind byte) {
 		st.bytes += int64(len(key)) + int64(len(val))
 	}
 	st.kv[key] = val
-	st.wake(key)
+	if wake {
+		st.wake(key)
+	}
 	if had {
 		st.notifyWatchers(key, kind, old, val)
 	} else {
@@ -227,19 +234,76 @@ func (st *state) wait(c *conn, keys []string) (bool, error) {
 	if len(missing) == 0 {
 		return true, nil
 	}
+	if err := st.canWait(c, len(missing)); err != nil {
+		return false, err
+	}
+	st.register(c, missing)
+	return false, nil
+}
+
+// canWait checks that c may register one more wait, on n keys.
+func (st *state) canWait(c *conn, n int) error {
 	if len(c.waits) >= st.lim.MaxWaitsPerConn {
-		return false, refusef("connection has %d WAIT queries outstanding, the limit", len(c.waits))
+		return refusef("connection has %d WAIT queries outstanding, the limit", len(c.waits))
 	}
-	if st.waiters+len(missing) > st.lim.MaxWaiters {
-		return false, refusef("server has %d wait registrations, a WAIT on %d more keys would pass the limit of %d", st.waiters, len(missing), st.lim.MaxWaiters)
+	if st.waiters+n > st.lim.MaxWaiters {
+		return refusef("server has %d wait registrations, a wait on %d more keys would pass the limit of %d", st.waiters, n, st.lim.MaxWaiters)
 	}
-	w := &waiter{c: c, left: len(missing), keys: missing}
-	for _, k := range missing {
+	return nil
+}
+
+// register makes c wait until every one of keys has been set (canWait
+// checked by the caller).
+func (st *state) register(c *conn, keys []string) {
+	w := &waiter{c: c, left: len(keys), keys: keys}
+	for _, k := range keys {
 		st.waiting[k] = append(st.waiting[k], w)
 	}
-	st.waiters += len(missing)
+	st.waiters += len(keys)
 	c.waits = append(c.waits, w)
+}
+
+// barrier counts one arrival at key, whose value is the decimal count of
+// arrivals so far (a missing key: none), the way torch's libuv server
+// serves BARRIER. The arrival that brings the count to worldSize stores it,
+// wakes the key's waiters and is answered at once (true). An earlier one
+// stores the count without waking anyone (a WAIT on the key goes on waiting;
+// legacy watchers are told, as for ADD) and waits on the key itself, to be
+// answered STOP_WAITING by the last arrival or WAIT_CANCELED by CANCEL_WAIT.
+func (st *state) barrier(c *conn, key string, worldSize int64) (bool, error) {
+	var n int64
+	oldLen := -1
+	if cur, ok := st.kv[key]; ok {
+		v, err := parseLeadingInt(cur)
+		if err != nil {
+			return false, refusef("BARRIER on key %q, whose value %q is not an integer", clip(key), clip(string(cur)))
+		}
+		n, oldLen = v, len(cur)
+	}
+	n++ // wraps like ADD
+	val := []byte(strconv.FormatInt(n, 10))
+	if err := st.fits(key, oldLen, len(val)); err != nil {
+		return false, err
+	}
+	if n >= worldSize {
+		st.put(key, val, watchKeyUpdated)
+		return true, nil
+	}
+	if err := st.canWait(c, 1); err != nil {
+		return false, err
+	}
+	st.store(key, val, watchKeyUpdated, false)
+	st.register(c, []string{key})
 	return false, nil
+}
+
+// keys lists the keys of the key/value map (not the queues), for LIST_KEYS.
+func (st *state) keys() []string {
+	out := make([]string, 0, len(st.kv))
+	for k := range st.kv {
+		out = append(out, k)
+	}
+	return out
 }
 
 // wake counts key off every waiter registered on it and answers those that

@@ -28,6 +28,8 @@ const (
 	opQueuePush
 	opQueuePop
 	opQueueLen
+	opListKeys
+	opBarrier
 )
 
 var opNames = [...]string{
@@ -50,6 +52,8 @@ var opNames = [...]string{
 	opQueuePush:  "QUEUE_PUSH",
 	opQueuePop:   "QUEUE_POP",
 	opQueueLen:   "QUEUE_LEN",
+	opListKeys:   "LIST_KEYS",
+	opBarrier:    "BARRIER",
 }
 
 func (o op) String() string {
@@ -64,7 +68,7 @@ type dialect uint8
 
 const (
 	dialectUnknown dialect = iota
-	dialectLegacy          // torch 1.13 .. 2.1: no handshake, SET = 0
+	dialectLegacy          // torch 1.13 and 2.0: no handshake, SET = 0
 	dialectV2              // torch 2.2 and later: VALIDATE = 0 handshake first
 )
 
@@ -79,18 +83,21 @@ func (d dialect) String() string {
 }
 
 // legacyOps numbers the queries of torch 1.13 (SET .. DELETE_KEY) and the
-// ones torch 2.0/2.1 appended before the handshake came (APPEND ..
-// CANCEL_WAIT).
+// ones torch 2.0 appended (APPEND .. CANCEL_WAIT). The 2.1-era numbering,
+// which dropped WATCH_KEY (DELETE_KEY = 7 .. CANCEL_WAIT = 11) before the
+// handshake came, is not served; see conn.handle's WATCH_KEY.
 var legacyOps = []op{
 	opSet, opCompareSet, opGet, opAdd, opCheck, opWait, opNumKeys, opWatchKey,
 	opDeleteKey, opAppend, opMultiGet, opMultiSet, opCancelWait,
 }
 
 // v2Ops numbers the queries of torch 2.2 and later; WATCH_KEY is gone.
+// LIST_KEYS and BARRIER are the newest (pytorch's libuv backend of 2025-2026,
+// shipped by torch 2.11).
 var v2Ops = []op{
 	opValidate, opSet, opCompareSet, opGet, opAdd, opCheck, opWait, opNumKeys,
 	opDeleteKey, opAppend, opMultiGet, opMultiSet, opCancelWait, opPing,
-	opQueuePush, opQueuePop, opQueueLen,
+	opQueuePush, opQueuePop, opQueueLen, opListKeys, opBarrier,
 }
 
 func (d dialect) op(b byte) op {
