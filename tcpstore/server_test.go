@@ -638,6 +638,15 @@ func TestLimits(t *testing.T) {
 		setup func(c *wireClient) // queries that stay within the limits
 		bad   func(c *wireClient)
 	}
+	// Cases that need other limits than lim.
+	lims := map[string]Limits{
+		// Room for the bytes of 3 registrations (64 + key each).
+		"barrier past the waiter registrations": {MaxKeyBytes: 16, MaxValueBytes: 64, MaxKeys: 4,
+			MaxTotalBytes: 1000, MaxWaiters: 3, MaxWaitsPerConn: 2, MaxKeysPerQuery: 3},
+		// MaxWaiters allows the registrations; their bytes do not fit.
+		"waits holding keys past the byte limit": {MaxKeyBytes: 16, MaxValueBytes: 64, MaxKeys: 4,
+			MaxTotalBytes: 200, MaxWaiters: 100, MaxWaitsPerConn: 10, MaxKeysPerQuery: 3},
+	}
 	cases := []limitCase{
 		{"key too long", nil, func(c *wireClient) { c.set(strings.Repeat("k", 17), "v") }},
 		{"value too long", nil, func(c *wireClient) { c.set("/k", strings.Repeat("v", 65)) }},
@@ -667,6 +676,12 @@ func TestLimits(t *testing.T) {
 			c.send(opWait, keysArg([]string{"/w1"}))
 			c.send(opWait, keysArg([]string{"/w2"}))
 		}, func(c *wireClient) { c.send(opWait, keysArg([]string{"/w3"})) }},
+		{"waits holding keys past the byte limit", func(c *wireClient) {
+			// Each registration of a 16-byte key holds 16 + 64 bytes: two
+			// and /good hold 166 of the 200.
+			c.send(opWait, keysArg([]string{strings.Repeat("a", 16)}))
+			c.send(opWait, keysArg([]string{strings.Repeat("b", 16)}))
+		}, func(c *wireClient) { c.send(opWait, keysArg([]string{strings.Repeat("c", 16)})) }},
 		{"too many waiter registrations", func(c *wireClient) {
 			c.send(opWait, keysArg([]string{"/w1", "/w2"}))
 		}, func(c *wireClient) { c.send(opWait, keysArg([]string{"/w3", "/w4"})) }},
@@ -682,8 +697,6 @@ func TestLimits(t *testing.T) {
 			c.sendBarrier("/bar", 5)
 		}, func(c *wireClient) { c.sendBarrier("/bar", 5) }},
 		{"barrier past the waiter registrations", func(c *wireClient) {
-			// Short keys: with 64 bytes charged per listed key, 3 keys of 3
-			// bytes would pass the 200 bytes of queries in flight.
 			c.send(opWait, keysArg([]string{"a", "b", "c"}))
 		}, func(c *wireClient) { c.sendBarrier("/bar", 5) }},
 	}
@@ -694,7 +707,11 @@ func TestLimits(t *testing.T) {
 		}
 		for _, tc := range dcases {
 			t.Run(d.String()+"/"+tc.name, func(t *testing.T) {
-				s := startServer(t, lim)
+				l, ok := lims[tc.name]
+				if !ok {
+					l = lim
+				}
+				s := startServer(t, l)
 				addr := s.Addr().String()
 				good := dial(t, addr, d)
 				good.set("/good", "1")

@@ -15,6 +15,7 @@ type state struct {
 	kv       map[string][]byte
 	queues   map[string][][]byte // QUEUE_PUSH lists, present while not empty
 	bytes    int64               // keys+values of kv and queues
+	regBytes int64               // what wait and watch registrations hold (regCost each)
 	waiting  map[string][]*waiter
 	watchers map[string][]*conn
 	waiters  int // registrations: one per key a WAIT waits on, one per watched key
@@ -68,8 +69,8 @@ func (st *state) fits(key string, oldLen, newLen int) error {
 	} else {
 		grow -= int64(oldLen)
 	}
-	if st.bytes+grow > st.lim.MaxTotalBytes {
-		return refusef("store would hold %d bytes, over the limit of %d", st.bytes+grow, st.lim.MaxTotalBytes)
+	if st.held()+grow > st.lim.MaxTotalBytes {
+		return refusef("store would hold %d bytes, over the limit of %d", st.held()+grow, st.lim.MaxTotalBytes)
 	}
 	return nil
 }
@@ -194,8 +195,8 @@ func (st *state) queuePush(key string, val []byte) error {
 		}
 		grow += int64(len(key))
 	}
-	if st.bytes+grow > st.lim.MaxTotalBytes {
-		return refusef("store would hold %d bytes, over the limit of %d", st.bytes+grow, st.lim.MaxTotalBytes)
+	if st.held()+grow > st.lim.MaxTotalBytes {
+		return refusef("store would hold %d bytes, over the limit of %d", st.held()+grow, st.lim.MaxTotalBytes)
 	}
 	st.bytes += grow
 	st.queues[key] = append(q, val)
@@ -234,23 +235,42 @@ func (st *state) wait(c *conn, keys []string) (bool, error) {
 	if len(missing) == 0 {
 		return true, nil
 	}
-	if err := st.canWait(c, len(missing)); err != nil {
+	if err := st.canWait(c, missing); err != nil {
 		return false, err
 	}
 	st.register(c, missing)
 	return false, nil
 }
 
-// canWait checks that c may register one more wait, on n keys.
-func (st *state) canWait(c *conn, n int) error {
+// canWait checks that c may register one more wait, on keys: the
+// registrations count against MaxWaiters, and the key strings they hold
+// against MaxTotalBytes with the store's keys and values (a million waits
+// on 8 KiB keys would otherwise hold 8 GiB).
+func (st *state) canWait(c *conn, keys []string) error {
 	if len(c.waits) >= st.lim.MaxWaitsPerConn {
 		return refusef("connection has %d WAIT queries outstanding, the limit", len(c.waits))
 	}
-	if st.waiters+n > st.lim.MaxWaiters {
+	if n := len(keys); st.waiters+n > st.lim.MaxWaiters {
 		return refusef("server has %d wait registrations, a wait on %d more keys would pass the limit of %d", st.waiters, n, st.lim.MaxWaiters)
+	}
+	var cost int64
+	for _, k := range keys {
+		cost += regCost(k)
+	}
+	if st.held()+cost > st.lim.MaxTotalBytes {
+		return refusef("store would hold %d bytes with %d more wait registrations, over the limit of %d", st.held()+cost, len(keys), st.lim.MaxTotalBytes)
 	}
 	return nil
 }
+
+// regOverhead is charged per wait or watch registration beside its key:
+// the slice entries and the waiter that hold it.
+const regOverhead = 64
+
+func regCost(key string) int64 { return int64(len(key)) + regOverhead }
+
+// held is what the attempt holds against MaxTotalBytes.
+func (st *state) held() int64 { return st.bytes + st.regBytes }
 
 // register makes c wait until every one of keys has been set (canWait
 // checked by the caller).
@@ -258,6 +278,7 @@ func (st *state) register(c *conn, keys []string) {
 	w := &waiter{c: c, left: len(keys), keys: keys}
 	for _, k := range keys {
 		st.waiting[k] = append(st.waiting[k], w)
+		st.regBytes += regCost(k)
 	}
 	st.waiters += len(keys)
 	c.waits = append(c.waits, w)
@@ -289,7 +310,7 @@ func (st *state) barrier(c *conn, key string, worldSize int64) (bool, error) {
 		st.put(key, val, watchKeyUpdated)
 		return true, nil
 	}
-	if err := st.canWait(c, 1); err != nil {
+	if err := st.canWait(c, []string{key}); err != nil {
 		return false, err
 	}
 	st.store(key, val, watchKeyUpdated, false)
@@ -315,6 +336,7 @@ func (st *state) wake(key string) {
 	}
 	delete(st.waiting, key)
 	st.waiters -= len(ws)
+	st.regBytes -= int64(len(ws)) * regCost(key)
 	for _, w := range ws {
 		w.left--
 		if w.left == 0 {
@@ -338,6 +360,7 @@ func (st *state) wakeOne(key string) {
 		st.waiting[key] = ws[1:]
 	}
 	st.waiters--
+	st.regBytes -= regCost(key)
 	w.left--
 	if w.left == 0 {
 		w.c.forgetWait(w)
@@ -351,6 +374,7 @@ func (st *state) cancelWaits(c *conn) {
 		for _, k := range w.keys {
 			if removeOne(st.waiting, k, w) {
 				st.waiters--
+				st.regBytes -= regCost(k)
 			}
 		}
 	}
@@ -378,8 +402,12 @@ func (st *state) watch(c *conn, key string) error {
 	if st.waiters+1 > st.lim.MaxWaiters {
 		return refusef("server has %d wait registrations, the limit", st.waiters)
 	}
+	if st.held()+regCost(key) > st.lim.MaxTotalBytes {
+		return refusef("store would hold %d bytes with one more watch, over the limit of %d", st.held()+regCost(key), st.lim.MaxTotalBytes)
+	}
 	st.watchers[key] = append(st.watchers[key], c)
 	st.waiters++
+	st.regBytes += regCost(key)
 	c.watching = append(c.watching, key)
 	c.push([]byte{watchKeyCallbackRegistered})
 	return nil
@@ -405,6 +433,7 @@ func (st *state) dropWatches(c *conn) {
 	for _, k := range c.watching {
 		if removeOne(st.watchers, k, c) {
 			st.waiters--
+			st.regBytes -= regCost(k)
 		}
 	}
 	c.watching = nil
