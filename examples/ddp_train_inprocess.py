@@ -109,6 +109,9 @@ def build(args, rank, ctx):
 
 def train(ctx, args):
     rank, world = dist.get_rank(), dist.get_world_size()
+    # Once per round and process: which process holds which rank (the
+    # integration tests check that survivors keep theirs).
+    base.log(f"train: pid={os.getpid()} rank={rank} world={world}")
     if (rank, cycle()) == (args.crash_again_rank, 1) and once(args.ckpt_dir, "crash_again", rank):
         base.log("injected crash at the start of round 1")
         os._exit(1)

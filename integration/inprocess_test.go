@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"testing"
@@ -40,6 +41,68 @@ func cyclePIDs(t *testing.T, j *job) map[int][]int {
 		out[int(e["round"].(float64))] = pids
 	}
 	return out
+}
+
+// trainLine is the line examples/ddp_train_inprocess.py logs each time its
+// training function starts: $RANK and the round from the environment,
+// then the process's pid and its process group rank and size.
+var trainLine = regexp.MustCompile(`\[ddp_train rank=(\d+) cycle=(\d+)\] train: pid=(\d+) rank=(\d+) world=(\d+)`)
+
+// trainRanks reads the ranks' train lines from the launchers' stderr:
+// round -> pid -> global rank. $RANK must equal the process group rank.
+func trainRanks(t *testing.T, stderrs ...string) map[int]map[int]int {
+	t.Helper()
+	out := map[int]map[int]int{}
+	for _, s := range stderrs {
+		for _, m := range trainLine.FindAllStringSubmatch(s, -1) {
+			env, _ := strconv.Atoi(m[1])
+			round, _ := strconv.Atoi(m[2])
+			pid, _ := strconv.Atoi(m[3])
+			rank, _ := strconv.Atoi(m[4])
+			if env != rank {
+				t.Errorf("round %d pid %d: RANK=%d but the process group says rank %d", round, pid, env, rank)
+			}
+			if out[round] == nil {
+				out[round] = map[int]int{}
+			}
+			if r, dup := out[round][pid]; dup {
+				t.Errorf("round %d: pid %d started training twice (ranks %d, %d)", round, pid, r, rank)
+			}
+			out[round][pid] = rank
+		}
+	}
+	return out
+}
+
+// checkRanksKept: in rounds 0 and 1 every global rank of world ran once;
+// each process of both rounds kept its rank, and the crashed rank's number
+// went to a new process (issue 16: ranks keep their numbers unless a node
+// is swapped). It returns round -> rank -> pid.
+func checkRanksKept(t *testing.T, world, crashed int, stderrs ...string) map[int]map[int]int {
+	t.Helper()
+	byPid := trainRanks(t, stderrs...)
+	byRank := map[int]map[int]int{}
+	for _, round := range []int{0, 1} {
+		byRank[round] = map[int]int{}
+		for pid, r := range byPid[round] {
+			byRank[round][r] = pid
+		}
+		if len(byPid[round]) != world || len(byRank[round]) != world {
+			t.Fatalf("round %d: processes -> ranks %v, want ranks 0..%d once each", round, byPid[round], world-1)
+		}
+	}
+	for pid, r1 := range byPid[1] {
+		if r0, ok := byPid[0][pid]; ok && r0 != r1 {
+			t.Errorf("process %d was rank %d in round 0 and rank %d in round 1", pid, r0, r1)
+		}
+	}
+	for r := range world {
+		same := byRank[0][r] == byRank[1][r]
+		if same == (r == crashed) {
+			t.Errorf("rank %d: pid %d in round 0, %d in round 1; only rank %d should be a new process", r, byRank[0][r], byRank[1][r], crashed)
+		}
+	}
+	return byRank
 }
 
 func restartModes(j *job) []string {
@@ -96,6 +159,16 @@ func TestInProcessCrashKeepsSurvivors(t *testing.T) {
 				same := pids[0][lr] == pids[1][lr]
 				if same == (lr == tc.crash) {
 					t.Fatalf("round 0 pids %v, round 1 pids %v: only local rank %d should have a new process", pids[0], pids[1], tc.crash)
+				}
+			}
+			// The survivors keep their global ranks, the replacement takes
+			// the crashed one's; the processes are the launcher's.
+			ranks := checkRanksKept(t, tc.ranks, tc.crash, j.stderr.String())
+			for round, byRank := range ranks {
+				for r, pid := range byRank {
+					if pids[round][r] != pid { // one node: global rank = local rank
+						t.Errorf("round %d: rank %d trained in pid %d, the launcher started pid %d", round, r, pid, pids[round][r])
+					}
 				}
 			}
 			if n := len(j.eventsOf("inprocess_first_step")); n != tc.ranks-1 {
@@ -243,6 +316,11 @@ func TestInProcessTwoNodes(t *testing.T) {
 	if survivors != 3 {
 		t.Fatalf("%d survivors took a first step after the restart, want 3", survivors)
 	}
+	var stderrs []string
+	for _, n := range c.nodes {
+		stderrs = append(stderrs, n.stderr.String())
+	}
+	checkRanksKept(t, 4, 3, stderrs...)
 }
 
 // TestInProcessNodeLossSwapsSpare: three launchers (--nnodes 2:3, two ranks

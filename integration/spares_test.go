@@ -212,6 +212,18 @@ func TestSpareFillerReclaimedOnSwap(t *testing.T) {
 	if sum[`ftlauncher_swap_latency_seconds_count{phase="total"}`] != 1 {
 		t.Errorf("swap latency not observed once: %v", sum[`ftlauncher_swap_latency_seconds_count{phase="total"}`])
 	}
+	// The promoted spare's swap histogram splits the swap by phase (issue
+	// 18). A phase of 0 is not observed, so each series counting the swap
+	// also says the phase took time: detection (the survivor's detector
+	// timed the SIGKILLed victim's loss: a few ms on loopback), rendezvous,
+	// filler_reclaim (this spare ran a filler), spawn and total.
+	onSpare := scrape(t, metrics[promoted])
+	for _, p := range []string{"detection", "rendezvous", "filler_reclaim", "spawn", "total"} {
+		k := `ftlauncher_swap_latency_seconds_count{phase="` + p + `"}`
+		if onSpare[k] < 1 {
+			t.Errorf("%s = %v on the promoted spare (node %d), want >= 1", k, onSpare[k], promoted)
+		}
+	}
 
 	// The ledger, read from the running job's etcd.
 	var live []ledger.Record
@@ -233,6 +245,7 @@ func TestSpareFillerReclaimedOnSwap(t *testing.T) {
 		}
 		wantVerdict(t, readVerdict(t, c.verdictPath(i)), verdict.Succeeded, 0)
 	}
+	checkSwapCycle(t, c.verdictPath(promoted))
 	// The live follower saw the swap and ended by itself with the job.
 	var live2 []ledger.Record
 	select {
@@ -282,6 +295,45 @@ func TestSpareFillerReclaimedOnSwap(t *testing.T) {
 		}
 	}
 	checkSwapReport(t, c, victim, promoted, args)
+}
+
+// checkSwapCycle: the promoted spare's verdict records its round-1 cycle
+// (the swap) with every swap phase, read from the raw JSON so a phase
+// left out (detection_ms and filler_reclaim_ms are omitted when 0) shows.
+// Detection, rendezvous and filler reclaim take time; spawn may round to
+// 0 ms but is present.
+func checkSwapCycle(t *testing.T, path string) {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var v struct {
+		Cycles []map[string]any `json:"cycles"`
+	}
+	if err := json.Unmarshal(b, &v); err != nil {
+		t.Fatalf("verdict %s: %v", path, err)
+	}
+	var cyc map[string]any
+	for _, c := range v.Cycles {
+		if r, _ := c["round"].(float64); r == 1 {
+			cyc = c
+		}
+	}
+	if cyc == nil {
+		t.Fatalf("the promoted spare's verdict has no round-1 cycle: %v", v.Cycles)
+	}
+	for _, k := range []string{"detection_ms", "rendezvous_ms", "filler_reclaim_ms", "spawn_ms"} {
+		ms, ok := cyc[k].(float64)
+		switch {
+		case !ok:
+			t.Errorf("the swap's cycle lacks %s: %v", k, cyc)
+		case ms < 0, ms == 0 && k != "spawn_ms":
+			t.Errorf("the swap's cycle has %s = %v: %v", k, ms, cyc)
+		}
+	}
+	t.Logf("swap cycle on the promoted spare: detection %v ms, rendezvous %v ms, filler reclaim %v ms, spawn %v ms",
+		cyc["detection_ms"], cyc["rendezvous_ms"], cyc["filler_reclaim_ms"], cyc["spawn_ms"])
 }
 
 // checkSwapReport: ft-resumer report on every node's event log (the lost
