@@ -99,8 +99,11 @@ func New(ctx context.Context, o Options) *Host {
 // Port is the rendezvous's MasterPort hook: it makes sure a server listens
 // on host (this node's advertised address) with an empty store for round,
 // and returns its port. A node registering for a new round has stopped its
-// ranks of the old one, so emptying the store here, before the new round
-// can close, is safe, and no rank of the new round can see old keys.
+// ranks of the old one (or, in an in-process restart, its survivors wait
+// for the round's notice and reconnect after it), so emptying the store
+// here, before the new round can close, is safe, and no rank of the new
+// round can see old keys. Other nodes may still be stopping their old ranks
+// at this moment: docs/agentstore.md says what that window allows.
 func (h *Host) Port(host string, round int) (int, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
