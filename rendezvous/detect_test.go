@@ -17,11 +17,11 @@ func TestGossipBound(t *testing.T) {
 		n    int
 		want time.Duration
 	}{
-		{4, 900 * time.Millisecond},
-		{10, 900 * time.Millisecond},
-		{100, 1300 * time.Millisecond},
-		{1000, 1700 * time.Millisecond},
-		{4000, 1940 * time.Millisecond},
+		{4, 1200 * time.Millisecond},
+		{10, 1200 * time.Millisecond},
+		{100, 1600 * time.Millisecond},
+		{1000, 2000 * time.Millisecond},
+		{4000, 2240 * time.Millisecond},
 	} {
 		if got := g.Bound(tc.n).Round(10 * time.Millisecond); got != tc.want {
 			t.Errorf("Bound(%d) = %v, want %v", tc.n, got, tc.want)

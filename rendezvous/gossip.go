@@ -84,14 +84,27 @@ func (t GossipTimings) Suspicion(n int) time.Duration {
 // Bound is the detection bound of a silent node in a cluster of n: a
 // probe interval until a member probes it (each member probes one per
 // interval, so with several members one comes about every interval), one
-// for the failed direct and indirect probes, the suspicion, then a probe
-// timeout for the stream check (answersOnStream).
+// for the failed direct and indirect probes, the suspicion, then the
+// stream check (answersOnStream).
 func (t GossipTimings) Bound(n int) time.Duration {
-	return 2*t.ProbeInterval + t.Suspicion(n) + max(t.ProbeTimeout, 50*time.Millisecond)
+	return 2*t.ProbeInterval + t.Suspicion(n) + t.StreamCheck()
+}
+
+// StreamCheck is how long a survivor waits for the greeting of a node that
+// gossip declared dead before it takes the death for true: two probe
+// intervals (at least the probe timeout). A launcher that is alive but
+// starved of CPU greets late; with 0.1 s a 2-node job on a busy 2-core
+// machine lost a live node this way (no indirect probes or suspicion
+// confirmations with one peer). A frozen or cut-off node never greets, so
+// this only adds to its detection time; a dead launcher's refused dial ends
+// the check at once.
+func (t GossipTimings) StreamCheck() time.Duration {
+	return max(t.ProbeTimeout, 2*t.ProbeInterval, 50*time.Millisecond)
 }
 
 // detectBound is how long a closer waits for a node gossip suspects: the
-// rest of its suspicion and the news of its death.
+// rest of its suspicion, the news of its death and the stream check that
+// confirms it.
 func (e *Etcd) detectBound() time.Duration {
 	n := 1
 	e.mu.Lock()
@@ -99,7 +112,24 @@ func (e *Etcd) detectBound() time.Duration {
 		n = e.ml.NumMembers()
 	}
 	e.mu.Unlock()
-	return e.o.Gossip.Suspicion(n) + 2*e.o.Gossip.ProbeInterval
+	return e.o.Gossip.Suspicion(n) + 2*e.o.Gossip.ProbeInterval + e.o.Gossip.StreamCheck()
+}
+
+// gossipAlive tells whether this node's gossip holds id alive again: it
+// refuted its death (a higher incarnation) while the stream check waited.
+func (e *Etcd) gossipAlive(id string) bool {
+	e.mu.Lock()
+	ml := e.ml
+	e.mu.Unlock()
+	if ml == nil {
+		return false
+	}
+	for _, m := range ml.Members() {
+		if m.Name == id {
+			return m.State == memberlist.StateAlive
+		}
+	}
+	return false
 }
 
 // gossipSuspects are the members this node's gossip suspects now (nil
@@ -155,12 +185,12 @@ func (g gossipEvents) NotifyLeave(n *memberlist.Node) {
 	delete(e.lastAck, n.Name)
 	e.mu.Unlock()
 	go func() {
-		if n.State != memberlist.StateLeft && e.answersOnStream(r, n.Name) {
+		if n.State != memberlist.StateLeft && (e.answersOnStream(r, n.Name) || e.gossipAlive(n.Name)) {
 			// A dead message can be stale: a node that was cut off declares
 			// everyone else dead, and its queued messages arrive when the
 			// partition heals. The accused refutes it in gossip; here it
 			// must not end a round.
-			e.log.Warn("gossip declared a node dead, but it answers on its stream port: not lost", "node", n.Name, "round", r)
+			e.log.Warn("gossip declared a node dead, but it answers on its stream port or refuted in gossip: not lost", "node", n.Name, "round", r)
 			return
 		}
 		e.nodeLostAt(r, n.Name, how, evidence)
@@ -271,5 +301,5 @@ func (e *Etcd) answersOnStream(r int, id string) bool {
 	if json.Unmarshal(resp.Kvs[0].Value, &m) != nil || m.StreamAddr == "" {
 		return false
 	}
-	return streamAnswers(m.StreamAddr, max(e.o.Gossip.ProbeTimeout, 50*time.Millisecond))
+	return streamAnswers(m.StreamAddr, e.o.Gossip.StreamCheck())
 }
