@@ -326,8 +326,7 @@ func (c *conn) readKeys() ([]string, error) {
 
 func (c *conn) replyVec(v []byte) error {
 	return c.write(func(w *bufio.Writer) {
-		writeU64(w, uint64(len(v)))
-		_, _ = w.Write(v)
+		writeVec(w, v)
 	})
 }
 
@@ -337,6 +336,17 @@ func (c *conn) replyI64(v int64) error {
 
 func (c *conn) replyByte(b byte) error {
 	return c.write(func(w *bufio.Writer) { _ = w.WriteByte(b) })
+}
+
+// writeVec writes a string or byte vector: its uint64 length, then its bytes.
+func writeVec[T string | []byte](w *bufio.Writer, v T) {
+	writeU64(w, uint64(len(v)))
+	switch x := any(v).(type) { // no copy of a value into a string
+	case string:
+		_, _ = w.WriteString(x)
+	case []byte:
+		_, _ = w.Write(x)
+	}
 }
 
 func writeU64(w *bufio.Writer, v uint64) {
@@ -501,8 +511,7 @@ func (c *conn) handle(o op, b byte) error {
 		})
 		return c.write(func(w *bufio.Writer) {
 			for _, v := range vals {
-				writeU64(w, uint64(len(v)))
-				_, _ = w.Write(v)
+				writeVec(w, v)
 			}
 		})
 
@@ -566,8 +575,7 @@ func (c *conn) handle(o op, b byte) error {
 		}
 		return c.write(func(w *bufio.Writer) {
 			writeU64(w, uint64(n))
-			writeU64(w, uint64(len(val)))
-			_, _ = w.Write(val)
+			writeVec(w, val)
 		})
 
 	case opQueueLen:
@@ -594,8 +602,7 @@ func (c *conn) handle(o op, b byte) error {
 		return c.write(func(w *bufio.Writer) {
 			writeU64(w, uint64(len(keys)))
 			for _, k := range keys {
-				writeU64(w, uint64(len(k)))
-				_, _ = w.WriteString(k)
+				writeVec(w, k)
 			}
 		})
 

@@ -160,18 +160,6 @@ func TestQueries(t *testing.T) {
 				t.Fatalf("get = %q", v)
 			}
 		}},
-		{"cancel after the keys came answers both", []dialect{dialectV2}, func(t *testing.T, c *wireClient, s *Server) {
-			c.send(opWait, keysArg([]string{"/late"}))
-			other := dial(t, s.Addr().String(), c.d)
-			other.set("/late", "x")
-			must[int64](t)(other.numKeys()) // the SET has been served
-			c.send(opCancelWait)
-			for _, want := range []byte{waitStopWaiting, waitCanceled} {
-				if b := must[byte](t)(c.readByte()); b != want {
-					t.Fatalf("reply %d, want %d", b, want)
-				}
-			}
-		}},
 		{"cancel_wait", nil, func(t *testing.T, c *wireClient, s *Server) {
 			// Sent by hand: the stand-in's legacy wait gives up without
 			// cancelling, like 1.13, but the legacy numbering has the query

@@ -138,21 +138,31 @@ func (st *state) compareSet(key string, expected, desired []byte) ([]byte, error
 }
 
 func (st *state) add(key string, delta int64) (int64, error) {
+	n, val, err := st.sum("ADD", key, delta)
+	if err != nil {
+		return 0, err
+	}
+	st.put(key, val, watchKeyUpdated)
+	return n, nil
+}
+
+// sum is what ADD and BARRIER store: the integer held under key (a missing
+// key counts as 0) plus delta, as decimal text, limits checked.
+func (st *state) sum(query, key string, delta int64) (int64, []byte, error) {
 	oldLen := -1
 	if cur, ok := st.kv[key]; ok {
 		n, err := parseLeadingInt(cur)
 		if err != nil {
-			return 0, refusef("ADD to key %q, whose value %q is not an integer", clip(key), clip(string(cur)))
+			return 0, nil, refusef("%s on key %q, whose value %q is not an integer", query, clip(key), clip(string(cur)))
 		}
 		delta += n // wraps like the C++ servers
 		oldLen = len(cur)
 	}
 	val := []byte(strconv.FormatInt(delta, 10))
 	if err := st.fits(key, oldLen, len(val)); err != nil {
-		return 0, err
+		return 0, nil, err
 	}
-	st.put(key, val, watchKeyUpdated)
-	return delta, nil
+	return delta, val, nil
 }
 
 func (st *state) appendTo(key string, data []byte) error {
@@ -292,18 +302,8 @@ func (st *state) register(c *conn, keys []string) {
 // legacy watchers are told, as for ADD) and waits on the key itself, to be
 // answered STOP_WAITING by the last arrival or WAIT_CANCELED by CANCEL_WAIT.
 func (st *state) barrier(c *conn, key string, worldSize int64) (bool, error) {
-	var n int64
-	oldLen := -1
-	if cur, ok := st.kv[key]; ok {
-		v, err := parseLeadingInt(cur)
-		if err != nil {
-			return false, refusef("BARRIER on key %q, whose value %q is not an integer", clip(key), clip(string(cur)))
-		}
-		n, oldLen = v, len(cur)
-	}
-	n++ // wraps like ADD
-	val := []byte(strconv.FormatInt(n, 10))
-	if err := st.fits(key, oldLen, len(val)); err != nil {
+	n, val, err := st.sum("BARRIER", key, 1)
+	if err != nil {
 		return false, err
 	}
 	if n >= worldSize {
