@@ -54,7 +54,7 @@ func TestTerminate(t *testing.T) {
 				if err := unix.Kill(-pid, syscall.SIGSTOP); err != nil {
 					t.Fatal(err)
 				}
-				waitState(t, pid, 'T')
+				waitStopped(t, pid)
 			}
 			var opts TerminateOptions
 			opts.Grace = grace
@@ -145,22 +145,47 @@ func TestStopContinuesStoppedRank(t *testing.T) {
 	if err := unix.Kill(-pid, syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
-	waitState(t, pid, 'T')
+	waitStopped(t, pid)
 	res := g.Stop(syscall.SIGTERM, 5*time.Second)
 	if len(res.Escalated) != 0 || len(res.Exits) != 1 || res.Exits[0].Code != 7 {
 		t.Errorf("Stop = %+v, want rank 0 exiting 7 without escalation", res)
 	}
 }
 
-// waitState waits until pid's /proc state is want.
-func waitState(t *testing.T, pid int, want byte) {
+// waitStopped waits until every process in the group pgid is stopped. A
+// member in D with a stopped child in the group counts too: dash runs
+// commands with vfork, and a SIGSTOP that lands between the vfork and the
+// exec stops the child while the shell sleeps in D until the child execs,
+// which it does once continued (seen under load, where that window is long).
+func waitStopped(t *testing.T, pgid int) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
+	var last []procfs.Stat
 	for time.Now().Before(deadline) {
-		if st, err := procfs.Read(pid); err == nil && st.State == want {
+		all, err := procfs.List()
+		if err != nil {
+			t.Fatal(err)
+		}
+		last = last[:0]
+		stoppedChild := map[int]bool{}
+		for _, st := range all {
+			if st.PGID == pgid {
+				last = append(last, st)
+				if st.State == 'T' {
+					stoppedChild[st.PPID] = true
+				}
+			}
+		}
+		stopped := len(last) > 0
+		for _, st := range last {
+			if st.State != 'T' && (st.State != 'D' || !stoppedChild[st.PID]) {
+				stopped = false
+			}
+		}
+		if stopped {
 			return
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	t.Fatalf("pid %d never reached state %c", pid, want)
+	t.Fatalf("group %d never stopped: %+v", pgid, last)
 }
