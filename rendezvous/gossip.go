@@ -115,16 +115,21 @@ func (e *Etcd) detectBound() time.Duration {
 	return e.o.Gossip.Suspicion(n) + 2*e.o.Gossip.ProbeInterval + e.o.Gossip.StreamCheck()
 }
 
-// gossipAlive tells whether this node's gossip holds id alive again: it
-// refuted its death (a higher incarnation) while the stream check waited.
-func (e *Etcd) gossipAlive(id string) bool {
+// gossipMembers is this node's gossip view now (nil without gossip).
+func (e *Etcd) gossipMembers() []*memberlist.Node {
 	e.mu.Lock()
 	ml := e.ml
 	e.mu.Unlock()
 	if ml == nil {
-		return false
+		return nil
 	}
-	for _, m := range ml.Members() {
+	return ml.Members()
+}
+
+// gossipAlive tells whether this node's gossip holds id alive again: it
+// refuted its death (a higher incarnation) while the stream check waited.
+func (e *Etcd) gossipAlive(id string) bool {
+	for _, m := range e.gossipMembers() {
 		if m.Name == id {
 			return m.State == memberlist.StateAlive
 		}
@@ -135,14 +140,8 @@ func (e *Etcd) gossipAlive(id string) bool {
 // gossipSuspects are the members this node's gossip suspects now (nil
 // without gossip).
 func (e *Etcd) gossipSuspects() map[string]bool {
-	e.mu.Lock()
-	ml := e.ml
-	e.mu.Unlock()
-	if ml == nil {
-		return nil
-	}
 	var out map[string]bool
-	for _, m := range ml.Members() {
+	for _, m := range e.gossipMembers() {
 		if m.State == memberlist.StateSuspect {
 			if out == nil {
 				out = map[string]bool{}

@@ -69,10 +69,7 @@ func (st *state) fits(key string, oldLen, newLen int) error {
 	} else {
 		grow -= int64(oldLen)
 	}
-	if st.held()+grow > st.lim.MaxTotalBytes {
-		return refusef("store would hold %d bytes, over the limit of %d", st.held()+grow, st.lim.MaxTotalBytes)
-	}
-	return nil
+	return st.room(grow, 0)
 }
 
 // put stores val under key (limits checked by the caller), wakes the key's
@@ -205,8 +202,8 @@ func (st *state) queuePush(key string, val []byte) error {
 		}
 		grow += int64(len(key))
 	}
-	if st.held()+grow > st.lim.MaxTotalBytes {
-		return refusef("store would hold %d bytes, over the limit of %d", st.held()+grow, st.lim.MaxTotalBytes)
+	if err := st.room(grow, 0); err != nil {
+		return err
 	}
 	st.bytes += grow
 	st.queues[key] = append(q, val)
@@ -267,10 +264,7 @@ func (st *state) canWait(c *conn, keys []string) error {
 	for _, k := range keys {
 		cost += regCost(k)
 	}
-	if st.held()+cost > st.lim.MaxTotalBytes {
-		return refusef("store would hold %d bytes with %d more wait registrations, over the limit of %d", st.held()+cost, len(keys), st.lim.MaxTotalBytes)
-	}
-	return nil
+	return st.room(cost, len(keys))
 }
 
 // regOverhead is charged per wait or watch registration beside its key:
@@ -279,8 +273,20 @@ const regOverhead = 64
 
 func regCost(key string) int64 { return int64(len(key)) + regOverhead }
 
-// held is what the attempt holds against MaxTotalBytes.
-func (st *state) held() int64 { return st.bytes + st.regBytes }
+// room checks that grow more bytes, for regs new wait or watch registrations
+// when regs > 0, fit under MaxTotalBytes beside the keys, values and
+// registrations held.
+func (st *state) room(grow int64, regs int) error {
+	held := st.bytes + st.regBytes + grow
+	switch {
+	case held <= st.lim.MaxTotalBytes:
+		return nil
+	case regs > 0:
+		return refusef("store would hold %d bytes with %d more wait or watch registrations, over the limit of %d", held, regs, st.lim.MaxTotalBytes)
+	default:
+		return refusef("store would hold %d bytes, over the limit of %d", held, st.lim.MaxTotalBytes)
+	}
+}
 
 // register makes c wait until every one of keys has been set (canWait
 // checked by the caller).
@@ -402,8 +408,8 @@ func (st *state) watch(c *conn, key string) error {
 	if st.waiters+1 > st.lim.MaxWaiters {
 		return refusef("server has %d wait registrations, the limit", st.waiters)
 	}
-	if st.held()+regCost(key) > st.lim.MaxTotalBytes {
-		return refusef("store would hold %d bytes with one more watch, over the limit of %d", st.held()+regCost(key), st.lim.MaxTotalBytes)
+	if err := st.room(regCost(key), 1); err != nil {
+		return err
 	}
 	st.watchers[key] = append(st.watchers[key], c)
 	st.waiters++
