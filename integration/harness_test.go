@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/ftlauncher/ft-launcher/eventlog"
+	"github.com/ftlauncher/ft-launcher/internal/hangdump"
 )
 
 // binDir holds the binaries built once for the whole package.
@@ -112,7 +113,7 @@ func (j *job) start(env []string, args ...string) {
 	full := append([]string{"--event-log", j.events}, prewarmArgs(args)...)
 	full = append(full, args...)
 	j.cmd = exec.Command(bins.launcher, full...)
-	j.cmd.Env = append(append(os.Environ(), "FTL_TEST_MARKER="+j.marker, "GOTRACEBACK=all"), env...)
+	j.cmd.Env = append(append(append(os.Environ(), "FTL_TEST_MARKER="+j.marker), hangdump.Env...), env...)
 	j.cmd.Dir = j.dir
 	j.cmd.Stdout, j.cmd.Stderr = &j.stdout, &j.stderr
 	if err := j.cmd.Start(); err != nil {
@@ -138,18 +139,25 @@ func (j *job) wait(timeout time.Duration) int {
 	select {
 	case <-j.done:
 	case <-time.After(timeout):
-		// Record what is still alive, then make the launcher print every
-		// goroutine's stack (GOTRACEBACK=all, SIGABRT) before reading its
-		// output: the buffer may only be read once the process is gone.
-		procs := describeProcs(j.leftovers())
-		_ = j.cmd.Process.Signal(syscall.SIGABRT)
+		// Record what is still alive, then have the ranks print their
+		// Python tracebacks and the launcher its goroutines (hangdump.Env,
+		// set by start) before reading its output: the buffer may only be
+		// read once the process is gone.
+		left := j.leftovers()
+		procs := hangdump.Describe(left)
+		hangdump.Abort(left)
 		select {
 		case <-j.done:
 		case <-time.After(10 * time.Second):
 			_ = j.cmd.Process.Kill()
 			<-j.done
 		}
-		j.t.Fatalf("ft-launcher did not exit within %s\nprocesses of the job:\n%s\nstderr:\n%s", timeout, procs, j.stderr.String())
+		// What a reader needs first (CI keeps a failure's first lines):
+		// processes, stacks in short, the event log; then all of it.
+		out := j.stderr.String()
+		evs, _ := os.ReadFile(j.events)
+		j.t.Fatalf("ft-launcher did not exit within %s\nprocesses of the job:\n%s\nthe launcher's goroutines:\n%s\nthe ranks' Python threads:\n%s\nevent log:\n%s\nstderr:\n%s",
+			timeout, procs, hangdump.Goroutines(out), hangdump.Python(out), evs, out)
 	}
 	if j.exitErr == nil {
 		return 0
@@ -221,16 +229,8 @@ func processesMatching(match func(environ []byte) bool) []int {
 	return pids
 }
 
-// describeProcs lists pid, state, wait channel and command line of pids.
-func describeProcs(pids []int) string {
-	var b strings.Builder
-	for _, pid := range pids {
-		cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-		wchan, _ := os.ReadFile(fmt.Sprintf("/proc/%d/wchan", pid))
-		fmt.Fprintf(&b, "  %d %s wchan=%s %s\n", pid, procState(pid), wchan, bytes.ReplaceAll(cmd, []byte{0}, []byte{' '}))
-	}
-	return b.String()
-}
+// describeProcs lists pid, state, wait channels and command line of pids.
+func describeProcs(pids []int) string { return hangdump.Describe(pids) }
 
 // waitNoLeftovers waits (generously) until no process of the job remains.
 func (j *job) waitNoLeftovers(timeout time.Duration) []int {

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ftlauncher/ft-launcher/internal/hangdump"
 	"github.com/ftlauncher/ft-launcher/internal/testenv"
 	"github.com/ftlauncher/ft-launcher/slurm"
 )
@@ -53,14 +54,17 @@ func (j *launchJob) submit(ctx context.Context, nodes int, body, want string, en
 		j.t.Fatal(err)
 	}
 	cmd := j.c.Command(ctx, "sbatch", append(append([]string{"--parsable", "--wait"}, j.args...), script)...)
-	cmd.Env = append(cmd.Env, append([]string{"PATH=" + binDir + ":" + os.Getenv("PATH"), "FTL_LAUNCH_MARKER=" + j.marker,
-		"TMPDIR=" + filepath.Join(j.work, "tmp")}, env...)...)
+	cmd.Env = append(append(cmd.Env, append([]string{"PATH=" + binDir + ":" + os.Getenv("PATH"), "FTL_LAUNCH_MARKER=" + j.marker,
+		"TMPDIR=" + filepath.Join(j.work, "tmp")}, env...)...), hangdump.Env...)
 	out, err := cmd.Output()
 	id, _, _ := strings.Cut(strings.TrimSpace(string(out)), ";")
 	if id == "" {
 		j.t.Fatalf("sbatch: %v: %s", err, out)
 	}
 	j.ids = append(j.ids, id)
+	if ctx.Err() != nil {
+		j.t.Fatalf("job %s did not end in time (sbatch: %v)\n%s", id, err, j.hung(id))
+	}
 	job, jerr := slurm.Scheduler{Env: j.c.Env()}.Job(ctx, id)
 	if jerr != nil {
 		j.t.Fatalf("job %s: %v (sbatch: %v)\n%s", id, jerr, err, j.logs())
@@ -69,6 +73,33 @@ func (j *launchJob) submit(ctx context.Context, nodes int, body, want string, en
 		j.t.Errorf("job %s ended %s (exit %d:%d, sbatch: %v), want %s\n%s", id, job.State, job.ExitCode, job.Signal, err, want, j.logs())
 	}
 	return id, job
+}
+
+// hung describes a job that is still running when it should have ended:
+// Slurm's record of it, its processes, and in short the stacks its
+// launchers and ranks print on SIGABRT (hangdump.Env is in the job's
+// environment); then the end of each job output. The job is cancelled by
+// cleanup.
+func (j *launchJob) hung(id string) string {
+	pids := hangdump.PIDs("FTL_LAUNCH_MARKER=" + j.marker)
+	procs := hangdump.Describe(pids)
+	hangdump.Abort(pids)
+	time.Sleep(2 * time.Second) // srun forwards the stacks to the output file
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	record, err := j.c.Run(ctx, "scontrol", "show", "job", "-o", id)
+	if err != nil {
+		record = err.Error()
+	}
+	out := j.output()
+	before := out
+	for _, m := range []string{"Fatal Python error: Aborted", "SIGABRT: abort"} {
+		if i := strings.Index(before, m); i >= 0 {
+			before = before[:i]
+		}
+	}
+	return fmt.Sprintf("Slurm's record of the job: %s\nprocesses of the job:\n%s\nthe launchers' goroutines:\n%s\nthe ranks' Python threads:\n%s\njob output up to the stacks:\n%s",
+		record, procs, hangdump.Goroutines(out), hangdump.Python(out), tail([]byte(before), 8000))
 }
 
 // logs is the end of each job output, for failure messages.
