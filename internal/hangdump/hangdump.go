@@ -14,6 +14,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Env is what a test adds to the environment of the launchers it starts so
@@ -95,24 +97,37 @@ func stat(pid int) (string, int) {
 	return f[0], ppid
 }
 
-// Abort sends SIGABRT to the Python processes among pids, waits a second
-// for their tracebacks, then to the ft-launcher processes among them, which
-// print their goroutines and exit. Other processes (a batch script, srun,
-// the embedded etcd) are left alone.
+// Abort makes the Python processes and the ft-launcher processes among
+// pids print their stacks and exit. The launchers are stopped first
+// (SIGSTOP) so that they do not act on the ranks' deaths before their own
+// dump: their goroutines are dumped as they were while the job hung. Then
+// the Python processes get SIGABRT and a second to print their tracebacks,
+// then the launchers SIGABRT and SIGCONT. Other processes (a batch script,
+// srun, the embedded etcd) are left alone. No core file is written: the
+// stacks are what is wanted, and a core would land in the job's directory.
 func Abort(pids []int) {
+	abort := func(pid int) {
+		_ = unix.Prlimit(pid, unix.RLIMIT_CORE, &unix.Rlimit{}, nil)
+		_ = syscall.Kill(pid, syscall.SIGABRT)
+	}
 	var launchers []int
 	for _, pid := range pids {
 		argv0, _, _ := strings.Cut(Cmdline(pid), " ")
-		switch {
-		case strings.Contains(argv0, "python"):
-			_ = syscall.Kill(pid, syscall.SIGABRT)
-		case filepath.Base(argv0) == "ft-launcher":
+		if filepath.Base(argv0) == "ft-launcher" {
 			launchers = append(launchers, pid)
+			_ = syscall.Kill(pid, syscall.SIGSTOP)
+		}
+	}
+	for _, pid := range pids {
+		argv0, _, _ := strings.Cut(Cmdline(pid), " ")
+		if strings.Contains(filepath.Base(argv0), "python") {
+			abort(pid)
 		}
 	}
 	time.Sleep(time.Second)
 	for _, pid := range launchers {
-		_ = syscall.Kill(pid, syscall.SIGABRT)
+		abort(pid)
+		_ = syscall.Kill(pid, syscall.SIGCONT)
 	}
 }
 
@@ -194,17 +209,23 @@ func Goroutines(out string) string {
 // as Python prints them.
 func Python(out string) string {
 	var b strings.Builder
-	in := false
+	in, blank := false, false
 	for _, line := range strings.Split(out, "\n") {
 		switch {
 		case strings.HasPrefix(line, "Fatal Python error: Aborted"):
-			in = true
+			in, blank = true, false
 			b.WriteString(line + "\n")
+		case in && line == "":
+			if !blank {
+				b.WriteString("\n")
+			}
+			blank = true
 		case in && (strings.HasPrefix(line, "Thread 0x") || strings.HasPrefix(line, "Current thread 0x") ||
-			strings.HasPrefix(line, "  File ") || line == ""):
+			strings.HasPrefix(line, "  File ")):
+			blank = false
 			b.WriteString(line + "\n")
-		case in && strings.HasPrefix(line, "Extension modules:"):
-			in = false
+		default:
+			in = false // "Extension modules: ...", or another program's line
 		}
 	}
 	if b.Len() == 0 {
