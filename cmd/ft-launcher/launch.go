@@ -265,12 +265,13 @@ type setupGuard struct {
 func guardSetup(sigs <-chan os.Signal, cancel context.CancelFunc) *setupGuard {
 	g := &setupGuard{stop: make(chan struct{}), done: make(chan struct{})}
 	go func() {
-		defer close(g.done)
 		select {
 		case s := <-sigs:
 			g.sig = s
+			close(g.done) // before cancel: whoever sees the set-up cancelled finds the signal in caught()
 			cancel()
 		case <-g.stop:
+			close(g.done)
 		}
 	}()
 	return g
