@@ -31,6 +31,7 @@ type standby struct {
 	started   time.Time
 
 	ready    chan struct{} // closed when it reported ready
+	said     chan struct{} // closed when awaitReady has read the standby's first word (or EOF)
 	imported importStats   // its import: start -> ready (valid once ready is closed)
 	done     chan struct{} // closed when it was reaped
 	exit     spawn.Exit    // valid once done is closed
@@ -100,7 +101,7 @@ func startStandby(r *spawn.Reaper, localRank int, python string, env []string, d
 		return nil, fmt.Errorf("prewarm: start the standby of local rank %d: %w", localRank, err)
 	}
 	s := &standby{localRank: localRank, g: g, started: time.Now(), pid: g.PIDs()[localRank], conn: conn, mode: mode, target: target,
-		ready: make(chan struct{}), done: make(chan struct{}), diagDone: make(chan struct{})}
+		ready: make(chan struct{}), said: make(chan struct{}), done: make(chan struct{}), diagDone: make(chan struct{})}
 	go func() {
 		defer close(s.diagDone)
 		defer pr.Close()
@@ -108,6 +109,10 @@ func startStandby(r *spawn.Reaper, localRank int, python string, env []string, d
 	}()
 	go func() {
 		s.exit = <-g.Exits()
+		// What the standby said before it died comes first: an import
+		// error it reported must not read as a plain exit (a failed
+		// import disables prewarming; an exit does not).
+		<-s.said
 		s.fail("the standby " + s.exit.String())
 		close(s.done)
 	}()
@@ -118,6 +123,7 @@ func startStandby(r *spawn.Reaper, localRank int, python string, env []string, d
 // awaitReady reads the standby's first word: ready, or why its imports
 // failed. It never blocks anything else: the handover reads only after it.
 func (s *standby) awaitReady() {
+	defer close(s.said)
 	buf := make([]byte, 4096)
 	n, err := s.conn.Read(buf)
 	switch {
