@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ftlauncher/ft-launcher/internal/runclock"
 	"github.com/ftlauncher/ft-launcher/verdict"
 )
 
@@ -349,12 +350,14 @@ func TestSIGTERMDuringBlockedRendezvousCall(t *testing.T) {
 
 func waitFor(t *testing.T, timeout time.Duration, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
+	expired, stop := runclock.After(timeout) // running time: see internal/runclock
+	defer stop()
 	for !cond() {
-		if time.Now().After(deadline) {
+		select {
+		case <-expired:
 			t.Fatal("condition not reached in time")
+		case <-time.After(20 * time.Millisecond):
 		}
-		time.Sleep(20 * time.Millisecond)
 	}
 }
 

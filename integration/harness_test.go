@@ -18,6 +18,7 @@ import (
 
 	"github.com/ftlauncher/ft-launcher/eventlog"
 	"github.com/ftlauncher/ft-launcher/internal/hangdump"
+	"github.com/ftlauncher/ft-launcher/internal/runclock"
 )
 
 // binDir holds the binaries built once for the whole package.
@@ -136,9 +137,13 @@ func prewarmArgs(args []string) []string {
 // wait waits for the launcher to exit and returns its exit code.
 func (j *job) wait(timeout time.Duration) int {
 	j.t.Helper()
+	// Running time, not wall time: a CI sandbox frozen for minutes must
+	// not read as a launcher that hangs (internal/runclock).
+	expired, stop := runclock.After(timeout)
+	defer stop()
 	select {
 	case <-j.done:
-	case <-time.After(timeout):
+	case <-expired:
 		// Record what is still alive, then have the ranks print their
 		// Python tracebacks and the launcher its goroutines (hangdump.Env,
 		// set by start) before reading its output: the buffer may only be
@@ -264,7 +269,7 @@ func (j *job) cleanup() {
 // waitFile waits until path exists.
 func waitFile(t *testing.T, path string, timeout time.Duration) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	ctx, cancel := runclock.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	for ctx.Err() == nil {
 		if _, err := os.Stat(path); err == nil {

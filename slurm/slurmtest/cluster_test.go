@@ -7,11 +7,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ftlauncher/ft-launcher/internal/runclock"
 	"github.com/ftlauncher/ft-launcher/internal/testenv"
 )
 
 func TestClusterRunsJobsOnEveryNode(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	ctx, cancel := runclock.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	c, err := Start(ctx, "", Options{})
 	if errors.Is(err, ErrUnavailable) {

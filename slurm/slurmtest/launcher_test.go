@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/ftlauncher/ft-launcher/internal/hangdump"
+	"github.com/ftlauncher/ft-launcher/internal/runclock"
 	"github.com/ftlauncher/ft-launcher/internal/testenv"
 	"github.com/ftlauncher/ft-launcher/slurm"
 )
@@ -149,7 +150,7 @@ func TestMinimalSrunLine(t *testing.T) {
 	c := need(t)
 	for _, n := range []int{2, 3} {
 		t.Run(fmt.Sprintf("N%d", n), func(t *testing.T) {
-			ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+			ctx, cancel := runclock.WithTimeout(context.Background(), 4*time.Minute)
 			defer cancel()
 			j := newLaunchJob(t, c)
 			ranks := filepath.Join(j.work, "ranks")
@@ -214,7 +215,7 @@ func TestMinimalSrunLine(t *testing.T) {
 func TestMinimalSrunLineTrainsDDP(t *testing.T) {
 	c := need(t)
 	testenv.Require(t, testenv.Torch)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	ctx, cancel := runclock.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	j := newLaunchJob(t, c)
 	train := filepath.Join(repoRoot, "examples", "ddp_train.py")
@@ -240,7 +241,7 @@ func TestMinimalSrunLineTrainsDDP(t *testing.T) {
 // know): the launcher on that node hosts the embedded etcd, the job succeeds.
 func TestNvrxSlurmLine(t *testing.T) {
 	c := need(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	ctx, cancel := runclock.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	j := newLaunchJob(t, c)
 	rank := rankScript(t, j.work, "rank.sh", `echo "rank $RANK of $WORLD_SIZE on $SLURMD_NODENAME"`)
@@ -262,7 +263,7 @@ srun ft-launcher --rdzv_backend=c10d --rdzv_endpoint=$RDZV_HOST:29500 --nnodes=2
 // with what it compared, instead of only "unreachable".
 func TestNoLauncherHostsSaysSo(t *testing.T) {
 	c := need(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	ctx, cancel := runclock.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	j := newLaunchJob(t, c)
 	rank := rankScript(t, j.work, "rank.sh", "true")

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ftlauncher/ft-launcher/internal/runclock"
 	"github.com/ftlauncher/ft-launcher/internal/testenv"
 	"github.com/ftlauncher/ft-launcher/slurm"
 )
@@ -47,7 +48,7 @@ func TestMain(m *testing.M) {
 			fmt.Fprintln(os.Stderr, "build:", err)
 			return 1
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		ctx, cancel := runclock.WithTimeout(context.Background(), 5*time.Minute)
 		cluster, startErr = Start(ctx, "", Options{Keep: os.Getenv("SLURMTEST_KEEP") != ""})
 		cancel()
 		if startErr != nil && !errors.Is(startErr, ErrUnavailable) {
@@ -207,7 +208,7 @@ func (ch *chain) logs() string {
 // cleanup cancels whatever the chain left in Slurm and checks that no
 // process of its jobs is left.
 func (ch *chain) cleanup() {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := runclock.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	if _, err := os.Stat(filepath.Join(ch.dir, slurm.StateFile)); err == nil {
 		ch.resumer(ctx, "cancel", "--chain-dir", ch.dir)

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ftlauncher/ft-launcher/internal/runclock"
 	"github.com/ftlauncher/ft-launcher/internal/testenv"
 	"github.com/ftlauncher/ft-launcher/report"
 	"github.com/ftlauncher/ft-launcher/report/reporttest"
@@ -47,7 +48,7 @@ func readWeights(t *testing.T, path string) weights {
 func TestAutoResumeDDPSameWeights(t *testing.T) {
 	c := need(t)
 	testenv.Require(t, testenv.Torch)
-	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	ctx, cancel := runclock.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
 	train := filepath.Join(repoRoot, "examples", "ddp_train.py")
 
@@ -128,7 +129,7 @@ func checkChainReport(ctx context.Context, t *testing.T, ch *chain, events strin
 // leaves no process and no etcd data dir behind (launchJob.cleanup checks).
 func TestScancelMultiNodeLeavesNothing(t *testing.T) {
 	c := need(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	ctx, cancel := runclock.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	j := newLaunchJob(t, c)
 	started := filepath.Join(j.work, "started")

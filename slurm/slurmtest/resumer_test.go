@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ftlauncher/ft-launcher/internal/runclock"
 	"github.com/ftlauncher/ft-launcher/slurm"
 )
 
@@ -38,7 +39,7 @@ func launch(rank string) string {
 
 func TestAutoResumeOverTwoJobs(t *testing.T) {
 	c := need(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	ctx, cancel := runclock.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	ch := newChain(t, c)
 	work := filepath.Dir(ch.dir)
@@ -82,7 +83,7 @@ touch "$FAULT_TOL_FINISHED_FLAG_FILE"
 
 func TestWalltimeDoesNotCount(t *testing.T) {
 	c := need(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
+	ctx, cancel := runclock.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
 	ch := newChain(t, c)
 	// The first job outlives its one-minute limit; the second finishes. With
@@ -109,7 +110,7 @@ touch "$FAULT_TOL_FINISHED_FLAG_FILE"
 
 func TestNodeFailureCountsAndTheChainGoesOn(t *testing.T) {
 	c := need(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	ctx, cancel := runclock.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	ch := newChain(t, c)
 	work := filepath.Dir(ch.dir)
@@ -154,7 +155,7 @@ touch "$FAULT_TOL_FINISHED_FLAG_FILE"
 
 func TestConsecutiveFailuresStopTheChain(t *testing.T) {
 	c := need(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	ctx, cancel := runclock.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	ch := newChain(t, c)
 	script := ch.script("#SBATCH -N1\nexit 1\n")
@@ -188,7 +189,7 @@ func TestConsecutiveFailuresStopTheChain(t *testing.T) {
 
 func TestNoRestartVerdictStopsTheChain(t *testing.T) {
 	c := need(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	ctx, cancel := runclock.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	ch := newChain(t, c)
 	work := filepath.Dir(ch.dir)
@@ -246,7 +247,7 @@ exit 1
 
 func TestQuarantinedNodeIsExcludedFromTheNextJob(t *testing.T) {
 	c := need(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	ctx, cancel := runclock.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	ch := newChain(t, c)
 	work := filepath.Dir(ch.dir)
@@ -282,7 +283,7 @@ func TestQuarantinedNodeIsExcludedFromTheNextJob(t *testing.T) {
 
 func TestSuccessorOnAnExcludedNodeIsRelocated(t *testing.T) {
 	c := need(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	ctx, cancel := runclock.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	ch := newChain(t, c)
 	work := filepath.Dir(ch.dir)
@@ -354,7 +355,7 @@ sleep 60
 
 func TestExclusionsNeverShrinkTheJob(t *testing.T) {
 	c := need(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	ctx, cancel := runclock.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	ch := newChain(t, c)
 	// All three nodes are needed: excluding one must stop the chain with a
@@ -372,7 +373,7 @@ func TestExclusionsNeverShrinkTheJob(t *testing.T) {
 
 func TestResumerKilledMidChainIsPickedUp(t *testing.T) {
 	c := need(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	ctx, cancel := runclock.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	ch := newChain(t, c)
 	work := filepath.Dir(ch.dir)
@@ -434,7 +435,7 @@ touch "$FAULT_TOL_FINISHED_FLAG_FILE"
 
 func TestScancelLeavesNoProcess(t *testing.T) {
 	c := need(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	ctx, cancel := runclock.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	ch := newChain(t, c)
 	work := filepath.Dir(ch.dir)
@@ -500,7 +501,7 @@ func TestMeasureDecisionLatency(t *testing.T) {
 		t.Skip("opt-in measurement: set FT_RESUMER_BENCH=1 to measure")
 	}
 	c := need(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	ctx, cancel := runclock.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
 	const jobs = 10
 	stamp := func(dir string) string {
