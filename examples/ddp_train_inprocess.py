@@ -173,6 +173,7 @@ def train(ctx, args):
             with open(flag, "a"):
                 pass
     dist.barrier()
+    return ddp  # main keeps it: its destructor may deadlock (base.exit_skipping_teardown)
 
 
 def main(argv):
@@ -181,10 +182,9 @@ def main(argv):
     torch.use_deterministic_algorithms(True)
     os.makedirs(args.ckpt_dir, exist_ok=True)
     ip = InProcess(backend="gloo")
-    ip.run(train, args)
+    ddp = ip.run(train, args)  # noqa: F841  kept alive: its destructor may deadlock (base.exit_skipping_teardown)
     ip.close()
-    dist.destroy_process_group()
-    return 0
+    base.exit_skipping_teardown(0)
 
 
 if __name__ == "__main__":

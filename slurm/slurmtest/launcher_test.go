@@ -82,25 +82,20 @@ func (j *launchJob) submit(ctx context.Context, nodes int, body, want string, en
 // environment); then the end of each job output. The job is cancelled by
 // cleanup.
 func (j *launchJob) hung(id string) string {
-	pids := hangdump.PIDs("FTL_LAUNCH_MARKER=" + j.marker)
-	procs := hangdump.Describe(pids)
-	hangdump.Abort(pids)
-	time.Sleep(2 * time.Second) // srun forwards the stacks to the output file
+	report := hungReport("FTL_LAUNCH_MARKER="+j.marker, j.output)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	record, err := j.c.Run(ctx, "scontrol", "show", "job", "-o", id)
 	if err != nil {
 		record = err.Error()
 	}
-	out := j.output()
-	before := out
+	before := j.output()
 	for _, m := range []string{"Fatal Python error: Aborted", "SIGABRT: abort"} {
 		if i := strings.Index(before, m); i >= 0 {
 			before = before[:i]
 		}
 	}
-	return fmt.Sprintf("Slurm's record of the job: %s\nprocesses of the job:\n%s\nthe launchers' goroutines:\n%s\nthe ranks' Python threads:\n%s\njob output up to the stacks:\n%s",
-		record, procs, hangdump.Goroutines(out), hangdump.Python(out), tail([]byte(before), 8000))
+	return fmt.Sprintf("Slurm's record of the job: %s\n%s\njob output up to the stacks:\n%s", record, report, tail([]byte(before), 8000))
 }
 
 // logs is the end of each job output, for failure messages.

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ftlauncher/ft-launcher/internal/hangdump"
 	"github.com/ftlauncher/ft-launcher/internal/runclock"
 	"github.com/ftlauncher/ft-launcher/internal/testenv"
 	"github.com/ftlauncher/ft-launcher/slurm"
@@ -97,8 +98,8 @@ func newChain(t *testing.T, c *Cluster) *chain {
 }
 
 func (ch *chain) env() []string {
-	return append(ch.c.Env(), "TEST_CHAIN_MARKER="+ch.marker, "PATH="+binDir+":"+os.Getenv("PATH"),
-		"PYTHONPATH="+clientPath)
+	return append(append(ch.c.Env(), "TEST_CHAIN_MARKER="+ch.marker, "PATH="+binDir+":"+os.Getenv("PATH"),
+		"PYTHONPATH="+clientPath), hangdump.Env...)
 }
 
 // resumer runs ft-resumer to completion.
@@ -109,6 +110,10 @@ func (ch *chain) resumer(ctx context.Context, args ...string) (int, string, stri
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()
+	if ctx.Err() != nil {
+		ch.t.Fatalf("ft-resumer %v did not end in time (%v)\n%s\nits stderr:\n%s\n%s", args, err,
+			hungReport("TEST_CHAIN_MARKER="+ch.marker, ch.logs), stderr.String(), ch.logs())
+	}
 	code := 0
 	var ee *exec.ExitError
 	if errors.As(err, &ee) {
@@ -117,6 +122,20 @@ func (ch *chain) resumer(ctx context.Context, args ...string) (int, string, stri
 		ch.t.Fatalf("ft-resumer %v: %v", args, err)
 	}
 	return code, stdout.String(), stderr.String()
+}
+
+// hungReport describes the processes whose environment holds kv (a job
+// that should have ended): each process, then, in short, the stacks its
+// launchers and ranks print on SIGABRT (hangdump.Env is in the jobs'
+// environment) as found in output() once srun has forwarded them.
+func hungReport(kv string, output func() string) string {
+	pids := hangdump.PIDs(kv)
+	procs := hangdump.Describe(pids)
+	hangdump.Abort(pids)
+	time.Sleep(2 * time.Second)
+	out := output()
+	return fmt.Sprintf("processes of the job:\n%s\nthe launchers' goroutines:\n%s\nthe ranks' Python threads:\n%s",
+		procs, hangdump.Goroutines(out), hangdump.Python(out))
 }
 
 // startResumer starts ft-resumer in the background.
