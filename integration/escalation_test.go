@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ftlauncher/ft-launcher/internal/hangdump"
 	"github.com/ftlauncher/ft-launcher/internal/runclock"
 	"github.com/ftlauncher/ft-launcher/verdict"
 )
@@ -306,7 +307,7 @@ func TestEmbeddedEtcdHostKilled(t *testing.T) {
 		}
 	}
 	if left := c.nodes[1].waitNoLeftovers(15 * time.Second); len(left) > 0 {
-		t.Fatalf("processes left: %s", describeProcs(left))
+		t.Fatalf("processes left: %s", hangdump.Describe(left))
 	}
 }
 

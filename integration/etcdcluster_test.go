@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ftlauncher/ft-launcher/internal/hangdump"
 	"github.com/ftlauncher/ft-launcher/verdict"
 )
 
@@ -78,7 +79,7 @@ func TestEmbeddedEtcdClusterSurvivesAMemberHost(t *testing.T) {
 		wantVerdict(t, readVerdict(t, c.verdictPath(i)), verdict.Succeeded, 0)
 	}
 	if left := c.nodes[1].waitNoLeftovers(15 * time.Second); len(left) > 0 {
-		t.Fatalf("processes left: %s", describeProcs(left))
+		t.Fatalf("processes left: %s", hangdump.Describe(left))
 	}
 }
 
@@ -119,6 +120,6 @@ func TestEmbeddedEtcdClusterQuorumLost(t *testing.T) {
 		t.Fatalf("verdict kinds of the surviving nodes %v, want rendezvous_lost on both", kinds)
 	}
 	if left := c.nodes[2].waitNoLeftovers(15 * time.Second); len(left) > 0 {
-		t.Fatalf("processes left: %s", describeProcs(left))
+		t.Fatalf("processes left: %s", hangdump.Describe(left))
 	}
 }

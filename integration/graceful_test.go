@@ -6,6 +6,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/ftlauncher/ft-launcher/internal/hangdump"
 )
 
 // etcdDataDirs lists the embedded etcd data dirs under tmp.
@@ -48,7 +50,7 @@ func TestEmbeddedEtcdDirRemovedAfterSIGKILL(t *testing.T) {
 	}
 	c.waitAll(generous)
 	if left := c.nodes[0].waitNoLeftovers(15 * time.Second); len(left) > 0 {
-		t.Fatalf("processes left after SIGKILL: %s", describeProcs(left))
+		t.Fatalf("processes left after SIGKILL: %s", hangdump.Describe(left))
 	}
 	if _, err := os.Stat(stale[0]); err != nil {
 		t.Fatalf("the killed etcd's data dir is already gone (%v): the test shows nothing", err)

@@ -201,41 +201,14 @@ func (j *job) leftovers() []int {
 	return processesWithEnv("FTL_TEST_MARKER=" + j.marker)
 }
 
-func processesWithEnv(kv string) []int {
-	return processesMatching(func(environ []byte) bool { return bytes.Contains(environ, []byte(kv+"\x00")) })
-}
+func processesWithEnv(kv string) []int { return hangdump.PIDs(kv) }
 
 // processesWithEnvPrefix lists live processes with a variable starting with p.
 func processesWithEnvPrefix(p string) []int {
-	return processesMatching(func(environ []byte) bool {
+	return hangdump.Matching(func(environ []byte) bool {
 		return bytes.HasPrefix(environ, []byte(p)) || bytes.Contains(environ, []byte("\x00"+p))
 	})
 }
-
-func processesMatching(match func(environ []byte) bool) []int {
-	ents, _ := os.ReadDir("/proc")
-	var pids []int
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil || pid == os.Getpid() {
-			continue
-		}
-		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "environ"))
-		if err != nil || !match(b) {
-			continue
-		}
-		if st, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat")); err == nil {
-			if f := strings.Fields(string(st[bytes.LastIndexByte(st, ')')+1:])); len(f) > 0 && f[0] == "Z" {
-				continue
-			}
-		}
-		pids = append(pids, pid)
-	}
-	return pids
-}
-
-// describeProcs lists pid, state, wait channels and command line of pids.
-func describeProcs(pids []int) string { return hangdump.Describe(pids) }
 
 // waitNoLeftovers waits (generously) until no process of the job remains.
 func (j *job) waitNoLeftovers(timeout time.Duration) []int {

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ftlauncher/ft-launcher/internal/hangdump"
 	"github.com/ftlauncher/ft-launcher/internal/testenv"
 )
 
@@ -87,7 +88,7 @@ exec sleep 1000
 	_ = j.cmd.Process.Kill()
 	<-j.done
 	if left := j.waitNoLeftovers(20 * time.Second); len(left) > 0 {
-		t.Fatalf("processes left after SIGKILL of the launcher:\n%s", describeProcs(left))
+		t.Fatalf("processes left after SIGKILL of the launcher:\n%s", hangdump.Describe(left))
 	}
 	// The next launcher removes the dead one's socket dir.
 	j2 := newJob(t)

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ftlauncher/ft-launcher/internal/hangdump"
 	"github.com/ftlauncher/ft-launcher/ledger"
 )
 
@@ -128,7 +129,7 @@ func runInProcess(t *testing.T, launcher []string, script string, args ...string
 		t.Fatalf("exit %d\n%s", code, j.stderr.String())
 	}
 	if left := j.waitNoLeftovers(5 * time.Second); len(left) > 0 {
-		t.Fatalf("left behind: %s", describeProcs(left))
+		t.Fatalf("left behind: %s", hangdump.Describe(left))
 	}
 	return j, readWeights(t, out)
 }

@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/ftlauncher/ft-launcher/internal/hangdump"
 )
 
 // These tests run ranks on prewarmed standby interpreters (--prewarm):
@@ -477,7 +479,7 @@ func TestPrewarmTorchCrashPaths(t *testing.T) {
 				t.Errorf("round 1 ran in pids %v, the standbys were %v (path %s)", ranks, standbys, tc.path)
 			}
 			if left := j.waitNoLeftovers(10 * time.Second); len(left) != 0 {
-				t.Fatalf("processes left after the launcher exited:\n%s", describeProcs(left))
+				t.Fatalf("processes left after the launcher exited:\n%s", hangdump.Describe(left))
 			}
 			for _, pid := range standbys {
 				if pidAlive(pid) {

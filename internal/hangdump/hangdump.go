@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/ftlauncher/ft-launcher/internal/procfs"
 )
 
 // Env is what a test adds to the environment of the launchers it starts so
@@ -53,8 +55,12 @@ func Describe(pids []int) string {
 		if len(cmd) > 160 {
 			cmd = fmt.Sprintf("%s… (%d bytes)", cmd[:160], len(cmd))
 		}
-		state, ppid := stat(pid)
-		fmt.Fprintf(&b, "  %d ppid=%d %s wchan=%s threads=[%s] %s\n", pid, ppid, state, main,
+		st, err := procfs.Read(pid)
+		state := "?"
+		if err == nil {
+			state = string(st.State)
+		}
+		fmt.Fprintf(&b, "  %d ppid=%d %s wchan=%s threads=[%s] %s\n", pid, st.PPID, state, main,
 			strings.Join(ts, " "), strings.ReplaceAll(cmd, "\n", `\n`))
 	}
 	return b.String()
@@ -62,15 +68,11 @@ func Describe(pids []int) string {
 
 // zombieChildren are the zombies whose parent is one of pids.
 func zombieChildren(pids []int) []int {
+	procs, _ := procfs.List()
 	var zs []int
-	ents, _ := os.ReadDir("/proc")
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		if state, ppid := stat(pid); state == "Z" && slices.Contains(pids, ppid) && !slices.Contains(pids, pid) {
-			zs = append(zs, pid)
+	for _, p := range procs {
+		if p.State == 'Z' && slices.Contains(pids, p.PPID) && !slices.Contains(pids, p.PID) {
+			zs = append(zs, p.PID)
 		}
 	}
 	return zs
@@ -80,21 +82,6 @@ func zombieChildren(pids []int) []int {
 func Cmdline(pid int) string {
 	cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
 	return string(bytes.TrimSpace(bytes.ReplaceAll(cmd, []byte{0}, []byte{' '})))
-}
-
-// stat is pid's state letter and parent.
-func stat(pid int) (string, int) {
-	st, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	i := bytes.LastIndexByte(st, ')')
-	if i < 0 {
-		return "?", 0
-	}
-	f := strings.Fields(string(st[i+1:]))
-	if len(f) < 2 {
-		return "?", 0
-	}
-	ppid, _ := strconv.Atoi(f[1])
-	return f[0], ppid
 }
 
 // Abort makes the Python processes and the ft-launcher processes among
@@ -135,21 +122,21 @@ func Abort(pids []int) {
 // this process excepted.
 func PIDs(kv string) []int {
 	want := []byte(kv + "\x00")
+	return Matching(func(environ []byte) bool { return bytes.Contains(environ, want) })
+}
+
+// Matching lists the live processes (not zombies) whose environment
+// (/proc/PID/environ, NUL-separated) satisfies match, this process excepted.
+func Matching(match func(environ []byte) bool) []int {
+	procs, _ := procfs.List()
 	var pids []int
-	ents, _ := os.ReadDir("/proc")
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil || pid == os.Getpid() {
+	for _, p := range procs {
+		if p.PID == os.Getpid() || p.Dead() {
 			continue
 		}
-		env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
-		if err != nil || !bytes.Contains(env, want) {
-			continue
+		if env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", p.PID)); err == nil && match(env) {
+			pids = append(pids, p.PID)
 		}
-		if state, _ := stat(pid); state == "Z" {
-			continue
-		}
-		pids = append(pids, pid)
 	}
 	return pids
 }

@@ -5,11 +5,12 @@ import (
 	"errors"
 	"os"
 	"os/exec"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/ftlauncher/ft-launcher/internal/procfs"
 )
 
 func TestAfterFiresAfterRunningTime(t *testing.T) {
@@ -95,11 +96,6 @@ func TestFrozenTimeDoesNotCount(t *testing.T) {
 }
 
 func stopped(pid int) bool {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return false
-	}
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	return i > 0 && len(s) > i+2 && s[i+2] == 'T'
+	st, err := procfs.Read(pid)
+	return err == nil && st.State == 'T'
 }

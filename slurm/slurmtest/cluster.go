@@ -29,6 +29,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/ftlauncher/ft-launcher/internal/hangdump"
 )
 
 // Packages are the Debian packages the cluster needs (scripts/deps.sh
@@ -446,21 +448,8 @@ func Leftovers(marker string) []string {
 // contains want, skipping zombies and this process.
 func processesWith(want []byte) []string {
 	var left []string
-	ents, _ := os.ReadDir("/proc")
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil || pid == os.Getpid() {
-			continue
-		}
-		env, err := os.ReadFile(filepath.Join("/proc", e.Name(), "environ"))
-		if err != nil || !bytes.Contains(env, want) {
-			continue
-		}
-		stat, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
-		if i := bytes.LastIndexByte(stat, ')'); i > 0 && len(stat) > i+2 && stat[i+2] == 'Z' {
-			continue
-		}
-		comm, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "comm"))
+	for _, pid := range hangdump.Matching(func(env []byte) bool { return bytes.Contains(env, want) }) {
+		comm, _ := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "comm"))
 		left = append(left, fmt.Sprintf("%d %s", pid, strings.TrimSpace(string(comm))))
 	}
 	return left
