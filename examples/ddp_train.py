@@ -1,6 +1,10 @@
 #!/usr/bin/python3
 """Small deterministic DDP training (gloo, CPU) used by the integration tests.
 
+On a GPU (--device cuda) the same training runs on CUDA tensors, with gloo
+or, one rank per GPU, --backend nccl; bench/prewarm.py uses it to measure
+restarts on a GPU (docs/benchmarks.md).
+
 The run must end with bit-identical weights whether it runs uninterrupted or
 crashes and resumes from a checkpoint. To make that true:
 
@@ -42,6 +46,8 @@ import time
 
 # Keep the per-process thread count at 1 before torch sizes its pools.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# cuBLAS is deterministic only with a fixed workspace (--device cuda).
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
@@ -75,16 +81,21 @@ def parse_args(argv):
     p.add_argument("--crash-rank", type=int, default=0)
     p.add_argument("--hang-at-step", type=int, default=-1)
     p.add_argument("--hang-rank", type=int, default=0)
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="cuda: GPU LOCAL_RANK modulo the GPUs visible (ranks may share one)")
+    p.add_argument("--backend", choices=("gloo", "nccl"), default="gloo",
+                   help="process group backend (nccl: --device cuda, one rank per GPU)")
+    p.add_argument("--hidden", type=int, default=HIDDEN, help="width of the hidden layers")
     return p.parse_args(argv)
 
 
 class MLP(nn.Module):
-    def __init__(self):
+    def __init__(self, hidden=HIDDEN):
         super().__init__()
         self.net = nn.Sequential(
-            nn.Linear(IN_DIM, HIDDEN), nn.Tanh(), nn.Dropout(p=0.1),
-            nn.Linear(HIDDEN, HIDDEN), nn.Tanh(),
-            nn.Linear(HIDDEN, OUT_DIM),
+            nn.Linear(IN_DIM, hidden), nn.Tanh(), nn.Dropout(p=0.1),
+            nn.Linear(hidden, hidden), nn.Tanh(),
+            nn.Linear(hidden, OUT_DIM),
         )
 
     def forward(self, x):
@@ -170,6 +181,50 @@ def ordered_allreduce_hook(process_group, bucket):
     return fut
 
 
+def setup_device(args):
+    """The rank's device: the CPU, or its GPU with the CUDA context created
+    here, before the process group (NCCL needs the device set first)."""
+    if args.device == "cpu":
+        if args.backend == "nccl":
+            raise SystemExit("--backend nccl needs --device cuda")
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise SystemExit("--device cuda: no GPU visible to this rank")
+    dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+    torch.cuda.set_device(dev)
+    torch.zeros(1, device=dev)
+    torch.cuda.synchronize(dev)  # the context exists now (bench/workers/ddp_probe.py stamps here)
+    return dev
+
+
+def init_process_group(args, dev):
+    kw = {}
+    if args.backend == "nccl":
+        kw["device_id"] = dev  # torch >= 2.3: the NCCL communicator is built here, not at the first collective
+    dist.init_process_group(backend=args.backend, **kw)
+
+
+def rng_state(dev):
+    """This rank's RNG state for the checkpoint: the CPU generator's, and on
+    a GPU the CUDA generator's too (dropout draws from it there)."""
+    if dev.type == "cpu":
+        return torch.get_rng_state()
+    return {"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state(dev)}
+
+
+def set_rng_state(state, dev):
+    if isinstance(state, dict):
+        torch.set_rng_state(state["cpu"])
+        if dev.type == "cuda":
+            torch.cuda.set_rng_state(state["cuda"], dev)
+    else:
+        torch.set_rng_state(state)
+
+
+def wrap_ddp(model, dev):
+    return DDP(model) if dev.type == "cpu" else DDP(model, device_ids=[dev.index])
+
+
 def fsync_dir(path):
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
@@ -240,10 +295,10 @@ def touch_marker(ckpt_dir, kind, step, rank):
 
 def params_summary(model, args, final_loss, resumed_from):
     blob = b"".join(
-        t.detach().to(torch.float32).contiguous().numpy().tobytes()
+        t.detach().to(torch.float32).cpu().contiguous().numpy().tobytes()
         for _, t in model.state_dict().items()
     )
-    flat = torch.cat([t.detach().to(torch.float32).reshape(-1) for t in model.state_dict().values()])
+    flat = torch.cat([t.detach().to(torch.float32).cpu().reshape(-1) for t in model.state_dict().values()])
     return {
         "sha256": hashlib.sha256(blob).hexdigest(),
         "num_params": int(flat.numel()),
@@ -264,14 +319,15 @@ def main(argv):
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
 
-    dist.init_process_group(backend="gloo")
+    dev = setup_device(args)
+    init_process_group(args, dev)
     rank, world = dist.get_rank(), dist.get_world_size()
     os.makedirs(args.ckpt_dir, exist_ok=True)
     mon = Monitor()
     mon.start("setup")
 
     torch.manual_seed(args.seed)  # identical initial weights on every rank
-    model = MLP()
+    model = MLP(args.hidden).to(dev)
     opt = torch.optim.Adam(model.parameters(), lr=args.lr, weight_decay=1e-4)
     torch.manual_seed(args.seed + 7919 * (rank + 1))  # per-rank dropout stream
 
@@ -283,16 +339,16 @@ def main(argv):
     dist.broadcast_object_list(pick, src=0)
     start_step = 0
     if pick[0] is not None:
-        state = torch.load(pick[0])
+        state = torch.load(pick[0], map_location="cpu")  # RNG states must stay on the CPU
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
         if state["world_size"] != world:
             raise SystemExit(f"checkpoint {pick[0]} is for world size {state['world_size']}, not {world}")
-        torch.set_rng_state(state["rng"][rank])
+        set_rng_state(state["rng"][rank], dev)
         start_step = state["step"]
         log(f"resumed from {pick[0]} at step {start_step}")
 
-    ddp = DDP(model)
+    ddp = wrap_ddp(model, dev)
     ddp.register_comm_hook(None, ordered_allreduce_hook)
     loss_fn = nn.MSELoss()
     teacher = teacher_weights(args.seed)
@@ -316,6 +372,7 @@ def main(argv):
                 time.sleep(3600)
 
         x, y = batch_for(args.seed, step, rank, args.batch_size, teacher)
+        x, y = x.to(dev), y.to(dev)
         opt.zero_grad(set_to_none=True)
         loss = loss_fn(ddp(x), y)
         loss.backward()
@@ -329,7 +386,7 @@ def main(argv):
         if args.ckpt_every > 0 and done % args.ckpt_every == 0 and done < args.steps:
             mon.start("checkpointing")
             rng = [None] * world
-            dist.all_gather_object(rng, torch.get_rng_state())
+            dist.all_gather_object(rng, rng_state(dev))
             if rank == 0:
                 save_checkpoint(args.ckpt_dir, done, model, opt, rng)
             dist.barrier()  # nobody runs ahead of a checkpoint that is not durable yet

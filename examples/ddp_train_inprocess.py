@@ -31,7 +31,6 @@ import ddp_train as base  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.nn as nn  # noqa: E402
-from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
 from ft_launcher_client.inprocess import InProcess  # noqa: E402
 
@@ -88,26 +87,26 @@ def restore_state(args, rank, ctx):
         return pick[0], mem, "memory"
     # No memory copy here (the replacement rank): the file holds the same state.
     path = os.path.join(args.ckpt_dir, f"ckpt_{pick[0]:08d}.pt")
-    return pick[0], torch.load(path), path
+    return pick[0], torch.load(path, map_location="cpu"), path
 
 
-def build(args, rank, ctx):
+def build(args, rank, ctx, dev):
     """Model, optimizer and start step, exactly as a fresh ddp_train.py rank
     builds them: seeded init, then the restored state."""
     torch.manual_seed(args.seed)
-    model = base.MLP()
+    model = base.MLP(args.hidden).to(dev)
     opt = torch.optim.Adam(model.parameters(), lr=args.lr, weight_decay=1e-4)
     torch.manual_seed(args.seed + 7919 * (rank + 1))
     start, state, where = restore_state(args, rank, ctx)
     if state is not None:
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
-        torch.set_rng_state(state["rng"][rank])
+        base.set_rng_state(state["rng"][rank], dev)
         base.log(f"restored from {where} at step {start} (in-process restarts so far: {ctx.attempt})")
     return model, opt, start
 
 
-def train(ctx, args):
+def train(ctx, args, dev):
     rank, world = dist.get_rank(), dist.get_world_size()
     # Once per round and process: which process holds which rank (the
     # integration tests check that survivors keep theirs).
@@ -115,8 +114,8 @@ def train(ctx, args):
     if (rank, cycle()) == (args.crash_again_rank, 1) and once(args.ckpt_dir, "crash_again", rank):
         base.log("injected crash at the start of round 1")
         os._exit(1)
-    model, opt, start = build(args, rank, ctx)
-    ddp = DDP(model)
+    model, opt, start = build(args, rank, ctx, dev)
+    ddp = base.wrap_ddp(model, dev)
     ddp.register_comm_hook(None, base.ordered_allreduce_hook)
     loss_fn = nn.MSELoss()
     teacher = base.teacher_weights(args.seed)
@@ -134,6 +133,7 @@ def train(ctx, args):
             while True:
                 time.sleep(3600)
         x, y = base.batch_for(args.seed, step, rank, args.batch_size, teacher)
+        x, y = x.to(dev), y.to(dev)
         opt.zero_grad(set_to_none=True)
         try:
             loss = loss_fn(ddp(x), y)
@@ -157,7 +157,7 @@ def train(ctx, args):
         done = step + 1
         if args.ckpt_every > 0 and done % args.ckpt_every == 0 and done < args.steps:
             rng = [None] * world
-            dist.all_gather_object(rng, torch.get_rng_state())
+            dist.all_gather_object(rng, base.rng_state(dev))
             if rank == 0:
                 base.save_checkpoint(args.ckpt_dir, done, model, opt, rng)
             if args.restore == "memory":
@@ -181,8 +181,9 @@ def main(argv):
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
     os.makedirs(args.ckpt_dir, exist_ok=True)
-    ip = InProcess(backend="gloo")
-    ddp = ip.run(train, args)  # noqa: F841  kept alive: its destructor may deadlock (base.exit_skipping_teardown)
+    dev = base.setup_device(args)  # once per process: a survivor keeps its CUDA context
+    ip = InProcess(backend=args.backend)
+    ddp = ip.run(train, args, dev)  # noqa: F841  kept alive: its destructor may deadlock (base.exit_skipping_teardown)
     ip.close()
     base.exit_skipping_teardown(0)
 
