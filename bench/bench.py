@@ -57,11 +57,20 @@ def progress(msg):
 
 
 def child_pids(pid):
+    """Children of every thread of pid: a Go launcher forks from whichever
+    thread runs, and /proc/PID/task/TID/children lists only TID's."""
+    out = []
     try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            return [int(p) for p in f.read().split()]
+        tids = os.listdir(f"/proc/{pid}/task")
     except OSError:
-        return []
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                out += [int(p) for p in f.read().split()]
+        except OSError:
+            pass
+    return out
 
 
 def descendants(pid):

@@ -25,6 +25,11 @@ With --inprocess, ft-launcher --restart-mode in-process runs
 examples/ddp_train_inprocess.py (cold and --prewarm replacement rank) beside
 torchrun and the full restart with --prewarm; a survivor has no start or
 imports phase (its process stays), so those columns are the replacement's.
+On a GPU: --python names the interpreter that has torch, --train-args
+"--device cuda" runs the example on CUDA tensors (gloo; several ranks may
+share one GPU) or "--device cuda --backend nccl" (one rank per GPU), and a
+"CUDA context" phase is split out of the imports (the example creates the
+context before init_process_group). With one rank, rank 0 crashes.
 --nodes 2 (late mode) runs two launchers on 127.0.0.2 and 127.0.0.3 (etcd
 rendezvous; torchrun: c10d rendezvous on 127.0.0.1), --nproc ranks each; the
 crashing rank is the last one.
@@ -32,19 +37,23 @@ crashing rank is the last one.
 usage: bench/prewarm.py [--ft-launcher PATH] [--torchrun CMD] [--reps N]
                         [--nproc N,...] [--mode late,early] [--kinds K,...]
                         [--prewarm MODULES] [--inprocess] [--nodes N]
+                        [--python PATH] [--train-args ARGS] [--json FILE]
+                        [--run-timeout S] [--keep-failed DIR]
 Prints markdown tables on stdout; progress and failures on stderr.
 """
 import argparse
 import json
 import os
 import shlex
+import shutil
+import signal
 import sys
 import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from bench import DEFAULT_TORCHRUN, Run, pct, progress, read_lines  # noqa: E402
+from bench import DEFAULT_TORCHRUN, Run, descendants, pct, progress, read_lines  # noqa: E402
 
 PROBE = os.path.join(HERE, "workers", "ddp_probe.py")
 PYTHON = "/usr/bin/python3"
@@ -73,11 +82,25 @@ INPROCESS_KINDS = "torchrun,prewarm,inprocess,inprocess-prewarm"
 DEFAULT_KINDS = {"late": "torchrun,cold,prewarm", "early": "torchrun,cold,prewarm,prewarm-wait,prewarm-stop"}
 
 
+def crash_rank(a, nproc):
+    return nproc * a.nodes - 1 if a.nodes > 1 else min(1, nproc - 1)
+
+
+def phases(a):
+    """Stamped phases and their column names: with --device cuda the CUDA
+    context is its own phase, between the imports and the process group. It
+    holds the script's own start-up before the context too (on torch 2.x
+    torch.use_deterministic_algorithms imports torch._dynamo and
+    torch._inductor: about 5 s measured on an H200 host, docs/benchmarks.md)."""
+    if "--device cuda" in a.train_args:
+        return PHASES[:2] + ["cuda"] + PHASES[2:], COLUMNS[:2] + ["start-up and CUDA context"] + COLUMNS[2:]
+    return PHASES, COLUMNS
+
+
 def command(kind, a, mode, nproc, workdir, tag, node=0, port=0):
-    crash_rank = nproc * a.nodes - 1 if a.nodes > 1 else 1
-    train = ["--ckpt-dir", os.path.join(workdir, tag + ".ckpt"), "--out", os.path.join(workdir, tag + ".json")]
+    train = shlex.split(a.train_args) + ["--ckpt-dir", os.path.join(workdir, tag + ".ckpt"), "--out", os.path.join(workdir, tag + ".json")]
     if mode == "late":
-        train += ["--steps", "30", "--crash-at-step", "25", "--crash-rank", str(crash_rank),
+        train += ["--steps", "30", "--crash-at-step", "25", "--crash-rank", str(crash_rank(a, nproc)),
                   "--step-sleep", str(a.step_sleep)]
     else:
         train += ["--steps", "12", "--step-sleep", "0.2", "--ckpt-every", "0"]
@@ -96,6 +119,34 @@ def command(kind, a, mode, nproc, workdir, tag, node=0, port=0):
                                       "--event-log", os.path.join(workdir, tag + f".events{node}")]
     line += [x.format(prewarm=a.prewarm) for x in KINDS[kind]]
     return line + [PROBE] + train
+
+
+def dump_stacks(runs):
+    """SIGABRT every Python process under the launchers: faulthandler
+    (PYTHONFAULTHANDLER=1) writes each one's thread stacks to its log."""
+    for run in runs:
+        for pid in descendants(run.proc.pid):
+            try:
+                with open(f"/proc/{pid}/comm") as f:
+                    if "python" in f.read():
+                        os.kill(pid, signal.SIGABRT)
+            except OSError:
+                pass
+    time.sleep(2)
+
+
+def keep(a, workdir, tag):
+    """--keep-failed: copy a failed run's logs, events and stamps out of the
+    temporary directory."""
+    if not a.keep_failed:
+        return
+    dest = os.path.join(a.keep_failed, tag)
+    os.makedirs(dest, exist_ok=True)
+    for name in os.listdir(workdir):
+        if name.startswith(tag + "."):
+            src = os.path.join(workdir, name)
+            (shutil.copytree if os.path.isdir(src) else shutil.copy)(src, os.path.join(dest, name))
+    progress(f"kept the logs of {tag} in {dest}")
 
 
 def free_port():
@@ -139,10 +190,12 @@ def paths_of(evs):
 def once(kind, a, mode, nproc, workdir, tag):
     stamps = os.path.join(workdir, tag + ".stamps")
     os.environ["PROBE_STAMPS"] = stamps
-    os.environ["PYTHON_EXEC"] = PYTHON
+    os.environ["PYTHON_EXEC"] = a.python
+    os.environ["PYTHONFAULTHANDLER"] = "1"  # stacks on SIGABRT (dump_stacks)
     os.environ["PROBE_TRAIN"] = "ddp_train_inprocess.py" if "in-process" in kind else "ddp_train.py"
     if mode == "early":
-        os.environ.update(PROBE_CRASH_AFTER=str(a.early_at), PROBE_CRASH_RANK="1", PROBE_T0=str(time.time_ns()))
+        os.environ.update(PROBE_CRASH_AFTER=str(a.early_at), PROBE_CRASH_RANK=str(crash_rank(a, nproc)),
+                          PROBE_T0=str(time.time_ns()))
     else:
         for k in ("PROBE_CRASH_AFTER", "PROBE_T0"):
             os.environ.pop(k, None)
@@ -150,10 +203,20 @@ def once(kind, a, mode, nproc, workdir, tag):
     runs = [Run(command(kind, a, mode, nproc, workdir, tag, node, port), workdir, f"{tag}.{node}")
             for node in range(a.nodes)]
     try:
+        deadline = time.monotonic() + a.run_timeout
         for run in runs:
-            rc = run.wait(300)
+            rc = run.wait(max(1.0, deadline - time.monotonic()))
+            if rc is None:
+                dump_stacks(runs)
+                raise RuntimeError(f"{kind} did not end within {a.run_timeout:.0f} s (Python stacks in the rank logs):\n"
+                                   f"{run.tail()}")
             if rc != 0:
                 raise RuntimeError(f"{kind} exited {rc}:\n{run.tail()}")
+    except Exception:
+        for run in runs:
+            run.stop()
+        keep(a, workdir, tag)
+        raise
     finally:
         for run in runs:
             run.stop()
@@ -169,14 +232,16 @@ def once(kind, a, mode, nproc, workdir, tag):
     if not after.get("ckpt"):  # early: no checkpoint to load yet
         after["ckpt"] = after.get("pg", {})
     if "in-process" in kind and len(crash) == 1:
-        # Survivors stay in their processes: no start or imports of their own.
-        for p in ("start", "imports"):
+        # Survivors stay in their processes: no start, imports or CUDA
+        # context of their own.
+        for p in ("start", "imports", "cuda"):
             for r in after.get("step", {}):
                 after.setdefault(p, {}).setdefault(r, crash[0])
-    need = PHASES + ["pg0"]
+    names = phases(a)[0]
+    need = names + ["pg0"]
     if len(crash) != 1 or any(len(after.get(p, {})) != nproc * a.nodes for p in need):
         raise RuntimeError(f"{kind}: incomplete stamps in {stamps}")
-    ends = [max(after[p].values()) - crash[0] for p in PHASES]  # cumulative, ns
+    ends = [max(after[p].values()) - crash[0] for p in names]  # cumulative, ns
     ranks = sorted(after["step"])
     return {
         "phases": [ends[0]] + [ends[i] - ends[i - 1] for i in range(1, len(ends))],
@@ -210,7 +275,8 @@ def path_counts(runs):
 def table(a, mode, nproc, res):
     what = "late crash (standbys ready)" if mode == "late" else "early crash (standbys importing)"
     where = f"{nproc} ranks" if a.nodes == 1 else f"{a.nodes} nodes on loopback, {nproc} ranks each"
-    print(f"### {what}, examples/ddp_train.py, {where}\n")
+    extra = f" `{a.train_args}`" if a.train_args else ""
+    print(f"### {what}, examples/ddp_train.py{extra}, {where}\n")
     print("Crash -> next training step, seconds, p50 / p90 / worst: of the job (last rank) per run, and of "
           "every rank of every run; time inside init_process_group per rank.\n")
     print("| launcher | runs | crash at (s, p50) | job's next step | each rank's next step "
@@ -223,13 +289,14 @@ def table(a, mode, nproc, res):
         print(f"| {k} | {len(v)} | {pct([r['crash_s'] for r in v], .5):.2f} | {dist3([r['total'] for r in v])} "
               f"| {dist3([x for r in v for x in r['per_rank']])} | {dist3([x for r in v for x in r['pg']])} "
               f"| {slow_pg} | {path_counts(v) if KINDS[k] is not None else ''} |")
+    columns = phases(a)[1]
     print("\nPhases (s, p50; each the last rank's end of the phase minus the previous phase's):\n")
-    print("| launcher | " + " | ".join(COLUMNS) + " |")
-    print("|---|" + "---:|" * len(COLUMNS))
+    print("| launcher | " + " | ".join(columns) + " |")
+    print("|---|" + "---:|" * len(columns))
     for k, v in res.items():
         if v:
             print(f"| {k} | " + " | ".join(f"{pct([r['phases'][j] / 1e9 for r in v], .5):.2f}"
-                                         for j in range(len(COLUMNS))) + " |")
+                                         for j in range(len(columns))) + " |")
     p50 = {k: pct([r["total"] for r in v], .5) for k, v in res.items() if v}
     pw = p50.get("ft-launcher --prewarm")
     if pw and "torchrun" in p50:
@@ -262,6 +329,11 @@ def main():
     p.add_argument("--inprocess", action="store_true",
                    help="compare in-process restarts: the kinds become " + INPROCESS_KINDS)
     p.add_argument("--nodes", type=int, default=1, help="launchers on loopback (127.0.0.2, ...), --nproc ranks each")
+    p.add_argument("--python", default=PYTHON, help="the ranks' interpreter (PYTHON_EXEC)")
+    p.add_argument("--train-args", default="", help='more arguments for the example, e.g. "--device cuda"')
+    p.add_argument("--json", help="also write every run's measurements to this file")
+    p.add_argument("--run-timeout", type=float, default=300, help="seconds one run may take")
+    p.add_argument("--keep-failed", help="copy the logs of failed runs into this directory")
     a = p.parse_args()
     if a.inprocess:
         a.kinds = a.kinds or INPROCESS_KINDS
@@ -277,22 +349,36 @@ def main():
     print(f"Host: {os.cpu_count()} CPUs, `{os.uname().release}`; reps={a.reps}; "
           f"date {time.strftime('%Y-%m-%d %H:%M:%S')}; load average {os.getloadavg()[0]:.1f} at the start\n")
     failures = []
+    everything = []
+    interrupted = False
     with tempfile.TemporaryDirectory(prefix="ftbench-prewarm.") as workdir:
         for mode in modes:
             kinds = [SHORT[k] for k in (a.kinds or DEFAULT_KINDS[mode]).split(",")]
             for nproc in [int(n) for n in a.nproc.split(",")]:
                 res = {k: [] for k in kinds}
-                for i in range(a.reps):
-                    for k in kinds:
-                        tag = f"{mode}-{k.replace(' ', '').replace('-', '')}-{nproc}-{i}"
-                        try:
-                            res[k].append(once(k, a, mode, nproc, workdir, tag))
-                        except Exception as e:  # report, keep measuring
-                            failures.append(f"{tag}: {e}")
-                            progress(f"FAILED {tag}: {e}")
-                    progress(f"{mode}, nproc {nproc}: rep {i + 1}/{a.reps} done, "
-                             f"load average {os.getloadavg()[0]:.1f}")
+                try:
+                    for i in range(a.reps):
+                        for k in kinds:
+                            tag = f"{mode}-{k.replace(' ', '').replace('-', '')}-{nproc}-{i}"
+                            try:
+                                res[k].append(once(k, a, mode, nproc, workdir, tag))
+                            except Exception as e:  # report, keep measuring
+                                failures.append(f"{tag}: {e}")
+                                progress(f"FAILED {tag}: {e}")
+                        progress(f"{mode}, nproc {nproc}: rep {i + 1}/{a.reps} done, "
+                                 f"load average {os.getloadavg()[0]:.1f}")
+                except KeyboardInterrupt:  # a time limit: keep what was measured
+                    failures.append(f"{mode}, nproc {nproc}: interrupted; the table holds the runs done")
+                    interrupted = True
                 table(a, mode, nproc, res)
+                everything.append({"mode": mode, "nproc": nproc, "train_args": a.train_args, "runs": res})
+                if a.json:
+                    with open(a.json, "w") as f:
+                        json.dump(everything, f)
+                if interrupted:
+                    break
+            if interrupted:
+                break
         print(f"Load average at the end: {' '.join(f'{x:.1f}' for x in os.getloadavg())}\n")
     if failures:
         print("Failures:\n")

@@ -8,9 +8,12 @@ pg/ckpt/step stamps are written once per cycle.
 
 Appends "<ns> <phase> <rank> <cycle>" lines to $PROBE_STAMPS: start (first
 line of user code), imports (torch, torch.distributed, torch.nn done),
-pg0 (init_process_group called), pg (init_process_group returned), ckpt
-(torch.load returned), step (the first optimizer step returned), crash
-(right before the injected os._exit).
+cuda (with --device cuda: the CUDA context exists, at the example's
+torch.cuda.synchronize), pg0 (init_process_group called), pg
+(init_process_group returned), ckpt (torch.load returned), step (the first
+optimizer step returned; on a GPU after its kernels finished), crash (right
+before an injected os._exit with a non-zero code; the examples end with
+os._exit(0), which is not a crash).
 
 $PROBE_CRASH_AFTER (seconds) with $PROBE_T0 (ns, the launch): rank
 $PROBE_CRASH_RANK of cycle 0 crashes (os._exit(1)) before its first
@@ -40,6 +43,9 @@ from torch.nn.parallel import DistributedDataParallel  # noqa: E402,F401
 stamp("imports")
 
 
+_sync = torch.cuda.synchronize
+
+
 def after(obj, name, phase, once=True, before=None):
     orig = getattr(obj, name)
     done = set()  # cycles stamped
@@ -48,6 +54,8 @@ def after(obj, name, phase, once=True, before=None):
         if before and not (once and os.environ.get("TORCHELASTIC_RESTART_COUNT") in done):
             stamp(before)
         r = orig(*a, **k)
+        if phase == "step" and torch.cuda.is_initialized():
+            _sync()  # the step is done when its kernels are
         cycle = os.environ.get("TORCHELASTIC_RESTART_COUNT")
         if not (once and cycle in done):
             done.add(cycle)
@@ -59,11 +67,13 @@ def after(obj, name, phase, once=True, before=None):
 after(dist, "init_process_group", "pg", before="pg0")
 after(torch, "load", "ckpt")
 after(torch.optim.Adam, "step", "step")
+after(torch.cuda, "synchronize", "cuda")
 _exit = os._exit
 
 
 def crash(code):
-    stamp("crash")
+    if code:
+        stamp("crash")
     _exit(code)
 
 
