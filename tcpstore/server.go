@@ -240,10 +240,11 @@ func (s *Server) Stats() Stats {
 	}
 }
 
-// refuse counts a refusal and logs it at a limited rate.
+// refuse logs a refusal at a limited rate and counts it. The count comes
+// last, so whoever sees it (Stats, a test) also finds the log line.
 func (s *Server) refuse(peer net.Addr, reason string, args ...any) {
-	s.refused.Add(1)
 	s.refusals.log(s.log, "TCPStore client refused", append([]any{"peer", peer.String(), "reason", reason}, args...)...)
+	s.refused.Add(1)
 }
 
 // rateLog logs the first refusalBurst events one by one, then at most one
