@@ -202,6 +202,7 @@ def once(kind, a, mode, nproc, workdir, tag):
     port = free_port() if a.nodes > 1 else 0
     runs = [Run(command(kind, a, mode, nproc, workdir, tag, node, port), workdir, f"{tag}.{node}")
             for node in range(a.nodes)]
+    failed = True
     try:
         deadline = time.monotonic() + a.run_timeout
         for run in runs:
@@ -212,14 +213,12 @@ def once(kind, a, mode, nproc, workdir, tag):
                                    f"{run.tail()}")
             if rc != 0:
                 raise RuntimeError(f"{kind} exited {rc}:\n{run.tail()}")
-    except Exception:
-        for run in runs:
-            run.stop()
-        keep(a, workdir, tag)
-        raise
+        failed = False
     finally:
         for run in runs:
             run.stop()
+        if failed:
+            keep(a, workdir, tag)  # after stop: the logs are complete
     lines = read_lines(stamps)
     crash = [int(f[0]) for f in lines if f[1] == "crash"]
     after = {}

@@ -46,7 +46,9 @@ stamp("imports")
 _sync = torch.cuda.synchronize
 
 
-def after(obj, name, phase, once=True, before=None):
+def after(obj, name, phase, once=True, before=None, sync=False):
+    """Wrap obj.name to stamp phase when it returns (once per cycle), and
+    before when it is called; sync: wait for the GPU's kernels first."""
     orig = getattr(obj, name)
     done = set()  # cycles stamped
 
@@ -54,8 +56,8 @@ def after(obj, name, phase, once=True, before=None):
         if before and not (once and os.environ.get("TORCHELASTIC_RESTART_COUNT") in done):
             stamp(before)
         r = orig(*a, **k)
-        if phase == "step" and torch.cuda.is_initialized():
-            _sync()  # the step is done when its kernels are
+        if sync and torch.cuda.is_initialized():
+            _sync()  # the call is done when its kernels are
         cycle = os.environ.get("TORCHELASTIC_RESTART_COUNT")
         if not (once and cycle in done):
             done.add(cycle)
@@ -66,7 +68,7 @@ def after(obj, name, phase, once=True, before=None):
 
 after(dist, "init_process_group", "pg", before="pg0")
 after(torch, "load", "ckpt")
-after(torch.optim.Adam, "step", "step")
+after(torch.optim.Adam, "step", "step", sync=True)
 after(torch.cuda, "synchronize", "cuda")
 _exit = os._exit
 
