@@ -2,6 +2,9 @@
 """Crash -> next training step after the restart, side by side:
 torchrun, ft-launcher (cold) and ft-launcher --prewarm.
 
+--kinds nvrx adds NVIDIA's ft_launcher (nvidia-resiliency-ext; --nvrx CMD),
+started with the same torchrun flags as torchrun.
+
 Every launcher runs examples/ddp_train.py (gloo, CPU) through
 bench/workers/ddp_probe.py, which stamps the phases of each rank. Two modes:
   late   rank 1 crashes (os._exit(1)) before step 25 of cycle 0 (the step
@@ -34,7 +37,7 @@ context before init_process_group). With one rank, rank 0 crashes.
 rendezvous; torchrun: c10d rendezvous on 127.0.0.1), --nproc ranks each; the
 crashing rank is the last one.
 
-usage: bench/prewarm.py [--ft-launcher PATH] [--torchrun CMD] [--reps N]
+usage: bench/prewarm.py [--ft-launcher PATH] [--torchrun CMD] [--nvrx CMD] [--reps N]
                         [--nproc N,...] [--mode late,early] [--kinds K,...]
                         [--prewarm MODULES] [--inprocess] [--nodes N]
                         [--python PATH] [--train-args ARGS] [--json FILE]
@@ -59,8 +62,9 @@ PROBE = os.path.join(HERE, "workers", "ddp_probe.py")
 PYTHON = "/usr/bin/python3"
 PHASES = ["start", "imports", "pg", "ckpt", "step"]
 COLUMNS = ["launcher", "imports", "process group", "checkpoint", "first step"]
-KINDS = {  # name -> extra ft-launcher flags (None: torchrun)
+KINDS = {  # name -> extra ft-launcher flags (None: torchrun's command line, TORCHRUN_LIKE names which)
     "torchrun": None,
+    "nvrx ft_launcher": None,
     "ft-launcher": [],
     "ft-launcher --prewarm": ["--prewarm", "{prewarm}"],
     "--prewarm-importing wait": ["--prewarm", "{prewarm}", "--prewarm-importing", "wait"],
@@ -70,7 +74,9 @@ KINDS = {  # name -> extra ft-launcher flags (None: torchrun)
     "ft-launcher --restart-mode in-process": ["--restart-mode", "in-process"],
     "ft-launcher --prewarm --restart-mode in-process": ["--prewarm", "{prewarm}", "--restart-mode", "in-process"],
 }
-SHORT = {"torchrun": "torchrun", "cold": "ft-launcher", "prewarm": "ft-launcher --prewarm",
+# Launchers that take torchrun's flags, and the option that gives their command.
+TORCHRUN_LIKE = {"torchrun": "torchrun", "nvrx ft_launcher": "nvrx"}
+SHORT = {"torchrun": "torchrun", "nvrx": "nvrx ft_launcher", "cold": "ft-launcher", "prewarm": "ft-launcher --prewarm",
          "prewarm-wait": "--prewarm-importing wait", "prewarm-stop": "--prewarm-importing stop",
          "cold-rank0-store": "ft-launcher --agent-store off",
          "prewarm-rank0-store": "ft-launcher --prewarm --agent-store off",
@@ -108,7 +114,7 @@ def command(kind, a, mode, nproc, workdir, tag, node=0, port=0):
     if KINDS[kind] is None:
         where = ["--standalone"] if a.nodes == 1 else [
             "--nnodes", str(a.nodes), "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{port}", "--rdzv_id", tag]
-        return shlex.split(a.torchrun) + where + [
+        return shlex.split(getattr(a, TORCHRUN_LIKE[kind])) + where + [
             "--nproc_per_node", str(nproc), "--max_restarts", "1",
             "--monitor_interval", "0.1", "--log_dir", logs, PROBE] + train
     where = ["--standalone"] if a.nodes == 1 else [
@@ -298,11 +304,12 @@ def table(a, mode, nproc, res):
                                          for j in range(len(columns))) + " |")
     p50 = {k: pct([r["total"] for r in v], .5) for k, v in res.items() if v}
     pw = p50.get("ft-launcher --prewarm")
-    if pw and "torchrun" in p50:
-        print(f"\n--prewarm vs torchrun: {p50['torchrun'] / pw:.1f}x faster (p50 of the job's next step)")
     ip = p50.get("ft-launcher --prewarm --restart-mode in-process")
-    if ip and "torchrun" in p50:
-        print(f"\nin-process (--prewarm replacement) vs torchrun: {p50['torchrun'] / ip:.1f}x faster (p50 of the job's next step)")
+    for base in TORCHRUN_LIKE:
+        if pw and base in p50:
+            print(f"\n--prewarm vs {base}: {p50[base] / pw:.1f}x faster (p50 of the job's next step)")
+        if ip and base in p50:
+            print(f"\nin-process (--prewarm replacement) vs {base}: {p50[base] / ip:.1f}x faster (p50 of the job's next step)")
     if "ft-launcher" in p50 and "ft-launcher --agent-store off" in p50:
         print(f"\nagent store / rank-0 store (--agent-store off): {p50['ft-launcher'] / p50['ft-launcher --agent-store off']:.2f}"
               " (ratio of the p50s of the job's next step; at most 1.00 means no slower)")
@@ -317,6 +324,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--ft-launcher", default=os.environ.get("FT_LAUNCHER", "/tmp/ft-launcher"))
     p.add_argument("--torchrun", default=os.environ.get("TORCHRUN", DEFAULT_TORCHRUN))
+    p.add_argument("--nvrx", default=os.environ.get("NVRX", "ft_launcher"),
+                   help="nvidia-resiliency-ext's launcher command, for --kinds nvrx (takes torchrun's flags)")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--nproc", default="2,4", help="comma-separated rank counts")
     p.add_argument("--mode", default="late", help="comma-separated: late, early")

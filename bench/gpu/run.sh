@@ -4,7 +4,8 @@
 # cold, --prewarm, and in-process restarts, with the phases. Run from the
 # repository root with an ft-launcher binary at $FT (default
 # .gpubin/ft-launcher). Writes under $OUT (default /tmp/gpu-out): run.log
-# (the markdown tables), gpu1.json, gpu2.json, gpu48.json, failed.tgz (logs
+# (the markdown tables), gpu2.json, gpu4.json, gpu8.json (gpu1.json: one
+# NCCL rank, with NCCL1=1), failed.tgz (logs
 # and Python stacks of runs that failed or did not end). Every stage has a
 # time limit inside $BUDGET seconds.
 #
@@ -13,11 +14,17 @@
 # 2.x (torch._dynamo, torch._inductor, ...: about 5 s), found on the machine
 # by settings_probe.py. One GPU holds one NCCL rank (NCCL refuses two ranks
 # on one device), so several ranks use gloo on CUDA tensors.
+#
+# NVIDIA's ft_launcher runs beside them when $NVRX_PATH (default .nvrx)
+# holds nvidia-resiliency-ext's source (bench/gpu/nvrx.sh assembles it from
+# a checkout; the GPU image lacks only defusedxml of what its launcher
+# imports); a launcher that does not start is left out and said so.
 set -u
 OUT=${OUT:-/tmp/gpu-out}
 FT=${FT:-$PWD/.gpubin/ft-launcher}
 PY=${PY:-$(command -v python3)}
 BUDGET=${BUDGET:-480}
+NVRX_PATH=${NVRX_PATH:-$PWD/.nvrx}
 mkdir -p "$OUT"
 exec > >(tee "$OUT/run.log") 2>&1
 T0=$(date +%s)
@@ -43,16 +50,39 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 EXTRA=$(sed -n 's/^PREWARM_EXTRA=//p' "$OUT/settings.txt")
 MODULES=torch,torch.distributed${EXTRA:+,$EXTRA}
 echo "--prewarm $MODULES"
-B=(bench/prewarm.py --python "$PY" --torchrun "$PY -m torch.distributed.run" --ft-launcher "$FT"
-	--mode late --step-sleep 0.2 --prewarm "$MODULES" --run-timeout 90 --keep-failed "$OUT/failed")
-stage "2 ranks (gloo, CUDA tensors)" 240 "$PY" "${B[@]}" --nproc 2 --reps 2 \
-	--kinds torchrun,cold,prewarm,inprocess,inprocess-prewarm --train-args "--device cuda --hidden 1024" \
-	--json "$OUT/gpu2.json"
-stage "1 rank, NCCL" 110 "$PY" "${B[@]}" --nproc 1 --reps 1 \
-	--kinds torchrun,cold,prewarm --train-args "--device cuda --backend nccl --hidden 1024" \
+NVRX=(env PYTHONPATH="$NVRX_PATH" "$PY" -m nvidia_resiliency_ext.fault_tolerance.launcher)
+if "${NVRX[@]}" --help >/dev/null 2>"$OUT/nvrx-help.err"; then
+	echo "nvrx ft_launcher: $(cat "$NVRX_PATH/VERSION" 2>/dev/null || echo "from $NVRX_PATH")"
+	NV=nvrx,
+else
+	echo "nvrx ft_launcher does not start, left out:"
+	tail -3 "$OUT/nvrx-help.err"
+	NV=
+fi
+B=(bench/prewarm.py --python "$PY" --torchrun "$PY -m torch.distributed.run" --nvrx "${NVRX[*]}" --ft-launcher "$FT"
+	--mode late --step-sleep 0.2 --prewarm "$MODULES" --run-timeout ${RUN_TIMEOUT:-75} --keep-failed "$OUT/failed")
+# In-process restarts first: issue 16's GPU number; then the launchers side by side.
+KINDS=inprocess-prewarm,prewarm,torchrun,${NV}cold
+drop_hung() { # a launcher whose run did not end is left out of the next stages (its stacks are in failed.tgz)
+	local k tag
+	for k in torchrun nvrx; do
+		tag=$k
+		[ $k = nvrx ] && tag=nvrxft_launcher
+		if grep -q "FAILED late-$tag-[0-9]*-[0-9]*: .* did not end within" "$OUT/run.log"; then
+			case ",$KINDS," in *",$k,"*)
+				KINDS=$(echo ",$KINDS," | sed "s/,$k,/,/; s/^,//; s/,\$//")
+				echo "== $k: a run did not end; left out of the next stages" ;;
+			esac
+		fi
+	done
+}
+for n in 2 4 8; do
+	stage "$n ranks (gloo, CUDA tensors)" 170 "$PY" "${B[@]}" --nproc $n --reps 1 --kinds "$KINDS" \
+		--train-args "--device cuda --hidden 1024" --json "$OUT/gpu$n.json"
+	drop_hung
+done
+[ "${NCCL1:-0}" = 1 ] && stage "1 rank, NCCL" 110 "$PY" "${B[@]}" --nproc 1 --reps 1 \
+	--kinds "torchrun,${NV}cold,prewarm" --train-args "--device cuda --backend nccl --hidden 1024" \
 	--json "$OUT/gpu1.json"
-stage "4 and 8 ranks (gloo, CUDA tensors)" 200 "$PY" "${B[@]}" --nproc 4,8 --reps 1 \
-	--kinds torchrun,prewarm,inprocess-prewarm --train-args "--device cuda --hidden 1024" \
-	--json "$OUT/gpu48.json"
 [ -d "$OUT/failed" ] && tar -C "$OUT" -czf "$OUT/failed.tgz" failed && rm -rf "$OUT/failed"
 echo "== done after $(($(date +%s) - T0))s"
