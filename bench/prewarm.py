@@ -142,14 +142,14 @@ def dump_stacks(runs):
 
 
 def keep(a, workdir, tag):
-    """--keep-failed: copy a failed run's logs, events and stamps out of the
-    temporary directory."""
+    """--keep-failed: copy a failed run's logs, events and stamps (not its
+    checkpoints) out of the temporary directory."""
     if not a.keep_failed:
         return
     dest = os.path.join(a.keep_failed, tag)
     os.makedirs(dest, exist_ok=True)
     for name in os.listdir(workdir):
-        if name.startswith(tag + "."):
+        if name.startswith(tag + ".") and not name.endswith(".ckpt"):  # checkpoints: MBs, no clue
             src = os.path.join(workdir, name)
             (shutil.copytree if os.path.isdir(src) else shutil.copy)(src, os.path.join(dest, name))
     progress(f"kept the logs of {tag} in {dest}")

@@ -59,10 +59,17 @@ else
 	tail -3 "$OUT/nvrx-help.err"
 	NV=
 fi
+# The smallest gloo-on-CUDA job under torchrun and ft-launcher: a hang here
+# is the launcher's or torch's, not the example's.
+for L in "$PY -m torch.distributed.run --standalone" "$FT --standalone"; do
+	echo "== gloo_probe under ${L##*/}"
+	PYTHON_EXEC="$PY" timeout -k 5 45 $L --nproc-per-node 2 bench/gpu/gloo_probe.py 2>&1 | grep -v "^\s*$" | tail -25
+	echo "== gloo_probe exit ${PIPESTATUS[0]}"
+done
 B=(bench/prewarm.py --python "$PY" --torchrun "$PY -m torch.distributed.run" --nvrx "${NVRX[*]}" --ft-launcher "$FT"
 	--mode late --step-sleep 0.2 --prewarm "$MODULES" --run-timeout ${RUN_TIMEOUT:-75} --keep-failed "$OUT/failed")
-# In-process restarts first: issue 16's GPU number; then the launchers side by side.
-KINDS=inprocess-prewarm,prewarm,torchrun,${NV}cold
+# torchrun and nvrx first: a launcher whose run hangs is left out of the next stages.
+KINDS=torchrun,${NV}inprocess-prewarm,prewarm,cold
 drop_hung() { # a launcher whose run did not end is left out of the next stages (its stacks are in failed.tgz)
 	local k tag
 	for k in torchrun nvrx; do
@@ -84,5 +91,11 @@ done
 [ "${NCCL1:-0}" = 1 ] && stage "1 rank, NCCL" 110 "$PY" "${B[@]}" --nproc 1 --reps 1 \
 	--kinds "torchrun,${NV}cold,prewarm" --train-args "--device cuda --backend nccl --hidden 1024" \
 	--json "$OUT/gpu1.json"
+if [ -d "$OUT/failed" ]; then # the logs' ends here too, in case failed.tgz is too big to come back
+	for f in $(find "$OUT/failed" -name '*.log' -size +0 | sort); do
+		echo "==== ${f#$OUT/failed/} ($(wc -c <"$f") bytes), last 60 lines"
+		tail -60 "$f"
+	done >"$OUT/failed-tails.txt"
+fi
 [ -d "$OUT/failed" ] && tar -C "$OUT" -czf "$OUT/failed.tgz" failed && rm -rf "$OUT/failed"
 echo "== done after $(($(date +%s) - T0))s"
