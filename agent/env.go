@@ -5,6 +5,7 @@ import (
 	"strings"
 
 	"github.com/ftlauncher/ft-launcher/configs"
+	"github.com/ftlauncher/ft-launcher/monitor/ftwire"
 	"github.com/ftlauncher/ft-launcher/rendezvous"
 )
 
@@ -67,6 +68,7 @@ func WorkerEnv(base []string, cfg *configs.Config, asg rendezvous.Assignment, lo
 	}
 	if mon != nil {
 		set["FT_RANK_MONITOR_IPC_SOCKET"] = mon.RankSocket(localRank)
+		set[ftwire.ProtocolEnv] = ftwire.Protocol
 		set["FT_LAUNCHER_IPC_SOCKET"] = mon.LauncherSocket()
 	}
 	have := map[string]bool{}

@@ -3,6 +3,7 @@ package agent
 import (
 	"errors"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -117,4 +118,34 @@ func TestAgentStoreRounds(t *testing.T) {
 			t.Errorf("job not closed: shutdowns %v", h.rdzv.shutdowns)
 		}
 	})
+}
+
+type fakeSockets struct{}
+
+func (fakeSockets) RankSocket(lr int) string { return "/run/rank" + strconv.Itoa(lr) + ".sock" }
+func (fakeSockets) LauncherSocket() string   { return "/run/launcher.sock" }
+
+// TestWorkerEnvMonitorProtocol: with a rank monitor, a rank is told its
+// socket and the protocol the monitor speaks (ftl1), so that a native
+// client can tell ft-launcher's monitor from nvrx's, which takes the same
+// socket variable, over any inherited value; without a monitor the launcher
+// sets neither.
+func TestWorkerEnvMonitorProtocol(t *testing.T) {
+	asg := rendezvous.Assignment{RunID: "job", WorldSize: 2, MasterAddr: "127.0.0.1", MasterPort: 1}
+	cfg := &configs.Config{NProcPerNode: 2, Role: "default"}
+	base := []string{"FT_RANK_MONITOR_PROTOCOL=inherited"}
+	for _, tc := range []struct {
+		name         string
+		mon          Sockets
+		socket, prot string
+	}{
+		{"monitor", fakeSockets{}, "/run/rank1.sock", "ftl1"},
+		{"no monitor", nil, "", "inherited"},
+	} {
+		env := envMap(WorkerEnv(base, cfg, asg, 1, "/tmp/err.json", tc.mon))
+		if env["FT_RANK_MONITOR_IPC_SOCKET"] != tc.socket || env["FT_RANK_MONITOR_PROTOCOL"] != tc.prot {
+			t.Errorf("%s: FT_RANK_MONITOR_IPC_SOCKET=%q FT_RANK_MONITOR_PROTOCOL=%q, want %q %q", tc.name,
+				env["FT_RANK_MONITOR_IPC_SOCKET"], env["FT_RANK_MONITOR_PROTOCOL"], tc.socket, tc.prot)
+		}
+	}
 }

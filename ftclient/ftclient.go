@@ -85,14 +85,39 @@ type Options struct {
 
 // Connect connects to the monitor named by FT_RANK_MONITOR_IPC_SOCKET, with
 // the global and local rank from RANK and LOCAL_RANK. Without the variable it
-// returns a no-op client and logs one warning.
+// returns a no-op client and logs one warning. A monitor that another
+// launcher started (checkProtocol) is refused before connecting.
 func Connect(ctx context.Context) (*Client, error) {
 	path := os.Getenv(EnvSocket)
 	if path == "" {
 		slog.Warn("ftclient: " + EnvSocket + " is not set; fault-tolerance calls are no-ops")
 		return &Client{fd: -1, noop: true}, nil
 	}
+	if err := checkProtocol(os.LookupEnv); err != nil {
+		return nil, err
+	}
 	return ConnectPath(ctx, path, Options{GlobalRank: envInt(EnvRank), LocalRank: envInt(EnvLocal)})
+}
+
+// checkProtocol refuses a rank monitor that does not speak FTL1. ft-launcher
+// sets FT_RANK_MONITOR_PROTOCOL; without it (launchers before it existed) a
+// rank it started still has FT_LAUNCHER_RESTARTS_USED. A rank with
+// TORCHELASTIC_RUN_ID and neither was started by another launcher, such as
+// nvidia-resiliency-ext's ft_launcher, whose monitor reads pickle frames and
+// would leave the handshake unanswered until its timeout.
+func checkProtocol(lookup func(string) (string, bool)) error {
+	proto, set := lookup(ftwire.ProtocolEnv)
+	if set && proto != ftwire.Protocol {
+		return fmt.Errorf("ftclient: %s=%q: the rank monitor speaks another protocol than this client's %q",
+			ftwire.ProtocolEnv, proto, ftwire.Protocol)
+	}
+	_, elastic := lookup("TORCHELASTIC_RUN_ID")
+	_, ours := lookup("FT_LAUNCHER_RESTARTS_USED")
+	if !set && elastic && !ours {
+		return fmt.Errorf("ftclient: %s is set by a launcher other than ft-launcher (no %s): "+
+			"nvidia-resiliency-ext's ft_launcher speaks pickle frames; start the job with ft-launcher", EnvSocket, ftwire.ProtocolEnv)
+	}
+	return nil
 }
 
 func envInt(k string) int {

@@ -4,8 +4,11 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"net"
 	"os"
+	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -240,6 +243,79 @@ func TestTimeoutsOutOfBoundsRefusedLocally(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			if err := tc.call(); err == nil || !strings.Contains(err.Error(), "ftclient:") {
 				t.Fatalf("err = %v, want the client's refusal", err)
+			}
+		})
+	}
+}
+
+// TestConnectRefusesForeignMonitor: a socket variable set by another
+// launcher (nvrx's ft_launcher: TORCHELASTIC_RUN_ID, no
+// FT_RANK_MONITOR_PROTOCOL, no FT_LAUNCHER_RESTARTS_USED), or a monitor that
+// announces another protocol, is refused at once, without connecting: the
+// socket here accepts and never answers, as nvrx's monitor does with a
+// native handshake. A rank of ft-launcher, with the marker or (launchers
+// before it) with FT_LAUNCHER_RESTARTS_USED, connects.
+func TestConnectRefusesForeignMonitor(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		env     map[string]string // "" value: unset
+		refused string            // substring of the error; "" connects
+	}{
+		{"nvrx ft_launcher", map[string]string{"TORCHELASTIC_RUN_ID": "job", "FT_RANK_MONITOR_PROTOCOL": "", "FT_LAUNCHER_RESTARTS_USED": ""}, "nvidia-resiliency-ext"},
+		{"another protocol", map[string]string{"TORCHELASTIC_RUN_ID": "job", "FT_RANK_MONITOR_PROTOCOL": "ftl2", "FT_LAUNCHER_RESTARTS_USED": "0"}, `"ftl2"`},
+		{"ft-launcher", map[string]string{"TORCHELASTIC_RUN_ID": "job", "FT_RANK_MONITOR_PROTOCOL": "ftl1", "FT_LAUNCHER_RESTARTS_USED": "0"}, ""},
+		{"older ft-launcher", map[string]string{"TORCHELASTIC_RUN_ID": "job", "FT_RANK_MONITOR_PROTOCOL": "", "FT_LAUNCHER_RESTARTS_USED": "0"}, ""},
+		{"no launcher", map[string]string{"TORCHELASTIC_RUN_ID": "", "FT_RANK_MONITOR_PROTOCOL": "", "FT_LAUNCHER_RESTARTS_USED": ""}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for k, v := range tc.env {
+				t.Setenv(k, v)
+				if v == "" {
+					os.Unsetenv(k)
+				}
+			}
+			path := ""
+			var accepted atomic.Int32
+			if tc.refused != "" {
+				path = filepath.Join(t.TempDir(), "foreign.sock")
+				ln, err := net.Listen("unix", path)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer ln.Close()
+				go func() {
+					for {
+						c, err := ln.Accept()
+						if err != nil {
+							return
+						}
+						accepted.Add(1)
+						defer c.Close() // never answers
+					}
+				}()
+			} else {
+				path = newMonitor(t).RankSocket(0)
+			}
+			t.Setenv(ftclient.EnvSocket, path)
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			c, err := ftclient.Connect(ctx)
+			if tc.refused == "" {
+				if err != nil {
+					t.Fatalf("refused: %v", err)
+				}
+				c.Close()
+				return
+			}
+			if err == nil {
+				c.Close()
+				t.Fatal("connected to a foreign monitor")
+			}
+			if !strings.Contains(err.Error(), tc.refused) {
+				t.Errorf("error %q does not name %s", err, tc.refused)
+			}
+			if n := accepted.Load(); n != 0 {
+				t.Errorf("the foreign socket saw %d connections, want none", n)
 			}
 		})
 	}

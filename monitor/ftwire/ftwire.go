@@ -27,6 +27,15 @@ const Magic = "FTL1"
 // Version is the protocol version carried in Magic's last byte.
 const Version = 1
 
+// ProtocolEnv is set for every rank beside FT_RANK_MONITOR_IPC_SOCKET, to
+// Protocol: nvidia-resiliency-ext's ft_launcher sets the socket variable
+// too, for a monitor that speaks pickle frames and would leave a native
+// handshake unanswered, so native clients check this first.
+const (
+	ProtocolEnv = "FT_RANK_MONITOR_PROTOCOL"
+	Protocol    = "ftl1"
+)
+
 // MaxPayload bounds a length-prefixed payload.
 const MaxPayload = 1 << 20
 

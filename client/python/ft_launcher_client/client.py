@@ -48,6 +48,11 @@ _SHM_REGION_SIZE = 4096 + _RING_CAP * 32
 _EV_OPEN, _EV_CLOSE, _EV_CLOSE_ALL, _EV_OPEN_ITER = 1, 2, 3, 4
 
 SOCKET_ENV = "FT_RANK_MONITOR_IPC_SOCKET"
+# Set by ft-launcher beside SOCKET_ENV: the protocol its rank monitor speaks.
+# nvidia-resiliency-ext's ft_launcher sets SOCKET_ENV too, for a monitor that
+# speaks pickle frames; this client must not wait on it.
+PROTOCOL_ENV = "FT_RANK_MONITOR_PROTOCOL"
+PROTOCOL = "ftl1"
 LAUNCHER_SOCKET_ENV = "FT_LAUNCHER_IPC_SOCKET"
 FINISHED_FLAG_ENV = "FAULT_TOL_FINISHED_FLAG_FILE"
 
@@ -129,6 +134,25 @@ def _read_frame(sock, want, magic=None):
     if n > _MAX_PAYLOAD:
         raise RankMonitorClientError("reply too large")
     return json.loads(_recv_exact(sock, n).decode())
+
+
+def _check_protocol():
+    """Refuse, before connecting, a rank monitor that does not speak this
+    client's protocol. Without PROTOCOL_ENV (launchers before it existed),
+    a rank started by ft-launcher still has FT_LAUNCHER_RESTARTS_USED; one
+    with TORCHELASTIC_RUN_ID and neither was started by another launcher,
+    such as nvidia-resiliency-ext's ft_launcher, whose monitor would leave
+    the handshake unanswered."""
+    proto = os.environ.get(PROTOCOL_ENV)
+    if proto is not None and proto != PROTOCOL:
+        raise RankMonitorClientError(
+            "%s=%r: the rank monitor speaks another protocol than this client's %r; "
+            "use the ft_launcher_client that comes with that launcher" % (PROTOCOL_ENV, proto, PROTOCOL))
+    if proto is None and "TORCHELASTIC_RUN_ID" in os.environ and "FT_LAUNCHER_RESTARTS_USED" not in os.environ:
+        raise RankMonitorClientError(
+            "%s is set by a launcher other than ft-launcher (no %s): nvidia-resiliency-ext's ft_launcher "
+            "speaks pickle frames, so use its nvidia_resiliency_ext.fault_tolerance.RankMonitorClient "
+            "there, or start the job with ft-launcher" % (SOCKET_ENV, PROTOCOL_ENV))
 
 
 def _env_int(name, default=-1):
@@ -238,6 +262,7 @@ class RankMonitorClient:
             self._warn_noop()
             self.is_initialized = True
             return
+        _check_protocol()
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(60.0)
         try:
@@ -569,9 +594,11 @@ class RankMonitorClient:
 
 def request_workload_action(action, description="", global_rank=None, path=None):
     """Send a workload-control request to the launcher and wait for its ack."""
-    path = path or os.environ.get(LAUNCHER_SOCKET_ENV)
     if not path:
-        raise RankMonitorClientError("%s is not set" % LAUNCHER_SOCKET_ENV)
+        path = os.environ.get(LAUNCHER_SOCKET_ENV)
+        if not path:
+            raise RankMonitorClientError("%s is not set" % LAUNCHER_SOCKET_ENV)
+        _check_protocol()
     if isinstance(action, WorkloadAction):
         action = action.name
     if global_rank is None:
