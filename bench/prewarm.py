@@ -65,6 +65,7 @@ COLUMNS = ["launcher", "imports", "process group", "checkpoint", "first step"]
 KINDS = {  # name -> extra ft-launcher flags (None: torchrun's command line, TORCHRUN_LIKE names which)
     "torchrun": None,
     "nvrx ft_launcher": None,
+    "torchrun TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1": None,
     "ft-launcher": [],
     "ft-launcher --prewarm": ["--prewarm", "{prewarm}"],
     "--prewarm-importing wait": ["--prewarm", "{prewarm}", "--prewarm-importing", "wait"],
@@ -74,9 +75,17 @@ KINDS = {  # name -> extra ft-launcher flags (None: torchrun's command line, TOR
     "ft-launcher --restart-mode in-process": ["--restart-mode", "in-process"],
     "ft-launcher --prewarm --restart-mode in-process": ["--prewarm", "{prewarm}", "--restart-mode", "in-process"],
 }
-# Launchers that take torchrun's flags, and the option that gives their command.
-TORCHRUN_LIKE = {"torchrun": "torchrun", "nvrx ft_launcher": "nvrx"}
-SHORT = {"torchrun": "torchrun", "nvrx": "nvrx ft_launcher", "cold": "ft-launcher", "prewarm": "ft-launcher --prewarm",
+# Launchers that take torchrun's flags, and the option that gives their
+# command. torchrun 2.x keeps one TCPStore for every round while its ranks
+# no longer prefix their keys per attempt (torch.distributed.rendezvous,
+# "We create a new TCPStore for every retry"): after a restart a rank can
+# read a dead rank's gloo address (4 and 8 ranks failed so on torch 2.11,
+# docs/benchmarks.md); TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 is torch's switch
+# back to a store per round.
+TORCHRUN_LIKE = {"torchrun": "torchrun", "nvrx ft_launcher": "nvrx",
+                 "torchrun TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1": "torchrun"}
+SHORT = {"torchrun": "torchrun", "nvrx": "nvrx ft_launcher",
+         "torchrun-unshared": "torchrun TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1", "cold": "ft-launcher", "prewarm": "ft-launcher --prewarm",
          "prewarm-wait": "--prewarm-importing wait", "prewarm-stop": "--prewarm-importing stop",
          "cold-rank0-store": "ft-launcher --agent-store off",
          "prewarm-rank0-store": "ft-launcher --prewarm --agent-store off",
@@ -114,7 +123,8 @@ def command(kind, a, mode, nproc, workdir, tag, node=0, port=0):
     if KINDS[kind] is None:
         where = ["--standalone"] if a.nodes == 1 else [
             "--nnodes", str(a.nodes), "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{port}", "--rdzv_id", tag]
-        return shlex.split(getattr(a, TORCHRUN_LIKE[kind])) + where + [
+        env = ["env", kind.split()[1]] if "=" in kind else []
+        return env + shlex.split(getattr(a, TORCHRUN_LIKE[kind])) + where + [
             "--nproc_per_node", str(nproc), "--max_restarts", "1",
             "--monitor_interval", "0.1", "--log_dir", logs, PROBE] + train
     where = ["--standalone"] if a.nodes == 1 else [

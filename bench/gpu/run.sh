@@ -23,7 +23,7 @@ set -u
 OUT=${OUT:-/tmp/gpu-out}
 FT=${FT:-$PWD/.gpubin/ft-launcher}
 PY=${PY:-$(command -v python3)}
-BUDGET=${BUDGET:-480}
+BUDGET=${BUDGET:-540}
 NVRX_PATH=${NVRX_PATH:-$PWD/.nvrx}
 mkdir -p "$OUT"
 exec > >(tee "$OUT/run.log") 2>&1
@@ -68,13 +68,19 @@ for L in "$PY -m torch.distributed.run --standalone" "$FT --standalone"; do
 done
 B=(bench/prewarm.py --python "$PY" --torchrun "$PY -m torch.distributed.run" --nvrx "${NVRX[*]}" --ft-launcher "$FT"
 	--mode late --step-sleep 0.2 --prewarm "$MODULES" --run-timeout ${RUN_TIMEOUT:-75} --keep-failed "$OUT/failed")
-# torchrun and nvrx first: a launcher whose run hangs is left out of the next stages.
-KINDS=torchrun,${NV}inprocess-prewarm,prewarm,cold
+# torchrun (also with a store per round, torchrun-unshared) and nvrx first: a
+# launcher whose run hangs is left out of the next stages. A run takes about
+# 28 s (2 ranks) to 35 s (8): BUDGET=540 (a device call of timeout_s 590)
+# holds 6 kinds at 2 and 4 ranks, and the 8-rank stage gets what is left.
+KINDS=${KINDS:-torchrun,torchrun-unshared,${NV}inprocess-prewarm,prewarm,cold}
 drop_hung() { # a launcher whose run did not end is left out of the next stages (its stacks are in failed.tgz)
 	local k tag
-	for k in torchrun nvrx; do
-		tag=$k
-		[ $k = nvrx ] && tag=nvrxft_launcher
+	for k in torchrun torchrun-unshared nvrx; do
+		case $k in
+		nvrx) tag=nvrxft_launcher ;;
+		torchrun-unshared) tag=torchrunTORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 ;;
+		*) tag=$k ;;
+		esac
 		if grep -q "FAILED late-$tag-[0-9]*-[0-9]*: .* did not end within" "$OUT/run.log"; then
 			case ",$KINDS," in *",$k,"*)
 				KINDS=$(echo ",$KINDS," | sed "s/,$k,/,/; s/^,//; s/,\$//")
@@ -84,7 +90,7 @@ drop_hung() { # a launcher whose run did not end is left out of the next stages 
 	done
 }
 for n in 2 4 8; do
-	stage "$n ranks (gloo, CUDA tensors)" 170 "$PY" "${B[@]}" --nproc $n --reps 1 --kinds "$KINDS" \
+	stage "$n ranks (gloo, CUDA tensors)" $((150 + 10 * n)) "$PY" "${B[@]}" --nproc $n --reps 1 --kinds "$KINDS" \
 		--train-args "--device cuda --hidden 1024" --json "$OUT/gpu$n.json"
 	drop_hung
 done
