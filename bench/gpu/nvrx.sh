@@ -13,6 +13,10 @@
 set -eu
 src=${1:?usage: bench/gpu/nvrx.sh NVIDIA/nvidia-resiliency-ext checkout [tag]}
 tag=${2:-v0.6.0}
+if ! command -v protoc >/dev/null || ! /usr/bin/python3 -c 'import grpc_tools' 2>/dev/null; then
+	echo "bench/gpu/nvrx.sh: needs protoc and grpc_tools: apt-get install -y protobuf-compiler python3-grpc-tools" >&2
+	exit 2
+fi
 dest=$PWD/.nvrx
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
