@@ -93,7 +93,7 @@ func Connect(ctx context.Context) (*Client, error) {
 		slog.Warn("ftclient: " + EnvSocket + " is not set; fault-tolerance calls are no-ops")
 		return &Client{fd: -1, noop: true}, nil
 	}
-	if err := checkProtocol(os.LookupEnv); err != nil {
+	if err := checkProtocol(); err != nil {
 		return nil, err
 	}
 	return ConnectPath(ctx, path, Options{GlobalRank: envInt(EnvRank), LocalRank: envInt(EnvLocal)})
@@ -105,14 +105,14 @@ func Connect(ctx context.Context) (*Client, error) {
 // TORCHELASTIC_RUN_ID and neither was started by another launcher, such as
 // nvidia-resiliency-ext's ft_launcher, whose monitor reads pickle frames and
 // would leave the handshake unanswered until its timeout.
-func checkProtocol(lookup func(string) (string, bool)) error {
-	proto, set := lookup(ftwire.ProtocolEnv)
+func checkProtocol() error {
+	proto, set := os.LookupEnv(ftwire.ProtocolEnv)
 	if set && proto != ftwire.Protocol {
 		return fmt.Errorf("ftclient: %s=%q: the rank monitor speaks another protocol than this client's %q",
 			ftwire.ProtocolEnv, proto, ftwire.Protocol)
 	}
-	_, elastic := lookup("TORCHELASTIC_RUN_ID")
-	_, ours := lookup("FT_LAUNCHER_RESTARTS_USED")
+	_, elastic := os.LookupEnv("TORCHELASTIC_RUN_ID")
+	_, ours := os.LookupEnv("FT_LAUNCHER_RESTARTS_USED")
 	if !set && elastic && !ours {
 		return fmt.Errorf("ftclient: %s is set by a launcher other than ft-launcher (no %s): "+
 			"nvidia-resiliency-ext's ft_launcher speaks pickle frames; start the job with ft-launcher", EnvSocket, ftwire.ProtocolEnv)

@@ -25,6 +25,8 @@ func python(t *testing.T) string {
 	return p
 }
 
+// TestLightningCallbackUnit runs every tests/test_*.py (unittest discover):
+// the callback's tests, the in-process API's and the protocol check's.
 func TestLightningCallbackUnit(t *testing.T) {
 	cmd := exec.Command(python(t), "-m", "unittest", "discover", "-s", "tests", "-v")
 	out, err := cmd.CombinedOutput()
