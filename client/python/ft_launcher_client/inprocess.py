@@ -140,12 +140,14 @@ class Context:
         if n is not None and n["round"] > self.round:
             raise RestartNotice(n)
 
-    def step(self):
+    def step(self, check=True):
         """Call once per training step: sends a heartbeat, reports the
         first step after an in-process restart, and raises RestartNotice
-        when a restart was announced."""
+        when a restart was announced (with check=False the caller calls
+        check() itself, later)."""
         self._owner._step_done()
-        self.check()
+        if check:
+            self.check()
 
 
 class Snapshot:

@@ -178,7 +178,15 @@ class FaultToleranceCallback(_Base):
 
     def on_train_batch_end(self, trainer, pl_module, *args, **kwargs):
         self.num_iters_total += 1
-        self._heartbeat()
+        if self.inprocess is not None:
+            # The heartbeat through the API, which also reports the first
+            # step after an in-process restart (the launcher's restart is
+            # complete only with every survivor's first step).
+            self.inprocess.step(check=False)
+            if self.saved_checkpoint:
+                self.hb_after_save = True
+        else:
+            self._heartbeat()
         self._maybe_update_timeouts(trainer)
         if self.inprocess is not None:
             self.inprocess.check()  # RestartNotice ends the fit; InProcess.run rejoins

@@ -286,7 +286,7 @@ class LightningTest(_Fixture):
     """The FaultToleranceCallback inside InProcess.run, with the Lightning
     stand-in (Lightning does not install here)."""
 
-    def test_trainer_rebuilt_after_rejoin(self):
+    def _rebuilt_after_rejoin(self, how):
         import sys
 
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -296,24 +296,50 @@ class LightningTest(_Fixture):
 
         ip = self.ip()
         fits = []
+        steps = []
 
         def train(ctx):
             cb = FaultToleranceCallback(autoresume=False, calculate_timeouts=False, inprocess=ctx,
                                         exp_dir=self.dir)
             first = not ctx.restarted
-            t = Trainer([cb], max_steps=6, fail_at_step=3 if first else None, global_rank=0)
-            if first:
-                self.mon.connected.wait(5)
-                threading.Timer(0.1, self.mon.notify, kwargs=notice(1)).start()
+            if how == "collective error":  # the fit fails at step 3, the notice follows
+                t = Trainer([cb], max_steps=6, fail_at_step=3 if first else None, global_rank=0)
+                if first:
+                    self.mon.connected.wait(5)
+                    threading.Timer(0.1, self.mon.notify, kwargs=notice(1)).start()
+            else:  # the notice comes while the fit runs: the callback ends it at a batch's end
+                t = Trainer([cb], max_steps=200 if first else 6, batch_sleep=0.01 if first else 0.0,
+                            global_rank=0)
+                if first:
+                    self.mon.connected.wait(5)
+                    self.mon.notify(**notice(1))
             fits.append(ctx.round)
-            t.fit()
+            try:
+                t.fit()
+            finally:
+                steps.append(t.global_step)
             return t.global_step
 
         self.assertEqual(ip.run(train), 6)
-        ip.close()
         self.assertEqual(fits, [0, 1])
+        if how == "notice":
+            self.assertLess(steps[0], 200, "the notice did not end the first fit")
         # The callback used the API's sessions: one per round, both registered.
         self.assertEqual([h.get("inprocess") for h in self.mon.hellos], [True, True])
+        # The restart is reported complete: rejoined, then the first step
+        # (taken in the rebuilt Trainer), so the launcher does not take the
+        # next failure for one during this restart.
+        self.wait_for(lambda: len(self.mon.reports) == 2)
+        ip.close()
+        self.assertEqual([(r["phase"], r["round"]) for r in self.mon.reports], [("rejoined", 1), ("first_step", 1)])
+        self.assertGreaterEqual(self.mon.reports[1]["first_step_s"], 0)
+
+    def test_trainer_rebuilt_after_rejoin(self):
+        for how in ("collective error", "notice"):
+            with self.subTest(how=how):
+                self.tearDown()
+                self.setUp()
+                self._rebuilt_after_rejoin(how)
 
 
 class SnapshotTest(unittest.TestCase):
