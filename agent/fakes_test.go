@@ -5,12 +5,14 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/ftlauncher/ft-launcher/configs"
+	"github.com/ftlauncher/ft-launcher/eventlog"
 	"github.com/ftlauncher/ft-launcher/ledger"
 	"github.com/ftlauncher/ft-launcher/metrics"
 	"github.com/ftlauncher/ft-launcher/monitor"
@@ -319,6 +321,7 @@ type harness struct {
 	store       *memStore // the job's ledger; a lost peer's lease is put here first
 	agentStore  Store     // nil: --agent-store off
 	monitors    Monitors  // nil: mons (inprocess_test.go passes monitors with in-process support)
+	eventsPath  string    // the agent's JSON-lines event log (set by start)
 }
 
 func newHarness(t *testing.T) *harness {
@@ -345,7 +348,13 @@ func (h *harness) start() <-chan Outcome {
 	if h.store != nil {
 		book = ledger.NewBook("job", "10.0.0.1/42", "host-a", func(err error) { h.t.Error(err) }, h.store)
 	}
-	h.agent = New(Deps{Spare: spare, Ledger: book, Config: h.cfg, Logger: slog.New(slog.DiscardHandler), Metrics: h.met, Ranks: h.ranks, Logs: logs,
+	h.eventsPath = filepath.Join(h.t.TempDir(), "events.jsonl")
+	events, err := eventlog.Open(h.eventsPath, nil)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	h.t.Cleanup(func() { events.Close() })
+	h.agent = New(Deps{Spare: spare, Ledger: book, Config: h.cfg, Logger: slog.New(slog.DiscardHandler), Metrics: h.met, Ranks: h.ranks, Logs: logs, Events: events,
 		Monitors: h.mons, Rdzv: h.rdzv, Signals: h.sigs, Hostname: "host-a", NodeID: "10.0.0.1/42",
 		Environ: h.env, CallTimeout: h.callTimeout, WalltimeSignals: h.walltime, Store: h.agentStore})
 	if h.monitors != nil {
@@ -365,6 +374,22 @@ func (h *harness) outcome(out <-chan Outcome) Outcome {
 		h.t.Fatalf("agent did not end (state %v)", h.agent.State())
 		return Outcome{}
 	}
+}
+
+// events reads the agent's event log: the records of kind.
+func (h *harness) events(kind string) []map[string]any {
+	h.t.Helper()
+	all, err := eventlog.Read(h.eventsPath)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	var out []map[string]any
+	for _, e := range all {
+		if e["event"] == kind {
+			out = append(out, e)
+		}
+	}
+	return out
 }
 
 // metric reads one sample of the harness's metrics (labels as name{k="v"}).

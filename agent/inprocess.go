@@ -380,7 +380,9 @@ func (a *Agent) rejoinOverdue(g RankGroup) {
 // inProcessFallback records that an in-process restart falls back to the
 // full restart (localRank -1: not one survivor's doing).
 func (a *Agent) inProcessFallback(why string, localRank int, reason string) {
-	a.run.inProcessFallbacks++
+	if a.run.cycleFallback == "" { // the first cause stands
+		a.run.cycleFallback = why
+	}
 	a.met.InProcessFallback(why)
 	fields := map[string]any{"round": a.run.asg.Round, "why": why, "reason": reason}
 	if localRank >= 0 {
@@ -547,5 +549,6 @@ func (r *runState) recordCycleMode(c *verdict.Cycle) {
 			c.InProcessMS[p] = ms(d)
 		}
 	}
-	r.cycleMode, r.inProcessPhases = "", nil
+	c.InProcessFallback = r.cycleFallback
+	r.cycleMode, r.inProcessPhases, r.cycleFallback = "", nil, ""
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/ftlauncher/ft-launcher/configs"
+	"github.com/ftlauncher/ft-launcher/eventlog"
 	"github.com/ftlauncher/ft-launcher/ledger"
 	"github.com/ftlauncher/ft-launcher/monitor"
 	"github.com/ftlauncher/ft-launcher/monitor/ftwire"
@@ -141,6 +142,10 @@ func TestInProcessRestart(t *testing.T) {
 	if got := h.metric(`ftlauncher_restarts_by_mode_total{mode="in-process"}`); got != 1 {
 		t.Fatalf("in-process restarts metric %v", got)
 	}
+	rs := h.events(eventlog.Restart)
+	if len(rs) != 1 || rs[0]["action"] != string(policy.RestartInProcess) || rs[0]["mode"] != policy.ModeInProcess {
+		t.Fatalf("restart events %v; want one with action %s, mode %s", rs, policy.RestartInProcess, policy.ModeInProcess)
+	}
 }
 
 // TestInProcessFullRestart: the cases that restart every rank as today.
@@ -178,6 +183,10 @@ func TestInProcessFullRestart(t *testing.T) {
 			if got := h.metric(`ftlauncher_restarts_by_mode_total{mode="full"}`); got != 1 {
 				t.Fatalf("full restarts metric %v", got)
 			}
+			rs := h.events(eventlog.Restart)
+			if len(rs) != 1 || rs[0]["action"] != string(policy.RestartInPlace) || rs[0]["mode"] != policy.ModeFull {
+				t.Fatalf("restart events %v; want one with action %s, mode %s", rs, policy.RestartInPlace, policy.ModeFull)
+			}
 		})
 	}
 }
@@ -213,6 +222,9 @@ func TestInProcessRejoinTimeout(t *testing.T) {
 	if o.Kind != verdict.Succeeded || len(o.Cycles) != 3 || o.Cycles[2].Mode != "full" {
 		t.Fatalf("outcome %+v", o)
 	}
+	if c := o.Cycles; c[1].Mode != "in-process" || c[1].InProcessFallback != "rejoin_timeout" || c[2].InProcessFallback != "" {
+		t.Fatalf("cycles %+v; want the in-process cycle's fallback rejoin_timeout", c)
+	}
 	if got := h.metric(`ftlauncher_inprocess_fallbacks_total{why="rejoin_timeout"}`); got != 1 {
 		t.Fatalf("fallback metric %v", got)
 	}
@@ -240,8 +252,12 @@ func TestInProcessCrashDuringRestart(t *testing.T) {
 	}
 	g2.exit(0, 0, 0)
 	g2.exit(1, 0, 0)
-	if o := h.outcome(out); o.Kind != verdict.Succeeded {
+	o := h.outcome(out)
+	if o.Kind != verdict.Succeeded {
 		t.Fatalf("outcome %+v", o)
+	}
+	if len(o.Cycles) != 3 || o.Cycles[1].InProcessFallback != "failure_during" || o.Cycles[0].InProcessFallback != "" {
+		t.Fatalf("cycles %+v; want the in-process cycle's fallback failure_during", o.Cycles)
 	}
 	if got := h.metric(`ftlauncher_inprocess_fallbacks_total{why="failure_during"}`); got != 1 {
 		t.Fatalf("fallback metric %v", got)

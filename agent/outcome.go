@@ -105,12 +105,12 @@ type runState struct {
 	// In-process restarts (inprocess.go): survivors kept between a failure
 	// and the next round, the log attempts they write to, the restart
 	// being watched, and what the verdict's cycle records of it.
-	kept               *keptRanks
-	keptAtts           []*ranklogs.Attempt
-	rejoin             *rejoinWatch
-	inProcessFallbacks int
-	inProcessPhases    map[string]time.Duration
-	cycleMode          string
+	kept            *keptRanks
+	keptAtts        []*ranklogs.Attempt
+	rejoin          *rejoinWatch
+	inProcessPhases map[string]time.Duration
+	cycleMode       string
+	cycleFallback   string // why this cycle's in-process restart fell back
 }
 
 // maxCycles is how many of the newest cycles the outcome keeps (the verdict

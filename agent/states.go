@@ -399,9 +399,19 @@ func (a *Agent) decideFailure(ctx context.Context, end cycleEnd) State {
 		a.run.closedBy(dec.Close, dec.Code, dec.Reason)
 		return StateDone
 	}
-	a.log.Warn("restarting all ranks", "after_round", asg.Round, "action", string(dec.Action), "reason", end.reason,
+	// The rendezvous decides for the job (restart in place, swap a spare);
+	// whether this node's survivors stay is the node's in-process decision
+	// (keepSurvivors), which names the restart here.
+	action, msg := dec.Action, "restarting all ranks"
+	if a.restartMode() == policy.ModeInProcess {
+		msg = "restarting the failed ranks; the survivors stay in process"
+		if action == policy.RestartInPlace {
+			action = policy.RestartInProcess
+		}
+	}
+	a.log.Warn(msg, "after_round", asg.Round, "action", string(action), "reason", end.reason,
 		"restarts_used", dec.RestartsUsed)
-	a.ev.Emit(eventlog.Restart, map[string]any{"after_round": asg.Round, "action": string(dec.Action), "reason": end.reason,
+	a.ev.Emit(eventlog.Restart, map[string]any{"after_round": asg.Round, "action": string(action), "reason": end.reason,
 		"restarts_used": dec.RestartsUsed, "mode": a.restartMode()})
 	a.restarted(ctx)
 	return StateJoining

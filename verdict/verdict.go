@@ -136,6 +136,10 @@ type Cycle struct {
 	// milliseconds, the slowest survivor's of each: notice, teardown,
 	// rejoin, restore, first_step and total (failure -> first step).
 	InProcessMS map[string]float64 `json:"inprocess_ms,omitempty"`
+	// InProcessFallback says why an in-process cycle fell back to the
+	// full restart (rejoin_timeout, failure_during, notice_failed); empty
+	// when it did not.
+	InProcessFallback string `json:"inprocess_fallback,omitempty"`
 }
 
 // Verdict is the file's content.
