@@ -279,7 +279,8 @@ type fakeMonitors struct {
 	hangs chan monitor.Hang
 	reqs  chan monitor.WorkloadRequest
 	mu    sync.Mutex
-	fired map[int]bool // local rank -> the monitor killed it
+	fired map[int]bool  // local rank -> the monitor killed it
+	hang  *monitor.Hang // what FiredHang returns for its local rank (nil: a zero Hang)
 	ended []bool
 }
 
@@ -300,6 +301,9 @@ func (m *fakeMonitors) LauncherSocket() string                   { return "/none
 func (m *fakeMonitors) FiredHang(cycle, lr int) (monitor.Hang, bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if m.hang != nil && m.hang.LocalRank == lr {
+		return *m.hang, m.fired[lr]
+	}
 	return monitor.Hang{}, m.fired[lr]
 }
 

@@ -54,6 +54,7 @@ const (
 // (*monitor.Manager); monitors without it mean the full restart.
 type InProcessMonitors interface {
 	InProcessCapable(localRank int) bool
+	Silence(localRank int) (monitor.Silence, bool)
 	Notify(localRank int, n ftwire.Rejoin) error
 	InProcessReports() <-chan monitor.InProcessReport
 }
@@ -155,6 +156,10 @@ func (a *Agent) keepSurvivors() bool {
 		survivors = append(survivors, lr)
 		capable = capable && ipm.InProcessCapable(lr)
 	}
+	silent := ""
+	if f == policy.RankHang && capable {
+		silent = silentSurvivor(ipm, survivors, a.hungStopped(end))
+	}
 	asg := a.run.asg
 	w := a.run.rejoin
 	a.run.rejoin = nil
@@ -164,14 +169,18 @@ func (a *Agent) keepSurvivors() bool {
 	during := w != nil && !w.completed
 	d := policy.Decide(policy.Input{Failure: f, RestartsUsed: asg.RestartsUsed, MaxRestarts: asg.MaxRestarts,
 		SparesAvailable: spares, NodesPresent: 1, MinNodes: 1, Mode: a.cfg.RestartMode, AllInProcessCapable: capable && len(survivors) > 0,
-		DuringInProcess: during})
+		DuringInProcess: during, SurvivorSilent: silent != ""})
 	if during && !w.overdue && d.Action != policy.CloseJob { // an overdue rejoin was recorded when it was killed
 		a.inProcessFallback("failure_during", -1, "a failure during the in-process restart of round "+
 			strconv.Itoa(w.round)+": "+end.reason)
 	}
 	if !d.InProcess {
 		if d.Action != policy.CloseJob {
-			a.log.Info("full restart of this node's ranks", "round", asg.Round, "why", d.Why)
+			attrs := []any{"round", asg.Round, "why", d.Why}
+			if silent != "" {
+				attrs = append(attrs, "silent", silent)
+			}
+			a.log.Info("full restart of this node's ranks", attrs...)
 		}
 		return false
 	}
@@ -192,6 +201,56 @@ func (a *Agent) keepSurvivors() bool {
 	a.run.cycle.stopped = time.Now()
 	a.run.group, a.run.att = nil, nil
 	return true
+}
+
+// hungStopped returns, for a hang that ended the cycle, when the hung rank
+// last showed progress as seen from a survivor with heartbeat timeout
+// timeout: its last heartbeat when this node's monitor found it; for
+// another node's hang (only the round's end is known here) the moment it
+// was seen less the survivor's own timeout, which is exact when the nodes
+// share their heartbeat timeouts.
+func (a *Agent) hungStopped(end cycleEnd) func(timeout time.Duration) time.Time {
+	seen := time.Now()
+	if end.kind == endRankFailure && a.d.Monitors != nil {
+		for lr := range end.exitCodes {
+			h, fired := a.d.Monitors.FiredHang(a.run.asg.Round, lr)
+			if !fired {
+				continue
+			}
+			at := h.LastHeartbeat
+			if at.IsZero() {
+				at = h.ExpiredAt.Add(-h.Timeout)
+			}
+			return func(time.Duration) time.Time { return at }
+		}
+	}
+	return func(timeout time.Duration) time.Time { return seen.Add(-timeout) }
+}
+
+// silentSurvivor names the first survivor that may be the hung rank
+// itself, or is indistinguishable from it (policy.Input.SurvivorSilent):
+// found hung by its own monitor, or whose last heartbeat did not come
+// clearly (one heartbeat interval, at least a tenth of its timeout) after
+// the hung rank's last one. In a job whose ranks meet in collectives every
+// rank falls silent within milliseconds of a hang, so heartbeats cannot
+// tell which one hung; a survivor that heartbeated later progressed after
+// the hung rank stopped. "" when every survivor did.
+func silentSurvivor(ipm InProcessMonitors, survivors []int, hungStopped func(timeout time.Duration) time.Time) string {
+	for _, lr := range survivors {
+		s, ok := ipm.Silence(lr)
+		switch {
+		case !ok:
+			continue
+		case s.Hung:
+			return fmt.Sprintf("local rank %d was found hung too", lr)
+		}
+		margin := max(s.MaxInterval, s.Timeout/10)
+		if after := s.Last.Sub(hungStopped(s.Timeout)); after < margin {
+			return fmt.Sprintf("local rank %d's last heartbeat came %s after the hung rank's (under %s): it may be the hung rank or wait for it",
+				lr, after.Round(time.Millisecond), margin.Round(time.Millisecond))
+		}
+	}
+	return ""
 }
 
 // failureTime is when the cycle's first failure was seen.

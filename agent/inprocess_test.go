@@ -27,6 +27,7 @@ type ipMonitors struct {
 	notices chan ftwire.Rejoin
 	reports chan monitor.InProcessReport
 	begun   []int
+	silence map[int]monitor.Silence // local rank -> what Silence reports (absent: no clock)
 }
 
 func newIPMonitors(capable ...int) *ipMonitors {
@@ -42,6 +43,12 @@ func (m *ipMonitors) InProcessCapable(lr int) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.capable[lr]
+}
+func (m *ipMonitors) Silence(lr int) (monitor.Silence, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	s, ok := m.silence[lr]
+	return s, ok
 }
 func (m *ipMonitors) Notify(lr int, n ftwire.Rejoin) error { m.notices <- n; return nil }
 func (m *ipMonitors) InProcessReports() <-chan monitor.InProcessReport {
@@ -348,5 +355,127 @@ func TestInProcessBudget(t *testing.T) {
 	case n := <-m.notices:
 		t.Fatalf("notice %+v after a close", n)
 	default:
+	}
+}
+
+// TestInProcessHangSilentSurvivor: a hang restarts in process only when
+// every survivor heartbeated clearly after the hung rank's last heartbeat;
+// a survivor that stopped with it (blocked in its collective), before it
+// (the real hung rank), or hung itself means the full restart, at once,
+// with one restart spent.
+func TestInProcessHangSilentSurvivor(t *testing.T) {
+	hungAt := time.Now().Add(-3 * time.Second)
+	tests := []struct {
+		name      string
+		silence   map[int]monitor.Silence
+		inProcess bool
+	}{
+		// The hung rank's last heartbeat: hungAt (Hang.LastHeartbeat).
+		{"survivor heartbeated after the hung rank stopped", map[int]monitor.Silence{0: {Last: hungAt.Add(time.Second), Timeout: 3 * time.Second, MaxInterval: 300 * time.Millisecond}}, true},
+		{"survivor without a heartbeat clock", nil, true},
+		{"survivor stopped with it (a collective)", map[int]monitor.Silence{0: {Last: hungAt.Add(5 * time.Millisecond), Timeout: 3 * time.Second, MaxInterval: 300 * time.Millisecond}}, false},
+		{"survivor stopped before it (the hung one)", map[int]monitor.Silence{0: {Last: hungAt.Add(-time.Second), Timeout: 3 * time.Second, MaxInterval: 300 * time.Millisecond}}, false},
+		{"within its longest interval", map[int]monitor.Silence{0: {Last: hungAt.Add(time.Second), Timeout: 3 * time.Second, MaxInterval: 1500 * time.Millisecond}}, false},
+		{"survivor found hung too", map[int]monitor.Silence{0: {Hung: true}}, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			h, m := ipHarness(t, 0, 1)
+			m.silence = tc.silence
+			out := h.start()
+			g0 := h.ranks.wait(t)
+			m.fakeMonitors.mu.Lock()
+			m.fired[1] = true
+			m.fakeMonitors.mu.Unlock()
+			g0.exit(1, 0, syscall.SIGKILL)
+			hang := monitor.Hang{Cycle: 0, LocalRank: 1, GlobalRank: 1, Kind: "heartbeat", Timeout: 3 * time.Second,
+				Elapsed: 3 * time.Second, ExpiredAt: hungAt.Add(3 * time.Second), LastHeartbeat: hungAt, Signal: syscall.SIGKILL}
+			m.fakeMonitors.mu.Lock()
+			m.hang = &hang
+			m.fakeMonitors.mu.Unlock()
+			m.hangs <- hang
+			g1 := h.ranks.wait(t)
+			if tc.inProcess {
+				if len(g1.specs) != 1 || g1.specs[0].LocalRank != 1 || stoppedCount(g0) != 0 {
+					t.Fatalf("started %d ranks, survivors stopped %d times; want only local rank 1, survivor kept",
+						len(g1.specs), stoppedCount(g0))
+				}
+				m.notice(t)
+				m.reports <- monitor.InProcessReport{LocalRank: 0, InProcessReport: ftwire.InProcessReport{Round: 1, Phase: "rejoined"}}
+				m.reports <- monitor.InProcessReport{LocalRank: 0, InProcessReport: ftwire.InProcessReport{Round: 1, Phase: "first_step"}}
+				time.Sleep(100 * time.Millisecond)
+				g0.exit(0, 0, 0)
+				g1.exit(1, 0, 0)
+			} else {
+				if len(g1.specs) != 2 || stoppedCount(g0) != 1 {
+					t.Fatalf("started %d ranks, survivors stopped %d times; want a full restart", len(g1.specs), stoppedCount(g0))
+				}
+				select {
+				case n := <-m.notices:
+					t.Fatalf("notice %+v sent on a full restart", n)
+				default:
+				}
+				g1.exit(0, 0, 0)
+				g1.exit(1, 0, 0)
+			}
+			o := h.outcome(out)
+			mode := map[bool]string{true: policy.ModeInProcess, false: policy.ModeFull}[tc.inProcess]
+			if o.Kind != verdict.Succeeded || len(o.Cycles) != 2 || o.Cycles[0].End != "hang" || o.Cycles[1].Mode != mode {
+				t.Fatalf("outcome %+v; want a hang, then a %s cycle", o, mode)
+			}
+			if len(h.rdzv.fails) != 1 || h.rdzv.fails[0].kind != policy.RankHang {
+				t.Fatalf("fails %+v: one hang, one restart spent", h.rdzv.fails)
+			}
+			if got := h.metric(`ftlauncher_inprocess_fallbacks_total{why="rejoin_timeout"}`); got != 0 {
+				t.Fatalf("rejoin_timeout fallbacks %v", got)
+			}
+		})
+	}
+}
+
+// TestInProcessPeerHang: another node's rank hung. This node knows only
+// when the round ended; it takes the hung rank's last heartbeat as that
+// moment less its ranks' heartbeat timeout: ranks that heartbeated clearly
+// after it stay, ranks silent since about then (blocked in a collective
+// with the hung rank) restart fully.
+func TestInProcessPeerHang(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		silentFor time.Duration // before the round's end, of a 3 s timeout
+		inProcess bool
+	}{
+		{"ranks heartbeating", 100 * time.Millisecond, true},
+		{"ranks silent since the hung rank stopped", 2990 * time.Millisecond, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h, m := ipHarness(t, 0, 1)
+			last := time.Now().Add(-tc.silentFor)
+			m.silence = map[int]monitor.Silence{}
+			for lr := range 2 {
+				m.silence[lr] = monitor.Silence{Last: last, Timeout: 3 * time.Second, MaxInterval: 200 * time.Millisecond}
+			}
+			out := h.start()
+			g0 := h.ranks.wait(t)
+			h.rdzv.endRound(0, rendezvous.RoundEnd{Kind: rendezvous.EndRestart, Round: 0, Reason: "a rank of node b hung", Cause: policy.RankHang})
+			if tc.inProcess {
+				for range 2 {
+					m.notice(t)
+				}
+				if stoppedCount(g0) != 0 {
+					t.Fatal("survivors stopped")
+				}
+			} else {
+				g1 := h.ranks.wait(t)
+				if len(g1.specs) != 2 || stoppedCount(g0) != 1 {
+					t.Fatalf("started %d ranks, survivors stopped %d times; want a full restart", len(g1.specs), stoppedCount(g0))
+				}
+			}
+			h.rdzv.endRound(1, rendezvous.RoundEnd{Kind: rendezvous.EndJobClosed, Round: 1, Code: 1, Close: verdict.FatalError, Reason: "closed"})
+			o := h.outcome(out)
+			mode := map[bool]string{true: policy.ModeInProcess, false: policy.ModeFull}[tc.inProcess]
+			if len(o.Cycles) != 2 || o.Cycles[1].Mode != mode {
+				t.Fatalf("cycles %+v; want the second %s", o.Cycles, mode)
+			}
+		})
 	}
 }

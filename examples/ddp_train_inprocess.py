@@ -16,6 +16,10 @@ rank's heartbeats, 3 steps before it, so a heartbeat timeout finds it):
                         collective fails it sleeps instead of rejoining
   --crash-again-rank R  rank R crashes again at the start of round 1, before
                         its first step (a failure during the in-process restart)
+  --hang-quiet-steps N  the hanging rank stops its heartbeats N steps before
+                        it hangs (default 3, so the heartbeat timeout picks
+                        it); 0: it hangs as in most jobs, its peers waiting in
+                        the collective fall silent with it
 """
 import os
 import sys
@@ -40,12 +44,12 @@ def parse_args(argv):
     rest = []
     it = iter(argv)
     for a in it:
-        if a in ("--stuck-rank", "--crash-again-rank", "--restore"):
+        if a in ("--stuck-rank", "--crash-again-rank", "--restore", "--hang-quiet-steps"):
             extra += [a, next(it)]
         else:
             rest.append(a)
     args = base.parse_args(rest)
-    args.stuck_rank, args.crash_again_rank, args.restore = -1, -1, "checkpoint"
+    args.stuck_rank, args.crash_again_rank, args.restore, args.hang_quiet_steps = -1, -1, "checkpoint", 3
     for k, v in zip(extra[::2], extra[1::2]):
         if k == "--restore":
             if v not in ("checkpoint", "memory"):
@@ -148,9 +152,9 @@ def train(ctx, args, dev):
         loss_val = float(loss.detach())
         if args.step_sleep > 0:
             time.sleep(args.step_sleep)
-        if rank == args.hang_rank and cycle() == 0 and args.hang_at_step - 3 <= step < args.hang_at_step:
-            # The rank about to hang stops its heartbeats 3 steps early, so
-            # the heartbeat timeout picks it, not a peer waiting for it.
+        if rank == args.hang_rank and cycle() == 0 and args.hang_at_step - args.hang_quiet_steps <= step < args.hang_at_step:
+            # The rank about to hang stops its heartbeats early, so the
+            # heartbeat timeout picks it, not a peer waiting for it.
             ctx.check()
         else:
             ctx.step()

@@ -206,21 +206,49 @@ func TestInProcessPrewarmReplacement(t *testing.T) {
 	}
 }
 
-// TestInProcessHang: rank 1 stops heartbeating and hangs; the heartbeat
-// timeout kills it, which breaks rank 0's collective; rank 0 stays and
-// rejoins; the weights equal the uninterrupted run's.
+// TestInProcessHang: rank 1 stops heartbeating 8 steps (2.4 s) before it
+// hangs; the heartbeat timeout kills it, which breaks rank 0's collective;
+// rank 0 heartbeated well after rank 1's last heartbeat, so it is not the
+// hung rank: it stays and rejoins; the weights equal the uninterrupted
+// run's.
 func TestInProcessHang(t *testing.T) {
 	requireTorch(t)
 	want := referenceWeights(t)
 	j, got := runInProcess(t, []string{"--nproc-per-node", "2", "--max-restarts", "2",
-		"--ft-initial-rank-heartbeat-timeout", "120", "--ft-rank-heartbeat-timeout", "3"},
-		inprocessScript(t), "--hang-at-step", "25", "--hang-rank", "1", "--step-sleep", "0.3")
+		"--ft-initial-rank-heartbeat-timeout", "120", "--ft-rank-heartbeat-timeout", "4"},
+		inprocessScript(t), "--hang-at-step", "25", "--hang-rank", "1", "--hang-quiet-steps", "8", "--step-sleep", "0.3")
 	hangs := j.eventsOf("rank_hang")
 	if len(hangs) != 1 || hangs[0]["rank"] != float64(1) {
 		t.Fatalf("rank_hang events %v, want one for rank 1", hangs)
 	}
 	if m := restartModes(j); !slices.Equal(m, []string{"in-process"}) {
 		t.Fatalf("restart modes %v, want one in-process restart", m)
+	}
+	if got.SHA256 != want.SHA256 {
+		t.Fatalf("weights %s, want %s", got.SHA256, want.SHA256)
+	}
+}
+
+// TestInProcessHangSilencesPeers: a rank hangs as in most jobs, its
+// heartbeats stopping with it; its peer, waiting for it in the step's
+// collective, falls silent at the same moment, so heartbeats cannot tell
+// which one hung. The launcher does not keep a silent survivor (it could be
+// the hung rank, which would never rejoin): one full restart, at once, no
+// fallback, and the uninterrupted run's weights.
+func TestInProcessHangSilencesPeers(t *testing.T) {
+	requireTorch(t)
+	want := referenceWeights(t)
+	j, got := runInProcess(t, []string{"--nproc-per-node", "2", "--max-restarts", "2", "--inprocess-rejoin-timeout", "20",
+		"--ft-initial-rank-heartbeat-timeout", "120", "--ft-rank-heartbeat-timeout", "3"},
+		inprocessScript(t), "--hang-at-step", "25", "--hang-rank", "1", "--hang-quiet-steps", "0", "--step-sleep", "0.3")
+	if hangs := j.eventsOf("rank_hang"); len(hangs) < 1 {
+		t.Fatalf("no rank_hang event")
+	}
+	if m := restartModes(j); !slices.Equal(m, []string{"full"}) {
+		t.Fatalf("restart modes %v, want one full restart", m)
+	}
+	if fb := j.eventsOf("inprocess_fallback"); len(fb) != 0 {
+		t.Fatalf("inprocess_fallback events %v, want none", fb)
 	}
 	if got.SHA256 != want.SHA256 {
 		t.Fatalf("weights %s, want %s", got.SHA256, want.SHA256)

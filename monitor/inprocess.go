@@ -38,6 +38,40 @@ func (m *Manager) InProcessCapable(localRank int) bool {
 	return r.inprocess && r.conn != nil
 }
 
+// Silence is a rank's last sign of progress, for telling a hung rank from
+// peers blocked in its collectives (as silent as it is, but only since it
+// stopped).
+type Silence struct {
+	Last        time.Time     // its last heartbeat (before the first: when its session began)
+	Timeout     time.Duration // the timeout in force for that clock
+	MaxInterval time.Duration // its longest heartbeat interval this cycle
+	Hung        bool          // its own monitor found it hung (it is being terminated)
+}
+
+// Silence reports local rank's silence; ok is false when no heartbeat
+// clock runs for it (no session, or heartbeat timeouts off).
+func (m *Manager) Silence(localRank int) (s Silence, ok bool) {
+	if localRank < 0 || localRank >= len(m.ranks) {
+		return s, false
+	}
+	r := m.ranks[localRank]
+	r.drain() // heartbeats in shared memory not read yet
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	switch r.loadPhase() {
+	case phaseHung:
+		return Silence{Hung: true}, true
+	case phaseHeartbeating:
+		s = Silence{Last: m.wall(r.lastHB.Load()), Timeout: r.to.Heartbeat}
+	case phaseInitial:
+		s = Silence{Last: m.wall(r.initAt), Timeout: r.to.InitialHeartbeat}
+	default:
+		return s, false
+	}
+	s.MaxInterval = time.Duration(r.maxIv.Load())
+	return s, s.Timeout > 0
+}
+
 // Notify sends an in-process restart's notice to local rank over its
 // rank-monitor connection. The write never blocks past writeTimeout: a
 // notice is a few hundred bytes and the rank reads its socket.

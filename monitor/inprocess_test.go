@@ -1,10 +1,12 @@
 package monitor
 
 import (
+	"os"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/ftlauncher/ft-launcher/configs"
 	"github.com/ftlauncher/ft-launcher/monitor/ftwire"
 )
 
@@ -88,5 +90,48 @@ func TestInProcessNotRegistered(t *testing.T) {
 	}
 	if err := m.Notify(5, ftwire.Rejoin{}); err == nil {
 		t.Fatal("notify of a local rank that does not exist succeeded")
+	}
+}
+
+// TestSilence: Silence follows the rank's heartbeat clock: none before a
+// session, the session's start before the first heartbeat, then the last
+// heartbeat, and Hung once its monitor found it hung; the Hang record keeps
+// the last heartbeat.
+func TestSilence(t *testing.T) {
+	m := newManager(t, 2, func(ft *configs.FaultTolerance) {
+		ft.InitialRankHeartbeatTimeout = fptr(30)
+		ft.RankHeartbeatTimeout = fptr(1.5)
+	}, "")
+	p := startRank(t, m, "connect;mark connected;sleep 300ms;hb;sleep 200ms;hb;mark beat;sleep 60s")
+	m.BeginCycle(0, map[int]int{0: p.cmd.Process.Pid, 1: os.Getpid()})
+	if _, ok := m.Silence(1); ok {
+		t.Fatal("Silence of a rank without a session reports a clock")
+	}
+	p.waitLine(t, "connected", 10*time.Second)
+	var initial Silence
+	eventually(t, 10*time.Second, "the initial clock", func() bool {
+		s, ok := m.Silence(0)
+		initial = s
+		return ok && s.Timeout == 30*time.Second && !s.Hung
+	})
+	p.waitLine(t, "beat", 10*time.Second)
+	var s Silence
+	eventually(t, 10*time.Second, "the heartbeat clock", func() bool {
+		var ok bool
+		s, ok = m.Silence(0)
+		return ok && s.Timeout == 1500*time.Millisecond
+	})
+	if gap := s.Last.Sub(initial.Last); gap < 450*time.Millisecond || gap > 10*time.Second {
+		t.Fatalf("last heartbeat %v after the session's start, want about 0.5 s", gap)
+	}
+	if s.MaxInterval < 150*time.Millisecond || s.MaxInterval > 10*time.Second {
+		t.Fatalf("longest interval %v, want about 0.2 s", s.MaxInterval)
+	}
+	h := waitHang(t, m, 10*time.Second)
+	if !h.LastHeartbeat.Equal(s.Last) {
+		t.Fatalf("hang's last heartbeat %v, want %v", h.LastHeartbeat, s.Last)
+	}
+	if s, ok := m.Silence(0); !ok || !s.Hung {
+		t.Fatalf("Silence %+v %v after the hang, want Hung", s, ok)
 	}
 }

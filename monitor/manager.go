@@ -80,6 +80,9 @@ type Hang struct {
 	ExpiredAt, SignalledAt       time.Time
 	Signal                       syscall.Signal
 	Escalated                    bool // the termination signal was not SIGKILL and SIGKILL followed after the grace
+	// LastHeartbeat is the rank's last heartbeat before it hung (zero: it
+	// sent none in its session).
+	LastHeartbeat time.Time
 }
 
 // WorkloadRequest is a rank's request received on the launcher socket.

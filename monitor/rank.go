@@ -595,6 +595,9 @@ func (r *rankMon) onTimer() {
 		ExpiredAt: r.m.epoch.Add(time.Duration(e.deadline)),
 		Signal:    r.m.opts.FT.RankTerminationSignal,
 	}
+	if hb := r.lastHB.Load(); hb != 0 {
+		h.LastHeartbeat = r.m.wall(hb)
+	}
 	r.hang = &h
 	pid := r.pid
 	r.mu.Unlock()

@@ -51,6 +51,14 @@ type Input struct {
 	// still under way (a survivor had not rejoined yet); it escalates to
 	// the full restart.
 	DuringInProcess bool
+	// SurvivorSilent: at a hang, a survivor had been silent (no
+	// heartbeat) for over half its heartbeat timeout, or was found hung
+	// itself. In a job whose ranks wait on each other in collectives, a
+	// hung rank's peers fall silent with it, so heartbeats cannot tell the
+	// hung rank from the ranks waiting for it: keeping a silent survivor
+	// could keep the hung rank, which then never rejoins. Only a hang
+	// with every survivor recently heartbeating restarts in process.
+	SurvivorSilent bool
 }
 
 // Restart modes (configs.RestartFull, configs.RestartInProcess).
@@ -116,7 +124,8 @@ func (d Decision) Mode() string {
 //   - with Mode in-process, a restart keeps the survivors in their
 //     processes when every one of them registered as able to
 //     (AllInProcessCapable) and the failure did not come during an
-//     in-process restart (DuringInProcess escalates to the full restart):
+//     in-process restart (DuringInProcess escalates to the full restart)
+//     and, for a hang, no survivor was silent as well (SurvivorSilent):
 //     a rank failure becomes RestartInProcess (same budget), a node
 //     failure keeps its SwapSpare or RestartInPlace with InProcess set
 //     (the spare's ranks start fresh, the other nodes' ranks stay).
@@ -130,6 +139,8 @@ func Decide(in Input) Decision {
 		d.Why += "; a failure during an in-process restart escalates to the full restart"
 	case !in.AllInProcessCapable:
 		d.Why += "; not every survivor registered for an in-process restart: full restart"
+	case in.Failure == RankHang && in.SurvivorSilent:
+		d.Why += "; a survivor was silent too (waiting for the hung rank, or hung itself): full restart"
 	default:
 		d.InProcess = true
 		if d.Action == RestartInPlace && (in.Failure != NodeLost && in.Failure != NodeExcluded && in.Failure != NodeStopped) {

@@ -96,6 +96,9 @@ func TestDecideInProcess(t *testing.T) {
 	}{
 		{"crash, all registered", ip(Input{Failure: RankCrash, MaxRestarts: 3, AllInProcessCapable: true}), RestartInProcess, true, true, ""},
 		{"hang, all registered", ip(Input{Failure: RankHang, RestartsUsed: 1, MaxRestarts: 3, AllInProcessCapable: true}), RestartInProcess, true, true, ""},
+		{"hang, a survivor silent too", ip(Input{Failure: RankHang, MaxRestarts: 3, AllInProcessCapable: true, SurvivorSilent: true}), RestartInPlace, false, true, ""},
+		{"crash: silence is not asked", ip(Input{Failure: RankCrash, MaxRestarts: 3, AllInProcessCapable: true, SurvivorSilent: true}), RestartInProcess, true, true, ""},
+		{"node lost: silence is not asked", ip(Input{Failure: NodeLost, SparesAvailable: 1, AllInProcessCapable: true, SurvivorSilent: true}), SwapSpare, true, false, ""},
 		{"crash, a survivor not registered", ip(Input{Failure: RankCrash, MaxRestarts: 3}), RestartInPlace, false, true, ""},
 		{"crash during an in-process restart escalates", ip(Input{Failure: RankCrash, MaxRestarts: 3, AllInProcessCapable: true, DuringInProcess: true}), RestartInPlace, false, true, ""},
 		{"crash, budget spent", ip(Input{Failure: RankCrash, RestartsUsed: 3, MaxRestarts: 3, AllInProcessCapable: true}), CloseJob, false, false, verdict.RestartBudgetExhausted},
@@ -129,15 +132,18 @@ func TestDecideInProcess(t *testing.T) {
 		for used := 0; used <= 2; used++ {
 			for spares := 0; spares <= 1; spares++ {
 				for _, during := range []bool{false, true} {
-					in := Input{Failure: f, RestartsUsed: used, MaxRestarts: 2, SparesAvailable: spares, NodesPresent: 2, MinNodes: 2}
-					full := Decide(in)
-					in.Mode, in.AllInProcessCapable, in.DuringInProcess = ModeInProcess, true, during
-					d := Decide(in)
-					if d.CountsRestart != full.CountsRestart || d.Close != full.Close || (d.Action == CloseJob) != (full.Action == CloseJob) {
-						t.Fatalf("%+v: in-process %+v differs from full %+v in budget or close", in, d, full)
-					}
-					if d.InProcess == during && d.Action != CloseJob {
-						t.Fatalf("%+v: in-process %v with during=%v", in, d.InProcess, during)
+					for _, silent := range []bool{false, true} {
+						in := Input{Failure: f, RestartsUsed: used, MaxRestarts: 2, SparesAvailable: spares, NodesPresent: 2, MinNodes: 2}
+						full := Decide(in)
+						in.Mode, in.AllInProcessCapable, in.DuringInProcess, in.SurvivorSilent = ModeInProcess, true, during, silent
+						d := Decide(in)
+						if d.CountsRestart != full.CountsRestart || d.Close != full.Close || (d.Action == CloseJob) != (full.Action == CloseJob) {
+							t.Fatalf("%+v: in-process %+v differs from full %+v in budget or close", in, d, full)
+						}
+						want := !during && !(silent && f == RankHang)
+						if d.Action != CloseJob && d.InProcess != want {
+							t.Fatalf("%+v: in-process %v, want %v", in, d.InProcess, want)
+						}
 					}
 				}
 			}
