@@ -55,6 +55,7 @@ type conn struct {
 	waits    []*waiter
 	watching []string
 	overflow bool
+	queued   int64 // bytes of the messages in out (counted in Server.queued)
 }
 
 func newConn(s *Server, nc net.Conn, st *state) *conn {
@@ -79,17 +80,36 @@ func (c *conn) close() {
 }
 
 // push queues a server-initiated message; called under Server.mu. A full
-// queue means the client does not read: it is refused.
+// queue, or queued bytes past MaxQueuedBytesPerConn or (all connections
+// together) MaxQueuedBytes, means the client does not read what it is
+// sent: it is refused, and what it had queued is released when it ends.
 func (c *conn) push(msg []byte) {
 	if c.overflow {
 		return
 	}
+	n := int64(len(msg))
+	lim := &c.s.lim
+	if c.queued+n > lim.MaxQueuedBytesPerConn || c.s.queued+n > lim.MaxQueuedBytes {
+		c.overflow = true
+		c.close()
+		return
+	}
 	select {
 	case c.out <- msg:
+		c.queued += n
+		c.s.queued += n
 	default:
 		c.overflow = true
 		c.close()
 	}
+}
+
+// sent releases the bytes of one queued message once written.
+func (c *conn) sent(n int) {
+	c.s.mu.Lock()
+	c.queued -= int64(n)
+	c.s.queued -= int64(n)
+	c.s.mu.Unlock()
 }
 
 // forgetWait drops w from c's outstanding waits; called under Server.mu.
@@ -110,7 +130,9 @@ func (c *conn) notifyLoop() {
 		case <-c.done:
 			return
 		case msg := <-c.out:
-			if err := c.write(func(w *bufio.Writer) { _, _ = w.Write(msg) }); err != nil {
+			err := c.write(func(w *bufio.Writer) { _, _ = w.Write(msg) })
+			c.sent(len(msg))
+			if err != nil {
 				c.close()
 				return
 			}
@@ -136,6 +158,8 @@ func (c *conn) serve() {
 		s.mu.Lock()
 		c.st.cancelWaits(c)
 		c.st.dropWatches(c)
+		s.queued -= c.queued // messages never written (the notifier returned)
+		c.queued = 0
 		overflow := c.overflow
 		delete(s.conns, c)
 		s.mu.Unlock()
@@ -145,7 +169,8 @@ func (c *conn) serve() {
 		case errors.As(err, &r):
 			s.refuse(c.nc.RemoteAddr(), r.reason, "dialect", c.dialect.String())
 		case overflow:
-			s.refuse(c.nc.RemoteAddr(), "client does not read the server's notifications", "queued", cap(c.out))
+			s.refuse(c.nc.RemoteAddr(), "client does not read the server's notifications", "max_messages", cap(c.out),
+				"max_bytes", s.lim.MaxQueuedBytesPerConn)
 		case errors.Is(err, os.ErrDeadlineExceeded):
 			s.refuse(c.nc.RemoteAddr(), "query or reply not completed in time", "timeout", s.lim.MessageTimeout.String())
 		case err != nil && !isClosed(err):

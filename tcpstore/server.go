@@ -29,6 +29,18 @@ type Limits struct {
 	// MaxKeysPerQuery bounds the keys named by one CHECK, WAIT, MULTI_GET
 	// or MULTI_SET (torch's libuv server allows 128 Ki).
 	MaxKeysPerQuery int
+	// MaxRegsPerConn bounds the wait and watch registrations (one per
+	// key) one connection may hold, so that one connection cannot take
+	// every MaxWaiters slot with a few WAITs on many keys.
+	MaxRegsPerConn int
+	// MaxQueuedBytes bounds the server-initiated messages (wait answers,
+	// watch updates, which carry a key's old and new values) queued for
+	// clients and not yet written, all connections together; the
+	// connection whose message would pass it is refused.
+	MaxQueuedBytes int64
+	// MaxQueuedBytesPerConn bounds them for one connection: a client that
+	// does not read its notifications is refused before it holds much.
+	MaxQueuedBytesPerConn int64
 	// MessageTimeout is how long the rest of a query may take to arrive once
 	// its first byte has, and how long a reply may take to be written. A
 	// connection may stay idle between queries for as long as it likes.
@@ -36,19 +48,24 @@ type Limits struct {
 }
 
 // DefaultLimits are generous for any real job (torch's own libuv server
-// caps keys at 8 KiB and values at 8 MiB) and small enough that a hostile
-// client cannot make the launcher hold more than about a GiB.
+// caps keys at 8 KiB and values at 8 MiB) and small enough that hostile
+// clients cannot make the launcher hold more than about a GiB: 512 MiB of
+// keys, values, registrations and queries being read, 256 MiB of queued
+// notifications, and the connections' buffers (16384 × 8 KiB).
 func DefaultLimits() Limits {
 	return Limits{
-		MaxKeyBytes:     8 << 10,
-		MaxValueBytes:   8 << 20,
-		MaxKeys:         1 << 20,
-		MaxTotalBytes:   512 << 20,
-		MaxConns:        16384,
-		MaxWaiters:      1 << 20,
-		MaxWaitsPerConn: 64,
-		MaxKeysPerQuery: 128 << 10,
-		MessageTimeout:  30 * time.Second,
+		MaxKeyBytes:           8 << 10,
+		MaxValueBytes:         8 << 20,
+		MaxKeys:               1 << 20,
+		MaxTotalBytes:         512 << 20,
+		MaxConns:              16384,
+		MaxWaiters:            1 << 20,
+		MaxWaitsPerConn:       64,
+		MaxKeysPerQuery:       128 << 10,
+		MaxRegsPerConn:        128 << 10,
+		MaxQueuedBytes:        256 << 20,
+		MaxQueuedBytesPerConn: 64 << 20, // four watch updates of the largest value (old and new)
+		MessageTimeout:        30 * time.Second,
 	}
 }
 
@@ -63,6 +80,9 @@ func (l Limits) withDefaults() Limits {
 	orDefault(&l.MaxWaiters, d.MaxWaiters)
 	orDefault(&l.MaxWaitsPerConn, d.MaxWaitsPerConn)
 	orDefault(&l.MaxKeysPerQuery, d.MaxKeysPerQuery)
+	orDefault(&l.MaxRegsPerConn, d.MaxRegsPerConn)
+	orDefault(&l.MaxQueuedBytes, d.MaxQueuedBytes)
+	orDefault(&l.MaxQueuedBytesPerConn, d.MaxQueuedBytesPerConn)
 	orDefault(&l.MessageTimeout, d.MessageTimeout)
 	return l
 }
@@ -85,6 +105,7 @@ type Stats struct {
 	Bytes   int64  // their keys+values
 	Conns   int    // open client connections
 	Waiters int    // outstanding wait and watch registrations (one per key)
+	Queued  int64  // bytes of notifications queued for clients, not yet written
 	Refused uint64 // connections refused or closed for breaking a limit or the protocol, since Listen
 }
 
@@ -109,6 +130,7 @@ type Server struct {
 	closed bool
 	st     *state
 	conns  map[*conn]struct{}
+	queued int64 // bytes of every connection's queued notifications
 }
 
 // Listen binds addr ("host:port", port 0 = any) and serves in goroutines; the
@@ -236,6 +258,7 @@ func (s *Server) Stats() Stats {
 		Bytes:   s.st.bytes,
 		Conns:   len(s.conns),
 		Waiters: s.st.waiters,
+		Queued:  s.queued,
 		Refused: s.refused.Load(),
 	}
 }

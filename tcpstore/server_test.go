@@ -11,6 +11,7 @@ import (
 	"net"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -853,6 +854,120 @@ func TestNotificationOverflow(t *testing.T) {
 	w.expectClosed()
 	if v := must[string](t)(setter.get("/hot")); v != val {
 		t.Fatal("setter's get returned another value")
+	}
+}
+
+// TestQueuedBytesBounded: watch updates carry a key's old and new values,
+// so a watcher that does not read could make the server hold up to 80 of
+// them (gigabytes with large values) before the message count refuses it.
+// The queued bytes are bounded per connection and for all connections
+// together; the refused watcher's bytes are released, and a watcher that
+// reads keeps working.
+func TestQueuedBytesBounded(t *testing.T) {
+	const val = 256 << 10 // one update: about 512 KiB (old and new)
+	for _, tc := range []struct {
+		name             string
+		perConn, allConn int64
+		deaf             int // watchers that never read
+	}{
+		{"one connection's bound", 2 << 20, 64 << 20, 1},
+		{"every connection's bound", 64 << 20, 3 << 20, 3},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := startServer(t, Limits{MessageTimeout: time.Hour, MaxQueuedBytesPerConn: tc.perConn, MaxQueuedBytes: tc.allConn})
+			addr := s.Addr().String()
+			var deaf []*wireClient
+			for range tc.deaf {
+				w := dial(t, addr, dialectLegacy)
+				w.send(opWatchKey, str("/hot"))
+				deaf = append(deaf, w)
+			}
+			setter := dial(t, addr, dialectLegacy)
+			v := strings.Repeat("v", val)
+			peak := int64(0)
+			// Updates enough to fill the sockets' buffers (a few MiB on
+			// loopback) and then the bound, but far fewer than 80 queued
+			// messages of 512 KiB would need to pass it.
+			for i := 0; i < 200 && s.Stats().Refused == 0; i++ {
+				setter.set("/hot", v+strconv.Itoa(i%2))
+				if _, err := setter.get("/hot"); err != nil { // the SET was served
+					t.Fatal(err)
+				}
+				peak = max(peak, s.Stats().Queued)
+			}
+			eventually(t, "a deaf watcher is refused", func() bool { return s.Stats().Refused >= 1 })
+			if bound := min(tc.perConn*int64(tc.deaf), tc.allConn); peak > bound {
+				t.Fatalf("queued %d bytes at the peak, over the bound %d", peak, bound)
+			}
+			for _, w := range deaf {
+				w.nc.Close()
+			}
+			eventually(t, "the queued bytes are released", func() bool { return s.Stats().Queued == 0 })
+			// A watcher that reads is served.
+			r := dial(t, addr, dialectLegacy)
+			r.send(opWatchKey, str("/hot"))
+			if b := must[byte](t)(r.readByte()); b != watchKeyCallbackRegistered {
+				t.Fatalf("watch registration answered %d", b)
+			}
+			setter.set("/hot", "small")
+			if ev := must[watchEvent](t)(r.readWatchEvent()); ev.kind != watchKeyUpdated || ev.new != "small" {
+				t.Fatalf("watch update %+v", ev)
+			}
+		})
+	}
+}
+
+// TestRegsPerConn: one connection cannot take every waiter slot with a few
+// WAITs on many keys (or watches); a key named twice in one WAIT is
+// registered once; other connections still wait.
+func TestRegsPerConn(t *testing.T) {
+	s := startServer(t, Limits{MaxRegsPerConn: 100, MaxWaiters: 150, MaxKeysPerQuery: 1000})
+	addr := s.Addr().String()
+	keys := func(prefix string, n int) []string {
+		out := make([]string, n)
+		for i := range out {
+			out[i] = prefix + strconv.Itoa(i)
+		}
+		return out
+	}
+	greedy := dial(t, addr, dialectV2)
+	greedy.send(opWait, keysArg(keys("/a", 60)))
+	eventually(t, "60 registrations", func() bool { return s.Stats().Waiters == 60 })
+	greedy.send(opWait, keysArg(repeat("/dup", 500))) // one registration
+	eventually(t, "61 registrations", func() bool { return s.Stats().Waiters == 61 })
+	greedy.send(opWait, keysArg(keys("/b", 40))) // 101 > 100
+	greedy.expectClosed()
+	eventually(t, "refused, its registrations dropped", func() bool {
+		st := s.Stats()
+		return st.Refused == 1 && st.Waiters == 0
+	})
+
+	legacy := dial(t, addr, dialectLegacy) // watches count too
+	for _, k := range keys("/w", 100) {
+		legacy.send(opWatchKey, str(k))
+		if b := must[byte](t)(legacy.readByte()); b != watchKeyCallbackRegistered {
+			t.Fatalf("watch registration answered %d", b)
+		}
+	}
+	eventually(t, "100 watches", func() bool { return s.Stats().Waiters == 100 })
+	legacy.send(opWatchKey, str("/w-one-more"))
+	legacy.expectClosed()
+	eventually(t, "refused", func() bool { return s.Stats().Refused == 2 && s.Stats().Waiters == 0 })
+
+	// Another client still waits and is answered.
+	a, b := dial(t, addr, dialectV2), dial(t, addr, dialectV2)
+	done := make(chan error, 1)
+	go func() { done <- a.wait(20*time.Second, keys("/c", 90)...) }()
+	eventually(t, "90 registrations", func() bool { return s.Stats().Waiters == 90 })
+	b.multiSet(func() []string {
+		var kv []string
+		for _, k := range keys("/c", 90) {
+			kv = append(kv, k, "x")
+		}
+		return kv
+	}()...)
+	if err := <-done; err != nil {
+		t.Fatalf("wait: %v", err)
 	}
 }
 

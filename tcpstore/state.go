@@ -234,9 +234,16 @@ func (st *state) queuePop(key string) ([]byte, int) {
 // when they already are (nothing registered).
 func (st *state) wait(c *conn, keys []string) (bool, error) {
 	var missing []string
+	var seen map[string]bool // a key named twice is registered once
+	if len(keys) > 1 {
+		seen = make(map[string]bool, len(keys))
+	}
 	for _, k := range keys {
-		if !st.present(k) {
+		if !st.present(k) && !seen[k] {
 			missing = append(missing, k)
+			if seen != nil {
+				seen[k] = true
+			}
 		}
 	}
 	if len(missing) == 0 {
@@ -257,6 +264,10 @@ func (st *state) canWait(c *conn, keys []string) error {
 	if len(c.waits) >= st.lim.MaxWaitsPerConn {
 		return refusef("connection has %d WAIT queries outstanding, the limit", len(c.waits))
 	}
+	if held := c.regs(); held+len(keys) > st.lim.MaxRegsPerConn {
+		return refusef("connection holds %d wait and watch registrations, a wait on %d more keys would pass the limit of %d",
+			held, len(keys), st.lim.MaxRegsPerConn)
+	}
 	if n := len(keys); st.waiters+n > st.lim.MaxWaiters {
 		return refusef("server has %d wait registrations, a wait on %d more keys would pass the limit of %d", st.waiters, n, st.lim.MaxWaiters)
 	}
@@ -265,6 +276,17 @@ func (st *state) canWait(c *conn, keys []string) error {
 		cost += regCost(k)
 	}
 	return st.room(cost, len(keys))
+}
+
+// regs counts the wait and watch registrations c holds (one per key not
+// yet set of each outstanding wait, one per watch); called under
+// Server.mu. At most MaxWaitsPerConn waits: cheap.
+func (c *conn) regs() int {
+	n := len(c.watching)
+	for _, w := range c.waits {
+		n += w.left
+	}
+	return n
 }
 
 // regOverhead is charged per wait or watch registration beside its key:
@@ -405,6 +427,9 @@ func removeOne[T comparable](m map[string][]T, k string, x T) bool {
 }
 
 func (st *state) watch(c *conn, key string) error {
+	if held := c.regs(); held+1 > st.lim.MaxRegsPerConn {
+		return refusef("connection holds %d wait and watch registrations, the limit", held)
+	}
 	if st.waiters+1 > st.lim.MaxWaiters {
 		return refusef("server has %d wait registrations, the limit", st.waiters)
 	}
