@@ -235,3 +235,136 @@ func TestRefillWaitsForColdImports(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// procState is the state letter of /proc/PID/stat ('T': stopped).
+func procState(t *testing.T, pid int) byte {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	i := strings.LastIndexByte(string(b), ')')
+	return b[i+2]
+}
+
+// waitStopped waits until pid is stopped (a signal is delivered when the
+// process next runs, not when kill returns).
+func waitStopped(t *testing.T, pid int) {
+	t.Helper()
+	deadline := time.Now().Add(testTimeout)
+	for procState(t, pid) != 'T' {
+		if time.Now().After(deadline) {
+			t.Fatalf("process %d is in state %c, want stopped (T)", pid, procState(t, pid))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestIdleStandbysPaused: a cycle that starts only some ranks (an
+// in-process restart's replacement) pauses the standbys still importing
+// whose ranks it does not start, so that their imports do not take CPU
+// from the replacement's, and lets them go on when new standbys would
+// start; a later cycle that needs a paused standby resumes it first.
+func TestIdleStandbysPaused(t *testing.T) {
+	r := newReaper(t)
+	base := t.TempDir()
+	ev := &events{}
+	st, err := NewStarter(Options{Reaper: r, Modules: []string{"json", "ftl_slowimport"}, OnEvent: ev.add,
+		RefillDelay: 700 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(st.Close)
+	dir := filepath.Join(base, "slow")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// Cycle 0: local ranks 0 and 1, cold; their standbys start importing
+	// the slow module (burning CPU) once the delay passed.
+	spec := func(cycle string, lr int) spawn.Spec {
+		d := filepath.Join(base, cycle, fmt.Sprint(lr))
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		o, e := logFiles(t, d)
+		sp := recordCase{}.spec(t, d, filepath.Join(d, "record.json"), o, e, "FTL_SLOW_DIR="+dir, "FTL_SLOW_MODE=burn",
+			"LOCAL_RANK="+fmt.Sprint(lr), "TORCHELASTIC_RESTART_COUNT="+cycle)
+		sp.LocalRank = lr
+		return sp
+	}
+	g, err := st.StartGroup([]spawn.Spec{spec("0", 0), spec("0", 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitAll(t, g, 2)
+	var sb [2]*standby
+	deadline := time.Now().Add(testTimeout)
+	for sb[0] == nil || sb[1] == nil {
+		if time.Now().After(deadline) {
+			t.Fatal("the standbys did not start their slow imports")
+		}
+		time.Sleep(20 * time.Millisecond)
+		st.mu.Lock()
+		sb[0], sb[1] = st.standby[0], st.standby[1]
+		st.mu.Unlock()
+		for i, s := range sb {
+			if s != nil {
+				if _, err := os.Stat(filepath.Join(dir, fmt.Sprint("importing-", s.pid))); err != nil {
+					sb[i] = nil
+				}
+			}
+		}
+	}
+	// Cycle 1 starts only local rank 1 (rank 0 survived in process): its
+	// standby is waited for (released 300 ms on), rank 0's is paused.
+	time.AfterFunc(300*time.Millisecond, func() { _ = os.WriteFile(filepath.Join(dir, "release"), nil, 0o644) })
+	g, err = st.StartGroup([]spawn.Spec{spec("1", 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := ev.of(EventPaused); len(p) != 1 || fmt.Sprint(p[0]["local_ranks"]) != "[0]" || p[0]["round"] != "1" {
+		t.Fatalf("paused events %v, want one for local rank 0 in round 1", p)
+	}
+	waitStopped(t, sb[0].pid)
+	if fb := ev.of(EventFallback); fb[len(fb)-1]["path"] != PathWaited || fb[len(fb)-1]["local_rank"] != 1 {
+		t.Fatalf("cycle 1's rank 1 took %v, want its standby after waiting", fb[len(fb)-1])
+	}
+	waitAll(t, g, 1)
+	// After the delay the paused standby goes on, and ends its import.
+	waitReady(t, st, 0)
+	if r := ev.of(EventResumed); len(r) != 1 || fmt.Sprint(r[0]["local_ranks"]) != "[0]" {
+		t.Fatalf("resumed events %v, want one for local rank 0", r)
+	}
+	if c := procState(t, sb[0].pid); c == 'T' {
+		t.Fatal("rank 0's standby is still stopped")
+	}
+	st.Close()
+	if err := syscall.Kill(sb[0].pid, 0); err != syscall.ESRCH {
+		t.Errorf("standby %d still exists after Close: %v", sb[0].pid, err)
+	}
+}
+
+// TestPausedStandbyResumedWhenNeeded: a cycle that needs a standby an
+// earlier cycle paused resumes it and hands it its rank; Close kills a
+// paused standby.
+func TestPausedStandbyResumedWhenNeeded(t *testing.T) {
+	r := newReaper(t)
+	base := t.TempDir()
+	ev := &events{}
+	st, err := NewStarter(Options{Reaper: r, Modules: []string{"json", "ftl_slowimport"}, OnEvent: ev.add,
+		RefillDelay: 3 * time.Second}) // the pause outlasts the next cycle's start
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(st.Close)
+	dir, s := slowCycle(t, st, base, "burn") // local rank 0's standby importing
+	if _, err := st.StartGroup(nil); err != nil { // a cycle without rank 0
+		t.Fatal(err)
+	}
+	waitStopped(t, s.pid)
+	time.AfterFunc(300*time.Millisecond, func() { _ = os.WriteFile(filepath.Join(dir, "release"), nil, 0o644) })
+	runCycle(t, st, filepath.Join(base, "2"))
+	if w := ev.of(EventWarm); len(w) != 1 {
+		t.Fatalf("warm events %v: the resumed standby should have taken the rank", w)
+	}
+}

@@ -28,6 +28,7 @@ import (
 	"log/slog"
 	"os"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -47,6 +48,8 @@ const (
 	EventDisabled = "prewarm_disabled" // the modules cannot be imported: reason
 	EventReady    = "prewarm_ready"    // a standby has imported the modules: local_rank, pid, import_ms, import_cpu_ms
 	EventWaiting  = "prewarm_waiting"  // a restart waits for a standby's import: local_rank, pid, max_wait_ms, reason
+	EventPaused   = "prewarm_paused"   // standbys still importing, not needed by a cycle, paused while it starts: round, local_ranks
+	EventResumed  = "prewarm_resumed"  // the paused standbys go on importing: local_ranks, paused_ms
 )
 
 // DefaultHandoverTimeout bounds one handover: past it the standby is
@@ -202,6 +205,13 @@ func (st *Starter) StartGroup(specs []spawn.Spec) (agent.RankGroup, error) {
 		st.mu.Unlock()
 		return nil, errors.New("prewarm: starter is closed")
 	}
+	// A standby paused by an earlier cycle that this one needs goes on
+	// first: its rank may wait for its import.
+	for _, sp := range specs {
+		if s := st.standby[sp.LocalRank]; s != nil && s.paused {
+			st.resumeLocked([]*standby{s})
+		}
+	}
 	plans := make([]*plan, len(specs))
 	var cold []spawn.Spec
 	for i, sp := range specs {
@@ -218,7 +228,14 @@ func (st *Starter) StartGroup(specs []spawn.Spec) (agent.RankGroup, error) {
 		}
 	}
 	st.seen = true
+	paused := st.pauseIdleLocked()
 	st.mu.Unlock()
+	round := envValue(specs, "TORCHELASTIC_RESTART_COUNT")
+	if len(paused) > 0 {
+		lrs := localRanks(paused)
+		st.log.Info("pausing standbys still importing: this cycle does not need them", "local_ranks", lrs)
+		st.event(EventPaused, map[string]any{"round": round, "local_ranks": lrs})
+	}
 
 	// The cold ranks start first: nothing they do waits on a standby.
 	var parts []*spawn.Group
@@ -245,9 +262,9 @@ func (st *Starter) StartGroup(specs []spawn.Spec) (agent.RankGroup, error) {
 		return nil
 	}
 	if err := startCold(cold); err != nil {
+		st.resumeLater(paused, nil)
 		return nil, err
 	}
-	round := envValue(specs, "TORCHELASTIC_RESTART_COUNT")
 	for _, p := range plans {
 		if p.wait != nil { // said now: the wait may last seconds
 			st.log.Info("waiting for a standby's import", "local_rank", p.spec.LocalRank, "pid", p.s.pid,
@@ -282,6 +299,7 @@ func (st *Starter) StartGroup(specs []spawn.Spec) (agent.RankGroup, error) {
 	}
 	handoverDone := time.Since(started)
 	if err := startCold(late); err != nil {
+		st.resumeLater(paused, nil)
 		return nil, err
 	}
 	st.report(specs, plans, warm, handoverDone)
@@ -291,8 +309,99 @@ func (st *Starter) StartGroup(specs []spawn.Spec) (agent.RankGroup, error) {
 			coldPIDs = append(coldPIDs, pid)
 		}
 	}
+	st.resumeLater(paused, coldPIDs)
 	st.refill(specs, coldPIDs)
 	return newGroup(parts, warm, len(specs)), nil
+}
+
+// pauseIdleLocked stops (SIGSTOP) every standby still importing whose rank
+// the starting cycle does not start (those of an in-process restart's
+// survivors), so that its import does not take CPU from the ranks that
+// start: the replacement rank, or the standby it waits for. Called with
+// st.mu held, after the cycle's standbys left st.standby.
+func (st *Starter) pauseIdleLocked() []*standby {
+	var paused []*standby
+	for _, s := range st.standby {
+		if s.paused {
+			continue
+		}
+		if _, why := s.usable(); why != stillImporting {
+			continue
+		}
+		s.g.SignalAll(syscall.SIGSTOP)
+		s.paused = true
+		paused = append(paused, s)
+	}
+	return paused
+}
+
+// resumeLocked continues (SIGCONT) the standbys of ss still paused.
+// Called with st.mu held.
+func (st *Starter) resumeLocked(ss []*standby) []*standby {
+	var resumed []*standby
+	for _, s := range ss {
+		if !s.paused {
+			continue
+		}
+		s.paused = false
+		s.g.SignalAll(syscall.SIGCONT)
+		resumed = append(resumed, s)
+	}
+	return resumed
+}
+
+// resumeLater continues the paused standbys when new standbys would start
+// (after RefillDelay, and once the cold ranks are past their imports):
+// then the cycle's ranks have what they need of the CPU. A Close kills
+// them paused (SIGKILL ends a stopped process).
+func (st *Starter) resumeLater(paused []*standby, coldPIDs []int) {
+	if len(paused) == 0 {
+		return
+	}
+	since := time.Now()
+	st.refills.Go(func() {
+		if !st.refillWait(coldPIDs) {
+			return
+		}
+		st.mu.Lock()
+		resumed := st.resumeLocked(paused)
+		st.mu.Unlock()
+		if len(resumed) > 0 {
+			lrs := localRanks(resumed)
+			st.log.Debug("prewarm: paused standbys go on importing", "local_ranks", lrs, "paused", time.Since(since))
+			st.event(EventResumed, map[string]any{"local_ranks": lrs, "paused_ms": ms(time.Since(since))})
+		}
+	})
+}
+
+// refillWait waits RefillDelay, then for the cold ranks' imports
+// (awaitColdImports); false when the Starter closed meanwhile.
+func (st *Starter) refillWait(coldPIDs []int) bool {
+	if st.o.RefillDelay > 0 {
+		t := time.NewTimer(st.o.RefillDelay)
+		defer t.Stop()
+		select {
+		case <-t.C:
+		case <-st.closing:
+			return false
+		}
+	}
+	st.awaitColdImports(coldPIDs)
+	select {
+	case <-st.closing:
+		return false
+	default:
+		return true
+	}
+}
+
+func localRanks(ss []*standby) []int {
+	lrs := make([]int, len(ss))
+	for i, s := range ss {
+		lrs[i] = s.localRank
+	}
+	slices.Sort(lrs)
+	return lrs
 }
 
 // plan decides how p's rank starts, given its standby s (may be nil).
@@ -431,16 +540,9 @@ func (st *Starter) refill(specs []spawn.Spec, coldPIDs []int) {
 		return
 	}
 	st.refills.Go(func() {
-		if st.o.RefillDelay > 0 {
-			t := time.NewTimer(st.o.RefillDelay)
-			defer t.Stop()
-			select {
-			case <-t.C:
-			case <-st.closing:
-				return
-			}
+		if !st.refillWait(coldPIDs) {
+			return
 		}
-		st.awaitColdImports(coldPIDs)
 		for _, sp := range todo {
 			st.startOne(sp)
 		}

@@ -36,6 +36,10 @@ type standby struct {
 	done     chan struct{} // closed when it was reaped
 	exit     spawn.Exit    // valid once done is closed
 
+	// paused: stopped (SIGSTOP) while a cycle that does not need it
+	// starts its ranks (Starter.pauseIdle); under Starter.mu.
+	paused bool
+
 	mu       sync.Mutex
 	failure  string // why it cannot be used (import error, death)
 	diag     tailBuffer
