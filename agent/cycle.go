@@ -221,7 +221,7 @@ func (a *Agent) supervise(ctx context.Context) cycleEnd {
 		case h := <-hangs:
 			a.recordHang(h, hangByRank)
 		case rep := <-ipReps:
-			a.inProcessReport(rep)
+			a.inProcessReport(ctx, rep)
 		case <-rejoinC:
 			rejoinC = nil
 			a.rejoinOverdue(g)

@@ -369,7 +369,7 @@ func (a *Agent) ipReports() <-chan monitor.InProcessReport {
 }
 
 // inProcessReport records a survivor's rejoin or first-step report.
-func (a *Agent) inProcessReport(rep monitor.InProcessReport) {
+func (a *Agent) inProcessReport(ctx context.Context, rep monitor.InProcessReport) {
 	w := a.run.rejoin
 	if w == nil || rep.Round != w.round {
 		return
@@ -410,6 +410,9 @@ func (a *Agent) inProcessReport(rep monitor.InProcessReport) {
 				w.timer.Stop()
 			}
 			a.run.inProcessPhases = w.phases
+			if a.d.Ledger != nil {
+				a.d.Ledger.InProcessRestarted(ctx, w.phases)
+			}
 			a.log.Info("in-process restart complete: every survivor took its first step", "round", w.round,
 				"since_failure", since.Round(time.Millisecond))
 		}

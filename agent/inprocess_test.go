@@ -286,6 +286,15 @@ func TestInProcessLedgerRestarts(t *testing.T) {
 	if recs := h.store.all(); len(recs) != 1 || recs[0].Restarts != nil {
 		t.Fatalf("store after the in-process restart %+v: the count waits for the lease's next write", recs)
 	}
+	// The survivor completes the restart; then it no longer registers, so
+	// the next failure restarts fully.
+	m.reports <- monitor.InProcessReport{LocalRank: 0, InProcessReport: ftwire.InProcessReport{Round: 1, Phase: "rejoined", TeardownS: 0.01, RejoinS: 0.02}}
+	m.reports <- monitor.InProcessReport{LocalRank: 0, InProcessReport: ftwire.InProcessReport{Round: 1, Phase: "first_step",
+		TeardownS: 0.01, RejoinS: 0.02, RestoreS: 0.03, FirstStepS: 0.04}}
+	time.Sleep(100 * time.Millisecond) // the reports are read by the agent's loop
+	m.mu.Lock()
+	m.capable[0] = false
+	m.mu.Unlock()
 	g1.exit(1, 1, 0)
 	g2 := h.ranks.wait(t)
 	g2.exit(0, 0, 0)
@@ -301,6 +310,15 @@ func TestInProcessLedgerRestarts(t *testing.T) {
 	}
 	if len(o.Ledger) != 1 || !maps.Equal(o.Ledger[0].Restarts, want) {
 		t.Fatalf("verdict ledger %+v", o.Ledger)
+	}
+	// The lease keeps the in-process restart's phases (the longest of
+	// each over the lease).
+	ph := recs[0].InProcessMaxMS
+	if ph["restore"] != 30 || ph["first_step"] != 40 || ph["total"] <= 0 || len(ph) != 6 {
+		t.Fatalf("stored lease's in-process phases %v", ph)
+	}
+	if !maps.Equal(o.Ledger[0].InProcessMaxMS, ph) {
+		t.Fatalf("verdict ledger phases %v, stored %v", o.Ledger[0].InProcessMaxMS, ph)
 	}
 }
 

@@ -71,6 +71,11 @@ type Record struct {
 	// cycles). The holder keeps the counts in memory and stores them with
 	// the lease's next write (its end), so a restart costs no etcd write.
 	Restarts map[string]int `json:"restarts,omitempty"`
+	// InProcessMaxMS is, per phase, the longest of the in-process restarts
+	// completed during an Active lease, in milliseconds (notice, teardown,
+	// rejoin, restore, first_step, total: the verdict's inprocess_ms),
+	// kept and stored like Restarts.
+	InProcessMaxMS map[string]float64 `json:"inprocess_max_ms,omitempty"`
 }
 
 // Open reports whether the lease has not ended.
@@ -196,6 +201,28 @@ func (b *Book) Restarted(ctx context.Context, mode string) {
 	b.log(ctx, rec)
 }
 
+// InProcessRestarted folds the phases of an in-process restart completed
+// on this node (the slowest survivor's each) into its open Active lease's
+// InProcessMaxMS, stored like the restart counts.
+func (b *Book) InProcessRestarted(ctx context.Context, phases map[string]time.Duration) {
+	b.mu.Lock()
+	idx := b.openIndex(Active)
+	if idx < 0 || len(phases) == 0 {
+		b.mu.Unlock()
+		return
+	}
+	r := &b.recs[idx]
+	m := make(map[string]float64, len(phases)) // a new map: records handed out share none of it
+	maps.Copy(m, r.InProcessMaxMS)
+	for p, d := range phases {
+		m[p] = max(m[p], float64(d.Microseconds())/1000)
+	}
+	r.InProcessMaxMS = m
+	rec := *r
+	b.mu.Unlock()
+	b.log(ctx, rec)
+}
+
 // openIndex is the index of this node's latest open lease in role, -1 if
 // none; b.mu is held.
 func (b *Book) openIndex(role Role) int {
@@ -313,6 +340,7 @@ func Merge(in []Record) []Record {
 			keep = old
 		}
 		keep.Restarts = maxCounts(old.Restarts, r.Restarts)
+		keep.InProcessMaxMS = maxPhases(old.InProcessMaxMS, r.InProcessMaxMS)
 		byID[r.ID()] = keep
 	}
 	out := make([]Record, 0, len(byID))
@@ -320,6 +348,22 @@ func Merge(in []Record) []Record {
 		out = append(out, r)
 	}
 	SortByStart(out)
+	return out
+}
+
+// maxPhases is each phase's longer time of a and b (nil when both are
+// empty).
+func maxPhases(a, b map[string]float64) map[string]float64 {
+	if len(a) == 0 && len(b) == 0 {
+		return nil
+	}
+	out := maps.Clone(a)
+	if out == nil {
+		out = map[string]float64{}
+	}
+	for k, v := range b {
+		out[k] = max(out[k], v)
+	}
 	return out
 }
 
@@ -423,6 +467,9 @@ func FormatLine(r Record) string {
 	}
 	if len(r.Restarts) > 0 {
 		s += "; restarts " + RestartsString(r.Restarts)
+	}
+	if t, ok := r.InProcessMaxMS["total"]; ok {
+		s += fmt.Sprintf("; slowest in-process restart %.0f ms", t)
 	}
 	if r.ClosedBy != "" {
 		s += " (recorded by " + r.ClosedBy + ")"

@@ -172,7 +172,34 @@ func TestMergeRestarts(t *testing.T) {
 			t.Errorf("Merge(%d records) = %+v", len(in), got)
 		}
 	}
-	if got := Merge([]Record{closed, closed}); got[0].Restarts != nil {
-		t.Errorf("no counts anywhere: %+v", got[0].Restarts)
+	if got := Merge([]Record{closed, closed}); got[0].Restarts != nil || got[0].InProcessMaxMS != nil {
+		t.Errorf("no counts anywhere: %+v", got[0])
+	}
+	// The in-process phases merge the same way: each phase's longest.
+	open.InProcessMaxMS = map[string]float64{"total": 300, "rejoin": 50}
+	open2.InProcessMaxMS = map[string]float64{"total": 200, "rejoin": 80}
+	for _, in := range [][]Record{{open, open2, closed}, {closed, open2, open}} {
+		got := Merge(in)
+		if ph := got[0].InProcessMaxMS; ph["total"] != 300 || ph["rejoin"] != 80 || len(ph) != 2 {
+			t.Errorf("Merge phases %v", ph)
+		}
+	}
+	if line := FormatLine(Merge([]Record{open, closed})[0]); !strings.Contains(line, "slowest in-process restart 300 ms") {
+		t.Errorf("FormatLine = %q", line)
+	}
+}
+
+// TestBookInProcessRestarted: the open Active lease keeps each phase's
+// longest time over its in-process restarts.
+func TestBookInProcessRestarted(t *testing.T) {
+	b := NewBook("j", "a/1", "host", func(err error) { t.Error(err) }, nil)
+	ctx := context.Background()
+	b.InProcessRestarted(ctx, map[string]time.Duration{"total": time.Second}) // no lease: nothing
+	b.Begin(ctx, Active, 0, 0)
+	b.InProcessRestarted(ctx, map[string]time.Duration{"total": 300 * time.Millisecond, "rejoin": 50 * time.Millisecond})
+	b.InProcessRestarted(ctx, map[string]time.Duration{"total": 200 * time.Millisecond, "rejoin": 80 * time.Millisecond})
+	recs := b.Records()
+	if len(recs) != 1 || recs[0].InProcessMaxMS["total"] != 300 || recs[0].InProcessMaxMS["rejoin"] != 80 {
+		t.Fatalf("records %+v", recs)
 	}
 }
