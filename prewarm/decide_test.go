@@ -357,7 +357,7 @@ func TestPausedStandbyResumedWhenNeeded(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(st.Close)
-	dir, s := slowCycle(t, st, base, "burn") // local rank 0's standby importing
+	dir, s := slowCycle(t, st, base, "burn")      // local rank 0's standby importing
 	if _, err := st.StartGroup(nil); err != nil { // a cycle without rank 0
 		t.Fatal(err)
 	}
