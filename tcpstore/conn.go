@@ -10,6 +10,7 @@ import (
 	"os"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -50,6 +51,13 @@ type conn struct {
 	dialect  dialect
 	reserved int64 // bytes held for the query being served, in Server.inflight
 	queried  bool  // a query other than WATCH_KEY has been served
+	// spoke: the connection validated (v2) or sent a query other than
+	// WATCH_KEY; a connection that never did may be a torch 1.13 client's
+	// callback connection, which Reset retires instead of closing.
+	spoke atomic.Bool
+	// retired: an older attempt's callback connection kept open by Reset,
+	// bound to Server.retired; any query other than WATCH_KEY closes it.
+	retired atomic.Bool
 
 	// Under Server.mu:
 	waits    []*waiter
@@ -194,10 +202,17 @@ func (c *conn) serve() {
 				return
 			}
 			if validated {
+				c.spoke.Store(true)
 				continue
 			}
 		}
 		o := c.dialect.op(b)
+		if o != opWatchKey {
+			c.spoke.Store(true)
+			if c.retired.Load() {
+				return // an older attempt's client: it sees nothing of this one
+			}
+		}
 		err = c.handle(o, b)
 		c.release()
 		if err != nil {

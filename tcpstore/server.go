@@ -129,7 +129,10 @@ type Server struct {
 	mu     sync.Mutex
 	closed bool
 	st     *state
-	conns  map[*conn]struct{}
+	// retired holds the watches of older attempts' callback connections
+	// (Reset); nothing ever changes in it.
+	retired *state
+	conns   map[*conn]struct{}
 	queued int64 // bytes of every connection's queued notifications
 }
 
@@ -205,14 +208,38 @@ func (s *Server) acceptLoop() {
 
 // Reset starts a new attempt: every key is dropped, every waiter and current
 // connection is closed. Memory after Reset does not depend on earlier attempts.
+//
+// One kind of connection is retired instead of closed: one that never sent
+// anything but WATCH_KEY, the callback connection every torch 1.13 TCPStore
+// opens and never uses. Closing it makes 1.13's listener thread spin on
+// the closed socket, a core's worth per surviving rank of an in-process
+// restart until it leaves its process group. A retired connection is bound
+// to a state that never changes (its watches never fire) and holds nothing
+// of the old attempt; any other query closes it.
 func (s *Server) Reset() {
 	s.mu.Lock()
 	old := s.conns
 	s.conns = map[*conn]struct{}{}
 	s.st = newState(s.lim)
+	if s.retired == nil {
+		s.retired = newState(s.lim)
+	}
+	closing := make(map[*conn]struct{}, len(old))
+	for c := range old {
+		if c.spoke.Load() {
+			closing[c] = struct{}{}
+			continue
+		}
+		if !c.retired.Load() {
+			c.st.dropWatches(c)
+			c.st = s.retired
+			c.retired.Store(true)
+		}
+		s.conns[c] = struct{}{}
+	}
 	s.mu.Unlock()
-	closeAll(old)
-	s.log.Debug("TCPStore reset", "closed_conns", len(old))
+	closeAll(closing)
+	s.log.Debug("TCPStore reset", "closed_conns", len(closing), "retired_conns", len(old)-len(closing))
 }
 
 // closeAll closes the connections and waits until their goroutines let go
