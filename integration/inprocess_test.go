@@ -172,6 +172,19 @@ func TestInProcessCrashKeepsSurvivors(t *testing.T) {
 					}
 				}
 			}
+			// Each rank of round 1 restored step 20 from where the restore
+			// choice says: the survivors from their in-memory copy with
+			// --restore memory, the replacement (no copy) from the file.
+			for r := 0; r < tc.ranks; r++ {
+				from := `/\S*ckpt_00000020\.pt`
+				if tc.restore == "memory" && r != tc.crash {
+					from = "memory"
+				}
+				re := regexp.MustCompile(fmt.Sprintf(`\[ddp_train rank=%d cycle=1\] restored from %s at step 20 `, r, from))
+				if !re.MatchString(j.stderr.String()) {
+					t.Fatalf("rank %d of round 1 did not log that it restored step 20 from %s", r, from)
+				}
+			}
 			if n := len(j.eventsOf("inprocess_first_step")); n != tc.ranks-1 {
 				t.Fatalf("%d first-step reports, want one per survivor (%d)", n, tc.ranks-1)
 			}
@@ -276,6 +289,27 @@ func TestInProcessFallbacks(t *testing.T) {
 			fb := j.eventsOf("inprocess_fallback")
 			if len(fb) != 1 || fb[0]["why"] != tc.why {
 				t.Fatalf("inprocess_fallback events %v, want one %q", fb, tc.why)
+			}
+			if tc.why == "rejoin_timeout" {
+				// The stuck survivor is killed at the bound (5 s after its
+				// notice): not before, and not much after.
+				var notice map[string]any
+				for _, n := range j.eventsOf("inprocess_notice") {
+					if n["local_rank"] == fb[0]["local_rank"] {
+						notice = n
+					}
+				}
+				if notice == nil {
+					t.Fatalf("no notice to local rank %v", fb[0]["local_rank"])
+				}
+				sent, err1 := time.Parse(time.RFC3339Nano, notice["ts"].(string))
+				killed, err2 := time.Parse(time.RFC3339Nano, fb[0]["ts"].(string))
+				if err1 != nil || err2 != nil {
+					t.Fatal(err1, err2)
+				}
+				if d := killed.Sub(sent); d < 5*time.Second || d > 20*time.Second {
+					t.Fatalf("fallback %s after the notice, want at the 5 s bound", d)
+				}
 			}
 			if m := restartModes(j); !slices.Equal(m, []string{"in-process", "full"}) {
 				t.Fatalf("restart modes %v, want in-process then full", m)
