@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"regexp"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -315,5 +316,35 @@ func checkPrinted(t *testing.T, c *Config, key, value, source string) {
 	}
 	if src := c.Sources[key]; !strings.Contains(src, source) {
 		t.Errorf("source of %s = %q, want one naming %q", key, src, source)
+	}
+}
+
+// TestPrewarmOption: --prewarm (and PET_PREWARM) takes comma-separated
+// dotted module names, "off" or nothing for none; a flag taken as its
+// value and a bad name are refused with what is allowed.
+func TestPrewarmOption(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		env  map[string]string
+		want []string
+		err  string
+	}{
+		{args: []string{"x"}, want: nil},
+		{args: []string{"--prewarm", "torch, torch.distributed", "x"}, want: []string{"torch", "torch.distributed"}},
+		{args: []string{"--prewarm", "off", "x"}, want: nil},
+		{args: []string{"x"}, env: map[string]string{"PET_PREWARM": "torch"}, want: []string{"torch"}},
+		{args: []string{"--prewarm", "--max-restarts", "3", "x"}, err: `needs a value: the Python modules to import ahead, comma-separated (e.g. --prewarm torch,torch.distributed), not the flag "--max-restarts"`},
+		{args: []string{"--prewarm", "torch,1x", "x"}, err: `"1x" is not a Python module name (want dotted names`},
+	} {
+		c, err := Parse(tc.args, func(k string) string { return tc.env[k] }, fakeNet())
+		if tc.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.err) || !strings.Contains(err.Error(), "--prewarm") {
+				t.Errorf("%v: err %v, want one naming --prewarm and %q", tc.args, err, tc.err)
+			}
+			continue
+		}
+		if err != nil || !slices.Equal(c.Prewarm, tc.want) {
+			t.Errorf("%v %v: %q, %v; want %q", tc.args, tc.env, c.Prewarm, err, tc.want)
+		}
 	}
 }

@@ -445,8 +445,13 @@ func parseModuleList(v string) ([]string, error) {
 	var out []string
 	for _, m := range strings.Split(v, ",") {
 		m = strings.TrimSpace(m)
+		if strings.HasPrefix(m, "-") {
+			// "--prewarm --max-restarts 3": the flag took the next argument.
+			return nil, fmt.Errorf("needs a value: the Python modules to import ahead, comma-separated "+
+				"(e.g. --prewarm torch,torch.distributed), not the flag %q", m)
+		}
 		if !pyModuleRE.MatchString(m) {
-			return nil, fmt.Errorf("%q is not a Python module name", m)
+			return nil, fmt.Errorf("%q is not a Python module name (want dotted names, comma-separated, e.g. torch,torch.distributed; or off)", m)
 		}
 		out = append(out, m)
 	}
