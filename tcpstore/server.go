@@ -133,7 +133,7 @@ type Server struct {
 	// (Reset); nothing ever changes in it.
 	retired *state
 	conns   map[*conn]struct{}
-	queued int64 // bytes of every connection's queued notifications
+	queued  int64 // bytes of every connection's queued notifications
 }
 
 // Listen binds addr ("host:port", port 0 = any) and serves in goroutines; the
