@@ -202,16 +202,15 @@ func (c *conn) serve() {
 				return
 			}
 			if validated {
-				c.spoke.Store(true)
+				if !c.speak() {
+					return // an older attempt's client: it sees nothing of this one
+				}
 				continue
 			}
 		}
 		o := c.dialect.op(b)
-		if o != opWatchKey {
-			c.spoke.Store(true)
-			if c.retired.Load() {
-				return // an older attempt's client: it sees nothing of this one
-			}
+		if o != opWatchKey && !c.speak() {
+			return
 		}
 		err = c.handle(o, b)
 		c.release()
@@ -222,6 +221,24 @@ func (c *conn) serve() {
 			c.queried = true
 		}
 	}
+}
+
+// speak marks c as a connection that queries, which Reset closes and never
+// retires; false when Reset retired it already (an older attempt's
+// client, which must see nothing of this attempt). spoke goes from false
+// to true only under Server.mu, where Reset reads it: either Reset sees it
+// and closes c, or this sees retired and serves nothing.
+func (c *conn) speak() bool {
+	if c.spoke.Load() {
+		return true
+	}
+	c.s.mu.Lock()
+	defer c.s.mu.Unlock()
+	if c.retired.Load() {
+		return false
+	}
+	c.spoke.Store(true)
+	return true
 }
 
 // detect picks the dialect from the first query: a v2 client starts with

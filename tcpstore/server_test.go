@@ -1236,3 +1236,27 @@ func TestGarbageClients(t *testing.T) {
 	}
 	t.Logf("stats after the junk: %+v", s.Stats())
 }
+
+// TestResetRacesFirstQuery: a connection whose first query arrives as
+// Reset runs is either closed (Reset saw it query) or retired before the
+// query is served (and then closed by it): the query never reaches the
+// retired state, which must hold nothing.
+func TestResetRacesFirstQuery(t *testing.T) {
+	s := startServer(t, Limits{})
+	addr := s.Addr().String()
+	for i := range 1500 {
+		c := dialRaw(t, addr, dialectLegacy)
+		eventually(t, "accepted", func() bool { return s.Stats().Conns >= 1 })
+		q := concat([]byte{c.code(opSet)}, str("/k"+strconv.Itoa(i)), str("v"))
+		done := make(chan struct{})
+		go func() { _, _ = c.nc.Write(q); close(done) }() // may meet Reset's close
+		s.Reset()
+		<-done
+		c.nc.Close()
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.retired != nil && (len(s.retired.kv) != 0 || s.retired.waiters != 0) {
+		t.Fatalf("the retired state holds %d keys and %d registrations", len(s.retired.kv), s.retired.waiters)
+	}
+}
