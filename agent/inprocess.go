@@ -239,8 +239,8 @@ func silentSurvivor(ipm InProcessMonitors, survivors []int, hungStopped func(tim
 	for _, lr := range survivors {
 		s, ok := ipm.Silence(lr)
 		switch {
-		case !ok:
-			continue
+		case !ok: // no session: nothing says it progressed
+			return fmt.Sprintf("local rank %d has no monitor session", lr)
 		case s.Hung:
 			return fmt.Sprintf("local rank %d was found hung too", lr)
 		}

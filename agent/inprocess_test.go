@@ -390,7 +390,9 @@ func TestInProcessHangSilentSurvivor(t *testing.T) {
 	}{
 		// The hung rank's last heartbeat: hungAt (Hang.LastHeartbeat).
 		{"survivor heartbeated after the hung rank stopped", map[int]monitor.Silence{0: {Last: hungAt.Add(time.Second), Timeout: 3 * time.Second, MaxInterval: 300 * time.Millisecond}}, true},
-		{"survivor without a heartbeat clock", nil, true},
+		{"survivor without a monitor session", nil, false},
+		{"heartbeat timeouts off (sections only), survivor heartbeated after", map[int]monitor.Silence{0: {Last: hungAt.Add(time.Second), MaxInterval: 300 * time.Millisecond}}, true},
+		{"heartbeat timeouts off, survivor stopped with it", map[int]monitor.Silence{0: {Last: hungAt.Add(5 * time.Millisecond), MaxInterval: 300 * time.Millisecond}}, false},
 		{"survivor stopped with it (a collective)", map[int]monitor.Silence{0: {Last: hungAt.Add(5 * time.Millisecond), Timeout: 3 * time.Second, MaxInterval: 300 * time.Millisecond}}, false},
 		{"survivor stopped before it (the hung one)", map[int]monitor.Silence{0: {Last: hungAt.Add(-time.Second), Timeout: 3 * time.Second, MaxInterval: 300 * time.Millisecond}}, false},
 		{"within its longest interval", map[int]monitor.Silence{0: {Last: hungAt.Add(time.Second), Timeout: 3 * time.Second, MaxInterval: 1500 * time.Millisecond}}, false},

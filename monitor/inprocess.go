@@ -48,8 +48,9 @@ type Silence struct {
 	Hung        bool          // its own monitor found it hung (it is being terminated)
 }
 
-// Silence reports local rank's silence; ok is false when no heartbeat
-// clock runs for it (no session, or heartbeat timeouts off).
+// Silence reports local rank's silence; ok is false when it has no
+// session. Timeout is 0 when heartbeat timeouts are off (its heartbeats
+// are still timed).
 func (m *Manager) Silence(localRank int) (s Silence, ok bool) {
 	if localRank < 0 || localRank >= len(m.ranks) {
 		return s, false
@@ -69,7 +70,7 @@ func (m *Manager) Silence(localRank int) (s Silence, ok bool) {
 		return s, false
 	}
 	s.MaxInterval = time.Duration(r.maxIv.Load())
-	return s, s.Timeout > 0
+	return s, true
 }
 
 // Notify sends an in-process restart's notice to local rank over its
