@@ -338,6 +338,31 @@ func TestIdleStandbysPaused(t *testing.T) {
 	if c := procState(t, sb[0].pid); c == 'T' {
 		t.Fatal("rank 0's standby is still stopped")
 	}
+	// Its pause is not counted as import time: the measured import's wall
+	// time bounds later waits.
+	st.mu.Lock()
+	pausedFor := sb[0].pausedFor
+	st.mu.Unlock()
+	if pausedFor < 500*time.Millisecond {
+		t.Fatalf("paused for %s, want about the 0.7 s refill delay", pausedFor)
+	}
+	var ready map[string]any
+	eventually := time.Now().Add(testTimeout)
+	for ready == nil && time.Now().Before(eventually) {
+		for _, e := range ev.of(EventReady) {
+			if e["local_rank"] == 0 {
+				ready = e
+			}
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if ready == nil {
+		t.Fatal("no ready event for local rank 0")
+	}
+	wall := time.Since(sb[0].started)
+	if imp := time.Duration(ready["import_ms"].(float64) * float64(time.Millisecond)); imp > wall-pausedFor {
+		t.Fatalf("measured import %s includes the %s pause (the standby is %s old)", imp, pausedFor, wall)
+	}
 	st.Close()
 	if err := syscall.Kill(sb[0].pid, 0); err != syscall.ESRCH {
 		t.Errorf("standby %d still exists after Close: %v", sb[0].pid, err)
@@ -366,5 +391,32 @@ func TestPausedStandbyResumedWhenNeeded(t *testing.T) {
 	runCycle(t, st, filepath.Join(base, "2"))
 	if w := ev.of(EventWarm); len(w) != 1 {
 		t.Fatalf("warm events %v: the resumed standby should have taken the rank", w)
+	}
+}
+
+// TestClosePausedStandby: Close kills a paused (stopped) standby and
+// reaps it.
+func TestClosePausedStandby(t *testing.T) {
+	r := newReaper(t)
+	ev := &events{}
+	st, err := NewStarter(Options{Reaper: r, Modules: []string{"json", "ftl_slowimport"}, OnEvent: ev.add,
+		RefillDelay: 3 * time.Second}) // the pause lasts past Close
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(st.Close)
+	_, s := slowCycle(t, st, t.TempDir(), "burn")
+	if _, err := st.StartGroup(nil); err != nil { // a cycle without rank 0: its standby pauses
+		t.Fatal(err)
+	}
+	waitStopped(t, s.pid)
+	st.Close()
+	select {
+	case <-s.done:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("the paused standby %d was not reaped after Close", s.pid)
+	}
+	if err := syscall.Kill(s.pid, 0); err != syscall.ESRCH {
+		t.Errorf("standby %d still exists after Close: %v", s.pid, err)
 	}
 }

@@ -329,7 +329,7 @@ func (st *Starter) pauseIdleLocked() []*standby {
 			continue
 		}
 		s.g.SignalAll(syscall.SIGSTOP)
-		s.paused = true
+		s.paused, s.pausedAt = true, time.Now()
 		paused = append(paused, s)
 	}
 	return paused
@@ -345,6 +345,7 @@ func (st *Starter) resumeLocked(ss []*standby) []*standby {
 		}
 		s.paused = false
 		s.g.SignalAll(syscall.SIGCONT)
+		s.pausedFor += time.Since(s.pausedAt)
 		resumed = append(resumed, s)
 	}
 	return resumed
@@ -614,6 +615,9 @@ func (st *Starter) watch(s *standby) {
 	case <-s.ready:
 		took := s.imported
 		st.mu.Lock()
+		// A paused standby was stopped, not importing: its pauses are no
+		// part of what an import takes (the wall time bounds later waits).
+		took.Wall = max(took.Wall-s.pausedFor, took.CPU)
 		if took.CPU > 0 {
 			st.lastImport = took
 		}

@@ -37,8 +37,12 @@ type standby struct {
 	exit     spawn.Exit    // valid once done is closed
 
 	// paused: stopped (SIGSTOP) while a cycle that does not need it
-	// starts its ranks (Starter.pauseIdle); under Starter.mu.
-	paused bool
+	// starts its ranks (Starter.pauseIdle); pausedAt when, pausedFor the
+	// time of the pauses that ended (not part of its import). Under
+	// Starter.mu.
+	paused    bool
+	pausedAt  time.Time
+	pausedFor time.Duration
 
 	mu       sync.Mutex
 	failure  string // why it cannot be used (import error, death)
