@@ -92,6 +92,20 @@ func ipHarness(t *testing.T, capable ...int) (*harness, *ipMonitors) {
 	return h, m
 }
 
+// wantFullRestart asserts that the restart after g0's cycle was a full
+// one: g1 started both ranks, g0 was stopped once, no notice was sent.
+func wantFullRestart(t *testing.T, m *ipMonitors, g0, g1 *fakeGroup) {
+	t.Helper()
+	if len(g1.specs) != 2 || stoppedCount(g0) != 1 {
+		t.Fatalf("restart started %d ranks, old group stopped %d times; want a full restart", len(g1.specs), stoppedCount(g0))
+	}
+	select {
+	case n := <-m.notices:
+		t.Fatalf("notice %+v sent on a full restart", n)
+	default:
+	}
+}
+
 func stoppedCount(g *fakeGroup) int {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -173,14 +187,7 @@ func TestInProcessFullRestart(t *testing.T) {
 			g0 := h.ranks.wait(t)
 			g0.exit(1, 1, 0)
 			g1 := h.ranks.wait(t)
-			if len(g1.specs) != 2 || stoppedCount(g0) != 1 {
-				t.Fatalf("restart started %d ranks, old group stopped %d times; want a full restart", len(g1.specs), stoppedCount(g0))
-			}
-			select {
-			case n := <-m.notices:
-				t.Fatalf("notice %+v sent on a full restart", n)
-			default:
-			}
+			wantFullRestart(t, m, g0, g1)
 			g1.exit(0, 0, 0)
 			g1.exit(1, 0, 0)
 			o := h.outcome(out)
@@ -427,14 +434,7 @@ func TestInProcessHangSilentSurvivor(t *testing.T) {
 				g0.exit(0, 0, 0)
 				g1.exit(1, 0, 0)
 			} else {
-				if len(g1.specs) != 2 || stoppedCount(g0) != 1 {
-					t.Fatalf("started %d ranks, survivors stopped %d times; want a full restart", len(g1.specs), stoppedCount(g0))
-				}
-				select {
-				case n := <-m.notices:
-					t.Fatalf("notice %+v sent on a full restart", n)
-				default:
-				}
+				wantFullRestart(t, m, g0, g1)
 				g1.exit(0, 0, 0)
 				g1.exit(1, 0, 0)
 			}
@@ -485,10 +485,7 @@ func TestInProcessPeerHang(t *testing.T) {
 					t.Fatal("survivors stopped")
 				}
 			} else {
-				g1 := h.ranks.wait(t)
-				if len(g1.specs) != 2 || stoppedCount(g0) != 1 {
-					t.Fatalf("started %d ranks, survivors stopped %d times; want a full restart", len(g1.specs), stoppedCount(g0))
-				}
+				wantFullRestart(t, m, g0, h.ranks.wait(t))
 			}
 			h.rdzv.endRound(1, rendezvous.RoundEnd{Kind: rendezvous.EndJobClosed, Round: 1, Code: 1, Close: verdict.FatalError, Reason: "closed"})
 			o := h.outcome(out)

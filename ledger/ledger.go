@@ -339,8 +339,8 @@ func Merge(in []Record) []Record {
 		if !old.Open() {
 			keep = old
 		}
-		keep.Restarts = maxCounts(old.Restarts, r.Restarts)
-		keep.InProcessMaxMS = maxPhases(old.InProcessMaxMS, r.InProcessMaxMS)
+		keep.Restarts = maxEach(old.Restarts, r.Restarts)
+		keep.InProcessMaxMS = maxEach(old.InProcessMaxMS, r.InProcessMaxMS)
 		byID[r.ID()] = keep
 	}
 	out := make([]Record, 0, len(byID))
@@ -351,32 +351,16 @@ func Merge(in []Record) []Record {
 	return out
 }
 
-// maxPhases is each phase's longer time of a and b (nil when both are
-// empty).
-func maxPhases(a, b map[string]float64) map[string]float64 {
+// maxEach is each key's higher value of a and b (nil when both are
+// empty): restart counts by mode, in-process phase times.
+func maxEach[V int | float64](a, b map[string]V) map[string]V {
 	if len(a) == 0 && len(b) == 0 {
 		return nil
 	}
-	out := maps.Clone(a)
-	if out == nil {
-		out = map[string]float64{}
-	}
+	out := make(map[string]V, len(a)+len(b))
+	maps.Copy(out, a)
 	for k, v := range b {
 		out[k] = max(out[k], v)
-	}
-	return out
-}
-
-// maxCounts is each mode's higher count of a and b (nil when both are
-// empty).
-func maxCounts(a, b map[string]int) map[string]int {
-	if len(a) == 0 && len(b) == 0 {
-		return nil
-	}
-	out := make(map[string]int, len(a)+len(b))
-	maps.Copy(out, a)
-	for m, n := range b {
-		out[m] = max(out[m], n)
 	}
 	return out
 }

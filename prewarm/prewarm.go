@@ -262,7 +262,7 @@ func (st *Starter) StartGroup(specs []spawn.Spec) (agent.RankGroup, error) {
 		return nil
 	}
 	if err := startCold(cold); err != nil {
-		st.resumeLater(paused, nil)
+		st.refill(nil, nil, paused)
 		return nil, err
 	}
 	for _, p := range plans {
@@ -299,7 +299,7 @@ func (st *Starter) StartGroup(specs []spawn.Spec) (agent.RankGroup, error) {
 	}
 	handoverDone := time.Since(started)
 	if err := startCold(late); err != nil {
-		st.resumeLater(paused, nil)
+		st.refill(nil, nil, paused)
 		return nil, err
 	}
 	st.report(specs, plans, warm, handoverDone)
@@ -309,8 +309,7 @@ func (st *Starter) StartGroup(specs []spawn.Spec) (agent.RankGroup, error) {
 			coldPIDs = append(coldPIDs, pid)
 		}
 	}
-	st.resumeLater(paused, coldPIDs)
-	st.refill(specs, coldPIDs)
+	st.refill(specs, coldPIDs, paused)
 	return newGroup(parts, warm, len(specs)), nil
 }
 
@@ -349,30 +348,6 @@ func (st *Starter) resumeLocked(ss []*standby) []*standby {
 		resumed = append(resumed, s)
 	}
 	return resumed
-}
-
-// resumeLater continues the paused standbys when new standbys would start
-// (after RefillDelay, and once the cold ranks are past their imports):
-// then the cycle's ranks have what they need of the CPU. A Close kills
-// them paused (SIGKILL ends a stopped process).
-func (st *Starter) resumeLater(paused []*standby, coldPIDs []int) {
-	if len(paused) == 0 {
-		return
-	}
-	since := time.Now()
-	st.refills.Go(func() {
-		if !st.refillWait(coldPIDs) {
-			return
-		}
-		st.mu.Lock()
-		resumed := st.resumeLocked(paused)
-		st.mu.Unlock()
-		if len(resumed) > 0 {
-			lrs := localRanks(resumed)
-			st.log.Debug("prewarm: paused standbys go on importing", "local_ranks", lrs, "paused", time.Since(since))
-			st.event(EventResumed, map[string]any{"local_ranks": lrs, "paused_ms": ms(time.Since(since))})
-		}
-	})
 }
 
 // refillWait waits RefillDelay, then for the cold ranks' imports
@@ -520,15 +495,20 @@ func (st *Starter) event(kind string, fields map[string]any) {
 // refill starts, in the background and after RefillDelay, a standby for every rank of specs that
 // has none, with that rank's environment and directory; with cold ranks
 // (coldPIDs) it also waits, bounded, until they are likely past their own
-// imports (awaitColdImports).
-func (st *Starter) refill(specs []spawn.Spec, coldPIDs []int) {
+// imports (awaitColdImports). At that point it also continues the standbys
+// the cycle paused (pauseIdleLocked): then the cycle's ranks have what
+// they need of the CPU.
+func (st *Starter) refill(specs []spawn.Spec, coldPIDs []int, paused []*standby) {
 	st.mu.Lock()
-	defer st.mu.Unlock()
-	if st.closed || st.disabled != "" {
-		return
+	defer st.mu.Unlock() // held across refills.Go: Close's Wait cannot begin before it
+	if st.closed {
+		return // Close kills every standby, paused ones too
 	}
 	var todo []spawn.Spec
 	for _, sp := range specs {
+		if st.disabled != "" {
+			break
+		}
 		if _, ok := st.standby[sp.LocalRank]; ok {
 			continue
 		}
@@ -537,17 +517,32 @@ func (st *Starter) refill(specs []spawn.Spec, coldPIDs []int) {
 		}
 		todo = append(todo, sp)
 	}
-	if len(todo) == 0 {
+	if len(todo) == 0 && len(paused) == 0 {
 		return
 	}
+	since := time.Now()
 	st.refills.Go(func() {
 		if !st.refillWait(coldPIDs) {
 			return
 		}
+		st.resume(paused, since)
 		for _, sp := range todo {
 			st.startOne(sp)
 		}
 	})
+}
+
+// resume continues the standbys of paused still paused (since: when they
+// were paused).
+func (st *Starter) resume(paused []*standby, since time.Time) {
+	st.mu.Lock()
+	resumed := st.resumeLocked(paused)
+	st.mu.Unlock()
+	if len(resumed) > 0 {
+		lrs := localRanks(resumed)
+		st.log.Debug("prewarm: paused standbys go on importing", "local_ranks", lrs, "paused", time.Since(since))
+		st.event(EventResumed, map[string]any{"local_ranks": lrs, "paused_ms": ms(time.Since(since))})
+	}
 }
 
 // refillHold bounds how long a refill waits for cold ranks' imports.
