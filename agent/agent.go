@@ -174,7 +174,7 @@ func (a *Agent) Run(ctx context.Context) Outcome {
 		next := a.handle(ctx, a.state)
 		a.transition(next)
 	}
-	a.stopKept() // survivors kept for an in-process restart that never came
+	a.stopKept("the job does not go on") // survivors kept for an in-process restart that never came
 	a.departIfSignaled()
 	if a.d.Spare != nil {
 		a.d.Spare.Close()

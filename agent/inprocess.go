@@ -48,6 +48,10 @@ const (
 	// EventInProcessFallback: an in-process restart fell back to the full
 	// restart (round, why, local_rank when one survivor caused it).
 	EventInProcessFallback = "inprocess_fallback"
+	// EventInProcessReplaced: a kept survivor ended before its round
+	// started (or could not take its notice and was killed), and was
+	// started afresh like the failed rank (round, local_rank, exit).
+	EventInProcessReplaced = "inprocess_replaced"
 )
 
 // InProcessMonitors is what in-process restarts need of the rank monitors
@@ -184,6 +188,11 @@ func (a *Agent) keepSurvivors() bool {
 		}
 		return false
 	}
+	if end.kind == endRoundEnded {
+		// The decision above assumed a spare (see spares); the record
+		// says what the rendezvous decided.
+		d.Why = "the round ended (" + end.rdzvEnd.Reason + "); this node's ranks restart in process"
+	}
 	now := time.Now()
 	a.run.cycle.stopStart = now
 	a.run.kept = &keptRanks{group: a.run.group, survivors: survivors, failedAt: failureTime(end, now), why: d.Why}
@@ -266,12 +275,67 @@ func failureTime(end cycleEnd, now time.Time) time.Time {
 // startInProcess starts the round for kept survivors: the missing ranks
 // start (from a standby when --prewarm has one), every survivor gets the
 // round's notice, then the monitors begin the cycle.
+//
+// A survivor that ended while the round was forming (it gives up waiting
+// for its notice after its notice_wait, e.g. while the round waits for a
+// node to come back), or that cannot take the notice (no monitor session)
+// and ends when killed, is started afresh with the failed ranks: its end
+// is not a failure of the new round and spends nothing more.
 func (a *Agent) startInProcess(specs []spawn.Spec, att *ranklogs.Attempt) error {
 	kept := a.run.kept
 	a.run.kept = nil
 	asg := a.run.asg
-	keep := map[int]bool{}
+	ipm := a.ipMonitors()
+	bound := a.cfg.InProcessRejoinTimeout
+	w := &rejoinWatch{round: asg.Round, failedAt: kept.failedAt, notices: map[int]time.Time{},
+		waiting: map[int]bool{}, stepping: map[int]bool{}, phases: map[string]time.Duration{}}
+	gone := survivorsGone(kept, nil, 0)
+	var unreached, stay []int
 	for _, lr := range kept.survivors {
+		if _, ok := gone[lr]; ok {
+			continue
+		}
+		n := ftwire.Rejoin{Round: asg.Round, Rank: asg.RankBase + lr, LocalRank: lr, WorldSize: asg.WorldSize,
+			MasterAddr: asg.MasterAddr, MasterPort: asg.MasterPort, StorePrefix: StorePrefix(asg.Round),
+			Reason: kept.why, DeadlineS: bound.Seconds()}
+		err := fmt.Errorf("no in-process monitors")
+		if ipm != nil {
+			err = ipm.Notify(lr, n)
+		}
+		if err != nil {
+			a.log.Warn("in-process: a survivor cannot take its notice; killing it", "local_rank", lr, "err", err)
+			_ = signalRank(kept.group, lr, syscall.SIGKILL)
+			unreached = append(unreached, lr)
+			continue
+		}
+		now := time.Now()
+		stay = append(stay, lr)
+		w.notices[lr], w.waiting[lr], w.stepping[lr] = now, true, true
+		a.met.InProcessPhase("notice", now.Sub(kept.failedAt))
+		a.ev.Emit(EventInProcessNotice, map[string]any{"round": asg.Round, "local_rank": lr, "rank": n.Rank,
+			"world_size": n.WorldSize, "store_prefix": n.StorePrefix, "notice_ms": ms(now.Sub(kept.failedAt))})
+	}
+	if len(unreached) > 0 {
+		maps.Copy(gone, survivorsGone(kept, unreached, survivorKillWait))
+		for _, lr := range unreached {
+			if _, ok := gone[lr]; !ok {
+				// Still there after SIGKILL (stuck in the kernel): its end
+				// will be a failure during the in-process restart, which
+				// escalates to the full restart.
+				stay = append(stay, lr)
+				a.inProcessFallback("notice_failed", lr, fmt.Sprintf("local rank %d could not take its notice and did not end within %s of SIGKILL",
+					lr, survivorKillWait))
+			}
+		}
+	}
+	for _, lr := range slices.Sorted(maps.Keys(gone)) {
+		e := gone[lr]
+		a.log.Warn("in-process: a kept survivor ended before its round; starting it afresh", "round", asg.Round,
+			"local_rank", lr, "exit", e.String())
+		a.ev.Emit(EventInProcessReplaced, map[string]any{"round": asg.Round, "local_rank": lr, "exit": e.String()})
+	}
+	keep := map[int]bool{}
+	for _, lr := range stay {
 		keep[lr] = true
 	}
 	var fresh []spawn.Spec
@@ -282,7 +346,7 @@ func (a *Agent) startInProcess(specs []spawn.Spec, att *ranklogs.Attempt) error 
 	}
 	a.run.cycle.spawnStart = time.Now()
 	g := &mixedGroup{}
-	g.add(kept.group, kept.survivors)
+	g.add(kept.group, stay)
 	if len(fresh) > 0 {
 		ng, err := a.d.Ranks.StartGroup(fresh)
 		att.CloseParentEnds()
@@ -301,47 +365,82 @@ func (a *Agent) startInProcess(specs []spawn.Spec, att *ranklogs.Attempt) error 
 	}
 	a.run.cycle.spawned = time.Now()
 	a.run.group, a.run.att = g, att
-	a.run.cycleMode = policy.ModeInProcess
 	a.swapDone()
-	w := &rejoinWatch{round: asg.Round, failedAt: kept.failedAt, notices: map[int]time.Time{},
-		waiting: map[int]bool{}, stepping: map[int]bool{}, phases: map[string]time.Duration{}}
-	a.run.rejoin = w
-	ipm := a.ipMonitors()
-	bound := a.cfg.InProcessRejoinTimeout
-	for _, lr := range kept.survivors {
-		n := ftwire.Rejoin{Round: asg.Round, Rank: asg.RankBase + lr, LocalRank: lr, WorldSize: asg.WorldSize,
-			MasterAddr: asg.MasterAddr, MasterPort: asg.MasterPort, StorePrefix: StorePrefix(asg.Round),
-			Reason: kept.why, DeadlineS: bound.Seconds()}
-		err := fmt.Errorf("no in-process monitors")
-		if ipm != nil {
-			err = ipm.Notify(lr, n)
-		}
-		now := time.Now()
-		if err != nil {
-			// It cannot rejoin: kill it now; its exit is a failure during
-			// the in-process restart, which escalates to the full restart.
-			a.inProcessFallback("notice_failed", lr, "notice to local rank "+strconv.Itoa(lr)+" failed: "+err.Error())
-			_ = g.Signal(lr, syscall.SIGKILL)
-			continue
-		}
-		w.notices[lr], w.waiting[lr], w.stepping[lr] = now, true, true
-		a.met.InProcessPhase("notice", now.Sub(kept.failedAt))
-		a.ev.Emit(EventInProcessNotice, map[string]any{"round": asg.Round, "local_rank": lr, "rank": n.Rank,
-			"world_size": n.WorldSize, "store_prefix": n.StorePrefix, "notice_ms": ms(now.Sub(kept.failedAt))})
-	}
-	if len(w.waiting) > 0 {
-		w.timer = time.NewTimer(bound)
-	}
 	pids := g.PIDs()
 	if a.d.Monitors != nil {
 		a.d.Monitors.BeginCycle(asg.Round, pids)
 	}
-	a.log.Info("in-process restart: survivors notified", "round", asg.Round, "survivors", kept.survivors,
-		"replaced", len(fresh), "rejoin_timeout", bound)
-	a.ev.Emit(eventlog.CycleStarted, map[string]any{"round": asg.Round, "group_rank": asg.GroupRank,
+	fields := map[string]any{"round": asg.Round, "group_rank": asg.GroupRank,
 		"world_size": asg.WorldSize, "pids": pidList(pids), "master_addr": asg.MasterAddr, "master_port": asg.MasterPort,
-		"restarts_used": asg.RestartsUsed, "mode": policy.ModeInProcess, "survivors": kept.survivors})
+		"restarts_used": asg.RestartsUsed}
+	if len(stay) == 0 {
+		// Every survivor ended: this node's ranks all start afresh.
+		a.run.cycleMode = policy.ModeFull
+		a.log.Info("in-process restart: no survivor left on this node; every rank started afresh", "round", asg.Round)
+		a.ev.Emit(eventlog.CycleStarted, fields)
+		return nil
+	}
+	a.run.cycleMode = policy.ModeInProcess
+	a.run.rejoin = w
+	if len(w.waiting) > 0 {
+		w.timer = time.NewTimer(bound)
+	}
+	a.log.Info("in-process restart: survivors notified", "round", asg.Round, "survivors", stay,
+		"replaced", len(fresh), "rejoin_timeout", bound)
+	fields["mode"], fields["survivors"] = policy.ModeInProcess, stay
+	a.ev.Emit(eventlog.CycleStarted, fields)
 	return nil
+}
+
+// survivorKillWait bounds the wait for a survivor that could not take its
+// notice to end after SIGKILL (milliseconds, unless it is stuck in the
+// kernel).
+const survivorKillWait = 2 * time.Second
+
+// survivorsGone collects the exits of kept survivors that have ended:
+// those already reaped, and, for wait > 0, those of want that end within
+// wait. The exits are consumed: the new round's group does not run them.
+func survivorsGone(kept *keptRanks, want []int, wait time.Duration) map[int]spawn.Exit {
+	gone := map[int]spawn.Exit{}
+	isKept := map[int]bool{}
+	for _, lr := range kept.survivors {
+		isKept[lr] = true
+	}
+	missing := func() bool {
+		for _, lr := range want {
+			if _, ok := gone[lr]; !ok {
+				return true
+			}
+		}
+		return false
+	}
+	var deadline <-chan time.Time
+	if wait > 0 {
+		t := time.NewTimer(wait)
+		defer t.Stop()
+		deadline = t.C
+	}
+	for {
+		select {
+		case e := <-kept.group.Exits():
+			if isKept[e.LocalRank] {
+				gone[e.LocalRank] = e
+			}
+			continue
+		default:
+		}
+		if deadline == nil || !missing() {
+			return gone
+		}
+		select {
+		case e := <-kept.group.Exits():
+			if isKept[e.LocalRank] {
+				gone[e.LocalRank] = e
+			}
+		case <-deadline:
+			return gone
+		}
+	}
 }
 
 // StorePrefix is the c10d store prefix of a round's process group: the one
@@ -463,16 +562,17 @@ func (a *Agent) closeKeptLogs() {
 	a.run.keptAtts = nil
 }
 
-// stopKept stops survivors still kept when the job ends before the next
-// round started them (a close, a signal, a lost rendezvous).
-func (a *Agent) stopKept() {
+// stopKept stops survivors still kept when no round will start them: the
+// job ends first (a close, a signal, a lost rendezvous), or this node is
+// parked as a standby.
+func (a *Agent) stopKept(why string) {
 	k := a.run.kept
 	if k == nil {
 		return
 	}
 	a.run.kept = nil
 	res := k.group.Stop(syscall.SIGTERM, a.cfg.WorkersStopTimeout)
-	a.log.Info("stopped the kept survivors: the job does not go on", "exits", len(res.Exits))
+	a.log.Info("stopped the kept survivors", "why", why, "exits", len(res.Exits))
 	a.closeKeptLogs()
 }
 
@@ -583,19 +683,23 @@ func (m *mixedGroup) SignalAll(sig syscall.Signal) {
 // Signal signals one current rank's process group.
 func (m *mixedGroup) Signal(localRank int, sig syscall.Signal) error {
 	for _, p := range m.parts {
-		if !p.ranks[localRank] {
-			continue
+		if p.ranks[localRank] {
+			return signalRank(p.g, localRank, sig)
 		}
-		if s, ok := p.g.(rankSignaler); ok {
-			return s.Signal(localRank, sig)
-		}
-		pid := p.g.PIDs()[localRank]
-		if pid <= 0 {
-			return fmt.Errorf("no pid for local rank %d", localRank)
-		}
-		return syscall.Kill(-pid, sig)
 	}
 	return fmt.Errorf("no local rank %d in the group", localRank)
+}
+
+// signalRank signals one rank's process group in g.
+func signalRank(g RankGroup, localRank int, sig syscall.Signal) error {
+	if s, ok := g.(rankSignaler); ok {
+		return s.Signal(localRank, sig)
+	}
+	pid := g.PIDs()[localRank]
+	if pid <= 0 {
+		return fmt.Errorf("no pid for local rank %d", localRank)
+	}
+	return syscall.Kill(-pid, sig)
 }
 
 // recordCycleMode writes the finished cycle's restart mode and in-process

@@ -2,7 +2,10 @@ package agent
 
 import (
 	"context"
+	"fmt"
 	"maps"
+	"slices"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -28,6 +31,7 @@ type ipMonitors struct {
 	reports chan monitor.InProcessReport
 	begun   []int
 	silence map[int]monitor.Silence // local rank -> what Silence reports (absent: no clock)
+	refuse  map[int]bool            // local ranks whose notice fails (no session)
 }
 
 func newIPMonitors(capable ...int) *ipMonitors {
@@ -50,7 +54,16 @@ func (m *ipMonitors) Silence(lr int) (monitor.Silence, bool) {
 	s, ok := m.silence[lr]
 	return s, ok
 }
-func (m *ipMonitors) Notify(lr int, n ftwire.Rejoin) error { m.notices <- n; return nil }
+func (m *ipMonitors) Notify(lr int, n ftwire.Rejoin) error {
+	m.mu.Lock()
+	refused := m.refuse[lr]
+	m.mu.Unlock()
+	if refused {
+		return fmt.Errorf("monitor: local rank %d has no session", lr)
+	}
+	m.notices <- n
+	return nil
+}
 func (m *ipMonitors) InProcessReports() <-chan monitor.InProcessReport {
 	return m.reports
 }
@@ -494,5 +507,139 @@ func TestInProcessPeerHang(t *testing.T) {
 				t.Fatalf("cycles %+v; want the second %s", o.Cycles, mode)
 			}
 		})
+	}
+}
+
+// TestInProcessSurvivorGone: a kept survivor that ended before its round
+// started (it gave up waiting for its notice while the round waited for a
+// node), or could not take its notice and ended when killed, is started
+// afresh with the failed ranks: no failure is reported for it, no second
+// restart is spent, and the other survivors still restart in process.
+// When no survivor is left the node's ranks all start afresh (mode full).
+func TestInProcessSurvivorGone(t *testing.T) {
+	tests := []struct {
+		name      string
+		nproc     int
+		died      []int // survivors that end while the node waits for the round
+		refused   []int // survivors whose notice fails
+		wantFresh []int
+		wantStay  []int
+	}{
+		{"ended while waiting for the round", 3, []int{0}, nil, []int{0, 1}, []int{2}},
+		{"notice refused, killed", 3, nil, []int{2}, []int{1, 2}, []int{0}},
+		{"every survivor gone", 3, []int{0}, []int{2}, []int{0, 1, 2}, nil},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			h, m := ipHarness(t, 0, 1, 2)
+			h.cfg.NProcPerNode = tc.nproc
+			for _, lr := range tc.refused {
+				if m.refuse == nil {
+					m.refuse = map[int]bool{}
+				}
+				m.refuse[lr] = true
+			}
+			release := make(chan struct{})
+			h.rdzv.next[1] = func(ctx context.Context) (rendezvous.Assignment, error) {
+				<-release
+				return active(1, 1)(ctx)
+			}
+			out := h.start()
+			g0 := h.ranks.wait(t)
+			g0.exit(1, 1, 0) // ranks 0 and 2 are kept
+			waitFor(t, func() bool {
+				h.rdzv.mu.Lock()
+				defer h.rdzv.mu.Unlock()
+				return len(h.rdzv.fails) == 1
+			})
+			for _, lr := range tc.died {
+				g0.exit(lr, 1, 0) // "no restart notice within 60 s"
+			}
+			close(release)
+			g1 := h.ranks.wait(t)
+			var fresh []int
+			for _, s := range g1.specs {
+				fresh = append(fresh, s.LocalRank)
+			}
+			if !slices.Equal(fresh, tc.wantFresh) {
+				t.Fatalf("round 1 started local ranks %v; want %v", fresh, tc.wantFresh)
+			}
+			var noticed []int
+			for range tc.wantStay {
+				noticed = append(noticed, m.notice(t).LocalRank)
+			}
+			if !slices.Equal(noticed, tc.wantStay) {
+				t.Fatalf("notices to %v; want %v", noticed, tc.wantStay)
+			}
+			for lr := range tc.nproc {
+				if slices.Contains(tc.wantStay, lr) {
+					g0.exit(lr, 0, 0)
+				} else {
+					g1.exit(lr, 0, 0)
+				}
+			}
+			o := h.outcome(out)
+			if o.Kind != verdict.Succeeded {
+				t.Fatalf("outcome %+v", o)
+			}
+			h.rdzv.mu.Lock()
+			fails := len(h.rdzv.fails)
+			h.rdzv.mu.Unlock()
+			if fails != 1 {
+				t.Fatalf("%d failures reported; want 1 (a survivor's end before its round is not a failure)", fails)
+			}
+			var replaced []int
+			for _, e := range h.events(EventInProcessReplaced) {
+				replaced = append(replaced, int(e["local_rank"].(float64)))
+			}
+			gone := slices.Sorted(slices.Values(append(append([]int{}, tc.died...), tc.refused...)))
+			if !slices.Equal(replaced, gone) {
+				t.Fatalf("inprocess_replaced events for %v; want %v", replaced, gone)
+			}
+			if fb := h.events(EventInProcessFallback); len(fb) != 0 {
+				t.Fatalf("fallback events %v", fb)
+			}
+			wantMode := "in-process"
+			if len(tc.wantStay) == 0 {
+				wantMode = "full"
+			}
+			if len(o.Cycles) != 2 || o.Cycles[1].Mode != wantMode {
+				t.Fatalf("cycles %+v; want the second %s", o.Cycles, wantMode)
+			}
+		})
+	}
+}
+
+// TestInProcessKeptThroughStandby: survivors kept for an in-process
+// restart are stopped when the next round parks this node as a standby
+// (another node took its slot); they are never notified into a later
+// round, and the filler parks only after they stopped.
+func TestInProcessKeptThroughStandby(t *testing.T) {
+	h, m := ipHarness(t, 0, 1)
+	h.spare = &fakeSpare{}
+	h.rdzv.next = append(h.rdzv.next[:1], standbyIn(1), active(2, 1))
+	out := h.start()
+	g0 := h.ranks.wait(t)
+	h.rdzv.endRound(0, rendezvous.RoundEnd{Kind: rendezvous.EndRestart, Round: 0, Reason: "a rank of node b failed",
+		Cause: policy.RankCrash, Action: policy.RestartInPlace})
+	g2 := h.ranks.wait(t)
+	if len(g2.specs) != 2 || stoppedCount(g0) != 1 {
+		t.Fatalf("round 2 started %d ranks and the survivors were stopped %d times; want 2 fresh ranks, survivors stopped once",
+			len(g2.specs), stoppedCount(g0))
+	}
+	select {
+	case n := <-m.notices:
+		t.Fatalf("notice %+v sent to survivors of round 0", n)
+	default:
+	}
+	h.rdzv.endRound(2, rendezvous.RoundEnd{Kind: rendezvous.EndJobClosed, Round: 2, Code: 1, Close: verdict.FatalError, Reason: "closed"})
+	h.outcome(out)
+	kept := h.events(EventInProcessKept)
+	if len(kept) != 1 || !strings.Contains(kept[0]["why"].(string), "the round ended (a rank of node b failed)") {
+		t.Fatalf("inprocess_kept events %v; want one whose why names the round's end", kept)
+	}
+	rs := h.events(eventlog.Restart)
+	if len(rs) != 1 || rs[0]["action"] != string(policy.RestartInProcess) {
+		t.Fatalf("restart events %v; want one with action %s", rs, policy.RestartInProcess)
 	}
 }

@@ -206,6 +206,10 @@ func classifyRdzvErr(err error) verdict.Kind {
 // runs meanwhile.
 func (a *Agent) standby(ctx context.Context) State {
 	asg := a.run.asg
+	// Survivors kept for an in-process restart have no round to rejoin
+	// here: this node's slot went to another node. They must not hold the
+	// node (its GPUs) while the filler runs.
+	a.stopKept("this node is a standby in round " + strconv.Itoa(asg.Round))
 	if a.d.Store != nil {
 		_ = a.d.Store.Round(asg) // a standby serves no store: only closes one
 	}
@@ -399,15 +403,10 @@ func (a *Agent) decideFailure(ctx context.Context, end cycleEnd) State {
 		a.run.closedBy(dec.Close, dec.Code, dec.Reason)
 		return StateDone
 	}
-	// The rendezvous decides for the job (restart in place, swap a spare);
-	// whether this node's survivors stay is the node's in-process decision
-	// (keepSurvivors), which names the restart here.
-	action, msg := dec.Action, "restarting all ranks"
-	if a.restartMode() == policy.ModeInProcess {
+	action := a.restartAction(dec.Action)
+	msg := "restarting all ranks"
+	if action == policy.RestartInProcess {
 		msg = "restarting the failed ranks; the survivors stay in process"
-		if action == policy.RestartInPlace {
-			action = policy.RestartInProcess
-		}
 	}
 	a.log.Warn(msg, "after_round", asg.Round, "action", string(action), "reason", end.reason,
 		"restarts_used", dec.RestartsUsed)
@@ -439,10 +438,26 @@ func (a *Agent) decideRoundEnded(ctx context.Context, end cycleEnd) State {
 		a.run.closedBy(e.Close, e.Code, e.Reason)
 		return StateDone
 	}
-	a.log.Warn("round ended by the job; restarting", "round", asg.Round, "reason", e.Reason)
-	a.ev.Emit(eventlog.Restart, map[string]any{"after_round": asg.Round, "reason": e.Reason, "mode": a.restartMode()})
+	action := a.restartAction(e.Action)
+	a.log.Warn("round ended by the job; restarting", "round", asg.Round, "reason", e.Reason, "action", string(action))
+	fields := map[string]any{"after_round": asg.Round, "reason": e.Reason, "mode": a.restartMode()}
+	if action != "" {
+		fields["action"] = string(action)
+	}
+	a.ev.Emit(eventlog.Restart, fields)
 	a.restarted(ctx)
 	return StateJoining
+}
+
+// restartAction names the restart for this node's records: the
+// rendezvous decides for the job (restart in place, swap a spare), and
+// whether this node's survivors stay is the node's in-process decision
+// (keepSurvivors), which turns a restart in place into restart_in_process.
+func (a *Agent) restartAction(job policy.Action) policy.Action {
+	if job == policy.RestartInPlace && a.restartMode() == policy.ModeInProcess {
+		return policy.RestartInProcess
+	}
+	return job
 }
 
 // quarantineForHangs takes this node out of the job after repeated hang

@@ -165,7 +165,7 @@ func (e *Etcd) fireLocked(r int, s *endSub) {
 		if reason == "" {
 			reason = fmt.Sprintf("round %d superseded by round %d", r, e.ctlRound)
 		}
-		end = RoundEnd{Kind: EndRestart, Round: r, Reason: reason, Node: le.Node, Cause: le.Cause, LedgerBy: le.LedgerBy}
+		end = RoundEnd{Kind: EndRestart, Round: r, Reason: reason, Node: le.Node, Cause: le.Cause, Action: le.Action, LedgerBy: le.LedgerBy}
 	default:
 		return
 	}

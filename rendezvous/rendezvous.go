@@ -66,6 +66,9 @@ type RoundEnd struct {
 	// Cause is what ended the round, when known (node_lost for a node
 	// loss, the failing node's failure kind otherwise).
 	Cause policy.Failure
+	// Action is the restart policy's decision that opened the next round
+	// (Kind == EndRestart; empty when unknown, e.g. an older launcher's).
+	Action policy.Action
 	// LedgerBy is the node that recorded Node's loss in the job's ledger
 	// in the same txn that ended the round (exactly once, and before any
 	// node saw the end); empty when the end did not, and then the agent
