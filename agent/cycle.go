@@ -214,6 +214,9 @@ func (a *Agent) supervise(ctx context.Context) cycleEnd {
 				a.rankFailed(e, hangs, hangByRank, &end)
 				return end
 			}
+			if a.survivorLeft(e, &end) {
+				return end
+			}
 			if remaining == 0 {
 				end.kind = endSuccess
 				return end

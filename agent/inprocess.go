@@ -518,6 +518,28 @@ func (a *Agent) inProcessReport(ctx context.Context, rep monitor.InProcessReport
 	}
 }
 
+// survivorLeft ends the cycle as a failure when a survivor of the running
+// in-process restart exits, even with code 0, before it rejoined: it never
+// will (its training function had returned, say, and it was finishing when
+// the peer failed), and the ranks of the round wait for it (a clean exit
+// would leave them waiting until the store's timeout). The failure comes
+// during the in-process restart, so the job falls back to the full
+// restart. A survivor that rejoined and then exits 0 has finished.
+func (a *Agent) survivorLeft(e spawn.Exit, end *cycleEnd) bool {
+	w := a.run.rejoin
+	if w == nil || !w.waiting[e.LocalRank] {
+		return false
+	}
+	asg := a.run.asg
+	end.kind = endRankFailure
+	end.reason = fmt.Sprintf("local rank %d (rank %d) %s during the in-process restart of round %d, before it rejoined",
+		e.LocalRank, asg.RankBase+e.LocalRank, exitText(e), w.round)
+	end.failures = append(end.failures, ranklogs.Failure{LocalRank: e.LocalRank, GlobalRank: asg.RankBase + e.LocalRank,
+		PID: e.PID, ExitCode: e.TorchExitCode(), Time: e.At})
+	a.log.Warn("a survivor left during the in-process restart", "local_rank", e.LocalRank, "how", exitText(e))
+	return true
+}
+
 // rejoinOverdue kills the survivors that have not rejoined within the
 // bound; their exits end the cycle and the job falls back to the full
 // restart.

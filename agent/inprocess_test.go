@@ -291,6 +291,39 @@ func TestInProcessCrashDuringRestart(t *testing.T) {
 	}
 }
 
+// TestInProcessSurvivorExitsCleanly: a survivor that exits with code 0
+// after its notice, before it rejoined (its training function had
+// returned and it was finishing when the peer failed), never will: its
+// exit is a failure during the in-process restart, not a rank done, so the
+// job restarts fully instead of waiting for it.
+func TestInProcessSurvivorExitsCleanly(t *testing.T) {
+	h, m := ipHarness(t, 0, 1)
+	out := h.start()
+	g0 := h.ranks.wait(t)
+	g0.exit(1, 1, 0)
+	g1 := h.ranks.wait(t)
+	m.notice(t)
+	g0.exit(0, 0, 0)
+	g2 := h.ranks.wait(t)
+	if len(g2.specs) != 2 {
+		t.Fatalf("after the survivor left, %d ranks started; want a full restart of 2", len(g2.specs))
+	}
+	if stoppedCount(g1) != 1 {
+		t.Fatal("the replacement rank was not stopped for the full restart")
+	}
+	g2.exit(0, 0, 0)
+	g2.exit(1, 0, 0)
+	o := h.outcome(out)
+	if o.Kind != verdict.Succeeded || len(o.Cycles) != 3 || o.Cycles[1].InProcessFallback != "failure_during" {
+		t.Fatalf("outcome %+v; want success after a full restart, the in-process cycle's fallback failure_during", o)
+	}
+	h.rdzv.mu.Lock()
+	defer h.rdzv.mu.Unlock()
+	if len(h.rdzv.fails) != 2 || !strings.Contains(h.rdzv.fails[1].reason, "exited with code 0 during the in-process restart") {
+		t.Fatalf("fails %+v; want the clean exit reported as the second failure", h.rdzv.fails)
+	}
+}
+
 // TestInProcessLedgerRestarts: a job with an in-process restart and then a
 // full one (the replacement crashed before the survivor's first step) ends
 // with one Active lease that counts both, written with the lease's end:
@@ -571,6 +604,12 @@ func TestInProcessSurvivorGone(t *testing.T) {
 			if !slices.Equal(noticed, tc.wantStay) {
 				t.Fatalf("notices to %v; want %v", noticed, tc.wantStay)
 			}
+			for _, lr := range tc.wantStay {
+				for _, ph := range []string{"rejoined", "first_step"} {
+					m.reports <- monitor.InProcessReport{LocalRank: lr, InProcessReport: ftwire.InProcessReport{Round: 1, Phase: ph}}
+				}
+			}
+			time.Sleep(100 * time.Millisecond) // the reports are read by the agent's loop
 			for lr := range tc.nproc {
 				if slices.Contains(tc.wantStay, lr) {
 					g0.exit(lr, 0, 0)

@@ -277,6 +277,14 @@ func (p *parser) finish(positional []string, m machine) error {
 	if c.Module && c.NoPython {
 		return usageErr("--no-python", "-m/--module and --no-python cannot be used together: -m runs a python module, --no-python runs an executable directly; pick one")
 	}
+	if c.RestartMode == RestartInProcess && !c.AgentStore {
+		// Survivors rebuild their process group against the launcher's
+		// store; with the rank-0 store a surviving rank 0 cannot bind it
+		// again, so every restart would be a full one.
+		return usageErr(p.sourceOr("restart-mode", "--restart-mode"), "%s in-process needs the launcher's store (--agent-store on, the default), but %s is off: "+
+			"survivors rebuild their process group against it; use --restart-mode full with --agent-store off",
+			p.sourceOr("restart-mode", "--restart-mode"), p.sourceOr("agent-store", "--agent-store"))
+	}
 	if c.Standalone {
 		var overridden []string
 		for _, k := range []string{"rdzv-backend", "rdzv-endpoint", "rdzv-id"} {
@@ -455,4 +463,13 @@ func editDistance(a, b string) int {
 		prev, cur = cur, prev
 	}
 	return prev[len(b)]
+}
+
+// sourceOr names where option name's value came from (a flag, a PET_
+// variable, a YAML key), or def when it is the default.
+func (p *parser) sourceOr(name, def string) string {
+	if s := p.source[name]; s != "" {
+		return s
+	}
+	return def
 }

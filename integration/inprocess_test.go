@@ -439,3 +439,59 @@ func activeVictim(t *testing.T, c *cluster) int {
 	t.Fatalf("no active node besides the etcd host\n%s", c.stderrs())
 	return -1
 }
+
+// TestInProcessNodeLossWaitsForNode: two launchers (--nnodes 2:3, two ranks
+// each, --max-restarts 1) and no spare; an active node other than the etcd
+// host is killed, and a new node comes 6 s later. The surviving node's ranks
+// are kept, but they give up waiting for their notice after 2 s
+// (FT_INPROCESS_NOTICE_WAIT) and exit: when the round closes they start
+// afresh, which is not a failure of the new round. The job succeeds with
+// its one restart (before the fix their old exits failed the new round, a
+// second restart the budget did not have), with the uninterrupted weights.
+func TestInProcessNodeLossWaitsForNode(t *testing.T) {
+	requireTorch(t)
+	want := uninterruptedWeights(t, "4")
+	c := newCluster(t, embeddedEndpoint(t))
+	ckpt := filepath.Join(c.dir, "ckpt")
+	out := filepath.Join(c.dir, "w.json")
+	add := func() *job {
+		return c.addNode([]string{"PYTHON_EXEC=" + debianPython, "FT_INPROCESS_NOTICE_WAIT=2"}, "--nnodes", "2:3",
+			"--nproc-per-node", "2", "--max-restarts", "1", "--rdzv-backend", "c10d", "--restart-mode", "in-process",
+			inprocessScript(t), "--ckpt-dir", ckpt, "--out", out, "--step-sleep", "0.1")
+	}
+	add()
+	add()
+	waitFile(t, filepath.Join(ckpt, "ckpt_00000020.pt"), torchTimeout)
+	if err := c.nodes[1].cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	c.nodes[1].wait(torchTimeout)
+	time.Sleep(6 * time.Second)
+	add()
+	for _, i := range []int{0, 2} {
+		if code := c.nodes[i].wait(torchTimeout); code != 0 {
+			t.Fatalf("node %d exited %d\n%s", i, code, c.stderrs())
+		}
+	}
+	if got := readWeights(t, out); got.SHA256 != want.SHA256 || got.WorldSize != 4 {
+		t.Fatalf("weights %s world %d, want %s world 4", got.SHA256, got.WorldSize, want.SHA256)
+	}
+	n0 := c.nodes[0]
+	if k := n0.eventsOf("inprocess_kept"); len(k) != 1 {
+		t.Fatalf("node 0: inprocess_kept %v, want one\n%s", k, c.stderrs())
+	}
+	var replaced []int
+	for _, e := range n0.eventsOf("inprocess_replaced") {
+		replaced = append(replaced, int(e["local_rank"].(float64)))
+	}
+	slices.Sort(replaced)
+	if !slices.Equal(replaced, []int{0, 1}) {
+		t.Fatalf("node 0: inprocess_replaced for local ranks %v, want [0 1]\n%s", replaced, c.stderrs())
+	}
+	if f := n0.eventsOf("inprocess_fallback"); len(f) != 0 {
+		t.Fatalf("node 0: fallbacks %v", f)
+	}
+	if r := n0.eventsOf("restart"); len(r) != 1 || r[0]["action"] != "restart_in_process" {
+		t.Fatalf("node 0: restarts %v, want one, restart_in_process", r)
+	}
+}

@@ -250,12 +250,17 @@ class RankMonitorClient:
         self._tail = 0
         self._head = 0
         self._lock = threading.Lock()  # orders ring pushes from several threads
+        # Set while ft_launcher_client.inprocess replaces the session at an
+        # in-process restart: heartbeats from other threads are no-ops then.
+        self._rejoining = False
+        self._sessions_ended = 0  # sessions shut down so far
 
     # -- session ---------------------------------------------------------
 
     def init_workload_monitoring(self, iteration=None, num_warmup_iters=None):
         if self.is_initialized:
             raise RankMonitorClientError("init_workload_monitoring called twice")
+        self._ids = {}  # a new session knows no section names yet
         path = os.environ.get(SOCKET_ENV)
         if not path:
             self._noop = True
@@ -351,6 +356,7 @@ class RankMonitorClient:
         return self._shm_words is not None
 
     def shutdown_workload_monitoring(self):
+        self._sessions_ended += 1
         self._unmap_shm()
         if self._sock is not None:
             try:
@@ -369,7 +375,7 @@ class RankMonitorClient:
     def _ready(self):
         if self._sock is not None:
             return True
-        if self._noop:
+        if self._noop or self._rejoining:
             return False
         if not os.environ.get(SOCKET_ENV):
             self._noop = True
@@ -382,15 +388,23 @@ class RankMonitorClient:
     def send_heartbeat(self):
         if self._sock is None and not self._ready():
             return
-        self._calc.heartbeat()
-        w = self._shm_words
-        if w is not None:
-            # Time first, then the count: the monitor reads the count first.
-            w[_SHM_TIME] = time.monotonic_ns()
-            self._shm_count += 1
-            w[_SHM_COUNT] = self._shm_count
-            return
-        self._sock.send(_HEARTBEAT)
+        ended = self._sessions_ended
+        try:
+            self._calc.heartbeat()
+            w = self._shm_words
+            if w is not None:
+                # Time first, then the count: the monitor reads the count first.
+                w[_SHM_TIME] = time.monotonic_ns()
+                self._shm_count += 1
+                w[_SHM_COUNT] = self._shm_count
+                return
+            self._sock.send(_HEARTBEAT)
+        except (AttributeError, ValueError, OSError):
+            # The session went away under this thread: an in-process
+            # restart replaces it (the next heartbeat goes to the new one).
+            if self._rejoining or self._sessions_ended != ended:
+                return
+            raise
 
     def _push(self, kind, ident, iteration):
         """Append one section event to the ring and publish it (never drops

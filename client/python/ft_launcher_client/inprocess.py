@@ -51,10 +51,12 @@ NOTICE_WAIT_ENV = "FT_INPROCESS_NOTICE_WAIT"
 DEFAULT_NOTICE_WAIT = 60.0
 
 
-class RestartNotice(Exception):
+class RestartNotice(BaseException):
     """Raised by :meth:`Context.step` (and :meth:`Context.check`) when the
     launcher announced an in-process restart: the training function
-    unwinds and :meth:`InProcess.run` rejoins."""
+    unwinds and :meth:`InProcess.run` rejoins. A BaseException, like
+    KeyboardInterrupt, so that a training loop's ``except Exception``
+    does not swallow it."""
 
     def __init__(self, notice):
         super().__init__("in-process restart into round %d" % notice["round"])
@@ -166,11 +168,13 @@ class Snapshot:
         self._state = copy.deepcopy(state)
         self.step = step
 
-    def load(self):
-        """Return (step, a copy of the state), or (None, None) when empty."""
+    def load(self, step=None):
+        """Return (step, a copy of the state), or (None, None) when empty or,
+        with ``step`` given, when the copy holds another step (the ranks'
+        copies can differ by one checkpoint: see docs/inprocess.md)."""
         import copy
 
-        if self._state is None:
+        if self._state is None or (step is not None and step != self.step):
             return None, None
         return self.step, copy.deepcopy(self._state)
 
@@ -195,6 +199,10 @@ class InProcess:
         if notice_wait is None:
             notice_wait = float(os.environ.get(NOTICE_WAIT_ENV, DEFAULT_NOTICE_WAIT))
         self.notice_wait = notice_wait
+        if isinstance(timeout, (int, float)):
+            import datetime
+
+            timeout = datetime.timedelta(seconds=timeout)
         self.timeout = timeout
         self.monitor = monitor if monitor is not None else RankMonitorClient()
         self.snapshot = Snapshot()
@@ -215,11 +223,17 @@ class InProcess:
             self._reader.start()
 
     def _reconnect(self):
-        self.monitor.shutdown_workload_monitoring()
-        if self._reader is not None:
-            self._reader.join(timeout=5)
-            self._reader = None
-        self._connect()
+        # Heartbeats from the user's other threads are no-ops meanwhile;
+        # section calls belong to the training thread, which is this one.
+        self.monitor._rejoining = True
+        try:
+            self.monitor.shutdown_workload_monitoring()
+            if self._reader is not None:
+                self._reader.join(timeout=5)
+                self._reader = None
+            self._connect()
+        finally:
+            self.monitor._rejoining = False
 
     def _deliver(self, notice):
         with self._cv:
@@ -303,10 +317,16 @@ class InProcess:
             self._init_pg()
             return train(Context(self), *args, **kwargs)
         self._connect()
-        self._init_pg()
         ctx = Context(self)
+        built = False
         while True:
             try:
+                if not built:
+                    # Inside the try: a peer that dies before the first
+                    # group is up fails init_process_group here, and this
+                    # rank, registered already, is kept and notified.
+                    self._init_pg()
+                    built = True
                 return train(ctx, *args, **kwargs)
             except RestartNotice as e:
                 notice = e.notice
@@ -318,12 +338,16 @@ class InProcess:
                 # launcher's notice follows. If none comes this rank is the
                 # failure: re-raise.
                 noticed = time.monotonic()
+                if not built:  # say it now: a misconfiguration fails here too
+                    log.warning("in-process: init_process_group failed: %r; waiting up to %.0f s for the launcher's notice",
+                                e, self.notice_wait)
                 notice = self._wait_notice(ctx.round, self.notice_wait)
                 if notice is None:
                     log.error("in-process: no restart notice within %.0f s after %r; failing", self.notice_wait, e)
                     raise
                 log.warning("in-process: %r; rejoining round %d", e, notice["round"])
             ctx = self._rejoin(ctx, notice, noticed)
+            built = True
 
     def _rejoin(self, old, notice, noticed):
         t0 = time.monotonic()

@@ -28,14 +28,18 @@ def _recv_exact(c, n):
     return buf
 
 
-def _read_len_frame(c):
+def _read_uvarint(c):
     n, shift = 0, 0
     while True:
         b = _recv_exact(c, 1)[0]
         n |= (b & 0x7F) << shift
         shift += 7
         if not b & 0x80:
-            return _recv_exact(c, n)
+            return n
+
+
+def _read_len_frame(c):
+    return _recv_exact(c, _read_uvarint(c))
 
 
 class FakeMonitor:
@@ -50,6 +54,7 @@ class FakeMonitor:
         self.hellos = []
         self.reports = []
         self.sessions = []
+        self.sections = []  # (session index, "define"/"open"/"close", section id)
         self.connected = threading.Event()
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -72,6 +77,7 @@ class FakeMonitor:
             with self.lock:
                 self.hellos.append(hello)
                 self.sessions.append(c)
+                sid = len(self.sessions) - 1
             self.connected.set()
             while True:
                 t = c.recv(1)
@@ -82,6 +88,23 @@ class FakeMonitor:
                     if t[0] == 0x47:
                         with self.lock:
                             self.reports.append(json.loads(p))
+                    elif t[0] == 0x42:  # DefineSection: uvarint id, then the name
+                        i, shift, k = 0, 0, 0
+                        while True:
+                            b = p[k]
+                            k += 1
+                            i |= (b & 0x7F) << shift
+                            shift += 7
+                            if not b & 0x80:
+                                break
+                        with self.lock:
+                            self.sections.append((sid, "define", i))
+                elif t[0] in (0x02, 0x03, 0x05):  # section open/close (and the iteration)
+                    i = _read_uvarint(c)
+                    if t[0] == 0x05:
+                        _read_uvarint(c)
+                    with self.lock:
+                        self.sections.append((sid, "close" if t[0] == 0x03 else "open", i))
         except (OSError, EOFError):
             return
 
@@ -273,6 +296,111 @@ class InProcessTest(_Fixture):
             ip.run(train)
         ip.close()
 
+    def test_peer_dies_before_the_first_group(self):
+        # init_process_group fails (a peer died while this rank built its
+        # first group): this rank is registered, so it waits for the
+        # notice and rejoins instead of failing (a failure during the
+        # in-process restart would spend a second restart).
+        ip = self.ip()
+        fails = [RuntimeError("Connection reset by peer")]
+
+        def init_pg():
+            self.pg.inits.append(dict(os.environ))
+            if fails:
+                self.mon.connected.wait(5)
+                threading.Timer(0.1, self.mon.notify, kwargs=notice(1)).start()
+                raise fails.pop()
+
+        ip._init_pg = init_pg
+        rounds = []
+        self.assertEqual(ip.run(lambda ctx: rounds.append(ctx.round) or "done"), "done")
+        ip.close()
+        self.assertEqual(rounds, [1])
+        self.assertEqual(len(self.pg.inits), 2)
+        self.assertEqual(self.pg.inits[1]["TORCHELASTIC_RESTART_COUNT"], "1")
+
+    def test_restart_notice_is_not_an_exception(self):
+        # A loop's broad "except Exception" must not swallow the notice.
+        ip = self.ip()
+        swallowed = []
+
+        def train(ctx):
+            if ctx.round == 0:
+                self.mon.connected.wait(5)
+                self.mon.notify(**notice(1))
+                while True:
+                    try:
+                        ctx.step()
+                    except Exception as e:  # noqa: BLE001 (what user code does)
+                        swallowed.append(e)
+                    time.sleep(0.01)
+            return ctx.round
+
+        self.assertEqual(ip.run(train), 1)
+        ip.close()
+        self.assertEqual(swallowed, [])
+
+    def test_timeout_in_seconds(self):
+        import datetime
+
+        self.assertEqual(self.ip(timeout=90).timeout, datetime.timedelta(seconds=90))
+        self.assertEqual(self.ip(timeout=datetime.timedelta(minutes=2)).timeout, datetime.timedelta(minutes=2))
+        self.assertIsNone(self.ip().timeout)
+
+    def test_sections_are_defined_again_in_the_new_session(self):
+        # Section ids belong to a monitor session: after a rejoin the
+        # client defines them again before using them.
+        ip = self.ip()
+
+        def train(ctx):
+            ctx.monitor.start_section("step")
+            ctx.monitor.end_section("step")
+            if ctx.round == 0:
+                self.mon.connected.wait(5)
+                threading.Timer(0.1, self.mon.notify, kwargs=notice(1)).start()
+                raise RuntimeError("peer gone")
+            return ctx.round
+
+        self.assertEqual(ip.run(train), 1)
+        ip.close()
+        self.wait_for(lambda: sum(1 for s in self.mon.sections if s[0] == 1) == 3)
+        with self.mon.lock:
+            second = [s[1:] for s in self.mon.sections if s[0] == 1]
+        self.assertEqual(second, [("define", 0), ("open", 0), ("close", 0)])
+
+    def test_heartbeats_from_another_thread_during_a_rejoin(self):
+        # A heartbeat thread keeps running while the API replaces the
+        # session: its calls in between are no-ops, never errors. (Socket
+        # heartbeats: the fake monitor hands out no shared region.)
+        ip = self.ip()
+        errors, stop = [], threading.Event()
+
+        def beat():
+            while not stop.is_set():
+                try:
+                    ip.monitor.send_heartbeat()
+                except BaseException as e:  # noqa: BLE001
+                    errors.append(e)
+                    return
+
+        def train(ctx):
+            if ctx.round == 0:
+                threading.Thread(target=beat, daemon=True).start()
+                self.mon.connected.wait(5)
+                time.sleep(0.05)
+            if ctx.round < 6:  # rejoin six times while the thread beats
+                self.wait_for(lambda: len(self.mon.hellos) == ctx.round + 1)  # the fake has this session
+                self.mon.notify(**notice(ctx.round + 1))
+                raise RuntimeError("peer gone")
+            return ctx.round
+
+        try:
+            self.assertEqual(ip.run(train), 6)
+        finally:
+            stop.set()
+            ip.close()
+        self.assertEqual(errors, [])
+
     def test_without_a_launcher_runs_once(self):
         os.environ.pop(SOCKET_ENV)
         ip = self.ip()
@@ -354,6 +482,14 @@ class SnapshotTest(unittest.TestCase):
         self.assertEqual((step, got), (10, {"model": {"w": [1, 2]}}))
         got["model"]["w"].append(9)  # nor does the restored copy's use
         self.assertEqual(s.load()[1], {"model": {"w": [1, 2]}})
+
+    def test_load_for_a_step(self):
+        # The step the ranks agreed on: a copy of another step is not used.
+        s = inprocess.Snapshot()
+        self.assertEqual(s.load(8), (None, None))
+        s.save(8, model={"w": 1})
+        self.assertEqual(s.load(8), (8, {"model": {"w": 1}}))
+        self.assertEqual(s.load(4), (None, None))
 
 
 if __name__ == "__main__":
