@@ -101,9 +101,11 @@ func (a *Agent) startCycle() error {
 			Stderr:    errw,
 		}
 	}
+	a.run.freshSteps = map[int]bool{}
 	if a.run.kept != nil {
 		return a.startInProcess(specs, att)
 	}
+	a.run.rejoin = nil // every rank starts afresh: no survivor to follow
 	a.run.cycle.spawnStart = time.Now()
 	g, err := a.d.Ranks.StartGroup(specs)
 	att.CloseParentEnds() // the ranks hold their ends of the log pipes now

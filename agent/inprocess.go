@@ -170,13 +170,13 @@ func (a *Agent) keepSurvivors() bool {
 	if w != nil && w.timer != nil {
 		w.timer.Stop()
 	}
-	during := w != nil && !w.completed
+	during := w != nil && !w.completed || w == nil && a.freshRoundUnstepped()
 	d := policy.Decide(policy.Input{Failure: f, RestartsUsed: asg.RestartsUsed, MaxRestarts: asg.MaxRestarts,
 		SparesAvailable: spares, NodesPresent: 1, MinNodes: 1, Mode: a.cfg.RestartMode, AllInProcessCapable: capable && len(survivors) > 0,
 		DuringInProcess: during, SurvivorSilent: silent != ""})
-	if during && !w.overdue && d.Action != policy.CloseJob { // an overdue rejoin was recorded when it was killed
-		a.inProcessFallback("failure_during", -1, "a failure during the in-process restart of round "+
-			strconv.Itoa(w.round)+": "+end.reason)
+	if during && (w == nil || !w.overdue) && d.Action != policy.CloseJob { // an overdue rejoin was recorded when it was killed
+		a.inProcessFallback("failure_during", -1, "a failure during the restart into round "+
+			strconv.Itoa(asg.Round)+", before the job's first step: "+end.reason)
 	}
 	if !d.InProcess {
 		if d.Action != policy.CloseJob {
@@ -210,6 +210,21 @@ func (a *Agent) keepSurvivors() bool {
 	a.run.cycle.stopped = time.Now()
 	a.run.group, a.run.att = nil, nil
 	return true
+}
+
+// freshRoundUnstepped reports, for a node whose ranks all started afresh
+// in a round that a restart opened (a promoted spare, a node that
+// restarted fully while other nodes' survivors stayed), whether a failure
+// now comes during the job's restart: before each of its ranks took its
+// first step of the round. The survivors on other nodes have not stepped
+// either (a step is collective), so this node escalates to the full
+// restart as theirs do, and the whole job decides alike. Ranks that never
+// report a step (no API) are never kept anyway.
+func (a *Agent) freshRoundUnstepped() bool {
+	if a.run.asg.Round == 0 || a.cfg.RestartMode != configs.RestartInProcess {
+		return false
+	}
+	return len(a.run.freshSteps) < a.cfg.NProcPerNode
 }
 
 // hungStopped returns, for a hang that ended the cycle, when the hung rank
@@ -469,6 +484,9 @@ func (a *Agent) ipReports() <-chan monitor.InProcessReport {
 
 // inProcessReport records a survivor's rejoin or first-step report.
 func (a *Agent) inProcessReport(ctx context.Context, rep monitor.InProcessReport) {
+	if rep.Phase == "first_step" && rep.Round == a.run.asg.Round && a.run.freshSteps != nil {
+		a.run.freshSteps[rep.LocalRank] = true
+	}
 	w := a.run.rejoin
 	if w == nil || rep.Round != w.round {
 		return

@@ -682,3 +682,43 @@ func TestInProcessKeptThroughStandby(t *testing.T) {
 		t.Fatalf("restart events %v; want one with action %s", rs, policy.RestartInProcess)
 	}
 }
+
+// TestInProcessFreshRoundEscalates: a node whose ranks all started afresh
+// in a restarted round (here after a full restart; a promoted spare is
+// alike) treats a failure before each of its ranks reported its first step
+// of the round as a failure during the job's restart: a full restart, as
+// on the nodes whose survivors have not stepped either. Once its ranks
+// stepped, a failure restarts in process again.
+func TestInProcessFreshRoundEscalates(t *testing.T) {
+	h, m := ipHarness(t, 1) // rank 0 not registered: round 0's failure restarts fully
+	h.rdzv.next = append(h.rdzv.next, active(3, 3))
+	out := h.start()
+	g0 := h.ranks.wait(t)
+	g0.exit(1, 1, 0)
+	g1 := h.ranks.wait(t)
+	wantFullRestart(t, m, g0, g1)
+	m.mu.Lock()
+	m.capable[0] = true
+	m.mu.Unlock()
+	g1.exit(1, 1, 0) // round 1, before the first step
+	g2 := h.ranks.wait(t)
+	wantFullRestart(t, m, g1, g2)
+	fb := h.events(EventInProcessFallback)
+	if len(fb) != 1 || fb[0]["why"] != "failure_during" {
+		t.Fatalf("fallback events %v; want one failure_during", fb)
+	}
+	for lr := range 2 { // round 2: both ranks stepped
+		m.reports <- monitor.InProcessReport{LocalRank: lr, InProcessReport: ftwire.InProcessReport{Round: 2, Phase: "first_step"}}
+	}
+	time.Sleep(100 * time.Millisecond) // the reports are read by the agent's loop
+	g2.exit(1, 1, 0)
+	g3 := h.ranks.wait(t)
+	if len(g3.specs) != 1 || g3.specs[0].LocalRank != 1 {
+		t.Fatalf("after the ranks stepped, the restart started %d ranks; want only local rank 1 (in process)", len(g3.specs))
+	}
+	if n := m.notice(t); n.Round != 3 || n.LocalRank != 0 {
+		t.Fatalf("notice %+v", n)
+	}
+	h.rdzv.endRound(3, rendezvous.RoundEnd{Kind: rendezvous.EndJobClosed, Round: 3, Code: 1, Close: verdict.FatalError, Reason: "closed"})
+	h.outcome(out)
+}

@@ -111,6 +111,10 @@ type runState struct {
 	inProcessPhases map[string]time.Duration
 	cycleMode       string
 	cycleFallback   string // why this cycle's in-process restart fell back
+	// freshSteps are the local ranks started afresh this cycle that
+	// reported their first step of the round (a restart is over once the
+	// job stepped again: freshRoundUnstepped).
+	freshSteps map[int]bool
 }
 
 // maxCycles is how many of the newest cycles the outcome keeps (the verdict

@@ -327,6 +327,12 @@ class InProcess:
                     # rank, registered already, is kept and notified.
                     self._init_pg()
                     built = True
+                    if ctx.round > 0:
+                        # A fresh rank of a restarted round reports its
+                        # first step too: the launcher of a node whose
+                        # ranks all started afresh learns from it that the
+                        # job's restart is over.
+                        self._phases = {"_round": ctx.round, "_resumed": time.monotonic()}
                 return train(ctx, *args, **kwargs)
             except RestartNotice as e:
                 notice = e.notice

@@ -319,6 +319,26 @@ class InProcessTest(_Fixture):
         self.assertEqual(len(self.pg.inits), 2)
         self.assertEqual(self.pg.inits[1]["TORCHELASTIC_RESTART_COUNT"], "1")
 
+    def test_fresh_rank_of_a_restarted_round_reports_its_first_step(self):
+        # Round 0: no report. A fresh rank of round 2 (started afresh after
+        # a restart): first_step of round 2, once.
+        for rnd, want in (("0", []), ("2", [(2, "first_step")])):
+            with self.subTest(round=rnd):
+                os.environ["TORCHELASTIC_RESTART_COUNT"] = rnd
+                self.mon.reports.clear()
+                ip = self.ip()
+
+                def train(ctx):
+                    ctx.step()
+                    ctx.step()
+
+                ip.run(train)
+                ip.close()
+                time.sleep(0.2)  # the fake reads the reports
+                with self.mon.lock:
+                    got = [(r["round"], r["phase"]) for r in self.mon.reports]
+                self.assertEqual(got, want)
+
     def test_restart_notice_is_not_an_exception(self):
         # A loop's broad "except Exception" must not swallow the notice.
         ip = self.ip()
