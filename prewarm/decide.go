@@ -57,6 +57,10 @@ const (
 type importStats struct {
 	Wall time.Duration // wall time
 	CPU  time.Duration // CPU time of the standby process (user + system)
+	// Unended is, while no import has been measured, how long a wait for
+	// a standby's import lasted that ran out (a module that blocks at
+	// import?); zero otherwise.
+	Unended time.Duration
 }
 
 // importing is how far a standby is at a restart.
@@ -103,6 +107,12 @@ func decideImporting(policy Importing, now importing, last importStats) choice {
 		return choice{Reason: "the standby's CPU time is unknown"}
 	}
 	if last.CPU <= 0 {
+		if last.Unended > 0 {
+			// Waiting again would likely cost the same bound again, at
+			// every restart: a cold start is what a wait ended in.
+			return choice{Reason: fmt.Sprintf("no import measured yet, and a wait of %s for an earlier standby's import ran out",
+				last.Unended.Round(time.Millisecond))}
+		}
 		if now.CPU < firstMinCPU {
 			return choice{Reason: fmt.Sprintf("no import measured yet and the standby used only %s CPU (under %s)",
 				cpu(now.CPU), cpu(firstMinCPU))}

@@ -35,6 +35,8 @@ func TestDecideImporting(t *testing.T) {
 		{"policy wait, barely started", ImportingWait, importing{10 * ms, 0}, importStats{}, true, firstWait, "--prewarm-importing wait"},
 		{"policy wait, measured", ImportingWait, importing{10 * ms, 0}, measured, true, 4 * s, "--prewarm-importing wait"},
 		{"policy stop, nearly done", ImportingStop, importing{3 * s, 1100 * ms}, measured, false, 0, "--prewarm-importing stop"},
+		{"no measurement, an earlier wait ran out: stop", ImportingAuto, importing{2 * s, 400 * ms}, importStats{Unended: 10 * s}, false, 0, "a wait of 10s for an earlier standby's import ran out"},
+		{"policy wait, an earlier wait ran out: wait", ImportingWait, importing{2 * s, 400 * ms}, importStats{Unended: 10 * s}, true, firstWait, "--prewarm-importing wait"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := decideImporting(tc.policy, tc.now, tc.last)
@@ -186,6 +188,57 @@ func TestRestartWhileImporting(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestUnendedWaitNotRepeated: with no import measured, a restart waits
+// (up to firstWait) for a standby that works at its import; when that wait
+// runs out (an import that never ends), the next restart does not wait
+// again for the next standby: it stops it and starts cold at once, saying
+// why.
+func TestUnendedWaitNotRepeated(t *testing.T) {
+	r := newReaper(t)
+	base := t.TempDir()
+	ev := &events{}
+	st, err := NewStarter(Options{Reaper: r, Modules: []string{"json", "ftl_slowimport"}, OnEvent: ev.add, RefillDelay: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(st.Close)
+	dir, _ := slowCycle(t, st, base, "burn")
+	slow := []string{"FTL_SLOW_DIR=" + dir, "FTL_SLOW_MODE=burn"}
+	run(t, st, filepath.Join(base, "2"), recordCase{}, slow...) // waits firstWait, then cold
+	fb := ev.of(EventFallback)
+	if len(fb) != 2 || fb[1]["path"] != PathCold || !strings.Contains(fmt.Sprint(fb[1]["reason"]), "import had not ended (at most 10s)") {
+		t.Fatalf("cycle 2 fallback %v; want cold after a wait of 10s that ran out", fb)
+	}
+	deadline := time.Now().Add(testTimeout)
+	for { // the refilled standby is in its import too
+		st.mu.Lock()
+		s := st.standby[0]
+		st.mu.Unlock()
+		if s != nil {
+			if _, err := os.Stat(filepath.Join(dir, fmt.Sprint("importing-", s.pid))); err == nil {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no refilled standby in its import")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	begin := time.Now()
+	run(t, st, filepath.Join(base, "3"), recordCase{}, slow...)
+	fb = ev.of(EventFallback)
+	if len(fb) != 3 || fb[2]["path"] != PathStopped || !strings.Contains(fmt.Sprint(fb[2]["reason"]), "ran out") {
+		t.Fatalf("cycle 3 fallback %v; want the standby stopped, naming the wait that ran out", fb)
+	}
+	if n := len(ev.of(EventWaiting)); n != 1 {
+		t.Errorf("%d waiting events; want cycle 2's only", n)
+	}
+	if took := time.Since(begin); took > firstWait {
+		t.Errorf("cycle 3 took %s; it should not have waited", took)
+	}
+	_ = os.WriteFile(filepath.Join(dir, "release"), nil, 0o644)
 }
 
 // TestRefillWaitsForColdImports: with a measured import, the standby of a

@@ -192,6 +192,7 @@ type plan struct {
 	path    string
 	reason  string        // why not warm at once
 	waited  time.Duration // how long the rank waited for its standby
+	unended bool          // the wait ran out with the import still going
 	err     error         // the wait or the handover failed
 }
 
@@ -286,6 +287,13 @@ func (st *Starter) StartGroup(specs []spawn.Spec) (agent.RankGroup, error) {
 		switch {
 		case p.s == nil:
 		case p.err != nil:
+			if p.unended {
+				st.mu.Lock()
+				if st.lastImport.CPU <= 0 {
+					st.lastImport.Unended = p.waited
+				}
+				st.mu.Unlock()
+			}
 			p.s.kill()
 			why := p.err.Error()
 			if p.wait != nil {
@@ -433,6 +441,7 @@ func (st *Starter) take(p *plan) error {
 		p.waited = time.Since(begin)
 		if ok, why := p.s.usable(); !ok {
 			if why == stillImporting {
+				p.unended = true
 				why = fmt.Sprintf("its import had not ended (at most %s)", p.wait.MaxWait.Round(time.Millisecond))
 			}
 			return fmt.Errorf("waited %s for the standby: %s", p.waited.Round(time.Millisecond), why)
