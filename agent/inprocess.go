@@ -170,7 +170,7 @@ func (a *Agent) keepSurvivors() bool {
 	if w != nil && w.timer != nil {
 		w.timer.Stop()
 	}
-	during := w != nil && !w.completed || w == nil && a.freshRoundUnstepped()
+	during := w != nil && !w.completed || w == nil && capable && len(survivors) > 0 && a.freshRoundUnstepped()
 	d := policy.Decide(policy.Input{Failure: f, RestartsUsed: asg.RestartsUsed, MaxRestarts: asg.MaxRestarts,
 		SparesAvailable: spares, NodesPresent: 1, MinNodes: 1, Mode: a.cfg.RestartMode, AllInProcessCapable: capable && len(survivors) > 0,
 		DuringInProcess: during, SurvivorSilent: silent != ""})
@@ -289,11 +289,13 @@ func failureTime(end cycleEnd, now time.Time) time.Time {
 
 // startInProcess starts the round for kept survivors: the missing ranks
 // start (from a standby when --prewarm has one), every survivor gets the
-// round's notice, then the monitors begin the cycle.
+// round's notice, then the monitors begin the cycle (a survivor that
+// reconnects after its notice waits for that, so nothing slow comes
+// between the notices and BeginCycle).
 //
 // A survivor that ended while the round was forming (it gives up waiting
 // for its notice after its notice_wait, e.g. while the round waits for a
-// node to come back), or that cannot take the notice (no monitor session)
+// node to come back), or that has no monitor session to take the notice
 // and ends when killed, is started afresh with the failed ranks: its end
 // is not a failure of the new round and spends nothing more.
 func (a *Agent) startInProcess(specs []spawn.Spec, att *ranklogs.Attempt) error {
@@ -302,43 +304,26 @@ func (a *Agent) startInProcess(specs []spawn.Spec, att *ranklogs.Attempt) error 
 	asg := a.run.asg
 	ipm := a.ipMonitors()
 	bound := a.cfg.InProcessRejoinTimeout
-	w := &rejoinWatch{round: asg.Round, failedAt: kept.failedAt, notices: map[int]time.Time{},
-		waiting: map[int]bool{}, stepping: map[int]bool{}, phases: map[string]time.Duration{}}
 	gone := survivorsGone(kept, nil, 0)
-	var unreached, stay []int
+	var unreached []int
 	for _, lr := range kept.survivors {
-		if _, ok := gone[lr]; ok {
-			continue
-		}
-		n := ftwire.Rejoin{Round: asg.Round, Rank: asg.RankBase + lr, LocalRank: lr, WorldSize: asg.WorldSize,
-			MasterAddr: asg.MasterAddr, MasterPort: asg.MasterPort, StorePrefix: StorePrefix(asg.Round),
-			Reason: kept.why, DeadlineS: bound.Seconds()}
-		err := fmt.Errorf("no in-process monitors")
-		if ipm != nil {
-			err = ipm.Notify(lr, n)
-		}
-		if err != nil {
-			a.log.Warn("in-process: a survivor cannot take its notice; killing it", "local_rank", lr, "err", err)
+		if _, ok := gone[lr]; !ok && (ipm == nil || !ipm.InProcessCapable(lr)) {
+			a.log.Warn("in-process: a survivor has no monitor session to take its notice; killing it", "local_rank", lr)
 			_ = signalRank(kept.group, lr, syscall.SIGKILL)
 			unreached = append(unreached, lr)
-			continue
 		}
-		now := time.Now()
-		stay = append(stay, lr)
-		w.notices[lr], w.waiting[lr], w.stepping[lr] = now, true, true
-		a.met.InProcessPhase("notice", now.Sub(kept.failedAt))
-		a.ev.Emit(EventInProcessNotice, map[string]any{"round": asg.Round, "local_rank": lr, "rank": n.Rank,
-			"world_size": n.WorldSize, "store_prefix": n.StorePrefix, "notice_ms": ms(now.Sub(kept.failedAt))})
 	}
+	doomed := map[int]bool{}
 	if len(unreached) > 0 {
+		// No survivor is notified yet: whichever ends now starts afresh.
 		maps.Copy(gone, survivorsGone(kept, unreached, survivorKillWait))
 		for _, lr := range unreached {
 			if _, ok := gone[lr]; !ok {
 				// Still there after SIGKILL (stuck in the kernel): its end
 				// will be a failure during the in-process restart, which
 				// escalates to the full restart.
-				stay = append(stay, lr)
-				a.inProcessFallback("notice_failed", lr, fmt.Sprintf("local rank %d could not take its notice and did not end within %s of SIGKILL",
+				doomed[lr] = true
+				a.inProcessFallback("notice_failed", lr, fmt.Sprintf("local rank %d has no monitor session and did not end within %s of SIGKILL",
 					lr, survivorKillWait))
 			}
 		}
@@ -349,9 +334,13 @@ func (a *Agent) startInProcess(specs []spawn.Spec, att *ranklogs.Attempt) error 
 			"local_rank", lr, "exit", e.String())
 		a.ev.Emit(EventInProcessReplaced, map[string]any{"round": asg.Round, "local_rank": lr, "exit": e.String()})
 	}
+	var stay []int
 	keep := map[int]bool{}
-	for _, lr := range stay {
-		keep[lr] = true
+	for _, lr := range kept.survivors {
+		if _, ok := gone[lr]; !ok {
+			stay = append(stay, lr)
+			keep[lr] = true
+		}
 	}
 	var fresh []spawn.Spec
 	for _, s := range specs {
@@ -367,7 +356,8 @@ func (a *Agent) startInProcess(specs []spawn.Spec, att *ranklogs.Attempt) error 
 		att.CloseParentEnds()
 		if err != nil {
 			att.Close()
-			a.run.group = kept.group // stopped with the failed cycle's ending
+			kept.survivors = stay
+			a.run.kept = kept // stopped when the agent ends (stopKept)
 			return fmt.Errorf("start replacement ranks: %w", err)
 		}
 		lrs := make([]int, len(fresh))
@@ -381,6 +371,33 @@ func (a *Agent) startInProcess(specs []spawn.Spec, att *ranklogs.Attempt) error 
 	a.run.cycle.spawned = time.Now()
 	a.run.group, a.run.att = g, att
 	a.swapDone()
+	w := &rejoinWatch{round: asg.Round, failedAt: kept.failedAt, notices: map[int]time.Time{},
+		waiting: map[int]bool{}, stepping: map[int]bool{}, phases: map[string]time.Duration{}}
+	for _, lr := range stay {
+		if doomed[lr] {
+			continue
+		}
+		n := ftwire.Rejoin{Round: asg.Round, Rank: asg.RankBase + lr, LocalRank: lr, WorldSize: asg.WorldSize,
+			MasterAddr: asg.MasterAddr, MasterPort: asg.MasterPort, StorePrefix: StorePrefix(asg.Round),
+			Reason: kept.why, DeadlineS: bound.Seconds()}
+		err := fmt.Errorf("no in-process monitors")
+		if ipm != nil {
+			err = ipm.Notify(lr, n)
+		}
+		now := time.Now()
+		if err != nil {
+			// Its session went away since the check above (it is ending
+			// as the ranks start): kill it; its exit is a failure during
+			// the in-process restart, which escalates to the full restart.
+			a.inProcessFallback("notice_failed", lr, "notice to local rank "+strconv.Itoa(lr)+" failed: "+err.Error())
+			_ = g.Signal(lr, syscall.SIGKILL)
+			continue
+		}
+		w.notices[lr], w.waiting[lr], w.stepping[lr] = now, true, true
+		a.met.InProcessPhase("notice", now.Sub(kept.failedAt))
+		a.ev.Emit(EventInProcessNotice, map[string]any{"round": asg.Round, "local_rank": lr, "rank": n.Rank,
+			"world_size": n.WorldSize, "store_prefix": n.StorePrefix, "notice_ms": ms(now.Sub(kept.failedAt))})
+	}
 	pids := g.PIDs()
 	if a.d.Monitors != nil {
 		a.d.Monitors.BeginCycle(asg.Round, pids)
@@ -474,9 +491,11 @@ func (a *Agent) rejoinTimer() <-chan time.Time {
 	return nil
 }
 
-// ipReports is the survivors' reports channel (nil without in-process).
+// ipReports is the ranks' in-process reports channel. It is read in every
+// restart mode: ranks that use the API report a fresh rank's first step in
+// --restart-mode full too, and an unread channel would fill.
 func (a *Agent) ipReports() <-chan monitor.InProcessReport {
-	if ipm := a.ipMonitors(); ipm != nil {
+	if ipm, ok := a.d.Monitors.(InProcessMonitors); ok {
 		return ipm.InProcessReports()
 	}
 	return nil

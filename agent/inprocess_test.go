@@ -46,7 +46,7 @@ func newIPMonitors(capable ...int) *ipMonitors {
 func (m *ipMonitors) InProcessCapable(lr int) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return m.capable[lr]
+	return m.capable[lr] && !m.refuse[lr]
 }
 func (m *ipMonitors) Silence(lr int) (monitor.Silence, bool) {
 	m.mu.Lock()
@@ -566,12 +566,6 @@ func TestInProcessSurvivorGone(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			h, m := ipHarness(t, 0, 1, 2)
 			h.cfg.NProcPerNode = tc.nproc
-			for _, lr := range tc.refused {
-				if m.refuse == nil {
-					m.refuse = map[int]bool{}
-				}
-				m.refuse[lr] = true
-			}
 			release := make(chan struct{})
 			h.rdzv.next[1] = func(ctx context.Context) (rendezvous.Assignment, error) {
 				<-release
@@ -588,6 +582,14 @@ func TestInProcessSurvivorGone(t *testing.T) {
 			for _, lr := range tc.died {
 				g0.exit(lr, 1, 0) // "no restart notice within 60 s"
 			}
+			m.mu.Lock()
+			for _, lr := range tc.refused { // its session ended (it is exiting)
+				if m.refuse == nil {
+					m.refuse = map[int]bool{}
+				}
+				m.refuse[lr] = true
+			}
+			m.mu.Unlock()
 			close(release)
 			g1 := h.ranks.wait(t)
 			var fresh []int
@@ -721,4 +723,119 @@ func TestInProcessFreshRoundEscalates(t *testing.T) {
 	}
 	h.rdzv.endRound(3, rendezvous.RoundEnd{Kind: rendezvous.EndJobClosed, Round: 3, Code: 1, Close: verdict.FatalError, Reason: "closed"})
 	h.outcome(out)
+}
+
+// racyNotify runs before(lr) just before each notice, and refuses the
+// notices of refuse as a monitor does whose session went away meanwhile.
+type racyNotify struct {
+	*ipMonitors
+	before func(lr int)
+	refuse int
+}
+
+func (r *racyNotify) Notify(lr int, n ftwire.Rejoin) error {
+	r.before(lr)
+	if lr == r.refuse {
+		return fmt.Errorf("monitor: local rank %d has no session", lr)
+	}
+	return r.ipMonitors.Notify(lr, n)
+}
+
+// TestInProcessNoticeRaces: the notices go out after the replacement
+// ranks started (a survivor that reconnects at once then finds the cycle
+// begun), and two races at notice time end the cycle as a failure during
+// the in-process restart, never a hang: a survivor notified a moment ago
+// exits, and another's session is gone when its notice is sent.
+func TestInProcessNoticeRaces(t *testing.T) {
+	h, m := ipHarness(t, 0, 1, 2)
+	h.cfg.NProcPerNode = 3
+	var g0 *fakeGroup
+	startedAtNotice := map[int]int{}
+	rn := &racyNotify{ipMonitors: m, refuse: 2}
+	rn.before = func(lr int) {
+		h.ranks.mu.Lock()
+		startedAtNotice[lr] = len(h.ranks.groups)
+		h.ranks.mu.Unlock()
+		if lr == 2 {
+			g0.exit(0, 1, 0) // survivor 0, notified just before, ends
+		}
+	}
+	h.monitors = rn
+	out := h.start()
+	g0 = h.ranks.wait(t)
+	g0.exit(1, 1, 0)
+	g1 := h.ranks.wait(t)
+	if len(g1.specs) != 1 || g1.specs[0].LocalRank != 1 {
+		t.Fatalf("round 1 started %d ranks; want local rank 1", len(g1.specs))
+	}
+	if n := m.notice(t); n.LocalRank != 0 {
+		t.Fatalf("notice %+v", n)
+	}
+	g2 := h.ranks.wait(t) // the cycle ended: a full restart
+	if len(g2.specs) != 3 {
+		t.Fatalf("after the races, %d ranks started; want a full restart of 3", len(g2.specs))
+	}
+	for lr, n := range startedAtNotice {
+		if n != 2 {
+			t.Errorf("local rank %d was notified when %d groups had started; want 2 (after the replacement)", lr, n)
+		}
+	}
+	for lr := range 3 {
+		g2.exit(lr, 0, 0)
+	}
+	if o := h.outcome(out); o.Kind != verdict.Succeeded || o.Cycles[1].InProcessFallback != "notice_failed" {
+		t.Fatalf("outcome %+v; want success, the in-process cycle's fallback notice_failed", o)
+	}
+}
+
+// TestInProcessNoAPIRecordsNothing: under --restart-mode in-process, ranks
+// that do not use the API (never register, never report a step) restart
+// fully as under full, and nothing in-process is recorded, in any round.
+func TestInProcessNoAPIRecordsNothing(t *testing.T) {
+	h, m := ipHarness(t) // nobody registered
+	out := h.start()
+	g0 := h.ranks.wait(t)
+	g0.exit(1, 1, 0)
+	g1 := h.ranks.wait(t)
+	wantFullRestart(t, m, g0, g1)
+	g1.exit(1, 1, 0)
+	g2 := h.ranks.wait(t)
+	wantFullRestart(t, m, g1, g2)
+	h.rdzv.endRound(2, rendezvous.RoundEnd{Kind: rendezvous.EndJobClosed, Round: 2, Code: 1, Reason: "closed"})
+	o := h.outcome(out)
+	if fb := h.events(EventInProcessFallback); len(fb) != 0 {
+		t.Fatalf("in-process fallbacks %v recorded for ranks that never used the API", fb)
+	}
+	for i, c := range o.Cycles {
+		if c.Mode != "full" || c.InProcessFallback != "" {
+			t.Fatalf("cycle %d: mode %q, fallback %q", i, c.Mode, c.InProcessFallback)
+		}
+	}
+}
+
+// TestReportsReadInFullMode: ranks that use the API report a fresh rank's
+// first step under --restart-mode full too; the agent reads them, so the
+// monitor's channel never fills.
+func TestReportsReadInFullMode(t *testing.T) {
+	h, m := ipHarness(t, 0, 1)
+	h.cfg.RestartMode = configs.RestartFull
+	out := h.start()
+	g0 := h.ranks.wait(t)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for range 50 { // the fake's channel holds 8
+			m.reports <- monitor.InProcessReport{LocalRank: 0, InProcessReport: ftwire.InProcessReport{Round: 0, Phase: "first_step"}}
+		}
+	}()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the reports were not read in full mode")
+	}
+	g0.exit(0, 0, 0)
+	g0.exit(1, 0, 0)
+	if o := h.outcome(out); o.Kind != verdict.Succeeded {
+		t.Fatalf("outcome %+v", o)
+	}
 }
