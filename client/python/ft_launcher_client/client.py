@@ -253,7 +253,6 @@ class RankMonitorClient:
         # Set while ft_launcher_client.inprocess replaces the session at an
         # in-process restart: heartbeats from other threads are no-ops then.
         self._rejoining = False
-        self._sessions_ended = 0  # sessions shut down so far
 
     # -- session ---------------------------------------------------------
 
@@ -356,7 +355,6 @@ class RankMonitorClient:
         return self._shm_words is not None
 
     def shutdown_workload_monitoring(self):
-        self._sessions_ended += 1
         self._unmap_shm()
         if self._sock is not None:
             try:
@@ -386,23 +384,23 @@ class RankMonitorClient:
     # -- hot path --------------------------------------------------------
 
     def send_heartbeat(self):
-        if self._sock is None and not self._ready():
+        sock, w = self._sock, self._shm_words
+        if sock is None and not self._ready():
             return
-        ended = self._sessions_ended
         try:
             self._calc.heartbeat()
-            w = self._shm_words
             if w is not None:
                 # Time first, then the count: the monitor reads the count first.
                 w[_SHM_TIME] = time.monotonic_ns()
                 self._shm_count += 1
                 w[_SHM_COUNT] = self._shm_count
                 return
-            self._sock.send(_HEARTBEAT)
+            sock.send(_HEARTBEAT)
         except (AttributeError, ValueError, OSError):
-            # The session went away under this thread: an in-process
-            # restart replaces it (the next heartbeat goes to the new one).
-            if self._rejoining or self._sessions_ended != ended:
+            # The session this call began with went away under it (another
+            # thread shut it down: an in-process restart replaces it, and
+            # the next heartbeat goes to the new one).
+            if self._rejoining or sock is not self._sock or w is not self._shm_words:
                 return
             raise
 

@@ -403,9 +403,11 @@ class InProcessTest(_Fixture):
                     errors.append(e)
                     return
 
+        beater = threading.Thread(target=beat, daemon=True)
+
         def train(ctx):
             if ctx.round == 0:
-                threading.Thread(target=beat, daemon=True).start()
+                beater.start()
                 self.mon.connected.wait(5)
                 time.sleep(0.05)
             if ctx.round < 6:  # rejoin six times while the thread beats
@@ -417,7 +419,9 @@ class InProcessTest(_Fixture):
         try:
             self.assertEqual(ip.run(train), 6)
         finally:
-            stop.set()
+            stop.set()  # before close: a heartbeat after close() is the caller's error
+            if beater.is_alive():
+                beater.join(5)
             ip.close()
         self.assertEqual(errors, [])
 
