@@ -226,17 +226,13 @@ func TestUnendedWaitNotRepeated(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	begin := time.Now()
 	run(t, st, filepath.Join(base, "3"), recordCase{}, slow...)
 	fb = ev.of(EventFallback)
 	if len(fb) != 3 || fb[2]["path"] != PathStopped || !strings.Contains(fmt.Sprint(fb[2]["reason"]), "ran out") {
 		t.Fatalf("cycle 3 fallback %v; want the standby stopped, naming the wait that ran out", fb)
 	}
 	if n := len(ev.of(EventWaiting)); n != 1 {
-		t.Errorf("%d waiting events; want cycle 2's only", n)
-	}
-	if took := time.Since(begin); took > firstWait {
-		t.Errorf("cycle 3 took %s; it should not have waited", took)
+		t.Errorf("%d waiting events; want cycle 2's only (cycle 3 did not wait)", n)
 	}
 	_ = os.WriteFile(filepath.Join(dir, "release"), nil, 0o644)
 }
