@@ -453,24 +453,21 @@ func survivorsGone(kept *keptRanks, want []int, wait time.Duration) map[int]spaw
 		deadline = t.C
 	}
 	for {
+		var e spawn.Exit
 		select {
-		case e := <-kept.group.Exits():
-			if isKept[e.LocalRank] {
-				gone[e.LocalRank] = e
+		case e = <-kept.group.Exits():
+		default: // nothing reaped now: wait only for a missing one of want
+			if deadline == nil || !missing() {
+				return gone
 			}
-			continue
-		default:
-		}
-		if deadline == nil || !missing() {
-			return gone
-		}
-		select {
-		case e := <-kept.group.Exits():
-			if isKept[e.LocalRank] {
-				gone[e.LocalRank] = e
+			select {
+			case e = <-kept.group.Exits():
+			case <-deadline:
+				return gone
 			}
-		case <-deadline:
-			return gone
+		}
+		if isKept[e.LocalRank] {
+			gone[e.LocalRank] = e
 		}
 	}
 }

@@ -260,67 +260,60 @@ func TestInProcessRejoinTimeout(t *testing.T) {
 	}
 }
 
-// TestInProcessCrashDuringRestart: the replacement rank crashes before the
-// survivor took its first step: the next restart is a full one.
-func TestInProcessCrashDuringRestart(t *testing.T) {
-	h, m := ipHarness(t, 0, 1)
-	out := h.start()
-	g0 := h.ranks.wait(t)
-	g0.exit(1, 1, 0)
-	g1 := h.ranks.wait(t)
-	m.notice(t)
-	g1.exit(1, 1, 0)
-	g2 := h.ranks.wait(t)
-	if len(g2.specs) != 2 {
-		t.Fatalf("a crash during the in-process restart started %d ranks; want 2", len(g2.specs))
-	}
-	if stoppedCount(g0) != 1 {
-		t.Fatal("the survivor was not stopped for the full restart")
-	}
-	g2.exit(0, 0, 0)
-	g2.exit(1, 0, 0)
-	o := h.outcome(out)
-	if o.Kind != verdict.Succeeded {
-		t.Fatalf("outcome %+v", o)
-	}
-	if len(o.Cycles) != 3 || o.Cycles[1].InProcessFallback != "failure_during" || o.Cycles[0].InProcessFallback != "" {
-		t.Fatalf("cycles %+v; want the in-process cycle's fallback failure_during", o.Cycles)
-	}
-	if got := h.metric(`ftlauncher_inprocess_fallbacks_total{why="failure_during"}`); got != 1 {
-		t.Fatalf("fallback metric %v", got)
-	}
-}
-
-// TestInProcessSurvivorExitsCleanly: a survivor that exits with code 0
-// after its notice, before it rejoined (its training function had
-// returned and it was finishing when the peer failed), never will: its
-// exit is a failure during the in-process restart, not a rank done, so the
-// job restarts fully instead of waiting for it.
-func TestInProcessSurvivorExitsCleanly(t *testing.T) {
-	h, m := ipHarness(t, 0, 1)
-	out := h.start()
-	g0 := h.ranks.wait(t)
-	g0.exit(1, 1, 0)
-	g1 := h.ranks.wait(t)
-	m.notice(t)
-	g0.exit(0, 0, 0)
-	g2 := h.ranks.wait(t)
-	if len(g2.specs) != 2 {
-		t.Fatalf("after the survivor left, %d ranks started; want a full restart of 2", len(g2.specs))
-	}
-	if stoppedCount(g1) != 1 {
-		t.Fatal("the replacement rank was not stopped for the full restart")
-	}
-	g2.exit(0, 0, 0)
-	g2.exit(1, 0, 0)
-	o := h.outcome(out)
-	if o.Kind != verdict.Succeeded || len(o.Cycles) != 3 || o.Cycles[1].InProcessFallback != "failure_during" {
-		t.Fatalf("outcome %+v; want success after a full restart, the in-process cycle's fallback failure_during", o)
-	}
-	h.rdzv.mu.Lock()
-	defer h.rdzv.mu.Unlock()
-	if len(h.rdzv.fails) != 2 || !strings.Contains(h.rdzv.fails[1].reason, "exited with code 0 during the in-process restart") {
-		t.Fatalf("fails %+v; want the clean exit reported as the second failure", h.rdzv.fails)
+// TestInProcessFailureDuringRestart: a failure after the notice and
+// before the survivor's first step makes the next restart a full one. The
+// replacement rank crashes, or the survivor exits with code 0 before it
+// rejoined (its training function had returned and it was finishing when
+// the peer failed): it never will, so its exit is a failure during the
+// in-process restart, not a rank done, and the job does not wait for it.
+func TestInProcessFailureDuringRestart(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		survivor   bool   // the survivor exits 0; else the replacement crashes
+		wantReason string // in the second failure's report
+	}{
+		{"the replacement crashes", false, "exited with code 1"},
+		{"the survivor leaves cleanly", true, "exited with code 0 during the in-process restart"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h, m := ipHarness(t, 0, 1)
+			out := h.start()
+			g0 := h.ranks.wait(t)
+			g0.exit(1, 1, 0)
+			g1 := h.ranks.wait(t)
+			m.notice(t)
+			stopped := g0 // the group the full restart stops: the survivor's
+			if tc.survivor {
+				g0.exit(0, 0, 0)
+				stopped = g1
+			} else {
+				g1.exit(1, 1, 0)
+			}
+			g2 := h.ranks.wait(t)
+			if len(g2.specs) != 2 {
+				t.Fatalf("a failure during the in-process restart started %d ranks; want a full restart of 2", len(g2.specs))
+			}
+			if stoppedCount(stopped) != 1 {
+				t.Fatal("the ranks left of the in-process round were not stopped for the full restart")
+			}
+			g2.exit(0, 0, 0)
+			g2.exit(1, 0, 0)
+			o := h.outcome(out)
+			if o.Kind != verdict.Succeeded {
+				t.Fatalf("outcome %+v", o)
+			}
+			if len(o.Cycles) != 3 || o.Cycles[1].InProcessFallback != "failure_during" || o.Cycles[0].InProcessFallback != "" {
+				t.Fatalf("cycles %+v; want the in-process cycle's fallback failure_during", o.Cycles)
+			}
+			if got := h.metric(`ftlauncher_inprocess_fallbacks_total{why="failure_during"}`); got != 1 {
+				t.Fatalf("fallback metric %v", got)
+			}
+			h.rdzv.mu.Lock()
+			defer h.rdzv.mu.Unlock()
+			if len(h.rdzv.fails) != 2 || !strings.Contains(h.rdzv.fails[1].reason, tc.wantReason) {
+				t.Fatalf("fails %+v; want the second failure reported with %q", h.rdzv.fails, tc.wantReason)
+			}
+		})
 	}
 }
 

@@ -281,9 +281,10 @@ func (p *parser) finish(positional []string, m machine) error {
 		// Survivors rebuild their process group against the launcher's
 		// store; with the rank-0 store a surviving rank 0 cannot bind it
 		// again, so every restart would be a full one.
-		return usageErr(p.sourceOr("restart-mode", "--restart-mode"), "%s in-process needs the launcher's store (--agent-store on, the default), but %s is off: "+
+		subj := p.sourceOr("restart-mode", "--restart-mode")
+		return usageErr(subj, "%s in-process needs the launcher's store (--agent-store on, the default), but %s is off: "+
 			"survivors rebuild their process group against it; use --restart-mode full with --agent-store off",
-			p.sourceOr("restart-mode", "--restart-mode"), p.sourceOr("agent-store", "--agent-store"))
+			subj, p.sourceOr("agent-store", "--agent-store"))
 	}
 	if c.Standalone {
 		var overridden []string
@@ -309,10 +310,7 @@ func (p *parser) finish(positional []string, m machine) error {
 		err = fmt.Errorf("value %s resolved to %d workers: at most %d per node; give an integer", c.NProcSpec, n, MaxNProcPerNode)
 	}
 	if err != nil {
-		subj := p.source["nproc-per-node"]
-		if subj == "" {
-			subj = "--nproc-per-node"
-		}
+		subj := p.sourceOr("nproc-per-node", "--nproc-per-node")
 		return usageErr(subj, "%s: %v", subj, err)
 	}
 	c.NProcPerNode = n

@@ -346,16 +346,31 @@ func TestInProcessWithoutTheAPI(t *testing.T) {
 	}
 }
 
+// inprocessCluster is the setup of the multi-node in-process tests: a
+// cluster on the embedded etcd, its checkpoint directory and weights file,
+// and the weights of an uninterrupted 4-rank run to compare with.
+func inprocessCluster(t *testing.T) (c *cluster, ckpt, out string, want weights) {
+	t.Helper()
+	requireTorch(t)
+	want = uninterruptedWeights(t, "4")
+	c = newCluster(t, embeddedEndpoint(t))
+	return c, filepath.Join(c.dir, "ckpt"), filepath.Join(c.dir, "w.json"), want
+}
+
+// wantWorld4 requires the final weights in out to be want's, from 4 ranks.
+func wantWorld4(t *testing.T, out string, want weights) {
+	t.Helper()
+	if got := readWeights(t, out); got.SHA256 != want.SHA256 || got.WorldSize != 4 {
+		t.Fatalf("weights %s world %d, want %s world 4", got.SHA256, got.WorldSize, want.SHA256)
+	}
+}
+
 // TestInProcessTwoNodes: two launchers on 127.0.0.2 and 127.0.0.3, two
 // ranks each (etcd rendezvous); a rank of the second node crashes. Every
 // survivor on both nodes stays; the weights equal an uninterrupted 4-rank
 // run's.
 func TestInProcessTwoNodes(t *testing.T) {
-	requireTorch(t)
-	want := uninterruptedWeights(t, "4")
-	c := newCluster(t, embeddedEndpoint(t))
-	ckpt := filepath.Join(c.dir, "ckpt")
-	out := filepath.Join(c.dir, "w.json")
+	c, ckpt, out, want := inprocessCluster(t)
 	for range 2 {
 		c.addNode([]string{"PYTHON_EXEC=" + debianPython}, "--nnodes", "2", "--nproc-per-node", "2", "--max-restarts", "2",
 			"--rdzv-backend", "c10d", "--restart-mode", "in-process",
@@ -366,9 +381,7 @@ func TestInProcessTwoNodes(t *testing.T) {
 			t.Fatalf("node %d exited %d\n%s", i, code, c.stderrs())
 		}
 	}
-	if got := readWeights(t, out); got.SHA256 != want.SHA256 || got.WorldSize != 4 {
-		t.Fatalf("weights %s world %d, want %s world 4", got.SHA256, got.WorldSize, want.SHA256)
-	}
+	wantWorld4(t, out, want)
 	survivors := 0
 	for i, n := range c.nodes {
 		if m := restartModes(n); !slices.Equal(m, []string{"in-process"}) {
@@ -392,11 +405,7 @@ func TestInProcessTwoNodes(t *testing.T) {
 // stay in their processes and rejoin; the weights equal an uninterrupted
 // 4-rank run's.
 func TestInProcessNodeLossSwapsSpare(t *testing.T) {
-	requireTorch(t)
-	want := uninterruptedWeights(t, "4")
-	c := newCluster(t, embeddedEndpoint(t))
-	ckpt := filepath.Join(c.dir, "ckpt")
-	out := filepath.Join(c.dir, "w.json")
+	c, ckpt, out, want := inprocessCluster(t)
 	for range 3 {
 		c.addNode([]string{"PYTHON_EXEC=" + debianPython}, "--nnodes", "2:3", "--nproc-per-node", "2", "--max-restarts", "3",
 			"--rdzv-backend", "c10d", "--restart-mode", "in-process",
@@ -413,9 +422,7 @@ func TestInProcessNodeLossSwapsSpare(t *testing.T) {
 			t.Fatalf("node %d exited %d\n%s", i, code, c.stderrs())
 		}
 	}
-	if got := readWeights(t, out); got.SHA256 != want.SHA256 || got.WorldSize != 4 {
-		t.Fatalf("weights %s world %d, want %s world 4", got.SHA256, got.WorldSize, want.SHA256)
-	}
+	wantWorld4(t, out, want)
 	if n := len(c.nodes[0].eventsOf("inprocess_first_step")); n != 2 {
 		t.Fatalf("node 0: %d survivors took a first step after the swap, want 2\n%s", n, c.stderrs())
 	}
@@ -449,11 +456,7 @@ func activeVictim(t *testing.T, c *cluster) int {
 // its one restart (before the fix their old exits failed the new round, a
 // second restart the budget did not have), with the uninterrupted weights.
 func TestInProcessNodeLossWaitsForNode(t *testing.T) {
-	requireTorch(t)
-	want := uninterruptedWeights(t, "4")
-	c := newCluster(t, embeddedEndpoint(t))
-	ckpt := filepath.Join(c.dir, "ckpt")
-	out := filepath.Join(c.dir, "w.json")
+	c, ckpt, out, want := inprocessCluster(t)
 	add := func() *job {
 		return c.addNode([]string{"PYTHON_EXEC=" + debianPython, "FT_INPROCESS_NOTICE_WAIT=2"}, "--nnodes", "2:3",
 			"--nproc-per-node", "2", "--max-restarts", "1", "--rdzv-backend", "c10d", "--restart-mode", "in-process",
@@ -473,9 +476,7 @@ func TestInProcessNodeLossWaitsForNode(t *testing.T) {
 			t.Fatalf("node %d exited %d\n%s", i, code, c.stderrs())
 		}
 	}
-	if got := readWeights(t, out); got.SHA256 != want.SHA256 || got.WorldSize != 4 {
-		t.Fatalf("weights %s world %d, want %s world 4", got.SHA256, got.WorldSize, want.SHA256)
-	}
+	wantWorld4(t, out, want)
 	n0 := c.nodes[0]
 	if k := n0.eventsOf("inprocess_kept"); len(k) != 1 {
 		t.Fatalf("node 0: inprocess_kept %v, want one\n%s", k, c.stderrs())
