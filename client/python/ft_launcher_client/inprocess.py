@@ -29,6 +29,7 @@ full``) is restarted as before: registering is what opts in.
 import json
 import logging
 import os
+import socket
 import threading
 import time
 
@@ -90,6 +91,45 @@ def _recv_exact(sock, n):
             raise EOFError
         buf += chunk
     return bytes(buf)
+
+
+def _sockets():
+    """This process's sockets: {"socket:[inode]": fd} from /proc/self/fd."""
+    out = {}
+    try:
+        fds = os.listdir("/proc/self/fd")
+    except OSError:
+        return out
+    for fd in fds:
+        try:
+            link = os.readlink("/proc/self/fd/" + fd)
+        except OSError:
+            continue
+        if link.startswith("socket:"):
+            out[link] = int(fd)
+    return out
+
+
+def _shutdown_tcp(opened):
+    """shutdown(2) each TCP socket of opened ({"socket:[inode]": fd}) that
+    is still the same socket (an fd number can be reused once closed),
+    without closing the fd, which stays its owner's: the connection ends
+    and the peer reads EOF. Unix sockets (the monitor's) are left alone."""
+    for link, fd in opened.items():
+        try:
+            if os.readlink("/proc/self/fd/%d" % fd) != link:
+                continue
+            s = socket.socket(fileno=os.dup(fd))
+        except OSError:
+            continue
+        try:
+            if s.family in (socket.AF_INET, socket.AF_INET6) and s.type == socket.SOCK_STREAM:
+                s.getpeername()  # a listener raises here: its owner's accept loop is left alone
+                s.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass  # not connected, or already ended
+        finally:
+            s.close()  # the duplicate only
 
 
 class _NoticeReader(threading.Thread):
@@ -209,6 +249,7 @@ class InProcess:
         self._cv = threading.Condition()
         self._notice = None
         self._reader = None
+        self._pg_sockets = {}  # TCP sockets the current group's init opened (_teardown)
         self._phases = None  # timings of the restart until its first step
         self._launcher = bool(os.environ.get(SOCKET_ENV))
 
@@ -282,10 +323,11 @@ class InProcess:
         kw = {}
         if self.timeout is not None:
             kw["timeout"] = self.timeout
+        before = _sockets()
         dist.init_process_group(backend=self.backend, init_method="env://", **kw)
+        self._pg_sockets = {link: fd for link, fd in _sockets().items() if link not in before}
 
-    @staticmethod
-    def _teardown():
+    def _teardown(self):
         import torch.distributed as dist
 
         if dist.is_available() and dist.is_initialized():
@@ -293,6 +335,15 @@ class InProcess:
                 dist.destroy_process_group()
             except Exception as e:  # a broken group may refuse; drop it anyway
                 log.warning("in-process: destroy_process_group: %r", e)
+        # torch 2.x keeps the destroyed group alive (references held outside
+        # Python's reach), so its gloo connections stay open, and a peer
+        # blocked in a collective waiting on this rank would wait for the
+        # group's timeout (30 min by default) instead of failing and
+        # rejoining. Shut down the TCP connections that init_process_group
+        # opened: the peer's collective fails at once. torch 1.13 frees the
+        # group here and finds them closed already.
+        _shutdown_tcp(self._pg_sockets)
+        self._pg_sockets = {}
 
     @staticmethod
     def _adopt(n):
