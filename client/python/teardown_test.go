@@ -19,7 +19,7 @@ import (
 // TestTeardownEndsPeersCollective: with real torch and gloo, InProcess's
 // teardown ends the connections its group's init opened, so a peer blocked
 // in a collective on this rank fails at once and can rejoin, even when the
-// destroyed group stays alive (torch 2.x; tests/torch_teardown.py keeps a
+// destroyed group stays alive (torch 2.6; tests/torch_teardown.py keeps a
 // reference to stand for it under torch 1.13). Without the shutdown the
 // peer's all_reduce waits out the group's 300 s timeout.
 func TestTeardownEndsPeersCollective(t *testing.T) {

@@ -335,13 +335,14 @@ class InProcess:
                 dist.destroy_process_group()
             except Exception as e:  # a broken group may refuse; drop it anyway
                 log.warning("in-process: destroy_process_group: %r", e)
-        # torch 2.x keeps the destroyed group alive (references held outside
+        # torch 2.6 keeps the destroyed group alive (references held outside
         # Python's reach), so its gloo connections stay open, and a peer
         # blocked in a collective waiting on this rank would wait for the
         # group's timeout (30 min by default) instead of failing and
-        # rejoining. Shut down the TCP connections that init_process_group
-        # opened: the peer's collective fails at once. torch 1.13 frees the
-        # group here and finds them closed already.
+        # rejoining: 4-rank in-process restarts failed so. Shut down the TCP
+        # connections that init_process_group opened: the peer's collective
+        # fails at once. torch 1.13 frees the group here and finds them
+        # closed already.
         _shutdown_tcp(self._pg_sockets)
         self._pg_sockets = {}
 

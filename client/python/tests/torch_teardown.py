@@ -2,11 +2,11 @@
 real torch and gloo: does InProcess's teardown end a peer's collective even
 when the destroyed group stays alive?
 
-torch 2.x keeps a destroyed process group alive (references held outside
+torch 2.6 keeps a destroyed process group alive (references held outside
 Python's reach: measured under Debian trixie's torch 2.6, docs/inprocess.md)
 and with it its gloo connections, so a peer blocked in a collective that
 waits on this rank never fails. torch 1.13 (here) frees the group; the
-script keeps a reference to it, as torch 2.x does, so the case is the same.
+script keeps a reference to it, as torch 2.6 does, so the case is the same.
 
   rank 1: all_reduce on the group, which rank 0 never joins: it blocks
           until rank 0's teardown ends the connection, then prints
@@ -34,7 +34,7 @@ from ft_launcher_client.inprocess import InProcess  # noqa: E402
 
 ip = InProcess(backend="gloo", timeout=300)
 ip._init_pg()
-group = dist.group.WORLD  # held, as torch 2.x holds it after destroy_process_group
+group = dist.group.WORLD  # held, as torch 2.6 holds it after destroy_process_group
 entered = os.path.join(d, "entered")
 if rank == 1:
     dist.barrier()
