@@ -67,7 +67,9 @@ open(p, "w").write(s)
 EOF
 fi
 rm -rf "$ROOT/opt/nvrx" && cp -r "$REPO/.nvrx" "$ROOT/opt/nvrx"
-(cd "$REPO" && CGO_ENABLED=0 go build -ldflags "-s -w" -o "$ROOT/opt/ft-launcher" ./cmd/ft-launcher)
+# ft-launcher-etcd too: --nodes 2 runs the embedded etcd rendezvous, which
+# ft-launcher starts from the binary beside it.
+(cd "$REPO" && CGO_ENABLED=0 go build -ldflags "-s -w" -o "$ROOT/opt/" ./cmd/ft-launcher ./cmd/ft-launcher-etcd)
 mkdir -p "$ROOT/work/repo" "$ROOT/proc" "$ROOT/dev"
 chmod 1777 "$ROOT/tmp"
 cleanup() {

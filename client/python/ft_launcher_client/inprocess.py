@@ -323,8 +323,23 @@ class InProcess:
         kw = {}
         if self.timeout is not None:
             kw["timeout"] = self.timeout
+        # torch 2.x names the default group from a counter it bumps before
+        # the rendezvous, and only destroy_process_group resets it. After a
+        # failed first init (a peer died before the group formed) the next
+        # init would name its group "1" while the round's fresh ranks use
+        # "0": different store keys, and init_process_group waits for peers
+        # that never come. Put the counter back when init fails.
+        from torch.distributed import distributed_c10d as c10d
+
+        world = getattr(c10d, "_world", None)
+        count = getattr(world, "group_count", None)
         before = _sockets()
-        dist.init_process_group(backend=self.backend, init_method="env://", **kw)
+        try:
+            dist.init_process_group(backend=self.backend, init_method="env://", **kw)
+        except BaseException:
+            if count is not None and not dist.is_initialized():
+                world.group_count = count
+            raise
         self._pg_sockets = {link: fd for link, fd in _sockets().items() if link not in before}
 
     def _teardown(self):

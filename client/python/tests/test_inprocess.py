@@ -9,6 +9,7 @@ integration/inprocess_test.go run real torch ranks).
 import json
 import os
 import socket
+import sys
 import tempfile
 import threading
 import time
@@ -514,6 +515,61 @@ class SnapshotTest(unittest.TestCase):
         s.save(8, model={"w": 1})
         self.assertEqual(s.load(8), (8, {"model": {"w": 1}}))
         self.assertEqual(s.load(4), (None, None))
+
+
+class FailedInitTest(unittest.TestCase):
+    """_init_pg against a stand-in for torch 2.x's torch.distributed (torch
+    2.x is not installed here; Debian's 1.13 has no such counter): its
+    init_process_group bumps distributed_c10d._world.group_count, which names
+    the default group, before the rendezvous, as torch 2.6 does. A failed
+    init must leave the counter as it was, or the next init names its group
+    "1" where the round's fresh ranks use "0" (their store keys differ, and
+    init waits for peers that never come)."""
+
+    def setUp(self):
+        import types
+
+        self.saved = {k: sys.modules.get(k) for k in ("torch", "torch.distributed", "torch.distributed.distributed_c10d")}
+        world = types.SimpleNamespace(group_count=0)
+        c10d = types.ModuleType("torch.distributed.distributed_c10d")
+        c10d._world = world
+        dist = types.ModuleType("torch.distributed")
+        dist.distributed_c10d = c10d
+        self.fail_next = True
+        self.names = []
+
+        def init_process_group(backend, init_method, **kw):
+            name = str(world.group_count)
+            world.group_count += 1
+            if self.fail_next:
+                raise RuntimeError("failed to recv, got 0 bytes")
+            self.names.append(name)
+            dist.initialized = True
+
+        dist.init_process_group = init_process_group
+        dist.initialized = False
+        dist.is_initialized = lambda: dist.initialized
+        torch = types.ModuleType("torch")
+        torch.distributed = dist
+        sys.modules.update({"torch": torch, "torch.distributed": dist, "torch.distributed.distributed_c10d": c10d})
+        self.world = world
+
+    def tearDown(self):
+        for k, v in self.saved.items():
+            if v is None:
+                sys.modules.pop(k, None)
+            else:
+                sys.modules[k] = v
+
+    def test_failed_init_puts_the_group_counter_back(self):
+        ip = inprocess.InProcess()
+        with self.assertRaises(RuntimeError):
+            ip._init_pg()
+        self.assertEqual(self.world.group_count, 0)
+        self.fail_next = False
+        ip._init_pg()
+        self.assertEqual(self.names, ["0"])  # the name the round's fresh ranks use
+        self.assertEqual(self.world.group_count, 1)
 
 
 if __name__ == "__main__":
