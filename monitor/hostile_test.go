@@ -2,7 +2,6 @@ package monitor
 
 import (
 	"bufio"
-	"bytes"
 	"encoding/json"
 	"errors"
 	"log/slog"
@@ -19,36 +18,18 @@ import (
 	"time"
 
 	"github.com/ftlauncher/ft-launcher/configs"
+	"github.com/ftlauncher/ft-launcher/internal/lockedbuf"
 	"github.com/ftlauncher/ft-launcher/monitor/ftwire"
 )
 
-// lockedBuffer collects log output written from many goroutines.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) count(sub string) int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return strings.Count(l.b.String(), sub)
-}
-
-// managerWithLog is newManager whose log is kept for assertions.
-func managerWithLog(t *testing.T, nlocal int, mut func(*configs.FaultTolerance)) (*Manager, *lockedBuffer) {
+func managerWithLog(t *testing.T, nlocal int, mut func(*configs.FaultTolerance)) (*Manager, *lockedbuf.Buffer) {
 	t.Helper()
 	ft := configs.DefaultFaultTolerance()
 	ft.CalculateTimeouts = false
 	if mut != nil {
 		mut(&ft)
 	}
-	buf := &lockedBuffer{}
+	buf := &lockedbuf.Buffer{}
 	m, err := New(Options{NLocal: nlocal, FT: ft, MinComputedTimeout: -1,
 		Logger: slog.New(slog.NewTextHandler(buf, &slog.HandlerOptions{Level: slog.LevelDebug}))})
 	if err != nil {
@@ -170,8 +151,8 @@ func TestHostileTimeoutsCannotDisableDetection(t *testing.T) {
 	if h.LocalRank != 0 || h.Kind != KindHeartbeat || h.Timeout != 2*time.Second {
 		t.Fatalf("hang %+v, want rank 0's 2s heartbeat timeout", h)
 	}
-	eventually(t, 10*time.Second, "refusals logged", func() bool { return logs.count("refused input from rank") >= 1 })
-	if n := logs.count("refused input from rank"); n != 1 {
+	eventually(t, 10*time.Second, "refusals logged", func() bool { return logs.Count("refused input from rank") >= 1 })
+	if n := logs.Count("refused input from rank"); n != 1 {
 		t.Errorf("refused updates logged %d times, want once per rank", n)
 	}
 	if got := m.RankStatus(1).Timeouts.Heartbeat; got != 2*time.Second {
@@ -263,7 +244,7 @@ func TestManySectionNamesBounded(t *testing.T) {
 	if grow := int64(after.HeapAlloc) - int64(before.HeapAlloc); grow > 16<<20 {
 		t.Errorf("heap grew by %d bytes for 100,000 section names", grow)
 	}
-	if n := logs.count("refused input from rank"); n != 1 {
+	if n := logs.Count("refused input from rank"); n != 1 {
 		t.Errorf("refused sections logged %d times, want 1", n)
 	}
 }
@@ -290,7 +271,7 @@ func TestConnectionFloodLogBounded(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	if n := logs.count("refusing"); n < 1 || n > refusedLogBurst+2 {
+	if n := logs.Count("refusing"); n < 1 || n > refusedLogBurst+2 {
 		t.Errorf("500 refused connections logged %d lines, want 1..%d", n, refusedLogBurst+2)
 	}
 }

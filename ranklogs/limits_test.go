@@ -1,15 +1,14 @@
 package ranklogs
 
 import (
-	"bytes"
 	"log/slog"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/ftlauncher/ft-launcher/configs"
+	"github.com/ftlauncher/ft-launcher/internal/lockedbuf"
 	"github.com/ftlauncher/ft-launcher/internal/testenv"
 	"github.com/ftlauncher/ft-launcher/metrics"
 )
@@ -60,17 +59,6 @@ func TestKeepAttempts(t *testing.T) {
 	}
 }
 
-type syncBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuf) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
 // TestLogWriteErrorReportedOnceAndCounted: a rank log that cannot be
 // written (here /dev/full: ENOSPC, as a full disk) is logged once and every
 // failed write counted.
@@ -80,7 +68,7 @@ func TestLogWriteErrorReportedOnceAndCounted(t *testing.T) {
 		testenv.Missing(t, testenv.DevFull, err.Error())
 	}
 	defer full.Close()
-	logs := &syncBuf{}
+	logs := &lockedbuf.Buffer{}
 	met := metrics.New()
 	a := &Attempt{ranks: map[int]*rankFiles{}, log: slog.New(slog.NewTextHandler(logs, nil)), met: met}
 	w, err := a.startTee(full, nil, "", nil)
@@ -107,8 +95,8 @@ func TestLogWriteErrorReportedOnceAndCounted(t *testing.T) {
 	for _, r := range a.readers {
 		r.Close()
 	}
-	if n := strings.Count(logs.b.String(), "rank output lost"); n != 1 {
-		t.Errorf("write error logged %d times, want once:\n%s", n, logs.b.String())
+	if n := strings.Count(logs.String(), "rank output lost"); n != 1 {
+		t.Errorf("write error logged %d times, want once:\n%s", n, logs.String())
 	}
 	if n := failures(t, met); n != 3 {
 		t.Errorf("counted %v failed writes, want 3", n)

@@ -1,17 +1,16 @@
 package clientpython
 
 import (
-	"bytes"
 	"context"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/ftlauncher/ft-launcher/internal/lockedbuf"
 	"github.com/ftlauncher/ft-launcher/internal/netutil"
 	"github.com/ftlauncher/ft-launcher/internal/testenv"
 )
@@ -31,8 +30,8 @@ func TestTeardownEndsPeersCollective(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	start := func(rank int) (*exec.Cmd, *syncBuffer) {
-		out := &syncBuffer{}
+	start := func(rank int) (*exec.Cmd, *lockedbuf.Buffer) {
+		out := &lockedbuf.Buffer{}
 		cmd := exec.CommandContext(ctx, testenv.DebianPython, "tests/torch_teardown.py", strconv.Itoa(rank), strconv.Itoa(port), dir)
 		cmd.Env = append(os.Environ(), "OMP_NUM_THREADS=1", "PYTHONUNBUFFERED=1")
 		cmd.Stdout, cmd.Stderr = out, out
@@ -77,23 +76,4 @@ func TestTeardownEndsPeersCollective(t *testing.T) {
 		t.Fatalf("rank 0: %v\n%s", err, out0)
 	}
 	t.Logf("rank 0: %s\nrank 1: %s", strings.TrimSpace(out0.String()), strings.TrimSpace(out1.String()))
-}
-
-// syncBuffer is an output buffer that the test may read while the process
-// still writes to it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

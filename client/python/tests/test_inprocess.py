@@ -14,6 +14,7 @@ import tempfile
 import threading
 import time
 import unittest
+from unittest import mock
 
 from ft_launcher_client import inprocess
 from ft_launcher_client.client import SOCKET_ENV, _frame
@@ -529,7 +530,6 @@ class FailedInitTest(unittest.TestCase):
     def setUp(self):
         import types
 
-        self.saved = {k: sys.modules.get(k) for k in ("torch", "torch.distributed", "torch.distributed.distributed_c10d")}
         world = types.SimpleNamespace(group_count=0)
         c10d = types.ModuleType("torch.distributed.distributed_c10d")
         c10d._world = world
@@ -551,15 +551,11 @@ class FailedInitTest(unittest.TestCase):
         dist.is_initialized = lambda: dist.initialized
         torch = types.ModuleType("torch")
         torch.distributed = dist
-        sys.modules.update({"torch": torch, "torch.distributed": dist, "torch.distributed.distributed_c10d": c10d})
+        modules = mock.patch.dict(sys.modules, {"torch": torch, "torch.distributed": dist,
+                                                "torch.distributed.distributed_c10d": c10d})
+        modules.start()
+        self.addCleanup(modules.stop)
         self.world = world
-
-    def tearDown(self):
-        for k, v in self.saved.items():
-            if v is None:
-                sys.modules.pop(k, None)
-            else:
-                sys.modules[k] = v
 
     def test_failed_init_puts_the_group_counter_back(self):
         ip = inprocess.InProcess()
