@@ -1,0 +1,47 @@
+"""What a standby would save by initialising the CUDA driver (cuInit, no
+context) before it becomes a rank (issue 31): in a fresh process, cuInit(0)
+through libcuda alone, the device memory the process then holds
+(nvidia-smi's per-process figure; none is expected without a context), and
+then what the rank would still pay: torch's is_available() and its first
+context. With --no-cuinit the same process skips cuInit, for the
+side-by-side. Prints one JSON line."""
+import ctypes
+import json
+import os
+import subprocess
+import sys
+import time
+
+
+def used_mib(pid):
+    out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                         capture_output=True, text=True).stdout
+    for line in out.splitlines():
+        p, _, m = line.partition(",")
+        if p.strip() == str(pid):
+            return int(m)
+    return 0
+
+
+res = {}
+if "--no-cuinit" not in sys.argv:
+    t0 = time.monotonic()
+    lib = ctypes.CDLL("libcuda.so.1")
+    rc = lib.cuInit(0)
+    res["cuinit_s"] = round(time.monotonic() - t0, 4)
+    res["cuinit_rc"] = rc
+    res["mib_after_cuinit"] = used_mib(os.getpid())
+t0 = time.monotonic()
+import torch  # noqa: E402
+res["import_s"] = round(time.monotonic() - t0, 3)
+t0 = time.monotonic()
+torch.cuda.is_available()
+res["is_available_s"] = round(time.monotonic() - t0, 4)
+t0 = time.monotonic()
+torch.cuda.set_device(0)
+torch.zeros(1, device="cuda")
+torch.cuda.synchronize()
+res["context_s"] = round(time.monotonic() - t0, 4)
+res["mib_after_context"] = used_mib(os.getpid())
+res["torch"] = torch.__version__
+print(json.dumps(res), flush=True)
