@@ -29,6 +29,7 @@ const (
 	WorkloadRequest  = "workload_request"
 	Standby          = "standby"          // this node parked beyond --nnodes MIN for a round
 	Verdict          = "verdict"          // the outcome, as written to the verdict file
+	VerdictLost      = "verdict_lost"     // the verdict file could not be written; the old one was removed
 	WalltimeWarning  = "walltime_warning" // the scheduler's pre-walltime signal, forwarded to the ranks
 	Ledger           = "ledger"           // a lease of this node began, ended or counted a restart (or a peer's, ended here)
 	SpareSwap        = "spare_swap"       // this spare was promoted: the phases of the swap

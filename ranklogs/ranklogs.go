@@ -148,8 +148,13 @@ func New(opts Options) (*Logs, error) {
 func (l *Logs) Dir() string { return l.runDir }
 
 // LostBytes is how much rank output, over every attempt so far, could not
-// be written to its log file.
-func (l *Logs) LostBytes() int64 { return l.lost.bytes.Load() }
+// be written to its log file; 0 for nil Logs.
+func (l *Logs) LostBytes() int64 {
+	if l == nil {
+		return 0
+	}
+	return l.lost.bytes.Load()
+}
 
 func (l *Logs) shown(localRank int) bool {
 	return l.opts.LocalRanksFilter == nil || slices.Contains(l.opts.LocalRanksFilter, localRank)
