@@ -8,11 +8,12 @@ import (
 
 // MaxRunIDLen bounds the run id (--rdzv-id) in bytes. The id becomes part
 // of a path element (the run's log directory <run_id>_<up to 10 digits>,
-// under the 255-byte NAME_MAX of every Linux file system), of the etcd key
-// prefix and the embedded etcd's cluster token. Slurm ids (<job id>-r<N>,
-// <array job>_<task>-r<N>), UUIDs (36) and Kubernetes Job names (63) fit
-// with room to spare.
-const MaxRunIDLen = 128
+// under the 255-byte NAME_MAX of every Linux file system, with room for a
+// longer suffix), of the etcd key prefix and the embedded etcd's cluster
+// token. Slurm ids (<job id>-r<N>, <array job>_<task>-r<N>), UUIDs (36),
+// Kubernetes Job names (63) and most AppWrapper names (up to 253 in
+// theory) fit.
+const MaxRunIDLen = 200
 
 // RunIDCharset says, in words, which characters a run id may hold.
 const RunIDCharset = "ASCII letters, digits and . _ - + : @"

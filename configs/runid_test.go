@@ -25,7 +25,7 @@ func TestValidateRunIDAccepts(t *testing.T) {
 // job id, is a one-line usage error that names where it came from, what is
 // wrong and what is allowed.
 func TestBadRunID(t *testing.T) {
-	allowed := "allowed: 1 to 128 characters of ASCII letters, digits and . _ - + : @, without '..'"
+	allowed := "allowed: 1 to 200 characters of ASCII letters, digits and . _ - + : @, without '..'"
 	tests := []struct {
 		name    string
 		args    []string
@@ -33,10 +33,10 @@ func TestBadRunID(t *testing.T) {
 		subject string
 		want    []string
 	}{
-		{"empty", []string{"--rdzv-id", ""}, nil, "--rdzv-id", []string{"--rdzv-id: empty run id: 1 to 128 characters"}},
+		{"empty", []string{"--rdzv-id", ""}, nil, "--rdzv-id", []string{"--rdzv-id: empty run id: 1 to 200 characters"}},
 		{"too long", []string{"--rdzv-id", strings.Repeat("a", 300)}, nil, "--rdzv-id",
-			[]string{"run id of 300 bytes (\"aaaa", "...): longer than 128", allowed}},
-		{"one over", []string{"--rdzv-id", strings.Repeat("a", MaxRunIDLen+1)}, nil, "--rdzv-id", []string{"129 bytes", "longer than 128"}},
+			[]string{"run id of 300 bytes (\"aaaa", "...): longer than 200", allowed}},
+		{"one over", []string{"--rdzv-id", strings.Repeat("a", MaxRunIDLen+1)}, nil, "--rdzv-id", []string{"201 bytes", "longer than 200"}},
 		{"newline", []string{"--rdzv-id", "job\n1"}, nil, "--rdzv-id", []string{`run id "job\n1" holds a newline (U+000A) at byte 3`, allowed}},
 		{"carriage return", []string{"--rdzv-id", "job\r"}, nil, "--rdzv-id", []string{"a control character (U+000D)"}},
 		{"NUL", []string{"--rdzv-id", "a\x00b"}, nil, "--rdzv-id", []string{"a control character (U+0000)"}},

@@ -131,14 +131,14 @@ func TestFullFileSystemRecords(t *testing.T) {
 // naming the problem and what is allowed (then the help hint), before
 // anything is created or started.
 func TestBadRunIDExitsTwoBeforeStarting(t *testing.T) {
-	const allowed = "allowed: 1 to 128 characters of ASCII letters, digits and . _ - + : @, without '..'"
+	const allowed = "allowed: 1 to 200 characters of ASCII letters, digits and . _ - + : @, without '..'"
 	tests := []struct {
 		name string
 		args []string
 		env  []string
 		want string
 	}{
-		{"empty", []string{"--rdzv-id", ""}, nil, "--rdzv-id: empty run id: 1 to 128 characters of ASCII letters"},
+		{"empty", []string{"--rdzv-id", ""}, nil, "--rdzv-id: empty run id: 1 to 200 characters of ASCII letters"},
 		{"300 characters", []string{"--rdzv-id", strings.Repeat("r", 300)}, nil, "--rdzv-id: run id of 300 bytes"},
 		{"newline", []string{"--rdzv-id", "a\nb"}, nil, `--rdzv-id: run id "a\nb" holds a newline (U+000A) at byte 1; ` + allowed},
 		{"right-to-left override", []string{"--rdzv-id", "x\u202egpj"}, nil, `holds a right-to-left override (U+202E) at byte 1; ` + allowed},

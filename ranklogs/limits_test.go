@@ -168,3 +168,15 @@ func TestFullFileSystemReportedOncePerLauncher(t *testing.T) {
 		}
 	}
 }
+
+// TestLongestRunIDFits: the longest run id configs accepts still makes a
+// run log directory (<run_id>_<random>, one path element under NAME_MAX).
+func TestLongestRunIDFits(t *testing.T) {
+	l, err := New(Options{LogDir: t.TempDir(), RunID: strings.Repeat("r", configs.MaxRunIDLen)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(l.Dir()); err != nil {
+		t.Fatal(err)
+	}
+}
