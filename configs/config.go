@@ -236,4 +236,10 @@ const (
 	ExitSuccess = 0
 	ExitFailure = 1
 	ExitUsage   = 2
+	// ExitVerdictLost: ft-launcher could not write its verdict (or its
+	// termination message) and would otherwise have exited 0 or 1; the
+	// previous verdict at that path was removed. 73 is sysexits'
+	// EX_CANTCREAT ("an output file cannot be created"), clear of 0, 1,
+	// 2, the no-restart code 93 and ft-resumer's 3 and 75.
+	ExitVerdictLost = 73
 )

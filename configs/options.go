@@ -157,7 +157,7 @@ func options() []*option {
 				return nil
 			}},
 		{names: []string{"rdzv-id"}, env: true, group: grpRdzv, arg: "ID", def: "none",
-			help: "Run id shared by every node of the job (the default 'none' collides between jobs). Inside a Slurm job: <job id>-r<SLURM_RESTART_COUNT> (array tasks <array job id>_<task id>-r<N>). In a Kubernetes pod: <AppWrapper>-r<FTL_WORKLOAD_RESETS>, else an Indexed Job's name (<job>-r<JOBSET_RESTART_ATTEMPT> when set).",
+			help: "Run id shared by every node of the job (the default 'none' collides between jobs): 1 to 200 characters of ASCII letters, digits and . _ - + : @, without '..', checked before anything starts. Inside a Slurm job: <job id>-r<SLURM_RESTART_COUNT> (array tasks <array job id>_<task id>-r<N>). In a Kubernetes pod: <AppWrapper>-r<FTL_WORKLOAD_RESETS>, else an Indexed Job's name (<job>-r<JOBSET_RESTART_ATTEMPT> when set).",
 			set: func(p *parser, v string) error {
 				p.cfg.RdzvID = v
 				p.explicit["rdzv-id"] = true

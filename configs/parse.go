@@ -330,6 +330,12 @@ func (p *parser) finish(positional []string, m machine) error {
 	if err := p.k8sDefaults(); err != nil {
 		return err
 	}
+	if err := p.validateRunID(); err != nil {
+		return err
+	}
+	if err := p.validateVerdictFile(); err != nil {
+		return err
+	}
 	p.terminationLog(m.devDir)
 	p.resolveInfraRank()
 	if err := p.resolveRendezvous(); err != nil {

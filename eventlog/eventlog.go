@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"os"
 	"sync"
 	"time"
@@ -28,16 +29,26 @@ const (
 	WorkloadRequest  = "workload_request"
 	Standby          = "standby"          // this node parked beyond --nnodes MIN for a round
 	Verdict          = "verdict"          // the outcome, as written to the verdict file
+	VerdictLost      = "verdict_lost"     // the verdict file could not be written; the old one was removed
 	WalltimeWarning  = "walltime_warning" // the scheduler's pre-walltime signal, forwarded to the ranks
 	Ledger           = "ledger"           // a lease of this node began, ended or counted a restart (or a peer's, ended here)
 	SpareSwap        = "spare_swap"       // this spare was promoted: the phases of the swap
 )
 
 // Log appends events to a file. A nil *Log discards events.
+//
+// A write that fails (a full file system) never blocks or stops the
+// caller: the event is dropped and counted (Lost), and the first failure
+// is logged once at error level with the path and what was lost so far.
 type Log struct {
-	mu   sync.Mutex
-	f    *os.File
-	base map[string]any
+	mu     sync.Mutex
+	f      *os.File
+	base   map[string]any
+	logger *slog.Logger // where the first lost event is reported; nil: nowhere
+
+	lostEvents, lostBytes int64
+	reported              bool
+	torn                  bool // the last write stopped mid-line
 }
 
 // Open opens (creating or appending) the event log at path. An empty path
@@ -75,7 +86,48 @@ func (l *Log) Emit(kind string, fields map[string]any) {
 	b = append(b, '\n')
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	_, _ = l.f.Write(b)
+	if l.torn {
+		// End the torn line first, so this event stays a line of its own
+		// and a reader loses only the torn one.
+		b = append([]byte{'\n'}, b...)
+	}
+	n, err := l.f.Write(b)
+	if n > 0 {
+		l.torn = b[n-1] != '\n'
+	}
+	if err == nil {
+		return
+	}
+	// A line written in part is not an event a reader can use: all of it
+	// counts as lost.
+	l.lostEvents++
+	l.lostBytes += int64(len(b))
+	if !l.reported && l.logger != nil {
+		l.reported = true
+		l.logger.Error("event log: write failed, events are being lost (further failures only counted; the totals go into the verdict's records_lost)",
+			"path", l.f.Name(), "err", err, "event", kind, "events_lost", l.lostEvents, "bytes_lost", l.lostBytes)
+	}
+}
+
+// ReportTo sets the logger that hears of the first lost event (nil: none).
+func (l *Log) ReportTo(logger *slog.Logger) {
+	if l == nil {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.logger = logger
+}
+
+// Lost returns how many events, and how many bytes of them, could not be
+// written.
+func (l *Log) Lost() (events, bytes int64) {
+	if l == nil {
+		return 0, 0
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.lostEvents, l.lostBytes
 }
 
 // Close closes the file.

@@ -70,7 +70,8 @@ func TestLogWriteErrorReportedOnceAndCounted(t *testing.T) {
 	defer full.Close()
 	logs := &lockedbuf.Buffer{}
 	met := metrics.New()
-	a := &Attempt{ranks: map[int]*rankFiles{}, log: slog.New(slog.NewTextHandler(logs, nil)), met: met}
+	lost := &outputLoss{}
+	a := &Attempt{ranks: map[int]*rankFiles{}, log: slog.New(slog.NewTextHandler(logs, nil)), met: met, lost: lost}
 	w, err := a.startTee(full, nil, "", nil)
 	if err != nil {
 		t.Fatal(err)
@@ -101,6 +102,9 @@ func TestLogWriteErrorReportedOnceAndCounted(t *testing.T) {
 	if n := failures(t, met); n != 3 {
 		t.Errorf("counted %v failed writes, want 3", n)
 	}
+	if n := lost.bytes.Load(); n != 3*int64(len("line\n")) {
+		t.Errorf("counted %d bytes lost, want %d", n, 3*len("line\n"))
+	}
 }
 
 func failures(t *testing.T, m *metrics.Metrics) float64 {
@@ -115,4 +119,64 @@ func failures(t *testing.T, m *metrics.Metrics) float64 {
 		}
 	}
 	return 0
+}
+
+// TestFullFileSystemReportedOncePerLauncher: with the log dir on a full
+// file system, the output of every rank and stream of every attempt is
+// counted in LostBytes, and the launcher logs the loss once, naming the
+// file and the bytes lost so far.
+func TestFullFileSystemReportedOncePerLauncher(t *testing.T) {
+	dir := testenv.Tmpfs(t, "64k")
+	logs := &lockedbuf.Buffer{}
+	l, err := New(Options{LogDir: dir, RunID: "r", Log: slog.New(slog.NewTextHandler(logs, nil)),
+		Redirects: configs.StdSpec{All: configs.StdOut | configs.StdErr}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	testenv.FillUp(t, dir) // the directories exist; no data fits any more
+	chunk := []byte(strings.Repeat("y", 999) + "\n")
+	var want int64
+	for attempt := 0; attempt < 2; attempt++ {
+		a, err := l.Attempt(attempt, []RankInfo{{LocalRank: 0, GlobalRank: 0}, {LocalRank: 1, GlobalRank: 1}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for r := 0; r < 2; r++ {
+			out, errw := a.Files(r)
+			for _, w := range []*os.File{out, errw} {
+				for i := 0; i < 3; i++ {
+					if _, err := w.Write(chunk); err != nil {
+						t.Fatal(err)
+					}
+					want += int64(len(chunk))
+				}
+			}
+		}
+		if err := a.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := l.LostBytes(); got != want {
+		t.Errorf("LostBytes() = %d, want %d", got, want)
+	}
+	if n := strings.Count(logs.String(), "level=ERROR"); n != 1 {
+		t.Errorf("%d error lines, want 1:\n%s", n, logs.String())
+	}
+	for _, w := range []string{"rank output lost", "file=" + dir, "no space left on device", "bytes_lost="} {
+		if !strings.Contains(logs.String(), w) {
+			t.Errorf("the error line lacks %q:\n%s", w, logs.String())
+		}
+	}
+}
+
+// TestLongestRunIDFits: the longest run id configs accepts still makes a
+// run log directory (<run_id>_<random>, one path element under NAME_MAX).
+func TestLongestRunIDFits(t *testing.T) {
+	l, err := New(Options{LogDir: t.TempDir(), RunID: strings.Repeat("r", configs.MaxRunIDLen)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(l.Dir()); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -30,6 +30,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ftlauncher/ft-launcher/configs"
@@ -91,6 +92,16 @@ type Logs struct {
 
 	mu       sync.Mutex
 	attempts []string // attempt dirs this launcher created, oldest first
+
+	lost *outputLoss // rank output that could not be written, every attempt
+}
+
+// outputLoss counts rank output dropped because its log file could not be
+// written (a full file system), over every attempt of a launcher; the
+// first loss is logged once.
+type outputLoss struct {
+	bytes    atomic.Int64
+	reported atomic.Bool
 }
 
 // New creates <log_dir>/<run_id>_<rand>/ (once per launcher).
@@ -110,7 +121,7 @@ func New(opts Options) (*Logs, error) {
 	if opts.PrefixTemplate == "" {
 		opts.PrefixTemplate = DefaultPrefixTemplate
 	}
-	l := &Logs{opts: opts}
+	l := &Logs{opts: opts, lost: &outputLoss{}}
 	if opts.LogDir == os.DevNull {
 		return l, nil
 	}
@@ -123,8 +134,8 @@ func New(opts Options) (*Logs, error) {
 	} else if err := os.MkdirAll(root, 0o755); err != nil {
 		return nil, fmt.Errorf("ranklogs: create log dir: %w", err)
 	}
-	// A run id is free text (a Slurm job id, "team/exp-3"): keep it one
-	// path element.
+	// configs refuses run ids that are not one safe path element; this
+	// keeps a caller that did not check from escaping the log dir.
 	dir, err := os.MkdirTemp(root, strings.NewReplacer("/", "_", "\x00", "_").Replace(opts.RunID)+"_")
 	if err != nil {
 		return nil, fmt.Errorf("ranklogs: create run log dir: %w", err)
@@ -135,6 +146,15 @@ func New(opts Options) (*Logs, error) {
 
 // Dir is the run's log directory, "" when files are off.
 func (l *Logs) Dir() string { return l.runDir }
+
+// LostBytes is how much rank output, over every attempt so far, could not
+// be written to its log file; 0 for nil Logs.
+func (l *Logs) LostBytes() int64 {
+	if l == nil {
+		return 0
+	}
+	return l.lost.bytes.Load()
+}
 
 func (l *Logs) shown(localRank int) bool {
 	return l.opts.LocalRanksFilter == nil || slices.Contains(l.opts.LocalRanksFilter, localRank)
@@ -155,6 +175,7 @@ type Attempt struct {
 	ranks map[int]*rankFiles
 	log   *slog.Logger
 	met   *metrics.Metrics
+	lost  *outputLoss
 
 	parentEnds []*os.File // pipe write ends kept open until the ranks exited
 	readers    []*os.File // pipe read ends, owned by tee goroutines
@@ -176,7 +197,7 @@ type rankFiles struct {
 // give each rank as stdout and stderr. An existing attempt_<n> is never
 // reused: attempt_<n>.1, attempt_<n>.2, ... are tried in turn.
 func (l *Logs) Attempt(n int, ranks []RankInfo) (*Attempt, error) {
-	a := &Attempt{ranks: make(map[int]*rankFiles, len(ranks)), log: l.opts.Log, met: l.opts.Metrics}
+	a := &Attempt{ranks: make(map[int]*rankFiles, len(ranks)), log: l.opts.Log, met: l.opts.Metrics, lost: l.lost}
 	if l.runDir != "" {
 		dir, err := claimDir(l.runDir, "attempt_"+strconv.Itoa(n))
 		if err != nil {
@@ -320,19 +341,20 @@ func (a *Attempt) startTee(file *os.File, console io.Writer, prefix string, mu *
 	go func() {
 		defer a.tees.Done()
 		buf := make([]byte, 32<<10)
-		reported := false
 		for {
 			n, err := pr.Read(buf)
 			if n > 0 {
 				if file != nil {
-					// Every failed write is counted; the first is logged.
-					// Later writes are still tried: space may come back.
-					if _, werr := file.Write(buf[:n]); werr != nil {
+					// The rank is never held up: what cannot be written
+					// is dropped and counted, the first loss of the
+					// launcher logged. Later writes are still tried:
+					// space may come back.
+					if w, werr := file.Write(buf[:n]); werr != nil {
 						a.met.RankLogWriteError()
-						if !reported {
-							reported = true
-							a.log.Error("ranklogs: rank output lost: cannot write its log file (further failures only counted)",
-								"file", file.Name(), "err", werr)
+						total := a.lost.bytes.Add(int64(n - w))
+						if a.lost.reported.CompareAndSwap(false, true) {
+							a.log.Error("ranklogs: rank output lost: cannot write its log file (further failures only counted; the totals go into the verdict's records_lost)",
+								"file", file.Name(), "err", werr, "bytes_lost", total)
 						}
 					}
 				}

@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"time"
 
@@ -170,6 +171,27 @@ type Verdict struct {
 	Ledger    []ledger.Record `json:"ledger"`
 	StartedAt time.Time       `json:"started_at"`
 	EndedAt   time.Time       `json:"ended_at"`
+	// RecordsLost is what this launcher could not record because a write
+	// failed (a full file system); nil (absent) when nothing was lost.
+	RecordsLost *RecordsLost `json:"records_lost,omitempty"`
+}
+
+// RecordsLost counts what a launcher dropped because its writes failed.
+// The launcher logs the first failure of each kind once, at error level,
+// and counts every one; training goes on.
+type RecordsLost struct {
+	// EventLogEvents and EventLogBytes are the event-log lines (and their
+	// bytes) that could not be written whole.
+	EventLogEvents int64 `json:"event_log_events"`
+	EventLogBytes  int64 `json:"event_log_bytes"`
+	// RankOutputBytes is rank output (redirected or teed to the rank's
+	// stdout.log or stderr.log) that could not be written to its file.
+	RankOutputBytes int64 `json:"rank_output_bytes"`
+}
+
+// Any reports whether anything was lost.
+func (r RecordsLost) Any() bool {
+	return r.EventLogEvents > 0 || r.EventLogBytes > 0 || r.RankOutputBytes > 0
 }
 
 // Write stores v at path atomically (0644), setting Schema.
@@ -193,6 +215,30 @@ func Write(path string, v Verdict) error {
 	}
 	if err := atomicfile.Write(path, append(b, '\n'), 0o644); err != nil {
 		return fmt.Errorf("verdict: %w", err)
+	}
+	return nil
+}
+
+// Remove takes away the verdict at path after a new one could not be
+// written there, so that no outer loop acts on an earlier run's verdict:
+// the file is removed or, where its directory refuses that (read-only), cut
+// to 0 bytes, which Read and Parse refuse as not a verdict (ft-resumer and
+// the Kubernetes adapter skip it). A path that does not exist, or that is a
+// directory (never a verdict), is left as it is.
+func Remove(path string) error {
+	st, err := os.Lstat(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err == nil && st.IsDir() {
+		return nil
+	}
+	rmErr := os.Remove(path)
+	if rmErr == nil || errors.Is(rmErr, fs.ErrNotExist) {
+		return nil
+	}
+	if tErr := os.Truncate(path, 0); tErr != nil {
+		return fmt.Errorf("verdict: the previous verdict %s stays: cannot remove it (%v) nor empty it (%v)", path, rmErr, tErr)
 	}
 	return nil
 }

@@ -59,10 +59,11 @@ func launch(ctx context.Context, cfg *configs.Config, log *slog.Logger, sigs <-c
 		return configs.ExitUsage
 	}
 	defer ev.Close()
+	ev.ReportTo(log.With("component", "eventlog"))
 	rec.ev = ev
 
 	met := serveMetrics(ctx, cfg, log)
-	logs, err := ranklogs.New(ranklogs.Options{Metrics: met,
+	logs, err := ranklogs.New(ranklogs.Options{Metrics: met, Log: log.With("component", "ranklogs"),
 		LogDir: cfg.LogDir, RunID: cfg.RdzvID, Role: cfg.Role,
 		Redirects: cfg.Redirects, Tee: cfg.Tee, LocalRanksFilter: cfg.LocalRanksFilter, KeepAttempts: cfg.LogKeepAttempts,
 		PrefixTemplate: os.Getenv("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"),
@@ -72,6 +73,7 @@ func launch(ctx context.Context, cfg *configs.Config, log *slog.Logger, sigs <-c
 		return rec.setupFailed("prepare the log directory", err)
 	}
 	rec.logDir = logs.Dir()
+	rec.logs = logs
 
 	cg := contain(log)
 	reaper, err := spawn.NewReaper(log.With("component", "spawn"))
@@ -312,7 +314,8 @@ type verdictRecorder struct {
 	ev      *eventlog.Log
 	host    string
 	node    string
-	logDir  string // the run's log directory, once known
+	logDir  string         // the run's log directory, once known
+	logs    *ranklogs.Logs // counts the rank output lost, once set up
 	started time.Time
 }
 
@@ -360,24 +363,53 @@ func (r *verdictRecorder) signaled(sig os.Signal) int {
 
 // write stores the outcome's verdict in the verdict file and, compacted,
 // in the termination log (--termination-log: in a pod the kubelet puts it
-// in the pod's status), and returns its exit code. A verdict that cannot be
-// written is logged; the exit code stands.
+// in the pod's status), and returns the exit code.
+//
+// A verdict that cannot be written must not leave an earlier run's in its
+// place for an outer loop to act on: the old file is removed (or emptied),
+// and the exit code becomes ExitVerdictLost where it would have been 0 or
+// 1. A no-restart code stays: it carries the decision by itself.
 func (r *verdictRecorder) write(o agent.Outcome) int {
 	code := o.ExitCode()
 	v := o.Verdict(r.cfg.RdzvID, r.node, r.host)
+	lost := verdict.RecordsLost{RankOutputBytes: r.logs.LostBytes()}
+	lost.EventLogEvents, lost.EventLogBytes = r.ev.Lost()
+	if lost.Any() {
+		v.RecordsLost = &lost
+	}
+	recordLost := func() {
+		if code == configs.ExitSuccess || code == configs.ExitFailure {
+			code = configs.ExitVerdictLost
+			v.ExitCode = code
+		}
+	}
 	if path := r.path(); path != "" {
 		if err := verdict.Write(path, v); err != nil {
-			r.log.Error("could not write the verdict file", "path", path, "err", err)
+			recordLost()
+			attrs := []any{"path", path, "err", err, "kind", string(o.Kind), "exit_code", code}
+			if rmErr := verdict.Remove(path); rmErr != nil {
+				r.log.Error("could not write the verdict file, and an earlier verdict there stays: outer loops may act on it", append(attrs, "remove_err", rmErr)...)
+			} else {
+				r.log.Error("could not write the verdict file; no earlier verdict is left there", attrs...)
+			}
+			r.ev.Emit(eventlog.VerdictLost, map[string]any{"path": path, "err": err.Error(), "exit_code": code})
 		} else {
 			r.log.Info("verdict written", "path", path, "kind", string(o.Kind), "exit_code", code)
 		}
 	}
 	if path := r.cfg.TerminationLog; path != "" {
 		if err := verdict.WriteTerminationMessage(path, v); err != nil {
-			r.log.Error("could not write the termination log", "path", path, "err", err)
+			recordLost()
+			// It was opened with O_TRUNC: what is left is empty or cut,
+			// and no reader takes it for a verdict.
+			r.log.Error("could not write the termination log", "path", path, "err", err, "exit_code", code)
 		} else {
 			r.log.Debug("termination log written", "path", path)
 		}
+	}
+	if lost.Any() {
+		r.log.Warn("records were lost during the run (see records_lost in the verdict)", "event_log_events", lost.EventLogEvents,
+			"event_log_bytes", lost.EventLogBytes, "rank_output_bytes", lost.RankOutputBytes)
 	}
 	return code
 }

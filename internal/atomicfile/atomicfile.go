@@ -15,6 +15,11 @@ import (
 // explicitly). On error the target is untouched and no temporary file stays.
 func Write(path string, data []byte, perm fs.FileMode) error {
 	dir := filepath.Dir(path)
+	// Renaming a file over a directory fails only at the end, with a
+	// puzzling "file exists"; say what is wrong first.
+	if st, err := os.Lstat(path); err == nil && st.IsDir() {
+		return fmt.Errorf("write %s: the path is a directory, not a file", path)
+	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("write %s: %w", path, err)
 	}
