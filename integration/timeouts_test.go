@@ -83,7 +83,8 @@ func TestComputedTimeoutsPersistAndLoad(t *testing.T) {
 // is declared hung after SIGCONT, the stall is recorded (launcher_stall),
 // and the persisted heartbeat timeout is learned from the intervals the
 // launcher observed on time (before the fix: 5 × 5.4 s = 26.9 s).
-// Shared-memory and socket clients. FTL_TEST_STALL_SECONDS overrides the
+// Shared-memory and socket clients of ft-launcher's Python client, and
+// nvrx's pickle protocol. FTL_TEST_STALL_SECONDS overrides the
 // freeze (docs/benchmarks.md, "Timeouts across a launcher stall").
 func TestComputedTimeoutsIgnoreLauncherStall(t *testing.T) {
 	stall := 5 * time.Second
@@ -95,14 +96,18 @@ func TestComputedTimeoutsIgnoreLauncherStall(t *testing.T) {
 		stall = time.Duration(s * float64(time.Second))
 	}
 	worker, _ := filepath.Abs("testdata/monitored_worker.py")
+	nvrx, _ := filepath.Abs("testdata/nvrx_worker.py")
 	beats := strconv.Itoa(int((stall + 12*time.Second) / (100 * time.Millisecond)))
-	for _, transport := range []string{"shm", "socket"} {
+	for _, transport := range []string{"shm", "socket", "nvrx"} {
 		t.Run(transport, func(t *testing.T) {
 			t.Parallel()
 			state := filepath.Join(t.TempDir(), "ft_state.json")
 			wargs := []string{worker, "fine", "--beats", beats, "--interval", "0.1"}
-			if transport == "socket" {
+			switch transport {
+			case "socket":
 				wargs = append(wargs, "--socket")
+			case "nvrx": // pickle protocol, read by one goroutine per rank
+				wargs = []string{nvrx, "steady", beats}
 			}
 			j := newJob(t)
 			j.start([]string{"PYTHON_EXEC=" + debianPython}, append([]string{"--standalone", "--nproc-per-node", "2",
