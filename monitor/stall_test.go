@@ -140,9 +140,9 @@ func recordStall(s *stallLog, w stallWindow) {
 // computed heartbeat and step timeouts come from the intervals observed
 // on time. Socket and shared-memory clients alike.
 func TestStallNotLearned(t *testing.T) {
-	// 65 heartbeats (64 intervals); the steps after the pause start 2 s
-	// after the stall below ends.
-	const script = "hbn 12 50ms;open step;mark pause;sleep 2s;hb;close step;hbn 40 50ms;" +
+	// 85 heartbeats (84 intervals); the steps after the pause start 2.5 s
+	// after the stall below ends (less the delay of the "pause" line).
+	const script = "hbn 12 50ms;open step;mark pause;sleep 2s;hb;close step;hbn 60 50ms;" +
 		"open step;sleep 30ms;close step;open step;sleep 30ms;close step;open step;sleep 30ms;close step;hbn 12 50ms;exit 0"
 	tests := []struct {
 		name    string
@@ -190,10 +190,10 @@ func TestStallNotLearned(t *testing.T) {
 				if *hb.Subsequent > 5 || *st.Section["step"] > 5 {
 					t.Errorf("the pause under a launcher stall was learned: heartbeat %.2fs, step %.2fs", *hb.Subsequent, *st.Section["step"])
 				}
-				if obs.HeartbeatIntervals >= 64 || obs.SectionCloses["step"] != 3 {
+				if obs.HeartbeatIntervals >= 84 || obs.SectionCloses["step"] != 3 {
 					t.Errorf("%d intervals and %d steps counted; the ones across the stall must not be", obs.HeartbeatIntervals, obs.SectionCloses["step"])
 				}
-			} else if *hb.Subsequent < 9.5 || *st.Section["step"] < 9.5 || obs.HeartbeatIntervals != 64 {
+			} else if *hb.Subsequent < 9.5 || *st.Section["step"] < 9.5 || obs.HeartbeatIntervals != 84 {
 				t.Errorf("without a stall the 2 s pause must be learned (≥ 10 s): heartbeat %.2fs, step %.2fs", *hb.Subsequent, *st.Section["step"])
 			}
 		})
@@ -246,7 +246,13 @@ func TestStallGraceDefersHang(t *testing.T) {
 	time.Sleep(3 * stallTick)
 	mu.Lock()
 	defer mu.Unlock()
-	if len(events) != 1 || events[0]["duration_ms"] != float64(2000) {
-		t.Errorf("launcher_stall events %v, want one of 2000 ms", events)
+	n := 0 // a loaded machine may add real stalls of its own
+	for _, e := range events {
+		if e["duration_ms"] == float64(2000) {
+			n++
+		}
+	}
+	if n != 1 {
+		t.Errorf("launcher_stall events %v, want exactly one of 2000 ms", events)
 	}
 }
