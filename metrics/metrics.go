@@ -191,8 +191,9 @@ func (m *Metrics) Handler() http.Handler {
 	return promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{Registry: m.Registry})
 }
 
-// Serve listens on addr and serves /metrics until ctx ends. It returns nil
-// after a clean shutdown and an error when the address cannot be bound.
+// Serve listens on addr and serves /metrics until ctx ends, within
+// DefaultLimits(). It returns nil after a clean shutdown and an error when
+// the address cannot be bound.
 func (m *Metrics) Serve(ctx context.Context, addr string) error {
 	if m == nil {
 		return errors.New("metrics: Serve on nil Metrics")
@@ -201,13 +202,16 @@ func (m *Metrics) Serve(ctx context.Context, addr string) error {
 	if err != nil {
 		return fmt.Errorf("metrics: listen on %s: %w", addr, err)
 	}
-	return m.serveListener(ctx, ln)
+	lim := DefaultLimits()
+	return m.serveListener(ctx, newBoundedListener(ln, lim.MaxConns), lim)
 }
 
-func (m *Metrics) serveListener(ctx context.Context, ln net.Listener) error {
+func (m *Metrics) serveListener(ctx context.Context, ln *boundedListener, lim Limits) error {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", m.Handler())
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: lim.ReadHeaderTimeout, ReadTimeout: lim.ReadTimeout,
+		WriteTimeout: lim.WriteTimeout, IdleTimeout: lim.IdleTimeout, MaxHeaderBytes: maxHeaderBytes,
+		ConnState: ln.connState}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	select {

@@ -39,7 +39,9 @@ func TestServeExposesMetrics(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- m.serveListener(ctx, ln) }()
+	go func() {
+		done <- m.serveListener(ctx, newBoundedListener(ln, DefaultLimits().MaxConns), DefaultLimits())
+	}()
 	t.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil {

@@ -11,5 +11,8 @@
 // of MiB per process, start in microseconds, and report hangs over a channel
 // instead of a side socket. The price is shared fate: if the launcher dies,
 // its monitors die with it, which is acceptable because the ranks cannot be
-// restarted without the launcher anyway.
+// restarted without the launcher anyway. Shared fate also means a frozen
+// launcher freezes its monitors: stall.go notices it from the monotonic
+// clock, so the gap is neither learned as a rank's interval nor taken for a
+// rank's hang.
 package monitor

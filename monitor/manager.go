@@ -66,6 +66,8 @@ const (
 	EventFirstStep      = "rank_first_step"      // round, local_rank, rank, at, iteration (when sent)
 	EventCheckpoint     = "rank_checkpoint"      // round, local_rank, rank, opened_at, at, duration_ms, steps
 	EventCycleSteps     = "rank_steps"           // round, local_rank, rank, steps, steps_since_checkpoint, checkpoints, last_step_at
+	// EventLauncherStall: the launcher itself did not run (stall.go).
+	EventLauncherStall = "launcher_stall" // from, to, duration_ms
 )
 
 // DefaultMinComputedTimeout is the default floor of computed timeouts.
@@ -125,6 +127,8 @@ type Manager struct {
 	// shmOK is false when it could not be sampled (no shm heartbeats then).
 	cmOffset int64
 	shmOK    bool
+	// stalls records the launcher's own stalls (stall.go).
+	stalls *stallLog
 
 	mu         sync.Mutex
 	cycle      int
@@ -169,6 +173,7 @@ func New(opts Options) (*Manager, error) {
 		conns: map[net.Conn]struct{}{}, clientSet: map[string]bool{}, ownPgrp: syscall.Getpgrp(),
 		sent: map[string]map[int]time.Duration{}, pending: make(chan struct{}, maxPendingPeers),
 	}
+	m.stalls = newStallLog(stallThreshold, m.mono())
 	if err := m.makeDir(); err != nil {
 		cancel()
 		return nil, err
@@ -215,6 +220,7 @@ func New(opts Options) (*Manager, error) {
 	}
 	m.goTracked(func() { m.acceptLoop(m.ctlLn, m.serveControl) })
 	m.goTracked(m.runPoller)
+	m.goTracked(m.watchStalls)
 	return m, nil
 }
 
@@ -445,6 +451,7 @@ func (m *Manager) BeginCycle(cycle int, pids map[int]int) {
 	clear(m.sent)
 	m.base = m.eff.Clone()
 	m.ckptStamp = fileStamp(m.opts.FT.CheckpointIterationFile)
+	m.stalls.prune(m.mono())
 	for i, r := range m.ranks {
 		r.begin(cycle, m.pids[i], m.eff.Clone(), m.opts.FT.NumWarmupIterations)
 	}

@@ -309,19 +309,25 @@ func (r *rankMon) heartbeatsAt(gen uint64, now, k int64) {
 		return
 	}
 	r.heartbeats.Add(k)
-	r.nIv.Add(k)
 	// Clocks only move forward: a heartbeat stamped earlier than the last
 	// one (socket and shared-memory stamps mixed) still counts.
 	var prev int64
 	for {
 		prev = r.lastHB.Load()
 		if now <= prev {
+			r.nIv.Add(k)
 			return
 		}
 		if r.lastHB.CompareAndSwap(prev, now) {
 			break
 		}
 	}
+	// An interval across a launcher stall is the launcher's gap, not the
+	// rank's: it is neither counted nor measured (stall.go).
+	if r.m.stalls.overlaps(prev, now, r.m.mono()) {
+		return
+	}
+	r.nIv.Add(k)
 	iv := now - prev
 	for {
 		cur := r.maxIv.Load()
@@ -350,14 +356,16 @@ func (r *rankMon) firstHeartbeat(gen uint64, now, k int64) bool {
 		return false
 	}
 	r.heartbeats.Add(k)
-	r.nIv.Add(k - 1)
 	now = max(now, r.initAt) // a client time cannot precede the session
 	if !r.rec.firstHB {
 		r.rec.firstHB = true
 		r.recordLocked(EventFirstHeartbeat, map[string]any{"at": r.m.wall(now),
 			"since_init_ms": float64(time.Duration(now-r.initAt).Microseconds()) / 1000})
 	}
-	r.obs.InitialDelay = max(r.obs.InitialDelay, time.Duration(now-r.initAt))
+	if !r.m.stalls.overlaps(r.initAt, now, r.m.mono()) {
+		r.nIv.Add(k - 1)
+		r.obs.InitialDelay = max(r.obs.InitialDelay, time.Duration(now-r.initAt))
+	}
 	r.lastHB.Store(now)
 	r.setPhaseLocked(phaseHeartbeating)
 	r.rearmLocked(r.m.mono())
@@ -381,7 +389,7 @@ func (r *rankMon) openSection(gen uint64, name string, iter *int64, now int64) s
 		r.m.refuse(r, "section", err)
 		return sectionLimitCause
 	}
-	if len(r.open) == 0 {
+	if len(r.open) == 0 && !r.m.stalls.overlaps(r.oosStart, now, r.m.mono()) {
 		r.obs.OutOfSectionMax = max(r.obs.OutOfSectionMax, time.Duration(now-r.oosStart))
 		r.obs.OutOfSections++
 	}
@@ -458,11 +466,13 @@ func (r *rankMon) closeSection(gen uint64, name string, now int64) string {
 	return ""
 }
 
-// closedLocked observes a section that was open from at to now; a
-// closed checkpoint is recorded.
+// closedLocked observes a section that was open from at to now (unless
+// the launcher stalled meanwhile); a closed checkpoint is recorded.
 func (r *rankMon) closedLocked(name string, at, now int64) {
-	r.obs.SectionMax[name] = max(r.obs.SectionMax[name], time.Duration(now-at))
-	r.obs.SectionCloses[name]++
+	if !r.m.stalls.overlaps(at, now, r.m.mono()) {
+		r.obs.SectionMax[name] = max(r.obs.SectionMax[name], time.Duration(now-at))
+		r.obs.SectionCloses[name]++
+	}
 	if name == checkpointSection {
 		r.rec.checkpoints++
 		r.rec.stepsAtCkpt = r.rec.steps
@@ -584,6 +594,15 @@ func (r *rankMon) onTimer() {
 	if now < e.deadline {
 		r.armed = e.deadline
 		r.timer.Reset(time.Duration(max(e.deadline-r.m.mono(), 0)))
+		r.mu.Unlock()
+		return
+	}
+	// A deadline that passed while the launcher itself was frozen is
+	// judged only stallGrace after the launcher runs again: what the rank
+	// sent meanwhile may still sit in a socket whose reader was frozen too.
+	if g := r.m.stalls.graceEnd(now); g > now {
+		r.armed = g
+		r.timer.Reset(time.Duration(max(g-r.m.mono(), 0)))
 		r.mu.Unlock()
 		return
 	}

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """A rank instrumented with ft-launcher's Python client, for hang tests.
 
-usage: monitored_worker.py MODE [--rank R] [--beats N] [--interval S]
+usage: monitored_worker.py MODE [--rank R] [--beats N] [--interval S] [--socket]
 
 Every rank sends N heartbeats (default 5), each inside a "step" section,
 S seconds apart (default 0.05), and exits 0. In restart cycle 0 the rank R
@@ -14,7 +14,8 @@ monitor can end it:
   sigstop             stops itself with SIGSTOP
   ignore-term         ignores SIGTERM, then stops heartbeating
   fine                does not misbehave
-Standard library only: no torch needed.
+--socket sends heartbeats and sections over the socket instead of the
+shared-memory region. Standard library only: no torch needed.
 """
 import argparse
 import os
@@ -34,11 +35,14 @@ def main():
     p.add_argument("--rank", type=int, default=1)
     p.add_argument("--beats", type=int, default=5)
     p.add_argument("--interval", type=float, default=0.05)
+    p.add_argument("--socket", action="store_true")
     a = p.parse_args()
     rank = int(os.environ["RANK"])
     cycle = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
     bad = cycle == 0 and rank == a.rank and a.mode != "fine"
     client = RankMonitorClient()
+    if a.socket:
+        client.use_shared_memory = False
     client.init_workload_monitoring()
     if bad and a.mode == "no-first-heartbeat":
         time.sleep(3600)

@@ -12,6 +12,7 @@ usage: nvrx_worker.py MODE
              FT_LAUNCHER_IPC_SOCKET (nvrx's IpcConnector), then exits 1
   exclude    global rank 1, in restart cycle 0, asks for ExcludeThisNode
              and exits 1; every other rank sleeps 0.5 s and exits 0
+  steady N   every rank heartbeats N times, 0.1 s apart, and exits 0
 """
 import os
 import socket
@@ -61,12 +62,13 @@ def main():
     init.iteration, init.num_warmup_iters = 0, 0
     send(s, init)
     cfg = recv(s).cfg
-    for _ in range(5):
+    beats, pause = (int(sys.argv[2]), 0.1) if mode == "steady" else (5, 0.05)
+    for _ in range(beats):
         send(s, nv.HeartbeatMsg(rank, {}))
         if not cfg.skip_section_response:
             assert isinstance(recv(s), nv.OkMsg)
-        time.sleep(0.05)
-    if cycle == 0 and rank == 1:
+        time.sleep(pause)
+    if mode == "hang" and cycle == 0 and rank == 1:
         time.sleep(3600)
     s.close()
     return 0
