@@ -132,16 +132,23 @@ type pendingConns = list.List
 // refused instead (perAddr: at ip's cap), or "" when it may be served.
 // Under mu.
 func (s *Server) makeRoomLocked(ip netip.Addr) (reason string, perAddr bool, args []any) {
-	if ac := s.perAddr[ip]; len(ac) >= s.lim.MaxConnsPerAddr {
-		var victim *conn
-		for _, c := range ac {
-			if c.pending != nil {
-				victim = c
-				break
-			}
+	// Retired connections (an older attempt's torch 1.13 callback
+	// connections, Reset) do not count: only MaxConns bounds them, so that
+	// ones kept across many rounds cannot fill an address's cap.
+	ac, open := s.perAddr[ip], 0
+	var victim *conn
+	for _, c := range ac {
+		if c.retired.Load() {
+			continue
 		}
+		open++
+		if victim == nil && c.pending != nil {
+			victim = c
+		}
+	}
+	if open >= s.lim.MaxConnsPerAddr {
 		if victim == nil {
-			return "too many connections from this address", true, []any{"open", len(ac), "max_conns_per_addr", s.lim.MaxConnsPerAddr}
+			return "too many connections from this address", true, []any{"open", open, "max_conns_per_addr", s.lim.MaxConnsPerAddr}
 		}
 		s.evictLocked(victim)
 	}

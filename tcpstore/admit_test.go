@@ -216,3 +216,22 @@ func TestResetDropsIdle(t *testing.T) {
 		t.Fatalf("retired callback connection's watch answered %d", b)
 	}
 }
+
+// TestRetiredNotCountedPerAddr: the torch 1.13 callback connections that
+// Reset retires do not count against their address's cap, so ones kept
+// across rounds cannot lock the address's ranks out.
+func TestRetiredNotCountedPerAddr(t *testing.T) {
+	s := startServer(t, Limits{MaxConnsPerAddr: 2})
+	addr := s.Addr().String()
+	for round := range 3 {
+		main := dial(t, addr, dialectLegacy)
+		must[int64](t)(main.add("init/", 1))
+		dialRaw(t, addr, dialectLegacy) // its callback connection
+		eventually(t, "main and callback", func() bool { return s.Stats().Conns == 2+round })
+		s.Reset()
+		main.expectClosed()
+		if st := s.Stats(); st.Conns != round+1 || st.Counts.PerAddrCap != 0 {
+			t.Fatalf("round %d: stats after Reset = %+v, want %d retired connections", round, st, round+1)
+		}
+	}
+}

@@ -21,7 +21,8 @@ type Limits struct {
 	MaxTotalBytes int64 // keys+values held at once
 	MaxConns      int   // open client connections
 	// MaxConnsPerAddr bounds the open connections from one source address,
-	// so that one address cannot take every MaxConns slot. A launcher sizes
+	// so that one address cannot take every MaxConns slot (retired callback
+	// connections of older attempts do not count). A launcher sizes
 	// it from its ranks per node (agentstore.ConnsPerAddr).
 	MaxConnsPerAddr int
 	MaxWaiters      int // outstanding WAIT/BARRIER/watch registrations
