@@ -23,7 +23,7 @@ func served(t *testing.T, src string, port int) bool {
 	}
 	defer c.Close()
 	q := binary.LittleEndian.AppendUint32([]byte{0}, 0x3C85F7CE) // VALIDATE
-	q = append(q, 13)                                             // PING
+	q = append(q, 13)                                            // PING
 	q = binary.LittleEndian.AppendUint32(q, 42)
 	if _, err := c.Write(q); err != nil {
 		return false
