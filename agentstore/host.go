@@ -24,6 +24,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/netip"
 	"strconv"
 	"sync"
 
@@ -34,14 +35,15 @@ import (
 
 // Event kinds written to the event log.
 const (
-	EventServed = "agent_store_served" // group rank 0 serves the round's store: round, addr, keys_dropped
-	EventClosed = "agent_store_closed" // the server closed: round, addr, why, keys, refused
+	EventServed = "agent_store_served" // group rank 0 serves the round's store: round, addr, keys_dropped, allowed_addrs (-1: any)
+	EventClosed = "agent_store_closed" // the server closed: round, addr, why, keys, refused, not_member, no_handshake, per_addr_cap, idle_at_reset
 )
 
 // Server is the store's server (*tcpstore.Server).
 type Server interface {
 	Addr() *net.TCPAddr
 	Reset()
+	SetAllowed([]netip.Addr)
 	Close() error
 	Stats() tcpstore.Stats
 }
@@ -71,6 +73,7 @@ type Host struct {
 	dropped int    // keys of the round before, dropped when srv was reset for round
 	serving bool   // srv serves a round as group rank 0 (EventServed was written)
 	closed  bool
+	names   map[string][]netip.Addr // resolved node names (allow.go)
 }
 
 // ErrClosed is returned once the Host is closed.
@@ -93,7 +96,7 @@ func New(ctx context.Context, o Options) *Host {
 			return s, nil
 		}
 	}
-	return &Host{ctx: ctx, o: o, log: o.Logger, round: -1}
+	return &Host{ctx: ctx, o: o, log: o.Logger, round: -1, names: map[string][]netip.Addr{}}
 }
 
 // Port is the rendezvous's MasterPort hook: it makes sure a server listens
@@ -145,11 +148,22 @@ func (h *Host) Round(asg rendezvous.Assignment) error {
 		}
 	}
 	h.resetLocked(asg.Round)
+	// Only the round's nodes may connect (docs/agentstore.md, "What the
+	// store is protected from"); the list is set before this node's ranks
+	// start, and a rank of another node that connects before it is held,
+	// not refused, until it is set.
+	allow, why, ok := h.allowed(asg)
+	admits := len(allow)
+	if !ok {
+		allow, admits = nil, -1
+		h.log.Warn("agent store admits every address this round", "round", asg.Round, "why", why)
+	}
+	h.srv.SetAllowed(allow)
 	dropped := h.dropped
 	addr := h.srv.Addr().String()
 	h.serving = true
-	h.log.Info("agent store serving the round", "round", asg.Round, "addr", addr, "keys_dropped", dropped)
-	h.event(EventServed, map[string]any{"round": asg.Round, "addr": addr, "keys_dropped": dropped})
+	h.log.Info("agent store serving the round", "round", asg.Round, "addr", addr, "keys_dropped", dropped, "allowed_addrs", admits)
+	h.event(EventServed, map[string]any{"round": asg.Round, "addr": addr, "keys_dropped": dropped, "allowed_addrs": admits})
 	return nil
 }
 
@@ -185,6 +199,11 @@ func (h *Host) listenLocked(host string, port, round int) error {
 	if err != nil {
 		return fmt.Errorf("agent store: listen on %s: %w", addr, err)
 	}
+	// Until the round's nodes are known (Round), this host's own addresses
+	// are admitted and any other waits for the list.
+	own, _, _ := h.allowed(rendezvous.Assignment{})
+	srv.SetAllowed(own)
+	srv.Reset()
 	h.srv, h.host, h.round, h.serving, h.dropped = srv, host, round, false, 0
 	h.log.Debug("agent store listening", "addr", srv.Addr().String(), "round", round)
 	return nil
@@ -214,8 +233,12 @@ func (h *Host) closeLocked(round int, why string) {
 		h.log.Warn("agent store: close", "addr", addr, "err", err)
 	}
 	if h.serving {
-		h.log.Info("agent store closed", "round", round, "addr", addr, "why", why, "keys", st.Keys, "refused", st.Refused)
-		h.event(EventClosed, map[string]any{"round": round, "addr": addr, "why": why, "keys": st.Keys, "refused": st.Refused})
+		h.log.Info("agent store closed", "round", round, "addr", addr, "why", why, "keys", st.Keys, "refused", st.Refused,
+			"not_member", st.Counts.NotMember, "no_handshake", st.Counts.NoHandshake, "per_addr_cap", st.Counts.PerAddrCap,
+			"idle_at_reset", st.Counts.IdleAtReset)
+		h.event(EventClosed, map[string]any{"round": round, "addr": addr, "why": why, "keys": st.Keys, "refused": st.Refused,
+			"not_member": st.Counts.NotMember, "no_handshake": st.Counts.NoHandshake, "per_addr_cap": st.Counts.PerAddrCap,
+			"idle_at_reset": st.Counts.IdleAtReset})
 	}
 	h.srv, h.host, h.serving = nil, "", false
 }

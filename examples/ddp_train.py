@@ -201,7 +201,9 @@ def init_process_group(args, dev):
     kw = {}
     if args.backend == "nccl":
         kw["device_id"] = dev  # torch >= 2.3: the NCCL communicator is built here, not at the first collective
+    t0 = time.monotonic()
     dist.init_process_group(backend=args.backend, **kw)
+    log(f"init_process_group took {time.monotonic() - t0:.3f}s")
 
 
 def rng_state(dev):

@@ -63,7 +63,8 @@ func TestLocalMasterPortHook(t *testing.T) {
 }
 
 // TestEtcdMasterPortHook: each node advertises the hook's port when it
-// registers for a round, and the round's MASTER_PORT is group rank 0's.
+// registers for a round, and the round's MASTER_PORT is group rank 0's;
+// group rank 0 alone gets the round's node addresses (NodeAddrs).
 func TestEtcdMasterPortHook(t *testing.T) {
 	m := startEmbedded(t)
 	c := &cluster{t: t, ep: m.Endpoint(), run: t.Name()}
@@ -79,7 +80,14 @@ func TestEtcdMasterPortHook(t *testing.T) {
 		checkConsistent(t, as, 1, 2)
 		for i, a := range as {
 			if a.GroupRank != 0 {
+				if a.NodeAddrs != nil {
+					t.Fatalf("round %d: node %d (group rank %d) got the node list %v, only group rank 0 needs it", round, i, a.GroupRank, a.NodeAddrs)
+				}
 				continue
+			}
+			// Group rank 0 gets the round's nodes, for its store's allowlist.
+			if !slices.Equal(a.NodeAddrs, []string{"127.0.0.2", "127.0.0.3"}) {
+				t.Fatalf("round %d: group rank 0's node list %v, want [127.0.0.2 127.0.0.3]", round, a.NodeAddrs)
 			}
 			want := hooks[i].base + round
 			if a.Round != round || a.MasterPort != want || a.MasterAddr != fmt.Sprintf("127.0.0.%d", i+2) {

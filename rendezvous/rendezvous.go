@@ -40,6 +40,11 @@ type Assignment struct {
 	// Standby is true when this node is parked (beyond MIN nodes). A standby
 	// node runs no ranks; it calls Next again to wait for a later round.
 	Standby bool
+	// NodeAddrs are the advertised addresses (IPs or host names) of the
+	// round's nodes, for the agent store's allowlist: filled for group rank
+	// 0 by the etcd rendezvous; nil when unknown (a single-node backend, or
+	// the read failed).
+	NodeAddrs []string
 }
 
 // EndKind says why a round ended.

@@ -193,6 +193,9 @@ func (e *Etcd) joinRound(ctx context.Context, target int) (Assignment, bool, err
 		return Assignment{}, false, err
 	}
 	a := e.adopt(target, sum, ri)
+	if !a.Standby && a.GroupRank == 0 {
+		a.NodeAddrs = e.roundNodeAddrs(ctx, target)
+	}
 	e.o.Metrics.RoundCompleted(target, a.WorldSize, time.Since(start))
 	e.log.Info("rendezvous round closed", "round", target, "group_rank", a.GroupRank,
 		"group_world_size", a.GroupWorldSize, "world_size", a.WorldSize, "standby", a.Standby,

@@ -2,11 +2,13 @@ package tcpstore
 
 import (
 	"bufio"
+	"container/list"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"os"
 	"slices"
 	"sync"
@@ -59,11 +61,22 @@ type conn struct {
 	// bound to Server.retired; any query other than WATCH_KEY closes it.
 	retired atomic.Bool
 
+	// Admission (admit.go). addr, shakeBy and admitted are set before
+	// serve starts.
+	addr       netip.Addr  // source address, counted against MaxConnsPerAddr
+	shakeBy    time.Time   // the first query must be complete by then
+	admitted   bool        // the allowlist admitted addr at accept
+	handshaken atomic.Bool // the first query was read in full
+
 	// Under Server.mu:
-	waits    []*waiter
-	watching []string
-	overflow bool
-	queued   int64 // bytes of the messages in out (counted in Server.queued)
+	pending    *list.Element // on Server.pendingList: neither handshaken nor vouched
+	vouched    bool          // may stay silent: a torch 1.13 callback connection
+	legacyMain bool          // a legacy-dialect connection whose first query (not WATCH_KEY) was served: vouches for one
+	evicted    bool          // closed to make room before its first query
+	waits      []*waiter
+	watching   []string
+	overflow   bool
+	queued     int64 // bytes of the messages in out (counted in Server.queued)
 }
 
 func newConn(s *Server, nc net.Conn, st *state) *conn {
@@ -150,6 +163,7 @@ func (c *conn) notifyLoop() {
 
 // write sends one message, bounded by the message timeout.
 func (c *conn) write(fill func(*bufio.Writer)) error {
+	c.shook()
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
 	_ = c.nc.SetWriteDeadline(time.Now().Add(c.s.lim.MessageTimeout))
@@ -168,17 +182,23 @@ func (c *conn) serve() {
 		c.st.dropWatches(c)
 		s.queued -= c.queued // messages never written (the notifier returned)
 		c.queued = 0
-		overflow := c.overflow
-		delete(s.conns, c)
+		overflow, evicted := c.overflow, c.evicted
+		s.forgetLocked(c)
 		s.mu.Unlock()
 		c.release()
 		var r *refusal
 		switch {
+		case evicted:
+			s.count(&s.counts.NoHandshake)
+			s.refuse(c.nc.RemoteAddr(), "closed to make room: no complete first query yet")
 		case errors.As(err, &r):
 			s.refuse(c.nc.RemoteAddr(), r.reason, "dialect", c.dialect.String())
 		case overflow:
 			s.refuse(c.nc.RemoteAddr(), "client does not read the server's notifications", "max_messages", cap(c.out),
 				"max_bytes", s.lim.MaxQueuedBytesPerConn)
+		case errors.Is(err, os.ErrDeadlineExceeded) && !c.handshaken.Load():
+			s.count(&s.counts.NoHandshake)
+			s.refuse(c.nc.RemoteAddr(), "no complete first query within the handshake timeout", "timeout", s.lim.HandshakeTimeout.String())
 		case errors.Is(err, os.ErrDeadlineExceeded):
 			s.refuse(c.nc.RemoteAddr(), "query or reply not completed in time", "timeout", s.lim.MessageTimeout.String())
 		case err != nil && !isClosed(err):
@@ -187,15 +207,32 @@ func (c *conn) serve() {
 		close(c.exited)
 		s.wg.Done()
 	}()
+	if !c.admitted && !c.admit() {
+		return
+	}
 	for {
-		_ = c.nc.SetReadDeadline(time.Time{}) // idle between queries as long as it likes
+		// Idle between queries as long as it likes, once it has completed
+		// its first query (or is vouched for as a silent callback
+		// connection): before that, the handshake deadline holds.
+		shaking := !c.handshaken.Load() && !c.isVouched()
+		if shaking {
+			_ = c.nc.SetReadDeadline(c.shakeBy)
+		} else {
+			_ = c.nc.SetReadDeadline(time.Time{})
+		}
 		var b byte
 		if b, err = c.br.ReadByte(); err != nil {
+			if shaking && errors.Is(err, os.ErrDeadlineExceeded) && c.vouchLate() {
+				err = nil
+				continue
+			}
 			return
 		}
 		// The rest of the query must follow promptly: a client cannot hold a
 		// half-sent query (and the bytes reserved for it) forever.
-		_ = c.nc.SetReadDeadline(time.Now().Add(s.lim.MessageTimeout))
+		if !shaking {
+			_ = c.nc.SetReadDeadline(time.Now().Add(s.lim.MessageTimeout))
+		}
 		if c.dialect == dialectUnknown {
 			var validated bool
 			if validated, err = c.detect(b); err != nil {
@@ -205,6 +242,7 @@ func (c *conn) serve() {
 				if !c.speak() {
 					return // an older attempt's client: it sees nothing of this one
 				}
+				c.shook()
 				continue
 			}
 		}
@@ -217,6 +255,7 @@ func (c *conn) serve() {
 		if err != nil {
 			return
 		}
+		c.shook()
 		if o != opWatchKey {
 			c.queried = true
 		}
@@ -238,6 +277,42 @@ func (c *conn) speak() bool {
 		return false
 	}
 	c.spoke.Store(true)
+	return true
+}
+
+// shook records that c completed its first query. It runs before the
+// first reply is written (write), since a torch 1.13 client opens its
+// callback connection as soon as it reads the answer to its first query,
+// and that connection must find this one vouching for it.
+func (c *conn) shook() {
+	if c.handshaken.Swap(true) {
+		return
+	}
+	c.s.mu.Lock()
+	c.legacyMain = c.dialect == dialectLegacy && c.spoke.Load()
+	if c.dialect != dialectLegacy || c.spoke.Load() {
+		c.vouched = false // not a callback connection after all: its vouch is free again
+	}
+	c.s.shookLocked(c)
+	c.s.mu.Unlock()
+}
+
+func (c *conn) isVouched() bool {
+	c.s.mu.Lock()
+	defer c.s.mu.Unlock()
+	return c.vouched
+}
+
+// vouchLate vouches for c, silent at its handshake deadline, if its
+// address has a torch 1.13 client whose callback connection it may be.
+func (c *conn) vouchLate() bool {
+	c.s.mu.Lock()
+	defer c.s.mu.Unlock()
+	if c.evicted || c.pending == nil || !c.s.vouchLocked(c.addr) {
+		return false
+	}
+	c.vouched = true
+	c.s.shookLocked(c)
 	return true
 }
 

@@ -20,7 +20,15 @@
 // limit is refused: its connection is closed, the refusal is counted in
 // Stats.Refused and logged at a limited rate, and other clients carry on.
 //
+// Who may connect is bounded too (admit.go): an allowlist of source
+// addresses (SetAllowed; the launcher sets the job's nodes each round),
+// connections per address (MaxConnsPerAddr), and HandshakeTimeout for the
+// first query; at a connection cap the oldest connection that has not
+// completed its first query is closed to make room. torch 1.13's silent
+// callback connection is exempt from the handshake (one per 1.13 client).
+//
 // Keys live until Reset, which a launcher calls between attempts: torch 1.13
 // ranks scope their keys under /worker/attempt_N themselves, torch 2.x ranks
-// expect a fresh store, and both are served by dropping everything.
+// expect a fresh store, and both are served by dropping everything
+// (connections that never completed a query included).
 package tcpstore

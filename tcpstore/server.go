@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/netip"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -19,7 +20,12 @@ type Limits struct {
 	MaxKeys       int   // keys held at once
 	MaxTotalBytes int64 // keys+values held at once
 	MaxConns      int   // open client connections
-	MaxWaiters    int   // outstanding WAIT/BARRIER/watch registrations
+	// MaxConnsPerAddr bounds the open connections from one source address,
+	// so that one address cannot take every MaxConns slot (retired callback
+	// connections of older attempts do not count). A launcher sizes
+	// it from its ranks per node (agentstore.ConnsPerAddr).
+	MaxConnsPerAddr int
+	MaxWaiters      int // outstanding WAIT/BARRIER/watch registrations
 
 	// MaxWaitsPerConn bounds the WAIT (and BARRIER) queries one connection
 	// may have outstanding. A torch client has at most one, more only after 1.13
@@ -45,6 +51,12 @@ type Limits struct {
 	// its first byte has, and how long a reply may take to be written. A
 	// connection may stay idle between queries for as long as it likes.
 	MessageTimeout time.Duration
+	// HandshakeTimeout is how long a new connection may take to complete
+	// its first query (VALIDATE for torch 2.2+, any query for 1.13: both
+	// send it right after connecting). A connection that has not is closed,
+	// unless it is a torch 1.13 callback connection (admit.go), which sends
+	// nothing, ever.
+	HandshakeTimeout time.Duration
 }
 
 // DefaultLimits are generous for any real job (torch's own libuv server
@@ -59,6 +71,7 @@ func DefaultLimits() Limits {
 		MaxKeys:               1 << 20,
 		MaxTotalBytes:         512 << 20,
 		MaxConns:              16384,
+		MaxConnsPerAddr:       256,
 		MaxWaiters:            1 << 20,
 		MaxWaitsPerConn:       64,
 		MaxKeysPerQuery:       128 << 10,
@@ -66,6 +79,7 @@ func DefaultLimits() Limits {
 		MaxQueuedBytes:        256 << 20,
 		MaxQueuedBytesPerConn: 64 << 20, // four watch updates of the largest value (old and new)
 		MessageTimeout:        30 * time.Second,
+		HandshakeTimeout:      5 * time.Second,
 	}
 }
 
@@ -84,6 +98,8 @@ func (l Limits) withDefaults() Limits {
 	orDefault(&l.MaxQueuedBytes, d.MaxQueuedBytes)
 	orDefault(&l.MaxQueuedBytesPerConn, d.MaxQueuedBytesPerConn)
 	orDefault(&l.MessageTimeout, d.MessageTimeout)
+	orDefault(&l.MaxConnsPerAddr, d.MaxConnsPerAddr)
+	orDefault(&l.HandshakeTimeout, d.HandshakeTimeout)
 	return l
 }
 
@@ -107,7 +123,27 @@ type Stats struct {
 	Waiters int    // outstanding wait and watch registrations (one per key)
 	Queued  int64  // bytes of notifications queued for clients, not yet written
 	Refused uint64 // connections refused or closed for breaking a limit or the protocol, since Listen
+	// Pending are the open connections that have not completed their first
+	// query and are not vouched for (admit.go).
+	Pending int
+	// Counts break some of the refusals down, and count what Reset closed.
+	Counts Counts
 }
+
+// Counts are connections refused or closed by the admission rules, since
+// Listen (admit.go). Each of the first three is also in Stats.Refused.
+type Counts struct {
+	NotMember   uint64 // from an address that is not a node of the job
+	NoHandshake uint64 // no complete first query within HandshakeTimeout, or closed for room before it
+	PerAddrCap  uint64 // refused at MaxConnsPerAddr, nothing pending to close instead
+	IdleAtReset uint64 // pending connections of an older attempt that Reset closed (not refusals)
+}
+
+type counters struct {
+	NotMember, NoHandshake, PerAddrCap, IdleAtReset atomic.Uint64
+}
+
+func (s *Server) count(c *atomic.Uint64) { c.Add(1) }
 
 // Server is a c10d TCPStore-compatible server.
 type Server struct {
@@ -122,6 +158,7 @@ type Server struct {
 	wg        sync.WaitGroup // accept loop and connection goroutines
 
 	refused    atomic.Uint64
+	counts     counters
 	refusals   rateLog
 	acceptErrs rateLog
 	inflight   atomic.Int64 // bytes held for queries being served, against MaxTotalBytes
@@ -134,6 +171,13 @@ type Server struct {
 	retired *state
 	conns   map[*conn]struct{}
 	queued  int64 // bytes of every connection's queued notifications
+
+	// Admission (admit.go), under mu.
+	allow        map[netip.Addr]struct{} // nil: every address
+	provisional  bool                    // allow is an older attempt's (Reset): non-members wait for SetAllowed
+	allowChanged chan struct{}           // closed by SetAllowed
+	perAddr      map[netip.Addr]addrConns
+	pendingList  pendingConns
 }
 
 // Listen binds addr ("host:port", port 0 = any) and serves in goroutines; the
@@ -154,6 +198,8 @@ func Listen(ctx context.Context, addr string, opts Options) (*Server, error) {
 		log:   log.With("component", "tcpstore"),
 		ln:    l.(*net.TCPListener),
 		conns: map[*conn]struct{}{},
+
+		allowChanged: make(chan struct{}),
 	}
 	s.st = newState(s.lim)
 	s.addr = s.ln.Addr().(*net.TCPAddr)
@@ -190,15 +236,27 @@ func (s *Server) acceptLoop() {
 			_ = nc.Close()
 			return
 		}
-		if len(s.conns) >= s.lim.MaxConns {
-			n := len(s.conns)
+		ip := connKey(nc.RemoteAddr())
+		adm := s.admissionLocked(ip)
+		if adm == notMember {
 			s.mu.Unlock()
-			s.refuse(nc.RemoteAddr(), "too many connections", "open", n, "max_conns", s.lim.MaxConns)
+			s.count(&s.counts.NotMember)
+			s.refuse(nc.RemoteAddr(), "not a node of the job")
+			_ = nc.Close()
+			continue
+		}
+		if reason, perAddr, args := s.makeRoomLocked(ip); reason != "" {
+			s.mu.Unlock()
+			if perAddr {
+				s.count(&s.counts.PerAddrCap)
+			}
+			s.refuse(nc.RemoteAddr(), reason, args...)
 			_ = nc.Close()
 			continue
 		}
 		c := newConn(s, nc, s.st)
-		s.conns[c] = struct{}{}
+		c.addr, c.shakeBy, c.admitted = ip, time.Now().Add(s.lim.HandshakeTimeout), adm == admitted
+		s.trackLocked(c)
 		s.wg.Add(2)
 		s.mu.Unlock()
 		go c.serve()
@@ -208,26 +266,34 @@ func (s *Server) acceptLoop() {
 
 // Reset starts a new attempt: every key is dropped, every waiter and current
 // connection is closed. Memory after Reset does not depend on earlier attempts.
+// The allowlist becomes provisional until the next SetAllowed (admit.go).
 //
 // One kind of connection is retired instead of closed: one that never sent
-// anything but WATCH_KEY, the callback connection every torch 1.13 TCPStore
-// opens and never uses. Closing it makes 1.13's listener thread spin on
-// the closed socket, a core's worth per surviving rank of an in-process
-// restart until it leaves its process group. A retired connection is bound
-// to a state that never changes (its watches never fire) and holds nothing
-// of the old attempt; any other query closes it.
+// anything but WATCH_KEY and that was vouched for as (or queried like) the
+// callback connection every torch 1.13 TCPStore opens and never uses.
+// Closing it makes 1.13's listener thread spin on the closed socket, a
+// core's worth per surviving rank of an in-process restart until it leaves
+// its process group. A retired connection is bound to a state that never
+// changes (its watches never fire) and holds nothing of the old attempt;
+// any other query closes it. A silent connection nobody vouched for (an
+// idle flood) is closed.
 func (s *Server) Reset() {
 	s.mu.Lock()
 	old := s.conns
-	s.conns = map[*conn]struct{}{}
 	s.st = newState(s.lim)
 	if s.retired == nil {
 		s.retired = newState(s.lim)
 	}
+	s.provisional = s.allow != nil
 	closing := make(map[*conn]struct{}, len(old))
+	idle := 0
 	for c := range old {
-		if c.spoke.Load() {
+		if c.spoke.Load() || c.pending != nil {
+			if !c.spoke.Load() {
+				idle++
+			}
 			closing[c] = struct{}{}
+			s.forgetLocked(c)
 			continue
 		}
 		if !c.retired.Load() {
@@ -235,11 +301,12 @@ func (s *Server) Reset() {
 			c.st = s.retired
 			c.retired.Store(true)
 		}
-		s.conns[c] = struct{}{}
 	}
+	retired := len(s.conns)
 	s.mu.Unlock()
+	s.counts.IdleAtReset.Add(uint64(idle))
 	closeAll(closing)
-	s.log.Debug("TCPStore reset", "closed_conns", len(closing), "retired_conns", len(old)-len(closing))
+	s.log.Debug("TCPStore reset", "closed_conns", len(closing), "idle_closed", idle, "retired_conns", retired)
 }
 
 // closeAll closes the connections and waits until their goroutines let go
@@ -262,8 +329,11 @@ func (s *Server) Close() error {
 		}
 		s.mu.Lock()
 		s.closed = true
-		old := s.conns
-		s.conns = map[*conn]struct{}{}
+		old := make(map[*conn]struct{}, len(s.conns))
+		for c := range s.conns {
+			old[c] = struct{}{}
+			s.forgetLocked(c)
+		}
 		s.st = newState(s.lim)
 		s.mu.Unlock()
 		if err := s.ln.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
@@ -287,6 +357,13 @@ func (s *Server) Stats() Stats {
 		Waiters: s.st.waiters,
 		Queued:  s.queued,
 		Refused: s.refused.Load(),
+		Pending: s.pendingList.Len(),
+		Counts: Counts{
+			NotMember:   s.counts.NotMember.Load(),
+			NoHandshake: s.counts.NoHandshake.Load(),
+			PerAddrCap:  s.counts.PerAddrCap.Load(),
+			IdleAtReset: s.counts.IdleAtReset.Load(),
+		},
 	}
 }
 

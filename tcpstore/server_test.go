@@ -978,6 +978,9 @@ func TestReset(t *testing.T) {
 	addr := s.Addr().String()
 	c := dial(t, addr, dialectLegacy)
 	c.set("/worker/attempt_0/k", "old")
+	must[string](t)(c.get("/worker/attempt_0/k")) // served: c vouches for one silent connection
+	c2 := dial(t, addr, dialectLegacy)
+	must[int64](t)(c2.add("init/", 1)) // and c2 for another
 	waiter := dial(t, addr, dialectV2)
 	waiter.send(opWait, keysArg([]string{"/never"}))
 	watcher := dial(t, addr, dialectLegacy)
@@ -986,7 +989,7 @@ func TestReset(t *testing.T) {
 	eventually(t, "registrations", func() bool { return s.Stats().Waiters == 2 })
 
 	silent := dialRaw(t, addr, dialectLegacy) // a 1.13 callback connection: never sends anything
-	eventually(t, "4 connections", func() bool { return s.Stats().Conns == 4 })
+	eventually(t, "5 connections", func() bool { return s.Stats().Conns == 5 })
 
 	s.Reset()
 
@@ -997,6 +1000,7 @@ func TestReset(t *testing.T) {
 	}
 	waiter.expectClosed()
 	c.expectClosed()
+	c2.expectClosed()
 	fresh := dial(t, addr, dialectV2)
 	if must[bool](t)(fresh.check("/worker/attempt_0/k")) {
 		t.Fatal("a key of the old attempt is visible after Reset")

@@ -102,7 +102,7 @@ func launch(ctx context.Context, cfg *configs.Config, log *slog.Logger, sigs <-c
 	var store *agentstore.Host
 	if cfg.AgentStore {
 		store = agentstore.New(ctx, agentstore.Options{Logger: log.With("component", "agent-store"), Events: ev,
-			Store: tcpstore.Options{Limits: tcpstore.DefaultLimits()}})
+			Store: tcpstore.Options{Limits: storeLimits(cfg.NProcPerNode)}})
 		defer store.Close() // after the agent: its ranks are stopped by then
 	}
 	rdzv, cleanup, err := newRendezvous(setupCtx, cfg, log, reaper, met, store)
@@ -475,4 +475,12 @@ func healthCheck(cfg *configs.Config, reaper *spawn.Reaper, log *slog.Logger) fu
 func hasNvidiaSMI() bool {
 	_, err := exec.LookPath("nvidia-smi")
 	return err == nil
+}
+
+// storeLimits are the agent store's limits: tcpstore's defaults with the
+// per-address cap sized for this node's ranks.
+func storeLimits(nproc int) tcpstore.Limits {
+	l := tcpstore.DefaultLimits()
+	l.MaxConnsPerAddr = agentstore.ConnsPerAddr(nproc)
+	return l
 }
