@@ -5,9 +5,13 @@ package agent
 // them running instead of stopping them, reports the failure as usual, and
 // once the next round closes it starts only the missing ranks, sends every
 // survivor a Rejoin notice over its rank-monitor connection and watches,
-// bounded by --inprocess-rejoin-timeout, that each one rejoins. A survivor
-// that does not is killed, which ends the cycle with a failure during an
-// in-process restart: policy.Decide then escalates to the full restart.
+// bounded by --inprocess-rejoin-timeout, that each one rejoins. Ranks that
+// die together with the failed one (a settle window, then a liveness check
+// of every candidate survivor) are replaced, never kept. A survivor that
+// has not even opened its new monitor session at the bound is killed and
+// replaced within the round; one that has but does not rejoin is killed,
+// which ends the cycle with a failure during an in-process restart:
+// policy.Decide then escalates to the full restart.
 
 import (
 	"context"
