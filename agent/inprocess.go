@@ -152,7 +152,6 @@ func (a *Agent) keepSurvivors() bool {
 	if ipm == nil || a.run.pendingSignal != nil || a.run.pendingReq != nil || a.run.walltime != nil {
 		return false
 	}
-	ending := a.settleSurvivors()
 	end := a.run.end
 	var f policy.Failure
 	spares := 0
@@ -174,6 +173,8 @@ func (a *Agent) keepSurvivors() bool {
 	default:
 		return false
 	}
+	ending := a.settleSurvivors()
+	end = a.run.end // with the exits seen while settling
 	var survivors []int
 	// Survivors rebuild their process group against the launcher's store;
 	// with --agent-store off rank 0 hosts it and a survivor rank 0 could
