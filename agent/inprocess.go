@@ -232,8 +232,13 @@ func (a *Agent) keepSurvivors() bool {
 	}
 	a.log.Warn("keeping the surviving ranks for an in-process restart", "round", asg.Round,
 		"survivors", survivors, "why", d.Why)
+	failed := slices.Sorted(maps.Keys(end.exitCodes))
+	for lr := range ending { // still ending after the settle's bound: replaced too
+		failed = append(failed, lr)
+	}
+	slices.Sort(failed)
 	a.ev.Emit(EventInProcessKept, map[string]any{"round": asg.Round, "survivors": survivors,
-		"failed": slices.Sorted(maps.Keys(end.exitCodes)), "why": d.Why})
+		"failed": failed, "why": d.Why})
 	a.run.cycle.stopped = time.Now()
 	a.run.group, a.run.att = nil, nil
 	return true
