@@ -972,32 +972,42 @@ func TestInProcessAllDieTogether(t *testing.T) {
 func TestInProcessStuckSurvivorReplaced(t *testing.T) {
 	h, m := ipHarness(t, 0, 1, 2)
 	h.cfg.NProcPerNode = 3
-	h.cfg.InProcessRejoinTimeout = 300 * time.Millisecond
+	h.cfg.InProcessRejoinTimeout = time.Second
 	out := h.start()
 	g0 := h.ranks.wait(t)
 	g0.exit(1, 1, 0)
 	g1 := h.ranks.wait(t)
 	m.notice(t)
 	m.notice(t)
+	noticed := time.Now()
 	m.setCapable(2, false) // local rank 2 never opens its session of round 1
 	g2 := h.ranks.wait(t)
 	if len(g2.specs) != 1 || g2.specs[0].LocalRank != 2 {
 		t.Fatalf("replacement started %v, want local rank 2", g2.specs)
 	}
-	g0.mu.Lock()
-	sig := slices.Clone(g0.signalled)
-	g0.mu.Unlock()
+	// The stuck rank is killed once its replacement started.
+	var sig []syscall.Signal
+	var pid int
+	var replaced bool
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		g0.mu.Lock()
+		sig = slices.Clone(g0.signalled)
+		g0.mu.Unlock()
+		m.mu.Lock()
+		pid, replaced = m.replace[2]
+		m.mu.Unlock()
+		if len(sig) > 0 && replaced {
+			break
+		}
+	}
 	if len(sig) != 1 || sig[0] != syscall.SIGKILL {
 		t.Fatalf("survivors' group signals %v, want one SIGKILL (the stuck rank)", sig)
 	}
-	m.mu.Lock()
-	pid, replaced := m.replace[2]
-	m.mu.Unlock()
 	if !replaced || pid != 1002 {
 		t.Fatalf("monitors told of replacement pid %d (%v), want 1002", pid, replaced)
 	}
-	// Longer than the first bound: the bound started again at the replacement.
-	time.Sleep(200 * time.Millisecond)
+	// Past the first bound: the bound started again at the replacement.
+	time.Sleep(time.Until(noticed.Add(1500 * time.Millisecond)))
 	m.rejoined(0, 1)
 	time.Sleep(100 * time.Millisecond)
 	g0.exit(0, 0, 0)
