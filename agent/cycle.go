@@ -228,8 +228,8 @@ func (a *Agent) supervise(ctx context.Context) cycleEnd {
 		case rep := <-ipReps:
 			a.inProcessReport(ctx, rep)
 		case <-rejoinC:
-			rejoinC = nil
 			a.rejoinOverdue(g)
+			rejoinC = a.rejoinTimer() // running again when a stuck survivor was replaced
 		case r := <-reqs:
 			if a.workloadRequest(r, &end) {
 				return end

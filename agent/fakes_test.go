@@ -217,14 +217,27 @@ type fakeGroup struct {
 	killed     chan struct{}
 	killOnce   sync.Once
 	stopBlocks bool
+	ending     map[int]bool // local ranks Ending reports although they have not exited
 }
 
 func (g *fakeGroup) PIDs() map[int]int {
 	m := map[int]int{}
 	for i := 0; i < g.n; i++ {
-		m[i] = 1000 + i
+		lr := i
+		if i < len(g.specs) {
+			lr = g.specs[i].LocalRank
+		}
+		m[lr] = 1000 + lr
 	}
 	return m
+}
+
+// Ending reports a rank that exited, or that the test marked as ending
+// (killed, its exit not delivered yet).
+func (g *fakeGroup) Ending(lr int) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return !g.alive[lr] || g.ending[lr]
 }
 
 func (g *fakeGroup) Exits() <-chan spawn.Exit { return g.exits }

@@ -5,9 +5,13 @@ package agent
 // them running instead of stopping them, reports the failure as usual, and
 // once the next round closes it starts only the missing ranks, sends every
 // survivor a Rejoin notice over its rank-monitor connection and watches,
-// bounded by --inprocess-rejoin-timeout, that each one rejoins. A survivor
-// that does not is killed, which ends the cycle with a failure during an
-// in-process restart: policy.Decide then escalates to the full restart.
+// bounded by --inprocess-rejoin-timeout, that each one rejoins. Ranks that
+// die together with the failed one (a settle window, then a liveness check
+// of every candidate survivor) are replaced, never kept. A survivor that
+// has not even opened its new monitor session at the bound is killed and
+// replaced within the round; one that has but does not rejoin is killed,
+// which ends the cycle with a failure during an in-process restart:
+// policy.Decide then escalates to the full restart.
 
 import (
 	"context"
@@ -21,6 +25,7 @@ import (
 
 	"github.com/ftlauncher/ft-launcher/configs"
 	"github.com/ftlauncher/ft-launcher/eventlog"
+	"github.com/ftlauncher/ft-launcher/internal/procfs"
 	"github.com/ftlauncher/ft-launcher/monitor"
 	"github.com/ftlauncher/ft-launcher/monitor/ftwire"
 	"github.com/ftlauncher/ft-launcher/policy"
@@ -61,6 +66,9 @@ type InProcessMonitors interface {
 	Silence(localRank int) (monitor.Silence, bool)
 	Notify(localRank int, n ftwire.Rejoin) error
 	InProcessReports() <-chan monitor.InProcessReport
+	// ReplaceRank makes pid localRank's process in the running cycle (a
+	// survivor that did not rejoin was replaced).
+	ReplaceRank(localRank, pid int)
 }
 
 // rankSignaler signals one rank's process group (*spawn.Group, mixedGroup).
@@ -89,6 +97,23 @@ type rejoinWatch struct {
 	overdue   bool
 	phases    map[string]time.Duration // the slowest survivor's phase durations
 	completed bool
+	// specs and att: what a replacement of a survivor that does not
+	// rejoin starts with (its log ends stay open until no replacement
+	// can come); replaced: one was started, none more in this round.
+	specs    map[int]spawn.Spec
+	att      *ranklogs.Attempt
+	replaced bool
+}
+
+// noReplacements closes the launcher's copies of the round's log ends
+// once no survivor can be replaced any more, so that the tee readers see
+// the ranks' end as soon as it comes (the attempt's Close does it at the
+// latest).
+func (w *rejoinWatch) noReplacements() {
+	if w.att != nil {
+		w.att.CloseParentEnds()
+	}
+	w.specs = nil
 }
 
 func (a *Agent) ipMonitors() InProcessMonitors {
@@ -124,10 +149,10 @@ func (a *Agent) restarted(ctx context.Context) {
 // the bookkeeping that stopCycle does for stopped ranks and returns true.
 func (a *Agent) keepSurvivors() bool {
 	ipm := a.ipMonitors()
-	end := a.run.end
 	if ipm == nil || a.run.pendingSignal != nil || a.run.pendingReq != nil || a.run.walltime != nil {
 		return false
 	}
+	end := a.run.end
 	var f policy.Failure
 	spares := 0
 	switch {
@@ -148,13 +173,15 @@ func (a *Agent) keepSurvivors() bool {
 	default:
 		return false
 	}
+	ending := a.settleSurvivors()
+	end = a.run.end // with the exits seen while settling
 	var survivors []int
 	// Survivors rebuild their process group against the launcher's store;
 	// with --agent-store off rank 0 hosts it and a survivor rank 0 could
 	// not bind it again, so that is the full restart.
 	capable := a.d.Store != nil
 	for lr := 0; lr < a.cfg.NProcPerNode; lr++ {
-		if _, exited := end.exitCodes[lr]; exited {
+		if _, exited := end.exitCodes[lr]; exited || ending[lr] {
 			continue
 		}
 		survivors = append(survivors, lr)
@@ -205,11 +232,84 @@ func (a *Agent) keepSurvivors() bool {
 	}
 	a.log.Warn("keeping the surviving ranks for an in-process restart", "round", asg.Round,
 		"survivors", survivors, "why", d.Why)
+	failed := slices.Sorted(maps.Keys(end.exitCodes))
+	for lr := range ending { // still ending after the settle's bound: replaced too
+		failed = append(failed, lr)
+	}
+	slices.Sort(failed)
 	a.ev.Emit(EventInProcessKept, map[string]any{"round": asg.Round, "survivors": survivors,
-		"failed": slices.Sorted(maps.Keys(end.exitCodes)), "why": d.Why})
+		"failed": failed, "why": d.Why})
 	a.run.cycle.stopped = time.Now()
 	a.run.group, a.run.att = nil, nil
 	return true
+}
+
+// inProcessSettle is the reaping window of an in-process restart: after
+// the exit of a failed rank, further exits are collected for this long
+// before any rank is kept as a survivor, so ranks that die together (one
+// kill of several pids, a cascade within milliseconds) are all replaced
+// and spend one restart. It delays the report of every failure under
+// --restart-mode in-process by as much.
+const inProcessSettle = 100 * time.Millisecond
+
+// settleSurvivors makes sure that no rank that died with the failure is
+// kept as a survivor (docs/inprocess.md, "One incident, one restart"):
+// after a rank failure of this node it collects further exits for
+// inProcessSettle; then it checks the process of every rank not known to
+// have exited (rankEnding: reaped, a zombie, in its exit, SIGKILL pending)
+// and waits, up to survivorKillWait, for the exits of those ending. The
+// exits are recorded as the cycle's. It returns the ranks still ending at
+// that bound (stuck in their exit): they are not kept either, and are
+// started afresh.
+func (a *Agent) settleSurvivors() map[int]bool {
+	end, g := &a.run.end, a.run.group
+	if g == nil {
+		return nil
+	}
+	if len(end.exitCodes) >= a.cfg.NProcPerNode {
+		return nil // no rank left to keep
+	}
+	exits := g.Exits()
+	if end.kind == endRankFailure {
+		t := time.NewTimer(inProcessSettle)
+	settle:
+		for {
+			select {
+			case e := <-exits:
+				a.recordExit(e, end)
+			case <-t.C:
+				break settle
+			}
+		}
+	}
+	ending := map[int]bool{}
+	for lr := 0; lr < a.cfg.NProcPerNode; lr++ {
+		if _, exited := end.exitCodes[lr]; !exited && rankEnding(g, lr) {
+			ending[lr] = true
+		}
+	}
+	if len(ending) == 0 {
+		return nil
+	}
+	a.log.Warn("in-process: ranks are ending with the failed one; they are not kept", "round", a.run.asg.Round,
+		"local_ranks", slices.Sorted(maps.Keys(ending)))
+	deadline := time.NewTimer(survivorKillWait)
+	defer deadline.Stop()
+	for len(ending) > 0 {
+		select {
+		case e := <-exits:
+			a.recordExit(e, end)
+			delete(ending, e.LocalRank)
+		case <-deadline.C:
+			for lr := range ending {
+				_ = signalRank(g, lr, syscall.SIGKILL)
+			}
+			a.log.Warn("in-process: ranks still ending after the bound; started afresh without their exit",
+				"local_ranks", slices.Sorted(maps.Keys(ending)), "bound", survivorKillWait)
+			return ending
+		}
+	}
+	return nil
 }
 
 // freshRoundUnstepped reports, for a node whose ranks all started afresh
@@ -305,6 +405,23 @@ func (a *Agent) startInProcess(specs []spawn.Spec, att *ranklogs.Attempt) error 
 	ipm := a.ipMonitors()
 	bound := a.cfg.InProcessRejoinTimeout
 	gone := survivorsGone(kept, nil, 0)
+	// A survivor that is ending now (killed while the round formed, its
+	// exit not delivered yet) is started afresh, not sent a notice.
+	var ending []int
+	for _, lr := range kept.survivors {
+		if _, ok := gone[lr]; !ok && rankEnding(kept.group, lr) {
+			ending = append(ending, lr)
+		}
+	}
+	if len(ending) > 0 {
+		maps.Copy(gone, survivorsGone(kept, ending, survivorKillWait))
+		for _, lr := range ending {
+			if _, ok := gone[lr]; !ok { // stuck in its exit: its exit is not waited for
+				gone[lr] = spawn.Exit{LocalRank: lr, PID: kept.group.PIDs()[lr], Code: -1, Signal: syscall.SIGKILL}
+				_ = signalRank(kept.group, lr, syscall.SIGKILL)
+			}
+		}
+	}
 	var unreached []int
 	for _, lr := range kept.survivors {
 		if _, ok := gone[lr]; !ok && (ipm == nil || !ipm.InProcessCapable(lr)) {
@@ -349,12 +466,12 @@ func (a *Agent) startInProcess(specs []spawn.Spec, att *ranklogs.Attempt) error 
 		}
 	}
 	a.run.cycle.spawnStart = time.Now()
-	g := &mixedGroup{}
+	g := newMixedGroup()
 	g.add(kept.group, stay)
 	if len(fresh) > 0 {
 		ng, err := a.d.Ranks.StartGroup(fresh)
-		att.CloseParentEnds()
 		if err != nil {
+			att.CloseParentEnds()
 			att.Close()
 			kept.survivors = stay
 			a.run.kept = kept // stopped when the agent ends (stopKept)
@@ -365,14 +482,18 @@ func (a *Agent) startInProcess(specs []spawn.Spec, att *ranklogs.Attempt) error 
 			lrs[i] = s.LocalRank
 		}
 		g.add(ng, lrs)
-	} else {
-		att.CloseParentEnds()
 	}
 	a.run.cycle.spawned = time.Now()
 	a.run.group, a.run.att = g, att
 	a.swapDone()
 	w := &rejoinWatch{round: asg.Round, failedAt: kept.failedAt, notices: map[int]time.Time{},
-		waiting: map[int]bool{}, stepping: map[int]bool{}, phases: map[string]time.Duration{}}
+		waiting: map[int]bool{}, stepping: map[int]bool{}, phases: map[string]time.Duration{},
+		specs: map[int]spawn.Spec{}, att: att}
+	for _, sp := range specs {
+		if keep[sp.LocalRank] {
+			w.specs[sp.LocalRank] = sp // the log ends a replacement would take
+		}
+	}
 	for _, lr := range stay {
 		if doomed[lr] {
 			continue
@@ -407,6 +528,7 @@ func (a *Agent) startInProcess(specs []spawn.Spec, att *ranklogs.Attempt) error 
 		"restarts_used": asg.RestartsUsed}
 	if len(stay) == 0 {
 		// Every survivor ended: this node's ranks all start afresh.
+		att.CloseParentEnds()
 		a.run.cycleMode = policy.ModeFull
 		a.log.Info("in-process restart: no survivor left on this node; every rank started afresh", "round", asg.Round)
 		a.ev.Emit(eventlog.CycleStarted, fields)
@@ -416,6 +538,8 @@ func (a *Agent) startInProcess(specs []spawn.Spec, att *ranklogs.Attempt) error 
 	a.run.rejoin = w
 	if len(w.waiting) > 0 {
 		w.timer = time.NewTimer(bound)
+	} else {
+		w.noReplacements()
 	}
 	a.log.Info("in-process restart: survivors notified", "round", asg.Round, "survivors", stay,
 		"replaced", len(fresh), "rejoin_timeout", bound)
@@ -482,7 +606,7 @@ func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
 // rejoinTimer is the channel of the running in-process restart's bound.
 func (a *Agent) rejoinTimer() <-chan time.Time {
-	if w := a.run.rejoin; w != nil && w.timer != nil && !w.overdue {
+	if w := a.run.rejoin; w != nil && w.timer != nil && !w.overdue && len(w.waiting) > 0 {
 		return w.timer.C
 	}
 	return nil
@@ -517,8 +641,11 @@ func (a *Agent) inProcessReport(ctx context.Context, rep monitor.InProcessReport
 		delete(w.waiting, lr)
 		a.ev.Emit(EventInProcessRejoined, map[string]any{"round": w.round, "local_rank": lr,
 			"teardown_s": rep.TeardownS, "rejoin_s": rep.RejoinS})
-		if len(w.waiting) == 0 && w.timer != nil {
-			w.timer.Stop()
+		if len(w.waiting) == 0 {
+			w.noReplacements()
+			if w.timer != nil {
+				w.timer.Stop()
+			}
 		}
 	case "first_step":
 		if !w.stepping[lr] {
@@ -526,6 +653,9 @@ func (a *Agent) inProcessReport(ctx context.Context, rep monitor.InProcessReport
 		}
 		delete(w.stepping, lr)
 		delete(w.waiting, lr)
+		if len(w.waiting) == 0 {
+			w.noReplacements()
+		}
 		since := time.Since(w.failedAt)
 		for p, d := range map[string]time.Duration{"notice": w.notices[lr].Sub(w.failedAt), "teardown": sec(rep.TeardownS),
 			"rejoin": sec(rep.RejoinS), "restore": sec(rep.RestoreS), "first_step": sec(rep.FirstStepS), "total": since} {
@@ -574,15 +704,36 @@ func (a *Agent) survivorLeft(e spawn.Exit, end *cycleEnd) bool {
 	return true
 }
 
-// rejoinOverdue kills the survivors that have not rejoined within the
-// bound; their exits end the cycle and the job falls back to the full
-// restart.
+// rejoinOverdue handles the survivors that have not rejoined within the
+// bound. Those that have not even opened their new monitor session
+// (stuck: they ignored the notice, or are blocked in a collective of the
+// old group) are killed and replaced by fresh ranks within the round,
+// once per round, and the bound starts again for the others, which wait
+// in init_process_group for the replacements: the incident still spends
+// one restart. Survivors that opened their session but did not rejoin,
+// and any survivor overdue after a replacement, are killed; their exits
+// end the cycle and the job falls back to the full restart.
 func (a *Agent) rejoinOverdue(g RankGroup) {
 	w := a.run.rejoin
 	if w == nil {
 		return
 	}
+	ipm := a.ipMonitors()
+	var stuck []int
+	for _, lr := range slices.Sorted(maps.Keys(w.waiting)) {
+		if ipm == nil || !ipm.InProcessCapable(lr) {
+			stuck = append(stuck, lr)
+		}
+	}
+	if mg, ok := g.(*mixedGroup); ok && len(stuck) > 0 && !w.replaced && w.specs != nil {
+		err := a.replaceStuck(w, mg, stuck)
+		if err == nil {
+			return
+		}
+		a.log.Warn("in-process: could not replace the survivors that did not rejoin", "local_ranks", stuck, "err", err)
+	}
 	w.overdue = true
+	w.noReplacements()
 	for _, lr := range slices.Sorted(maps.Keys(w.waiting)) {
 		a.inProcessFallback("rejoin_timeout", lr, fmt.Sprintf("local rank %d did not rejoin round %d within %s; killing it",
 			lr, w.round, a.cfg.InProcessRejoinTimeout))
@@ -592,6 +743,57 @@ func (a *Agent) rejoinOverdue(g RankGroup) {
 			}
 		}
 	}
+}
+
+// replaceStuck starts fresh ranks for the survivors in stuck (no session
+// at the bound), makes them the round's ranks, then kills the stuck
+// processes (their exits are not the round's) and restarts the bound for
+// the survivors still waiting.
+func (a *Agent) replaceStuck(w *rejoinWatch, g *mixedGroup, stuck []int) error {
+	specs := make([]spawn.Spec, 0, len(stuck))
+	for _, lr := range stuck {
+		sp, ok := w.specs[lr]
+		if !ok {
+			return fmt.Errorf("no spec for local rank %d", lr)
+		}
+		specs = append(specs, sp)
+	}
+	olds := map[int]RankGroup{}
+	for _, lr := range stuck {
+		olds[lr] = g.ownerOf(lr)
+	}
+	ng, err := a.d.Ranks.StartGroup(specs)
+	w.noReplacements() // the ends are the new ranks' now (or nobody's)
+	w.replaced = true
+	if err != nil {
+		return fmt.Errorf("start replacements for local ranks %v: %w", stuck, err)
+	}
+	g.add(ng, stuck)
+	pids := ng.PIDs()
+	bound := a.cfg.InProcessRejoinTimeout
+	for _, lr := range stuck {
+		if err := signalRank(olds[lr], lr, syscall.SIGKILL); err != nil {
+			a.log.Warn("in-process: killing a survivor that did not rejoin", "local_rank", lr, "err", err)
+		}
+		delete(w.waiting, lr)
+		delete(w.stepping, lr)
+		delete(w.notices, lr)
+		if ipm := a.ipMonitors(); ipm != nil {
+			ipm.ReplaceRank(lr, pids[lr])
+		}
+		reason := fmt.Sprintf("local rank %d did not open its monitor session of round %d within %s of its notice (stuck); killed and replaced by pid %d",
+			lr, w.round, bound, pids[lr])
+		a.log.Warn("in-process: a survivor that did not rejoin is replaced within the round", "round", w.round,
+			"local_rank", lr, "pid", pids[lr])
+		a.ev.Emit(EventInProcessReplaced, map[string]any{"round": w.round, "local_rank": lr, "why": "rejoin_timeout",
+			"pid": pids[lr], "reason": reason})
+	}
+	if len(w.waiting) > 0 {
+		w.timer.Reset(bound) // the survivors wait for the replacements
+		a.log.Info("in-process: the rejoin bound starts again for the survivors that opened their session",
+			"local_ranks", slices.Sorted(maps.Keys(w.waiting)), "rejoin_timeout", bound)
+	}
+	return nil
 }
 
 // inProcessFallback records that an in-process restart falls back to the
@@ -633,41 +835,55 @@ func (a *Agent) stopKept(why string) {
 }
 
 // mixedGroup is the ranks of an in-process round: survivors from an older
-// group and the ranks started for this round. Each local rank belongs to
-// the group that runs it now; exits of the ranks an older group lost are
-// not delivered again.
+// group and the ranks started for this round (and, when a survivor did
+// not rejoin, the rank that replaced it). Each local rank belongs to the
+// group that runs it now; exits of ranks an older group no longer runs
+// (the failed ones, a replaced survivor) are not delivered.
 type mixedGroup struct {
-	parts    []groupPart
-	once     sync.Once
-	exits    chan spawn.Exit
-	quit     chan struct{} // closed by Stop: the forwarders end
+	mu       sync.Mutex
+	parts    []RankGroup
+	owner    map[int]RankGroup // local rank -> the part that runs it now
+	exits    chan spawn.Exit   // nil until Exits
+	quit     chan struct{}     // closed by Stop: the forwarders end
 	stopOnce sync.Once
 }
 
-type groupPart struct {
-	g     RankGroup
-	ranks map[int]bool
+func newMixedGroup() *mixedGroup {
+	return &mixedGroup{owner: map[int]RankGroup{}, quit: make(chan struct{})}
 }
 
+// add makes g the group that runs ranks from now on; exits of those ranks
+// from the group that ran them before are dropped.
 func (m *mixedGroup) add(g RankGroup, ranks []int) {
-	p := groupPart{g: g, ranks: map[int]bool{}}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !slices.Contains(m.parts, g) {
+		m.parts = append(m.parts, g)
+		if m.exits != nil {
+			m.forward(g)
+		}
+	}
 	for _, lr := range ranks {
-		p.ranks[lr] = true
+		m.owner[lr] = g
 	}
-	m.parts = append(m.parts, p)
-	if m.quit == nil {
-		m.quit = make(chan struct{})
-	}
+}
+
+// ownerOf is the part that runs local rank lr now (nil: none).
+func (m *mixedGroup) ownerOf(lr int) RankGroup {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.owner[lr]
 }
 
 // PIDs maps each local rank to the pid that runs it now.
 func (m *mixedGroup) PIDs() map[int]int {
+	m.mu.Lock()
+	owner := maps.Clone(m.owner)
+	m.mu.Unlock()
 	out := map[int]int{}
-	for _, p := range m.parts {
-		for lr, pid := range p.g.PIDs() {
-			if p.ranks[lr] {
-				out[lr] = pid
-			}
+	for lr, g := range owner {
+		if pid, ok := g.PIDs()[lr]; ok {
+			out[lr] = pid
 		}
 	}
 	return out
@@ -675,51 +891,61 @@ func (m *mixedGroup) PIDs() map[int]int {
 
 // Exits merges the parts' exits of the ranks they run now.
 func (m *mixedGroup) Exits() <-chan spawn.Exit {
-	m.once.Do(func() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.exits == nil {
 		m.exits = make(chan spawn.Exit, 64)
-		quit := m.quit
-		for _, p := range m.parts {
-			src := p.g.Exits()
-			go func() {
-				for {
-					select {
-					case e := <-src:
-						if !p.ranks[e.LocalRank] {
-							continue
-						}
-						select {
-						case m.exits <- e:
-						case <-quit:
-							return
-						}
-					case <-quit:
-						return
-					}
-				}
-			}()
+		for _, g := range m.parts {
+			m.forward(g)
 		}
-	})
+	}
 	return m.exits
+}
+
+// forward delivers g's exits of the ranks it runs now. Caller holds m.mu.
+func (m *mixedGroup) forward(g RankGroup) {
+	src, out, quit := g.Exits(), m.exits, m.quit
+	go func() {
+		for {
+			select {
+			case e := <-src:
+				if m.ownerOf(e.LocalRank) != g {
+					continue
+				}
+				select {
+				case out <- e:
+				case <-quit:
+					return
+				}
+			case <-quit:
+				return
+			}
+		}
+	}()
 }
 
 // Stop stops every part at once and reports the current ranks' exits.
 func (m *mixedGroup) Stop(sig syscall.Signal, grace time.Duration) spawn.StopResult {
-	res := make([]spawn.StopResult, len(m.parts))
+	m.mu.Lock()
+	parts := slices.Clone(m.parts)
+	owner := maps.Clone(m.owner)
+	m.mu.Unlock()
+	res := make([]spawn.StopResult, len(parts))
 	var wg sync.WaitGroup
-	for i, p := range m.parts {
-		wg.Go(func() { res[i] = p.g.Stop(sig, grace) })
+	for i, g := range parts {
+		wg.Go(func() { res[i] = g.Stop(sig, grace) })
 	}
 	wg.Wait()
 	m.stopOnce.Do(func() { close(m.quit) })
 	var out spawn.StopResult
-	for i, p := range m.parts {
+	for i, g := range parts {
 		for _, e := range res[i].Exits {
-			if p.ranks[e.LocalRank] {
+			if owner[e.LocalRank] == g {
 				out.Exits = append(out.Exits, e)
 			}
 		}
 		for _, lr := range res[i].Escalated {
-			if p.ranks[lr] {
+			if owner[lr] == g {
 				out.Escalated = append(out.Escalated, lr)
 			}
 		}
@@ -738,12 +964,34 @@ func (m *mixedGroup) SignalAll(sig syscall.Signal) {
 
 // Signal signals one current rank's process group.
 func (m *mixedGroup) Signal(localRank int, sig syscall.Signal) error {
-	for _, p := range m.parts {
-		if p.ranks[localRank] {
-			return signalRank(p.g, localRank, sig)
-		}
+	if g := m.ownerOf(localRank); g != nil {
+		return signalRank(g, localRank, sig)
 	}
 	return fmt.Errorf("no local rank %d in the group", localRank)
+}
+
+// Ending reports whether the process of a current rank has ended or is
+// ending (rankEnding).
+func (m *mixedGroup) Ending(localRank int) bool {
+	g := m.ownerOf(localRank)
+	return g == nil || rankEnding(g, localRank)
+}
+
+// rankEnder is a group that can tell a rank whose exit is not delivered
+// yet has ended or is ending (*spawn.Group, mixedGroup).
+type rankEnder interface {
+	Ending(localRank int) bool
+}
+
+// rankEnding reports whether local rank's process in g has ended or is
+// ending, although its exit may not have been delivered: from g when it
+// knows, else from /proc by its pid.
+func rankEnding(g RankGroup, localRank int) bool {
+	if e, ok := g.(rankEnder); ok {
+		return e.Ending(localRank)
+	}
+	pid, ok := g.PIDs()[localRank]
+	return !ok || procfs.Ending(pid)
 }
 
 // signalRank signals one rank's process group in g.

@@ -32,6 +32,7 @@ type ipMonitors struct {
 	begun   []int
 	silence map[int]monitor.Silence // local rank -> what Silence reports (absent: no clock)
 	refuse  map[int]bool            // local ranks whose notice fails (no session)
+	replace map[int]int             // local rank -> the pid ReplaceRank gave it
 }
 
 func newIPMonitors(capable ...int) *ipMonitors {
@@ -66,6 +67,21 @@ func (m *ipMonitors) Notify(lr int, n ftwire.Rejoin) error {
 }
 func (m *ipMonitors) InProcessReports() <-chan monitor.InProcessReport {
 	return m.reports
+}
+func (m *ipMonitors) ReplaceRank(lr, pid int) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.replace == nil {
+		m.replace = map[int]int{}
+	}
+	m.replace[lr] = pid
+}
+
+// setCapable says whether local rank lr has an in-process session now.
+func (m *ipMonitors) setCapable(lr int, ok bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.capable[lr] = ok
 }
 func (m *ipMonitors) BeginCycle(cycle int, _ map[int]int) {
 	m.mu.Lock()
@@ -830,5 +846,191 @@ func TestReportsReadInFullMode(t *testing.T) {
 	g0.exit(1, 0, 0)
 	if o := h.outcome(out); o.Kind != verdict.Succeeded {
 		t.Fatalf("outcome %+v", o)
+	}
+}
+
+// report sends a survivor's rejoined and first_step reports for round.
+func (m *ipMonitors) rejoined(lr, round int) {
+	m.reports <- monitor.InProcessReport{LocalRank: lr, InProcessReport: ftwire.InProcessReport{Round: round, Phase: "rejoined"}}
+	m.reports <- monitor.InProcessReport{LocalRank: lr, InProcessReport: ftwire.InProcessReport{Round: round, Phase: "first_step"}}
+}
+
+// noMoreNotices fails when a notice other than those already read was sent.
+func (m *ipMonitors) noMoreNotices(t *testing.T) {
+	t.Helper()
+	select {
+	case n := <-m.notices:
+		t.Fatalf("unexpected notice %+v", n)
+	default:
+	}
+}
+
+// TestInProcessSettleWindow: ranks that die together with the failed one
+// are all replaced and none of them is kept as a survivor; the incident
+// spends one restart. A second rank's exit comes within the settle window,
+// or after it while its process is already ending (SIGKILLed, not reaped
+// yet: the liveness check finds it). A rank that dies well after the
+// window is a survivor that ended before its round (replaced too, spending
+// nothing more).
+func TestInProcessSettleWindow(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		ending  bool          // the second rank is ending when the first exit is seen
+		after   time.Duration // its exit comes this long after the first's
+		replace []int         // local ranks the in-process restart starts
+	}{
+		{"second exit within the window", false, 30 * time.Millisecond, []int{1, 2}},
+		{"second rank ending, exit after the window", true, 400 * time.Millisecond, []int{1, 2}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h, m := ipHarness(t, 0, 1, 2)
+			h.cfg.NProcPerNode = 3
+			out := h.start()
+			g0 := h.ranks.wait(t)
+			if tc.ending {
+				g0.mu.Lock()
+				g0.ending = map[int]bool{2: true}
+				g0.mu.Unlock()
+			}
+			g0.exit(1, 0, syscall.SIGKILL)
+			time.AfterFunc(tc.after, func() { g0.exit(2, 0, syscall.SIGKILL) })
+			g1 := h.ranks.wait(t)
+			var started []int
+			for _, sp := range g1.specs {
+				started = append(started, sp.LocalRank)
+			}
+			if !slices.Equal(started, tc.replace) {
+				t.Fatalf("the in-process restart started local ranks %v, want %v", started, tc.replace)
+			}
+			if n := m.notice(t); n.LocalRank != 0 {
+				t.Fatalf("notice to local rank %d, want only the survivor 0", n.LocalRank)
+			}
+			m.noMoreNotices(t)
+			m.rejoined(0, 1)
+			time.Sleep(100 * time.Millisecond) // the reports are read by the agent's loop
+			g0.exit(0, 0, 0)
+			g1.exit(1, 0, 0)
+			g1.exit(2, 0, 0)
+			o := h.outcome(out)
+			if o.Kind != verdict.Succeeded || len(o.Cycles) != 2 || o.Cycles[1].Mode != "in-process" || o.Cycles[1].InProcessFallback != "" {
+				t.Fatalf("outcome %+v", o)
+			}
+			h.rdzv.mu.Lock()
+			fails := len(h.rdzv.fails)
+			h.rdzv.mu.Unlock()
+			if fails != 1 {
+				t.Fatalf("%d failures reported, want one restart for the incident", fails)
+			}
+			kept := h.events(EventInProcessKept)
+			if len(kept) != 1 || fmt.Sprint(kept[0]["survivors"]) != "[0]" || fmt.Sprint(kept[0]["failed"]) != "[1 2]" {
+				t.Fatalf("inprocess_kept %v, want survivors [0], failed [1 2]", kept)
+			}
+			if fb := h.events(EventInProcessFallback); len(fb) != 0 {
+				t.Fatalf("fallbacks %v", fb)
+			}
+			if got := h.metric(`ftlauncher_restarts_by_mode_total{mode="in-process"}`); got != 1 {
+				t.Fatalf("in-process restarts metric %v, want 1", got)
+			}
+		})
+	}
+}
+
+// TestInProcessAllDieTogether: both ranks of a node killed at once: no
+// survivor is kept, one full restart.
+func TestInProcessAllDieTogether(t *testing.T) {
+	h, m := ipHarness(t, 0, 1)
+	out := h.start()
+	g0 := h.ranks.wait(t)
+	g0.exit(1, 0, syscall.SIGKILL)
+	time.AfterFunc(20*time.Millisecond, func() { g0.exit(0, 0, syscall.SIGKILL) })
+	g1 := h.ranks.wait(t)
+	if len(g1.specs) != 2 {
+		t.Fatalf("restart started %d ranks, want both", len(g1.specs))
+	}
+	m.noMoreNotices(t)
+	g1.exit(0, 0, 0)
+	g1.exit(1, 0, 0)
+	o := h.outcome(out)
+	if o.Kind != verdict.Succeeded || len(o.Cycles) != 2 || o.Cycles[1].Mode != "full" {
+		t.Fatalf("outcome %+v", o)
+	}
+	if n := len(h.events(EventInProcessKept)); n != 0 {
+		t.Fatalf("%d inprocess_kept events, want none", n)
+	}
+	h.rdzv.mu.Lock()
+	defer h.rdzv.mu.Unlock()
+	if len(h.rdzv.fails) != 1 {
+		t.Fatalf("fails %+v, want one", h.rdzv.fails)
+	}
+}
+
+// TestInProcessStuckSurvivorReplaced: of two survivors, one opens its new
+// session (it waits in init_process_group) and one never does (stuck). At
+// the bound the stuck one is killed and replaced within the round, the
+// bound starts again for the other, which then rejoins: no fallback, one
+// restart for the incident.
+func TestInProcessStuckSurvivorReplaced(t *testing.T) {
+	h, m := ipHarness(t, 0, 1, 2)
+	h.cfg.NProcPerNode = 3
+	h.cfg.InProcessRejoinTimeout = time.Second
+	out := h.start()
+	g0 := h.ranks.wait(t)
+	g0.exit(1, 1, 0)
+	g1 := h.ranks.wait(t)
+	m.notice(t)
+	m.notice(t)
+	noticed := time.Now()
+	m.setCapable(2, false) // local rank 2 never opens its session of round 1
+	g2 := h.ranks.wait(t)
+	if len(g2.specs) != 1 || g2.specs[0].LocalRank != 2 {
+		t.Fatalf("replacement started %v, want local rank 2", g2.specs)
+	}
+	// The stuck rank is killed once its replacement started.
+	var sig []syscall.Signal
+	var pid int
+	var replaced bool
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		g0.mu.Lock()
+		sig = slices.Clone(g0.signalled)
+		g0.mu.Unlock()
+		m.mu.Lock()
+		pid, replaced = m.replace[2]
+		m.mu.Unlock()
+		if len(sig) > 0 && replaced {
+			break
+		}
+	}
+	if len(sig) != 1 || sig[0] != syscall.SIGKILL {
+		t.Fatalf("survivors' group signals %v, want one SIGKILL (the stuck rank)", sig)
+	}
+	if !replaced || pid != 1002 {
+		t.Fatalf("monitors told of replacement pid %d (%v), want 1002", pid, replaced)
+	}
+	// Past the first bound: the bound started again at the replacement.
+	time.Sleep(time.Until(noticed.Add(1500 * time.Millisecond)))
+	m.rejoined(0, 1)
+	time.Sleep(100 * time.Millisecond)
+	g0.exit(0, 0, 0)
+	g1.exit(1, 0, 0)
+	g2.exit(2, 0, 0)
+	o := h.outcome(out)
+	if o.Kind != verdict.Succeeded || len(o.Cycles) != 2 || o.Cycles[1].Mode != "in-process" || o.Cycles[1].InProcessFallback != "" {
+		t.Fatalf("outcome %+v", o)
+	}
+	h.rdzv.mu.Lock()
+	fails := len(h.rdzv.fails)
+	h.rdzv.mu.Unlock()
+	if fails != 1 {
+		t.Fatalf("%d failures reported, want one restart for the incident", fails)
+	}
+	rep := h.events(EventInProcessReplaced)
+	if len(rep) != 1 || rep[0]["local_rank"] != float64(2) || rep[0]["why"] != "rejoin_timeout" {
+		t.Fatalf("inprocess_replaced %v, want local rank 2 (rejoin_timeout)", rep)
+	}
+	if fb := h.events(EventInProcessFallback); len(fb) != 0 {
+		t.Fatalf("fallbacks %v", fb)
+	}
+	if n := len(h.events(EventInProcessFirstStep)); n != 1 {
+		t.Fatalf("%d first steps, want the healthy survivor's", n)
 	}
 }

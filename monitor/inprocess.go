@@ -139,3 +139,25 @@ func (m *Manager) inProcessReport(r *rankMon, u ftwire.InProcessReport) {
 		r.logger().Warn("rank monitor: in-process report channel full; dropping", "phase", u.Phase)
 	}
 }
+
+// ReplaceRank makes pid local rank's process in the running cycle: an
+// in-process restart replaced a survivor that did not rejoin by a fresh
+// rank. That rank's monitor starts over as at BeginCycle (connections from
+// the old process are refused from now on); the other ranks' monitors are
+// untouched.
+func (m *Manager) ReplaceRank(localRank, pid int) {
+	if localRank < 0 || localRank >= len(m.ranks) {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !m.active {
+		return
+	}
+	m.pids[localRank] = pid
+	m.ranks[localRank].begin(m.cycle, pid, m.eff.Clone(), m.opts.FT.NumWarmupIterations)
+	// Wake connections waiting in admitRank for this rank's pid.
+	close(m.cycleCh)
+	m.cycleCh = make(chan struct{})
+	m.log.Debug("rank monitors: rank replaced in the cycle", "cycle", m.cycle, "local_rank", localRank, "pid", pid)
+}

@@ -135,3 +135,27 @@ func TestSilence(t *testing.T) {
 		t.Fatalf("Silence %+v %v after the hang, want Hung", s, ok)
 	}
 }
+
+// TestReplaceRank: an in-process restart replaces a stuck survivor within
+// the cycle; the replacement's session is admitted under its new pid (the
+// cycle began with the stuck process's) and registers for in-process
+// restarts.
+func TestReplaceRank(t *testing.T) {
+	m := newManager(t, 1, nil, "")
+	stuck := startProc(t, m, nil, "sleep", "60")
+	m.BeginCycle(1, map[int]int{0: stuck.cmd.Process.Pid})
+	p := startProc(t, m, pyEnv(t), python, "-c", inprocessRank, "yes")
+	m.ReplaceRank(0, p.cmd.Process.Pid)
+	select {
+	case l := <-p.lines:
+		if l != "ready" {
+			t.Fatalf("replacement printed %q", l)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the replacement did not connect")
+	}
+	eventually(t, 10*time.Second, "the replacement registered", func() bool { return m.InProcessCapable(0) })
+	if st := m.RankStatus(0); st.PID != p.cmd.Process.Pid {
+		t.Fatalf("rank status pid %d, want the replacement's %d", st.PID, p.cmd.Process.Pid)
+	}
+}

@@ -191,6 +191,18 @@ func (g *Group) Signal(localRank int, sig syscall.Signal) error {
 	return nil
 }
 
+// Ending reports whether localRank's process has ended or is ending
+// although its exit may not be delivered yet: reaped, a zombie, in its
+// exit, or with SIGKILL pending (procfs.Ending). A rank killed together
+// with another is ending by the time the first one's exit is seen.
+func (g *Group) Ending(localRank int) bool {
+	p := g.rank(localRank)
+	if p == nil || !p.alive() {
+		return true
+	}
+	return procfs.Ending(p.pid)
+}
+
 // SignalAll sends sig to the process group of every live rank.
 func (g *Group) SignalAll(sig syscall.Signal) {
 	for _, p := range g.ranks {

@@ -527,3 +527,42 @@ func TestCloseLeavesKeptChildAlone(t *testing.T) {
 	_ = c.Process.Kill()
 	_ = c.Wait()
 }
+
+// TestEndingBeforeReaped: of two ranks SIGKILLed together, the one whose
+// exit has not been delivered yet is already ending (the in-process
+// restart must not keep it as a survivor); a live rank is not.
+func TestEndingBeforeReaped(t *testing.T) {
+	r := newReaper(t)
+	g := startGroup(t, r, []Spec{
+		{LocalRank: 0, Argv: []string{"sleep", "1000"}},
+		{LocalRank: 1, Argv: []string{"sleep", "1000"}},
+		{LocalRank: 2, Argv: []string{"sleep", "1000"}},
+	})
+	t.Cleanup(func() { g.Stop(syscall.SIGKILL, 0) })
+	pids := g.PIDs()
+	for lr := range 3 {
+		if g.Ending(lr) {
+			t.Fatalf("running local rank %d reported ending", lr)
+		}
+	}
+	_ = syscall.Kill(pids[0], syscall.SIGKILL)
+	_ = syscall.Kill(pids[1], syscall.SIGKILL)
+	// Within a few ms (the agent looks after its settle window of 100 ms;
+	// the kernel goes from the pending SIGKILL to do_exit in microseconds).
+	deadline := time.Now().Add(20 * time.Millisecond)
+	for lr := range 2 {
+		for !g.Ending(lr) && time.Now().Before(deadline) {
+			time.Sleep(time.Millisecond)
+		}
+		if !g.Ending(lr) {
+			t.Fatalf("local rank %d SIGKILLed a moment ago is not reported ending", lr)
+		}
+	}
+	if g.Ending(2) {
+		t.Fatal("live local rank 2 reported ending")
+	}
+	collect(t, g, 2)
+	if !g.Ending(0) || !g.Ending(1) || !g.Ending(7) {
+		t.Fatal("reaped ranks (or an unknown one) are not reported ending")
+	}
+}
