@@ -170,7 +170,34 @@ type Verdict struct {
 	Ledger    []ledger.Record `json:"ledger"`
 	StartedAt time.Time       `json:"started_at"`
 	EndedAt   time.Time       `json:"ended_at"`
+
+	// EtcdMemberFailures are the deaths of the embedded etcd member this
+	// launcher hosts and what it did about each (absent when none).
+	EtcdMemberFailures []EtcdMemberFailure `json:"etcd_member_failures,omitempty"`
 }
+
+// EtcdMemberFailure is one death of the embedded etcd member a launcher
+// hosts (docs/verdict.md).
+type EtcdMemberFailure struct {
+	Member string    `json:"member"` // m<i>; "" for a single-member etcd
+	PID    int       `json:"pid"`
+	Exit   string    `json:"exit"` // "killed by SIGKILL", "exit code 1"
+	At     time.Time `json:"at"`   // when the launcher reaped it
+	// Action is what the launcher did: EtcdMemberRejoined,
+	// EtcdMemberReplaced, EtcdMemberGaveUp or EtcdMemberNotRestarted.
+	Action      string     `json:"action"`
+	Attempts    int        `json:"attempts"` // restart attempts made for this death
+	RestartedAt *time.Time `json:"restarted_at,omitempty"`
+	Error       string     `json:"error,omitempty"` // why the last attempt failed
+}
+
+// EtcdMemberFailure actions.
+const (
+	EtcdMemberRejoined     = "rejoined"      // restarted on its intact data dir
+	EtcdMemberReplaced     = "replaced"      // removed and re-added as a new member on a fresh dir
+	EtcdMemberGaveUp       = "gave_up"       // the restart limit was spent, or it cannot be restarted
+	EtcdMemberNotRestarted = "not_restarted" // the launcher was shutting down
+)
 
 // Write stores v at path atomically (0644), setting Schema.
 func Write(path string, v Verdict) error {

@@ -103,7 +103,8 @@ func launch(ctx context.Context, cfg *configs.Config, log *slog.Logger, sigs <-c
 			Store: tcpstore.Options{Limits: tcpstore.DefaultLimits()}})
 		defer store.Close() // after the agent: its ranks are stopped by then
 	}
-	rdzv, cleanup, err := newRendezvous(setupCtx, cfg, log, reaper, met, store)
+	rec.etcdMember = &memberFailures{}
+	rdzv, cleanup, err := newRendezvous(setupCtx, cfg, log, reaper, met, store, keeperDeps{events: ev, failures: rec.etcdMember})
 	if err != nil {
 		if sig := guard.end(); sig != nil {
 			return rec.signaled(sig)
@@ -314,6 +315,8 @@ type verdictRecorder struct {
 	node    string
 	logDir  string // the run's log directory, once known
 	started time.Time
+
+	etcdMember *memberFailures // deaths of the hosted etcd member (etcdmember.go)
 }
 
 // path is --verdict-file (or $FT_LAUNCHER_VERDICT_FILE), else verdict.json
@@ -365,6 +368,7 @@ func (r *verdictRecorder) signaled(sig os.Signal) int {
 func (r *verdictRecorder) write(o agent.Outcome) int {
 	code := o.ExitCode()
 	v := o.Verdict(r.cfg.RdzvID, r.node, r.host)
+	v.EtcdMemberFailures = r.etcdMember.snapshot()
 	if path := r.path(); path != "" {
 		if err := verdict.Write(path, v); err != nil {
 			r.log.Error("could not write the verdict file", "path", path, "err", err)
@@ -394,7 +398,7 @@ func nodeName(cfg *configs.Config, host string) string {
 // when this launcher's address is the endpoint's.
 // With the agent store, each round's MASTER_PORT is its server's, bound
 // before the round is handed out.
-func newRendezvous(ctx context.Context, cfg *configs.Config, log *slog.Logger, reaper *spawn.Reaper, met *metrics.Metrics, store *agentstore.Host) (rendezvous.Rendezvous, func(), error) {
+func newRendezvous(ctx context.Context, cfg *configs.Config, log *slog.Logger, reaper *spawn.Reaper, met *metrics.Metrics, store *agentstore.Host, keep keeperDeps) (rendezvous.Rendezvous, func(), error) {
 	if cfg.Rdzv.Mode == configs.RdzvSingleNode { // decided and validated at parse time
 		addr := cfg.MasterAddr
 		port := cfg.MasterPort
@@ -410,7 +414,7 @@ func newRendezvous(ctx context.Context, cfg *configs.Config, log *slog.Logger, r
 		}
 		return l, func() {}, nil
 	}
-	return newEtcdRendezvous(ctx, cfg, log, reaper, met, store)
+	return newEtcdRendezvous(ctx, cfg, log, reaper, met, store, keep)
 }
 
 // healthCheck returns the pre-join node health check, or nil.
