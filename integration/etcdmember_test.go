@@ -96,11 +96,16 @@ func eventAt(t *testing.T, ev map[string]any) time.Time {
 func TestEmbeddedEtcdMemberRestarted(t *testing.T) {
 	tests := []struct {
 		name    string
-		rmData  bool   // remove the member's data dir before killing it
-		wantHow string // how the launcher restarts it
+		rmData  bool // remove the member's data dir before killing it
+		wantHow string
+		// settle: how long the cluster runs before the kill; etcd
+		// refuses a reconfiguration until its members have been
+		// connected for 5 s, which the replacement waits out.
+		settle time.Duration
 	}{
-		{"intact data dir rejoins", false, verdict.EtcdMemberRejoined},
-		{"lost data dir is replaced", true, verdict.EtcdMemberReplaced},
+		{"intact data dir rejoins", false, verdict.EtcdMemberRejoined, 0},
+		{"lost data dir is replaced in a young cluster", true, verdict.EtcdMemberReplaced, 0},
+		{"lost data dir is replaced", true, verdict.EtcdMemberReplaced, 6 * time.Second},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -141,6 +146,7 @@ exit 0
 				t.Fatalf("members before the kill: %v, %v; want m0, m1, m2 started", before, err)
 			}
 
+			time.Sleep(tt.settle)
 			launcher := c.nodes[1].cmd.Process.Pid
 			pids := childrenNamed(launcher, "ft-launcher-etc")
 			if len(pids) != 1 {
@@ -236,6 +242,17 @@ exit 0
 				if f := v.EtcdMemberFailures; len(f) != 1 || f[0].Member != "m1" || f[0].PID != victim ||
 					f[0].Exit != "killed by SIGKILL" || f[0].Action != tt.wantHow || f[0].Attempts != 1 || f[0].RestartedAt == nil {
 					t.Errorf("node 1 verdict etcd_member_failures %+v, want m1 pid %d killed by SIGKILL, %s after 1 attempt", f, victim, tt.wantHow)
+				}
+			}
+			// The launchers' own stops at the end are no deaths: nothing
+			// else was reported or restarted.
+			for i := 0; i < 3; i++ {
+				want := 0
+				if i == 1 {
+					want = 1
+				}
+				if ex, re := c.nodes[i].eventsOf("etcd_member_exited"), c.nodes[i].eventsOf("etcd_member_restarted"); len(ex) != want || len(re) != want {
+					t.Errorf("node %d: %d etcd_member_exited and %d etcd_member_restarted events, want %d each: %v %v", i, len(ex), len(re), want, ex, re)
 				}
 			}
 			log := c.nodes[1].stderr.String() // read once the launcher exited

@@ -28,6 +28,7 @@ import (
 	"sync"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
@@ -335,8 +336,27 @@ func (k *memberKeeper) restart(adopt string) (*companion, string, error) {
 	return c, verdict.EtcdMemberReplaced, nil
 }
 
-// memberAPITimeout bounds each call to the member API.
-const memberAPITimeout = 10 * time.Second
+// memberAPITimeout bounds the member API calls of one replacement: etcd
+// refuses a reconfiguration until the members it keeps have been connected
+// for its health interval (5 s), e.g. in a cluster that just started.
+const memberAPITimeout = 20 * time.Second
+
+// whileSettling calls f until it succeeds, fails otherwise than with etcd's
+// "unhealthy cluster" or "not enough started members" (its members have
+// not been connected long enough for a reconfiguration), or ctx ends.
+func whileSettling(ctx context.Context, f func() error) error {
+	for {
+		err := f()
+		if err == nil || !(errors.Is(err, rpctypes.ErrUnhealthy) || errors.Is(err, rpctypes.ErrMemberNotEnoughStarted)) {
+			return err
+		}
+		select {
+		case <-time.After(250 * time.Millisecond):
+		case <-ctx.Done():
+			return fmt.Errorf("%w (etcd: %w)", ctx.Err(), err)
+		}
+	}
+}
 
 // readd removes this member from the cluster (by its peer URL: a member
 // re-added earlier has a new id) and adds it again, through the other
@@ -364,14 +384,15 @@ func (k *memberKeeper) readd() (string, error) {
 	for _, mm := range list.Members {
 		for _, u := range mm.PeerURLs {
 			if u == k.m.peerURL {
-				if _, err := cli.MemberRemove(ctx, mm.ID); err != nil {
+				if err := whileSettling(ctx, func() error { _, err := cli.MemberRemove(ctx, mm.ID); return err }); err != nil {
 					return "", fmt.Errorf("replace the member: remove member %x (%s): %w", mm.ID, u, err)
 				}
 				k.log.Info("embedded etcd member removed from the cluster", "id", fmt.Sprintf("%x", mm.ID))
 			}
 		}
 	}
-	added, err := cli.MemberAdd(ctx, []string{k.m.peerURL})
+	var added *clientv3.MemberAddResponse
+	err = whileSettling(ctx, func() (err error) { added, err = cli.MemberAdd(ctx, []string{k.m.peerURL}); return err })
 	if err != nil {
 		return "", fmt.Errorf("replace the member: add %s: %w", k.m.peerURL, err)
 	}
