@@ -109,36 +109,7 @@ func TestEmbeddedEtcdMemberRestarted(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			eps := memberEndpoints(t)
-			c := newCluster(t, eps)
-			c.extra = []string{"--rdzv-backend", "c10d"}
-			tmp := filepath.Join(c.dir, "tmp")
-			if err := os.Mkdir(tmp, 0o700); err != nil {
-				t.Fatal(err)
-			}
-			s := recorder(c, `echo ready0 >> "$OUT/ready"
-while [ ! -e "$OUT/finish" ]; do sleep 0.05; done
-exit 0
-`)
-			metricsAddr := fmt.Sprintf("127.0.0.3:%d", freeTCPPort(t, "127.0.0.3"))
-			for i := 0; i < 3; i++ {
-				args := []string{"--nnodes", "3", "--nproc-per-node", "1", "--max-restarts", "0", "--no-python"}
-				if i == 1 {
-					args = append(args, "--metrics-addr", metricsAddr)
-				}
-				c.addNodeV([]string{"TMPDIR=" + tmp}, append(args, s)...)
-			}
-			waitCount(t, filepath.Join(c.dir, "ready"), "ready0", 3, 2*generous)
-
-			var urls []string
-			for _, ep := range strings.Split(eps, ",") {
-				urls = append(urls, "http://"+ep)
-			}
-			cli, err := clientv3.New(clientv3.Config{Endpoints: urls, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer cli.Close()
+			c, tmp, metricsAddr, urls, cli := startMemberCluster(t)
 			ctx, cancel := context.WithTimeout(context.Background(), 3*generous)
 			defer cancel()
 			before, err := memberIDs(ctx, t, cli)
@@ -270,6 +241,44 @@ exit 0
 	}
 }
 
+// startMemberCluster starts three launchers (one rank each, waiting for
+// $OUT/finish) that host the three members of the job's embedded etcd,
+// with $TMPDIR (where the members keep their data dirs) tmp and node 1's
+// metrics at metricsAddr, and waits until the ranks run. cli is a client
+// of every member; urls are the members' client URLs.
+func startMemberCluster(t *testing.T) (c *cluster, tmp, metricsAddr string, urls []string, cli *clientv3.Client) {
+	t.Helper()
+	eps := memberEndpoints(t)
+	c = newCluster(t, eps)
+	c.extra = []string{"--rdzv-backend", "c10d"}
+	tmp = filepath.Join(c.dir, "tmp")
+	if err := os.Mkdir(tmp, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	s := recorder(c, `echo ready0 >> "$OUT/ready"
+while [ ! -e "$OUT/finish" ]; do sleep 0.05; done
+exit 0
+`)
+	metricsAddr = fmt.Sprintf("127.0.0.3:%d", freeTCPPort(t, "127.0.0.3"))
+	for i := 0; i < 3; i++ {
+		args := []string{"--nnodes", "3", "--nproc-per-node", "1", "--max-restarts", "0", "--no-python"}
+		if i == 1 {
+			args = append(args, "--metrics-addr", metricsAddr)
+		}
+		c.addNodeV([]string{"TMPDIR=" + tmp}, append(args, s)...)
+	}
+	waitCount(t, filepath.Join(c.dir, "ready"), "ready0", 3, 2*generous)
+	for _, ep := range strings.Split(eps, ",") {
+		urls = append(urls, "http://"+ep)
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: urls, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	return c, tmp, metricsAddr, urls, cli
+}
+
 // memberServes does a linearizable read through endpoint alone.
 func memberServes(ctx context.Context, endpoint string) error {
 	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{endpoint}, DialTimeout: 2 * time.Second, Logger: zap.NewNop()})
@@ -286,4 +295,78 @@ func memberServes(ctx context.Context, endpoint string) error {
 		return fmt.Errorf("linearizable read through %s: %w", endpoint, err)
 	}
 	return nil
+}
+
+// TestEmbeddedEtcdMemberStoppedFromOutsideNotRestarted: a member stopped
+// cleanly by a SIGTERM that the launcher did not send (a scheduler stopping
+// every process of the node) exits 0; the launcher says so everywhere but
+// does not restart it, and the job goes on with two of three members.
+func TestEmbeddedEtcdMemberStoppedFromOutsideNotRestarted(t *testing.T) {
+	c, tmp, metricsAddr, urls, cli := startMemberCluster(t)
+	launcher := c.nodes[1].cmd.Process.Pid
+	pids := childrenNamed(launcher, "ft-launcher-etc")
+	if len(pids) != 1 {
+		t.Fatalf("node 1 (pid %d) has ft-launcher-etcd children %v, want one", launcher, pids)
+	}
+	victim := pids[0]
+	if err := syscall.Kill(victim, syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	var exited []map[string]any
+	for deadline := time.Now().Add(generous); len(exited) == 0; time.Sleep(50 * time.Millisecond) {
+		if exited = c.nodes[1].eventsOf("etcd_member_exited"); len(exited) == 0 && time.Now().After(deadline) {
+			t.Fatalf("no etcd_member_exited event within %v of the SIGTERM", generous)
+		}
+	}
+	if e := exited[0]; e["member"] != "m1" || e["pid"] != float64(victim) || e["exit"] != "exit code 0" || e["restart"] != false {
+		t.Fatalf("etcd_member_exited %v, want m1 pid %d, exit code 0, restart false", e, victim)
+	}
+	// Give a wrong restart time to happen: none may.
+	time.Sleep(3 * time.Second)
+	if re := c.nodes[1].eventsOf("etcd_member_restarted"); len(re) != 0 {
+		t.Fatalf("the member was restarted: %v", re)
+	}
+	if left := childrenNamed(launcher, "ft-launcher-etc"); len(left) != 0 {
+		t.Fatalf("ft-launcher-etcd children of node 1: %v, want none", left)
+	}
+	if err := memberServes(context.Background(), urls[1]); err == nil {
+		t.Fatalf("m1 at %s still serves", urls[1])
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), generous)
+	defer cancel()
+	if resp, err := cli.MemberList(ctx); err != nil || len(resp.Members) != 3 {
+		t.Fatalf("member list with two of three members up: %v, %v; want the three members (none removed)", resp, err)
+	}
+	m := scrape(t, metricsAddr)
+	if m[`ftlauncher_etcd_member_up{member="m1"}`] != 0 || m[`ftlauncher_etcd_member_exits_total{member="m1"}`] != 1 {
+		t.Errorf("metrics up %v, exits %v; want 0, 1", m[`ftlauncher_etcd_member_up{member="m1"}`], m[`ftlauncher_etcd_member_exits_total{member="m1"}`])
+	}
+	for series := range m {
+		if strings.HasPrefix(series, "ftlauncher_etcd_member_restarts_total") {
+			t.Errorf("a restart was counted: %s", series)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(c.dir, "finish"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 3; i++ {
+		if code := c.nodes[i].wait(2 * time.Minute); code != 0 {
+			t.Fatalf("node %d exited %d\n%s", i, code, c.stderrs())
+		}
+	}
+	v := readVerdict(t, c.verdictPath(1))
+	wantVerdict(t, v, verdict.Succeeded, 0)
+	if f := v.EtcdMemberFailures; len(f) != 1 || f[0].PID != victim || f[0].Exit != "exit code 0" ||
+		f[0].Action != verdict.EtcdMemberNotRestarted || f[0].Attempts != 0 || f[0].RestartedAt != nil {
+		t.Errorf("node 1 verdict etcd_member_failures %+v, want pid %d, exit code 0, not_restarted, no attempt", f, victim)
+	}
+	if log := c.nodes[1].stderr.String(); !strings.Contains(log, "not restarting it") {
+		t.Errorf("node 1's log does not say the member is not restarted:\n%s", log)
+	}
+	if left := c.nodes[1].waitNoLeftovers(15 * time.Second); len(left) > 0 {
+		t.Fatalf("processes left: %s", hangdump.Describe(left))
+	}
+	if dirs, _ := filepath.Glob(filepath.Join(tmp, "ft-launcher-etcd-*")); len(dirs) > 0 {
+		t.Errorf("etcd data dirs left under %s: %v", tmp, dirs)
+	}
 }

@@ -196,7 +196,7 @@ const (
 	EtcdMemberRejoined     = "rejoined"      // restarted on its intact data dir
 	EtcdMemberReplaced     = "replaced"      // removed and re-added as a new member on a fresh dir
 	EtcdMemberGaveUp       = "gave_up"       // the restart limit was spent, or it cannot be restarted
-	EtcdMemberNotRestarted = "not_restarted" // the launcher was shutting down
+	EtcdMemberNotRestarted = "not_restarted" // the launcher was shutting down, or the member was stopped cleanly from outside
 )
 
 // Write stores v at path atomically (0644), setting Schema.

@@ -215,12 +215,28 @@ func exitStatus(e spawn.Exit) string {
 func (k *memberKeeper) repair(c *companion, e spawn.Exit) bool {
 	status := exitStatus(e)
 	up := time.Since(c.started)
-	k.log.Error("embedded etcd member exited; restarting it", "pid", e.PID, "exit", status,
+	// ft-launcher-etcd exits 0 only when stopped by SIGTERM or SIGINT:
+	// sent from outside (a scheduler stopping every process of the job
+	// step or container), so the node is going away: no restart.
+	deliberate := !e.Failed()
+	msg := "embedded etcd member exited; restarting it"
+	if deliberate {
+		msg = "embedded etcd member stopped by a signal from outside the launcher (exit code 0); not restarting it"
+	}
+	k.log.Error(msg, "pid", e.PID, "exit", status,
 		"exit_code", e.Code, "signal", unix.SignalName(e.Signal), "served_for", up.Round(time.Millisecond))
 	k.deps.events.Emit(evMemberExited, map[string]any{"member": k.m.name, "pid": e.PID, "exit": status,
-		"exit_code": e.Code, "signal": unix.SignalName(e.Signal), "served_s": up.Seconds()})
+		"exit_code": e.Code, "signal": unix.SignalName(e.Signal), "served_s": up.Seconds(), "restart": !deliberate})
 	k.deps.metrics.EtcdMemberExited(k.m.name)
 	f := verdict.EtcdMemberFailure{Member: k.m.name, PID: e.PID, Exit: status, At: e.At.UTC()}
+	if deliberate {
+		f.Action = verdict.EtcdMemberNotRestarted
+		k.deps.failures.add(f)
+		k.mu.Lock()
+		k.cur = nil
+		k.mu.Unlock()
+		return false
+	}
 
 	served, adopt := c.started, c.dir
 	for {
