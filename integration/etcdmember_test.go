@@ -130,10 +130,10 @@ func TestEmbeddedEtcdMemberRestarted(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
+			killed := time.Now() // before the kill: the launcher may reap it before Kill returns here
 			if err := syscall.Kill(victim, syscall.SIGKILL); err != nil {
 				t.Fatal(err)
 			}
-			killed := time.Now()
 
 			// The launcher notices, says so and restarts it.
 			var restarted map[string]any
@@ -337,6 +337,18 @@ func TestEmbeddedEtcdMemberStoppedFromOutsideNotRestarted(t *testing.T) {
 	if resp, err := cli.MemberList(ctx); err != nil || len(resp.Members) != 3 {
 		t.Fatalf("member list with two of three members up: %v, %v; want the three members (none removed)", resp, err)
 	}
+	// The other hosting launchers notice the dead peer member.
+	for _, i := range []int{0, 2} {
+		var down []map[string]any
+		for deadline := time.Now().Add(generous); ; time.Sleep(100 * time.Millisecond) {
+			if down = c.nodes[i].eventsOf("etcd_peer_member_down"); len(down) > 0 || time.Now().After(deadline) {
+				break
+			}
+		}
+		if len(down) != 1 || down[0]["peer"] != "m1" {
+			t.Fatalf("node %d: etcd_peer_member_down events %v, want one for m1", i, down)
+		}
+	}
 	m := scrape(t, metricsAddr)
 	if m[`ftlauncher_etcd_member_up{member="m1"}`] != 0 || m[`ftlauncher_etcd_member_exits_total{member="m1"}`] != 1 {
 		t.Errorf("metrics up %v, exits %v; want 0, 1", m[`ftlauncher_etcd_member_up{member="m1"}`], m[`ftlauncher_etcd_member_exits_total{member="m1"}`])
@@ -362,6 +374,9 @@ func TestEmbeddedEtcdMemberStoppedFromOutsideNotRestarted(t *testing.T) {
 	}
 	if log := c.nodes[1].stderr.String(); !strings.Contains(log, "not restarting it") {
 		t.Errorf("node 1's log does not say the member is not restarted:\n%s", log)
+	}
+	if log := c.nodes[0].stderr.String(); !strings.Contains(log, "another member of the embedded etcd does not answer") || !strings.Contains(log, "peer=m1") {
+		t.Errorf("node 0's log does not report the dead peer member m1:\n%s", log)
 	}
 	if left := c.nodes[1].waitNoLeftovers(15 * time.Second); len(left) > 0 {
 		t.Fatalf("processes left: %s", hangdump.Describe(left))

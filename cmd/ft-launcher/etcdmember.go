@@ -44,6 +44,8 @@ const (
 	evMemberExited    = "etcd_member_exited"
 	evMemberRestarted = "etcd_member_restarted"
 	evMemberGaveUp    = "etcd_member_gave_up"
+	evPeerDown        = "etcd_peer_member_down" // another member stopped answering
+	evPeerUp          = "etcd_peer_member_up"   // and answers again
 )
 
 // restartPolicy bounds the restarts of a member that keeps dying.
@@ -149,6 +151,7 @@ type memberKeeper struct {
 	deps   keeperDeps
 	budget restartBudget
 	done   chan struct{}
+	peers  chan struct{} // closed when watchPeers ended
 
 	mu  sync.Mutex
 	cur *companion // the running server; nil once given up
@@ -161,9 +164,14 @@ func newMemberKeeper(ctx context.Context, reaper *spawn.Reaper, log *slog.Logger
 	// Its own life: the set-up context may end with the set-up; stop ends it.
 	kctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	k := &memberKeeper{ctx: kctx, cancel: cancel, reaper: reaper, log: log.With("member", m.name), bin: bin, m: m,
-		deps: deps, budget: restartBudget{p: deps.policy}, cur: c, done: make(chan struct{})}
+		deps: deps, budget: restartBudget{p: deps.policy}, cur: c, done: make(chan struct{}), peers: make(chan struct{})}
 	deps.metrics.EtcdMemberUp(m.name)
 	go k.run()
+	if m.cluster != "" {
+		go k.watchPeers(peerCheckInterval)
+	} else {
+		close(k.peers)
+	}
 	return k
 }
 
@@ -171,6 +179,7 @@ func newMemberKeeper(ctx context.Context, reaper *spawn.Reaper, log *slog.Logger
 func (k *memberKeeper) stop() {
 	k.cancel()
 	<-k.done
+	<-k.peers
 	k.mu.Lock()
 	c := k.cur
 	k.cur = nil
@@ -429,4 +438,74 @@ func (k *memberKeeper) readd() (string, error) {
 		}
 	}
 	return cluster, nil
+}
+
+// A hosting launcher checks the other members every peerCheckInterval and
+// reports one after peerDownChecks failed checks in a row: a peer's dead
+// member shows in this launcher's log within about 2 intervals plus the
+// timeouts, and neither a member restarted by its host within seconds nor
+// the members stopping one after the other at the job's end is reported.
+const (
+	peerCheckInterval = 5 * time.Second
+	peerCheckTimeout  = 3 * time.Second
+	peerDownChecks    = 2
+)
+
+// watchPeers checks the other members of the cluster every interval (the
+// member list, then each member's status at its own client URL) and logs
+// and writes an event when one stops answering and when it answers again:
+// a member lost on another node shows here too. This member's own death
+// is the reaper's to report; a member list that cannot be read (no quorum)
+// is the rendezvous's etcd loss to report.
+func (k *memberKeeper) watchPeers(interval time.Duration) {
+	defer close(k.peers)
+	cli, err := clientv3.New(clientv3.Config{Endpoints: k.deps.peers, DialTimeout: peerCheckTimeout,
+		Logger: zap.NewNop(), Context: k.ctx})
+	if err != nil {
+		k.log.Warn("embedded etcd: cannot watch the other members", "err", err)
+		return
+	}
+	defer cli.Close()
+	down := map[uint64]int{} // consecutive failed checks per member id
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+		case <-k.ctx.Done():
+			return
+		}
+		ctx, cancel := context.WithTimeout(k.ctx, peerCheckTimeout)
+		list, err := cli.MemberList(ctx)
+		cancel()
+		if err != nil {
+			continue
+		}
+		for _, mm := range list.Members {
+			if mm.Name == k.m.name || len(mm.ClientURLs) == 0 {
+				continue // this member, or one not started yet
+			}
+			ctx, cancel := context.WithTimeout(k.ctx, peerCheckTimeout)
+			_, err := cli.Status(ctx, mm.ClientURLs[0])
+			cancel()
+			if k.ctx.Err() != nil {
+				return
+			}
+			switch {
+			case err != nil:
+				if down[mm.ID]++; down[mm.ID] != peerDownChecks {
+					continue
+				}
+				k.log.Warn("another member of the embedded etcd does not answer: the cluster has less redundancy",
+					"peer", mm.Name, "endpoint", mm.ClientURLs[0], "err", err)
+				k.deps.events.Emit(evPeerDown, map[string]any{"peer": mm.Name, "endpoint": mm.ClientURLs[0], "err": err.Error()})
+			case down[mm.ID] >= peerDownChecks:
+				delete(down, mm.ID)
+				k.log.Info("another member of the embedded etcd answers again", "peer", mm.Name, "endpoint", mm.ClientURLs[0])
+				k.deps.events.Emit(evPeerUp, map[string]any{"peer": mm.Name, "endpoint": mm.ClientURLs[0]})
+			default:
+				delete(down, mm.ID)
+			}
+		}
+	}
 }
