@@ -40,6 +40,8 @@ type Metrics struct {
 	orphansKilled prometheus.Counter
 
 	ip *inProcessMetrics // --restart-mode in-process (inprocess.go)
+
+	em *etcdMemberMetrics // the hosted embedded etcd member (etcdmember.go)
 }
 
 // New creates the collectors and registers them on a fresh registry.
@@ -95,6 +97,7 @@ func New() *Metrics {
 	m.Registry.MustRegister(m.rounds, m.restarts, m.nodeFailures, m.rdzvLatency, m.currentRound, m.worldSize,
 		m.rankExits, m.hangKills, m.sparesAllocated, m.sparesActive, m.spareSwaps, m.fillerPreemptions, m.swapLatency)
 	m.ip = newInProcessMetrics(m.Registry)
+	m.em = newEtcdMemberMetrics(m.Registry)
 	return m
 }
 

@@ -174,6 +174,10 @@ type Verdict struct {
 	// RecordsLost is what this launcher could not record because a write
 	// failed (a full file system); nil (absent) when nothing was lost.
 	RecordsLost *RecordsLost `json:"records_lost,omitempty"`
+
+	// EtcdMemberFailures are the deaths of the embedded etcd member this
+	// launcher hosts and what it did about each (absent when none).
+	EtcdMemberFailures []EtcdMemberFailure `json:"etcd_member_failures,omitempty"`
 }
 
 // RecordsLost counts what a launcher dropped because its writes failed.
@@ -193,6 +197,29 @@ type RecordsLost struct {
 func (r RecordsLost) Any() bool {
 	return r.EventLogEvents > 0 || r.EventLogBytes > 0 || r.RankOutputBytes > 0
 }
+
+// EtcdMemberFailure is one death of the embedded etcd member a launcher
+// hosts (docs/verdict.md).
+type EtcdMemberFailure struct {
+	Member string    `json:"member"` // m<i>; "" for a single-member etcd
+	PID    int       `json:"pid"`
+	Exit   string    `json:"exit"` // "killed by SIGKILL", "exit code 1"
+	At     time.Time `json:"at"`   // when the launcher reaped it
+	// Action is what the launcher did: EtcdMemberRejoined,
+	// EtcdMemberReplaced, EtcdMemberGaveUp or EtcdMemberNotRestarted.
+	Action      string     `json:"action"`
+	Attempts    int        `json:"attempts"` // restart attempts made for this death
+	RestartedAt *time.Time `json:"restarted_at,omitempty"`
+	Error       string     `json:"error,omitempty"` // why the last attempt failed
+}
+
+// EtcdMemberFailure actions.
+const (
+	EtcdMemberRejoined     = "rejoined"      // restarted on its intact data dir
+	EtcdMemberReplaced     = "replaced"      // removed and re-added as a new member on a fresh dir
+	EtcdMemberGaveUp       = "gave_up"       // the restart limit was spent, or it cannot be restarted
+	EtcdMemberNotRestarted = "not_restarted" // the launcher was shutting down, or the member was stopped cleanly from outside
+)
 
 // Write stores v at path atomically (0644), setting Schema.
 func Write(path string, v Verdict) error {

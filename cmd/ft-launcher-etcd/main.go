@@ -8,7 +8,9 @@
 // launch, single-node ones included.
 //
 // Protocol with the launcher: once the server serves, one line
-// "ready <client endpoint>" on stdout; SIGTERM or SIGINT stops it cleanly
+// "ready <client endpoint> <owned dir>" on stdout (the owned dir is the
+// temporary ft-launcher-etcd-XXXX dir, "-" with --data-dir: a launcher
+// restarting a dead member passes it to --adopt-dir); SIGTERM or SIGINT stops it cleanly
 // and removes its temporary data dir. A server killed outright (SIGKILL)
 // leaves the dir; the next start in the same $TMPDIR removes it (its owner
 // lock is free once the owner is dead).
@@ -45,13 +47,15 @@ func run(args []string, stdout, stderr io.Writer) int {
 	name := fs.String("name", "", "member name in --initial-cluster (with --initial-cluster)")
 	cluster := fs.String("initial-cluster", "", "name=peerURL,... of every member: makes this server one member of a cluster (\"\": a single member)")
 	token := fs.String("cluster-token", "", "initial cluster token (the run id)")
+	state := fs.String("initial-cluster-state", "new", "new (the members bootstrap together) or existing (this member was added to a running cluster)")
+	adopt := fs.String("adopt-dir", "", "restart a dead member on its data: the ft-launcher-etcd-XXXX dir its server reported (fails if gone, locked or empty)")
 	showVersion := fs.Bool("version", false, "print the version and exit")
 	fs.Usage = func() {} // help goes to stdout, below; errors get one line
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
 			fmt.Fprintf(stdout, "Usage: ft-launcher-etcd [options]\n\n"+
 				"The embedded etcd server of ft-launcher's multi-node rendezvous; the hosting\n"+
-				"ft-launcher starts it. Once serving it prints \"ready <client endpoint>\".\n\nOptions:\n%s", fs.FlagUsages())
+				"ft-launcher starts it. Once serving it prints \"ready <client endpoint> <owned dir>\".\n\nOptions:\n%s", fs.FlagUsages())
 			return 0
 		}
 		// pflag prints nothing itself with ContinueOnError.
@@ -69,12 +73,17 @@ func run(args []string, stdout, stderr io.Writer) int {
 	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer cancel()
 	srv, err := etcdserver.Start(ctx, etcdserver.Options{Dir: *dataDir, ClientURL: *clientURL,
-		PeerURL: *peerURL, Logger: log, ReadyTimeout: *ready, Name: *name, InitialCluster: *cluster, ClusterToken: *token})
+		PeerURL: *peerURL, Logger: log, ReadyTimeout: *ready, Name: *name, InitialCluster: *cluster, ClusterToken: *token,
+		ClusterState: *state, Adopt: *adopt})
 	if err != nil {
 		fmt.Fprintf(stderr, "ft-launcher-etcd: %v\n", err)
 		return 1
 	}
-	fmt.Fprintf(stdout, "ready %s\n", srv.Endpoint())
+	owned := srv.OwnedDir()
+	if owned == "" {
+		owned = "-"
+	}
+	fmt.Fprintf(stdout, "ready %s %s\n", srv.Endpoint(), owned)
 	<-ctx.Done()
 	if err := srv.Close(); err != nil {
 		fmt.Fprintf(stderr, "ft-launcher-etcd: %v\n", err)

@@ -23,7 +23,8 @@ import (
 // newEtcdRendezvous sets up the multi-node rendezvous from the validated
 // cfg.Rdzv: on the user's etcd (external mode) or on the embedded etcd,
 // which this launcher starts first when cfg.Rdzv.HostsEtcd says it hosts it.
-func newEtcdRendezvous(ctx context.Context, cfg *configs.Config, log *slog.Logger, reaper *spawn.Reaper, met *metrics.Metrics, store *agentstore.Host) (rendezvous.Rendezvous, func(), error) {
+// keep is where the keeper of a hosted member reports (etcdmember.go).
+func newEtcdRendezvous(ctx context.Context, cfg *configs.Config, log *slog.Logger, reaper *spawn.Reaper, met *metrics.Metrics, store *agentstore.Host, keep keeperDeps) (rendezvous.Rendezvous, func(), error) {
 	rz := cfg.Rdzv
 	if rz.Mode == configs.RdzvSingleNode || len(rz.Endpoints) == 0 {
 		return nil, nil, fmt.Errorf("internal error: etcd rendezvous asked for with rendezvous mode %q and endpoints %v", rz.Mode, rz.Endpoints)
@@ -43,7 +44,8 @@ func newEtcdRendezvous(ctx context.Context, cfg *configs.Config, log *slog.Logge
 			if err != nil {
 				return nil, nil, err
 			}
-			ep, stop, err := hostEtcd(ctx, reaper, log, m)
+			keep.metrics, keep.peers = met, rz.ClientURLs()
+			ep, stop, err := hostEtcd(ctx, reaper, log.With("component", "etcd-member"), m, keep)
 			if err != nil {
 				return nil, nil, fmt.Errorf("host the embedded etcd at %s: %w", m.clientURL, err)
 			}

@@ -105,7 +105,8 @@ func launch(ctx context.Context, cfg *configs.Config, log *slog.Logger, sigs <-c
 			Store: tcpstore.Options{Limits: storeLimits(cfg.NProcPerNode)}})
 		defer store.Close() // after the agent: its ranks are stopped by then
 	}
-	rdzv, cleanup, err := newRendezvous(setupCtx, cfg, log, reaper, met, store)
+	rec.etcdMember = &memberFailures{}
+	rdzv, cleanup, err := newRendezvous(setupCtx, cfg, log, reaper, met, store, keeperDeps{events: ev, failures: rec.etcdMember})
 	if err != nil {
 		if sig := guard.end(); sig != nil {
 			return rec.signaled(sig)
@@ -317,6 +318,8 @@ type verdictRecorder struct {
 	logDir  string         // the run's log directory, once known
 	logs    *ranklogs.Logs // counts the rank output lost, once set up
 	started time.Time
+
+	etcdMember *memberFailures // deaths of the hosted etcd member (etcdmember.go)
 }
 
 // path is --verdict-file (or $FT_LAUNCHER_VERDICT_FILE), else verdict.json
@@ -383,6 +386,7 @@ func (r *verdictRecorder) write(o agent.Outcome) int {
 			v.ExitCode = code
 		}
 	}
+	v.EtcdMemberFailures = r.etcdMember.snapshot()
 	if path := r.path(); path != "" {
 		if err := verdict.Write(path, v); err != nil {
 			recordLost()
@@ -426,7 +430,7 @@ func nodeName(cfg *configs.Config, host string) string {
 // when this launcher's address is the endpoint's.
 // With the agent store, each round's MASTER_PORT is its server's, bound
 // before the round is handed out.
-func newRendezvous(ctx context.Context, cfg *configs.Config, log *slog.Logger, reaper *spawn.Reaper, met *metrics.Metrics, store *agentstore.Host) (rendezvous.Rendezvous, func(), error) {
+func newRendezvous(ctx context.Context, cfg *configs.Config, log *slog.Logger, reaper *spawn.Reaper, met *metrics.Metrics, store *agentstore.Host, keep keeperDeps) (rendezvous.Rendezvous, func(), error) {
 	if cfg.Rdzv.Mode == configs.RdzvSingleNode { // decided and validated at parse time
 		addr := cfg.MasterAddr
 		port := cfg.MasterPort
@@ -442,7 +446,7 @@ func newRendezvous(ctx context.Context, cfg *configs.Config, log *slog.Logger, r
 		}
 		return l, func() {}, nil
 	}
-	return newEtcdRendezvous(ctx, cfg, log, reaper, met, store)
+	return newEtcdRendezvous(ctx, cfg, log, reaper, met, store, keep)
 }
 
 // healthCheck returns the pre-join node health check, or nil.

@@ -64,6 +64,36 @@ func newDataDir(parent string) (*dataDir, error) {
 	return &dataDir{path: final, lock: lock}, nil
 }
 
+// adoptDataDir takes over dir, an owned dir whose owner died (this
+// member's previous server, SIGKILLed or crashed), to restart the member on
+// its data: it takes the owner lock, which fails while the owner lives, and
+// requires etcd data in it (data/member). A dir that is gone, locked or
+// holds no data is an error: the caller then replaces the member (a new
+// member on a fresh dir).
+func adoptDataDir(dir string) (*dataDir, error) {
+	if !strings.HasPrefix(filepath.Base(dir), dirPrefix) {
+		return nil, fmt.Errorf("adopt embedded etcd dir %s: not an %s* dir", dir, dirPrefix)
+	}
+	lock, err := os.OpenFile(filepath.Join(dir, lockName), os.O_RDWR, 0)
+	if err != nil {
+		return nil, fmt.Errorf("adopt embedded etcd dir: %w", err)
+	}
+	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		lock.Close()
+		return nil, fmt.Errorf("adopt embedded etcd dir %s: its owner still holds %s: %w", dir, lockName, err)
+	}
+	d := &dataDir{path: dir, lock: lock}
+	// A sweeper may have removed the dir between our open and our lock.
+	if st, err := os.Stat(filepath.Join(d.data(), "member")); err != nil || !st.IsDir() {
+		d.remove()
+		return nil, fmt.Errorf("adopt embedded etcd dir %s: no etcd data in it (removed by a sweep, or never written)", dir)
+	}
+	if err := lock.Truncate(0); err == nil {
+		_, _ = lock.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
+	}
+	return d, nil
+}
+
 // remove deletes the dir, then releases the lock.
 func (d *dataDir) remove() error {
 	err := os.RemoveAll(d.path)

@@ -129,3 +129,68 @@ func waitLocked(t *testing.T, dir string) {
 	}
 	t.Fatal("flock(1) did not take the lock")
 }
+
+// TestAdoptDataDir: a restarted member takes over its dead predecessor's
+// dir only when the owner is dead and etcd data is there; every other
+// case is an error (the launcher then replaces the member), and a dir
+// without data is removed.
+func TestAdoptDataDir(t *testing.T) {
+	tmp := t.TempDir()
+	tests := []struct {
+		name     string
+		dir      func() string
+		ok       bool
+		dirAfter bool // the dir exists after the call
+	}{
+		{"dead owner with data", func() string { return fakeDir(t, tmp, dirPrefix+"dead", deadPid(t)) }, true, true},
+		{"gone", func() string { return filepath.Join(tmp, dirPrefix+"gone") }, false, false},
+		{"live owner", func() string {
+			d, err := newDataDir(tmp) // this process holds its lock
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { d.remove() })
+			if err := os.MkdirAll(filepath.Join(d.data(), "member"), 0o700); err != nil {
+				t.Fatal(err)
+			}
+			return d.path
+		}, false, true},
+		{"no data", func() string {
+			p := fakeDir(t, tmp, dirPrefix+"empty", deadPid(t))
+			if err := os.RemoveAll(filepath.Join(p, "data")); err != nil {
+				t.Fatal(err)
+			}
+			return p
+		}, false, false},
+		{"not a member dir", func() string { return fakeDir(t, tmp, "elsewhere", deadPid(t)) }, false, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := tt.dir()
+			d, err := adoptDataDir(dir)
+			if (err == nil) != tt.ok {
+				t.Fatalf("adoptDataDir(%s): %v, want ok=%v", dir, err, tt.ok)
+			}
+			if d != nil {
+				b, _ := os.ReadFile(filepath.Join(dir, lockName))
+				if string(b) != strconv.Itoa(os.Getpid())+"\n" {
+					t.Errorf("owner.lock holds %q after the adopt, want this pid", b)
+				}
+				if !lockHeld(dir) {
+					t.Errorf("the adopted dir's lock is free")
+				}
+				if err := d.remove(); err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			if _, err := os.Stat(dir); (err == nil) != tt.dirAfter {
+				t.Errorf("dir exists after the refused adopt: %v, want %v", err == nil, tt.dirAfter)
+			}
+		})
+	}
+}
+
+// lockHeld reports whether another open of dir's lock cannot take
+// it (flock locks are per open file: this process's own lock blocks it).
+func lockHeld(dir string) bool { return !ownerDead(dir) }

@@ -36,9 +36,18 @@ type Options struct {
 	InitialCluster string
 	// ClusterToken distinguishes clusters that reuse addresses (the run id).
 	ClusterToken string
+	// ClusterState is "new" (default: the members bootstrap together) or
+	// "existing": this member was added to a running cluster (MemberAdd)
+	// and joins it on a fresh data dir.
+	ClusterState string
+	// Adopt restarts a member on the data of its previous server, which
+	// died: an ft-launcher-etcd-* dir (Dir reported by that server) whose
+	// owner lock is free. Start fails if the dir is gone, locked or holds
+	// no etcd data; it owns and removes the dir like a temporary one.
+	Adopt string
 }
 
-// Server is a running single-member etcd server.
+// Server is a running etcd server (a single member or one of a cluster).
 type Server struct {
 	etcd       *embed.Etcd
 	endpoint   string
@@ -53,12 +62,29 @@ func Start(ctx context.Context, o Options) (*Server, error) {
 	if logger == nil {
 		logger = slog.Default()
 	}
+	switch o.ClusterState {
+	case "", embed.ClusterStateFlagNew, embed.ClusterStateFlagExisting:
+	default:
+		return nil, fmt.Errorf("embedded etcd: initial cluster state %q: want %q or %q", o.ClusterState, embed.ClusterStateFlagNew, embed.ClusterStateFlagExisting)
+	}
 	curl, purl, err := urls(o)
 	if err != nil {
 		return nil, err
 	}
 	dir, owned := o.Dir, (*dataDir)(nil)
-	if dir == "" {
+	if o.Adopt != "" {
+		if o.Dir != "" {
+			return nil, fmt.Errorf("embedded etcd: both a data dir (%s) and a dir to adopt (%s) given; give one", o.Dir, o.Adopt)
+		}
+		// Before any sweep: the dir's owner is dead, so a sweep would
+		// remove it.
+		d, err := adoptDataDir(o.Adopt)
+		if err != nil {
+			return nil, err
+		}
+		dir, owned = d.data(), d
+		sweepStale(os.TempDir(), logger)
+	} else if dir == "" {
 		sweepStale(os.TempDir(), logger)
 		d, err := newDataDir(os.TempDir())
 		if err != nil {
@@ -125,6 +151,9 @@ func config(dir string, curl, purl *url.URL, o Options) *embed.Config {
 		cfg.Name, cfg.InitialCluster = o.Name, o.InitialCluster
 		if o.ClusterToken != "" {
 			cfg.InitialClusterToken = o.ClusterToken
+		}
+		if o.ClusterState == embed.ClusterStateFlagExisting {
+			cfg.ClusterState = embed.ClusterStateFlagExisting
 		}
 	}
 	// etcd logs routine shutdown steps at error level; real failures reach
@@ -196,6 +225,16 @@ func resolveURL(raw string) (*url.URL, error) {
 
 // Endpoint is the client URL to give to NewEtcd.
 func (m *Server) Endpoint() string { return m.endpoint }
+
+// OwnedDir is the temporary dir (ft-launcher-etcd-XXXX) that Close removes,
+// "" for Options.Dir: what a restart of this member adopts if this server
+// dies (Options.Adopt).
+func (m *Server) OwnedDir() string {
+	if m.owned == nil {
+		return ""
+	}
+	return m.owned.path
+}
 
 // Close stops the server and removes the data dir if Start created it.
 func (m *Server) Close() error {
