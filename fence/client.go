@@ -44,7 +44,7 @@ type Watchdog struct {
 	w       *os.File // the watchdog's stdin; nil once closed
 	failed  bool     // a write failed: logged once
 	readers sync.WaitGroup
-	closing chan struct{}  // closed by Close before the watchdog may exit
+	closing chan struct{}   // closed by Close before the watchdog may exit
 	exited  chan spawn.Exit // the watchdog's exit, once reaped
 }
 
