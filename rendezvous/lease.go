@@ -131,10 +131,20 @@ func (e *Etcd) keepAlive() {
 		kctx, stop := context.WithCancel(e.lost)
 		e.kaStop = stop
 		e.mu.Unlock()
+		// sent is a lower bound of the send time of the renewal answered
+		// next: before the stream opens, then the previous answer (clientv3
+		// sends the next renewal TTL/3 after an answer arrived; this loop
+		// reads each answer at once, so only a race of a few microseconds
+		// after a stall can make it late, well inside any margin).
+		sent := time.Now()
 		ch, err := e.cli.KeepAlive(kctx, lease)
 		if err == nil {
-			for range ch {
+			for resp := range ch {
 				e.heard() // a renewal is an answer from etcd's leader: no probe needed
+				if e.o.OnLeaseRenewed != nil && resp.TTL > 0 {
+					e.o.OnLeaseRenewed(sent.Add(time.Duration(resp.TTL) * time.Second))
+				}
+				sent = time.Now()
 			}
 		}
 		stop()
