@@ -2,9 +2,11 @@ package rendezvous
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/ftlauncher/ft-launcher/policy"
@@ -120,6 +122,43 @@ func (e *Etcd) currentLease() clientv3.LeaseID {
 	return e.lease
 }
 
+// renewLoop renews lease every TTL/3 until ctx ends or the lease cannot be
+// renewed for a whole TTL (or etcd says it is gone). Each renewal is one
+// request whose send time is known, so OnLeaseRenewed gets the lease's
+// validity from it: the instant before the request left plus the TTL etcd
+// granted, a lower bound of the expiry etcd's leader counts from the
+// renewal's arrival. (clientv3's KeepAlive stream hides when it sends.)
+func (e *Etcd) renewLoop(ctx context.Context, lease clientv3.LeaseID) {
+	interval := max(e.o.LeaseTTL/3, 100*time.Millisecond)
+	lastOK := time.Now()
+	for ctx.Err() == nil {
+		sent := time.Now()
+		rctx, cancel := context.WithTimeout(ctx, e.o.LeaseTTL)
+		resp, err := e.cli.KeepAliveOnce(rctx, lease)
+		cancel()
+		switch {
+		case err == nil && resp.TTL > 0:
+			lastOK = sent
+			e.heard() // a renewal is an answer from etcd's leader: no probe needed
+			if e.o.OnLeaseRenewed != nil {
+				e.o.OnLeaseRenewed(sent.Add(time.Duration(resp.TTL) * time.Second))
+			}
+			if !sleepCtx(ctx, time.Until(sent.Add(interval))) {
+				return
+			}
+		case errors.Is(err, rpctypes.ErrLeaseNotFound) || (err == nil && resp.TTL <= 0):
+			return // expired: the caller takes a new lease
+		default:
+			if ctx.Err() != nil || time.Since(lastOK) > e.o.LeaseTTL {
+				return // the caller checks whether it expired
+			}
+			if !sleepCtx(ctx, 500*time.Millisecond) {
+				return
+			}
+		}
+	}
+}
+
 // keepAlive keeps the owned lease alive, following it when it is replaced;
 // if etcd reports it gone (we were away longer than its TTL) a new one is
 // granted for later rounds. It stops once etcd is lost.
@@ -131,22 +170,7 @@ func (e *Etcd) keepAlive() {
 		kctx, stop := context.WithCancel(e.lost)
 		e.kaStop = stop
 		e.mu.Unlock()
-		// sent is a lower bound of the send time of the renewal answered
-		// next: before the stream opens, then the previous answer (clientv3
-		// sends the next renewal TTL/3 after an answer arrived; this loop
-		// reads each answer at once, so only a race of a few microseconds
-		// after a stall can make it late, well inside any margin).
-		sent := time.Now()
-		ch, err := e.cli.KeepAlive(kctx, lease)
-		if err == nil {
-			for resp := range ch {
-				e.heard() // a renewal is an answer from etcd's leader: no probe needed
-				if e.o.OnLeaseRenewed != nil && resp.TTL > 0 {
-					e.o.OnLeaseRenewed(sent.Add(time.Duration(resp.TTL) * time.Second))
-				}
-				sent = time.Now()
-			}
-		}
+		e.renewLoop(kctx, lease)
 		stop()
 		if e.lost.Err() != nil {
 			return
