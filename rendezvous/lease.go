@@ -25,9 +25,16 @@ func (e *Etcd) grantLease(ctx context.Context) error {
 	ttl := int64((e.o.LeaseTTL + time.Second - 1) / time.Second)
 	actx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
+	sent := time.Now()
 	resp, err := e.cli.Grant(actx, ttl)
 	if err != nil {
 		return fmt.Errorf("etcd lease at %s: %w", e.endpoints(), err)
+	}
+	// A grant is the new lease's first renewal: a node that rejoins with a
+	// new lease (reincarnate) may start ranks before its keep-alive loop
+	// renewed it, and the fence watchdog must know the lease is valid.
+	if e.o.OnLeaseRenewed != nil && e.o.Lease == 0 {
+		e.o.OnLeaseRenewed(sent.Add(time.Duration(resp.TTL) * time.Second))
 	}
 	e.mu.Lock()
 	e.lease = resp.ID
