@@ -319,3 +319,33 @@ func parentMain() int {
 		return 1
 	}
 }
+
+// TestRankStopSparesWatchdog: the launcher's stop of a rank group (SIGTERM,
+// then the sweep that SIGKILLs the groups and every untracked orphan of the
+// launcher) leaves the watchdog running and serving.
+func TestRankStopSparesWatchdog(t *testing.T) {
+	rg := newRig(t)
+	rg.guardAll()
+	rg.ranks.Stop(syscall.SIGTERM, time.Second)
+	for _, p := range rg.pgids {
+		rg.wd.Unguard(p)
+	}
+	if st, err := procfs.Read(rg.wd.PID()); err != nil || st.Dead() || st.State == 'T' {
+		t.Fatalf("watchdog not running after the ranks' stop: %+v %v", st, err)
+	}
+	g, err := rg.r.StartGroup([]spawn.Spec{{LocalRank: 0, Argv: []string{"sleep", "600"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Stop(syscall.SIGKILL, 0)
+	rg.wd.Guard(g.PIDs()[0])
+	rg.wd.Extend(time.Now().Add(200 * time.Millisecond))
+	select {
+	case e := <-g.Exits():
+		if e.Signal != syscall.SIGKILL {
+			t.Fatalf("new rank %s, want killed by the watchdog", e)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("the watchdog did not fence a rank guarded after an earlier group's stop")
+	}
+}
