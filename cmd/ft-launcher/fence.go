@@ -11,10 +11,6 @@ import (
 	"github.com/ftlauncher/ft-launcher/spawn"
 )
 
-// fencedByWatchdog is the event a launcher writes when it finds, on
-// running again, that its fence watchdog killed its ranks.
-const fencedByWatchdog = "fenced_by_watchdog"
-
 // fenceMargin is how long before its lease can expire at etcd the fence
 // watchdog kills this node's ranks: a fifth of the TTL (1 s of the default
 // 5 s). The lease's validity is already a lower bound (the renewal's send
@@ -42,7 +38,7 @@ func startFence(reaper *spawn.Reaper, ev *eventlog.Log, log *slog.Logger) *fence
 			late := time.Duration(fence.Monotonic() - r.AtNs)
 			log.Error("the fence watchdog killed this node's ranks: this launcher could not renew its lease in time (frozen or cut off from etcd)",
 				"reason", r.Reason, "pgids", r.Killed, "late_ms", r.LateMs, "read_after", late.Round(time.Millisecond))
-			ev.Emit(fencedByWatchdog, map[string]any{"reason": r.Reason, "pgids": r.Killed,
+			ev.Emit(eventlog.FencedByWatchdog, map[string]any{"reason": r.Reason, "pgids": r.Killed,
 				"late_ms": r.LateMs, "read_after_s": late.Seconds()})
 		}})
 	if err != nil {
