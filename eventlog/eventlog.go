@@ -35,6 +35,11 @@ const (
 	SpareSwap        = "spare_swap"       // this spare was promoted: the phases of the swap
 )
 
+// FencedByWatchdog: the fence watchdog killed this node's ranks because the
+// launcher could not renew its lease in time (frozen, or cut off from etcd);
+// written when the launcher runs again (docs/rendezvous.md).
+const FencedByWatchdog = "fenced_by_watchdog"
+
 // Log appends events to a file. A nil *Log discards events.
 //
 // A write that fails (a full file system) never blocks or stops the

@@ -85,8 +85,12 @@ type EtcdOptions struct {
 	// agent store binds its server on LocalAddr here, before the node
 	// registers, so group rank 0's store listens before the round closes.
 	MasterPort func(round int) (int, error)
-	Metrics    *metrics.Metrics
-	Logger     *slog.Logger
+	// OnLeaseRenewed, when set, is called after every successful renewal of this node's own lease with
+	// the instant until which the lease is certainly still valid at etcd: the local send time of the
+	// renewal plus the TTL etcd granted. Called from one goroutine, in order; not after Close.
+	OnLeaseRenewed func(validUntil time.Time)
+	Metrics        *metrics.Metrics
+	Logger         *slog.Logger
 
 	// ProbeInterval is how often etcd reachability is checked (default 1s).
 	ProbeInterval time.Duration

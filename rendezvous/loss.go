@@ -171,8 +171,8 @@ func (e *Etcd) unreachableNow() bool {
 }
 
 // heardWindow is how recent an answer from etcd lets the probe skip its
-// read: an owned lease is renewed every LeaseTTL/3 (clientv3 checks twice
-// a second), and each renewal is an answer.
+// read: an owned lease is renewed every LeaseTTL/3 (renewLoop; the 500 ms
+// are slack for a slow answer), and each renewal is an answer.
 func (e *Etcd) heardWindow() time.Duration {
 	if !e.ownsLease {
 		return 0

@@ -22,8 +22,9 @@ type Spec struct {
 	Argv      []string
 	Env       []string // nil: the launcher's environment
 	Dir       string   // "": the launcher's working directory
-	// Stdout and Stderr nil inherit the launcher's. Stdin is always inherited.
-	Stdout, Stderr *os.File
+	// Stdin, Stdout and Stderr nil inherit the launcher's (Stdin is set
+	// only for a helper the launcher talks to, the fence watchdog).
+	Stdin, Stdout, Stderr *os.File
 	// DeathSignal is sent to the child when the launcher dies (0: SIGKILL,
 	// right for ranks). A helper that must clean up after itself, such as
 	// the embedded etcd server removing its data directory, asks for SIGTERM.
@@ -125,7 +126,7 @@ func (r *Reaper) StartGroup(specs []Spec) (*Group, error) {
 	g := &Group{r: r, exits: make(chan Exit, len(specs))}
 	for _, s := range specs {
 		p := &rankProc{localRank: s.LocalRank, done: make(chan struct{})}
-		files := [3]*os.File{os.Stdin, orDefault(s.Stdout, os.Stdout), orDefault(s.Stderr, os.Stderr)}
+		files := [3]*os.File{orDefault(s.Stdin, os.Stdin), orDefault(s.Stdout, os.Stdout), orDefault(s.Stderr, os.Stderr)}
 		pid, err := r.start(s.Argv, s.Env, s.Dir, s.DeathSignal, files, func(pid int, ws unix.WaitStatus, at time.Time) {
 			e := newExit(p.localRank, pid, ws, at)
 			p.mu.Lock()

@@ -14,6 +14,7 @@ import (
 
 	"github.com/ftlauncher/ft-launcher/agentstore"
 	"github.com/ftlauncher/ft-launcher/configs"
+	"github.com/ftlauncher/ft-launcher/fence"
 	"github.com/ftlauncher/ft-launcher/metrics"
 	"github.com/ftlauncher/ft-launcher/rendezvous"
 	"github.com/ftlauncher/ft-launcher/slurm"
@@ -24,7 +25,8 @@ import (
 // cfg.Rdzv: on the user's etcd (external mode) or on the embedded etcd,
 // which this launcher starts first when cfg.Rdzv.HostsEtcd says it hosts it.
 // keep is where the keeper of a hosted member reports (etcdmember.go).
-func newEtcdRendezvous(ctx context.Context, cfg *configs.Config, log *slog.Logger, reaper *spawn.Reaper, met *metrics.Metrics, store *agentstore.Host, keep keeperDeps) (rendezvous.Rendezvous, func(), error) {
+// wd, when set, is the fence watchdog that each lease renewal extends.
+func newEtcdRendezvous(ctx context.Context, cfg *configs.Config, log *slog.Logger, reaper *spawn.Reaper, met *metrics.Metrics, store *agentstore.Host, keep keeperDeps, wd *fence.Watchdog) (rendezvous.Rendezvous, func(), error) {
 	rz := cfg.Rdzv
 	if rz.Mode == configs.RdzvSingleNode || len(rz.Endpoints) == 0 {
 		return nil, nil, fmt.Errorf("internal error: etcd rendezvous asked for with rendezvous mode %q and endpoints %v", rz.Mode, rz.Endpoints)
@@ -73,6 +75,9 @@ func newEtcdRendezvous(ctx context.Context, cfg *configs.Config, log *slog.Logge
 		NProcPerNode: cfg.NProcPerNode, MinNodes: cfg.NNodes.Min, MaxNodes: cfg.NNodes.Max,
 		MaxRestarts: cfg.MaxRestarts, InfraRank: cfg.InfraRank,
 		HealthCheck: healthCheck(cfg, reaper, log), Metrics: met, Logger: log.With("component", "rendezvous"),
+		// The fence watchdog kills this node's ranks fenceMargin before its
+		// lease could expire, unless a renewal extends it first.
+		OnLeaseRenewed: func(validUntil time.Time) { wd.Extend(validUntil.Add(-fenceMargin(rz.LeaseTTL))) },
 		// A Slurm allocation of exactly MIN nodes gets no replacement
 		// node: a round short of MIN ends the job after min_nodes_wait.
 		FixedAllocation: cfg.Slurm.InJob() && cfg.NNodes.Min == cfg.NNodes.Max,

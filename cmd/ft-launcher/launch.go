@@ -18,6 +18,7 @@ import (
 	"github.com/ftlauncher/ft-launcher/agentstore"
 	"github.com/ftlauncher/ft-launcher/configs"
 	"github.com/ftlauncher/ft-launcher/eventlog"
+	"github.com/ftlauncher/ft-launcher/fence"
 	"github.com/ftlauncher/ft-launcher/filler"
 	"github.com/ftlauncher/ft-launcher/ledger"
 	"github.com/ftlauncher/ft-launcher/metrics"
@@ -105,8 +106,13 @@ func launch(ctx context.Context, cfg *configs.Config, log *slog.Logger, sigs <-c
 			Store: tcpstore.Options{Limits: storeLimits(cfg.NProcPerNode)}})
 		defer store.Close() // after the agent: its ranks are stopped by then
 	}
+	var wd *fence.Watchdog // multi-node only: a frozen launcher's ranks are killed beside it
+	if cfg.Rdzv.Mode != configs.RdzvSingleNode {
+		wd = startFence(reaper, ev, log)
+		defer wd.Close() // after the agent and the rendezvous: the ranks are stopped by then
+	}
 	rec.etcdMember = &memberFailures{}
-	rdzv, cleanup, err := newRendezvous(setupCtx, cfg, log, reaper, met, store, keeperDeps{events: ev, failures: rec.etcdMember})
+	rdzv, cleanup, err := newRendezvous(setupCtx, cfg, log, reaper, met, store, keeperDeps{events: ev, failures: rec.etcdMember}, wd)
 	if err != nil {
 		if sig := guard.end(); sig != nil {
 			return rec.signaled(sig)
@@ -131,6 +137,9 @@ func launch(ctx context.Context, cfg *configs.Config, log *slog.Logger, sigs <-c
 		}
 		defer st.Close() // before the reaper closes: kills the standbys
 		ranks = st
+	}
+	if wd != nil {
+		ranks = fencedRanks{RankStarter: ranks, wd: wd}
 	}
 	book := newLedgerBook(cfg, rdzv, ev, rec.node, host, log)
 	deps := agent.Deps{Config: cfg, Logger: log.With("component", "agent"), Events: ev, Metrics: met,
@@ -430,7 +439,7 @@ func nodeName(cfg *configs.Config, host string) string {
 // when this launcher's address is the endpoint's.
 // With the agent store, each round's MASTER_PORT is its server's, bound
 // before the round is handed out.
-func newRendezvous(ctx context.Context, cfg *configs.Config, log *slog.Logger, reaper *spawn.Reaper, met *metrics.Metrics, store *agentstore.Host, keep keeperDeps) (rendezvous.Rendezvous, func(), error) {
+func newRendezvous(ctx context.Context, cfg *configs.Config, log *slog.Logger, reaper *spawn.Reaper, met *metrics.Metrics, store *agentstore.Host, keep keeperDeps, wd *fence.Watchdog) (rendezvous.Rendezvous, func(), error) {
 	if cfg.Rdzv.Mode == configs.RdzvSingleNode { // decided and validated at parse time
 		addr := cfg.MasterAddr
 		port := cfg.MasterPort
@@ -446,7 +455,7 @@ func newRendezvous(ctx context.Context, cfg *configs.Config, log *slog.Logger, r
 		}
 		return l, func() {}, nil
 	}
-	return newEtcdRendezvous(ctx, cfg, log, reaper, met, store, keep)
+	return newEtcdRendezvous(ctx, cfg, log, reaper, met, store, keep, wd)
 }
 
 // healthCheck returns the pre-join node health check, or nil.

@@ -15,10 +15,16 @@ import (
 
 	"github.com/ftlauncher/ft-launcher/cmd/ft-launcher/internal/earlysig"
 	"github.com/ftlauncher/ft-launcher/configs"
+	"github.com/ftlauncher/ft-launcher/fence"
 	"github.com/ftlauncher/ft-launcher/internal/version"
 )
 
 func main() {
+	// Re-executed as the fence watchdog beside a multi-node launcher
+	// (package fence): nothing of the launcher runs then.
+	if os.Getenv(fence.ModeEnv) == "1" {
+		os.Exit(fence.Serve(os.Stdin, os.Stdout, os.Stderr))
+	}
 	// Terminating signals have been caught since package initialisation
 	// (earlysig); run decides what becomes of them.
 	os.Exit(run(os.Args[1:], earlysig.Take(), os.Stdout, os.Stderr))

@@ -17,6 +17,9 @@ type Stat struct {
 	PID, PPID, PGID int
 	State           byte // R, S, D, Z, X, T, ...
 	Comm            string
+	// StartTime is when the process started, in clock ticks since boot:
+	// with the pid it names one process, never a later one reusing the pid.
+	StartTime uint64
 }
 
 // Dead reports a process that has exited: a zombie awaiting its reaper, or
@@ -55,7 +58,12 @@ func Parse(b []byte) (Stat, error) {
 	if err1 != nil || err2 != nil {
 		return Stat{}, fmt.Errorf("procfs: malformed stat %q", b)
 	}
-	return Stat{PID: pid, PPID: ppid, PGID: pgid, State: f[0][0], Comm: string(b[open+1 : closeIdx])}, nil
+	st := Stat{PID: pid, PPID: ppid, PGID: pgid, State: f[0][0], Comm: string(b[open+1 : closeIdx])}
+	// starttime is field 22 of stat, the 20th after the command name.
+	if len(f) >= 20 {
+		st.StartTime, _ = strconv.ParseUint(string(f[19]), 10, 64)
+	}
+	return st, nil
 }
 
 // List returns the stat of every process. Processes that vanish while

@@ -1,0 +1,81 @@
+package main
+
+import (
+	"log/slog"
+	"syscall"
+	"time"
+
+	"github.com/ftlauncher/ft-launcher/agent"
+	"github.com/ftlauncher/ft-launcher/eventlog"
+	"github.com/ftlauncher/ft-launcher/fence"
+	"github.com/ftlauncher/ft-launcher/spawn"
+)
+
+// fenceMargin is how long before its lease can expire at etcd the fence
+// watchdog kills this node's ranks: a fifth of the TTL (1 s of the default
+// 5 s). The lease's validity is already a lower bound (the renewal's send
+// time plus the TTL etcd granted, counted on this machine from before the
+// request left); the margin covers the kill itself (SIGKILL is immediate,
+// a rank's exit takes milliseconds) and a watchdog scheduled late on a
+// loaded machine, so the ranks are gone strictly before the lease can
+// expire and peers can start a round without this node. A renewal comes
+// every TTL/3, so the watchdog fires only when about TTL - TTL/3 - margin
+// (about 2.3 s at 5 s) pass without one: the launcher frozen or etcd
+// unreachable.
+func fenceMargin(ttl time.Duration) time.Duration { return ttl / 5 }
+
+// startFence starts the fence watchdog of a multi-node launcher (single-node
+// jobs have no lease and no peers, and pay nothing). It reports a fence in
+// the event log and the log when the launcher runs again. A watchdog that
+// cannot start is logged and the job runs without it (nil): the node then
+// has only the in-process fence, as before.
+func startFence(reaper *spawn.Reaper, ev *eventlog.Log, log *slog.Logger) *fence.Watchdog {
+	started := time.Now()
+	wd, err := fence.Start(reaper, fence.Options{Logger: log.With("component", "fence"),
+		OnFence: func(r fence.Report) {
+			// Runs when this launcher reads the report: after a freeze,
+			// once it was resumed.
+			late := time.Duration(fence.Monotonic() - r.AtNs)
+			log.Error("the fence watchdog killed this node's ranks: this launcher could not renew its lease in time (frozen or cut off from etcd)",
+				"reason", r.Reason, "pgids", r.Killed, "late_ms", r.LateMs, "read_after", late.Round(time.Millisecond))
+			ev.Emit(eventlog.FencedByWatchdog, map[string]any{"reason": r.Reason, "pgids": r.Killed,
+				"late_ms": r.LateMs, "read_after_s": late.Seconds()})
+		}})
+	if err != nil {
+		log.Error("no fence watchdog: a frozen launcher's ranks would not be stopped", "err", err)
+		return nil
+	}
+	log.Debug("fence watchdog running", "pid", wd.PID(), "start", time.Since(started))
+	return wd
+}
+
+// fencedRanks guards every rank process group it starts with the watchdog,
+// and unguards them once stopped.
+type fencedRanks struct {
+	agent.RankStarter
+	wd *fence.Watchdog
+}
+
+func (f fencedRanks) StartGroup(specs []spawn.Spec) (agent.RankGroup, error) {
+	g, err := f.RankStarter.StartGroup(specs)
+	if err != nil {
+		return nil, err
+	}
+	for _, pgid := range g.PIDs() {
+		f.wd.Guard(pgid)
+	}
+	return fencedGroup{RankGroup: g, wd: f.wd}, nil
+}
+
+type fencedGroup struct {
+	agent.RankGroup
+	wd *fence.Watchdog
+}
+
+func (g fencedGroup) Stop(sig syscall.Signal, grace time.Duration) spawn.StopResult {
+	res := g.RankGroup.Stop(sig, grace)
+	for _, pgid := range g.PIDs() {
+		g.wd.Unguard(pgid)
+	}
+	return res
+}

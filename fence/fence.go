@@ -1,0 +1,86 @@
+// Package fence is the launcher's fence watchdog: a small process beside the
+// launcher that SIGKILLs the ranks' process groups once the launcher can no
+// longer prove that its node still belongs to the round, even when the
+// launcher itself cannot act (frozen by SIGSTOP, stalled, swapped out).
+//
+// Why a separate process: the launcher stops its own ranks when it notices
+// that its rendezvous lease lapsed, but a frozen launcher notices nothing.
+// Its peers see its lease expire (or gossip declare it dead) and start the
+// next round without it, while its ranks, untouched by the freeze, keep
+// running the old round beside the new one (issue 26: 60 s of two rounds
+// writing). The watchdog is another process, in a process group of its
+// own, so a SIGSTOP of the launcher (or of the launcher's process group)
+// does not stop it.
+//
+// The launcher drives it over a pipe (the watchdog's stdin), one command a
+// line:
+//
+//	guard <pgid>      a rank's process group to kill at the deadline
+//	unguard <pgid>    the group was stopped by the launcher
+//	extend <ns>       the deadline, in CLOCK_MONOTONIC nanoseconds
+//	disarm            no deadline until the next extend
+//
+// CLOCK_MONOTONIC is system-wide, so one instant means the same to both
+// processes, and it does not jump with the wall clock. When the clock passes
+// the deadline with no newer extend, every guarded group is SIGKILLed and a
+// report line (JSON) goes to the watchdog's stdout, which the launcher reads
+// when it runs again; a line also goes to stderr (the launcher's), so the
+// fence leaves a record even if the launcher never resumes. A group guarded
+// after the deadline passed is killed at once. At EOF of the pipe (the
+// launcher exited or died) the guarded groups are killed and the watchdog
+// exits; a launcher that ends normally has stopped its ranks and unguarded
+// them by then, so nothing is killed.
+//
+// A guarded group is identified by its leader's pid and start time, so a
+// pid reused by an unrelated process after the group was gone is never
+// signalled.
+package fence
+
+import (
+	"fmt"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// ModeEnv, set to "1" in a process's environment, makes ft-launcher run as
+// the watchdog (Serve) instead of as a launcher. Only Start sets it, and only
+// in the watchdog's environment.
+const ModeEnv = "FT_LAUNCHER_FENCE_WATCHDOG"
+
+// ModeArg is the watchdog's argv[1]: it changes nothing, but makes the
+// watchdog recognisable in ps.
+const ModeArg = "fence-watchdog"
+
+// Report is what the watchdog tells the launcher after it fenced.
+type Report struct {
+	// Reason: "deadline" (the clock passed the deadline), "guard_after_deadline"
+	// (a group guarded once the deadline had passed) or "launcher_gone" (EOF).
+	Reason string `json:"reason"`
+	// Killed are the process groups SIGKILLed.
+	Killed []int `json:"killed"`
+	// DeadlineNs and AtNs are the deadline and the instant the watchdog
+	// acted, on CLOCK_MONOTONIC; LateMs is how long after the deadline.
+	DeadlineNs int64   `json:"deadline_ns"`
+	AtNs       int64   `json:"at_ns"`
+	LateMs     float64 `json:"late_ms"`
+}
+
+// Monotonic is CLOCK_MONOTONIC now, in nanoseconds: the clock of the
+// protocol's deadlines. Go's own monotonic readings use the same clock on
+// Linux, so a deadline is also a time.Duration away from time.Now().
+func Monotonic() int64 {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+		// CLOCK_MONOTONIC exists on every Linux; nothing sensible remains.
+		panic(fmt.Sprintf("fence: clock_gettime(CLOCK_MONOTONIC): %v", err))
+	}
+	return ts.Nano()
+}
+
+// MonotonicAt converts t, a local instant taken from time.Now (possibly
+// shifted), to CLOCK_MONOTONIC nanoseconds. It uses the monotonic reading
+// time.Until relies on, so a wall-clock step between does not shift it.
+func MonotonicAt(t time.Time) int64 {
+	return Monotonic() + int64(time.Until(t))
+}
