@@ -57,10 +57,23 @@ func (e *Etcd) callErr(err error) error {
 
 // declareLostLocked closes the job for this node (kind RendezvousLost,
 // code 1, unless it was closed already) and cancels every call in flight.
-func (e *Etcd) declareLostLocked() {
+//
+// A node that fenced itself out of its last round, had a spare waiting
+// beside it, and hears no peer in gossip either (isolated) was cut off
+// from the job, which went on without it: its kind is then NodeReplaced
+// (exit 0), not RendezvousLost, which tells the outer loop to resubmit
+// (issue 26). With etcd down for everyone (quorum loss) the peers still
+// answer in gossip, and every node says RendezvousLost.
+func (e *Etcd) declareLostLocked(isolated bool) {
 	reason := fmt.Sprintf("etcd at %s unreachable for more than %v (etcd loss bound)", e.endpoints(), e.o.EtcdLossBound)
+	kind, code := verdict.RendezvousLost, 1
+	if r := e.fence.round; isolated && r >= 0 && r == e.lastRound && e.assigned[r].Standbys > 0 {
+		kind, code = verdict.NodeReplaced, 0
+		reason = fmt.Sprintf("this node fenced itself out of round %d at %s (its lease could not be renewed), and neither etcd nor any peer answered since: "+
+			"a spare was waiting, so the job went on without this node (%s)", r, e.fence.at.UTC().Format(time.RFC3339), reason)
+	}
 	if e.closed == nil {
-		e.closed = &closeInfo{Kind: verdict.RendezvousLost, Code: 1, Node: e.o.NodeID, Reason: reason}
+		e.closed = &closeInfo{Kind: kind, Code: code, Node: e.o.NodeID, Reason: reason}
 		e.log.Error("closing: etcd lost", "reason", reason)
 		e.closeLocally(reason)
 		e.broadcastLocked()

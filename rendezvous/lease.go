@@ -29,10 +29,10 @@ func (e *Etcd) grantLease(ctx context.Context) error {
 	}
 	e.mu.Lock()
 	e.lease = resp.ID
-	stop := e.kaStop
 	e.mu.Unlock()
-	if stop != nil {
-		stop() // the keep-alive loop moves to the new lease at once
+	select {
+	case e.kaKick <- struct{}{}: // the keep-alive loop moves to the new lease at once
+	default:
 	}
 	return nil
 }
@@ -118,44 +118,6 @@ func (e *Etcd) currentLease() clientv3.LeaseID {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return e.lease
-}
-
-// keepAlive keeps the owned lease alive, following it when it is replaced;
-// if etcd reports it gone (we were away longer than its TTL) a new one is
-// granted for later rounds. It stops once etcd is lost.
-func (e *Etcd) keepAlive() {
-	defer e.wg.Done()
-	for e.lost.Err() == nil {
-		e.mu.Lock()
-		lease := e.lease
-		kctx, stop := context.WithCancel(e.lost)
-		e.kaStop = stop
-		e.mu.Unlock()
-		ch, err := e.cli.KeepAlive(kctx, lease)
-		if err == nil {
-			for range ch {
-				e.heard() // a renewal is an answer from etcd's leader: no probe needed
-			}
-		}
-		stop()
-		if e.lost.Err() != nil {
-			return
-		}
-		if e.currentLease() != lease {
-			continue // replaced: keep the new one alive at once
-		}
-		if !sleepCtx(e.lost, 500*time.Millisecond) {
-			return
-		}
-		ctx, cancel := e.lostTimeout(2 * time.Second)
-		ttl, err := e.cli.TimeToLive(ctx, lease)
-		cancel()
-		if err == nil && ttl.TTL <= 0 {
-			if err := e.renewLease(e.lost, lease); err != nil {
-				e.log.Warn("re-grant lease", "err", err)
-			}
-		}
-	}
 }
 
 // reputAlive registers this node as alive again under a re-granted lease,

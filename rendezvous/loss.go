@@ -42,6 +42,7 @@ func (e *Etcd) probe() {
 		ctx, cancel := context.WithTimeout(e.ctx, to)
 		_, err := e.cli.Get(ctx, e.k.round())
 		cancel()
+		isolated := err != nil && e.gossipIsolated() // before mu: memberlist calls us with its locks held
 		e.mu.Lock()
 		if err != nil && skipped {
 			// Count the outage from the previous tick, as a read then
@@ -66,7 +67,7 @@ func (e *Etcd) probe() {
 			return
 		}
 		if down > e.o.EtcdLossBound {
-			e.declareLostLocked() // final: this node's job is over
+			e.declareLostLocked(isolated) // final: this node's job is over
 			e.mu.Unlock()
 			return
 		}
@@ -120,6 +121,13 @@ func (e *Etcd) nodeLostAt(r int, id, how string, evidence time.Time) {
 	ctx := e.lost // retried until reported, etcd lost or Close
 	e.mu.Lock()
 	skip := e.closed != nil || e.ctlRound != r
+	if first, ok := e.lossEvidence[id]; ok && (evidence.IsZero() || first.Before(evidence)) {
+		// Gossip saw it first; the lease's expiry confirmed it.
+		evidence = first
+		if how == "lease expired" {
+			how = "gossip, lease expired"
+		}
+	}
 	e.mu.Unlock()
 	if skip {
 		return
@@ -149,6 +157,9 @@ func (e *Etcd) nodeLostAt(r int, id, how string, evidence time.Time) {
 		e.log.Warn("report node loss", "lost", id, "err", err)
 		return
 	}
+	e.mu.Lock()
+	delete(e.lossEvidence, id)
+	e.mu.Unlock()
 	e.o.Metrics.NodeFailed()
 	e.log.Warn("node lost", "lost", id, "how", how, "round", r, "action", string(d.Action), "reason", d.Reason)
 }
@@ -171,13 +182,13 @@ func (e *Etcd) unreachableNow() bool {
 }
 
 // heardWindow is how recent an answer from etcd lets the probe skip its
-// read: an owned lease is renewed every LeaseTTL/3 (clientv3 checks twice
-// a second), and each renewal is an answer.
+// read: an owned lease is renewed every LeaseTTL/renewsPerTTL (fence.go),
+// and each renewal is an answer.
 func (e *Etcd) heardWindow() time.Duration {
 	if !e.ownsLease {
 		return 0
 	}
-	return e.o.ProbeInterval + e.o.LeaseTTL/3 + 500*time.Millisecond
+	return e.o.ProbeInterval + e.o.LeaseTTL/renewsPerTTL + 500*time.Millisecond
 }
 
 // staleAfter is how long without an answer means etcd is away for now.

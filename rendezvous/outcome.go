@@ -31,14 +31,27 @@ func (e *Etcd) Fail(ctx context.Context, round int, f policy.Failure, reason str
 	// Fenced on the caller's own membership: a node whose lease expired
 	// (partitioned away) cannot end the round of the others.
 	conds := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(e.k.member(round, e.o.NodeID)), ">", 0)}
+	// A node that fenced itself (EndFenced) reports its own loss: the
+	// round ends as if a peer had seen it lost (a spare takes its place,
+	// no restart spent), unless its lease expired first and a peer did.
+	lost, what := "", "failed"
+	if f == policy.NodeLost {
+		lost, what = e.o.NodeID, "lost"
+	}
 	var d Decision
 	err := e.retry(ctx, func(ctx context.Context) (err error) {
-		d, err = e.endRound(ctx, round, f, "", fmt.Sprintf("node %s failed: %s", e.o.NodeID, reason), time.Time{}, conds)
+		d, err = e.endRound(ctx, round, f, lost, fmt.Sprintf("node %s %s: %s", e.o.NodeID, what, reason), time.Time{}, conds)
 		return err
 	})
 	if err = e.callErr(err); errors.Is(err, ErrRendezvousLost) {
 		d = Decision{Action: policy.CloseJob, Close: verdict.RendezvousLost, Code: 1, Reason: err.Error()}
 	}
+	e.mu.Lock()
+	if c := e.closed; err != nil && c != nil && c.Kind == verdict.NodeReplaced {
+		// The loss bound closed the job here after a fence (declareLostLocked).
+		d, err = Decision{Action: policy.CloseJob, Close: c.Kind, Code: c.Code, Reason: c.Reason}, nil
+	}
+	e.mu.Unlock()
 	return d, err
 }
 
@@ -248,6 +261,7 @@ func (e *Etcd) Close() error {
 	if e.state != stateClosed {
 		e.closeLocally("closed")
 	}
+	e.stopFenceLocked()
 	lease := e.lease
 	e.mu.Unlock()
 	lerr := e.lossErr() // before cancel: the loss cause stays, but read it once

@@ -500,7 +500,7 @@ func (e *Etcd) adopt(target int, sum roundSummary, ri rankInfo) Assignment {
 		e.roundStop()
 	}
 	rctx, rcancel := context.WithCancel(e.lost)
-	e.roundStop = rcancel
+	e.roundStop, e.roundCtx, e.roundCtxOf = rcancel, rctx, target
 	stale := e.ctlRound > target || e.closed != nil
 	e.mu.Unlock()
 	if stale {

@@ -1,0 +1,174 @@
+package rendezvous
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// Fencing: never two rounds at once (docs/rendezvous.md). A node's round
+// membership hangs on its lease, and its peers may start a round without it
+// only once that lease has expired at etcd (a loss seen by gossip alone
+// waits for the expiry; a refused stream dial proves the launcher dead). So
+// a node that cannot renew its lease stops its ranks before the lease can
+// expire: each renewal's local send time s plus the TTL etcd granted is an
+// instant until which the lease is certainly valid at etcd (etcd starts the
+// TTL when it receives the renewal, after s), and the node fences at that
+// instant minus FenceMargin when no later renewal came through.
+
+// renewsPerTTL is how many renewals the keep-alive loop sends per TTL: 4
+// (one every 1.25 s with the 5 s TTL), a third more than clientv3's TTL/3,
+// so that a cut must last TTL - TTL/4 - FenceMargin (2.75 s by default)
+// before a node fences.
+const renewsPerTTL = 4
+
+// renewTimeout bounds one renewal: a cut connection must not hold the loop
+// past the next renewal's slot.
+func (e *Etcd) renewTimeout() time.Duration {
+	return max(e.o.LeaseTTL/renewsPerTTL/2, 200*time.Millisecond)
+}
+
+// fenceState is this node's own lease validity and its fence, under e.mu.
+type fenceState struct {
+	lease      clientv3.LeaseID
+	validUntil time.Time   // the lease is certainly valid at etcd until then
+	timer      *time.Timer // fires at fenceDeadline(validUntil)
+	round      int         // the round this node fenced itself out of; -1 none
+	at         time.Time   // when it fenced (zero: never)
+}
+
+// FenceDeadline is the instant at which a node whose lease is certainly
+// valid until validUntil stops its ranks, absent a newer renewal:
+// margin before the lease can expire at etcd.
+func FenceDeadline(validUntil time.Time, margin time.Duration) time.Time {
+	return validUntil.Add(-margin)
+}
+
+// LeaseValidUntil is the instant until which a lease renewed by a request
+// sent at sent, for which etcd granted ttl seconds, is certainly valid at
+// etcd: etcd counts the TTL from when it handles the request, which is
+// after it was sent. A ttl <= 0 means the lease is gone.
+func LeaseValidUntil(sent time.Time, ttl int64) time.Time {
+	if ttl <= 0 {
+		return time.Time{}
+	}
+	return sent.Add(time.Duration(ttl) * time.Second)
+}
+
+// keepAlive keeps this node's own lease alive with one KeepAliveOnce every
+// LeaseTTL/renewsPerTTL (retried sooner after a failure), following it when
+// it is replaced; if etcd reports it gone (we were away longer than its
+// TTL) a new one is granted for later rounds. After each renewal it
+// records the lease's validity (fence) and calls OnLeaseRenewed. It stops
+// once etcd is lost or at Close.
+func (e *Etcd) keepAlive(kick chan struct{}) {
+	defer e.wg.Done()
+	interval := e.o.LeaseTTL / renewsPerTTL
+	for e.lost.Err() == nil {
+		lease := e.currentLease()
+		sent := time.Now()
+		ctx, cancel := context.WithTimeout(e.lost, e.renewTimeout())
+		resp, err := e.cli.KeepAliveOnce(ctx, lease)
+		cancel()
+		wait := interval
+		switch {
+		case err == nil && resp.TTL > 0:
+			e.heard() // a renewal is an answer from etcd's leader: no probe needed
+			if e.renewed(lease, LeaseValidUntil(sent, resp.TTL)) && e.o.OnLeaseRenewed != nil && e.lost.Err() == nil {
+				e.o.OnLeaseRenewed(LeaseValidUntil(sent, resp.TTL))
+			}
+			wait -= time.Since(sent)
+		case err == nil || errors.Is(err, rpctypes.ErrLeaseNotFound):
+			e.heard()
+			if e.currentLease() == lease {
+				if err := e.renewLease(e.lost, lease); err != nil {
+					e.log.Warn("re-grant lease", "err", err)
+				}
+			}
+			wait = 0 // renew the new lease at once: that records its validity
+		default:
+			// Unreachable for now: retry soon, so that a short cut is
+			// bridged as soon as it heals (the fence is the deadline).
+			wait = min(interval, 250*time.Millisecond)
+		}
+		if e.currentLease() != lease {
+			wait = 0
+		}
+		select {
+		case <-e.lost.Done():
+			return
+		case <-kick:
+		case <-time.After(max(wait, 0)):
+		}
+	}
+}
+
+// renewed records that lease is certainly valid at etcd until validUntil
+// and (re)arms the fence for that instant. It returns false for a renewal
+// of a lease that was replaced meanwhile.
+func (e *Etcd) renewed(lease clientv3.LeaseID, validUntil time.Time) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if lease != e.lease || e.closed != nil {
+		return false
+	}
+	f := &e.fence
+	if f.lease == lease && !validUntil.After(f.validUntil) {
+		return true // an older answer overtaken by a newer one: no change
+	}
+	f.lease, f.validUntil = lease, validUntil
+	d := time.Until(FenceDeadline(validUntil, e.o.FenceMargin))
+	if f.timer == nil {
+		f.timer = time.AfterFunc(d, e.fenceDue)
+	} else {
+		f.timer.Reset(d)
+	}
+	return true
+}
+
+// fenceDue runs at the fence deadline: unless a renewal moved it meanwhile,
+// an active node fences itself out of its round. The agent learns it from
+// Ended(round) (EndFenced) and kills its ranks at once.
+func (e *Etcd) fenceDue() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	f := &e.fence
+	now := time.Now()
+	deadline := FenceDeadline(f.validUntil, e.o.FenceMargin)
+	if now.Before(deadline) || e.closed != nil || e.state != stateActive || f.round == e.lastRound {
+		return // renewed meanwhile, or nothing runs here to fence
+	}
+	r := e.lastRound
+	f.round, f.at = r, now
+	e.setStateLocked(stateFenced, "lease not renewed; fenced out of round "+strconv.Itoa(r))
+	e.log.Error("fenced: the membership lease could not be renewed and may expire at etcd soon; stopping this node's ranks",
+		"round", r, "lease", fmt.Sprintf("%x", f.lease), "valid_until", f.validUntil.UTC().Format(time.RFC3339Nano),
+		"margin", e.o.FenceMargin, "late_by", now.Sub(deadline).Round(time.Millisecond))
+	if e.roundStop != nil {
+		e.roundStop() // its loss watchers: it is out of the round
+		e.roundStop = nil
+	}
+	if s, ok := e.ends[r]; ok {
+		e.fireLocked(r, s)
+	}
+}
+
+// Fenced reports the round this node fenced itself out of last and when
+// (ok false when it never fenced).
+func (e *Etcd) Fenced() (round int, at time.Time, ok bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.fence.round, e.fence.at, !e.fence.at.IsZero()
+}
+
+// stopFence disarms the fence timer (at Close).
+func (e *Etcd) stopFenceLocked() {
+	if e.fence.timer != nil {
+		e.fence.timer.Stop()
+	}
+}
