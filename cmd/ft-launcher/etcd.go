@@ -61,7 +61,7 @@ func newEtcdRendezvous(ctx context.Context, cfg *configs.Config, log *slog.Logge
 	}
 	r, err := rendezvous.NewEtcd(ctx, rendezvous.EtcdOptions{MasterPort: masterPort,
 		JoinTimeout: rz.JoinTimeout, LastCall: rz.LastCallTimeout,
-		ConnectTimeout: rz.ConnectTimeout, LeaseTTL: rz.LeaseTTL,
+		ConnectTimeout: rz.ConnectTimeout, LeaseTTL: rz.LeaseTTL, FenceMargin: rz.FenceMargin,
 		EtcdLossBound: rz.EtcdLossBound, RejoinWait: rz.RejoinWait, MinNodesWait: rz.MinNodesWait,
 		Gossip: rendezvous.GossipTimings{ProbeInterval: rz.Gossip.ProbeInterval, ProbeTimeout: rz.Gossip.ProbeTimeout,
 			SuspicionMult: rz.Gossip.SuspicionMult, IndirectChecks: rz.Gossip.IndirectChecks},
