@@ -162,9 +162,6 @@ func (a *Agent) joinFailed(ctx context.Context, err error) {
 		// with the same kind and code as every other node; a quarantined
 		// node parked until then says why it took no part.
 		kind, reason := closed.Kind, closed.Reason
-		if kind == verdict.NodeReplaced {
-			a.run.quarantine(a.d.NodeID, a.d.Hostname, verdict.EvidenceLost, reason, a.run.lastRound)
-		}
 		if q := closed.Quarantine; q != nil {
 			ev := verdict.EvidenceExcluded
 			if q.Cause == policy.NodeLost {
@@ -464,9 +461,10 @@ func (a *Agent) decideRoundEnded(ctx context.Context, end cycleEnd) State {
 // decideFenced follows a fence (rendezvous.EndFenced): this node's lease
 // could not be renewed, so its ranks were killed (stopCycle, no grace)
 // before the lease could expire at etcd and peers start a round without
-// it. It then reports its own loss, which waits until etcd answers (or the
-// etcd loss bound closes the job here): when its lease expired first, a
-// peer has already ended the round and the report only learns how.
+// it. It then reports that it stopped (policy.NodeStopped: no evidence
+// against the node), which waits until etcd answers (or the etcd loss bound
+// closes the job here): when its lease expired first, a peer has already
+// ended the round for its loss and the report only learns how.
 func (a *Agent) decideFenced(ctx context.Context, end cycleEnd) State {
 	asg := a.run.asg
 	stopped := a.run.cycle.stopped
@@ -477,7 +475,7 @@ func (a *Agent) decideFenced(ctx context.Context, end cycleEnd) State {
 	var dec rendezvous.Decision
 	sig, err := a.call(ctx, 0, func(ctx context.Context) error {
 		var err error
-		dec, err = a.d.Rdzv.Fail(ctx, asg.Round, policy.NodeLost, end.reason)
+		dec, err = a.d.Rdzv.Fail(ctx, asg.Round, policy.NodeStopped, end.reason)
 		return err
 	})
 	switch {
@@ -494,11 +492,8 @@ func (a *Agent) decideFenced(ctx context.Context, end cycleEnd) State {
 	}
 	a.run.restartsUsed = max(a.run.restartsUsed, dec.RestartsUsed)
 	a.ev.Emit(eventlog.RoundEnded, map[string]any{"round": asg.Round, "reason": dec.Reason, "node": a.d.NodeID,
-		"cause": string(policy.NodeLost), "fenced": true, "job_closed": !dec.Restart})
+		"fenced": true, "job_closed": !dec.Restart})
 	if !dec.Restart {
-		if dec.Close == verdict.NodeReplaced {
-			a.run.quarantine(a.d.NodeID, a.d.Hostname, verdict.EvidenceLost, dec.Reason, asg.Round)
-		}
 		a.log.Error("not restarting", "kind", string(dec.Close), "reason", dec.Reason, "exit_code", dec.Code)
 		a.ev.Emit(eventlog.JobFailed, map[string]any{"round": asg.Round, "kind": string(dec.Close), "reason": dec.Reason, "exit_code": dec.Code})
 		a.run.closedBy(dec.Close, dec.Code, dec.Reason)

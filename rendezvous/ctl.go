@@ -168,8 +168,8 @@ func (e *Etcd) fireLocked(r int, s *endSub) {
 			reason = fmt.Sprintf("round %d superseded by round %d", r, e.ctlRound)
 		}
 		end = RoundEnd{Kind: EndRestart, Round: r, Reason: reason, Node: le.Node, Cause: le.Cause, Action: le.Action, LedgerBy: le.LedgerBy}
-	case e.fence.round == r:
-		end = RoundEnd{Kind: EndFenced, Round: r, Node: e.o.NodeID, Cause: policy.NodeLost,
+	case e.fence.round == r && !e.fence.at.IsZero():
+		end = RoundEnd{Kind: EndFenced, Round: r, Node: e.o.NodeID, Cause: policy.NodeStopped,
 			Reason: fmt.Sprintf("fenced: this node's lease could not be renewed (certainly valid at etcd until %s; fence margin %v): its ranks must stop before peers may replace it",
 				e.fence.validUntil.UTC().Format(time.RFC3339Nano), e.o.FenceMargin)}
 	default:

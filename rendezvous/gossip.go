@@ -138,21 +138,6 @@ func (e *Etcd) gossipAlive(id string) bool {
 	return false
 }
 
-// gossipIsolated reports whether this node's gossip holds no other member
-// alive (or suspect): it is cut off from every peer. False without gossip.
-func (e *Etcd) gossipIsolated() bool {
-	ms := e.gossipMembers()
-	if ms == nil {
-		return false
-	}
-	for _, m := range ms {
-		if m.Name != e.o.NodeID && (m.State == memberlist.StateAlive || m.State == memberlist.StateSuspect) {
-			return false
-		}
-	}
-	return true
-}
-
 // gossipSuspects are the members this node's gossip suspects now (nil
 // without gossip).
 func (e *Etcd) gossipSuspects() map[string]bool {

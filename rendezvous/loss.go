@@ -42,7 +42,6 @@ func (e *Etcd) probe() {
 		ctx, cancel := context.WithTimeout(e.ctx, to)
 		_, err := e.cli.Get(ctx, e.k.round())
 		cancel()
-		isolated := err != nil && e.gossipIsolated() // before mu: memberlist calls us with its locks held
 		e.mu.Lock()
 		if err != nil && skipped {
 			// Count the outage from the previous tick, as a read then
@@ -67,7 +66,7 @@ func (e *Etcd) probe() {
 			return
 		}
 		if down > e.o.EtcdLossBound {
-			e.declareLostLocked(isolated) // final: this node's job is over
+			e.declareLostLocked() // final: this node's job is over
 			e.mu.Unlock()
 			return
 		}

@@ -31,12 +31,15 @@ func (e *Etcd) Fail(ctx context.Context, round int, f policy.Failure, reason str
 	// Fenced on the caller's own membership: a node whose lease expired
 	// (partitioned away) cannot end the round of the others.
 	conds := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(e.k.member(round, e.o.NodeID)), ">", 0)}
-	// A node that fenced itself (EndFenced) reports its own loss: the
-	// round ends as if a peer had seen it lost (a spare takes its place,
-	// no restart spent), unless its lease expired first and a peer did.
+	// A node that fenced itself (EndFenced) and reaches etcd with its lease
+	// still valid (etcd was away for everyone, or only slow) reports that
+	// it stopped: the round ends as for a departed node (a spare takes its
+	// place, or the round restarts in place), and nothing is quarantined.
+	// When its lease expired first, a peer has ended the round already and
+	// this report, fenced on the membership, learns how.
 	lost, what := "", "failed"
-	if f == policy.NodeLost {
-		lost, what = e.o.NodeID, "lost"
+	if f == policy.NodeStopped || f == policy.NodeLost {
+		lost, what = e.o.NodeID, "stopped"
 	}
 	var d Decision
 	err := e.retry(ctx, func(ctx context.Context) (err error) {
@@ -46,12 +49,6 @@ func (e *Etcd) Fail(ctx context.Context, round int, f policy.Failure, reason str
 	if err = e.callErr(err); errors.Is(err, ErrRendezvousLost) {
 		d = Decision{Action: policy.CloseJob, Close: verdict.RendezvousLost, Code: 1, Reason: err.Error()}
 	}
-	e.mu.Lock()
-	if c := e.closed; err != nil && c != nil && c.Kind == verdict.NodeReplaced {
-		// The loss bound closed the job here after a fence (declareLostLocked).
-		d, err = Decision{Action: policy.CloseJob, Close: c.Kind, Code: c.Code, Reason: c.Reason}, nil
-	}
-	e.mu.Unlock()
 	return d, err
 }
 

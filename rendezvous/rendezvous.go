@@ -54,8 +54,8 @@ const (
 	EndJobClosed
 	// EndFenced: this node's lease could not be renewed and may expire at
 	// etcd soon, after which its peers may start a round without it: kill
-	// its ranks at once (no grace), then report the loss (Fail with
-	// policy.NodeLost) and call Next, which rejoins once etcd answers
+	// its ranks at once (no grace), then report it (Fail with
+	// policy.NodeStopped) and call Next, which rejoins once etcd answers
 	// (docs/rendezvous.md, "Fencing: never two rounds at once").
 	EndFenced
 )
