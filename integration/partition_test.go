@@ -294,8 +294,9 @@ func TestPartitionActiveNode(t *testing.T) {
 		// hold is how long the partition lasts at least, from the cut.
 		hold time.Duration
 	}{
-		// Healed as soon as the majority runs round 1: the victim's
-		// membership lease is still alive in etcd.
+		// Healed as soon as the majority runs round 1: since the majority
+		// waits for the victim's lease to expire, its lease is gone by
+		// then, but the healed node may still hold queued gossip.
 		{"healed-within-lease", 0},
 		// Healed after the lease TTL: etcd has dropped the victim's keys
 		// and lease, the case the fencing section of the docs describes.
@@ -378,13 +379,14 @@ exit 0
 		t.Fatalf("the majority did not restart within 30s of the partition: %v\n%s", recs, partStderrs(nodes))
 	}
 	t.Logf("round 1 started %.2fs after the partition", time.Since(cutAt).Seconds())
-	// A silent node is confirmed by gossip suspicion (docs/rendezvous.md,
-	// "Node-loss detection"): not by the stream connections, which a cut
-	// does not close, and well before its lease expires.
+	// A silent node is seen by gossip (docs/rendezvous.md, "Node-loss
+	// detection"), not by the stream connections, which a cut does not
+	// close; the round ends only once its lease expired ("Fencing: never
+	// two rounds at once"), so the reason names the lease expiry.
 	if e, ok := nodes[survivor].waitEvent("round_ended", 10*time.Second, func(e map[string]any) bool { return roundOf(e) == 0 }); !ok {
 		t.Fatalf("the survivor recorded no end of round 0\n%s", partStderrs(nodes))
-	} else if r := fmt.Sprint(e["reason"]); !strings.Contains(r, "(gossip)") {
-		t.Fatalf("round 0 ended with %q: want the loss confirmed by gossip", r)
+	} else if r := fmt.Sprint(e["reason"]); !strings.Contains(r, "lease expired") || strings.Contains(r, "stream") {
+		t.Fatalf("round 0 ended with %q: want the loss confirmed by the lease's expiry", r)
 	}
 	g1 := checkRound(t, recs, 1, 2)
 	if _, ok := g1[victim]; ok {
