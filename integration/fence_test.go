@@ -66,7 +66,6 @@ type fenceLab struct {
 	standby int
 }
 
-//
 // With embedded, node 0 hosts the job's etcd (--rdzv-backend c10d, the
 // default deployment without an etcd service) instead of the bridge: a cut
 // of node 0 then cuts every other node off etcd too.

@@ -495,6 +495,9 @@ func (e *Etcd) adopt(target int, sum roundSummary, ri rankInfo) Assignment {
 		e.setStateLocked(stateStandby, "parked in round "+strconv.Itoa(target))
 	} else {
 		e.setStateLocked(stateActive, "assigned in round "+strconv.Itoa(target))
+		if t := e.fence.timer; t != nil && !time.Now().Before(FenceDeadline(e.fence.validUntil, e.o.FenceMargin)) {
+			t.Reset(0) // the lease is not proven valid now: fence at once (fence.go)
+		}
 	}
 	if e.roundStop != nil {
 		e.roundStop()
