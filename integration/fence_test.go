@@ -56,8 +56,8 @@ func readTicks(t *testing.T, dir string) []tick {
 	return out
 }
 
-// fenceLab starts etcd and three launchers (--nnodes 2:3: two active, one
-// spare) running tickerRank, and waits for round 0 on two nodes.
+// fenceLab is etcd and three launchers (--nnodes 2:3: two active, one
+// spare) running tickerRank.
 type fenceLab struct {
 	lab     *netLab
 	dir     string
@@ -66,6 +66,7 @@ type fenceLab struct {
 	standby int
 }
 
+// startFenceLab starts a fenceLab and waits for round 0 on two nodes.
 // With embedded, node 0 hosts the job's etcd (--rdzv-backend c10d, the
 // default deployment without an etcd service) instead of the bridge: a cut
 // of node 0 then cuts every other node off etcd too.
