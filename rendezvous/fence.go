@@ -63,56 +63,98 @@ func LeaseValidUntil(sent time.Time, ttl int64) time.Time {
 }
 
 // keepAlive keeps this node's own lease alive with one KeepAliveOnce every
-// LeaseTTL/renewsPerTTL (retried sooner after a failure), following it when
-// it is replaced; if etcd reports it gone (we were away longer than its
-// TTL) a new one is granted for later rounds. After each renewal it
-// records the lease's validity (fence) and calls OnLeaseRenewed. It stops
-// once etcd is lost or at Close.
+// LeaseTTL/renewsPerTTL (sooner after a failure), following it when it is
+// replaced; if etcd reports it gone (we were away longer than its TTL) a
+// new one is granted for later rounds. After each renewal it records the
+// lease's validity (fence) and calls OnLeaseRenewed. It stops once etcd is
+// lost or at Close.
+//
+// A renewal is not waited for before the next one is sent: one that hangs
+// (a member that lost its leader, a connection being replaced) must not
+// hold back the next, which may go to another member, and a late answer
+// still proves the lease valid until its own send time plus the TTL. At
+// most maxRenewals are in flight, each bounded by renewTimeout.
 func (e *Etcd) keepAlive(kick chan struct{}) {
 	defer e.wg.Done()
 	interval := e.o.LeaseTTL / renewsPerTTL
-	for e.lost.Err() == nil {
-		lease := e.currentLease()
+	type result struct {
+		lease clientv3.LeaseID
+		sent  time.Time
+		ttl   int64
+		err   error
+	}
+	results := make(chan result, maxRenewals)
+	inFlight := 0
+	send := func(lease clientv3.LeaseID) {
+		inFlight++
 		sent := time.Now()
-		ctx, cancel := context.WithTimeout(e.lost, e.renewTimeout())
-		resp, err := e.cli.KeepAliveOnce(ctx, lease)
-		cancel()
-		wait := interval
-		switch {
-		case err == nil && resp.TTL > 0:
-			e.heard() // a renewal is an answer from etcd's leader: no probe needed
-			if e.renewed(lease, LeaseValidUntil(sent, resp.TTL)) && e.o.OnLeaseRenewed != nil && e.lost.Err() == nil {
-				e.o.OnLeaseRenewed(LeaseValidUntil(sent, resp.TTL))
+		go func() {
+			ctx, cancel := context.WithTimeout(e.lost, e.renewTimeout())
+			defer cancel()
+			resp, err := e.cli.KeepAliveOnce(ctx, lease)
+			r := result{lease: lease, sent: sent, err: err}
+			if err == nil {
+				r.ttl = resp.TTL
 			}
-			wait -= time.Since(sent)
-		case err == nil || errors.Is(err, rpctypes.ErrLeaseNotFound):
-			e.heard()
-			if e.currentLease() == lease {
-				if err := e.renewLease(e.lost, lease); err != nil {
-					e.log.Warn("re-grant lease", "err", err)
-				}
-			}
-			wait = 0 // renew the new lease at once: that records its validity
-		default:
-			// Unreachable for now: retry soon, so that a short cut is
-			// bridged as soon as it heals (the fence is the deadline).
-			wait = min(interval, 250*time.Millisecond)
+			results <- r
+		}()
+	}
+	defer func() {
+		for ; inFlight > 0; inFlight-- {
+			<-results // each attempt ends by its timeout or with e.lost
 		}
-		if e.currentLease() != lease {
-			wait = 0
-		}
+	}()
+	next := time.NewTimer(0)
+	defer next.Stop()
+	for {
 		select {
 		case <-e.lost.Done():
 			return
 		case <-kick:
-		case <-time.After(max(wait, 0)):
+			next.Reset(0)
+		case <-next.C:
+			if inFlight < maxRenewals {
+				send(e.currentLease())
+			}
+			next.Reset(interval)
+		case r := <-results:
+			inFlight--
+			switch {
+			case r.err == nil && r.ttl > 0:
+				e.heard() // a renewal is an answer from etcd's leader: no probe needed
+				v := LeaseValidUntil(r.sent, r.ttl)
+				if e.renewed(r.lease, v) && e.o.OnLeaseRenewed != nil && e.lost.Err() == nil {
+					e.o.OnLeaseRenewed(v)
+				}
+			case r.err == nil || errors.Is(r.err, rpctypes.ErrLeaseNotFound):
+				e.heard()
+				if e.currentLease() == r.lease {
+					if err := e.renewLease(e.lost, r.lease); err != nil {
+						e.log.Warn("re-grant lease", "err", err)
+					}
+				}
+				next.Reset(0) // renew the new lease at once: that records its validity
+			case e.lost.Err() == nil:
+				// Unreachable for now: try again soon, so that a short cut
+				// is bridged as soon as it heals (the fence is the deadline).
+				e.log.Debug("lease renewal failed", "err", r.err, "took", time.Since(r.sent).Round(time.Millisecond))
+				next.Reset(min(interval, retryRenewal))
+			}
 		}
 	}
 }
 
+// maxRenewals bounds the renewals in flight; retryRenewal is the pause
+// after a failed one.
+const (
+	maxRenewals  = 3
+	retryRenewal = 250 * time.Millisecond
+)
+
 // renewed records that lease is certainly valid at etcd until validUntil
 // and (re)arms the fence for that instant. It returns false for a renewal
-// of a lease that was replaced meanwhile.
+// of a lease that was replaced meanwhile, or one a later-sent renewal's
+// answer overtook (OnLeaseRenewed sees only instants that move forward).
 func (e *Etcd) renewed(lease clientv3.LeaseID, validUntil time.Time) bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -121,7 +163,7 @@ func (e *Etcd) renewed(lease clientv3.LeaseID, validUntil time.Time) bool {
 	}
 	f := &e.fence
 	if f.lease == lease && !validUntil.After(f.validUntil) {
-		return true // an older answer overtaken by a newer one: no change
+		return false // an older answer overtaken by a newer one: no change
 	}
 	f.lease, f.validUntil = lease, validUntil
 	d := time.Until(FenceDeadline(validUntil, e.o.FenceMargin))
