@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/ftlauncher/ft-launcher/configs"
+	"github.com/ftlauncher/ft-launcher/eventlog"
 	"github.com/ftlauncher/ft-launcher/ledger"
 	"github.com/ftlauncher/ft-launcher/monitor"
 	"github.com/ftlauncher/ft-launcher/policy"
@@ -163,17 +164,61 @@ func TestRun(t *testing.T) {
 			},
 		},
 		{
-			name: "joining-done: a quarantined node parks until the job ends and exits with its code",
+			// Issue 26, item 10: not the job's kind (nor rendezvous_lost)
+			// but node_replaced, with the job's code.
+			name: "joining-done: a node replaced by a spare parks until the job ends: node_replaced with the job's code",
 			setup: func(h *harness) {
 				q := &rendezvous.QuarantineError{Addr: "10.0.0.1", Cause: policy.NodeLost, Reason: "node 10.0.0.1/42 lost (gossip)", Round: 3}
 				h.rdzv.next = append(h.rdzv.next, nextErr(fmt.Errorf("rendezvous: %w", &rendezvous.JobClosedError{
 					Kind: verdict.Succeeded, Code: 0, Reason: "all nodes succeeded", Quarantine: q})))
 			},
 			check: func(t *testing.T, h *harness, o Outcome) {
-				want(t, o, verdict.Succeeded, 0)
+				want(t, o, verdict.NodeReplaced, 0)
 				wantQuarantine(t, o, "10.0.0.1/42", verdict.EvidenceLost)
-				if !strings.Contains(o.Quarantined[0].Detail, "cannot become active again") {
-					t.Errorf("quarantine detail %q", o.Quarantined[0].Detail)
+				if !strings.Contains(o.Quarantined[0].Detail, "cannot become active again") || !strings.Contains(o.Reason, "replaced by a spare in round 3") {
+					t.Errorf("quarantine detail %q, reason %q", o.Quarantined[0].Detail, o.Reason)
+				}
+			},
+		},
+		{
+			name: "joining-done: a replaced node takes the job's code when the job failed",
+			setup: func(h *harness) {
+				q := &rendezvous.QuarantineError{Addr: "10.0.0.1", Cause: policy.NodeLost, Reason: "node 10.0.0.1/42 lost (gossip, lease expired)", Round: 0}
+				h.rdzv.next = append(h.rdzv.next, nextErr(fmt.Errorf("rendezvous: %w", &rendezvous.JobClosedError{
+					Kind: verdict.RestartBudgetExhausted, Code: 1, Reason: "restart budget exhausted", Quarantine: q})))
+			},
+			check: func(t *testing.T, h *harness, o Outcome) { want(t, o, verdict.NodeReplaced, 1) },
+		},
+		{
+			name:  "running-stopping-deciding-joining: a fence kills the ranks at once and reports a stopped node",
+			setup: func(h *harness) { h.rdzv.next = append(h.rdzv.next, active(0, 0), active(1, 0)) },
+			act: func(h *harness) {
+				g := h.ranks.wait(h.t)
+				h.rdzv.endRound(0, rendezvous.RoundEnd{Kind: rendezvous.EndFenced, Round: 0, Node: "10.0.0.1/42",
+					Reason: "fenced: this node's lease could not be renewed", Cause: policy.NodeStopped})
+				g2 := h.ranks.wait(h.t)
+				g.mu.Lock()
+				stopped := append([]syscall.Signal(nil), g.stopped...)
+				g.mu.Unlock()
+				if len(stopped) != 1 || stopped[0] != syscall.SIGKILL {
+					h.t.Errorf("fenced ranks stopped with %v, want SIGKILL at once", stopped)
+				}
+				g2.exit(0, 0, 0)
+				g2.exit(1, 0, 0)
+			},
+			check: func(t *testing.T, h *harness, o Outcome) {
+				want(t, o, verdict.Succeeded, 0)
+				if len(o.Quarantined) != 0 {
+					t.Errorf("quarantined %+v after a fence: want none", o.Quarantined)
+				}
+				if len(h.rdzv.fails) != 1 || h.rdzv.fails[0].kind != policy.NodeStopped || h.rdzv.fails[0].round != 0 {
+					t.Errorf("fails %+v: want one node_stopped report for round 0", h.rdzv.fails)
+				}
+				if o.Cycles[0].End != "fenced" {
+					t.Errorf("cycle 0 end %q, want fenced", o.Cycles[0].End)
+				}
+				if evs := h.events(eventlog.Fenced); len(evs) != 1 || evs[0]["ranks_stopped_at"] == nil {
+					t.Errorf("fenced events %v: want one with ranks_stopped_at", evs)
 				}
 			},
 		},

@@ -49,6 +49,7 @@ const (
 	endSignal
 	endWorkload // a rank's ShutdownWorkload request
 	endWalltime // a rank exited after the pre-walltime warning
+	endFenced   // this node's lease could not be renewed: its ranks are killed at once
 )
 
 func (k endKind) String() string {
@@ -65,6 +66,8 @@ func (k endKind) String() string {
 		return "workload_request"
 	case endWalltime:
 		return "walltime"
+	case endFenced:
+		return "fenced"
 	}
 	return "unknown"
 }
@@ -141,6 +144,11 @@ func (a *Agent) stopCycle() {
 	a.run.cycle.stopStart = time.Now()
 	sig, grace := syscall.SIGTERM, cfg.WorkersStopTimeout
 	signals := 0
+	if end.kind == endFenced {
+		// No grace: the lease may expire at etcd within the fence margin,
+		// and then a new round may start without this node.
+		sig, grace = syscall.SIGKILL, 0
+	}
 	if end.kind == endSignal {
 		if s, ok := end.sig.(syscall.Signal); ok {
 			sig = s
@@ -236,6 +244,9 @@ func (a *Agent) supervise(ctx context.Context) cycleEnd {
 			}
 		case e := <-ended:
 			end.kind = endRoundEnded
+			if e.Kind == rendezvous.EndFenced {
+				end.kind = endFenced
+			}
 			end.rdzvEnd = e
 			end.reason = e.Reason
 			return end

@@ -56,6 +56,10 @@ func (o Outcome) ExitCode() int {
 			return o.Code
 		}
 		return verdict.DefaultNoRestartExitCode
+	case verdict.NodeReplaced:
+		// The job went on without this node: its own part ended, with the
+		// job's code when it waited for the job's end (0 when it did not).
+		return o.Code
 	case verdict.Signaled, verdict.Walltime:
 		if o.RanksClean {
 			return configs.ExitSuccess
@@ -155,7 +159,7 @@ func (r *runState) closedBy(kind verdict.Kind, code int, reason string) {
 		}
 	}
 	r.setOutcome(kind, reason)
-	if r.outcome.Kind == verdict.NoRestart {
+	if r.outcome.Kind == verdict.NoRestart || r.outcome.Kind == verdict.NodeReplaced {
 		r.outcome.Code = code
 	}
 }

@@ -161,17 +161,24 @@ func (a *Agent) joinFailed(ctx context.Context, err error) {
 		// A standby (or a late node) learns the job's end here and exits
 		// with the same kind and code as every other node; a quarantined
 		// node parked until then says why it took no part.
+		kind, reason := closed.Kind, closed.Reason
 		if q := closed.Quarantine; q != nil {
 			ev := verdict.EvidenceExcluded
 			if q.Cause == policy.NodeLost {
 				ev = verdict.EvidenceLost
+				// Lost and replaced by a spare (a loss without a spare
+				// quarantines nothing): the job went on without this node,
+				// which says so instead of the job's kind (issue 26).
+				kind = verdict.NodeReplaced
+				reason = fmt.Sprintf("this node was replaced by a spare in round %d (%s); the job went on without it and closed with kind %s: %s",
+					q.Round, q.Reason, closed.Kind, closed.Reason)
 			}
 			a.run.quarantine(a.d.NodeID, a.d.Hostname, ev, q.Error(), q.Round)
 			a.log.Warn("this node was quarantined and parked until the job ended", "why", q.Error())
 		}
 		a.log.Info("job closed while waiting for a round", "kind", string(closed.Kind), "exit_code", closed.Code, "reason", closed.Reason)
 		a.ev.Emit(eventlog.RoundEnded, map[string]any{"job_closed": true, "kind": string(closed.Kind), "reason": closed.Reason, "exit_code": closed.Code})
-		a.run.closedBy(closed.Kind, closed.Code, closed.Reason)
+		a.run.closedBy(kind, closed.Code, reason)
 	case ctx.Err() != nil:
 		a.log.Warn("interrupted while waiting for a rendezvous round")
 		a.run.signaled(nil, false)
@@ -288,6 +295,8 @@ func (a *Agent) deciding(ctx context.Context) State {
 		return a.decideFailure(ctx, end)
 	case endRoundEnded:
 		return a.decideRoundEnded(ctx, end)
+	case endFenced:
+		return a.decideFenced(ctx, end)
 	case endWorkload:
 		return StateEscalating
 	case endWalltime:
@@ -445,6 +454,52 @@ func (a *Agent) decideRoundEnded(ctx context.Context, end cycleEnd) State {
 		fields["action"] = string(action)
 	}
 	a.ev.Emit(eventlog.Restart, fields)
+	a.restarted(ctx)
+	return StateJoining
+}
+
+// decideFenced follows a fence (rendezvous.EndFenced): this node's lease
+// could not be renewed, so its ranks were killed (stopCycle, no grace)
+// before the lease could expire at etcd and peers start a round without
+// it. It then reports that it stopped (policy.NodeStopped: no evidence
+// against the node), which waits until etcd answers (or the etcd loss bound
+// closes the job here): when its lease expired first, a peer has already
+// ended the round for its loss and the report only learns how.
+func (a *Agent) decideFenced(ctx context.Context, end cycleEnd) State {
+	asg := a.run.asg
+	stopped := a.run.cycle.stopped
+	a.log.Error("fenced: ranks killed because this node's lease could not be renewed", "round", asg.Round,
+		"reason", end.reason, "ranks_stopped_at", stopped.UTC().Format(time.RFC3339Nano))
+	a.ev.Emit(eventlog.Fenced, map[string]any{"round": asg.Round, "reason": end.reason,
+		"ranks_stopped_at": stopped.UTC().Format(time.RFC3339Nano)})
+	var dec rendezvous.Decision
+	sig, err := a.call(ctx, 0, func(ctx context.Context) error {
+		var err error
+		dec, err = a.d.Rdzv.Fail(ctx, asg.Round, policy.NodeStopped, end.reason)
+		return err
+	})
+	switch {
+	case sig != nil:
+		a.log.Warn("signal received while reporting the fence", "signal", sig.String())
+		a.run.signaled(sig, false)
+		return StateDone
+	case err != nil:
+		kind := classifyRdzvErr(err)
+		a.log.Error("reporting the fence to the rendezvous failed", "kind", string(kind), "err", err)
+		a.ev.Emit(eventlog.JobFailed, map[string]any{"round": asg.Round, "kind": string(kind), "reason": err.Error()})
+		a.run.setOutcome(kind, err.Error())
+		return StateDone
+	}
+	a.run.restartsUsed = max(a.run.restartsUsed, dec.RestartsUsed)
+	a.ev.Emit(eventlog.RoundEnded, map[string]any{"round": asg.Round, "reason": dec.Reason, "node": a.d.NodeID,
+		"fenced": true, "job_closed": !dec.Restart})
+	if !dec.Restart {
+		a.log.Error("not restarting", "kind", string(dec.Close), "reason", dec.Reason, "exit_code", dec.Code)
+		a.ev.Emit(eventlog.JobFailed, map[string]any{"round": asg.Round, "kind": string(dec.Close), "reason": dec.Reason, "exit_code": dec.Code})
+		a.run.closedBy(dec.Close, dec.Code, dec.Reason)
+		return StateDone
+	}
+	a.log.Warn("fenced round is over; rejoining", "round", asg.Round, "reason", dec.Reason, "action", string(dec.Action))
 	a.restarted(ctx)
 	return StateJoining
 }

@@ -68,6 +68,7 @@ type Rendezvous struct {
 	LastCallTimeout time.Duration // straggler wait once MIN nodes are present and MAX > MIN
 	ConnectTimeout  time.Duration // etcd unreachable at start: give up after this
 	LeaseTTL        time.Duration // membership lease, backstop for node loss
+	FenceMargin     time.Duration // an active node stops its ranks this long before its lease can expire (0: lease_ttl/5)
 	EtcdLossBound   time.Duration // etcd unreachable mid-run longer than this ends the job
 	RejoinWait      time.Duration // a restart round waits this long for the previous round's nodes
 	MinNodesWait    time.Duration // in a fixed allocation (Slurm, MIN == MAX), a restart round short of MIN nodes ends the job after this
@@ -102,6 +103,7 @@ func rdzvTimings() []rdzvTiming {
 		{"last_call_timeout", func(r *Rendezvous) *time.Duration { return &r.LastCallTimeout }, 500 * time.Millisecond},
 		{"connect_timeout", func(r *Rendezvous) *time.Duration { return &r.ConnectTimeout }, 20 * time.Second},
 		{"lease_ttl", func(r *Rendezvous) *time.Duration { return &r.LeaseTTL }, 5 * time.Second},
+		{"fence_margin", func(r *Rendezvous) *time.Duration { return &r.FenceMargin }, 0},
 		{"etcd_loss_bound", func(r *Rendezvous) *time.Duration { return &r.EtcdLossBound }, 60 * time.Second},
 		{"rejoin_wait", func(r *Rendezvous) *time.Duration { return &r.RejoinWait }, 0},
 		{"min_nodes_wait", func(r *Rendezvous) *time.Duration { return &r.MinNodesWait }, 30 * time.Second},
@@ -366,6 +368,10 @@ func (p *parser) rdzvConfTimings(r *Rendezvous, confSubj string) error {
 			d = p.cfg.WorkersStopTimeout + 10*time.Second
 		}
 		*t.dst(r) = d
+	}
+	if r.FenceMargin != 0 && r.FenceMargin*2 >= r.LeaseTTL {
+		return usageErr(confSubj, "%s fence_margin=%v: must be below half of lease_ttl (%v): a node renews its lease every lease_ttl/4",
+			confSubj, r.FenceMargin.Seconds(), r.LeaseTTL.Seconds())
 	}
 	return nil
 }

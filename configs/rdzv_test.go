@@ -126,11 +126,11 @@ func TestRendezvousResolved(t *testing.T) {
 				r.HostsEtcdBy = "--local-addr n2 does not match endpoint 10.0.1.1:29400"
 			}), nil},
 		{"every timing, rounded to the nanosecond", []string{"--nnodes", "2", "--rdzv-endpoint", "h", "--rdzv-conf",
-			"join_timeout=60, last_call_timeout=0.001,connect_timeout=2.5,lease_ttl=7,etcd_loss_bound=604800,rejoin_wait=1e1"}, nil,
+			"join_timeout=60, last_call_timeout=0.001,connect_timeout=2.5,lease_ttl=7,fence_margin=1.5,etcd_loss_bound=604800,rejoin_wait=1e1"}, nil,
 			Rendezvous{Mode: RdzvEmbedded, Endpoints: []string{"10.0.0.8:29400"}, Given: []string{"h:29400"}, EtcdMember: -1,
 				HostsEtcdBy: "endpoint h:29400 (10.0.0.8) is not an address of this machine: this node has address 10.0.0.7 (the route to 10.0.0.8), host name box, interfaces 127.0.0.1",
 				JoinTimeout: time.Minute, LastCallTimeout: time.Millisecond, ConnectTimeout: 2500 * time.Millisecond,
-				LeaseTTL: 7 * time.Second, EtcdLossBound: 7 * 24 * time.Hour, RejoinWait: 10 * time.Second, MinNodesWait: 30 * time.Second}, nil},
+				LeaseTTL: 7 * time.Second, FenceMargin: 1500 * time.Millisecond, EtcdLossBound: 7 * 24 * time.Hour, RejoinWait: 10 * time.Second, MinNodesWait: 30 * time.Second}, nil},
 		{"rejoin_wait follows --workers-stop-timeout", []string{"--workers-stop-timeout", "3"}, nil,
 			with(func(r *Rendezvous) { r.Mode, r.RejoinWait = RdzvSingleNode, 13*time.Second }), nil},
 	}
@@ -172,6 +172,8 @@ func TestRendezvousErrors(t *testing.T) {
 		{"below a millisecond", append(multi, "--rdzv-conf", "join_timeout=0.0001"), nil, "--rdzv-conf", `--rdzv-conf join_timeout="0.0001": ` + timing},
 		{"checked on one node too", []string{"--rdzv-conf", "join_timeout=1d"}, nil, "--rdzv-conf", `--rdzv-conf join_timeout="1d": ` + timing},
 		{"from PET_RDZV_CONF", multi, map[string]string{"PET_RDZV_CONF": "lease_ttl=x"}, "PET_RDZV_CONF", `PET_RDZV_CONF lease_ttl="x": ` + timing},
+		{"fence_margin of half the lease", append(multi, "--rdzv-conf", "fence_margin=2.5"), nil, "--rdzv-conf",
+			"--rdzv-conf fence_margin=2.5: must be below half of lease_ttl (5): a node renews its lease every lease_ttl/4"},
 		{"is_host not boolean", append(multi, "--rdzv-conf", "is_host=yes"), nil, "--rdzv-conf", `--rdzv-conf is_host="yes": must be 1, 0, true or false`},
 		{"is_host 2", append(multi, "--rdzv-conf", "is_host=2"), nil, "--rdzv-conf", `--rdzv-conf is_host="2": must be 1, 0, true or false`},
 		{"blank endpoint", []string{"--nnodes", "2", "--rdzv-endpoint", " "}, nil, "--rdzv-endpoint",
@@ -221,7 +223,7 @@ func TestRendezvousConfWarnings(t *testing.T) {
 		{"torchrun TLS keys point at our flags", append(multi, "--rdzv-conf", "cacert=/ca.pem"), []string{
 			"--rdzv-conf cacert: torchrun's key, accepted but not used by ft-launcher (use --rdzv-ca-cert)"}},
 		{"unknown keys name the known ones", append(multi, "--rdzv-conf", "join_timout=5"), []string{
-			"--rdzv-conf join_timout: unknown key ignored; ft-launcher reads join_timeout, last_call_timeout, connect_timeout, lease_ttl, etcd_loss_bound, rejoin_wait, min_nodes_wait, gossip_probe_interval, gossip_probe_timeout, gossip_suspicion_mult, gossip_indirect_checks and is_host"}},
+			"--rdzv-conf join_timout: unknown key ignored; ft-launcher reads join_timeout, last_call_timeout, connect_timeout, lease_ttl, fence_margin, etcd_loss_bound, rejoin_wait, min_nodes_wait, gossip_probe_interval, gossip_probe_timeout, gossip_suspicion_mult, gossip_indirect_checks and is_host"}},
 		{"is_host with an external etcd", []string{"--nnodes", "2", "--rdzv-backend", "etcd", "--rdzv-endpoint", "e1", "--rdzv-conf", "is_host=1"}, []string{
 			"--rdzv-conf is_host: no effect with --rdzv-backend etcd"}},
 	}

@@ -33,6 +33,7 @@ const (
 	WalltimeWarning  = "walltime_warning" // the scheduler's pre-walltime signal, forwarded to the ranks
 	Ledger           = "ledger"           // a lease of this node began, ended or counted a restart (or a peer's, ended here)
 	SpareSwap        = "spare_swap"       // this spare was promoted: the phases of the swap
+	Fenced           = "fenced"           // this node's lease could not be renewed: its ranks were killed before peers could replace it
 )
 
 // FencedByWatchdog: the fence watchdog killed this node's ranks because the

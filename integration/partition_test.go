@@ -294,8 +294,9 @@ func TestPartitionActiveNode(t *testing.T) {
 		// hold is how long the partition lasts at least, from the cut.
 		hold time.Duration
 	}{
-		// Healed as soon as the majority runs round 1: the victim's
-		// membership lease is still alive in etcd.
+		// Healed as soon as the majority runs round 1: since the majority
+		// waits for the victim's lease to expire, its lease is gone by
+		// then, but the healed node may still hold queued gossip.
 		{"healed-within-lease", 0},
 		// Healed after the lease TTL: etcd has dropped the victim's keys
 		// and lease, the case the fencing section of the docs describes.
@@ -378,13 +379,14 @@ exit 0
 		t.Fatalf("the majority did not restart within 30s of the partition: %v\n%s", recs, partStderrs(nodes))
 	}
 	t.Logf("round 1 started %.2fs after the partition", time.Since(cutAt).Seconds())
-	// A silent node is confirmed by gossip suspicion (docs/rendezvous.md,
-	// "Node-loss detection"): not by the stream connections, which a cut
-	// does not close, and well before its lease expires.
+	// A silent node is seen by gossip (docs/rendezvous.md, "Node-loss
+	// detection"), not by the stream connections, which a cut does not
+	// close; the round ends only once its lease expired ("Fencing: never
+	// two rounds at once"), so the reason names the lease expiry.
 	if e, ok := nodes[survivor].waitEvent("round_ended", 10*time.Second, func(e map[string]any) bool { return roundOf(e) == 0 }); !ok {
 		t.Fatalf("the survivor recorded no end of round 0\n%s", partStderrs(nodes))
-	} else if r := fmt.Sprint(e["reason"]); !strings.Contains(r, "(gossip)") {
-		t.Fatalf("round 0 ended with %q: want the loss confirmed by gossip", r)
+	} else if r := fmt.Sprint(e["reason"]); !strings.Contains(r, "lease expired") || strings.Contains(r, "stream") {
+		t.Fatalf("round 0 ended with %q: want the loss confirmed by the lease's expiry", r)
 	}
 	g1 := checkRound(t, recs, 1, 2)
 	if _, ok := g1[victim]; ok {
@@ -412,21 +414,13 @@ exit 0
 	healedAt := time.Now()
 
 	// Once it reaches etcd again the victim learns that round 0 ended
-	// because it was lost, stops its round-0 rank and parks. A partition
-	// that outlasts the lease's validity has its fence watchdog kill that
-	// rank during the cut (issue 26; docs/rendezvous.md, "A frozen
-	// launcher: the fence watchdog"): it then records the fence, and sees a
-	// rank killed rather than the round's end.
-	if hold >= partLeaseTTL {
-		if _, ok := nodes[victim].waitEvent("fenced_by_watchdog", 30*time.Second, func(map[string]any) bool { return true }); !ok {
-			t.Fatalf("the node cut off for %s (beyond its lease) recorded no fence\n%s", hold, partStderrs(nodes))
-		}
-	} else if _, ok := nodes[victim].waitEvent("round_ended", 30*time.Second, func(e map[string]any) bool {
+	// because it was lost, stops its round-0 rank and parks.
+	if _, ok := nodes[victim].waitEvent("round_ended", 30*time.Second, func(e map[string]any) bool {
 		return roundOf(e) == 0 && strings.Contains(fmt.Sprint(e["reason"]), "lost")
 	}); !ok {
 		t.Fatalf("the healed node did not record the end of round 0 within 30s\n%s", partStderrs(nodes))
 	}
-	t.Logf("healed node recorded the end of round 0 (or, cut off beyond its lease, its fence) %.2fs after the heal", time.Since(healedAt).Seconds())
+	t.Logf("healed node saw round 0 end %.2fs after the heal", time.Since(healedAt).Seconds())
 	time.Sleep(3 * time.Second) // room for a stale write to land, if any could
 
 	// Round 1 is untouched: the majority still runs it, nothing newer

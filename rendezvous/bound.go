@@ -57,10 +57,21 @@ func (e *Etcd) callErr(err error) error {
 
 // declareLostLocked closes the job for this node (kind RendezvousLost,
 // code 1, unless it was closed already) and cancels every call in flight.
+//
+// A node that fenced itself out of its last round says so: it cannot tell
+// its own cut from an etcd outage, so its kind stays RendezvousLost, but
+// the job may have gone on without it (its lease expired at etcd and a
+// spare took its place): only etcd, once reached, says which (Next then
+// returns the quarantine, and the agent records NodeReplaced).
 func (e *Etcd) declareLostLocked() {
 	reason := fmt.Sprintf("etcd at %s unreachable for more than %v (etcd loss bound)", e.endpoints(), e.o.EtcdLossBound)
+	kind, code := verdict.RendezvousLost, 1
+	if r := e.fence.round; !e.fence.at.IsZero() && r == e.lastRound {
+		reason += fmt.Sprintf("; this node fenced itself out of round %d at %s (its lease could not be renewed): if a spare was waiting, the job may have gone on without it",
+			r, e.fence.at.UTC().Format(time.RFC3339))
+	}
 	if e.closed == nil {
-		e.closed = &closeInfo{Kind: verdict.RendezvousLost, Code: 1, Node: e.o.NodeID, Reason: reason}
+		e.closed = &closeInfo{Kind: kind, Code: code, Node: e.o.NodeID, Reason: reason}
 		e.log.Error("closing: etcd lost", "reason", reason)
 		e.closeLocally(reason)
 		e.broadcastLocked()

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/ftlauncher/ft-launcher/policy"
 )
 
 // watchCtl follows <run>/ctl/ (round, end record, close record) and turns
@@ -92,7 +94,7 @@ func (e *Etcd) applyRoundLocked(val []byte) {
 		return
 	}
 	e.ctlRound = r // restarts are counted by the agent, which acts on them
-	if e.lastRound >= 0 && e.lastRound < r && e.state == stateActive {
+	if e.lastRound >= 0 && e.lastRound < r && (e.state == stateActive || e.state == stateFenced) {
 		e.setStateLocked(stateRoundEnded, "round "+strconv.Itoa(r)+" opened")
 		if e.roundStop != nil {
 			e.roundStop()
@@ -166,6 +168,10 @@ func (e *Etcd) fireLocked(r int, s *endSub) {
 			reason = fmt.Sprintf("round %d superseded by round %d", r, e.ctlRound)
 		}
 		end = RoundEnd{Kind: EndRestart, Round: r, Reason: reason, Node: le.Node, Cause: le.Cause, Action: le.Action, LedgerBy: le.LedgerBy}
+	case e.fence.round == r && !e.fence.at.IsZero():
+		end = RoundEnd{Kind: EndFenced, Round: r, Node: e.o.NodeID, Cause: policy.NodeStopped,
+			Reason: fmt.Sprintf("fenced: this node's lease could not be renewed (certainly valid at etcd until %s; fence margin %v): its ranks must stop before peers may replace it",
+				e.fence.validUntil.UTC().Format(time.RFC3339Nano), e.o.FenceMargin)}
 	default:
 		return
 	}

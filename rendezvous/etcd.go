@@ -64,8 +64,18 @@ type EtcdOptions struct {
 	// dead by gossip), so a node slow to stop its ranks keeps its group rank
 	// instead of being replaced by a standby. Default 30s; set it above the
 	// agent's workers stop timeout.
-	RejoinWait  time.Duration
-	LeaseTTL    time.Duration // membership lease (default 5s): backstop for node loss
+	RejoinWait time.Duration
+	LeaseTTL   time.Duration // membership lease (default 5s): backstop for node loss
+	// OnLeaseRenewed, when set, is called after every successful renewal of this node's own lease with
+	// the instant until which the lease is certainly still valid at etcd: the local send time of the
+	// renewal plus the TTL etcd granted. A grant of a new own lease counts as its first renewal.
+	// Instants only move forward (an overtaken answer is not reported); not after Close.
+	OnLeaseRenewed func(validUntil time.Time)
+	// FenceMargin is how long before its lease can expire at etcd an
+	// active node stops its ranks when no renewal came through (the fence:
+	// docs/rendezvous.md, "Fencing: never two rounds at once"). Default
+	// LeaseTTL/5 (1 s with the default 5 s TTL); it must be below LeaseTTL/2.
+	FenceMargin time.Duration
 	JoinTimeout time.Duration // an open round must close within this (default 10m)
 	// FixedAllocation says no new node can join to replace a lost one (the
 	// launcher sets it under Slurm when MIN == MAX): a restart round left
@@ -85,10 +95,6 @@ type EtcdOptions struct {
 	// agent store binds its server on LocalAddr here, before the node
 	// registers, so group rank 0's store listens before the round closes.
 	MasterPort func(round int) (int, error)
-	// OnLeaseRenewed, when set, is called after every successful renewal of this node's own lease with
-	// the instant until which the lease is certainly still valid at etcd: the local send time of the
-	// renewal plus the TTL etcd granted. Called from one goroutine, in order; not after Close.
-	OnLeaseRenewed func(validUntil time.Time)
 	Metrics        *metrics.Metrics
 	Logger         *slog.Logger
 
@@ -121,7 +127,7 @@ type Etcd struct {
 
 	mu        sync.Mutex
 	lease     clientv3.LeaseID
-	kaStop    context.CancelFunc // moves the keep-alive loop to a replaced lease
+	kaKick    chan struct{} // moves the keep-alive loop to a replaced lease
 	state     nodeState
 	cfg       *jobConfig // job config as stored, after the first successful check
 	ctlRound  int        // the job's current round, as last seen from etcd
@@ -138,11 +144,18 @@ type Etcd struct {
 	reborn     int // the lastRound after which this node took a new lease; -1 none
 	assigned   map[int]roundSummary
 	roundStop  context.CancelFunc // stops the watchers of the active round
-	lastProbe  time.Time
-	gossipAddr string
-	stream     *streamServer
-	streamAddr string
-	lastAck    map[string]time.Time // last gossip ack from each member (evidence of life)
+	roundCtx   context.Context    // ends with the watchers of round roundCtxOf
+	roundCtxOf int
+	// lossEvidence is when gossip first declared each node dead (its last
+	// ack): a loss confirmed later by its lease's expiry keeps it for the
+	// record's detection time.
+	lossEvidence map[string]time.Time
+	lastProbe    time.Time
+	fence        fenceState // this node's own lease validity and fence (fence.go)
+	gossipAddr   string
+	stream       *streamServer
+	streamAddr   string
+	lastAck      map[string]time.Time // last gossip ack from each member (evidence of life)
 	// ledgerClosed are the ledger leases this node's end txn of round r
 	// closed (set before the txn commits: the ctl watch may deliver the
 	// end first), handed to the agent with round r's RoundEnd.
@@ -166,7 +179,7 @@ func NewEtcd(ctx context.Context, opts EtcdOptions) (*Etcd, error) {
 	e := &Etcd{o: opts, log: opts.Logger.With("node", opts.NodeID, "run_id", opts.RunID),
 		rk: runKeys{base: opts.KeyPrefix + opts.RunID + "/"}, ends: map[int]*endSub{},
 		lastEnds: map[int]endInfo{}, changed: make(chan struct{}), lastRound: -1, reborn: -1, rankRound: -1,
-		assigned: map[int]roundSummary{}, ctlRound: -1, lastAck: map[string]time.Time{}, ledgerClosed: map[int]map[string][]ledger.Record{}}
+		assigned: map[int]roundSummary{}, ctlRound: -1, kaKick: make(chan struct{}, 1), lossEvidence: map[string]time.Time{}, fence: fenceState{round: -1}, lastAck: map[string]time.Time{}, ledgerClosed: map[int]map[string][]ledger.Record{}}
 	e.ctx, e.cancel = context.WithCancel(context.Background())
 	e.lost, e.loseFn = context.WithCancelCause(e.ctx)
 	if err := e.start(ctx); err != nil {
@@ -203,7 +216,7 @@ func (e *Etcd) start(ctx context.Context) error {
 	go e.probe()
 	if e.ownsLease {
 		e.wg.Add(1)
-		go e.keepAlive()
+		go e.keepAlive(e.kaKick)
 	}
 	if !e.o.DisableGossip {
 		return e.startGossip()
@@ -238,6 +251,11 @@ func (o *EtcdOptions) defaults() error {
 	def(&o.LastCall, 500*time.Millisecond)
 	def(&o.RejoinWait, 30*time.Second)
 	def(&o.LeaseTTL, 5*time.Second)
+	def(&o.FenceMargin, o.LeaseTTL/5)
+	if o.FenceMargin >= o.LeaseTTL/2 {
+		return fmt.Errorf("rendezvous: fence margin %v must be below half the lease TTL %v (a node renews every TTL/%d)",
+			o.FenceMargin, o.LeaseTTL, renewsPerTTL)
+	}
 	def(&o.JoinTimeout, 10*time.Minute)
 	def(&o.MinNodesWait, 30*time.Second)
 	def(&o.EtcdLossBound, 60*time.Second)

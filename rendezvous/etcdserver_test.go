@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -115,29 +116,60 @@ func TestRealEtcdHappyPathFailAndRestart(t *testing.T) {
 		t.Fatalf("round 1 assignment %+v (first ranks %v)", as, first)
 	}
 
-	// etcd restarted mid-run: no round end while it is away, and the round
-	// goes on once it is back.
+	// etcd restarted mid-run, away longer than the fence deadline (TTL 5 s,
+	// margin 1 s, a renewal every 1.25 s: at most 2.75 s after it went):
+	// no round ends while it is away, but every node fences itself out of
+	// round 1 (it cannot prove its lease valid), and once etcd is back their
+	// reports end round 1 once, for a stopped node: nothing is quarantined,
+	// and round 2 runs on the same nodes.
 	for i, n := range c.nodes {
 		ends[i] = n.Ended(1)
 	}
 	p.stop()
 	tStop := time.Now()
-	for _, ch := range ends {
-		assertNoEnd(t, ch, time.Second)
+	for i, ch := range ends {
+		e := waitEnd(t, ch, 10*time.Second)
+		if e.Kind != EndFenced || e.Round != 1 {
+			t.Fatalf("node %d: %+v, want EndFenced for round 1 while etcd is away", i, e)
+		}
+		t.Logf("node %d fenced %v after etcd went away", i, time.Since(tStop).Round(time.Millisecond))
 	}
-	time.Sleep(2 * time.Second) // ~6.5s away in total: longer than the 5s lease TTL
+	time.Sleep(time.Until(tStop.Add(6500 * time.Millisecond))) // longer than the 5 s lease TTL
 	p.start()
-	for _, ch := range ends {
-		assertNoEnd(t, ch, 500*time.Millisecond)
-	}
 	t.Logf("etcd back after %v", time.Since(tStop))
 	tBack := time.Now()
-	for i, code := range succeedAll(t, c.nodes, 1) {
+	var wg sync.WaitGroup
+	decs := make([]Decision, len(c.nodes))
+	errs := make([]error, len(c.nodes))
+	for i, n := range c.nodes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			decs[i], errs[i] = n.Fail(ctx, 1, policy.NodeStopped, "fenced")
+		}()
+	}
+	wg.Wait()
+	for i := range c.nodes {
+		if errs[i] != nil || !decs[i].Restart {
+			t.Fatalf("node %d: fenced report: %+v, %v; want a restart", i, decs[i], errs[i])
+		}
+	}
+	t.Logf("fenced reports answered %v after etcd came back: %s", time.Since(tBack), decs[0].Reason)
+	as = nextAll(t, c.nodes)
+	checkConsistent(t, as, 2, 3)
+	if as[0].Round != 2 {
+		t.Fatalf("after the fences: round %d, want 2: %+v", as[0].Round, as)
+	}
+	for i, n := range c.nodes {
+		ends[i] = n.Ended(2)
+	}
+	for i, code := range succeedAll(t, c.nodes, 2) {
 		if code != 0 {
 			t.Fatalf("node %d exit code %d after etcd restart", i, code)
 		}
 	}
-	t.Logf("Succeed on every node %v after etcd came back", time.Since(tBack))
 	for i, ch := range ends {
 		if e := waitEnd(t, ch, 5*time.Second); e.Kind != EndJobClosed || e.Code != 0 {
 			t.Fatalf("node %d: %+v", i, e)
@@ -151,6 +183,7 @@ func TestRealEtcdLossBoundClosesJob(t *testing.T) {
 	for i := 0; i < 2; i++ {
 		o := c.opts(i, 1, 2, 2, 3)
 		o.EtcdLossBound = 2 * time.Second
+		o.LeaseTTL = 10 * time.Second // the bound, not the fence (fence_test.go), acts first
 		o.ProbeInterval = 250 * time.Millisecond
 		c.add(o)
 	}

@@ -1,6 +1,7 @@
 package rendezvous
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -192,10 +193,85 @@ func (g gossipEvents) NotifyLeave(n *memberlist.Node) {
 			e.log.Warn("gossip declared a node dead, but it answers on its stream port or refuted in gossip: not lost", "node", n.Name, "round", r)
 			return
 		}
+		if n.State != memberlist.StateLeft {
+			// Gossip alone proves no death: a node cut off from us may
+			// still run its ranks. Only once its lease expired at etcd is
+			// it certain that it fenced itself (fence.go), so the round
+			// ends then, not before (docs/rendezvous.md, "Fencing").
+			if !e.awaitLeaseExpiry(r, n.Name, evidence) {
+				return
+			}
+			how = "gossip, lease expired"
+		}
 		e.nodeLostAt(r, n.Name, how, evidence)
 		e.markDead(n.Name)
 	}()
 }
+
+// awaitLeaseExpiry waits, after gossip declared node id of round r dead
+// (first evidence at evidence), until its membership of r is gone from etcd
+// (its lease expired, or it left): then it returns true. It returns false
+// when the round ends or this node leaves it first, or when the membership
+// outlives the lease TTL after the evidence (plus slack for etcd's expiry
+// check): the node renewed its lease meanwhile, so it is alive to etcd
+// and, fenced or not, not lost by gossip's word; its lease's expiry, if it
+// comes later, is the loss watchers' (watchLoss).
+func (e *Etcd) awaitLeaseExpiry(r int, id string, evidence time.Time) bool {
+	e.mu.Lock()
+	ctx := e.roundCtx
+	if e.roundCtxOf != r || ctx == nil {
+		ctx = nil
+	}
+	if _, seen := e.lossEvidence[id]; !seen && !evidence.IsZero() {
+		e.lossEvidence[id] = evidence
+	}
+	e.mu.Unlock()
+	if ctx == nil || ctx.Err() != nil {
+		return false // not active in r (or r is over): others decide
+	}
+	start := evidence
+	if start.IsZero() {
+		start = time.Now()
+	}
+	wait := time.Until(start.Add(e.o.LeaseTTL + expirySlack))
+	ctx, cancel := context.WithTimeout(ctx, max(wait, time.Second))
+	defer cancel()
+	e.log.Warn("gossip declared a node dead; waiting for its lease to expire at etcd before ending the round",
+		"node", id, "round", r, "wait_at_most", max(wait, time.Second).Round(time.Millisecond))
+	var resp *clientv3.GetResponse
+	if err := e.retry(ctx, func(ctx context.Context) (err error) {
+		resp, err = e.cli.Get(ctx, e.k.member(r, id), clientv3.WithKeysOnly())
+		return err
+	}); err != nil {
+		return false
+	}
+	if len(resp.Kvs) == 0 {
+		return true
+	}
+	wch := e.cli.Watch(ctx, e.k.member(r, id), clientv3.WithFilterPut(), clientv3.WithRev(resp.Header.Revision+1))
+	for wr := range wch {
+		if wr.Err() != nil {
+			return false
+		}
+		for _, ev := range wr.Events {
+			if ev.Type == clientv3.EventTypeDelete {
+				return true
+			}
+		}
+	}
+	if ctx.Err() == context.DeadlineExceeded {
+		e.log.Warn("gossip declared a node dead, but its lease was renewed: not lost", "node", id, "round", r)
+	}
+	e.mu.Lock()
+	delete(e.lossEvidence, id)
+	e.mu.Unlock()
+	return false
+}
+
+// expirySlack is how long past a lease's TTL etcd may take to revoke it
+// and delete its keys (its expiry check runs every 500 ms, then a raft
+// round trip), on a loaded machine.
+const expirySlack = 3 * time.Second
 
 func (e *Etcd) startGossip() error {
 	// Port 0: memberlist binds a free TCP port and its UDP twin itself,

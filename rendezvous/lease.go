@@ -2,11 +2,9 @@ package rendezvous
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
-	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/ftlauncher/ft-launcher/policy"
@@ -30,18 +28,19 @@ func (e *Etcd) grantLease(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("etcd lease at %s: %w", e.endpoints(), err)
 	}
-	// A grant is the new lease's first renewal: a node that rejoins with a
-	// new lease (reincarnate) may start ranks before its keep-alive loop
-	// renewed it, and the fence watchdog must know the lease is valid.
-	if e.o.OnLeaseRenewed != nil && e.o.Lease == 0 {
-		e.o.OnLeaseRenewed(sent.Add(time.Duration(resp.TTL) * time.Second))
-	}
 	e.mu.Lock()
 	e.lease = resp.ID
-	stop := e.kaStop
 	e.mu.Unlock()
-	if stop != nil {
-		stop() // the keep-alive loop moves to the new lease at once
+	// A grant is the new lease's first renewal: a node that rejoins with a
+	// new lease (reincarnate) may start ranks before the keep-alive loop
+	// renewed it, and the fence (here and in the watchdog) must know the
+	// lease is valid.
+	if v := LeaseValidUntil(sent, resp.TTL); e.o.Lease == 0 && e.renewed(resp.ID, v) && e.o.OnLeaseRenewed != nil && e.lost.Err() == nil {
+		e.o.OnLeaseRenewed(v)
+	}
+	select {
+	case e.kaKick <- struct{}{}: // the keep-alive loop moves to the new lease at once
+	default:
 	}
 	return nil
 }
@@ -127,76 +126,6 @@ func (e *Etcd) currentLease() clientv3.LeaseID {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return e.lease
-}
-
-// renewLoop renews lease every TTL/3 until ctx ends or the lease cannot be
-// renewed for a whole TTL (or etcd says it is gone). Each renewal is one
-// request whose send time is known, so OnLeaseRenewed gets the lease's
-// validity from it: the instant before the request left plus the TTL etcd
-// granted, a lower bound of the expiry etcd's leader counts from the
-// renewal's arrival. (clientv3's KeepAlive stream hides when it sends.)
-func (e *Etcd) renewLoop(ctx context.Context, lease clientv3.LeaseID) {
-	interval := max(e.o.LeaseTTL/3, 100*time.Millisecond)
-	lastOK := time.Now()
-	for ctx.Err() == nil {
-		sent := time.Now()
-		rctx, cancel := context.WithTimeout(ctx, e.o.LeaseTTL)
-		resp, err := e.cli.KeepAliveOnce(rctx, lease)
-		cancel()
-		switch {
-		case err == nil && resp.TTL > 0:
-			lastOK = sent
-			e.heard() // a renewal is an answer from etcd's leader: no probe needed
-			if e.o.OnLeaseRenewed != nil {
-				e.o.OnLeaseRenewed(sent.Add(time.Duration(resp.TTL) * time.Second))
-			}
-			if !sleepCtx(ctx, time.Until(sent.Add(interval))) {
-				return
-			}
-		case errors.Is(err, rpctypes.ErrLeaseNotFound) || (err == nil && resp.TTL <= 0):
-			return // expired: the caller takes a new lease
-		default:
-			if ctx.Err() != nil || time.Since(lastOK) > e.o.LeaseTTL {
-				return // the caller checks whether it expired
-			}
-			if !sleepCtx(ctx, 500*time.Millisecond) {
-				return
-			}
-		}
-	}
-}
-
-// keepAlive keeps the owned lease alive, following it when it is replaced;
-// if etcd reports it gone (we were away longer than its TTL) a new one is
-// granted for later rounds. It stops once etcd is lost.
-func (e *Etcd) keepAlive() {
-	defer e.wg.Done()
-	for e.lost.Err() == nil {
-		e.mu.Lock()
-		lease := e.lease
-		kctx, stop := context.WithCancel(e.lost)
-		e.kaStop = stop
-		e.mu.Unlock()
-		e.renewLoop(kctx, lease)
-		stop()
-		if e.lost.Err() != nil {
-			return
-		}
-		if e.currentLease() != lease {
-			continue // replaced: keep the new one alive at once
-		}
-		if !sleepCtx(e.lost, 500*time.Millisecond) {
-			return
-		}
-		ctx, cancel := e.lostTimeout(2 * time.Second)
-		ttl, err := e.cli.TimeToLive(ctx, lease)
-		cancel()
-		if err == nil && ttl.TTL <= 0 {
-			if err := e.renewLease(e.lost, lease); err != nil {
-				e.log.Warn("re-grant lease", "err", err)
-			}
-		}
-	}
 }
 
 // reputAlive registers this node as alive again under a re-granted lease,

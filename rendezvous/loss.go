@@ -120,6 +120,13 @@ func (e *Etcd) nodeLostAt(r int, id, how string, evidence time.Time) {
 	ctx := e.lost // retried until reported, etcd lost or Close
 	e.mu.Lock()
 	skip := e.closed != nil || e.ctlRound != r
+	if first, ok := e.lossEvidence[id]; ok && (evidence.IsZero() || first.Before(evidence)) {
+		// Gossip saw it first; the lease's expiry confirmed it.
+		evidence = first
+		if how == "lease expired" {
+			how = "gossip, lease expired"
+		}
+	}
 	e.mu.Unlock()
 	if skip {
 		return
@@ -149,6 +156,9 @@ func (e *Etcd) nodeLostAt(r int, id, how string, evidence time.Time) {
 		e.log.Warn("report node loss", "lost", id, "err", err)
 		return
 	}
+	e.mu.Lock()
+	delete(e.lossEvidence, id)
+	e.mu.Unlock()
 	e.o.Metrics.NodeFailed()
 	e.log.Warn("node lost", "lost", id, "how", how, "round", r, "action", string(d.Action), "reason", d.Reason)
 }
@@ -171,8 +181,10 @@ func (e *Etcd) unreachableNow() bool {
 }
 
 // heardWindow is how recent an answer from etcd lets the probe skip its
-// read: an owned lease is renewed every LeaseTTL/3 (renewLoop; the 500 ms
-// are slack for a slow answer), and each renewal is an answer.
+// read: an owned lease is renewed every LeaseTTL/renewsPerTTL (fence.go),
+// and each renewal is an answer. The window keeps the TTL/3 of clientv3's
+// cadence it was sized for: a busy etcd answers renewals late, and each
+// probe read it saves counts at 4,000 nodes.
 func (e *Etcd) heardWindow() time.Duration {
 	if !e.ownsLease {
 		return 0

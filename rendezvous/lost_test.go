@@ -47,6 +47,7 @@ func testEtcdLostMidRound(t *testing.T, hostDies bool) {
 	for i := 0; i < 3; i++ {
 		o := c.opts(i, 1, 2, 3, 3)
 		o.EtcdLossBound = bound
+		o.LeaseTTL = 10 * time.Second // the bound, not the fence (fence_test.go), acts first
 		o.ProbeInterval = 250 * time.Millisecond
 		c.add(o)
 	}

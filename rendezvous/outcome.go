@@ -31,9 +31,19 @@ func (e *Etcd) Fail(ctx context.Context, round int, f policy.Failure, reason str
 	// Fenced on the caller's own membership: a node whose lease expired
 	// (partitioned away) cannot end the round of the others.
 	conds := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(e.k.member(round, e.o.NodeID)), ">", 0)}
+	// A node that fenced itself (EndFenced) and reaches etcd with its lease
+	// still valid (etcd was away for everyone, or only slow) reports that
+	// it stopped: the round ends as for a departed node (a spare takes its
+	// place, or the round restarts in place), and nothing is quarantined.
+	// When its lease expired first, a peer has ended the round already and
+	// this report, fenced on the membership, learns how.
+	lost, what := "", "failed"
+	if f == policy.NodeStopped || f == policy.NodeLost {
+		lost, what = e.o.NodeID, "stopped"
+	}
 	var d Decision
 	err := e.retry(ctx, func(ctx context.Context) (err error) {
-		d, err = e.endRound(ctx, round, f, "", fmt.Sprintf("node %s failed: %s", e.o.NodeID, reason), time.Time{}, conds)
+		d, err = e.endRound(ctx, round, f, lost, fmt.Sprintf("node %s %s: %s", e.o.NodeID, what, reason), time.Time{}, conds)
 		return err
 	})
 	if err = e.callErr(err); errors.Is(err, ErrRendezvousLost) {
@@ -248,6 +258,7 @@ func (e *Etcd) Close() error {
 	if e.state != stateClosed {
 		e.closeLocally("closed")
 	}
+	e.stopFenceLocked()
 	lease := e.lease
 	e.mu.Unlock()
 	lerr := e.lossErr() // before cancel: the loss cause stays, but read it once

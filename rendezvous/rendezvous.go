@@ -57,6 +57,12 @@ const (
 	EndRestart EndKind = iota + 1
 	// EndJobClosed: the job is over for every node; exit with Code.
 	EndJobClosed
+	// EndFenced: this node's lease could not be renewed and may expire at
+	// etcd soon, after which its peers may start a round without it: kill
+	// its ranks at once (no grace), then report it (Fail with
+	// policy.NodeStopped) and call Next, which rejoins once etcd answers
+	// (docs/rendezvous.md, "Fencing: never two rounds at once").
+	EndFenced
 )
 
 // RoundEnd is delivered when the current round is over for this node.

@@ -498,12 +498,15 @@ func (e *Etcd) adopt(target int, sum roundSummary, ri rankInfo) Assignment {
 		e.setStateLocked(stateStandby, "parked in round "+strconv.Itoa(target))
 	} else {
 		e.setStateLocked(stateActive, "assigned in round "+strconv.Itoa(target))
+		if t := e.fence.timer; t != nil && !time.Now().Before(FenceDeadline(e.fence.validUntil, e.o.FenceMargin)) {
+			t.Reset(0) // the lease is not proven valid now: fence at once (fence.go)
+		}
 	}
 	if e.roundStop != nil {
 		e.roundStop()
 	}
 	rctx, rcancel := context.WithCancel(e.lost)
-	e.roundStop = rcancel
+	e.roundStop, e.roundCtx, e.roundCtxOf = rcancel, rctx, target
 	stale := e.ctlRound > target || e.closed != nil
 	e.mu.Unlock()
 	if stale {

@@ -15,7 +15,7 @@ import (
 // (*Etcd).setStateLocked, so this table is the whole state machine:
 //
 //	joining ──► waiting ──► active ──► roundEnded ──► joining ...
-//	                 │          │
+//	                 │          │  └──► fenced ──► roundEnded / (Next) joining
 //	                 └─► standby ┴─────► (Next) joining
 //	any ──► closed (job closed, Leave, Close, etcd lost beyond the bound)
 type nodeState int
@@ -26,6 +26,7 @@ const (
 	stateActive                      // assigned ranks in the current round
 	stateStandby                     // parked beyond MIN; keeps membership for the next round
 	stateRoundEnded                  // the round this node ran in is over; Next rejoins
+	stateFenced                      // its lease could not be renewed: it stopped its ranks (fence.go)
 	stateClosed                      // terminal
 )
 
@@ -41,6 +42,8 @@ func (s nodeState) String() string {
 		return "standby"
 	case stateRoundEnded:
 		return "round-ended"
+	case stateFenced:
+		return "fenced"
 	case stateClosed:
 		return "closed"
 	}
@@ -51,7 +54,8 @@ func (s nodeState) String() string {
 var allowed = map[nodeState][]nodeState{
 	stateJoining:    {stateWaiting, stateStandby, stateClosed},
 	stateWaiting:    {stateActive, stateStandby, stateJoining, stateClosed},
-	stateActive:     {stateRoundEnded, stateJoining, stateClosed},
+	stateActive:     {stateRoundEnded, stateFenced, stateJoining, stateClosed},
+	stateFenced:     {stateRoundEnded, stateJoining, stateClosed},
 	stateStandby:    {stateJoining, stateClosed},
 	stateRoundEnded: {stateJoining, stateClosed},
 	stateClosed:     {},

@@ -55,6 +55,11 @@ const (
 	// RendezvousLost: the rendezvous (etcd) was unreachable past its loss
 	// bound.
 	RendezvousLost Kind = "rendezvous_lost"
+	// NodeReplaced: this node was cut off, fenced itself out of its round
+	// and a spare took its place: the job went on without it. The outer
+	// loop must not resubmit the job for it (the job still runs, or ended
+	// with its own verdict on the other nodes).
+	NodeReplaced Kind = "node_replaced"
 	// NotEnoughNodes: a round could not gather --nnodes MIN nodes in time.
 	NotEnoughNodes Kind = "not_enough_nodes"
 	// Signaled: the launcher was stopped by a signal (SIGTERM, SIGINT, ...).
@@ -69,7 +74,7 @@ const (
 )
 
 // Kinds lists every kind, for documentation and validation.
-var Kinds = []Kind{Succeeded, RestartBudgetExhausted, NoRestart, NodeExcluded, RendezvousLost, NotEnoughNodes, Signaled, FatalError, Walltime}
+var Kinds = []Kind{Succeeded, RestartBudgetExhausted, NoRestart, NodeExcluded, NodeReplaced, RendezvousLost, NotEnoughNodes, Signaled, FatalError, Walltime}
 
 // Valid reports whether k is a known kind.
 func (k Kind) Valid() bool {

@@ -65,7 +65,7 @@ func newEtcdRendezvous(ctx context.Context, cfg *configs.Config, log *slog.Logge
 	}
 	r, err := rendezvous.NewEtcd(ctx, rendezvous.EtcdOptions{MasterPort: masterPort,
 		JoinTimeout: rz.JoinTimeout, LastCall: rz.LastCallTimeout,
-		ConnectTimeout: rz.ConnectTimeout, LeaseTTL: rz.LeaseTTL,
+		ConnectTimeout: rz.ConnectTimeout, LeaseTTL: rz.LeaseTTL, FenceMargin: rz.FenceMargin,
 		EtcdLossBound: rz.EtcdLossBound, RejoinWait: rz.RejoinWait, MinNodesWait: rz.MinNodesWait,
 		Gossip: rendezvous.GossipTimings{ProbeInterval: rz.Gossip.ProbeInterval, ProbeTimeout: rz.Gossip.ProbeTimeout,
 			SuspicionMult: rz.Gossip.SuspicionMult, IndirectChecks: rz.Gossip.IndirectChecks},
@@ -75,9 +75,12 @@ func newEtcdRendezvous(ctx context.Context, cfg *configs.Config, log *slog.Logge
 		NProcPerNode: cfg.NProcPerNode, MinNodes: cfg.NNodes.Min, MaxNodes: cfg.NNodes.Max,
 		MaxRestarts: cfg.MaxRestarts, InfraRank: cfg.InfraRank,
 		HealthCheck: healthCheck(cfg, reaper, log), Metrics: met, Logger: log.With("component", "rendezvous"),
-		// The fence watchdog kills this node's ranks fenceMargin before its
-		// lease could expire, unless a renewal extends it first.
-		OnLeaseRenewed: func(validUntil time.Time) { wd.Extend(validUntil.Add(-fenceMargin(rz.LeaseTTL))) },
+		// The fence watchdog kills this node's ranks watchdogMargin before
+		// its lease could expire, unless a renewal extends it first: after
+		// the launcher's own fence, which acts at the full margin.
+		OnLeaseRenewed: func(validUntil time.Time) {
+			wd.Extend(validUntil.Add(-watchdogMargin(rz.LeaseTTL, rz.FenceMargin)))
+		},
 		// A Slurm allocation of exactly MIN nodes gets no replacement
 		// node: a round short of MIN ends the job after min_nodes_wait.
 		FixedAllocation: cfg.Slurm.InJob() && cfg.NNodes.Min == cfg.NNodes.Max,

@@ -11,18 +11,25 @@ import (
 	"github.com/ftlauncher/ft-launcher/spawn"
 )
 
-// fenceMargin is how long before its lease can expire at etcd the fence
-// watchdog kills this node's ranks: a fifth of the TTL (1 s of the default
-// 5 s). The lease's validity is already a lower bound (the renewal's send
-// time plus the TTL etcd granted, counted on this machine from before the
-// request left); the margin covers the kill itself (SIGKILL is immediate,
-// a rank's exit takes milliseconds) and a watchdog scheduled late on a
-// loaded machine, so the ranks are gone strictly before the lease can
-// expire and peers can start a round without this node. A renewal comes
-// every TTL/3, so the watchdog fires only when about TTL - TTL/3 - margin
-// (about 2.3 s at 5 s) pass without one: the launcher frozen or etcd
-// unreachable.
-func fenceMargin(ttl time.Duration) time.Duration { return ttl / 5 }
+// watchdogMargin is how long before its lease can expire at etcd the fence
+// watchdog kills this node's ranks: half the rendezvous's fence margin
+// (--rdzv-conf fence_margin, default a fifth of the TTL: 1 s of the
+// default 5 s), so 0.5 s by default. A launcher that runs fences its own
+// ranks first, at the full margin (rendezvous, "Fencing: never two rounds
+// at once"), and records why; the watchdog is the backstop for a launcher
+// that cannot act (frozen, stalled). The lease's validity is already a
+// lower bound (the renewal's send time plus the TTL etcd granted, counted
+// on this machine from before the request left); the remaining half margin
+// covers the kill itself (SIGKILL is immediate, a rank's exit takes
+// milliseconds) and a watchdog scheduled late on a loaded machine, so the
+// ranks are gone strictly before the lease can expire and peers can start
+// a round without this node.
+func watchdogMargin(ttl, fenceMargin time.Duration) time.Duration {
+	if fenceMargin <= 0 {
+		fenceMargin = ttl / 5 // the rendezvous's default
+	}
+	return fenceMargin / 2
+}
 
 // startFence starts the fence watchdog of a multi-node launcher (single-node
 // jobs have no lease and no peers, and pay nothing). It reports a fence in

@@ -1,0 +1,212 @@
+package integration
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/ftlauncher/ft-launcher/internal/hangdump"
+	"github.com/ftlauncher/ft-launcher/internal/procfs"
+)
+
+// fenceRank writes the wall-clock time (ns) every ~100 ms to
+// $OUT/ts.<node>.<round> and its pid to $OUT/pid.<node>.<round>; round 0
+// runs until stopped, a later round until $OUT/finish exists.
+func fenceRank(c *cluster) string {
+	return recorder(c, `
+r=$TORCHELASTIC_RESTART_COUNT
+echo $$ > "$OUT/pid.$NODE.$r"
+echo "ready$r" >> "$OUT/ready"
+while [ "$r" = 0 ] || [ ! -e "$OUT/finish" ]; do
+	date +%s%N >> "$OUT/ts.$NODE.$r"
+	sleep 0.1
+done
+exit 0
+`)
+}
+
+// readStamps returns the timestamps of $OUT/ts.<node>.<round>.
+func readStamps(t *testing.T, dir string, node, round int) []int64 {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(dir, fmt.Sprintf("ts.%d.%d", node, round)))
+	if err != nil {
+		return nil
+	}
+	var out []int64
+	for _, l := range strings.Fields(string(b)) {
+		if v, err := strconv.ParseInt(l, 10, 64); err == nil {
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
+// TestFrozenLauncherFencedByWatchdog (issue 26): one active launcher is
+// frozen by SIGSTOP for 60 s while its rank runs; a spare is parked. Its
+// fence watchdog, a separate process, must kill the rank before the peers
+// can start round 1 without the node: no timestamp of the frozen node's
+// round-0 rank may follow the first of round 1. After SIGCONT the launcher
+// records the fence (fenced_by_watchdog) and the job ends cleanly, nothing
+// left.
+//
+// Two cases: the default gossip timings, where gossip suspects the frozen
+// node within about a second and the peers wait for its lease to expire
+// before they end the round (docs/rendezvous.md, "Fencing: never two rounds
+// at once"), and gossip slowed (a probe every 2 s) so that the lease's
+// expiry alone ends the round. Either way the watchdog's bound is relative
+// to the lease: it fires half the fence margin (0.5 s) before the lease can
+// expire.
+func TestFrozenLauncherFencedByWatchdog(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		extra []string
+	}{
+		{"default-gossip", nil},
+		{"slow-gossip", []string{"--rdzv-conf", "gossip_probe_interval=2,gossip_probe_timeout=1"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) { frozenLauncherFenced(t, tc.extra) })
+	}
+}
+
+func frozenLauncherFenced(t *testing.T, extra []string) {
+	c := newCluster(t, embeddedEndpoint(t))
+	c.extra = append([]string{"--rdzv-backend", "c10d"}, extra...)
+	s := fenceRank(c)
+	for i := 0; i < 3; i++ {
+		c.addNodeV(nil, "--nnodes", "2:3", "--nproc-per-node", "1", "--max-restarts", "2", "--no-python", s)
+	}
+	g0 := roundZeroActives(t, c, 2)
+	victim := -1
+	for node := range g0 {
+		if node != 0 { // node 0 hosts the embedded etcd
+			victim = node
+		}
+	}
+	rank := readInt(t, filepath.Join(c.dir, fmt.Sprintf("pid.%d.0", victim)))
+	time.Sleep(2 * time.Second) // a few renewals: the watchdog is armed
+	launcher := c.nodes[victim].cmd.Process
+	wd := fenceWatchdogs(launcher.Pid)
+	if len(wd) != 1 {
+		t.Fatalf("launcher %d has %d fence watchdogs %v, want 1", launcher.Pid, len(wd), wd)
+	}
+	if err := launcher.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	stopped := time.Now()
+	resumed := false
+	resume := func() {
+		if !resumed {
+			resumed = true
+			_ = launcher.Signal(syscall.SIGCONT)
+		}
+	}
+	t.Cleanup(resume) // never leave a stopped launcher behind
+
+	// The rank dies while its launcher is frozen: a zombie (its parent
+	// cannot reap it) or gone.
+	var killedAfter time.Duration
+	for {
+		st, err := procfs.Read(rank)
+		if err != nil || st.Dead() {
+			killedAfter = time.Since(stopped)
+			break
+		}
+		if time.Since(stopped) > 30*time.Second {
+			t.Fatalf("the frozen node's rank %d still runs %s after SIGSTOP\n%s", rank, time.Since(stopped), c.stderrs())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	waitCount(t, filepath.Join(c.dir, "ready"), "ready1", 2, generous)
+	if st, err := procfs.Read(launcher.Pid); err != nil || st.State != 'T' {
+		t.Fatalf("the launcher is not frozen any more: %+v %v", st, err)
+	}
+	if st, err := procfs.Read(wd[0]); err != nil || st.State == 'T' || st.Dead() {
+		t.Fatalf("the fence watchdog %d does not run beside the frozen launcher: %+v %v", wd[0], st, err)
+	}
+	if rest := 60*time.Second - time.Since(stopped); rest > 0 {
+		time.Sleep(rest)
+	}
+	resume()
+
+	// No overlap: the frozen node's last round-0 stamp precedes every
+	// round-1 stamp.
+	old := readStamps(t, c.dir, victim, 0)
+	if len(old) == 0 {
+		t.Fatalf("no timestamps of the frozen node's rank")
+	}
+	last := old[len(old)-1]
+	var first int64
+	for node := range c.nodes {
+		if st := readStamps(t, c.dir, node, 1); len(st) > 0 && (first == 0 || st[0] < first) {
+			first = st[0]
+		}
+	}
+	if first == 0 {
+		t.Fatal("no round-1 timestamps")
+	}
+	var overlap int
+	for node := range c.nodes {
+		for _, v := range readStamps(t, c.dir, node, 0) {
+			if v >= first {
+				overlap++
+			}
+		}
+	}
+	if overlap > 0 || last >= first {
+		t.Fatalf("two rounds at once: %d round-0 stamps at or after round 1's first (frozen node's last %s after it)",
+			overlap, time.Duration(last-first))
+	}
+	t.Logf("SIGSTOP -> frozen node's rank killed: %s; -> first round-1 stamp: %s; gap between the rounds: %s",
+		killedAfter.Round(time.Millisecond), time.Duration(first-stopped.UnixNano()).Round(time.Millisecond),
+		time.Duration(first-last).Round(time.Millisecond))
+
+	// The resumed launcher records the fence.
+	waitFor(t, generous, func() bool { return len(c.nodes[victim].eventsOfQuiet("fenced_by_watchdog")) > 0 })
+	ev := c.nodes[victim].eventsOfQuiet("fenced_by_watchdog")[0]
+	pgids, _ := ev["pgids"].([]any)
+	if ev["reason"] != "deadline" || !slices.Contains(pgids, any(float64(rank))) {
+		t.Errorf("fenced_by_watchdog event %v, want reason deadline and pgid %d", ev, rank)
+	}
+
+	if err := os.WriteFile(filepath.Join(c.dir, "finish"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for i, n := range c.nodes {
+		code := n.wait(2 * time.Minute)
+		if i != victim && code != 0 {
+			t.Errorf("node %d exited %d", i, code)
+		}
+		if i == victim {
+			t.Logf("the frozen node exited %d", code)
+		}
+	}
+	for i, n := range c.nodes {
+		if left := n.waitNoLeftovers(15 * time.Second); len(left) > 0 {
+			t.Fatalf("node %d: processes left: %s", i, hangdump.Describe(left))
+		}
+	}
+	if left := fenceWatchdogs(launcher.Pid); len(left) > 0 {
+		t.Fatalf("fence watchdog left: %v", left)
+	}
+}
+
+// fenceWatchdogs are the fence watchdogs whose parent is pid.
+func fenceWatchdogs(pid int) []int {
+	procs, _ := procfs.List()
+	var out []int
+	for _, p := range procs {
+		if p.PPID != pid || p.Dead() {
+			continue
+		}
+		if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", p.PID)); err == nil && strings.Contains(string(b), "\x00fence-watchdog") {
+			out = append(out, p.PID)
+		}
+	}
+	return out
+}
