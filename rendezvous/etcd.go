@@ -95,8 +95,8 @@ type EtcdOptions struct {
 	// agent store binds its server on LocalAddr here, before the node
 	// registers, so group rank 0's store listens before the round closes.
 	MasterPort func(round int) (int, error)
-	Metrics        *metrics.Metrics
-	Logger         *slog.Logger
+	Metrics    *metrics.Metrics
+	Logger     *slog.Logger
 
 	// ProbeInterval is how often etcd reachability is checked (default 1s).
 	ProbeInterval time.Duration
