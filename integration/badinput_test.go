@@ -91,24 +91,32 @@ func TestBadInputExitsTwoBeforeStarting(t *testing.T) {
 			s := j.script("rank.sh", `touch "$OUT/started"`+"\n")
 			args := append(append([]string{}, tt.args...), "--verdict-file", vpath, "--log-dir", logs, "--no-python", s)
 			code := j.run(generous, append([]string{"OUT=" + j.dir, "TMPDIR=" + tmp}, tt.env...), args...)
-			stderr := j.stderr.String()
-			if code != 2 {
-				t.Fatalf("exit %d, want 2\n%s", code, stderr)
-			}
-			lines := strings.Split(strings.TrimRight(stderr, "\n"), "\n")
-			if len(lines) != 2 || !strings.HasPrefix(lines[0], "ft-launcher: ") || !strings.Contains(lines[0], tt.want) ||
-				lines[1] != "Run 'ft-launcher --help' for usage." {
-				t.Fatalf("stderr:\n%s\nwant one line containing %q and the help hint", stderr, tt.want)
-			}
-			for _, p := range []string{j.events, vpath, logs, filepath.Join(j.dir, "started")} {
-				if _, err := os.Stat(p); err == nil {
-					t.Errorf("%s exists: the launcher started before refusing the line", p)
-				}
-			}
+			wantUsageRefusal(t, j, code, tt.want, vpath, logs)
 			emptyDir(t, tmp)
 			if left := j.leftovers(); len(left) > 0 {
 				t.Errorf("processes left behind: %v", left)
 			}
 		})
+	}
+}
+
+// wantUsageRefusal checks a launch line refused as a usage error: exit 2,
+// one line on stderr naming want, the help hint, and nothing created (the
+// event log, the verdict at vpath, the log dir, the rank's "started" file).
+func wantUsageRefusal(t *testing.T, j *job, code int, want, vpath, logs string) {
+	t.Helper()
+	stderr := j.stderr.String()
+	if code != 2 {
+		t.Fatalf("exit %d, want 2\n%s", code, stderr)
+	}
+	lines := strings.Split(strings.TrimRight(stderr, "\n"), "\n")
+	if len(lines) != 2 || !strings.HasPrefix(lines[0], "ft-launcher: ") || !strings.Contains(lines[0], want) ||
+		lines[1] != "Run 'ft-launcher --help' for usage." {
+		t.Fatalf("stderr:\n%s\nwant one line containing %q and the help hint", stderr, want)
+	}
+	for _, p := range []string{j.events, vpath, logs, filepath.Join(j.dir, "started")} {
+		if _, err := os.Stat(p); err == nil {
+			t.Errorf("%s exists: the launcher started before refusing the line", p)
+		}
 	}
 }

@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"fmt"
+	"github.com/ftlauncher/ft-launcher/internal/procfs"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -25,28 +26,11 @@ import (
 // childrenNamed lists the live children of pid whose command name (as in
 // /proc/<pid>/stat, at most 15 characters) is comm.
 func childrenNamed(pid int, comm string) []int {
-	ents, _ := os.ReadDir("/proc")
+	all, _ := procfs.List()
 	var out []int
-	for _, e := range ents {
-		p, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
-		if err != nil {
-			continue
-		}
-		s := string(b)
-		open, close := strings.IndexByte(s, '('), strings.LastIndexByte(s, ')')
-		if open < 0 || close < open {
-			continue
-		}
-		f := strings.Fields(s[close+1:]) // state ppid ...
-		if len(f) < 2 || f[0] == "Z" {
-			continue
-		}
-		if ppid, _ := strconv.Atoi(f[1]); ppid == pid && s[open+1:close] == comm {
-			out = append(out, p)
+	for _, p := range all {
+		if p.PPID == pid && p.Comm == comm && !p.Dead() {
+			out = append(out, p.PID)
 		}
 	}
 	return out

@@ -169,20 +169,7 @@ func TestBadRunIDExitsTwoBeforeStarting(t *testing.T) {
 			s := j.script("rank.sh", `touch "$OUT/started"`+"\n")
 			args = append(args, "--log-dir", logs, "--no-python", s)
 			code := j.run(generous, append([]string{"OUT=" + j.dir, "TMPDIR=" + tmp}, tt.env...), args...)
-			stderr := j.stderr.String()
-			if code != 2 {
-				t.Fatalf("exit %d, want 2\n%s", code, stderr)
-			}
-			lines := strings.Split(strings.TrimRight(stderr, "\n"), "\n")
-			if len(lines) != 2 || !strings.HasPrefix(lines[0], "ft-launcher: ") || !strings.Contains(lines[0], tt.want) ||
-				lines[1] != "Run 'ft-launcher --help' for usage." {
-				t.Fatalf("stderr:\n%s\nwant one line containing %q and the help hint", stderr, tt.want)
-			}
-			for _, p := range []string{j.events, vpath, logs, filepath.Join(j.dir, "started")} {
-				if _, err := os.Stat(p); err == nil {
-					t.Errorf("%s exists: the launcher started before refusing the line", p)
-				}
-			}
+			wantUsageRefusal(t, j, code, tt.want, vpath, logs)
 			emptyDir(t, tmp)
 			emptyDir(t, vdir)
 			if left := j.leftovers(); len(left) > 0 {
