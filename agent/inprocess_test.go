@@ -911,16 +911,7 @@ func TestInProcessSettleWindow(t *testing.T) {
 			g0.exit(0, 0, 0)
 			g1.exit(1, 0, 0)
 			g1.exit(2, 0, 0)
-			o := h.outcome(out)
-			if o.Kind != verdict.Succeeded || len(o.Cycles) != 2 || o.Cycles[1].Mode != "in-process" || o.Cycles[1].InProcessFallback != "" {
-				t.Fatalf("outcome %+v", o)
-			}
-			h.rdzv.mu.Lock()
-			fails := len(h.rdzv.fails)
-			h.rdzv.mu.Unlock()
-			if fails != 1 {
-				t.Fatalf("%d failures reported, want one restart for the incident", fails)
-			}
+			wantOneInProcessRestart(t, h, out)
 			kept := h.events(EventInProcessKept)
 			if len(kept) != 1 || fmt.Sprint(kept[0]["survivors"]) != "[0]" || fmt.Sprint(kept[0]["failed"]) != "[1 2]" {
 				t.Fatalf("inprocess_kept %v, want survivors [0], failed [1 2]", kept)
@@ -1013,16 +1004,7 @@ func TestInProcessStuckSurvivorReplaced(t *testing.T) {
 	g0.exit(0, 0, 0)
 	g1.exit(1, 0, 0)
 	g2.exit(2, 0, 0)
-	o := h.outcome(out)
-	if o.Kind != verdict.Succeeded || len(o.Cycles) != 2 || o.Cycles[1].Mode != "in-process" || o.Cycles[1].InProcessFallback != "" {
-		t.Fatalf("outcome %+v", o)
-	}
-	h.rdzv.mu.Lock()
-	fails := len(h.rdzv.fails)
-	h.rdzv.mu.Unlock()
-	if fails != 1 {
-		t.Fatalf("%d failures reported, want one restart for the incident", fails)
-	}
+	wantOneInProcessRestart(t, h, out)
 	rep := h.events(EventInProcessReplaced)
 	if len(rep) != 1 || rep[0]["local_rank"] != float64(2) || rep[0]["why"] != "rejoin_timeout" {
 		t.Fatalf("inprocess_replaced %v, want local rank 2 (rejoin_timeout)", rep)
@@ -1032,5 +1014,22 @@ func TestInProcessStuckSurvivorReplaced(t *testing.T) {
 	}
 	if n := len(h.events(EventInProcessFirstStep)); n != 1 {
 		t.Fatalf("%d first steps, want the healthy survivor's", n)
+	}
+}
+
+// wantOneInProcessRestart checks that the job succeeded after exactly one
+// in-process restart (two cycles, the second in-process, no fallback) and
+// that one failure was reported for the incident.
+func wantOneInProcessRestart(t *testing.T, h *harness, out <-chan Outcome) {
+	t.Helper()
+	o := h.outcome(out)
+	if o.Kind != verdict.Succeeded || len(o.Cycles) != 2 || o.Cycles[1].Mode != "in-process" || o.Cycles[1].InProcessFallback != "" {
+		t.Fatalf("outcome %+v", o)
+	}
+	h.rdzv.mu.Lock()
+	fails := len(h.rdzv.fails)
+	h.rdzv.mu.Unlock()
+	if fails != 1 {
+		t.Fatalf("%d failures reported, want one restart for the incident", fails)
 	}
 }
