@@ -121,6 +121,11 @@ type Deps struct {
 	// CallTimeout bounds the short rendezvous calls (Fail, Shutdown,
 	// Leave) on top of the rendezvous's own loss bound; 0 means 2 minutes.
 	CallTimeout time.Duration
+	// SignalRepeatWindow is how long after the signal that began a stop
+	// the same signal again counts as a repeat delivery, not as a request
+	// to SIGKILL the ranks now (rule in signals.go); 0 means
+	// DefaultSignalRepeatWindow.
+	SignalRepeatWindow time.Duration
 }
 
 // Agent runs the ranks of one node.
@@ -139,6 +144,9 @@ type Agent struct {
 func New(d Deps) *Agent {
 	if d.CallTimeout <= 0 {
 		d.CallTimeout = 2 * time.Minute
+	}
+	if d.SignalRepeatWindow <= 0 {
+		d.SignalRepeatWindow = DefaultSignalRepeatWindow
 	}
 	if d.NodeID == "" {
 		d.NodeID = d.Hostname

@@ -528,6 +528,7 @@ func TestRun(t *testing.T) {
 		},
 	}
 	tests = append(tests, walltimeCases()...)
+	tests = append(tests, repeatSignalCases()...)
 	tests = append(tests, spareCases()...)
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

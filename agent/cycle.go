@@ -27,6 +27,7 @@ type cycleEnd struct {
 	reason    string
 	rdzvEnd   rendezvous.RoundEnd
 	sig       os.Signal
+	sigAt     time.Time   // when sig was received (the repeat window starts there)
 	exitCodes map[int]int // local rank -> torch exit code
 }
 
@@ -131,9 +132,11 @@ func (a *Agent) startCycle() error {
 
 // stopCycle stops whatever still runs of the cycle. On a signal the
 // received signal is forwarded and TermTimeout applies; otherwise SIGTERM
-// and WorkersStopTimeout. A handled signal during the stop is remembered
-// (the node then does not restart); a further one SIGKILLs every rank at
-// once instead of waiting out the grace.
+// and WorkersStopTimeout. Handled signals during the stop follow
+// stopSignals (signals.go): the first is remembered (the node then does
+// not restart), a repeat of the same signal within the window is ignored
+// (Slurm's double SIGTERM at a time limit), and a distinct request
+// SIGKILLs every rank at once instead of waiting out the grace.
 func (a *Agent) stopCycle() {
 	cfg := a.cfg
 	asg := a.run.asg
@@ -143,7 +146,7 @@ func (a *Agent) stopCycle() {
 	defer a.closeKeptLogs() // logs of survivors of an in-process restart
 	a.run.cycle.stopStart = time.Now()
 	sig, grace := syscall.SIGTERM, cfg.WorkersStopTimeout
-	signals := 0
+	rule := stopSignals{window: a.d.SignalRepeatWindow}
 	if end.kind == endFenced {
 		// No grace: the lease may expire at etcd within the fence margin,
 		// and then a new round may start without this node.
@@ -154,7 +157,7 @@ func (a *Agent) stopCycle() {
 			sig = s
 		}
 		grace = cfg.TermTimeout
-		signals = 1
+		rule.first, rule.firstAt = end.sig, end.sigAt
 	}
 	done := make(chan spawn.StopResult, 1)
 	go func() { done <- g.Stop(sig, grace) }()
@@ -169,15 +172,21 @@ wait:
 				a.walltimeWarning(s, g)
 				continue
 			}
-			signals++
-			if signals == 1 {
+			switch rule.take(s, time.Now()) {
+			case stopFirst:
 				a.run.pendingSignal = s
 				a.log.Warn("signal received while stopping ranks; the node will not restart", "signal", s.String())
-				continue
+			case stopRepeat:
+				a.log.Warn("the same signal again within the repeat window: taken as a repeat delivery (Slurm sends SIGTERM more than once at a time limit); the ranks keep their grace",
+					"signal", s.String(), "since_first", time.Since(rule.firstAt), "window", rule.window, "grace", grace)
+				a.ev.Emit(eventlog.SignalReceived, map[string]any{"round": asg.Round, "signal": sigName(s), "state": StateStopping.String(),
+					"repeat": true, "escalated": false, "window_s": rule.window.Seconds()})
+			case stopEscalate:
+				a.log.Warn("another signal received while stopping ranks; sending SIGKILL now", "signal", s.String(),
+					"first", sigName(rule.first), "since_first", time.Since(rule.firstAt))
+				a.ev.Emit(eventlog.SignalReceived, map[string]any{"round": asg.Round, "signal": sigName(s), "state": StateStopping.String(), "escalated": true})
+				g.SignalAll(syscall.SIGKILL)
 			}
-			a.log.Warn("another signal received while stopping ranks; sending SIGKILL now", "signal", s.String())
-			a.ev.Emit(eventlog.SignalReceived, map[string]any{"round": asg.Round, "signal": sigName(s), "state": StateStopping.String(), "escalated": true})
-			g.SignalAll(syscall.SIGKILL)
 		}
 	}
 	for _, e := range res.Exits {
@@ -258,11 +267,11 @@ func (a *Agent) supervise(ctx context.Context) cycleEnd {
 			a.log.Warn("signal received; forwarding to every rank's process group", "signal", s.String(), "term_timeout", a.cfg.TermTimeout)
 			a.ev.Emit(eventlog.SignalReceived, map[string]any{"round": asg.Round, "signal": sigName(s)})
 			end.kind = endSignal
-			end.sig = s
+			end.sig, end.sigAt = s, time.Now()
 			return end
 		case <-ctx.Done():
 			end.kind = endSignal
-			end.sig = syscall.SIGTERM
+			end.sig, end.sigAt = syscall.SIGTERM, time.Now()
 			return end
 		}
 	}

@@ -334,11 +334,13 @@ type harness struct {
 	callTimeout time.Duration
 	met         *metrics.Metrics
 	walltime    []os.Signal
-	spare       *fakeSpare
-	store       *memStore // the job's ledger; a lost peer's lease is put here first
-	agentStore  Store     // nil: --agent-store off
-	monitors    Monitors  // nil: mons (inprocess_test.go passes monitors with in-process support)
-	eventsPath  string    // the agent's JSON-lines event log (set by start)
+	// repeatWindow is Deps.SignalRepeatWindow (0: the default).
+	repeatWindow time.Duration
+	spare        *fakeSpare
+	store        *memStore // the job's ledger; a lost peer's lease is put here first
+	agentStore   Store     // nil: --agent-store off
+	monitors     Monitors  // nil: mons (inprocess_test.go passes monitors with in-process support)
+	eventsPath   string    // the agent's JSON-lines event log (set by start)
 }
 
 func newHarness(t *testing.T) *harness {
@@ -373,7 +375,8 @@ func (h *harness) start() <-chan Outcome {
 	h.t.Cleanup(func() { events.Close() })
 	h.agent = New(Deps{Spare: spare, Ledger: book, Config: h.cfg, Logger: slog.New(slog.DiscardHandler), Metrics: h.met, Ranks: h.ranks, Logs: logs, Events: events,
 		Monitors: h.mons, Rdzv: h.rdzv, Signals: h.sigs, Hostname: "host-a", NodeID: "10.0.0.1/42",
-		Environ: h.env, CallTimeout: h.callTimeout, WalltimeSignals: h.walltime, Store: h.agentStore})
+		Environ: h.env, CallTimeout: h.callTimeout, WalltimeSignals: h.walltime, Store: h.agentStore,
+		SignalRepeatWindow: h.repeatWindow})
 	if h.monitors != nil {
 		h.agent.d.Monitors = h.monitors
 	}

@@ -267,7 +267,8 @@ func (a *Agent) running(ctx context.Context) State {
 	return StateStopping
 }
 
-// stopping stops what is still running; a second signal escalates.
+// stopping stops what is still running; a distinct second signal
+// escalates to SIGKILL (signals.go).
 func (a *Agent) stopping() State {
 	if a.keepSurvivors() { // --restart-mode in-process (inprocess.go)
 		return StateDeciding
