@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ftlauncher/ft-launcher/agent"
+	"github.com/ftlauncher/ft-launcher/internal/testenv"
 	"github.com/ftlauncher/ft-launcher/verdict"
 )
 
@@ -140,8 +142,8 @@ func TestSIGTERMAtRandomMomentsDuringStartup(t *testing.T) {
 }
 
 // TestSecondSIGTERMEscalates: ranks that ignore SIGTERM would hold the
-// launcher for --term-timeout (60 s); a second SIGTERM SIGKILLs them at
-// once.
+// launcher for --term-timeout (60 s); a second SIGTERM after the repeat
+// window (2 s, agent.DefaultSignalRepeatWindow) SIGKILLs them at once.
 func TestSecondSIGTERMEscalates(t *testing.T) {
 	j := newJob(t)
 	s := j.script("stubborn.sh", `
@@ -159,6 +161,7 @@ while :; do sleep 0.05; done
 		time.Sleep(20 * time.Millisecond)
 		pids = append(pids, readInt(t, p))
 	}
+	first := time.Now()
 	if err := j.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
@@ -173,6 +176,9 @@ while :; do sleep 0.05; done
 			t.Fatalf("rank %d died of the first SIGTERM it ignores", pid)
 		}
 	}
+	// Past the window, with a second of room for the launcher reading the
+	// first signal late on a loaded machine (the window counts from then).
+	time.Sleep(time.Until(first.Add(agent.DefaultSignalRepeatWindow + time.Second)))
 	sent := time.Now()
 	if err := j.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
@@ -241,5 +247,96 @@ func TestSIGTERMAtRandomMomentsWhileHostingEtcd(t *testing.T) {
 			}
 			emptyDir(t, tmp)
 		})
+	}
+}
+
+// slowSaver is a rank whose SIGTERM handler needs 2 s before it writes its
+// checkpoint (1 MiB and an END line, written to a temporary file, fsynced
+// and renamed: the file is there complete or not at all) and exits 0. The
+// handler ignores further SIGTERMs, as a careful training script does:
+// under Slurm the step's processes get the time limit's SIGTERMs directly.
+const slowSaver = `import os, signal, sys, time
+out, lr = sys.argv[1], os.environ["LOCAL_RANK"]
+def save(signum, frame):
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    t0 = time.monotonic()
+    time.sleep(2)
+    path = os.path.join(out, "ckpt%s.bin" % lr)
+    with open(path + ".tmp", "wb") as f:
+        f.write(b"x" * (1 << 20) + b"END\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(path + ".tmp", path)
+    print("rank %s saved %.2f s after SIGTERM" % (lr, time.monotonic() - t0), flush=True)
+    sys.exit(0)
+signal.signal(signal.SIGTERM, save)
+open(os.path.join(out, "ready%s" % lr), "w").close()
+while True:
+    time.sleep(0.05)
+`
+
+// wantCheckpoint fails unless dir/ckpt<lr>.bin holds the whole checkpoint
+// slowSaver writes.
+func wantCheckpoint(t *testing.T, dir string, lr int) {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(dir, fmt.Sprintf("ckpt%d.bin", lr)))
+	if err != nil {
+		t.Errorf("local rank %d did not save its checkpoint: %v", lr, err)
+		return
+	}
+	if len(b) != 1<<20+4 || string(b[len(b)-4:]) != "END\n" {
+		t.Errorf("local rank %d's checkpoint is incomplete: %d bytes", lr, len(b))
+	}
+}
+
+// TestDoubleSIGTERMLetsRanksSave (issue 27): at a time limit Slurm sends
+// SIGTERM twice a few ms apart; the second copy within the repeat window
+// must not SIGKILL ranks still saving on the first. Ranks whose handler
+// needs 2 s save complete checkpoints when the launcher gets SIGTERM twice
+// 10 ms apart, and the launcher ends as for a signal with nothing left.
+func TestDoubleSIGTERMLetsRanksSave(t *testing.T) {
+	testenv.Require(t, testenv.SystemPython)
+	j := newJob(t)
+	py := filepath.Join(j.dir, "saver.py")
+	if err := os.WriteFile(py, []byte(slowSaver), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	vpath := filepath.Join(j.dir, "verdict.json")
+	j.start(nil, "--standalone", "--nproc-per-node", "2", "--term-timeout", "60",
+		"--verdict-file", vpath, "--no-python", "/usr/bin/python3", py, j.dir)
+	for lr := 0; lr < 2; lr++ {
+		waitFile(t, filepath.Join(j.dir, fmt.Sprintf("ready%d", lr)), generous)
+	}
+	sent := time.Now()
+	for i := 0; i < 2; i++ {
+		if i > 0 {
+			time.Sleep(10 * time.Millisecond)
+		}
+		if err := j.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+			t.Fatal(err)
+		}
+	}
+	code, took := j.waitExit(sent)
+	t.Logf("exited %s after the first SIGTERM", took)
+	for lr := 0; lr < 2; lr++ {
+		wantCheckpoint(t, j.dir, lr)
+	}
+	if took < 2*time.Second {
+		t.Errorf("exited %s after the first SIGTERM, before the ranks' 2 s save could end", took)
+	}
+	// The ranks saved and exited 0: a signaled verdict with clean ranks.
+	if code != 0 {
+		t.Errorf("exit %d, want 0 (stopped by a signal, every rank exited 0)\n%s", code, j.stderr.String())
+	}
+	wantVerdict(t, readVerdict(t, vpath), verdict.Signaled, 0)
+	evs := j.eventsOf("signal_received")
+	for _, ev := range evs {
+		if ev["escalated"] == true {
+			t.Errorf("the repeated SIGTERM escalated: %v", ev)
+		}
+	}
+	t.Logf("signal_received events: %v", evs)
+	if left := j.waitNoLeftovers(10 * time.Second); len(left) > 0 {
+		t.Fatalf("processes left behind: %v", left)
 	}
 }
