@@ -81,7 +81,11 @@ func TestWalltimeSIGTERMsLetRanksSave(t *testing.T) {
 	}
 	// How many SIGTERMs the launcher saw (the repeat is Slurm's doing and
 	// not guaranteed on every version): for the record.
-	t.Logf("repeat deliveries logged by the launcher: %d", strings.Count(logs, "taken as a repeat delivery"))
+	for _, l := range strings.Split(logs, "\n") {
+		if strings.Contains(l, "taken as a repeat delivery") || strings.Contains(l, "saved") && strings.Contains(l, "after SIGTERM") {
+			t.Logf("job output: %s", l)
+		}
+	}
 	if t.Failed() {
 		t.Logf("job output:\n%s", j.logs())
 	}
