@@ -3,6 +3,7 @@ package integration
 import (
 	"errors"
 	"fmt"
+	"github.com/ftlauncher/ft-launcher/internal/testworkers"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -250,45 +251,6 @@ func TestSIGTERMAtRandomMomentsWhileHostingEtcd(t *testing.T) {
 	}
 }
 
-// slowSaver is a rank whose SIGTERM handler needs 2 s before it writes its
-// checkpoint (1 MiB and an END line, written to a temporary file, fsynced
-// and renamed: the file is there complete or not at all) and exits 0. The
-// handler ignores further SIGTERMs, as a careful training script does:
-// under Slurm the step's processes get the time limit's SIGTERMs directly.
-const slowSaver = `import os, signal, sys, time
-out, lr = sys.argv[1], os.environ["LOCAL_RANK"]
-def save(signum, frame):
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    t0 = time.monotonic()
-    time.sleep(2)
-    path = os.path.join(out, "ckpt%s.bin" % lr)
-    with open(path + ".tmp", "wb") as f:
-        f.write(b"x" * (1 << 20) + b"END\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(path + ".tmp", path)
-    print("rank %s saved %.2f s after SIGTERM" % (lr, time.monotonic() - t0), flush=True)
-    sys.exit(0)
-signal.signal(signal.SIGTERM, save)
-open(os.path.join(out, "ready%s" % lr), "w").close()
-while True:
-    time.sleep(0.05)
-`
-
-// wantCheckpoint fails unless dir/ckpt<lr>.bin holds the whole checkpoint
-// slowSaver writes.
-func wantCheckpoint(t *testing.T, dir string, lr int) {
-	t.Helper()
-	b, err := os.ReadFile(filepath.Join(dir, fmt.Sprintf("ckpt%d.bin", lr)))
-	if err != nil {
-		t.Errorf("local rank %d did not save its checkpoint: %v", lr, err)
-		return
-	}
-	if len(b) != 1<<20+4 || string(b[len(b)-4:]) != "END\n" {
-		t.Errorf("local rank %d's checkpoint is incomplete: %d bytes", lr, len(b))
-	}
-}
-
 // TestDoubleSIGTERMLetsRanksSave (issue 27): at a time limit Slurm sends
 // SIGTERM twice a few ms apart; the second copy within the repeat window
 // must not SIGKILL ranks still saving on the first. Ranks whose handler
@@ -298,7 +260,7 @@ func TestDoubleSIGTERMLetsRanksSave(t *testing.T) {
 	testenv.Require(t, testenv.SystemPython)
 	j := newJob(t)
 	py := filepath.Join(j.dir, "saver.py")
-	if err := os.WriteFile(py, []byte(slowSaver), 0o644); err != nil {
+	if err := os.WriteFile(py, []byte(testworkers.SlowSaver), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	vpath := filepath.Join(j.dir, "verdict.json")
@@ -319,7 +281,9 @@ func TestDoubleSIGTERMLetsRanksSave(t *testing.T) {
 	code, took := j.waitExit(sent)
 	t.Logf("exited %s after the first SIGTERM", took)
 	for lr := 0; lr < 2; lr++ {
-		wantCheckpoint(t, j.dir, lr)
+		if err := testworkers.SlowSaverCheckpoint(j.dir, lr); err != nil {
+			t.Error(err)
+		}
 	}
 	if took < 2*time.Second {
 		t.Errorf("exited %s after the first SIGTERM, before the ranks' 2 s save could end", took)

@@ -9,20 +9,13 @@ import subprocess
 import sys
 import time
 
+from nvsmi import used_mib
+
 t0 = time.monotonic()
 import torch  # noqa: E402
 
 t_import = time.monotonic() - t0
 
-
-def used_mib(pid):
-    out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-                         capture_output=True, text=True).stdout
-    for line in out.splitlines():
-        p, _, m = line.partition(",")
-        if p.strip() == str(pid):
-            return int(m)
-    return None
 
 
 t1 = time.monotonic()

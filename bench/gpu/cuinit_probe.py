@@ -8,20 +8,10 @@ side-by-side. Prints one JSON line."""
 import ctypes
 import json
 import os
-import subprocess
 import sys
 import time
 
-
-def used_mib(pid):
-    out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-                         capture_output=True, text=True).stdout
-    for line in out.splitlines():
-        p, _, m = line.partition(",")
-        if p.strip() == str(pid):
-            return int(m)
-    return 0
-
+from nvsmi import used_mib
 
 res = {}
 if "--no-cuinit" not in sys.argv:
@@ -30,7 +20,7 @@ if "--no-cuinit" not in sys.argv:
     rc = lib.cuInit(0)
     res["cuinit_s"] = round(time.monotonic() - t0, 4)
     res["cuinit_rc"] = rc
-    res["mib_after_cuinit"] = used_mib(os.getpid())
+    res["mib_after_cuinit"] = used_mib(os.getpid()) or 0
 t0 = time.monotonic()
 import torch  # noqa: E402
 res["import_s"] = round(time.monotonic() - t0, 3)
@@ -42,6 +32,6 @@ torch.cuda.set_device(0)
 torch.zeros(1, device="cuda")
 torch.cuda.synchronize()
 res["context_s"] = round(time.monotonic() - t0, 4)
-res["mib_after_context"] = used_mib(os.getpid())
+res["mib_after_context"] = used_mib(os.getpid()) or 0
 res["torch"] = torch.__version__
 print(json.dumps(res), flush=True)

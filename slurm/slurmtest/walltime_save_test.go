@@ -3,6 +3,7 @@ package slurmtest
 import (
 	"context"
 	"fmt"
+	"github.com/ftlauncher/ft-launcher/internal/testworkers"
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,31 +13,6 @@ import (
 	"github.com/ftlauncher/ft-launcher/internal/runclock"
 	"github.com/ftlauncher/ft-launcher/internal/testenv"
 )
-
-// slowSaver is a rank whose SIGTERM handler needs 2 s before it writes its
-// checkpoint (1 MiB and an END line, to a temporary file, fsynced and
-// renamed: complete or absent) and exits 0. It ignores further SIGTERMs, as
-// a careful training script does: at a time limit slurmstepd signals every
-// process of the step, the ranks included, and more than once.
-const slowSaver = `import os, signal, sys, time
-out, rank = sys.argv[1], os.environ["RANK"]
-def save(signum, frame):
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    t0 = time.monotonic()
-    time.sleep(2)
-    path = os.path.join(out, "ckpt%s.bin" % rank)
-    with open(path + ".tmp", "wb") as f:
-        f.write(b"x" * (1 << 20) + b"END\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(path + ".tmp", path)
-    print("rank %s saved %.2f s after SIGTERM" % (rank, time.monotonic() - t0), flush=True)
-    sys.exit(0)
-signal.signal(signal.SIGTERM, save)
-open(os.path.join(out, "ready%s" % rank), "w").close()
-while True:
-    time.sleep(0.05)
-`
 
 // TestWalltimeSIGTERMsLetRanksSave (issue 27): a job reaching its time
 // limit (-t 1, the shortest Slurm has; slurmctld notices it within its
@@ -55,7 +31,7 @@ func TestWalltimeSIGTERMsLetRanksSave(t *testing.T) {
 		t.Fatal(err)
 	}
 	py := filepath.Join(j.work, "saver.py")
-	if err := os.WriteFile(py, []byte(slowSaver), 0o644); err != nil {
+	if err := os.WriteFile(py, []byte(testworkers.SlowSaver), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	j.args = []string{"-t", "1"}
@@ -66,13 +42,8 @@ func TestWalltimeSIGTERMsLetRanksSave(t *testing.T) {
 		if _, err := os.Stat(filepath.Join(out, fmt.Sprintf("ready%d", r))); err != nil {
 			t.Fatalf("rank %d never ran: %v\n%s", r, err, j.logs())
 		}
-		b, err := os.ReadFile(filepath.Join(out, fmt.Sprintf("ckpt%d.bin", r)))
-		if err != nil {
-			t.Errorf("rank %d did not save at the time limit: %v", r, err)
-			continue
-		}
-		if len(b) != 1<<20+4 || string(b[len(b)-4:]) != "END\n" {
-			t.Errorf("rank %d's checkpoint is incomplete: %d bytes", r, len(b))
+		if err := testworkers.SlowSaverCheckpoint(out, r); err != nil {
+			t.Errorf("at the time limit: %v", err)
 		}
 	}
 	logs := j.output()
