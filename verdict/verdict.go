@@ -98,6 +98,10 @@ const (
 	// EvidenceFillerReclaim: a spare's filler (or its GPUs) could not be
 	// reclaimed within the bound when the spare was promoted.
 	EvidenceFillerReclaim Evidence = "filler_reclaim"
+	// EvidenceLauncherDied: the node's launcher died without writing a
+	// verdict (killed, crashed) while its node stayed up; recorded by
+	// `ft-resumer node`, the launcher's parent under srun.
+	EvidenceLauncherDied Evidence = "launcher_died"
 )
 
 // Quarantine is a node the job stopped using, with the evidence.
@@ -183,7 +187,79 @@ type Verdict struct {
 	// EtcdMemberFailures are the deaths of the embedded etcd member this
 	// launcher hosts and what it did about each (absent when none).
 	EtcdMemberFailures []EtcdMemberFailure `json:"etcd_member_failures,omitempty"`
+
+	// Progress is the training this node's ranks reported over the whole
+	// run (every cycle): the outer loop's evidence that a job advanced
+	// (ft-resumer counts a job without any as no_progress). Nil when no
+	// rank ever connected to its monitor (an uninstrumented script).
+	Progress *Progress `json:"progress,omitempty"`
+	// RankFailures are this node's rank failures, the newest
+	// MaxRankFailures: with the rank, its exit and how far it had come,
+	// the outer loop recognises the same crash in consecutive jobs
+	// (ft-resumer's deterministic_failure).
+	RankFailures []RankFailure `json:"rank_failures,omitempty"`
 }
+
+// Progress counts what this node's ranks reported to their monitors over
+// a launcher's run, summed over cycles and local ranks.
+type Progress struct {
+	// Steps are the training steps the ranks opened (a "step" section of
+	// ft_launcher_client, or an nvrx section or heartbeat carrying a new
+	// iteration).
+	Steps int64 `json:"steps"`
+	// Checkpoints are the checkpoint saves the ranks completed (a closed
+	// "checkpoint" section, or a changed checkpoint_iteration_file).
+	Checkpoints int64 `json:"checkpoints"`
+	// Heartbeats are the heartbeats the ranks sent (nvrx clients send one
+	// per iteration; weaker evidence than a step).
+	Heartbeats int64 `json:"heartbeats"`
+	// FirstIteration and LastIteration are the lowest and highest
+	// training iteration a rank reported (absent when none did).
+	FirstIteration *int64 `json:"first_iteration,omitempty"`
+	LastIteration  *int64 `json:"last_iteration,omitempty"`
+	// LastStepAt is when the last step was opened (zero: none).
+	LastStepAt time.Time `json:"last_step_at,omitzero"`
+}
+
+// Advanced reports whether p is evidence that the training moved on: a
+// step, a checkpoint, a heartbeat, or an iteration beyond the first.
+func (p *Progress) Advanced() bool {
+	if p == nil {
+		return false
+	}
+	if p.Steps > 0 || p.Checkpoints > 0 || p.Heartbeats > 0 {
+		return true
+	}
+	return p.FirstIteration != nil && p.LastIteration != nil && *p.LastIteration > *p.FirstIteration
+}
+
+// MaxRankFailures bounds Verdict.RankFailures.
+const MaxRankFailures = 16
+
+// RankFailure is one rank failure this node saw.
+type RankFailure struct {
+	Round     int `json:"round"`
+	Rank      int `json:"rank"` // global rank; -1 when not known
+	LocalRank int `json:"local_rank"`
+	// ExitCode is the rank's exit status (0 when it was killed by a
+	// signal or hung), Signal the signal that killed it ("SIGSEGV").
+	ExitCode int    `json:"exit_code"`
+	Signal   string `json:"signal,omitempty"`
+	// Kind is "crash" (the process died) or "hang" (its monitor killed it).
+	Kind string `json:"kind"`
+	// Steps are the steps the rank opened in that cycle before it failed;
+	// Iteration is the last training iteration it reported (absent when
+	// it reported none).
+	Steps     int64     `json:"steps"`
+	Iteration *int64    `json:"iteration,omitempty"`
+	At        time.Time `json:"at"`
+}
+
+// RankFailure kinds.
+const (
+	FailureCrash = "crash"
+	FailureHang  = "hang"
+)
 
 // RecordsLost counts what a launcher dropped because its writes failed.
 // The launcher logs the first failure of each kind once, at error level,
