@@ -54,7 +54,43 @@ type Settings struct {
 	JobResultsFormat string `json:"job_results_format"`
 	// NoRestartCode is the launcher's no-restart exit code.
 	NoRestartCode int `json:"no_restart_exit_code"`
+	// ProgressPaths are files, directories or globs the training writes
+	// as it advances (its checkpoints): a file among them modified during
+	// a job is evidence that the job made progress, for scripts whose
+	// ranks report no steps to their monitors.
+	ProgressPaths []string `json:"progress_paths,omitempty"`
+	// MaxSubmits in SubmitWindow: a chain that would submit more jobs
+	// than this in any window stops (0: no limit).
+	MaxSubmits   int      `json:"max_submits"`
+	SubmitWindow Duration `json:"submit_window"`
+	// DeterministicAfter: the same rank failure (same rank, exit, and
+	// step within DeterministicSteps) this many times over consecutive
+	// failed jobs, in at least two of them, stops the chain with
+	// deterministic_failure (0: never).
+	DeterministicAfter int `json:"deterministic_after"`
+	DeterministicSteps int `json:"deterministic_steps"`
 }
+
+// Defaults of the ft-resumer flags that set these Settings (a zero field
+// means no limit).
+const (
+	DefaultMaxJobs            = 200
+	DefaultMaxSubmits         = 30
+	DefaultSubmitWindow       = 10 * time.Minute
+	DefaultDeterministicAfter = 3
+	DefaultDeterministicSteps = 2
+)
+
+// Why a chain stopped (State.StopKind).
+const (
+	StopCancelled     = "cancelled"                   // ft-resumer cancel
+	StopNoRestart     = "no_restart"                  // a launcher's no-restart verdict or exit code
+	StopFailures      = "max_subsequent_job_failures" // too many consecutive failed (or no-progress) jobs
+	StopDeterministic = "deterministic_failure"       // the same rank failure in consecutive jobs
+	StopMaxJobs       = "max_jobs"                    // --max-jobs jobs trained
+	StopSubmitRate    = "submit_rate"                 // jobs submitted faster than --max-submit-rate
+	StopCapacity      = "not_enough_nodes"            // exclusions leave too few nodes
+)
 
 // Duration is a time.Duration that reads and writes as "1h30m".
 type Duration time.Duration
@@ -83,6 +119,7 @@ type State struct {
 	Settings   Settings    `json:"settings"`
 	Status     string      `json:"status"`
 	StopReason string      `json:"stop_reason,omitempty"`
+	StopKind   string      `json:"stop_kind,omitempty"`
 	Created    time.Time   `json:"created"`
 	Ended      time.Time   `json:"ended,omitzero"`
 	Failures   int         `json:"consecutive_failures"`
@@ -112,6 +149,48 @@ type ChainJob struct {
 	// DecidedBy is who judged it: end step, begin step of <id>, resumer.
 	DecidedBy string           `json:"decided_by,omitempty"`
 	Verdicts  []VerdictSummary `json:"verdicts,omitempty"`
+	// Counted: the judgement consumed the failure budget (what the
+	// chain's failure counts add up).
+	Counted bool `json:"counted,omitempty"`
+	// CancelledByChain: ft-resumer cancel cancelled it while it ran.
+	CancelledByChain bool `json:"cancelled_by_chain,omitempty"`
+	// Warning is the first warning signal the batch shell received.
+	Warning string `json:"warning_signal,omitempty"`
+	// Progress is the evidence of progress the judgement used.
+	Progress string `json:"progress,omitempty"`
+	// Failures are the rank failures its launchers recorded (for
+	// deterministic_failure), the newest verdict.MaxRankFailures per node.
+	Failures []RankFailureSummary `json:"rank_failures,omitempty"`
+	// Quarantined are the nodes its launchers stopped using, and Swaps
+	// the spares that took a lost node's place during the job.
+	Quarantined []QuarantineSummary `json:"quarantined,omitempty"`
+	Swaps       []SwapSummary       `json:"spare_swaps,omitempty"`
+}
+
+// RankFailureSummary is a rank failure a launcher recorded.
+type RankFailureSummary struct {
+	Host      string `json:"host"`
+	Rank      int    `json:"rank"`
+	ExitCode  int    `json:"exit_code"`
+	Signal    string `json:"signal,omitempty"`
+	Kind      string `json:"kind"`
+	Steps     int64  `json:"steps"`
+	Iteration *int64 `json:"iteration,omitempty"`
+}
+
+// QuarantineSummary is a node a job's launchers stopped using.
+type QuarantineSummary struct {
+	Host     string `json:"host"`
+	Evidence string `json:"evidence"`
+	Detail   string `json:"detail,omitempty"`
+}
+
+// SwapSummary is a spare that took a lost node's place.
+type SwapSummary struct {
+	Spare     string    `json:"spare"`
+	Replaced  string    `json:"replaced,omitempty"` // the node whose place it took ("" unknown)
+	GroupRank int       `json:"group_rank"`
+	At        time.Time `json:"at"`
 }
 
 // VerdictSummary is what a launcher's verdict said.

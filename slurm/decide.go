@@ -2,6 +2,7 @@ package slurm
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/ftlauncher/ft-launcher/verdict"
 )
@@ -10,19 +11,23 @@ import (
 type Outcome string
 
 // Outcomes. Finished and NoRestart end the chain; Success, Walltime and
-// Preempted continue it and reset the consecutive-failure count; Failure
-// continues it and counts. Relocated, Skipped and NeverRan are jobs that did
-// not train (they neither count nor reset).
+// Preempted continue it and reset the consecutive-failure count when the
+// job made progress; Failure and NoProgress continue it and count.
+// Cancelled (by ft-resumer cancel) neither counts nor resets. Relocated,
+// Skipped and NeverRan are jobs that did not train (they neither count nor
+// reset).
 const (
-	Finished  Outcome = "finished"   // the finished flag exists
-	NoRestart Outcome = "no_restart" // a launcher's verdict (or exit 93) said do not restart
-	Success   Outcome = "success"    // the job script exited 0 without the flag (training stopped by itself)
-	Walltime  Outcome = "walltime"   // Slurm ended it at its time limit (TIMEOUT, DEADLINE)
-	Preempted Outcome = "preempted"  // Slurm preempted it
-	Failure   Outcome = "failure"    // FAILED, NODE_FAIL, OUT_OF_MEMORY, BOOT_FAIL, CANCELLED, or a non-zero script exit
-	Relocated Outcome = "relocated"  // landed on an excluded node; replaced by a job that excludes it
-	Skipped   Outcome = "skipped"    // started after the chain had ended: did nothing
-	NeverRan  Outcome = "never_ran"  // ended without running (cancelled while pending)
+	Finished   Outcome = "finished"    // the finished flag exists
+	NoRestart  Outcome = "no_restart"  // a launcher's verdict (or exit 93) said do not restart
+	Success    Outcome = "success"     // the job script exited 0 without the flag, with evidence of progress (training stopped by itself)
+	NoProgress Outcome = "no_progress" // the job script exited 0 without the flag and without any evidence of progress
+	Walltime   Outcome = "walltime"    // Slurm ended it at its time limit (TIMEOUT, DEADLINE), or it ended after Slurm's warning signal
+	Preempted  Outcome = "preempted"   // Slurm preempted it
+	Failure    Outcome = "failure"     // FAILED, NODE_FAIL, OUT_OF_MEMORY, BOOT_FAIL, CANCELLED, or a non-zero script exit
+	Cancelled  Outcome = "cancelled"   // cancelled by ft-resumer cancel (the chain was stopped on purpose)
+	Relocated  Outcome = "relocated"   // landed on an excluded node; replaced by a job that excludes it
+	Skipped    Outcome = "skipped"     // started after the chain had ended: did nothing
+	NeverRan   Outcome = "never_ran"   // ended without running (cancelled while pending)
 )
 
 // Unknown is the state recorded for a job no Slurm source knows any more
@@ -45,6 +50,28 @@ type Facts struct {
 	NoRestartCode int
 	// Began: the job's begin step ran (the user's script may have run).
 	Began bool
+	// Warning is the first of Slurm's warning signals (--signal=B:SIG@N)
+	// the job's batch shell received ("USR1", "USR2", "TERM"; "" none), as
+	// the generated wrapper recorded it.
+	Warning string
+	// Progress is the evidence that the job's training advanced.
+	Progress Evidence
+	// CancelledByChain: ft-resumer cancel cancelled this job.
+	CancelledByChain bool
+}
+
+// Evidence is what is known about a job's progress: from its launchers'
+// verdicts (steps, checkpoints, heartbeats the rank monitors counted) and
+// from the chain's --progress-path files (a checkpoint written during the
+// job).
+type Evidence struct {
+	// Known: some source could have shown progress (a verdict with a
+	// progress record, or a --progress-path setting). When nothing could,
+	// a job's progress is unknown, not absent.
+	Known bool
+	// Advanced: a source showed progress; Detail says which.
+	Advanced bool
+	Detail   string
 }
 
 // Judgement is the decision about one job.
@@ -55,6 +82,10 @@ type Judgement struct {
 	// signal: Slurm's final state tells walltime from preemption from
 	// cancellation); judge again from Slurm's record.
 	Defer bool
+	// Progressed: the outcome may reset the consecutive-failure count
+	// (Success, and Walltime or Preempted unless the evidence shows that
+	// the job did not advance).
+	Progressed bool
 }
 
 // Judge classifies a job from facts, never from an exit code alone. The
@@ -83,15 +114,22 @@ func Judge(f Facts) Judgement {
 	if f.ScriptRC != nil && *f.ScriptRC == code {
 		return Judgement{Outcome: NoRestart, Reason: fmt.Sprintf("job script exited %d (no restart)", code)}
 	}
+	warn := warningNote(f)
 	if f.Slurm.State == "" || !f.Slurm.Terminal() {
 		// Judged by the job's own end step.
 		switch {
+		case warn != "" && f.Warning != "TERM":
+			// USR1/USR2 come only from --signal (or a deliberate scancel
+			// -s): the job ended because its time was running out.
+			return walltime(f, warn)
 		case f.ScriptRC == nil:
 			return Judgement{Defer: true, Reason: "job script status unknown"}
-		case *f.ScriptRC > 128 || anySignaled(f.Verdicts):
+		case *f.ScriptRC > 128 || anySignaled(f.Verdicts) || f.Warning == "TERM":
+			// A TERM may be --signal=B:TERM@N, Slurm's time limit, a
+			// preemption or scancel: only Slurm's final state tells.
 			return Judgement{Defer: true, Reason: fmt.Sprintf("job script stopped by a signal (status %d): Slurm's final state decides", *f.ScriptRC)}
 		case *f.ScriptRC == 0:
-			return Judgement{Outcome: Success, Reason: "job script exited 0 without the finished flag"}
+			return exitZero(f, "job script exited 0 without the finished flag")
 		default:
 			return Judgement{Outcome: Failure, Reason: fmt.Sprintf("job script exited %d%s", *f.ScriptRC, verdictNote(f.Verdicts))}
 		}
@@ -102,17 +140,81 @@ func Judge(f Facts) Judgement {
 	}
 	switch s.State {
 	case "TIMEOUT", "DEADLINE":
-		return Judgement{Outcome: Walltime, Reason: "Slurm: " + s.State + " (time limit)"}
+		j := walltime(f, "")
+		j.Reason = "Slurm: " + s.State + " (time limit)" + progressNote(f.Progress)
+		return j
 	case "PREEMPTED":
-		return Judgement{Outcome: Preempted, Reason: "Slurm: PREEMPTED"}
+		return Judgement{Outcome: Preempted, Reason: "Slurm: PREEMPTED" + progressNote(f.Progress), Progressed: !(f.Progress.Known && !f.Progress.Advanced)}
+	case "CANCELLED":
+		if f.CancelledByChain {
+			return Judgement{Outcome: Cancelled, Reason: "cancelled by ft-resumer cancel"}
+		}
+	}
+	if warn != "" && s.State != "CANCELLED" {
+		// Ended before its time limit, after the warning: the ranks saved
+		// and stopped (FAILED or COMPLETED with the wrapper's status).
+		return walltime(f, warn)
 	}
 	if f.ScriptRC != nil && *f.ScriptRC == 0 {
-		return Judgement{Outcome: Success, Reason: "job script exited 0 without the finished flag"}
+		return exitZero(f, "job script exited 0 without the finished flag")
 	}
 	if s.State == "COMPLETED" {
-		return Judgement{Outcome: Success, Reason: "Slurm: COMPLETED without the finished flag"}
+		return exitZero(f, "Slurm: COMPLETED without the finished flag")
 	}
 	return Judgement{Outcome: Failure, Reason: fmt.Sprintf("Slurm: %s %d:%d%s", s.State, s.ExitCode, s.Signal, verdictNote(f.Verdicts))}
+}
+
+// exitZero judges a job that ended well without the finished flag: it made
+// progress only on evidence (a verdict's steps or checkpoints, a new file
+// under --progress-path), else it is no_progress, which counts: a script
+// that never trains (a typo'd config, `srun ... || true`) must not loop
+// the chain.
+func exitZero(f Facts, why string) Judgement {
+	if f.Progress.Advanced {
+		return Judgement{Outcome: Success, Reason: why + "; progress: " + f.Progress.Detail, Progressed: true}
+	}
+	how := "no launcher verdict reported a training step, checkpoint or heartbeat"
+	if f.Progress.Detail != "" {
+		how = f.Progress.Detail
+	}
+	return Judgement{Outcome: NoProgress, Reason: why + " and without evidence of progress (" + how +
+		"; instrument the ranks or pass --progress-path, docs/slurm.md \"Progress\")"}
+}
+
+// walltime judges a job that ended by its time limit or after the warning
+// signal: never a failure; it resets the count unless the evidence shows
+// that the job did not advance.
+func walltime(f Facts, warn string) Judgement {
+	reason := "ended after " + warn + " (walltime-like: not a failure)"
+	if warn == "" {
+		reason = "time limit"
+	}
+	return Judgement{Outcome: Walltime, Reason: reason + progressNote(f.Progress), Progressed: !(f.Progress.Known && !f.Progress.Advanced)}
+}
+
+// warningNote names the warning the job got: the batch shell's (the
+// wrapper's record) or the launchers' (a walltime verdict).
+func warningNote(f Facts) string {
+	if f.Warning != "" {
+		return "Slurm's warning signal SIG" + f.Warning + " to the batch shell (--signal=B:" + f.Warning + "@N)"
+	}
+	for _, v := range f.Verdicts {
+		if v.Kind == verdict.Walltime {
+			sig := v.Signal
+			if sig == "" {
+				sig = "the warning signal"
+			}
+			return sig + " to the launcher on " + v.Hostname + " (--signal=" + strings.TrimPrefix(sig, "SIG") + "@N)"
+		}
+	}
+	return ""
+}
+
+func progressNote(e Evidence) string {
+	if e.Known && !e.Advanced {
+		return "; no evidence of progress (" + e.Detail + "): the failure count is not reset"
+	}
+	return ""
 }
 
 func anySignaled(vs []verdict.Verdict) bool {
@@ -134,11 +236,12 @@ func verdictNote(vs []verdict.Verdict) string {
 }
 
 // Counts reports whether the outcome consumes the failure budget, and
-// Resets whether it resets the consecutive-failure count.
-func (o Outcome) Counts() bool { return o == Failure }
+// Resets whether it may reset the consecutive-failure count.
+func (o Outcome) Counts() bool { return o == Failure || o == NoProgress }
 
-// Resets reports whether the job made progress: it trained until it stopped
-// by itself or until the scheduler stopped it (walltime, preemption).
+// Resets reports whether the job may have made progress: it trained until it
+// stopped by itself or until the scheduler stopped it (walltime,
+// preemption); Judgement.Progressed says whether it did.
 func (o Outcome) Resets() bool { return o == Success || o == Walltime || o == Preempted }
 
 // Ran reports whether the job trained at all (jobs that did not are left out

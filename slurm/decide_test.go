@@ -12,6 +12,7 @@ func TestJudge(t *testing.T) {
 	v := func(k verdict.Kind) []verdict.Verdict {
 		return []verdict.Verdict{{Kind: k, Hostname: "gpu1", Reason: "why"}}
 	}
+	progressed := Evidence{Known: true, Advanced: true, Detail: "12 steps"}
 	tests := []struct {
 		name   string
 		f      Facts
@@ -25,7 +26,16 @@ func TestJudge(t *testing.T) {
 		{"script exit 93", Facts{Began: true, ScriptRC: rc(93)}, NoRestart, false},
 		{"custom no-restart code", Facts{Began: true, ScriptRC: rc(42), NoRestartCode: 42}, NoRestart, false},
 		{"Slurm exit 93", Facts{Began: true, Slurm: ended("FAILED", 93, 0)}, NoRestart, false},
-		{"end step: script exit 0 without flag", Facts{Began: true, ScriptRC: rc(0)}, Success, false},
+		{"end step: script exit 0 without flag or evidence", Facts{Began: true, ScriptRC: rc(0)}, NoProgress, false},
+		{"end step: script exit 0, verdicts show no progress", Facts{Began: true, ScriptRC: rc(0), Progress: Evidence{Known: true, Detail: "0 steps"}}, NoProgress, false},
+		{"end step: script exit 0 with progress", Facts{Began: true, ScriptRC: rc(0), Progress: progressed}, Success, false},
+		{"end step: USR1 to the batch shell", Facts{Began: true, ScriptRC: rc(138), Warning: "USR1"}, Walltime, false},
+		{"end step: USR2 to the batch shell, script exit 0", Facts{Began: true, ScriptRC: rc(0), Warning: "USR2"}, Walltime, false},
+		{"end step: TERM to the batch shell defers", Facts{Began: true, ScriptRC: rc(0), Warning: "TERM"}, "", true},
+		{"end step: walltime verdict", Facts{Began: true, ScriptRC: rc(1), Verdicts: v(verdict.Walltime)}, Walltime, false},
+		{"B:TERM then FAILED before the limit", Facts{Began: true, ScriptRC: rc(143), Warning: "TERM", Slurm: ended("FAILED", 143, 0)}, Walltime, false},
+		{"TERM then CANCELLED by hand", Facts{Began: true, ScriptRC: rc(143), Warning: "TERM", Slurm: ended("CANCELLED", 0, 15)}, Failure, false},
+		{"cancelled by ft-resumer cancel", Facts{Began: true, CancelledByChain: true, Slurm: ended("CANCELLED", 0, 15)}, Cancelled, false},
 		{"end step: script failed", Facts{Began: true, ScriptRC: rc(1), Verdicts: v(verdict.RestartBudgetExhausted)}, Failure, false},
 		{"end step: killed by a signal defers", Facts{Began: true, ScriptRC: rc(143)}, "", true},
 		{"end step: signaled verdict defers", Facts{Began: true, ScriptRC: rc(1), Verdicts: v(verdict.Signaled)}, "", true},
@@ -41,8 +51,10 @@ func TestJudge(t *testing.T) {
 		{"unknown to Slurm before it began", Facts{Slurm: ended(Unknown, 0, 0)}, NeverRan, false},
 		{"unknown to Slurm after it began", Facts{Began: true, Slurm: ended(Unknown, 0, 0)}, Failure, false},
 		{"NODE_FAIL before it began still counts", Facts{Slurm: ended("NODE_FAIL", 0, 0)}, Failure, false},
-		{"FAILED 75 after a script exit 0", Facts{Began: true, ScriptRC: rc(0), Slurm: ended("FAILED", 75, 0)}, Success, false},
-		{"COMPLETED without flag", Facts{Began: true, Slurm: ended("COMPLETED", 0, 0)}, Success, false},
+		{"FAILED 75 after a script exit 0", Facts{Began: true, ScriptRC: rc(0), Slurm: ended("FAILED", 75, 0), Progress: progressed}, Success, false},
+		{"FAILED 75 after a script exit 0, no evidence", Facts{Began: true, ScriptRC: rc(0), Slurm: ended("FAILED", 75, 0)}, NoProgress, false},
+		{"COMPLETED without flag", Facts{Began: true, Slurm: ended("COMPLETED", 0, 0), Progress: progressed}, Success, false},
+		{"COMPLETED without flag or evidence", Facts{Began: true, Slurm: ended("COMPLETED", 0, 0)}, NoProgress, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -62,6 +74,8 @@ func TestOutcomeCounting(t *testing.T) {
 		{Finished, false, false, true},
 		{NoRestart, false, false, true},
 		{Success, false, true, true},
+		{NoProgress, true, false, true},
+		{Cancelled, false, false, true},
 		{Walltime, false, true, true},
 		{Preempted, false, true, true},
 		{Failure, true, false, true},
@@ -72,6 +86,25 @@ func TestOutcomeCounting(t *testing.T) {
 	for _, tt := range tests {
 		if tt.o.Counts() != tt.counts || tt.o.Resets() != tt.resets || tt.o.Ran() != tt.ran {
 			t.Errorf("%s: counts %v resets %v ran %v; want %v %v %v", tt.o, tt.o.Counts(), tt.o.Resets(), tt.o.Ran(), tt.counts, tt.resets, tt.ran)
+		}
+	}
+}
+
+func TestWalltimeResetsOnlyWithoutEvidenceOfNoProgress(t *testing.T) {
+	timeout := Job{ID: "7", State: "TIMEOUT", Signal: 15}
+	tests := []struct {
+		name string
+		e    Evidence
+		want bool
+	}{
+		{"nothing could tell (an uninstrumented script)", Evidence{}, true},
+		{"steps reported", Evidence{Known: true, Advanced: true, Detail: "5 steps"}, true},
+		{"instrumented, no step", Evidence{Known: true, Detail: "0 steps"}, false},
+	}
+	for _, tt := range tests {
+		j := Judge(Facts{Began: true, Slurm: timeout, Progress: tt.e})
+		if j.Outcome != Walltime || j.Progressed != tt.want {
+			t.Errorf("%s: %s progressed %v, want walltime %v", tt.name, j.Outcome, j.Progressed, tt.want)
 		}
 	}
 }

@@ -137,6 +137,9 @@ func (r *Resumer) Start(ctx context.Context, script string, set Settings) (st *S
 // submit submits the next job of the chain (after: afternotok dependency,
 // "" for none) with the active exclusions, and records it.
 func (r *Resumer) submit(ctx context.Context, st *State, after, by string) (*ChainJob, error) {
+	if err := r.checkRate(ctx, st); err != nil {
+		return nil, err
+	}
 	excl := st.ActiveExclusions(r.now())
 	id, err := r.Sched.Submit(ctx, Submission{
 		Script:     filepath.Join(st.Dir, WrapperFile),
@@ -198,7 +201,7 @@ func (r *Resumer) Begin(ctx context.Context, id, nodeList string) (BeginResult, 
 		excl := st.ActiveExclusions(r.now())
 		if bad := intersect(job.Nodes, excl); len(bad) > 0 {
 			next, err := r.submit(ctx, st, "", "relocation of "+id)
-			job.Outcome, job.Decided, job.DecidedBy = Relocated, r.now(), by
+			job.Outcome, job.Decided, job.DecidedBy, job.Decision = Relocated, r.now(), by, "relocate"
 			job.Reason = fmt.Sprintf("landed on excluded node(s) %s", strings.Join(bad, ","))
 			if err != nil {
 				return err
@@ -223,7 +226,7 @@ func (r *Resumer) Begin(ctx context.Context, id, nodeList string) (BeginResult, 
 			res.Env["FT_RESUMED"] = "1" // NeMo-Framework-Launcher's continuation marker
 		}
 		if max := st.Settings.MaxJobs; max > 0 && st.trainingJobs() >= max {
-			r.logf("job %s is job %d of at most %d: no successor", id, st.trainingJobs(), max)
+			r.logf("job %s is job %d of at most %d (--max-jobs): no successor", id, st.trainingJobs(), max)
 			return nil
 		}
 		_, err := r.submit(ctx, st, id, "begin of "+id)
@@ -264,6 +267,13 @@ func (r *Resumer) End(ctx context.Context, id string, rc int, scriptEnded time.T
 		j := Judge(f)
 		if j.Defer {
 			r.logf("job %s: %s", id, j.Reason)
+			// The nodes its launchers quarantined are known now: exclude
+			// them from the pending successor before this job ends and
+			// the successor can start (the outcome waits for Slurm).
+			if st.Status == Active {
+				r.addExclusions(ctx, st, job, f.Verdicts)
+				r.pushExclusions(ctx, st, job)
+			}
 			return nil
 		}
 		r.apply(ctx, st, job, j, f.Verdicts, "end step")
@@ -311,7 +321,7 @@ func (r *Resumer) Reconcile(ctx context.Context) (*State, error) {
 			return nil
 		}
 		if max := st.Settings.MaxJobs; max > 0 && st.trainingJobs() >= max {
-			r.stop(ctx, st, fmt.Sprintf("max jobs reached (%d)", max))
+			r.stop(ctx, st, StopMaxJobs, fmt.Sprintf("%d jobs trained, the most --max-jobs allows (%d)", st.trainingJobs(), max))
 			return nil
 		}
 		if err := r.checkCapacity(ctx, st, lastTrained(st)); err != nil {
@@ -327,7 +337,12 @@ func (r *Resumer) Reconcile(ctx context.Context) (*State, error) {
 func (r *Resumer) Cancel(ctx context.Context, reason string) (*State, error) {
 	return r.withState(ctx, func(st *State) error {
 		if st.Status == Active {
-			r.stop(ctx, st, reason)
+			r.stop(ctx, st, StopCancelled, reason)
+		}
+		for _, p := range st.Jobs {
+			if p.Outcome == "" && !p.Began.IsZero() && (p.Slurm == nil || !p.Slurm.Terminal()) {
+				p.CancelledByChain = true
+			}
 		}
 		return r.cancelLive(ctx, st, nil, true)
 	})
@@ -368,9 +383,13 @@ func (r *Resumer) judge(ctx context.Context, st *State, job *ChainJob, rec Job, 
 // (jobs/<id>/verdict*.json), the finished flag (only if no later job
 // began: a later job may have made it), the script status and rec.
 func (r *Resumer) facts(st *State, job *ChainJob, rec Job) (Facts, []VerdictSummary) {
-	f := Facts{ScriptRC: job.ScriptRC, Slurm: rec, NoRestartCode: st.Settings.NoRestartCode, Began: !job.Began.IsZero()}
+	f := Facts{ScriptRC: job.ScriptRC, Slurm: rec, NoRestartCode: st.Settings.NoRestartCode, Began: !job.Began.IsZero(),
+		CancelledByChain: job.CancelledByChain}
+	dir := filepath.Join(st.Dir, JobsDir, job.ID)
+	f.Warning = readWarning(dir)
+	job.Warning = f.Warning
 	var sums []VerdictSummary
-	for _, nv := range readVerdicts(filepath.Join(st.Dir, JobsDir, job.ID)) {
+	for _, nv := range readVerdicts(dir) {
 		f.Verdicts = append(f.Verdicts, nv.v)
 		sums = append(sums, VerdictSummary{File: filepath.Base(nv.file), Hostname: nv.v.Hostname, Kind: string(nv.v.Kind), ExitCode: nv.v.ExitCode, Reason: nv.v.Reason})
 	}
@@ -386,6 +405,8 @@ func (r *Resumer) facts(st *State, job *ChainJob, rec Job) (Facts, []VerdictSumm
 	if _, err := os.Stat(st.Settings.FinishedFlag); err == nil && !later {
 		f.FlagPresent = true
 	}
+	f.Progress = progressEvidence(st, job, f.Verdicts)
+	summarize(job, f.Verdicts)
 	return f, sums
 }
 
@@ -393,6 +414,7 @@ func (r *Resumer) facts(st *State, job *ChainJob, rec Job) (Facts, []VerdictSumm
 // status, and the pending successor (its exclusions, or its cancellation).
 func (r *Resumer) apply(ctx context.Context, st *State, job *ChainJob, j Judgement, vs []verdict.Verdict, by string) {
 	job.Outcome, job.Reason, job.Decided, job.DecidedBy = j.Outcome, j.Reason, r.now(), by
+	job.Progress = progressSummary(j)
 	wasActive := st.Status == Active
 	switch {
 	case !wasActive:
@@ -401,15 +423,18 @@ func (r *Resumer) apply(ctx context.Context, st *State, job *ChainJob, j Judgeme
 	case j.Outcome == Finished:
 		st.Status, st.Ended = Done, r.now()
 	case j.Outcome == NoRestart:
-		r.stop(ctx, st, fmt.Sprintf("job %s: %s", job.ID, j.Reason))
+		r.stop(ctx, st, StopNoRestart, fmt.Sprintf("job %s: %s", job.ID, j.Reason))
 	case j.Outcome.Counts():
 		st.Failures++
 		st.Total++
-		if st.Failures > st.Settings.MaxSubsequentFailures {
-			r.stop(ctx, st, fmt.Sprintf("%d consecutive failed jobs (max_subsequent_job_failures=%d); last: job %s: %s",
+		job.Counted = true
+		if why, ok := deterministic(st, job); ok && j.Outcome == Failure {
+			r.stop(ctx, st, StopDeterministic, "deterministic failure: "+why)
+		} else if st.Failures > st.Settings.MaxSubsequentFailures {
+			r.stop(ctx, st, StopFailures, fmt.Sprintf("%d consecutive failed jobs (max_subsequent_job_failures=%d); last: job %s: %s",
 				st.Failures, st.Settings.MaxSubsequentFailures, job.ID, j.Reason))
 		}
-	case j.Outcome.Resets():
+	case j.Outcome.Resets() && j.Progressed:
 		st.Failures = 0
 	}
 	if st.Status == Active && job.Outcome.Ran() {
@@ -429,16 +454,26 @@ func (r *Resumer) apply(ctx context.Context, st *State, job *ChainJob, j Judgeme
 		_ = r.cancelLive(ctx, st, job, false)
 		return
 	}
-	// The pending successor gets the exclusions known now: slurmctld
-	// applies ExcNodeList when it places the job, which is after this job
-	// ends (afternotok), so it is in time whenever this runs in the end step.
+	r.pushExclusions(ctx, st, job)
+}
+
+// pushExclusions gives the pending successor(s) the exclusions known now:
+// slurmctld applies ExcNodeList when it places the job, which is after job
+// ends (afternotok), so it is in time whenever this runs in job's end step.
+// Judged later (the end step did not run), the successor may have started
+// already: its begin step then checks its nodes (and relocates it).
+func (r *Resumer) pushExclusions(ctx context.Context, st *State, job *ChainJob) {
 	excl := st.ActiveExclusions(r.now())
 	for _, p := range st.Jobs {
 		if p == job || p.Outcome != "" || !p.Began.IsZero() || slices.Equal(p.Exclude, excl) {
 			continue
 		}
 		if err := r.Sched.SetExclude(ctx, p.ID, excl); err != nil {
-			r.logf("job %s: could not set ExcNodeList=%s: %v (its begin step will relocate it if needed)", p.ID, strings.Join(excl, ","), err)
+			if rec, jerr := r.Sched.Job(ctx, p.ID); jerr == nil && rec.State != "PENDING" {
+				r.logf("job %s already left the queue (%s) before %s could be excluded from it; its begin step checks its nodes and moves it if it landed on one", p.ID, rec.State, strings.Join(excl, ","))
+			} else {
+				r.logf("job %s: could not set ExcNodeList=%s: %v (its begin step checks its nodes and moves it if it landed on one)", p.ID, strings.Join(excl, ","), err)
+			}
 			continue
 		}
 		p.Exclude = excl
@@ -446,12 +481,61 @@ func (r *Resumer) apply(ctx context.Context, st *State, job *ChainJob, j Judgeme
 	}
 }
 
-func (r *Resumer) stop(ctx context.Context, st *State, reason string) {
+func (r *Resumer) stop(ctx context.Context, st *State, kind, reason string) {
 	if st.Status != Active {
 		return
 	}
-	st.Status, st.StopReason, st.Ended = Stopped, reason, r.now()
+	st.Status, st.StopKind, st.StopReason, st.Ended = Stopped, kind, reason, r.now()
 	r.logf("chain stopped: %s", reason)
+}
+
+// checkRate stops the chain instead of submitting when it already
+// submitted MaxSubmits jobs within SubmitWindow: jobs that end that fast
+// are not training, whatever they are judged (a relocation loop, jobs
+// dying before their begin step), and a queue must never be flooded.
+func (r *Resumer) checkRate(ctx context.Context, st *State) error {
+	max, win := st.Settings.MaxSubmits, time.Duration(st.Settings.SubmitWindow)
+	if max <= 0 || win <= 0 {
+		return nil
+	}
+	since := r.now().Add(-win)
+	n := 0
+	for _, j := range st.Jobs {
+		if j.Submitted.After(since) {
+			n++
+		}
+	}
+	if n < max {
+		return nil
+	}
+	last := ""
+	if lt := lastDecided(st); lt != nil {
+		last = fmt.Sprintf("; last: job %s: %s (%s)", lt.ID, lt.Outcome, lt.Reason)
+	}
+	r.stop(ctx, st, StopSubmitRate, fmt.Sprintf("%d jobs submitted in the last %v, the most --max-submit-rate allows (%d/%v): jobs that end this fast are not training%s",
+		n, win, max, win, last))
+	return errors.New("slurm: submit rate limit reached")
+}
+
+func lastDecided(st *State) *ChainJob {
+	for i := len(st.Jobs) - 1; i >= 0; i-- {
+		if st.Jobs[i].Outcome != "" {
+			return st.Jobs[i]
+		}
+	}
+	return nil
+}
+
+func progressSummary(j Judgement) string {
+	switch {
+	case j.Outcome == NoProgress:
+		return "none"
+	case j.Outcome.Resets() && j.Progressed:
+		return "yes"
+	case j.Outcome.Resets():
+		return "none"
+	}
+	return ""
 }
 
 // cancelLive cancels the chain's jobs that have not begun (and, with
@@ -576,7 +660,7 @@ func (r *Resumer) checkCapacity(ctx context.Context, st *State, job *ChainJob) e
 	if len(usable) >= need {
 		return nil
 	}
-	r.stop(ctx, st, fmt.Sprintf("excluding %s leaves %d usable node(s) (%s) but the job needs %d",
+	r.stop(ctx, st, StopCapacity, fmt.Sprintf("excluding %s leaves %d usable node(s) (%s) but the job needs %d",
 		strings.Join(excl, ","), len(usable), strings.Join(usable, ","), need))
 	return errors.New("not enough nodes")
 }

@@ -24,9 +24,18 @@ func (s Scheduler) run(ctx context.Context, name string, args ...string) (string
 	cmd.Env = s.Env
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {
-		return stdout.String(), fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, strings.TrimSpace(stderr.String()))
+		return stdout.String(), fmt.Errorf("%s %s: %w%s", name, strings.Join(args, " "), err, stderrNote(stderr.String()))
 	}
 	return stdout.String(), nil
+}
+
+// stderrNote is ": <what the command said>", or nothing when it said
+// nothing (a command that could not start).
+func stderrNote(s string) string {
+	if s = strings.TrimSpace(s); s == "" {
+		return ""
+	}
+	return ": " + s
 }
 
 // Submission is one sbatch call.
@@ -56,7 +65,7 @@ func (s Scheduler) Submit(ctx context.Context, sub Submission) (string, error) {
 	cmd.Env = append(submitEnv(envOrProcess(s.Env)), sub.Env...)
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {
-		return "", fmt.Errorf("sbatch %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(stderr.String()))
+		return "", fmt.Errorf("sbatch %s: %w%s", strings.Join(args, " "), err, stderrNote(stderr.String()))
 	}
 	// --parsable prints "jobid" or "jobid;cluster".
 	id, _, _ := strings.Cut(strings.TrimSpace(stdout.String()), ";")

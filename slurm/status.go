@@ -14,6 +14,7 @@ type StatusView struct {
 	Dir                 string          `json:"dir"`
 	Status              string          `json:"status"`
 	StopReason          string          `json:"stop_reason,omitempty"`
+	StopKind            string          `json:"stop_kind,omitempty"`
 	ConsecutiveFailures int             `json:"consecutive_failures"`
 	FailuresTotal       int             `json:"failures_total"`
 	Settings            Settings        `json:"settings"`
@@ -42,6 +43,13 @@ type JobView struct {
 	DecisionAfterEndS *float64         `json:"decision_after_end_s,omitempty"`
 	SuccessorStartS   *float64         `json:"successor_start_after_end_s,omitempty"`
 	Verdicts          []VerdictSummary `json:"verdicts,omitempty"`
+	// WarningSignal, Progress, Quarantined, SpareSwaps and RankFailures
+	// are ChainJob's.
+	WarningSignal string               `json:"warning_signal,omitempty"`
+	Progress      string               `json:"progress,omitempty"`
+	Quarantined   []QuarantineSummary  `json:"quarantined,omitempty"`
+	SpareSwaps    []SwapSummary        `json:"spare_swaps,omitempty"`
+	RankFailures  []RankFailureSummary `json:"rank_failures,omitempty"`
 }
 
 // ExclusionView is an exclusion and whether it is in force.
@@ -52,11 +60,14 @@ type ExclusionView struct {
 
 // View builds the status view of st at now.
 func (st *State) View(now time.Time) StatusView {
-	v := StatusView{Dir: st.Dir, Status: st.Status, StopReason: st.StopReason, ConsecutiveFailures: st.Failures,
+	v := StatusView{Dir: st.Dir, Status: st.Status, StopReason: st.StopReason, StopKind: st.StopKind, ConsecutiveFailures: st.Failures,
 		FailuresTotal: st.Total, Settings: st.Settings, Jobs: []JobView{}, Exclusions: []ExclusionView{}}
 	for i, j := range st.Jobs {
-		jv := JobView{ID: j.ID, SubmittedBy: j.SubmittedBy, Nodes: j.Nodes, Outcome: j.Outcome, Counted: j.Outcome.Counts(),
-			Decision: j.Decision, DecidedBy: j.DecidedBy, Reason: j.Reason, Decided: j.Decided, Verdicts: j.Verdicts}
+		// Counted is what the judgement did to the failure count, so that
+		// the table's "yes" rows add up to the header's total.
+		jv := JobView{ID: j.ID, SubmittedBy: j.SubmittedBy, Nodes: j.Nodes, Outcome: j.Outcome, Counted: j.Counted,
+			Decision: j.Decision, DecidedBy: j.DecidedBy, Reason: j.Reason, Decided: j.Decided, Verdicts: j.Verdicts,
+			WarningSignal: j.Warning, Progress: j.Progress, Quarantined: j.Quarantined, SpareSwaps: j.Swaps, RankFailures: j.Failures}
 		if j.Slurm != nil {
 			jv.SlurmState, jv.Start, jv.End = j.Slurm.State, j.Slurm.Start, j.Slurm.End
 			jv.ExitCode = fmt.Sprintf("%d:%d", j.Slurm.ExitCode, j.Slurm.Signal)
@@ -101,6 +112,9 @@ func (v StatusView) WriteJSON(w io.Writer) error {
 // WriteTable writes the status view for people.
 func (v StatusView) WriteTable(w io.Writer) error {
 	fmt.Fprintf(w, "chain %s: %s", v.Dir, v.Status)
+	if v.StopKind != "" {
+		fmt.Fprintf(w, " [%s]", v.StopKind)
+	}
 	if v.StopReason != "" {
 		fmt.Fprintf(w, " (%s)", v.StopReason)
 	}
@@ -125,6 +139,28 @@ func (v StatusView) WriteTable(w io.Writer) error {
 	}
 	if err := tw.Flush(); err != nil {
 		return fmt.Errorf("status: %w", err)
+	}
+	var notes []string
+	for _, j := range v.Jobs {
+		for _, q := range j.Quarantined {
+			notes = append(notes, fmt.Sprintf("job %s: node %s quarantined (%s: %s)", j.ID, q.Host, q.Evidence, q.Detail))
+		}
+		for _, sw := range j.SpareSwaps {
+			took := "a lost node's place"
+			if sw.Replaced != "" {
+				took = fmt.Sprintf("%s's place (group rank %d)", sw.Replaced, sw.GroupRank)
+			}
+			notes = append(notes, fmt.Sprintf("job %s: spare %s took %s at %s", j.ID, sw.Spare, took, sw.At.UTC().Format("15:04:05.000")))
+		}
+		if j.WarningSignal != "" {
+			notes = append(notes, fmt.Sprintf("job %s: its batch shell got Slurm's warning signal SIG%s", j.ID, j.WarningSignal))
+		}
+	}
+	if len(notes) > 0 {
+		fmt.Fprintln(w, "\nnodes and signals:")
+		for _, n := range notes {
+			fmt.Fprintln(w, "  "+n)
+		}
 	}
 	if len(v.Exclusions) > 0 {
 		fmt.Fprintln(w, "\nexclusions:")

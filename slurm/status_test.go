@@ -14,11 +14,13 @@ func TestStatusView(t *testing.T) {
 	st := &State{Dir: "/c", Status: Done, Failures: 0, Total: 1, Settings: Settings{MaxSubsequentFailures: 2},
 		Jobs: []*ChainJob{
 			{ID: "1", SubmittedBy: "start", Began: t0, Nodes: []string{"n1"}, ScriptRC: &rc, ScriptEnded: t0.Add(10 * time.Second),
-				Outcome: Failure, Decision: "continue", Decided: t0.Add(10*time.Second + 5*time.Millisecond), DecidedBy: "end step",
+				Outcome: Failure, Counted: true, Decision: "continue", Decided: t0.Add(10*time.Second + 5*time.Millisecond), DecidedBy: "end step",
 				Slurm: &Job{State: "FAILED", ExitCode: 1, End: t0.Add(10 * time.Second)}},
 			{ID: "2", SubmittedBy: "begin of 1", Began: t0.Add(11 * time.Second), Outcome: Walltime, Decision: "continue",
 				Decided: t0.Add(72 * time.Second), DecidedBy: "resumer", Slurm: &Job{State: "TIMEOUT", Signal: 15, End: t0.Add(71 * time.Second), NodeList: []string{"n2"}}},
-			{ID: "3", SubmittedBy: "begin of 2", Outcome: NeverRan, Decision: "done", Slurm: &Job{State: "CANCELLED"}},
+			{ID: "3", SubmittedBy: "begin of 2", Outcome: NeverRan, Decision: "done", Slurm: &Job{State: "CANCELLED"},
+				Quarantined: []QuarantineSummary{{Host: "n3", Evidence: "lost", Detail: "gossip"}},
+				Swaps:       []SwapSummary{{Spare: "n4", Replaced: "n3", GroupRank: 2, At: t0}}},
 		},
 		Exclusions: []Exclusion{{Node: "n3", Evidence: "lost", Job: "1", Expires: t0.Add(time.Hour)}},
 	}
@@ -45,7 +47,8 @@ func TestStatusView(t *testing.T) {
 	if err := v.WriteTable(&table); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"chain /c: done", "consecutive", "walltime", "never_ran", "0.005s", "exclusions:", "n3"} {
+	for _, want := range []string{"chain /c: done", "consecutive", "walltime", "never_ran", "0.005s", "exclusions:", "n3",
+		"job 3: node n3 quarantined (lost: gossip)", "job 3: spare n4 took n3's place (group rank 2)"} {
 		if !strings.Contains(table.String(), want) {
 			t.Errorf("table lacks %q:\n%s", want, table.String())
 		}

@@ -56,8 +56,23 @@ rc=$?
 if [ "$rc" -eq %[5]d ]; then exit 0; fi  # the chain ended, or the job was relocated
 if [ "$rc" -ne 0 ]; then echo "ft-resumer: begin step failed ($rc); running the job anyway" >&2; fi
 if [ -f "$FT_RESUMER_JOB_DIR/env.sh" ]; then . "$FT_RESUMER_JOB_DIR/env.sh"; fi
-%[6]s "$@"
-rc=$?
+# The job script runs under 'ft-resumer step run', in the background so that
+# this shell's traps run at once: Slurm's warning signals to the batch shell
+# (--signal=B:USR1@N, B:USR2, B:TERM) and its TERM at the time limit must not
+# kill the shell. They are forwarded; step run records them (the job is then
+# judged walltime-like) and passes them to the job script's processes, srun
+# included, which forwards them to the launchers.
+%[4]s step run --chain-dir %[2]s -- %[6]s "$@" &
+child=$!
+trap 'kill -s USR1 "$child" 2>/dev/null' USR1
+trap 'kill -s USR2 "$child" 2>/dev/null' USR2
+trap 'kill -s TERM "$child" 2>/dev/null' TERM
+while :; do
+  wait "$child"
+  rc=$?
+  kill -0 "$child" 2>/dev/null || break
+done
+trap - USR1 USR2 TERM
 exec %[4]s step end --chain-dir %[2]s --rc "$rc" --script-ended "${EPOCHREALTIME:-}"
 `, dir, q(dir), q(set.FinishedFlag), q(set.Resumer), ExitSkip, q(filepath.Join(dir, JobScriptFile)))
 	return b.String()

@@ -137,13 +137,13 @@ func resumer(dir string, log io.Writer) *slurm.Resumer {
 
 func cmdStart(ctx context.Context, name string, args []string, stdout, stderr io.Writer) int {
 	fs := flagSet(name, stderr)
-	fs.Usage = func() {
-		fmt.Fprintf(stderr, "Usage: ft-resumer %s --chain-dir DIR [flags] SCRIPT [-- SBATCH OPTIONS...]\n", name)
-		fs.PrintDefaults()
-	}
 	dir := chainDirFlag(fs)
-	maxFail := fs.Int("max-subsequent-job-failures", 3, "consecutive failed jobs that are retried; the next failure stops the chain (walltime and preemption never count; any job that made progress resets the count)")
-	maxJobs := fs.Int("max-jobs", 0, "at most this many jobs train (0: no limit)")
+	maxFail := fs.Int("max-subsequent-job-failures", 3, "consecutive failed jobs that are retried; the next failure stops the chain (walltime and preemption never count; a job that exits 0 without evidence of progress counts as no_progress; a job with evidence of progress resets the count)")
+	maxJobs := fs.Int("max-jobs", slurm.DefaultMaxJobs, "at most this many jobs train (0: no limit; the default is over a month of 4-hour jobs)")
+	progress := fs.StringArray("progress-path", nil, "a file, directory or glob the training writes as it advances (its checkpoints); a file there modified during a job is evidence of progress for ranks that report no steps (repeatable)")
+	rate := fs.String("max-submit-rate", "30/10m", `stop the chain rather than submit more than N jobs in any window D ("N/D", e.g. 30/10m; "0" for no limit)`)
+	detAfter := fs.Int("deterministic-after", slurm.DefaultDeterministicAfter, "stop the chain with deterministic_failure when the same rank failure (same rank, exit code, and step within --deterministic-steps) happened this many times over consecutive failed jobs, in two jobs at least (0: never)")
+	detSteps := fs.Int("deterministic-steps", slurm.DefaultDeterministicSteps, "how many steps (or iterations) apart two rank failures may be and still be the same failure")
 	expiry := fs.Duration("exclusion-expiry", 24*time.Hour, "how long a node quarantined by a launcher stays excluded from the chain's jobs")
 	flag := fs.String("finished-flag", "", "FAULT_TOL_FINISHED_FLAG_FILE: the file the training creates when it is complete (default <chain-dir>/finished.flag)")
 	format := fs.String("job-results-format", "nfl", `_job_results lines: "nfl" (<jobid> X|S|F) or "nemo-run" (<jobid> <restarts> X|S|F)`)
@@ -161,9 +161,27 @@ func cmdStart(ctx context.Context, name string, args []string, stdout, stderr io
 		fmt.Fprintf(stderr, "ft-resumer %s: --job-results-format must be nfl or nemo-run, not %q\n", name, *format)
 		return 2
 	}
-	if *maxFail < 0 || *maxJobs < 0 || *expiry <= 0 {
-		fmt.Fprintf(stderr, "ft-resumer %s: --max-subsequent-job-failures and --max-jobs must be >= 0, --exclusion-expiry > 0\n", name)
+	if *maxFail < 0 || *maxJobs < 0 || *expiry <= 0 || *detAfter < 0 || *detSteps < 0 {
+		fmt.Fprintf(stderr, "ft-resumer %s: --max-subsequent-job-failures, --max-jobs, --deterministic-after and --deterministic-steps must be >= 0, --exclusion-expiry > 0\n", name)
 		return 2
+	}
+	maxSubmits, window, err := parseRate(*rate)
+	if err != nil {
+		fmt.Fprintf(stderr, "ft-resumer %s: --max-submit-rate: %v\n", name, err)
+		return 2
+	}
+	var progressPaths []string
+	for _, p := range *progress {
+		a, err := filepath.Abs(p)
+		if err != nil || p == "" {
+			fmt.Fprintf(stderr, "ft-resumer %s: --progress-path %q: want a file, directory or glob\n", name, p)
+			return 2
+		}
+		if _, err := filepath.Match(a, ""); err != nil {
+			fmt.Fprintf(stderr, "ft-resumer %s: --progress-path %q: %v\n", name, p, err)
+			return 2
+		}
+		progressPaths = append(progressPaths, a)
 	}
 	abs, err := filepath.Abs(*dir)
 	if err != nil {
@@ -191,7 +209,8 @@ func cmdStart(ctx context.Context, name string, args []string, stdout, stderr io
 	set := slurm.Settings{
 		MaxSubsequentFailures: *maxFail, MaxJobs: *maxJobs, ExclusionTTL: slurm.Duration(*expiry),
 		FinishedFlag: *flag, SbatchArgs: sbatchArgs, Resumer: *resumerPath, JobResultsFormat: *format,
-		NoRestartCode: *noRestart,
+		NoRestartCode: *noRestart, ProgressPaths: progressPaths, MaxSubmits: maxSubmits, SubmitWindow: slurm.Duration(window),
+		DeterministicAfter: *detAfter, DeterministicSteps: *detSteps,
 	}
 	if set.FinishedFlag != "" {
 		if set.FinishedFlag, err = filepath.Abs(set.FinishedFlag); err != nil {
@@ -235,7 +254,7 @@ func follow(ctx context.Context, r *slurm.Resumer, poll time.Duration, stdout, s
 			}
 			if st.Status != slurm.Active && allEnded(st) {
 				if st.Status == slurm.Done {
-					fmt.Fprintf(stdout, "chain done: training finished (%d jobs)\n", len(st.Jobs))
+					fmt.Fprintf(stdout, "chain done: training finished (%d jobs trained)\n", trained(st))
 					return 0
 				}
 				fmt.Fprintf(stdout, "chain stopped: %s\n", st.StopReason)
@@ -249,6 +268,35 @@ func follow(ctx context.Context, r *slurm.Resumer, poll time.Duration, stdout, s
 		case <-time.After(poll):
 		}
 	}
+}
+
+// trained counts the chain's jobs that ran the training (not relocated,
+// skipped, or removed by Slurm before they began).
+func trained(st *slurm.State) int {
+	n := 0
+	for _, j := range st.Jobs {
+		if j.Outcome.Ran() {
+			n++
+		}
+	}
+	return n
+}
+
+// parseRate reads --max-submit-rate: "N/D" (N jobs in any window D) or "0".
+func parseRate(s string) (int, time.Duration, error) {
+	if strings.TrimSpace(s) == "0" {
+		return 0, 0, nil
+	}
+	n, d, ok := strings.Cut(s, "/")
+	max, err := strconv.Atoi(strings.TrimSpace(n))
+	if !ok || err != nil || max < 1 {
+		return 0, 0, fmt.Errorf("%q: want N/DURATION with N >= 1 (e.g. 30/10m), or 0 for no limit", s)
+	}
+	win, err := time.ParseDuration(strings.TrimSpace(d))
+	if err != nil || win <= 0 {
+		return 0, 0, fmt.Errorf("%q: want N/DURATION with a positive duration (e.g. 30/10m), or 0 for no limit", s)
+	}
+	return max, win, nil
 }
 
 func allEnded(st *slurm.State) bool {
@@ -319,8 +367,8 @@ func cmdCancel(ctx context.Context, args []string, stdout, stderr io.Writer) int
 
 // cmdStep runs a decision step inside a job (the wrapper calls it).
 func cmdStep(ctx context.Context, args []string, stderr io.Writer) int {
-	if len(args) == 0 || (args[0] != "begin" && args[0] != "end") {
-		fmt.Fprintln(stderr, "Usage: ft-resumer step begin|end --chain-dir DIR [--rc N]")
+	if len(args) == 0 || (args[0] != "begin" && args[0] != "end" && args[0] != "run") {
+		fmt.Fprintln(stderr, "Usage: ft-resumer step begin|end|run --chain-dir DIR [--rc N] [-- JOB SCRIPT...]")
 		return 2
 	}
 	fs := flagSet("step "+args[0], stderr)
@@ -329,6 +377,9 @@ func cmdStep(ctx context.Context, args []string, stderr io.Writer) int {
 	ended := fs.String("script-ended", "", "end: when the job script exited, in Unix seconds ($EPOCHREALTIME); default now")
 	if code, done := parse(fs, args[1:], stderr); done {
 		return code
+	}
+	if args[0] == "run" {
+		return stepRun(ctx, fs.Args(), stderr)
 	}
 	id := os.Getenv("SLURM_JOB_ID")
 	if *dir == "" || id == "" {
