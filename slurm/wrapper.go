@@ -89,20 +89,23 @@ func shellQuote(s string) string {
 // one line per job that trained, "<jobid> X|S|F" (NeMo-Framework-Launcher)
 // or "<jobid> <restart count> X|S|F" (NeMo-Run; always 0: ft-resumer does
 // not requeue). X: running or not judged yet; S: finished, or made progress
-// (script exit 0, walltime, preemption: what resets the failure count); F:
-// failed or no restart. NFL's own continuation check ("the last N lines are
+// (script exit 0 with evidence of progress, walltime, preemption: what
+// resets the failure count); F: failed, no progress or no restart (a
+// cancelled job has no line). NFL's own continuation check ("the last N lines are
 // all X or F") then agrees with ft-resumer's count.
 func writeJobResults(st *State) error {
 	var b strings.Builder
 	for _, j := range st.Jobs {
-		if j.Began.IsZero() || (j.Outcome != "" && !j.Outcome.Ran()) {
+		// A job ft-resumer cancel stopped has no NFL letter: it neither
+		// failed nor progressed as far as the chain counts.
+		if j.Began.IsZero() || (j.Outcome != "" && !j.Outcome.Ran()) || j.Outcome == Cancelled {
 			continue
 		}
 		c := "X"
 		switch {
 		case j.Outcome == Finished || j.Outcome.Resets():
 			c = "S"
-		case j.Outcome == Failure || j.Outcome == NoRestart:
+		case j.Outcome == Failure || j.Outcome == NoProgress || j.Outcome == NoRestart:
 			c = "F"
 		}
 		if st.Settings.JobResultsFormat == "nemo-run" {
