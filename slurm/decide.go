@@ -2,7 +2,6 @@ package slurm
 
 import (
 	"fmt"
-	"strings"
 
 	"github.com/ftlauncher/ft-launcher/verdict"
 )
@@ -200,11 +199,7 @@ func warningNote(f Facts) string {
 	}
 	for _, v := range f.Verdicts {
 		if v.Kind == verdict.Walltime {
-			sig := v.Signal
-			if sig == "" {
-				sig = "the warning signal"
-			}
-			return sig + " to the launcher on " + v.Hostname + " (--signal=" + strings.TrimPrefix(sig, "SIG") + "@N)"
+			return "Slurm's warning signal to the launcher on " + v.Hostname + " (--signal=SIG@N; its verdict: " + v.Reason + ")"
 		}
 	}
 	return ""

@@ -1,7 +1,9 @@
 package slurm
 
 import (
+	"context"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 )
@@ -72,5 +74,16 @@ func TestSubmitEnvDropsTheJobIdentity(t *testing.T) {
 	want := []string{"PATH=/bin", "SLURM_CONF=/etc/s.conf", "FT_X=1"}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("submitEnv = %v, want %v", got, want)
+	}
+}
+
+func TestSubmitWithoutSbatchSaysSo(t *testing.T) {
+	t.Setenv("PATH", t.TempDir())
+	_, err := Scheduler{}.Submit(context.Background(), Submission{Script: "/x/wrapper.sbatch"})
+	if err == nil || !strings.Contains(err.Error(), `"sbatch"`) || strings.HasSuffix(strings.TrimSpace(err.Error()), ":") {
+		t.Errorf("Submit without sbatch: %v; want an error naming sbatch, with no dangling ': '", err)
+	}
+	if _, err := (Scheduler{}).Job(context.Background(), "1"); err == nil || strings.HasSuffix(strings.TrimSpace(err.Error()), ":") {
+		t.Errorf("Job without scontrol: %v; want an error with no dangling ': '", err)
 	}
 }

@@ -90,48 +90,60 @@ touch "$FAULT_TOL_FINISHED_FLAG_FILE"
 	}
 }
 
-// TestWarningSignalToTheBatchShell: --signal=B:USR1@N signals only the batch
-// shell. The generated wrapper must survive it, pass it to the job
-// script (whose own trap runs, the NeMo habit) and through srun to the
-// launcher, which tells the rank; the rank saves and exits, the job ends
-// before its limit and is judged walltime-like: not a failure.
-func TestWarningSignalToTheBatchShell(t *testing.T) {
+// TestWarningSignal: Slurm's warning before the time limit, both ways
+// docs/slurm.md shows. --signal=USR1@N signals the job steps: the
+// launcher gets it directly. --signal=B:USR1@N signals only the batch
+// shell: the generated wrapper must survive it, pass it to the job script
+// (whose own trap runs, the NeMo habit) and through srun to the launcher.
+// Either way the launcher tells the rank, the rank saves and exits, the job
+// ends before its limit and is judged walltime-like: not a failure.
+func TestWarningSignal(t *testing.T) {
 	c := need(t)
-	ctx, cancel := runclock.WithTimeout(context.Background(), 6*time.Minute)
-	defer cancel()
-	ch := newChain(t, c)
-	work := filepath.Dir(ch.dir)
-	rank := rankScript(t, work, "rank.sh", fmt.Sprintf(`trap 'echo saved > %[1]s/saved; exit 0' USR1
+	for _, tt := range []struct{ name, signal, recorded string }{
+		{"to the batch shell", "B:USR1@100", "USR1"},
+		{"to the job steps", "USR1@100", ""},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			ctx, cancel := runclock.WithTimeout(context.Background(), 6*time.Minute)
+			defer cancel()
+			ch := newChain(t, c)
+			work := filepath.Dir(ch.dir)
+			rank := rankScript(t, work, "rank.sh", fmt.Sprintf(`trap 'echo saved > %[1]s/saved; exit 0' USR1
 touch %[1]s/rank-started
 while :; do sleep 0.1; done
 `, work))
-	script := ch.script(fmt.Sprintf(`#SBATCH -N1 -t 2 --signal=B:USR1@100
+			script := ch.script(fmt.Sprintf(`#SBATCH -N1 -t 2 --signal=%[3]s
 if [ "$FT_RESUMER_JOB_INDEX" != 0 ]; then touch "$FAULT_TOL_FINISHED_FLAG_FILE"; exit 0; fi
 trap 'echo trapped > %[1]s/script-trapped' USR1
 %[2]s
-`, work, launch(rank)))
-	code, out, errOut := ch.resumer(ctx, "run", "--chain-dir", ch.dir, "--max-subsequent-job-failures", "0", script)
-	if code != 0 {
-		t.Fatalf("ft-resumer run = %d\n%s\n%s\n%s", code, out, errOut, ch.logs())
-	}
-	v := ch.status(ctx)
-	if got := outcomes(v); !slices.Equal(got, []string{"walltime", "finished", "never_ran"}) {
-		t.Fatalf("outcomes %v, want [walltime finished never_ran]", got)
-	}
-	j := v.Jobs[0]
-	if j.Counted || j.WarningSignal != "USR1" || !strings.Contains(j.Reason, "SIGUSR1") || v.FailuresTotal != 0 {
-		t.Errorf("job 1: counted %v, warning %q, reason %q, failures %d; want not counted, USR1 named", j.Counted, j.WarningSignal, j.Reason, v.FailuresTotal)
-	}
-	if j.SlurmState == "TIMEOUT" {
-		t.Errorf("job 1 ran into its time limit: the warning did not reach the rank")
-	}
-	for _, f := range []string{"saved", "script-trapped"} {
-		if got := strings.TrimSpace(readFile(t, filepath.Join(work, f))); got == "" {
-			t.Errorf("%s is empty", f)
-		}
-	}
-	if len(j.Verdicts) != 1 || j.Verdicts[0].Kind != "walltime" {
-		t.Errorf("job 1 verdicts %+v, want the launcher's walltime verdict", j.Verdicts)
+`, work, launch(rank), tt.signal))
+			code, out, errOut := ch.resumer(ctx, "run", "--chain-dir", ch.dir, "--max-subsequent-job-failures", "0", script)
+			if code != 0 {
+				t.Fatalf("ft-resumer run = %d\n%s\n%s\n%s", code, out, errOut, ch.logs())
+			}
+			v := ch.status(ctx)
+			if got := outcomes(v); !slices.Equal(got, []string{"walltime", "finished", "never_ran"}) {
+				t.Fatalf("outcomes %v, want [walltime finished never_ran]", got)
+			}
+			j := v.Jobs[0]
+			if j.Counted || j.WarningSignal != tt.recorded || !strings.Contains(j.Reason, "warning signal") || v.FailuresTotal != 0 {
+				t.Errorf("job 1: counted %v, warning %q, reason %q, failures %d; want not counted, warning %q, the reason naming it", j.Counted, j.WarningSignal, j.Reason, v.FailuresTotal, tt.recorded)
+			}
+			if j.SlurmState == "TIMEOUT" {
+				t.Errorf("job 1 ran into its time limit: the warning did not reach the rank")
+			}
+			if got := strings.TrimSpace(readFile(t, filepath.Join(work, "saved"))); got != "saved" {
+				t.Errorf("the rank did not save on the warning: %q", got)
+			}
+			// Only the batch shell's warning reaches the script itself.
+			_, err := os.Stat(filepath.Join(work, "script-trapped"))
+			if trapped := err == nil; trapped != (tt.recorded != "") {
+				t.Errorf("the job script's own USR1 trap ran: %v, want %v", trapped, tt.recorded != "")
+			}
+			if len(j.Verdicts) != 1 || j.Verdicts[0].Kind != "walltime" {
+				t.Errorf("job 1 verdicts %+v, want the launcher's walltime verdict", j.Verdicts)
+			}
+		})
 	}
 }
 

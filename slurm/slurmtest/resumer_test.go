@@ -334,8 +334,12 @@ sleep 60
 	if _, err := c.Run(ctx, "scancel", blockers...); err != nil {
 		t.Fatal(err)
 	}
-	if code, out, errOut := ch.resumer(ctx, "run", "--chain-dir", ch.dir); code != 0 {
+	code, out, errOut := ch.resumer(ctx, "run", "--chain-dir", ch.dir)
+	if code != 0 {
 		t.Fatalf("ft-resumer run = %d\n%s\n%s", code, out, errOut)
+	}
+	if !strings.Contains(out, "relocated -> relocate (") {
+		t.Errorf("the relocated job's line lacks its decision word:\n%s", out)
 	}
 	bad := strings.TrimSpace(readFile(t, filepath.Join(work, "quarantined")))
 	if got := strings.TrimSpace(readFile(t, filepath.Join(work, "trained-on-1"))); got == bad {

@@ -61,3 +61,58 @@ func TestWalltimeSIGTERMsLetRanksSave(t *testing.T) {
 		t.Logf("job output:\n%s", j.logs())
 	}
 }
+
+// TestChainWalltimeLetsRanksSave is TestWalltimeSIGTERMsLetRanksSave under
+// ft-resumer's generated wrapper, as users run it: at the time limit the
+// batch shell, `ft-resumer step run`, srun and the launcher all get
+// Slurm's SIGTERM, and the wrapper forwards it once more to the job
+// script's processes. The ranks' 2 s save must still complete, and the job
+// is judged walltime (not counted).
+func TestChainWalltimeLetsRanksSave(t *testing.T) {
+	c := need(t)
+	testenv.Require(t, testenv.SystemPython)
+	ctx, cancel := runclock.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	ch := newChain(t, c)
+	work := filepath.Dir(ch.dir)
+	out := filepath.Join(work, "out")
+	if err := os.Mkdir(out, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	py := filepath.Join(work, "saver.py")
+	if err := os.WriteFile(py, []byte(testworkers.SlowSaver), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	script := ch.script(fmt.Sprintf(`#SBATCH -N1 -t 1
+if [ "$FT_RESUMER_JOB_INDEX" != 0 ]; then touch "$FAULT_TOL_FINISHED_FLAG_FILE"; exit 0; fi
+srun ft-resumer node -- ft-launcher --nproc-per-node 2 --term-timeout 60 --no-python /usr/bin/python3 %s %s
+`, py, out))
+	code, stdout, errOut := ch.resumer(ctx, "run", "--chain-dir", ch.dir, "--max-subsequent-job-failures", "0", script)
+	if code != 0 {
+		t.Fatalf("ft-resumer run = %d\n%s\n%s\n%s", code, stdout, errOut, ch.logs())
+	}
+	for r := 0; r < 2; r++ {
+		if _, err := os.Stat(filepath.Join(out, fmt.Sprintf("ready%d", r))); err != nil {
+			t.Fatalf("rank %d never ran: %v\n%s", r, err, ch.logs())
+		}
+		if err := testworkers.SlowSaverCheckpoint(out, r); err != nil {
+			t.Errorf("at the time limit under the chain's wrapper: %v", err)
+		}
+	}
+	v := ch.status(ctx)
+	if got := outcomes(v); len(got) < 2 || got[0] != "walltime" || got[1] != "finished" {
+		t.Errorf("outcomes %v, want walltime then finished", got)
+	}
+	logs := ch.logs()
+	if strings.Contains(logs, "sending SIGKILL now") {
+		t.Errorf("the launcher escalated a time-limit SIGTERM to SIGKILL")
+	}
+	for _, l := range strings.Split(logs, "\n") {
+		if strings.Contains(l, "taken as a repeat delivery") || strings.Contains(l, "forwarding SIG") || strings.Contains(l, "after SIGTERM") {
+			t.Logf("job output: %s", l)
+		}
+	}
+	if t.Failed() {
+		t.Logf("job output:\n%s", logs)
+	}
+}
