@@ -116,3 +116,79 @@ srun ft-resumer node -- ft-launcher --nproc-per-node 2 --term-timeout 60 --no-py
 		t.Logf("job output:\n%s", logs)
 	}
 }
+
+// graceRank records when its first SIGTERM came and then, never exiting,
+// the time every 20 ms: the last record is when Slurm's SIGKILL ended it.
+const graceRank = `import os, signal, sys, time
+out, r = sys.argv[1], os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))
+term = []
+def on_term(s, f):
+    if not term:
+        term.append(time.time())
+signal.signal(signal.SIGTERM, on_term)
+open(os.path.join(out, "ready" + r), "w").close()
+while True:
+    time.sleep(0.02)
+    if term:
+        with open(os.path.join(out, "last%s.tmp" % r), "w") as f:
+            f.write("%.6f %.6f" % (term[0], time.time()))
+        os.replace(os.path.join(out, "last%s.tmp" % r), os.path.join(out, "last" + r))
+`
+
+// TestMeasureWalltimeGrace measures (FT_RESUMER_BENCH=1) the time a rank
+// has between Slurm's first SIGTERM at the time limit and its SIGKILL: a
+// rank under ft-launcher in an ft-resumer chain, and the same rank under a
+// NeMo-style plain `srun python3`, in two -t 1 jobs at once. Both should
+// have the whole KillWait (5 s on this cluster). It asserts no speed.
+func TestMeasureWalltimeGrace(t *testing.T) {
+	if os.Getenv("FT_RESUMER_BENCH") == "" {
+		t.Skip("opt-in measurement: set FT_RESUMER_BENCH=1 to measure")
+	}
+	c := need(t)
+	testenv.Require(t, testenv.SystemPython)
+	ctx, cancel := runclock.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	ch := newChain(t, c)
+	work := filepath.Dir(ch.dir)
+	py := filepath.Join(work, "grace.py")
+	if err := os.WriteFile(py, []byte(graceRank), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	outFT, outNeMo := filepath.Join(work, "ft"), filepath.Join(work, "nemo")
+	for _, d := range []string{outFT, outNeMo} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	script := ch.script(fmt.Sprintf(`#SBATCH -N1 -t 1
+if [ "$FT_RESUMER_JOB_INDEX" != 0 ]; then touch "$FAULT_TOL_FINISHED_FLAG_FILE"; exit 0; fi
+srun ft-resumer node -- ft-launcher --nproc-per-node 2 --no-python /usr/bin/python3 %s %s
+`, py, outFT))
+	j := newLaunchJob(t, c)
+	j.args = []string{"-t", "1", "--ntasks-per-node", "2"}
+	nemoDone := make(chan struct{})
+	go func() {
+		defer close(nemoDone)
+		j.submit(ctx, 1, fmt.Sprintf("srun /usr/bin/python3 %s %s", py, outNeMo), "TIMEOUT")
+	}()
+	code, out, errOut := ch.resumer(ctx, "run", "--chain-dir", ch.dir, script)
+	<-nemoDone
+	if code != 0 {
+		t.Fatalf("ft-resumer run = %d\n%s\n%s", code, out, errOut)
+	}
+	for _, d := range []struct{ name, dir string }{{"ft-launcher in an ft-resumer chain", outFT}, {"NeMo-style srun python3", outNeMo}} {
+		for r := 0; r < 2; r++ {
+			b, err := os.ReadFile(filepath.Join(d.dir, fmt.Sprintf("last%d", r)))
+			if err != nil {
+				t.Errorf("%s rank %d: no record after SIGTERM: %v", d.name, r, err)
+				continue
+			}
+			var term, last float64
+			if _, err := fmt.Sscan(string(b), &term, &last); err != nil {
+				t.Errorf("%s rank %d: %q", d.name, r, b)
+				continue
+			}
+			t.Logf("%s, rank %d: %.2f s from the first SIGTERM to the SIGKILL (KillWait 5 s)", d.name, r, last-term)
+		}
+	}
+}
