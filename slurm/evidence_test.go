@@ -156,3 +156,16 @@ func TestSummarizeSwapsAndQuarantines(t *testing.T) {
 		t.Errorf("failures %+v", job.Failures)
 	}
 }
+
+func TestMaxJobsStopsAtTheLastJob(t *testing.T) {
+	now := time.Date(2026, 11, 28, 2, 0, 0, 0, time.UTC)
+	r := &Resumer{Now: func() time.Time { return now }}
+	st := &State{Dir: t.TempDir(), Status: Active, Settings: Settings{MaxJobs: 2, MaxSubsequentFailures: 5}}
+	a := &ChainJob{ID: "1", Began: now, Outcome: Walltime}
+	b := &ChainJob{ID: "2", Began: now}
+	st.Jobs = []*ChainJob{a, b}
+	r.apply(context.Background(), st, b, Judgement{Outcome: Failure, Reason: "exit 1"}, nil, "end step")
+	if st.Status != Stopped || st.StopKind != StopMaxJobs || !strings.Contains(st.StopReason, "--max-jobs") {
+		t.Errorf("after the second of at most 2 jobs: chain %s [%s] %q", st.Status, st.StopKind, st.StopReason)
+	}
+}

@@ -441,6 +441,12 @@ func (r *Resumer) apply(ctx context.Context, st *State, job *ChainJob, j Judgeme
 		r.addExclusions(ctx, st, job, vs)
 		_ = r.checkCapacity(ctx, st, job)
 	}
+	if max := st.Settings.MaxJobs; st.Status == Active && max > 0 && st.trainingJobs() >= max && !undecidedBesides(st, job) {
+		// The last job --max-jobs allows ended unfinished, and its begin
+		// step submitted no successor: say so now, not at the next
+		// ft-resumer command.
+		r.stop(ctx, st, StopMaxJobs, fmt.Sprintf("%d jobs trained, the most --max-jobs allows (%d); last: job %s: %s", st.trainingJobs(), max, job.ID, j.Reason))
+	}
 	switch st.Status {
 	case Done:
 		job.Decision = "done"
@@ -515,6 +521,17 @@ func (r *Resumer) checkRate(ctx context.Context, st *State) error {
 	r.stop(ctx, st, StopSubmitRate, fmt.Sprintf("%d jobs submitted in the last %v, the most --max-submit-rate allows (%d/%v): jobs that end this fast are not training%s",
 		n, win, max, win, last))
 	return errors.New("slurm: submit rate limit reached")
+}
+
+// undecidedBesides reports whether a job of the chain other than job has
+// no outcome yet (it is pending or running).
+func undecidedBesides(st *State, job *ChainJob) bool {
+	for _, p := range st.Jobs {
+		if p != job && p.Outcome == "" {
+			return true
+		}
+	}
+	return false
 }
 
 func lastDecided(st *State) *ChainJob {
