@@ -149,9 +149,11 @@ func Judge(f Facts) Judgement {
 			return Judgement{Outcome: Cancelled, Reason: "cancelled by ft-resumer cancel"}
 		}
 	}
-	if warn != "" && s.State != "CANCELLED" {
-		// Ended before its time limit, after the warning: the ranks saved
-		// and stopped (FAILED or COMPLETED with the wrapper's status).
+	if warn != "" && (s.State == "FAILED" || s.State == "COMPLETED") {
+		// Ended by itself before its time limit, after the warning: the
+		// ranks saved and stopped (the wrapper's status). A warning does
+		// not excuse what Slurm did to the job (CANCELLED, NODE_FAIL,
+		// OUT_OF_MEMORY): those are judged as without it.
 		return walltime(f, warn)
 	}
 	if f.ScriptRC != nil && *f.ScriptRC == 0 {

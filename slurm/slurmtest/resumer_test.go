@@ -282,16 +282,46 @@ func TestQuarantinedNodeIsExcludedFromTheNextJob(t *testing.T) {
 }
 
 func TestSuccessorOnAnExcludedNodeIsRelocated(t *testing.T) {
+	// Job 1 quarantines its own node and is then SIGKILLed with its batch
+	// script, so no end step passes the exclusion to the pending
+	// successor, which Slurm places on the same (lowest idle) node. Its
+	// begin step must see that and hand over to a job that excludes the
+	// node.
+	got := exclusionRace(t, `# The batch script (the wrapper and its 'ft-resumer step run', the job
+# script's parent) and the job script's own process group: no end step.
+kill -KILL "$(ps -o ppid= -p $PPID | tr -d ' ')" "$PPID"
+kill -KILL 0`, "relocated")
+	if !slices.Equal(got, []string{"failure", "relocated", "finished", "never_ran"}) {
+		t.Errorf("outcomes %v, want [failure relocated finished never_ran]", got)
+	}
+}
+
+// TestDeferredEndStepExcludesBeforeTheSuccessorIsPlaced (issue 27, item
+// 6): the job script dies of a signal (srun's status after a launcher was
+// killed), so the end step leaves the outcome to Slurm's final state; it
+// must still give the pending successor the node its launchers
+// quarantined, before the job ends and the successor can be placed. The
+// successor then never lands on the node: no relocation, no second trip
+// through the queue.
+func TestDeferredEndStepExcludesBeforeTheSuccessorIsPlaced(t *testing.T) {
+	got := exclusionRace(t, "kill -KILL 0  # the job script's process group: status 137, the end step runs", "")
+	if !slices.Equal(got, []string{"failure", "finished", "never_ran"}) {
+		t.Errorf("outcomes %v, want [failure finished never_ran]: the successor was excluded from the node before it was placed", got)
+	}
+}
+
+// exclusionRace runs a chain whose first job quarantines its own node (a
+// node_excluded verdict, as a failed health check writes) and then runs
+// kill, while other jobs hold every other node, so that a successor
+// without the exclusion could only go where job 1 was. It waits for a job
+// with outcome waitFor (none: "") before freeing the other nodes, checks
+// that no job trained on the quarantined node, and returns the outcomes.
+func exclusionRace(t *testing.T, kill, waitOutcome string) []string {
 	c := need(t)
 	ctx, cancel := runclock.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	ch := newChain(t, c)
 	work := filepath.Dir(ch.dir)
-	// Job 1 quarantines its own node (a node_excluded verdict, as a failed
-	// health check writes) and is then SIGKILLed with its batch script (its process group), so
-	// no end step passes the exclusion to the pending successor, which
-	// Slurm places on the same (lowest idle) node. Its begin step must see
-	// that and hand over to a job that excludes the node.
 	script := ch.script(fmt.Sprintf(`#SBATCH -N1
 if [ "$FT_RESUMER_JOB_INDEX" != 0 ]; then
   echo "$SLURMD_NODENAME" > %[1]s/trained-on-$FT_RESUMER_JOB_INDEX
@@ -304,9 +334,9 @@ cat > "$FT_RESUMER_JOB_DIR/verdict-$SLURMD_NODENAME.json" <<VERDICT
  "finished":false,"finished_flag":{"path":"","present":false},"run_id":"t","node":"$SLURMD_NODENAME","hostname":"vm","pid":1,
  "restarts_used":0,"max_restarts":0,"last_round":0,"quarantined":[],"cycles":[],"started_at":"$now","ended_at":"$now"}
 VERDICT
-kill -KILL 0  # the batch script and all of its process group
+%[2]s
 sleep 60
-`, work))
+`, work, kill))
 	// Other jobs hold every node but the first, so the successor can only
 	// go where job 1 was.
 	var blockers []string
@@ -327,10 +357,23 @@ sleep 60
 	if code, out, errOut := ch.resumer(ctx, "submit", "--chain-dir", ch.dir, script); code != 0 {
 		t.Fatalf("ft-resumer submit = %d\n%s\n%s", code, out, errOut)
 	}
-	waitFor(t, 2*time.Minute, "a relocated job", func() bool {
-		st, err := slurm.LoadState(ch.dir)
-		return err == nil && slices.ContainsFunc(st.Jobs, func(j *slurm.ChainJob) bool { return j.Outcome == slurm.Relocated })
-	})
+	if waitOutcome != "" {
+		waitFor(t, 2*time.Minute, "a "+waitOutcome+" job", func() bool {
+			st, err := slurm.LoadState(ch.dir)
+			return err == nil && slices.ContainsFunc(st.Jobs, func(j *slurm.ChainJob) bool { return string(j.Outcome) == waitOutcome })
+		})
+	} else {
+		// Job 1 was judged or deferred by its end step, and the successor
+		// is pending, excluded from the node, waiting for a free one.
+		waitFor(t, 2*time.Minute, "the successor to get its exclusion", func() bool {
+			st, err := slurm.LoadState(ch.dir)
+			return err == nil && len(st.Jobs) >= 2 && len(st.Jobs[1].Exclude) == 1
+		})
+		time.Sleep(3 * time.Second) // Slurm's scheduling passes: it must stay pending
+		if _, err := os.Stat(filepath.Join(work, "trained-on-1")); err == nil {
+			t.Errorf("the successor ran while the only free node was the excluded one")
+		}
+	}
 	if _, err := c.Run(ctx, "scancel", blockers...); err != nil {
 		t.Fatal(err)
 	}
@@ -338,7 +381,7 @@ sleep 60
 	if code != 0 {
 		t.Fatalf("ft-resumer run = %d\n%s\n%s", code, out, errOut)
 	}
-	if !strings.Contains(out, "relocated -> relocate (") {
+	if waitOutcome == "relocated" && !strings.Contains(out, "relocated -> relocate (") {
 		t.Errorf("the relocated job's line lacks its decision word:\n%s", out)
 	}
 	bad := strings.TrimSpace(readFile(t, filepath.Join(work, "quarantined")))
@@ -346,15 +389,17 @@ sleep 60
 		t.Errorf("the job after job 1 trained on %s, which job 1 quarantined", got)
 	}
 	v := ch.status(ctx)
-	if got := outcomes(v); !slices.Equal(got, []string{"failure", "relocated", "finished", "never_ran"}) {
-		t.Errorf("outcomes %v, want [failure relocated finished never_ran]", got)
-	}
 	if len(v.Exclusions) != 1 || v.Exclusions[0].Node != bad || v.Exclusions[0].Evidence != "excluded" || !strings.Contains(v.Exclusions[0].Detail, "health check") {
 		t.Errorf("exclusions %+v, want %s with evidence excluded and the health check detail", v.Exclusions, bad)
 	}
-	if len(v.Jobs) > 2 && !strings.HasPrefix(v.Jobs[2].SubmittedBy, "relocation of "+v.Jobs[1].ID) {
+	if waitOutcome == "relocated" && len(v.Jobs) > 2 && !strings.HasPrefix(v.Jobs[2].SubmittedBy, "relocation of "+v.Jobs[1].ID) {
 		t.Errorf("job 3 submitted by %q, want the relocation of job 2", v.Jobs[2].SubmittedBy)
 	}
+	var got []string
+	for _, j := range v.Jobs {
+		got = append(got, string(j.Outcome))
+	}
+	return got
 }
 
 func TestExclusionsNeverShrinkTheJob(t *testing.T) {
