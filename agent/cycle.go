@@ -312,9 +312,11 @@ func (a *Agent) rankFailed(e spawn.Exit, hangs <-chan monitor.Hang, hangByRank m
 	if h, ok := hangByRank[e.LocalRank]; ok {
 		end.hang = true
 		end.reason = hangReason(h)
+		a.recordRankFailure(e, true)
 		return
 	}
 	end.reason = fmt.Sprintf("local rank %d (rank %d) %s", e.LocalRank, asg.RankBase+e.LocalRank, exitText(e))
+	a.recordRankFailure(e, false)
 }
 
 // workloadRequest records a rank's request; it reports whether the
