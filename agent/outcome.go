@@ -107,8 +107,10 @@ type runState struct {
 	swap         *swapTiming // a promotion being timed until the ranks run
 	// pendingSignal is a signal taken while stopping ranks for a restart.
 	pendingSignal os.Signal
-	// walltime is the pre-walltime warning signal, once received.
+	// walltime is the pre-walltime warning signal, once received, and
+	// walltimeAt when it last was forwarded.
 	walltime    os.Signal
+	walltimeAt  time.Time
 	quarantined []verdict.Quarantine
 	// rankFailures are this node's rank failures, the newest
 	// verdict.MaxRankFailures (recordRankFailure).
