@@ -164,3 +164,73 @@ func TestLauncherDeathExcludesTheNode(t *testing.T) {
 		})
 	}
 }
+
+// TestFrozenLauncherEndsWithNotEnoughNodes (issue 27): a launcher frozen
+// by SIGSTOP on 2 nodes with no spare looks like a dead or cut-off node to
+// its peer: no connection closes, gossip falls silent, its lease runs out.
+// The survivor ends the job with not_enough_nodes about lease_ttl + 1 to
+// 4 s after the freeze (docs/rendezvous.md, "Fixed allocations"), not 30 s
+// later. The frozen launcher is then SIGKILLed, so that the step can end.
+func TestFrozenLauncherEndsWithNotEnoughNodes(t *testing.T) {
+	c := need(t)
+	ctx, cancel := runclock.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	ch := newChain(t, c)
+	work := filepath.Dir(ch.dir)
+	script := ch.script(launcherDeathScript(t, work, 0))
+	cmd, out := ch.startResumer("run", "--chain-dir", ch.dir, "--exclusion-expiry", "1h", script)
+	defer func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	}()
+	var pid int
+	var survivor string
+	waitFor(t, 2*time.Minute, "both launchers' ranks to run", func() bool {
+		a, err0 := os.ReadFile(filepath.Join(work, "launcher-0"))
+		b, err1 := os.ReadFile(filepath.Join(work, "launcher-1"))
+		f0, f1 := strings.Fields(string(a)), strings.Fields(string(b))
+		if err0 != nil || err1 != nil || len(f0) != 2 || len(f1) != 2 {
+			return false
+		}
+		pid, _ = strconv.Atoi(f1[0])
+		survivor = f0[1]
+		return true
+	})
+	if t.Failed() {
+		t.FailNow()
+	}
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	frozen := time.Now()
+	defer syscall.Kill(pid, syscall.SIGKILL)
+	st := ch.state()
+	path := filepath.Join(ch.dir, slurm.JobsDir, st.Jobs[0].ID, "verdict-"+survivor+".json")
+	var sv verdict.Verdict
+	waitFor(t, 90*time.Second, "the survivor's verdict", func() bool {
+		var err error
+		sv, err = verdict.Read(path)
+		return err == nil
+	})
+	if t.Failed() {
+		t.Fatalf("no verdict from the survivor\n%s", ch.logs())
+	}
+	took := sv.EndedAt.Sub(frozen)
+	if sv.Kind != verdict.NotEnoughNodes || took > 45*time.Second {
+		t.Errorf("survivor verdict %s %q %v after the freeze; want not_enough_nodes within 45 s", sv.Kind, sv.Reason, took)
+	}
+	t.Logf("survivor on %s: %s %v after the freeze: %s", survivor, sv.Kind, took.Round(time.Millisecond), sv.Reason)
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("ft-resumer run: %v\n%s", err, out)
+		}
+	case <-ctx.Done():
+		t.Fatalf("the chain did not end\n%s", out)
+	}
+}
