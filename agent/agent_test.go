@@ -577,6 +577,25 @@ func walltimeCases() []runCase {
 			},
 		},
 		{
+			name:  "walltime: the same warning twice (slurmstepd and ft-resumer node) is forwarded once",
+			setup: wt,
+			act: func(h *harness) {
+				g := h.ranks.wait(h.t)
+				h.sigs <- syscall.SIGUSR1
+				h.sigs <- syscall.SIGUSR1
+				waitFor(h.t, func() bool { g.mu.Lock(); defer g.mu.Unlock(); return len(g.signalled) == 1 })
+				time.Sleep(50 * time.Millisecond) // a second forward would show by now
+				g.exit(0, 0, 0)
+				g.exit(1, 0, 0)
+			},
+			check: func(t *testing.T, h *harness, o Outcome) {
+				want(t, o, verdict.Walltime, 0)
+				if g := h.ranks.groups[0]; len(g.signalled) != 1 {
+					t.Errorf("ranks signalled %v, want SIGUSR1 once", g.signalled)
+				}
+			},
+		},
+		{
 			name:  "walltime: ranks checkpoint and exit 0",
 			setup: wt,
 			act: func(h *harness) {

@@ -281,7 +281,14 @@ func (a *Agent) supervise(ctx context.Context) cycleEnd {
 // rank so it can checkpoint; from now on rank exits end the job by
 // walltime instead of counting as failures.
 func (a *Agent) walltimeWarning(s os.Signal, g RankGroup) {
-	a.run.walltime = s
+	if a.run.walltime == s && time.Since(a.run.walltimeAt) < a.d.SignalRepeatWindow {
+		// The same warning delivered twice (under srun, slurmstepd signals
+		// every process of the step, and ft-resumer node forwards it too):
+		// the ranks were told once.
+		a.log.Info("pre-walltime signal again within the repeat window: a repeat delivery, not forwarded again", "signal", sigName(s))
+		return
+	}
+	a.run.walltime, a.run.walltimeAt = s, time.Now()
 	a.log.Warn("pre-walltime signal received; forwarding it to every rank (not a failure)", "signal", sigName(s))
 	a.ev.Emit(eventlog.WalltimeWarning, map[string]any{"round": a.run.asg.Round, "signal": sigName(s)})
 	if ss, ok := s.(syscall.Signal); ok {
@@ -312,9 +319,11 @@ func (a *Agent) rankFailed(e spawn.Exit, hangs <-chan monitor.Hang, hangByRank m
 	if h, ok := hangByRank[e.LocalRank]; ok {
 		end.hang = true
 		end.reason = hangReason(h)
+		a.recordRankFailure(e, true)
 		return
 	}
 	end.reason = fmt.Sprintf("local rank %d (rank %d) %s", e.LocalRank, asg.RankBase+e.LocalRank, exitText(e))
+	a.recordRankFailure(e, false)
 }
 
 // workloadRequest records a rank's request; it reports whether the

@@ -701,6 +701,7 @@ func (a *Agent) survivorLeft(e spawn.Exit, end *cycleEnd) bool {
 	end.failures = append(end.failures, ranklogs.Failure{LocalRank: e.LocalRank, GlobalRank: asg.RankBase + e.LocalRank,
 		PID: e.PID, ExitCode: e.TorchExitCode(), Time: e.At})
 	a.log.Warn("a survivor left during the in-process restart", "local_rank", e.LocalRank, "how", exitText(e))
+	a.recordRankFailure(e, false)
 	return true
 }
 

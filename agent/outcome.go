@@ -10,6 +10,7 @@ import (
 	"github.com/ftlauncher/ft-launcher/monitor"
 	"github.com/ftlauncher/ft-launcher/ranklogs"
 	"github.com/ftlauncher/ft-launcher/rendezvous"
+	"github.com/ftlauncher/ft-launcher/spawn"
 	"github.com/ftlauncher/ft-launcher/verdict"
 )
 
@@ -33,9 +34,13 @@ type Outcome struct {
 	Cycles       []verdict.Cycle // the newest (at most 64)
 	CyclesTotal  int             // every cycle this node ran
 	// Ledger is this node's leases and the peers' leases it ended.
-	Ledger    []ledger.Record
-	StartedAt time.Time
-	EndedAt   time.Time
+	Ledger []ledger.Record
+	// Progress is what the ranks reported over the run (nil: no rank
+	// connected to its monitor); RankFailures the newest rank failures.
+	Progress     *verdict.Progress
+	RankFailures []verdict.RankFailure
+	StartedAt    time.Time
+	EndedAt      time.Time
 }
 
 // Finished reports whether training is over: the ranks succeeded and the
@@ -74,7 +79,8 @@ func (o Outcome) Verdict(runID, node, host string) verdict.Verdict {
 	v := verdict.Verdict{Kind: o.Kind, ExitCode: o.ExitCode(), Reason: o.Reason, Finished: o.Finished(),
 		FinishedFlag: o.FinishedFlag, RunID: runID, Node: node, Hostname: host, PID: os.Getpid(),
 		RestartsUsed: o.RestartsUsed, MaxRestarts: o.MaxRestarts, LastRound: o.LastRound,
-		Quarantined: o.Quarantined, Cycles: o.Cycles, CyclesTotal: o.CyclesTotal, Ledger: o.Ledger, StartedAt: o.StartedAt, EndedAt: o.EndedAt}
+		Quarantined: o.Quarantined, Cycles: o.Cycles, CyclesTotal: o.CyclesTotal, Ledger: o.Ledger, StartedAt: o.StartedAt, EndedAt: o.EndedAt,
+		Progress: o.Progress, RankFailures: o.RankFailures}
 	if o.Signal != nil {
 		v.Signal = sigName(o.Signal)
 	}
@@ -101,10 +107,15 @@ type runState struct {
 	swap         *swapTiming // a promotion being timed until the ranks run
 	// pendingSignal is a signal taken while stopping ranks for a restart.
 	pendingSignal os.Signal
-	// walltime is the pre-walltime warning signal, once received.
+	// walltime is the pre-walltime warning signal, once received, and
+	// walltimeAt when it last was forwarded.
 	walltime    os.Signal
+	walltimeAt  time.Time
 	quarantined []verdict.Quarantine
-	outcome     *Outcome
+	// rankFailures are this node's rank failures, the newest
+	// verdict.MaxRankFailures (recordRankFailure).
+	rankFailures []verdict.RankFailure
+	outcome      *Outcome
 
 	// In-process restarts (inprocess.go): survivors kept between a failure
 	// and the next round, the log attempts they write to, the restart
@@ -240,6 +251,10 @@ func (a *Agent) finish() Outcome {
 	o := *r.outcome
 	o.RestartsUsed, o.MaxRestarts, o.LastRound = r.restartsUsed, r.maxRestarts, r.lastRound
 	o.Quarantined, o.Cycles, o.CyclesTotal = r.quarantined, r.cycles, r.cyclesTotal
+	o.RankFailures = r.rankFailures
+	if p, ok := a.d.Monitors.(progressReporter); ok {
+		o.Progress = p.Progress()
+	}
 	o.StartedAt, o.EndedAt = r.started.UTC(), time.Now().UTC()
 	o.FinishedFlag = finishedFlag(a.envValue("FAULT_TOL_FINISHED_FLAG_FILE"))
 	if o.Kind == verdict.Walltime && o.RanksClean && o.FinishedFlag.Present {
@@ -254,6 +269,38 @@ func (a *Agent) finish() Outcome {
 	a.ev.Emit(eventlog.Verdict, map[string]any{"kind": string(o.Kind), "exit_code": o.ExitCode(), "reason": o.Reason,
 		"restarts_used": o.RestartsUsed, "last_round": o.LastRound, "finished": o.Finished(), "quarantined": len(o.Quarantined)})
 	return o
+}
+
+// progressReporter is the part of *monitor.Manager that reports what the
+// ranks did, for the verdict's progress and rank failures.
+type progressReporter interface {
+	Progress() *verdict.Progress
+	RankCycle(localRank int) (steps int64, iteration *int64)
+}
+
+// recordRankFailure records local rank e's failure for the verdict, with
+// how far the rank had come in this cycle (its monitor's count).
+func (a *Agent) recordRankFailure(e spawn.Exit, hang bool) {
+	asg := a.run.asg
+	f := verdict.RankFailure{Round: asg.Round, Rank: asg.RankBase + e.LocalRank, LocalRank: e.LocalRank,
+		Kind: verdict.FailureCrash, At: e.At.UTC()}
+	if e.Signal != 0 {
+		f.Signal = sigName(e.Signal)
+	} else {
+		f.ExitCode = e.Code
+	}
+	if hang {
+		f.Kind, f.ExitCode = verdict.FailureHang, 0
+	}
+	if p, ok := a.d.Monitors.(progressReporter); ok {
+		f.Steps, f.Iteration = p.RankCycle(e.LocalRank)
+	}
+	r := &a.run
+	if len(r.rankFailures) == verdict.MaxRankFailures {
+		copy(r.rankFailures, r.rankFailures[1:])
+		r.rankFailures = r.rankFailures[:verdict.MaxRankFailures-1]
+	}
+	r.rankFailures = append(r.rankFailures, f)
 }
 
 // finishedFlag reads the state of the finished flag file.

@@ -106,7 +106,7 @@ func rdzvTimings() []rdzvTiming {
 		{"fence_margin", func(r *Rendezvous) *time.Duration { return &r.FenceMargin }, 0},
 		{"etcd_loss_bound", func(r *Rendezvous) *time.Duration { return &r.EtcdLossBound }, 60 * time.Second},
 		{"rejoin_wait", func(r *Rendezvous) *time.Duration { return &r.RejoinWait }, 0},
-		{"min_nodes_wait", func(r *Rendezvous) *time.Duration { return &r.MinNodesWait }, 30 * time.Second},
+		{"min_nodes_wait", func(r *Rendezvous) *time.Duration { return &r.MinNodesWait }, time.Second},
 	}
 }
 

@@ -46,7 +46,7 @@ func parseRdzv(t *testing.T, args []string, env map[string]string) (*Config, err
 func TestRendezvousResolved(t *testing.T) {
 	defTimings := Rendezvous{JoinTimeout: 10 * time.Minute, LastCallTimeout: 500 * time.Millisecond,
 		ConnectTimeout: 20 * time.Second, LeaseTTL: 5 * time.Second, EtcdLossBound: time.Minute, RejoinWait: 25 * time.Second,
-		MinNodesWait: 30 * time.Second, EtcdMember: -1}
+		MinNodesWait: time.Second, EtcdMember: -1}
 	with := func(f func(r *Rendezvous)) Rendezvous {
 		r := defTimings
 		f(&r)
@@ -130,7 +130,7 @@ func TestRendezvousResolved(t *testing.T) {
 			Rendezvous{Mode: RdzvEmbedded, Endpoints: []string{"10.0.0.8:29400"}, Given: []string{"h:29400"}, EtcdMember: -1,
 				HostsEtcdBy: "endpoint h:29400 (10.0.0.8) is not an address of this machine: this node has address 10.0.0.7 (the route to 10.0.0.8), host name box, interfaces 127.0.0.1",
 				JoinTimeout: time.Minute, LastCallTimeout: time.Millisecond, ConnectTimeout: 2500 * time.Millisecond,
-				LeaseTTL: 7 * time.Second, FenceMargin: 1500 * time.Millisecond, EtcdLossBound: 7 * 24 * time.Hour, RejoinWait: 10 * time.Second, MinNodesWait: 30 * time.Second}, nil},
+				LeaseTTL: 7 * time.Second, FenceMargin: 1500 * time.Millisecond, EtcdLossBound: 7 * 24 * time.Hour, RejoinWait: 10 * time.Second, MinNodesWait: time.Second}, nil},
 		{"rejoin_wait follows --workers-stop-timeout", []string{"--workers-stop-timeout", "3"}, nil,
 			with(func(r *Rendezvous) { r.Mode, r.RejoinWait = RdzvSingleNode, 13*time.Second }), nil},
 	}

@@ -141,6 +141,7 @@ type Manager struct {
 	base       Timeouts                         // m.eff at BeginCycle: what a field falls back to until every rank agrees
 	sent       map[string]map[int]time.Duration // this cycle: field → local rank → value it sent
 	ckptStamp  string                           // checkpoint-iteration file's state at BeginCycle
+	progress   progressTotals                   // the ended cycles' progress (progress.go)
 	conns      map[net.Conn]struct{}
 	closed     bool
 
@@ -453,6 +454,7 @@ func (m *Manager) BeginCycle(cycle int, pids map[int]int) {
 	m.ckptStamp = fileStamp(m.opts.FT.CheckpointIterationFile)
 	m.stalls.prune(m.mono())
 	for i, r := range m.ranks {
+		m.foldLocked(r) // a cycle that was never ended still counts
 		r.begin(cycle, m.pids[i], m.eff.Clone(), m.opts.FT.NumWarmupIterations)
 	}
 	m.poll.every.Store(int64(m.drainInterval()))
@@ -494,11 +496,16 @@ func (m *Manager) EndCycleWith(completed bool) {
 		if sum != nil {
 			summaries = append(summaries, sum)
 		}
+		m.foldLocked(r)
+	}
+	ckptFileChanged := fileStamp(m.opts.FT.CheckpointIterationFile) != m.ckptStamp
+	if ckptFileChanged && obs.SectionCloses[checkpointSection] == 0 {
+		// An nvrx job's checkpoint: the iteration file changed.
+		m.progress.checkpoints++
 	}
 	// Heartbeat and out-of-section intervals are trusted only from a cycle
 	// that contained a checkpoint, the longest gap in most trainings.
-	obs.CheckpointSeen = completed || obs.SectionCloses[checkpointSection] > 0 ||
-		fileStamp(m.opts.FT.CheckpointIterationFile) != m.ckptStamp
+	obs.CheckpointSeen = completed || obs.SectionCloses[checkpointSection] > 0 || ckptFileChanged
 	if m.opts.FT.CalculateTimeouts {
 		next, changes := compute(m.eff, &obs, m.opts.FT.SafetyFactor, m.minComputed(), m.clientSet)
 		for _, c := range changes {

@@ -102,6 +102,14 @@ type cycleRecord struct {
 	stepsAtCkpt        int64 // steps when the last checkpoint closed
 	checkpoints        int64
 	lastStepAt         int64 // mono time of the last step opened; 0 none
+
+	// For the verdict's progress and rank failures (progress.go).
+	connected        bool  // a session began this cycle
+	iterSteps        int64 // new iterations carried by sections other than "step"
+	iterSeen         bool
+	iterMin, iterMax int64
+	lastIter         int64
+	folded           bool // added to the manager's totals
 }
 
 func newRankMon(m *Manager, local int) *rankMon {
@@ -287,6 +295,8 @@ func (r *rankMon) init(gen uint64, info initInfo) bool {
 	if info.iteration != nil {
 		r.iterKnown, r.initialIter, r.currentIter = true, *info.iteration, *info.iteration
 	}
+	r.rec.connected = true
+	r.noteIterLocked("", info.iteration)
 	r.rearmLocked(now)
 	return true
 }
@@ -394,6 +404,7 @@ func (r *rankMon) openSection(gen uint64, name string, iter *int64, now int64) s
 		r.obs.OutOfSections++
 	}
 	r.open[name] = now
+	r.noteIterLocked(name, iter)
 	if name == "step" {
 		r.stepSeen = true
 		r.stepOpens++

@@ -81,7 +81,7 @@ type EtcdOptions struct {
 	// launcher sets it under Slurm when MIN == MAX): a restart round left
 	// with fewer than MIN live nodes and no spare then closes the job with
 	// kind verdict.NotEnoughNodes after MinNodesWait (--rdzv-conf
-	// min_nodes_wait, default 30s), not after JoinTimeout.
+	// min_nodes_wait, default 1s: fixed.go), not after JoinTimeout.
 	FixedAllocation bool
 	MinNodesWait    time.Duration
 	EtcdLossBound   time.Duration // etcd unreachable longer than this mid-run closes the job (default 60s)
@@ -257,7 +257,7 @@ func (o *EtcdOptions) defaults() error {
 			o.FenceMargin, o.LeaseTTL, renewsPerTTL)
 	}
 	def(&o.JoinTimeout, 10*time.Minute)
-	def(&o.MinNodesWait, 30*time.Second)
+	def(&o.MinNodesWait, time.Second)
 	def(&o.EtcdLossBound, 60*time.Second)
 	def(&o.ConnectTimeout, 20*time.Second)
 	def(&o.ProbeInterval, time.Second)

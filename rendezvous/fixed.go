@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -59,13 +60,52 @@ func (t *roundTimers) stop() {
 	}
 }
 
+// liveNodes counts the job's nodes that are alive and not confirmed lost:
+// alive keys (under each node's lease) less those of nodes with a death
+// record (dead/, written with the end of the round they were lost in, or
+// by gossip). A launcher that died alone keeps its alive key until its
+// lease expires (lease_ttl); its death record makes it not count at once.
+// A stalled node that comes back deletes its death record as it rejoins
+// (reincarnate) and counts again. Death records are few, so the alive keys
+// are only counted, not listed (thousands of nodes).
+func (e *Etcd) liveNodes(ctx context.Context) (int, error) {
+	resp, err := e.cli.Txn(ctx).Then(
+		clientv3.OpGet(e.k.alives(), clientv3.WithPrefix(), clientv3.WithCountOnly()),
+		clientv3.OpGet(e.k.deads(), clientv3.WithPrefix(), clientv3.WithKeysOnly())).Commit()
+	if err != nil {
+		return 0, err
+	}
+	alive := int(resp.Responses[0].GetResponseRange().Count)
+	deads := resp.Responses[1].GetResponseRange().Kvs
+	if len(deads) == 0 {
+		return alive, nil
+	}
+	ops := make([]clientv3.Op, 0, len(deads))
+	for _, kv := range deads {
+		// At the first read's revision: one consistent view.
+		ops = append(ops, clientv3.OpGet(e.k.alive(strings.TrimPrefix(string(kv.Key), e.k.deads())),
+			clientv3.WithCountOnly(), clientv3.WithRev(resp.Header.Revision)))
+	}
+	both, err := e.cli.Txn(ctx).Then(ops...).Commit()
+	if err != nil {
+		return 0, err
+	}
+	for _, r := range both.Responses {
+		if r.GetResponseRange().Count > 0 {
+			alive--
+		}
+	}
+	return alive, nil
+}
+
 // checkShortage closes the job with kind NotEnoughNodes when fewer than MIN
-// nodes of the job are alive while round target waits for its assignment;
-// otherwise it re-arms the check. The close is fenced on the round still
-// being current, unassigned and open (another node may have closed it).
+// nodes of the job are alive (liveNodes) while round target waits for its
+// assignment; otherwise it re-arms the check. The close is fenced on the
+// round still being current, unassigned and open (another node may have
+// closed it).
 func (e *Etcd) checkShortage(ctx context.Context, target int, t *roundTimers) {
-	resp, err := e.cli.Get(ctx, e.k.alives(), clientv3.WithPrefix(), clientv3.WithCountOnly())
-	if err != nil || int(resp.Count) >= e.o.MinNodes {
+	live, err := e.liveNodes(ctx)
+	if err != nil || live >= e.o.MinNodes {
 		t.short.Reset(e.o.LeaseTTL)
 		return
 	}
@@ -73,7 +113,7 @@ func (e *Etcd) checkShortage(ctx context.Context, target int, t *roundTimers) {
 	le := e.lastEnds[target-1]
 	e.mu.Unlock()
 	reason := fmt.Sprintf("only %d of the %d nodes needed are left in a fixed allocation with no spare, and none came back within min_nodes_wait=%v",
-		resp.Count, e.o.MinNodes, e.o.MinNodesWait)
+		live, e.o.MinNodes, e.o.MinNodesWait)
 	if le.Reason != "" {
 		reason += " (round " + strconv.Itoa(target-1) + " ended: " + le.Reason + ")"
 	}
@@ -87,5 +127,5 @@ func (e *Etcd) checkShortage(ctx context.Context, target int, t *roundTimers) {
 		t.short.Reset(e.o.LeaseTTL) // the watch reports what happened instead
 		return
 	}
-	e.log.Error("closing the job: not enough nodes", "round", target, "alive", resp.Count, "min", e.o.MinNodes)
+	e.log.Error("closing the job: not enough nodes", "round", target, "alive", live, "min", e.o.MinNodes)
 }

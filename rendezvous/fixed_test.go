@@ -83,3 +83,39 @@ func TestEtcdFixedAllocationShortOfNodes(t *testing.T) {
 		})
 	}
 }
+
+// TestEtcdFixedAllocationConfirmedLossNotCounted (issue 27): a launcher
+// that died alone keeps its alive key until its lease expires, but its
+// loss was confirmed (the round's end records its death): it does not
+// count as alive, so the job closes with not_enough_nodes min_nodes_wait
+// after the round ended, not a lease TTL later.
+func TestEtcdFixedAllocationConfirmedLossNotCounted(t *testing.T) {
+	m := startEmbedded(t)
+	const wait, ttl = time.Second, 20 * time.Second
+	c := &cluster{t: t, ep: m.Endpoint(), run: t.Name()}
+	for i := 0; i < 2; i++ {
+		o := c.opts(i, 1, 2, 2, 3)
+		o.FixedAllocation, o.MinNodesWait, o.JoinTimeout, o.LeaseTTL = true, wait, 10*time.Minute, ttl
+		o.DisableGossip = true // the loss is reported by the test, as the stream connections do
+		c.add(o)
+	}
+	nextAll(t, c.nodes)
+	survivor, victim := c.nodes[0], c.nodes[1]
+	ended := survivor.Ended(0)
+	crash(victim) // its lease (and alive key) stays for ttl
+	survivor.nodeLost(0, victim.NodeID(), "stream")
+	if e := waitEnd(t, ended, 15*time.Second); e.Kind != EndRestart {
+		t.Fatalf("round 0 end %+v, want a restart", e)
+	}
+	start := time.Now()
+	var ce *JobClosedError
+	r := recvNext(t, nextAsync(t, survivor))
+	if !errors.As(r.err, &ce) || ce.Kind != verdict.NotEnoughNodes || !strings.Contains(ce.Reason, "only 1 of the 2 nodes") {
+		t.Fatalf("Next: %+v %v, want the job closed with not_enough_nodes, 1 of 2 nodes left", r.a, r.err)
+	}
+	if took := time.Since(start); took > ttl/2 {
+		t.Fatalf("closed %v after the round ended, want well within the lease TTL %v (the dead node's alive key counted)", took, ttl)
+	} else {
+		t.Logf("closed with not_enough_nodes %v after the round ended (lease TTL %v)", took, ttl)
+	}
+}

@@ -12,7 +12,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"sort"
@@ -430,30 +429,4 @@ func cmdStep(ctx context.Context, args []string, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "ft-resumer step begin: %v\n", err)
 	}
 	return 0
-}
-
-// cmdNode execs a command with this node's verdict path.
-func cmdNode(args []string, stderr io.Writer) int {
-	if len(args) > 0 && args[0] == "--" {
-		args = args[1:]
-	}
-	if len(args) == 0 {
-		fmt.Fprintln(stderr, "Usage: ft-resumer node -- COMMAND [ARGS...]")
-		return 2
-	}
-	if dir := os.Getenv("FT_RESUMER_JOB_DIR"); dir != "" {
-		node := os.Getenv("SLURMD_NODENAME")
-		if node == "" {
-			node, _ = os.Hostname()
-		}
-		os.Setenv("FT_LAUNCHER_VERDICT_FILE", filepath.Join(dir, "verdict-"+node+".json"))
-	}
-	path, err := exec.LookPath(args[0])
-	if err != nil {
-		fmt.Fprintf(stderr, "ft-resumer node: %v\n", err)
-		return 127
-	}
-	err = syscall.Exec(path, args, os.Environ())
-	fmt.Fprintf(stderr, "ft-resumer node: exec %s: %v\n", path, err)
-	return 126
 }
