@@ -34,6 +34,8 @@ func cmdAppWrapperController(ctx context.Context, args []string, stdout, stderr 
 	leaderElect := fs.Bool("leader-elect", false, "elect a leader among replicas (a Lease in --leader-election-namespace)")
 	leaderNS := fs.String("leader-election-namespace", "", "namespace of the leader-election Lease (default: the pod's namespace)")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	reevaluate := fs.Duration("reevaluate-period", appwrapper.DefaultConfig().ReevaluatePeriod.Duration,
+		"periodic re-evaluation of a Running AppWrapper, a safety net for a missed watch event (0 disables; overrides the config's reevaluatePeriod)")
 	if code, done := parse(fs, args, stdout); done {
 		return code
 	}
@@ -60,6 +62,14 @@ func cmdAppWrapperController(ctx context.Context, args []string, stdout, stderr 
 			fmt.Fprintf(stderr, "ft-resumer appwrapper-controller: --config %s: %v\n", *cfgFile, err)
 			return 2
 		}
+	}
+
+	if fs.Changed("reevaluate-period") {
+		if *reevaluate < 0 {
+			fmt.Fprintf(stderr, "ft-resumer appwrapper-controller: --reevaluate-period %v: must be >= 0 (0 disables)\n", *reevaluate)
+			return 2
+		}
+		cfg.ReevaluatePeriod = appwrapper.Duration{Duration: *reevaluate}
 	}
 
 	restCfg, err := restConfig(*kubeconfig)

@@ -91,6 +91,18 @@ type Config struct {
 	// QuarantineTTL is how long a node that ft-launcher quarantined is
 	// avoided by recreated pods (ours, not upstream's); 0 disables it.
 	QuarantineTTL Duration `json:"quarantineTTL"`
+	// ReevaluatePeriod (ours) is the safety-net pass of a Running
+	// AppWrapper: watch events drive every decision at once, and this
+	// periodic pass catches one that was missed. 0 disables it.
+	ReevaluatePeriod Duration `json:"reevaluatePeriod"`
+	// DeadNodeGracePeriod (ours): during a deletion (reset, suspension,
+	// failure, AppWrapper deleted), a labelled pod on a node whose Ready
+	// condition has not been True for this long (or that carries the
+	// node controller's unreachable taint for this long) is deleted with
+	// grace 0 at once, instead of after deletionGracePeriod: no kubelet
+	// is there to finish it. A node with the out-of-service taint counts
+	// at once.
+	DeadNodeGracePeriod Duration `json:"deadNodeGracePeriod"`
 }
 
 // Autopilot's GPU health label and the resource whose health it reports.
@@ -126,7 +138,9 @@ func DefaultConfig() Config {
 			},
 			PreferNoScheduleWeight: &weight,
 		},
-		QuarantineTTL: Duration{time.Hour},
+		QuarantineTTL:       Duration{time.Hour},
+		ReevaluatePeriod:    Duration{3 * time.Minute},
+		DeadNodeGracePeriod: Duration{time.Minute},
 	}
 }
 
@@ -296,6 +310,12 @@ func (c Config) Validate() error {
 	}
 	if c.QuarantineTTL.Duration < 0 {
 		errs = append(errs, fmt.Errorf("quarantineTTL %v: must be >= 0 (0 disables)", c.QuarantineTTL.Duration))
+	}
+	if c.ReevaluatePeriod.Duration < 0 {
+		errs = append(errs, fmt.Errorf("reevaluatePeriod %v: must be >= 0 (0 disables)", c.ReevaluatePeriod.Duration))
+	}
+	if c.DeadNodeGracePeriod.Duration < 0 {
+		errs = append(errs, fmt.Errorf("deadNodeGracePeriod %v: must be >= 0", c.DeadNodeGracePeriod.Duration))
 	}
 	if len(errs) > 0 {
 		return fmt.Errorf("appwrapper config: %w", errors.Join(errs...))

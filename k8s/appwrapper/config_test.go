@@ -60,6 +60,8 @@ func TestDefaultConfig(t *testing.T) {
 		"ceiling":   {ft.GracePeriodMaximum.Duration, 24 * time.Hour},
 		"ttl":       {ft.SuccessTTL.Duration, 7 * 24 * time.Hour},
 		"quarantne": {c.QuarantineTTL.Duration, time.Hour},
+		"reeval":    {c.ReevaluatePeriod.Duration, 3 * time.Minute},
+		"deadnode":  {c.DeadNodeGracePeriod.Duration, time.Minute},
 	} {
 		if got[0] != got[1] {
 			t.Errorf("%s: %v, want %v", name, got[0], got[1])
@@ -109,10 +111,13 @@ faultTolerance:
   retryLimit: 5
 schedulerName: coscheduler
 quarantineTTL: 0s
+reevaluatePeriod: 30s
+deadNodeGracePeriod: 0s
 `, check: func(t *testing.T, c Config) {
 			ft := c.FaultTolerance
 			if ft.FailureGracePeriod.Duration != 30*time.Second || ft.RetryPausePeriod.Duration != 2*time.Minute ||
-				ft.RetryLimit != 5 || c.SchedulerName != "coscheduler" || c.QuarantineTTL.Duration != 0 {
+				ft.RetryLimit != 5 || c.SchedulerName != "coscheduler" || c.QuarantineTTL.Duration != 0 ||
+				c.ReevaluatePeriod.Duration != 30*time.Second || c.DeadNodeGracePeriod.Duration != 0 {
 				t.Errorf("got %+v", c)
 			}
 			// Keys left out keep their defaults.
@@ -210,6 +215,8 @@ func TestLoadConfigErrors(t *testing.T) {
 		{"quarantine format", "quarantineTTL: 1 hour", []string{`quarantineTTL: duration "1 hour"`}},
 		{"weight type", "autopilot:\n  preferNoScheduleWeight: high", []string{"autopilot.preferNoScheduleWeight"}},
 		{"quarantine", "quarantineTTL: -1m", []string{"quarantineTTL -1m0s"}},
+		{"reevaluate", "reevaluatePeriod: -1s", []string{"reevaluatePeriod -1s: must be >= 0 (0 disables)"}},
+		{"dead node", "deadNodeGracePeriod: -1s", []string{"deadNodeGracePeriod -1s: must be >= 0"}},
 		{"upstream layout validated", "appwrapper:\n  faultTolerance:\n    successTTLCeiling: -1s", []string{"successTTLCeiling"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
