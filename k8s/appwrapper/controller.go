@@ -469,8 +469,8 @@ func (s *pass) running(ctx context.Context) (ctrl.Result, error) {
 	if notReady := s.since(v1beta2.PodsReady); wasReady || notReady.After(deployed.Time) {
 		// PodsReady turned False after this deployment began, which only
 		// the True -> False flip of a pass like this one does: the
-		// resuming and resetting handlers write it False no later than
-		// ResourcesDeployed's transition.
+		// suspended and resetting handlers write it False no later than
+		// ResourcesDeployed's transition to True.
 		if d := notReady.Add(s.p.FailureGracePeriod); d.After(deadline) {
 			deadline, rule = d, "from PodsReady turning False"
 		}
