@@ -103,6 +103,17 @@ type Config struct {
 	// is there to finish it. A node with the out-of-service taint counts
 	// at once.
 	DeadNodeGracePeriod Duration `json:"deadNodeGracePeriod"`
+	// WebhooksEnabled serves the admission webhook (webhook.go) from the
+	// controller. Upstream's key; in its layout it sits beside
+	// "appwrapper:", not under it. Off by default here: it needs the
+	// webhook manifests (deploy/k8s/webhook.yaml).
+	WebhooksEnabled bool `json:"webhooksEnabled"`
+	// UserRBACAdmissionCheck: the webhook asks, per component, whether the
+	// requesting user may create it (upstream's key and default).
+	UserRBACAdmissionCheck bool `json:"userRBACAdmissionCheck"`
+	// DefaultQueueName: the webhook labels an AppWrapper that names no
+	// Kueue queue with this one (upstream's key).
+	DefaultQueueName string `json:"defaultQueueName,omitempty"`
 }
 
 // Autopilot's GPU health label and the resource whose health it reports.
@@ -141,6 +152,8 @@ func DefaultConfig() Config {
 		QuarantineTTL:       Duration{time.Hour},
 		ReevaluatePeriod:    Duration{3 * time.Minute},
 		DeadNodeGracePeriod: Duration{time.Minute},
+		// Upstream's default.
+		UserRBACAdmissionCheck: true,
 	}
 }
 
@@ -152,7 +165,7 @@ const upstreamKey = "appwrapper"
 // keep their defaults, and validates the result. It accepts the bare form
 // (faultTolerance, autopilot, ... at the top) and upstream's file, where
 // they sit under "appwrapper:" beside keys this controller ignores
-// (certManagement, controllerManager, webhooksEnabled, ...).
+// (certManagement, controllerManager, ...) and webhooksEnabled.
 //
 // As with upstream's decoder, resourceTaints merges per resource over the
 // default map: naming "nvidia.com/gpu" replaces its list, "nvidia.com/gpu: []"
@@ -178,6 +191,12 @@ func LoadConfig(data []byte) (Config, error) {
 			}
 		}
 		body = inner
+		if raw, ok := top["webhooksEnabled"]; ok {
+			// Upstream's OperatorConfig keeps it outside "appwrapper:".
+			if err := json.Unmarshal(raw, &cfg.WebhooksEnabled); err != nil {
+				return Config{}, fmt.Errorf("appwrapper config: webhooksEnabled: want true or false: %w", err)
+			}
+		}
 	}
 	// Key by key first, so that an error names its key and a misspelt key,
 	// which would otherwise silently keep its default, is refused.
@@ -195,8 +214,8 @@ func LoadConfig(data []byte) (Config, error) {
 
 // checkKeys decodes each key of the config's own sections on its own, so
 // that a decoding error names the key. Keys under faultTolerance and
-// autopilot must be known; other keys at the top are left to upstream's
-// layout (userRBACAdmissionCheck, defaultQueueName, ...) and ignored.
+// autopilot must be known; other keys at the top are decoded leniently
+// (upstream's layout has keys this controller ignores).
 func checkKeys(body []byte) error {
 	var top map[string]json.RawMessage
 	if err := json.Unmarshal(body, &top); err != nil {

@@ -68,6 +68,7 @@ func TestDefaultConfig(t *testing.T) {
 		}
 	}
 	if ft.RetryLimit != 3 || !c.Autopilot.InjectAntiAffinities || !c.Autopilot.MonitorNodes ||
+		c.WebhooksEnabled || !c.UserRBACAdmissionCheck || c.DefaultQueueName != "" ||
 		c.Autopilot.PreferNoScheduleWeight == nil || *c.Autopilot.PreferNoScheduleWeight != 50 {
 		t.Errorf("defaults: %+v", c)
 	}
@@ -152,6 +153,15 @@ webhooksEnabled: true
 			}
 			if c.Autopilot.MonitorNodes || !c.Autopilot.InjectAntiAffinities || *c.Autopilot.PreferNoScheduleWeight != 10 {
 				t.Errorf("autopilot %+v", c.Autopilot)
+			}
+			// The webhook's keys, webhooksEnabled beside "appwrapper:".
+			if !c.WebhooksEnabled || !c.UserRBACAdmissionCheck || c.DefaultQueueName != "default-queue" {
+				t.Errorf("webhook keys: enabled %v, rbac %v, queue %q", c.WebhooksEnabled, c.UserRBACAdmissionCheck, c.DefaultQueueName)
+			}
+		}},
+		{name: "webhook keys off", yaml: "appwrapper:\n  userRBACAdmissionCheck: false\nwebhooksEnabled: false\n", check: func(t *testing.T, c Config) {
+			if c.WebhooksEnabled || c.UserRBACAdmissionCheck {
+				t.Errorf("webhook keys: enabled %v, rbac %v", c.WebhooksEnabled, c.UserRBACAdmissionCheck)
 			}
 		}},
 		{name: "resource taints merge per resource", yaml: `
