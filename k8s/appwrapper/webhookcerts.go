@@ -20,6 +20,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
@@ -93,7 +94,12 @@ func (wc WebhookCerts) Ensure(ctx context.Context, c client.Client, now time.Tim
 				return gerr
 			}
 			sec.Data = fresh.Data
-			if err := c.Update(ctx, sec); err != nil {
+			if err := c.Update(ctx, sec); apierrors.IsConflict(err) {
+				// Another replica renewed it first: use its certificate.
+				if err := c.Get(ctx, key, sec); err != nil {
+					return fmt.Errorf("webhook certificate: read Secret %s: %w", key, err)
+				}
+			} else if err != nil {
 				return fmt.Errorf("webhook certificate: renew Secret %s: %w", key, err)
 			}
 		}
@@ -110,28 +116,33 @@ func (wc WebhookCerts) Ensure(ctx context.Context, c client.Client, now time.Tim
 		}
 	}
 	ca := sec.Data["ca.crt"]
+	// Replicas start together and write the same CA: a conflict is retried.
 	if wc.Validating != "" {
-		v := &admissionregv1.ValidatingWebhookConfiguration{}
-		if err := c.Get(ctx, client.ObjectKey{Name: wc.Validating}, v); err != nil {
-			return fmt.Errorf("webhook certificate: read ValidatingWebhookConfiguration %s: %w", wc.Validating, err)
-		}
-		for i := range v.Webhooks {
-			v.Webhooks[i].ClientConfig.CABundle = ca
-		}
-		if err := c.Update(ctx, v); err != nil {
-			return fmt.Errorf("webhook certificate: set caBundle of %s: %w", wc.Validating, err)
+		if err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+			v := &admissionregv1.ValidatingWebhookConfiguration{}
+			if err := c.Get(ctx, client.ObjectKey{Name: wc.Validating}, v); err != nil {
+				return err
+			}
+			for i := range v.Webhooks {
+				v.Webhooks[i].ClientConfig.CABundle = ca
+			}
+			return c.Update(ctx, v)
+		}); err != nil {
+			return fmt.Errorf("webhook certificate: set caBundle of ValidatingWebhookConfiguration %s: %w", wc.Validating, err)
 		}
 	}
 	if wc.Mutating != "" {
-		m := &admissionregv1.MutatingWebhookConfiguration{}
-		if err := c.Get(ctx, client.ObjectKey{Name: wc.Mutating}, m); err != nil {
-			return fmt.Errorf("webhook certificate: read MutatingWebhookConfiguration %s: %w", wc.Mutating, err)
-		}
-		for i := range m.Webhooks {
-			m.Webhooks[i].ClientConfig.CABundle = ca
-		}
-		if err := c.Update(ctx, m); err != nil {
-			return fmt.Errorf("webhook certificate: set caBundle of %s: %w", wc.Mutating, err)
+		if err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+			m := &admissionregv1.MutatingWebhookConfiguration{}
+			if err := c.Get(ctx, client.ObjectKey{Name: wc.Mutating}, m); err != nil {
+				return err
+			}
+			for i := range m.Webhooks {
+				m.Webhooks[i].ClientConfig.CABundle = ca
+			}
+			return c.Update(ctx, m)
+		}); err != nil {
+			return fmt.Errorf("webhook certificate: set caBundle of MutatingWebhookConfiguration %s: %w", wc.Mutating, err)
 		}
 	}
 	return nil
