@@ -6,6 +6,9 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"path/filepath"
+	"strings"
+	"time"
 
 	"github.com/go-logr/logr"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -14,8 +17,10 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
 	"github.com/ftlauncher/ft-launcher/k8s/api/v1beta2"
 	"github.com/ftlauncher/ft-launcher/k8s/appwrapper"
@@ -34,6 +39,12 @@ func cmdAppWrapperController(ctx context.Context, args []string, stdout, stderr 
 	leaderElect := fs.Bool("leader-elect", false, "elect a leader among replicas (a Lease in --leader-election-namespace)")
 	leaderNS := fs.String("leader-election-namespace", "", "namespace of the leader-election Lease (default: the pod's namespace)")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	webhookPort := fs.Int("webhook-port", 9443, "port of the admission webhook server (when the config's webhooksEnabled is true)")
+	webhookCertDir := fs.String("webhook-cert-dir", filepath.Join(os.TempDir(), "k8s-webhook-server", "serving-certs"), "directory of the webhook's tls.crt and tls.key (written there when --webhook-manage-certs)")
+	webhookManage := fs.Bool("webhook-manage-certs", true, "generate the webhook's certificate, keep it in a Secret and set the webhook configurations' caBundle; false: the certificate is mounted in --webhook-cert-dir (cert-manager)")
+	webhookNS := fs.String("webhook-namespace", "", "namespace of the webhook Service and certificate Secret (default: the pod's namespace)")
+	reevaluate := fs.Duration("reevaluate-period", appwrapper.DefaultConfig().ReevaluatePeriod.Duration,
+		"periodic re-evaluation of a Running AppWrapper, a safety net for a missed watch event (0 disables; overrides the config's reevaluatePeriod)")
 	if code, done := parse(fs, args, stdout); done {
 		return code
 	}
@@ -62,6 +73,14 @@ func cmdAppWrapperController(ctx context.Context, args []string, stdout, stderr 
 		}
 	}
 
+	if fs.Changed("reevaluate-period") {
+		if *reevaluate < 0 {
+			fmt.Fprintf(stderr, "ft-resumer appwrapper-controller: --reevaluate-period %v: must be >= 0 (0 disables)\n", *reevaluate)
+			return 2
+		}
+		cfg.ReevaluatePeriod = appwrapper.Duration{Duration: *reevaluate}
+	}
+
 	restCfg, err := restConfig(*kubeconfig)
 	if err != nil {
 		fmt.Fprintf(stderr, "ft-resumer appwrapper-controller: %v\n", err)
@@ -76,9 +95,17 @@ func cmdAppWrapperController(ctx context.Context, args []string, stdout, stderr 
 		fmt.Fprintf(stderr, "ft-resumer appwrapper-controller: %v\n", err)
 		return 1
 	}
+	var webhookServer webhook.Server
+	if cfg.WebhooksEnabled {
+		if webhookServer, err = setupWebhookCerts(ctx, restCfg, scheme, *webhookNS, *webhookCertDir, *webhookManage, *webhookPort); err != nil {
+			fmt.Fprintf(stderr, "ft-resumer appwrapper-controller: %v\n", err)
+			return 1
+		}
+	}
 	var cacheOpts cache.Options
 	appwrapper.ConfigureCache(&cacheOpts) // cache only the workloads' pods
 	mgr, err := ctrl.NewManager(restCfg, ctrl.Options{
+		WebhookServer:           webhookServer,
 		Scheme:                  scheme,
 		Cache:                   cacheOpts,
 		Metrics:                 metricsserver.Options{BindAddress: *metricsAddr},
@@ -103,7 +130,13 @@ func cmdAppWrapperController(ctx context.Context, args []string, stdout, stderr 
 		fmt.Fprintf(stderr, "ft-resumer appwrapper-controller: %v\n", err)
 		return 1
 	}
-	log.Info("AppWrapper controller starting", "host", restCfg.Host, "leader_elect", *leaderElect)
+	if cfg.WebhooksEnabled {
+		if err := appwrapper.SetupWebhookWithManager(mgr, cfg); err != nil {
+			fmt.Fprintf(stderr, "ft-resumer appwrapper-controller: %v\n", err)
+			return 1
+		}
+	}
+	log.Info("AppWrapper controller starting", "host", restCfg.Host, "leader_elect", *leaderElect, "webhooks", cfg.WebhooksEnabled)
 	if err := mgr.Start(ctx); err != nil {
 		log.Error("AppWrapper controller stopped", "err", err)
 		return 1
@@ -127,4 +160,28 @@ func restConfig(path string) (*rest.Config, error) {
 		return nil, fmt.Errorf("no cluster to talk to (give --kubeconfig, set KUBECONFIG, or run in a pod): %w", err)
 	}
 	return c, nil
+}
+
+// setupWebhookCerts makes the webhook's certificate ready (self-managed,
+// or mounted by cert-manager when manage is false) and returns the server
+// that serves it.
+func setupWebhookCerts(ctx context.Context, restCfg *rest.Config, scheme *runtime.Scheme, ns, dir string, manage bool, port int) (webhook.Server, error) {
+	if manage {
+		if ns == "" {
+			b, err := os.ReadFile("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+			if err != nil {
+				return nil, fmt.Errorf("webhooksEnabled: give --webhook-namespace (not in a pod: %w)", err)
+			}
+			ns = strings.TrimSpace(string(b))
+		}
+		c, err := client.New(restCfg, client.Options{Scheme: scheme})
+		if err != nil {
+			return nil, fmt.Errorf("webhook certificate: client: %w", err)
+		}
+		wc := appwrapper.ShippedWebhookCerts(ns, dir)
+		if err := wc.Ensure(ctx, c, time.Now()); err != nil {
+			return nil, err
+		}
+	}
+	return webhook.NewServer(webhook.Options{Port: port, CertDir: dir}), nil
 }

@@ -91,6 +91,29 @@ type Config struct {
 	// QuarantineTTL is how long a node that ft-launcher quarantined is
 	// avoided by recreated pods (ours, not upstream's); 0 disables it.
 	QuarantineTTL Duration `json:"quarantineTTL"`
+	// ReevaluatePeriod (ours) is the safety-net pass of a Running
+	// AppWrapper: watch events drive every decision at once, and this
+	// periodic pass catches one that was missed. 0 disables it.
+	ReevaluatePeriod Duration `json:"reevaluatePeriod"`
+	// DeadNodeGracePeriod (ours): during a deletion (reset, suspension,
+	// failure, AppWrapper deleted), a labelled pod on a node whose Ready
+	// condition has not been True for this long (or that carries the
+	// node controller's unreachable taint for this long) is deleted with
+	// grace 0 at once, instead of after deletionGracePeriod: no kubelet
+	// is there to finish it. A node with the out-of-service taint counts
+	// at once.
+	DeadNodeGracePeriod Duration `json:"deadNodeGracePeriod"`
+	// WebhooksEnabled serves the admission webhook (webhook.go) from the
+	// controller. Upstream's key; in its layout it sits beside
+	// "appwrapper:", not under it. Off by default here: it needs the
+	// webhook manifests (deploy/k8s/webhook.yaml).
+	WebhooksEnabled bool `json:"webhooksEnabled"`
+	// UserRBACAdmissionCheck: the webhook asks, per component, whether the
+	// requesting user may create it (upstream's key and default).
+	UserRBACAdmissionCheck bool `json:"userRBACAdmissionCheck"`
+	// DefaultQueueName: the webhook labels an AppWrapper that names no
+	// Kueue queue with this one (upstream's key).
+	DefaultQueueName string `json:"defaultQueueName,omitempty"`
 }
 
 // Autopilot's GPU health label and the resource whose health it reports.
@@ -126,7 +149,11 @@ func DefaultConfig() Config {
 			},
 			PreferNoScheduleWeight: &weight,
 		},
-		QuarantineTTL: Duration{time.Hour},
+		QuarantineTTL:       Duration{time.Hour},
+		ReevaluatePeriod:    Duration{3 * time.Minute},
+		DeadNodeGracePeriod: Duration{time.Minute},
+		// Upstream's default.
+		UserRBACAdmissionCheck: true,
 	}
 }
 
@@ -138,7 +165,7 @@ const upstreamKey = "appwrapper"
 // keep their defaults, and validates the result. It accepts the bare form
 // (faultTolerance, autopilot, ... at the top) and upstream's file, where
 // they sit under "appwrapper:" beside keys this controller ignores
-// (certManagement, controllerManager, webhooksEnabled, ...).
+// (certManagement, controllerManager, ...) and webhooksEnabled.
 //
 // As with upstream's decoder, resourceTaints merges per resource over the
 // default map: naming "nvidia.com/gpu" replaces its list, "nvidia.com/gpu: []"
@@ -164,6 +191,12 @@ func LoadConfig(data []byte) (Config, error) {
 			}
 		}
 		body = inner
+		if raw, ok := top["webhooksEnabled"]; ok {
+			// Upstream's OperatorConfig keeps it outside "appwrapper:".
+			if err := json.Unmarshal(raw, &cfg.WebhooksEnabled); err != nil {
+				return Config{}, fmt.Errorf("appwrapper config: webhooksEnabled: want true or false: %w", err)
+			}
+		}
 	}
 	// Key by key first, so that an error names its key and a misspelt key,
 	// which would otherwise silently keep its default, is refused.
@@ -181,8 +214,8 @@ func LoadConfig(data []byte) (Config, error) {
 
 // checkKeys decodes each key of the config's own sections on its own, so
 // that a decoding error names the key. Keys under faultTolerance and
-// autopilot must be known; other keys at the top are left to upstream's
-// layout (userRBACAdmissionCheck, defaultQueueName, ...) and ignored.
+// autopilot must be known; other keys at the top are decoded leniently
+// (upstream's layout has keys this controller ignores).
 func checkKeys(body []byte) error {
 	var top map[string]json.RawMessage
 	if err := json.Unmarshal(body, &top); err != nil {
@@ -296,6 +329,12 @@ func (c Config) Validate() error {
 	}
 	if c.QuarantineTTL.Duration < 0 {
 		errs = append(errs, fmt.Errorf("quarantineTTL %v: must be >= 0 (0 disables)", c.QuarantineTTL.Duration))
+	}
+	if c.ReevaluatePeriod.Duration < 0 {
+		errs = append(errs, fmt.Errorf("reevaluatePeriod %v: must be >= 0 (0 disables)", c.ReevaluatePeriod.Duration))
+	}
+	if c.DeadNodeGracePeriod.Duration < 0 {
+		errs = append(errs, fmt.Errorf("deadNodeGracePeriod %v: must be >= 0", c.DeadNodeGracePeriod.Duration))
 	}
 	if len(errs) > 0 {
 		return fmt.Errorf("appwrapper config: %w", errors.Join(errs...))

@@ -60,12 +60,15 @@ func TestDefaultConfig(t *testing.T) {
 		"ceiling":   {ft.GracePeriodMaximum.Duration, 24 * time.Hour},
 		"ttl":       {ft.SuccessTTL.Duration, 7 * 24 * time.Hour},
 		"quarantne": {c.QuarantineTTL.Duration, time.Hour},
+		"reeval":    {c.ReevaluatePeriod.Duration, 3 * time.Minute},
+		"deadnode":  {c.DeadNodeGracePeriod.Duration, time.Minute},
 	} {
 		if got[0] != got[1] {
 			t.Errorf("%s: %v, want %v", name, got[0], got[1])
 		}
 	}
 	if ft.RetryLimit != 3 || !c.Autopilot.InjectAntiAffinities || !c.Autopilot.MonitorNodes ||
+		c.WebhooksEnabled || !c.UserRBACAdmissionCheck || c.DefaultQueueName != "" ||
 		c.Autopilot.PreferNoScheduleWeight == nil || *c.Autopilot.PreferNoScheduleWeight != 50 {
 		t.Errorf("defaults: %+v", c)
 	}
@@ -109,10 +112,13 @@ faultTolerance:
   retryLimit: 5
 schedulerName: coscheduler
 quarantineTTL: 0s
+reevaluatePeriod: 30s
+deadNodeGracePeriod: 0s
 `, check: func(t *testing.T, c Config) {
 			ft := c.FaultTolerance
 			if ft.FailureGracePeriod.Duration != 30*time.Second || ft.RetryPausePeriod.Duration != 2*time.Minute ||
-				ft.RetryLimit != 5 || c.SchedulerName != "coscheduler" || c.QuarantineTTL.Duration != 0 {
+				ft.RetryLimit != 5 || c.SchedulerName != "coscheduler" || c.QuarantineTTL.Duration != 0 ||
+				c.ReevaluatePeriod.Duration != 30*time.Second || c.DeadNodeGracePeriod.Duration != 0 {
 				t.Errorf("got %+v", c)
 			}
 			// Keys left out keep their defaults.
@@ -147,6 +153,15 @@ webhooksEnabled: true
 			}
 			if c.Autopilot.MonitorNodes || !c.Autopilot.InjectAntiAffinities || *c.Autopilot.PreferNoScheduleWeight != 10 {
 				t.Errorf("autopilot %+v", c.Autopilot)
+			}
+			// The webhook's keys, webhooksEnabled beside "appwrapper:".
+			if !c.WebhooksEnabled || !c.UserRBACAdmissionCheck || c.DefaultQueueName != "default-queue" {
+				t.Errorf("webhook keys: enabled %v, rbac %v, queue %q", c.WebhooksEnabled, c.UserRBACAdmissionCheck, c.DefaultQueueName)
+			}
+		}},
+		{name: "webhook keys off", yaml: "appwrapper:\n  userRBACAdmissionCheck: false\nwebhooksEnabled: false\n", check: func(t *testing.T, c Config) {
+			if c.WebhooksEnabled || c.UserRBACAdmissionCheck {
+				t.Errorf("webhook keys: enabled %v, rbac %v", c.WebhooksEnabled, c.UserRBACAdmissionCheck)
 			}
 		}},
 		{name: "resource taints merge per resource", yaml: `
@@ -210,6 +225,8 @@ func TestLoadConfigErrors(t *testing.T) {
 		{"quarantine format", "quarantineTTL: 1 hour", []string{`quarantineTTL: duration "1 hour"`}},
 		{"weight type", "autopilot:\n  preferNoScheduleWeight: high", []string{"autopilot.preferNoScheduleWeight"}},
 		{"quarantine", "quarantineTTL: -1m", []string{"quarantineTTL -1m0s"}},
+		{"reevaluate", "reevaluatePeriod: -1s", []string{"reevaluatePeriod -1s: must be >= 0 (0 disables)"}},
+		{"dead node", "deadNodeGracePeriod: -1s", []string{"deadNodeGracePeriod -1s: must be >= 0"}},
 		{"upstream layout validated", "appwrapper:\n  faultTolerance:\n    successTTLCeiling: -1s", []string{"successTTLCeiling"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -14,10 +14,12 @@ import (
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
+	"k8s.io/client-go/tools/record"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -47,10 +49,16 @@ type Reconciler struct {
 	mapper    meta.RESTMapper
 	cache     cache.Cache
 	recorder  events.EventRecorder
+	upstream  record.EventRecorder // upstream's Events, in its form (upstreamEvent)
 	config    Config
 	phases    *prometheus.CounterVec
 	nodes     *nodeHealth
 	now       func() time.Time
+
+	// dropPodEvent, when set, hides the pod and component watch events
+	// it returns true for: tests lose events on purpose with it, to show
+	// that the periodic pass catches what the watches missed.
+	dropPodEvent func(client.Object) bool
 
 	mu       sync.Mutex
 	ctrl     controller.Controller
@@ -83,12 +91,16 @@ func NewReconciler(mgr ctrl.Manager, cfg Config) (*Reconciler, error) {
 		mapper:    mgr.GetRESTMapper(),
 		cache:     mgr.GetCache(),
 		recorder:  mgr.GetEventRecorder(ControllerName),
-		config:    cfg,
-		phases:    phases,
-		nodes:     newNodeHealth(),
-		now:       time.Now,
-		watched:   map[schema.GroupVersionKind]bool{},
-		reported:  map[types.NamespacedName]string{},
+		// The core/v1 recorder is deprecated in controller-runtime, but
+		// upstream's Events are core/v1 Events and alerts match on their
+		// source.component.
+		upstream: mgr.GetEventRecorderFor(UpstreamEventSource), //nolint:staticcheck
+		config:   cfg,
+		phases:   phases,
+		nodes:    newNodeHealth(),
+		now:      time.Now,
+		watched:  map[schema.GroupVersionKind]bool{},
+		reported: map[types.NamespacedName]string{},
 	}, nil
 }
 
@@ -132,6 +144,9 @@ type pass struct {
 	orig v1beta2.AppWrapperStatus
 	p    Params
 	log  logr.Logger
+	// at is when the pass started: the lastTransitionTime of every
+	// condition it flips.
+	at metav1.Time
 }
 
 // Reconcile runs the handler of the AppWrapper's phase.
@@ -161,7 +176,7 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	}
 	p, problems := ParamsFor(aw, r.config.FaultTolerance)
 	r.reportProblems(aw, problems)
-	s := &pass{r: r, aw: aw, orig: *aw.Status.DeepCopy(), p: p,
+	s := &pass{r: r, aw: aw, orig: *aw.Status.DeepCopy(), p: p, at: metav1.NewTime(r.now()),
 		log: log.FromContext(ctx).WithValues("phase", string(aw.Status.Phase))}
 	r.ensureComponentWatches(aw)
 
@@ -176,7 +191,7 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	case v1beta2.AppWrapperResuming:
 		return s.resuming(ctx)
 	case v1beta2.AppWrapperRunning:
-		return s.running(ctx)
+		return s.reevaluateLater(s.running(ctx))
 	case v1beta2.AppWrapperResetting:
 		return s.resetting(ctx)
 	case v1beta2.AppWrapperSuspending:
@@ -306,6 +321,7 @@ func (s *pass) suspended(ctx context.Context) (ctrl.Result, error) {
 // unhealthy verdict.
 func (s *pass) resuming(ctx context.Context) (ctrl.Result, error) {
 	if s.aw.Spec.Suspend {
+		s.upstreamEventReason(string(v1beta2.AppWrapperSuspending), "Externally suspended while in the Resuming phase")
 		return s.transition(ctx, v1beta2.AppWrapperSuspending, "suspend requested while resuming")
 	}
 	fatal, err := s.createComponents(ctx)
@@ -327,6 +343,7 @@ func (s *pass) resuming(ctx context.Context) (ctrl.Result, error) {
 		}
 	}
 	s.markUnhealthy(ReasonCreateFailed, msg)
+	s.upstreamEvent(upstreamCreateFailed + msg)
 	if fatal {
 		return s.transition(ctx, v1beta2.AppWrapperFailed, "fatal: "+msg)
 	}
@@ -341,6 +358,7 @@ func (s *pass) running(ctx context.Context) (ctrl.Result, error) {
 	aw := s.aw
 	// 1. Suspension.
 	if aw.Spec.Suspend {
+		s.upstreamEventReason(string(v1beta2.AppWrapperSuspending), "Externally suspended while in the Running phase")
 		return s.transition(ctx, v1beta2.AppWrapperSuspending, "suspend requested while running")
 	}
 	// 2. Gather.
@@ -369,6 +387,7 @@ func (s *pass) running(ctx context.Context) (ctrl.Result, error) {
 		msg := fmt.Sprintf("Only found %d deployed components, but was expecting %d (missing: %s)",
 			comps.deployed, comps.expected, strings.Join(comps.missing, ", "))
 		s.markUnhealthy(ReasonMissingComponent, msg)
+		s.upstreamEvent(fmt.Sprintf("%sOnly found %v deployed components, but was expecting %v", upstreamMissingComponent, comps.deployed, comps.expected))
 		return s.transition(ctx, v1beta2.AppWrapperFailed, ReasonMissingComponent+": "+msg)
 	}
 	// 3a (ours). A launcher said the workload must not be restarted
@@ -385,6 +404,7 @@ func (s *pass) running(ctx context.Context) (ctrl.Result, error) {
 	if comps.failed > 0 {
 		msg := fmt.Sprintf("Found %d failed components: %s", comps.failed, strings.Join(comps.failedNames, ", "))
 		s.markUnhealthy(ReasonFailedComponent, msg)
+		s.upstreamEvent(fmt.Sprintf("%sFound %v failed components", upstreamFailedComponent, comps.failed))
 		return s.resetOrFail(ctx, sum.TerminalFailure, 1, ReasonFailedComponent+": "+msg)
 	}
 	// 5. Success (checked before failed pods).
@@ -403,6 +423,8 @@ func (s *pass) running(ctx context.Context) (ctrl.Result, error) {
 			return s.wait(ctx, left)
 		}
 		cause := fmt.Sprintf("%s: %d failed pods", ReasonFoundFailedPods, sum.Failed)
+		// Upstream's Event comes at the decision, not at detection.
+		s.upstreamEvent(cause)
 		if sum.TerminalFailure && sum.TerminalReason != "" {
 			cause += " (terminal: " + sum.TerminalReason + ")"
 		}
@@ -413,31 +435,67 @@ func (s *pass) running(ctx context.Context) (ctrl.Result, error) {
 	if len(sum.NoExecuteNodes) > 0 {
 		msg := "Workload contains pods using NoExecute resources on Nodes: " + strings.Join(sum.NoExecuteNodes, ", ")
 		s.markUnhealthy(ReasonAutopilotNoExecute, msg)
+		// Upstream's note has no reason prefix and prints the node list
+		// as a Go slice.
+		s.upstreamEvent(fmt.Sprintf("Workload contains pods using NoExecute resources on Nodes: %v", sum.NoExecuteNodes))
 		return s.resetOrFail(ctx, false, 0, ReasonAutopilotNoExecute+": "+msg)
 	}
 	// 8. Healthy.
 	s.setCondition(v1beta2.Unhealthy, false, ReasonFoundNoFailedPods, "")
-	// 9. Enough pods. No periodic requeue: pod, component and node
-	// events bring the AppWrapper back.
+	// 9. Enough pods. Pod, component and node events bring the
+	// AppWrapper back; reevaluateLater adds the periodic safety net.
 	if sum.Running+sum.Succeeded >= expected {
 		s.setCondition(v1beta2.PodsReady, true, ReasonSufficientPodsReady,
 			fmt.Sprintf("%d pods running; %d pods succeeded", sum.Running, sum.Succeeded))
 		return s.done(ctx)
 	}
 	// 10. Too few: Warmup grace when every pod exists, Admission grace
-	// otherwise, both from ResourcesDeployed's transition (1.10 item 2).
+	// otherwise, both from ResourcesDeployed's transition, as upstream.
+	// Ours: once the workload has been ready, a shortfall (a pod evicted,
+	// drained, preempted or deleted, and its replacement not yet running)
+	// also gets FailureGracePeriod from PodsReady turning False, and the
+	// later deadline wins. Upstream times it from deploy time only, so
+	// after warmup any dip its sample catches resets at once (1.10 item 2).
 	detail := fmt.Sprintf("%d pods pending; %d pods running; %d pods succeeded", sum.Pending, sum.Running, sum.Succeeded)
+	wasReady := meta.IsStatusConditionTrue(aw.Status.Conditions, string(v1beta2.PodsReady))
 	s.setCondition(v1beta2.PodsReady, false, ReasonInsufficientPodsReady, detail)
 	grace := s.p.AdmissionGracePeriod
 	if sum.Pending+sum.Running+sum.Succeeded >= expected {
 		grace = s.p.WarmupGracePeriod
 	}
-	deadline := s.since(v1beta2.ResourcesDeployed).Add(grace)
+	deployed := s.since(v1beta2.ResourcesDeployed)
+	deadline := deployed.Add(grace)
+	rule := "from deployment"
+	if notReady := s.since(v1beta2.PodsReady); wasReady || notReady.After(deployed.Time) {
+		// PodsReady turned False after this deployment began, which only
+		// the True -> False flip of a pass like this one does: the
+		// suspended and resetting handlers write it False no later than
+		// ResourcesDeployed's transition to True.
+		if d := notReady.Add(s.p.FailureGracePeriod); d.After(deadline) {
+			deadline, rule = d, "from PodsReady turning False"
+		}
+	}
 	if left := deadline.Sub(s.r.now()); left > 0 {
+		s.log.V(1).Info("too few pods ready; waiting", "detail", detail, "left", left, "timed", rule)
 		return s.wait(ctx, left)
 	}
 	s.markUnhealthy(ReasonInsufficientPodsReady, detail)
-	return s.resetOrFail(ctx, sum.TerminalFailure, 1, ReasonInsufficientPodsReady+": "+detail)
+	s.upstreamEvent(upstreamInsufficientPodsReady + detail)
+	return s.resetOrFail(ctx, sum.TerminalFailure, 1, ReasonInsufficientPodsReady+": "+detail+" (timed "+rule+")")
+}
+
+// reevaluateLater bounds the wait of a pass that leaves the AppWrapper
+// Running by Config.ReevaluatePeriod: the safety net for a watch event
+// that never came. Events still queue the AppWrapper at once.
+func (s *pass) reevaluateLater(res ctrl.Result, err error) (ctrl.Result, error) {
+	period := s.r.config.ReevaluatePeriod.Duration
+	if err != nil || period <= 0 || s.aw.Status.Phase != v1beta2.AppWrapperRunning {
+		return res, err
+	}
+	if res.RequeueAfter == 0 || res.RequeueAfter > period {
+		res.RequeueAfter = period
+	}
+	return res, nil
 }
 
 // resetting deletes everything, keeping the quota (QuotaReserved stays
@@ -446,6 +504,7 @@ func (s *pass) running(ctx context.Context) (ctrl.Result, error) {
 func (s *pass) resetting(ctx context.Context) (ctrl.Result, error) {
 	if s.aw.Spec.Suspend {
 		// Suspension wins over a reset in progress.
+		s.upstreamEventReason(string(v1beta2.AppWrapperSuspending), "Externally suspended while in the Resetting phase")
 		return s.transition(ctx, v1beta2.AppWrapperSuspending, "suspend requested while resetting")
 	}
 	s.setCondition(v1beta2.PodsReady, false, ReasonResetting, "")

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -269,13 +270,22 @@ func (s *pass) deleteComponents(ctx context.Context) (gone bool, left time.Durat
 		}
 		remaining = append(remaining, i)
 	}
-	if len(remaining) > 0 && !forced {
-		return false, deadline.Sub(now), firstErr
-	}
-
 	pods, err := s.listPods(ctx)
 	if err != nil {
 		return false, 0, err
+	}
+	left = deadline.Sub(now)
+	if !forced {
+		// Ours: pods no kubelet will finish are forced now, not after
+		// the forceful-deletion grace.
+		soon, err := s.deleteLostPods(ctx, pods, now)
+		firstErr = cmpErr(firstErr, err)
+		if soon > 0 && soon < left {
+			left = soon
+		}
+	}
+	if len(remaining) > 0 && !forced {
+		return false, left, firstErr
 	}
 	if len(remaining) == 0 && len(pods) == 0 {
 		var live corev1.PodList
@@ -291,7 +301,7 @@ func (s *pass) deleteComponents(ctx context.Context) (gone bool, left time.Durat
 		return false, 0, nil
 	}
 	if !forced {
-		return false, deadline.Sub(now), firstErr
+		return false, left, firstErr
 	}
 
 	// Forced: pods first, so nothing keeps running while components that
@@ -336,4 +346,104 @@ func componentRef(ns string, cs *v1beta2.AppWrapperComponentStatus) *metav1.Part
 	obj.SetNamespace(ns)
 	obj.SetName(cs.Name)
 	return obj
+}
+
+// deleteLostPods deletes with grace 0, during a deletion and before
+// ForcefulDeletionGracePeriod, the labelled pods that no kubelet will
+// finish:
+//   - on a node that is down (nodeDown: Ready False or Unknown, or the
+//     unreachable taint, for Config.DeadNodeGracePeriod; the out-of-service
+//     taint at once), or that no longer exists;
+//   - with Autopilot's monitorNodes, terminating on a node flagged
+//     NoExecute (EVICT) for a resource they request, once their own
+//     termination grace has run out (their deletionTimestamp): the
+//     kubelet there is alive and had its chance to stop them cleanly.
+//
+// A pod of a dead node is already stopped, or cut off from everything
+// else: the cost of the force is that a node cut off by a network
+// partition, not dead, may keep running its containers after the
+// replacements start (as with any forced deletion); docs/kubernetes.md
+// says how to choose the bound. soon is the time until the next such pod
+// is due, 0 when none is waiting.
+func (s *pass) deleteLostPods(ctx context.Context, pods []corev1.Pod, now time.Time) (soon time.Duration, err error) {
+	bound := s.r.config.DeadNodeGracePeriod.Duration
+	nodes := map[string]*corev1.Node{}
+	var forced []string
+	var firstErr error
+	due := func(at time.Time) bool {
+		if !now.Before(at) {
+			return true
+		}
+		if d := at.Sub(now); soon == 0 || d < soon {
+			soon = d
+		}
+		return false
+	}
+	for i := range pods {
+		pod := &pods[i]
+		if pod.Spec.NodeName == "" {
+			continue
+		}
+		if g := pod.DeletionGracePeriodSeconds; g != nil && *g == 0 {
+			continue // already forced; a finalizer holds it
+		}
+		node, seen := nodes[pod.Spec.NodeName]
+		if !seen {
+			node, err = s.node(ctx, pod.Spec.NodeName)
+			if err != nil {
+				firstErr = cmpErr(firstErr, err)
+				continue
+			}
+			nodes[pod.Spec.NodeName] = node
+		}
+		why := ""
+		switch {
+		case node == nil:
+			why = "its node no longer exists"
+		default:
+			if since, down := nodeDown(node); down && due(since.Add(bound)) {
+				why = fmt.Sprintf("node down (%s) since %s", nodeState(node), since.UTC().Format(time.RFC3339))
+				if since.IsZero() {
+					why = "node out of service (" + corev1.TaintNodeOutOfService + ")"
+				}
+				break
+			}
+			if s.r.config.Autopilot.MonitorNodes && pod.DeletionTimestamp != nil && flaggedNode(pod, map[string][]string{node.Name: NoExecuteResources(node, s.r.config.Autopilot)}) &&
+				due(pod.DeletionTimestamp.Time) {
+				why = "node flagged NoExecute by Autopilot and the pod's termination grace is over"
+			}
+		}
+		if why == "" {
+			continue
+		}
+		s.log.Info("forcing deletion of a pod no kubelet will finish", "pod", pod.Name, "node", pod.Spec.NodeName, "why", why, "grace", "0s")
+		if err := s.r.client.Delete(ctx, pod, client.GracePeriodSeconds(0)); err != nil && !apierrors.IsNotFound(err) {
+			firstErr = cmpErr(firstErr, fmt.Errorf("force delete pod %s on node %s: %w", pod.Name, pod.Spec.NodeName, err))
+			continue
+		}
+		forced = append(forced, fmt.Sprintf("%s on %s: %s", pod.Name, pod.Spec.NodeName, why))
+	}
+	if len(forced) > 0 {
+		s.r.recorder.Eventf(s.aw, nil, corev1.EventTypeNormal, ReasonLostPodsForced, "Delete", "%s",
+			truncate(fmt.Sprintf("%d pod(s) deleted with grace 0 before %s: %s", len(forced),
+				v1beta2.ForcefulDeletionGracePeriodAnnotation, strings.Join(forced, "; "))))
+	}
+	return soon, firstErr
+}
+
+// node reads a node from the cache; nil when it does not exist, which an
+// uncached read confirms (a node the cache has not seen yet is not gone).
+func (s *pass) node(ctx context.Context, name string) (*corev1.Node, error) {
+	n := &corev1.Node{}
+	err := s.r.client.Get(ctx, client.ObjectKey{Name: name}, n)
+	if apierrors.IsNotFound(err) {
+		err = s.r.apiReader.Get(ctx, client.ObjectKey{Name: name}, n)
+	}
+	switch {
+	case apierrors.IsNotFound(err):
+		return nil, nil
+	case err != nil:
+		return nil, fmt.Errorf("read node %s: %w", name, err)
+	}
+	return n, nil
 }

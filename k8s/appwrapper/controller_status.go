@@ -64,6 +64,9 @@ const (
 	// ReasonAvoidNodes: hosts quarantined by ft-launcher were recorded in
 	// AvoidNodesAnnotation.
 	ReasonAvoidNodes = "AvoidNodes"
+	// ReasonLostPodsForced (ours): during a deletion, pods of a dead node
+	// were deleted with grace 0 before ForcefulDeletionGracePeriod.
+	ReasonLostPodsForced = "LostPodsForced"
 )
 
 const noRestartKind = verdict.NoRestart
@@ -78,6 +81,10 @@ func (s *pass) setCondition(t v1beta2.AppWrapperCondition, status bool, reason, 
 		Reason:             reason,
 		Message:            msg,
 		ObservedGeneration: s.aw.Generation,
+		// One time for every condition a pass flips, so that the order of
+		// the writes within a pass cannot put one a second after another
+		// (the shortfall rule compares PodsReady's and ResourcesDeployed's).
+		LastTransitionTime: s.at,
 	})
 }
 
@@ -172,4 +179,38 @@ func truncate(s string) string {
 		return s
 	}
 	return s[:limit-3] + "..."
+}
+
+// UpstreamEventSource is the source.component of the Events written in
+// upstream's form (the recorder name of project-codeflare/appwrapper 1.2.1,
+// pkg/controller/setup.go), so alerts and event exporters written for it
+// match ours unchanged.
+const UpstreamEventSource = "appwrappers"
+
+// The note prefixes of upstream's Unhealthy Events (all type Normal,
+// reason "Unhealthy", through the core/v1 Events API).
+const (
+	upstreamCreateFailed          = "CreateFailed: "
+	upstreamMissingComponent      = "MissingComponent: "
+	upstreamFailedComponent       = "FailedComponent: "
+	upstreamInsufficientPodsReady = "InsufficientPodsReady: "
+)
+
+// upstreamEvent emits, in addition to our own Events, the Normal Event
+// "Unhealthy" that upstream emits at the same decision with the same
+// message (appwrapper_controller.go, Running and Resuming phases): a core/v1
+// Event from component "appwrappers". Ours are events.k8s.io/v1 Events from
+// "appwrapper", with more detail and at detection time; tooling written for
+// upstream matches these.
+func (s *pass) upstreamEvent(msg string) {
+	s.upstreamEventReason(ReasonUnhealthy, msg)
+}
+
+// upstreamEventReason is upstreamEvent with another reason (upstream's
+// "Suspending" Events).
+func (s *pass) upstreamEventReason(reason, msg string) {
+	if s.r.upstream == nil {
+		return
+	}
+	s.r.upstream.Event(s.aw, corev1.EventTypeNormal, reason, msg)
 }

@@ -42,6 +42,7 @@ func ConfigureCache(o *cache.Options) {
 		o.ByObject = map[client.Object]cache.ByObject{}
 	}
 	o.ByObject[&corev1.Pod{}] = cache.ByObject{Label: labels.NewSelector().Add(*sel)}
+	o.ByObject[&corev1.Node{}] = cache.ByObject{Transform: stripNode}
 }
 
 // SetupWithManager registers the reconciler and its watches on mgr:
@@ -53,40 +54,45 @@ func ConfigureCache(o *cache.Options) {
 //   - the objects it creates, metadata only, mapped to their controlling
 //     AppWrapper: batch/v1 Job from the start, any other kind once a
 //     component of that kind has been created;
-//   - with Autopilot's monitorNodes, Nodes: a change of a node's
-//     NoExecute resources queues the AppWrappers with running pods there.
+//   - Nodes (the cache keeps them without their image lists): a change
+//     of a node's readiness or of its unreachable or out-of-service
+//     taints queues the AppWrappers with pods there (a deletion in
+//     progress forces the pods of a dead node, deleteLostPods); with
+//     Autopilot's monitorNodes, a change of its NoExecute resources
+//     queues the AppWrappers with running pods there.
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	b := ctrl.NewControllerManagedBy(mgr).
 		Named(ControllerName).
 		For(&v1beta2.AppWrapper{}).
 		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(podToAppWrapper),
 			builder.WithPredicates(predicate.NewPredicateFuncs(func(o client.Object) bool {
+				if r.dropPodEvent != nil && r.dropPodEvent(o) {
+					return false
+				}
 				return o.GetLabels()[v1beta2.AppWrapperLabel] != ""
 			})))
-	if r.config.Autopilot.MonitorNodes {
-		if err := mgr.GetFieldIndexer().IndexField(context.Background(), &corev1.Pod{}, podNodeField, func(o client.Object) []string {
-			if p, ok := o.(*corev1.Pod); ok && p.Spec.NodeName != "" {
-				return []string{p.Spec.NodeName}
-			}
-			return nil
-		}); err != nil {
-			return fmt.Errorf("appwrapper: index pods by node: %w", err)
+	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &corev1.Pod{}, podNodeField, func(o client.Object) []string {
+		if p, ok := o.(*corev1.Pod); ok && p.Spec.NodeName != "" {
+			return []string{p.Spec.NodeName}
 		}
-		node := &metav1.PartialObjectMetadata{}
-		node.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("Node"))
-		b = b.WatchesRawSource(source.Kind(mgr.GetCache(), node,
-			handler.TypedFuncs[*metav1.PartialObjectMetadata, reconcile.Request]{
-				CreateFunc: func(ctx context.Context, e event.TypedCreateEvent[*metav1.PartialObjectMetadata], q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
-					r.nodeChanged(ctx, e.Object, q)
-				},
-				UpdateFunc: func(ctx context.Context, e event.TypedUpdateEvent[*metav1.PartialObjectMetadata], q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
-					r.nodeChanged(ctx, e.ObjectNew, q)
-				},
-				DeleteFunc: func(ctx context.Context, e event.TypedDeleteEvent[*metav1.PartialObjectMetadata], q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
-					r.nodes.remove(e.Object.GetName())
-				},
-			}))
+		return nil
+	}); err != nil {
+		return fmt.Errorf("appwrapper: index pods by node: %w", err)
 	}
+	b = b.WatchesRawSource(source.Kind(mgr.GetCache(), &corev1.Node{},
+		handler.TypedFuncs[*corev1.Node, reconcile.Request]{
+			CreateFunc: func(ctx context.Context, e event.TypedCreateEvent[*corev1.Node], q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+				r.nodeChanged(ctx, nil, e.Object, q)
+			},
+			UpdateFunc: func(ctx context.Context, e event.TypedUpdateEvent[*corev1.Node], q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+				r.nodeChanged(ctx, e.ObjectOld, e.ObjectNew, q)
+			},
+			DeleteFunc: func(ctx context.Context, e event.TypedDeleteEvent[*corev1.Node], q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+				r.nodes.remove(e.Object.GetName())
+				// Its pods are lost: a deletion in progress forces them.
+				r.queuePodsOn(ctx, e.Object.GetName(), false, q)
+			},
+		}))
 	c, err := b.Build(r)
 	if err != nil {
 		return fmt.Errorf("appwrapper: build controller: %w", err)
@@ -119,7 +125,10 @@ func (r *Reconciler) ensureWatch(gvk schema.GroupVersionKind) {
 	obj := &metav1.PartialObjectMetadata{}
 	obj.SetGroupVersionKind(gvk)
 	src := source.Kind(r.cache, obj, handler.TypedEnqueueRequestForOwner[*metav1.PartialObjectMetadata](
-		r.scheme, r.mapper, &v1beta2.AppWrapper{}, handler.OnlyControllerOwner()))
+		r.scheme, r.mapper, &v1beta2.AppWrapper{}, handler.OnlyControllerOwner()),
+		predicate.NewTypedPredicateFuncs(func(o *metav1.PartialObjectMetadata) bool {
+			return r.dropPodEvent == nil || !r.dropPodEvent(o)
+		}))
 	if err := r.ctrl.Watch(src); err != nil {
 		log.Log.WithName(ControllerName).Error(err, "watch component kind", "gvk", gvk.String())
 		return
@@ -138,29 +147,43 @@ func (r *Reconciler) ensureComponentWatches(aw *v1beta2.AppWrapper) {
 	}
 }
 
-// nodeChanged records the node's NoExecute resources and, when they
-// changed and are not empty, queues every AppWrapper with a running pod
-// on it (appwrapper.md 2.3; upstream does not queue them at all).
-func (r *Reconciler) nodeChanged(ctx context.Context, n *metav1.PartialObjectMetadata, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+// nodeChanged queues the AppWrappers with pods on the node when its
+// readiness or its unreachable or out-of-service taints changed (a
+// deletion in progress may now force those pods), and, with Autopilot's
+// monitorNodes, records the node's NoExecute resources and, when they
+// changed and are not empty, queues every AppWrapper with a running pod on
+// it (appwrapper.md 2.3; upstream does not queue them at all).
+func (r *Reconciler) nodeChanged(ctx context.Context, old, n *corev1.Node, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
 	if !n.GetDeletionTimestamp().IsZero() {
 		r.nodes.remove(n.GetName())
 		return
 	}
-	// Autopilot's "taints" are node labels, so the metadata is all that
-	// is needed.
-	resources := NoExecuteResources(&corev1.Node{ObjectMeta: n.ObjectMeta}, r.config.Autopilot)
+	if old != nil && nodeState(old) != nodeState(n) {
+		r.queuePodsOn(ctx, n.Name, false, q)
+	}
+	if !r.config.Autopilot.MonitorNodes {
+		return
+	}
+	// Autopilot's "taints" are node labels.
+	resources := NoExecuteResources(n, r.config.Autopilot)
 	if !r.nodes.set(n.GetName(), resources) || len(resources) == 0 {
 		return
 	}
+	r.queuePodsOn(ctx, n.Name, true, q)
+}
+
+// queuePodsOn queues the AppWrappers with pods on node (only Running ones
+// with runningOnly).
+func (r *Reconciler) queuePodsOn(ctx context.Context, node string, runningOnly bool, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
 	var pods corev1.PodList
-	if err := r.client.List(ctx, &pods, client.MatchingFields{podNodeField: n.GetName()}); err != nil {
-		log.FromContext(ctx).Error(err, "list pods on node", "node", n.GetName())
+	if err := r.client.List(ctx, &pods, client.MatchingFields{podNodeField: node}); err != nil {
+		log.FromContext(ctx).Error(err, "list pods on node", "node", node)
 		return
 	}
 	seen := map[reconcile.Request]bool{}
 	for i := range pods.Items {
 		p := &pods.Items[i]
-		if p.Status.Phase != corev1.PodRunning {
+		if runningOnly && p.Status.Phase != corev1.PodRunning {
 			continue
 		}
 		for _, req := range podToAppWrapper(ctx, p) {

@@ -24,7 +24,13 @@
 // workload's identity from FTL_WORKLOAD and FTL_WORKLOAD_RESETS.
 //
 // The reconciler adds what upstream lacks: failures are seen from pod,
-// component and node watches rather than a periodic requeue; a component
+// component and node watches rather than a periodic requeue (a pass every
+// reevaluatePeriod is only a safety net); a pod short after the workload
+// was ready is timed from PodsReady turning False plus the failure grace,
+// so a replacement that comes back in time costs no reset; during a
+// deletion, pods of a dead node are forced after deadNodeGracePeriod
+// instead of the forceful-deletion grace; upstream's Events are emitted in
+// its form beside ours; a component
 // that looks missing is confirmed with an uncached read before the
 // workload fails; a launcher's no_restart verdict fails the workload at
 // once; the nodes the launchers quarantined are recorded on the

@@ -95,6 +95,13 @@ func (l *testLog) write(prefix, args string) {
 // <namespace>-n0 ... (cluster-scoped, so unique per test).
 func newHarness(t *testing.T, nodes int, mutate func(*Config)) *harness {
 	t.Helper()
+	return newHarnessWith(t, nodes, mutate, nil)
+}
+
+// newHarnessWith is newHarness with setup called on the reconciler before
+// its watches are registered.
+func newHarnessWith(t *testing.T, nodes int, mutate func(*Config), setup func(*Reconciler)) *harness {
+	t.Helper()
 	needEnv(t)
 	t.Parallel()
 	ns := env.Namespace(t)
@@ -125,6 +132,9 @@ func newHarness(t *testing.T, nodes int, mutate func(*Config)) *harness {
 	}
 	if h.r, err = NewReconciler(mgr, cfg); err != nil {
 		t.Fatalf("reconciler: %v", err)
+	}
+	if setup != nil {
+		setup(h.r)
 	}
 	if err := h.r.SetupWithManager(mgr); err != nil {
 		t.Fatalf("setup: %v", err)

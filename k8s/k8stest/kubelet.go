@@ -3,6 +3,7 @@ package k8stest
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 	"testing"
@@ -34,6 +35,7 @@ type Kubelet struct {
 
 	mu     sync.Mutex
 	paused bool
+	dead   map[string]bool // nodes whose kubelet is stopped (StopNode)
 	next   int
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -91,6 +93,19 @@ func (k *Kubelet) Pause() { k.mu.Lock(); k.paused = true; k.mu.Unlock() }
 // Resume undoes Pause.
 func (k *Kubelet) Resume() { k.mu.Lock(); k.paused = false; k.mu.Unlock() }
 
+// StopNode makes node's kubelet dead: its pods are no longer started or
+// finalised (a deleted one stays Terminating, as on a node that lost
+// power), and no new pod is bound to it. The Node object is left as it is:
+// the test marks it NotReady as the node controller would.
+func (k *Kubelet) StopNode(node string) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.dead == nil {
+		k.dead = map[string]bool{}
+	}
+	k.dead[node] = true
+}
+
 // loop polls the namespace's pods. A poll (25 ms) rather than a watch keeps
 // the stand-in simple; the controller under test is event-driven either way.
 func (k *Kubelet) loop(ctx context.Context) {
@@ -114,10 +129,12 @@ func (k *Kubelet) sync(ctx context.Context) {
 	}
 	k.mu.Lock()
 	paused := k.paused
+	dead := maps.Clone(k.dead)
 	k.mu.Unlock()
 	for i := range pods.Items {
 		p := &pods.Items[i]
 		switch {
+		case dead[p.Spec.NodeName]:
 		case p.DeletionTimestamp != nil:
 			if onlyJobTracking(p.Finalizers) {
 				zero := int64(0)
@@ -151,6 +168,9 @@ func (k *Kubelet) pick(ctx context.Context, p *corev1.Pod) string {
 	defer k.mu.Unlock()
 	for i := 0; i < len(k.nodes); i++ {
 		name := k.nodes[(k.next+i)%len(k.nodes)]
+		if k.dead[name] {
+			continue
+		}
 		node, err := k.env.Clientset.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
 		if err != nil || !Allows(p, node) {
 			continue
