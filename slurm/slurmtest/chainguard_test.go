@@ -180,12 +180,7 @@ c.shutdown_workload_monitoring()
 		t.Fatalf("ft-resumer run = %d, want 1 (stopped)\n%s\n%s", code, out, errOut)
 	}
 	v := ch.status(ctx)
-	var ran []string
-	for _, j := range v.Jobs {
-		if j.Outcome.Ran() {
-			ran = append(ran, string(j.Outcome))
-		}
-	}
+	ran := ranOutcomes(v)
 	if !slices.Equal(ran, []string{"failure", "failure", "failure"}) {
 		t.Errorf("jobs that ran: %v, want three failures, then the stop", ran)
 	}
@@ -283,16 +278,7 @@ if [ "$RANK" = 0 ]; then touch "$FAULT_TOL_FINISHED_FLAG_FILE"; fi
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("ft-resumer run: %v\n%s", err, out)
-		}
-	case <-ctx.Done():
-		t.Fatalf("the chain did not finish:\n%s\n%s", out, ch.logs())
-	}
+	ch.waitRun(ctx, cmd, out)
 	v := ch.status(ctx)
 	j := v.Jobs[0]
 	if j.Outcome != slurm.Finished {

@@ -185,16 +185,7 @@ func benchChain(ctx context.Context, t *testing.T, c *Cluster, fault string, bas
 	}()
 	at, undo := injectFault(ctx, t, c, work, fault)
 	defer undo()
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("ft-resumer run: %v\n%s", err, out)
-		}
-	case <-ctx.Done():
-		t.Fatalf("the chain did not finish\n%s", out)
-	}
+	ch.waitRun(ctx, cmd, out)
 	took, ok := trainingAgain(t, work, at)
 	if !ok {
 		t.Fatalf("no successor trained\n%s", ch.logs())

@@ -151,6 +151,22 @@ func (ch *chain) startResumer(args ...string) (*exec.Cmd, *bytes.Buffer) {
 	return cmd, &out
 }
 
+// waitRun waits for a background ft-resumer run (startResumer) to exit 0
+// before ctx ends.
+func (ch *chain) waitRun(ctx context.Context, cmd *exec.Cmd, out *bytes.Buffer) {
+	ch.t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			ch.t.Fatalf("ft-resumer run: %v\n%s", err, out)
+		}
+	case <-ctx.Done():
+		ch.t.Fatalf("the chain did not end\n%s\n%s", out, ch.logs())
+	}
+}
+
 // script writes the user's batch script into the test's directory.
 func (ch *chain) script(body string) string {
 	ch.t.Helper()
@@ -265,6 +281,17 @@ func readFile(t *testing.T, p string) string {
 		t.Fatal(err)
 	}
 	return string(b)
+}
+
+// ranOutcomes lists the outcomes of the jobs that trained.
+func ranOutcomes(v slurm.StatusView) []string {
+	var out []string
+	for _, j := range v.Jobs {
+		if j.Outcome.Ran() {
+			out = append(out, string(j.Outcome))
+		}
+	}
+	return out
 }
 
 func outcomes(v slurm.StatusView) []string {

@@ -97,16 +97,7 @@ func TestLauncherDeathExcludesTheNode(t *testing.T) {
 				t.Fatal(err)
 			}
 			killed := time.Now()
-			done := make(chan error, 1)
-			go func() { done <- cmd.Wait() }()
-			select {
-			case err := <-done:
-				if err != nil {
-					t.Fatalf("ft-resumer run: %v\n%s", err, out)
-				}
-			case <-ctx.Done():
-				t.Fatalf("the chain did not end\n%s", out)
-			}
+			ch.waitRun(ctx, cmd, out)
 			v := ch.status(ctx)
 			// The end step (its outcome deferred: srun's status is a
 			// signal's) gives the pending successor the exclusion before
@@ -223,14 +214,5 @@ func TestFrozenLauncherEndsWithNotEnoughNodes(t *testing.T) {
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("ft-resumer run: %v\n%s", err, out)
-		}
-	case <-ctx.Done():
-		t.Fatalf("the chain did not end\n%s", out)
-	}
+	ch.waitRun(ctx, cmd, out)
 }

@@ -164,12 +164,7 @@ func TestConsecutiveFailuresStopTheChain(t *testing.T) {
 		t.Fatalf("ft-resumer run = %d, want 1\n%s\n%s", code, out, errOut)
 	}
 	v := ch.status(ctx)
-	var trained []string
-	for _, j := range v.Jobs {
-		if j.Outcome.Ran() {
-			trained = append(trained, string(j.Outcome))
-		}
-	}
+	trained := ranOutcomes(v)
 	if !slices.Equal(trained, []string{"failure", "failure", "failure"}) {
 		t.Errorf("jobs that ran: %v, want three failures", trained)
 	}
