@@ -14,7 +14,7 @@ import (
 	"github.com/ftlauncher/ft-launcher/internal/hangdump"
 	"github.com/ftlauncher/ft-launcher/internal/runclock"
 	"github.com/ftlauncher/ft-launcher/internal/testenv"
-	"github.com/ftlauncher/ft-launcher/slurm"
+	"github.com/ftlauncher/ft-launcher/slurm/resumer"
 )
 
 // These tests run one real ft-launcher per node under srun with the
@@ -47,7 +47,7 @@ func newLaunchJob(t *testing.T, c *Cluster) *launchJob {
 // submit runs sbatch --wait on a script with nodes nodes whose body is
 // body, checks that it ended in state want, and returns the job id and
 // Slurm's final record of it.
-func (j *launchJob) submit(ctx context.Context, nodes int, body, want string, env ...string) (string, slurm.Job) {
+func (j *launchJob) submit(ctx context.Context, nodes int, body, want string, env ...string) (string, resumer.Job) {
 	j.t.Helper()
 	script := filepath.Join(j.work, "job.sh")
 	full := fmt.Sprintf("#!/bin/bash\n#SBATCH -N%d -o %s/slurm-%%j.out\nenv | grep '^SLURM_' | sort > %s/batch-env\n%s\n", nodes, j.work, j.work, body)
@@ -66,7 +66,7 @@ func (j *launchJob) submit(ctx context.Context, nodes int, body, want string, en
 	if ctx.Err() != nil {
 		j.t.Fatalf("job %s did not end in time (sbatch: %v)\n%s", id, err, j.hung(id))
 	}
-	job, jerr := slurm.Scheduler{Env: j.c.Env()}.Job(ctx, id)
+	job, jerr := resumer.Scheduler{Env: j.c.Env()}.Job(ctx, id)
 	if jerr != nil {
 		j.t.Fatalf("job %s: %v (sbatch: %v)\n%s", id, jerr, err, j.logs())
 	}

@@ -16,7 +16,7 @@ import (
 	"github.com/ftlauncher/ft-launcher/internal/hangdump"
 	"github.com/ftlauncher/ft-launcher/internal/runclock"
 	"github.com/ftlauncher/ft-launcher/internal/testenv"
-	"github.com/ftlauncher/ft-launcher/slurm"
+	"github.com/ftlauncher/ft-launcher/slurm/resumer"
 )
 
 // The cluster and binaries shared by the tests of this package: one private
@@ -162,22 +162,22 @@ func (ch *chain) script(body string) string {
 	return p
 }
 
-func (ch *chain) state() *slurm.State {
+func (ch *chain) state() *resumer.State {
 	ch.t.Helper()
-	st, err := slurm.LoadState(ch.dir)
+	st, err := resumer.LoadState(ch.dir)
 	if err != nil {
 		ch.t.Fatal(err)
 	}
 	return st
 }
 
-func (ch *chain) status(ctx context.Context) slurm.StatusView {
+func (ch *chain) status(ctx context.Context) resumer.StatusView {
 	ch.t.Helper()
 	code, out, errOut := ch.resumer(ctx, "status", "--chain-dir", ch.dir, "--json")
 	if code != 0 {
 		ch.t.Fatalf("status: %d %s", code, errOut)
 	}
-	var v slurm.StatusView
+	var v resumer.StatusView
 	if err := json.Unmarshal([]byte(out), &v); err != nil {
 		ch.t.Fatalf("status --json: %v\n%s", err, out)
 	}
@@ -187,7 +187,7 @@ func (ch *chain) status(ctx context.Context) slurm.StatusView {
 // live lists the chain's jobs Slurm still has pending or running.
 func (ch *chain) live(ctx context.Context) []string {
 	ch.t.Helper()
-	st, err := slurm.LoadState(ch.dir)
+	st, err := resumer.LoadState(ch.dir)
 	if err != nil {
 		return nil
 	}
@@ -219,7 +219,7 @@ func (ch *chain) logs() string {
 		out, _ := os.ReadFile(f)
 		fmt.Fprintf(&b, "== %s\n%s", filepath.Base(f), out)
 	}
-	st, _ := os.ReadFile(filepath.Join(ch.dir, slurm.StateFile))
+	st, _ := os.ReadFile(filepath.Join(ch.dir, resumer.StateFile))
 	fmt.Fprintf(&b, "== chain.json\n%s", st)
 	return b.String()
 }
@@ -229,7 +229,7 @@ func (ch *chain) logs() string {
 func (ch *chain) cleanup() {
 	ctx, cancel := runclock.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	if _, err := os.Stat(filepath.Join(ch.dir, slurm.StateFile)); err == nil {
+	if _, err := os.Stat(filepath.Join(ch.dir, resumer.StateFile)); err == nil {
 		ch.resumer(ctx, "cancel", "--chain-dir", ch.dir)
 	}
 	waitFor(ch.t, 90*time.Second, "chain jobs to leave Slurm", func() bool { return len(ch.live(ctx)) == 0 })
@@ -267,7 +267,7 @@ func readFile(t *testing.T, p string) string {
 	return string(b)
 }
 
-func outcomes(v slurm.StatusView) []string {
+func outcomes(v resumer.StatusView) []string {
 	var out []string
 	for _, j := range v.Jobs {
 		out = append(out, string(j.Outcome))

@@ -14,6 +14,7 @@ import (
 
 	"github.com/ftlauncher/ft-launcher/internal/runclock"
 	"github.com/ftlauncher/ft-launcher/slurm"
+	"github.com/ftlauncher/ft-launcher/slurm/resumer"
 	"github.com/ftlauncher/ft-launcher/verdict"
 )
 
@@ -111,11 +112,11 @@ func TestLauncherDeathExcludesTheNode(t *testing.T) {
 			// A successor Slurm placed before the exclusion reached it is
 			// relocated by its begin step (docs/slurm.md): it never runs
 			// the script there.
-			fin := slices.IndexFunc(v.Jobs, func(j slurm.JobView) bool { return j.Outcome == slurm.Finished })
-			if len(v.Jobs) < 2 || v.Jobs[0].Outcome != slurm.Failure || fin < 0 {
+			fin := slices.IndexFunc(v.Jobs, func(j resumer.JobView) bool { return j.Outcome == resumer.Finished })
+			if len(v.Jobs) < 2 || v.Jobs[0].Outcome != resumer.Failure || fin < 0 {
 				t.Fatalf("outcomes %v, want a failure, then (after relocations) finished\n%s", outcomes(v), out)
 			}
-			jobDir := filepath.Join(ch.dir, slurm.JobsDir, v.Jobs[0].ID)
+			jobDir := filepath.Join(ch.dir, resumer.JobsDir, v.Jobs[0].ID)
 			vv, err := verdict.Read(filepath.Join(jobDir, "verdict-"+victim+".json"))
 			if err != nil {
 				t.Fatalf("no verdict for the killed launcher's node %s: %v\n%s", victim, err, ch.logs())
@@ -205,7 +206,7 @@ func TestFrozenLauncherEndsWithNotEnoughNodes(t *testing.T) {
 	frozen := time.Now()
 	defer syscall.Kill(pid, syscall.SIGKILL)
 	st := ch.state()
-	path := filepath.Join(ch.dir, slurm.JobsDir, st.Jobs[0].ID, "verdict-"+survivor+".json")
+	path := filepath.Join(ch.dir, resumer.JobsDir, st.Jobs[0].ID, "verdict-"+survivor+".json")
 	var sv verdict.Verdict
 	waitFor(t, 90*time.Second, "the survivor's verdict", func() bool {
 		var err error
