@@ -88,7 +88,7 @@ func slowCycle(t *testing.T, st *Starter, base, mode string) (string, *standby) 
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	run(t, st, filepath.Join(base, "1"), recordCase{}, "FTL_SLOW_DIR="+dir, "FTL_SLOW_MODE="+mode)
+	run(t, warm(st), filepath.Join(base, "1"), recordCase{}, "FTL_SLOW_DIR="+dir, "FTL_SLOW_MODE="+mode)
 	deadline := time.Now().Add(testTimeout)
 	for {
 		m, _ := filepath.Glob(filepath.Join(dir, "importing-*"))
@@ -206,7 +206,7 @@ func TestUnendedWaitNotRepeated(t *testing.T) {
 	t.Cleanup(st.Close)
 	dir, _ := slowCycle(t, st, base, "burn")
 	slow := []string{"FTL_SLOW_DIR=" + dir, "FTL_SLOW_MODE=burn"}
-	run(t, st, filepath.Join(base, "2"), recordCase{}, slow...) // waits firstWait, then cold
+	run(t, warm(st), filepath.Join(base, "2"), recordCase{}, slow...) // waits firstWait, then cold
 	fb := ev.of(EventFallback)
 	if len(fb) != 2 || fb[1]["path"] != PathCold || !strings.Contains(fmt.Sprint(fb[1]["reason"]), "import had not ended (at most 10s)") {
 		t.Fatalf("cycle 2 fallback %v; want cold after a wait of 10s that ran out", fb)
@@ -226,7 +226,7 @@ func TestUnendedWaitNotRepeated(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	run(t, st, filepath.Join(base, "3"), recordCase{}, slow...)
+	run(t, warm(st), filepath.Join(base, "3"), recordCase{}, slow...)
 	fb = ev.of(EventFallback)
 	if len(fb) != 3 || fb[2]["path"] != PathStopped || !strings.Contains(fmt.Sprint(fb[2]["reason"]), "ran out") {
 		t.Fatalf("cycle 3 fallback %v; want the standby stopped, naming the wait that ran out", fb)

@@ -13,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ftlauncher/ft-launcher/agent"
 	"github.com/ftlauncher/ft-launcher/spawn"
 )
 
@@ -92,8 +91,40 @@ func waitReady(t *testing.T, st *Starter, lr int) *standby {
 	return nil
 }
 
+// rankGroup is what the tests use of a cycle's ranks: a *Group or a
+// *spawn.Group (the cold baseline).
+type rankGroup interface {
+	Exits() <-chan spawn.Exit
+	Stop(sig syscall.Signal, grace time.Duration) spawn.StopResult
+}
+
+// starter starts one cycle: a *Starter, or plain spawn for the baseline.
+type starter func(specs []spawn.Spec) (rankGroup, error)
+
+// warm starts through st.
+func warm(st *Starter) starter {
+	return func(specs []spawn.Spec) (rankGroup, error) {
+		g, err := st.StartGroup(specs)
+		if err != nil {
+			return nil, err
+		}
+		return g, nil
+	}
+}
+
+// cold starts with plain spawn, as the launcher does without --prewarm.
+func cold(r *spawn.Reaper) starter {
+	return func(specs []spawn.Spec) (rankGroup, error) {
+		g, err := r.StartGroup(specs)
+		if err != nil {
+			return nil, err
+		}
+		return g, nil
+	}
+}
+
 // waitAll waits for every rank of g to exit and stops what is left.
-func waitAll(t *testing.T, g agent.RankGroup, n int) []spawn.Exit {
+func waitAll(t *testing.T, g rankGroup, n int) []spawn.Exit {
 	t.Helper()
 	var out []spawn.Exit
 	timeout := time.After(testTimeout)
@@ -163,14 +194,14 @@ func readRecord(t *testing.T, path string) map[string]any {
 }
 
 // run starts spec with starter, waits for its exit and returns its record.
-func run(t *testing.T, starter agent.RankStarter, dir string, c recordCase, extra ...string) (map[string]any, spawn.Exit, agent.RankGroup) {
+func run(t *testing.T, start starter, dir string, c recordCase, extra ...string) (map[string]any, spawn.Exit, rankGroup) {
 	t.Helper()
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
 	o, e := logFiles(t, dir)
 	out := filepath.Join(dir, "record.json")
-	g, err := starter.StartGroup([]spawn.Spec{c.spec(t, dir, out, o, e, extra...)})
+	g, err := start([]spawn.Spec{c.spec(t, dir, out, o, e, extra...)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -204,12 +235,12 @@ func TestWarmRankObservesWhatAColdRankDoes(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			r := newReaper(t)
 			base := t.TempDir()
-			coldRec, coldExit, _ := run(t, agent.SpawnRanks{Reaper: r}, filepath.Join(base, "0"), c)
+			coldRec, coldExit, _ := run(t, cold(r), filepath.Join(base, "0"), c)
 
 			st, ev := newStarter(t, r, "json", "email.mime.text")
-			first, _, _ := run(t, st, filepath.Join(base, "1"), c) // cold: no standby yet
+			first, _, _ := run(t, warm(st), filepath.Join(base, "1"), c) // cold: no standby yet
 			waitReady(t, st, 0)
-			warmRec, warmExit, _ := run(t, st, filepath.Join(base, "2"), c)
+			warmRec, warmExit, _ := run(t, warm(st), filepath.Join(base, "2"), c)
 			if n := len(ev.of(EventWarm)); n != 1 {
 				t.Fatalf("%d warm starts, want 1: %v", n, ev.got)
 			}
@@ -258,11 +289,11 @@ func TestWarmExitsAsCold(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			r := newReaper(t)
 			base := t.TempDir()
-			_, coldExit, _ := run(t, agent.SpawnRanks{Reaper: r}, filepath.Join(base, "0"), recordCase{}, tc.env...)
+			_, coldExit, _ := run(t, cold(r), filepath.Join(base, "0"), recordCase{}, tc.env...)
 			st, _ := newStarter(t, r, "json")
-			run(t, st, filepath.Join(base, "1"), recordCase{}, tc.env...)
+			run(t, warm(st), filepath.Join(base, "1"), recordCase{}, tc.env...)
 			waitReady(t, st, 0)
-			_, warmExit, _ := run(t, st, filepath.Join(base, "2"), recordCase{}, tc.env...)
+			_, warmExit, _ := run(t, warm(st), filepath.Join(base, "2"), recordCase{}, tc.env...)
 			if coldExit.Code != warmExit.Code || coldExit.Signal != warmExit.Signal {
 				t.Fatalf("exit: cold %v, warm %v", coldExit, warmExit)
 			}
@@ -302,7 +333,7 @@ func TestBrokenStandbyFallsBackCold(t *testing.T) {
 			base := t.TempDir()
 			st, ev := newStarter(t, r, tc.modules...)
 			st.o.HandoverTimeout = 2 * time.Second
-			run(t, st, filepath.Join(base, "1"), recordCase{})
+			run(t, warm(st), filepath.Join(base, "1"), recordCase{})
 			if tc.breakIt != nil {
 				tc.breakIt(t, waitReady(t, st, 0))
 			} else {
@@ -332,7 +363,7 @@ func TestBrokenStandbyFallsBackCold(t *testing.T) {
 func runCycle(t *testing.T, st *Starter, dir string) {
 	t.Helper()
 	begin := time.Now()
-	rec, ex, _ := run(t, st, dir, recordCase{})
+	rec, ex, _ := run(t, warm(st), dir, recordCase{})
 	if ex.Code != 0 || rec["name"] != "__main__" {
 		t.Fatalf("%s: exit %v, record %v", dir, ex, rec["name"])
 	}
@@ -345,7 +376,7 @@ func runCycle(t *testing.T, st *Starter, dir string) {
 func TestCloseKillsStandbys(t *testing.T) {
 	r := newReaper(t)
 	st, _ := newStarter(t, r, "json")
-	run(t, st, filepath.Join(t.TempDir(), "1"), recordCase{})
+	run(t, warm(st), filepath.Join(t.TempDir(), "1"), recordCase{})
 	s := waitReady(t, st, 0)
 	st.Close()
 	select {
@@ -408,7 +439,7 @@ func TestRefillWaitsTheDelay(t *testing.T) {
 			t.Fatal(err)
 		}
 		begin := time.Now()
-		run(t, st, filepath.Join(t.TempDir(), "1"), recordCase{})
+		run(t, warm(st), filepath.Join(t.TempDir(), "1"), recordCase{})
 		st.mu.Lock()
 		n := len(st.standby)
 		st.mu.Unlock()
