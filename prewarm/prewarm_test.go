@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/ftlauncher/ft-launcher/spawn"
+
+	"github.com/ftlauncher/ft-launcher/internal/testenv"
 )
 
 // python is Debian's interpreter (the one the integration tests use).
@@ -227,6 +229,7 @@ func normalise(rec map[string]any, dir string) map[string]any {
 // TestWarmRankObservesWhatAColdRankDoes runs the recorder cold (plain
 // spawn) and warm (on a standby) and compares every record.
 func TestWarmRankObservesWhatAColdRankDoes(t *testing.T) {
+	testenv.SkipShort(t, "starts Python standbys")
 	for _, c := range []recordCase{
 		{name: "script"},
 		{name: "module", module: true},
@@ -279,6 +282,7 @@ func diff(a, b map[string]any) string {
 
 // TestWarmExitsAsCold compares exit codes, tracebacks and signals.
 func TestWarmExitsAsCold(t *testing.T) {
+	testenv.SkipShort(t, "starts Python standbys")
 	for _, tc := range []struct {
 		name string
 		env  []string
@@ -310,6 +314,7 @@ func TestWarmExitsAsCold(t *testing.T) {
 // answers the handover) or whose import fails leaves its rank to a cold
 // start, and the reason is recorded.
 func TestBrokenStandbyFallsBackCold(t *testing.T) {
+	testenv.SkipShort(t, "starts Python standbys")
 	for _, tc := range []struct {
 		name    string
 		modules []string
@@ -374,6 +379,7 @@ func runCycle(t *testing.T, st *Starter, dir string) {
 
 // TestCloseKillsStandbys: nothing of a Starter outlives Close.
 func TestCloseKillsStandbys(t *testing.T) {
+	testenv.SkipShort(t, "starts Python standbys")
 	r := newReaper(t)
 	st, _ := newStarter(t, r, "json")
 	run(t, warm(st), filepath.Join(t.TempDir(), "1"), recordCase{})
@@ -409,6 +415,7 @@ func TestParseArgv(t *testing.T) {
 }
 
 func TestNewStarterValidates(t *testing.T) {
+	testenv.SkipShort(t, "starts Python standbys")
 	r := newReaper(t)
 	for _, tc := range []struct {
 		modules []string
@@ -432,6 +439,7 @@ func TestNewStarterValidates(t *testing.T) {
 // TestRefillWaitsTheDelay: new standbys start only after RefillDelay, and
 // Close during the delay starts none.
 func TestRefillWaitsTheDelay(t *testing.T) {
+	testenv.SkipShort(t, "starts Python standbys")
 	r := newReaper(t)
 	for _, closeEarly := range []bool{false, true} {
 		st, err := NewStarter(Options{Reaper: r, Modules: []string{"json"}, RefillDelay: time.Second})

@@ -28,6 +28,7 @@ import (
 // chain stops after max_subsequent_job_failures+1 of them instead of
 // looping.
 func TestExitZeroWithoutTrainingStopsTheChain(t *testing.T) {
+	skipShort(t)
 	c := need(t)
 	ctx, cancel := runclock.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -62,6 +63,7 @@ func TestExitZeroWithoutTrainingStopsTheChain(t *testing.T) {
 // after writing a checkpoint under --progress-path made progress: success,
 // which resets the count, and the chain goes on to finish.
 func TestProgressPathIsEvidence(t *testing.T) {
+	skipShort(t)
 	c := need(t)
 	ctx, cancel := runclock.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -98,6 +100,7 @@ touch "$FAULT_TOL_FINISHED_FLAG_FILE"
 // Either way the launcher tells the rank, the rank saves and exits, the job
 // ends before its limit and is judged walltime-like: not a failure.
 func TestWarningSignal(t *testing.T) {
+	skipShort(t)
 	c := need(t)
 	for _, tt := range []struct{ name, signal, recorded string }{
 		{"to the batch shell", "B:USR1@100", "USR1"},
@@ -152,6 +155,7 @@ trap 'echo trapped > %[1]s/script-trapped' USR1
 // with deterministic_failure after three occurrences in three jobs,
 // although max_subsequent_job_failures would allow six jobs.
 func TestSameCrashStopsTheChainEarly(t *testing.T) {
+	skipShort(t)
 	c := need(t)
 	ctx, cancel := runclock.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
@@ -204,6 +208,7 @@ c.shutdown_workload_monitoring()
 // the job it cancels is recorded as cancelled, not as a failure, and the
 // header's counts agree with the table's.
 func TestCancelIsNotAFailure(t *testing.T) {
+	skipShort(t)
 	c := need(t)
 	ctx, cancel := runclock.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -252,6 +257,7 @@ func TestCancelIsNotAFailure(t *testing.T) {
 // active node's launcher; the spare takes its place inside the job, which
 // finishes. ft-resumer status shows the swap and the quarantined node.
 func TestSpareSwapShowsInStatus(t *testing.T) {
+	skipShort(t)
 	c := need(t)
 	ctx, cancel := runclock.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()

@@ -142,6 +142,7 @@ func (j *launchJob) cleanup() {
 // rendezvous, global ranks follow SLURM_PROCID (RANK = procid * 2 + local
 // rank) and the job succeeds.
 func TestMinimalSrunLine(t *testing.T) {
+	skipShort(t)
 	c := need(t)
 	for _, n := range []int{2, 3} {
 		t.Run(fmt.Sprintf("N%d", n), func(t *testing.T) {
@@ -208,6 +209,7 @@ func TestMinimalSrunLine(t *testing.T) {
 // to the end on two nodes under `srun ft-launcher --nproc-per-node 2
 // ddp_train.py ...` with no other launcher flag.
 func TestMinimalSrunLineTrainsDDP(t *testing.T) {
+	skipShort(t)
 	c := need(t)
 	testenv.Require(t, testenv.Torch)
 	ctx, cancel := runclock.WithTimeout(context.Background(), 3*time.Minute)
@@ -235,6 +237,7 @@ func TestMinimalSrunLineTrainsDDP(t *testing.T) {
 // host given by node name (here the job's second node, which DNS does not
 // know): the launcher on that node hosts the embedded etcd, the job succeeds.
 func TestNvrxSlurmLine(t *testing.T) {
+	skipShort(t)
 	c := need(t)
 	ctx, cancel := runclock.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -257,6 +260,7 @@ srun ft-launcher --rdzv_backend=c10d --rdzv_endpoint=$RDZV_HOST:29500 --nnodes=2
 // a two-node job): no launcher hosts the embedded etcd, and each says so
 // with what it compared, instead of only "unreachable".
 func TestNoLauncherHostsSaysSo(t *testing.T) {
+	skipShort(t)
 	c := need(t)
 	ctx, cancel := runclock.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()

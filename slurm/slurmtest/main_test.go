@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"os"
 	"os/exec"
@@ -29,7 +30,18 @@ var (
 	clientPath string // client/python, for PYTHONPATH
 )
 
+// skipShort skips every test of this package under -short: each one needs
+// the real Slurm cluster TestMain starts (docs/testing.md, "The fast lane").
+func skipShort(t *testing.T) {
+	t.Helper()
+	testenv.SkipShort(t, "runs a real Slurm cluster")
+}
+
 func TestMain(m *testing.M) {
+	flag.Parse()
+	if testing.Short() {
+		os.Exit(m.Run()) // every test skips: no binaries, no cluster
+	}
 	code := func() int {
 		var err error
 		if repoRoot, err = filepath.Abs("../.."); err != nil {

@@ -57,6 +57,7 @@ srun --kill-on-bad-exit=%[2]d ft-resumer node -- ft-launcher --nproc-per-node 1 
 // excluded itself; with =1 the survivor, SIGKILLed by srun together with
 // its ft-resumer node, is not accused either.
 func TestLauncherDeathExcludesTheNode(t *testing.T) {
+	skipShort(t)
 	c := need(t)
 	for _, k := range []int{0, 1} {
 		t.Run("kill-on-bad-exit="+strconv.Itoa(k), func(t *testing.T) {
@@ -173,6 +174,7 @@ func TestLauncherDeathExcludesTheNode(t *testing.T) {
 // 4 s after the freeze (docs/rendezvous.md, "Fixed allocations"), not 30 s
 // later. The frozen launcher is then SIGKILLed, so that the step can end.
 func TestFrozenLauncherEndsWithNotEnoughNodes(t *testing.T) {
+	skipShort(t)
 	c := need(t)
 	ctx, cancel := runclock.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()

@@ -39,6 +39,7 @@ func launch(rank string) string {
 }
 
 func TestAutoResumeOverTwoJobs(t *testing.T) {
+	skipShort(t)
 	c := need(t)
 	ctx, cancel := runclock.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -83,6 +84,7 @@ touch "$FAULT_TOL_FINISHED_FLAG_FILE"
 }
 
 func TestWalltimeDoesNotCount(t *testing.T) {
+	skipShort(t)
 	c := need(t)
 	ctx, cancel := runclock.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
@@ -110,6 +112,7 @@ touch "$FAULT_TOL_FINISHED_FLAG_FILE"
 }
 
 func TestNodeFailureCountsAndTheChainGoesOn(t *testing.T) {
+	skipShort(t)
 	c := need(t)
 	ctx, cancel := runclock.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -155,6 +158,7 @@ touch "$FAULT_TOL_FINISHED_FLAG_FILE"
 }
 
 func TestConsecutiveFailuresStopTheChain(t *testing.T) {
+	skipShort(t)
 	c := need(t)
 	ctx, cancel := runclock.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -189,6 +193,7 @@ func TestConsecutiveFailuresStopTheChain(t *testing.T) {
 }
 
 func TestNoRestartVerdictStopsTheChain(t *testing.T) {
+	skipShort(t)
 	c := need(t)
 	ctx, cancel := runclock.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -247,6 +252,7 @@ exit 1
 }
 
 func TestQuarantinedNodeIsExcludedFromTheNextJob(t *testing.T) {
+	skipShort(t)
 	c := need(t)
 	ctx, cancel := runclock.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -283,6 +289,7 @@ func TestQuarantinedNodeIsExcludedFromTheNextJob(t *testing.T) {
 }
 
 func TestSuccessorOnAnExcludedNodeIsRelocated(t *testing.T) {
+	skipShort(t)
 	// Job 1 quarantines its own node and is then SIGKILLed with its batch
 	// script, so no end step passes the exclusion to the pending
 	// successor, which Slurm places on the same (lowest idle) node. Its
@@ -305,6 +312,7 @@ kill -KILL 0`, "relocated")
 // successor then never lands on the node: no relocation, no second trip
 // through the queue.
 func TestDeferredEndStepExcludesBeforeTheSuccessorIsPlaced(t *testing.T) {
+	skipShort(t)
 	got := exclusionRace(t, "kill -KILL 0  # the job script's process group: status 137, the end step runs", "")
 	if !slices.Equal(got, []string{"failure", "finished", "never_ran"}) {
 		t.Errorf("outcomes %v, want [failure finished never_ran]: the successor was excluded from the node before it was placed", got)
@@ -404,6 +412,7 @@ sleep 60
 }
 
 func TestExclusionsNeverShrinkTheJob(t *testing.T) {
+	skipShort(t)
 	c := need(t)
 	ctx, cancel := runclock.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -422,6 +431,7 @@ func TestExclusionsNeverShrinkTheJob(t *testing.T) {
 }
 
 func TestResumerKilledMidChainIsPickedUp(t *testing.T) {
+	skipShort(t)
 	c := need(t)
 	ctx, cancel := runclock.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -484,6 +494,7 @@ touch "$FAULT_TOL_FINISHED_FLAG_FILE"
 }
 
 func TestScancelLeavesNoProcess(t *testing.T) {
+	skipShort(t)
 	c := need(t)
 	ctx, cancel := runclock.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -546,6 +557,7 @@ wait
 // the successor's script start, for ft-resumer and for a hand-written
 // NeMo-Framework-Launcher-style afterany loop. It asserts no speed.
 func TestMeasureDecisionLatency(t *testing.T) {
+	skipShort(t)
 	if os.Getenv("FT_RESUMER_BENCH") == "" {
 		// Not an environment skip: an opt-in measurement.
 		t.Skip("opt-in measurement: set FT_RESUMER_BENCH=1 to measure")
