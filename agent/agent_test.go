@@ -454,8 +454,9 @@ func TestRun(t *testing.T) {
 			setup: func(h *harness) { h.rdzv.next = append(h.rdzv.next, active(0, 0)) },
 			act: func(h *harness) {
 				g := h.ranks.wait(h.t)
+				// reqs is unbuffered: the agent's loop has the request, and
+				// handles it before the exit below.
 				h.mons.reqs <- monitor.WorkloadRequest{GlobalRank: 0, Action: "ExcludeThisNode", Description: "bad gpu"}
-				time.Sleep(50 * time.Millisecond) // the request is read before the exit
 				g.exit(0, 1, 0)
 			},
 			check: func(t *testing.T, h *harness, o Outcome) {

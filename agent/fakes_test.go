@@ -290,7 +290,7 @@ func (g *fakeGroup) SignalAll(sig syscall.Signal) {
 // fakeMonitors lets a test report hangs and workload requests.
 type fakeMonitors struct {
 	hangs chan monitor.Hang
-	reqs  chan monitor.WorkloadRequest
+	reqs  chan monitor.WorkloadRequest // unbuffered: a send returns once the agent has the request
 	mu    sync.Mutex
 	fired map[int]bool  // local rank -> the monitor killed it
 	hang  *monitor.Hang // what FiredHang returns for its local rank (nil: a zero Hang)
@@ -298,7 +298,7 @@ type fakeMonitors struct {
 }
 
 func newFakeMonitors() *fakeMonitors {
-	return &fakeMonitors{hangs: make(chan monitor.Hang, 4), reqs: make(chan monitor.WorkloadRequest, 4), fired: map[int]bool{}}
+	return &fakeMonitors{hangs: make(chan monitor.Hang, 4), reqs: make(chan monitor.WorkloadRequest), fired: map[int]bool{}}
 }
 
 func (m *fakeMonitors) BeginCycle(int, map[int]int) {}

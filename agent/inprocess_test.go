@@ -22,7 +22,10 @@ import (
 )
 
 // ipMonitors are fake monitors with in-process support: which local ranks
-// registered, the notices sent, and a channel for survivors' reports.
+// registered, the notices sent, and a channel for survivors' reports. The
+// reports channel is unbuffered: a send returns once the agent's loop has
+// taken the report, and the loop handles it before anything the test sends
+// next (a rank's exit), so no sleep is needed to order the two.
 type ipMonitors struct {
 	*fakeMonitors
 	mu      sync.Mutex
@@ -37,7 +40,7 @@ type ipMonitors struct {
 
 func newIPMonitors(capable ...int) *ipMonitors {
 	m := &ipMonitors{fakeMonitors: newFakeMonitors(), capable: map[int]bool{},
-		notices: make(chan ftwire.Rejoin, 8), reports: make(chan monitor.InProcessReport, 8)}
+		notices: make(chan ftwire.Rejoin, 8), reports: make(chan monitor.InProcessReport)}
 	for _, lr := range capable {
 		m.capable[lr] = true
 	}
@@ -167,7 +170,6 @@ func TestInProcessRestart(t *testing.T) {
 	m.reports <- monitor.InProcessReport{LocalRank: 0, InProcessReport: ftwire.InProcessReport{Round: 1, Phase: "rejoined", TeardownS: 0.01, RejoinS: 0.02}}
 	m.reports <- monitor.InProcessReport{LocalRank: 0, InProcessReport: ftwire.InProcessReport{Round: 1, Phase: "first_step",
 		TeardownS: 0.01, RejoinS: 0.02, RestoreS: 0.03, FirstStepS: 0.04}}
-	time.Sleep(100 * time.Millisecond) // the reports are read by the agent's loop
 	g0.exit(0, 0, 0)
 	g1.exit(1, 0, 0)
 	o := h.outcome(out)
@@ -353,7 +355,6 @@ func TestInProcessLedgerRestarts(t *testing.T) {
 	m.reports <- monitor.InProcessReport{LocalRank: 0, InProcessReport: ftwire.InProcessReport{Round: 1, Phase: "rejoined", TeardownS: 0.01, RejoinS: 0.02}}
 	m.reports <- monitor.InProcessReport{LocalRank: 0, InProcessReport: ftwire.InProcessReport{Round: 1, Phase: "first_step",
 		TeardownS: 0.01, RejoinS: 0.02, RestoreS: 0.03, FirstStepS: 0.04}}
-	time.Sleep(100 * time.Millisecond) // the reports are read by the agent's loop
 	m.mu.Lock()
 	m.capable[0] = false
 	m.mu.Unlock()
@@ -485,7 +486,6 @@ func TestInProcessHangSilentSurvivor(t *testing.T) {
 				m.notice(t)
 				m.reports <- monitor.InProcessReport{LocalRank: 0, InProcessReport: ftwire.InProcessReport{Round: 1, Phase: "rejoined"}}
 				m.reports <- monitor.InProcessReport{LocalRank: 0, InProcessReport: ftwire.InProcessReport{Round: 1, Phase: "first_step"}}
-				time.Sleep(100 * time.Millisecond)
 				g0.exit(0, 0, 0)
 				g1.exit(1, 0, 0)
 			} else {
@@ -620,7 +620,6 @@ func TestInProcessSurvivorGone(t *testing.T) {
 					m.reports <- monitor.InProcessReport{LocalRank: lr, InProcessReport: ftwire.InProcessReport{Round: 1, Phase: ph}}
 				}
 			}
-			time.Sleep(100 * time.Millisecond) // the reports are read by the agent's loop
 			for lr := range tc.nproc {
 				if slices.Contains(tc.wantStay, lr) {
 					g0.exit(lr, 0, 0)
@@ -721,7 +720,6 @@ func TestInProcessFreshRoundEscalates(t *testing.T) {
 	for lr := range 2 { // round 2: both ranks stepped
 		m.reports <- monitor.InProcessReport{LocalRank: lr, InProcessReport: ftwire.InProcessReport{Round: 2, Phase: "first_step"}}
 	}
-	time.Sleep(100 * time.Millisecond) // the reports are read by the agent's loop
 	g2.exit(1, 1, 0)
 	g3 := h.ranks.wait(t)
 	if len(g3.specs) != 1 || g3.specs[0].LocalRank != 1 {
@@ -833,7 +831,7 @@ func TestReportsReadInFullMode(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		for range 50 { // the fake's channel holds 8
+		for range 50 { // each send waits for the agent to read it
 			m.reports <- monitor.InProcessReport{LocalRank: 0, InProcessReport: ftwire.InProcessReport{Round: 0, Phase: "first_step"}}
 		}
 	}()
@@ -907,7 +905,6 @@ func TestInProcessSettleWindow(t *testing.T) {
 			}
 			m.noMoreNotices(t)
 			m.rejoined(0, 1)
-			time.Sleep(100 * time.Millisecond) // the reports are read by the agent's loop
 			g0.exit(0, 0, 0)
 			g1.exit(1, 0, 0)
 			g1.exit(2, 0, 0)
@@ -1000,7 +997,6 @@ func TestInProcessStuckSurvivorReplaced(t *testing.T) {
 	// Past the first bound: the bound started again at the replacement.
 	time.Sleep(time.Until(noticed.Add(1500 * time.Millisecond)))
 	m.rejoined(0, 1)
-	time.Sleep(100 * time.Millisecond)
 	g0.exit(0, 0, 0)
 	g1.exit(1, 0, 0)
 	g2.exit(2, 0, 0)

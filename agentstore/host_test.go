@@ -13,6 +13,8 @@ import (
 
 	"github.com/ftlauncher/ft-launcher/eventlog"
 	"github.com/ftlauncher/ft-launcher/rendezvous"
+
+	"github.com/ftlauncher/ft-launcher/internal/testenv"
 )
 
 // debianPython is Debian's interpreter with python3-torch (the python3
@@ -53,6 +55,7 @@ func master(round, groupRank, port int) rendezvous.Assignment {
 // group rank 0 or a standby, bound again at a fixed address, closed for
 // good at exit; the served and closed events record each step.
 func TestHostFollowsRounds(t *testing.T) {
+	testenv.SkipShort(t, "starts Debian's python3 with torch")
 	if out, err := exec.Command(debianPython, "-c", "import torch").CombinedOutput(); err != nil {
 		t.Fatalf("Debian's python3-torch is required (apt-get install python3-torch): %v\n%s", err, out)
 	}

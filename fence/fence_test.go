@@ -14,6 +14,8 @@ import (
 
 	"github.com/ftlauncher/ft-launcher/internal/procfs"
 	"github.com/ftlauncher/ft-launcher/spawn"
+
+	"github.com/ftlauncher/ft-launcher/internal/testenv"
 )
 
 // parentEnv makes the test binary play a launcher in
@@ -89,6 +91,7 @@ func (rg *rig) exits(n int, d time.Duration) []spawn.Exit {
 }
 
 func TestWatchdog(t *testing.T) {
+	testenv.SkipShort(t, "runs the fence watchdog as real processes")
 	tests := []struct {
 		name       string
 		drive      func(rg *rig)
@@ -216,6 +219,7 @@ func TestBadCommandsIgnored(t *testing.T) {
 // stopped. After SIGCONT the parent reads the report and exits cleanly,
 // leaving no process behind.
 func TestWatchdogSurvivesSIGSTOPOfParent(t *testing.T) {
+	testenv.SkipShort(t, "runs the fence watchdog as real processes")
 	cmd := exec.Command(os.Args[0])
 	cmd.Env = append(os.Environ(), parentEnv+"=1")
 	cmd.Stderr = os.Stderr

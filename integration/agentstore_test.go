@@ -63,6 +63,7 @@ func mastersByRound(j *job) map[int]string {
 // store, as before) the job trains to the same weights and the launcher
 // serves no store.
 func TestAgentStoreTorchDDPCrashResumes(t *testing.T) {
+	skipShort(t)
 	requireTorch(t)
 	ref := referenceWeights(t)
 	for _, tc := range []struct {
@@ -181,6 +182,7 @@ func uninterruptedWeights(t *testing.T, nproc string) weights {
 // training resumes from the last checkpoint with the same world size and
 // ends with the weights of an uninterrupted 4-rank run.
 func TestAgentStoreMovesAfterNodeLoss(t *testing.T) {
+	skipShort(t)
 	requireTorch(t)
 	want := uninterruptedWeights(t, "4")
 	client := fmt.Sprintf("127.0.0.1:%d", freeTCPPort(t, "127.0.0.1"))

@@ -27,6 +27,7 @@ func aliasBombYAML() string {
 // panic, and nothing started or created: no event log, log directory,
 // verdict, rank, embedded etcd or socket directory.
 func TestBadInputExitsTwoBeforeStarting(t *testing.T) {
+	skipShort(t)
 	dir := t.TempDir()
 	bomb := filepath.Join(dir, "bomb.yaml")
 	huge := filepath.Join(dir, "huge.yaml")

@@ -13,6 +13,7 @@ import (
 // answers on its stream port" (every clean end logged four such lines):
 // a departure at the end of the job is expected.
 func TestMultiNodeCleanEndNoGossipWarn(t *testing.T) {
+	skipShort(t)
 	for _, n := range []int{2, 3} {
 		c := newCluster(t, embeddedEndpoint(t))
 		c.extra = []string{"--rdzv-backend", "c10d"}

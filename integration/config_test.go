@@ -13,6 +13,7 @@ import (
 // TestVersionOfBuiltBinaries: the binaries the harness built answer
 // --version in the documented form.
 func TestVersionOfBuiltBinaries(t *testing.T) {
+	skipShort(t)
 	for _, name := range []string{"ft-launcher", "ft-launcher-etcd"} {
 		out, err := exec.Command(filepath.Join(filepath.Dir(bins.launcher), name), "--version").Output()
 		if err != nil {
@@ -28,6 +29,7 @@ func TestVersionOfBuiltBinaries(t *testing.T) {
 // TestVersionStamping builds a command the two ways a version reaches it:
 // -ldflags -X, as scripts/release.sh does, and the go command's VCS stamp.
 func TestVersionStamping(t *testing.T) {
+	skipShort(t)
 	dir := t.TempDir()
 	build := func(t *testing.T, out string, env []string, args ...string) string {
 		t.Helper()
@@ -66,6 +68,7 @@ func TestVersionStamping(t *testing.T) {
 // with one line (it used to panic with an index out of range), before the
 // event log is opened.
 func TestBlankEndpointIsUsageError(t *testing.T) {
+	skipShort(t)
 	for _, ep := range []string{" ", ","} {
 		t.Run(strings.TrimSpace(ep), func(t *testing.T) {
 			j := newJob(t)
@@ -88,6 +91,7 @@ func TestBlankEndpointIsUsageError(t *testing.T) {
 // TestPrintConfigShowsRendezvous: --print-config shows the rendezvous as the
 // real launcher interprets it, hosting decided by rendezvous.IsLocalEndpoint.
 func TestPrintConfigShowsRendezvous(t *testing.T) {
+	skipShort(t)
 	j := newJob(t)
 	code := j.run(time.Minute, []string{"SLURM_PROCID=4"}, "--nnodes", "2", "--rdzv-endpoint", "127.0.0.2", "--local-addr", "127.0.0.2",
 		"--rdzv-conf", "last_call_timeout=2,read_timeout=9", "--print-config", "train.py")

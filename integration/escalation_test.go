@@ -52,6 +52,7 @@ func (c *cluster) addNodeV(env []string, args ...string) *job {
 }
 
 func TestVerdictSuccessWithFinishedFlag(t *testing.T) {
+	skipShort(t)
 	j := newJob(t)
 	flag := filepath.Join(j.dir, "finished.flag")
 	vpath := filepath.Join(j.dir, "verdict.json")
@@ -72,6 +73,7 @@ func TestVerdictSuccessWithFinishedFlag(t *testing.T) {
 }
 
 func TestVerdictSuccessWithoutFlagIsNotFinished(t *testing.T) {
+	skipShort(t)
 	j := newJob(t)
 	vpath := filepath.Join(j.dir, "verdict.json")
 	s := j.script("rank.sh", "exit 0\n")
@@ -88,6 +90,7 @@ func TestVerdictSuccessWithoutFlagIsNotFinished(t *testing.T) {
 
 // The default verdict path is verdict.json in the run's log directory.
 func TestVerdictDefaultPathInLogDir(t *testing.T) {
+	skipShort(t)
 	j := newJob(t)
 	logDir := filepath.Join(j.dir, "logs")
 	s := j.script("rank.sh", "exit 0\n")
@@ -102,6 +105,7 @@ func TestVerdictDefaultPathInLogDir(t *testing.T) {
 }
 
 func TestVerdictBudgetExhausted(t *testing.T) {
+	skipShort(t)
 	j := newJob(t)
 	vpath := filepath.Join(j.dir, "verdict.json")
 	s := j.script("rank.sh", "exit 3\n")
@@ -121,6 +125,7 @@ func TestVerdictBudgetExhausted(t *testing.T) {
 }
 
 func TestVerdictSIGTERM(t *testing.T) {
+	skipShort(t)
 	j := newJob(t)
 	vpath := filepath.Join(j.dir, "verdict.json")
 	s := j.script("rank.sh", `echo $$ > "$OUT/rank.pid"; exec sleep 60`+"\n")
@@ -140,6 +145,7 @@ func TestVerdictSIGTERM(t *testing.T) {
 // A bad --rdzv-conf value is refused before anything starts: exit 2, no
 // etcd, no rank, no verdict.
 func TestBadRdzvConfExitsBeforeStarting(t *testing.T) {
+	skipShort(t)
 	j := newJob(t)
 	vpath := filepath.Join(j.dir, "verdict.json")
 	s := j.script("rank.sh", `touch "$OUT/started"`+"\n")
@@ -213,6 +219,7 @@ func etcdCompanionPid(t *testing.T, marker string) int {
 // rank fails. Every launcher must exit within the loss bound plus a margin,
 // naming the endpoints, leaving no rank, with a rendezvous_lost verdict.
 func TestEtcdOutageThenRankFailure(t *testing.T) {
+	skipShort(t)
 	const bound = 2 * time.Second
 	const margin = 8 * time.Second
 	for _, backend := range []string{"debian-etcd", "embedded"} {
@@ -280,6 +287,7 @@ func TestEtcdOutageThenRankFailure(t *testing.T) {
 // embedded etcd; every other launcher exits within the loss bound plus a
 // margin (a multi-member etcd that survives this is a later step).
 func TestEmbeddedEtcdHostKilled(t *testing.T) {
+	skipShort(t)
 	const bound = 2 * time.Second
 	const margin = 8 * time.Second
 	c := newCluster(t, embeddedEndpoint(t))
@@ -315,6 +323,7 @@ func TestEmbeddedEtcdHostKilled(t *testing.T) {
 // bound, a rank failure leaves the launcher in a rendezvous call; SIGTERM
 // ends it within --term-timeout.
 func TestSIGTERMDuringBlockedRendezvousCall(t *testing.T) {
+	skipShort(t)
 	client := fmt.Sprintf("127.0.0.1:%d", freeTCPPort(t, "127.0.0.1"))
 	peer := fmt.Sprintf("127.0.0.1:%d", freeTCPPort(t, "127.0.0.1"))
 	e := startEtcd(t, t.TempDir(), client, peer)
@@ -365,6 +374,7 @@ func waitFor(t *testing.T, timeout time.Duration, cond func() bool) {
 // TestMaxRestartsZeroStandbyPromoted: with no restart budget at all, a lost
 // active node is still replaced by the standby (a swap spends no restart).
 func TestMaxRestartsZeroStandbyPromoted(t *testing.T) {
+	skipShort(t)
 	forEachBackend(t, func(t *testing.T, c *cluster) {
 		s := recorder(c, `
 if [ "$TORCHELASTIC_RESTART_COUNT" = 0 ]; then echo ready >> "$OUT/ready"; exec sleep 120; fi
@@ -425,6 +435,7 @@ exit 0
 // counted as a failure and no restart follows; the verdict says walltime.
 // A rank without a handler dies of USR1: still walltime, no restart.
 func TestWalltimeSignalForwardedNotAFailure(t *testing.T) {
+	skipShort(t)
 	for _, tc := range []struct {
 		name, rank string
 		code       int

@@ -46,6 +46,7 @@ func portFree(host string, port int) bool {
 }
 
 func TestEmbeddedEtcdClusterSurvivesAMemberHost(t *testing.T) {
+	skipShort(t)
 	c := newCluster(t, memberEndpoints(t))
 	c.extra = []string{"--rdzv-backend", "c10d"}
 	s := swapRank(c)
@@ -84,6 +85,7 @@ func TestEmbeddedEtcdClusterSurvivesAMemberHost(t *testing.T) {
 }
 
 func TestEmbeddedEtcdClusterQuorumLost(t *testing.T) {
+	skipShort(t)
 	c := newCluster(t, memberEndpoints(t))
 	c.extra = []string{"--rdzv-backend", "c10d"}
 	s := recorder(c, `echo ready0 >> "$OUT/ready"; exec sleep 600`+"\n")

@@ -78,6 +78,7 @@ func eventAt(t *testing.T, ev map[string]any) time.Time {
 }
 
 func TestEmbeddedEtcdMemberRestarted(t *testing.T) {
+	skipShort(t)
 	tests := []struct {
 		name    string
 		rmData  bool // remove the member's data dir before killing it
@@ -286,6 +287,7 @@ func memberServes(ctx context.Context, endpoint string) error {
 // every process of the node) exits 0; the launcher says so everywhere but
 // does not restart it, and the job goes on with two of three members.
 func TestEmbeddedEtcdMemberStoppedFromOutsideNotRestarted(t *testing.T) {
+	skipShort(t)
 	c, tmp, metricsAddr, urls, cli := startMemberCluster(t)
 	launcher := c.nodes[1].cmd.Process.Pid
 	pids := childrenNamed(launcher, "ft-launcher-etc")

@@ -12,6 +12,7 @@ import (
 )
 
 func TestMetricsEndpointReportsRestarts(t *testing.T) {
+	skipShort(t)
 	j := newJob(t)
 	addr := fmt.Sprintf("127.0.0.1:%d", freeTCPPort(t, "127.0.0.1"))
 	s := j.script("m.sh", `
@@ -48,6 +49,7 @@ while [ ! -e "$OUT/release" ]; do sleep 0.05; done
 }
 
 func TestEtcdUnreachableAtStartNamesEndpoint(t *testing.T) {
+	skipShort(t)
 	j := newJob(t)
 	dead := fmt.Sprintf("127.0.0.1:%d", freeTCPPort(t, "127.0.0.1"))
 	s := j.script("never.sh", "echo started > \"$OUT/started\"\n")
@@ -65,6 +67,7 @@ func TestEtcdUnreachableAtStartNamesEndpoint(t *testing.T) {
 }
 
 func TestHealthCheckKeepsNodeOut(t *testing.T) {
+	skipShort(t)
 	c := newCluster(t, embeddedEndpoint(t))
 	s := recorder(c, "exit 0\n")
 	// MIN 1: node 0 can run alone; node 1 fails its health check.
@@ -86,6 +89,7 @@ func TestHealthCheckKeepsNodeOut(t *testing.T) {
 }
 
 func TestTeeLogLayoutAndRanksFilter(t *testing.T) {
+	skipShort(t)
 	j := newJob(t)
 	logDir := filepath.Join(j.dir, "logs")
 	s := j.script("talk.sh", "echo \"out of $LOCAL_RANK\"; echo \"err of $LOCAL_RANK\" >&2\n")

@@ -144,6 +144,7 @@ func (f *fenceLab) verdict(t *testing.T, i int) verdict.Verdict {
 // node's round 0 after the first tick of round 1), and, once healed, end
 // with verdict node_replaced (exit 0) while the job goes on and succeeds.
 func TestFenceLongCut(t *testing.T) {
+	skipShort(t)
 	const cut = 15 * time.Second
 	f := startFenceLab(t, false)
 	victim := f.nodeWithGroupRank(t, 0)
@@ -239,6 +240,7 @@ func TestFenceLongCut(t *testing.T) {
 // after a 0.3 s cut) or the other one: no round may end, nothing may be
 // fenced or quarantined, and the job succeeds in round 0 on every node.
 func TestBlipIsNotALoss(t *testing.T) {
+	skipShort(t)
 	for _, tc := range []struct {
 		name      string
 		groupRank int // of the cut node; -1: node 0, the embedded etcd's host

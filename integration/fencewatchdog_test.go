@@ -63,6 +63,7 @@ func readStamps(t *testing.T, dir string, node, round int) []int64 {
 // to the lease: it fires half the fence margin (0.5 s) before the lease can
 // expire.
 func TestFrozenLauncherFencedByWatchdog(t *testing.T) {
+	skipShort(t)
 	for _, tc := range []struct {
 		name  string
 		extra []string

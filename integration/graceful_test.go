@@ -25,6 +25,7 @@ func etcdDataDirs(t *testing.T, tmp string) []string {
 // etcd data dir behind, in $TMPDIR; the next job that hosts the embedded
 // etcd there removes it at start, and its own dir goes when it ends.
 func TestEmbeddedEtcdDirRemovedAfterSIGKILL(t *testing.T) {
+	skipShort(t)
 	tmp := t.TempDir()
 	env := []string{"TMPDIR=" + tmp}
 

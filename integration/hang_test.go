@@ -13,6 +13,7 @@ import (
 // can end it. Each case asserts that the rank was killed, the job restarted
 // and finished, and the event log names the timeout that fired.
 func TestHangsAreDetectedRestartedAndRecorded(t *testing.T) {
+	skipShort(t)
 	worker, err := filepath.Abs("testdata/monitored_worker.py")
 	if err != nil {
 		t.Fatal(err)

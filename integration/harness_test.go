@@ -5,6 +5,7 @@ package integration
 import (
 	"bytes"
 	"context"
+	"flag"
 	"fmt"
 	"os"
 	"os/exec"
@@ -19,6 +20,7 @@ import (
 	"github.com/ftlauncher/ft-launcher/eventlog"
 	"github.com/ftlauncher/ft-launcher/internal/hangdump"
 	"github.com/ftlauncher/ft-launcher/internal/runclock"
+	"github.com/ftlauncher/ft-launcher/internal/testenv"
 )
 
 // binDir holds the binaries built once for the whole package.
@@ -26,7 +28,18 @@ type binaries struct{ launcher, resumer string }
 
 var bins binaries // written once in TestMain, read-only afterwards
 
+// skipShort skips every test of this package under -short: each one runs
+// the real binary (docs/testing.md, "The fast lane").
+func skipShort(t *testing.T) {
+	t.Helper()
+	testenv.SkipShort(t, "end-to-end: runs the real ft-launcher binary")
+}
+
 func TestMain(m *testing.M) {
+	flag.Parse()
+	if testing.Short() {
+		os.Exit(m.Run()) // every test skips: no binary to build
+	}
 	dir, err := os.MkdirTemp("", "ftl-integration-bin-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

@@ -22,6 +22,7 @@ import (
 // heartbeat timeout both hangs (cycle 0 and, after the restart, cycle 1)
 // are still caught, long before the hung rank's own 3,600 s sleep.
 func TestHostileRankCannotDisableHangDetection(t *testing.T) {
+	skipShort(t)
 	worker, err := filepath.Abs("testdata/hostile_worker.py")
 	if err != nil {
 		t.Fatal(err)
@@ -62,6 +63,7 @@ func TestHostileRankCannotDisableHangDetection(t *testing.T) {
 // SIGKILL of the launcher none survives (its cgroup is killed by the
 // guardian), and the next launcher removes the dead one's socket dir.
 func TestSIGKILLedLauncherLeavesNoRankDescendants(t *testing.T) {
+	skipShort(t)
 	if os.Geteuid() != 0 {
 		testenv.Missing(t, testenv.Cgroups, "running as uid "+strconv.Itoa(os.Geteuid())+": cgroups are writable only by root; without them a SIGKILLed launcher's setsid'd and double-forked descendants survive (docs/architecture.md)")
 	}
@@ -123,6 +125,7 @@ func vmRSS(t *testing.T, pid int) int64 {
 // connections from a process that is not a rank are refused with a bounded
 // number of log lines.
 func TestHostileSectionNamesAndConnectionFlood(t *testing.T) {
+	skipShort(t)
 	worker, err := filepath.Abs("testdata/hostile_worker.py")
 	if err != nil {
 		t.Fatal(err)

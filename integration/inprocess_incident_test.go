@@ -23,6 +23,7 @@ import (
 // processes and rejoin, the job spends exactly one restart (no fallback)
 // and ends with the uninterrupted run's weights.
 func TestInProcessTwoKilledAtOnce(t *testing.T) {
+	skipShort(t)
 	requireTorch(t)
 	want := uninterruptedWeights(t, "4")
 	j := newJob(t)
@@ -100,6 +101,7 @@ func TestInProcessTwoKilledAtOnce(t *testing.T) {
 // (the bound starts again); nothing falls back to the full restart, one
 // restart is spent, and the weights are the uninterrupted run's.
 func TestInProcessStuckSurvivor(t *testing.T) {
+	skipShort(t)
 	requireTorch(t)
 	for _, tc := range []struct{ ranks, stuck int }{{2, 0}, {4, 2}} {
 		t.Run(fmt.Sprintf("%d ranks, local rank %d stuck", tc.ranks, tc.stuck), func(t *testing.T) {

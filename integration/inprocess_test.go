@@ -139,6 +139,7 @@ func runInProcess(t *testing.T, launcher []string, script string, args ...string
 // in-memory copy; the survivors keep their pids, only the crashed rank
 // starts again, and the weights equal the uninterrupted run's.
 func TestInProcessCrashKeepsSurvivors(t *testing.T) {
+	skipShort(t)
 	requireTorch(t)
 	for _, tc := range []struct {
 		ranks   int
@@ -203,6 +204,7 @@ func TestInProcessCrashKeepsSurvivors(t *testing.T) {
 // time to import torch); the survivor stays; the weights are the
 // uninterrupted run's.
 func TestInProcessPrewarmReplacement(t *testing.T) {
+	skipShort(t)
 	requireTorch(t)
 	want := referenceWeights(t)
 	j, got := runInProcess(t, []string{"--nproc-per-node", "2", "--max-restarts", "2", "--prewarm", "torch,torch.distributed"},
@@ -225,6 +227,7 @@ func TestInProcessPrewarmReplacement(t *testing.T) {
 // hung rank: it stays and rejoins; the weights equal the uninterrupted
 // run's.
 func TestInProcessHang(t *testing.T) {
+	skipShort(t)
 	requireTorch(t)
 	want := referenceWeights(t)
 	j, got := runInProcess(t, []string{"--nproc-per-node", "2", "--max-restarts", "2",
@@ -249,6 +252,7 @@ func TestInProcessHang(t *testing.T) {
 // the hung rank, which would never rejoin): one full restart, at once, no
 // fallback, and the uninterrupted run's weights.
 func TestInProcessHangSilencesPeers(t *testing.T) {
+	skipShort(t)
 	requireTorch(t)
 	want := referenceWeights(t)
 	j, got := runInProcess(t, []string{"--nproc-per-node", "2", "--max-restarts", "2", "--inprocess-rejoin-timeout", "20",
@@ -273,6 +277,7 @@ func TestInProcessHangSilencesPeers(t *testing.T) {
 // survivor that ignores the notice is replaced within the round:
 // TestInProcessStuckSurvivor.)
 func TestInProcessFallbacks(t *testing.T) {
+	skipShort(t)
 	requireTorch(t)
 	want := referenceWeights(t)
 	for _, tc := range []struct {
@@ -303,6 +308,7 @@ func TestInProcessFallbacks(t *testing.T) {
 // under --restart-mode in-process its crash is a full restart, as with
 // --restart-mode full.
 func TestInProcessWithoutTheAPI(t *testing.T) {
+	skipShort(t)
 	requireTorch(t)
 	want := referenceWeights(t)
 	j, got := runInProcess(t, []string{"--nproc-per-node", "2", "--max-restarts", "2"},
@@ -348,6 +354,7 @@ func wantWorld4(t *testing.T, out string, want weights) {
 // survivor on both nodes stays; the weights equal an uninterrupted 4-rank
 // run's.
 func TestInProcessTwoNodes(t *testing.T) {
+	skipShort(t)
 	c, ckpt, out, want := inprocessCluster(t)
 	for range 2 {
 		c.addNode([]string{"PYTHON_EXEC=" + debianPython}, "--nnodes", "2", "--nproc-per-node", "2", "--max-restarts", "2",
@@ -383,6 +390,7 @@ func TestInProcessTwoNodes(t *testing.T) {
 // stay in their processes and rejoin; the weights equal an uninterrupted
 // 4-rank run's.
 func TestInProcessNodeLossSwapsSpare(t *testing.T) {
+	skipShort(t)
 	c, ckpt, out, want := inprocessCluster(t)
 	for range 3 {
 		c.addNode([]string{"PYTHON_EXEC=" + debianPython}, "--nnodes", "2:3", "--nproc-per-node", "2", "--max-restarts", "3",
@@ -434,6 +442,7 @@ func activeVictim(t *testing.T, c *cluster) int {
 // its one restart (before the fix their old exits failed the new round, a
 // second restart the budget did not have), with the uninterrupted weights.
 func TestInProcessNodeLossWaitsForNode(t *testing.T) {
+	skipShort(t)
 	c, ckpt, out, want := inprocessCluster(t)
 	add := func() *job {
 		return c.addNode([]string{"PYTHON_EXEC=" + debianPython, "FT_INPROCESS_NOTICE_WAIT=2"}, "--nnodes", "2:3",

@@ -14,6 +14,7 @@ import (
 const generous = 60 * time.Second
 
 func TestAllRanksSucceed(t *testing.T) {
+	skipShort(t)
 	j := newJob(t)
 	s := j.script("ok.sh", `echo "rank $RANK ok" > "$OUT/rank$LOCAL_RANK"`+"\n")
 	code := j.run(generous, []string{"OUT=" + j.dir}, "--standalone", "--nproc-per-node", "3", "--no-python", s)
@@ -35,6 +36,7 @@ func TestAllRanksSucceed(t *testing.T) {
 }
 
 func TestCrashOnceThenRestartCompletes(t *testing.T) {
+	skipShort(t)
 	j := newJob(t)
 	// Rank 1 fails in cycle 0 only; the others would run long enough to be
 	// stopped by the restart.
@@ -79,6 +81,7 @@ exit 0
 }
 
 func TestRestartsExhaustedExitsOne(t *testing.T) {
+	skipShort(t)
 	j := newJob(t)
 	s := j.script("always_fail.sh", "echo x >> \"$OUT/starts$LOCAL_RANK\"; exit 3\n")
 	code := j.run(generous, []string{"OUT=" + j.dir}, "--standalone", "--nproc-per-node", "2",
@@ -113,6 +116,7 @@ func TestRestartsExhaustedExitsOne(t *testing.T) {
 }
 
 func TestRankIgnoringSIGTERMIsKilledAfterGrace(t *testing.T) {
+	skipShort(t)
 	j := newJob(t)
 	s := j.script("stubborn.sh", `
 if [ "$LOCAL_RANK" = 0 ]; then sleep 0.3; exit 1; fi
@@ -138,6 +142,7 @@ while :; do sleep 0.05; done
 }
 
 func TestGrandchildIgnoringSIGTERMLeavesNothing(t *testing.T) {
+	skipShort(t)
 	j := newJob(t)
 	// Each rank forks a grandchild that ignores SIGTERM in its process group,
 	// and one that escapes into its own session; then rank 0 fails.
@@ -161,6 +166,7 @@ sleep 30
 }
 
 func TestLauncherSIGKILLLeavesNoRank(t *testing.T) {
+	skipShort(t)
 	j := newJob(t)
 	s := j.script("sleeper.sh", "echo $$ > \"$OUT/rank$LOCAL_RANK.pid\"; exec sleep 300\n")
 	j.start([]string{"OUT=" + j.dir}, "--standalone", "--nproc-per-node", "3", "--no-python", s)
@@ -187,6 +193,7 @@ func TestLauncherSIGKILLLeavesNoRank(t *testing.T) {
 }
 
 func TestSIGTERMIsForwardedToRanks(t *testing.T) {
+	skipShort(t)
 	j := newJob(t)
 	s := j.script("graceful.sh", `
 trap 'echo got-term > "$OUT/term$LOCAL_RANK"; exit 0' TERM
@@ -215,6 +222,7 @@ while :; do sleep 0.05; done
 }
 
 func TestWorkerEnvironment(t *testing.T) {
+	skipShort(t)
 	j := newJob(t)
 	s := j.script("env.sh", "env > \"$OUT/env$1\"\n")
 	code := j.run(generous, []string{"OUT=" + j.dir, "OMP_NUM_THREADS="}, "--nproc-per-node", "2",
@@ -277,6 +285,7 @@ func readEnv(t *testing.T, path string) map[string]string {
 }
 
 func TestUsageErrorsExitTwo(t *testing.T) {
+	skipShort(t)
 	cases := []struct {
 		name string
 		args []string
@@ -303,6 +312,7 @@ func TestUsageErrorsExitTwo(t *testing.T) {
 }
 
 func TestPrintConfigShowsMergedValues(t *testing.T) {
+	skipShort(t)
 	j := newJob(t)
 	cfgPath := filepath.Join(j.dir, "ft.yaml")
 	os.WriteFile(cfgPath, []byte("model:\n  fault_tolerance:\n    rank_heartbeat_timeout: 30\n    safety_factor: 3\n"), 0o644)
@@ -324,6 +334,7 @@ type errorJSON struct {
 }
 
 func TestLauncherWritesErrorFile(t *testing.T) {
+	skipShort(t)
 	j := newJob(t)
 	s := j.script("fail.sh", "exit 5\n")
 	errFile := filepath.Join(j.dir, "launcher_error.json")

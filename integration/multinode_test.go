@@ -205,6 +205,7 @@ func checkRound(t *testing.T, recs []envRecord, cycle, world int) map[int]int {
 }
 
 func TestMultiNodeHappyPath(t *testing.T) {
+	skipShort(t)
 	forEachBackend(t, func(t *testing.T, c *cluster) {
 		s := recorder(c, "exit 0\n")
 		for i := 0; i < 3; i++ {
@@ -228,6 +229,7 @@ func TestMultiNodeHappyPath(t *testing.T) {
 }
 
 func TestMultiNodeRankCrashRestartsEveryNode(t *testing.T) {
+	skipShort(t)
 	forEachBackend(t, func(t *testing.T, c *cluster) {
 		// Node 1's local rank 1 fails once in cycle 0; the others keep running
 		// until the job-wide restart stops them.
@@ -264,6 +266,7 @@ exit 0
 }
 
 func TestMultiNodeBudgetExhaustedSameCodeEverywhere(t *testing.T) {
+	skipShort(t)
 	forEachBackend(t, func(t *testing.T, c *cluster) {
 		s := recorder(c, `
 if [ "$NODE" = 2 ]; then sleep 0.5; exit 4; fi
@@ -285,6 +288,7 @@ sleep 60
 }
 
 func TestMultiNodeLossPromotesStandby(t *testing.T) {
+	skipShort(t)
 	forEachBackend(t, func(t *testing.T, c *cluster) {
 		s := recorder(c, `
 if [ "$TORCHELASTIC_RESTART_COUNT" = 0 ]; then exec sleep 120; fi
@@ -412,6 +416,7 @@ func (e *etcdProc) stop() {
 }
 
 func TestMultiNodeExternalEtcdRestartedMidRun(t *testing.T) {
+	skipShort(t)
 	client := fmt.Sprintf("127.0.0.1:%d", freeTCPPort(t, "127.0.0.1"))
 	peer := fmt.Sprintf("127.0.0.1:%d", freeTCPPort(t, "127.0.0.1"))
 	data := t.TempDir()
@@ -456,6 +461,7 @@ exit 0
 }
 
 func TestMultiNodeMismatchedNprocRefused(t *testing.T) {
+	skipShort(t)
 	c := newCluster(t, embeddedEndpoint(t))
 	s := recorder(c, "sleep 30\n")
 	// Whichever node registers the job first sets nproc; the other is

@@ -98,6 +98,7 @@ func finishAll(t *testing.T, c *cluster, dead map[int]bool) {
 // is started after the loss). The survivors must record a loss confirmed
 // by the stream connection, and round 1 must run without the dead node.
 func TestNodeLossSigkillConfirmedByStream(t *testing.T) {
+	skipShort(t)
 	for _, tc := range []struct {
 		name     string
 		launched int // nodes started before the loss (MIN 2 of them active)
@@ -165,6 +166,7 @@ func TestNodeLossSigkillConfirmedByStream(t *testing.T) {
 // waits for a replacement node (MIN is 3) and then runs round 1 on the
 // survivor, the spare and the replacement.
 func TestTwoNodesLostAtOnceOneSpare(t *testing.T) {
+	skipShort(t)
 	c, args := lossCluster(t, 4, "3:4")
 	g0 := roundZeroActives(t, c, 3)
 	dead := map[int]bool{}
@@ -206,6 +208,7 @@ func TestTwoNodesLostAtOnceOneSpare(t *testing.T) {
 // gossip timings (docs/rendezvous.md, "Detection"), then resumes them: no
 // round may end, and the job succeeds in round 0 without a restart.
 func TestShortStallNotLost(t *testing.T) {
+	skipShort(t)
 	c := newCluster(t, embeddedEndpoint(t))
 	c.extra = []string{"--rdzv-backend", "c10d"}
 	s := recorder(c, `

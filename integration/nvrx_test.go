@@ -16,6 +16,7 @@ import (
 // on the wire are the same.
 
 func TestNvrxClientHangDetected(t *testing.T) {
+	skipShort(t)
 	worker, _ := filepath.Abs("testdata/nvrx_worker.py")
 	j := newJob(t)
 	code := j.run(2*time.Minute, []string{"PYTHON_EXEC=" + debianPython}, "--standalone", "--nproc-per-node", "2",
@@ -33,6 +34,7 @@ func TestNvrxClientHangDetected(t *testing.T) {
 }
 
 func TestNvrxShutdownWorkloadRequestHonoured(t *testing.T) {
+	skipShort(t)
 	worker, _ := filepath.Abs("testdata/nvrx_worker.py")
 	j := newJob(t)
 	vpath := filepath.Join(j.dir, "verdict.json")
@@ -62,6 +64,7 @@ func TestNvrxShutdownWorkloadRequestHonoured(t *testing.T) {
 // TestNvrxExcludeThisNodeLeavesJob: a rank asks for its node to be excluded;
 // that node leaves (exit 1) and the job goes on with the standby in its place.
 func TestNvrxExcludeThisNodeLeavesJob(t *testing.T) {
+	skipShort(t)
 	worker, _ := filepath.Abs("testdata/nvrx_worker.py")
 	c := newCluster(t, embeddedEndpoint(t))
 	for i := 0; i < 3; i++ {

@@ -289,6 +289,7 @@ func roundOf(e map[string]any) int {
 // heals the partition and checks that the returning node cannot corrupt the
 // round the majority is running, and ends with the job's code.
 func TestPartitionActiveNode(t *testing.T) {
+	skipShort(t)
 	for _, tc := range []struct {
 		name string
 		// hold is how long the partition lasts at least, from the cut.

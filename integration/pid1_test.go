@@ -44,6 +44,7 @@ func procState(pid int) string {
 // container entrypoint is: orphans that exit must be reaped (no zombies) and
 // a SIGTERM must reach the ranks.
 func TestLauncherAsPID1(t *testing.T) {
+	skipShort(t)
 	testenv.Require(t, testenv.PIDNamespaces)
 	unshare, err := exec.LookPath("unshare")
 	if err != nil {
@@ -109,6 +110,7 @@ while :; do sleep 0.05; done
 // replacement rank of the in-process restart - find no socket and exit 1
 // (once seen as bench/prewarm.py --inprocess failing 1 run in 5).
 func TestInProcessSocketDirSweptFromAnotherPIDNamespace(t *testing.T) {
+	skipShort(t)
 	testenv.Require(t, testenv.PIDNamespaces)
 	requireTorch(t)
 	unshare, err := exec.LookPath("unshare")

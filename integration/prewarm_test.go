@@ -65,6 +65,7 @@ func requireWarmRestart(t *testing.T, j *job) {
 }
 
 func TestPrewarmTorchDDPCrashResumesWithSameWeights(t *testing.T) {
+	skipShort(t)
 	requireTorch(t)
 	ref := referenceWeights(t)
 	j := newJob(t)
@@ -91,6 +92,7 @@ func TestPrewarmTorchDDPCrashResumesWithSameWeights(t *testing.T) {
 }
 
 func TestPrewarmTorchDDPHangInSectionResumesWithSameWeights(t *testing.T) {
+	skipShort(t)
 	requireTorch(t)
 	ref := referenceWeights(t)
 	j := newJob(t)
@@ -246,6 +248,7 @@ func normaliseRecord(m map[string]any, j *job) map[string]any {
 // path[0], __name__, __file__, env, process group, signals, stdio) cold and
 // warm, for a script and for -m.
 func TestPrewarmRankSeesWhatAColdRankSees(t *testing.T) {
+	skipShort(t)
 	for _, tc := range []struct {
 		name   string
 		module bool
@@ -288,6 +291,7 @@ func TestPrewarmRankSeesWhatAColdRankSees(t *testing.T) {
 // restart, or whose imports fail, leave the restart to cold starts, said
 // in the log and the event log, and the job still succeeds.
 func TestPrewarmBrokenStandbyFallsBackCold(t *testing.T) {
+	skipShort(t)
 	t.Run("killed", func(t *testing.T) {
 		_, j := recordRun(t, false, "json", func(j *job) {
 			for _, e := range j.eventsOf("prewarm_ready") {
@@ -362,6 +366,7 @@ if rnd == "0":
 // standby's process exactly when the path says so, a stopped standby is
 // gone, and nothing of the job outlives the launcher.
 func TestPrewarmTorchCrashPaths(t *testing.T) {
+	skipShort(t)
 	requireTorch(t)
 	slowSrc, err := os.ReadFile(filepath.Join("..", "prewarm", "testdata", "ftl_slowimport.py"))
 	if err != nil {

@@ -18,6 +18,7 @@ import (
 // with the rank's steps and iteration, as the outer loop needs them to
 // recognise the same crash.
 func TestVerdictProgressAndRankFailures(t *testing.T) {
+	skipShort(t)
 	j := newJob(t)
 	worker, _ := filepath.Abs("testdata/progress_worker.py")
 	markers := filepath.Join(j.dir, "markers")

@@ -15,6 +15,7 @@ import (
 // pip (no package index needed: the package builds with an in-tree,
 // standard-library backend) and runs ranks that import the installed copy.
 func TestPythonClientInstallsWithPipAndHeartbeats(t *testing.T) {
+	skipShort(t)
 	testenv.Require(t, testenv.Pip)
 	target := t.TempDir()
 	src, _ := filepath.Abs("../client/python")

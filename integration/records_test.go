@@ -30,6 +30,7 @@ const rankOutputBytes = 2 * 200 * 101
 // written it removes the previous run's verdict and exits 73 instead of 0
 // (the termination message, on another file system, says the same).
 func TestFullFileSystemRecords(t *testing.T) {
+	skipShort(t)
 	tests := []struct {
 		name            string
 		verdictOnTmpfs  bool
@@ -131,6 +132,7 @@ func TestFullFileSystemRecords(t *testing.T) {
 // naming the problem and what is allowed (then the help hint), before
 // anything is created or started.
 func TestBadRunIDExitsTwoBeforeStarting(t *testing.T) {
+	skipShort(t)
 	const allowed = "allowed: 1 to 200 characters of ASCII letters, digits and . _ - + : @, without '..'"
 	tests := []struct {
 		name string

@@ -52,6 +52,7 @@ func marks(l report.Lane, kind string) int {
 // Python client's heartbeats and sections) crashes at step 25, resumes from
 // the checkpoint of step 20 and finishes; the report accounts for the time.
 func TestReportCrashAndResume(t *testing.T) {
+	skipShort(t)
 	requireTorch(t)
 	j := newJob(t)
 	vpath := filepath.Join(j.dir, "verdict.json")
@@ -94,6 +95,7 @@ func TestReportCrashAndResume(t *testing.T) {
 // TestReportBadInputCLI: the command names the file and never prints a
 // number from bad records.
 func TestReportBadInputCLI(t *testing.T) {
+	skipShort(t)
 	dir := t.TempDir()
 	good := filepath.Join(dir, "good.jsonl")
 	other := filepath.Join(dir, "other.jsonl")

@@ -47,6 +47,7 @@ func (j *job) waitExit(since time.Time) (int, time.Duration) {
 // unreachable etcd (connect_timeout 600 s) ends it at once, with a
 // signaled verdict and nothing left behind.
 func TestSIGTERMDuringEtcdConnect(t *testing.T) {
+	skipShort(t)
 	j := newJob(t)
 	tmp := filepath.Join(j.dir, "tmp")
 	if err := os.Mkdir(tmp, 0o755); err != nil {
@@ -102,6 +103,7 @@ func TestSIGTERMDuringEtcdConnect(t *testing.T) {
 // socket directory. Once it runs past the runtime's start (about a
 // millisecond), it handles the signal: a signaled verdict.
 func TestSIGTERMAtRandomMomentsDuringStartup(t *testing.T) {
+	skipShort(t)
 	handled, early := 0, 0
 	for i := 0; i < 20; i++ {
 		t.Run(fmt.Sprint(i), func(t *testing.T) {
@@ -146,6 +148,7 @@ func TestSIGTERMAtRandomMomentsDuringStartup(t *testing.T) {
 // launcher for --term-timeout (60 s); a second SIGTERM after the repeat
 // window (2 s, agent.DefaultSignalRepeatWindow) SIGKILLs them at once.
 func TestSecondSIGTERMEscalates(t *testing.T) {
+	skipShort(t)
 	j := newJob(t)
 	s := j.script("stubborn.sh", `
 trap '' TERM
@@ -215,6 +218,7 @@ while :; do sleep 0.05; done
 // second node): it ends, and its etcd companion, its data directory and
 // every socket directory go with it.
 func TestSIGTERMAtRandomMomentsWhileHostingEtcd(t *testing.T) {
+	skipShort(t)
 	for i := 0; i < 6; i++ {
 		t.Run(fmt.Sprint(i), func(t *testing.T) {
 			j := newJob(t)
@@ -257,6 +261,7 @@ func TestSIGTERMAtRandomMomentsWhileHostingEtcd(t *testing.T) {
 // needs 2 s save complete checkpoints when the launcher gets SIGTERM twice
 // 10 ms apart, and the launcher ends as for a signal with nothing left.
 func TestDoubleSIGTERMLetsRanksSave(t *testing.T) {
+	skipShort(t)
 	testenv.Require(t, testenv.SystemPython)
 	j := newJob(t)
 	py := filepath.Join(j.dir, "saver.py")

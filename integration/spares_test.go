@@ -91,6 +91,7 @@ func resumer(t *testing.T, args ...string) []byte {
 }
 
 func TestSpareFillerReclaimedOnSwap(t *testing.T) {
+	skipShort(t)
 	c := newCluster(t, embeddedEndpoint(t))
 	c.extra = []string{"--rdzv-backend", "c10d"}
 	s := swapRank(c)
@@ -407,6 +408,7 @@ func ledgerText(recs []ledger.Record) string {
 // free (a stand-in nvidia-smi: there is no GPU here) so it is quarantined
 // and the next spare takes the place.
 func TestSpareNotReclaimableQuarantined(t *testing.T) {
+	skipShort(t)
 	c := newCluster(t, embeddedEndpoint(t))
 	c.extra = []string{"--rdzv-backend", "c10d"}
 	fake := filepath.Join(c.dir, "fakegpu")
@@ -482,6 +484,7 @@ exit 0
 // as a new launcher with the same address; it may not become active again
 // in that job: it parks, says why, and exits with the job's code at its end.
 func TestQuarantinedNodeDoesNotComeBack(t *testing.T) {
+	skipShort(t)
 	c := newCluster(t, embeddedEndpoint(t))
 	c.extra = []string{"--rdzv-backend", "c10d"}
 	s := swapRank(c)

@@ -15,6 +15,7 @@ import (
 // two must not end two rounds: with --max-restarts 1 the job succeeds on
 // every node, having spent at most that one restart.
 func TestStalledNodeCostsOneRestart(t *testing.T) {
+	skipShort(t)
 	c := newCluster(t, embeddedEndpoint(t))
 	c.extra = []string{"--rdzv-backend", "c10d"}
 	s := recorder(c, `

@@ -122,6 +122,7 @@ func quantile(d []time.Duration, q float64) time.Duration {
 // the flood, for the init_process_group times (docs/benchmarks.md, "Store
 // under a flood").
 func TestAgentStoreFloodDuringRestart(t *testing.T) {
+	skipShort(t)
 	requireTorch(t)
 	ref := referenceWeights(t)
 	for _, withFlood := range []bool{false, true} {

@@ -30,6 +30,7 @@ type persistedTimeouts struct {
 // persists heartbeat timeout = safety_factor × the longest interval seen; a
 // second run loads it and kills a rank that stops heartbeating after it.
 func TestComputedTimeoutsPersistAndLoad(t *testing.T) {
+	skipShort(t)
 	worker, _ := filepath.Abs("testdata/monitored_worker.py")
 	state := filepath.Join(t.TempDir(), "ft_state.json")
 	env := []string{"PYTHON_EXEC=" + debianPython}
@@ -87,6 +88,7 @@ func TestComputedTimeoutsPersistAndLoad(t *testing.T) {
 // nvrx's pickle protocol. FTL_TEST_STALL_SECONDS overrides the
 // freeze (docs/benchmarks.md, "Timeouts across a launcher stall").
 func TestComputedTimeoutsIgnoreLauncherStall(t *testing.T) {
+	skipShort(t)
 	stall := 5 * time.Second
 	if v := os.Getenv("FTL_TEST_STALL_SECONDS"); v != "" {
 		s, err := strconv.ParseFloat(v, 64)

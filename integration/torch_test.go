@@ -89,6 +89,7 @@ func referenceWeights(t *testing.T) weights {
 }
 
 func TestTorchDDPCrashResumesWithSameWeights(t *testing.T) {
+	skipShort(t)
 	requireTorch(t)
 	ref := referenceWeights(t)
 	j := newJob(t)
@@ -117,6 +118,7 @@ func TestTorchDDPCrashResumesWithSameWeights(t *testing.T) {
 }
 
 func TestTorchDDPHangInSectionIsDetectedAndResumes(t *testing.T) {
+	skipShort(t)
 	requireTorch(t)
 	ref := referenceWeights(t)
 	j := newJob(t)
@@ -162,6 +164,7 @@ func TestTorchDDPHangInSectionIsDetectedAndResumes(t *testing.T) {
 // checkpoint with the same world size, and the final weights equal those of
 // an uninterrupted 4-rank run.
 func TestTorchDDPNodeLossResumesOnStandby(t *testing.T) {
+	skipShort(t)
 	requireTorch(t)
 	want := uninterruptedWeights(t, "4")
 	// The same scenario with the standby idle, and with a small torch job

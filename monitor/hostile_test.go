@@ -20,6 +20,8 @@ import (
 	"github.com/ftlauncher/ft-launcher/configs"
 	"github.com/ftlauncher/ft-launcher/internal/lockedbuf"
 	"github.com/ftlauncher/ft-launcher/monitor/ftwire"
+
+	"github.com/ftlauncher/ft-launcher/internal/testenv"
 )
 
 func managerWithLog(t *testing.T, nlocal int, mut func(*configs.FaultTolerance)) (*Manager, *lockedbuf.Buffer) {
@@ -121,6 +123,7 @@ func TestValidateUpdate(t *testing.T) {
 // hang of another rank is still caught; a valid looser value applies to the
 // sender only until every rank agrees, a tighter one applies to the node.
 func TestHostileTimeoutsCannotDisableDetection(t *testing.T) {
+	testenv.SkipShort(t, "waits on real deadlines and socket clients for seconds")
 	t.Parallel()
 	m, logs := managerWithLog(t, 2, func(ft *configs.FaultTolerance) {
 		ft.InitialRankHeartbeatTimeout = nil
@@ -252,6 +255,7 @@ func TestManySectionNamesBounded(t *testing.T) {
 // TestConnectionFloodLogBounded: 500 refused connections (the peer is not
 // the rank) produce a bounded number of log lines.
 func TestConnectionFloodLogBounded(t *testing.T) {
+	testenv.SkipShort(t, "waits on real deadlines and socket clients for seconds")
 	t.Parallel()
 	m, logs := managerWithLog(t, 1, nil)
 	other := startProc(t, m, nil, "sleep", "60") // the test process is not in its tree
@@ -281,6 +285,7 @@ func itoa(i int) string { return strconv.Itoa(i) }
 // TestStaleSocketDirsRemoved: socket dirs of dead launchers are removed at
 // the next start; those of live ones (and foreign names) are kept.
 func TestStaleSocketDirsRemoved(t *testing.T) {
+	testenv.SkipShort(t, "runs Python rank clients")
 	tmp := t.TempDir()
 	dead := exec.Command("true")
 	if err := dead.Run(); err != nil {
@@ -313,6 +318,7 @@ func TestStaleSocketDirsRemoved(t *testing.T) {
 // together and sweep the same dead launcher's dirs; a dir another one
 // removed first is skipped (it once crashed the launcher: a nil FileInfo).
 func TestStaleSocketDirsRemovedConcurrently(t *testing.T) {
+	testenv.SkipShort(t, "waits on real deadlines and socket clients for seconds")
 	dead := exec.Command("true")
 	if err := dead.Run(); err != nil {
 		t.Fatal(err)
@@ -346,6 +352,7 @@ func TestStaleSocketDirsRemovedConcurrently(t *testing.T) {
 // removed a running job's dir and the in-process replacement rank could not
 // reach its monitor). The owner lock decides; once released, the dir goes.
 func TestStaleSocketDirsOwnerLock(t *testing.T) {
+	testenv.SkipShort(t, "runs Python rank clients")
 	tmp := t.TempDir()
 	dead := exec.Command("true")
 	if err := dead.Run(); err != nil {

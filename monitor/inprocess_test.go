@@ -8,6 +8,8 @@ import (
 
 	"github.com/ftlauncher/ft-launcher/configs"
 	"github.com/ftlauncher/ft-launcher/monitor/ftwire"
+
+	"github.com/ftlauncher/ft-launcher/internal/testenv"
 )
 
 // inprocessRank is a Python rank using the real client: it registers (or
@@ -42,6 +44,7 @@ c.send_heartbeat()
 `
 
 func TestInProcessNoticeAndReports(t *testing.T) {
+	testenv.SkipShort(t, "runs real rank-client processes")
 	m := newManager(t, 1, nil, "")
 	p, first := runPy(t, m, nil, "-c", inprocessRank, "yes")
 	if first != "ready" {
@@ -76,6 +79,7 @@ func TestInProcessNoticeAndReports(t *testing.T) {
 }
 
 func TestInProcessNotRegistered(t *testing.T) {
+	testenv.SkipShort(t, "runs real rank-client processes")
 	m := newManager(t, 1, nil, "")
 	_, first := runPy(t, m, nil, "-c", inprocessRank, "no")
 	if first != "ready" {
@@ -98,6 +102,7 @@ func TestInProcessNotRegistered(t *testing.T) {
 // heartbeat, and Hung once its monitor found it hung; the Hang record keeps
 // the last heartbeat.
 func TestSilence(t *testing.T) {
+	testenv.SkipShort(t, "waits on real deadlines and socket clients for seconds")
 	m := newManager(t, 2, func(ft *configs.FaultTolerance) {
 		ft.InitialRankHeartbeatTimeout = fptr(30)
 		ft.RankHeartbeatTimeout = fptr(1.5)
@@ -141,6 +146,7 @@ func TestSilence(t *testing.T) {
 // cycle began with the stuck process's) and registers for in-process
 // restarts.
 func TestReplaceRank(t *testing.T) {
+	testenv.SkipShort(t, "runs real rank-client processes")
 	m := newManager(t, 1, nil, "")
 	stuck := startProc(t, m, nil, "sleep", "60")
 	m.BeginCycle(1, map[int]int{0: stuck.cmd.Process.Pid})

@@ -9,6 +9,8 @@ import (
 
 	"github.com/ftlauncher/ft-launcher/configs"
 	"github.com/ftlauncher/ft-launcher/monitor/ftwire"
+
+	"github.com/ftlauncher/ft-launcher/internal/testenv"
 )
 
 // TestDrainBeforeDeadline: with a poller that never runs (P = 1 h), the
@@ -16,6 +18,7 @@ import (
 // the rank heartbeats for 4 s against a 0.5 s timeout and must only be
 // declared hung after it stops.
 func TestDrainBeforeDeadline(t *testing.T) {
+	testenv.SkipShort(t, "waits on real deadlines and socket clients for seconds")
 	t.Parallel()
 	ft := configs.DefaultFaultTolerance()
 	ft.CalculateTimeouts = false

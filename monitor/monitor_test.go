@@ -13,6 +13,8 @@ import (
 
 	"github.com/ftlauncher/ft-launcher/configs"
 	"github.com/ftlauncher/ft-launcher/ftclient"
+
+	"github.com/ftlauncher/ft-launcher/internal/testenv"
 )
 
 func TestSocketsAndPermissions(t *testing.T) {
@@ -94,6 +96,7 @@ func TestLongTMPDIR(t *testing.T) {
 }
 
 func TestPeerCheck(t *testing.T) {
+	testenv.SkipShort(t, "waits on real deadlines and socket clients for seconds")
 	m := newManager(t, 1, nil, "")
 	sleep := exec.Command("sleep", "60")
 	sleep.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
@@ -124,6 +127,7 @@ func TestPeerCheck(t *testing.T) {
 }
 
 func TestHangKinds(t *testing.T) {
+	testenv.SkipShort(t, "runs real rank-client processes")
 	tests := []struct {
 		name    string
 		ft      func(*configs.FaultTolerance)
@@ -223,6 +227,7 @@ func TestHangKinds(t *testing.T) {
 }
 
 func TestTerminationSignal(t *testing.T) {
+	testenv.SkipShort(t, "runs real rank-client processes")
 	tests := []struct {
 		name      string
 		script    string
@@ -254,6 +259,7 @@ func TestTerminationSignal(t *testing.T) {
 }
 
 func TestDisconnectDoesNotKill(t *testing.T) {
+	testenv.SkipShort(t, "waits on real deadlines and socket clients for seconds")
 	t.Parallel()
 	m := newManager(t, 1, func(ft *configs.FaultTolerance) {
 		ft.InitialRankHeartbeatTimeout = fptr(0.3)
@@ -346,6 +352,7 @@ func readState(t *testing.T, path string) stateFile {
 }
 
 func TestComputedTimeouts(t *testing.T) {
+	testenv.SkipShort(t, "waits on real deadlines and socket clients for seconds")
 	t.Parallel()
 	state := filepath.Join(t.TempDir(), "ft_state.json")
 	calc := func(ft *configs.FaultTolerance) {

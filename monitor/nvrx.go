@@ -8,7 +8,6 @@ import (
 	"net"
 	"slices"
 
-	"github.com/ftlauncher/ft-launcher/configs"
 	"github.com/ftlauncher/ft-launcher/monitor/ftwire"
 	"github.com/ftlauncher/ft-launcher/monitor/nvrxwire"
 )
@@ -34,7 +33,7 @@ func isClosed(err error) bool {
 
 // nvrxConfig is the FaultToleranceConfig advertised in reply to InitMsg: the
 // configured settings with the timeouts in force for this rank.
-func (m *Manager) nvrxConfig(r *rankMon, skip bool) *configs.FaultTolerance {
+func (m *Manager) nvrxConfig(r *rankMon, skip bool) *nvrxwire.Config {
 	r.mu.Lock()
 	to, warm := r.to.Clone(), r.warmupIters
 	r.mu.Unlock()
@@ -48,7 +47,8 @@ func (m *Manager) nvrxConfig(r *rankMon, skip bool) *configs.FaultTolerance {
 	}
 	cfg.NumWarmupIterations = int(warm)
 	cfg.SkipSectionResponse = skip
-	return &cfg
+	wire := nvrxwire.Config(cfg) // same fields: the compiler keeps the two in step
+	return &wire
 }
 
 // serveNvrx runs an nvrx (pickle) session as nvrx's rank monitor server

@@ -4,6 +4,8 @@ import (
 	"os"
 	"testing"
 	"time"
+
+	"github.com/ftlauncher/ft-launcher/internal/testenv"
 )
 
 // TestProgressOverCycles: the progress sums steps, checkpoints and
@@ -12,6 +14,7 @@ import (
 // it crashed (its session is gone). A section other than "step" counts as
 // a step only when it carries a new iteration (an nvrx client's sections).
 func TestProgressOverCycles(t *testing.T) {
+	testenv.SkipShort(t, "runs real rank-client processes")
 	t.Parallel()
 	m := newManager(t, 2, nil, "")
 	if p := m.Progress(); p != nil {

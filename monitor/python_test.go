@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/ftlauncher/ft-launcher/configs"
+
+	"github.com/ftlauncher/ft-launcher/internal/testenv"
 )
 
 // python is Debian's interpreter (the one on PATH may differ); the clients
@@ -44,6 +46,7 @@ func runPy(t *testing.T, m *Manager, env []string, args ...string) (*rankProc, s
 }
 
 func TestNvrxProtocolSessions(t *testing.T) {
+	testenv.SkipShort(t, "runs real rank-client processes")
 	okReplies := []any{"OkMsg", "OkMsg", "ErrorMsg:Section 'step' is already open", "OkMsg",
 		"ErrorMsg:Section 'step' is not open", "OkMsg"}
 	tests := []struct {
@@ -90,6 +93,7 @@ func TestNvrxProtocolSessions(t *testing.T) {
 }
 
 func TestNvrxMalformedAndWorkload(t *testing.T) {
+	testenv.SkipShort(t, "runs real rank-client processes")
 	t.Parallel()
 	m := newManager(t, 1, nil, "")
 	_, line := runPy(t, m, nil, "testdata/nvrx_standin.py", "garbage")
@@ -111,6 +115,7 @@ func TestNvrxMalformedAndWorkload(t *testing.T) {
 }
 
 func TestPythonClient(t *testing.T) {
+	testenv.SkipShort(t, "runs real rank-client processes")
 	t.Parallel()
 	m := newManager(t, 1, func(ft *configs.FaultTolerance) {
 		ft.RankSectionTimeouts = map[string]*float64{"step": fptr(60)}
@@ -141,6 +146,7 @@ func TestPythonClient(t *testing.T) {
 }
 
 func TestPythonClientNoop(t *testing.T) {
+	testenv.SkipShort(t, "runs real rank-client processes")
 	t.Parallel()
 	m := newManager(t, 1, nil, "")
 	p, line := runPy(t, m, []string{"FT_RANK_MONITOR_IPC_SOCKET="}, "testdata/py_noop.py")
@@ -156,6 +162,7 @@ func TestPythonClientNoop(t *testing.T) {
 // monitor and reports its per-call cost (target p50 < 10 µs). It asserts the
 // benchmark ran and its messages arrived, not its speed.
 func TestPythonClientBench(t *testing.T) {
+	testenv.SkipShort(t, "runs real rank-client processes")
 	t.Parallel()
 	m := newManager(t, 1, nil, "")
 	const n = 5000

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/ftlauncher/ft-launcher/configs"
+
+	"github.com/ftlauncher/ft-launcher/internal/testenv"
 )
 
 // recorder collects what a Manager gives Options.OnEvent.
@@ -40,6 +42,7 @@ func (r *recorder) of(kind string) []map[string]any {
 // and its steps since the last checkpoint at the cycle's end, are recorded
 // once each; ordinary heartbeats and steps are not.
 func TestRankRecords(t *testing.T) {
+	testenv.SkipShort(t, "runs real rank-client processes")
 	t.Parallel()
 	var rec recorder
 	ft := configs.DefaultFaultTolerance()

@@ -10,6 +10,8 @@ import (
 
 	"github.com/ftlauncher/ft-launcher/configs"
 	"github.com/ftlauncher/ft-launcher/ftclient"
+
+	"github.com/ftlauncher/ft-launcher/internal/testenv"
 )
 
 // ringManager is a one-rank monitor with drain interval p (time.Hour: the
@@ -218,6 +220,7 @@ func TestRingWrapAndFull(t *testing.T) {
 // separate rank process, with the default P: detection is never early, and
 // a clock started by a ring event starts at the client's time.
 func TestRingHangs(t *testing.T) {
+	testenv.SkipShort(t, "runs real rank-client processes")
 	t.Parallel()
 	tests := []struct {
 		name    string

@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/ftlauncher/ft-launcher/configs"
+
+	"github.com/ftlauncher/ft-launcher/internal/testenv"
 )
 
 // shmManager is a monitor with only heartbeat timeouts: initial 2 s,
@@ -26,6 +28,7 @@ func shmManager(t *testing.T, hb float64, p time.Duration) *Manager {
 // both counted, with the time they were sent, and both detect a rank that
 // stops heartbeating, never before its timeout.
 func TestShmHeartbeats(t *testing.T) {
+	testenv.SkipShort(t, "runs real rank-client processes")
 	t.Parallel()
 	for _, tc := range []struct {
 		name, connect, shm string
@@ -78,6 +81,7 @@ func TestShmHeartbeats(t *testing.T) {
 // poller off (heartbeats read only at deadlines) and at the default P; it is
 // declared hung once it stops, and not before last heartbeat + timeout.
 func TestShmNoEarlyHang(t *testing.T) {
+	testenv.SkipShort(t, "runs real rank-client processes")
 	t.Parallel()
 	for _, p := range []time.Duration{time.Hour, 0} {
 		t.Run(p.String(), func(t *testing.T) {
@@ -115,6 +119,7 @@ func TestShmNoEarlyHang(t *testing.T) {
 // TestShmFallback: when the monitor cannot offer shared memory the client
 // falls back to socket heartbeats, which are counted as before.
 func TestShmFallback(t *testing.T) {
+	testenv.SkipShort(t, "runs real rank-client processes")
 	t.Parallel()
 	m := shmManager(t, 5, 0)
 	m.shmOK = false // as when CLOCK_MONOTONIC could not be sampled

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/ftlauncher/ft-launcher/configs"
+
+	"github.com/ftlauncher/ft-launcher/internal/testenv"
 )
 
 const sec = int64(time.Second)
@@ -140,6 +142,7 @@ func recordStall(s *stallLog, w stallWindow) {
 // computed heartbeat and step timeouts come from the intervals observed
 // on time. Socket and shared-memory clients alike.
 func TestStallNotLearned(t *testing.T) {
+	testenv.SkipShort(t, "runs real rank-client processes")
 	// 85 heartbeats (84 intervals); the steps after the pause start 2.5 s
 	// after the stall below ends (less the delay of the "pause" line).
 	const script = "hbn 12 50ms;open step;mark pause;sleep 2s;hb;close step;hbn 60 50ms;" +
@@ -205,6 +208,7 @@ func TestStallNotLearned(t *testing.T) {
 // unread), and a rank that is really hung is still declared hung then. The
 // stall is recorded, logged and given to OnEvent once.
 func TestStallGraceDefersHang(t *testing.T) {
+	testenv.SkipShort(t, "waits on real deadlines and socket clients for seconds")
 	t.Parallel()
 	var (
 		mu     sync.Mutex

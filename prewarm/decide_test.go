@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/ftlauncher/ft-launcher/spawn"
+
+	"github.com/ftlauncher/ft-launcher/internal/testenv"
 )
 
 func TestDecideImporting(t *testing.T) {
@@ -88,7 +90,7 @@ func slowCycle(t *testing.T, st *Starter, base, mode string) (string, *standby) 
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	run(t, st, filepath.Join(base, "1"), recordCase{}, "FTL_SLOW_DIR="+dir, "FTL_SLOW_MODE="+mode)
+	run(t, warm(st), filepath.Join(base, "1"), recordCase{}, "FTL_SLOW_DIR="+dir, "FTL_SLOW_MODE="+mode)
 	deadline := time.Now().Add(testTimeout)
 	for {
 		m, _ := filepath.Glob(filepath.Join(dir, "importing-*"))
@@ -113,6 +115,7 @@ func slowCycle(t *testing.T, st *Starter, base, mode string) (string, *standby) 
 // --prewarm-importing stop) or, when the wait runs out, stops it then and
 // starts cold; the event says which, and no standby is left behind.
 func TestRestartWhileImporting(t *testing.T) {
+	testenv.SkipShort(t, "starts Python standbys")
 	for _, tc := range []struct {
 		name     string
 		mode     string
@@ -196,6 +199,7 @@ func TestRestartWhileImporting(t *testing.T) {
 // again for the next standby: it stops it and starts cold at once, saying
 // why.
 func TestUnendedWaitNotRepeated(t *testing.T) {
+	testenv.SkipShort(t, "starts Python standbys")
 	r := newReaper(t)
 	base := t.TempDir()
 	ev := &events{}
@@ -206,7 +210,7 @@ func TestUnendedWaitNotRepeated(t *testing.T) {
 	t.Cleanup(st.Close)
 	dir, _ := slowCycle(t, st, base, "burn")
 	slow := []string{"FTL_SLOW_DIR=" + dir, "FTL_SLOW_MODE=burn"}
-	run(t, st, filepath.Join(base, "2"), recordCase{}, slow...) // waits firstWait, then cold
+	run(t, warm(st), filepath.Join(base, "2"), recordCase{}, slow...) // waits firstWait, then cold
 	fb := ev.of(EventFallback)
 	if len(fb) != 2 || fb[1]["path"] != PathCold || !strings.Contains(fmt.Sprint(fb[1]["reason"]), "import had not ended (at most 10s)") {
 		t.Fatalf("cycle 2 fallback %v; want cold after a wait of 10s that ran out", fb)
@@ -226,7 +230,7 @@ func TestUnendedWaitNotRepeated(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	run(t, st, filepath.Join(base, "3"), recordCase{}, slow...)
+	run(t, warm(st), filepath.Join(base, "3"), recordCase{}, slow...)
 	fb = ev.of(EventFallback)
 	if len(fb) != 3 || fb[2]["path"] != PathStopped || !strings.Contains(fmt.Sprint(fb[2]["reason"]), "ran out") {
 		t.Fatalf("cycle 3 fallback %v; want the standby stopped, naming the wait that ran out", fb)
@@ -241,6 +245,7 @@ func TestUnendedWaitNotRepeated(t *testing.T) {
 // rank that started cold starts only once the rank has used that much CPU
 // (its own imports are done), not beside them.
 func TestRefillWaitsForColdImports(t *testing.T) {
+	testenv.SkipShort(t, "starts Python standbys")
 	r := newReaper(t)
 	dir := t.TempDir()
 	script := filepath.Join(dir, "burn.py")
@@ -315,6 +320,7 @@ func waitStopped(t *testing.T, pid int) {
 // from the replacement's, and lets them go on when new standbys would
 // start; a later cycle that needs a paused standby resumes it first.
 func TestIdleStandbysPaused(t *testing.T) {
+	testenv.SkipShort(t, "starts Python standbys")
 	r := newReaper(t)
 	base := t.TempDir()
 	ev := &events{}
@@ -422,6 +428,7 @@ func TestIdleStandbysPaused(t *testing.T) {
 // earlier cycle paused resumes it and hands it its rank; Close kills a
 // paused standby.
 func TestPausedStandbyResumedWhenNeeded(t *testing.T) {
+	testenv.SkipShort(t, "starts Python standbys")
 	r := newReaper(t)
 	base := t.TempDir()
 	ev := &events{}
@@ -446,6 +453,7 @@ func TestPausedStandbyResumedWhenNeeded(t *testing.T) {
 // TestClosePausedStandby: Close kills a paused (stopped) standby and
 // reaps it.
 func TestClosePausedStandby(t *testing.T) {
+	testenv.SkipShort(t, "starts Python standbys")
 	r := newReaper(t)
 	ev := &events{}
 	st, err := NewStarter(Options{Reaper: r, Modules: []string{"json", "ftl_slowimport"}, OnEvent: ev.add,

@@ -10,16 +10,18 @@ import (
 	"github.com/ftlauncher/ft-launcher/spawn"
 )
 
-// group is the ranks of one cycle: the cold ones in spawn.Groups (those
+// Group is the ranks of one cycle: the cold ones in spawn.Groups (those
 // started at once, those whose handover failed), each warm one in the
-// one-process spawn.Group its standby was started as.
-type group struct {
+// one-process spawn.Group its standby was started as. It has the methods
+// of a *spawn.Group, so the launcher hands it to the agent as its rank
+// group (cmd/ft-launcher adapts it; this package does not import agent).
+type Group struct {
 	parts []*spawn.Group
 	exits chan spawn.Exit
 }
 
-func newGroup(cold []*spawn.Group, warm []*standby, n int) *group {
-	g := &group{exits: make(chan spawn.Exit, n)} // one per rank: never blocks
+func newGroup(cold []*spawn.Group, warm []*standby, n int) *Group {
+	g := &Group{exits: make(chan spawn.Exit, n)} // one per rank: never blocks
 	for _, c := range cold {
 		g.parts = append(g.parts, c)
 		k := len(c.PIDs())
@@ -40,7 +42,7 @@ func newGroup(cold []*spawn.Group, warm []*standby, n int) *group {
 }
 
 // PIDs maps local rank to pid (= process group id), warm and cold alike.
-func (g *group) PIDs() map[int]int {
+func (g *Group) PIDs() map[int]int {
 	m := map[int]int{}
 	for _, p := range g.parts {
 		for lr, pid := range p.PIDs() {
@@ -51,10 +53,10 @@ func (g *group) PIDs() map[int]int {
 }
 
 // Exits delivers one Exit per rank as soon as it is reaped.
-func (g *group) Exits() <-chan spawn.Exit { return g.exits }
+func (g *Group) Exits() <-chan spawn.Exit { return g.exits }
 
 // Stop stops every part at once (one grace for all) and merges the results.
-func (g *group) Stop(sig syscall.Signal, grace time.Duration) spawn.StopResult {
+func (g *Group) Stop(sig syscall.Signal, grace time.Duration) spawn.StopResult {
 	results := make([]spawn.StopResult, len(g.parts))
 	var wg sync.WaitGroup
 	for i, p := range g.parts {
@@ -75,7 +77,7 @@ func (g *group) Stop(sig syscall.Signal, grace time.Duration) spawn.StopResult {
 }
 
 // SignalAll signals every live rank's process group.
-func (g *group) SignalAll(sig syscall.Signal) {
+func (g *Group) SignalAll(sig syscall.Signal) {
 	for _, p := range g.parts {
 		p.SignalAll(sig)
 	}

@@ -3,7 +3,8 @@
 // goes straight to the user's code instead of paying for the interpreter
 // and its imports again.
 //
-// A Starter implements agent.RankStarter. For every local rank it keeps one
+// A Starter starts the ranks of each cycle (the launcher adapts it to the
+// agent's RankStarter). For every local rank it keeps one
 // standby: a Python interpreter started through spawn exactly like a rank
 // (its own process group, parent-death signal, reaped by the launcher)
 // running a small embedded program (standby.py) that imports the modules
@@ -34,7 +35,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/ftlauncher/ft-launcher/agent"
 	"github.com/ftlauncher/ft-launcher/spawn"
 )
 
@@ -198,8 +198,9 @@ type plan struct {
 
 // StartGroup starts the ranks of one cycle: each on its ready standby; on
 // its standby still importing when decideImporting says to wait for it;
-// the others cold, at once. It implements agent.RankStarter.
-func (st *Starter) StartGroup(specs []spawn.Spec) (agent.RankGroup, error) {
+// the others cold, at once. cmd/ft-launcher adapts it to the agent's
+// RankStarter.
+func (st *Starter) StartGroup(specs []spawn.Spec) (*Group, error) {
 	started := time.Now()
 	st.mu.Lock()
 	if st.closed {

@@ -13,8 +13,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ftlauncher/ft-launcher/agent"
 	"github.com/ftlauncher/ft-launcher/spawn"
+
+	"github.com/ftlauncher/ft-launcher/internal/testenv"
 )
 
 // python is Debian's interpreter (the one the integration tests use).
@@ -92,8 +93,40 @@ func waitReady(t *testing.T, st *Starter, lr int) *standby {
 	return nil
 }
 
+// rankGroup is what the tests use of a cycle's ranks: a *Group or a
+// *spawn.Group (the cold baseline).
+type rankGroup interface {
+	Exits() <-chan spawn.Exit
+	Stop(sig syscall.Signal, grace time.Duration) spawn.StopResult
+}
+
+// starter starts one cycle: a *Starter, or plain spawn for the baseline.
+type starter func(specs []spawn.Spec) (rankGroup, error)
+
+// warm starts through st.
+func warm(st *Starter) starter {
+	return func(specs []spawn.Spec) (rankGroup, error) {
+		g, err := st.StartGroup(specs)
+		if err != nil {
+			return nil, err
+		}
+		return g, nil
+	}
+}
+
+// cold starts with plain spawn, as the launcher does without --prewarm.
+func cold(r *spawn.Reaper) starter {
+	return func(specs []spawn.Spec) (rankGroup, error) {
+		g, err := r.StartGroup(specs)
+		if err != nil {
+			return nil, err
+		}
+		return g, nil
+	}
+}
+
 // waitAll waits for every rank of g to exit and stops what is left.
-func waitAll(t *testing.T, g agent.RankGroup, n int) []spawn.Exit {
+func waitAll(t *testing.T, g rankGroup, n int) []spawn.Exit {
 	t.Helper()
 	var out []spawn.Exit
 	timeout := time.After(testTimeout)
@@ -163,14 +196,14 @@ func readRecord(t *testing.T, path string) map[string]any {
 }
 
 // run starts spec with starter, waits for its exit and returns its record.
-func run(t *testing.T, starter agent.RankStarter, dir string, c recordCase, extra ...string) (map[string]any, spawn.Exit, agent.RankGroup) {
+func run(t *testing.T, start starter, dir string, c recordCase, extra ...string) (map[string]any, spawn.Exit, rankGroup) {
 	t.Helper()
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
 	o, e := logFiles(t, dir)
 	out := filepath.Join(dir, "record.json")
-	g, err := starter.StartGroup([]spawn.Spec{c.spec(t, dir, out, o, e, extra...)})
+	g, err := start([]spawn.Spec{c.spec(t, dir, out, o, e, extra...)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -196,6 +229,7 @@ func normalise(rec map[string]any, dir string) map[string]any {
 // TestWarmRankObservesWhatAColdRankDoes runs the recorder cold (plain
 // spawn) and warm (on a standby) and compares every record.
 func TestWarmRankObservesWhatAColdRankDoes(t *testing.T) {
+	testenv.SkipShort(t, "starts Python standbys")
 	for _, c := range []recordCase{
 		{name: "script"},
 		{name: "module", module: true},
@@ -204,12 +238,12 @@ func TestWarmRankObservesWhatAColdRankDoes(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			r := newReaper(t)
 			base := t.TempDir()
-			coldRec, coldExit, _ := run(t, agent.SpawnRanks{Reaper: r}, filepath.Join(base, "0"), c)
+			coldRec, coldExit, _ := run(t, cold(r), filepath.Join(base, "0"), c)
 
 			st, ev := newStarter(t, r, "json", "email.mime.text")
-			first, _, _ := run(t, st, filepath.Join(base, "1"), c) // cold: no standby yet
+			first, _, _ := run(t, warm(st), filepath.Join(base, "1"), c) // cold: no standby yet
 			waitReady(t, st, 0)
-			warmRec, warmExit, _ := run(t, st, filepath.Join(base, "2"), c)
+			warmRec, warmExit, _ := run(t, warm(st), filepath.Join(base, "2"), c)
 			if n := len(ev.of(EventWarm)); n != 1 {
 				t.Fatalf("%d warm starts, want 1: %v", n, ev.got)
 			}
@@ -248,6 +282,7 @@ func diff(a, b map[string]any) string {
 
 // TestWarmExitsAsCold compares exit codes, tracebacks and signals.
 func TestWarmExitsAsCold(t *testing.T) {
+	testenv.SkipShort(t, "starts Python standbys")
 	for _, tc := range []struct {
 		name string
 		env  []string
@@ -258,11 +293,11 @@ func TestWarmExitsAsCold(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			r := newReaper(t)
 			base := t.TempDir()
-			_, coldExit, _ := run(t, agent.SpawnRanks{Reaper: r}, filepath.Join(base, "0"), recordCase{}, tc.env...)
+			_, coldExit, _ := run(t, cold(r), filepath.Join(base, "0"), recordCase{}, tc.env...)
 			st, _ := newStarter(t, r, "json")
-			run(t, st, filepath.Join(base, "1"), recordCase{}, tc.env...)
+			run(t, warm(st), filepath.Join(base, "1"), recordCase{}, tc.env...)
 			waitReady(t, st, 0)
-			_, warmExit, _ := run(t, st, filepath.Join(base, "2"), recordCase{}, tc.env...)
+			_, warmExit, _ := run(t, warm(st), filepath.Join(base, "2"), recordCase{}, tc.env...)
 			if coldExit.Code != warmExit.Code || coldExit.Signal != warmExit.Signal {
 				t.Fatalf("exit: cold %v, warm %v", coldExit, warmExit)
 			}
@@ -279,6 +314,7 @@ func TestWarmExitsAsCold(t *testing.T) {
 // answers the handover) or whose import fails leaves its rank to a cold
 // start, and the reason is recorded.
 func TestBrokenStandbyFallsBackCold(t *testing.T) {
+	testenv.SkipShort(t, "starts Python standbys")
 	for _, tc := range []struct {
 		name    string
 		modules []string
@@ -302,7 +338,7 @@ func TestBrokenStandbyFallsBackCold(t *testing.T) {
 			base := t.TempDir()
 			st, ev := newStarter(t, r, tc.modules...)
 			st.o.HandoverTimeout = 2 * time.Second
-			run(t, st, filepath.Join(base, "1"), recordCase{})
+			run(t, warm(st), filepath.Join(base, "1"), recordCase{})
 			if tc.breakIt != nil {
 				tc.breakIt(t, waitReady(t, st, 0))
 			} else {
@@ -332,7 +368,7 @@ func TestBrokenStandbyFallsBackCold(t *testing.T) {
 func runCycle(t *testing.T, st *Starter, dir string) {
 	t.Helper()
 	begin := time.Now()
-	rec, ex, _ := run(t, st, dir, recordCase{})
+	rec, ex, _ := run(t, warm(st), dir, recordCase{})
 	if ex.Code != 0 || rec["name"] != "__main__" {
 		t.Fatalf("%s: exit %v, record %v", dir, ex, rec["name"])
 	}
@@ -343,9 +379,10 @@ func runCycle(t *testing.T, st *Starter, dir string) {
 
 // TestCloseKillsStandbys: nothing of a Starter outlives Close.
 func TestCloseKillsStandbys(t *testing.T) {
+	testenv.SkipShort(t, "starts Python standbys")
 	r := newReaper(t)
 	st, _ := newStarter(t, r, "json")
-	run(t, st, filepath.Join(t.TempDir(), "1"), recordCase{})
+	run(t, warm(st), filepath.Join(t.TempDir(), "1"), recordCase{})
 	s := waitReady(t, st, 0)
 	st.Close()
 	select {
@@ -378,6 +415,7 @@ func TestParseArgv(t *testing.T) {
 }
 
 func TestNewStarterValidates(t *testing.T) {
+	testenv.SkipShort(t, "starts Python standbys")
 	r := newReaper(t)
 	for _, tc := range []struct {
 		modules []string
@@ -401,6 +439,7 @@ func TestNewStarterValidates(t *testing.T) {
 // TestRefillWaitsTheDelay: new standbys start only after RefillDelay, and
 // Close during the delay starts none.
 func TestRefillWaitsTheDelay(t *testing.T) {
+	testenv.SkipShort(t, "starts Python standbys")
 	r := newReaper(t)
 	for _, closeEarly := range []bool{false, true} {
 		st, err := NewStarter(Options{Reaper: r, Modules: []string{"json"}, RefillDelay: time.Second})
@@ -408,7 +447,7 @@ func TestRefillWaitsTheDelay(t *testing.T) {
 			t.Fatal(err)
 		}
 		begin := time.Now()
-		run(t, st, filepath.Join(t.TempDir(), "1"), recordCase{})
+		run(t, warm(st), filepath.Join(t.TempDir(), "1"), recordCase{})
 		st.mu.Lock()
 		n := len(st.standby)
 		st.mu.Unlock()

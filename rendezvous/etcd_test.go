@@ -19,6 +19,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/ftlauncher/ft-launcher/metrics"
+
+	"github.com/ftlauncher/ft-launcher/internal/testenv"
 )
 
 // testLogger discards logs to keep test output readable.
@@ -139,6 +141,30 @@ func checkConsistent(t testing.TB, as []Assignment, nproc, active int) {
 	}
 }
 
+// waitGossip waits until every node's gossip holds every other node alive,
+// where a fixed sleep used to "let gossip converge".
+func waitGossip(t *testing.T, nodes []*Etcd) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		converged := true
+		for _, n := range nodes {
+			for _, o := range nodes {
+				if n != o && !n.gossipAlive(o.NodeID()) {
+					converged = false
+				}
+			}
+		}
+		if converged {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("gossip did not converge within 10 s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 func waitEnd(t *testing.T, ch <-chan RoundEnd, within time.Duration) RoundEnd {
 	t.Helper()
 	select {
@@ -191,6 +217,7 @@ func groupRanks(as []Assignment) []int {
 }
 
 func TestEtcdHappyPathAndFail(t *testing.T) {
+	testenv.SkipShort(t, "runs an etcd server")
 	m := startEmbedded(t)
 	c := &cluster{t: t, ep: m.Endpoint(), run: t.Name()}
 	met := metrics.New()
@@ -272,6 +299,7 @@ func metricValue(t *testing.T, m *metrics.Metrics, name string) float64 {
 }
 
 func TestEtcdInfraRankOrders(t *testing.T) {
+	testenv.SkipShort(t, "runs an etcd server")
 	m := startEmbedded(t)
 	c := &cluster{t: t, ep: m.Endpoint(), run: t.Name()}
 	for i := 0; i < 3; i++ {
@@ -292,6 +320,7 @@ func TestEtcdInfraRankOrders(t *testing.T) {
 }
 
 func TestEtcdStandbyPromotedOnNodeLoss(t *testing.T) {
+	testenv.SkipShort(t, "runs an etcd server")
 	m := startEmbedded(t)
 	c := newCluster(t, m.Endpoint(), 3, 1, 2, 3, 5)
 	as := nextAll(t, c.nodes)
@@ -329,7 +358,7 @@ func TestEtcdStandbyPromotedOnNodeLoss(t *testing.T) {
 		}
 	}
 	end := c.nodes[survivor].Ended(0)
-	time.Sleep(500 * time.Millisecond) // let gossip converge
+	waitGossip(t, c.nodes)
 	start := time.Now()
 	crash(c.nodes[victim])
 	e := waitEnd(t, end, 10*time.Second)
@@ -380,6 +409,7 @@ func crash(e *Etcd) {
 // one of the lossWatchers that watch the member keys, one that only they
 // watch, or two of the three watchers at once.
 func TestEtcdLeaseBackstopWithoutGossip(t *testing.T) {
+	testenv.SkipShort(t, "runs an etcd server")
 	m := startEmbedded(t)
 	for _, tc := range []struct {
 		name    string
@@ -427,6 +457,7 @@ func TestEtcdLeaseBackstopWithoutGossip(t *testing.T) {
 }
 
 func TestEtcdBudgetExhausted(t *testing.T) {
+	testenv.SkipShort(t, "runs an etcd server")
 	m := startEmbedded(t)
 	c := newCluster(t, m.Endpoint(), 3, 1, 3, 3, 1)
 	nextAll(t, c.nodes)
@@ -455,6 +486,7 @@ func TestEtcdBudgetExhausted(t *testing.T) {
 }
 
 func TestEtcdMismatchRefused(t *testing.T) {
+	testenv.SkipShort(t, "runs an etcd server")
 	m := startEmbedded(t)
 	c := newCluster(t, m.Endpoint(), 1, 4, 2, 2, 0)
 	go func() {
@@ -490,6 +522,7 @@ func TestEtcdMismatchRefused(t *testing.T) {
 }
 
 func TestEtcdShutdownClosesForAll(t *testing.T) {
+	testenv.SkipShort(t, "runs an etcd server")
 	m := startEmbedded(t)
 	c := newCluster(t, m.Endpoint(), 3, 1, 3, 3, 3)
 	nextAll(t, c.nodes)
@@ -512,6 +545,7 @@ func TestEtcdShutdownClosesForAll(t *testing.T) {
 }
 
 func TestEtcdLeaveAndHealthCheck(t *testing.T) {
+	testenv.SkipShort(t, "runs an etcd server")
 	m := startEmbedded(t)
 	c := &cluster{t: t, ep: m.Endpoint(), run: t.Name()}
 	for i := 0; i < 3; i++ {
@@ -545,6 +579,7 @@ func TestEtcdLeaveAndHealthCheck(t *testing.T) {
 // TestEtcdJoinTimeout: a round that cannot gather MIN nodes fails Next
 // with ErrJoinTimeout after JoinTimeout.
 func TestEtcdJoinTimeout(t *testing.T) {
+	testenv.SkipShort(t, "runs an etcd server")
 	m := startEmbedded(t)
 	c := &cluster{t: t, ep: m.Endpoint(), run: t.Name()}
 	o := c.opts(0, 1, 2, 2, 0)
@@ -606,6 +641,7 @@ func TestIsLocalEndpoint(t *testing.T) {
 // lease and registers again, so the round still closes with it when the
 // other node comes; before, the round waited for a member that was gone.
 func TestEtcdWaiterReRegistersAfterLeaseExpiry(t *testing.T) {
+	testenv.SkipShort(t, "runs an etcd server")
 	m := startEmbedded(t)
 	c := &cluster{t: t, ep: m.Endpoint(), run: t.Name()}
 	a := c.add(c.opts(0, 1, 2, 2, 2))

@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/ftlauncher/ft-launcher/internal/testenv"
 )
 
 const debianEtcd = "/usr/bin/etcd"
@@ -87,6 +89,7 @@ func (p *etcdProc) stop() {
 }
 
 func TestRealEtcdHappyPathFailAndRestart(t *testing.T) {
+	testenv.SkipShort(t, "runs an etcd server")
 	p := startEtcdProc(t)
 	c := &cluster{t: t, ep: p.clientURL, run: t.Name()}
 	for i := 0; i < 3; i++ {
@@ -178,6 +181,7 @@ func TestRealEtcdHappyPathFailAndRestart(t *testing.T) {
 }
 
 func TestRealEtcdLossBoundClosesJob(t *testing.T) {
+	testenv.SkipShort(t, "runs an etcd server")
 	p := startEtcdProc(t)
 	c := &cluster{t: t, ep: p.clientURL, run: t.Name()}
 	for i := 0; i < 2; i++ {

@@ -6,6 +6,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/ftlauncher/ft-launcher/internal/testenv"
 )
 
 // TestFenceDeadline checks the fence arithmetic: a renewal sent at s for
@@ -102,6 +104,7 @@ func (r *renewals) get() (time.Time, int) {
 // instant its last renewal proved the lease valid until (OnLeaseRenewed),
 // and no earlier than the fence margin before it.
 func TestEtcdFencesBeforeLeaseCanExpire(t *testing.T) {
+	testenv.SkipShort(t, "runs an etcd server")
 	p := startEtcdProc(t)
 	c := &cluster{t: t, ep: p.clientURL, run: strings.ReplaceAll(t.Name(), "/", "_")}
 	recs := []*renewals{{}, {}}
@@ -153,6 +156,7 @@ func TestEtcdFencesBeforeLeaseCanExpire(t *testing.T) {
 // ends only after the lease's proven validity has passed, with the loss
 // named as seen by gossip and confirmed by the lease.
 func TestEtcdGossipLossWaitsForLeaseExpiry(t *testing.T) {
+	testenv.SkipShort(t, "runs an etcd server")
 	p := startEtcdProc(t)
 	c := &cluster{t: t, ep: p.clientURL, run: strings.ReplaceAll(t.Name(), "/", "_")}
 	var rec renewals
@@ -167,7 +171,7 @@ func TestEtcdGossipLossWaitsForLeaseExpiry(t *testing.T) {
 	checkConsistent(t, as, 1, 3)
 	victim := c.nodes[2]
 	ends := []<-chan RoundEnd{c.nodes[0].Ended(0), c.nodes[1].Ended(0)}
-	time.Sleep(500 * time.Millisecond) // gossip converges
+	waitGossip(t, c.nodes)
 	victim.stopGossip(false)
 	victim.mu.Lock()
 	victim.stream.ln.Close() // new dials are refused; held connections stay (no EOF, no refused redial)

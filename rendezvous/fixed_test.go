@@ -9,6 +9,8 @@ import (
 
 	"github.com/ftlauncher/ft-launcher/policy"
 	"github.com/ftlauncher/ft-launcher/verdict"
+
+	"github.com/ftlauncher/ft-launcher/internal/testenv"
 )
 
 // TestEtcdFixedAllocationShortOfNodes (issue 9): in a fixed allocation a
@@ -17,6 +19,7 @@ import (
 // that died without a word), long before JoinTimeout; a node that comes
 // back in time keeps the job going.
 func TestEtcdFixedAllocationShortOfNodes(t *testing.T) {
+	testenv.SkipShort(t, "runs an etcd server")
 	m := startEmbedded(t)
 	const wait = 2 * time.Second
 	tests := []struct {
@@ -90,6 +93,7 @@ func TestEtcdFixedAllocationShortOfNodes(t *testing.T) {
 // count as alive, so the job closes with not_enough_nodes min_nodes_wait
 // after the round ended, not a lease TTL later.
 func TestEtcdFixedAllocationConfirmedLossNotCounted(t *testing.T) {
+	testenv.SkipShort(t, "runs an etcd server")
 	m := startEmbedded(t)
 	const wait, ttl = time.Second, 20 * time.Second
 	c := &cluster{t: t, ep: m.Endpoint(), run: t.Name()}

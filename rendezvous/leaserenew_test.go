@@ -4,6 +4,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/ftlauncher/ft-launcher/internal/testenv"
 )
 
 // TestOnLeaseRenewed: every renewal of the node's own lease reports a
@@ -13,6 +15,7 @@ import (
 // the TTL: a healthy launcher is never fenced), and nothing is reported after
 // Close.
 func TestOnLeaseRenewed(t *testing.T) {
+	testenv.SkipShort(t, "runs an etcd server")
 	m := startEmbedded(t)
 	c := &cluster{t: t, ep: m.Endpoint(), run: t.Name()}
 	type call struct{ at, validUntil time.Time }

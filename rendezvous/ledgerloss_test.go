@@ -12,6 +12,8 @@ import (
 	"github.com/ftlauncher/ft-launcher/ledger"
 	"github.com/ftlauncher/ft-launcher/ledger/etcdstore"
 	"github.com/ftlauncher/ft-launcher/policy"
+
+	"github.com/ftlauncher/ft-launcher/internal/testenv"
 )
 
 // TestEtcdLossLedgerRecordedOnce: a lost node's open ledger leases are
@@ -22,6 +24,7 @@ import (
 // carries the records; every node's RoundEnd names the writer, so no
 // survivor writes the ledger again.
 func TestEtcdLossLedgerRecordedOnce(t *testing.T) {
+	testenv.SkipShort(t, "runs an etcd server")
 	m := startEmbedded(t)
 	c := &cluster{t: t, ep: m.Endpoint(), run: t.Name()}
 	for i := 0; i < 4; i++ {

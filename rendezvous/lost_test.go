@@ -10,6 +10,8 @@ import (
 
 	"github.com/ftlauncher/ft-launcher/policy"
 	"github.com/ftlauncher/ft-launcher/verdict"
+
+	"github.com/ftlauncher/ft-launcher/internal/testenv"
 )
 
 // callResult is what one rendezvous call returned and when.
@@ -27,6 +29,7 @@ type callResult struct {
 // margin, with errors that say the rendezvous was lost and name the
 // endpoints and the bound.
 func TestRealEtcdLostMidRound(t *testing.T) {
+	testenv.SkipShort(t, "runs an etcd server")
 	tests := []struct {
 		name     string
 		hostDies bool // an active node dies with etcd (it hosted the embedded server)
@@ -169,6 +172,7 @@ func waitGroup(t *testing.T, wg *sync.WaitGroup, d time.Duration) {
 // etcd host went away): gossip leave, the lease revoke and the watchers
 // are all bounded.
 func TestRealEtcdCloseWithEtcdGone(t *testing.T) {
+	testenv.SkipShort(t, "runs an etcd server")
 	p := startEtcdProc(t)
 	c := &cluster{t: t, ep: p.clientURL, run: t.Name()}
 	for i := 0; i < 2; i++ {

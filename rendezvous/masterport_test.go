@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/ftlauncher/ft-launcher/policy"
+
+	"github.com/ftlauncher/ft-launcher/internal/testenv"
 )
 
 // portHook records the rounds it is asked about and answers a port per
@@ -66,6 +68,7 @@ func TestLocalMasterPortHook(t *testing.T) {
 // registers for a round, and the round's MASTER_PORT is group rank 0's;
 // group rank 0 alone gets the round's node addresses (NodeAddrs).
 func TestEtcdMasterPortHook(t *testing.T) {
+	testenv.SkipShort(t, "runs an etcd server")
 	m := startEmbedded(t)
 	c := &cluster{t: t, ep: m.Endpoint(), run: t.Name()}
 	hooks := make([]*portHook, 2)

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/ftlauncher/ft-launcher/internal/testenv"
 )
 
 // TestEtcdRejoinGate: with nnodes 2:3, a restart round waits for a previous
@@ -18,6 +20,7 @@ import (
 // delaying its Next) instead of promoting the standby after LastCall; the
 // RejoinWait bound still closes the round without it.
 func TestEtcdRejoinGate(t *testing.T) {
+	testenv.SkipShort(t, "runs an etcd server")
 	m := startEmbedded(t)
 	tests := []struct {
 		name       string
@@ -104,6 +107,7 @@ func TestEtcdRejoinGate(t *testing.T) {
 // same run id (a new generation starts), and a node of the closed
 // generation that is still alive keeps seeing its own job's close.
 func TestEtcdRunIDReuse(t *testing.T) {
+	testenv.SkipShort(t, "runs an etcd server")
 	m := startEmbedded(t)
 	c := &cluster{t: t, ep: m.Endpoint(), run: t.Name()}
 	old := []*Etcd{c.add(c.opts(0, 1, 2, 2, 3)), c.add(c.opts(1, 1, 2, 2, 3))}

@@ -9,6 +9,8 @@ import (
 
 	"github.com/ftlauncher/ft-launcher/policy"
 	"github.com/ftlauncher/ft-launcher/verdict"
+
+	"github.com/ftlauncher/ft-launcher/internal/testenv"
 )
 
 // standbyCluster starts 3 nodes with nnodes 2:3 (two actives, one standby)
@@ -79,6 +81,7 @@ func recvNext(t *testing.T, ch <-chan nextResult) nextResult {
 // never takes the spare; a close carries its typed kind to every node,
 // the standby included.
 func TestEtcdRestartPolicy(t *testing.T) {
+	testenv.SkipShort(t, "runs an etcd server")
 	m := startEmbedded(t)
 	tests := []struct {
 		name        string
@@ -219,6 +222,7 @@ func policyAct(t *testing.T, ctx context.Context, victim *Etcd, act string) {
 // spending a restart, so rounds and restarts diverge; the budget is the
 // restart count, and its exhaustion closes the job on every node.
 func TestEtcdRestartsCountedApartFromRounds(t *testing.T) {
+	testenv.SkipShort(t, "runs an etcd server")
 	m := startEmbedded(t)
 	c, _, master, victim, standby := standbyCluster(t, m.Endpoint(), 1, true)
 	sbc := nextAsync(t, c.nodes[standby])
@@ -274,6 +278,7 @@ func TestEtcdRestartsCountedApartFromRounds(t *testing.T) {
 // with evidence, may not come back as a new launcher on the same address;
 // a node stopped by a signal may.
 func TestEtcdQuarantine(t *testing.T) {
+	testenv.SkipShort(t, "runs an etcd server")
 	m := startEmbedded(t)
 	tests := []struct {
 		name        string

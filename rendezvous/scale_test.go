@@ -27,6 +27,8 @@ import (
 	"github.com/ftlauncher/ft-launcher/policy"
 	"github.com/ftlauncher/ft-launcher/rendezvous/etcdserver"
 	"github.com/ftlauncher/ft-launcher/verdict"
+
+	"github.com/ftlauncher/ft-launcher/internal/testenv"
 )
 
 // Simulated nodes for the scale measurement (issue 18, docs/benchmarks.md
@@ -441,6 +443,7 @@ func heapInUse() uint64 {
 // consistent assignment per round, ranks kept across a restart, a spare
 // swapped in for a lost node, the loss quarantined and in the ledger.
 func TestScaleSmallJob(t *testing.T) {
+	testenv.SkipShort(t, "runs an etcd server")
 	m := startEmbedded(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -678,6 +681,7 @@ func metricsDelta(before, after map[string]float64) string {
 //	  [FTL_SCALE_METRICS=etcd_debugging_mvcc_slow_watcher_total,etcd_disk_backend_commit_duration_seconds_sum] \
 //	  FTL_SCALE_REPS=5 go test -count=1 -run TestScaleMeasure -v -timeout 60m ./rendezvous/
 func TestScaleMeasure(t *testing.T) {
+	testenv.SkipShort(t, "runs an etcd server")
 	if os.Getenv("FTL_SCALE_BENCH") != "1" {
 		// Not an environment skip: an opt-in measurement of minutes, not a test.
 		t.Skip("opt-in measurement: set FTL_SCALE_BENCH=1 (docs/benchmarks.md)")

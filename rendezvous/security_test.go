@@ -18,6 +18,8 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+
+	"github.com/ftlauncher/ft-launcher/internal/testenv"
 )
 
 // testPKI is a throw-away CA with one server and one client certificate,
@@ -94,6 +96,7 @@ func runOneRound(t *testing.T, c *cluster, tweak func(*EtcdOptions)) {
 // TestRealEtcdTLS runs a round against Debian's etcd serving HTTPS and
 // requiring client certificates.
 func TestRealEtcdTLS(t *testing.T) {
+	testenv.SkipShort(t, "runs an etcd server")
 	pki := newTestPKI(t)
 	p := startEtcdProcWith(t, "https", "--cert-file", pki.serverCert, "--key-file", pki.serverKey,
 		"--trusted-ca-file", pki.ca, "--client-cert-auth")
@@ -115,6 +118,7 @@ func TestRealEtcdTLS(t *testing.T) {
 // TestRealEtcdAuth runs a round with username/password against Debian's
 // etcd with auth enabled; a wrong password is a clear error.
 func TestRealEtcdAuth(t *testing.T) {
+	testenv.SkipShort(t, "runs an etcd server")
 	p := startEtcdProc(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()

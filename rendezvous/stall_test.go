@@ -10,6 +10,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/ftlauncher/ft-launcher/policy"
+
+	"github.com/ftlauncher/ft-launcher/internal/testenv"
 )
 
 // TestEtcdStallEndsOneRound (issue 12): a node frozen for about the lease
@@ -18,6 +20,7 @@ import (
 // Gossip is simulated (the survivor reports the loss and records the death
 // as its gossip callback does) so the order of events is fixed.
 func TestEtcdStallEndsOneRound(t *testing.T) {
+	testenv.SkipShort(t, "runs an etcd server")
 	m := startEmbedded(t)
 	c := &cluster{t: t, ep: m.Endpoint(), run: t.Name()}
 	for i := 0; i < 3; i++ {

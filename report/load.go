@@ -16,7 +16,7 @@ import (
 
 	"github.com/ftlauncher/ft-launcher/k8s/api/v1beta2"
 	"github.com/ftlauncher/ft-launcher/ledger"
-	"github.com/ftlauncher/ft-launcher/slurm"
+	"github.com/ftlauncher/ft-launcher/slurm/resumer"
 	"github.com/ftlauncher/ft-launcher/verdict"
 )
 
@@ -51,7 +51,7 @@ type Event struct {
 type records struct {
 	events   []Event
 	verdicts []loadedVerdict
-	chain    *slurm.State
+	chain    *resumer.State
 	aw       *v1beta2.AppWrapper
 	ledger   []ledger.Record
 	warnings []string
@@ -184,10 +184,10 @@ func readVerdict(path string) (verdict.Verdict, error) {
 
 // loadChain reads chain.json and the verdicts of its jobs.
 func (rec *records) loadChain(dir string) error {
-	if filepath.Base(dir) == slurm.StateFile {
+	if filepath.Base(dir) == resumer.StateFile {
 		dir = filepath.Dir(dir)
 	}
-	st, err := slurm.LoadState(dir)
+	st, err := resumer.LoadState(dir)
 	if err != nil {
 		return err
 	}
@@ -198,7 +198,7 @@ func (rec *records) loadChain(dir string) error {
 		have[abs] = true
 	}
 	for _, j := range st.Jobs {
-		files, _ := filepath.Glob(filepath.Join(dir, slurm.JobsDir, j.ID, "verdict-*.json"))
+		files, _ := filepath.Glob(filepath.Join(dir, resumer.JobsDir, j.ID, "verdict-*.json"))
 		for _, vs := range j.Verdicts {
 			if vs.File != "" && !filepath.IsAbs(vs.File) {
 				files = append(files, filepath.Join(dir, vs.File))

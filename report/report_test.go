@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ftlauncher/ft-launcher/slurm"
+	"github.com/ftlauncher/ft-launcher/slurm/resumer"
 	"github.com/ftlauncher/ft-launcher/verdict"
 )
 
@@ -155,7 +155,7 @@ func TestBuildSlurmChain(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	st := &slurm.State{Dir: dir, Status: slurm.Done, Created: t0.Add(-10 * time.Second)}
+	st := &resumer.State{Dir: dir, Status: resumer.Done, Created: t0.Add(-10 * time.Second)}
 	for i, id := range []string{"101", "102"} {
 		shift := time.Duration(i) * time.Minute
 		v := base
@@ -165,16 +165,16 @@ func TestBuildSlurmChain(t *testing.T) {
 			v.Cycles[c].StartedAt = v.Cycles[c].StartedAt.Add(shift)
 		}
 		v.RunID = "run-" + id
-		if err := os.MkdirAll(filepath.Join(dir, slurm.JobsDir, id), 0o755); err != nil {
+		if err := os.MkdirAll(filepath.Join(dir, resumer.JobsDir, id), 0o755); err != nil {
 			t.Fatal(err)
 		}
-		if err := verdict.Write(filepath.Join(dir, slurm.JobsDir, id, "verdict-n1.json"), v); err != nil {
+		if err := verdict.Write(filepath.Join(dir, resumer.JobsDir, id, "verdict-n1.json"), v); err != nil {
 			t.Fatal(err)
 		}
-		st.Jobs = append(st.Jobs, &slurm.ChainJob{ID: id, Began: t0.Add(shift), ScriptEnded: t0.Add(shift + 21*time.Second), Outcome: "walltime"})
+		st.Jobs = append(st.Jobs, &resumer.ChainJob{ID: id, Began: t0.Add(shift), ScriptEnded: t0.Add(shift + 21*time.Second), Outcome: "walltime"})
 	}
 	// A job that never began: its time is the queue's.
-	st.Jobs = append(st.Jobs, &slurm.ChainJob{ID: "103"})
+	st.Jobs = append(st.Jobs, &resumer.ChainJob{ID: "103"})
 	if err := st.Save(); err != nil {
 		t.Fatal(err)
 	}

@@ -1,7 +1,12 @@
-// Package slurm reads the environment Slurm gives each task of a job step.
-// It is the one place ft-launcher reads SLURM_* variables: configs uses the
-// task rank to order nodes, and a later Slurm adapter (auto-configuration,
-// requeue) builds on Env instead of reading the environment again.
+// Package slurm is what the launcher needs from Slurm: the environment
+// Slurm gives each task of a job step (Env), node lists (ExpandNodeList),
+// the nodes that serve the rendezvous, and node addresses from scontrol
+// (Scheduler.NodeAddr). It is the one place ft-launcher reads SLURM_*
+// variables: configs uses the task rank to order nodes.
+//
+// The outer loop that chains Slurm jobs (ft-resumer) is package
+// slurm/resumer, which builds on this one; nothing here imports it, so the
+// launcher does not link the outer loop.
 package slurm
 
 import (

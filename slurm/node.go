@@ -12,7 +12,7 @@ import (
 // slurm.conf); Slurm's own table then is the only place that knows where a
 // node is. The address may itself be a host name.
 func (s Scheduler) NodeAddr(ctx context.Context, name string) (string, error) {
-	out, err := s.run(ctx, "scontrol", "show", "node", "-o", name)
+	out, err := s.Run(ctx, "scontrol", "show", "node", "-o", name)
 	if err != nil {
 		return "", fmt.Errorf("slurm: address of node %s: %w", name, err)
 	}

@@ -10,9 +10,12 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ftlauncher/ft-launcher/internal/procfs"
+
+	"github.com/ftlauncher/ft-launcher/internal/testenv"
 )
 
 func TestTerminate(t *testing.T) {
+	testenv.SkipShort(t, "terminates real process trees with grace timers")
 	r := newReaper(t)
 	const grace = 3 * time.Second
 	tests := []struct {

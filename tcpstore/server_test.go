@@ -16,6 +16,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/ftlauncher/ft-launcher/internal/testenv"
 )
 
 func startServer(t testing.TB, lim Limits) *Server {
@@ -805,6 +807,7 @@ func TestTooManyConnections(t *testing.T) {
 // read the replies it asks for, is closed after MessageTimeout; an idle
 // client between queries is not.
 func TestSlowClients(t *testing.T) {
+	testenv.SkipShort(t, "waits on real handshake and write deadlines")
 	s := startServer(t, Limits{MessageTimeout: 300 * time.Millisecond, MaxKeysPerQuery: 1 << 20})
 	addr := s.Addr().String()
 	idle := dial(t, addr, dialectV2)
@@ -1035,6 +1038,7 @@ func TestReset(t *testing.T) {
 // TestResetMemoryBounded: thousands of attempts, each leaving keys, waiters
 // and connections behind, do not grow the server.
 func TestResetMemoryBounded(t *testing.T) {
+	testenv.SkipShort(t, "repeats a race or a load many times")
 	s := startServer(t, Limits{})
 	addr := s.Addr().String()
 	attempt := func(i int) {
@@ -1246,6 +1250,7 @@ func TestGarbageClients(t *testing.T) {
 // query is served (and then closed by it): the query never reaches the
 // retired state, which must hold nothing.
 func TestResetRacesFirstQuery(t *testing.T) {
+	testenv.SkipShort(t, "repeats a race or a load many times")
 	s := startServer(t, Limits{})
 	addr := s.Addr().String()
 	for i := range 1500 {

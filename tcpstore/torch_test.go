@@ -10,6 +10,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/ftlauncher/ft-launcher/internal/testenv"
 )
 
 // python is Debian's interpreter, the one with torch 1.13 (python3-torch).
@@ -46,6 +48,7 @@ func runPython(t *testing.T, env []string, args ...string) (string, error) {
 // timeout, num_keys, delete_key) plus PrefixStore. 1.13's Python API has no
 // check(); the wire-client tests cover CHECK.
 func TestTorch113Client(t *testing.T) {
+	testenv.SkipShort(t, "runs torch 1.13 clients")
 	requireTorch(t)
 	s := startServer(t, Limits{})
 	out, err := runPython(t, nil, "testdata/torch_client.py", "127.0.0.1", fmt.Sprint(s.Addr().Port))
@@ -74,6 +77,7 @@ func TestTorch113Client(t *testing.T) {
 // keys under /worker/attempt_N) and all_reduce; then a second attempt after
 // Reset, as the launcher runs it after a restart.
 func TestTorch113Gloo(t *testing.T) {
+	testenv.SkipShort(t, "runs torch 1.13 clients")
 	requireTorch(t)
 	s := startServer(t, Limits{})
 	for attempt := range 2 {

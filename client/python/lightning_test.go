@@ -28,6 +28,7 @@ func python(t *testing.T) string {
 // TestLightningCallbackUnit runs every tests/test_*.py (unittest discover):
 // the callback's tests, the in-process API's and the protocol check's.
 func TestLightningCallbackUnit(t *testing.T) {
+	testenv.SkipShort(t, "runs Python client processes")
 	cmd := exec.Command(python(t), "-m", "unittest", "discover", "-s", "tests", "-v")
 	out, err := cmd.CombinedOutput()
 	if err != nil {
@@ -43,6 +44,7 @@ func TestLightningCallbackUnit(t *testing.T) {
 // _ft_state.json), and a third whose batch hangs (the monitor kills it:
 // only heartbeats kept the others alive).
 func TestLightningCallbackUnderTheLauncher(t *testing.T) {
+	testenv.SkipShort(t, "runs the real launcher with Python ranks")
 	py := python(t)
 	bin := t.TempDir()
 	build := exec.Command("go", "build", "-o", bin+"/", "../../cmd/ft-launcher", "../../cmd/ft-launcher-etcd")

@@ -22,6 +22,7 @@ import (
 // reference to stand for it under torch 1.13). Without the shutdown the
 // peer's all_reduce waits out the group's 300 s timeout.
 func TestTeardownEndsPeersCollective(t *testing.T) {
+	testenv.SkipShort(t, "runs the real launcher with Python ranks")
 	testenv.Require(t, testenv.Torch)
 	dir := t.TempDir()
 	port, err := netutil.FreePort("127.0.0.1")

@@ -136,7 +136,7 @@ func launch(ctx context.Context, cfg *configs.Config, log *slog.Logger, sigs <-c
 			return rec.setupFailed("prewarm", err)
 		}
 		defer st.Close() // before the reaper closes: kills the standbys
-		ranks = st
+		ranks = prewarmRanks{st}
 	}
 	if wd != nil {
 		ranks = fencedRanks{RankStarter: ranks, wd: wd}
@@ -496,4 +496,18 @@ func storeLimits(nproc int) tcpstore.Limits {
 	l := tcpstore.DefaultLimits()
 	l.MaxConnsPerAddr = agentstore.ConnsPerAddr(nproc)
 	return l
+}
+
+// prewarmRanks adapts a *prewarm.Starter to agent.RankStarter: prewarm
+// returns its own *prewarm.Group (it does not import agent, which sits
+// above it), and this is the one place the two meet.
+type prewarmRanks struct{ st *prewarm.Starter }
+
+// StartGroup starts one cycle's ranks on the standbys.
+func (p prewarmRanks) StartGroup(specs []spawn.Spec) (agent.RankGroup, error) {
+	g, err := p.st.StartGroup(specs)
+	if err != nil {
+		return nil, err // a nil *prewarm.Group must not become a non-nil RankGroup
+	}
+	return g, nil
 }

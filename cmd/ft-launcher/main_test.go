@@ -13,6 +13,8 @@ import (
 
 	"github.com/ftlauncher/ft-launcher/cmd/ft-launcher/internal/earlysig"
 	"github.com/ftlauncher/ft-launcher/configs"
+
+	"github.com/ftlauncher/ft-launcher/internal/testenv"
 )
 
 // closedPort returns a local port nothing listens on.
@@ -123,6 +125,7 @@ func TestRunRejectsBadRendezvousBeforeLaunch(t *testing.T) {
 // does reach launch, which opens the event log and fails on the unreachable
 // etcd with exit 1, not 2.
 func TestRunLaunchLeavesTraces(t *testing.T) {
+	testenv.SkipShort(t, "runs a launch with real rank processes")
 	tr := newTraces(t)
 	ep := "127.0.0.1:" + strconv.Itoa(closedPort(t))
 	args := append(tr.args(), "--nnodes", "2", "--rdzv-backend", "etcd", "--rdzv-endpoint", ep,

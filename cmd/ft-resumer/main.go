@@ -24,7 +24,7 @@ import (
 
 	"github.com/ftlauncher/ft-launcher/internal/atomicfile"
 	"github.com/ftlauncher/ft-launcher/internal/version"
-	"github.com/ftlauncher/ft-launcher/slurm"
+	"github.com/ftlauncher/ft-launcher/slurm/resumer"
 )
 
 func main() {
@@ -130,19 +130,19 @@ func chainDirFlag(fs *pflag.FlagSet) *string {
 	return fs.String("chain-dir", os.Getenv("FT_RESUMER_CHAIN"), "the chain's directory (state, job script, verdicts, _job_results); on a file system every node sees ($FT_RESUMER_CHAIN)")
 }
 
-func resumer(dir string, log io.Writer) *slurm.Resumer {
-	return &slurm.Resumer{Dir: dir, Log: log}
+func newResumer(dir string, log io.Writer) *resumer.Resumer {
+	return &resumer.Resumer{Dir: dir, Log: log}
 }
 
 func cmdStart(ctx context.Context, name string, args []string, stdout, stderr io.Writer) int {
 	fs := flagSet(name, stderr)
 	dir := chainDirFlag(fs)
 	maxFail := fs.Int("max-subsequent-job-failures", 3, "consecutive failed jobs that are retried; the next failure stops the chain (walltime and preemption never count; a job that exits 0 without evidence of progress counts as no_progress; a job with evidence of progress resets the count)")
-	maxJobs := fs.Int("max-jobs", slurm.DefaultMaxJobs, "at most this many jobs train (0: no limit; the default is over a month of 4-hour jobs)")
+	maxJobs := fs.Int("max-jobs", resumer.DefaultMaxJobs, "at most this many jobs train (0: no limit; the default is over a month of 4-hour jobs)")
 	progress := fs.StringArray("progress-path", nil, "a file, directory or glob the training writes as it advances (its checkpoints); a file there modified during a job is evidence of progress for ranks that report no steps (repeatable)")
 	rate := fs.String("max-submit-rate", "30/10m", `stop the chain rather than submit more than N jobs in any window D ("N/D", e.g. 30/10m; "0" for no limit)`)
-	detAfter := fs.Int("deterministic-after", slurm.DefaultDeterministicAfter, "stop the chain with deterministic_failure when the same rank failure (same rank, exit code, and step within --deterministic-steps) happened this many times over consecutive failed jobs, in two jobs at least (0: never)")
-	detSteps := fs.Int("deterministic-steps", slurm.DefaultDeterministicSteps, "how many steps (or iterations) apart two rank failures may be and still be the same failure")
+	detAfter := fs.Int("deterministic-after", resumer.DefaultDeterministicAfter, "stop the chain with deterministic_failure when the same rank failure (same rank, exit code, and step within --deterministic-steps) happened this many times over consecutive failed jobs, in two jobs at least (0: never)")
+	detSteps := fs.Int("deterministic-steps", resumer.DefaultDeterministicSteps, "how many steps (or iterations) apart two rank failures may be and still be the same failure")
 	expiry := fs.Duration("exclusion-expiry", 24*time.Hour, "how long a node quarantined by a launcher stays excluded from the chain's jobs")
 	flag := fs.String("finished-flag", "", "FAULT_TOL_FINISHED_FLAG_FILE: the file the training creates when it is complete (default <chain-dir>/finished.flag)")
 	format := fs.String("job-results-format", "nfl", `_job_results lines: "nfl" (<jobid> X|S|F) or "nemo-run" (<jobid> <restarts> X|S|F)`)
@@ -187,7 +187,7 @@ func cmdStart(ctx context.Context, name string, args []string, stdout, stderr io
 		fmt.Fprintf(stderr, "ft-resumer %s: %v\n", name, err)
 		return 2
 	}
-	r := resumer(abs, stderr)
+	r := newResumer(abs, stderr)
 	pos := fs.Args()
 	script := ""
 	var sbatchArgs []string
@@ -201,14 +201,14 @@ func cmdStart(ctx context.Context, name string, args []string, stdout, stderr io
 	if len(pos) == 1 {
 		script = pos[0]
 	}
-	if _, err := slurm.LoadState(abs); errors.Is(err, slurm.ErrNoChain) && script == "" {
+	if _, err := resumer.LoadState(abs); errors.Is(err, resumer.ErrNoChain) && script == "" {
 		fmt.Fprintf(stderr, "ft-resumer %s: no chain in %s yet: give the batch script\n", name, abs)
 		return 2
 	}
-	set := slurm.Settings{
-		MaxSubsequentFailures: *maxFail, MaxJobs: *maxJobs, ExclusionTTL: slurm.Duration(*expiry),
+	set := resumer.Settings{
+		MaxSubsequentFailures: *maxFail, MaxJobs: *maxJobs, ExclusionTTL: resumer.Duration(*expiry),
 		FinishedFlag: *flag, SbatchArgs: sbatchArgs, Resumer: *resumerPath, JobResultsFormat: *format,
-		NoRestartCode: *noRestart, ProgressPaths: progressPaths, MaxSubmits: maxSubmits, SubmitWindow: slurm.Duration(window),
+		NoRestartCode: *noRestart, ProgressPaths: progressPaths, MaxSubmits: maxSubmits, SubmitWindow: resumer.Duration(window),
 		DeterministicAfter: *detAfter, DeterministicSteps: *detSteps,
 	}
 	if set.FinishedFlag != "" {
@@ -237,7 +237,7 @@ func cmdStart(ctx context.Context, name string, args []string, stdout, stderr io
 
 // follow reconciles the chain with Slurm every poll until it has ended and
 // no job of it is left in Slurm, printing each job's judgement once.
-func follow(ctx context.Context, r *slurm.Resumer, poll time.Duration, stdout, stderr io.Writer) int {
+func follow(ctx context.Context, r *resumer.Resumer, poll time.Duration, stdout, stderr io.Writer) int {
 	printed := map[string]bool{}
 	for {
 		st, err := r.Reconcile(ctx)
@@ -251,8 +251,8 @@ func follow(ctx context.Context, r *slurm.Resumer, poll time.Duration, stdout, s
 					fmt.Fprintf(stdout, "job %s: %s -> %s (%s; decided by %s)\n", j.ID, j.Outcome, j.Decision, j.Reason, j.DecidedBy)
 				}
 			}
-			if st.Status != slurm.Active && allEnded(st) {
-				if st.Status == slurm.Done {
+			if st.Status != resumer.Active && allEnded(st) {
+				if st.Status == resumer.Done {
 					fmt.Fprintf(stdout, "chain done: training finished (%d jobs trained)\n", trained(st))
 					return 0
 				}
@@ -271,7 +271,7 @@ func follow(ctx context.Context, r *slurm.Resumer, poll time.Duration, stdout, s
 
 // trained counts the chain's jobs that ran the training (not relocated,
 // skipped, or removed by Slurm before they began).
-func trained(st *slurm.State) int {
+func trained(st *resumer.State) int {
 	n := 0
 	for _, j := range st.Jobs {
 		if j.Outcome.Ran() {
@@ -298,7 +298,7 @@ func parseRate(s string) (int, time.Duration, error) {
 	return max, win, nil
 }
 
-func allEnded(st *slurm.State) bool {
+func allEnded(st *resumer.State) bool {
 	for _, j := range st.Jobs {
 		if j.Slurm == nil || !j.Slurm.Terminal() {
 			return false
@@ -320,12 +320,12 @@ func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		return 2
 	}
 	abs, _ := filepath.Abs(*dir)
-	var st *slurm.State
+	var st *resumer.State
 	var err error
 	if *noUpdate {
-		st, err = slurm.LoadState(abs)
+		st, err = resumer.LoadState(abs)
 	} else {
-		st, err = resumer(abs, stderr).Reconcile(ctx)
+		st, err = newResumer(abs, stderr).Reconcile(ctx)
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "ft-resumer status: %v\n", err)
@@ -357,7 +357,7 @@ func cmdCancel(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		return 2
 	}
 	abs, _ := filepath.Abs(*dir)
-	if _, err := resumer(abs, stderr).Cancel(ctx, "cancelled with ft-resumer cancel"); err != nil {
+	if _, err := newResumer(abs, stderr).Cancel(ctx, "cancelled with ft-resumer cancel"); err != nil {
 		fmt.Fprintf(stderr, "ft-resumer cancel: %v\n", err)
 		return 1
 	}
@@ -391,7 +391,7 @@ func cmdStep(ctx context.Context, args []string, stderr io.Writer) int {
 	// A decision step must not hang the job: bound it.
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
-	r := resumer(*dir, stderr)
+	r := newResumer(*dir, stderr)
 	if args[0] == "end" {
 		var at time.Time
 		if f, err := strconv.ParseFloat(strings.Replace(*ended, ",", ".", 1), 64); err == nil && f > 0 {
@@ -410,11 +410,11 @@ func cmdStep(ctx context.Context, args []string, stderr io.Writer) int {
 	}
 	if !res.Run {
 		fmt.Fprintf(stderr, "ft-resumer: job %s does not run: %s\n", id, res.Reason)
-		return slurm.ExitSkip
+		return resumer.ExitSkip
 	}
 	jobDir := os.Getenv("FT_RESUMER_JOB_DIR")
 	if jobDir == "" {
-		jobDir = filepath.Join(*dir, slurm.JobsDir, id)
+		jobDir = filepath.Join(*dir, resumer.JobsDir, id)
 	}
 	keys := make([]string, 0, len(res.Env))
 	for k := range res.Env {

@@ -13,6 +13,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"os"
 	"os/exec"
@@ -28,6 +29,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
+	"github.com/ftlauncher/ft-launcher/internal/testenv"
 	"github.com/ftlauncher/ft-launcher/k8s/api/v1beta2"
 	"github.com/ftlauncher/ft-launcher/k8s/k8stest"
 	"github.com/ftlauncher/ft-launcher/verdict"
@@ -41,6 +43,10 @@ var (
 const debianPython = "/usr/bin/python3"
 
 func TestMain(m *testing.M) {
+	flag.Parse()
+	if testing.Short() {
+		os.Exit(m.Run()) // every test skips: no binaries, no control plane
+	}
 	dir, err := os.MkdirTemp("", "ftl-k8s-bin-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -176,6 +182,7 @@ func runningPods(t *testing.T, ns, aw string, n int, old map[types.UID]bool) []c
 // the real controller binary, then Succeeded when their pods complete.
 // Pods are run by the stand-in kubelet; the Job controller is real.
 func TestSeedSamplesRunUnchanged(t *testing.T) {
+	testenv.SkipShort(t, "end-to-end on a real Kubernetes control plane")
 	k8stest.Need(t, env)
 	controller(t)
 	for _, tc := range []struct {
@@ -305,6 +312,7 @@ func podEnv(p corev1.Pod, name string) string {
 // asked ShutdownWorkload (no_restart, exit 93) fails the workload at once,
 // with retries left.
 func TestLauncherVerdictDrivesReset(t *testing.T) {
+	testenv.SkipShort(t, "end-to-end on a real Kubernetes control plane")
 	k8stest.Need(t, env)
 	ctx := context.Background()
 	controller(t)
@@ -372,6 +380,7 @@ func TestLauncherVerdictDrivesReset(t *testing.T) {
 // TestBadConfigRefused: a malformed operator config stops the command
 // before it talks to the cluster, with exit 2 and the key named.
 func TestBadConfigRefused(t *testing.T) {
+	testenv.SkipShort(t, "end-to-end on a real Kubernetes control plane")
 	dir := t.TempDir()
 	for _, tc := range []struct{ name, yaml, want string }{
 		{"unknown key", "faultTolerance:\n  failureGracePeriodd: 1m\n", "failureGracePeriodd"},
@@ -397,6 +406,7 @@ func TestBadConfigRefused(t *testing.T) {
 // Deployment's flags as the service account the manifests bind (RBAC
 // decides, no admin rights) takes the seeds' sample to Succeeded.
 func TestShippedManifests(t *testing.T) {
+	testenv.SkipShort(t, "end-to-end on a real Kubernetes control plane")
 	k8stest.Need(t, env)
 	ctx := context.Background()
 	dir := t.TempDir()

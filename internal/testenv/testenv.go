@@ -74,6 +74,10 @@ type Info struct {
 	// Hardware is set for what CI machines cannot have: it may skip
 	// under CI.
 	Hardware bool
+	// Slow is set for what makes a test slow (a cluster, a daemon, a
+	// heavy interpreter, namespaces, a browser): Require skips such a test
+	// under `go test -short`, the fast lane (docs/testing.md).
+	Slow bool
 	// check reports it missing; nil where only the test can tell.
 	check func() error
 }
@@ -84,21 +88,21 @@ func (r Requirement) Info() Info {
 	case Root:
 		return Info{How: "run the tests as root (CI does)", check: checkRoot}
 	case Slurm:
-		return Info{Packages: []string{"munge", "slurmctld", "slurmd", "slurm-client"},
+		return Info{Packages: []string{"munge", "slurmctld", "slurmd", "slurm-client"}, Slow: true,
 			How:   "run as root: slurmd starts job steps as their users",
 			check: asRoot("munged", "slurmctld", "slurmd", "sbatch", "srun")}
 	case Cgroups:
-		return Info{How: "run as root on a machine with cgroup v2 (cgroup.kill: kernel 5.14 or later) or the cgroup v1 freezer"}
+		return Info{Slow: true, How: "run as root on a machine with cgroup v2 (cgroup.kill: kernel 5.14 or later) or the cgroup v1 freezer"}
 	case CgroupV2Kill:
-		return Info{How: "run as root on a machine with a cgroup v2 hierarchy (/sys/fs/cgroup or /sys/fs/cgroup/unified) and kernel 5.14 or later"}
+		return Info{Slow: true, How: "run as root on a machine with a cgroup v2 hierarchy (/sys/fs/cgroup or /sys/fs/cgroup/unified) and kernel 5.14 or later"}
 	case NetNamespaces:
-		return Info{Packages: []string{"iproute2"}, How: "run as root (CAP_NET_ADMIN and CAP_SYS_ADMIN)", check: asRoot("ip")}
+		return Info{Packages: []string{"iproute2"}, Slow: true, How: "run as root (CAP_NET_ADMIN and CAP_SYS_ADMIN)", check: asRoot("ip")}
 	case PIDNamespaces:
-		return Info{Packages: []string{"util-linux"}, How: "run as root (unshare --pid)", check: asRoot("unshare")}
+		return Info{Packages: []string{"util-linux"}, Slow: true, How: "run as root (unshare --pid)", check: asRoot("unshare")}
 	case ControlPlane:
-		return Info{How: "build them once with `export KUBEBUILDER_ASSETS=$(scripts/k8s-assets.sh)` (scripts/test.sh does; about 9 minutes the first time)"}
+		return Info{Slow: true, How: "build them once with `export KUBEBUILDER_ASSETS=$(scripts/k8s-assets.sh)` (scripts/test.sh does; about 9 minutes the first time)"}
 	case Torch:
-		return Info{Packages: []string{"python3-torch"}, check: func() error {
+		return Info{Packages: []string{"python3-torch"}, Slow: true, check: func() error {
 			out, err := exec.Command(DebianPython, "-c", "import torch").CombinedOutput()
 			if err != nil {
 				return fmt.Errorf("%s -c 'import torch': %v: %s", DebianPython, err, lastLine(out))
@@ -111,7 +115,7 @@ func (r Requirement) Info() Info {
 			return err
 		}}
 	case Pip:
-		return Info{Packages: []string{"python3-pip"}, check: func() error {
+		return Info{Packages: []string{"python3-pip"}, Slow: true, check: func() error {
 			out, err := exec.Command("python3", "-m", "pip", "--version").CombinedOutput()
 			if err != nil {
 				return fmt.Errorf("python3 -m pip --version: %v: %s", err, lastLine(out))
@@ -119,7 +123,7 @@ func (r Requirement) Info() Info {
 			return nil
 		}}
 	case Etcd:
-		return Info{Packages: []string{"etcd-server"}, check: func() error { return lookPaths("etcd") }}
+		return Info{Packages: []string{"etcd-server"}, Slow: true, check: func() error { return lookPaths("etcd") }}
 	case Procps:
 		return Info{Packages: []string{"procps"}, check: func() error { return lookPaths("ps", "pgrep", "pkill") }}
 	case CGo:
@@ -132,7 +136,7 @@ func (r Requirement) Info() Info {
 				return err
 			}}
 	case Chromium:
-		return Info{Packages: []string{"chromium"}, check: func() error { return lookPaths("chromium") }}
+		return Info{Packages: []string{"chromium"}, Slow: true, check: func() error { return lookPaths("chromium") }}
 	case DevFull:
 		return Info{How: "a Linux /dev with the full device (mknod -m 666 /dev/full c 1 7)", check: func() error {
 			f, err := os.OpenFile("/dev/full", os.O_WRONLY, 0)
@@ -177,13 +181,33 @@ func Check(r Requirement) error {
 }
 
 // Require ends t when one of reqs is missing: a skip, or a failure under
-// CI or FTL_REQUIRE_ALL=1 (see Missing).
+// CI or FTL_REQUIRE_ALL=1 (see Missing). Under `go test -short` it also
+// skips a test that needs a slow requirement (Info.Slow), present or not.
 func Require(t testing.TB, reqs ...Requirement) {
 	t.Helper()
+	for _, r := range reqs {
+		if r.Info().Slow {
+			SkipShort(t, "needs "+string(r))
+		}
+	}
 	for _, r := range reqs {
 		if err := Check(r); err != nil {
 			Missing(t, r, err.Error())
 		}
+	}
+}
+
+// ShortSuffix ends the message of a test skipped by `go test -short`.
+const ShortSuffix = ": -short"
+
+// SkipShort skips t under `go test -short`, the fast lane of pure and
+// fake-driven tests (docs/testing.md); why says what makes t slow (real
+// processes, a cluster, etcd, long timers). The full suite, without
+// -short, runs it.
+func SkipShort(t testing.TB, why string) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip(why + ShortSuffix)
 	}
 }
 

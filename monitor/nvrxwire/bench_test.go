@@ -2,8 +2,6 @@ package nvrxwire
 
 import (
 	"testing"
-
-	"github.com/ftlauncher/ft-launcher/configs"
 )
 
 func BenchmarkDecodeHeartbeat(b *testing.B) {
@@ -29,7 +27,7 @@ func BenchmarkDecodeSectionOpen(b *testing.B) {
 }
 
 func BenchmarkEncodeOk(b *testing.B) {
-	cfg := configs.DefaultFaultTolerance()
+	cfg := defaultConfig()
 	b.ReportAllocs()
 	for b.Loop() {
 		if len(EncodeOkMsg(&cfg)) == 0 {

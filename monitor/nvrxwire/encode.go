@@ -6,8 +6,6 @@ import (
 	"slices"
 	"strings"
 	"syscall"
-
-	"github.com/ftlauncher/ft-launcher/configs"
 )
 
 // encoder writes a protocol 4 pickle with no FRAME and no memo: every object
@@ -115,12 +113,57 @@ func (e *encoder) signal(s syscall.Signal) {
 	e.op(opReduce)
 }
 
+// Config is the FaultToleranceConfig a rank monitor advertises to an nvrx
+// client in its OkMsg: nvrx's fields plus ft-launcher's extras. Its fields
+// are those of configs.FaultTolerance, in the same order and with the same
+// types, so the monitor converts one into the other (a conversion the
+// compiler checks: a field added to one and not the other breaks the
+// build); this package stays below configs.
+type Config struct {
+	WorkloadCheckInterval        float64
+	InitialRankHeartbeatTimeout  *float64
+	RankHeartbeatTimeout         *float64
+	RankSectionTimeouts          map[string]*float64
+	RankOutOfSectionTimeout      *float64
+	NodeHealthCheckInterval      float64
+	SafetyFactor                 float64
+	RankTerminationSignal        syscall.Signal
+	LogLevel                     int
+	RestartCheckInterval         float64
+	EnableNicMonitor             bool
+	EnableNicHealthcheck         bool
+	EnableDistStorageHealthcheck bool
+	StorageHealthcheckPath       *string
+	PciTopoFile                  *string
+	LinkDownPathTemplate         *string
+	LinkStatePathTemplate        *string
+	SkipSectionResponse          bool
+	Segment                      *int
+	NumaBindStrict               bool
+	GpuMemoryReclaimTimeout      float64
+	GpuMemoryToleranceMB         float64
+	GpuMemoryPollInterval        float64
+	CheckRemainingProcesses      bool
+	MaxNoProgressCycles          int
+	MinProgressIterations        int
+	CheckpointIterationFile      *string
+	InstallExceptionHook         bool
+	NumWarmupIterations          int
+	CycleInfoDir                 *string
+
+	// ft-launcher additions (also settable in the YAML section).
+	NoRestartExitCode int     // default 93
+	TimeoutsStateFile string  // computed timeouts persisted here ("" disables)
+	TerminationGrace  float64 // seconds between a non-SIGKILL hang signal and SIGKILL
+	CalculateTimeouts bool    // launcher computes timeouts from observed timing
+}
+
 // EncodeOkMsg returns the pickle of data.OkMsg. With a nil cfg it is OkMsg()
 // with an empty __dict__; otherwise OkMsg(cfg=FaultToleranceConfig) carrying
 // every nvrx config field (BUILD bypasses __init__, so fields without a
 // class-level default must all be present) plus ft-launcher's extras, which
 // nvrx clients ignore.
-func EncodeOkMsg(cfg *configs.FaultTolerance) []byte {
+func EncodeOkMsg(cfg *Config) []byte {
 	e := newEncoder()
 	e.newObj(DataModule, "OkMsg")
 	if cfg == nil {
@@ -134,7 +177,7 @@ func EncodeOkMsg(cfg *configs.FaultTolerance) []byte {
 	return e.finish()
 }
 
-func (e *encoder) config(c *configs.FaultTolerance) {
+func (e *encoder) config(c *Config) {
 	e.newObj(ConfigModule, ConfigClass)
 	e.op(opEmptyDict)
 	e.op(opMark)

@@ -10,7 +10,6 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/ftlauncher/ft-launcher/configs"
 	"github.com/ftlauncher/ft-launcher/internal/testenv"
 )
 
@@ -32,9 +31,38 @@ var nvrxConfigFields = []string{
 
 func ptr[T any](v T) *T { return &v }
 
+// defaultConfig is nvrx's FaultToleranceConfig defaults plus ft-launcher's
+// extras, the values of configs.DefaultFaultTolerance() (written out here:
+// this package does not import configs). It is an encoder input; what the
+// monitor advertises is whatever the configuration holds, converted field
+// for field (nvrxwire.Config(cfg)).
+func defaultConfig() Config {
+	return Config{
+		WorkloadCheckInterval:   5.0,
+		RankSectionTimeouts:     map[string]*float64{},
+		NodeHealthCheckInterval: 5.0,
+		SafetyFactor:            5.0,
+		RankTerminationSignal:   syscall.SIGKILL,
+		LogLevel:                20,
+		RestartCheckInterval:    60.0,
+		EnableNicHealthcheck:    true,
+		SkipSectionResponse:     true,
+		NumaBindStrict:          true,
+		GpuMemoryReclaimTimeout: 50.0,
+		GpuMemoryToleranceMB:    512.0,
+		GpuMemoryPollInterval:   2.0,
+		MaxNoProgressCycles:     3,
+		MinProgressIterations:   1,
+		NumWarmupIterations:     5,
+		NoRestartExitCode:       93,
+		TerminationGrace:        5.0,
+		CalculateTimeouts:       true,
+	}
+}
+
 // customConfig differs from the defaults in as many fields as possible.
-func customConfig() *configs.FaultTolerance {
-	c := configs.DefaultFaultTolerance()
+func customConfig() *Config {
+	c := defaultConfig()
 	c.InitialRankHeartbeatTimeout = ptr(3600.5)
 	c.RankHeartbeatTimeout = ptr(2700.0)
 	c.RankSectionTimeouts = map[string]*float64{"setup": ptr(600.0), "step": ptr(180.25), "checkpointing": nil}
@@ -84,7 +112,7 @@ func pythonLoads(t *testing.T, payloads map[string][]byte) map[string]any {
 }
 
 func TestEncoderAgainstCPython(t *testing.T) {
-	def := configs.DefaultFaultTolerance()
+	def := defaultConfig()
 	got := pythonLoads(t, map[string][]byte{
 		"ok_nil":     EncodeOkMsg(nil),
 		"ok_default": EncodeOkMsg(&def),

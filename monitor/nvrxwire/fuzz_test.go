@@ -4,8 +4,6 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
-
-	"github.com/ftlauncher/ft-launcher/configs"
 )
 
 // FuzzDecodeMessage checks that no input panics, hangs or yields a value
@@ -23,7 +21,7 @@ func FuzzDecodeMessage(f *testing.F) {
 		}
 		f.Add(b)
 	}
-	def := configs.DefaultFaultTolerance()
+	def := defaultConfig()
 	f.Add(EncodeOkMsg(&def))
 	f.Add(EncodeErrorMsg("x"))
 	f.Add(EncodeBytesOK())

@@ -14,7 +14,7 @@ import (
 
 	"github.com/ftlauncher/ft-launcher/internal/hangdump"
 	"github.com/ftlauncher/ft-launcher/internal/runclock"
-	"github.com/ftlauncher/ft-launcher/slurm"
+	"github.com/ftlauncher/ft-launcher/slurm/resumer"
 )
 
 // These tests are issue 27's trial on the real cluster: what a Slurm user
@@ -28,6 +28,7 @@ import (
 // chain stops after max_subsequent_job_failures+1 of them instead of
 // looping.
 func TestExitZeroWithoutTrainingStopsTheChain(t *testing.T) {
+	skipShort(t)
 	c := need(t)
 	ctx, cancel := runclock.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -50,8 +51,8 @@ func TestExitZeroWithoutTrainingStopsTheChain(t *testing.T) {
 	if !slices.Equal(ran, []string{"no_progress", "no_progress"}) {
 		t.Errorf("jobs that ran: %v, want two no_progress", ran)
 	}
-	if v.Status != slurm.Stopped || v.StopKind != slurm.StopFailures || v.FailuresTotal != 2 {
-		t.Errorf("chain %s [%s] with %d failures (%s); want stopped [%s] with 2", v.Status, v.StopKind, v.FailuresTotal, v.StopReason, slurm.StopFailures)
+	if v.Status != resumer.Stopped || v.StopKind != resumer.StopFailures || v.FailuresTotal != 2 {
+		t.Errorf("chain %s [%s] with %d failures (%s); want stopped [%s] with 2", v.Status, v.StopKind, v.FailuresTotal, v.StopReason, resumer.StopFailures)
 	}
 	if live := ch.live(ctx); len(live) > 0 {
 		t.Errorf("jobs left after the chain stopped: %v", live)
@@ -62,6 +63,7 @@ func TestExitZeroWithoutTrainingStopsTheChain(t *testing.T) {
 // after writing a checkpoint under --progress-path made progress: success,
 // which resets the count, and the chain goes on to finish.
 func TestProgressPathIsEvidence(t *testing.T) {
+	skipShort(t)
 	c := need(t)
 	ctx, cancel := runclock.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -98,6 +100,7 @@ touch "$FAULT_TOL_FINISHED_FLAG_FILE"
 // Either way the launcher tells the rank, the rank saves and exits, the job
 // ends before its limit and is judged walltime-like: not a failure.
 func TestWarningSignal(t *testing.T) {
+	skipShort(t)
 	c := need(t)
 	for _, tt := range []struct{ name, signal, recorded string }{
 		{"to the batch shell", "B:USR1@100", "USR1"},
@@ -152,6 +155,7 @@ trap 'echo trapped > %[1]s/script-trapped' USR1
 // with deterministic_failure after three occurrences in three jobs,
 // although max_subsequent_job_failures would allow six jobs.
 func TestSameCrashStopsTheChainEarly(t *testing.T) {
+	skipShort(t)
 	c := need(t)
 	ctx, cancel := runclock.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
@@ -184,7 +188,7 @@ c.shutdown_workload_monitoring()
 	if !slices.Equal(ran, []string{"failure", "failure", "failure"}) {
 		t.Errorf("jobs that ran: %v, want three failures, then the stop", ran)
 	}
-	if v.StopKind != slurm.StopDeterministic || !strings.Contains(v.StopReason, "rank 1 exited with code 3") || !strings.Contains(v.StopReason, "3 consecutive jobs") {
+	if v.StopKind != resumer.StopDeterministic || !strings.Contains(v.StopReason, "rank 1 exited with code 3") || !strings.Contains(v.StopReason, "3 consecutive jobs") {
 		t.Errorf("chain %s [%s]: %q; want deterministic_failure naming rank 1, exit code 3 and 3 jobs", v.Status, v.StopKind, v.StopReason)
 	}
 	if j := v.Jobs[0]; len(j.RankFailures) == 0 || j.RankFailures[0].Rank != 1 || j.RankFailures[0].ExitCode != 3 {
@@ -199,6 +203,7 @@ c.shutdown_workload_monitoring()
 // the job it cancels is recorded as cancelled, not as a failure, and the
 // header's counts agree with the table's.
 func TestCancelIsNotAFailure(t *testing.T) {
+	skipShort(t)
 	c := need(t)
 	ctx, cancel := runclock.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -220,7 +225,7 @@ func TestCancelIsNotAFailure(t *testing.T) {
 	if err := cmd.Wait(); err == nil {
 		t.Errorf("ft-resumer run exited 0 after a cancel, want 1 (stopped)\n%s", out)
 	}
-	var v slurm.StatusView
+	var v resumer.StatusView
 	waitFor(t, time.Minute, "the cancelled job to be judged", func() bool {
 		v = ch.status(ctx)
 		return len(v.Jobs) > 0 && v.Jobs[0].Outcome != ""
@@ -234,7 +239,7 @@ func TestCancelIsNotAFailure(t *testing.T) {
 			counted++
 		}
 	}
-	if counted != 0 || v.FailuresTotal != 0 || v.ConsecutiveFailures != 0 || v.StopKind != slurm.StopCancelled {
+	if counted != 0 || v.FailuresTotal != 0 || v.ConsecutiveFailures != 0 || v.StopKind != resumer.StopCancelled {
 		t.Errorf("after a cancel: %d jobs counted, failures %d/%d, stop kind %q; want none counted and kind cancelled", counted, v.ConsecutiveFailures, v.FailuresTotal, v.StopKind)
 	}
 	_, table, _ := ch.resumer(ctx, "status", "--chain-dir", ch.dir)
@@ -247,6 +252,7 @@ func TestCancelIsNotAFailure(t *testing.T) {
 // active node's launcher; the spare takes its place inside the job, which
 // finishes. ft-resumer status shows the swap and the quarantined node.
 func TestSpareSwapShowsInStatus(t *testing.T) {
+	skipShort(t)
 	c := need(t)
 	ctx, cancel := runclock.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
@@ -281,7 +287,7 @@ if [ "$RANK" = 0 ]; then touch "$FAULT_TOL_FINISHED_FLAG_FILE"; fi
 	ch.waitRun(ctx, cmd, out)
 	v := ch.status(ctx)
 	j := v.Jobs[0]
-	if j.Outcome != slurm.Finished {
+	if j.Outcome != resumer.Finished {
 		t.Fatalf("job 1: %s (%s), want finished", j.Outcome, j.Reason)
 	}
 	if len(j.SpareSwaps) != 1 || j.SpareSwaps[0].Replaced == "" || j.SpareSwaps[0].GroupRank != 1 {

@@ -12,6 +12,7 @@ import (
 )
 
 func TestClusterRunsJobsOnEveryNode(t *testing.T) {
+	skipShort(t)
 	ctx, cancel := runclock.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	c, err := Start(ctx, "", Options{})

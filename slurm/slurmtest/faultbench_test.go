@@ -127,6 +127,7 @@ func trainingAgain(t *testing.T, work string, at time.Time) (float64, bool) {
 // (the node marked DOWN: Slurm ends the job NODE_FAIL) and a launcher-only
 // death (SIGKILL, the node stays up). It asserts no speed.
 func TestMeasureFaultToTraining(t *testing.T) {
+	skipShort(t)
 	if os.Getenv("FT_RESUMER_BENCH") == "" {
 		// Not an environment skip: an opt-in measurement.
 		t.Skip("opt-in measurement: set FT_RESUMER_BENCH=1 to measure")

@@ -14,7 +14,7 @@ import (
 	"github.com/ftlauncher/ft-launcher/internal/hangdump"
 	"github.com/ftlauncher/ft-launcher/internal/runclock"
 	"github.com/ftlauncher/ft-launcher/internal/testenv"
-	"github.com/ftlauncher/ft-launcher/slurm"
+	"github.com/ftlauncher/ft-launcher/slurm/resumer"
 )
 
 // These tests run one real ft-launcher per node under srun with the
@@ -47,7 +47,7 @@ func newLaunchJob(t *testing.T, c *Cluster) *launchJob {
 // submit runs sbatch --wait on a script with nodes nodes whose body is
 // body, checks that it ended in state want, and returns the job id and
 // Slurm's final record of it.
-func (j *launchJob) submit(ctx context.Context, nodes int, body, want string, env ...string) (string, slurm.Job) {
+func (j *launchJob) submit(ctx context.Context, nodes int, body, want string, env ...string) (string, resumer.Job) {
 	j.t.Helper()
 	script := filepath.Join(j.work, "job.sh")
 	full := fmt.Sprintf("#!/bin/bash\n#SBATCH -N%d -o %s/slurm-%%j.out\nenv | grep '^SLURM_' | sort > %s/batch-env\n%s\n", nodes, j.work, j.work, body)
@@ -66,7 +66,7 @@ func (j *launchJob) submit(ctx context.Context, nodes int, body, want string, en
 	if ctx.Err() != nil {
 		j.t.Fatalf("job %s did not end in time (sbatch: %v)\n%s", id, err, j.hung(id))
 	}
-	job, jerr := slurm.Scheduler{Env: j.c.Env()}.Job(ctx, id)
+	job, jerr := resumer.Scheduler{Env: j.c.Env()}.Job(ctx, id)
 	if jerr != nil {
 		j.t.Fatalf("job %s: %v (sbatch: %v)\n%s", id, jerr, err, j.logs())
 	}
@@ -142,6 +142,7 @@ func (j *launchJob) cleanup() {
 // rendezvous, global ranks follow SLURM_PROCID (RANK = procid * 2 + local
 // rank) and the job succeeds.
 func TestMinimalSrunLine(t *testing.T) {
+	skipShort(t)
 	c := need(t)
 	for _, n := range []int{2, 3} {
 		t.Run(fmt.Sprintf("N%d", n), func(t *testing.T) {
@@ -208,6 +209,7 @@ func TestMinimalSrunLine(t *testing.T) {
 // to the end on two nodes under `srun ft-launcher --nproc-per-node 2
 // ddp_train.py ...` with no other launcher flag.
 func TestMinimalSrunLineTrainsDDP(t *testing.T) {
+	skipShort(t)
 	c := need(t)
 	testenv.Require(t, testenv.Torch)
 	ctx, cancel := runclock.WithTimeout(context.Background(), 3*time.Minute)
@@ -235,6 +237,7 @@ func TestMinimalSrunLineTrainsDDP(t *testing.T) {
 // host given by node name (here the job's second node, which DNS does not
 // know): the launcher on that node hosts the embedded etcd, the job succeeds.
 func TestNvrxSlurmLine(t *testing.T) {
+	skipShort(t)
 	c := need(t)
 	ctx, cancel := runclock.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -257,6 +260,7 @@ srun ft-launcher --rdzv_backend=c10d --rdzv_endpoint=$RDZV_HOST:29500 --nnodes=2
 // a two-node job): no launcher hosts the embedded etcd, and each says so
 // with what it compared, instead of only "unreachable".
 func TestNoLauncherHostsSaysSo(t *testing.T) {
+	skipShort(t)
 	c := need(t)
 	ctx, cancel := runclock.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()

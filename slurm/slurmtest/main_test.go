@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"os"
 	"os/exec"
@@ -16,7 +17,7 @@ import (
 	"github.com/ftlauncher/ft-launcher/internal/hangdump"
 	"github.com/ftlauncher/ft-launcher/internal/runclock"
 	"github.com/ftlauncher/ft-launcher/internal/testenv"
-	"github.com/ftlauncher/ft-launcher/slurm"
+	"github.com/ftlauncher/ft-launcher/slurm/resumer"
 )
 
 // The cluster and binaries shared by the tests of this package: one private
@@ -29,7 +30,18 @@ var (
 	clientPath string // client/python, for PYTHONPATH
 )
 
+// skipShort skips every test of this package under -short: each one needs
+// the real Slurm cluster TestMain starts (docs/testing.md, "The fast lane").
+func skipShort(t *testing.T) {
+	t.Helper()
+	testenv.SkipShort(t, "runs a real Slurm cluster")
+}
+
 func TestMain(m *testing.M) {
+	flag.Parse()
+	if testing.Short() {
+		os.Exit(m.Run()) // every test skips: no binaries, no cluster
+	}
 	code := func() int {
 		var err error
 		if repoRoot, err = filepath.Abs("../.."); err != nil {
@@ -178,22 +190,22 @@ func (ch *chain) script(body string) string {
 	return p
 }
 
-func (ch *chain) state() *slurm.State {
+func (ch *chain) state() *resumer.State {
 	ch.t.Helper()
-	st, err := slurm.LoadState(ch.dir)
+	st, err := resumer.LoadState(ch.dir)
 	if err != nil {
 		ch.t.Fatal(err)
 	}
 	return st
 }
 
-func (ch *chain) status(ctx context.Context) slurm.StatusView {
+func (ch *chain) status(ctx context.Context) resumer.StatusView {
 	ch.t.Helper()
 	code, out, errOut := ch.resumer(ctx, "status", "--chain-dir", ch.dir, "--json")
 	if code != 0 {
 		ch.t.Fatalf("status: %d %s", code, errOut)
 	}
-	var v slurm.StatusView
+	var v resumer.StatusView
 	if err := json.Unmarshal([]byte(out), &v); err != nil {
 		ch.t.Fatalf("status --json: %v\n%s", err, out)
 	}
@@ -203,7 +215,7 @@ func (ch *chain) status(ctx context.Context) slurm.StatusView {
 // live lists the chain's jobs Slurm still has pending or running.
 func (ch *chain) live(ctx context.Context) []string {
 	ch.t.Helper()
-	st, err := slurm.LoadState(ch.dir)
+	st, err := resumer.LoadState(ch.dir)
 	if err != nil {
 		return nil
 	}
@@ -235,7 +247,7 @@ func (ch *chain) logs() string {
 		out, _ := os.ReadFile(f)
 		fmt.Fprintf(&b, "== %s\n%s", filepath.Base(f), out)
 	}
-	st, _ := os.ReadFile(filepath.Join(ch.dir, slurm.StateFile))
+	st, _ := os.ReadFile(filepath.Join(ch.dir, resumer.StateFile))
 	fmt.Fprintf(&b, "== chain.json\n%s", st)
 	return b.String()
 }
@@ -245,7 +257,7 @@ func (ch *chain) logs() string {
 func (ch *chain) cleanup() {
 	ctx, cancel := runclock.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	if _, err := os.Stat(filepath.Join(ch.dir, slurm.StateFile)); err == nil {
+	if _, err := os.Stat(filepath.Join(ch.dir, resumer.StateFile)); err == nil {
 		ch.resumer(ctx, "cancel", "--chain-dir", ch.dir)
 	}
 	waitFor(ch.t, 90*time.Second, "chain jobs to leave Slurm", func() bool { return len(ch.live(ctx)) == 0 })
@@ -284,7 +296,7 @@ func readFile(t *testing.T, p string) string {
 }
 
 // ranOutcomes lists the outcomes of the jobs that trained.
-func ranOutcomes(v slurm.StatusView) []string {
+func ranOutcomes(v resumer.StatusView) []string {
 	var out []string
 	for _, j := range v.Jobs {
 		if j.Outcome.Ran() {
@@ -294,7 +306,7 @@ func ranOutcomes(v slurm.StatusView) []string {
 	return out
 }
 
-func outcomes(v slurm.StatusView) []string {
+func outcomes(v resumer.StatusView) []string {
 	var out []string
 	for _, j := range v.Jobs {
 		out = append(out, string(j.Outcome))

@@ -14,6 +14,7 @@ import (
 
 	"github.com/ftlauncher/ft-launcher/internal/runclock"
 	"github.com/ftlauncher/ft-launcher/slurm"
+	"github.com/ftlauncher/ft-launcher/slurm/resumer"
 	"github.com/ftlauncher/ft-launcher/verdict"
 )
 
@@ -56,6 +57,7 @@ srun --kill-on-bad-exit=%[2]d ft-resumer node -- ft-launcher --nproc-per-node 1 
 // excluded itself; with =1 the survivor, SIGKILLed by srun together with
 // its ft-resumer node, is not accused either.
 func TestLauncherDeathExcludesTheNode(t *testing.T) {
+	skipShort(t)
 	c := need(t)
 	for _, k := range []int{0, 1} {
 		t.Run("kill-on-bad-exit="+strconv.Itoa(k), func(t *testing.T) {
@@ -106,7 +108,7 @@ func TestLauncherDeathExcludesTheNode(t *testing.T) {
 			if got := outcomes(v); !slices.Equal(got, []string{"failure", "finished", "never_ran"}) {
 				t.Fatalf("outcomes %v, want [failure finished never_ran] (no relocation)\n%s", got, out)
 			}
-			jobDir := filepath.Join(ch.dir, slurm.JobsDir, v.Jobs[0].ID)
+			jobDir := filepath.Join(ch.dir, resumer.JobsDir, v.Jobs[0].ID)
 			vv, err := verdict.Read(filepath.Join(jobDir, "verdict-"+victim+".json"))
 			if err != nil {
 				t.Fatalf("no verdict for the killed launcher's node %s: %v\n%s", victim, err, ch.logs())
@@ -163,6 +165,7 @@ func TestLauncherDeathExcludesTheNode(t *testing.T) {
 // 4 s after the freeze (docs/rendezvous.md, "Fixed allocations"), not 30 s
 // later. The frozen launcher is then SIGKILLed, so that the step can end.
 func TestFrozenLauncherEndsWithNotEnoughNodes(t *testing.T) {
+	skipShort(t)
 	c := need(t)
 	ctx, cancel := runclock.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -196,7 +199,7 @@ func TestFrozenLauncherEndsWithNotEnoughNodes(t *testing.T) {
 	frozen := time.Now()
 	defer syscall.Kill(pid, syscall.SIGKILL)
 	st := ch.state()
-	path := filepath.Join(ch.dir, slurm.JobsDir, st.Jobs[0].ID, "verdict-"+survivor+".json")
+	path := filepath.Join(ch.dir, resumer.JobsDir, st.Jobs[0].ID, "verdict-"+survivor+".json")
 	var sv verdict.Verdict
 	waitFor(t, 90*time.Second, "the survivor's verdict", func() bool {
 		var err error

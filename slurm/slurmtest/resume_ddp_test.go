@@ -46,6 +46,7 @@ func readWeights(t *testing.T, path string) weights {
 // resumes from the step-10 checkpoint, finishes and writes the flag. The
 // final weights equal those of an uninterrupted 4-rank run.
 func TestAutoResumeDDPSameWeights(t *testing.T) {
+	skipShort(t)
 	c := need(t)
 	testenv.Require(t, testenv.Torch)
 	ctx, cancel := runclock.WithTimeout(context.Background(), 8*time.Minute)
@@ -128,6 +129,7 @@ func checkChainReport(ctx context.Context, t *testing.T, ch *chain, events strin
 // under the minimal srun line (one launcher hosting the embedded etcd)
 // leaves no process and no etcd data dir behind (launchJob.cleanup checks).
 func TestScancelMultiNodeLeavesNothing(t *testing.T) {
+	skipShort(t)
 	c := need(t)
 	ctx, cancel := runclock.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()

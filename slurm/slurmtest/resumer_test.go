@@ -15,6 +15,7 @@ import (
 
 	"github.com/ftlauncher/ft-launcher/internal/runclock"
 	"github.com/ftlauncher/ft-launcher/slurm"
+	"github.com/ftlauncher/ft-launcher/slurm/resumer"
 )
 
 // These tests run ft-resumer against the real private cluster. Job steps are
@@ -38,6 +39,7 @@ func launch(rank string) string {
 }
 
 func TestAutoResumeOverTwoJobs(t *testing.T) {
+	skipShort(t)
 	c := need(t)
 	ctx, cancel := runclock.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -62,7 +64,7 @@ touch "$FAULT_TOL_FINISHED_FLAG_FILE"
 	if got := outcomes(v); !slices.Equal(got, []string{"failure", "finished", "never_ran"}) {
 		t.Errorf("outcomes %v, want [failure finished never_ran] (the last: the successor Slurm removed)", got)
 	}
-	if v.Status != slurm.Done || v.FailuresTotal != 1 {
+	if v.Status != resumer.Done || v.FailuresTotal != 1 {
 		t.Errorf("chain %s with %d failures, want done with 1", v.Status, v.FailuresTotal)
 	}
 	if got := strings.TrimSpace(readFile(t, ckpt)); got != "6" {
@@ -73,7 +75,7 @@ touch "$FAULT_TOL_FINISHED_FLAG_FILE"
 		t.Errorf("job 1 verdicts %+v, want one restart_budget_exhausted in verdict-<node>.json", j.Verdicts)
 	}
 	want := fmt.Sprintf("%s F\n%s S\n", v.Jobs[0].ID, v.Jobs[1].ID)
-	if got := readFile(t, filepath.Join(ch.dir, slurm.JobResultsFile)); got != want {
+	if got := readFile(t, filepath.Join(ch.dir, resumer.JobResultsFile)); got != want {
 		t.Errorf("_job_results %q, want %q", got, want)
 	}
 	if live := ch.live(ctx); len(live) > 0 {
@@ -82,6 +84,7 @@ touch "$FAULT_TOL_FINISHED_FLAG_FILE"
 }
 
 func TestWalltimeDoesNotCount(t *testing.T) {
+	skipShort(t)
 	c := need(t)
 	ctx, cancel := runclock.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
@@ -109,6 +112,7 @@ touch "$FAULT_TOL_FINISHED_FLAG_FILE"
 }
 
 func TestNodeFailureCountsAndTheChainGoesOn(t *testing.T) {
+	skipShort(t)
 	c := need(t)
 	ctx, cancel := runclock.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -154,6 +158,7 @@ touch "$FAULT_TOL_FINISHED_FLAG_FILE"
 }
 
 func TestConsecutiveFailuresStopTheChain(t *testing.T) {
+	skipShort(t)
 	c := need(t)
 	ctx, cancel := runclock.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -168,13 +173,13 @@ func TestConsecutiveFailuresStopTheChain(t *testing.T) {
 	if !slices.Equal(trained, []string{"failure", "failure", "failure"}) {
 		t.Errorf("jobs that ran: %v, want three failures", trained)
 	}
-	if v.Status != slurm.Stopped || !strings.Contains(v.StopReason, "3 consecutive failed jobs (max_subsequent_job_failures=2)") {
+	if v.Status != resumer.Stopped || !strings.Contains(v.StopReason, "3 consecutive failed jobs (max_subsequent_job_failures=2)") {
 		t.Errorf("chain %s: %q", v.Status, v.StopReason)
 	}
 	if !strings.Contains(out, "chain stopped: 3 consecutive") {
 		t.Errorf("run output does not say why the chain stopped:\n%s", out)
 	}
-	if lines := strings.Count(readFile(t, filepath.Join(ch.dir, slurm.JobResultsFile)), " F\n"); lines != 3 {
+	if lines := strings.Count(readFile(t, filepath.Join(ch.dir, resumer.JobResultsFile)), " F\n"); lines != 3 {
 		t.Errorf("_job_results has %d F lines, want 3", lines)
 	}
 	if live := ch.live(ctx); len(live) > 0 {
@@ -183,6 +188,7 @@ func TestConsecutiveFailuresStopTheChain(t *testing.T) {
 }
 
 func TestNoRestartVerdictStopsTheChain(t *testing.T) {
+	skipShort(t)
 	c := need(t)
 	ctx, cancel := runclock.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -201,7 +207,7 @@ sleep 30
 	}
 	t.Logf("%s (the job script exited 1)", strings.TrimSpace(readFile(t, filepath.Join(work, "srun-rc"))))
 	v := ch.status(ctx)
-	if v.Jobs[0].Outcome != slurm.NoRestart || v.Status != slurm.Stopped || !strings.Contains(v.StopReason, "ShutdownWorkload") {
+	if v.Jobs[0].Outcome != resumer.NoRestart || v.Status != resumer.Stopped || !strings.Contains(v.StopReason, "ShutdownWorkload") {
 		t.Errorf("job 1 %s, chain %s (%s); want no_restart, stopped by the verdict", v.Jobs[0].Outcome, v.Status, v.StopReason)
 	}
 	for _, j := range v.Jobs[1:] {
@@ -241,6 +247,7 @@ exit 1
 }
 
 func TestQuarantinedNodeIsExcludedFromTheNextJob(t *testing.T) {
+	skipShort(t)
 	c := need(t)
 	ctx, cancel := runclock.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -277,6 +284,7 @@ func TestQuarantinedNodeIsExcludedFromTheNextJob(t *testing.T) {
 }
 
 func TestSuccessorOnAnExcludedNodeIsRelocated(t *testing.T) {
+	skipShort(t)
 	// Job 1 quarantines its own node and is then SIGKILLed with its batch
 	// script, so no end step passes the exclusion to the pending
 	// successor, which Slurm places on the same (lowest idle) node. Its
@@ -299,6 +307,7 @@ kill -KILL 0`, "relocated")
 // successor then never lands on the node: no relocation, no second trip
 // through the queue.
 func TestDeferredEndStepExcludesBeforeTheSuccessorIsPlaced(t *testing.T) {
+	skipShort(t)
 	got := exclusionRace(t, "kill -KILL 0  # the job script's process group: status 137, the end step runs", "")
 	if !slices.Equal(got, []string{"failure", "finished", "never_ran"}) {
 		t.Errorf("outcomes %v, want [failure finished never_ran]: the successor was excluded from the node before it was placed", got)
@@ -354,14 +363,14 @@ sleep 60
 	}
 	if waitOutcome != "" {
 		waitFor(t, 2*time.Minute, "a "+waitOutcome+" job", func() bool {
-			st, err := slurm.LoadState(ch.dir)
-			return err == nil && slices.ContainsFunc(st.Jobs, func(j *slurm.ChainJob) bool { return string(j.Outcome) == waitOutcome })
+			st, err := resumer.LoadState(ch.dir)
+			return err == nil && slices.ContainsFunc(st.Jobs, func(j *resumer.ChainJob) bool { return string(j.Outcome) == waitOutcome })
 		})
 	} else {
 		// Job 1 was judged or deferred by its end step, and the successor
 		// is pending, excluded from the node, waiting for a free one.
 		waitFor(t, 2*time.Minute, "the successor to get its exclusion", func() bool {
-			st, err := slurm.LoadState(ch.dir)
+			st, err := resumer.LoadState(ch.dir)
 			return err == nil && len(st.Jobs) >= 2 && len(st.Jobs[1].Exclude) == 1
 		})
 		time.Sleep(3 * time.Second) // Slurm's scheduling passes: it must stay pending
@@ -398,6 +407,7 @@ sleep 60
 }
 
 func TestExclusionsNeverShrinkTheJob(t *testing.T) {
+	skipShort(t)
 	c := need(t)
 	ctx, cancel := runclock.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -410,12 +420,13 @@ func TestExclusionsNeverShrinkTheJob(t *testing.T) {
 		t.Fatalf("ft-resumer run = %d, want 1\n%s\n%s", code, out, errOut)
 	}
 	v := ch.status(ctx)
-	if v.Status != slurm.Stopped || !strings.Contains(v.StopReason, "leaves 2 usable node(s)") || !strings.Contains(v.StopReason, "needs 3") {
+	if v.Status != resumer.Stopped || !strings.Contains(v.StopReason, "leaves 2 usable node(s)") || !strings.Contains(v.StopReason, "needs 3") {
 		t.Errorf("chain %s: %q; want stopped because 2 nodes are left for a 3-node job", v.Status, v.StopReason)
 	}
 }
 
 func TestResumerKilledMidChainIsPickedUp(t *testing.T) {
+	skipShort(t)
 	c := need(t)
 	ctx, cancel := runclock.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -429,9 +440,9 @@ touch "$FAULT_TOL_FINISHED_FLAG_FILE"
 `, gate))
 	args := []string{"run", "--chain-dir", ch.dir, script}
 	cmd, out := ch.startResumer(args...)
-	var st *slurm.State
+	var st *resumer.State
 	waitFor(t, time.Minute, "job 1 to begin", func() bool {
-		s, err := slurm.LoadState(ch.dir)
+		s, err := resumer.LoadState(ch.dir)
 		st = s
 		return err == nil && len(s.Jobs) >= 2 && !s.Jobs[0].Began.IsZero()
 	})
@@ -478,6 +489,7 @@ touch "$FAULT_TOL_FINISHED_FLAG_FILE"
 }
 
 func TestScancelLeavesNoProcess(t *testing.T) {
+	skipShort(t)
 	c := need(t)
 	ctx, cancel := runclock.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -540,6 +552,7 @@ wait
 // the successor's script start, for ft-resumer and for a hand-written
 // NeMo-Framework-Launcher-style afterany loop. It asserts no speed.
 func TestMeasureDecisionLatency(t *testing.T) {
+	skipShort(t)
 	if os.Getenv("FT_RESUMER_BENCH") == "" {
 		// Not an environment skip: an opt-in measurement.
 		t.Skip("opt-in measurement: set FT_RESUMER_BENCH=1 to measure")

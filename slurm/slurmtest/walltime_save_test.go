@@ -21,6 +21,7 @@ import (
 // SIGKILL, so ranks whose SIGTERM handler needs 2 s save complete
 // checkpoints within the cluster's KillWait (5 s) and nothing is left.
 func TestWalltimeSIGTERMsLetRanksSave(t *testing.T) {
+	skipShort(t)
 	c := need(t)
 	testenv.Require(t, testenv.SystemPython)
 	ctx, cancel := runclock.WithTimeout(context.Background(), 4*time.Minute)
@@ -69,6 +70,7 @@ func TestWalltimeSIGTERMsLetRanksSave(t *testing.T) {
 // script's processes. The ranks' 2 s save must still complete, and the job
 // is judged walltime (not counted).
 func TestChainWalltimeLetsRanksSave(t *testing.T) {
+	skipShort(t)
 	c := need(t)
 	testenv.Require(t, testenv.SystemPython)
 	ctx, cancel := runclock.WithTimeout(context.Background(), 5*time.Minute)
@@ -141,7 +143,9 @@ while True:
 // NeMo-style plain `srun python3`, in two -t 1 jobs at once. Both should
 // have the whole KillWait (5 s on this cluster). It asserts no speed.
 func TestMeasureWalltimeGrace(t *testing.T) {
+	skipShort(t)
 	if os.Getenv("FT_RESUMER_BENCH") == "" {
+		// Not an environment skip: an opt-in measurement.
 		t.Skip("opt-in measurement: set FT_RESUMER_BENCH=1 to measure")
 	}
 	c := need(t)

@@ -8,6 +8,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/ftlauncher/ft-launcher/internal/testenv"
 )
 
 // The tests run scenarios in a child process (this test binary again, with
@@ -89,6 +91,7 @@ func runScenario(name string) int {
 }
 
 func TestScenarios(t *testing.T) {
+	testenv.SkipShort(t, "signals real child processes")
 	tests := []struct {
 		name      string
 		ignoreHUP bool

@@ -1,4 +1,4 @@
-package slurm
+package resumer
 
 import (
 	"os"
@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ftlauncher/ft-launcher/slurm"
 	"github.com/ftlauncher/ft-launcher/verdict"
 )
 
@@ -57,7 +58,7 @@ func TestWriteJobResults(t *testing.T) {
 }
 
 func TestNodeResolver(t *testing.T) {
-	nodes := []NodeInfo{{Name: "n1", Addr: "127.0.0.2", Hostname: "vm"}, {Name: "n2", Addr: "127.0.0.3", Hostname: "vm"},
+	nodes := []slurm.NodeInfo{{Name: "n1", Addr: "127.0.0.2", Hostname: "vm"}, {Name: "n2", Addr: "127.0.0.3", Hostname: "vm"},
 		{Name: "gpu7", Addr: "10.0.0.7", Hostname: "gpu7.cluster"}}
 	nvs := []nodeVerdict{{node: "n9", v: verdict.Verdict{Node: "10.9.9.9/123"}}}
 	resolve := nodeResolver(nodes, nvs)

@@ -1,4 +1,4 @@
-package slurm
+package resumer
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ftlauncher/ft-launcher/slurm"
 	"github.com/ftlauncher/ft-launcher/verdict"
 )
 
@@ -186,7 +187,7 @@ func (r *Resumer) Begin(ctx context.Context, id, nodeList string) (BeginResult, 
 			st.Jobs = append(st.Jobs, job)
 		}
 		job.Began = r.now()
-		job.Nodes, _ = ExpandNodeList(nodeList)
+		job.Nodes, _ = slurm.ExpandNodeList(nodeList)
 		by := "begin step of " + id
 		for _, p := range st.Jobs {
 			if p != job && p.Outcome == "" {
@@ -724,7 +725,7 @@ func addrOf(node string) string {
 // nodeResolver maps a host name, address or node name to a Slurm node
 // name: Slurm's own NodeName/NodeAddr/NodeHostName (a host name only when
 // one node has it: fake nodes share one), then the verdict files' names.
-func nodeResolver(nodes []NodeInfo, nvs []nodeVerdict) func(string) string {
+func nodeResolver(nodes []slurm.NodeInfo, nvs []nodeVerdict) func(string) string {
 	byKey := map[string]string{}
 	hostCount := map[string]int{}
 	for _, n := range nodes {
