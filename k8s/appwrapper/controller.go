@@ -36,7 +36,7 @@ import (
 const ControllerName = "appwrapper"
 
 // Reconciler drives AppWrappers through the phase machine of
-// appwrapper.md 1.3. Its only state outside the API server is what the
+// docs/kubernetes.md, "The contract". Its only state outside the API server is what the
 // watches feed it (the Autopilot node map) and bookkeeping that may be lost
 // at any time (which dynamic watches run, which annotation problems were
 // reported): every decision is taken from the AppWrapper's status, whose
@@ -117,7 +117,7 @@ func SetupWithManager(mgr ctrl.Manager, cfg Config) error {
 }
 
 // registerPhaseCounter registers the counter of phase transitions
-// (appwrapper.md 1.3, transitionToPhase) on controller-runtime's registry,
+// (upstream's appwrapper_controller.go, transitionToPhase) on controller-runtime's registry,
 // or returns the one already registered.
 func registerPhaseCounter() (*prometheus.CounterVec, error) {
 	c := prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -170,7 +170,7 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		}
 		return ctrl.Result{}, fmt.Errorf("get AppWrapper %s: %w", req.NamespacedName, err)
 	}
-	// Another controller owns it (appwrapper.md 1.1).
+	// Another controller owns it (upstream's appwrapper_types.go).
 	if aw.Spec.ManagedBy != nil && *aw.Spec.ManagedBy != v1beta2.ControllerName {
 		return ctrl.Result{}, nil
 	}
@@ -221,7 +221,7 @@ func (r *Reconciler) forget(key types.NamespacedName) {
 // malformed annotation, once for each distinct set of problems (so an edit
 // that introduces a new mistake is reported again, and a steady one is not
 // repeated on every reconciliation). Upstream only logs them
-// (appwrapper.md 1.5); the default is used either way. One Event, not one
+// (docs/kubernetes.md, "The contract"); the default is used either way. One Event, not one
 // per problem: the events API folds Events of the same object, reason and
 // action into one series and keeps only the first note.
 func (r *Reconciler) reportProblems(aw *v1beta2.AppWrapper, problems []string) {
@@ -275,11 +275,11 @@ func (s *pass) done(ctx context.Context) (ctrl.Result, error) {
 	return ctrl.Result{}, s.save(ctx)
 }
 
-// ---- the phase handlers (appwrapper.md 1.3) ----
+// ---- the phase handlers (docs/kubernetes.md, "The contract") ----
 
 // empty fixes the effective pod sets of every component in
 // status.componentStatus, so later spec edits do not change what is
-// counted (appwrapper.md 3.2), and moves to Suspended.
+// counted (upstream's pkg/utils/utils.go), and moves to Suspended.
 func (s *pass) empty(ctx context.Context) (ctrl.Result, error) {
 	statuses, err := initialComponentStatus(s.aw)
 	if err != nil {
@@ -479,9 +479,11 @@ func (s *pass) failed(ctx context.Context) (ctrl.Result, error) {
 		c := meta.FindStatusCondition(s.aw.Status.Conditions, string(v1beta2.DeletingResources))
 		if c == nil || c.Reason != ReasonDeletionPaused {
 			// The hold starts now. Upstream keeps an older
-			// lastTransitionTime when the condition is already False from
-			// an earlier reset, shortening the hold (appwrapper.md 1.10
-			// item 4); dropping the condition first gives a fresh one.
+			// lastTransitionTime when the condition is already False
+			// from an earlier reset, shortening the hold
+			// (docs/kubernetes.md, "What it does better than the
+			// upstream controller"); dropping the condition first
+			// gives a fresh one.
 			meta.RemoveStatusCondition(&s.aw.Status.Conditions, string(v1beta2.DeletingResources))
 		}
 		s.setCondition(v1beta2.DeletingResources, false, ReasonDeletionPaused,
@@ -514,8 +516,8 @@ func (s *pass) deletionStarted() bool {
 }
 
 // succeeded deletes the resources SuccessTTL after ResourcesDeployed's
-// transition. That is deploy time, not success time (appwrapper.md 1.10
-// item 3), kept for compatibility.
+// transition. That is deploy time, not success time (upstream's docs say
+// success time; its code uses deploy time), kept for compatibility.
 func (s *pass) succeeded(ctx context.Context) (ctrl.Result, error) {
 	if !meta.IsStatusConditionTrue(s.aw.Status.Conditions, string(v1beta2.ResourcesDeployed)) {
 		return ctrl.Result{}, nil

@@ -303,10 +303,11 @@ func (l laggingCache) Get(ctx context.Context, key client.ObjectKey, obj client.
 }
 
 // TestMissingComponentConfirmedUncached: the evaluation step that decides
-// MissingComponent (appwrapper.md 1.9) believes a lagging cache only when
-// an uncached read of the real API server agrees. This one test drives the
-// step directly, with a cache that lags forever, since a real lag cannot
-// be produced on demand.
+// MissingComponent (upstream issue #416; docs/kubernetes.md, "What it does
+// better than the upstream controller") believes a lagging cache only when an
+// uncached read of the real API server agrees. This one test drives the step
+// directly, with a cache that lags forever, since a real lag cannot be produced
+// on demand.
 func TestMissingComponentConfirmedUncached(t *testing.T) {
 	needEnv(t)
 	t.Parallel()
@@ -485,8 +486,8 @@ func TestForcedDeletionOfStuckPod(t *testing.T) {
 // TestDeletionOnFailureGracePeriod: the resources of a failed AppWrapper
 // are kept for the period, then deleted. The first row fails after an
 // earlier reset: the hold still lasts the whole period from the failure
-// (upstream measures it from the older DeletionComplete, appwrapper.md
-// 1.10 item 4). The second row shows a suspension cutting it short.
+// (upstream measures it from the older DeletionComplete, its
+// appwrapper_controller.go). The second row shows a suspension cutting it short.
 func TestDeletionOnFailureGracePeriod(t *testing.T) {
 	t.Run("held then deleted", func(t *testing.T) {
 		h := newHarness(t, 1, nil)
@@ -578,7 +579,7 @@ func TestDeletionOnFailureGracePeriod(t *testing.T) {
 
 // TestSuccessTTL: the resources of a succeeded AppWrapper are deleted
 // SuccessTTL after ResourcesDeployed's transition (deployment time,
-// appwrapper.md 1.10 item 3).
+// as upstream's code does; its docs say success time).
 func TestSuccessTTL(t *testing.T) {
 	h := newHarness(t, 1, nil)
 	const name = "done"
