@@ -56,14 +56,28 @@ type Reconciler struct {
 	now       func() time.Time
 
 	// dropPodEvent, when set, hides the pod and component watch events
-	// it returns true for: tests lose events on purpose with it, to show
-	// that the periodic pass catches what the watches missed.
+	// it returns true for (TestHooks.DropEvent).
 	dropPodEvent func(client.Object) bool
 
 	mu       sync.Mutex
 	ctrl     controller.Controller
 	watched  map[schema.GroupVersionKind]bool
 	reported map[types.NamespacedName]string // annotation problems last reported
+}
+
+// TestHooks are faults a test injects into a reconciler that runs against
+// a real API server (the tests in k8s/appwrapper/envtests). A production
+// reconciler has none.
+type TestHooks struct {
+	// DropEvent hides the pod and component watch events it returns true
+	// for: tests lose events on purpose with it, to show that the periodic
+	// pass catches what the watches missed.
+	DropEvent func(client.Object) bool
+}
+
+// SetTestHooks installs h. Call it before SetupWithManager.
+func (r *Reconciler) SetTestHooks(h TestHooks) {
+	r.dropPodEvent = h.DropEvent
 }
 
 // NewReconciler builds the reconciler for mgr with the operator
