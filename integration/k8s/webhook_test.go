@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -38,12 +40,7 @@ func TestWebhookBinary(t *testing.T) {
 	k8stest.Need(t, env)
 	ctx := context.Background()
 	ns := env.Namespace(t)
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
+	port := listenPort(t)
 
 	shipped := appwrapper.ShippedWebhookCerts(ns, "")
 	vwc := &admissionregv1.ValidatingWebhookConfiguration{}
@@ -192,4 +189,32 @@ func keys(m map[string][]byte) []string {
 		ks = append(ks, k)
 	}
 	return ks
+}
+
+// listenPort is a port free for the controller's webhook server, which
+// listens on every address. It is taken below the ephemeral range: a port
+// the kernel picked (127.0.0.1:0) can be handed to one of the many
+// outgoing connections to the API server and etcd before the binary binds
+// it ("address already in use").
+func listenPort(t *testing.T) int {
+	t.Helper()
+	low := 32768
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(b)); len(f) == 2 {
+			if n, err := strconv.Atoi(f[0]); err == nil {
+				low = n
+			}
+		}
+	}
+	start := 10000 + rand.IntN(max(low-10000, 1))
+	for i := range 200 {
+		p := 10000 + (start-10000+i)%max(low-10000, 1)
+		l, err := net.Listen("tcp", fmt.Sprintf(":%d", p))
+		if err == nil {
+			l.Close()
+			return p
+		}
+	}
+	t.Fatalf("no free port in [10000, %d)", low)
+	return 0
 }
