@@ -43,6 +43,7 @@ func cmdAppWrapperController(ctx context.Context, args []string, stdout, stderr 
 	webhookCertDir := fs.String("webhook-cert-dir", filepath.Join(os.TempDir(), "k8s-webhook-server", "serving-certs"), "directory of the webhook's tls.crt and tls.key (written there when --webhook-manage-certs)")
 	webhookManage := fs.Bool("webhook-manage-certs", true, "generate the webhook's certificate, keep it in a Secret and set the webhook configurations' caBundle; false: the certificate is mounted in --webhook-cert-dir (cert-manager)")
 	webhookNS := fs.String("webhook-namespace", "", "namespace of the webhook Service and certificate Secret (default: the pod's namespace)")
+	webhookHosts := fs.StringSlice("webhook-cert-hosts", nil, "further DNS names or IP addresses for the self-managed certificate, for webhook configurations that reach the server by URL (comma-separated)")
 	reevaluate := fs.Duration("reevaluate-period", appwrapper.DefaultConfig().ReevaluatePeriod.Duration,
 		"periodic re-evaluation of a Running AppWrapper, a safety net for a missed watch event (0 disables; overrides the config's reevaluatePeriod)")
 	if code, done := parse(fs, args, stdout); done {
@@ -97,7 +98,7 @@ func cmdAppWrapperController(ctx context.Context, args []string, stdout, stderr 
 	}
 	var webhookServer webhook.Server
 	if cfg.WebhooksEnabled {
-		if webhookServer, err = setupWebhookCerts(ctx, restCfg, scheme, *webhookNS, *webhookCertDir, *webhookManage, *webhookPort); err != nil {
+		if webhookServer, err = setupWebhookCerts(ctx, restCfg, scheme, *webhookNS, *webhookCertDir, *webhookHosts, *webhookManage, *webhookPort); err != nil {
 			fmt.Fprintf(stderr, "ft-resumer appwrapper-controller: %v\n", err)
 			return 1
 		}
@@ -165,7 +166,7 @@ func restConfig(path string) (*rest.Config, error) {
 // setupWebhookCerts makes the webhook's certificate ready (self-managed,
 // or mounted by cert-manager when manage is false) and returns the server
 // that serves it.
-func setupWebhookCerts(ctx context.Context, restCfg *rest.Config, scheme *runtime.Scheme, ns, dir string, manage bool, port int) (webhook.Server, error) {
+func setupWebhookCerts(ctx context.Context, restCfg *rest.Config, scheme *runtime.Scheme, ns, dir string, hosts []string, manage bool, port int) (webhook.Server, error) {
 	if manage {
 		if ns == "" {
 			b, err := os.ReadFile("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
@@ -179,6 +180,7 @@ func setupWebhookCerts(ctx context.Context, restCfg *rest.Config, scheme *runtim
 			return nil, fmt.Errorf("webhook certificate: client: %w", err)
 		}
 		wc := appwrapper.ShippedWebhookCerts(ns, dir)
+		wc.Hosts = hosts
 		if err := wc.Ensure(ctx, c, time.Now()); err != nil {
 			return nil, err
 		}

@@ -9,7 +9,7 @@ import (
 
 // NoExecuteResources returns, sorted, the resources for which node carries
 // a NoExecute Autopilot label: a label key=value matching one of the
-// resource's NoExecute entries in ap.ResourceTaints (appwrapper.md 2.3;
+// resource's NoExecute entries in ap.ResourceTaints (upstream's node_health_monitor.go;
 // Autopilot's "taints" are node labels, not spec.taints). Running pods on
 // the node that request one of them get their workload reset.
 func NoExecuteResources(node *corev1.Node, ap AutopilotConfig) []string {
@@ -33,8 +33,8 @@ func NoExecuteResources(node *corev1.Node, ap AutopilotConfig) []string {
 }
 
 // requestsResource reports whether a container or init container of spec
-// asks for a non-zero quantity of r, in limits or requests (appwrapper.md
-// 2.2: only such pods are steered away from, or evicted off, flagged nodes).
+// asks for a non-zero quantity of r, in limits or requests (as upstream's
+// resource_management.go: only such pods are steered away from, or evicted off, flagged nodes).
 func requestsResource(spec *corev1.PodSpec, r corev1.ResourceName) bool {
 	check := func(cs []corev1.Container) bool {
 		for i := range cs {
@@ -52,7 +52,7 @@ func requestsResource(spec *corev1.PodSpec, r corev1.ResourceName) bool {
 }
 
 // autopilotAffinity is what Autopilot injection adds to a pod template
-// (appwrapper.md 2.2): for each configured resource the template requests,
+// (upstream's resource_management.go): for each configured resource the template requests,
 // the NoSchedule and NoExecute label values become required NotIn
 // expressions and the PreferNoSchedule ones one preferred term. Resources
 // are taken in sorted order and values deduplicated, so the result does

@@ -17,7 +17,7 @@ import (
 
 // Duration is a time.Duration in the operator configuration. Upstream's
 // fields are plain time.Duration, so its files carry integer nanoseconds
-// (appwrapper.md 3.1); people write "90s". Both decode; it encodes as the
+// (upstream's pkg/config/config.go); people write "90s". Both decode; it encodes as the
 // string form.
 type Duration struct{ time.Duration }
 
@@ -59,8 +59,8 @@ func (d *Duration) UnmarshalJSON(b []byte) error {
 }
 
 // FaultToleranceConfig holds the operator-wide fault-tolerance defaults
-// (appwrapper.md 1.5 and 3.1). The YAML keys are upstream's, which differ
-// from the Go names for four of them.
+// (docs/kubernetes.md, "The contract"; upstream's pkg/config/config.go). The
+// YAML keys are upstream's, which differ from the Go names for four of them.
 type FaultToleranceConfig struct {
 	AdmissionGracePeriod        Duration `json:"admissionGracePeriod"`
 	WarmupGracePeriod           Duration `json:"warmupGracePeriod"`
@@ -72,7 +72,7 @@ type FaultToleranceConfig struct {
 	SuccessTTL                  Duration `json:"successTTLCeiling"`
 }
 
-// AutopilotConfig is the IBM Autopilot integration (appwrapper.md 2.1).
+// AutopilotConfig is the IBM Autopilot integration (upstream's pkg/config/config.go).
 // ResourceTaints are node *labels* key=value, classified by Effect, per
 // resource name.
 type AutopilotConfig struct {
@@ -122,8 +122,9 @@ const (
 	gpuResource          = "nvidia.com/gpu"
 )
 
-// DefaultConfig returns upstream's defaults. The Autopilot taints are the
-// code's (WARN, TESTING, EVICT), not the docs' (appwrapper.md 1.10 item 6).
+// DefaultConfig returns upstream's defaults. The Autopilot taints are the code's
+// (WARN, TESTING, EVICT), not the docs' (upstream's pkg/config/config.go; its
+// docs list others).
 func DefaultConfig() Config {
 	weight := int32(50)
 	return Config{
@@ -158,7 +159,7 @@ func DefaultConfig() Config {
 }
 
 // upstreamKey is the top-level key of upstream's operator config file
-// (OperatorConfig.appwrapper, appwrapper.md 3.1).
+// (OperatorConfig.appwrapper, upstream's pkg/config/config.go).
 const upstreamKey = "appwrapper"
 
 // LoadConfig decodes YAML (or JSON) over DefaultConfig, so keys left out
@@ -272,7 +273,7 @@ func decodeEach(prefix string, fields map[string]json.RawMessage, into any, stri
 	return nil
 }
 
-// Validate applies upstream's rules (appwrapper.md 1.5: no grace period
+// Validate applies upstream's rules (docs/kubernetes.md, "The contract": no grace period
 // above gracePeriodCeiling, admissionGracePeriod <= warmupGracePeriod,
 // successTTLCeiling > 0) and rejects what would make every workload fail at
 // creation or misbehave: negative durations, a preferNoScheduleWeight

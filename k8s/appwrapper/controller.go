@@ -36,7 +36,7 @@ import (
 const ControllerName = "appwrapper"
 
 // Reconciler drives AppWrappers through the phase machine of
-// appwrapper.md 1.3. Its only state outside the API server is what the
+// docs/kubernetes.md, "The contract". Its only state outside the API server is what the
 // watches feed it (the Autopilot node map) and bookkeeping that may be lost
 // at any time (which dynamic watches run, which annotation problems were
 // reported): every decision is taken from the AppWrapper's status, whose
@@ -56,14 +56,28 @@ type Reconciler struct {
 	now       func() time.Time
 
 	// dropPodEvent, when set, hides the pod and component watch events
-	// it returns true for: tests lose events on purpose with it, to show
-	// that the periodic pass catches what the watches missed.
+	// it returns true for (TestHooks.DropEvent).
 	dropPodEvent func(client.Object) bool
 
 	mu       sync.Mutex
 	ctrl     controller.Controller
 	watched  map[schema.GroupVersionKind]bool
 	reported map[types.NamespacedName]string // annotation problems last reported
+}
+
+// TestHooks are faults a test injects into a reconciler that runs against
+// a real API server (the tests in k8s/appwrapper/envtests). A production
+// reconciler has none.
+type TestHooks struct {
+	// DropEvent hides the pod and component watch events it returns true
+	// for: tests lose events on purpose with it, to show that the periodic
+	// pass catches what the watches missed.
+	DropEvent func(client.Object) bool
+}
+
+// SetTestHooks installs h. Call it before SetupWithManager.
+func (r *Reconciler) SetTestHooks(h TestHooks) {
+	r.dropPodEvent = h.DropEvent
 }
 
 // NewReconciler builds the reconciler for mgr with the operator
@@ -117,7 +131,7 @@ func SetupWithManager(mgr ctrl.Manager, cfg Config) error {
 }
 
 // registerPhaseCounter registers the counter of phase transitions
-// (appwrapper.md 1.3, transitionToPhase) on controller-runtime's registry,
+// (upstream's appwrapper_controller.go, transitionToPhase) on controller-runtime's registry,
 // or returns the one already registered.
 func registerPhaseCounter() (*prometheus.CounterVec, error) {
 	c := prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -170,7 +184,7 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		}
 		return ctrl.Result{}, fmt.Errorf("get AppWrapper %s: %w", req.NamespacedName, err)
 	}
-	// Another controller owns it (appwrapper.md 1.1).
+	// Another controller owns it (upstream's appwrapper_types.go).
 	if aw.Spec.ManagedBy != nil && *aw.Spec.ManagedBy != v1beta2.ControllerName {
 		return ctrl.Result{}, nil
 	}
@@ -221,7 +235,7 @@ func (r *Reconciler) forget(key types.NamespacedName) {
 // malformed annotation, once for each distinct set of problems (so an edit
 // that introduces a new mistake is reported again, and a steady one is not
 // repeated on every reconciliation). Upstream only logs them
-// (appwrapper.md 1.5); the default is used either way. One Event, not one
+// (docs/kubernetes.md, "The contract"); the default is used either way. One Event, not one
 // per problem: the events API folds Events of the same object, reason and
 // action into one series and keeps only the first note.
 func (r *Reconciler) reportProblems(aw *v1beta2.AppWrapper, problems []string) {
@@ -275,11 +289,11 @@ func (s *pass) done(ctx context.Context) (ctrl.Result, error) {
 	return ctrl.Result{}, s.save(ctx)
 }
 
-// ---- the phase handlers (appwrapper.md 1.3) ----
+// ---- the phase handlers (docs/kubernetes.md, "The contract") ----
 
 // empty fixes the effective pod sets of every component in
 // status.componentStatus, so later spec edits do not change what is
-// counted (appwrapper.md 3.2), and moves to Suspended.
+// counted (upstream's pkg/utils/utils.go), and moves to Suspended.
 func (s *pass) empty(ctx context.Context) (ctrl.Result, error) {
 	statuses, err := initialComponentStatus(s.aw)
 	if err != nil {
@@ -350,138 +364,67 @@ func (s *pass) resuming(ctx context.Context) (ctrl.Result, error) {
 	return s.resetOrFail(ctx, false, 1, ReasonCreateFailed+": "+msg)
 }
 
-// running evaluates the workload's health in the order of appwrapper.md
-// 1.4, with two additions marked below: a component is "missing" only when
-// an uncached read agrees (1.9), and an ft-launcher no_restart verdict
-// fails the workload at once.
+// running gathers the facts of a Running workload, lets assess decide
+// (assess.go) and applies the step. Suspension is decided before anything
+// is read.
 func (s *pass) running(ctx context.Context) (ctrl.Result, error) {
-	aw := s.aw
-	// 1. Suspension.
-	if aw.Spec.Suspend {
-		s.upstreamEventReason(string(v1beta2.AppWrapperSuspending), "Externally suspended while in the Running phase")
-		return s.transition(ctx, v1beta2.AppWrapperSuspending, "suspend requested while running")
+	f := facts{suspend: s.aw.Spec.Suspend, p: s.p, at: s.at.Time}
+	if !f.suspend {
+		comps, err := s.componentHealth(ctx)
+		if err != nil {
+			return ctrl.Result{}, err
+		}
+		pods, err := s.listPods(ctx)
+		if err != nil {
+			return ctrl.Result{}, err
+		}
+		var noExecute map[string][]string
+		if s.r.config.Autopilot.MonitorNodes {
+			noExecute = s.r.nodes.snapshot()
+		}
+		f.comps, f.pods = comps, SummarizePods(pods, s.p, noExecute)
+		f.expected = ExpectedPodCount(s.aw)
+		// ft-launcher's quarantines are recorded before any decision, so
+		// a reset decided below recreates the pods away from those hosts.
+		if err := s.recordQuarantine(ctx, f.pods.QuarantinedHosts); err != nil {
+			return ctrl.Result{}, err
+		}
 	}
-	// 2. Gather.
-	comps, err := s.componentHealth(ctx)
-	if err != nil {
-		return ctrl.Result{}, err
-	}
-	pods, err := s.listPods(ctx)
-	if err != nil {
-		return ctrl.Result{}, err
-	}
-	var noExecute map[string][]string
-	if s.r.config.Autopilot.MonitorNodes {
-		noExecute = s.r.nodes.snapshot()
-	}
-	sum := SummarizePods(pods, s.p, noExecute)
-	expected := ExpectedPodCount(aw)
-	// ft-launcher's quarantines are recorded before any decision, so a
-	// reset decided below recreates the pods away from those hosts.
-	if err := s.recordQuarantine(ctx, sum.QuarantinedHosts); err != nil {
-		return ctrl.Result{}, err
-	}
+	f.conditions = s.aw.Status.Conditions
+	f.now = s.r.now()
+	return s.apply(ctx, assess(f))
+}
 
-	// 3. A component deleted by someone else: Failed, no grace, no retry.
-	if comps.deployed != comps.expected {
-		msg := fmt.Sprintf("Only found %d deployed components, but was expecting %d (missing: %s)",
-			comps.deployed, comps.expected, strings.Join(comps.missing, ", "))
-		s.markUnhealthy(ReasonMissingComponent, msg)
-		s.upstreamEvent(fmt.Sprintf("%sOnly found %v deployed components, but was expecting %v", upstreamMissingComponent, comps.deployed, comps.expected))
-		return s.transition(ctx, v1beta2.AppWrapperFailed, ReasonMissingComponent+": "+msg)
+// apply carries out a step of assess: the conditions, Unhealthy, upstream's
+// Event, then the phase change or the wait.
+func (s *pass) apply(ctx context.Context, st step) (ctrl.Result, error) {
+	for _, c := range st.conditions {
+		s.setCondition(c.typ, c.status, c.reason, c.msg)
 	}
-	// 3a (ours). A launcher said the workload must not be restarted
-	// (verdict no_restart, e.g. a rank's ShutdownWorkload or exit 93):
-	// neither FailureGracePeriod nor retries apply. It comes before the
-	// failed-component check, which would otherwise reset a Job that the
-	// same failure failed.
-	if sum.NoRestart {
-		msg := noRestartMessage(sum)
-		s.markUnhealthy(ReasonNoRestartVerdict, msg)
-		return s.transition(ctx, v1beta2.AppWrapperFailed, ReasonNoRestartVerdict+": "+msg)
+	if st.unhealthyReason != "" {
+		s.markUnhealthy(st.unhealthyReason, st.unhealthyMsg)
 	}
-	// 4. A component its own controller declared failed: no grace.
-	if comps.failed > 0 {
-		msg := fmt.Sprintf("Found %d failed components: %s", comps.failed, strings.Join(comps.failedNames, ", "))
-		s.markUnhealthy(ReasonFailedComponent, msg)
-		s.upstreamEvent(fmt.Sprintf("%sFound %v failed components", upstreamFailedComponent, comps.failed))
-		return s.resetOrFail(ctx, sum.TerminalFailure, 1, ReasonFailedComponent+": "+msg)
+	if st.upstreamNote != "" {
+		s.upstreamEventReason(st.upstreamReason, st.upstreamNote)
 	}
-	// 5. Success (checked before failed pods).
-	if sum.Succeeded >= expected && sum.Pending+sum.Running+sum.Failed == 0 {
-		msg := fmt.Sprintf("%d pods succeeded; none pending, running or failed", sum.Succeeded)
-		s.setCondition(v1beta2.QuotaReserved, false, ReasonSucceeded, msg)
-		s.setCondition(v1beta2.ResourcesDeployed, true, ReasonSucceeded, msg)
-		return s.transition(ctx, v1beta2.AppWrapperSucceeded, msg)
-	}
-	// 6. Failed pods: FailureGracePeriod from Unhealthy's transition. The
-	// message stays empty so that it says nothing stale while waiting.
-	if sum.Failed > 0 {
-		s.markUnhealthy(ReasonFoundFailedPods, "")
-		deadline := s.since(v1beta2.Unhealthy).Add(s.p.FailureGracePeriod)
-		if left := deadline.Sub(s.r.now()); left > 0 {
-			return s.wait(ctx, left)
+	switch st.act {
+	case actSuspend:
+		return s.transition(ctx, v1beta2.AppWrapperSuspending, st.why)
+	case actFail:
+		return s.transition(ctx, v1beta2.AppWrapperFailed, st.why)
+	case actReset:
+		return s.resetOrFail(ctx, st.terminal, st.inc, st.why)
+	case actSucceed:
+		return s.transition(ctx, v1beta2.AppWrapperSucceeded, st.why)
+	case actWait:
+		if st.detail != "" {
+			s.log.V(1).Info("too few pods ready; waiting", "detail", st.detail, "left", st.wait, "timed", st.rule)
 		}
-		cause := fmt.Sprintf("%s: %d failed pods", ReasonFoundFailedPods, sum.Failed)
-		// Upstream's Event comes at the decision, not at detection.
-		s.upstreamEvent(cause)
-		if sum.TerminalFailure && sum.TerminalReason != "" {
-			cause += " (terminal: " + sum.TerminalReason + ")"
-		}
-		return s.resetOrFail(ctx, sum.TerminalFailure, 1, cause)
-	}
-	// 7. Autopilot flagged a node a running pod uses: migrate at once, not
-	// counted as a retry but still bounded by the retry limit (1.5).
-	if len(sum.NoExecuteNodes) > 0 {
-		msg := "Workload contains pods using NoExecute resources on Nodes: " + strings.Join(sum.NoExecuteNodes, ", ")
-		s.markUnhealthy(ReasonAutopilotNoExecute, msg)
-		// Upstream's note has no reason prefix and prints the node list
-		// as a Go slice.
-		s.upstreamEvent(fmt.Sprintf("Workload contains pods using NoExecute resources on Nodes: %v", sum.NoExecuteNodes))
-		return s.resetOrFail(ctx, false, 0, ReasonAutopilotNoExecute+": "+msg)
-	}
-	// 8. Healthy.
-	s.setCondition(v1beta2.Unhealthy, false, ReasonFoundNoFailedPods, "")
-	// 9. Enough pods. Pod, component and node events bring the
-	// AppWrapper back; reevaluateLater adds the periodic safety net.
-	if sum.Running+sum.Succeeded >= expected {
-		s.setCondition(v1beta2.PodsReady, true, ReasonSufficientPodsReady,
-			fmt.Sprintf("%d pods running; %d pods succeeded", sum.Running, sum.Succeeded))
+		return s.wait(ctx, st.wait)
+	case actDone:
 		return s.done(ctx)
 	}
-	// 10. Too few: Warmup grace when every pod exists, Admission grace
-	// otherwise, both from ResourcesDeployed's transition, as upstream.
-	// Ours: once the workload has been ready, a shortfall (a pod evicted,
-	// drained, preempted or deleted, and its replacement not yet running)
-	// also gets FailureGracePeriod from PodsReady turning False, and the
-	// later deadline wins. Upstream times it from deploy time only, so
-	// after warmup any dip its sample catches resets at once (1.10 item 2).
-	detail := fmt.Sprintf("%d pods pending; %d pods running; %d pods succeeded", sum.Pending, sum.Running, sum.Succeeded)
-	wasReady := meta.IsStatusConditionTrue(aw.Status.Conditions, string(v1beta2.PodsReady))
-	s.setCondition(v1beta2.PodsReady, false, ReasonInsufficientPodsReady, detail)
-	grace := s.p.AdmissionGracePeriod
-	if sum.Pending+sum.Running+sum.Succeeded >= expected {
-		grace = s.p.WarmupGracePeriod
-	}
-	deployed := s.since(v1beta2.ResourcesDeployed)
-	deadline := deployed.Add(grace)
-	rule := "from deployment"
-	if notReady := s.since(v1beta2.PodsReady); wasReady || notReady.After(deployed.Time) {
-		// PodsReady turned False after this deployment began, which only
-		// the True -> False flip of a pass like this one does: the
-		// suspended and resetting handlers write it False no later than
-		// ResourcesDeployed's transition to True.
-		if d := notReady.Add(s.p.FailureGracePeriod); d.After(deadline) {
-			deadline, rule = d, "from PodsReady turning False"
-		}
-	}
-	if left := deadline.Sub(s.r.now()); left > 0 {
-		s.log.V(1).Info("too few pods ready; waiting", "detail", detail, "left", left, "timed", rule)
-		return s.wait(ctx, left)
-	}
-	s.markUnhealthy(ReasonInsufficientPodsReady, detail)
-	s.upstreamEvent(upstreamInsufficientPodsReady + detail)
-	return s.resetOrFail(ctx, sum.TerminalFailure, 1, ReasonInsufficientPodsReady+": "+detail+" (timed "+rule+")")
+	return ctrl.Result{}, fmt.Errorf("appwrapper %s/%s: unknown step %v", s.aw.Namespace, s.aw.Name, st.act)
 }
 
 // reevaluateLater bounds the wait of a pass that leaves the AppWrapper
@@ -550,9 +493,11 @@ func (s *pass) failed(ctx context.Context) (ctrl.Result, error) {
 		c := meta.FindStatusCondition(s.aw.Status.Conditions, string(v1beta2.DeletingResources))
 		if c == nil || c.Reason != ReasonDeletionPaused {
 			// The hold starts now. Upstream keeps an older
-			// lastTransitionTime when the condition is already False from
-			// an earlier reset, shortening the hold (appwrapper.md 1.10
-			// item 4); dropping the condition first gives a fresh one.
+			// lastTransitionTime when the condition is already False
+			// from an earlier reset, shortening the hold
+			// (docs/kubernetes.md, "What it does better than the
+			// upstream controller"); dropping the condition first
+			// gives a fresh one.
 			meta.RemoveStatusCondition(&s.aw.Status.Conditions, string(v1beta2.DeletingResources))
 		}
 		s.setCondition(v1beta2.DeletingResources, false, ReasonDeletionPaused,
@@ -585,8 +530,8 @@ func (s *pass) deletionStarted() bool {
 }
 
 // succeeded deletes the resources SuccessTTL after ResourcesDeployed's
-// transition. That is deploy time, not success time (appwrapper.md 1.10
-// item 3), kept for compatibility.
+// transition. That is deploy time, not success time (upstream's docs say
+// success time; its code uses deploy time), kept for compatibility.
 func (s *pass) succeeded(ctx context.Context) (ctrl.Result, error) {
 	if !meta.IsStatusConditionTrue(s.aw.Status.Conditions, string(v1beta2.ResourcesDeployed)) {
 		return ctrl.Result{}, nil
@@ -649,26 +594,4 @@ func (s *pass) afterDelete(ctx context.Context, left time.Duration, err error) (
 		return ctrl.Result{RequeueAfter: left}, nil
 	}
 	return ctrl.Result{}, nil
-}
-
-// noRestartMessage names the pods whose verdict was no_restart.
-func noRestartMessage(sum PodSummary) string {
-	var parts []string
-	for _, v := range sum.Verdicts {
-		if v.Verdict.Kind != noRestartKind {
-			continue
-		}
-		part := "pod " + v.Pod
-		if v.Node != "" {
-			part += " on " + v.Node
-		}
-		if v.Verdict.Reason != "" {
-			part += ": " + v.Verdict.Reason
-		}
-		parts = append(parts, part)
-	}
-	if len(parts) == 0 {
-		return "an ft-launcher verdict asked not to restart the workload"
-	}
-	return "ft-launcher verdict no_restart: " + strings.Join(parts, "; ")
 }

@@ -56,11 +56,11 @@ func (s *pass) setComponentCondition(cs *v1beta2.AppWrapperComponentStatus, stat
 	})
 }
 
-// createComponents creates every component not yet created (appwrapper.md
-// 3.3). Each creation is recorded as initiated before the Create call and
-// as done after it, so a controller that stops in between finds its own
-// object (AlreadyExists, controlled by this AppWrapper) on the next pass.
-// fatal reports an error that no retry can fix.
+// createComponents creates every component not yet created (as upstream's
+// resource_management.go). Each creation is recorded as initiated before the
+// Create call and as done after it, so a controller that stops in between finds
+// its own object (AlreadyExists, controlled by this AppWrapper) on the next
+// pass. fatal reports an error that no retry can fix.
 func (s *pass) createComponents(ctx context.Context) (fatal bool, err error) {
 	aw := s.aw
 	if len(aw.Status.ComponentStatus) != len(aw.Spec.Components) {
@@ -111,8 +111,8 @@ func (s *pass) createComponents(ctx context.Context) (fatal bool, err error) {
 			return true, fmt.Errorf("component %d: create %s %s: %w", i, gvk.Kind, obj.GetName(), err)
 		default:
 			// Marked False, not left Unknown: a component whose creation
-			// failed must never be waited for at deletion (appwrapper.md
-			// 1.6, the missing-CRD wedge).
+			// failed must never be waited for at deletion (upstream's
+			// resource_management.go guards the same missing-CRD wedge).
 			s.setComponentCondition(cs, metav1.ConditionFalse, ReasonComponentCreationErrored, err.Error())
 			return false, fmt.Errorf("component %d: create %s %s: %w", i, gvk.Kind, obj.GetName(), err)
 		}
@@ -149,17 +149,18 @@ func (s *pass) ownedExisting(ctx context.Context, obj *unstructured.Unstructured
 	return existing, nil
 }
 
-// componentHealthSummary counts the components as appwrapper.md 1.4 steps 3
+// componentHealthSummary counts the components as assess's rungs 3
 // and 4 need them.
 type componentHealthSummary struct {
 	expected, deployed, failed int
 	missing, failedNames       []string
 }
 
-// componentHealth reads every component. One that looks gone (not found,
-// or being deleted) is read again from the API server before it counts as
-// missing, since a cache that has not caught up with a fresh Create would
-// otherwise fail a healthy workload (appwrapper.md 1.9).
+// componentHealth reads every component. One that looks gone (not found, or
+// being deleted) is read again from the API server before it counts as missing,
+// since a cache that has not caught up with a fresh Create would otherwise fail
+// a healthy workload (upstream issue #416; docs/kubernetes.md, "What it does
+// better than the upstream controller").
 func (s *pass) componentHealth(ctx context.Context) (componentHealthSummary, error) {
 	h := componentHealthSummary{expected: len(s.aw.Spec.Components)}
 	for i := range s.aw.Status.ComponentStatus {
@@ -206,7 +207,7 @@ func (s *pass) readComponent(ctx context.Context, r client.Reader, cs *v1beta2.A
 
 // componentFailed recognises the two kinds whose own status says failed
 // for good: batch/v1 Job and kubeflow.org PyTorchJob, both through a
-// Failed=True condition (appwrapper.md 1.4 step 4). Ray kinds are left
+// Failed=True condition (assess.go, rung 4). Ray kinds are left
 // out on purpose: their failed state is not terminal.
 func componentFailed(obj *unstructured.Unstructured) bool {
 	gvk := obj.GroupVersionKind()
@@ -236,13 +237,13 @@ func (s *pass) listPods(ctx context.Context) ([]corev1.Pod, error) {
 	return pods.Items, nil
 }
 
-// deleteComponents makes progress deleting everything the AppWrapper
-// created, with the guarantee of appwrapper.md 1.6: a background delete of
-// each component first; ForcefulDeletionGracePeriod after DeletingResources
-// turned True, every labelled pod is deleted with grace 0, and once none is
-// left the remaining components too. gone is true only when no component
-// and no labelled pod is left (confirmed by an uncached list, since the
-// caller then releases the quota). left is the time until forcing starts
+// deleteComponents makes progress deleting everything the AppWrapper created,
+// with the guarantee of upstream's resource_management.go, deleteComponents: a
+// background delete of each component first; ForcefulDeletionGracePeriod after
+// DeletingResources turned True, every labelled pod is deleted with grace 0, and
+// once none is left the remaining components too. gone is true only when no
+// component and no labelled pod is left (confirmed by an uncached list, since
+// the caller then releases the quota). left is the time until forcing starts
 // when that is what is being waited for.
 func (s *pass) deleteComponents(ctx context.Context) (gone bool, left time.Duration, err error) {
 	aw := s.aw

@@ -7,7 +7,7 @@ import (
 )
 
 // TestComponentFailed: only batch Jobs and PyTorchJobs are read for a
-// Failed=True condition (appwrapper.md 1.4 step 4); other kinds never fail.
+// Failed=True condition (assess.go, rung 4); other kinds never fail.
 func TestComponentFailed(t *testing.T) {
 	obj := func(apiVersion, kind, status string) *unstructured.Unstructured {
 		u := &unstructured.Unstructured{Object: map[string]any{"apiVersion": apiVersion, "kind": kind}}

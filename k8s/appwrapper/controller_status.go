@@ -14,8 +14,8 @@ import (
 )
 
 // Condition reasons. All but ReasonNoRestartVerdict and
-// ReasonInvalidAnnotation are upstream's vocabulary (appwrapper.md 1.1,
-// 1.3, 1.8), kept so that tools written for it read ours.
+// ReasonInvalidAnnotation are upstream's vocabulary (upstream's appwrapper_types.go and
+// appwrapper_controller.go), kept so that tools written for it read ours.
 const (
 	// Unhealthy=True.
 	ReasonCreateFailed          = "CreateFailed"
@@ -73,7 +73,7 @@ const noRestartKind = verdict.NoRestart
 
 // setCondition sets an AppWrapper condition. As with every condition here,
 // lastTransitionTime moves only when the status flips, which is what makes
-// it usable as the start of a grace period (appwrapper.md 1.1).
+// it usable as the start of a grace period (upstream's appwrapper_types.go).
 func (s *pass) setCondition(t v1beta2.AppWrapperCondition, status bool, reason, msg string) {
 	meta.SetStatusCondition(&s.aw.Status.Conditions, metav1.Condition{
 		Type:               string(t),
@@ -105,7 +105,7 @@ func (s *pass) since(t v1beta2.AppWrapperCondition) metav1.Time {
 }
 
 // markUnhealthy sets Unhealthy=True and, when the reason is new, emits the
-// Normal Event "Unhealthy" upstream emits (appwrapper.md 1.8); repeating it
+// Normal Event "Unhealthy" upstream emits (docs/kubernetes.md, "Events"); repeating it
 // on every pass of a grace period would only bury the others.
 func (s *pass) markUnhealthy(reason, msg string) {
 	c := meta.FindStatusCondition(s.aw.Status.Conditions, string(v1beta2.Unhealthy))
@@ -151,7 +151,7 @@ func (s *pass) transition(ctx context.Context, to v1beta2.AppWrapperPhase, why s
 	return ctrl.Result{}, nil
 }
 
-// resetOrFail is the one retry decision (appwrapper.md 1.3): reset when the
+// resetOrFail is the one retry decision (docs/kubernetes.md, "The contract"): reset when the
 // failure is not terminal and the retries spent so far, compared before
 // adding inc, are below the limit; fail otherwise. inc is 0 for an
 // Autopilot migration, which is still refused once the limit is reached.

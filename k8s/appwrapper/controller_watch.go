@@ -50,7 +50,7 @@ func ConfigureCache(o *cache.Options) {
 //   - every change of a pod carrying the AppWrapper label (creation,
 //     readiness, failure, deletion) queues the AppWrapper it names, where
 //     upstream watches only pod success and samples the rest every minute
-//     (appwrapper.md 1.4);
+//     (upstream's appwrapper_controller.go, Running phase);
 //   - the objects it creates, metadata only, mapped to their controlling
 //     AppWrapper: batch/v1 Job from the start, any other kind once a
 //     component of that kind has been created;
@@ -152,7 +152,7 @@ func (r *Reconciler) ensureComponentWatches(aw *v1beta2.AppWrapper) {
 // deletion in progress may now force those pods), and, with Autopilot's
 // monitorNodes, records the node's NoExecute resources and, when they
 // changed and are not empty, queues every AppWrapper with a running pod on
-// it (appwrapper.md 2.3; upstream does not queue them at all).
+// it (upstream's node_health_monitor.go; upstream does not queue them at all).
 func (r *Reconciler) nodeChanged(ctx context.Context, old, n *corev1.Node, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
 	if !n.GetDeletionTimestamp().IsZero() {
 		r.nodes.remove(n.GetName())

@@ -1,8 +1,15 @@
 // Package appwrapper reconciles AppWrapper objects
 // (workload.codeflare.dev/v1beta2) with the fault-tolerance contract of the
-// upstream AppWrapper controller (project-codeflare/appwrapper; the
-// reference appwrapper.md describes it and is cited by section in the
-// comments here), plus ft-launcher's own signals.
+// upstream AppWrapper controller, plus ft-launcher's own signals.
+// docs/kubernetes.md states the contract and is cited by section title in
+// the comments here. "Upstream" is project-codeflare/appwrapper v1.2.1
+// (https://github.com/project-codeflare/appwrapper/tree/v1.2.1, its fault
+// tolerance documented at
+// https://project-codeflare.github.io/appwrapper/arch-fault-tolerance/);
+// its files are cited by name: api/v1beta2/appwrapper_types.go,
+// internal/controller/appwrapper/{appwrapper_controller,
+// resource_management,node_health_monitor}.go, pkg/config/config.go and
+// pkg/utils/utils.go.
 //
 // The package has two halves. The pure half, which needs no API server,
 // holds the decisions: the operator configuration (config.go), the
@@ -11,8 +18,10 @@
 // to create with their injected labels, affinities and environment
 // (inject.go, autopilot.go), and the health summary of a workload's pods,
 // including the verdicts ft-launcher leaves in termination messages
-// (summary.go). The reconciler half drives the phase machine against the
-// API server with these functions.
+// (summary.go), and the Running phase's reset decision, assess (assess.go),
+// kept beside the reconcile loop as jobset keeps its failure policy. The
+// reconciler half drives the phase machine against the API server with
+// these functions: it gathers the facts and applies the decisions.
 //
 // Differences from upstream are deliberate and small: durations in the
 // configuration may be written as "90s" as well as integer nanoseconds, and

@@ -22,7 +22,7 @@ const hostnameLabel = corev1.LabelHostname
 type InjectOptions struct {
 	// SchedulerName is set on pod templates that name none.
 	SchedulerName string
-	// Autopilot drives the anti-affinity injection (appwrapper.md 2.2).
+	// Autopilot drives the anti-affinity injection (upstream's resource_management.go).
 	Autopilot AutopilotConfig
 	// AvoidNodes are host names the launchers quarantined (not expired):
 	// every pod of the workload gets a required NotIn on
@@ -50,7 +50,7 @@ func fatalf(format string, args ...any) error {
 }
 
 // BuildComponent returns the object to create for spec.components[idx]
-// (appwrapper.md 3.3): the decoded template in aw's namespace, labelled
+// (upstream's resource_management.go): the decoded template in aw's namespace, labelled
 // with the AppWrapper (an existing value is kept), and in each pod set
 // fixed in status.componentStatus[idx] (the effective pod sets when that
 // is not recorded yet) the pod template gets Kueue's podSetInfos[i], the
@@ -191,7 +191,7 @@ func injectPodSet(obj map[string]any, path string, info *v1beta2.AppWrapperPodSe
 }
 
 // addNodeAffinity appends required to every required node selector term
-// (terms are ORed, so each must exclude the nodes; appwrapper.md 2.2),
+// (terms are ORed, so each must exclude the nodes; upstream's resource_management.go),
 // creating one term when there is none, and adds the preferred term.
 func addNodeAffinity(aff *corev1.Affinity, required []corev1.NodeSelectorRequirement, preferred *corev1.PreferredSchedulingTerm) {
 	if aff.NodeAffinity == nil {
@@ -234,7 +234,7 @@ func childMap(parent map[string]any, field, path string) (map[string]any, error)
 }
 
 // mergeStrings adds add to the string map parent[field]. A key already
-// there with another value is a FatalError (appwrapper.md 3.3): silently
+// there with another value is a FatalError (upstream's resource_management.go): silently
 // overriding would break either the user's template or Kueue's placement.
 func mergeStrings(parent map[string]any, field string, add map[string]string, path string) error {
 	if len(add) == 0 {

@@ -11,7 +11,7 @@ import (
 )
 
 // nodeHealth is the node → NoExecute resources map that the Node watch
-// keeps for the pod summary (appwrapper.md 2.3). It lives in the
+// keeps for the pod summary (upstream's node_health_monitor.go). It lives in the
 // reconciler, not in package variables, so two reconcilers in one process
 // (tests, or two managers) do not share it.
 type nodeHealth struct {

@@ -12,7 +12,7 @@ import (
 
 // Params are one AppWrapper's fault-tolerance parameters: the operator
 // defaults overridden by annotations on the AppWrapper's metadata
-// (appwrapper.md 1.5; component annotations are not consulted).
+// (docs/kubernetes.md, "The contract"; component annotations are not consulted).
 type Params struct {
 	AdmissionGracePeriod         time.Duration
 	WarmupGracePeriod            time.Duration
@@ -99,10 +99,10 @@ func ParamsFor(aw *v1beta2.AppWrapper, ft FaultToleranceConfig) (Params, []strin
 }
 
 // exitCodes parses a comma-separated list of exit codes. Unlike upstream
-// (appwrapper.md 1.4), spaces around entries are allowed and bad entries
-// are reported instead of silently dropped. A list left with no valid code
-// counts as unset: an empty retryableExitCodes would make every failure
-// terminal, which a typo must not do.
+// (upstream's appwrapper_controller.go, Running phase), spaces around entries
+// are allowed and bad entries are reported instead of silently dropped. A list
+// left with no valid code counts as unset: an empty retryableExitCodes would
+// make every failure terminal, which a typo must not do.
 func exitCodes(ann map[string]string, key string) ([]int32, []string) {
 	raw, ok := ann[key]
 	if !ok {
@@ -135,10 +135,10 @@ func exitCodes(ann map[string]string, key string) ([]int32, []string) {
 	return codes, problems
 }
 
-// IsTerminalExitCode reports whether a failed container's exit code must
-// fail the AppWrapper without retry (appwrapper.md 1.4): 0 never is; a code
-// listed in terminalExitCodes is; when retryableExitCodes is set, a code it
-// does not list is.
+// IsTerminalExitCode reports whether a failed container's exit code must fail
+// the AppWrapper without retry (upstream's appwrapper_controller.go, Running
+// phase): 0 never is; a code listed in terminalExitCodes is; when
+// retryableExitCodes is set, a code it does not list is.
 func (p Params) IsTerminalExitCode(code int32) bool {
 	if code == 0 {
 		return false

@@ -15,7 +15,7 @@ import (
 	"github.com/ftlauncher/ft-launcher/k8s/api/v1beta2"
 )
 
-// The kinds whose pod sets are inferred (appwrapper.md 3.2), as
+// The kinds whose pod sets are inferred (upstream's pkg/utils/utils.go), as
 // schema.GroupVersionKind.String() spells them.
 const (
 	gvkPod         = "/v1, Kind=Pod"
@@ -32,7 +32,7 @@ const (
 // template itself.
 const rootField = "template"
 
-// InferPodSets returns the pod sets of a known kind (appwrapper.md 3.2):
+// InferPodSets returns the pod sets of a known kind (upstream's pkg/utils/utils.go):
 // Pod, Deployment, StatefulSet, batch Job, JobSet v1alpha2, PyTorchJob,
 // RayCluster and RayJob. Any other kind (a PodGroup, a ConfigMap) creates
 // no pods it could label, so it has none.
@@ -259,7 +259,7 @@ func DecodeTemplate(raw runtime.RawExtension) (*unstructured.Unstructured, error
 }
 
 // EffectivePodSets returns the component's declared pod sets, or the
-// inferred ones when it declares none (appwrapper.md 3.2). Declared sets of
+// inferred ones when it declares none (upstream's pkg/utils/utils.go). Declared sets of
 // a known kind must match the inferred ones; every declared path must lead
 // to a pod template, whatever the kind.
 func EffectivePodSets(comp v1beta2.AppWrapperComponent) ([]v1beta2.AppWrapperPodSet, error) {
@@ -325,8 +325,9 @@ func replicas(r *int32) int32 {
 	return *r
 }
 
-// ExpectedPodCount is the number of pods the AppWrapper's pod sets create,
-// from the pod sets fixed in status.componentStatus (appwrapper.md 1.4).
+// ExpectedPodCount is the number of pods the AppWrapper's pod sets create, from
+// the pod sets fixed in status.componentStatus (upstream's
+// appwrapper_controller.go, Running phase).
 func ExpectedPodCount(aw *v1beta2.AppWrapper) int32 {
 	var n int32
 	for _, cs := range aw.Status.ComponentStatus {

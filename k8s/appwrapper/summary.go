@@ -19,8 +19,9 @@ type PodVerdict struct {
 	Verdict   verdict.Verdict
 }
 
-// PodSummary is the health of a workload's pods, as the Running-phase
-// evaluation (appwrapper.md 1.4) needs it, plus what ft-launcher reported.
+// PodSummary is the health of a workload's pods, as the Running-phase evaluation
+// (upstream's appwrapper_controller.go, Running phase) needs it, plus what
+// ft-launcher reported.
 type PodSummary struct {
 	Pending, Running, Succeeded, Failed int32
 	// TerminalFailure: a Failed pod's container exited with a terminal
@@ -32,7 +33,7 @@ type PodSummary struct {
 	// workload asked to stop, so it fails at once (no FailureGracePeriod).
 	NoRestart bool
 	// NoExecuteNodes, sorted: nodes flagged NoExecute for a resource that
-	// a Running, non-terminating pod on them requests (appwrapper.md 2.3).
+	// a Running, non-terminating pod on them requests (upstream's node_health_monitor.go).
 	NoExecuteNodes []string
 	// Verdicts: every parsable verdict in a terminated container's
 	// message (current state, then last termination state).
@@ -42,12 +43,13 @@ type PodSummary struct {
 	QuarantinedHosts []string
 }
 
-// SummarizePods counts pods as upstream does (appwrapper.md 1.4): Running
-// only without a deletionTimestamp, every Failed pod (historical ones
-// included), and terminal exit codes read from the containers (not init
-// containers) of Failed pods. noExecute maps a node name to the resources
-// flagged NoExecute on it (NoExecuteResources). Pods are taken in name
-// order so that TerminalReason does not depend on list order.
+// SummarizePods counts pods as upstream does (upstream's
+// appwrapper_controller.go, Running phase): Running only without a
+// deletionTimestamp, every Failed pod (historical ones included), and terminal
+// exit codes read from the containers (not init containers) of Failed pods.
+// noExecute maps a node name to the resources flagged NoExecute on it
+// (NoExecuteResources). Pods are taken in name order so that TerminalReason does
+// not depend on list order.
 func SummarizePods(pods []corev1.Pod, p Params, noExecute map[string][]string) PodSummary {
 	var s PodSummary
 	order := make([]int, len(pods))

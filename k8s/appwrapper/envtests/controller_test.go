@@ -1,4 +1,4 @@
-package appwrapper
+package envtests
 
 import (
 	"context"
@@ -21,6 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/ftlauncher/ft-launcher/k8s/api/v1beta2"
+	"github.com/ftlauncher/ft-launcher/k8s/appwrapper"
 	"github.com/ftlauncher/ft-launcher/verdict"
 )
 
@@ -103,15 +104,15 @@ func TestResetOnFailedPods(t *testing.T) {
 	aw := h.waitFor(name, "PodsReady", func(aw *v1beta2.AppWrapper) bool {
 		return aw.Status.Phase == v1beta2.AppWrapperRunning && cond(aw, v1beta2.PodsReady).Status == True
 	})
-	h.expectCond(aw, v1beta2.QuotaReserved, True, ReasonResuming)
-	h.expectCond(aw, v1beta2.ResourcesDeployed, True, ReasonResuming)
-	h.expectCond(aw, v1beta2.Unhealthy, False, ReasonFoundNoFailedPods)
-	h.expectCond(aw, v1beta2.PodsReady, True, ReasonSufficientPodsReady)
+	h.expectCond(aw, v1beta2.QuotaReserved, True, appwrapper.ReasonResuming)
+	h.expectCond(aw, v1beta2.ResourcesDeployed, True, appwrapper.ReasonResuming)
+	h.expectCond(aw, v1beta2.Unhealthy, False, appwrapper.ReasonFoundNoFailedPods)
+	h.expectCond(aw, v1beta2.PodsReady, True, appwrapper.ReasonSufficientPodsReady)
 	if len(aw.Finalizers) != 1 || aw.Finalizers[0] != v1beta2.Finalizer {
 		t.Errorf("finalizers = %v, want [%s]", aw.Finalizers, v1beta2.Finalizer)
 	}
 	if n := len(aw.Status.ComponentStatus); n != 1 || aw.Status.ComponentStatus[0].Name != name ||
-		cond2(aw.Status.ComponentStatus[0].Conditions).Reason != ReasonComponentCreatedSuccessfully {
+		cond2(aw.Status.ComponentStatus[0].Conditions).Reason != appwrapper.ReasonComponentCreatedSuccessfully {
 		t.Errorf("componentStatus = %+v", aw.Status.ComponentStatus)
 	}
 	first := h.waitRunning(name, 2)
@@ -135,10 +136,10 @@ func TestResetOnFailedPods(t *testing.T) {
 	if old[string(h.job(name).UID)] {
 		t.Errorf("the Job was not recreated")
 	}
-	h.expectCond(aw, v1beta2.QuotaReserved, True, ReasonResuming)
-	h.expectCond(aw, v1beta2.ResourcesDeployed, True, ReasonResuming)
-	h.expectCond(aw, v1beta2.Unhealthy, False, ReasonFoundNoFailedPods)
-	h.expectCond(aw, v1beta2.DeletingResources, False, ReasonDeletionComplete)
+	h.expectCond(aw, v1beta2.QuotaReserved, True, appwrapper.ReasonResuming)
+	h.expectCond(aw, v1beta2.ResourcesDeployed, True, appwrapper.ReasonResuming)
+	h.expectCond(aw, v1beta2.Unhealthy, False, appwrapper.ReasonFoundNoFailedPods)
+	h.expectCond(aw, v1beta2.DeletingResources, False, appwrapper.ReasonDeletionComplete)
 	if c := cond(aw, v1beta2.ResourcesDeployed); c.Message != "Reset complete; resuming" {
 		t.Errorf("ResourcesDeployed message %q", c.Message)
 	}
@@ -154,14 +155,14 @@ func TestResetOnFailedPods(t *testing.T) {
 			}
 		}
 	}
-	if !slices.Equal(created[:min(len(created), 2)], []string{ReasonComponentCreationInitiated, ReasonComponentCreatedSuccessfully}) {
+	if !slices.Equal(created[:min(len(created), 2)], []string{appwrapper.ReasonComponentCreationInitiated, appwrapper.ReasonComponentCreatedSuccessfully}) {
 		t.Errorf("component condition reasons in order: %v", created)
 	}
 	// The failure was seen as FoundFailedPods and waited for: the reset
 	// came no earlier than FailureGracePeriod after Unhealthy's transition.
 	var unhealthy metav1.Condition
 	for _, v := range hist.all() {
-		if c := cond(v, v1beta2.Unhealthy); c.Status == True && c.Reason == ReasonFoundFailedPods {
+		if c := cond(v, v1beta2.Unhealthy); c.Status == True && c.Reason == appwrapper.ReasonFoundFailedPods {
 			unhealthy = c
 			break
 		}
@@ -173,7 +174,7 @@ func TestResetOnFailedPods(t *testing.T) {
 	if at := ev.EventTime.Time; at.Before(unhealthy.LastTransitionTime.Add(2 * time.Second)) {
 		t.Errorf("reset at %v, before Unhealthy's transition %v + 2s", at, unhealthy.LastTransitionTime)
 	}
-	h.waitEvent(name, corev1.EventTypeNormal, ReasonUnhealthy, ReasonFoundFailedPods)
+	h.waitEvent(name, corev1.EventTypeNormal, appwrapper.ReasonUnhealthy, appwrapper.ReasonFoundFailedPods)
 	// RetryPausePeriod also runs from Unhealthy's transition.
 	ev = h.waitEvent(name, corev1.EventTypeNormal, "Resuming", "Resetting -> Resuming", "retries used 1 of 3")
 	if at := ev.EventTime.Time; at.Before(unhealthy.LastTransitionTime.Add(5 * time.Second)) {
@@ -242,19 +243,19 @@ func TestResetOnInsufficientPods(t *testing.T) {
 			if aw.Status.Retries != 1 {
 				t.Errorf("retries %d, want 1", aw.Status.Retries)
 			}
-			h.expectCond(aw, v1beta2.Unhealthy, True, ReasonInsufficientPodsReady)
+			h.expectCond(aw, v1beta2.Unhealthy, True, appwrapper.ReasonInsufficientPodsReady)
 			if c := cond(aw, v1beta2.Unhealthy); !strings.Contains(c.Message, tc.detail) {
 				t.Errorf("Unhealthy message %q, want %q", c.Message, tc.detail)
 			}
 			h.expectPhases(hist, "", v1beta2.AppWrapperSuspended, v1beta2.AppWrapperResuming, v1beta2.AppWrapperRunning,
 				v1beta2.AppWrapperResetting, v1beta2.AppWrapperResuming, v1beta2.AppWrapperRunning, v1beta2.AppWrapperFailed)
-			h.waitEvent(name, corev1.EventTypeWarning, "Resetting", "attempt 1 of 1", ReasonInsufficientPodsReady)
+			h.waitEvent(name, corev1.EventTypeWarning, "Resetting", "attempt 1 of 1", appwrapper.ReasonInsufficientPodsReady)
 			h.waitEvent(name, corev1.EventTypeWarning, "Failed", "retry limit reached (1 of 1 used)")
 			aw = h.waitFor(name, "resources deleted", func(aw *v1beta2.AppWrapper) bool {
 				return cond(aw, v1beta2.ResourcesDeployed).Status == False
 			})
-			h.expectCond(aw, v1beta2.QuotaReserved, False, ReasonFailed)
-			h.expectCond(aw, v1beta2.ResourcesDeployed, False, ReasonFailed)
+			h.expectCond(aw, v1beta2.QuotaReserved, False, appwrapper.ReasonFailed)
+			h.expectCond(aw, v1beta2.ResourcesDeployed, False, appwrapper.ReasonFailed)
 			if h.jobExists(name) || len(h.pods(name)) != 0 {
 				t.Errorf("resources left after ResourcesDeployed False")
 			}
@@ -275,7 +276,7 @@ func TestExternallyDeletedComponentFails(t *testing.T) {
 		t.Fatal(err)
 	}
 	aw := h.waitPhase(name, v1beta2.AppWrapperFailed)
-	h.expectCond(aw, v1beta2.Unhealthy, True, ReasonMissingComponent)
+	h.expectCond(aw, v1beta2.Unhealthy, True, appwrapper.ReasonMissingComponent)
 	if aw.Status.Retries != 0 {
 		t.Errorf("retries %d, want 0", aw.Status.Retries)
 	}
@@ -285,67 +286,9 @@ func TestExternallyDeletedComponentFails(t *testing.T) {
 	aw = h.waitFor(name, "quota released", func(aw *v1beta2.AppWrapper) bool {
 		return cond(aw, v1beta2.QuotaReserved).Status == False && cond(aw, v1beta2.ResourcesDeployed).Status == False
 	})
-	h.expectCond(aw, v1beta2.ResourcesDeployed, False, ReasonFailed)
-	if got := cond2(aw.Status.ComponentStatus[0].Conditions); got.Status != False || got.Reason != ReasonComponentDeleted {
-		t.Errorf("component condition %s/%s, want False/%s", got.Status, got.Reason, ReasonComponentDeleted)
-	}
-}
-
-// laggingCache stands for an informer cache that has not seen a fresh
-// object yet: every unstructured Get says NotFound.
-type laggingCache struct{ client.Client }
-
-func (l laggingCache) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
-	if u, ok := obj.(*unstructured.Unstructured); ok {
-		return apierrors.NewNotFound(u.GroupVersionKind().GroupVersion().WithResource(strings.ToLower(u.GetKind())+"s").GroupResource(), key.Name)
-	}
-	return l.Client.Get(ctx, key, obj, opts...)
-}
-
-// TestMissingComponentConfirmedUncached: the evaluation step that decides
-// MissingComponent (appwrapper.md 1.9) believes a lagging cache only when
-// an uncached read of the real API server agrees. This one test drives the
-// step directly, with a cache that lags forever, since a real lag cannot
-// be produced on demand.
-func TestMissingComponentConfirmedUncached(t *testing.T) {
-	needEnv(t)
-	t.Parallel()
-	ns := env.Namespace(t)
-	ctx := context.Background()
-	job := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "fresh"}, Spec: batchv1.JobSpec{
-		Template: corev1.PodTemplateSpec{Spec: corev1.PodSpec{RestartPolicy: corev1.RestartPolicyNever,
-			Containers: []corev1.Container{{Name: "c", Image: "x"}}}}}}
-	if err := env.Client.Create(ctx, job); err != nil {
-		t.Fatal(err)
-	}
-	r := &Reconciler{client: laggingCache{env.Client}, apiReader: env.Client, now: time.Now}
-	aw := &v1beta2.AppWrapper{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "aw"}}
-	aw.Spec.Components = []v1beta2.AppWrapperComponent{{}}
-	aw.Status.ComponentStatus = []v1beta2.AppWrapperComponentStatus{{Name: "fresh", Kind: "Job", APIVersion: "batch/v1"}}
-	s := &pass{r: r, aw: aw}
-
-	h, err := s.componentHealth(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if h.deployed != 1 || len(h.missing) != 0 {
-		t.Errorf("with the Job in the API server: deployed %d, missing %v; want 1 and none", h.deployed, h.missing)
-	}
-	if err := env.Client.Delete(ctx, job, client.PropagationPolicy(metav1.DeletePropagationBackground)); err != nil {
-		t.Fatal(err)
-	}
-	deadline := time.Now().Add(waitTimeout)
-	for {
-		if h, err = s.componentHealth(ctx); err != nil {
-			t.Fatal(err)
-		}
-		if h.deployed == 0 || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	if h.deployed != 0 || len(h.missing) != 1 {
-		t.Errorf("with the Job deleted: deployed %d, missing %v; want 0 and the Job", h.deployed, h.missing)
+	h.expectCond(aw, v1beta2.ResourcesDeployed, False, appwrapper.ReasonFailed)
+	if got := cond2(aw.Status.ComponentStatus[0].Conditions); got.Status != False || got.Reason != appwrapper.ReasonComponentDeleted {
+		t.Errorf("component condition %s/%s, want False/%s", got.Status, got.Reason, appwrapper.ReasonComponentDeleted)
 	}
 }
 
@@ -367,7 +310,7 @@ func TestRetryLimitExhausted(t *testing.T) {
 		h.waitFor(name, fmt.Sprintf("running again after reset %d", retries), func(aw *v1beta2.AppWrapper) bool {
 			return aw.Status.Phase == v1beta2.AppWrapperRunning && aw.Status.Retries == retries && cond(aw, v1beta2.PodsReady).Status == True
 		})
-		h.waitEvent(name, corev1.EventTypeWarning, "Resetting", fmt.Sprintf("attempt %d of 2", retries), ReasonFoundFailedPods)
+		h.waitEvent(name, corev1.EventTypeWarning, "Resetting", fmt.Sprintf("attempt %d of 2", retries), appwrapper.ReasonFoundFailedPods)
 	}
 	pods := h.waitRunning(name, 1)
 	h.fail(pods[0].Name, 1, "")
@@ -375,13 +318,13 @@ func TestRetryLimitExhausted(t *testing.T) {
 	if aw.Status.Retries != 2 {
 		t.Errorf("retries %d, want 2", aw.Status.Retries)
 	}
-	h.waitEvent(name, corev1.EventTypeWarning, "Failed", "retry limit reached (2 of 2 used)", ReasonFoundFailedPods)
+	h.waitEvent(name, corev1.EventTypeWarning, "Failed", "retry limit reached (2 of 2 used)", appwrapper.ReasonFoundFailedPods)
 	aw = h.waitFor(name, "resources deleted", func(aw *v1beta2.AppWrapper) bool {
 		return cond(aw, v1beta2.ResourcesDeployed).Status == False && cond(aw, v1beta2.QuotaReserved).Status == False
 	})
-	h.expectCond(aw, v1beta2.ResourcesDeployed, False, ReasonFailed)
-	h.expectCond(aw, v1beta2.QuotaReserved, False, ReasonFailed)
-	h.expectCond(aw, v1beta2.DeletingResources, False, ReasonDeletionComplete)
+	h.expectCond(aw, v1beta2.ResourcesDeployed, False, appwrapper.ReasonFailed)
+	h.expectCond(aw, v1beta2.QuotaReserved, False, appwrapper.ReasonFailed)
+	h.expectCond(aw, v1beta2.DeletingResources, False, appwrapper.ReasonDeletionComplete)
 	if h.jobExists(name) || len(h.pods(name)) != 0 {
 		t.Errorf("resources left: job %v, pods %d", h.jobExists(name), len(h.pods(name)))
 	}
@@ -416,7 +359,7 @@ func TestTerminalExitCode(t *testing.T) {
 			if ph := h.phasesThrough(hist, v1beta2.AppWrapperFailed); slices.Contains(ph, v1beta2.AppWrapperResetting) {
 				t.Errorf("reset: %v", ph)
 			}
-			h.expectCond(aw, v1beta2.Unhealthy, True, ReasonFoundFailedPods)
+			h.expectCond(aw, v1beta2.Unhealthy, True, appwrapper.ReasonFoundFailedPods)
 			h.waitEvent(name, corev1.EventTypeWarning, "Failed", "terminal failure", fmt.Sprintf("exit code %d is terminal", tc.code))
 		})
 	}
@@ -465,8 +408,8 @@ func TestForcedDeletionOfStuckPod(t *testing.T) {
 		return g != nil && *g == 0, fmt.Sprintf("deletionTimestamp %v grace %v", p.DeletionTimestamp, g)
 	})
 	aw := h.get(name)
-	h.expectCond(aw, v1beta2.ResourcesDeployed, True, ReasonResuming)
-	h.expectCond(aw, v1beta2.DeletingResources, True, ReasonDeletionInitiated)
+	h.expectCond(aw, v1beta2.ResourcesDeployed, True, appwrapper.ReasonResuming)
+	h.expectCond(aw, v1beta2.DeletingResources, True, appwrapper.ReasonDeletionInitiated)
 	if dr := cond(aw, v1beta2.DeletingResources); forced.DeletionTimestamp.Before(&metav1.Time{Time: dr.LastTransitionTime.Add(2 * time.Second)}) {
 		t.Errorf("forced at %v, before DeletingResources' transition %v + 2s", forced.DeletionTimestamp, dr.LastTransitionTime)
 	}
@@ -475,8 +418,8 @@ func TestForcedDeletionOfStuckPod(t *testing.T) {
 	aw = h.waitFor(name, "resources deleted", func(aw *v1beta2.AppWrapper) bool {
 		return cond(aw, v1beta2.ResourcesDeployed).Status == False
 	})
-	h.expectCond(aw, v1beta2.ResourcesDeployed, False, ReasonFailed)
-	h.expectCond(aw, v1beta2.DeletingResources, False, ReasonDeletionComplete)
+	h.expectCond(aw, v1beta2.ResourcesDeployed, False, appwrapper.ReasonFailed)
+	h.expectCond(aw, v1beta2.DeletingResources, False, appwrapper.ReasonDeletionComplete)
 	if len(h.pods(name)) != 0 || h.jobExists(name) {
 		t.Errorf("resources left after ResourcesDeployed False")
 	}
@@ -485,8 +428,8 @@ func TestForcedDeletionOfStuckPod(t *testing.T) {
 // TestDeletionOnFailureGracePeriod: the resources of a failed AppWrapper
 // are kept for the period, then deleted. The first row fails after an
 // earlier reset: the hold still lasts the whole period from the failure
-// (upstream measures it from the older DeletionComplete, appwrapper.md
-// 1.10 item 4). The second row shows a suspension cutting it short.
+// (upstream measures it from the older DeletionComplete, its
+// appwrapper_controller.go). The second row shows a suspension cutting it short.
 func TestDeletionOnFailureGracePeriod(t *testing.T) {
 	t.Run("held then deleted", func(t *testing.T) {
 		h := newHarness(t, 1, nil)
@@ -507,15 +450,15 @@ func TestDeletionOnFailureGracePeriod(t *testing.T) {
 		h.fail(pods[0].Name, 1, "")
 
 		aw := h.waitFor(name, "deletion paused", func(aw *v1beta2.AppWrapper) bool {
-			return aw.Status.Phase == v1beta2.AppWrapperFailed && cond(aw, v1beta2.DeletingResources).Reason == ReasonDeletionPaused
+			return aw.Status.Phase == v1beta2.AppWrapperFailed && cond(aw, v1beta2.DeletingResources).Reason == appwrapper.ReasonDeletionPaused
 		})
 		paused := cond(aw, v1beta2.DeletingResources)
 		unhealthy := cond(aw, v1beta2.Unhealthy)
 		if paused.LastTransitionTime.Before(&unhealthy.LastTransitionTime) {
 			t.Errorf("hold started at %v, before the failure at %v", paused.LastTransitionTime, unhealthy.LastTransitionTime)
 		}
-		h.expectCond(aw, v1beta2.ResourcesDeployed, True, ReasonResuming)
-		h.expectCond(aw, v1beta2.QuotaReserved, True, ReasonResuming)
+		h.expectCond(aw, v1beta2.ResourcesDeployed, True, appwrapper.ReasonResuming)
+		h.expectCond(aw, v1beta2.QuotaReserved, True, appwrapper.ReasonResuming)
 		if !h.jobExists(name) {
 			t.Errorf("the Job is gone during the hold")
 		}
@@ -523,7 +466,7 @@ func TestDeletionOnFailureGracePeriod(t *testing.T) {
 		aw = h.waitFor(name, "resources deleted", func(aw *v1beta2.AppWrapper) bool {
 			return cond(aw, v1beta2.ResourcesDeployed).Status == False
 		})
-		h.expectCond(aw, v1beta2.QuotaReserved, False, ReasonFailed)
+		h.expectCond(aw, v1beta2.QuotaReserved, False, appwrapper.ReasonFailed)
 		if h.jobExists(name) {
 			t.Errorf("the Job is left")
 		}
@@ -561,7 +504,7 @@ func TestDeletionOnFailureGracePeriod(t *testing.T) {
 		pods := h.waitRunning(name, 1)
 		h.fail(pods[0].Name, 1, "")
 		h.waitFor(name, "deletion paused", func(aw *v1beta2.AppWrapper) bool {
-			return aw.Status.Phase == v1beta2.AppWrapperFailed && cond(aw, v1beta2.DeletingResources).Reason == ReasonDeletionPaused
+			return aw.Status.Phase == v1beta2.AppWrapperFailed && cond(aw, v1beta2.DeletingResources).Reason == appwrapper.ReasonDeletionPaused
 		})
 		h.patchSuspend(name, true)
 		aw := h.waitFor(name, "resources deleted", func(aw *v1beta2.AppWrapper) bool {
@@ -578,7 +521,7 @@ func TestDeletionOnFailureGracePeriod(t *testing.T) {
 
 // TestSuccessTTL: the resources of a succeeded AppWrapper are deleted
 // SuccessTTL after ResourcesDeployed's transition (deployment time,
-// appwrapper.md 1.10 item 3).
+// as upstream's code does; its docs say success time).
 func TestSuccessTTL(t *testing.T) {
 	h := newHarness(t, 1, nil)
 	const name = "done"
@@ -587,15 +530,15 @@ func TestSuccessTTL(t *testing.T) {
 		h.succeed(p.Name)
 	}
 	aw := h.waitPhase(name, v1beta2.AppWrapperSucceeded)
-	h.expectCond(aw, v1beta2.QuotaReserved, False, ReasonSucceeded)
+	h.expectCond(aw, v1beta2.QuotaReserved, False, appwrapper.ReasonSucceeded)
 	deployed := cond(aw, v1beta2.ResourcesDeployed)
 	if deployed.Status == True {
-		h.expectCond(aw, v1beta2.ResourcesDeployed, True, ReasonSucceeded)
+		h.expectCond(aw, v1beta2.ResourcesDeployed, True, appwrapper.ReasonSucceeded)
 	}
 	aw = h.waitFor(name, "resources deleted", func(aw *v1beta2.AppWrapper) bool {
 		return cond(aw, v1beta2.ResourcesDeployed).Status == False
 	})
-	h.expectCond(aw, v1beta2.ResourcesDeployed, False, ReasonSucceeded)
+	h.expectCond(aw, v1beta2.ResourcesDeployed, False, appwrapper.ReasonSucceeded)
 	if c := cond(aw, v1beta2.ResourcesDeployed); c.LastTransitionTime.Before(&metav1.Time{Time: deployed.LastTransitionTime.Add(4 * time.Second)}) {
 		t.Errorf("deleted at %v, deployed at %v: before the 4s TTL", c.LastTransitionTime, deployed.LastTransitionTime)
 	}
@@ -629,9 +572,9 @@ func TestSuspendDuringReset(t *testing.T) {
 	if aw.Status.Retries != 1 {
 		t.Errorf("retries %d, want 1", aw.Status.Retries)
 	}
-	h.expectCond(aw, v1beta2.QuotaReserved, False, ReasonSuspended)
-	h.expectCond(aw, v1beta2.PodsReady, False, ReasonSuspended)
-	h.expectCond(aw, v1beta2.Unhealthy, False, ReasonSuspended)
+	h.expectCond(aw, v1beta2.QuotaReserved, False, appwrapper.ReasonSuspended)
+	h.expectCond(aw, v1beta2.PodsReady, False, appwrapper.ReasonSuspended)
+	h.expectCond(aw, v1beta2.Unhealthy, False, appwrapper.ReasonSuspended)
 	if cond(aw, v1beta2.ResourcesDeployed).Status != False {
 		t.Errorf("ResourcesDeployed %s while suspended", cond(aw, v1beta2.ResourcesDeployed).Status)
 	}
@@ -652,7 +595,9 @@ func TestSuspendDuringReset(t *testing.T) {
 // configured GracePeriodMaximum is cut to it: a one-hour FailureGracePeriod
 // under a two-second maximum fails the workload after two seconds.
 func TestGracePeriodMaximumClamps(t *testing.T) {
-	h := newHarness(t, 1, func(c *Config) { c.FaultTolerance.GracePeriodMaximum = Duration{2 * time.Second} })
+	h := newHarness(t, 1, func(c *appwrapper.Config) {
+		c.FaultTolerance.GracePeriodMaximum = appwrapper.Duration{Duration: 2 * time.Second}
+	})
 	const name = "clamped"
 	h.create(appWrapper(name, ann(
 		v1beta2.FailureGracePeriodDurationAnnotation, "1h",
@@ -662,10 +607,10 @@ func TestGracePeriodMaximumClamps(t *testing.T) {
 	h.fail(pods[0].Name, 1, "")
 	aw := h.waitPhase(name, v1beta2.AppWrapperFailed)
 	unhealthy := cond(aw, v1beta2.Unhealthy)
-	if unhealthy.Reason != ReasonFoundFailedPods {
+	if unhealthy.Reason != appwrapper.ReasonFoundFailedPods {
 		t.Errorf("Unhealthy reason %s", unhealthy.Reason)
 	}
-	ev := h.waitEvent(name, corev1.EventTypeWarning, "Failed", ReasonFoundFailedPods)
+	ev := h.waitEvent(name, corev1.EventTypeWarning, "Failed", appwrapper.ReasonFoundFailedPods)
 	if ev.EventTime.Time.Before(unhealthy.LastTransitionTime.Add(2 * time.Second)) {
 		t.Errorf("failed at %v, before Unhealthy %v + the 2s maximum", ev.EventTime.Time, unhealthy.LastTransitionTime)
 	}
@@ -682,11 +627,11 @@ func TestMalformedAnnotationsReported(t *testing.T) {
 		v1beta2.TerminalExitCodesAnnotation, "x",
 	), jobTemplate(t, name, 1, nil)))
 	h.waitFor(name, "PodsReady", func(aw *v1beta2.AppWrapper) bool { return cond(aw, v1beta2.PodsReady).Status == True })
-	h.waitEvent(name, corev1.EventTypeWarning, ReasonInvalidAnnotation, "3 malformed annotation(s)",
+	h.waitEvent(name, corev1.EventTypeWarning, appwrapper.ReasonInvalidAnnotation, "3 malformed annotation(s)",
 		v1beta2.RetryLimitAnnotation+`="three"`, v1beta2.FailureGracePeriodDurationAnnotation+`="soon"`, v1beta2.TerminalExitCodesAnnotation+`="x"`)
 	n := 0
 	for _, e := range h.events(name) {
-		if e.Reason == ReasonInvalidAnnotation {
+		if e.Reason == appwrapper.ReasonInvalidAnnotation {
 			n++
 			if e.Series != nil {
 				t.Errorf("the problems were reported %d times", e.Series.Count)
@@ -771,7 +716,7 @@ func TestAutopilotNoExecute(t *testing.T) {
 
 			if tc.want == v1beta2.AppWrapperFailed {
 				aw := h.waitPhase(name, v1beta2.AppWrapperFailed)
-				h.expectCond(aw, v1beta2.Unhealthy, True, ReasonAutopilotNoExecute)
+				h.expectCond(aw, v1beta2.Unhealthy, True, appwrapper.ReasonAutopilotNoExecute)
 				if aw.Status.Retries != 0 {
 					t.Errorf("retries %d", aw.Status.Retries)
 				}
@@ -789,7 +734,7 @@ func TestAutopilotNoExecute(t *testing.T) {
 					t.Errorf("pod %s on %s: not moved off %s", p.Name, p.Spec.NodeName, bad)
 				}
 			}
-			h.waitEvent(name, corev1.EventTypeNormal, ReasonUnhealthy, ReasonAutopilotNoExecute, bad)
+			h.waitEvent(name, corev1.EventTypeNormal, appwrapper.ReasonUnhealthy, appwrapper.ReasonAutopilotNoExecute, bad)
 			h.waitEvent(name, corev1.EventTypeWarning, "Resetting", "uncounted reset (retries used 0 of 3)")
 		})
 	}
@@ -810,8 +755,8 @@ func TestFailedComponentResets(t *testing.T) {
 	aw := h.waitFor(name, "running after one reset", func(aw *v1beta2.AppWrapper) bool {
 		return aw.Status.Phase == v1beta2.AppWrapperRunning && aw.Status.Retries == 1 && cond(aw, v1beta2.PodsReady).Status == True
 	})
-	h.expectCond(aw, v1beta2.Unhealthy, False, ReasonFoundNoFailedPods)
-	h.waitEvent(name, corev1.EventTypeWarning, "Resetting", "attempt 1 of 3", ReasonFailedComponent)
+	h.expectCond(aw, v1beta2.Unhealthy, False, appwrapper.ReasonFoundNoFailedPods)
+	h.waitEvent(name, corev1.EventTypeWarning, "Resetting", "attempt 1 of 3", appwrapper.ReasonFailedComponent)
 }
 
 // TestNoRestartVerdictFailsAtOnce: a pod whose ft-launcher verdict is
@@ -832,7 +777,7 @@ func TestNoRestartVerdictFailsAtOnce(t *testing.T) {
 	})
 	h.fail(pods[0].Name, verdict.DefaultNoRestartExitCode, msg)
 	aw := h.waitPhase(name, v1beta2.AppWrapperFailed)
-	h.expectCond(aw, v1beta2.Unhealthy, True, ReasonNoRestartVerdict)
+	h.expectCond(aw, v1beta2.Unhealthy, True, appwrapper.ReasonNoRestartVerdict)
 	if c := cond(aw, v1beta2.Unhealthy); !strings.Contains(c.Message, "ShutdownWorkload") || !strings.Contains(c.Message, pods[0].Name) {
 		t.Errorf("Unhealthy message %q names neither the pod nor the reason", c.Message)
 	}
@@ -865,9 +810,9 @@ func TestQuarantinedHostAvoided(t *testing.T) {
 	aw := h.waitFor(name, "running after the reset", func(aw *v1beta2.AppWrapper) bool {
 		return aw.Status.Phase == v1beta2.AppWrapperRunning && aw.Status.Retries == 1 && cond(aw, v1beta2.PodsReady).Status == True
 	})
-	avoid := avoidList(aw, time.Now())
+	avoid := avoided(t, aw)
 	if until, ok := avoid[bad]; !ok || until.Before(time.Now().Add(50*time.Minute)) {
-		t.Errorf("annotation %s = %q, want %s avoided for about an hour", AvoidNodesAnnotation, aw.Annotations[AvoidNodesAnnotation], bad)
+		t.Errorf("annotation %s = %q, want %s avoided for about an hour", appwrapper.AvoidNodesAnnotation, aw.Annotations[appwrapper.AvoidNodesAnnotation], bad)
 	}
 	for _, p := range h.waitRunning(name, 2) {
 		if p.Spec.NodeName == bad {
@@ -883,7 +828,7 @@ func TestQuarantinedHostAvoided(t *testing.T) {
 			t.Errorf("pod %s affinity %+v lacks NotIn [%s]", p.Name, p.Spec.Affinity, bad)
 		}
 	}
-	h.waitEvent(name, corev1.EventTypeNormal, ReasonAvoidNodes, bad)
+	h.waitEvent(name, corev1.EventTypeNormal, appwrapper.ReasonAvoidNodes, bad)
 }
 
 // TestSampleAppWrappers: MLBatch's sample AppWrappers, applied from their
@@ -893,8 +838,8 @@ func TestSampleAppWrappers(t *testing.T) {
 		file string
 		pods int
 	}{
-		{"testdata/job.yaml", 1},
-		{"testdata/job-with-podgroup.yaml", 2},
+		{"../testdata/job.yaml", 1},
+		{"../testdata/job-with-podgroup.yaml", 2},
 	} {
 		t.Run(tc.file, func(t *testing.T) {
 			h := newHarness(t, 2, nil)
@@ -918,8 +863,8 @@ func TestSampleAppWrappers(t *testing.T) {
 				h.succeed(p.Name)
 			}
 			aw = h.waitPhase(name, v1beta2.AppWrapperSucceeded)
-			h.expectCond(aw, v1beta2.QuotaReserved, False, ReasonSucceeded)
-			h.expectCond(aw, v1beta2.ResourcesDeployed, True, ReasonSucceeded)
+			h.expectCond(aw, v1beta2.QuotaReserved, False, appwrapper.ReasonSucceeded)
+			h.expectCond(aw, v1beta2.ResourcesDeployed, True, appwrapper.ReasonSucceeded)
 		})
 	}
 }
@@ -1007,12 +952,12 @@ func TestCreateErrors(t *testing.T) {
 			hist := h.watch(name)
 			h.create(appWrapper(name, ann(v1beta2.RetryLimitAnnotation, "3"), tc.template(t)))
 			aw := h.waitPhase(name, v1beta2.AppWrapperFailed)
-			h.expectCond(aw, v1beta2.Unhealthy, True, ReasonCreateFailed)
+			h.expectCond(aw, v1beta2.Unhealthy, True, appwrapper.ReasonCreateFailed)
 			if c := cond(aw, v1beta2.Unhealthy); !strings.Contains(c.Message, tc.detail) {
 				t.Errorf("Unhealthy message %q, want it to say %q", c.Message, tc.detail)
 			}
-			if c := cond2(aw.Status.ComponentStatus[0].Conditions); c.Status != False || c.Reason != ReasonComponentCreationErrored {
-				t.Errorf("component condition %s/%s, want False/%s", c.Status, c.Reason, ReasonComponentCreationErrored)
+			if c := cond2(aw.Status.ComponentStatus[0].Conditions); c.Status != False || c.Reason != appwrapper.ReasonComponentCreationErrored {
+				t.Errorf("component condition %s/%s, want False/%s", c.Status, c.Reason, appwrapper.ReasonComponentCreationErrored)
 			}
 			if ph := h.phasesThrough(hist, v1beta2.AppWrapperFailed); aw.Status.Retries != 0 || slices.Contains(ph, v1beta2.AppWrapperResetting) {
 				t.Errorf("retried: retries %d, phases %v", aw.Status.Retries, ph)
@@ -1056,16 +1001,16 @@ func TestCreateErrors(t *testing.T) {
 			), jobTemplate(t, name, 1, nil)))
 			if !lift {
 				aw := h.waitPhase(name, v1beta2.AppWrapperFailed)
-				h.expectCond(aw, v1beta2.Unhealthy, True, ReasonCreateFailed)
+				h.expectCond(aw, v1beta2.Unhealthy, True, appwrapper.ReasonCreateFailed)
 				if c := cond(aw, v1beta2.Unhealthy); !strings.Contains(c.Message, "forbidden") {
 					t.Errorf("Unhealthy message %q", c.Message)
 				}
-				h.waitEvent(name, corev1.EventTypeWarning, "Failed", "retry limit reached (0 of 0 used)", ReasonCreateFailed)
+				h.waitEvent(name, corev1.EventTypeWarning, "Failed", "retry limit reached (0 of 0 used)", appwrapper.ReasonCreateFailed)
 				return
 			}
 			aw := h.waitFor(name, "the creation refused", func(aw *v1beta2.AppWrapper) bool {
 				return len(aw.Status.ComponentStatus) == 1 &&
-					cond2(aw.Status.ComponentStatus[0].Conditions).Reason == ReasonComponentCreationErrored
+					cond2(aw.Status.ComponentStatus[0].Conditions).Reason == appwrapper.ReasonComponentCreationErrored
 			})
 			if aw.Status.Phase != v1beta2.AppWrapperResuming {
 				t.Errorf("phase %s while the error is retried, want Resuming", aw.Status.Phase)
@@ -1092,8 +1037,8 @@ func TestSuspendWhileRunning(t *testing.T) {
 	first := h.waitRunning(name, 2)
 	h.patchSuspend(name, true)
 	aw := h.waitPhase(name, v1beta2.AppWrapperSuspended)
-	h.expectCond(aw, v1beta2.QuotaReserved, False, ReasonSuspended)
-	h.expectCond(aw, v1beta2.ResourcesDeployed, False, ReasonSuspended)
+	h.expectCond(aw, v1beta2.QuotaReserved, False, appwrapper.ReasonSuspended)
+	h.expectCond(aw, v1beta2.ResourcesDeployed, False, appwrapper.ReasonSuspended)
 	if h.jobExists(name) || len(h.pods(name)) != 0 {
 		t.Errorf("resources left while suspended")
 	}
@@ -1104,4 +1049,23 @@ func TestSuspendWhileRunning(t *testing.T) {
 		}
 	}
 	h.waitEvent(name, corev1.EventTypeNormal, "Suspending", "suspend requested while running")
+}
+
+// avoided reads the hosts of the AvoidNodes annotation (host -> RFC 3339
+// expiry).
+func avoided(t *testing.T, aw *v1beta2.AppWrapper) map[string]time.Time {
+	t.Helper()
+	var m map[string]string
+	if err := json.Unmarshal([]byte(aw.Annotations[appwrapper.AvoidNodesAnnotation]), &m); err != nil {
+		t.Fatalf("annotation %s: %v", appwrapper.AvoidNodesAnnotation, err)
+	}
+	out := map[string]time.Time{}
+	for host, until := range m {
+		at, err := time.Parse(time.RFC3339, until)
+		if err != nil {
+			t.Fatalf("annotation %s: host %s: %v", appwrapper.AvoidNodesAnnotation, host, err)
+		}
+		out[host] = at
+	}
+	return out
 }

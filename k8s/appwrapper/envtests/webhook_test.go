@@ -1,4 +1,4 @@
-package appwrapper
+package envtests
 
 import (
 	"context"
@@ -27,6 +27,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/ftlauncher/ft-launcher/k8s/api/v1beta2"
+	"github.com/ftlauncher/ft-launcher/k8s/appwrapper"
 )
 
 // TestWebhook serves the admission webhook from a manager, configured by
@@ -54,10 +55,10 @@ func TestWebhook(t *testing.T) {
 
 	// The webhook configurations of deploy/k8s/webhook.yaml, reached by
 	// URL (no Service routing here), limited to ns and renamed for it.
-	shipped := ShippedWebhookCerts(ns, filepath.Join(t.TempDir(), "certs"))
+	shipped := appwrapper.ShippedWebhookCerts(ns, filepath.Join(t.TempDir(), "certs"))
 	vwc := &admissionregv1.ValidatingWebhookConfiguration{}
 	mwc := &admissionregv1.MutatingWebhookConfiguration{}
-	b, err := os.ReadFile(filepath.Join("..", "..", "deploy", "k8s", "webhook.yaml"))
+	b, err := os.ReadFile(filepath.Join("..", "..", "..", "deploy", "k8s", "webhook.yaml"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -124,7 +125,7 @@ func TestWebhook(t *testing.T) {
 		t.Errorf("a second Ensure replaced a valid certificate")
 	}
 
-	cfg := DefaultConfig()
+	cfg := appwrapper.DefaultConfig()
 	cfg.DefaultQueueName = "team-queue"
 	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{
 		Scheme:                 env.Scheme,
@@ -135,7 +136,7 @@ func TestWebhook(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := SetupWebhookWithManager(mgr, cfg); err != nil {
+	if err := appwrapper.SetupWebhookWithManager(mgr, cfg); err != nil {
 		t.Fatal(err)
 	}
 	mctx, cancel := context.WithCancel(ctx)
@@ -189,7 +190,7 @@ func TestWebhook(t *testing.T) {
 	if err != nil {
 		t.Fatalf("a Job the user may create: %v", err)
 	}
-	if ok.Labels[QueueNameLabel] != "team-queue" {
+	if ok.Labels[appwrapper.QueueNameLabel] != "team-queue" {
 		t.Errorf("labels %v: want the default queue label", ok.Labels)
 	}
 
@@ -274,7 +275,7 @@ func TestWebhook(t *testing.T) {
 func TestWebhookCertsWithShippedRBAC(t *testing.T) {
 	needEnv(t)
 	ctx := context.Background()
-	b, err := os.ReadFile(filepath.Join("..", "..", "deploy", "k8s", "rbac.yaml"))
+	b, err := os.ReadFile(filepath.Join("..", "..", "..", "deploy", "k8s", "rbac.yaml"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -291,7 +292,7 @@ func TestWebhookCertsWithShippedRBAC(t *testing.T) {
 		}
 	}
 	const ns = "ft-launcher-system"
-	shipped := ShippedWebhookCerts(ns, filepath.Join(t.TempDir(), "certs"))
+	shipped := appwrapper.ShippedWebhookCerts(ns, filepath.Join(t.TempDir(), "certs"))
 	nowhere := &metav1.LabelSelector{MatchLabels: map[string]string{"ft-launcher.dev/no-such-label": "x"}}
 	fail := admissionregv1.Fail
 	none := admissionregv1.SideEffectClassNone
@@ -345,7 +346,10 @@ func TestWebhookCertsWithShippedRBAC(t *testing.T) {
 			t.Errorf("%s not written: %v", f, err)
 		}
 	}
-	// A certificate about to expire is renewed at the next start.
+	// A certificate about to expire is renewed at the next start: the
+	// generated one is valid a year and renewed with less than 30 days left
+	// (webhookcerts.go).
+	const certValidity, certRenewBefore = 365 * 24 * time.Hour, 30 * 24 * time.Hour
 	if err := shipped.Ensure(ctx, sa, time.Now().Add(certValidity-certRenewBefore/2)); err != nil {
 		t.Fatal(err)
 	}

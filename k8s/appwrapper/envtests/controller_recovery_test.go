@@ -1,4 +1,4 @@
-package appwrapper
+package envtests
 
 import (
 	"fmt"
@@ -16,6 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/ftlauncher/ft-launcher/k8s/api/v1beta2"
+	"github.com/ftlauncher/ft-launcher/k8s/appwrapper"
 )
 
 // The tests of issue 28: a shortfall after the workload was ready, the
@@ -51,7 +52,7 @@ func (h *harness) waitUpstreamEvent(name, reason, message string) corev1.Event {
 		var seen []string
 		for _, e := range h.coreEvents(name) {
 			seen = append(seen, fmt.Sprintf("%s/%s/%s: %s", e.Source.Component, e.Type, e.Reason, e.Message))
-			if e.Source.Component == UpstreamEventSource && e.Type == corev1.EventTypeNormal && e.Reason == reason && re.MatchString(e.Message) {
+			if e.Source.Component == appwrapper.UpstreamEventSource && e.Type == corev1.EventTypeNormal && e.Reason == reason && re.MatchString(e.Message) {
 				found = e
 				return true, ""
 			}
@@ -77,7 +78,7 @@ func firstNotReady(hist *history) (metav1.Time, bool) {
 		switch {
 		case c.Status == True:
 			ready = true
-		case ready && c.Status == False && c.Reason == ReasonInsufficientPodsReady:
+		case ready && c.Status == False && c.Reason == appwrapper.ReasonInsufficientPodsReady:
 			return c.LastTransitionTime, true
 		}
 	}
@@ -126,7 +127,7 @@ func TestShortfallAfterReady(t *testing.T) {
 			h.kubelet.Pause() // the replacement is not started
 			h.deletePod(pods[0].Name)
 			aw = h.waitFor(name, "PodsReady False (InsufficientPodsReady)", func(aw *v1beta2.AppWrapper) bool {
-				return cond(aw, v1beta2.PodsReady).Reason == ReasonInsufficientPodsReady
+				return cond(aw, v1beta2.PodsReady).Reason == appwrapper.ReasonInsufficientPodsReady
 			})
 			if aw.Status.Phase != v1beta2.AppWrapperRunning {
 				t.Fatalf("the dip was not tolerated: %s", describe(aw))
@@ -148,7 +149,7 @@ func TestShortfallAfterReady(t *testing.T) {
 				if slices.Contains(hist.phases(), v1beta2.AppWrapperResetting) {
 					t.Errorf("phases %v: a replaced pod reset the workload", hist.phases())
 				}
-				h.expectCond(aw, v1beta2.Unhealthy, False, ReasonFoundNoFailedPods)
+				h.expectCond(aw, v1beta2.Unhealthy, False, appwrapper.ReasonFoundNoFailedPods)
 				return
 			}
 
@@ -156,7 +157,7 @@ func TestShortfallAfterReady(t *testing.T) {
 			if aw.Status.Retries != 1 {
 				t.Errorf("retries %d, want 1", aw.Status.Retries)
 			}
-			h.expectCond(aw, v1beta2.Unhealthy, True, ReasonInsufficientPodsReady)
+			h.expectCond(aw, v1beta2.Unhealthy, True, appwrapper.ReasonInsufficientPodsReady)
 			dip, ok := firstNotReady(hist)
 			if !ok {
 				t.Fatalf("the watch never saw PodsReady turn False after True")
@@ -166,8 +167,8 @@ func TestShortfallAfterReady(t *testing.T) {
 			if earliest := dip.Add(3*time.Second - time.Second); unhealthy.Time.Before(earliest) {
 				t.Errorf("reset decided at %v, before PodsReady False (%v) + the 3s failure grace", unhealthy, dip)
 			}
-			h.waitEvent(name, corev1.EventTypeWarning, "Resetting", "attempt 1 of 3", ReasonInsufficientPodsReady, "timed from PodsReady turning False")
-			h.waitUpstreamEvent(name, ReasonUnhealthy, `InsufficientPodsReady: [01] pods pending; 1 pods running; 0 pods succeeded`)
+			h.waitEvent(name, corev1.EventTypeWarning, "Resetting", "attempt 1 of 3", appwrapper.ReasonInsufficientPodsReady, "timed from PodsReady turning False")
+			h.waitUpstreamEvent(name, appwrapper.ReasonUnhealthy, `InsufficientPodsReady: [01] pods pending; 1 pods running; 0 pods succeeded`)
 			h.kubelet.Resume()
 			h.waitPhase(name, v1beta2.AppWrapperRunning)
 			h.waitRunning(name, 2)
@@ -193,8 +194,8 @@ func TestReevaluateWhileRunning(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var dropping atomic.Bool
-			h := newHarnessWith(t, 1, func(c *Config) { c.ReevaluatePeriod = Duration{tc.period} }, func(r *Reconciler) {
-				r.dropPodEvent = func(o client.Object) bool {
+			h := newHarnessWith(t, 1, func(c *appwrapper.Config) { c.ReevaluatePeriod = appwrapper.Duration{Duration: tc.period} }, func(r *appwrapper.Reconciler) {
+				r.SetTestHooks(appwrapper.TestHooks{DropEvent: func(o client.Object) bool {
 					if !dropping.Load() {
 						return false
 					}
@@ -205,7 +206,7 @@ func TestReevaluateWhileRunning(t *testing.T) {
 						return true
 					}
 					return false
-				}
+				}})
 			})
 			const name = "periodic"
 			h.create(appWrapper(name, ann(
@@ -228,13 +229,13 @@ func TestReevaluateWhileRunning(t *testing.T) {
 				return
 			}
 			aw := h.waitPhase(name, v1beta2.AppWrapperResetting)
-			h.expectCond(aw, v1beta2.Unhealthy, True, ReasonFoundFailedPods)
+			h.expectCond(aw, v1beta2.Unhealthy, True, appwrapper.ReasonFoundFailedPods)
 			took := time.Since(failed)
 			t.Logf("pod failure -> Resetting in %v (period %v, events dropped %v)", took.Round(time.Millisecond), tc.period, tc.drop)
 			if !tc.drop && took > time.Minute {
 				t.Errorf("with events flowing the failure took %v, the watch did not drive it", took)
 			}
-			h.waitUpstreamEvent(name, ReasonUnhealthy, "FoundFailedPods: 1 failed pods")
+			h.waitUpstreamEvent(name, appwrapper.ReasonUnhealthy, "FoundFailedPods: 1 failed pods")
 		})
 	}
 }
@@ -310,7 +311,7 @@ func TestDeadNodePodsForced(t *testing.T) {
 		{name: "still ready, then unknown", bound: 0, later: setReady(corev1.ConditionUnknown, 0)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			h := newHarness(t, 2, func(c *Config) { c.DeadNodeGracePeriod = Duration{tc.bound} })
+			h := newHarness(t, 2, func(c *appwrapper.Config) { c.DeadNodeGracePeriod = appwrapper.Duration{Duration: tc.bound} })
 			const name = "deadnode"
 			h.create(appWrapper(name, ann(
 				v1beta2.FailureGracePeriodDurationAnnotation, "0s",
@@ -363,7 +364,7 @@ func TestDeadNodePodsForced(t *testing.T) {
 			}
 			h.eventually("the dead node's pod deleted", gone)
 			forced := time.Now()
-			h.waitEvent(name, corev1.EventTypeNormal, ReasonLostPodsForced, lost.Name, deadNode)
+			h.waitEvent(name, corev1.EventTypeNormal, appwrapper.ReasonLostPodsForced, lost.Name, deadNode)
 			if tc.waitFor > 0 && forced.Sub(marked) < tc.waitFor-time.Second {
 				t.Errorf("forced %v after the node turned Unknown, before the %v bound", forced.Sub(marked), tc.waitFor)
 			}
@@ -404,8 +405,8 @@ func TestUpstreamEvents(t *testing.T) {
 	pods := h.waitRunning(name, 1)
 	h.fail(pods[0].Name, 1, "")
 	h.waitPhase(name, v1beta2.AppWrapperResetting)
-	h.waitUpstreamEvent(name, ReasonUnhealthy, "FailedComponent: Found 1 failed components")
-	h.waitEvent(name, corev1.EventTypeNormal, ReasonUnhealthy, ReasonFailedComponent) // ours, kept
+	h.waitUpstreamEvent(name, appwrapper.ReasonUnhealthy, "FailedComponent: Found 1 failed components")
+	h.waitEvent(name, corev1.EventTypeNormal, appwrapper.ReasonUnhealthy, appwrapper.ReasonFailedComponent) // ours, kept
 	h.patchSuspend(name, true)
 	h.waitPhase(name, v1beta2.AppWrapperSuspended)
 	h.waitUpstreamEvent(name, string(v1beta2.AppWrapperSuspending), "Externally suspended while in the Resetting phase")

@@ -1,4 +1,10 @@
-package appwrapper
+// Package envtests tests the AppWrapper reconciler and admission webhook of
+// k8s/appwrapper against a real kube-apiserver, etcd and
+// kube-controller-manager (k8stest). They live apart from the package so
+// that its pure tests (the decisions: assess, params, pod sets, summaries,
+// injection) run on any machine; TestMain here fails the run without the
+// control-plane binaries unless FTL_K8S_TESTS=skip.
+package envtests
 
 import (
 	"context"
@@ -13,7 +19,6 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/funcr"
-	dto "github.com/prometheus/client_model/go"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
@@ -28,10 +33,12 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/config"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/yaml"
 
 	"github.com/ftlauncher/ft-launcher/k8s/api/v1beta2"
+	"github.com/ftlauncher/ft-launcher/k8s/appwrapper"
 	"github.com/ftlauncher/ft-launcher/k8s/k8stest"
 	"github.com/ftlauncher/ft-launcher/verdict"
 )
@@ -70,7 +77,7 @@ type harness struct {
 	ns      string
 	ctx     context.Context
 	c       client.Client
-	r       *Reconciler
+	r       *appwrapper.Reconciler
 	kubelet *k8stest.Kubelet
 	nodes   []string
 }
@@ -93,14 +100,14 @@ func (l *testLog) write(prefix, args string) {
 // newHarness starts a manager running the reconciler with DefaultConfig
 // changed by mutate, and a stand-in kubelet serving nodes named
 // <namespace>-n0 ... (cluster-scoped, so unique per test).
-func newHarness(t *testing.T, nodes int, mutate func(*Config)) *harness {
+func newHarness(t *testing.T, nodes int, mutate func(*appwrapper.Config)) *harness {
 	t.Helper()
 	return newHarnessWith(t, nodes, mutate, nil)
 }
 
 // newHarnessWith is newHarness with setup called on the reconciler before
 // its watches are registered.
-func newHarnessWith(t *testing.T, nodes int, mutate func(*Config), setup func(*Reconciler)) *harness {
+func newHarnessWith(t *testing.T, nodes int, mutate func(*appwrapper.Config), setup func(*appwrapper.Reconciler)) *harness {
 	t.Helper()
 	needEnv(t)
 	t.Parallel()
@@ -109,14 +116,14 @@ func newHarnessWith(t *testing.T, nodes int, mutate func(*Config), setup func(*R
 	for i := range nodes {
 		h.nodes = append(h.nodes, fmt.Sprintf("%s-n%d", ns, i))
 	}
-	cfg := DefaultConfig()
+	cfg := appwrapper.DefaultConfig()
 	if mutate != nil {
 		mutate(&cfg)
 	}
 
 	tl := &testLog{t: t}
 	copts := cache.Options{DefaultNamespaces: map[string]cache.Config{ns: {}}}
-	ConfigureCache(&copts)
+	appwrapper.ConfigureCache(&copts)
 	skip := true
 	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{
 		Scheme:                 env.Scheme,
@@ -130,7 +137,7 @@ func newHarnessWith(t *testing.T, nodes int, mutate func(*Config), setup func(*R
 	if err != nil {
 		t.Fatalf("manager: %v", err)
 	}
-	if h.r, err = NewReconciler(mgr, cfg); err != nil {
+	if h.r, err = appwrapper.NewReconciler(mgr, cfg); err != nil {
 		t.Fatalf("reconciler: %v", err)
 	}
 	if setup != nil {
@@ -425,14 +432,29 @@ func (h *harness) waitEvent(name, typ, reason string, parts ...string) eventsv1.
 	return found
 }
 
-// phaseCount reads the phase counter of this test's namespace.
+// phaseCount reads the phase counter of this test's namespace from
+// controller-runtime's registry, where NewReconciler registers it.
 func (h *harness) phaseCount(phase v1beta2.AppWrapperPhase) float64 {
 	h.t.Helper()
-	m := &dto.Metric{}
-	if err := h.r.phases.WithLabelValues(h.ns, string(phase)).Write(m); err != nil {
+	mfs, err := ctrlmetrics.Registry.Gather()
+	if err != nil {
 		h.t.Fatal(err)
 	}
-	return m.GetCounter().GetValue()
+	for _, mf := range mfs {
+		if mf.GetName() != "appwrapper_phase_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			if labels["namespace"] == h.ns && labels["phase"] == string(phase) {
+				return m.GetCounter().GetValue()
+			}
+		}
+	}
+	return 0
 }
 
 // history watches one AppWrapper and keeps every version the API server
