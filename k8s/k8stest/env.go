@@ -12,6 +12,7 @@ package k8stest
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"os"
 	"os/exec"
@@ -211,6 +212,12 @@ func (e *Env) Stop() error {
 // one that needs the control plane ends in Need (a skip naming what is
 // missing, or a failure under CI).
 func Main(m *testing.M, env **Env) {
+	// The fast lane (go test -short) starts no control plane: every test
+	// that needs one ends in Need with a -short skip.
+	flag.Parse()
+	if testing.Short() {
+		os.Exit(m.Run())
+	}
 	if _, err := Assets(); err != nil {
 		if os.Getenv("FTL_K8S_TESTS") == "skip" {
 			fmt.Fprintln(os.Stderr, "k8stest: no control plane (FTL_K8S_TESTS=skip):", err)
@@ -244,6 +251,7 @@ func Need(t testing.TB, env *Env) {
 	if env != nil {
 		return
 	}
+	testenv.SkipShort(t, "a real Kubernetes control plane")
 	testenv.Missing(t, testenv.ControlPlane, fmt.Sprintf("FTL_K8S_TESTS=skip, and KUBEBUILDER_ASSETS=%q lacks etcd, kube-apiserver or kube-controller-manager", os.Getenv("KUBEBUILDER_ASSETS")))
 }
 
