@@ -1,0 +1,132 @@
+package kubelettest_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/ftlauncher/ft-launcher/internal/testenv"
+	"github.com/ftlauncher/ft-launcher/k8s/k8stest"
+	"github.com/ftlauncher/ft-launcher/k8s/kubelettest"
+)
+
+var env *k8stest.Env
+
+func TestMain(m *testing.M) { k8stest.Main(m, &env) }
+
+// startCluster builds the box program and its images and starts one real
+// node (or reports the lane missing: a skip, or a failure under CI).
+func startCluster(t *testing.T, nodes int) *kubelettest.Cluster {
+	t.Helper()
+	k8stest.Need(t, env)
+	if err := kubelettest.Check(); err != nil {
+		testenv.Missing(t, testenv.RealContainers, err.Error())
+	}
+	dir := t.TempDir()
+	box := filepath.Join(dir, "box")
+	build := exec.Command("go", "build", "-o", box, "./testdata/box")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build box: %v\n%s", err, out)
+	}
+	images := []kubelettest.Image{
+		{Ref: kubelettest.PauseImage, Files: map[string]string{"/box": box}, Entrypoint: []string{"/box", "pause"}},
+		{Ref: "ftl.local/box:1", Files: map[string]string{"/box": box}, Entrypoint: []string{"/box"}},
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	start := time.Now()
+	c, err := kubelettest.Start(ctx, env, nodes, images)
+	if err != nil {
+		t.Fatalf("start real nodes: %v", err)
+	}
+	t.Logf("%d real node(s) Ready in %v", nodes, time.Since(start).Round(time.Millisecond))
+	t.Cleanup(func() {
+		if t.Failed() {
+			for _, n := range c.Nodes {
+				t.Log(n.Logs())
+			}
+		}
+		start := time.Now()
+		if err := c.Stop(); err != nil {
+			t.Errorf("stop real nodes: %v", err)
+		}
+		t.Logf("real nodes stopped in %v", time.Since(start).Round(time.Millisecond))
+	})
+	return c
+}
+
+// A pod with a locally built image runs to completion in a real container
+// on a real kubelet, placed by the real scheduler; its exit code and
+// termination message are read back from the API.
+func TestRealPodTerminationMessage(t *testing.T) {
+	c := startCluster(t, 1)
+	ns := env.Namespace(t)
+	cases := []struct {
+		name  string
+		code  int32
+		phase corev1.PodPhase
+	}{
+		{"succeeded", 0, corev1.PodSucceeded},
+		{"failed", 3, corev1.PodFailed},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+			defer cancel()
+			msg := "ftl termination message " + tc.name
+			no := false
+			pod := &corev1.Pod{
+				ObjectMeta: metav1.ObjectMeta{Name: "box-" + tc.name, Namespace: ns},
+				Spec: corev1.PodSpec{
+					HostNetwork:                  true,
+					RestartPolicy:                corev1.RestartPolicyNever,
+					AutomountServiceAccountToken: &no,
+					Containers: []corev1.Container{{
+						Name: "box", Image: "ftl.local/box:1", ImagePullPolicy: corev1.PullNever,
+						Args: []string{"exit", itoa(tc.code), msg},
+					}},
+				},
+			}
+			start := time.Now()
+			if _, err := env.Clientset.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+				t.Fatalf("create pod: %v", err)
+			}
+			var got *corev1.Pod
+			for {
+				p, err := env.Clientset.CoreV1().Pods(ns).Get(ctx, pod.Name, metav1.GetOptions{})
+				if err != nil {
+					t.Fatalf("pod %s: %v (last seen %+v)", pod.Name, err, got)
+				}
+				got = p
+				if p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+					break
+				}
+				time.Sleep(200 * time.Millisecond)
+			}
+			t.Logf("pod %s %s on %s in %v", pod.Name, got.Status.Phase, got.Spec.NodeName, time.Since(start).Round(time.Millisecond))
+			if got.Status.Phase != tc.phase {
+				t.Errorf("phase %s, want %s (status %+v)", got.Status.Phase, tc.phase, got.Status)
+			}
+			if got.Spec.NodeName != c.Nodes[0].Name {
+				t.Errorf("node %q, want %q (the scheduler binds it)", got.Spec.NodeName, c.Nodes[0].Name)
+			}
+			if len(got.Status.ContainerStatuses) != 1 || got.Status.ContainerStatuses[0].State.Terminated == nil {
+				t.Fatalf("container status %+v, want one terminated container", got.Status.ContainerStatuses)
+			}
+			term := got.Status.ContainerStatuses[0].State.Terminated
+			if term.ExitCode != tc.code || term.Message != msg {
+				t.Errorf("terminated exit code %d message %q, want %d %q", term.ExitCode, term.Message, tc.code, msg)
+			}
+		})
+	}
+}
+
+func itoa(n int32) string { return fmt.Sprint(n) }
