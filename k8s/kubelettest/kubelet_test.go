@@ -15,6 +15,7 @@ import (
 	"github.com/ftlauncher/ft-launcher/internal/testenv"
 	"github.com/ftlauncher/ft-launcher/k8s/k8stest"
 	"github.com/ftlauncher/ft-launcher/k8s/kubelettest"
+	"github.com/ftlauncher/ft-launcher/verdict"
 )
 
 var env *k8stest.Env
@@ -30,15 +31,17 @@ func startCluster(t *testing.T, nodes int) *kubelettest.Cluster {
 		testenv.Missing(t, testenv.RealContainers, err.Error())
 	}
 	dir := t.TempDir()
-	box := filepath.Join(dir, "box")
-	build := exec.Command("go", "build", "-o", box, "./testdata/box")
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build box: %v\n%s", err, out)
+	box, launcher := filepath.Join(dir, "box"), filepath.Join(dir, "ft-launcher")
+	for _, b := range []struct{ out, pkg string }{{box, "./testdata/box"}, {launcher, "../../cmd/ft-launcher"}} {
+		build := exec.Command("go", "build", "-o", b.out, b.pkg)
+		build.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := build.CombinedOutput(); err != nil {
+			t.Fatalf("build %s: %v\n%s", b.pkg, err, out)
+		}
 	}
 	images := []kubelettest.Image{
 		{Ref: kubelettest.PauseImage, Files: map[string]string{"/box": box}, Entrypoint: []string{"/box", "pause"}},
-		{Ref: "ftl.local/box:1", Files: map[string]string{"/box": box}, Entrypoint: []string{"/box"}},
+		{Ref: "ftl.local/box:1", Files: map[string]string{"/box": box, "/ft-launcher": launcher}, Entrypoint: []string{"/box"}},
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -130,3 +133,79 @@ func TestRealPodTerminationMessage(t *testing.T) {
 }
 
 func itoa(n int32) string { return fmt.Sprint(n) }
+
+// runPod creates pod and waits until it has ended (Succeeded or Failed).
+func runPod(t *testing.T, pod *corev1.Pod) *corev1.Pod {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	no := false
+	pod.Spec.HostNetwork = true
+	pod.Spec.RestartPolicy = corev1.RestartPolicyNever
+	pod.Spec.AutomountServiceAccountToken = &no
+	start := time.Now()
+	if _, err := env.Clientset.CoreV1().Pods(pod.Namespace).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create pod: %v", err)
+	}
+	for {
+		p, err := env.Clientset.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatalf("pod %s: %v", pod.Name, err)
+		}
+		if p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+			t.Logf("pod %s %s on %s in %v", pod.Name, p.Status.Phase, p.Spec.NodeName, time.Since(start).Round(time.Millisecond))
+			return p
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// The real ft-launcher runs as a pod's container command in a real
+// container, its rank a tiny static program that fails: the launcher's
+// verdict is the pod's termination message, as the AppWrapper controller
+// reads it.
+func TestRealPodRunsFTLauncher(t *testing.T) {
+	startCluster(t, 1)
+	ns := env.Namespace(t)
+	pod := runPod(t, &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "launcher", Namespace: ns},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{
+			Name: "launcher", Image: "ftl.local/box:1", ImagePullPolicy: corev1.PullNever,
+			Command: []string{"/ft-launcher", "--termination-log", "/dev/termination-log", "--log-dir", "/tmp/logs",
+				"--nproc-per-node", "1", "--max-restarts", "1", "--no-python", "/box", "code", "3"},
+			Env: []corev1.EnvVar{{Name: "JOB_COMPLETION_INDEX", Value: "0"}, {Name: "TMPDIR", Value: "/tmp"}},
+		}}},
+	})
+	if pod.Status.Phase != corev1.PodFailed || len(pod.Status.ContainerStatuses) != 1 || pod.Status.ContainerStatuses[0].State.Terminated == nil {
+		t.Fatalf("pod %s, statuses %+v: want Failed with a terminated container", pod.Status.Phase, pod.Status.ContainerStatuses)
+	}
+	term := pod.Status.ContainerStatuses[0].State.Terminated
+	v, err := verdict.Parse([]byte(term.Message))
+	if err != nil {
+		t.Fatalf("termination message %q (exit %d): %v", term.Message, term.ExitCode, err)
+	}
+	t.Logf("exit %d, verdict %+v", term.ExitCode, v)
+	if term.ExitCode != 1 || v.Kind != verdict.RestartBudgetExhausted {
+		t.Errorf("exit %d verdict kind %q, want exit 1 and %q (message %q)", term.ExitCode, v.Kind, verdict.RestartBudgetExhausted, term.Message)
+	}
+}
+
+// Two kubelets on one machine, each with its own containerd, root folder,
+// ports and cgroups: the scheduler places a pod on each.
+func TestRealTwoNodes(t *testing.T) {
+	c := startCluster(t, 2)
+	ns := env.Namespace(t)
+	for _, n := range c.Nodes {
+		pod := runPod(t, &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: "on-" + n.Name, Namespace: ns},
+			Spec: corev1.PodSpec{
+				NodeSelector: map[string]string{"kubernetes.io/hostname": n.Name},
+				Containers: []corev1.Container{{Name: "box", Image: "ftl.local/box:1", ImagePullPolicy: corev1.PullNever,
+					Args: []string{"exit", "0", "ran on " + n.Name}}},
+			},
+		})
+		if pod.Status.Phase != corev1.PodSucceeded || pod.Spec.NodeName != n.Name {
+			t.Errorf("pod %s: %s on %q, want Succeeded on %q", pod.Name, pod.Status.Phase, pod.Spec.NodeName, n.Name)
+		}
+	}
+}

@@ -1,6 +1,7 @@
 // Command box is the tiny static program the real-container tests run in
 // their images: the pod sandbox ("pause": wait for SIGTERM) and a worker
-// ("exit CODE MESSAGE": write MESSAGE to the termination log, exit CODE).
+// ("exit CODE MESSAGE": write MESSAGE to the termination log, exit CODE;
+// "code CODE": exit CODE, as a rank under ft-launcher).
 package main
 
 import (
@@ -21,6 +22,14 @@ func main() {
 		c := make(chan os.Signal, 1)
 		signal.Notify(c, syscall.SIGTERM, syscall.SIGINT)
 		<-c
+	case "code":
+		code, err := strconv.Atoi(os.Args[len(os.Args)-1])
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "box: exit code %q: %v\n", os.Args[len(os.Args)-1], err)
+			os.Exit(2)
+		}
+		fmt.Println("box: rank exiting with", code)
+		os.Exit(code)
 	case "exit":
 		if len(os.Args) != 4 {
 			fmt.Fprintln(os.Stderr, "usage: box exit CODE MESSAGE")
@@ -38,7 +47,7 @@ func main() {
 		fmt.Println("box: exiting with", code)
 		os.Exit(code)
 	default:
-		fmt.Fprintf(os.Stderr, "box: unknown mode %q (allowed: pause, exit)\n", os.Args[1])
+		fmt.Fprintf(os.Stderr, "box: unknown mode %q (allowed: pause, code, exit)\n", os.Args[1])
 		os.Exit(2)
 	}
 }
