@@ -45,6 +45,11 @@ import (
 // plugins.
 const CNIDir = "/usr/lib/cni"
 
+// NodeMonitorGracePeriod is how long after its kubelet's last heartbeat
+// the node lifecycle controller marks a node NotReady (the default is 50 s;
+// the kubelets renew their lease every 2 s).
+const NodeMonitorGracePeriod = 10 * time.Second
+
 // PauseImage is the sandbox image every containerd is configured with; the
 // caller imports an image of that name (see Start).
 const PauseImage = "ftl.local/pause:1"
@@ -191,7 +196,8 @@ func Start(ctx context.Context, env *k8stest.Env, nodes int, images []Image) (_ 
 		return nil, err
 	}
 	if c.kcm, err = startProc(filepath.Join(dir, "kube-controller-manager.log"), filepath.Join(assets, "kube-controller-manager"),
-		"--kubeconfig="+kcmKC, "--controllers=nodelifecycle", "--leader-elect=false", "--secure-port=0"); err != nil {
+		"--kubeconfig="+kcmKC, "--controllers=nodelifecycle", "--leader-elect=false", "--secure-port=0",
+		"--node-monitor-grace-period="+NodeMonitorGracePeriod.String(), "--node-monitor-period=1s"); err != nil {
 		return nil, err
 	}
 	for i := 0; i < nodes; i++ {
@@ -306,9 +312,12 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
 		"imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99,
 		"serializeImagePulls":       false,
 		"nodeStatusUpdateFrequency": "2s",
-		"syncFrequency":             "5s",
-		"maxPods":                   30,
-		"resolvConf":                "",
+		// Renewed every quarter of it: 2 s, well within
+		// NodeMonitorGracePeriod.
+		"nodeLeaseDurationSeconds": 8,
+		"syncFrequency":            "5s",
+		"maxPods":                  30,
+		"resolvConf":               "",
 	})
 	if err != nil {
 		return fmt.Errorf("kubelettest: kubelet config: %w", err)

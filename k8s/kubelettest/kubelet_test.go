@@ -209,3 +209,80 @@ func TestRealTwoNodes(t *testing.T) {
 		}
 	}
 }
+
+// A node whose kubelet is killed turns NotReady after the node monitor
+// grace; a pod on it that is deleted gracefully stays Terminating (nothing
+// runs its shutdown) until it is force-deleted. Its container is still
+// running, and Stop cleans it up.
+func TestRealDeadNode(t *testing.T) {
+	c := startCluster(t, 2)
+	ns := env.Namespace(t)
+	dead := c.Nodes[1]
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	no := false
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "sleeper", Namespace: ns},
+		Spec: corev1.PodSpec{
+			HostNetwork: true, RestartPolicy: corev1.RestartPolicyNever, AutomountServiceAccountToken: &no,
+			NodeSelector: map[string]string{"kubernetes.io/hostname": dead.Name},
+			Containers: []corev1.Container{{Name: "box", Image: "ftl.local/box:1", ImagePullPolicy: corev1.PullNever,
+				Args: []string{"pause"}}},
+		},
+	}
+	pods := env.Clientset.CoreV1().Pods(ns)
+	if _, err := pods.Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create pod: %v", err)
+	}
+	waitPod(ctx, t, ns, pod.Name, "Running", func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning })
+
+	killed := time.Now()
+	dead.StopKubelet()
+	for {
+		n, err := env.Clientset.CoreV1().Nodes().Get(ctx, dead.Name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatalf("node %s: %v", dead.Name, err)
+		}
+		ready := corev1.ConditionTrue
+		for _, cond := range n.Status.Conditions {
+			if cond.Type == corev1.NodeReady {
+				ready = cond.Status
+			}
+		}
+		if ready != corev1.ConditionTrue {
+			t.Logf("node %s Ready=%s %v after its kubelet was killed (grace %v)", dead.Name, ready, time.Since(killed).Round(time.Millisecond), kubelettest.NodeMonitorGracePeriod)
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if err := pods.Delete(ctx, pod.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatalf("delete pod: %v", err)
+	}
+	time.Sleep(5 * time.Second)
+	p, err := pods.Get(ctx, pod.Name, metav1.GetOptions{})
+	if err != nil || p.DeletionTimestamp == nil {
+		t.Fatalf("pod of the dead node 5 s after a graceful delete: %v, %+v; want it Terminating", err, p)
+	}
+	zero := int64(0)
+	if err := pods.Delete(ctx, pod.Name, metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil {
+		t.Fatalf("force delete: %v", err)
+	}
+	if _, err := pods.Get(ctx, pod.Name, metav1.GetOptions{}); err == nil {
+		t.Errorf("pod still there after a forced delete")
+	}
+}
+
+// waitPod polls pod ns/name until cond holds.
+func waitPod(ctx context.Context, t *testing.T, ns, name, what string, cond func(*corev1.Pod) bool) *corev1.Pod {
+	t.Helper()
+	for {
+		p, err := env.Clientset.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatalf("pod %s (waiting for %s): %v", name, what, err)
+		}
+		if cond(p) {
+			return p
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
