@@ -106,13 +106,13 @@ type Cluster struct {
 // systemPaths are created whatever the configuration says: the kubelet's
 // device-plugin socket folder (a constant in the kubelet) and containerd
 // 1.6's shim socket folder.
-var systemPaths = []string{"/var/lib/kubelet", "/run/containerd"}
+func systemPaths() []string { return []string{"/var/lib/kubelet", "/run/containerd"} }
 
 // kubeletChains are the iptables chains the kubelet creates at start (and
 // recreates every minute while it runs), with the rules that jump to them.
-var kubeletChains = []struct{ table, chain string }{
-	{"mangle", "KUBE-IPTABLES-HINT"}, {"mangle", "KUBE-KUBELET-CANARY"}, {"nat", "KUBE-KUBELET-CANARY"},
-	{"filter", "KUBE-KUBELET-CANARY"}, {"filter", "KUBE-FIREWALL"},
+func kubeletChains() [][2]string {
+	return [][2]string{{"mangle", "KUBE-IPTABLES-HINT"}, {"mangle", "KUBE-KUBELET-CANARY"}, {"nat", "KUBE-KUBELET-CANARY"},
+		{"filter", "KUBE-KUBELET-CANARY"}, {"filter", "KUBE-FIREWALL"}}
 }
 
 // Node is one kubelet with its containerd.
@@ -136,8 +136,10 @@ type proc struct {
 
 // kernelTunables are the sysctls the kubelet sets at start
 // (protectKernelDefaults false); Stop puts the old values back.
-var kernelTunables = []string{"vm/overcommit_memory", "vm/panic_on_oom", "kernel/panic", "kernel/panic_on_oops",
-	"kernel/keys/root_maxkeys", "kernel/keys/root_maxbytes"}
+func kernelTunables() []string {
+	return []string{"vm/overcommit_memory", "vm/panic_on_oom", "kernel/panic", "kernel/panic_on_oops",
+		"kernel/keys/root_maxkeys", "kernel/keys/root_maxbytes"}
+}
 
 // Start starts kube-scheduler and nodes kubelets named ftl-node-0, ...,
 // each with its own containerd into which the images are imported (one of
@@ -160,12 +162,12 @@ func Start(ctx context.Context, env *k8stest.Env, nodes int, images []Image) (_ 
 			}
 		}
 	}()
-	for _, k := range kernelTunables {
+	for _, k := range kernelTunables() {
 		if b, err := os.ReadFile("/proc/sys/" + k); err == nil {
 			c.sysctl[k] = strings.TrimSpace(string(b))
 		}
 	}
-	for _, p := range systemPaths {
+	for _, p := range systemPaths() {
 		if _, err := os.Lstat(p); os.IsNotExist(err) {
 			c.absent = append(c.absent, p)
 		}
@@ -751,9 +753,9 @@ func iptablesCommands() []string {
 func iptablesChains() map[string]bool {
 	have := map[string]bool{}
 	for _, b := range iptablesCommands() {
-		for _, kc := range kubeletChains {
-			if exec.Command(b, "-w", "-t", kc.table, "-S", kc.chain).Run() == nil {
-				have[b+" "+kc.table+" "+kc.chain] = true
+		for _, kc := range kubeletChains() {
+			if exec.Command(b, "-w", "-t", kc[0], "-S", kc[1]).Run() == nil {
+				have[b+" "+kc[0]+" "+kc[1]] = true
 			}
 		}
 	}
