@@ -47,12 +47,20 @@ present() {
     # ft-resumer report's tests render the HTML in headless Chromium
     # (never used at run time).
     chromium) command -v chromium >/dev/null 2>&1 ;;
+    # The real-container lane (k8s/kubelettest): a kubelet runs pods
+    # through Debian's containerd 1.6 and runc, with Debian's CNI plugins.
+    # The harness starts its own containerd (own socket, root and state
+    # dirs); a system one, where a service manager starts it, is not used.
+    containerd) command -v containerd >/dev/null 2>&1 && command -v ctr >/dev/null 2>&1 ;;
+    runc) command -v runc >/dev/null 2>&1 ;;
+    containernetworking-plugins) [ -x "$root/usr/lib/cni/bridge" ] && [ -x "$root/usr/lib/cni/host-local" ] && [ -x "$root/usr/lib/cni/loopback" ] ;;
     *) return 1 ;;
   esac
 }
 
 all=(python3 python3-torch python3-pip etcd-server iproute2 util-linux procps
-  munge slurmctld slurmd slurm-client gcc libc6-dev chromium)
+  munge slurmctld slurmd slurm-client gcc libc6-dev chromium
+  containerd runc containernetworking-plugins)
 
 mode=install
 case ${1:-} in

@@ -21,13 +21,15 @@ unformatted=$(gofmt -l $(git ls-files '*.go' 2>/dev/null || find . -name '*.go')
 if [ -n "$unformatted" ]; then echo "gofmt needed:"; echo "$unformatted"; exit 1; fi
 echo "== go vet"
 go vet ./...
-echo "== Kubernetes test binaries (etcd, kube-apiserver, kube-controller-manager)"
+echo "== Kubernetes test binaries (etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubelet)"
 # Built from the Go module proxy and cached under ~/.cache/ft-launcher/k8s:
 # about 9 minutes the first time, instant after. Without them the k8s
 # packages' tests fail, unless FTL_K8S_TESTS=skip is set (then they skip,
-# except under CI, where they fail naming what is missing).
+# except under CI, where they fail naming what is missing). The kubelet and
+# kube-scheduler (FTL_K8S_KUBELET=1, about 6 more minutes the first time)
+# are for k8s/kubelettest's real containers.
 if [ -z "${KUBEBUILDER_ASSETS:-}" ] && [ "${FTL_K8S_TESTS:-}" != skip ]; then
-  KUBEBUILDER_ASSETS=$(./scripts/k8s-assets.sh)
+  KUBEBUILDER_ASSETS=$(FTL_K8S_KUBELET=1 ./scripts/k8s-assets.sh)
   export KUBEBUILDER_ASSETS
 fi
 

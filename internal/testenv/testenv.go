@@ -54,13 +54,17 @@ const (
 	GPU           Requirement = "an NVIDIA GPU with nvidia-smi"
 )
 
+// RealContainers is k8s/kubelettest's lane: a kubelet and kube-scheduler in
+// KUBEBUILDER_ASSETS, containerd, runc and the CNI plugins.
+const RealContainers Requirement = "a kubelet, kube-scheduler, containerd, runc and the CNI plugins"
+
 // DebianPython is Debian's interpreter: the python3 first on PATH may be
 // another one without Debian's packages.
 const DebianPython = "/usr/bin/python3"
 
 // All lists every requirement.
 func All() []Requirement {
-	return []Requirement{Root, Slurm, Cgroups, CgroupV2Kill, NetNamespaces, PIDNamespaces, ControlPlane,
+	return []Requirement{Root, Slurm, Cgroups, CgroupV2Kill, NetNamespaces, PIDNamespaces, ControlPlane, RealContainers,
 		Torch, SystemPython, Pip, Etcd, Procps, CGo, Chromium, DevFull, DevZero, GPU}
 }
 
@@ -101,6 +105,9 @@ func (r Requirement) Info() Info {
 		return Info{Packages: []string{"util-linux"}, Slow: true, How: "run as root (unshare --pid)", check: asRoot("unshare")}
 	case ControlPlane:
 		return Info{Slow: true, How: "build them once with `export KUBEBUILDER_ASSETS=$(scripts/k8s-assets.sh)` (scripts/test.sh does; about 9 minutes the first time)"}
+	case RealContainers:
+		return Info{Packages: []string{"containerd", "runc", "containernetworking-plugins"}, Slow: true,
+			How: "run as root; build the kubelet and kube-scheduler with `export KUBEBUILDER_ASSETS=$(FTL_K8S_KUBELET=1 scripts/k8s-assets.sh)` (k8s/kubelettest.Check says what is missing)"}
 	case Torch:
 		return Info{Packages: []string{"python3-torch"}, Slow: true, check: func() error {
 			out, err := exec.Command(DebianPython, "-c", "import torch").CombinedOutput()
