@@ -66,7 +66,15 @@ func (j *launchJob) submit(ctx context.Context, nodes int, body, want string, en
 	if ctx.Err() != nil {
 		j.t.Fatalf("job %s did not end in time (sbatch: %v)\n%s", id, err, j.hung(id))
 	}
-	job, jerr := resumer.Scheduler{Env: j.c.Env()}.Job(ctx, id)
+	// sbatch --wait returns when the batch script has ended; slurmctld
+	// may still show the job COMPLETING (its step's processes being
+	// killed, up to KillWait) for a moment: its final state comes after.
+	sched := resumer.Scheduler{Env: j.c.Env()}
+	job, jerr := sched.Job(ctx, id)
+	for deadline := time.Now().Add(time.Minute); jerr == nil && !job.Terminal() && time.Now().Before(deadline); {
+		time.Sleep(200 * time.Millisecond)
+		job, jerr = sched.Job(ctx, id)
+	}
 	if jerr != nil {
 		j.t.Fatalf("job %s: %v (sbatch: %v)\n%s", id, jerr, err, j.logs())
 	}
