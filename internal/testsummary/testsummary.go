@@ -20,6 +20,7 @@ import (
 	"fmt"
 	"io"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 
@@ -35,6 +36,7 @@ type event struct {
 	Output      string
 	ImportPath  string
 	FailedBuild string
+	Elapsed     float64 // seconds, on a test's pass and fail events
 }
 
 // SkipKind sorts a skip by its reason.
@@ -66,6 +68,13 @@ type Failure struct {
 	Said []string `json:"said,omitempty"`
 }
 
+// Timing is how long one top-level test ran.
+type Timing struct {
+	Package string  `json:"package"`
+	Test    string  `json:"test"`
+	Seconds float64 `json:"seconds"`
+}
+
 // Result is the count of one or more runs.
 type Result struct {
 	Passed   int       `json:"passed"`
@@ -73,7 +82,14 @@ type Result struct {
 	Skipped  int       `json:"skipped"`
 	Failures []Failure `json:"failures,omitempty"`
 	Skips    []Skip    `json:"skips,omitempty"`
+	// Slowest are the longest top-level tests, longest first, at most
+	// SlowestKept: the suite has a time budget, and its report says where
+	// the time goes.
+	Slowest []Timing `json:"slowest,omitempty"`
 }
+
+// SlowestKept is how many of the slowest tests a Result keeps.
+const SlowestKept = 15
 
 // Add counts o into r.
 func (r *Result) Add(o Result) {
@@ -82,6 +98,21 @@ func (r *Result) Add(o Result) {
 	r.Skipped += o.Skipped
 	r.Failures = append(r.Failures, o.Failures...)
 	r.Skips = append(r.Skips, o.Skips...)
+	for _, t := range o.Slowest {
+		r.timed(t)
+	}
+}
+
+// timed keeps t if it is among the SlowestKept longest.
+func (r *Result) timed(t Timing) {
+	i := sort.Search(len(r.Slowest), func(i int) bool { return r.Slowest[i].Seconds < t.Seconds })
+	if i >= SlowestKept {
+		return
+	}
+	r.Slowest = slices.Insert(r.Slowest, i, t)
+	if len(r.Slowest) > SlowestKept {
+		r.Slowest = r.Slowest[:SlowestKept]
+	}
 }
 
 // Fail counts a failure that the stream did not show (the go command's own
@@ -133,6 +164,12 @@ func (r Result) Report(w io.Writer) {
 		fmt.Fprintf(w, "\nSkipped (%d):\n", len(skips))
 		for _, s := range skips {
 			fmt.Fprintf(w, "  [%s] %s %s: %s\n", s.Kind, s.Package, s.Test, s.Reason)
+		}
+	}
+	if len(r.Slowest) > 0 {
+		fmt.Fprintf(w, "\nSlowest tests:\n")
+		for _, t := range r.Slowest {
+			fmt.Fprintf(w, "  %7.1fs %s %s\n", t.Seconds, t.Package, t.Test)
 		}
 	}
 	fmt.Fprintf(w, "\n%d environment skips, %d hardware skips (a GPU: allowed in CI), %d other skips (opt-in or -short)\n",
@@ -299,8 +336,10 @@ func (s *streamer) testEvent(e event) {
 		t.ended = true
 		t.out = nil
 		s.res.Passed++
+		s.time(e)
 	case "fail":
 		t.ended = true
+		s.time(e)
 		p.failures++
 		s.res.Failed++
 		s.res.Failures = append(s.res.Failures, Failure{Package: e.Package, Test: e.Test, Said: entries(t.out)})
@@ -311,6 +350,13 @@ func (s *streamer) testEvent(e event) {
 		reason := skipReason(t.out)
 		s.res.Skips = append(s.res.Skips, Skip{Package: e.Package, Test: e.Test, Reason: reason, Kind: kindOf(reason)})
 		s.printBlock(t)
+	}
+}
+
+// time records a top-level test's duration (a subtest's is in its parent's).
+func (s *streamer) time(e event) {
+	if !strings.Contains(e.Test, "/") {
+		s.res.timed(Timing{Package: e.Package, Test: e.Test, Seconds: e.Elapsed})
 	}
 }
 

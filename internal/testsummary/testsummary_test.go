@@ -3,6 +3,7 @@ package testsummary
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"strings"
 	"testing"
 )
@@ -220,5 +221,39 @@ func TestEntries(t *testing.T) {
 				t.Errorf("entries = %q; want %q", got, tt.want)
 			}
 		})
+	}
+}
+
+// TestSlowest: the report names the longest top-level tests, longest first,
+// across runs and bounded; a subtest's time is in its parent's.
+func TestSlowest(t *testing.T) {
+	events := `{"Action":"run","Package":"p","Test":"TestA"}
+{"Action":"run","Package":"p","Test":"TestA/sub"}
+{"Action":"pass","Package":"p","Test":"TestA/sub","Elapsed":9}
+{"Action":"pass","Package":"p","Test":"TestA","Elapsed":10}
+{"Action":"run","Package":"p","Test":"TestB"}
+{"Action":"fail","Package":"p","Test":"TestB","Elapsed":30}
+{"Action":"fail","Package":"p","Elapsed":40}
+`
+	res, err := Stream(strings.NewReader(events), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []Timing{{"p", "TestB", 30}, {"p", "TestA", 10}}
+	if fmt.Sprint(res.Slowest) != fmt.Sprint(want) {
+		t.Fatalf("Slowest = %v; want %v", res.Slowest, want)
+	}
+	var total Result
+	for i := range SlowestKept + 5 {
+		total.Add(Result{Slowest: []Timing{{"q", fmt.Sprintf("T%d", i), float64(i)}}})
+	}
+	total.Add(res)
+	if len(total.Slowest) != SlowestKept || total.Slowest[0].Test != "TestB" || total.Slowest[1].Test != "T19" {
+		t.Fatalf("Slowest after Add = %v; want %d, TestB then T19 first", total.Slowest, SlowestKept)
+	}
+	var b strings.Builder
+	total.Report(&b)
+	if !strings.Contains(b.String(), "Slowest tests:\n     30.0s p TestB\n") {
+		t.Errorf("report lacks the slowest tests:\n%s", b.String())
 	}
 }
