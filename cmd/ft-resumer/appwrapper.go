@@ -154,6 +154,14 @@ func restConfig(path string) (*rest.Config, error) {
 		if err != nil {
 			return nil, fmt.Errorf("--kubeconfig %s: %w", path, err)
 		}
+		// As controller-runtime's lookup below: no client-side rate limit
+		// (the API server's priority and fairness decides). A bare
+		// kubeconfig leaves client-go's 5 QPS, burst 10, which paced every
+		// admission past the burst to 200 ms (one SubjectAccessReview
+		// each) and every reconcile's requests with it.
+		if c.QPS == 0 {
+			c.QPS = -1
+		}
 		return c, nil
 	}
 	c, err := ctrl.GetConfig()

@@ -9,6 +9,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/ftlauncher/ft-launcher/k8s/api/v1beta2"
+	"github.com/ftlauncher/ft-launcher/verdict"
 )
 
 // This file is the Running phase's health decision, kept apart from the
@@ -151,7 +152,7 @@ func assess(f facts) step {
 	// 4. A component its own controller declared failed: no grace.
 	if comps.failed > 0 {
 		msg := fmt.Sprintf("Found %d failed components: %s", comps.failed, strings.Join(comps.failedNames, ", "))
-		return step{act: actReset, terminal: sum.TerminalFailure, inc: 1, why: ReasonFailedComponent + ": " + msg,
+		return step{act: actReset, terminal: sum.TerminalFailure, inc: 1, why: ReasonFailedComponent + ": " + msg + launcherVerdicts(sum),
 			unhealthyReason: ReasonFailedComponent, unhealthyMsg: msg,
 			upstreamReason: ReasonUnhealthy,
 			upstreamNote:   fmt.Sprintf("%sFound %v failed components", upstreamFailedComponent, comps.failed)}
@@ -179,7 +180,7 @@ func assess(f facts) step {
 		if sum.TerminalFailure && sum.TerminalReason != "" {
 			cause += " (terminal: " + sum.TerminalReason + ")"
 		}
-		st.act, st.terminal, st.inc, st.why = actReset, sum.TerminalFailure, 1, cause
+		st.act, st.terminal, st.inc, st.why = actReset, sum.TerminalFailure, 1, cause+launcherVerdicts(sum)
 		return st
 	}
 	// 7. Autopilot flagged a node a running pod uses: migrate at once, not
@@ -258,6 +259,32 @@ func flippedAt(f facts, t v1beta2.AppWrapperCondition, status bool) time.Time {
 		return sinceCondition(f, t)
 	}
 	return f.at
+}
+
+// launcherVerdicts (ours) is what the failed pods' ft-launchers said in
+// their termination messages ("; ft-launcher: pod w-0 on n1:
+// restart_budget_exhausted: ..."), for the reset's Event and log: why the
+// pods failed, not just how many. Empty when no launcher left a verdict.
+func launcherVerdicts(sum PodSummary) string {
+	var parts []string
+	for _, v := range sum.Verdicts {
+		if v.Verdict.Kind == verdict.Succeeded {
+			continue
+		}
+		part := "pod " + v.Pod
+		if v.Node != "" {
+			part += " on " + v.Node
+		}
+		part += ": " + string(v.Verdict.Kind)
+		if v.Verdict.Reason != "" {
+			part += ": " + v.Verdict.Reason
+		}
+		parts = append(parts, part)
+	}
+	if len(parts) == 0 {
+		return ""
+	}
+	return "; ft-launcher: " + strings.Join(parts, "; ")
 }
 
 // noRestartMessage names the pods whose verdict was no_restart.

@@ -91,6 +91,15 @@ func TestAssess(t *testing.T) {
 		want: step{act: actReset, terminal: true, inc: 1, why: "FoundFailedPods: 1 failed pods (terminal: pod w-0 exited 42)",
 			unhealthyReason: ReasonFoundFailedPods, upstreamReason: ReasonUnhealthy, upstreamNote: "FoundFailedPods: 1 failed pods"},
 	}, {
+		name: "6 the reset names what the failed pods' launchers said",
+		f: facts{comps: twoComps, pods: PodSummary{Running: 3, Failed: 1, Succeeded: 1, Verdicts: []PodVerdict{
+			{Pod: "w-0", Node: "n1", Verdict: verdict.Verdict{Kind: verdict.RestartBudgetExhausted, Reason: "rank 0 exited with code 1"}},
+			{Pod: "w-1", Node: "n2", Verdict: verdict.Verdict{Kind: verdict.Succeeded}}}},
+			expected: 4, p: p, at: at, now: now,
+			conditions: []metav1.Condition{cond(v1beta2.Unhealthy, true, 2*time.Minute)}},
+		want: step{act: actReset, inc: 1, why: "FoundFailedPods: 1 failed pods; ft-launcher: pod w-0 on n1: restart_budget_exhausted: rank 0 exited with code 1",
+			unhealthyReason: ReasonFoundFailedPods, upstreamReason: ReasonUnhealthy, upstreamNote: "FoundFailedPods: 1 failed pods"},
+	}, {
 		name: "7 an Autopilot NoExecute node migrates at once, uncounted",
 		f:    facts{comps: twoComps, pods: PodSummary{Running: 4, NoExecuteNodes: []string{"n1", "n2"}}, expected: 4, p: p},
 		want: step{act: actReset, inc: 0, why: "AutopilotNoExecute: Workload contains pods using NoExecute resources on Nodes: n1, n2",

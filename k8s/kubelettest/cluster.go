@@ -354,6 +354,24 @@ func (n *Node) StopKubelet() {
 	}
 }
 
+// PowerOff stops the node as a power loss would: its kubelet and every
+// process of its containers are killed at once (StopKubelet alone leaves
+// the containers running). containerd and the shims stay, for Stop to
+// clean up; StartKubelet brings the node back.
+func (n *Node) PowerOff() {
+	n.StopKubelet()
+	for i := 0; i < 50; i++ {
+		pids := n.cgroupPids()
+		if len(pids) == 0 {
+			return
+		}
+		for _, p := range pids {
+			_ = syscall.Kill(p, syscall.SIGKILL)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
 // WaitReady waits until the node is Ready in the API and carries no
 // NoSchedule taint.
 func (n *Node) WaitReady(ctx context.Context, env *k8stest.Env, timeout time.Duration) error {
