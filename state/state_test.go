@@ -18,7 +18,6 @@ import (
 	"syscall"
 	"testing"
 	"time"
-
 )
 
 // The test binary doubles as a saver or writer that the tests kill in the
