@@ -38,6 +38,14 @@ type Every struct {
 	Interval time.Duration
 }
 
+// String spells e as --state-persist-every takes it.
+func (e Every) String() string {
+	if e.Interval > 0 {
+		return e.Interval.String()
+	}
+	return strconv.Itoa(e.Saves)
+}
+
 // MaxPersistSaves and MaxPersistInterval bound --state-persist-every.
 const (
 	MaxPersistSaves    = 1_000_000_000
@@ -92,6 +100,9 @@ type Store struct {
 	kick   chan string
 	done   chan struct{}
 	cancel context.CancelFunc
+
+	closeOnce sync.Once
+	closeErr  error
 
 	mu       sync.Mutex // guards ranks, warnings; held across a write-out
 	ranks    []rankState
@@ -172,15 +183,19 @@ func (s *Store) Warnings() []string {
 
 // Close stops the background writer, writes out every save not yet
 // written (reason "end"), and removes the segments. ctx bounds the final
-// write-out; the segments are removed whatever it returns.
+// write-out; the segments are removed whatever it returns. Later calls
+// return the first one's result.
 func (s *Store) Close(ctx context.Context) error {
-	s.cancel()
-	<-s.done
-	err := s.flush(ctx, "end", true)
-	if rerr := os.RemoveAll(s.shmDir); rerr != nil {
-		err = errors.Join(err, fmt.Errorf("remove state segments: %w", rerr))
-	}
-	return err
+	s.closeOnce.Do(func() {
+		s.cancel()
+		<-s.done
+		err := s.flush(ctx, "end", true)
+		if rerr := os.RemoveAll(s.shmDir); rerr != nil {
+			err = errors.Join(err, fmt.Errorf("remove state segments: %w", rerr))
+		}
+		s.closeErr = err
+	})
+	return s.closeErr
 }
 
 func (s *Store) loop(ctx context.Context) {

@@ -524,21 +524,26 @@ def save(step, state, monitor=None, checksum=True, path=None):
     return {"step": step, "bytes": length, "seconds": secs, "where": where}
 
 
-def load(path=None, verify=True):
+def load(path=None, verify=True, info=None):
     """Return (step, state) of the newest save of this rank, or (None, None).
 
     Under ft-launcher the launcher's memory copy is read (a memory copy into
     new tensors); the written-out file of the state directory (``path`` /
     $FT_STATE_DIR / ./ft_state) is the fallback, and wins when it holds a
     newer step (a save that did not fit in memory). Tensors come back on
-    the CPU."""
+    the CPU. A dict given as ``info`` receives "source" ("memory", "file"
+    or None) and "seconds"."""
+    start = time.perf_counter()
     seg = _segment()
-    mem = seg.load(verify) if seg is not None else (None, None)
+    got, source = seg.load(verify) if seg is not None else (None, None), "memory"
     d = _state_dir(path)
     m = _read_manifest(d, _rank()) if os.path.isdir(d) else None
-    if m is not None and (mem[0] is None or m["step"] > mem[0]):
-        return load_file(d, verify=verify)
-    return mem
+    if m is not None and (got[0] is None or m["step"] > got[0]):
+        got, source = load_file(d, verify=verify), "file"
+    if info is not None:
+        info["source"] = source if got[0] is not None else None
+        info["seconds"] = time.perf_counter() - start
+    return got
 
 
 class Bound:
@@ -552,5 +557,5 @@ class Bound:
         m = self._monitor() if callable(self._monitor) else self._monitor
         return save(step, state, monitor=m, checksum=checksum, path=path)
 
-    def load(self, path=None, verify=True):
-        return load(path=path, verify=verify)
+    def load(self, path=None, verify=True, info=None):
+        return load(path=path, verify=verify, info=info)
