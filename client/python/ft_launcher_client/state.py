@@ -162,7 +162,8 @@ def _decode(read, length, verify_crc=None):
         raise StateError("state payload: skeleton of %d bytes past the payload's %d" % (skel_len, length))
     start = _PAYLOAD.size + skel_len
     data = pread(0, start + _pad8(start))
-    crc = zlib.crc32(data)
+    check = verify_crc is not None
+    crc = zlib.crc32(data) if check else 0
     metas = {}
 
     def collect(idx, dtype, shape):
@@ -190,15 +191,17 @@ def _decode(read, length, verify_crc=None):
                 raise StateError("state payload: tensor %d past the payload's end" % idx)
             if len(v):
                 preadinto(off, v)
-                crc = zlib.crc32(v, crc)
+                if check:
+                    crc = zlib.crc32(v, crc)
             off += len(v)
             if _pad8(len(v)):
-                crc = zlib.crc32(b"\0" * _pad8(len(v)), crc)
+                if check:
+                    crc = zlib.crc32(b"\0" * _pad8(len(v)), crc)
                 off += _pad8(len(v))
             tensors.append(t)
     if off != length:
         raise StateError("state payload: %d bytes described, %d stored" % (off, length))
-    if verify_crc is not None and crc != verify_crc:
+    if check and crc != verify_crc:
         raise StateError("state payload: CRC %08x, saved %08x (corrupt or overwritten while read)" % (crc, verify_crc))
     return _Unpickler(io.BytesIO(data[_PAYLOAD.size:start]), lambda i, d, s: tensors[i]).load()
 
@@ -487,7 +490,7 @@ def load_file(path, rank=None, verify=True):
 # -- the API ---------------------------------------------------------------
 
 
-def save(step, state, monitor=None, checksum=True, path=None):
+def save(step, state, monitor=None, checksum=False, path=None):
     """Save ``state`` (any picklable object; tensors anywhere in it are
     copied as raw bytes) as the state after ``step``.
 
@@ -496,8 +499,11 @@ def save(step, state, monitor=None, checksum=True, path=None):
     (a warning says so), into ``path`` / $FT_STATE_DIR / ./ft_state. With a
     connected ``monitor`` (RankMonitorClient) the save is a "checkpointing"
     section, so the launcher's rank_checkpoint events count it.
-    ``checksum=False`` skips the CRC (a shorter stall; the launcher computes
-    it when it writes the save out). Returns a dict: step, bytes, seconds,
+    ``checksum=True`` adds a CRC-32 of the payload to the memory copy,
+    checked by load() and the launcher (it about doubles the stall; crash
+    consistency does not need it: an interrupted save is never committed).
+    Files always carry a CRC (the launcher computes it when it writes a
+    save out). Returns a dict: step, bytes, seconds,
     where ("memory" or "file")."""
     step = int(step)
     live = monitor is not None and getattr(monitor, "is_initialized", False)
@@ -553,7 +559,7 @@ class Bound:
     def __init__(self, monitor):
         self._monitor = monitor
 
-    def save(self, step, state, checksum=True, path=None):
+    def save(self, step, state, checksum=False, path=None):
         m = self._monitor() if callable(self._monitor) else self._monitor
         return save(step, state, monitor=m, checksum=checksum, path=path)
 
