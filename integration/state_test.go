@@ -6,7 +6,9 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/ftlauncher/ft-launcher/state"
 )
@@ -30,6 +32,22 @@ func readStateResult(t *testing.T, dir string, rank int) stateResult {
 	return r
 }
 
+// stateReference runs each rank of the script alone, without a launcher
+// (its saves go to files), and returns the directory of its results.
+func stateReference(t *testing.T, script string) string {
+	t.Helper()
+	refOut := t.TempDir()
+	for r := 0; r < 2; r++ {
+		cmd := exec.Command(debianPython, script, "--out", refOut)
+		cmd.Env = append(os.Environ(), "RANK="+strconv.Itoa(r), "LOCAL_RANK="+strconv.Itoa(r),
+			state.EnvDir+"="+filepath.Join(refOut, "files"))
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("reference rank %d: %v\n%s", r, err, out)
+		}
+	}
+	return refOut
+}
+
 // TestTorchStateRestoredFromLauncherMemory trains two real torch ranks that
 // save their whole state after every step with ft_launcher_client.state.
 // Rank 1 crashes right after its save of step 25; the launcher restarts
@@ -45,16 +63,7 @@ func TestTorchStateRestoredFromLauncherMemory(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Reference: each rank alone, no launcher (the file fallback).
-	refOut := t.TempDir()
-	for r := 0; r < 2; r++ {
-		cmd := exec.Command(debianPython, script, "--out", refOut)
-		cmd.Env = append(os.Environ(), "RANK="+strconv.Itoa(r), "LOCAL_RANK="+strconv.Itoa(r),
-			state.EnvDir+"="+filepath.Join(refOut, "files"))
-		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("reference rank %d: %v\n%s", r, err, out)
-		}
-	}
+	refOut := stateReference(t, script)
 
 	j := newJob(t)
 	out, dir := filepath.Join(j.dir, "out"), filepath.Join(j.dir, "state")
@@ -116,5 +125,78 @@ func TestTorchStateRestoredFromLauncherMemory(t *testing.T) {
 	left, _ := filepath.Glob("/dev/shm/ft-launcher-state-" + strconv.Itoa(j.cmd.Process.Pid) + "-*")
 	if len(left) != 0 {
 		t.Errorf("segments left after the launcher exited: %v", left)
+	}
+}
+
+// TestTorchStateWrittenOnSignalContinuesInNewJob stops a job with SIGTERM
+// (a walltime) while its ranks save after every step and nothing is
+// written periodically (--state-persist-every 0): the launcher writes the
+// newest saves out as it stops, and a new job (a new launcher, fresh
+// memory) resumes from them and ends with the weights of an uninterrupted
+// run.
+func TestTorchStateWrittenOnSignalContinuesInNewJob(t *testing.T) {
+	skipShort(t)
+	requireTorch(t)
+	script, err := filepath.Abs("testdata/state_train.py")
+	if err != nil {
+		t.Fatal(err)
+	}
+	refOut := stateReference(t, script)
+	j := newJob(t)
+	out, dir := filepath.Join(j.dir, "out"), filepath.Join(j.dir, "state")
+	if err := os.Mkdir(out, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	j.start([]string{"PYTHON_EXEC=" + debianPython}, "--standalone", "--nproc-per-node", "2",
+		"--state-dir", dir, "--state-persist-every", "0", script, "--out", out, "--step-sleep", "0.2")
+	seen := map[any]float64{} // local rank -> newest step the launcher saw saved
+	deadline := time.Now().Add(torchTimeout)
+	for len(seen) < 2 || seen[float64(0)] < 5 || seen[float64(1)] < 5 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the ranks did not save 5 steps in %s: %v", torchTimeout, seen)
+		}
+		time.Sleep(50 * time.Millisecond)
+		for _, e := range j.eventsOf(state.EventSave) {
+			seen[e["local_rank"]] = max(seen[e["local_rank"]], e["step"].(float64))
+		}
+	}
+	if err := j.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if code := j.wait(time.Minute); code == 0 {
+		t.Fatalf("a job stopped by SIGTERM exited 0\n%s", j.stderr.String())
+	}
+	written := map[int32]int64{}
+	for r := int32(0); r < 2; r++ {
+		m, err := state.ReadManifest(dir, r)
+		if err != nil {
+			t.Fatalf("nothing written on SIGTERM: %v\n%s", err, j.stderr.String())
+		}
+		if float64(m.Step) < seen[float64(r)] || m.Step >= 39 {
+			t.Fatalf("rank %d: written step %d, want the newest save (at least %v, the job was stopped before the end)", r, m.Step, seen[float64(r)])
+		}
+		written[r] = m.Step
+	}
+	for _, e := range j.eventsOf(state.EventPersisted) {
+		if e["reason"] != "ranks stopped" && e["reason"] != "end" {
+			t.Errorf("write-out %v: want only at the stop (--state-persist-every 0)", e)
+		}
+	}
+
+	// The continuation job: a new launcher, nothing in memory.
+	j2 := newJob(t)
+	code := j2.run(torchTimeout, []string{"PYTHON_EXEC=" + debianPython}, "--standalone", "--nproc-per-node", "2",
+		"--state-dir", dir, script, "--out", out)
+	if code != 0 {
+		t.Fatalf("continuation job: exit %d\n%s", code, j2.stderr.String())
+	}
+	for r := 0; r < 2; r++ {
+		ref, got := readStateResult(t, refOut, r), readStateResult(t, out, r)
+		if got.SHA256 != ref.SHA256 {
+			t.Errorf("rank %d: final weights %s differ from the uninterrupted run's %s", r, got.SHA256, ref.SHA256)
+		}
+		if got.Source == nil || *got.Source != "file" || got.ResumedFrom == nil || int64(*got.ResumedFrom) != written[int32(r)] {
+			t.Errorf("rank %d resumed from step %v of %v, want step %d from the file", r, got.ResumedFrom, got.Source, written[int32(r)])
+		}
 	}
 }

@@ -34,6 +34,7 @@ p = argparse.ArgumentParser()
 p.add_argument("--steps", type=int, default=40)
 p.add_argument("--crash-at-step", type=int, default=-1)
 p.add_argument("--crash-rank", type=int, default=-1)
+p.add_argument("--step-sleep", type=float, default=0)
 p.add_argument("--out", required=True)
 a = p.parse_args()
 
@@ -63,6 +64,8 @@ for s in range(start, a.steps):
     loss.backward()
     opt.step()
     mon.send_heartbeat()
+    if a.step_sleep:
+        time.sleep(a.step_sleep)
     state.save(s, {"model": model.state_dict(), "opt": opt.state_dict()}, monitor=mon)
     if rnd == 0 and s == a.crash_at_step and rank == a.crash_rank:
         # Crash once every other rank has saved step S+5 and waits there.
