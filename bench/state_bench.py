@@ -29,15 +29,6 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from ft_launcher_client import state  # noqa: E402
 
 
-def timed(f, reps):
-    ts = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        f()
-        ts.append(time.perf_counter() - t)
-    return statistics.median(ts)
-
-
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--mib", type=int, default=256)
@@ -57,10 +48,6 @@ def main():
 
         state.save(0, st)  # creates the segment (first save)
         state.save(0, st)  # both slots touched: steady state from here
-        res = {}
-        res["copy"] = timed(copy, a.reps)
-        res["save"] = timed(lambda: state.save(1, st), a.reps)
-        res["save (checksum=True)"] = timed(lambda: state.save(1, st, checksum=True), a.reps)
         path = os.path.join(disk, "ckpt.pt")
 
         def tsave():
@@ -69,12 +56,6 @@ def main():
                 f.flush()
                 os.fsync(f.fileno())
 
-        res["torch.save+fsync"] = timed(tsave, a.reps)
-        res["load (memory)"] = timed(lambda: state.load(), a.reps)
-        state.save(1, st, checksum=True)
-        res["load (memory, CRC checked)"] = timed(lambda: state.load(), a.reps)
-        res["torch.load (page cache)"] = timed(lambda: torch.load(path), a.reps)
-
         def cold_load():
             # Only this file's pages leave the page cache: a read from disk.
             fd = os.open(path, os.O_RDONLY)
@@ -82,7 +63,27 @@ def main():
             os.close(fd)
             torch.load(path)
 
-        res["torch.load (from disk)"] = timed(cold_load, a.reps)
+        # Interleaved (one of each per round), so that the load of a shared
+        # machine falls on every method alike.
+        cases = [
+            ("copy", copy, None),
+            ("save", lambda: state.save(1, st), None),
+            ("save (checksum=True)", lambda: state.save(1, st, checksum=True), None),
+            ("torch.save+fsync", tsave, None),
+            ("load (memory)", lambda: state.load(), lambda: state.save(1, st)),
+            ("load (memory, CRC checked)", lambda: state.load(), lambda: state.save(1, st, checksum=True)),
+            ("torch.load (page cache)", lambda: torch.load(path), None),
+            ("torch.load (from disk)", cold_load, None),
+        ]
+        times = {name: [] for name, _, _ in cases}
+        for _ in range(a.reps):
+            for name, f, setup in cases:
+                if setup:
+                    setup()
+                t = time.perf_counter()
+                f()
+                times[name].append(time.perf_counter() - t)
+        res = {k: statistics.median(v) for k, v in times.items()}
         got = state.load()[1]
         assert all(torch.equal(got["model"][k], v) for k, v in st["model"].items())
         print("state %d MiB, %d reps, median seconds (torch %s, %d threads)" % (a.mib, a.reps, torch.__version__, torch.get_num_threads()))
