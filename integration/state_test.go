@@ -6,10 +6,12 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/ftlauncher/ft-launcher/internal/testenv"
 	"github.com/ftlauncher/ft-launcher/state"
 )
 
@@ -198,5 +200,46 @@ func TestTorchStateWrittenOnSignalContinuesInNewJob(t *testing.T) {
 		if got.Source == nil || *got.Source != "file" || got.ResumedFrom == nil || int64(*got.ResumedFrom) != written[int32(r)] {
 			t.Errorf("rank %d resumed from step %v of %v, want step %d from the file", r, got.ResumedFrom, got.Source, written[int32(r)])
 		}
+	}
+}
+
+// TestTorchStateFullDiskWarnsAndTrainingGoesOn gives the launcher a state
+// directory on a 16 KiB tmpfs, too small for any write-out: every
+// write-out fails, which is a state_persist_failed event and a verdict
+// warning, while the ranks train to the end, restoring from memory after a
+// crash as usual.
+func TestTorchStateFullDiskWarnsAndTrainingGoesOn(t *testing.T) {
+	skipShort(t)
+	requireTorch(t)
+	script, err := filepath.Abs("testdata/state_train.py")
+	if err != nil {
+		t.Fatal(err)
+	}
+	refOut := stateReference(t, script)
+	dir := testenv.Tmpfs(t, "16k")
+	j := newJob(t)
+	out, vpath := filepath.Join(j.dir, "out"), filepath.Join(j.dir, "verdict.json")
+	if err := os.Mkdir(out, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	code := j.run(torchTimeout, []string{"PYTHON_EXEC=" + debianPython},
+		"--standalone", "--nproc-per-node", "2", "--max-restarts", "1", "--verdict-file", vpath,
+		"--state-dir", dir, "--state-persist-every", "1",
+		script, "--out", out, "--crash-at-step", "25", "--crash-rank", "1")
+	if code != 0 {
+		t.Fatalf("exit %d: a full state directory must not stop training\n%s", code, j.stderr.String())
+	}
+	for r := 0; r < 2; r++ {
+		ref, got := readStateResult(t, refOut, r), readStateResult(t, out, r)
+		if got.SHA256 != ref.SHA256 || got.Source == nil || *got.Source != "memory" {
+			t.Errorf("rank %d: weights %s (from %v), want %s restored from memory", r, got.SHA256, got.Source, ref.SHA256)
+		}
+	}
+	if n := len(j.eventsOf(state.EventPersistFailed)); n == 0 {
+		t.Error("no state_persist_failed event")
+	}
+	v := readVerdict(t, vpath)
+	if len(v.StateWarnings) == 0 || !strings.Contains(strings.Join(v.StateWarnings, "\n"), "no space left") {
+		t.Errorf("verdict state_warnings %q, want the failed write-outs", v.StateWarnings)
 	}
 }
