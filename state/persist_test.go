@@ -3,6 +3,8 @@ package state
 import (
 	"context"
 	"errors"
+	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -263,7 +265,8 @@ func TestStoreWritesEveryNSaves(t *testing.T) {
 func TestStoreUnwritableDir(t *testing.T) {
 	var ev events
 	dir := testenv.Tmpfs(t, "64k")
-	s, err := Open(Options{NLocal: 1, Dir: dir, ShmRoot: t.TempDir(), Every: Every{Saves: 1}, Poll: 10 * time.Millisecond, Emit: ev.emit})
+	s, err := Open(Options{NLocal: 1, Dir: dir, ShmRoot: t.TempDir(), Every: Every{Saves: 1}, Poll: 10 * time.Millisecond, Emit: ev.emit,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}
