@@ -419,7 +419,9 @@ def _save_file(d, step, bufs, length, start):
     old = _read_manifest(d, rank)
     seq = (old["seq"] if old else 0) + 1
     crc = _crc_bufs(bufs)
-    name = "rank-%d-seq-%d.ftstate" % (rank, seq)
+    # Not the launcher's rank-R-seq-Q name: a rank that saves to files (no
+    # room in memory) beside the launcher's write-outs never overwrites one.
+    name = "rank-%d-own-%d.ftstate" % (rank, seq)
     fd, tmp = tempfile.mkstemp(prefix=".ftstate-", suffix=".tmp", dir=d)
     try:
         dur = int((time.perf_counter() - start) * 1e9)

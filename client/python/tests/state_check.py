@@ -147,13 +147,13 @@ class StateTest(unittest.TestCase):
             info = state.save(7, make_state(7))
             self.assertEqual(info["where"], "file")
             first = sorted(os.listdir(e.dir))
-            self.assertEqual(first, ["rank-3-seq-1.ftstate", "rank-3.json"])
+            self.assertEqual(first, ["rank-3-own-1.ftstate", "rank-3.json"])
             state.save(8, make_state(8))
-            self.assertEqual(sorted(os.listdir(e.dir)), ["rank-3-seq-2.ftstate", "rank-3.json"])
+            self.assertEqual(sorted(os.listdir(e.dir)), ["rank-3-own-2.ftstate", "rank-3.json"])
             step, got = state.load()
             self.assertEqual(step, 8)
             self.assertTrue(same(got, make_state(8)))
-            for p in (e.dir, os.path.join(e.dir, "rank-3.json"), os.path.join(e.dir, "rank-3-seq-2.ftstate")):
+            for p in (e.dir, os.path.join(e.dir, "rank-3.json"), os.path.join(e.dir, "rank-3-own-2.ftstate")):
                 step, got = state.load_file(p)
                 self.assertEqual(step, 8)
                 self.assertTrue(same(got, make_state(8)))

@@ -44,12 +44,12 @@ class PlainStateTest(unittest.TestCase):
         self.assertEqual(state.load(), (None, None))
         self.assertEqual(state.save(1, {"x": 1})["where"], "file")
         self.assertEqual(state.load_file(self.dir), (1, {"x": 1}))
-        self.assertEqual(sorted(os.listdir(self.dir)), ["rank-2-seq-1.ftstate", "rank-2.json"])
+        self.assertEqual(sorted(os.listdir(self.dir)), ["rank-2-own-1.ftstate", "rank-2.json"])
 
     def test_truncated_file_is_refused(self):
         self.env(launcher=False)
         state.save(1, {"x": "y" * 1000})
-        path = os.path.join(self.dir, "rank-2-seq-1.ftstate")
+        path = os.path.join(self.dir, "rank-2-own-1.ftstate")
         with open(path, "r+b") as f:
             f.truncate(os.path.getsize(path) - 10)
         with self.assertRaises(state.StateError):
