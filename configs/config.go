@@ -11,6 +11,7 @@ import (
 
 	"github.com/ftlauncher/ft-launcher/k8s"
 	"github.com/ftlauncher/ft-launcher/slurm"
+	"github.com/ftlauncher/ft-launcher/state"
 )
 
 // Std is torchrun's stream mask: 0 none, 1 stdout, 2 stderr, 3 both.
@@ -113,6 +114,10 @@ type Config struct {
 	HealthCheckCmd string // pre-join node health check command ("" disables)
 	VerdictFile    string // JSON verdict written on exit ("": verdict.json in the run's log directory, chosen at run time)
 	TerminationLog string // the verdict, compacted, for the kubelet's termination message ("" disables)
+
+	// Launcher-held training state (docs/state.md): "" disables it.
+	StateDir     string
+	StatePersist state.Every // when the background writer writes (--state-persist-every)
 
 	// Spares.
 	SpareFiller               string        // command run on this node while it is a spare ("" none)

@@ -78,6 +78,8 @@ func (c *Config) Effective() string {
 	add("health_check_cmd", c.HealthCheckCmd)
 	add("verdict_file", c.VerdictFile)
 	add("termination_log", c.TerminationLog)
+	add("state_dir", c.StateDir)
+	add("state_persist_every", c.StatePersist.String())
 	add("spare_filler", c.SpareFiller)
 	add("spare_filler_reclaim_timeout", c.SpareFillerReclaimTimeout.Seconds())
 	add("prewarm", strings.Join(c.Prewarm, ","))

@@ -40,6 +40,7 @@ func TestErrors(t *testing.T) {
 		{"unknown flag with suggestion", []string{"--nproc-per-nodes", "2", "x"}, nil, []string{"unknown flag --nproc-per-nodes", "--nproc-per-node"}},
 		{"abbreviation", []string{"--max-rest", "2", "x"}, nil, []string{"unknown flag --max-rest", "--max-restarts", "abbreviated"}},
 		{"unknown flag no suggestion", []string{"--frobnicate", "x"}, nil, []string{"unknown flag --frobnicate", "--help"}},
+		{"state persist every bad", []string{"--state-persist-every", "often", "x"}, nil, []string{"--state-persist-every", "count of saves", "duration"}},
 		{"unknown short flag", []string{"-q", "x"}, nil, []string{"-q", "-m, -r, -t"}},
 		{"no arguments at all", []string{}, nil, []string{"missing training script"}},
 		{"flag needs a value", []string{"--max-restarts"}, nil, []string{"--max-restarts requires a value", "N"}},

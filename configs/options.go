@@ -5,6 +5,8 @@ import (
 	"reflect"
 	"regexp"
 	"strings"
+
+	"github.com/ftlauncher/ft-launcher/state"
 )
 
 // optKind says whether an option takes a value or is a switch.
@@ -266,6 +268,15 @@ func options() []*option {
 				}
 				p.cfg.MetricsAddr = v
 				return nil
+			}},
+		{names: []string{"state-dir"}, env: true, group: grpOurs, arg: "DIR", def: "off",
+			help: "Keep the ranks' training state (ft_launcher_client.state.save) in this launcher's memory, outliving rank restarts, and write it to DIR in the background. See docs/state.md.",
+			set:  func(p *parser, v string) error { p.cfg.StateDir = v; return nil }},
+		{names: []string{"state-persist-every"}, env: true, group: grpOurs, arg: "N|DURATION", def: "5m",
+			help: "With --state-dir: write the newest saves to DIR after every N saves (e.g. 10) or every DURATION with a new save (e.g. 90s); 0 writes only when a rank fails, on a signal and at the end (always done too).",
+			set: func(p *parser, v string) (err error) {
+				p.cfg.StatePersist, err = state.ParseEvery(v)
+				return err
 			}},
 		{names: []string{"health-check-cmd"}, env: true, group: grpOurs, arg: "CMD", def: "off",
 			help: "Command run before each rendezvous join; a non-zero exit marks this node unhealthy.",

@@ -14,6 +14,7 @@ import (
 
 	"github.com/ftlauncher/ft-launcher/k8s"
 	"github.com/ftlauncher/ft-launcher/slurm"
+	"github.com/ftlauncher/ft-launcher/state"
 	"github.com/spf13/pflag"
 )
 
@@ -115,6 +116,7 @@ func defaultConfig() *Config {
 		SpareFillerReclaimTimeout: 30 * time.Second,
 		TermTimeout:               1800 * time.Second,
 		WorkersStopTimeout:        15 * time.Second,
+		StatePersist:              state.Every{Interval: 5 * time.Minute},
 		FT:                        DefaultFaultTolerance(),
 		AgentStore:                true,
 		RestartMode:               RestartFull,

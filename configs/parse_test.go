@@ -15,6 +15,7 @@ import (
 	"github.com/ftlauncher/ft-launcher/internal/testenv"
 	"github.com/ftlauncher/ft-launcher/k8s"
 	"github.com/ftlauncher/ft-launcher/slurm"
+	"github.com/ftlauncher/ft-launcher/state"
 )
 
 // envOf returns a getenv over m.
@@ -98,6 +99,9 @@ func TestTorchrunFlags(t *testing.T) {
 		{"rdzv-user", "alice", func(c *Config) bool { return c.RdzvUser == "alice" }},
 		{"rdzv-password", "s3cret", func(c *Config) bool { return c.RdzvPassword == "s3cret" }},
 		{"event-log", "/tmp/ev.jsonl", func(c *Config) bool { return c.EventLog == "/tmp/ev.jsonl" }},
+		{"state-dir", "/ckpt", func(c *Config) bool { return c.StateDir == "/ckpt" }},
+		{"state-persist-every", "10", func(c *Config) bool { return c.StatePersist == state.Every{Saves: 10} }},
+		{"state-persist-every", "90s", func(c *Config) bool { return c.StatePersist == state.Every{Interval: 90 * time.Second} }},
 		{"metrics-addr", "127.0.0.1:9400", func(c *Config) bool { return c.MetricsAddr == "127.0.0.1:9400" }},
 		{"health-check-cmd", "nvidia-smi -L", func(c *Config) bool { return c.HealthCheckCmd == "nvidia-smi -L" }},
 	}

@@ -198,6 +198,10 @@ type Verdict struct {
 	// the outer loop recognises the same crash in consecutive jobs
 	// (ft-resumer's deterministic_failure).
 	RankFailures []RankFailure `json:"rank_failures,omitempty"`
+	// StateWarnings are the failed write-outs of the launcher-held state
+	// (--state-dir: a full disk, an unwritable directory); the saves stayed
+	// in memory meanwhile (docs/state.md). Absent when none.
+	StateWarnings []string `json:"state_warnings,omitempty"`
 }
 
 // Progress counts what this node's ranks reported to their monitors over

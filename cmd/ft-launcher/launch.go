@@ -27,6 +27,7 @@ import (
 	"github.com/ftlauncher/ft-launcher/ranklogs"
 	"github.com/ftlauncher/ft-launcher/rendezvous"
 	"github.com/ftlauncher/ft-launcher/spawn"
+	"github.com/ftlauncher/ft-launcher/state"
 	"github.com/ftlauncher/ft-launcher/tcpstore"
 	"github.com/ftlauncher/ft-launcher/verdict"
 	"golang.org/x/sys/unix"
@@ -88,6 +89,15 @@ func launch(ctx context.Context, cfg *configs.Config, log *slog.Logger, sigs <-c
 		cgroup = cg.Dir
 	}
 
+	st, err := openState(cfg, ev, log)
+	if err != nil {
+		return rec.setupFailed("start the state store", err)
+	}
+	if st != nil {
+		environ = append(environ, st.Env()...)
+		rec.state = st
+		defer st.Close(context.Background()) // idempotent after rec.write's
+	}
 	mon, err := monitor.New(monitor.Options{NLocal: cfg.NProcPerNode, FT: cfg.FT, OnEvent: ev.Emit,
 		StateFile: cfg.FT.TimeoutsStateFile, Logger: log.With("component", "monitor"), Metrics: met})
 	if err != nil {
@@ -148,6 +158,9 @@ func launch(ctx context.Context, cfg *configs.Config, log *slog.Logger, sigs <-c
 		Ledger: book, WalltimeSignals: osSignals(cfg.WalltimeSignals)}
 	if store != nil {
 		deps.Store = store
+	}
+	if st != nil {
+		deps.Monitors = stateMonitors{Manager: mon, st: st}
 	}
 	if cfg.SpareFiller != "" {
 		deps.Spare = newFiller(cfg, reaper, logs.Dir(), cgroup, environ, ev, log)
@@ -329,6 +342,7 @@ type verdictRecorder struct {
 	started time.Time
 
 	etcdMember *memberFailures // deaths of the hosted etcd member (etcdmember.go)
+	state      *state.Store    // --state-dir (state.go); nil when off
 }
 
 // path is --verdict-file (or $FT_LAUNCHER_VERDICT_FILE), else verdict.json
@@ -396,6 +410,14 @@ func (r *verdictRecorder) write(o agent.Outcome) int {
 		}
 	}
 	v.EtcdMemberFailures = r.etcdMember.snapshot()
+	if r.state != nil {
+		// The ranks are stopped: the final write-out, before the verdict
+		// that a continuation job reads.
+		if err := r.state.Close(context.Background()); err != nil {
+			r.log.Warn("state: final write-out", "err", err)
+		}
+		v.StateWarnings = r.state.Warnings()
+	}
 	if path := r.path(); path != "" {
 		if err := verdict.Write(path, v); err != nil {
 			recordLost()

@@ -33,6 +33,7 @@ import socket
 import threading
 import time
 
+from . import state as _state
 from .client import (
     RankMonitorClient,
     RankMonitorClientError,
@@ -170,6 +171,8 @@ class Context:
         self.attempt = 0  # in-process restarts of this process so far
         self.notice = None
         self.snapshot = owner.snapshot
+        # The launcher-held state (docs/state.md); saves count as checkpoints.
+        self.state = _state.Bound(lambda: owner.monitor)
 
     @property
     def monitor(self):

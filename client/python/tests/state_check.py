@@ -1,0 +1,224 @@
+"""Tests of ft_launcher_client.state with real torch tensors.
+
+Run by client/python/state_test.go with Debian's python3 (torch); not named
+test_*.py so that the torch-free unittest discovery does not collect it.
+"""
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+from unittest import mock
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from ft_launcher_client import state  # noqa: E402
+from ft_launcher_client.state import SHM_DIR_ENV, DIR_ENV  # noqa: E402
+
+
+def make_state(step):
+    """A training-like state whose every value follows from step."""
+    g = torch.Generator().manual_seed(step)
+    w = torch.randn(64, 33, generator=g)
+    shared = torch.arange(10, dtype=torch.int64) + step
+    return {
+        "model": {
+            "w": w,
+            "w_t": w.t(),  # not contiguous
+            "b16": torch.randn(17, generator=g).to(torch.bfloat16),
+            "half": torch.randn(3, 5, generator=g).half(),
+            "f64": torch.randn(4, generator=g, dtype=torch.float64),
+            "mask": torch.rand(9, generator=g) > 0.5,
+            "scalar": torch.tensor(float(step)),
+            "empty": torch.empty(0, 4),
+            "nan": torch.tensor([float("nan"), float("inf"), -0.0]),
+            "c64": torch.randn(3, generator=g, dtype=torch.complex64),
+        },
+        "opt": {"state": {0: {"exp_avg": torch.randn(64, 33, generator=g), "step": step}},
+                "param_groups": [{"lr": 0.1, "params": [0]}]},
+        "shared_a": shared,
+        "shared_b": shared,
+        "rng": g.get_state(),  # a generator state (uint8 tensor), as checkpoints keep
+        "step": step,
+        "note": "step %d" % step,
+    }
+
+
+def same(a, b):
+    """Bit-identical: the same structure, and tensors of the same dtype,
+    shape and bytes (NaN payloads and -0.0 included)."""
+    if isinstance(a, torch.Tensor):
+        if not isinstance(b, torch.Tensor) or a.dtype != b.dtype or a.shape != b.shape:
+            return False
+        ac, bc = a.contiguous(), b.contiguous()
+        return ac.reshape(-1).view(torch.uint8).equal(bc.reshape(-1).view(torch.uint8)) if ac.numel() else True
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+class Env:
+    """A launcher's environment for one rank: a segment directory standing
+    for the launcher's (it outlives the saving processes, as the launcher's
+    does) and a state directory."""
+
+    def __init__(self, launcher=True):
+        self.root = tempfile.mkdtemp(prefix="ftstate-test-")
+        self.shm = os.path.join(self.root, "shm")
+        self.dir = os.path.join(self.root, "ckpt")
+        os.mkdir(self.shm)
+        self.env = {"LOCAL_RANK": "0", "RANK": "3", DIR_ENV: self.dir}
+        if launcher:
+            self.env[SHM_DIR_ENV] = self.shm
+        self.patch = mock.patch.dict(os.environ, self.env)
+
+    def __enter__(self):
+        os.environ.pop(SHM_DIR_ENV, None)
+        self.patch.start()
+        return self
+
+    def __exit__(self, *a):
+        self.patch.stop()
+        shutil.rmtree(self.root)
+
+
+class StateTest(unittest.TestCase):
+    def test_memory_round_trip_bit_identical(self):
+        with Env() as e:
+            self.assertEqual(state.load(), (None, None))
+            for step in (1, 2, 3):
+                info = state.save(step, make_state(step))
+                self.assertEqual(info["where"], "memory")
+                self.assertGreater(info["bytes"], 64 * 33 * 4 * 2)
+            self.assertEqual(os.listdir(e.shm), ["rank-0"])
+            self.assertFalse(os.path.exists(e.dir), "a save into memory wrote files")
+            step, got = state.load()
+            self.assertEqual(step, 3)
+            self.assertTrue(same(got, make_state(3)))
+            self.assertIs(got["shared_a"], got["shared_b"], "one tensor saved twice came back as two")
+            self.assertTrue(got["model"]["w_t"].is_contiguous())
+            # The loaded tensors own their memory: changing them does not
+            # change the save.
+            got["model"]["w"].zero_()
+            self.assertTrue(same(state.load()[1], make_state(3)))
+
+    def test_growing_state(self):
+        with Env():
+            state.save(1, {"x": torch.zeros(10)})
+            big = {"x": torch.randn(600_000)}  # 2.4 MB: past the first 1 MiB slot
+            state.save(2, big)
+            step, got = state.load()
+            self.assertEqual(step, 2)
+            self.assertTrue(same(got, big))
+
+    def test_checksum_round_trip(self):
+        with Env():
+            state.save(5, make_state(5), checksum=True)
+            step, got = state.load()
+            self.assertEqual(step, 5)
+            self.assertTrue(same(got, make_state(5)))
+
+    def test_corrupt_save_is_refused(self):
+        with Env() as e:
+            state.save(1, {"x": torch.ones(1000)}, checksum=True)
+            path = os.path.join(e.shm, "rank-0")
+            with open(path, "r+b") as f:  # flip a payload byte
+                f.seek(state.HEADER + 200)
+                b = f.read(1)
+                f.seek(state.HEADER + 200)
+                f.write(bytes([b[0] ^ 0xFF]))
+            with self.assertRaises(state.StateError):
+                state.load()
+            # Without a checksum the flipped byte is not noticed: that is
+            # what checksum=True buys.
+            self.assertEqual(state.load(verify=False)[0], 1)
+
+    def test_fallback_without_launcher(self):
+        with Env(launcher=False) as e:
+            self.assertEqual(state.load(), (None, None))
+            info = state.save(7, make_state(7))
+            self.assertEqual(info["where"], "file")
+            first = sorted(os.listdir(e.dir))
+            self.assertEqual(first, ["rank-3-own-1.ftstate", "rank-3.json"])
+            state.save(8, make_state(8))
+            self.assertEqual(sorted(os.listdir(e.dir)), ["rank-3-own-2.ftstate", "rank-3.json"])
+            step, got = state.load()
+            self.assertEqual(step, 8)
+            self.assertTrue(same(got, make_state(8)))
+            for p in (e.dir, os.path.join(e.dir, "rank-3.json"), os.path.join(e.dir, "rank-3-own-2.ftstate")):
+                step, got = state.load_file(p)
+                self.assertEqual(step, 8)
+                self.assertTrue(same(got, make_state(8)))
+            with self.assertRaises(FileNotFoundError):
+                state.load_file(e.dir, rank=9)
+
+    def test_no_room_in_memory_falls_back_to_file(self):
+        with Env() as e:
+            state.save(1, {"x": torch.ones(10)})  # fits: memory
+            with mock.patch.object(state, "_mem_available", return_value=1 << 20):
+                with self.assertLogs("ft_launcher_client.state", "WARNING") as logs:
+                    info = state.save(2, {"x": torch.ones(1_000_000)})
+            self.assertEqual(info["where"], "file")
+            self.assertIn("MemAvailable", "".join(logs.output))
+            step, got = state.load()  # the file holds the newer step
+            self.assertEqual(step, 2)
+            self.assertTrue(same(got, {"x": torch.ones(1_000_000)}))
+            self.assertTrue(os.path.exists(os.path.join(e.dir, "rank-3.json")))
+
+    def test_save_counts_as_checkpoint_section(self):
+        calls = []
+
+        class Mon:
+            is_initialized = True
+
+            def start_section(self, name):
+                calls.append(("open", name))
+
+            def end_section(self, name):
+                calls.append(("close", name))
+
+        with Env():
+            state.Bound(lambda: Mon()).save(1, {"x": torch.ones(3)})
+        self.assertEqual(calls, [("open", "checkpointing"), ("close", "checkpointing")])
+
+    def test_saver_killed_mid_save_leaves_last_commit(self):
+        """A real process saving in a loop is SIGKILLed; the segment then
+        holds a whole save of some step, never a mix."""
+        with Env() as e:
+            code = (
+                "import sys, torch; sys.path.insert(0, %r)\n"
+                "from ft_launcher_client import state\n"
+                "for step in range(1, 1000000):\n"
+                "    state.save(step, {'w': torch.full((2_000_000,), float(step)), 'step': step})\n"
+                "    if step == 2: print('saving', flush=True)\n"
+            ) % os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+            env = dict(os.environ)
+            p = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE)
+            try:
+                self.assertEqual(p.stdout.readline().strip(), b"saving")
+                time.sleep(0.7)
+                p.send_signal(signal.SIGKILL)
+            finally:
+                p.wait()
+                p.stdout.close()
+            self.assertEqual(p.returncode, -signal.SIGKILL)
+            step, got = state.load()
+            self.assertGreaterEqual(step, 2)
+            self.assertEqual(got["step"], step)
+            self.assertTrue(torch.equal(got["w"], torch.full((2_000_000,), float(step))))
+            # The next process of the rank saves over the debris.
+            state.save(step + 1, {"w": torch.zeros(5), "step": step + 1})
+            self.assertEqual(state.load()[0], step + 1)
+            self.assertEqual([n for n in os.listdir(e.shm) if not n.endswith(".grow")], ["rank-0"])
+
+
+if __name__ == "__main__":
+    unittest.main()

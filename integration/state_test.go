@@ -1,0 +1,245 @@
+package integration
+
+import (
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/ftlauncher/ft-launcher/internal/testenv"
+	"github.com/ftlauncher/ft-launcher/state"
+)
+
+type stateResult struct {
+	SHA256      string  `json:"sha256"`
+	ResumedFrom *int    `json:"resumed_from"`
+	Source      *string `json:"source"`
+}
+
+func readStateResult(t *testing.T, dir string, rank int) stateResult {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(dir, "rank-"+strconv.Itoa(rank)+".json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r stateResult
+	if err := json.Unmarshal(b, &r); err != nil || r.SHA256 == "" {
+		t.Fatalf("rank %d result %s: %v", rank, b, err)
+	}
+	return r
+}
+
+// stateReference runs each rank of the script alone, without a launcher
+// (its saves go to files), and returns the directory of its results.
+func stateReference(t *testing.T, script string) string {
+	t.Helper()
+	refOut := t.TempDir()
+	for r := 0; r < 2; r++ {
+		cmd := exec.Command(debianPython, script, "--out", refOut)
+		cmd.Env = append(os.Environ(), "RANK="+strconv.Itoa(r), "LOCAL_RANK="+strconv.Itoa(r),
+			state.EnvDir+"="+filepath.Join(refOut, "files"))
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("reference rank %d: %v\n%s", r, err, out)
+		}
+	}
+	return refOut
+}
+
+// TestTorchStateRestoredFromLauncherMemory trains two real torch ranks that
+// save their whole state after every step with ft_launcher_client.state.
+// Rank 1 crashes right after its save of step 25; the launcher restarts
+// both ranks, each loads its newest save from the launcher's memory, and
+// the final weights equal those of the same script run without any
+// launcher (its saves then go to files). The launcher writes the saves out
+// when the ranks stop and at the end, counts them as checkpoints, and
+// removes its segments when it exits.
+func TestTorchStateRestoredFromLauncherMemory(t *testing.T) {
+	skipShort(t)
+	requireTorch(t)
+	script, err := filepath.Abs("testdata/state_train.py")
+	if err != nil {
+		t.Fatal(err)
+	}
+	refOut := stateReference(t, script)
+
+	j := newJob(t)
+	out, dir := filepath.Join(j.dir, "out"), filepath.Join(j.dir, "state")
+	if err := os.Mkdir(out, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	code := j.run(torchTimeout, []string{"PYTHON_EXEC=" + debianPython},
+		"--standalone", "--nproc-per-node", "2", "--max-restarts", "1",
+		"--state-dir", dir, "--state-persist-every", "0",
+		script, "--out", out, "--crash-at-step", "25", "--crash-rank", "1")
+	if code != 0 {
+		t.Fatalf("exit %d\n%s", code, j.stderr.String())
+	}
+	for r := 0; r < 2; r++ {
+		ref, got := readStateResult(t, refOut, r), readStateResult(t, out, r)
+		if got.SHA256 != ref.SHA256 {
+			t.Errorf("rank %d: final weights %s differ from the uninterrupted run's %s", r, got.SHA256, ref.SHA256)
+		}
+		if got.Source == nil || *got.Source != "memory" {
+			t.Errorf("rank %d restored from %v, want the launcher's memory", r, got.Source)
+		}
+		if got.ResumedFrom == nil {
+			t.Errorf("rank %d did not resume from a save", r)
+		}
+		// The write-out at the end holds the last step.
+		m, err := state.ReadManifest(dir, int32(r))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m.Step != 39 {
+			t.Errorf("rank %d: written step %d, want 39", r, m.Step)
+		}
+		if _, _, err := state.ReadFile(filepath.Join(dir, m.File)); err != nil {
+			t.Error(err)
+		}
+	}
+	if t.Failed() {
+		evs, _ := os.ReadFile(j.events)
+		t.Logf("events:\n%s\nstderr:\n%s", evs, j.stderr.String())
+	}
+	for r, want := range []int{30, 25} { // where rank 0 waited; rank 1's save right before its crash
+		if got := readStateResult(t, out, r); got.ResumedFrom == nil || *got.ResumedFrom != want {
+			t.Errorf("rank %d resumed from %v, want %d", r, got.ResumedFrom, want)
+		}
+	}
+	reasons := map[any]int{}
+	for _, e := range j.eventsOf(state.EventPersisted) {
+		reasons[e["reason"]]++
+	}
+	if reasons["ranks stopped"] == 0 || reasons["end"] == 0 {
+		t.Errorf("write-outs by reason %v, want some when the ranks stopped and at the end", reasons)
+	}
+	if n := len(j.eventsOf(state.EventSave)); n == 0 {
+		t.Error("no state_save events")
+	}
+	if n := len(j.eventsOf("rank_checkpoint")); n < 40 {
+		t.Errorf("%d rank_checkpoint events, want at least 40 (every save is a checkpoint)", n)
+	}
+	left, _ := filepath.Glob("/dev/shm/ft-launcher-state-" + strconv.Itoa(j.cmd.Process.Pid) + "-*")
+	if len(left) != 0 {
+		t.Errorf("segments left after the launcher exited: %v", left)
+	}
+}
+
+// TestTorchStateWrittenOnSignalContinuesInNewJob stops a job with SIGTERM
+// (a walltime) while its ranks save after every step and nothing is
+// written periodically (--state-persist-every 0): the launcher writes the
+// newest saves out as it stops, and a new job (a new launcher, fresh
+// memory) resumes from them and ends with the weights of an uninterrupted
+// run.
+func TestTorchStateWrittenOnSignalContinuesInNewJob(t *testing.T) {
+	skipShort(t)
+	requireTorch(t)
+	script, err := filepath.Abs("testdata/state_train.py")
+	if err != nil {
+		t.Fatal(err)
+	}
+	refOut := stateReference(t, script)
+	j := newJob(t)
+	out, dir := filepath.Join(j.dir, "out"), filepath.Join(j.dir, "state")
+	if err := os.Mkdir(out, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	j.start([]string{"PYTHON_EXEC=" + debianPython}, "--standalone", "--nproc-per-node", "2",
+		"--state-dir", dir, "--state-persist-every", "0", script, "--out", out, "--step-sleep", "0.2")
+	seen := map[any]float64{} // local rank -> newest step the launcher saw saved
+	deadline := time.Now().Add(torchTimeout)
+	for len(seen) < 2 || seen[float64(0)] < 5 || seen[float64(1)] < 5 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the ranks did not save 5 steps in %s: %v", torchTimeout, seen)
+		}
+		time.Sleep(50 * time.Millisecond)
+		for _, e := range j.eventsOf(state.EventSave) {
+			seen[e["local_rank"]] = max(seen[e["local_rank"]], e["step"].(float64))
+		}
+	}
+	if err := j.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if code := j.wait(time.Minute); code == 0 {
+		t.Fatalf("a job stopped by SIGTERM exited 0\n%s", j.stderr.String())
+	}
+	written := map[int32]int64{}
+	for r := int32(0); r < 2; r++ {
+		m, err := state.ReadManifest(dir, r)
+		if err != nil {
+			t.Fatalf("nothing written on SIGTERM: %v\n%s", err, j.stderr.String())
+		}
+		if float64(m.Step) < seen[float64(r)] || m.Step >= 39 {
+			t.Fatalf("rank %d: written step %d, want the newest save (at least %v, the job was stopped before the end)", r, m.Step, seen[float64(r)])
+		}
+		written[r] = m.Step
+	}
+	for _, e := range j.eventsOf(state.EventPersisted) {
+		if e["reason"] != "ranks stopped" && e["reason"] != "end" {
+			t.Errorf("write-out %v: want only at the stop (--state-persist-every 0)", e)
+		}
+	}
+
+	// The continuation job: a new launcher, nothing in memory.
+	j2 := newJob(t)
+	code := j2.run(torchTimeout, []string{"PYTHON_EXEC=" + debianPython}, "--standalone", "--nproc-per-node", "2",
+		"--state-dir", dir, script, "--out", out)
+	if code != 0 {
+		t.Fatalf("continuation job: exit %d\n%s", code, j2.stderr.String())
+	}
+	for r := 0; r < 2; r++ {
+		ref, got := readStateResult(t, refOut, r), readStateResult(t, out, r)
+		if got.SHA256 != ref.SHA256 {
+			t.Errorf("rank %d: final weights %s differ from the uninterrupted run's %s", r, got.SHA256, ref.SHA256)
+		}
+		if got.Source == nil || *got.Source != "file" || got.ResumedFrom == nil || int64(*got.ResumedFrom) != written[int32(r)] {
+			t.Errorf("rank %d resumed from step %v of %v, want step %d from the file", r, got.ResumedFrom, got.Source, written[int32(r)])
+		}
+	}
+}
+
+// TestTorchStateFullDiskWarnsAndTrainingGoesOn gives the launcher a state
+// directory on a 16 KiB tmpfs, too small for any write-out: every
+// write-out fails, which is a state_persist_failed event and a verdict
+// warning, while the ranks train to the end, restoring from memory after a
+// crash as usual.
+func TestTorchStateFullDiskWarnsAndTrainingGoesOn(t *testing.T) {
+	skipShort(t)
+	requireTorch(t)
+	script, err := filepath.Abs("testdata/state_train.py")
+	if err != nil {
+		t.Fatal(err)
+	}
+	refOut := stateReference(t, script)
+	dir := testenv.Tmpfs(t, "16k")
+	j := newJob(t)
+	out, vpath := filepath.Join(j.dir, "out"), filepath.Join(j.dir, "verdict.json")
+	if err := os.Mkdir(out, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	code := j.run(torchTimeout, []string{"PYTHON_EXEC=" + debianPython},
+		"--standalone", "--nproc-per-node", "2", "--max-restarts", "1", "--verdict-file", vpath,
+		"--state-dir", dir, "--state-persist-every", "1",
+		script, "--out", out, "--crash-at-step", "25", "--crash-rank", "1")
+	if code != 0 {
+		t.Fatalf("exit %d: a full state directory must not stop training\n%s", code, j.stderr.String())
+	}
+	for r := 0; r < 2; r++ {
+		ref, got := readStateResult(t, refOut, r), readStateResult(t, out, r)
+		if got.SHA256 != ref.SHA256 || got.Source == nil || *got.Source != "memory" {
+			t.Errorf("rank %d: weights %s (from %v), want %s restored from memory", r, got.SHA256, got.Source, ref.SHA256)
+		}
+	}
+	if n := len(j.eventsOf(state.EventPersistFailed)); n == 0 {
+		t.Error("no state_persist_failed event")
+	}
+	v := readVerdict(t, vpath)
+	if len(v.StateWarnings) == 0 || !strings.Contains(strings.Join(v.StateWarnings, "\n"), "no space left") {
+		t.Errorf("verdict state_warnings %q, want the failed write-outs", v.StateWarnings)
+	}
+}

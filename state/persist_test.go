@@ -1,0 +1,290 @@
+package state
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/ftlauncher/ft-launcher/internal/testenv"
+)
+
+// saveSeg saves step (a pattern payload of n bytes) into the segment at path.
+func saveSeg(t *testing.T, path string, step int64, n int) {
+	t.Helper()
+	if _, err := (&Saver{Path: path, Rank: 5}).Save(step, pattern(step, n)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// loadWritten reads rank 5's written-out save through its manifest.
+func loadWritten(t *testing.T, dir string) (Manifest, Desc) {
+	t.Helper()
+	m, err := ReadManifest(dir, 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, p, err := ReadFile(filepath.Join(dir, m.File))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Step != m.Step || d.Seq != m.Seq || d.PayloadCRC != m.CRC32 {
+		t.Fatalf("manifest %+v names a file holding %+v", m, d)
+	}
+	checkPattern(t, d, p)
+	return m, d
+}
+
+func tempFiles(t *testing.T, dir string) []string {
+	t.Helper()
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), ".") {
+			out = append(out, e.Name())
+		}
+	}
+	return out
+}
+
+func TestPersistAtomicAndReplaces(t *testing.T) {
+	seg := filepath.Join(t.TempDir(), "rank-0")
+	dir := filepath.Join(t.TempDir(), "ckpt")
+	saveSeg(t, seg, 1, 100000)
+	f, err := os.Open(seg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	m1, ok, err := Persist(f, dir, 0)
+	if err != nil || !ok {
+		t.Fatalf("first write-out: %v %v", ok, err)
+	}
+	if _, d := loadWritten(t, dir); d.Step != 1 {
+		t.Fatalf("written step %d", d.Step)
+	}
+	// Nothing new: nothing written.
+	if _, ok, err := Persist(f, dir, m1.Seq); ok || err != nil {
+		t.Fatalf("write-out of an already written save: %v %v", ok, err)
+	}
+	saveSeg(t, seg, 2, 120000)
+	if _, ok, err := Persist(f, dir, m1.Seq); !ok || err != nil {
+		t.Fatalf("second write-out: %v %v", ok, err)
+	}
+	if _, d := loadWritten(t, dir); d.Step != 2 {
+		t.Fatalf("written step %d, want 2", d.Step)
+	}
+	if _, err := os.Stat(filepath.Join(dir, m1.File)); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the replaced file %s is still there: %v", m1.File, err)
+	}
+	if tmp := tempFiles(t, dir); len(tmp) != 0 {
+		t.Fatalf("temporary files left: %v", tmp)
+	}
+}
+
+// TestPersistDiskFull writes to a real 1 MiB tmpfs: a save that does not
+// fit fails cleanly, the previous written save stays loadable and no
+// temporary file stays.
+func TestPersistDiskFull(t *testing.T) {
+	dir := testenv.Tmpfs(t, "1m")
+	seg := filepath.Join(t.TempDir(), "rank-0")
+	saveSeg(t, seg, 1, 300<<10)
+	f, err := os.Open(seg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	m1, ok, err := Persist(f, dir, 0)
+	if err != nil || !ok {
+		t.Fatalf("first write-out: %v %v", ok, err)
+	}
+	saveSeg(t, seg, 2, 900<<10)
+	_, ok, err = Persist(f, dir, m1.Seq)
+	if !errors.Is(err, syscall.ENOSPC) || ok {
+		t.Fatalf("write-out to a full disk: ok=%v err=%v, want ENOSPC", ok, err)
+	}
+	if m, _ := loadWritten(t, dir); m.Seq != m1.Seq {
+		t.Fatalf("manifest after the failure names seq %d, want %d", m.Seq, m1.Seq)
+	}
+	if tmp := tempFiles(t, dir); len(tmp) != 0 {
+		t.Fatalf("temporary files left: %v", tmp)
+	}
+	// The save is still in memory.
+	if d, p, err := ReadNewest(f); err != nil || d.Step != 2 {
+		t.Fatalf("memory copy after the failure: %+v %v", d, err)
+	} else {
+		checkPattern(t, d, p)
+	}
+}
+
+// TestPersistKilledMidWrite kills a writer process with SIGKILL while it
+// writes the data file: the previous manifest and its file stay valid, and
+// the next write-out removes the debris.
+func TestPersistKilledMidWrite(t *testing.T) {
+	seg := filepath.Join(t.TempDir(), "rank-0")
+	dir := filepath.Join(t.TempDir(), "ckpt")
+	saveSeg(t, seg, 1, 64<<10)
+	f, err := os.Open(seg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	m1, _, err := Persist(f, dir, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	saveSeg(t, seg, 2, 2<<20)
+	cmd := startChild(t, "persist", seg, dir, "0")
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Wait(); err == nil {
+		t.Fatal("the writer finished before it was killed; the test proves nothing")
+	}
+	if m, _ := loadWritten(t, dir); m.Seq != m1.Seq {
+		t.Fatalf("after the kill the manifest names seq %d, want %d", m.Seq, m1.Seq)
+	}
+	if len(tempFiles(t, dir)) == 0 {
+		t.Fatal("the killed writer left no temporary file: it was not killed mid-write")
+	}
+	removeStaleTemps(dir)
+	// The save of step 2 grew the segment: a new file took the path.
+	f2, err := os.Open(seg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f2.Close()
+	if _, ok, err := Persist(f2, dir, m1.Seq); !ok || err != nil {
+		t.Fatalf("write-out after the kill: %v %v", ok, err)
+	}
+	if _, d := loadWritten(t, dir); d.Step != 2 {
+		t.Fatalf("written step %d, want 2", d.Step)
+	}
+	if tmp := tempFiles(t, dir); len(tmp) != 0 {
+		t.Fatalf("temporary files left: %v", tmp)
+	}
+}
+
+type events struct {
+	mu  sync.Mutex
+	got []map[string]any
+}
+
+func (e *events) emit(kind string, f map[string]any) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	f["event"] = kind
+	e.got = append(e.got, f)
+}
+
+func (e *events) count(kind string) int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	n := 0
+	for _, f := range e.got {
+		if f["event"] == kind {
+			n++
+		}
+	}
+	return n
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestStoreWritesEveryNSaves runs the background writer: saves are seen
+// (state_save), written after every 2nd save, at once on Kick, at Close,
+// and Close removes the segments.
+func TestStoreWritesEveryNSaves(t *testing.T) {
+	var ev events
+	dir := filepath.Join(t.TempDir(), "ckpt")
+	s, err := Open(Options{NLocal: 2, Dir: dir, ShmRoot: t.TempDir(), Every: Every{Saves: 2}, Poll: 10 * time.Millisecond, Emit: ev.emit})
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := false
+	t.Cleanup(func() {
+		if !closed {
+			_ = s.Close(context.Background())
+		}
+	})
+	if env := strings.Join(s.Env(), " "); !strings.Contains(env, EnvShmDir+"="+s.ShmDir()) || !strings.Contains(env, EnvDir+"="+dir) {
+		t.Fatalf("env %q", env)
+	}
+	seg := s.SegmentPath(1)
+	saveSeg(t, seg, 1, 4096)
+	waitFor(t, "the first save to be seen", func() bool { return ev.count(EventSave) == 1 })
+	time.Sleep(100 * time.Millisecond) // ten polls: one save is not yet due
+	if _, err := ReadManifest(dir, 5); err == nil {
+		t.Fatal("written after one save, want every 2")
+	}
+	saveSeg(t, seg, 2, 4096)
+	waitFor(t, "the 2nd save to be written", func() bool { _, err := ReadManifest(dir, 5); return err == nil })
+	if _, d := loadWritten(t, dir); d.Step != 2 {
+		t.Fatalf("written step %d", d.Step)
+	}
+	saveSeg(t, seg, 3, 4096)
+	s.Kick("rank failed")
+	waitFor(t, "the kicked write-out", func() bool { m, err := ReadManifest(dir, 5); return err == nil && m.Step == 3 })
+	saveSeg(t, seg, 4, 4096)
+	closed = true
+	if err := s.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if _, d := loadWritten(t, dir); d.Step != 4 {
+		t.Fatalf("after Close the written step is %d, want 4", d.Step)
+	}
+	if _, err := os.Stat(s.ShmDir()); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("segments not removed: %v", err)
+	}
+	if n := ev.count(EventPersisted); n != 3 {
+		t.Fatalf("%d write-outs recorded, want 3", n)
+	}
+}
+
+// TestStoreUnwritableDir: a write-out that fails is an event and a
+// warning; the save stays in memory and training never waits.
+func TestStoreUnwritableDir(t *testing.T) {
+	var ev events
+	dir := testenv.Tmpfs(t, "64k")
+	s, err := Open(Options{NLocal: 1, Dir: dir, ShmRoot: t.TempDir(), Every: Every{Saves: 1}, Poll: 10 * time.Millisecond, Emit: ev.emit,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close(context.Background())
+	saveSeg(t, s.SegmentPath(0), 1, 256<<10) // does not fit in 64 KiB
+	waitFor(t, "the failure event", func() bool { return ev.count(EventPersistFailed) > 0 })
+	w := s.Warnings()
+	if len(w) == 0 || !strings.Contains(w[0], "no space left") {
+		t.Fatalf("warnings %q", w)
+	}
+	f, err := os.Open(s.SegmentPath(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if d, p, err := ReadNewest(f); err != nil {
+		t.Fatal(err)
+	} else {
+		checkPattern(t, d, p)
+	}
+}

@@ -1,0 +1,304 @@
+package state
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"time"
+)
+
+// Environment of the ranks (read by ft_launcher_client.state).
+const (
+	// EnvShmDir is the directory of the segments: the rank's is
+	// $FT_STATE_SHM_DIR/rank-$LOCAL_RANK.
+	EnvShmDir = "FT_STATE_SHM_DIR"
+	// EnvDir is the state directory (--state-dir): the written-out saves,
+	// and the client's fallback when a save does not fit in memory.
+	EnvDir = "FT_STATE_DIR"
+)
+
+// Event kinds given to Options.Emit.
+const (
+	EventSave          = "state_save"           // local_rank, rank, step, seq, bytes, save_ms, saves (since the last one seen)
+	EventPersisted     = "state_persisted"      // local_rank, rank, step, seq, bytes, file, reason, write_ms
+	EventPersistFailed = "state_persist_failed" // local_rank, reason, error
+)
+
+// Every is when the background writer writes: after Saves new saves, or
+// when Interval has passed since the last write and there is a new save.
+// Both zero: only when a rank fails, on a signal and at the end.
+type Every struct {
+	Saves    int
+	Interval time.Duration
+}
+
+// String spells e as --state-persist-every takes it.
+func (e Every) String() string {
+	if e.Interval > 0 {
+		return e.Interval.String()
+	}
+	return strconv.Itoa(e.Saves)
+}
+
+// MaxPersistSaves and MaxPersistInterval bound --state-persist-every.
+const (
+	MaxPersistSaves    = 1_000_000_000
+	MaxPersistInterval = 7 * 24 * time.Hour
+)
+
+// ParseEvery reads --state-persist-every: a count of saves ("10") or a
+// duration ("90s", "5m"); "0" writes only on failure, signal and end.
+func ParseEvery(s string) (Every, error) {
+	if n, err := strconv.Atoi(s); err == nil {
+		if n < 0 || n > MaxPersistSaves {
+			return Every{}, fmt.Errorf("--state-persist-every %q: a count of saves must be 0 to %d", s, MaxPersistSaves)
+		}
+		return Every{Saves: n}, nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil || d <= 0 || d > MaxPersistInterval {
+		return Every{}, fmt.Errorf("--state-persist-every %q: want a count of saves (0 to %d) or a duration like 90s or 5m (up to 168h)", s, MaxPersistSaves)
+	}
+	return Every{Interval: d}, nil
+}
+
+// Options configure a Store.
+type Options struct {
+	NLocal int
+	// Dir is the state directory the saves are written to.
+	Dir string
+	// ShmRoot holds the segments' directory; "" means /dev/shm.
+	ShmRoot string
+	Every   Every
+	// Poll is how often the segments' headers are read (a 4 KiB pread
+	// each); 0 means 200 ms.
+	Poll   time.Duration
+	Emit   func(kind string, fields map[string]any) // nil: no events
+	Logger *slog.Logger                             // nil: slog.Default
+}
+
+// rankState is what the store knows of one local rank's segment.
+type rankState struct {
+	seen      uint64 // newest seq observed (events)
+	written   uint64 // newest seq written out
+	savesNew  int    // saves since the last write
+	lastWrite time.Time
+}
+
+// Store owns the segments of one node's local ranks and writes them out in
+// the background. The ranks never wait on it: it only reads their
+// segments, and a save it races is read again.
+type Store struct {
+	opts   Options
+	shmDir string
+	kick   chan string
+	done   chan struct{}
+	cancel context.CancelFunc
+
+	closeOnce sync.Once
+	closeErr  error
+
+	mu       sync.Mutex // guards ranks, warnings; held across a write-out
+	ranks    []rankState
+	warnings []string
+}
+
+// Open creates the segments' directory (mode 0700, under ShmRoot) and
+// starts the background writer. The segments are created by the ranks'
+// first saves; the directory and everything in it stay until Close, so a
+// rank's next process finds the saves of the one before.
+func Open(opts Options) (*Store, error) {
+	if opts.NLocal < 1 {
+		return nil, fmt.Errorf("state store: %d local ranks, need at least 1", opts.NLocal)
+	}
+	if opts.Dir == "" {
+		return nil, errors.New("state store: no state directory (--state-dir)")
+	}
+	if opts.ShmRoot == "" {
+		opts.ShmRoot = "/dev/shm"
+	}
+	if opts.Poll <= 0 {
+		opts.Poll = 200 * time.Millisecond
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if opts.Emit == nil {
+		opts.Emit = func(string, map[string]any) {}
+	}
+	shm, err := os.MkdirTemp(opts.ShmRoot, fmt.Sprintf("ft-launcher-state-%d-", os.Getpid()))
+	if err != nil {
+		return nil, fmt.Errorf("state store: create the segments' directory in %s: %w", opts.ShmRoot, err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	s := &Store{opts: opts, shmDir: shm, kick: make(chan string, 1), done: make(chan struct{}), cancel: cancel,
+		ranks: make([]rankState, opts.NLocal)}
+	now := time.Now()
+	for i := range s.ranks {
+		s.ranks[i].lastWrite = now
+	}
+	if err := os.MkdirAll(opts.Dir, 0o755); err != nil {
+		s.warn(-1, "start", fmt.Errorf("state directory: %w", err))
+	} else {
+		removeStaleTemps(opts.Dir)
+	}
+	go s.loop(ctx)
+	return s, nil
+}
+
+// ShmDir is the segments' directory.
+func (s *Store) ShmDir() string { return s.shmDir }
+
+// SegmentPath is the segment of local rank lr.
+func (s *Store) SegmentPath(lr int) string {
+	return filepath.Join(s.shmDir, "rank-"+strconv.Itoa(lr))
+}
+
+// Env is what the ranks need to find their segment and the state directory.
+func (s *Store) Env() []string {
+	return []string{EnvShmDir + "=" + s.shmDir, EnvDir + "=" + s.opts.Dir}
+}
+
+// Kick asks for a write-out of every new save now (a rank failed, the job
+// is stopping); it does not wait for it.
+func (s *Store) Kick(reason string) {
+	select {
+	case s.kick <- reason:
+	default: // one is pending already; it writes every new save too
+	}
+}
+
+// Warnings are the write-out failures so far, for the verdict.
+func (s *Store) Warnings() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]string(nil), s.warnings...)
+}
+
+// Close stops the background writer, writes out every save not yet
+// written (reason "end"), and removes the segments. ctx bounds the final
+// write-out; the segments are removed whatever it returns. Later calls
+// return the first one's result.
+func (s *Store) Close(ctx context.Context) error {
+	s.closeOnce.Do(func() {
+		s.cancel()
+		<-s.done
+		err := s.flush(ctx, "end", true)
+		if rerr := os.RemoveAll(s.shmDir); rerr != nil {
+			err = errors.Join(err, fmt.Errorf("remove state segments: %w", rerr))
+		}
+		s.closeErr = err
+	})
+	return s.closeErr
+}
+
+func (s *Store) loop(ctx context.Context) {
+	defer close(s.done)
+	t := time.NewTicker(s.opts.Poll)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			_ = s.flush(ctx, "", false)
+		case reason := <-s.kick:
+			_ = s.flush(ctx, reason, true)
+		}
+	}
+}
+
+// flush observes every segment and writes out the new saves that are due
+// (all new ones when force). reason "" is the periodic policy.
+func (s *Store) flush(ctx context.Context, reason string, force bool) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var errs []error
+	for lr := range s.ranks {
+		if err := ctx.Err(); err != nil && reason != "end" {
+			return err
+		}
+		if err := s.flushRank(lr, reason, force); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (s *Store) flushRank(lr int, reason string, force bool) error {
+	rs := &s.ranks[lr]
+	f, err := os.Open(s.SegmentPath(lr))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil // the rank never saved
+	}
+	if err != nil {
+		return s.warn(lr, reason, fmt.Errorf("open segment: %w", err))
+	}
+	defer f.Close()
+	d, err := Newest(f)
+	if errors.Is(err, ErrEmpty) {
+		return nil
+	}
+	if err != nil {
+		return s.warn(lr, reason, err)
+	}
+	if d.Seq > rs.seen {
+		n := d.Seq - rs.seen // saves committed since the last look
+		if rs.seen == 0 {
+			n = 1
+		}
+		rs.savesNew += int(n)
+		rs.seen = d.Seq
+		s.opts.Emit(EventSave, map[string]any{"local_rank": lr, "rank": d.Rank, "step": d.Step, "seq": d.Seq,
+			"bytes": d.Length, "save_ms": float64(d.DurationNS) / 1e6, "saves": n})
+	}
+	if d.Seq <= rs.written {
+		return nil
+	}
+	due := force
+	e := s.opts.Every
+	if reason == "" {
+		due = (e.Saves > 0 && rs.savesNew >= e.Saves) || (e.Interval > 0 && time.Since(rs.lastWrite) >= e.Interval)
+		reason = "periodic"
+	}
+	if !due {
+		return nil
+	}
+	start := time.Now()
+	m, ok, err := Persist(f, s.opts.Dir, rs.written)
+	if err != nil {
+		// Retried at the next due point (or kick), not at every poll.
+		rs.savesNew, rs.lastWrite = 0, time.Now()
+		return s.warn(lr, reason, err)
+	}
+	if !ok {
+		return nil
+	}
+	rs.written, rs.savesNew, rs.lastWrite = m.Seq, 0, time.Now()
+	s.opts.Emit(EventPersisted, map[string]any{"local_rank": lr, "rank": m.Rank, "step": m.Step, "seq": m.Seq,
+		"bytes": m.Bytes, "file": filepath.Join(s.opts.Dir, m.File), "reason": reason,
+		"write_ms": float64(time.Since(start).Microseconds()) / 1000})
+	return nil
+}
+
+// warn records a write-out failure: an event, a log line and a verdict
+// warning. The save stays in memory; the next write-out tries again.
+func (s *Store) warn(lr int, reason string, err error) error {
+	if reason == "" {
+		reason = "periodic"
+	}
+	s.opts.Emit(EventPersistFailed, map[string]any{"local_rank": lr, "reason": reason, "error": err.Error()})
+	s.opts.Logger.Warn("state: writing the saved state out failed; the copy in memory is kept", "local_rank", lr, "reason", reason, "err", err)
+	w := fmt.Sprintf("state write-out (local rank %d, %s): %v", lr, reason, err)
+	const maxWarnings = 16
+	if len(s.warnings) < maxWarnings {
+		s.warnings = append(s.warnings, w)
+	}
+	return err
+}
