@@ -76,7 +76,17 @@ func (e *Etcd) declareLostLocked() {
 		e.closeLocally(reason)
 		e.broadcastLocked()
 	}
-	e.loseFn(fmt.Errorf("%w: %s", ErrRendezvousLost, reason))
+	e.sess.lose(fmt.Errorf("%w: %s", ErrRendezvousLost, reason))
+}
+
+// etcdLost is the session's OnLost: its probe found etcd unreachable past
+// EtcdLossBound.
+func (e *Etcd) etcdLost() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.ctx.Err() == nil {
+		e.declareLostLocked() // final: this node's job is over
+	}
 }
 
 // lostErrLocked is the loss error when this node's job was closed because

@@ -16,7 +16,7 @@ import (
 func (e *Etcd) claimCloser(ctx context.Context, r int) (bool, error) {
 	resp, err := e.cli.Txn(ctx).
 		If(clientv3.Compare(clientv3.CreateRevision(e.k.closer(r)), "=", 0), e.genCmp()).
-		Then(clientv3.OpPut(e.k.closer(r), e.o.NodeID, clientv3.WithLease(e.currentLease()))).Commit()
+		Then(clientv3.OpPut(e.k.closer(r), e.o.NodeID, clientv3.WithLease(e.sess.current()))).Commit()
 	if err != nil {
 		return false, fmt.Errorf("claim closer of round %d: %w", r, err)
 	}

@@ -164,7 +164,7 @@ func (e *Etcd) endOps(r int, f policy.Failure, d policy.Decision, used int, subj
 	if subject != e.o.NodeID {
 		// The next round's closer must not wait for the node that ended
 		// this one: its death is recorded with the end, not after it.
-		ops = append(ops, clientv3.OpPut(e.k.dead(subject), e.o.NodeID, clientv3.WithLease(e.currentLease())))
+		ops = append(ops, clientv3.OpPut(e.k.dead(subject), e.o.NodeID, clientv3.WithLease(e.sess.current())))
 		if quarantines(f, d.Action, subject) {
 			ops = append(ops, e.quarantineOp(r, f, subject, reason))
 		}

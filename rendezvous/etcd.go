@@ -115,19 +115,17 @@ type Etcd struct {
 	gen        int
 	cli        *clientv3.Client
 	ownsClient bool
-	ownsLease  bool
-	leaseMu    sync.Mutex // serializes lease renewals (keepAlive and joinRound)
+	// sess owns the lease, its renewals, the fence timer, the probe and
+	// the loss context (session.go); it is never called with mu held.
+	sess *session
 
 	ctx    context.Context // ends on Close
 	cancel context.CancelFunc
-	lost   context.Context // ends on Close, or with an ErrRendezvousLost cause once etcd is lost
-	loseFn context.CancelCauseFunc
+	lost   context.Context // sess.Lost(): ends on Close, or with an ErrRendezvousLost cause once etcd is lost
 	wg     sync.WaitGroup
 	ml     *memberlist.Memberlist
 
 	mu        sync.Mutex
-	lease     clientv3.LeaseID
-	kaKick    chan struct{} // moves the keep-alive loop to a replaced lease
 	state     nodeState
 	cfg       *jobConfig // job config as stored, after the first successful check
 	ctlRound  int        // the job's current round, as last seen from etcd
@@ -150,8 +148,7 @@ type Etcd struct {
 	// ack): a loss confirmed later by its lease's expiry keeps it for the
 	// record's detection time.
 	lossEvidence map[string]time.Time
-	lastProbe    time.Time
-	fence        fenceState // this node's own lease validity and fence (fence.go)
+	fence        fenceState // this node's fence out of a round (fence.go)
 	gossipAddr   string
 	stream       *streamServer
 	streamAddr   string
@@ -179,9 +176,12 @@ func NewEtcd(ctx context.Context, opts EtcdOptions) (*Etcd, error) {
 	e := &Etcd{o: opts, log: opts.Logger.With("node", opts.NodeID, "run_id", opts.RunID),
 		rk: runKeys{base: opts.KeyPrefix + opts.RunID + "/"}, ends: map[int]*endSub{},
 		lastEnds: map[int]endInfo{}, changed: make(chan struct{}), lastRound: -1, reborn: -1, rankRound: -1,
-		assigned: map[int]roundSummary{}, ctlRound: -1, kaKick: make(chan struct{}, 1), lossEvidence: map[string]time.Time{}, fence: fenceState{round: -1}, lastAck: map[string]time.Time{}, ledgerClosed: map[int]map[string][]ledger.Record{}}
+		assigned: map[int]roundSummary{}, ctlRound: -1, lossEvidence: map[string]time.Time{}, fence: fenceState{round: -1}, lastAck: map[string]time.Time{}, ledgerClosed: map[int]map[string][]ledger.Record{}}
 	e.ctx, e.cancel = context.WithCancel(context.Background())
-	e.lost, e.loseFn = context.WithCancelCause(e.ctx)
+	e.sess = newSession(e.ctx, sessionConfig{TTL: opts.LeaseTTL, FenceMargin: opts.FenceMargin, ProbeInterval: opts.ProbeInterval,
+		LossBound: opts.EtcdLossBound, Endpoints: e.endpoints, OnRenewed: e.leaseRenewed, OnFenceDue: e.fenceDue,
+		OnReplaced: e.leaseReplaced, OnLost: e.etcdLost}, e.log)
+	e.lost = e.sess.Lost()
 	if err := e.start(ctx); err != nil {
 		e.Close()
 		return nil, err
@@ -195,13 +195,11 @@ func (e *Etcd) start(ctx context.Context) error {
 	if err := e.connect(ctx); err != nil {
 		return err
 	}
+	e.sess.attach(e.cli)
 	if e.o.Lease != 0 {
-		e.lease = e.o.Lease
-	} else {
-		if err := e.grantLease(ctx); err != nil {
-			return err
-		}
-		e.ownsLease = true
+		e.sess.useShared(e.o.Lease)
+	} else if err := e.sess.grantOwn(ctx); err != nil {
+		return err
 	}
 	if err := e.joinGeneration(ctx); err != nil {
 		return err
@@ -210,13 +208,11 @@ func (e *Etcd) start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	e.lastProbe = time.Now()
-	e.wg.Add(2)
+	e.wg.Add(1)
 	go e.watchCtl(rev)
-	go e.probe()
-	if e.ownsLease {
-		e.wg.Add(1)
-		go e.keepAlive(e.kaKick)
+	e.sess.startProbe(e.k.round())
+	if e.sess.owns() {
+		e.sess.startKeepAlive()
 	}
 	if !e.o.DisableGossip {
 		return e.startGossip()

@@ -392,7 +392,7 @@ func (e *Etcd) markDead(id string) {
 	}
 	ctx, cancel := e.lostTimeout(5 * time.Second)
 	defer cancel()
-	if _, err := e.cli.Put(ctx, e.k.dead(id), e.o.NodeID, clientv3.WithLease(e.currentLease())); err != nil {
+	if _, err := e.cli.Put(ctx, e.k.dead(id), e.o.NodeID, clientv3.WithLease(e.sess.current())); err != nil {
 		e.log.Debug("record gossip death", "node", id, "err", err)
 	}
 }

@@ -180,7 +180,7 @@ func (e *Etcd) Leave(ctx context.Context, reason string) error {
 // verdict.Signaled); the job goes on for the others.
 func (e *Etcd) Depart(ctx context.Context, reason string) error {
 	e.log.Warn("departing from the job", "reason", reason)
-	if e.unreachableNow() {
+	if e.sess.unreachableNow() {
 		// A courtesy that cannot be delivered now: the peers' gossip and
 		// the lease notice the node's absence; do not hold its exit.
 		e.mu.Lock()
@@ -228,7 +228,7 @@ func (e *Etcd) withdrawNode(ctx context.Context, x excludeInfo, ci closeInfo) er
 // dropKeys removes this node's keys: an owned lease is revoked (everything
 // under it goes); a shared one must survive, so the keys are deleted.
 func (e *Etcd) dropKeys(ctx context.Context, r int) error {
-	if lease := e.currentLease(); lease != 0 && e.ownsLease {
+	if lease := e.sess.current(); lease != 0 && e.sess.owns() {
 		if _, err := e.cli.Revoke(ctx, lease); err != nil {
 			return fmt.Errorf("rendezvous: revoke lease on leave: %w", err)
 		}
@@ -258,19 +258,20 @@ func (e *Etcd) Close() error {
 	if e.state != stateClosed {
 		e.closeLocally("closed")
 	}
-	e.stopFenceLocked()
-	lease := e.lease
 	e.mu.Unlock()
+	e.sess.stopFence()
+	lease, owns := e.sess.current(), e.sess.owns()
 	lerr := e.lossErr() // before cancel: the loss cause stays, but read it once
 	e.stopGossip(true)
 	e.stopStream()
 	e.cancel()
 	e.wg.Wait()
+	e.sess.wait()
 	var errs []error
 	switch {
 	case lerr != nil:
 		errs = append(errs, fmt.Errorf("rendezvous: lease left to expire: %w", lerr))
-	case e.ownsLease && lease != 0 && e.cli != nil:
+	case owns && lease != 0 && e.cli != nil:
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		if _, err := e.cli.Revoke(ctx, lease); err != nil {
 			e.log.Debug("revoke lease on close", "err", err)

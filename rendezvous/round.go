@@ -255,15 +255,15 @@ func (e *Etcd) register(ctx context.Context, target int) (roundRead, error) {
 		}
 		return e.cli.Txn(ctx).If(guard...).Then(append(then, read)...).Else(why...).Commit()
 	}
-	lease := e.currentLease()
+	lease := e.sess.current()
 	resp, err := put(lease)
 	if errors.Is(err, rpctypes.ErrLeaseNotFound) {
 		// We were cut off longer than the lease TTL (a partition that
 		// healed): take a new lease and register with it.
-		if rerr := e.renewLease(ctx, lease); rerr != nil {
+		if rerr := e.sess.replace(ctx, lease); rerr != nil {
 			return roundRead{}, fmt.Errorf("rendezvous: join round %d: renew expired lease: %w", target, rerr)
 		}
-		lease = e.currentLease()
+		lease = e.sess.current()
 		resp, err = put(lease)
 	}
 	if err != nil {
@@ -343,7 +343,7 @@ func (e *Etcd) waitAssignment(ctx context.Context, target int, seen roundRead) (
 		if cur > target {
 			return nil, true, nil
 		}
-		if e.currentLease() != seen.lease {
+		if e.sess.current() != seen.lease {
 			// The lease expired while we waited (etcd answered renewals
 			// too late) and our membership went with it: register again
 			// under the new one, or the round may never see MIN nodes.
@@ -498,9 +498,6 @@ func (e *Etcd) adopt(target int, sum roundSummary, ri rankInfo) Assignment {
 		e.setStateLocked(stateStandby, "parked in round "+strconv.Itoa(target))
 	} else {
 		e.setStateLocked(stateActive, "assigned in round "+strconv.Itoa(target))
-		if t := e.fence.timer; t != nil && !time.Now().Before(FenceDeadline(e.fence.validUntil, e.o.FenceMargin)) {
-			t.Reset(0) // the lease is not proven valid now: fence at once (fence.go)
-		}
 	}
 	if e.roundStop != nil {
 		e.roundStop()
@@ -509,6 +506,9 @@ func (e *Etcd) adopt(target int, sum roundSummary, ri rankInfo) Assignment {
 	e.roundStop, e.roundCtx, e.roundCtxOf = rcancel, rctx, target
 	stale := e.ctlRound > target || e.closed != nil
 	e.mu.Unlock()
+	if !a.Standby {
+		e.sess.fenceIfUnproven() // the lease is not proven valid now: fence at once (fence.go)
+	}
 	if stale {
 		rcancel()
 	} else if !a.Standby {
