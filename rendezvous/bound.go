@@ -70,8 +70,7 @@ func (e *Etcd) declareLostLocked() {
 		reason += fmt.Sprintf("; this node fenced itself out of round %d at %s (its lease could not be renewed): if a spare was waiting, the job may have gone on without it",
 			r, e.fence.at.UTC().Format(time.RFC3339))
 	}
-	if e.closed == nil {
-		e.closed = &closeInfo{Kind: kind, Code: code, Node: e.o.NodeID, Reason: reason}
+	if e.view.closeLocal(closeInfo{Kind: kind, Code: code, Node: e.o.NodeID, Reason: reason}) {
 		e.log.Error("closing: etcd lost", "reason", reason)
 		e.closeLocally(reason)
 		e.broadcastLocked()
@@ -89,16 +88,16 @@ func (e *Etcd) etcdLost() {
 	}
 }
 
-// lostErrLocked is the loss error when this node's job was closed because
-// etcd was lost, nil for any other close (mu held, e.closed set).
-func (e *Etcd) lostErrLocked() error {
-	if e.closed.Kind != verdict.RendezvousLost {
+// lostErr is the loss error when this node's job was closed because
+// etcd was lost, nil for any other close (closed is the view's close record).
+func (e *Etcd) lostErr(closed *closeInfo) error {
+	if closed.Kind != verdict.RendezvousLost {
 		return nil
 	}
 	if lerr := e.lossErr(); lerr != nil {
 		return lerr
 	}
-	return fmt.Errorf("%w: %s", ErrRendezvousLost, e.closed.Reason)
+	return fmt.Errorf("%w: %s", ErrRendezvousLost, closed.Reason)
 }
 
 // retry runs op until it succeeds, fails for a reason other than etcd

@@ -63,9 +63,7 @@ func (e *Etcd) runCloser(ctx context.Context, r int) {
 	}
 	defer c.stop()
 	for {
-		e.mu.Lock()
-		ch, cur, closed := e.changed, e.ctlRound, e.closed
-		e.mu.Unlock()
+		ch, closed, cur := e.view.snapshot()
 		if closed != nil || cur > r {
 			return
 		}

@@ -123,18 +123,7 @@ func ledgerReason(f policy.Failure) ledger.Reason {
 // stashLedger keeps (recs != nil) or drops the ledger records this node's
 // end txn of round r writes for subject.
 func (e *Etcd) stashLedger(r int, subject string, recs []ledger.Record) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	m := e.ledgerClosed[r]
-	if recs == nil {
-		delete(m, subject)
-		return
-	}
-	if m == nil {
-		m = map[string][]ledger.Record{}
-		e.ledgerClosed[r] = m
-	}
-	m[subject] = recs
+	e.view.stashLedger(r, subject, recs)
 }
 
 // endOps are the writes that carry out policy decision d for round r;

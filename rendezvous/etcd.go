@@ -12,7 +12,6 @@ import (
 	"github.com/hashicorp/memberlist"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/ftlauncher/ft-launcher/ledger"
 	"github.com/ftlauncher/ft-launcher/metrics"
 	"github.com/ftlauncher/ft-launcher/verdict"
 )
@@ -128,12 +127,7 @@ type Etcd struct {
 	mu        sync.Mutex
 	state     nodeState
 	cfg       *jobConfig // job config as stored, after the first successful check
-	ctlRound  int        // the job's current round, as last seen from etcd
-	closed    *closeInfo // the job's close record, or a local close (etcd lost, Leave)
-	ends      map[int]*endSub
-	lastEnds  map[int]endInfo
-	changed   chan struct{} // closed and replaced on every ctl change
-	lastRound int           // round of the last assignment this node got; -1 none
+	lastRound int        // round of the last assignment this node got; -1 none
 	// rankRound is the round whose rank entry (key) this node holds in
 	// rank, -1 none: a round whose summary says the entry is unchanged
 	// (roundSummary.Delta) reuses it instead of reading the key.
@@ -153,15 +147,9 @@ type Etcd struct {
 	stream       *streamServer
 	streamAddr   string
 	lastAck      map[string]time.Time // last gossip ack from each member (evidence of life)
-	// ledgerClosed are the ledger leases this node's end txn of round r
-	// closed (set before the txn commits: the ctl watch may deliver the
-	// end first), handed to the agent with round r's RoundEnd.
-	ledgerClosed map[int]map[string][]ledger.Record // round -> lost node -> its leases
-}
-
-type endSub struct {
-	ch    chan RoundEnd
-	fired bool
+	// view is the job's control state (round, end and close records) and
+	// its subscribers (ctlview.go); its lock is taken after mu, never before.
+	view *ctlView
 }
 
 var _ Rendezvous = (*Etcd)(nil)
@@ -174,9 +162,9 @@ func NewEtcd(ctx context.Context, opts EtcdOptions) (*Etcd, error) {
 		return nil, err
 	}
 	e := &Etcd{o: opts, log: opts.Logger.With("node", opts.NodeID, "run_id", opts.RunID),
-		rk: runKeys{base: opts.KeyPrefix + opts.RunID + "/"}, ends: map[int]*endSub{},
-		lastEnds: map[int]endInfo{}, changed: make(chan struct{}), lastRound: -1, reborn: -1, rankRound: -1,
-		assigned: map[int]roundSummary{}, ctlRound: -1, lossEvidence: map[string]time.Time{}, fence: fenceState{round: -1}, lastAck: map[string]time.Time{}, ledgerClosed: map[int]map[string][]ledger.Record{}}
+		rk:   runKeys{base: opts.KeyPrefix + opts.RunID + "/"},
+		view: newCtlView(opts.NodeID, opts.FenceMargin), lastRound: -1, reborn: -1, rankRound: -1,
+		assigned: map[int]roundSummary{}, lossEvidence: map[string]time.Time{}, fence: fenceState{round: -1}, lastAck: map[string]time.Time{}}
 	e.ctx, e.cancel = context.WithCancel(context.Background())
 	e.sess = newSession(e.ctx, sessionConfig{TTL: opts.LeaseTTL, FenceMargin: opts.FenceMargin, ProbeInterval: opts.ProbeInterval,
 		LossBound: opts.EtcdLossBound, Endpoints: e.endpoints, OnRenewed: e.leaseRenewed, OnFenceDue: e.fenceDue,
@@ -204,6 +192,7 @@ func (e *Etcd) start(ctx context.Context) error {
 	if err := e.joinGeneration(ctx); err != nil {
 		return err
 	}
+	e.view.k = e.k // fixed from here on
 	rev, err := e.loadCtl(ctx)
 	if err != nil {
 		return err
@@ -265,18 +254,7 @@ func (o *EtcdOptions) defaults() error {
 }
 
 // Ended returns a channel that receives once when round ends.
-func (e *Etcd) Ended(round int) <-chan RoundEnd {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	s, ok := e.ends[round]
-	if !ok {
-		s = &endSub{ch: make(chan RoundEnd, 1)}
-		e.ends[round] = s
-		e.fireLocked(round, s)
-		e.pruneLocked() // a long-gone round fired at once: not kept
-	}
-	return s.ch
-}
+func (e *Etcd) Ended(round int) <-chan RoundEnd { return e.view.subscribe(round) }
 
 // Generation is the job generation this node belongs to: it grows by one
 // each time a run id is reused after its job closed (docs/rendezvous.md).

@@ -61,10 +61,7 @@ const (
 // leaseRenewed is the session's OnRenewed: the validity goes to
 // OnLeaseRenewed unless the job is closed.
 func (e *Etcd) leaseRenewed(validUntil time.Time) {
-	e.mu.Lock()
-	closed := e.closed != nil
-	e.mu.Unlock()
-	if !closed && e.o.OnLeaseRenewed != nil {
+	if e.view.closedInfo() == nil && e.o.OnLeaseRenewed != nil {
 		e.o.OnLeaseRenewed(validUntil)
 	}
 }
@@ -79,7 +76,7 @@ func (e *Etcd) fenceDue() {
 	f := &e.fence
 	now := time.Now()
 	deadline := FenceDeadline(validUntil, e.o.FenceMargin)
-	if now.Before(deadline) || e.closed != nil || e.state != stateActive || f.round == e.lastRound {
+	if now.Before(deadline) || e.view.closedInfo() != nil || e.state != stateActive || f.round == e.lastRound {
 		return // renewed meanwhile, or nothing runs here to fence
 	}
 	r := e.lastRound
@@ -92,9 +89,7 @@ func (e *Etcd) fenceDue() {
 		e.roundStop() // its loss watchers: it is out of the round
 		e.roundStop = nil
 	}
-	if s, ok := e.ends[r]; ok {
-		e.fireLocked(r, s)
-	}
+	e.view.fence(r, validUntil)
 }
 
 // Fenced reports the round this node fenced itself out of last and when

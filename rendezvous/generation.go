@@ -208,9 +208,7 @@ func (e *Etcd) dropAliveLocked() {
 // supersededErr is what a node of a stale generation gets: the close record
 // of its own generation (kept for this), else a generic close.
 func (e *Etcd) supersededErr(ctx context.Context) error {
-	e.mu.Lock()
-	closed := e.closed
-	e.mu.Unlock()
+	closed := e.view.closedInfo()
 	if closed == nil {
 		if resp, err := e.cli.Get(ctx, e.k.closed()); err == nil && len(resp.Kvs) > 0 {
 			ci := decodeClose(resp.Kvs[0].Value)

@@ -173,9 +173,7 @@ func (g gossipEvents) NotifyPingComplete(n *memberlist.Node, _ time.Duration, _ 
 // round if the member was active and not done (nodeLost checks).
 func (g gossipEvents) NotifyLeave(n *memberlist.Node) {
 	e := g.e
-	e.mu.Lock()
-	r := e.ctlRound
-	e.mu.Unlock()
+	r := e.view.round()
 	how := "gossip"
 	if n.State == memberlist.StateLeft {
 		how = "gossip: left"
@@ -222,7 +220,7 @@ func (g gossipEvents) NotifyLeave(n *memberlist.Node) {
 // no round (nodeLost requires neither), so it is only logged at debug.
 func (e *Etcd) departureExpected(r int, id string) bool {
 	e.mu.Lock()
-	local := e.closed != nil || e.state == stateClosed
+	local := e.view.closedInfo() != nil || e.state == stateClosed
 	e.mu.Unlock()
 	if local {
 		return true
@@ -384,9 +382,7 @@ func (e *Etcd) stopGossip(graceful bool) {
 // for it (see rejoinGate). The record is under our lease: it only has to
 // outlive the dead node's own lease.
 func (e *Etcd) markDead(id string) {
-	e.mu.Lock()
-	closed := e.closed != nil
-	e.mu.Unlock()
+	closed := e.view.closedInfo() != nil
 	if id == e.o.NodeID || closed {
 		return
 	}

@@ -71,7 +71,7 @@ func (e *Etcd) deathState() (last int, declared, need bool) {
 	if last < 0 || e.reborn == last || !owns {
 		return last, false, false
 	}
-	le, seen := e.lastEnds[last]
+	le, seen := e.view.lastEnd(last)
 	return last, seen && le.Node == e.o.NodeID && le.Cause == policy.NodeLost, true
 }
 
@@ -84,10 +84,7 @@ func (e *Etcd) needDeathRead() bool {
 // reputAlive registers this node as alive again under a re-granted lease,
 // unless its job is closed (or its generation superseded).
 func (e *Etcd) reputAlive() {
-	e.mu.Lock()
-	closed := e.closed != nil
-	e.mu.Unlock()
-	if closed {
+	if e.view.closedInfo() != nil {
 		return
 	}
 	ctx, cancel := e.lostTimeout(5 * time.Second)

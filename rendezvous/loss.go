@@ -56,7 +56,8 @@ func (e *Etcd) nodeLostAt(r int, id, how string, evidence time.Time) {
 	}
 	ctx := e.lost // retried until reported, etcd lost or Close
 	e.mu.Lock()
-	skip := e.closed != nil || e.ctlRound != r
+	_, closed, cur := e.view.snapshot()
+	skip := closed != nil || cur != r
 	if first, ok := e.lossEvidence[id]; ok && (evidence.IsZero() || first.Before(evidence)) {
 		// Gossip saw it first; the lease's expiry confirmed it.
 		evidence = first

@@ -27,9 +27,9 @@ func (e *Etcd) Next(ctx context.Context) (Assignment, error) {
 
 func (e *Etcd) next(ctx context.Context) (Assignment, error) {
 	e.mu.Lock()
-	if e.closed != nil {
+	if closed := e.view.closedInfo(); closed != nil {
 		e.mu.Unlock()
-		return Assignment{}, &JobClosedError{Kind: e.closed.Kind, Code: e.closed.Code, Reason: e.closed.Reason}
+		return Assignment{}, &JobClosedError{Kind: closed.Kind, Code: closed.Code, Reason: closed.Reason}
 	}
 	if e.state == stateClosed {
 		e.mu.Unlock()
@@ -64,7 +64,7 @@ func (e *Etcd) next(ctx context.Context) (Assignment, error) {
 			}
 		}
 		e.mu.Lock()
-		target := max(e.ctlRound, e.lastRound+1)
+		target := max(e.view.round(), e.lastRound+1)
 		e.mu.Unlock()
 		a, retarget, err := e.joinRound(ctx, target)
 		if transient(err) && sleepCtx(ctx, retryPause) {
@@ -148,9 +148,7 @@ func (e *Etcd) adoptConfig(want jobConfig, created bool, kvs []*mvccpb.KeyValue)
 	}
 	e.mu.Lock()
 	e.cfg = &got
-	if e.ctlRound < 0 {
-		e.ctlRound = 0
-	}
+	e.view.atLeast(0)
 	e.mu.Unlock()
 	return nil
 }
@@ -334,9 +332,7 @@ func (e *Etcd) waitAssignment(ctx context.Context, target int, seen roundRead) (
 	var timers roundTimers
 	defer timers.stop()
 	for {
-		e.mu.Lock()
-		ch, closed, cur := e.changed, e.closed, e.ctlRound
-		e.mu.Unlock()
+		ch, closed, cur := e.view.snapshot()
 		if closed != nil {
 			return nil, false, &JobClosedError{Kind: closed.Kind, Code: closed.Code, Reason: closed.Reason}
 		}
@@ -487,12 +483,13 @@ func (e *Etcd) adopt(target int, sum roundSummary, ri rankInfo) Assignment {
 	if e.cfg != nil {
 		maxRestarts = e.cfg.MaxRestarts
 	}
-	prevEnd := e.lastEnds[target-1] // zero for round 0 or an end record not seen
+	prevEnd, _ := e.view.lastEnd(target - 1) // zero for round 0 or an end record not seen
 	a := Assignment{OpenedAt: prevEnd.At, Detection: time.Duration(prevEnd.DetectMS * float64(time.Millisecond)), RunID: e.o.RunID, Round: target, GroupRank: ri.GroupRank, GroupWorldSize: sum.GroupWorldSize,
 		RankBase: ri.RankBase, WorldSize: sum.WorldSize, MasterAddr: sum.MasterAddr, MasterPort: sum.MasterPort,
 		MaxRestarts: maxRestarts, RestartsUsed: sum.RestartsUsed, Standby: ri.Standby}
 	e.lastRound = target
 	e.assigned[target] = sum
+	e.view.assigned(target)
 	e.pruneLocked()
 	if a.Standby {
 		e.setStateLocked(stateStandby, "parked in round "+strconv.Itoa(target))
@@ -504,7 +501,8 @@ func (e *Etcd) adopt(target int, sum roundSummary, ri rankInfo) Assignment {
 	}
 	rctx, rcancel := context.WithCancel(e.lost)
 	e.roundStop, e.roundCtx, e.roundCtxOf = rcancel, rctx, target
-	stale := e.ctlRound > target || e.closed != nil
+	_, closed, cur := e.view.snapshot()
+	stale := cur > target || closed != nil
 	e.mu.Unlock()
 	if !a.Standby {
 		e.sess.fenceIfUnproven() // the lease is not proven valid now: fence at once (fence.go)
