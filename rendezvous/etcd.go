@@ -9,7 +9,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/hashicorp/memberlist"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/ftlauncher/ft-launcher/metrics"
@@ -122,7 +121,6 @@ type Etcd struct {
 	cancel context.CancelFunc
 	lost   context.Context // sess.Lost(): ends on Close, or with an ErrRendezvousLost cause once etcd is lost
 	wg     sync.WaitGroup
-	ml     *memberlist.Memberlist
 
 	mu        sync.Mutex
 	state     nodeState
@@ -138,15 +136,10 @@ type Etcd struct {
 	roundStop  context.CancelFunc // stops the watchers of the active round
 	roundCtx   context.Context    // ends with the watchers of round roundCtxOf
 	roundCtxOf int
-	// lossEvidence is when gossip first declared each node dead (its last
-	// ack): a loss confirmed later by its lease's expiry keeps it for the
-	// record's detection time.
-	lossEvidence map[string]time.Time
-	fence        fenceState // this node's fence out of a round (fence.go)
-	gossipAddr   string
-	stream       *streamServer
-	streamAddr   string
-	lastAck      map[string]time.Time // last gossip ack from each member (evidence of life)
+	fence      fenceState // this node's fence out of a round (fence.go)
+	// loss is the node-loss detector: gossip, the stream listener and
+	// watches, the evidence of each loss (detector.go); its lock is a leaf.
+	loss *lossDetector
 	// view is the job's control state (round, end and close records) and
 	// its subscribers (ctlview.go); its lock is taken after mu, never before.
 	view *ctlView
@@ -164,12 +157,13 @@ func NewEtcd(ctx context.Context, opts EtcdOptions) (*Etcd, error) {
 	e := &Etcd{o: opts, log: opts.Logger.With("node", opts.NodeID, "run_id", opts.RunID),
 		rk:   runKeys{base: opts.KeyPrefix + opts.RunID + "/"},
 		view: newCtlView(opts.NodeID, opts.FenceMargin), lastRound: -1, reborn: -1, rankRound: -1,
-		assigned: map[int]roundSummary{}, lossEvidence: map[string]time.Time{}, fence: fenceState{round: -1}, lastAck: map[string]time.Time{}}
+		assigned: map[int]roundSummary{}, fence: fenceState{round: -1}}
 	e.ctx, e.cancel = context.WithCancel(context.Background())
 	e.sess = newSession(e.ctx, sessionConfig{TTL: opts.LeaseTTL, FenceMargin: opts.FenceMargin, ProbeInterval: opts.ProbeInterval,
 		LossBound: opts.EtcdLossBound, Endpoints: e.endpoints, OnRenewed: e.leaseRenewed, OnFenceDue: e.fenceDue,
 		OnReplaced: e.leaseReplaced, OnLost: e.etcdLost}, e.log)
 	e.lost = e.sess.Lost()
+	e.loss = newLossDetector(opts.NodeID, opts.Gossip, e.log, e, &e.wg)
 	if err := e.start(ctx); err != nil {
 		e.Close()
 		return nil, err

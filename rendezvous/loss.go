@@ -55,17 +55,10 @@ func (e *Etcd) nodeLostAt(r int, id, how string, evidence time.Time) {
 		return
 	}
 	ctx := e.lost // retried until reported, etcd lost or Close
-	e.mu.Lock()
 	_, closed, cur := e.view.snapshot()
 	skip := closed != nil || cur != r
-	if first, ok := e.lossEvidence[id]; ok && (evidence.IsZero() || first.Before(evidence)) {
-		// Gossip saw it first; the lease's expiry confirmed it.
-		evidence = first
-		if how == "lease expired" {
-			how = "gossip, lease expired"
-		}
-	}
-	e.mu.Unlock()
+	// Gossip saw it first; the lease's expiry confirmed it.
+	how, evidence = e.loss.firstEvidence(id, how, evidence)
 	if skip {
 		return
 	}
@@ -94,9 +87,7 @@ func (e *Etcd) nodeLostAt(r int, id, how string, evidence time.Time) {
 		e.log.Warn("report node loss", "lost", id, "err", err)
 		return
 	}
-	e.mu.Lock()
-	delete(e.lossEvidence, id)
-	e.mu.Unlock()
+	e.loss.dropEvidence(id)
 	e.o.Metrics.NodeFailed()
 	e.log.Warn("node lost", "lost", id, "how", how, "round", r, "action", string(d.Action), "reason", d.Reason)
 }

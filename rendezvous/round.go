@@ -225,9 +225,7 @@ func (e *Etcd) register(ctx context.Context, target int) (roundRead, error) {
 	if err != nil {
 		return roundRead{}, fmt.Errorf("rendezvous: master port for round %d: %w", target, err)
 	}
-	e.mu.Lock()
-	gossipAddr, streamAddr := e.gossipAddr, e.streamAddr
-	e.mu.Unlock()
+	gossipAddr, streamAddr := e.loss.addrs()
 	mi := memberInfo{NodeID: e.o.NodeID, Addr: e.o.LocalAddr, InfraRank: e.o.InfraRank,
 		NProc: e.o.NProcPerNode, MasterPort: port, GossipAddr: gossipAddr, StreamAddr: streamAddr}
 	b, _ := json.Marshal(mi)
@@ -515,8 +513,8 @@ func (e *Etcd) adopt(target int, sum roundSummary, ri rankInfo) Assignment {
 			go e.watchLoss(rctx, target, sum)
 		}
 		e.wg.Add(1)
-		go e.watchStreams(rctx, target, ri.Watch)
-		e.gossipJoin(sum.Seeds)
+		go e.loss.watchStreams(rctx, target, ri.Watch)
+		e.loss.join(sum.Seeds)
 	}
 	return a
 }
