@@ -99,7 +99,11 @@ func (s *session) grantOwn(ctx context.Context) error {
 	s.mu.Lock()
 	s.owned = true
 	s.mu.Unlock()
-	return s.grant(ctx)
+	v, ok, err := s.grant(ctx)
+	if ok {
+		s.report(v)
+	}
+	return err
 }
 
 // startKeepAlive starts the keep-alive loop of an owned lease.
@@ -137,33 +141,32 @@ func (s *session) validity() (clientv3.LeaseID, time.Time) {
 	return s.validOf, s.validTill
 }
 
-// grant takes a new lease and makes it current.
-func (s *session) grant(ctx context.Context) error {
+// grant takes a new lease and makes it current. A grant is the new
+// lease's first renewal: ok says that the caller is to report v (once no
+// lock is held): a node that rejoins with a new lease (reincarnate) may
+// start ranks before the keep-alive loop renewed it, and the fence (here
+// and in the watchdog) must know the lease is valid.
+func (s *session) grant(ctx context.Context) (v time.Time, ok bool, err error) {
 	ttl := int64((s.cfg.TTL + time.Second - 1) / time.Second)
 	actx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	sent := time.Now()
 	resp, err := s.cli.Grant(actx, ttl)
 	if err != nil {
-		return fmt.Errorf("etcd lease at %s: %w", s.cfg.Endpoints(), err)
+		return v, false, fmt.Errorf("etcd lease at %s: %w", s.cfg.Endpoints(), err)
 	}
 	s.mu.Lock()
 	s.lease = resp.ID
 	s.grants++
 	owned := s.owned
 	s.mu.Unlock()
-	// A grant is the new lease's first renewal: a node that rejoins with a
-	// new lease (reincarnate) may start ranks before the keep-alive loop
-	// renewed it, and the fence (here and in the watchdog) must know the
-	// lease is valid.
-	if v := LeaseValidUntil(sent, resp.TTL); owned && s.renewed(resp.ID, v) {
-		s.report(v)
-	}
+	v = LeaseValidUntil(sent, resp.TTL)
+	ok = owned && s.renewed(resp.ID, v)
 	select {
 	case s.kick <- struct{}{}: // the keep-alive loop moves to the new lease at once
 	default:
 	}
-	return nil
+	return v, ok, nil
 }
 
 // report hands a forward-moved validity to OnRenewed (not once lost).
@@ -184,10 +187,13 @@ func (s *session) replace(ctx context.Context, old clientv3.LeaseID) error {
 		return nil
 	}
 	s.log.Warn("membership lease expired; taking a new one", "lease", fmt.Sprintf("%x", old))
-	err := s.grant(ctx)
+	v, ok, err := s.grant(ctx)
 	s.renewMu.Unlock()
 	if err != nil {
 		return err
+	}
+	if ok {
+		s.report(v)
 	}
 	if s.cfg.OnReplaced != nil {
 		s.cfg.OnReplaced()
@@ -201,10 +207,14 @@ func (s *session) replace(ctx context.Context, old clientv3.LeaseID) error {
 // caller re-puts its keys, then revokes old (revoke).
 func (s *session) reincarnate(ctx context.Context) (old, cur clientv3.LeaseID, err error) {
 	s.renewMu.Lock()
-	defer s.renewMu.Unlock()
 	old = s.current()
-	err = s.grant(ctx)
-	return old, s.current(), err
+	v, ok, err := s.grant(ctx)
+	cur = s.current()
+	s.renewMu.Unlock()
+	if ok {
+		s.report(v)
+	}
+	return old, cur, err
 }
 
 // revoke revokes a lease of an earlier incarnation (best effort: it
