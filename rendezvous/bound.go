@@ -14,9 +14,10 @@ import (
 )
 
 // Every etcd call of a node runs under a context that ends when etcd has
-// been unreachable past EtcdLossBound (e.lost, cancelled by probe), so no
-// call waits longer than the bound whatever context its caller passed:
-// gRPC waits for a connection as long as its context lives.
+// been unreachable past EtcdLossBound (e.lost: the session's Lost(), ended
+// by its probe), so no call waits longer than the bound whatever context
+// its caller passed: gRPC waits for a connection as long as its context
+// lives.
 
 // bounded returns ctx, also cancelled once etcd is lost or the rendezvous
 // is closed; call the returned func when done.

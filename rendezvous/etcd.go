@@ -105,6 +105,17 @@ type EtcdOptions struct {
 }
 
 // Etcd is the etcd v3 Rendezvous. See docs/rendezvous.md for the design.
+//
+// It is a façade over three parts, each with its own lock (as etcd's
+// concurrency.Election composes a Session): the session (session.go: the
+// lease, its incarnation, the fence timer, the probe, Lost()), the control
+// view (ctlview.go: the job's round, end and close records and their
+// subscribers) and the loss detector (detector.go: gossip and stream
+// evidence). Etcd itself keeps this node's rendezvous life under mu: its
+// state, assignment, round watchers and fence record. Lock order: mu, then
+// the view's; the session and the detector are never called with mu held
+// (but for the session's lose, which only cancels Lost()) and call back
+// with none of their locks held.
 type Etcd struct {
 	o          EtcdOptions
 	log        *slog.Logger
