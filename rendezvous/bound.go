@@ -14,9 +14,10 @@ import (
 )
 
 // Every etcd call of a node runs under a context that ends when etcd has
-// been unreachable past EtcdLossBound (e.lost, cancelled by probe), so no
-// call waits longer than the bound whatever context its caller passed:
-// gRPC waits for a connection as long as its context lives.
+// been unreachable past EtcdLossBound (e.lost: the session's Lost(), ended
+// by its probe), so no call waits longer than the bound whatever context
+// its caller passed: gRPC waits for a connection as long as its context
+// lives.
 
 // bounded returns ctx, also cancelled once etcd is lost or the rendezvous
 // is closed; call the returned func when done.
@@ -70,25 +71,34 @@ func (e *Etcd) declareLostLocked() {
 		reason += fmt.Sprintf("; this node fenced itself out of round %d at %s (its lease could not be renewed): if a spare was waiting, the job may have gone on without it",
 			r, e.fence.at.UTC().Format(time.RFC3339))
 	}
-	if e.closed == nil {
-		e.closed = &closeInfo{Kind: kind, Code: code, Node: e.o.NodeID, Reason: reason}
+	if e.view.closeLocal(closeInfo{Kind: kind, Code: code, Node: e.o.NodeID, Reason: reason}) {
 		e.log.Error("closing: etcd lost", "reason", reason)
 		e.closeLocally(reason)
 		e.broadcastLocked()
 	}
-	e.loseFn(fmt.Errorf("%w: %s", ErrRendezvousLost, reason))
+	e.sess.lose(fmt.Errorf("%w: %s", ErrRendezvousLost, reason))
 }
 
-// lostErrLocked is the loss error when this node's job was closed because
-// etcd was lost, nil for any other close (mu held, e.closed set).
-func (e *Etcd) lostErrLocked() error {
-	if e.closed.Kind != verdict.RendezvousLost {
+// etcdLost is the session's OnLost: its probe found etcd unreachable past
+// EtcdLossBound.
+func (e *Etcd) etcdLost() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.ctx.Err() == nil {
+		e.declareLostLocked() // final: this node's job is over
+	}
+}
+
+// lostErr is the loss error when this node's job was closed because
+// etcd was lost, nil for any other close (closed is the view's close record).
+func (e *Etcd) lostErr(closed *closeInfo) error {
+	if closed.Kind != verdict.RendezvousLost {
 		return nil
 	}
 	if lerr := e.lossErr(); lerr != nil {
 		return lerr
 	}
-	return fmt.Errorf("%w: %s", ErrRendezvousLost, e.closed.Reason)
+	return fmt.Errorf("%w: %s", ErrRendezvousLost, closed.Reason)
 }
 
 // retry runs op until it succeeds, fails for a reason other than etcd

@@ -16,7 +16,7 @@ import (
 func (e *Etcd) claimCloser(ctx context.Context, r int) (bool, error) {
 	resp, err := e.cli.Txn(ctx).
 		If(clientv3.Compare(clientv3.CreateRevision(e.k.closer(r)), "=", 0), e.genCmp()).
-		Then(clientv3.OpPut(e.k.closer(r), e.o.NodeID, clientv3.WithLease(e.currentLease()))).Commit()
+		Then(clientv3.OpPut(e.k.closer(r), e.o.NodeID, clientv3.WithLease(e.sess.current()))).Commit()
 	if err != nil {
 		return false, fmt.Errorf("claim closer of round %d: %w", r, err)
 	}
@@ -63,9 +63,7 @@ func (e *Etcd) runCloser(ctx context.Context, r int) {
 	}
 	defer c.stop()
 	for {
-		e.mu.Lock()
-		ch, cur, closed := e.changed, e.ctlRound, e.closed
-		e.mu.Unlock()
+		ch, closed, cur := e.view.snapshot()
 		if closed != nil || cur > r {
 			return
 		}

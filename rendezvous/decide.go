@@ -123,18 +123,7 @@ func ledgerReason(f policy.Failure) ledger.Reason {
 // stashLedger keeps (recs != nil) or drops the ledger records this node's
 // end txn of round r writes for subject.
 func (e *Etcd) stashLedger(r int, subject string, recs []ledger.Record) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	m := e.ledgerClosed[r]
-	if recs == nil {
-		delete(m, subject)
-		return
-	}
-	if m == nil {
-		m = map[string][]ledger.Record{}
-		e.ledgerClosed[r] = m
-	}
-	m[subject] = recs
+	e.view.stashLedger(r, subject, recs)
 }
 
 // endOps are the writes that carry out policy decision d for round r;
@@ -164,7 +153,7 @@ func (e *Etcd) endOps(r int, f policy.Failure, d policy.Decision, used int, subj
 	if subject != e.o.NodeID {
 		// The next round's closer must not wait for the node that ended
 		// this one: its death is recorded with the end, not after it.
-		ops = append(ops, clientv3.OpPut(e.k.dead(subject), e.o.NodeID, clientv3.WithLease(e.currentLease())))
+		ops = append(ops, clientv3.OpPut(e.k.dead(subject), e.o.NodeID, clientv3.WithLease(e.sess.current())))
 		if quarantines(f, d.Action, subject) {
 			ops = append(ops, e.quarantineOp(r, f, subject, reason))
 		}

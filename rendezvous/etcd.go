@@ -9,10 +9,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/hashicorp/memberlist"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/ftlauncher/ft-launcher/ledger"
 	"github.com/ftlauncher/ft-launcher/metrics"
 	"github.com/ftlauncher/ft-launcher/verdict"
 )
@@ -107,6 +105,17 @@ type EtcdOptions struct {
 }
 
 // Etcd is the etcd v3 Rendezvous. See docs/rendezvous.md for the design.
+//
+// It is a façade over three parts, each with its own lock (as etcd's
+// concurrency.Election composes a Session): the session (session.go: the
+// lease, its incarnation, the fence timer, the probe, Lost()), the control
+// view (ctlview.go: the job's round, end and close records and their
+// subscribers) and the loss detector (detector.go: gossip and stream
+// evidence). Etcd itself keeps this node's rendezvous life under mu: its
+// state, assignment, round watchers and fence record. Lock order: mu, then
+// the view's; the session and the detector are never called with mu held
+// (but for the session's lose, which only cancels Lost()) and call back
+// with none of their locks held.
 type Etcd struct {
 	o          EtcdOptions
 	log        *slog.Logger
@@ -115,27 +124,19 @@ type Etcd struct {
 	gen        int
 	cli        *clientv3.Client
 	ownsClient bool
-	ownsLease  bool
-	leaseMu    sync.Mutex // serializes lease renewals (keepAlive and joinRound)
+	// sess owns the lease, its renewals, the fence timer, the probe and
+	// the loss context (session.go); it is never called with mu held.
+	sess *session
 
 	ctx    context.Context // ends on Close
 	cancel context.CancelFunc
-	lost   context.Context // ends on Close, or with an ErrRendezvousLost cause once etcd is lost
-	loseFn context.CancelCauseFunc
+	lost   context.Context // sess.Lost(): ends on Close, or with an ErrRendezvousLost cause once etcd is lost
 	wg     sync.WaitGroup
-	ml     *memberlist.Memberlist
 
 	mu        sync.Mutex
-	lease     clientv3.LeaseID
-	kaKick    chan struct{} // moves the keep-alive loop to a replaced lease
 	state     nodeState
 	cfg       *jobConfig // job config as stored, after the first successful check
-	ctlRound  int        // the job's current round, as last seen from etcd
-	closed    *closeInfo // the job's close record, or a local close (etcd lost, Leave)
-	ends      map[int]*endSub
-	lastEnds  map[int]endInfo
-	changed   chan struct{} // closed and replaced on every ctl change
-	lastRound int           // round of the last assignment this node got; -1 none
+	lastRound int        // round of the last assignment this node got; -1 none
 	// rankRound is the round whose rank entry (key) this node holds in
 	// rank, -1 none: a round whose summary says the entry is unchanged
 	// (roundSummary.Delta) reuses it instead of reading the key.
@@ -146,25 +147,13 @@ type Etcd struct {
 	roundStop  context.CancelFunc // stops the watchers of the active round
 	roundCtx   context.Context    // ends with the watchers of round roundCtxOf
 	roundCtxOf int
-	// lossEvidence is when gossip first declared each node dead (its last
-	// ack): a loss confirmed later by its lease's expiry keeps it for the
-	// record's detection time.
-	lossEvidence map[string]time.Time
-	lastProbe    time.Time
-	fence        fenceState // this node's own lease validity and fence (fence.go)
-	gossipAddr   string
-	stream       *streamServer
-	streamAddr   string
-	lastAck      map[string]time.Time // last gossip ack from each member (evidence of life)
-	// ledgerClosed are the ledger leases this node's end txn of round r
-	// closed (set before the txn commits: the ctl watch may deliver the
-	// end first), handed to the agent with round r's RoundEnd.
-	ledgerClosed map[int]map[string][]ledger.Record // round -> lost node -> its leases
-}
-
-type endSub struct {
-	ch    chan RoundEnd
-	fired bool
+	fence      fenceState // this node's fence out of a round (fence.go)
+	// loss is the node-loss detector: gossip, the stream listener and
+	// watches, the evidence of each loss (detector.go); its lock is a leaf.
+	loss *lossDetector
+	// view is the job's control state (round, end and close records) and
+	// its subscribers (ctlview.go); its lock is taken after mu, never before.
+	view *ctlView
 }
 
 var _ Rendezvous = (*Etcd)(nil)
@@ -177,11 +166,15 @@ func NewEtcd(ctx context.Context, opts EtcdOptions) (*Etcd, error) {
 		return nil, err
 	}
 	e := &Etcd{o: opts, log: opts.Logger.With("node", opts.NodeID, "run_id", opts.RunID),
-		rk: runKeys{base: opts.KeyPrefix + opts.RunID + "/"}, ends: map[int]*endSub{},
-		lastEnds: map[int]endInfo{}, changed: make(chan struct{}), lastRound: -1, reborn: -1, rankRound: -1,
-		assigned: map[int]roundSummary{}, ctlRound: -1, kaKick: make(chan struct{}, 1), lossEvidence: map[string]time.Time{}, fence: fenceState{round: -1}, lastAck: map[string]time.Time{}, ledgerClosed: map[int]map[string][]ledger.Record{}}
+		rk:   runKeys{base: opts.KeyPrefix + opts.RunID + "/"},
+		view: newCtlView(opts.NodeID, opts.FenceMargin), lastRound: -1, reborn: -1, rankRound: -1,
+		assigned: map[int]roundSummary{}, fence: fenceState{round: -1}}
 	e.ctx, e.cancel = context.WithCancel(context.Background())
-	e.lost, e.loseFn = context.WithCancelCause(e.ctx)
+	e.sess = newSession(e.ctx, sessionConfig{TTL: opts.LeaseTTL, FenceMargin: opts.FenceMargin, ProbeInterval: opts.ProbeInterval,
+		LossBound: opts.EtcdLossBound, Endpoints: e.endpoints, OnRenewed: e.leaseRenewed, OnFenceDue: e.fenceDue,
+		OnReplaced: e.leaseReplaced, OnLost: e.etcdLost}, e.log)
+	e.lost = e.sess.Lost()
+	e.loss = newLossDetector(opts.NodeID, opts.Gossip, e.log, e, &e.wg)
 	if err := e.start(ctx); err != nil {
 		e.Close()
 		return nil, err
@@ -195,28 +188,25 @@ func (e *Etcd) start(ctx context.Context) error {
 	if err := e.connect(ctx); err != nil {
 		return err
 	}
+	e.sess.attach(e.cli)
 	if e.o.Lease != 0 {
-		e.lease = e.o.Lease
-	} else {
-		if err := e.grantLease(ctx); err != nil {
-			return err
-		}
-		e.ownsLease = true
+		e.sess.useShared(e.o.Lease)
+	} else if err := e.sess.grantOwn(ctx); err != nil {
+		return err
 	}
 	if err := e.joinGeneration(ctx); err != nil {
 		return err
 	}
+	e.view.k = e.k // fixed from here on
 	rev, err := e.loadCtl(ctx)
 	if err != nil {
 		return err
 	}
-	e.lastProbe = time.Now()
-	e.wg.Add(2)
+	e.wg.Add(1)
 	go e.watchCtl(rev)
-	go e.probe()
-	if e.ownsLease {
-		e.wg.Add(1)
-		go e.keepAlive(e.kaKick)
+	e.sess.startProbe(e.k.round())
+	if e.sess.owns() {
+		e.sess.startKeepAlive()
 	}
 	if !e.o.DisableGossip {
 		return e.startGossip()
@@ -269,18 +259,7 @@ func (o *EtcdOptions) defaults() error {
 }
 
 // Ended returns a channel that receives once when round ends.
-func (e *Etcd) Ended(round int) <-chan RoundEnd {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	s, ok := e.ends[round]
-	if !ok {
-		s = &endSub{ch: make(chan RoundEnd, 1)}
-		e.ends[round] = s
-		e.fireLocked(round, s)
-		e.pruneLocked() // a long-gone round fired at once: not kept
-	}
-	return s.ch
-}
+func (e *Etcd) Ended(round int) <-chan RoundEnd { return e.view.subscribe(round) }
 
 // Generation is the job generation this node belongs to: it grows by one
 // each time a run id is reused after its job closed (docs/rendezvous.md).

@@ -369,11 +369,10 @@ func TestEtcdStandbyPromotedOnNodeLoss(t *testing.T) {
 // and the lease is left to expire (nothing is revoked).
 func crash(e *Etcd) {
 	e.stopGossip(false)
-	e.mu.Lock()
-	e.ownsLease = false
-	e.mu.Unlock()
+	e.sess.abandon()
 	e.cancel()
 	e.wg.Wait()
+	e.sess.wait()
 	if e.ownsClient {
 		e.cli.Close()
 	}

@@ -173,9 +173,9 @@ func TestEtcdGossipLossWaitsForLeaseExpiry(t *testing.T) {
 	ends := []<-chan RoundEnd{c.nodes[0].Ended(0), c.nodes[1].Ended(0)}
 	time.Sleep(500 * time.Millisecond) // gossip converges
 	victim.stopGossip(false)
-	victim.mu.Lock()
-	victim.stream.ln.Close() // new dials are refused; held connections stay (no EOF, no refused redial)
-	victim.mu.Unlock()
+	victim.loss.mu.Lock()
+	victim.loss.stream.ln.Close() // new dials are refused; held connections stay (no EOF, no refused redial)
+	victim.loss.mu.Unlock()
 	silent := time.Now()
 
 	// Gossip declares it dead within its bound (about a second here); its
@@ -188,7 +188,7 @@ func TestEtcdGossipLossWaitsForLeaseExpiry(t *testing.T) {
 		t.Fatalf("node 1: round ended while the victim's lease was renewed: %+v", e)
 	case <-time.After(hold):
 	}
-	if c.nodes[0].gossipAlive(victim.o.NodeID) {
+	if c.nodes[0].loss.alive(victim.o.NodeID) {
 		t.Fatalf("gossip still holds the victim alive %v after it went silent: the test proves nothing", time.Since(silent))
 	}
 

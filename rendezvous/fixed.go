@@ -109,9 +109,7 @@ func (e *Etcd) checkShortage(ctx context.Context, target int, t *roundTimers) {
 		t.short.Reset(e.o.LeaseTTL)
 		return
 	}
-	e.mu.Lock()
-	le := e.lastEnds[target-1]
-	e.mu.Unlock()
+	le, _ := e.view.lastEnd(target - 1)
 	reason := fmt.Sprintf("only %d of the %d nodes needed are left in a fixed allocation with no spare, and none came back within min_nodes_wait=%v",
 		live, e.o.MinNodes, e.o.MinNodesWait)
 	if le.Reason != "" {

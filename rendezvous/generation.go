@@ -111,7 +111,7 @@ func (e *Etcd) registerAlive(ctx context.Context, g int) (*clientv3.TxnResponse,
 	_, cfg := e.wantConfig()
 	reg, err := e.cli.Txn(ctx).
 		If(clientv3.Compare(clientv3.Value(gk), "=", strconv.Itoa(g)), clientv3.Compare(clientv3.CreateRevision(k.closed()), "=", 0)).
-		Then(clientv3.OpPut(k.alive(e.o.NodeID), "", clientv3.WithLease(e.currentLease())),
+		Then(clientv3.OpPut(k.alive(e.o.NodeID), "", clientv3.WithLease(e.sess.current())),
 			clientv3.OpTxn([]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(k.config()), "=", 0)},
 				[]clientv3.Op{clientv3.OpPut(k.config(), cfg), clientv3.OpPut(k.round(), "0")},
 				[]clientv3.Op{clientv3.OpGet(k.config())})).
@@ -208,9 +208,7 @@ func (e *Etcd) dropAliveLocked() {
 // supersededErr is what a node of a stale generation gets: the close record
 // of its own generation (kept for this), else a generic close.
 func (e *Etcd) supersededErr(ctx context.Context) error {
-	e.mu.Lock()
-	closed := e.closed
-	e.mu.Unlock()
+	closed := e.view.closedInfo()
 	if closed == nil {
 		if resp, err := e.cli.Get(ctx, e.k.closed()); err == nil && len(resp.Kvs) > 0 {
 			ci := decodeClose(resp.Kvs[0].Value)

@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"net"
-	"strconv"
 	"time"
 
 	"github.com/hashicorp/memberlist"
@@ -103,118 +101,13 @@ func (t GossipTimings) StreamCheck() time.Duration {
 	return max(t.ProbeTimeout, 2*t.ProbeInterval, 50*time.Millisecond)
 }
 
-// detectBound is how long a closer waits for a node gossip suspects: the
-// rest of its suspicion, the news of its death and the stream check that
-// confirms it.
-func (e *Etcd) detectBound() time.Duration {
-	n := 1
-	e.mu.Lock()
-	if e.ml != nil {
-		n = e.ml.NumMembers()
-	}
-	e.mu.Unlock()
-	return e.o.Gossip.Suspicion(n) + 2*e.o.Gossip.ProbeInterval + e.o.Gossip.StreamCheck()
-}
-
-// gossipMembers is this node's gossip view now (nil without gossip).
-func (e *Etcd) gossipMembers() []*memberlist.Node {
-	e.mu.Lock()
-	ml := e.ml
-	e.mu.Unlock()
-	if ml == nil {
-		return nil
-	}
-	return ml.Members()
-}
-
-// gossipAlive tells whether this node's gossip holds id alive again: it
-// refuted its death (a higher incarnation) while the stream check waited.
-func (e *Etcd) gossipAlive(id string) bool {
-	for _, m := range e.gossipMembers() {
-		if m.Name == id {
-			return m.State == memberlist.StateAlive
-		}
-	}
-	return false
-}
+// detectBound is how long a closer waits for a node gossip suspects
+// (lossDetector.bound).
+func (e *Etcd) detectBound() time.Duration { return e.loss.bound() }
 
 // gossipSuspects are the members this node's gossip suspects now (nil
 // without gossip).
-func (e *Etcd) gossipSuspects() map[string]bool {
-	var out map[string]bool
-	for _, m := range e.gossipMembers() {
-		if m.State == memberlist.StateSuspect {
-			if out == nil {
-				out = map[string]bool{}
-			}
-			out[m.Name] = true
-		}
-	}
-	return out
-}
-
-type gossipEvents struct{ e *Etcd }
-
-func (g gossipEvents) NotifyJoin(n *memberlist.Node)   {}
-func (g gossipEvents) NotifyUpdate(n *memberlist.Node) {}
-
-// AckPayload and NotifyPingComplete (memberlist.PingDelegate) record each
-// member's last ack: the evidence of life a loss's detection time is
-// measured from.
-func (g gossipEvents) AckPayload() []byte { return nil }
-
-func (g gossipEvents) NotifyPingComplete(n *memberlist.Node, _ time.Duration, _ []byte) {
-	g.e.mu.Lock()
-	g.e.lastAck[n.Name] = time.Now()
-	g.e.mu.Unlock()
-}
-
-// NotifyLeave fires for dead and for cleanly departed members; both end the
-// round if the member was active and not done (nodeLost checks).
-func (g gossipEvents) NotifyLeave(n *memberlist.Node) {
-	e := g.e
-	e.mu.Lock()
-	r := e.ctlRound
-	e.mu.Unlock()
-	how := "gossip"
-	if n.State == memberlist.StateLeft {
-		how = "gossip: left"
-	}
-	e.mu.Lock()
-	evidence := e.lastAck[n.Name]
-	delete(e.lastAck, n.Name)
-	e.mu.Unlock()
-	go func() {
-		if n.State != memberlist.StateLeft && e.departureExpected(r, n.Name) {
-			// The job is over, or the node finished its part: peers shut
-			// their gossip down as they exit, and a probe that fails then
-			// is no accusation worth a warning (issue 27: four such WARN
-			// lines on every clean multi-node end).
-			e.log.Debug("gossip: a node departed at the end of the job", "node", n.Name, "round", r)
-			return
-		}
-		if n.State != memberlist.StateLeft && (e.answersOnStream(r, n.Name) || e.gossipAlive(n.Name)) {
-			// A dead message can be stale: a node that was cut off declares
-			// everyone else dead, and its queued messages arrive when the
-			// partition heals. The accused refutes it in gossip; here it
-			// must not end a round.
-			e.log.Warn("gossip declared a node dead, but it answers on its stream port or refuted in gossip: not lost", "node", n.Name, "round", r)
-			return
-		}
-		if n.State != memberlist.StateLeft {
-			// Gossip alone proves no death: a node cut off from us may
-			// still run its ranks. Only once its lease expired at etcd is
-			// it certain that it fenced itself (fence.go), so the round
-			// ends then, not before (docs/rendezvous.md, "Fencing").
-			if !e.awaitLeaseExpiry(r, n.Name, evidence) {
-				return
-			}
-			how = "gossip, lease expired"
-		}
-		e.nodeLostAt(r, n.Name, how, evidence)
-		e.markDead(n.Name)
-	}()
-}
+func (e *Etcd) gossipSuspects() map[string]bool { return e.loss.suspects() }
 
 // departureExpected reports whether node id leaving gossip in round r is
 // part of an ending: this node is closed or knows the job closed, or etcd
@@ -222,7 +115,7 @@ func (g gossipEvents) NotifyLeave(n *memberlist.Node) {
 // no round (nodeLost requires neither), so it is only logged at debug.
 func (e *Etcd) departureExpected(r int, id string) bool {
 	e.mu.Lock()
-	local := e.closed != nil || e.state == stateClosed
+	local := e.view.closedInfo() != nil || e.state == stateClosed
 	e.mu.Unlock()
 	if local {
 		return true
@@ -255,9 +148,6 @@ func (e *Etcd) awaitLeaseExpiry(r int, id string, evidence time.Time) bool {
 	ctx := e.roundCtx
 	if e.roundCtxOf != r || ctx == nil {
 		ctx = nil
-	}
-	if _, seen := e.lossEvidence[id]; !seen && !evidence.IsZero() {
-		e.lossEvidence[id] = evidence
 	}
 	e.mu.Unlock()
 	if ctx == nil || ctx.Err() != nil {
@@ -296,9 +186,7 @@ func (e *Etcd) awaitLeaseExpiry(r int, id string, evidence time.Time) bool {
 	if ctx.Err() == context.DeadlineExceeded {
 		e.log.Warn("gossip declared a node dead, but its lease was renewed: not lost", "node", id, "round", r)
 	}
-	e.mu.Lock()
-	delete(e.lossEvidence, id)
-	e.mu.Unlock()
+	e.loss.dropEvidence(id)
 	return false
 }
 
@@ -312,103 +200,46 @@ func (e *Etcd) startGossip() error {
 	// trying again when the twin is taken. Picking a free port here and
 	// binding it later lost races to other sockets (an outgoing
 	// connection's ephemeral port): "bind: address already in use".
-	port := e.o.GossipPort
 	// memberlist binds and advertises only an IP: a host name given as
 	// the local address is resolved here.
 	ips, err := (Resolver{}).Resolve(e.o.LocalAddr)
 	if err != nil {
 		return fmt.Errorf("rendezvous: gossip address: %w", err)
 	}
-	addr := ips[0]
-	if err := e.startStream(addr); err != nil {
-		return fmt.Errorf("rendezvous: stream listener on %s: %w", addr, err)
-	}
-	c := gossipConfig(e.o.NodeID, addr, port, e.o.Gossip)
-	c.Events = gossipEvents{e: e}
-	c.Ping = gossipEvents{e: e}
-	ml, err := memberlist.Create(c)
-	if err != nil {
-		return fmt.Errorf("rendezvous: start gossip on %s:%d: %w", addr, port, err)
-	}
-	port = int(ml.LocalNode().Port)
-	e.mu.Lock()
-	e.ml = ml
-	e.gossipAddr = net.JoinHostPort(addr, strconv.Itoa(port))
-	e.mu.Unlock()
-	return nil
+	return e.loss.start(ips[0], e.o.GossipPort)
 }
 
-// gossipJoin contacts the round's seeds (best effort, asynchronously).
-func (e *Etcd) gossipJoin(seeds []string) {
-	e.mu.Lock()
-	ml, self := e.ml, e.gossipAddr
-	e.mu.Unlock()
-	if ml == nil {
-		return
-	}
-	others := make([]string, 0, len(seeds))
-	for _, s := range seeds {
-		if s != self {
-			others = append(others, s)
-		}
-	}
-	if len(others) == 0 {
-		return
-	}
-	e.wg.Add(1)
-	go func() {
-		defer e.wg.Done()
-		if _, err := ml.Join(others); err != nil {
-			e.log.Warn("gossip join", "seeds", others, "err", err)
-		}
-	}()
-}
-
-// stopGossip leaves (when graceful) and shuts memberlist down.
-func (e *Etcd) stopGossip(graceful bool) {
-	e.mu.Lock()
-	ml := e.ml
-	e.ml = nil
-	e.mu.Unlock()
-	if ml == nil {
-		return
-	}
-	if graceful {
-		_ = ml.Leave(300 * time.Millisecond)
-	}
-	_ = ml.Shutdown()
-}
+// stopGossip leaves gossip (when graceful) and shuts it down.
+func (e *Etcd) stopGossip(graceful bool) { e.loss.stopGossip(graceful) }
 
 // markDead records that gossip declared node id gone, so that a restart
 // round's closer (often a standby outside the gossip cluster) does not wait
 // for it (see rejoinGate). The record is under our lease: it only has to
 // outlive the dead node's own lease.
 func (e *Etcd) markDead(id string) {
-	e.mu.Lock()
-	closed := e.closed != nil
-	e.mu.Unlock()
+	closed := e.view.closedInfo() != nil
 	if id == e.o.NodeID || closed {
 		return
 	}
 	ctx, cancel := e.lostTimeout(5 * time.Second)
 	defer cancel()
-	if _, err := e.cli.Put(ctx, e.k.dead(id), e.o.NodeID, clientv3.WithLease(e.currentLease())); err != nil {
+	if _, err := e.cli.Put(ctx, e.k.dead(id), e.o.NodeID, clientv3.WithLease(e.sess.current())); err != nil {
 		e.log.Debug("record gossip death", "node", id, "err", err)
 	}
 }
 
-// answersOnStream reports whether node id of round r answers on the
-// stream listener its membership of r names, within the probe timeout.
-func (e *Etcd) answersOnStream(r int, id string) bool {
+// memberStreamAddr is the stream listener node id's membership of round r
+// names: "" when it is gone from etcd, names none, or etcd is away.
+func (e *Etcd) memberStreamAddr(r int, id string) string {
 	ctx, cancel := e.lostTimeout(2 * time.Second)
 	defer cancel()
 	resp, err := e.cli.Get(ctx, e.k.member(r, id))
 	if err != nil || len(resp.Kvs) == 0 {
-		return false // gone from etcd, or etcd away: trust gossip
+		return ""
 	}
 	var m memberInfo
-	if json.Unmarshal(resp.Kvs[0].Value, &m) != nil || m.StreamAddr == "" {
-		return false
+	if json.Unmarshal(resp.Kvs[0].Value, &m) != nil {
+		return ""
 	}
-	return streamAnswers(m.StreamAddr, e.o.Gossip.StreamCheck())
+	return m.StreamAddr
 }

@@ -36,13 +36,14 @@ func TestLocalKeepsNoPerRoundState(t *testing.T) {
 // TestEtcdKeepsNoPerRoundState drives one node's view of the job (the ctl
 // watch's events) through many rounds without etcd.
 func TestEtcdKeepsNoPerRoundState(t *testing.T) {
-	e := &Etcd{log: testLogger(t), k: keys{base: "/t/g0/"}, ends: map[int]*endSub{},
-		lastEnds: map[int]endInfo{}, assigned: map[int]roundSummary{}, changed: make(chan struct{}),
-		ctlRound: 0, lastRound: -1}
+	view := newCtlView("", 0)
+	view.k, view.cur = keys{base: "/t/g0/"}, 0
+	e := &Etcd{log: testLogger(t), k: view.k, view: view, assigned: map[int]roundSummary{}, lastRound: -1}
 	for r := 0; r < manyRounds; r++ {
 		e.mu.Lock()
 		e.lastRound, e.state = r, stateActive
 		e.assigned[r] = roundSummary{Round: r}
+		e.view.assigned(r)
 		e.pruneLocked()
 		e.mu.Unlock()
 		ch := e.Ended(r)
@@ -64,8 +65,10 @@ func TestEtcdKeepsNoPerRoundState(t *testing.T) {
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if len(e.ends) > 2 || len(e.lastEnds) > 3 || len(e.assigned) > 2 {
-		t.Fatalf("after %d rounds: %d Ended subscriptions, %d end records, %d assignments; want O(1)",
-			manyRounds, len(e.ends), len(e.lastEnds), len(e.assigned))
+	e.view.mu.Lock()
+	defer e.view.mu.Unlock()
+	if len(e.view.ends) > 2 || len(e.view.lastEnds) > 3 || len(e.assigned) > 2 || len(e.view.ledgerClosed) > 2 {
+		t.Fatalf("after %d rounds: %d Ended subscriptions, %d end records, %d assignments, %d ledger stashes; want O(1)",
+			manyRounds, len(e.view.ends), len(e.view.lastEnds), len(e.assigned), len(e.view.ledgerClosed))
 	}
 }

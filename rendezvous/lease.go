@@ -19,53 +19,15 @@ import (
 // it joins again (reincarnate) and revokes the old one: one stall ends at
 // most one round (issue 12).
 
-func (e *Etcd) grantLease(ctx context.Context) error {
-	ttl := int64((e.o.LeaseTTL + time.Second - 1) / time.Second)
-	actx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	sent := time.Now()
-	resp, err := e.cli.Grant(actx, ttl)
-	if err != nil {
-		return fmt.Errorf("etcd lease at %s: %w", e.endpoints(), err)
-	}
-	e.mu.Lock()
-	e.lease = resp.ID
-	e.mu.Unlock()
-	// A grant is the new lease's first renewal: a node that rejoins with a
-	// new lease (reincarnate) may start ranks before the keep-alive loop
-	// renewed it, and the fence (here and in the watchdog) must know the
-	// lease is valid.
-	if v := LeaseValidUntil(sent, resp.TTL); e.o.Lease == 0 && e.renewed(resp.ID, v) && e.o.OnLeaseRenewed != nil && e.lost.Err() == nil {
-		e.o.OnLeaseRenewed(v)
-	}
-	select {
-	case e.kaKick <- struct{}{}: // the keep-alive loop moves to the new lease at once
-	default:
-	}
-	return nil
-}
-
-// renewLease replaces an expired lease old with a new one, unless another
-// goroutine already did (then it is a no-op), and re-registers what hangs on
-// the lease. Both the keep-alive loop and a join that finds its lease gone
-// call it, so exactly one new lease is granted.
-func (e *Etcd) renewLease(ctx context.Context, old clientv3.LeaseID) error {
-	e.leaseMu.Lock()
-	defer e.leaseMu.Unlock()
-	if e.currentLease() != old {
-		return nil
-	}
-	e.log.Warn("membership lease expired; taking a new one", "lease", fmt.Sprintf("%x", old))
-	if err := e.grantLease(ctx); err != nil {
-		return err
-	}
+// leaseReplaced is the session's OnReplaced: the keys that hung on the
+// expired lease are put again under the new one.
+func (e *Etcd) leaseReplaced() {
 	e.reputAlive()
 	// A node waiting for a round lost its membership with the old lease:
 	// wake it so that it registers again (waitAssignment).
 	e.mu.Lock()
 	e.broadcastLocked()
 	e.mu.Unlock()
-	return nil
 }
 
 // reincarnate gives this node a new lease when the round it last ran in
@@ -79,23 +41,19 @@ func (e *Etcd) reincarnate(ctx context.Context, recorded bool) error {
 	if !need || !(declared || recorded) {
 		return nil
 	}
-	e.leaseMu.Lock()
-	defer e.leaseMu.Unlock()
-	old := e.currentLease()
-	if err := e.grantLease(ctx); err != nil {
+	old, cur, err := e.sess.reincarnate(ctx)
+	if err != nil {
 		return fmt.Errorf("rendezvous: new lease after being declared lost: %w", err)
 	}
 	e.mu.Lock()
 	e.reborn = last // once per loss, even if Next is called again
 	e.mu.Unlock()
 	e.log.Warn("this node was declared lost; rejoining with a new lease", "round", last,
-		"old_lease", fmt.Sprintf("%x", old), "lease", fmt.Sprintf("%x", e.currentLease()))
+		"old_lease", fmt.Sprintf("%x", old), "lease", fmt.Sprintf("%x", cur), "incarnation", e.sess.incarnation())
 	e.reputAlive()
 	rctx, cancel := e.lostTimeout(2 * time.Second)
 	defer cancel()
-	if _, err := e.cli.Revoke(rctx, old); err != nil {
-		e.log.Debug("revoke the lease of the lost incarnation", "err", err) // it expires by itself
-	}
+	e.sess.revoke(rctx, old)
 	if _, err := e.cli.Delete(rctx, e.k.dead(e.o.NodeID)); err != nil {
 		e.log.Debug("remove this node's death record", "err", err)
 	}
@@ -106,13 +64,14 @@ func (e *Etcd) reincarnate(ctx context.Context, recorded bool) error {
 // last round this node was assigned, and whether that round's end record
 // already declared this node lost.
 func (e *Etcd) deathState() (last int, declared, need bool) {
+	owns := e.sess.owns()
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	last = e.lastRound
-	if last < 0 || e.reborn == last || !e.ownsLease {
+	if last < 0 || e.reborn == last || !owns {
 		return last, false, false
 	}
-	le, seen := e.lastEnds[last]
+	le, seen := e.view.lastEnd(last)
 	return last, seen && le.Node == e.o.NodeID && le.Cause == policy.NodeLost, true
 }
 
@@ -122,25 +81,16 @@ func (e *Etcd) needDeathRead() bool {
 	return need && !declared
 }
 
-func (e *Etcd) currentLease() clientv3.LeaseID {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return e.lease
-}
-
 // reputAlive registers this node as alive again under a re-granted lease,
 // unless its job is closed (or its generation superseded).
 func (e *Etcd) reputAlive() {
-	e.mu.Lock()
-	closed := e.closed != nil
-	e.mu.Unlock()
-	if closed {
+	if e.view.closedInfo() != nil {
 		return
 	}
 	ctx, cancel := e.lostTimeout(5 * time.Second)
 	defer cancel()
 	if _, err := e.cli.Txn(ctx).If(e.genCmp(), clientv3.Compare(clientv3.CreateRevision(e.k.closed()), "=", 0)).
-		Then(clientv3.OpPut(e.k.alive(e.o.NodeID), "", clientv3.WithLease(e.currentLease()))).Commit(); err != nil {
+		Then(clientv3.OpPut(e.k.alive(e.o.NodeID), "", clientv3.WithLease(e.sess.current()))).Commit(); err != nil {
 		e.log.Debug("re-register alive key", "err", err)
 	}
 }

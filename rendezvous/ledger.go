@@ -16,7 +16,7 @@ func (e *Etcd) LedgerStore() ledger.Store {
 	bound := func(ctx context.Context) (context.Context, context.CancelFunc) {
 		bctx, cancel := e.bounded(ctx)
 		tctx, tcancel := context.WithTimeout(bctx, 2*time.Second)
-		if e.unreachableNow() {
+		if e.sess.unreachableNow() {
 			tcancel() // fail the write now
 		}
 		return tctx, func() { tcancel(); cancel() }

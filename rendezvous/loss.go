@@ -12,69 +12,6 @@ import (
 	"github.com/ftlauncher/ft-launcher/policy"
 )
 
-// probe checks etcd reachability; past EtcdLossBound it closes the job
-// locally (kind RendezvousLost, code 1) so the agent stops instead of
-// running blind, and cancels e.lost, which ends every etcd call in flight.
-func (e *Etcd) probe() {
-	defer e.wg.Done()
-	t := time.NewTicker(e.o.ProbeInterval)
-	defer t.Stop()
-	skipped, upTo := false, time.Time{} // upTo: etcd presumed up until then
-	for {
-		select {
-		case <-e.ctx.Done():
-			return
-		case <-t.C:
-		}
-		e.mu.Lock()
-		fresh := time.Since(e.lastProbe) < e.heardWindow()
-		e.mu.Unlock()
-		if fresh {
-			// The lease's keep-alives answered lately (heard): a read would
-			// only add load (one per node per second: 4,000/s at 4,000 nodes).
-			skipped = true
-			continue
-		}
-		// A slow answer is an answer: an etcd busy with thousands of
-		// nodes may take seconds, which is not an outage (up to 5 s with
-		// the default 60 s bound; 1 s at least).
-		to := max(e.o.ProbeInterval, time.Second, min(e.o.EtcdLossBound/4, 5*time.Second))
-		ctx, cancel := context.WithTimeout(e.ctx, to)
-		_, err := e.cli.Get(ctx, e.k.round())
-		cancel()
-		e.mu.Lock()
-		if err != nil && skipped {
-			// Count the outage from the previous tick, as a read then
-			// would have: the skips do not shorten the loss bound.
-			upTo = time.Now().Add(-e.o.ProbeInterval)
-		}
-		skipped = false
-		if err == nil {
-			if !e.lastProbe.IsZero() && time.Since(e.lastProbe) > e.staleAfter() {
-				e.log.Info("etcd reachable again", "down_for", time.Since(e.lastProbe).Round(time.Millisecond))
-			}
-			e.lastProbe = time.Now()
-			e.mu.Unlock()
-			continue
-		}
-		down := time.Since(e.lastProbe)
-		if upTo.After(e.lastProbe) {
-			down = time.Since(upTo)
-		}
-		if e.ctx.Err() != nil {
-			e.mu.Unlock()
-			return
-		}
-		if down > e.o.EtcdLossBound {
-			e.declareLostLocked() // final: this node's job is over
-			e.mu.Unlock()
-			return
-		}
-		e.log.Warn("etcd unreachable", "for", down.Round(time.Millisecond), "bound", e.o.EtcdLossBound, "err", err)
-		e.mu.Unlock()
-	}
-}
-
 // lossWatchers is how many active nodes (group ranks 0 to lossWatchers-1)
 // watch a round's member keys for deletion. Three independent watchers
 // keep the backstop when one or two of them are among the lost; the other
@@ -118,16 +55,10 @@ func (e *Etcd) nodeLostAt(r int, id, how string, evidence time.Time) {
 		return
 	}
 	ctx := e.lost // retried until reported, etcd lost or Close
-	e.mu.Lock()
-	skip := e.closed != nil || e.ctlRound != r
-	if first, ok := e.lossEvidence[id]; ok && (evidence.IsZero() || first.Before(evidence)) {
-		// Gossip saw it first; the lease's expiry confirmed it.
-		evidence = first
-		if how == "lease expired" {
-			how = "gossip, lease expired"
-		}
-	}
-	e.mu.Unlock()
+	_, closed, cur := e.view.snapshot()
+	skip := closed != nil || cur != r
+	// Gossip saw it first; the lease's expiry confirmed it.
+	how, evidence = e.loss.firstEvidence(id, how, evidence)
 	if skip {
 		return
 	}
@@ -156,43 +87,7 @@ func (e *Etcd) nodeLostAt(r int, id, how string, evidence time.Time) {
 		e.log.Warn("report node loss", "lost", id, "err", err)
 		return
 	}
-	e.mu.Lock()
-	delete(e.lossEvidence, id)
-	e.mu.Unlock()
+	e.loss.dropEvidence(id)
 	e.o.Metrics.NodeFailed()
 	e.log.Warn("node lost", "lost", id, "how", how, "round", r, "action", string(d.Action), "reason", d.Reason)
-}
-
-// heard records an answer from etcd other than the probe's (a lease
-// renewal): etcd is reachable now.
-func (e *Etcd) heard() {
-	e.mu.Lock()
-	e.lastProbe = time.Now()
-	e.mu.Unlock()
-}
-
-// unreachableNow reports whether the last reachability probes failed (etcd
-// is away now, though maybe not yet past the loss bound): courtesy writes
-// (a departure, ledger records at exit) are skipped then.
-func (e *Etcd) unreachableNow() bool {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return !e.lastProbe.IsZero() && time.Since(e.lastProbe) > e.staleAfter()
-}
-
-// heardWindow is how recent an answer from etcd lets the probe skip its
-// read: an owned lease is renewed every LeaseTTL/renewsPerTTL (fence.go),
-// and each renewal is an answer. The window keeps the TTL/3 of clientv3's
-// cadence it was sized for: a busy etcd answers renewals late, and each
-// probe read it saves counts at 4,000 nodes.
-func (e *Etcd) heardWindow() time.Duration {
-	if !e.ownsLease {
-		return 0
-	}
-	return e.o.ProbeInterval + e.o.LeaseTTL/3 + 500*time.Millisecond
-}
-
-// staleAfter is how long without an answer means etcd is away for now.
-func (e *Etcd) staleAfter() time.Duration {
-	return max(2*e.o.ProbeInterval+time.Second, e.heardWindow()+e.o.ProbeInterval)
 }

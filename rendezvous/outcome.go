@@ -20,14 +20,10 @@ import (
 func (e *Etcd) Fail(ctx context.Context, round int, f policy.Failure, reason string) (Decision, error) {
 	ctx, cancel := e.bounded(ctx)
 	defer cancel()
-	e.mu.Lock()
-	if e.closed != nil {
-		d := Decision{Action: policy.CloseJob, Close: e.closed.Kind, Code: e.closed.Code, Reason: e.closed.Reason}
-		err := e.lostErrLocked()
-		e.mu.Unlock()
-		return d, err
+	if closed := e.view.closedInfo(); closed != nil {
+		d := Decision{Action: policy.CloseJob, Close: closed.Kind, Code: closed.Code, Reason: closed.Reason}
+		return d, e.lostErr(closed)
 	}
-	e.mu.Unlock()
 	// Fenced on the caller's own membership: a node whose lease expired
 	// (partitioned away) cannot end the round of the others.
 	conds := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(e.k.member(round, e.o.NodeID)), ">", 0)}
@@ -56,22 +52,17 @@ func (e *Etcd) Fail(ctx context.Context, round int, f policy.Failure, reason str
 func (e *Etcd) Succeed(ctx context.Context, round int) (int, error) {
 	ctx, cancel := e.bounded(ctx)
 	defer cancel()
-	e.mu.Lock()
-	closed := e.closed != nil
-	e.mu.Unlock()
-	if !closed { // else the job is over: no marker to write, the loop reports the outcome
+	if e.view.closedInfo() == nil { // else the job is over: no marker to write, the loop reports the outcome
 		if err := e.retry(ctx, func(ctx context.Context) error { return e.markDone(ctx, round) }); err != nil {
 			return 1, e.callErr(err)
 		}
 	}
 	for {
-		e.mu.Lock()
-		ch, closed, cur := e.changed, e.closed, e.ctlRound
+		ch, closed, cur := e.view.snapshot()
 		var err error
 		if closed != nil {
-			err = e.lostErrLocked()
+			err = e.lostErr(closed)
 		}
-		e.mu.Unlock()
 		if closed != nil {
 			return closed.Code, err
 		}
@@ -130,13 +121,11 @@ func (e *Etcd) Shutdown(ctx context.Context, kind verdict.Kind, code int, reason
 	defer cancel()
 	cb, _ := json.Marshal(closeInfo{Kind: kind, Code: code, Reason: reason, Node: e.o.NodeID})
 	for first := true; ; first = false {
-		e.mu.Lock()
-		ch, closed := e.changed, e.closed
+		ch, closed, _ := e.view.snapshot()
 		var err error
 		if closed != nil {
-			err = e.lostErrLocked()
+			err = e.lostErr(closed)
 		}
-		e.mu.Unlock()
 		if closed != nil {
 			return err // Ended has fired: the watcher saw the close
 		}
@@ -180,7 +169,7 @@ func (e *Etcd) Leave(ctx context.Context, reason string) error {
 // verdict.Signaled); the job goes on for the others.
 func (e *Etcd) Depart(ctx context.Context, reason string) error {
 	e.log.Warn("departing from the job", "reason", reason)
-	if e.unreachableNow() {
+	if e.sess.unreachableNow() {
 		// A courtesy that cannot be delivered now: the peers' gossip and
 		// the lease notice the node's absence; do not hold its exit.
 		e.mu.Lock()
@@ -200,10 +189,8 @@ func (e *Etcd) withdrawNode(ctx context.Context, x excludeInfo, ci closeInfo) er
 	defer cancel()
 	e.mu.Lock()
 	r := e.lastRound
-	if e.closed == nil {
-		ci.Node = e.o.NodeID
-		e.closed = &ci
-	}
+	ci.Node = e.o.NodeID
+	e.view.closeLocal(ci)
 	e.closeLocally(string(x.Cause) + ": " + x.Reason)
 	e.broadcastLocked()
 	e.mu.Unlock()
@@ -228,7 +215,7 @@ func (e *Etcd) withdrawNode(ctx context.Context, x excludeInfo, ci closeInfo) er
 // dropKeys removes this node's keys: an owned lease is revoked (everything
 // under it goes); a shared one must survive, so the keys are deleted.
 func (e *Etcd) dropKeys(ctx context.Context, r int) error {
-	if lease := e.currentLease(); lease != 0 && e.ownsLease {
+	if lease := e.sess.current(); lease != 0 && e.sess.owns() {
 		if _, err := e.cli.Revoke(ctx, lease); err != nil {
 			return fmt.Errorf("rendezvous: revoke lease on leave: %w", err)
 		}
@@ -258,19 +245,20 @@ func (e *Etcd) Close() error {
 	if e.state != stateClosed {
 		e.closeLocally("closed")
 	}
-	e.stopFenceLocked()
-	lease := e.lease
 	e.mu.Unlock()
+	e.sess.stopFence()
+	lease, owns := e.sess.current(), e.sess.owns()
 	lerr := e.lossErr() // before cancel: the loss cause stays, but read it once
 	e.stopGossip(true)
 	e.stopStream()
 	e.cancel()
 	e.wg.Wait()
+	e.sess.wait()
 	var errs []error
 	switch {
 	case lerr != nil:
 		errs = append(errs, fmt.Errorf("rendezvous: lease left to expire: %w", lerr))
-	case e.ownsLease && lease != 0 && e.cli != nil:
+	case owns && lease != 0 && e.cli != nil:
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		if _, err := e.cli.Revoke(ctx, lease); err != nil {
 			e.log.Debug("revoke lease on close", "err", err)

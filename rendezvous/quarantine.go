@@ -83,9 +83,7 @@ func (e *Etcd) quarantineOp(r int, f policy.Failure, lost, reason string) client
 func (e *Etcd) parkQuarantined(ctx context.Context, q *QuarantineError) error {
 	e.log.Warn("this node is quarantined in this job: parked until the job ends", "why", q.Error())
 	for {
-		e.mu.Lock()
-		ch, closed := e.changed, e.closed
-		e.mu.Unlock()
+		ch, closed, _ := e.view.snapshot()
 		if closed != nil {
 			return &JobClosedError{Kind: closed.Kind, Code: closed.Code, Reason: closed.Reason, Quarantine: q}
 		}

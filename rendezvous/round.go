@@ -27,9 +27,9 @@ func (e *Etcd) Next(ctx context.Context) (Assignment, error) {
 
 func (e *Etcd) next(ctx context.Context) (Assignment, error) {
 	e.mu.Lock()
-	if e.closed != nil {
+	if closed := e.view.closedInfo(); closed != nil {
 		e.mu.Unlock()
-		return Assignment{}, &JobClosedError{Kind: e.closed.Kind, Code: e.closed.Code, Reason: e.closed.Reason}
+		return Assignment{}, &JobClosedError{Kind: closed.Kind, Code: closed.Code, Reason: closed.Reason}
 	}
 	if e.state == stateClosed {
 		e.mu.Unlock()
@@ -64,7 +64,7 @@ func (e *Etcd) next(ctx context.Context) (Assignment, error) {
 			}
 		}
 		e.mu.Lock()
-		target := max(e.ctlRound, e.lastRound+1)
+		target := max(e.view.round(), e.lastRound+1)
 		e.mu.Unlock()
 		a, retarget, err := e.joinRound(ctx, target)
 		if transient(err) && sleepCtx(ctx, retryPause) {
@@ -148,9 +148,7 @@ func (e *Etcd) adoptConfig(want jobConfig, created bool, kvs []*mvccpb.KeyValue)
 	}
 	e.mu.Lock()
 	e.cfg = &got
-	if e.ctlRound < 0 {
-		e.ctlRound = 0
-	}
+	e.view.atLeast(0)
 	e.mu.Unlock()
 	return nil
 }
@@ -227,9 +225,7 @@ func (e *Etcd) register(ctx context.Context, target int) (roundRead, error) {
 	if err != nil {
 		return roundRead{}, fmt.Errorf("rendezvous: master port for round %d: %w", target, err)
 	}
-	e.mu.Lock()
-	gossipAddr, streamAddr := e.gossipAddr, e.streamAddr
-	e.mu.Unlock()
+	gossipAddr, streamAddr := e.loss.addrs()
 	mi := memberInfo{NodeID: e.o.NodeID, Addr: e.o.LocalAddr, InfraRank: e.o.InfraRank,
 		NProc: e.o.NProcPerNode, MasterPort: port, GossipAddr: gossipAddr, StreamAddr: streamAddr}
 	b, _ := json.Marshal(mi)
@@ -255,15 +251,15 @@ func (e *Etcd) register(ctx context.Context, target int) (roundRead, error) {
 		}
 		return e.cli.Txn(ctx).If(guard...).Then(append(then, read)...).Else(why...).Commit()
 	}
-	lease := e.currentLease()
+	lease := e.sess.current()
 	resp, err := put(lease)
 	if errors.Is(err, rpctypes.ErrLeaseNotFound) {
 		// We were cut off longer than the lease TTL (a partition that
 		// healed): take a new lease and register with it.
-		if rerr := e.renewLease(ctx, lease); rerr != nil {
+		if rerr := e.sess.replace(ctx, lease); rerr != nil {
 			return roundRead{}, fmt.Errorf("rendezvous: join round %d: renew expired lease: %w", target, rerr)
 		}
-		lease = e.currentLease()
+		lease = e.sess.current()
 		resp, err = put(lease)
 	}
 	if err != nil {
@@ -334,16 +330,14 @@ func (e *Etcd) waitAssignment(ctx context.Context, target int, seen roundRead) (
 	var timers roundTimers
 	defer timers.stop()
 	for {
-		e.mu.Lock()
-		ch, closed, cur := e.changed, e.closed, e.ctlRound
-		e.mu.Unlock()
+		ch, closed, cur := e.view.snapshot()
 		if closed != nil {
 			return nil, false, &JobClosedError{Kind: closed.Kind, Code: closed.Code, Reason: closed.Reason}
 		}
 		if cur > target {
 			return nil, true, nil
 		}
-		if e.currentLease() != seen.lease {
+		if e.sess.current() != seen.lease {
 			// The lease expired while we waited (etcd answered renewals
 			// too late) and our membership went with it: register again
 			// under the new one, or the round may never see MIN nodes.
@@ -487,28 +481,30 @@ func (e *Etcd) adopt(target int, sum roundSummary, ri rankInfo) Assignment {
 	if e.cfg != nil {
 		maxRestarts = e.cfg.MaxRestarts
 	}
-	prevEnd := e.lastEnds[target-1] // zero for round 0 or an end record not seen
+	prevEnd, _ := e.view.lastEnd(target - 1) // zero for round 0 or an end record not seen
 	a := Assignment{OpenedAt: prevEnd.At, Detection: time.Duration(prevEnd.DetectMS * float64(time.Millisecond)), RunID: e.o.RunID, Round: target, GroupRank: ri.GroupRank, GroupWorldSize: sum.GroupWorldSize,
 		RankBase: ri.RankBase, WorldSize: sum.WorldSize, MasterAddr: sum.MasterAddr, MasterPort: sum.MasterPort,
 		MaxRestarts: maxRestarts, RestartsUsed: sum.RestartsUsed, Standby: ri.Standby}
 	e.lastRound = target
 	e.assigned[target] = sum
+	e.view.assigned(target)
 	e.pruneLocked()
 	if a.Standby {
 		e.setStateLocked(stateStandby, "parked in round "+strconv.Itoa(target))
 	} else {
 		e.setStateLocked(stateActive, "assigned in round "+strconv.Itoa(target))
-		if t := e.fence.timer; t != nil && !time.Now().Before(FenceDeadline(e.fence.validUntil, e.o.FenceMargin)) {
-			t.Reset(0) // the lease is not proven valid now: fence at once (fence.go)
-		}
 	}
 	if e.roundStop != nil {
 		e.roundStop()
 	}
 	rctx, rcancel := context.WithCancel(e.lost)
 	e.roundStop, e.roundCtx, e.roundCtxOf = rcancel, rctx, target
-	stale := e.ctlRound > target || e.closed != nil
+	_, closed, cur := e.view.snapshot()
+	stale := cur > target || closed != nil
 	e.mu.Unlock()
+	if !a.Standby {
+		e.sess.fenceIfUnproven() // the lease is not proven valid now: fence at once (fence.go)
+	}
 	if stale {
 		rcancel()
 	} else if !a.Standby {
@@ -517,8 +513,8 @@ func (e *Etcd) adopt(target int, sum roundSummary, ri rankInfo) Assignment {
 			go e.watchLoss(rctx, target, sum)
 		}
 		e.wg.Add(1)
-		go e.watchStreams(rctx, target, ri.Watch)
-		e.gossipJoin(sum.Seeds)
+		go e.loss.watchStreams(rctx, target, ri.Watch)
+		e.loss.join(sum.Seeds)
 	}
 	return a
 }

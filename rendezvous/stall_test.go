@@ -30,7 +30,7 @@ func TestEtcdStallEndsOneRound(t *testing.T) {
 	}
 	nextAll(t, c.nodes)
 	survivor, victim := c.nodes[0], c.nodes[2]
-	oldLease := victim.currentLease()
+	oldLease := victim.sess.current()
 	ends := make([]<-chan RoundEnd, 3)
 	for i, n := range c.nodes {
 		ends[i] = n.Ended(0)
@@ -48,7 +48,7 @@ func TestEtcdStallEndsOneRound(t *testing.T) {
 	if as[0].Round != 1 || as[0].RestartsUsed != 1 {
 		t.Fatalf("round after the loss: %+v, want round 1 with 1 restart used", as[0])
 	}
-	if victim.currentLease() == oldLease {
+	if victim.sess.current() == oldLease {
 		t.Fatal("the node declared lost rejoined on the lease it had when it was lost")
 	}
 	for i, n := range c.nodes {

@@ -41,7 +41,7 @@ type streamServer struct {
 }
 
 // startStream opens this launcher's stream listener on ip.
-func (e *Etcd) startStream(ip string) error {
+func (d *lossDetector) startStream(ip string) error {
 	ln, err := net.Listen("tcp", net.JoinHostPort(ip, "0"))
 	if err != nil {
 		return err
@@ -49,10 +49,10 @@ func (e *Etcd) startStream(ip string) error {
 	s := &streamServer{ln: ln, conns: map[net.Conn]struct{}{}}
 	s.wg.Add(1)
 	go s.accept()
-	e.mu.Lock()
-	e.stream = s
-	e.streamAddr = ln.Addr().String()
-	e.mu.Unlock()
+	d.mu.Lock()
+	d.stream = s
+	d.streamAddr = ln.Addr().String()
+	d.mu.Unlock()
 	return nil
 }
 
@@ -99,11 +99,13 @@ func (s *streamServer) stop() {
 }
 
 // stopStream stops this launcher's stream listener (at Close).
-func (e *Etcd) stopStream() {
-	e.mu.Lock()
-	s := e.stream
-	e.stream = nil
-	e.mu.Unlock()
+func (e *Etcd) stopStream() { e.loss.stopStream() }
+
+func (d *lossDetector) stopStream() {
+	d.mu.Lock()
+	s := d.stream
+	d.stream = nil
+	d.mu.Unlock()
 	if s != nil {
 		s.stop()
 	}
@@ -111,14 +113,14 @@ func (e *Etcd) stopStream() {
 
 // watchStreams watches the stream connections of peers (this node's
 // rank record lists them) until ctx ends (the round ends).
-func (e *Etcd) watchStreams(ctx context.Context, r int, peers []streamPeer) {
-	defer e.wg.Done()
+func (d *lossDetector) watchStreams(ctx context.Context, r int, peers []streamPeer) {
+	defer d.wg.Done()
 	var wg sync.WaitGroup
 	for _, p := range peers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			e.watchPeer(ctx, r, p.ID, p.Addr)
+			d.watchPeer(ctx, r, p.ID, p.Addr)
 		}()
 	}
 	wg.Wait()
@@ -126,9 +128,9 @@ func (e *Etcd) watchStreams(ctx context.Context, r int, peers []streamPeer) {
 
 // watchPeer holds a connection to node id's stream port and reports the
 // node lost when the connection ends and the port refuses a new one.
-func (e *Etcd) watchPeer(ctx context.Context, r int, id, addr string) {
-	d := net.Dialer{Timeout: streamDialWait}
-	c, err := d.DialContext(ctx, "tcp", addr)
+func (d *lossDetector) watchPeer(ctx context.Context, r int, id, addr string) {
+	dl := net.Dialer{Timeout: streamDialWait}
+	c, err := dl.DialContext(ctx, "tcp", addr)
 	how, evidence := "stream port refused", time.Time{}
 	for ctx.Err() == nil {
 		if err != nil {
@@ -136,10 +138,10 @@ func (e *Etcd) watchPeer(ctx context.Context, r int, id, addr string) {
 				if evidence.IsZero() {
 					evidence = time.Now()
 				}
-				e.nodeLostAt(r, id, how, evidence)
-				e.markDead(id) // for a later round's closer, when r had already ended
+				d.judge.nodeLostAt(r, id, how, evidence)
+				d.judge.markDead(id) // for a later round's closer, when r had already ended
 			} else if ctx.Err() == nil {
-				e.log.Debug("stream watch: dial; leaving the node to gossip", "node", id, "err", err)
+				d.log.Debug("stream watch: dial; leaving the node to gossip", "node", id, "err", err)
 			}
 			return
 		}
@@ -151,14 +153,14 @@ func (e *Etcd) watchPeer(ctx context.Context, r int, id, addr string) {
 			return
 		}
 		if !errors.Is(rerr, io.EOF) && !errors.Is(rerr, syscall.ECONNRESET) {
-			e.log.Debug("stream watch: read; leaving the node to gossip", "node", id, "err", rerr)
+			d.log.Debug("stream watch: read; leaving the node to gossip", "node", id, "err", rerr)
 			return
 		}
 		// Closed without a bye: dial again to tell a dead launcher (refused)
 		// from a live one that dropped the connection (accepted: watch on).
-		e.log.Debug("stream watch: connection closed without bye", "node", id, "round", r)
+		d.log.Debug("stream watch: connection closed without bye", "node", id, "round", r)
 		how, evidence = "connection closed, stream port refused", time.Now()
-		c, err = d.DialContext(ctx, "tcp", addr)
+		c, err = dl.DialContext(ctx, "tcp", addr)
 		if err == nil {
 			evidence = time.Time{} // alive after all
 		}

@@ -1,0 +1,486 @@
+package rendezvous
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// session is this node's incarnation at etcd, as concurrency.Session is an
+// etcd client's: it owns the lease that every key of the node hangs on and
+// what is proven about it. It grants the lease, renews it (keepAlive),
+// replaces it when etcd reports it gone (replace) or when the node was
+// declared lost (reincarnate: a new incarnation), records until when the
+// lease is certainly valid at etcd and arms the fence timer for that
+// instant, probes etcd's reachability, and ends Lost() once etcd has been
+// unreachable past the loss bound or the rendezvous closes.
+//
+// It knows nothing of rounds or of the job: the façade (Etcd) learns of
+// what the session sees through hooks (OnRenewed, OnFenceDue, OnLost,
+// OnReplaced) and decides what it means for the node.
+//
+// Locks: renewMu serializes lease replacements (exactly one new lease per
+// expiry; it is held across the Grant call) and is taken before mu; mu
+// guards the fields below it and is never held across a call to etcd.
+// Neither is held while a hook runs, and the session never takes a lock of
+// the façade, so the façade's Etcd.mu and the session's locks never nest.
+type session struct {
+	cli       *clientv3.Client // set by attach before any other method
+	cfg       sessionConfig
+	log       *slog.Logger
+	ctx       context.Context // ends on Close
+	lost      context.Context // ends on Close, or with an ErrRendezvousLost cause once etcd is lost
+	lose      context.CancelCauseFunc
+	kick      chan struct{} // moves the keep-alive loop to a replaced lease
+	wg        sync.WaitGroup
+	renewMu   sync.Mutex // serializes replacements (keepAlive, a join that finds its lease gone, reincarnate)
+	mu        sync.Mutex
+	lease     clientv3.LeaseID
+	owned     bool // this session granted the lease (false: a shared one from the options, never replaced by keepAlive nor revoked)
+	grants    int  // leases granted so far: the incarnation
+	validOf   clientv3.LeaseID
+	validTill time.Time   // validOf is certainly valid at etcd until then
+	fence     *time.Timer // fires OnFenceDue at FenceDeadline(validTill)
+	fenceOff  bool        // Close disarmed the fence for good
+	lastHeard time.Time   // the last answer from etcd (a probe read, a renewal)
+}
+
+// sessionConfig are a session's settings and hooks.
+type sessionConfig struct {
+	TTL           time.Duration // lease TTL (rounded up to whole seconds at etcd)
+	FenceMargin   time.Duration
+	ProbeInterval time.Duration
+	LossBound     time.Duration // etcd unreachable longer than this ends Lost()
+	Endpoints     func() string // for error messages
+	// OnRenewed is called when the own lease is proven valid until a later
+	// instant than before (a renewal, a grant), unless Lost() ended.
+	OnRenewed func(validUntil time.Time)
+	// OnFenceDue is called when FenceDeadline of the last proven validity
+	// passed with no newer renewal (or at once, see fenceIfUnproven).
+	OnFenceDue func()
+	// OnReplaced is called after replace granted a new lease for an
+	// expired one: what hung on the old one must be put again.
+	OnReplaced func()
+	// OnLost is called once when the probe found etcd unreachable past
+	// LossBound; it is to cancel Lost() (lose) with the loss's reason.
+	OnLost func()
+}
+
+// newSession makes a session whose contexts derive from ctx (the
+// rendezvous's, which ends at Close). It talks to etcd only once attached.
+func newSession(ctx context.Context, cfg sessionConfig, log *slog.Logger) *session {
+	s := &session{cfg: cfg, log: log, ctx: ctx, kick: make(chan struct{}, 1)}
+	s.lost, s.lose = context.WithCancelCause(ctx)
+	return s
+}
+
+// Lost ends on Close, or with an ErrRendezvousLost cause once etcd has been
+// unreachable past the loss bound (context.Cause says which).
+func (s *session) Lost() context.Context { return s.lost }
+
+// attach sets the client (before the session's first etcd call).
+func (s *session) attach(cli *clientv3.Client) { s.cli = cli }
+
+// useShared adopts a lease granted and kept alive by someone else.
+func (s *session) useShared(lease clientv3.LeaseID) {
+	s.mu.Lock()
+	s.lease, s.owned = lease, false
+	s.mu.Unlock()
+}
+
+// grantOwn grants this session's own lease (startKeepAlive keeps it).
+func (s *session) grantOwn(ctx context.Context) error {
+	s.mu.Lock()
+	s.owned = true
+	s.mu.Unlock()
+	v, ok, err := s.grant(ctx)
+	if ok {
+		s.report(v)
+	}
+	return err
+}
+
+// startKeepAlive starts the keep-alive loop of an owned lease.
+func (s *session) startKeepAlive() {
+	s.wg.Add(1)
+	go s.keepAlive()
+}
+
+// current is the lease this node's keys hang on now.
+func (s *session) current() clientv3.LeaseID {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.lease
+}
+
+// owns reports whether the session granted its lease (false for a shared
+// one, or after abandon).
+func (s *session) owns() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.owned
+}
+
+// incarnation is how many leases this session granted (0 with a shared one).
+func (s *session) incarnation() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.grants
+}
+
+// validity is the lease last proven valid and until when.
+func (s *session) validity() (clientv3.LeaseID, time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.validOf, s.validTill
+}
+
+// grant takes a new lease and makes it current. A grant is the new
+// lease's first renewal: ok says that the caller is to report v (once no
+// lock is held): a node that rejoins with a new lease (reincarnate) may
+// start ranks before the keep-alive loop renewed it, and the fence (here
+// and in the watchdog) must know the lease is valid.
+func (s *session) grant(ctx context.Context) (v time.Time, ok bool, err error) {
+	ttl := int64((s.cfg.TTL + time.Second - 1) / time.Second)
+	actx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	sent := time.Now()
+	resp, err := s.cli.Grant(actx, ttl)
+	if err != nil {
+		return v, false, fmt.Errorf("etcd lease at %s: %w", s.cfg.Endpoints(), err)
+	}
+	s.mu.Lock()
+	s.lease = resp.ID
+	s.grants++
+	owned := s.owned
+	s.mu.Unlock()
+	v = LeaseValidUntil(sent, resp.TTL)
+	ok = owned && s.renewed(resp.ID, v)
+	select {
+	case s.kick <- struct{}{}: // the keep-alive loop moves to the new lease at once
+	default:
+	}
+	return v, ok, nil
+}
+
+// report hands a forward-moved validity to OnRenewed (not once lost).
+func (s *session) report(v time.Time) {
+	if s.cfg.OnRenewed != nil && s.lost.Err() == nil {
+		s.cfg.OnRenewed(v)
+	}
+}
+
+// replace replaces an expired lease old with a new one, unless another
+// goroutine already did (then it is a no-op), and calls OnReplaced so that
+// what hung on the lease is put again. Both the keep-alive loop and a join
+// that finds its lease gone call it, so exactly one new lease is granted.
+func (s *session) replace(ctx context.Context, old clientv3.LeaseID) error {
+	s.renewMu.Lock()
+	if s.current() != old {
+		s.renewMu.Unlock()
+		return nil
+	}
+	s.log.Warn("membership lease expired; taking a new one", "lease", fmt.Sprintf("%x", old))
+	v, ok, err := s.grant(ctx)
+	s.renewMu.Unlock()
+	if err != nil {
+		return err
+	}
+	if ok {
+		s.report(v)
+	}
+	if s.cfg.OnReplaced != nil {
+		s.cfg.OnReplaced()
+	}
+	return nil
+}
+
+// reincarnate grants a new lease whatever the current one's state (the
+// node was declared lost: its old lease may still expire and must not take
+// the new round's keys along). It returns the old and the new lease; the
+// caller re-puts its keys, then revokes old (revoke).
+func (s *session) reincarnate(ctx context.Context) (old, cur clientv3.LeaseID, err error) {
+	s.renewMu.Lock()
+	old = s.current()
+	v, ok, err := s.grant(ctx)
+	cur = s.current()
+	s.renewMu.Unlock()
+	if ok {
+		s.report(v)
+	}
+	return old, cur, err
+}
+
+// revoke revokes a lease of an earlier incarnation (best effort: it
+// expires by itself).
+func (s *session) revoke(ctx context.Context, old clientv3.LeaseID) {
+	if _, err := s.cli.Revoke(ctx, old); err != nil {
+		s.log.Debug("revoke the lease of the lost incarnation", "err", err)
+	}
+}
+
+// renewTimeout bounds one renewal. A late answer still proves the lease
+// valid until its send time plus the TTL, so it is waited for long (an etcd
+// busy with thousands of nodes, on a loaded machine, answers in seconds);
+// a new attempt would queue behind it on the same connection anyway.
+func (s *session) renewTimeout() time.Duration {
+	return s.cfg.TTL / 2
+}
+
+// keepAlive keeps this node's own lease alive with one KeepAliveOnce every
+// TTL/renewsPerTTL (sooner after a failure), following it when it is
+// replaced; if etcd reports it gone (we were away longer than its TTL) a
+// new one is granted for later rounds. After each renewal it records the
+// lease's validity (the fence) and calls OnRenewed. It stops once etcd is
+// lost or at Close.
+//
+// A renewal is not waited for before the next one is sent: one that hangs
+// (a member that lost its leader, a connection being replaced) must not
+// hold back the next, which may go to another member, and a late answer
+// still proves the lease valid until its own send time plus the TTL. At
+// most maxRenewals are in flight, each bounded by renewTimeout.
+func (s *session) keepAlive() {
+	defer s.wg.Done()
+	interval := s.cfg.TTL / renewsPerTTL
+	type result struct {
+		lease clientv3.LeaseID
+		sent  time.Time
+		ttl   int64
+		err   error
+	}
+	results := make(chan result, maxRenewals)
+	inFlight := 0
+	send := func(lease clientv3.LeaseID) {
+		inFlight++
+		sent := time.Now()
+		go func() {
+			ctx, cancel := context.WithTimeout(s.lost, s.renewTimeout())
+			defer cancel()
+			resp, err := s.cli.KeepAliveOnce(ctx, lease)
+			r := result{lease: lease, sent: sent, err: err}
+			if err == nil {
+				r.ttl = resp.TTL
+			}
+			results <- r
+		}()
+	}
+	defer func() {
+		for ; inFlight > 0; inFlight-- {
+			<-results // each attempt ends by its timeout or with s.lost
+		}
+	}()
+	next := time.NewTimer(0)
+	defer next.Stop()
+	for {
+		select {
+		case <-s.lost.Done():
+			return
+		case <-s.kick:
+			next.Reset(0)
+		case <-next.C:
+			if inFlight < maxRenewals {
+				send(s.current())
+			}
+			next.Reset(interval)
+		case r := <-results:
+			inFlight--
+			switch {
+			case r.err == nil && r.ttl > 0:
+				s.heard() // a renewal is an answer from etcd's leader: no probe needed
+				v := LeaseValidUntil(r.sent, r.ttl)
+				if s.renewed(r.lease, v) {
+					s.report(v)
+				}
+			case r.err == nil || errors.Is(r.err, rpctypes.ErrLeaseNotFound):
+				s.heard()
+				if s.current() == r.lease {
+					if err := s.replace(s.lost, r.lease); err != nil {
+						s.log.Warn("re-grant lease", "err", err)
+					}
+				}
+				next.Reset(0) // renew the new lease at once: that records its validity
+			case s.lost.Err() == nil:
+				// Unreachable for now: try again soon, so that a short cut
+				// is bridged as soon as it heals (the fence is the deadline).
+				s.log.Debug("lease renewal failed", "err", r.err, "took", time.Since(r.sent).Round(time.Millisecond))
+				next.Reset(min(interval, retryRenewal))
+			}
+		}
+	}
+}
+
+// renewed records that lease is certainly valid at etcd until validUntil
+// and (re)arms the fence for that instant. It returns false for a renewal
+// of a lease that was replaced meanwhile, or one a later-sent renewal's
+// answer overtook (OnRenewed sees only instants that move forward).
+func (s *session) renewed(lease clientv3.LeaseID, validUntil time.Time) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if lease != s.lease {
+		return false
+	}
+	if s.validOf == lease && !validUntil.After(s.validTill) {
+		return false // an older answer overtaken by a newer one: no change
+	}
+	s.validOf, s.validTill = lease, validUntil
+	if s.fenceOff {
+		return true
+	}
+	d := time.Until(FenceDeadline(validUntil, s.cfg.FenceMargin))
+	if s.fence == nil {
+		s.fence = time.AfterFunc(d, s.fenceDue)
+	} else {
+		s.fence.Reset(d)
+	}
+	return true
+}
+
+func (s *session) fenceDue() {
+	if s.cfg.OnFenceDue != nil {
+		s.cfg.OnFenceDue()
+	}
+}
+
+// fenceIfUnproven fires the fence at once when the lease is not proven
+// valid now (a node assigned ranks after its deadline passed).
+func (s *session) fenceIfUnproven() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.fence != nil && !s.fenceOff && !time.Now().Before(FenceDeadline(s.validTill, s.cfg.FenceMargin)) {
+		s.fence.Reset(0)
+	}
+}
+
+// stopFence disarms the fence for good (at Close).
+func (s *session) stopFence() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.fenceOff = true
+	if s.fence != nil {
+		s.fence.Stop()
+	}
+}
+
+// startProbe starts the reachability probe, reading key.
+func (s *session) startProbe(key string) {
+	s.mu.Lock()
+	s.lastHeard = time.Now()
+	s.mu.Unlock()
+	s.wg.Add(1)
+	go s.probe(key)
+}
+
+// probe checks etcd reachability; past LossBound it calls OnLost (which
+// closes the job locally, kind RendezvousLost, and cancels Lost(), ending
+// every etcd call in flight) so that the agent stops instead of running
+// blind.
+func (s *session) probe(key string) {
+	defer s.wg.Done()
+	t := time.NewTicker(s.cfg.ProbeInterval)
+	defer t.Stop()
+	skipped, upTo := false, time.Time{} // upTo: etcd presumed up until then
+	for {
+		select {
+		case <-s.ctx.Done():
+			return
+		case <-t.C:
+		}
+		s.mu.Lock()
+		fresh := time.Since(s.lastHeard) < s.heardWindowLocked()
+		s.mu.Unlock()
+		if fresh {
+			// The lease's keep-alives answered lately (heard): a read would
+			// only add load (one per node per second: 4,000/s at 4,000 nodes).
+			skipped = true
+			continue
+		}
+		// A slow answer is an answer: an etcd busy with thousands of
+		// nodes may take seconds, which is not an outage (up to 5 s with
+		// the default 60 s bound; 1 s at least).
+		to := max(s.cfg.ProbeInterval, time.Second, min(s.cfg.LossBound/4, 5*time.Second))
+		ctx, cancel := context.WithTimeout(s.ctx, to)
+		_, err := s.cli.Get(ctx, key)
+		cancel()
+		s.mu.Lock()
+		if err != nil && skipped {
+			// Count the outage from the previous tick, as a read then
+			// would have: the skips do not shorten the loss bound.
+			upTo = time.Now().Add(-s.cfg.ProbeInterval)
+		}
+		skipped = false
+		if err == nil {
+			if !s.lastHeard.IsZero() && time.Since(s.lastHeard) > s.staleAfterLocked() {
+				s.log.Info("etcd reachable again", "down_for", time.Since(s.lastHeard).Round(time.Millisecond))
+			}
+			s.lastHeard = time.Now()
+			s.mu.Unlock()
+			continue
+		}
+		down := time.Since(s.lastHeard)
+		if upTo.After(s.lastHeard) {
+			down = time.Since(upTo)
+		}
+		s.mu.Unlock()
+		if s.ctx.Err() != nil {
+			return
+		}
+		if down > s.cfg.LossBound {
+			if s.cfg.OnLost != nil {
+				s.cfg.OnLost() // final: this node's job is over
+			}
+			return
+		}
+		s.log.Warn("etcd unreachable", "for", down.Round(time.Millisecond), "bound", s.cfg.LossBound, "err", err)
+	}
+}
+
+// heard records an answer from etcd other than the probe's (a lease
+// renewal): etcd is reachable now.
+func (s *session) heard() {
+	s.mu.Lock()
+	s.lastHeard = time.Now()
+	s.mu.Unlock()
+}
+
+// unreachableNow reports whether the last reachability probes failed (etcd
+// is away now, though maybe not yet past the loss bound): courtesy writes
+// (a departure, ledger records at exit) are skipped then.
+func (s *session) unreachableNow() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return !s.lastHeard.IsZero() && time.Since(s.lastHeard) > s.staleAfterLocked()
+}
+
+// heardWindowLocked is how recent an answer from etcd lets the probe skip
+// its read: an owned lease is renewed every TTL/renewsPerTTL (fence.go),
+// and each renewal is an answer. The window keeps the TTL/3 of clientv3's
+// cadence it was sized for: a busy etcd answers renewals late, and each
+// probe read it saves counts at 4,000 nodes.
+func (s *session) heardWindowLocked() time.Duration {
+	if !s.owned {
+		return 0
+	}
+	return s.cfg.ProbeInterval + s.cfg.TTL/3 + 500*time.Millisecond
+}
+
+// staleAfterLocked is how long without an answer means etcd is away for now.
+func (s *session) staleAfterLocked() time.Duration {
+	return max(2*s.cfg.ProbeInterval+time.Second, s.heardWindowLocked()+s.cfg.ProbeInterval)
+}
+
+// abandon makes the session leave its lease to expire: Close no longer
+// revokes it (a crash, in tests).
+func (s *session) abandon() {
+	s.mu.Lock()
+	s.owned = false
+	s.mu.Unlock()
+}
+
+// wait waits for the session's goroutines (after its context ended).
+func (s *session) wait() { s.wg.Wait() }
