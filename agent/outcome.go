@@ -264,10 +264,10 @@ func (a *Agent) finish() Outcome {
 	a.closeLedger(&o)
 	if o.Finished() {
 		a.log.Info("training finished: finished flag present", "flag", o.FinishedFlag.Path)
-		a.ev.Emit(eventlog.TrainingFinished, map[string]any{"round": o.LastRound, "flag": o.FinishedFlag.Path})
+		a.ev.Emit(eventlog.TrainingFinishedEvent{Round: o.LastRound, Flag: o.FinishedFlag.Path})
 	}
-	a.ev.Emit(eventlog.Verdict, map[string]any{"kind": string(o.Kind), "exit_code": o.ExitCode(), "reason": o.Reason,
-		"restarts_used": o.RestartsUsed, "last_round": o.LastRound, "finished": o.Finished(), "quarantined": len(o.Quarantined)})
+	a.ev.Emit(eventlog.VerdictEvent{VerdictKind: string(o.Kind), ExitCode: o.ExitCode(), Reason: o.Reason,
+		RestartsUsed: o.RestartsUsed, LastRound: o.LastRound, Finished: o.Finished(), Quarantined: len(o.Quarantined)})
 	return o
 }
 

@@ -70,24 +70,37 @@ func Open(path string, base map[string]any) (*Log, error) {
 	return &Log{f: f, base: base}, nil
 }
 
+// Record is one event: a typed record of records.go, or Fields for a
+// producer that hands the launcher a kind and a map (monitor, filler,
+// prewarm, agentstore). Kind is the line's "event".
+type Record interface{ Kind() string }
+
+// Fields is a record given as a map, for producers outside this package's
+// records (their callbacks take a kind and fields). Where a typed record of
+// the same kind exists, Decode reads the line as that record.
+type Fields struct {
+	Event  string
+	Fields map[string]any
+}
+
+// Kind returns the event kind.
+func (f Fields) Kind() string { return f.Event }
+
 // Emit writes one event. Each line is written with a single write(2) so
 // concurrent writers (several launchers on one file) never interleave.
-func (l *Log) Emit(kind string, fields map[string]any) {
+//
+// The line is one JSON object with the keys sorted: the log's base fields,
+// the record's fields (which win over a base field of the same name: a
+// round_ended's node), "ts" and "event".
+func (l *Log) Emit(r Record) {
 	if l == nil {
 		return
 	}
-	rec := make(map[string]any, len(fields)+len(l.base)+2)
-	for k, v := range l.base {
-		rec[k] = v
-	}
-	for k, v := range fields {
-		rec[k] = v
-	}
-	rec["ts"] = time.Now().UTC().Format(time.RFC3339Nano)
-	rec["event"] = kind
-	b, err := json.Marshal(rec)
+	kind := r.Kind()
+	ts := time.Now().UTC().Format(time.RFC3339Nano)
+	b, err := encode(l.base, r, ts)
 	if err != nil {
-		b, _ = json.Marshal(map[string]any{"ts": rec["ts"], "event": kind, "marshal_error": err.Error()})
+		b, _ = json.Marshal(map[string]any{"ts": ts, "event": kind, "marshal_error": err.Error()})
 	}
 	b = append(b, '\n')
 	l.mu.Lock()
@@ -113,6 +126,40 @@ func (l *Log) Emit(kind string, fields map[string]any) {
 		l.logger.Error("event log: write failed, events are being lost (further failures only counted; the totals go into the verdict's records_lost)",
 			"path", l.f.Name(), "err", err, "event", kind, "events_lost", l.lostEvents, "bytes_lost", l.lostBytes)
 	}
+}
+
+// encode renders a record as its line (without the newline): a map with
+// sorted keys, as the launcher wrote before records were typed, so logs stay
+// byte for byte what they were.
+func encode(base map[string]any, r Record, ts string) ([]byte, error) {
+	rec := make(map[string]json.RawMessage, len(base)+16)
+	for k, v := range base {
+		b, err := json.Marshal(v)
+		if err != nil {
+			return nil, fmt.Errorf("base field %s: %w", k, err)
+		}
+		rec[k] = b
+	}
+	var fields []byte
+	var err error
+	if f, ok := r.(Fields); ok {
+		fields, err = json.Marshal(f.Fields)
+	} else {
+		fields, err = json.Marshal(r)
+	}
+	if err != nil {
+		return nil, err
+	}
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(fields, &m); err != nil {
+		return nil, fmt.Errorf("%s record is not a JSON object: %w", r.Kind(), err)
+	}
+	for k, v := range m {
+		rec[k] = v
+	}
+	rec["ts"], _ = json.Marshal(ts)
+	rec["event"], _ = json.Marshal(r.Kind())
+	return json.Marshal(rec)
 }
 
 // ReportTo sets the logger that hears of the first lost event (nil: none).
