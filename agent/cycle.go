@@ -331,13 +331,13 @@ func (a *Agent) rankFailed(e spawn.Exit, hangs <-chan monitor.Hang, hangByRank m
 func (a *Agent) workloadRequest(r monitor.WorkloadRequest, end *cycleEnd) bool {
 	a.log.Warn("workload control request from a rank", "rank", r.GlobalRank, "action", r.Action, "description", r.Description)
 	a.ev.Emit(eventlog.WorkloadRequestEvent{Round: a.run.asg.Round, Rank: r.GlobalRank,
-		Action: r.Action, Description: r.Description})
-	if r.Action == "Continue" {
+		Action: r.Action.String(), Description: r.Description})
+	if r.Action == monitor.ActionContinue {
 		return false
 	}
 	rr := r
 	a.run.pendingReq = &rr
-	if r.Action == "ShutdownWorkload" {
+	if r.Action == monitor.ActionShutdownWorkload {
 		end.kind = endWorkload
 		end.reason = r.Description
 		return true
@@ -352,12 +352,12 @@ func (a *Agent) recordHang(h monitor.Hang, hangByRank map[int]monitor.Hang) {
 		return
 	}
 	hangByRank[h.LocalRank] = h
-	a.met.HangKilled(h.Kind)
+	a.met.HangKilled(h.Kind.String())
 	a.log.Error("rank hang detected; rank killed", "local_rank", h.LocalRank, "rank", h.GlobalRank,
 		"timeout_kind", h.Kind, "section", h.Section, "timeout", h.Timeout, "elapsed", h.Elapsed,
 		"signal", h.Signal.String(), "latency", h.SignalledAt.Sub(h.ExpiredAt))
 	a.ev.Emit(eventlog.RankHangEvent{Round: asg.Round, LocalRank: h.LocalRank,
-		Rank: h.GlobalRank, TimeoutKind: h.Kind, Section: h.Section,
+		Rank: h.GlobalRank, TimeoutKind: h.Kind.String(), Section: h.Section,
 		TimeoutS: h.Timeout.Seconds(), ElapsedS: h.Elapsed.Seconds(), Signal: sigName(h.Signal),
 		DetectLatencyMS:    float64(h.SignalledAt.Sub(h.ExpiredAt).Microseconds()) / 1000,
 		SignalledAt:        h.SignalledAt.UTC(), // the stall began elapsed_s before it
@@ -440,7 +440,7 @@ func lookupEnv(environ []string, k string) string {
 }
 
 func hangReason(h monitor.Hang) string {
-	what := h.Kind
+	what := h.Kind.String()
 	if h.Section != "" {
 		what += " '" + h.Section + "'"
 	}
