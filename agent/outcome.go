@@ -160,14 +160,7 @@ func (r *runState) setOutcome(kind verdict.Kind, reason string) {
 // (written by an older launcher) is read from its code.
 func (r *runState) closedBy(kind verdict.Kind, code int, reason string) {
 	if kind == "" || !kind.Valid() {
-		switch code {
-		case 0:
-			kind = verdict.Succeeded
-		case verdict.DefaultNoRestartExitCode:
-			kind = verdict.NoRestart
-		default:
-			kind = verdict.FatalError
-		}
+		kind = verdict.CloseKindOf(code)
 	}
 	r.setOutcome(kind, reason)
 	if r.outcome.Kind == verdict.NoRestart || r.outcome.Kind == verdict.NodeReplaced {
