@@ -30,13 +30,15 @@ type Entry struct {
 // kind or no ts).
 var ErrNotEvent = errors.New("not an ft-launcher event (no event kind or ts)")
 
-// header is the part of every line that is not the record's own.
+// header is the part of every line that is not the record's own. Its
+// fields are read leniently (a value of another JSON type is absent), as
+// readers always did.
 type header struct {
-	Event      string `json:"event"`
-	TS         string `json:"ts"`
-	Node       string `json:"node"`
-	RunID      string `json:"run_id"`
-	SlurmJobID any    `json:"slurm_job_id"`
+	Event      any `json:"event"`
+	TS         any `json:"ts"`
+	Node       any `json:"node"`
+	RunID      any `json:"run_id"`
+	SlurmJobID any `json:"slurm_job_id"`
 }
 
 // RecordError: a line's fields do not fit its kind's record (a field with
@@ -61,26 +63,28 @@ func Decode(line []byte) (Entry, error) {
 	if err := json.Unmarshal(line, &h); err != nil {
 		return Entry{}, err
 	}
-	ts, err := time.Parse(time.RFC3339Nano, h.TS)
-	if err != nil || h.Event == "" {
+	str := func(v any) string { s, _ := v.(string); return s }
+	kind := str(h.Event)
+	ts, err := time.Parse(time.RFC3339Nano, str(h.TS))
+	if err != nil || kind == "" {
 		return Entry{}, ErrNotEvent
 	}
-	e := Entry{Event: h.Event, TS: ts, Node: h.Node, RunID: h.RunID, SlurmJobID: jobID(h.SlurmJobID)}
+	e := Entry{Event: kind, TS: ts, Node: str(h.Node), RunID: str(h.RunID), SlurmJobID: jobID(h.SlurmJobID)}
 	var recErr error
-	if t := typeOf(h.Event); t != nil {
+	if t := typeOf(kind); t != nil {
 		p := reflect.New(t)
-		if err := json.Unmarshal(line, p.Interface()); err == nil {
+		err := json.Unmarshal(line, p.Interface())
+		if err == nil {
 			e.Record = p.Elem().Interface().(Record)
 			return e, nil
-		} else {
-			recErr = &RecordError{Kind: h.Event, Err: err}
 		}
+		recErr = &RecordError{Kind: kind, Err: err}
 	}
 	var m map[string]any
 	if err := json.Unmarshal(line, &m); err != nil {
 		return Entry{}, err
 	}
-	e.Record = Fields{Event: h.Event, Fields: m}
+	e.Record = Fields{Event: kind, Fields: m}
 	return e, recErr
 }
 
@@ -135,6 +139,7 @@ func CheckFields(kind string, fields map[string]any) error {
 type jsonField struct {
 	name      string
 	omitempty bool
+	index     int // in the struct
 }
 
 // jsonFields lists a record type's JSON fields.
@@ -149,7 +154,7 @@ func jsonFields(t reflect.Type) []jsonField {
 		if name == "" {
 			name = t.Field(i).Name
 		}
-		out = append(out, jsonField{name: name, omitempty: strings.Contains(opts, "omitempty")})
+		out = append(out, jsonField{name: name, omitempty: strings.Contains(opts, "omitempty"), index: i})
 	}
 	return out
 }

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"reflect"
 	"sync"
 	"time"
 )
@@ -128,38 +129,65 @@ func (l *Log) Emit(r Record) {
 	}
 }
 
-// encode renders a record as its line (without the newline): a map with
-// sorted keys, as the launcher wrote before records were typed, so logs stay
-// byte for byte what they were.
+// encode renders a record as its line (without the newline): the log's
+// base fields, the record's fields, ts and event in one map, marshalled
+// with its keys sorted, as the launcher wrote lines before records were
+// typed, so logs stay byte for byte what they were.
 func encode(base map[string]any, r Record, ts string) ([]byte, error) {
-	rec := make(map[string]json.RawMessage, len(base)+16)
-	for k, v := range base {
-		b, err := json.Marshal(v)
-		if err != nil {
-			return nil, fmt.Errorf("base field %s: %w", k, err)
-		}
-		rec[k] = b
-	}
-	var fields []byte
-	var err error
+	var fields map[string]any
 	if f, ok := r.(Fields); ok {
-		fields, err = json.Marshal(f.Fields)
+		fields = f.Fields
 	} else {
-		fields, err = json.Marshal(r)
+		fields = fieldsOf(r)
 	}
-	if err != nil {
-		return nil, err
-	}
-	var m map[string]json.RawMessage
-	if err := json.Unmarshal(fields, &m); err != nil {
-		return nil, fmt.Errorf("%s record is not a JSON object: %w", r.Kind(), err)
-	}
-	for k, v := range m {
+	rec := make(map[string]any, len(base)+len(fields)+2)
+	for k, v := range base {
 		rec[k] = v
 	}
-	rec["ts"], _ = json.Marshal(ts)
-	rec["event"], _ = json.Marshal(r.Kind())
+	for k, v := range fields {
+		rec[k] = v
+	}
+	rec["ts"], rec["event"] = ts, r.Kind()
 	return json.Marshal(rec)
+}
+
+// fieldsOf is a typed record's fields by JSON name, as encoding/json would
+// write them: an omitempty field with an empty value (a nil pointer, a zero
+// scalar, an empty string or slice) is left out, a pointer is written as
+// its value.
+func fieldsOf(r Record) map[string]any {
+	v := reflect.ValueOf(r)
+	t := v.Type()
+	out := make(map[string]any, t.NumField())
+	for _, f := range jsonFields(t) {
+		fv := v.Field(f.index)
+		if f.omitempty && isEmpty(fv) {
+			continue
+		}
+		if fv.Kind() == reflect.Pointer {
+			if fv.IsNil() {
+				out[f.name] = nil
+				continue
+			}
+			fv = fv.Elem()
+		}
+		out[f.name] = fv.Interface()
+	}
+	return out
+}
+
+// isEmpty is encoding/json's "empty value" of omitempty (structs, times
+// included, never are).
+func isEmpty(v reflect.Value) bool {
+	switch v.Kind() {
+	case reflect.Array, reflect.Map, reflect.Slice, reflect.String:
+		return v.Len() == 0
+	case reflect.Bool, reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64, reflect.Uintptr,
+		reflect.Float32, reflect.Float64, reflect.Interface, reflect.Pointer:
+		return v.IsZero()
+	}
+	return false
 }
 
 // ReportTo sets the logger that hears of the first lost event (nil: none).
@@ -191,7 +219,8 @@ func (l *Log) Close() error {
 	return l.f.Close()
 }
 
-// Read parses an event log file; used by tests and tools.
+// Read parses an event log file into maps, for tests that look at the raw
+// fields; tools read typed records with Decode (report does).
 func Read(path string) ([]map[string]any, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {

@@ -275,3 +275,40 @@ func TestCheckFields(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkEncode compares a typed record's line with the old map
+// encoding of the same line (docs/benchmarks.md, "Typed event records").
+func BenchmarkEncode(b *testing.B) {
+	base := map[string]any{"run_id": "run-1", "node": "10.0.0.1", "slurm_job_id": "77"}
+	ts := time.Now().UTC().Format(time.RFC3339Nano)
+	rec := RankExitedEvent{Round: 3, LocalRank: 1, Rank: 9, PID: 12345, ExitCode: 137, Signal: "SIGKILL"}
+	fields := map[string]any{"round": 3, "local_rank": 1, "rank": 9, "pid": 12345, "exit_code": 137, "signal": "SIGKILL"}
+	b.Run("typed", func(b *testing.B) {
+		for b.Loop() {
+			if _, err := encode(base, rec, ts); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("map (before)", func(b *testing.B) {
+		for b.Loop() {
+			oldEncode(base, RankExited, fields, ts)
+		}
+	})
+}
+
+// TestDecodeLenientHeader: a header field of another JSON type reads as
+// absent, as readers always took it; an event kind that is not a string is
+// not an event.
+func TestDecodeLenientHeader(t *testing.T) {
+	e, err := Decode([]byte(`{"ts":"2026-11-28T05:00:00Z","event":"standby","round":2,"node":7,"run_id":null,"slurm_job_id":123}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e.Node != "" || e.RunID != "" || e.SlurmJobID != "123" || e.Record != (StandbyEvent{Round: 2}) {
+		t.Errorf("decoded %+v", e)
+	}
+	if _, err := Decode([]byte(`{"ts":"2026-11-28T05:00:00Z","event":5}`)); !errors.Is(err, ErrNotEvent) {
+		t.Errorf("a numeric event kind: %v, want ErrNotEvent", err)
+	}
+}
