@@ -173,9 +173,9 @@ func (a *Agent) isWalltime(s os.Signal) bool {
 func (a *Agent) Run(ctx context.Context) Outcome {
 	cfg := a.cfg
 	a.run = newRunState(time.Now(), cfg.MaxRestarts)
-	a.ev.Emit(eventlog.LauncherStarted, map[string]any{
-		"pid": os.Getpid(), "nproc_per_node": cfg.NProcPerNode, "max_restarts": cfg.MaxRestarts,
-		"nnodes": fmt.Sprintf("%d:%d", cfg.NNodes.Min, cfg.NNodes.Max), "script": cfg.Script,
+	a.ev.Emit(eventlog.LauncherStartedEvent{
+		PID: os.Getpid(), NProcPerNode: cfg.NProcPerNode, MaxRestarts: cfg.MaxRestarts,
+		NNodes: fmt.Sprintf("%d:%d", cfg.NNodes.Min, cfg.NNodes.Max), Script: cfg.Script,
 	})
 	a.state = StateJoining
 	for a.state != StateDone {

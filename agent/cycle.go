@@ -124,9 +124,9 @@ func (a *Agent) startCycle() error {
 	if a.d.Monitors != nil {
 		a.d.Monitors.BeginCycle(asg.Round, pids)
 	}
-	a.ev.Emit(eventlog.CycleStarted, map[string]any{"round": asg.Round, "group_rank": asg.GroupRank,
-		"world_size": asg.WorldSize, "pids": pidList(pids), "master_addr": asg.MasterAddr, "master_port": asg.MasterPort,
-		"restarts_used": asg.RestartsUsed})
+	a.ev.Emit(eventlog.CycleStartedEvent{Round: asg.Round, GroupRank: asg.GroupRank,
+		WorldSize: asg.WorldSize, PIDs: pidList(pids), MasterAddr: asg.MasterAddr, MasterPort: asg.MasterPort,
+		RestartsUsed: asg.RestartsUsed})
 	return nil
 }
 
@@ -179,12 +179,12 @@ wait:
 			case stopRepeat:
 				a.log.Warn("the same signal again within the repeat window: taken as a repeat delivery (Slurm sends SIGTERM more than once at a time limit); the ranks keep their grace",
 					"signal", s.String(), "since_first", time.Since(rule.firstAt), "window", rule.window, "grace", grace)
-				a.ev.Emit(eventlog.SignalReceived, map[string]any{"round": asg.Round, "signal": sigName(s), "state": StateStopping.String(),
-					"repeat": true, "escalated": false, "window_s": rule.window.Seconds()})
+				a.ev.Emit(eventlog.SignalReceivedEvent{Round: eventlog.Opt(asg.Round), Signal: sigName(s), State: StateStopping.String(),
+					Repeat: true, Escalated: eventlog.Opt(false), WindowS: eventlog.Opt(rule.window.Seconds())})
 			case stopEscalate:
 				a.log.Warn("another signal received while stopping ranks; sending SIGKILL now", "signal", s.String(),
 					"first", sigName(rule.first), "since_first", time.Since(rule.firstAt))
-				a.ev.Emit(eventlog.SignalReceived, map[string]any{"round": asg.Round, "signal": sigName(s), "state": StateStopping.String(), "escalated": true})
+				a.ev.Emit(eventlog.SignalReceivedEvent{Round: eventlog.Opt(asg.Round), Signal: sigName(s), State: StateStopping.String(), Escalated: eventlog.Opt(true)})
 				g.SignalAll(syscall.SIGKILL)
 			}
 		}
@@ -194,7 +194,7 @@ wait:
 	}
 	for _, lr := range res.Escalated {
 		a.log.Warn("rank did not stop within the grace period; sent SIGKILL", "local_rank", lr, "grace", grace)
-		a.ev.Emit(eventlog.StopEscalated, map[string]any{"round": asg.Round, "local_rank": lr, "grace_s": grace.Seconds()})
+		a.ev.Emit(eventlog.StopEscalatedEvent{Round: asg.Round, LocalRank: lr, GraceS: grace.Seconds()})
 	}
 	if len(res.Leftover) > 0 {
 		a.log.Error("processes still present after SIGKILL (uninterruptible?)", "pids", res.Leftover)
@@ -265,7 +265,7 @@ func (a *Agent) supervise(ctx context.Context) cycleEnd {
 				continue
 			}
 			a.log.Warn("signal received; forwarding to every rank's process group", "signal", s.String(), "term_timeout", a.cfg.TermTimeout)
-			a.ev.Emit(eventlog.SignalReceived, map[string]any{"round": asg.Round, "signal": sigName(s)})
+			a.ev.Emit(eventlog.SignalReceivedEvent{Round: eventlog.Opt(asg.Round), Signal: sigName(s)})
 			end.kind = endSignal
 			end.sig, end.sigAt = s, time.Now()
 			return end
@@ -290,7 +290,7 @@ func (a *Agent) walltimeWarning(s os.Signal, g RankGroup) {
 	}
 	a.run.walltime, a.run.walltimeAt = s, time.Now()
 	a.log.Warn("pre-walltime signal received; forwarding it to every rank (not a failure)", "signal", sigName(s))
-	a.ev.Emit(eventlog.WalltimeWarning, map[string]any{"round": a.run.asg.Round, "signal": sigName(s)})
+	a.ev.Emit(eventlog.WalltimeWarningEvent{Round: a.run.asg.Round, Signal: sigName(s)})
 	if ss, ok := s.(syscall.Signal); ok {
 		g.SignalAll(ss)
 	}
@@ -330,14 +330,14 @@ func (a *Agent) rankFailed(e spawn.Exit, hangs <-chan monitor.Hang, hangByRank m
 // request ends the cycle now.
 func (a *Agent) workloadRequest(r monitor.WorkloadRequest, end *cycleEnd) bool {
 	a.log.Warn("workload control request from a rank", "rank", r.GlobalRank, "action", r.Action, "description", r.Description)
-	a.ev.Emit(eventlog.WorkloadRequest, map[string]any{"round": a.run.asg.Round, "rank": r.GlobalRank,
-		"action": r.Action, "description": r.Description})
-	if r.Action == "Continue" {
+	a.ev.Emit(eventlog.WorkloadRequestEvent{Round: a.run.asg.Round, Rank: r.GlobalRank,
+		Action: r.Action.String(), Description: r.Description})
+	if r.Action == monitor.ActionContinue {
 		return false
 	}
 	rr := r
 	a.run.pendingReq = &rr
-	if r.Action == "ShutdownWorkload" {
+	if r.Action == monitor.ActionShutdownWorkload {
 		end.kind = endWorkload
 		end.reason = r.Description
 		return true
@@ -352,16 +352,16 @@ func (a *Agent) recordHang(h monitor.Hang, hangByRank map[int]monitor.Hang) {
 		return
 	}
 	hangByRank[h.LocalRank] = h
-	a.met.HangKilled(h.Kind)
+	a.met.HangKilled(h.Kind.String())
 	a.log.Error("rank hang detected; rank killed", "local_rank", h.LocalRank, "rank", h.GlobalRank,
 		"timeout_kind", h.Kind, "section", h.Section, "timeout", h.Timeout, "elapsed", h.Elapsed,
 		"signal", h.Signal.String(), "latency", h.SignalledAt.Sub(h.ExpiredAt))
-	a.ev.Emit(eventlog.RankHang, map[string]any{"round": asg.Round, "local_rank": h.LocalRank,
-		"rank": h.GlobalRank, "timeout_kind": h.Kind, "section": h.Section,
-		"timeout_s": h.Timeout.Seconds(), "elapsed_s": h.Elapsed.Seconds(), "signal": sigName(h.Signal),
-		"detect_latency_ms":    float64(h.SignalledAt.Sub(h.ExpiredAt).Microseconds()) / 1000,
-		"signalled_at":         h.SignalledAt.UTC(), // the stall began elapsed_s before it
-		"escalated_to_sigkill": h.Escalated})
+	a.ev.Emit(eventlog.RankHangEvent{Round: asg.Round, LocalRank: h.LocalRank,
+		Rank: h.GlobalRank, TimeoutKind: h.Kind.String(), Section: h.Section,
+		TimeoutS: h.Timeout.Seconds(), ElapsedS: h.Elapsed.Seconds(), Signal: sigName(h.Signal),
+		DetectLatencyMS:    float64(h.SignalledAt.Sub(h.ExpiredAt).Microseconds()) / 1000,
+		SignalledAt:        h.SignalledAt.UTC(), // the stall began elapsed_s before it
+		EscalatedToSIGKILL: h.Escalated})
 }
 
 // awaitHang waits, bounded, for the hang report of a rank its monitor killed.
@@ -390,12 +390,12 @@ func (a *Agent) recordExit(e spawn.Exit, end *cycleEnd) {
 	}
 	end.exitCodes[e.LocalRank] = e.TorchExitCode()
 	a.met.RankExited(e.Failed())
-	fields := map[string]any{"round": asg.Round, "local_rank": e.LocalRank, "rank": asg.RankBase + e.LocalRank,
-		"pid": e.PID, "exit_code": e.TorchExitCode()}
+	rec := eventlog.RankExitedEvent{Round: asg.Round, LocalRank: e.LocalRank, Rank: asg.RankBase + e.LocalRank,
+		PID: e.PID, ExitCode: e.TorchExitCode()}
 	if e.Signal != 0 {
-		fields["signal"] = sigName(e.Signal)
+		rec.Signal = sigName(e.Signal)
 	}
-	a.ev.Emit(eventlog.RankExited, fields)
+	a.ev.Emit(rec)
 	if e.Failed() {
 		a.log.Warn("rank failed", "local_rank", e.LocalRank, "rank", asg.RankBase+e.LocalRank, "pid", e.PID, "how", exitText(e))
 		end.failures = append(end.failures, ranklogs.Failure{LocalRank: e.LocalRank, GlobalRank: asg.RankBase + e.LocalRank,
@@ -440,7 +440,7 @@ func lookupEnv(environ []string, k string) string {
 }
 
 func hangReason(h monitor.Hang) string {
-	what := h.Kind
+	what := h.Kind.String()
 	if h.Section != "" {
 		what += " '" + h.Section + "'"
 	}

@@ -39,24 +39,24 @@ import (
 const (
 	// EventInProcessKept: the survivors of a failure stay in their
 	// processes (round, survivors, failed, why).
-	EventInProcessKept = "inprocess_kept"
+	EventInProcessKept = eventlog.InProcessKept
 	// EventInProcessNotice: a survivor was sent the next round's notice
 	// (round, local_rank, rank, world_size, store_prefix, notice_ms).
-	EventInProcessNotice = "inprocess_notice"
+	EventInProcessNotice = eventlog.InProcessNotice
 	// EventInProcessRejoined: a survivor's new process group is up
 	// (round, local_rank, teardown_s, rejoin_s).
-	EventInProcessRejoined = "inprocess_rejoined"
+	EventInProcessRejoined = eventlog.InProcessRejoined
 	// EventInProcessFirstStep: a survivor finished its first step of the
 	// round (round, local_rank, teardown_s, rejoin_s, restore_s,
 	// first_step_s, since_failure_s).
-	EventInProcessFirstStep = "inprocess_first_step"
+	EventInProcessFirstStep = eventlog.InProcessFirstStep
 	// EventInProcessFallback: an in-process restart fell back to the full
 	// restart (round, why, local_rank when one survivor caused it).
-	EventInProcessFallback = "inprocess_fallback"
+	EventInProcessFallback = eventlog.InProcessFallback
 	// EventInProcessReplaced: a kept survivor ended before its round
 	// started (or could not take its notice and was killed), and was
 	// started afresh like the failed rank (round, local_rank, exit).
-	EventInProcessReplaced = "inprocess_replaced"
+	EventInProcessReplaced = eventlog.InProcessReplaced
 )
 
 // InProcessMonitors is what in-process restarts need of the rank monitors
@@ -237,8 +237,8 @@ func (a *Agent) keepSurvivors() bool {
 		failed = append(failed, lr)
 	}
 	slices.Sort(failed)
-	a.ev.Emit(EventInProcessKept, map[string]any{"round": asg.Round, "survivors": survivors,
-		"failed": failed, "why": d.Why})
+	a.ev.Emit(eventlog.InProcessKeptEvent{Round: asg.Round, Survivors: survivors,
+		Failed: failed, Why: d.Why})
 	a.run.cycle.stopped = time.Now()
 	a.run.group, a.run.att = nil, nil
 	return true
@@ -449,7 +449,7 @@ func (a *Agent) startInProcess(specs []spawn.Spec, att *ranklogs.Attempt) error 
 		e := gone[lr]
 		a.log.Warn("in-process: a kept survivor ended before its round; starting it afresh", "round", asg.Round,
 			"local_rank", lr, "exit", e.String())
-		a.ev.Emit(EventInProcessReplaced, map[string]any{"round": asg.Round, "local_rank": lr, "exit": e.String()})
+		a.ev.Emit(eventlog.InProcessReplacedEvent{Round: asg.Round, LocalRank: lr, Exit: eventlog.Opt(e.String())})
 	}
 	var stay []int
 	keep := map[int]bool{}
@@ -516,22 +516,22 @@ func (a *Agent) startInProcess(specs []spawn.Spec, att *ranklogs.Attempt) error 
 		}
 		w.notices[lr], w.waiting[lr], w.stepping[lr] = now, true, true
 		a.met.InProcessPhase("notice", now.Sub(kept.failedAt))
-		a.ev.Emit(EventInProcessNotice, map[string]any{"round": asg.Round, "local_rank": lr, "rank": n.Rank,
-			"world_size": n.WorldSize, "store_prefix": n.StorePrefix, "notice_ms": ms(now.Sub(kept.failedAt))})
+		a.ev.Emit(eventlog.InProcessNoticeEvent{Round: asg.Round, LocalRank: lr, Rank: n.Rank,
+			WorldSize: n.WorldSize, StorePrefix: n.StorePrefix, NoticeMS: ms(now.Sub(kept.failedAt))})
 	}
 	pids := g.PIDs()
 	if a.d.Monitors != nil {
 		a.d.Monitors.BeginCycle(asg.Round, pids)
 	}
-	fields := map[string]any{"round": asg.Round, "group_rank": asg.GroupRank,
-		"world_size": asg.WorldSize, "pids": pidList(pids), "master_addr": asg.MasterAddr, "master_port": asg.MasterPort,
-		"restarts_used": asg.RestartsUsed}
+	rec := eventlog.CycleStartedEvent{Round: asg.Round, GroupRank: asg.GroupRank,
+		WorldSize: asg.WorldSize, PIDs: pidList(pids), MasterAddr: asg.MasterAddr, MasterPort: asg.MasterPort,
+		RestartsUsed: asg.RestartsUsed}
 	if len(stay) == 0 {
 		// Every survivor ended: this node's ranks all start afresh.
 		att.CloseParentEnds()
 		a.run.cycleMode = policy.ModeFull
 		a.log.Info("in-process restart: no survivor left on this node; every rank started afresh", "round", asg.Round)
-		a.ev.Emit(eventlog.CycleStarted, fields)
+		a.ev.Emit(rec)
 		return nil
 	}
 	a.run.cycleMode = policy.ModeInProcess
@@ -543,8 +543,8 @@ func (a *Agent) startInProcess(specs []spawn.Spec, att *ranklogs.Attempt) error 
 	}
 	a.log.Info("in-process restart: survivors notified", "round", asg.Round, "survivors", stay,
 		"replaced", len(fresh), "rejoin_timeout", bound)
-	fields["mode"], fields["survivors"] = policy.ModeInProcess, stay
-	a.ev.Emit(eventlog.CycleStarted, fields)
+	rec.Mode, rec.Survivors = policy.ModeInProcess, stay
+	a.ev.Emit(rec)
 	return nil
 }
 
@@ -639,8 +639,8 @@ func (a *Agent) inProcessReport(ctx context.Context, rep monitor.InProcessReport
 			return
 		}
 		delete(w.waiting, lr)
-		a.ev.Emit(EventInProcessRejoined, map[string]any{"round": w.round, "local_rank": lr,
-			"teardown_s": rep.TeardownS, "rejoin_s": rep.RejoinS})
+		a.ev.Emit(eventlog.InProcessRejoinedEvent{Round: w.round, LocalRank: lr,
+			TeardownS: rep.TeardownS, RejoinS: rep.RejoinS})
 		if len(w.waiting) == 0 {
 			w.noReplacements()
 			if w.timer != nil {
@@ -664,9 +664,9 @@ func (a *Agent) inProcessReport(ctx context.Context, rep monitor.InProcessReport
 			}
 			w.phases[p] = max(w.phases[p], d)
 		}
-		a.ev.Emit(EventInProcessFirstStep, map[string]any{"round": w.round, "local_rank": lr,
-			"teardown_s": rep.TeardownS, "rejoin_s": rep.RejoinS, "restore_s": rep.RestoreS,
-			"first_step_s": rep.FirstStepS, "since_failure_s": since.Seconds()})
+		a.ev.Emit(eventlog.InProcessFirstStepEvent{Round: w.round, LocalRank: lr,
+			TeardownS: rep.TeardownS, RejoinS: rep.RejoinS, RestoreS: rep.RestoreS,
+			FirstStepS: rep.FirstStepS, SinceFailureS: since.Seconds()})
 		if len(w.stepping) == 0 {
 			w.completed = true
 			if w.timer != nil {
@@ -786,8 +786,8 @@ func (a *Agent) replaceStuck(w *rejoinWatch, g *mixedGroup, stuck []int) error {
 			lr, w.round, bound, pids[lr])
 		a.log.Warn("in-process: a survivor that did not rejoin is replaced within the round", "round", w.round,
 			"local_rank", lr, "pid", pids[lr])
-		a.ev.Emit(EventInProcessReplaced, map[string]any{"round": w.round, "local_rank": lr, "why": "rejoin_timeout",
-			"pid": pids[lr], "reason": reason})
+		a.ev.Emit(eventlog.InProcessReplacedEvent{Round: w.round, LocalRank: lr, Why: eventlog.Opt("rejoin_timeout"),
+			PID: eventlog.Opt(pids[lr]), Reason: eventlog.Opt(reason)})
 	}
 	if len(w.waiting) > 0 {
 		w.timer.Reset(bound) // the survivors wait for the replacements
@@ -804,12 +804,12 @@ func (a *Agent) inProcessFallback(why string, localRank int, reason string) {
 		a.run.cycleFallback = why
 	}
 	a.met.InProcessFallback(why)
-	fields := map[string]any{"round": a.run.asg.Round, "why": why, "reason": reason}
+	rec := eventlog.InProcessFallbackEvent{Round: a.run.asg.Round, Why: why, Reason: reason}
 	if localRank >= 0 {
-		fields["local_rank"] = localRank
+		rec.LocalRank = eventlog.Opt(localRank)
 	}
 	a.log.Warn("in-process restart falls back to the full restart", "why", why, "reason", reason)
-	a.ev.Emit(EventInProcessFallback, fields)
+	a.ev.Emit(rec)
 }
 
 // closeKeptLogs closes the log attempts the survivors wrote to, once they

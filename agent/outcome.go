@@ -160,14 +160,7 @@ func (r *runState) setOutcome(kind verdict.Kind, reason string) {
 // (written by an older launcher) is read from its code.
 func (r *runState) closedBy(kind verdict.Kind, code int, reason string) {
 	if kind == "" || !kind.Valid() {
-		switch code {
-		case 0:
-			kind = verdict.Succeeded
-		case verdict.DefaultNoRestartExitCode:
-			kind = verdict.NoRestart
-		default:
-			kind = verdict.FatalError
-		}
+		kind = verdict.CloseKindOf(code)
 	}
 	r.setOutcome(kind, reason)
 	if r.outcome.Kind == verdict.NoRestart || r.outcome.Kind == verdict.NodeReplaced {
@@ -264,10 +257,10 @@ func (a *Agent) finish() Outcome {
 	a.closeLedger(&o)
 	if o.Finished() {
 		a.log.Info("training finished: finished flag present", "flag", o.FinishedFlag.Path)
-		a.ev.Emit(eventlog.TrainingFinished, map[string]any{"round": o.LastRound, "flag": o.FinishedFlag.Path})
+		a.ev.Emit(eventlog.TrainingFinishedEvent{Round: o.LastRound, Flag: o.FinishedFlag.Path})
 	}
-	a.ev.Emit(eventlog.Verdict, map[string]any{"kind": string(o.Kind), "exit_code": o.ExitCode(), "reason": o.Reason,
-		"restarts_used": o.RestartsUsed, "last_round": o.LastRound, "finished": o.Finished(), "quarantined": len(o.Quarantined)})
+	a.ev.Emit(eventlog.VerdictEvent{VerdictKind: string(o.Kind), ExitCode: o.ExitCode(), Reason: o.Reason,
+		RestartsUsed: o.RestartsUsed, LastRound: o.LastRound, Finished: o.Finished(), Quarantined: len(o.Quarantined)})
 	return o
 }
 

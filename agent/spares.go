@@ -85,11 +85,12 @@ func (a *Agent) swapDone() {
 		phases["total"] = c.spawned.Sub(s.opened)
 	}
 	a.met.SpareSwapped(s.preempted, phases)
-	fields := map[string]any{"round": a.run.asg.Round, "group_rank": a.run.asg.GroupRank, "filler_preempted": s.preempted}
-	for p, d := range phases {
-		fields[p+"_ms"] = float64(d.Microseconds()) / 1000
+	rec := eventlog.SpareSwapEvent{Round: a.run.asg.Round, GroupRank: a.run.asg.GroupRank, FillerPreempted: s.preempted,
+		DetectionMS: ms(phases["detection"]), FillerReclaimMS: ms(phases["filler_reclaim"]), SpawnMS: ms(phases["spawn"])}
+	if !s.opened.IsZero() {
+		rec.RendezvousMS, rec.TotalMS = eventlog.Opt(ms(phases["rendezvous"])), eventlog.Opt(ms(phases["total"]))
 	}
-	a.ev.Emit(eventlog.SpareSwap, fields)
+	a.ev.Emit(rec)
 }
 
 // peerEnded records another node's lease ended by its loss or departure.

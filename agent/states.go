@@ -117,7 +117,7 @@ func (a *Agent) joining(ctx context.Context) State {
 	}
 	if sig != nil {
 		a.log.Warn("signal received while waiting for a round; exiting", "signal", sig.String())
-		a.ev.Emit(eventlog.SignalReceived, map[string]any{"signal": sigName(sig), "state": StateJoining.String()})
+		a.ev.Emit(eventlog.SignalReceivedEvent{Signal: sigName(sig), State: StateJoining.String()})
 		a.run.signaled(sig, false)
 		return StateDone
 	}
@@ -177,7 +177,7 @@ func (a *Agent) joinFailed(ctx context.Context, err error) {
 			a.log.Warn("this node was quarantined and parked until the job ended", "why", q.Error())
 		}
 		a.log.Info("job closed while waiting for a round", "kind", string(closed.Kind), "exit_code", closed.Code, "reason", closed.Reason)
-		a.ev.Emit(eventlog.RoundEnded, map[string]any{"job_closed": true, "kind": string(closed.Kind), "reason": closed.Reason, "exit_code": closed.Code})
+		a.ev.Emit(eventlog.RoundEndedEvent{JobClosed: true, CloseKind: eventlog.Opt(string(closed.Kind)), Reason: closed.Reason, ExitCode: eventlog.Opt(closed.Code)})
 		a.run.closedBy(kind, closed.Code, reason)
 	case ctx.Err() != nil:
 		a.log.Warn("interrupted while waiting for a rendezvous round")
@@ -188,7 +188,7 @@ func (a *Agent) joinFailed(ctx context.Context, err error) {
 			a.run.quarantine(a.d.NodeID, a.d.Hostname, verdict.EvidenceHealthCheck, err.Error(), a.run.lastRound)
 		}
 		a.log.Error("rendezvous failed", "kind", string(kind), "err", err)
-		a.ev.Emit(eventlog.JobFailed, map[string]any{"kind": string(kind), "reason": err.Error()})
+		a.ev.Emit(eventlog.JobFailedEvent{CloseKind: eventlog.Opt(string(kind)), Reason: err.Error()})
 		a.run.setOutcome(kind, err.Error())
 	}
 }
@@ -221,7 +221,7 @@ func (a *Agent) standby(ctx context.Context) State {
 		_ = a.d.Store.Round(asg) // a standby serves no store: only closes one
 	}
 	a.log.Info("standby: this node is parked for a later round", "round", asg.Round)
-	a.ev.Emit(eventlog.Standby, map[string]any{"round": asg.Round})
+	a.ev.Emit(eventlog.StandbyEvent{Round: asg.Round})
 	a.parked(ctx)
 	return StateJoining
 }
@@ -241,7 +241,7 @@ func (a *Agent) reclaimSpare(ctx context.Context) error {
 	if _, lerr := a.call(ctx, a.d.CallTimeout, func(ctx context.Context) error { return a.d.Rdzv.Leave(ctx, reason) }); lerr != nil {
 		a.log.Warn("leaving the rendezvous", "err", lerr)
 	}
-	a.ev.Emit(eventlog.JobFailed, map[string]any{"round": round, "kind": string(verdict.NodeExcluded), "reason": reason})
+	a.ev.Emit(eventlog.JobFailedEvent{Round: eventlog.Opt(round), CloseKind: eventlog.Opt(string(verdict.NodeExcluded)), Reason: reason})
 	a.run.quarantine(a.d.NodeID, a.d.Hostname, verdict.EvidenceFillerReclaim, reason, round)
 	a.run.setOutcome(verdict.NodeExcluded, reason)
 	return err
@@ -252,7 +252,7 @@ func (a *Agent) running(ctx context.Context) State {
 	if err := a.startCycle(); err != nil {
 		a.log.Error("cycle failed to start", "round", a.run.asg.Round, "err", err)
 		reason := "node " + a.d.Hostname + ": " + err.Error()
-		a.ev.Emit(eventlog.JobFailed, map[string]any{"round": a.run.asg.Round, "kind": string(verdict.FatalError), "reason": reason})
+		a.ev.Emit(eventlog.JobFailedEvent{Round: eventlog.Opt(a.run.asg.Round), CloseKind: eventlog.Opt(string(verdict.FatalError)), Reason: reason})
 		// Close the job everywhere: the other nodes' ranks cannot make
 		// progress without this node's.
 		if _, cerr := a.call(ctx, a.d.CallTimeout, func(ctx context.Context) error {
@@ -302,14 +302,14 @@ func (a *Agent) deciding(ctx context.Context) State {
 		return StateEscalating
 	case endWalltime:
 		a.log.Warn("job ended by walltime", "reason", end.reason)
-		a.ev.Emit(eventlog.JobFailed, map[string]any{"round": asg.Round, "kind": string(verdict.Walltime), "reason": end.reason})
+		a.ev.Emit(eventlog.JobFailedEvent{Round: eventlog.Opt(asg.Round), CloseKind: eventlog.Opt(string(verdict.Walltime)), Reason: end.reason})
 		a.run.walltimeEnded(end.reason, end.clean())
 		return StateDone
 	case endSignal:
 		clean := end.clean()
 		a.log.Warn("stopped by signal", "signal", end.sig.String(), "ranks_clean", clean)
-		a.ev.Emit(eventlog.JobFailed, map[string]any{"round": asg.Round, "kind": string(verdict.Signaled),
-			"reason": "signal " + end.sig.String(), "ranks_clean": clean})
+		a.ev.Emit(eventlog.JobFailedEvent{Round: eventlog.Opt(asg.Round), CloseKind: eventlog.Opt(string(verdict.Signaled)),
+			Reason: "signal " + end.sig.String(), RanksClean: eventlog.Opt(clean)})
 		a.run.signaled(end.sig, clean)
 		return StateDone
 	}
@@ -322,7 +322,7 @@ func (a *Agent) deciding(ctx context.Context) State {
 func (a *Agent) signalDuringStop() State {
 	sig := a.run.pendingSignal
 	a.log.Warn("signal received while stopping ranks; not restarting", "signal", sig.String())
-	a.ev.Emit(eventlog.SignalReceived, map[string]any{"round": a.run.asg.Round, "signal": sigName(sig), "state": StateStopping.String()})
+	a.ev.Emit(eventlog.SignalReceivedEvent{Round: eventlog.Opt(a.run.asg.Round), Signal: sigName(sig), State: StateStopping.String()})
 	a.run.signaled(sig, a.run.end.clean())
 	return StateDone
 }
@@ -344,20 +344,20 @@ func (a *Agent) decideSuccess(ctx context.Context) State {
 		// Another node failed the round after our ranks finished: the
 		// job restarts from its last checkpoint, here too.
 		a.log.Warn("ranks finished but another node failed the round; restarting", "round", asg.Round)
-		a.ev.Emit(eventlog.Restart, map[string]any{"after_round": asg.Round, "reason": "another node failed the round"})
+		a.ev.Emit(eventlog.RestartEvent{AfterRound: asg.Round, Reason: "another node failed the round"})
 		a.met.Restarted()
 		return StateJoining
 	case err != nil:
 		kind := classifyRdzvErr(err)
 		a.log.Error("waiting for the other nodes failed", "kind", string(kind), "err", err)
-		a.ev.Emit(eventlog.JobFailed, map[string]any{"round": asg.Round, "kind": string(kind), "reason": err.Error()})
+		a.ev.Emit(eventlog.JobFailedEvent{Round: eventlog.Opt(asg.Round), CloseKind: eventlog.Opt(string(kind)), Reason: err.Error()})
 		a.run.setOutcome(kind, err.Error())
 		return StateDone
 	}
 	if code != 0 {
 		reason := "ranks of another node failed"
 		a.log.Error("job failed on another node", "exit_code", code)
-		a.ev.Emit(eventlog.JobFailed, map[string]any{"round": asg.Round, "exit_code": code, "reason": reason})
+		a.ev.Emit(eventlog.JobFailedEvent{Round: eventlog.Opt(asg.Round), ExitCode: eventlog.Opt(code), Reason: reason})
 		a.run.closedBy("", code, reason)
 		return StateDone
 	}
@@ -368,7 +368,7 @@ func (a *Agent) decideSuccess(ctx context.Context) State {
 	}
 	a.log.Info("all ranks succeeded", "round", asg.Round)
 	a.run.setOutcome(verdict.Succeeded, "all ranks of every node succeeded")
-	a.ev.Emit(eventlog.JobSucceeded, map[string]any{"round": asg.Round})
+	a.ev.Emit(eventlog.JobSucceededEvent{Round: asg.Round})
 	return StateDone
 }
 
@@ -402,14 +402,14 @@ func (a *Agent) decideFailure(ctx context.Context, end cycleEnd) State {
 	case err != nil:
 		kind := classifyRdzvErr(err)
 		a.log.Error("reporting the failure to the rendezvous failed", "kind", string(kind), "err", err)
-		a.ev.Emit(eventlog.JobFailed, map[string]any{"round": asg.Round, "kind": string(kind), "reason": err.Error()})
+		a.ev.Emit(eventlog.JobFailedEvent{Round: eventlog.Opt(asg.Round), CloseKind: eventlog.Opt(string(kind)), Reason: err.Error()})
 		a.run.setOutcome(kind, err.Error())
 		return StateDone
 	}
 	a.run.restartsUsed = max(a.run.restartsUsed, dec.RestartsUsed)
 	if !dec.Restart {
 		a.log.Error("not restarting", "kind", string(dec.Close), "reason", dec.Reason, "exit_code", dec.Code)
-		a.ev.Emit(eventlog.JobFailed, map[string]any{"round": asg.Round, "kind": string(dec.Close), "reason": dec.Reason, "exit_code": dec.Code})
+		a.ev.Emit(eventlog.JobFailedEvent{Round: eventlog.Opt(asg.Round), CloseKind: eventlog.Opt(string(dec.Close)), Reason: dec.Reason, ExitCode: eventlog.Opt(dec.Code)})
 		a.run.closedBy(dec.Close, dec.Code, dec.Reason)
 		return StateDone
 	}
@@ -420,8 +420,8 @@ func (a *Agent) decideFailure(ctx context.Context, end cycleEnd) State {
 	}
 	a.log.Warn(msg, "after_round", asg.Round, "action", string(action), "reason", end.reason,
 		"restarts_used", dec.RestartsUsed)
-	a.ev.Emit(eventlog.Restart, map[string]any{"after_round": asg.Round, "action": string(action), "reason": end.reason,
-		"restarts_used": dec.RestartsUsed, "mode": a.restartMode()})
+	a.ev.Emit(eventlog.RestartEvent{AfterRound: asg.Round, Action: eventlog.Opt(string(action)), Reason: end.reason,
+		RestartsUsed: eventlog.Opt(dec.RestartsUsed), Mode: eventlog.Opt(a.restartMode())})
 	a.restarted(ctx)
 	return StateJoining
 }
@@ -429,8 +429,8 @@ func (a *Agent) decideFailure(ctx context.Context, end cycleEnd) State {
 func (a *Agent) decideRoundEnded(ctx context.Context, end cycleEnd) State {
 	asg := a.run.asg
 	e := end.rdzvEnd
-	a.ev.Emit(eventlog.RoundEnded, map[string]any{"round": asg.Round, "reason": e.Reason, "node": e.Node,
-		"cause": string(e.Cause), "job_closed": e.Kind == rendezvous.EndJobClosed})
+	a.ev.Emit(eventlog.RoundEndedEvent{Round: eventlog.Opt(asg.Round), Reason: e.Reason, Node: eventlog.Opt(e.Node),
+		Cause: eventlog.Opt(string(e.Cause)), JobClosed: e.Kind == rendezvous.EndJobClosed})
 	switch e.Cause {
 	case policy.NodeLost:
 		a.run.quarantine(e.Node, "", verdict.EvidenceLost, e.Reason, asg.Round)
@@ -441,20 +441,20 @@ func (a *Agent) decideRoundEnded(ctx context.Context, end cycleEnd) State {
 	if e.Kind == rendezvous.EndJobClosed {
 		a.log.Warn("job closed", "kind", string(e.Close), "reason", e.Reason, "exit_code", e.Code)
 		if e.Code == 0 {
-			a.ev.Emit(eventlog.JobSucceeded, map[string]any{"round": asg.Round})
+			a.ev.Emit(eventlog.JobSucceededEvent{Round: asg.Round})
 		} else {
-			a.ev.Emit(eventlog.JobFailed, map[string]any{"round": asg.Round, "kind": string(e.Close), "reason": e.Reason, "exit_code": e.Code})
+			a.ev.Emit(eventlog.JobFailedEvent{Round: eventlog.Opt(asg.Round), CloseKind: eventlog.Opt(string(e.Close)), Reason: e.Reason, ExitCode: eventlog.Opt(e.Code)})
 		}
 		a.run.closedBy(e.Close, e.Code, e.Reason)
 		return StateDone
 	}
 	action := a.restartAction(e.Action)
 	a.log.Warn("round ended by the job; restarting", "round", asg.Round, "reason", e.Reason, "action", string(action))
-	fields := map[string]any{"after_round": asg.Round, "reason": e.Reason, "mode": a.restartMode()}
+	rec := eventlog.RestartEvent{AfterRound: asg.Round, Reason: e.Reason, Mode: eventlog.Opt(a.restartMode())}
 	if action != "" {
-		fields["action"] = string(action)
+		rec.Action = eventlog.Opt(string(action))
 	}
-	a.ev.Emit(eventlog.Restart, fields)
+	a.ev.Emit(rec)
 	a.restarted(ctx)
 	return StateJoining
 }
@@ -471,8 +471,8 @@ func (a *Agent) decideFenced(ctx context.Context, end cycleEnd) State {
 	stopped := a.run.cycle.stopped
 	a.log.Error("fenced: ranks killed because this node's lease could not be renewed", "round", asg.Round,
 		"reason", end.reason, "ranks_stopped_at", stopped.UTC().Format(time.RFC3339Nano))
-	a.ev.Emit(eventlog.Fenced, map[string]any{"round": asg.Round, "reason": end.reason,
-		"ranks_stopped_at": stopped.UTC().Format(time.RFC3339Nano)})
+	a.ev.Emit(eventlog.FencedEvent{Round: asg.Round, Reason: end.reason,
+		RanksStoppedAt: stopped.UTC().Format(time.RFC3339Nano)})
 	var dec rendezvous.Decision
 	sig, err := a.call(ctx, 0, func(ctx context.Context) error {
 		var err error
@@ -487,16 +487,16 @@ func (a *Agent) decideFenced(ctx context.Context, end cycleEnd) State {
 	case err != nil:
 		kind := classifyRdzvErr(err)
 		a.log.Error("reporting the fence to the rendezvous failed", "kind", string(kind), "err", err)
-		a.ev.Emit(eventlog.JobFailed, map[string]any{"round": asg.Round, "kind": string(kind), "reason": err.Error()})
+		a.ev.Emit(eventlog.JobFailedEvent{Round: eventlog.Opt(asg.Round), CloseKind: eventlog.Opt(string(kind)), Reason: err.Error()})
 		a.run.setOutcome(kind, err.Error())
 		return StateDone
 	}
 	a.run.restartsUsed = max(a.run.restartsUsed, dec.RestartsUsed)
-	a.ev.Emit(eventlog.RoundEnded, map[string]any{"round": asg.Round, "reason": dec.Reason, "node": a.d.NodeID,
-		"fenced": true, "job_closed": !dec.Restart})
+	a.ev.Emit(eventlog.RoundEndedEvent{Round: eventlog.Opt(asg.Round), Reason: dec.Reason, Node: eventlog.Opt(a.d.NodeID),
+		Fenced: true, JobClosed: !dec.Restart})
 	if !dec.Restart {
 		a.log.Error("not restarting", "kind", string(dec.Close), "reason", dec.Reason, "exit_code", dec.Code)
-		a.ev.Emit(eventlog.JobFailed, map[string]any{"round": asg.Round, "kind": string(dec.Close), "reason": dec.Reason, "exit_code": dec.Code})
+		a.ev.Emit(eventlog.JobFailedEvent{Round: eventlog.Opt(asg.Round), CloseKind: eventlog.Opt(string(dec.Close)), Reason: dec.Reason, ExitCode: eventlog.Opt(dec.Code)})
 		a.run.closedBy(dec.Close, dec.Code, dec.Reason)
 		return StateDone
 	}
@@ -525,7 +525,7 @@ func (a *Agent) quarantineForHangs(ctx context.Context, end cycleEnd) State {
 	if _, err := a.call(ctx, a.d.CallTimeout, func(ctx context.Context) error { return a.d.Rdzv.Leave(ctx, "quarantined: "+reason) }); err != nil {
 		a.log.Warn("leaving the rendezvous", "err", err)
 	}
-	a.ev.Emit(eventlog.JobFailed, map[string]any{"round": round, "kind": string(verdict.NodeExcluded), "reason": reason})
+	a.ev.Emit(eventlog.JobFailedEvent{Round: eventlog.Opt(round), CloseKind: eventlog.Opt(string(verdict.NodeExcluded)), Reason: reason})
 	a.run.quarantine(a.d.NodeID, a.d.Hostname, verdict.EvidenceHang, reason, round)
 	a.run.setOutcome(verdict.NodeExcluded, reason)
 	return StateDone
@@ -542,7 +542,7 @@ func (a *Agent) escalating(ctx context.Context) State {
 		if _, err := a.call(ctx, a.d.CallTimeout, func(ctx context.Context) error { return a.d.Rdzv.Leave(ctx, reason) }); err != nil {
 			a.log.Warn("leaving the rendezvous", "err", err)
 		}
-		a.ev.Emit(eventlog.JobFailed, map[string]any{"round": round, "kind": string(verdict.NodeExcluded), "reason": reason, "exit_code": 1})
+		a.ev.Emit(eventlog.JobFailedEvent{Round: eventlog.Opt(round), CloseKind: eventlog.Opt(string(verdict.NodeExcluded)), Reason: reason, ExitCode: eventlog.Opt(1)})
 		a.run.quarantine(a.d.NodeID, a.d.Hostname, verdict.EvidenceExcluded, reason, round)
 		a.run.setOutcome(verdict.NodeExcluded, reason)
 		return StateDone
@@ -555,7 +555,7 @@ func (a *Agent) escalating(ctx context.Context) State {
 	}); err != nil {
 		a.log.Warn("closing the job in the rendezvous", "err", err)
 	}
-	a.ev.Emit(eventlog.JobFailed, map[string]any{"round": round, "kind": string(verdict.NoRestart), "reason": reason, "exit_code": code})
+	a.ev.Emit(eventlog.JobFailedEvent{Round: eventlog.Opt(round), CloseKind: eventlog.Opt(string(verdict.NoRestart)), Reason: reason, ExitCode: eventlog.Opt(code)})
 	a.run.closedBy(verdict.NoRestart, code, reason)
 	return StateDone
 }

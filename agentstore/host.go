@@ -245,6 +245,6 @@ func (h *Host) closeLocked(round int, why string) {
 
 func (h *Host) event(kind string, fields map[string]any) {
 	if h.o.Events != nil {
-		h.o.Events.Emit(kind, fields)
+		h.o.Events.Emit(eventlog.Fields{Event: kind, Fields: fields})
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/ftlauncher/ft-launcher/k8s"
 	"github.com/ftlauncher/ft-launcher/slurm"
 	"github.com/ftlauncher/ft-launcher/state"
+	"github.com/ftlauncher/ft-launcher/verdict"
 )
 
 // Std is torchrun's stream mask: 0 none, 1 stdout, 2 stderr, 3 both.
@@ -197,7 +198,7 @@ type FaultTolerance struct {
 	CycleInfoDir                 *string             `yaml:"cycle_info_dir"`
 
 	// ft-launcher additions (also settable in the YAML section).
-	NoRestartExitCode int     `yaml:"no_restart_exit_code"` // default 93
+	NoRestartExitCode int     `yaml:"no_restart_exit_code"` // default verdict.DefaultNoRestartExitCode (93)
 	TimeoutsStateFile string  `yaml:"timeouts_state_file"`  // computed timeouts persisted here ("" disables)
 	TerminationGrace  float64 `yaml:"termination_grace"`    // seconds between a non-SIGKILL hang signal and SIGKILL
 	CalculateTimeouts bool    `yaml:"calculate_timeouts"`   // launcher computes timeouts from observed timing
@@ -222,7 +223,7 @@ func DefaultFaultTolerance() FaultTolerance {
 		MaxNoProgressCycles:     3,
 		MinProgressIterations:   1,
 		NumWarmupIterations:     5,
-		NoRestartExitCode:       93,
+		NoRestartExitCode:       verdict.DefaultNoRestartExitCode,
 		TerminationGrace:        5.0,
 		CalculateTimeouts:       true,
 	}

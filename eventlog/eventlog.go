@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"reflect"
 	"sync"
 	"time"
 )
@@ -70,24 +71,37 @@ func Open(path string, base map[string]any) (*Log, error) {
 	return &Log{f: f, base: base}, nil
 }
 
+// Record is one event: a typed record of records.go, or Fields for a
+// producer that hands the launcher a kind and a map (monitor, filler,
+// prewarm, agentstore). Kind is the line's "event".
+type Record interface{ Kind() string }
+
+// Fields is a record given as a map, for producers outside this package's
+// records (their callbacks take a kind and fields). Where a typed record of
+// the same kind exists, Decode reads the line as that record.
+type Fields struct {
+	Event  string
+	Fields map[string]any
+}
+
+// Kind returns the event kind.
+func (f Fields) Kind() string { return f.Event }
+
 // Emit writes one event. Each line is written with a single write(2) so
 // concurrent writers (several launchers on one file) never interleave.
-func (l *Log) Emit(kind string, fields map[string]any) {
+//
+// The line is one JSON object with the keys sorted: the log's base fields,
+// the record's fields (which win over a base field of the same name: a
+// round_ended's node), "ts" and "event".
+func (l *Log) Emit(r Record) {
 	if l == nil {
 		return
 	}
-	rec := make(map[string]any, len(fields)+len(l.base)+2)
-	for k, v := range l.base {
-		rec[k] = v
-	}
-	for k, v := range fields {
-		rec[k] = v
-	}
-	rec["ts"] = time.Now().UTC().Format(time.RFC3339Nano)
-	rec["event"] = kind
-	b, err := json.Marshal(rec)
+	kind := r.Kind()
+	ts := time.Now().UTC().Format(time.RFC3339Nano)
+	b, err := encode(l.base, r, ts)
 	if err != nil {
-		b, _ = json.Marshal(map[string]any{"ts": rec["ts"], "event": kind, "marshal_error": err.Error()})
+		b, _ = json.Marshal(map[string]any{"ts": ts, "event": kind, "marshal_error": err.Error()})
 	}
 	b = append(b, '\n')
 	l.mu.Lock()
@@ -113,6 +127,67 @@ func (l *Log) Emit(kind string, fields map[string]any) {
 		l.logger.Error("event log: write failed, events are being lost (further failures only counted; the totals go into the verdict's records_lost)",
 			"path", l.f.Name(), "err", err, "event", kind, "events_lost", l.lostEvents, "bytes_lost", l.lostBytes)
 	}
+}
+
+// encode renders a record as its line (without the newline): the log's
+// base fields, the record's fields, ts and event in one map, marshalled
+// with its keys sorted, as the launcher wrote lines before records were
+// typed, so logs stay byte for byte what they were.
+func encode(base map[string]any, r Record, ts string) ([]byte, error) {
+	var fields map[string]any
+	if f, ok := r.(Fields); ok {
+		fields = f.Fields
+	} else {
+		fields = fieldsOf(r)
+	}
+	rec := make(map[string]any, len(base)+len(fields)+2)
+	for k, v := range base {
+		rec[k] = v
+	}
+	for k, v := range fields {
+		rec[k] = v
+	}
+	rec["ts"], rec["event"] = ts, r.Kind()
+	return json.Marshal(rec)
+}
+
+// fieldsOf is a typed record's fields by JSON name, as encoding/json would
+// write them: an omitempty field with an empty value (a nil pointer, a zero
+// scalar, an empty string or slice) is left out, a pointer is written as
+// its value.
+func fieldsOf(r Record) map[string]any {
+	v := reflect.ValueOf(r)
+	t := v.Type()
+	out := make(map[string]any, t.NumField())
+	for _, f := range jsonFields(t) {
+		fv := v.Field(f.index)
+		if f.omitempty && isEmpty(fv) {
+			continue
+		}
+		if fv.Kind() == reflect.Pointer {
+			if fv.IsNil() {
+				out[f.name] = nil
+				continue
+			}
+			fv = fv.Elem()
+		}
+		out[f.name] = fv.Interface()
+	}
+	return out
+}
+
+// isEmpty is encoding/json's "empty value" of omitempty (structs, times
+// included, never are).
+func isEmpty(v reflect.Value) bool {
+	switch v.Kind() {
+	case reflect.Array, reflect.Map, reflect.Slice, reflect.String:
+		return v.Len() == 0
+	case reflect.Bool, reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64, reflect.Uintptr,
+		reflect.Float32, reflect.Float64, reflect.Interface, reflect.Pointer:
+		return v.IsZero()
+	}
+	return false
 }
 
 // ReportTo sets the logger that hears of the first lost event (nil: none).
@@ -144,7 +219,8 @@ func (l *Log) Close() error {
 	return l.f.Close()
 }
 
-// Read parses an event log file; used by tests and tools.
+// Read parses an event log file into maps, for tests that look at the raw
+// fields; tools read typed records with Decode (report does).
 func Read(path string) ([]map[string]any, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {

@@ -34,7 +34,7 @@ func TestEmitOnFullFileSystem(t *testing.T) {
 	pad := strings.Repeat("x", 1000)
 	const n = 20 // ~20 KB of events into the 8 KB left
 	for i := 0; i < n; i++ {
-		l.Emit(CycleStarted, map[string]any{"i": i, "pad": pad})
+		l.Emit(Fields{CycleStarted, map[string]any{"i": i, "pad": pad}})
 	}
 	events, bytes := l.Lost()
 	if events < n-8 || events == n || bytes < events*1000 {
@@ -51,7 +51,7 @@ func TestEmitOnFullFileSystem(t *testing.T) {
 	if err := os.Remove(ballast); err != nil { // room again
 		t.Fatal(err)
 	}
-	l.Emit(RoundEnded, map[string]any{"after": true})
+	l.Emit(Fields{RoundEnded, map[string]any{"after": true}})
 	if e2, _ := l.Lost(); e2 != events {
 		t.Errorf("an event written with room counted as lost (%d, was %d)", e2, events)
 	}
@@ -83,7 +83,7 @@ func TestEmitOnFullFileSystem(t *testing.T) {
 // TestNilLog: a nil *Log discards events and has lost nothing.
 func TestNilLog(t *testing.T) {
 	var l *Log
-	l.Emit(CycleStarted, nil)
+	l.Emit(CycleStartedEvent{})
 	l.ReportTo(nil)
 	if e, b := l.Lost(); e != 0 || b != 0 {
 		t.Errorf("Lost() = %d, %d", e, b)

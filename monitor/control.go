@@ -9,20 +9,35 @@ import (
 	"github.com/ftlauncher/ft-launcher/monitor/nvrxwire"
 )
 
-func actionName(a nvrxwire.WorkloadAction) string {
-	switch a {
-	case nvrxwire.WorkloadContinue:
-		return "Continue"
-	case nvrxwire.WorkloadExcludeThisNode:
-		return "ExcludeThisNode"
-	case nvrxwire.WorkloadShutdownWorkload:
-		return "ShutdownWorkload"
+// WorkloadAction is what a rank asks of the launcher. Its values are the
+// member names of nvrx's data.WorkloadAction (nvrxwire.WorkloadAction's
+// String()), as the native protocol (ftwire) and the event log carry them.
+type WorkloadAction string
+
+// Workload actions.
+const (
+	ActionContinue         WorkloadAction = "Continue"
+	ActionExcludeThisNode  WorkloadAction = "ExcludeThisNode"
+	ActionShutdownWorkload WorkloadAction = "ShutdownWorkload"
+)
+
+// String returns the action's name.
+func (a WorkloadAction) String() string { return string(a) }
+
+// ParseWorkloadAction returns the action named s, or false when s names
+// none.
+func ParseWorkloadAction(s string) (WorkloadAction, bool) {
+	switch a := WorkloadAction(s); a {
+	case ActionContinue, ActionExcludeThisNode, ActionShutdownWorkload:
+		return a, true
 	}
-	return ""
+	return "", false
 }
 
-func validAction(a string) bool {
-	return a == "Continue" || a == "ExcludeThisNode" || a == "ShutdownWorkload"
+// actionOf is the action of an nvrx request ("" for an unknown value).
+func actionOf(a nvrxwire.WorkloadAction) WorkloadAction {
+	act, _ := ParseWorkloadAction(a.String())
+	return act
 }
 
 // serveControl handles one workload-control connection: one request, one
@@ -59,11 +74,11 @@ func (m *Manager) serveControl(c *net.UnixConn) {
 			return
 		}
 		x, ok := msg.(*nvrxwire.WorkloadControlRequest)
-		if !ok || actionName(x.Action) == "" {
+		if !ok || actionOf(x.Action) == "" {
 			m.log.Error("launcher socket: unexpected message", "peer_pid", cred.Pid, "type", fmt.Sprintf("%T", msg))
 			return
 		}
-		req = WorkloadRequest{GlobalRank: x.GlobalRank, Action: actionName(x.Action), Description: x.Description}
+		req = WorkloadRequest{GlobalRank: x.GlobalRank, Action: actionOf(x.Action), Description: x.Description}
 		ack, _ = nvrxwire.AppendFrame(nil, nvrxwire.EncodeBytesOK()) // a few bytes: always fits
 	case ftwire.Magic[0]:
 		if err := ftwire.ReadMagic(br); err != nil {
@@ -81,12 +96,14 @@ func (m *Manager) serveControl(c *net.UnixConn) {
 			return
 		}
 		var w ftwire.WorkloadRequest
-		if err := json.Unmarshal(p, &w); err != nil || !validAction(w.Action) {
+		err = json.Unmarshal(p, &w)
+		action, valid := ParseWorkloadAction(w.Action)
+		if err != nil || !valid {
 			b, _ := json.Marshal(ftwire.Ack{Error: fmt.Sprintf("invalid request (action %q, err %v)", w.Action, err)})
 			_ = writeAll(c, ftwire.AppendFrame([]byte(ftwire.Magic), ftwire.MsgAck, b))
 			return
 		}
-		req = WorkloadRequest{GlobalRank: w.GlobalRank, Action: w.Action, Description: w.Description}
+		req = WorkloadRequest{GlobalRank: w.GlobalRank, Action: action, Description: w.Description}
 		b, _ := json.Marshal(ftwire.Ack{OK: true})
 		ack = ftwire.AppendFrame([]byte(ftwire.Magic), ftwire.MsgAck, b)
 	default:

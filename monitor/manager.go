@@ -76,7 +76,7 @@ const DefaultMinComputedTimeout = 5 * time.Second
 // Hang is one detected hang and what was done about it.
 type Hang struct {
 	Cycle, LocalRank, GlobalRank int
-	Kind                         string // "initial_heartbeat" | "heartbeat" | "section" | "out_of_section"
+	Kind                         HangKind
 	Section                      string
 	Timeout, Elapsed             time.Duration
 	ExpiredAt, SignalledAt       time.Time
@@ -90,7 +90,7 @@ type Hang struct {
 // WorkloadRequest is a rank's request received on the launcher socket.
 type WorkloadRequest struct {
 	GlobalRank  int
-	Action      string // "Continue" | "ExcludeThisNode" | "ShutdownWorkload"
+	Action      WorkloadAction
 	Description string
 }
 

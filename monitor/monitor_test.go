@@ -132,7 +132,7 @@ func TestHangKinds(t *testing.T) {
 		name    string
 		ft      func(*configs.FaultTolerance)
 		script  string
-		kind    string
+		kind    HangKind
 		section string
 		timeout time.Duration
 		check   func(t *testing.T, m *Manager)

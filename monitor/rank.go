@@ -14,13 +14,20 @@ import (
 	"github.com/ftlauncher/ft-launcher/spawn"
 )
 
+// HangKind is which clock of a rank expired. Its values are the strings
+// the event log (rank_hang's timeout_kind), the logs and the metrics carry.
+type HangKind string
+
 // Hang kinds.
 const (
-	KindInitialHeartbeat = "initial_heartbeat"
-	KindHeartbeat        = "heartbeat"
-	KindSection          = "section"
-	KindOutOfSection     = "out_of_section"
+	KindInitialHeartbeat HangKind = "initial_heartbeat"
+	KindHeartbeat        HangKind = "heartbeat"
+	KindSection          HangKind = "section"
+	KindOutOfSection     HangKind = "out_of_section"
 )
+
+// String returns the kind's name on the wire and in logs.
+func (k HangKind) String() string { return string(k) }
 
 // initInfo is what a client tells the monitor when its session starts
 // (native Hello or nvrx InitMsg).
@@ -526,7 +533,7 @@ func (r *rankMon) setTimeouts(gen uint64, apply func(*Timeouts)) bool {
 
 // expiry is one armed clock.
 type expiry struct {
-	kind     string
+	kind     HangKind
 	section  string
 	timeout  time.Duration
 	deadline int64
@@ -535,7 +542,7 @@ type expiry struct {
 // earliestLocked returns the clock that expires first.
 func (r *rankMon) earliestLocked() (expiry, bool) {
 	best := expiry{deadline: math.MaxInt64}
-	consider := func(kind, section string, start int64, timeout time.Duration) {
+	consider := func(kind HangKind, section string, start int64, timeout time.Duration) {
 		if timeout <= 0 {
 			return
 		}

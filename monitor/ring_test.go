@@ -228,7 +228,7 @@ func TestRingHangs(t *testing.T) {
 		script  string
 		quiet   time.Duration // no hang for this long after "go"
 		late    time.Duration // how late a clock may start: socket events are stamped when read (≤ P)
-		kind    string
+		kind    HangKind
 		section string
 		timeout time.Duration
 	}{

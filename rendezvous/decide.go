@@ -20,7 +20,7 @@ import (
 // NoRestartExitCode is the exit code of a job closed because a rank asked
 // not to be restarted, when the close came through Fail(NoRestartRequest)
 // rather than Shutdown with the agent's configured code (nvrx's default).
-const NoRestartExitCode = 93
+const NoRestartExitCode = verdict.DefaultNoRestartExitCode
 
 // roundFacts are the job-wide facts the restart policy needs about round
 // r, read at one revision.
@@ -130,10 +130,7 @@ func (e *Etcd) stashLedger(r int, subject string, recs []ledger.Record) {
 // ledgerBy names this node when the txn also ends subject's ledger leases.
 func (e *Etcd) endOps(r int, f policy.Failure, d policy.Decision, used int, subject, reason string, evidence time.Time, ledgerBy string) ([]clientv3.Op, Decision) {
 	if d.Action == policy.CloseJob {
-		code := 1
-		if d.Close == verdict.NoRestart {
-			code = NoRestartExitCode
-		}
+		code := verdict.CloseExitCode(d.Close)
 		ci := closeInfo{Kind: d.Close, Code: code, Reason: d.Why + ": " + reason, Node: subject, Cause: f, LedgerBy: ledgerBy}
 		cb, _ := json.Marshal(ci)
 		return []clientv3.Op{clientv3.OpPut(e.k.closed(), string(cb))},

@@ -126,10 +126,10 @@ func (l *Local) Fail(ctx context.Context, round int, f policy.Failure, reason st
 	d := policy.Decide(policy.Input{Failure: f, RestartsUsed: l.restarts, MaxRestarts: l.maxRestarts,
 		NodesPresent: 1, MinNodes: 1})
 	if d.Action == policy.CloseJob {
-		code := 1
-		if d.Close == verdict.NoRestart {
-			code = l.noRestartCode()
-		}
+		// A no-restart close: the agent closes with its configured code
+		// through Shutdown; Fail only sees NoRestartRequest from callers
+		// that did not, so nvrx's default.
+		code := verdict.CloseExitCode(d.Close)
 		l.closed, l.kind, l.code, l.reason = true, d.Close, code, d.Why+": "+reason
 		return Decision{Action: d.Action, Close: d.Close, Code: code, Reason: l.reason, RestartsUsed: l.restarts}, nil
 	}
@@ -177,11 +177,6 @@ func (l *Local) Leave(ctx context.Context, reason string) error {
 // Depart does nothing on a single node: there is no peer to tell, and the
 // stopping agent's own outcome (signaled) is not the rendezvous's to set.
 func (l *Local) Depart(ctx context.Context, reason string) error { return nil }
-
-// noRestartCode is the code a no-restart close gets on one node: the agent
-// closes with its configured code through Shutdown; Fail only sees
-// NoRestartRequest from callers that did not, so 93, nvrx's default.
-func (l *Local) noRestartCode() int { return 93 }
 
 // Close does nothing for Local.
 func (l *Local) Close() error { return nil }

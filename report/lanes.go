@@ -5,6 +5,7 @@ import (
 	"sort"
 	"time"
 
+	"github.com/ftlauncher/ft-launcher/eventlog"
 	"github.com/ftlauncher/ft-launcher/ledger"
 )
 
@@ -43,75 +44,68 @@ func lanes(rec *records, r *Report) (nodes, ranks []Lane) {
 	stopped := map[key]time.Time{} // job/node/round → restart or end
 	for _, e := range rec.events {
 		job := e.Job
-		round, _ := intField(e.F, "round")
+		round, _ := roundOf(e.Rec)
 		k := key{job: job, node: e.Node, round: round, local: -1}
-		switch e.Kind {
-		case "launcher_started":
+		switch ev := e.Rec.(type) {
+		case eventlog.LauncherStartedEvent:
 			node(e.Node)
-			if n, ok := intField(e.F, "nproc_per_node"); ok {
-				nproc[e.Node] = n
-			}
-		case "cycle_started":
-			gr, _ := intField(e.F, "group_rank")
-			pids, _ := e.F["pids"].([]any)
+			nproc[e.Node] = ev.NProcPerNode
+		case eventlog.CycleStartedEvent:
 			n := nproc[e.Node]
 			if n == 0 {
-				n = len(pids)
+				n = len(ev.PIDs)
 			}
-			base[k], started[k] = gr*n, e.TS
-			for l := range pids {
-				rank(gr*n + l)
+			base[k], started[k] = ev.GroupRank*n, e.TS
+			for l := range ev.PIDs {
+				rank(ev.GroupRank*n + l)
 			}
-		case "rank_first_heartbeat":
-			l, _ := intField(e.F, "local_rank")
-			ready[key{job, e.Node, round, l}] = timeField(e.F, "at", e.TS)
-		case "restart", "job_succeeded", "job_failed":
-			if a, ok := intField(e.F, "after_round"); ok {
-				k.round = a
-			}
+		case eventlog.RankFirstHeartbeatEvent:
+			ready[key{job, e.Node, round, ev.LocalRank}] = orTS(ev.At, e.TS)
+		case eventlog.RestartEvent:
+			k.round = ev.AfterRound
+			stopped[k] = later(stopped[k], e.TS)
+		case eventlog.JobSucceededEvent, eventlog.JobFailedEvent:
 			stopped[k] = later(stopped[k], e.TS)
 		}
 	}
-	globalRank := func(e Event, k key) (int, bool) {
-		if g, ok := intField(e.F, "rank"); ok && g >= 0 {
-			return g, true
+	// globalRank is a rank record's global rank: its own, or its local
+	// rank's on its node that round.
+	globalRank := func(k key, global, local int) (int, bool) {
+		if global >= 0 {
+			return global, true
 		}
-		l, ok := intField(e.F, "local_rank")
-		b, okb := base[k]
-		return b + l, ok && okb
+		b, ok := base[k]
+		return b + local, ok
 	}
 	for _, e := range rec.events {
-		round, _ := intField(e.F, "round")
+		round, _ := roundOf(e.Rec)
 		k := key{job: e.Job, node: e.Node, round: round, local: -1}
-		switch e.Kind {
-		case "cycle_started":
+		switch ev := e.Rec.(type) {
+		case eventlog.CycleStartedEvent:
 			end := stopped[k]
 			if end.IsZero() {
 				end = r.End
 			}
 			node(e.Node).Spans = append(node(e.Node).Spans, Span{Kind: "running", Start: e.TS, End: end, Label: fmt.Sprintf("round %d", round)})
-		case "standby":
+		case eventlog.StandbyEvent:
 			node(e.Node).Marks = append(node(e.Node).Marks, Mark{Kind: "standby", At: e.TS, Label: fmt.Sprintf("standby in round %d", round)})
-		case "restart":
-			reason, _ := e.F["reason"].(string)
-			node(e.Node).Marks = append(node(e.Node).Marks, Mark{Kind: "restart", At: e.TS, Label: "restart: " + reason})
-		case "spare_swap":
+		case eventlog.RestartEvent:
+			node(e.Node).Marks = append(node(e.Node).Marks, Mark{Kind: "restart", At: e.TS, Label: "restart: " + ev.Reason})
+		case eventlog.SpareSwapEvent:
 			node(e.Node).Marks = append(node(e.Node).Marks, Mark{Kind: "swap", At: e.TS, Label: fmt.Sprintf("spare promoted in round %d", round)})
-		case "filler_reclaimed":
-			node(e.Node).Marks = append(node(e.Node).Marks, Mark{Kind: "filler_reclaim", At: e.TS, Label: fmt.Sprintf("filler reclaimed in %vms", e.F["took_ms"])})
-		case "round_ended":
-			reason, _ := e.F["reason"].(string)
+		case eventlog.FillerReclaimedEvent:
+			node(e.Node).Marks = append(node(e.Node).Marks, Mark{Kind: "filler_reclaim", At: e.TS, Label: fmt.Sprintf("filler reclaimed in %vms", ev.TookMS)})
+		case eventlog.RoundEndedEvent:
 			// Its node field names the node that ended the round (several
 			// launchers may share one event log).
 			l := node(laneName(nodeIdx, e.Node))
-			l.Marks = append(l.Marks, Mark{Kind: "round_ended", At: e.TS, Label: reason})
-		case "rank_exited":
-			g, ok := globalRank(e, k)
+			l.Marks = append(l.Marks, Mark{Kind: "round_ended", At: e.TS, Label: ev.Reason})
+		case eventlog.RankExitedEvent:
+			g, ok := globalRank(k, ev.Rank, ev.LocalRank)
 			if !ok {
 				continue
 			}
-			l, _ := intField(e.F, "local_rank")
-			lk := key{e.Job, e.Node, round, l}
+			lk := key{e.Job, e.Node, round, ev.LocalRank}
 			st := ready[lk]
 			if st.IsZero() {
 				st = started[k]
@@ -123,26 +117,24 @@ func lanes(rec *records, r *Report) (nodes, ranks []Lane) {
 			if !ready[lk].IsZero() {
 				lane.Spans = append(lane.Spans, Span{Kind: "running", Start: st, End: later(st, e.TS), Label: fmt.Sprintf("round %d on %s", round, e.Node)})
 			}
-			code, _ := intField(e.F, "exit_code")
 			kind := "exit"
-			if _, sig := e.F["signal"]; !sig && code != 0 {
+			if ev.Signal == "" && ev.ExitCode != 0 {
 				kind = "crash"
 			}
-			lane.Marks = append(lane.Marks, Mark{Kind: kind, At: e.TS, Label: fmt.Sprintf("round %d: exit code %d %v", round, code, strOr(e.F["signal"]))})
-		case "rank_hang":
-			if g, ok := globalRank(e, k); ok {
-				rank(g).Marks = append(rank(g).Marks, Mark{Kind: "hang", At: timeField(e.F, "signalled_at", e.TS),
-					Label: fmt.Sprintf("hang: %v %v after %.1fs", e.F["timeout_kind"], strOr(e.F["section"]), e.F["elapsed_s"])})
+			lane.Marks = append(lane.Marks, Mark{Kind: kind, At: e.TS, Label: fmt.Sprintf("round %d: exit code %d %v", round, ev.ExitCode, ev.Signal)})
+		case eventlog.RankHangEvent:
+			if g, ok := globalRank(k, ev.Rank, ev.LocalRank); ok {
+				rank(g).Marks = append(rank(g).Marks, Mark{Kind: "hang", At: orTS(ev.SignalledAt, e.TS),
+					Label: fmt.Sprintf("hang: %v %v after %.1fs", ev.TimeoutKind, ev.Section, ev.ElapsedS)})
 			}
-		case "rank_checkpoint":
-			if g, ok := globalRank(e, k); ok {
-				n, _ := intField(e.F, "steps")
-				rank(g).Marks = append(rank(g).Marks, Mark{Kind: "checkpoint", At: timeField(e.F, "at", e.TS),
-					Label: fmt.Sprintf("checkpoint after %d steps of round %d (%vms)", n, round, e.F["duration_ms"])})
+		case eventlog.RankCheckpointEvent:
+			if g, ok := globalRank(k, ev.Rank, ev.LocalRank); ok {
+				rank(g).Marks = append(rank(g).Marks, Mark{Kind: "checkpoint", At: orTS(ev.At, e.TS),
+					Label: fmt.Sprintf("checkpoint after %d steps of round %d (%vms)", ev.Steps, round, ev.DurationMS)})
 			}
-		case "rank_first_step":
-			if g, ok := globalRank(e, k); ok && round > 0 {
-				rank(g).Marks = append(rank(g).Marks, Mark{Kind: "first_step", At: timeField(e.F, "at", e.TS),
+		case eventlog.RankFirstStepEvent:
+			if g, ok := globalRank(k, ev.Rank, ev.LocalRank); ok && round > 0 {
+				rank(g).Marks = append(rank(g).Marks, Mark{Kind: "first_step", At: orTS(ev.At, e.TS),
 					Label: fmt.Sprintf("first step after the restart (round %d)", round)})
 			}
 		}
@@ -227,13 +219,6 @@ func minTime(a, b time.Time) time.Time {
 		return b
 	}
 	return a
-}
-
-func strOr(v any) string {
-	if s, ok := v.(string); ok {
-		return s
-	}
-	return ""
 }
 
 func workload(rec *records) *Workload {

@@ -3,7 +3,6 @@ package report
 import (
 	"bufio"
 	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -14,6 +13,7 @@ import (
 
 	"sigs.k8s.io/yaml"
 
+	"github.com/ftlauncher/ft-launcher/eventlog"
 	"github.com/ftlauncher/ft-launcher/k8s/api/v1beta2"
 	"github.com/ftlauncher/ft-launcher/ledger"
 	"github.com/ftlauncher/ft-launcher/slurm/resumer"
@@ -35,7 +35,7 @@ type Inputs struct {
 	Ledger []ledger.Record
 }
 
-// Event is one event-log record with the fields the report reads.
+// Event is one event-log record, decoded by eventlog.Decode.
 type Event struct {
 	File  string
 	Line  int
@@ -44,7 +44,9 @@ type Event struct {
 	Node  string
 	RunID string
 	Job   string // slurm_job_id, "" outside Slurm
-	F     map[string]any
+	// Rec is the typed record (eventlog/records.go), or eventlog.Fields
+	// for a kind the report does not read.
+	Rec eventlog.Record
 }
 
 // records is everything loaded, before computation.
@@ -72,10 +74,11 @@ func load(in Inputs) (*records, error) {
 		return nil, errors.New("no records given: name event logs, verdict files or a Slurm chain directory")
 	}
 	for _, p := range in.EventLogs {
-		evs, err := readEventLog(p)
+		evs, warn, err := readEventLog(p)
 		if err != nil {
 			return nil, err
 		}
+		rec.warnings = append(rec.warnings, warn...)
 		if len(evs) == 0 {
 			return nil, fmt.Errorf("event log %s is empty", p)
 		}
@@ -105,10 +108,8 @@ func load(in Inputs) (*records, error) {
 	}
 	sort.SliceStable(rec.events, func(i, j int) bool { return rec.events[i].TS.Before(rec.events[j].TS) })
 	for _, e := range rec.events {
-		if e.Kind == "ledger" {
-			if r, ok := ledgerOf(e); ok {
-				rec.ledger = append(rec.ledger, r)
-			}
+		if l, ok := e.Rec.(eventlog.LedgerEvent); ok && l.Record.Node != "" {
+			rec.ledger = append(rec.ledger, l.Record)
 		}
 	}
 	for _, lv := range rec.verdicts {
@@ -120,13 +121,14 @@ func load(in Inputs) (*records, error) {
 
 // readEventLog parses one event log. A line that is not a JSON object (a
 // log cut short by a crash or a full disk, or another file) is an error
-// naming the file and line: the run's end would be missing from it.
-func readEventLog(path string) ([]Event, error) {
+// naming the file and line: the run's end would be missing from it. A line
+// whose fields do not fit its kind's record is kept without them, with a
+// warning: only what it would have shown is missing.
+func readEventLog(path string) (out []Event, warnings []string, err error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
-		return nil, fmt.Errorf("event log: %w", err)
+		return nil, nil, fmt.Errorf("event log: %w", err)
 	}
-	var out []Event
 	sc := bufio.NewScanner(bytes.NewReader(b))
 	sc.Buffer(make([]byte, 64*1024), 16*1024*1024)
 	n := 0
@@ -136,39 +138,26 @@ func readEventLog(path string) ([]Event, error) {
 		if len(line) == 0 {
 			continue
 		}
-		var m map[string]any
-		if err := json.Unmarshal(line, &m); err != nil {
+		d, err := eventlog.Decode(line)
+		var rerr *eventlog.RecordError
+		switch {
+		case errors.Is(err, eventlog.ErrNotEvent):
+			return nil, nil, fmt.Errorf("event log %s: line %d is not an ft-launcher event (no event kind or ts)", path, n)
+		case errors.As(err, &rerr):
+			warnings = append(warnings, fmt.Sprintf("event log %s: line %d: %v (its fields are left out)", path, n, err))
+		case err != nil:
 			what := "is not a JSON object"
 			if n == bytes.Count(b, []byte{'\n'})+1 && !bytes.HasSuffix(b, []byte{'\n'}) {
 				what = "is cut short (the log is truncated)"
 			}
-			return nil, fmt.Errorf("event log %s: line %d %s: %v", path, n, what, err)
+			return nil, nil, fmt.Errorf("event log %s: line %d %s: %v", path, n, what, err)
 		}
-		e := Event{File: path, Line: n, F: m}
-		e.Kind, _ = m["event"].(string)
-		e.Node, _ = m["node"].(string)
-		e.RunID, _ = m["run_id"].(string)
-		e.Job = jobID(m["slurm_job_id"])
-		ts, _ := m["ts"].(string)
-		if e.TS, err = time.Parse(time.RFC3339Nano, ts); err != nil || e.Kind == "" {
-			return nil, fmt.Errorf("event log %s: line %d is not an ft-launcher event (no event kind or ts)", path, n)
-		}
-		out = append(out, e)
+		out = append(out, Event{File: path, Line: n, Kind: d.Event, TS: d.TS, Node: d.Node, RunID: d.RunID, Job: d.SlurmJobID, Rec: d.Record})
 	}
 	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("event log %s: %w", path, err)
+		return nil, nil, fmt.Errorf("event log %s: %w", path, err)
 	}
-	return out, nil
-}
-
-func jobID(v any) string {
-	switch x := v.(type) {
-	case string:
-		return x
-	case float64:
-		return fmt.Sprintf("%.0f", x)
-	}
-	return ""
+	return out, warnings, nil
 }
 
 func readVerdict(path string) (verdict.Verdict, error) {
@@ -279,22 +268,6 @@ func (rec *records) checkRuns() error {
 		}
 	}
 	return nil
-}
-
-func ledgerOf(e Event) (ledger.Record, bool) {
-	raw, ok := e.F["record"]
-	if !ok {
-		return ledger.Record{}, false
-	}
-	b, err := json.Marshal(raw)
-	if err != nil {
-		return ledger.Record{}, false
-	}
-	var r ledger.Record
-	if json.Unmarshal(b, &r) != nil || r.Node == "" {
-		return ledger.Record{}, false
-	}
-	return r, true
 }
 
 // shortNode is a rendezvous node id without its /pid: the name the

@@ -10,11 +10,11 @@ package report
 
 import (
 	"fmt"
-	"math"
 	"sort"
 	"strings"
 	"time"
 
+	"github.com/ftlauncher/ft-launcher/eventlog"
 	"github.com/ftlauncher/ft-launcher/ledger"
 )
 
@@ -291,82 +291,69 @@ func computeJob(g *jobRecords, r *Report) (Job, error) {
 	nodesWithEvents := map[string]bool{}
 	restarts := map[int]Restart{}
 	for _, e := range g.events {
-		if e.Kind != "round_ended" { // its node is the one that ended the round
+		if e.Kind != eventlog.RoundEnded { // its node is the one that ended the round
 			nodesWithEvents[e.Node] = true
 		}
 		start, end = earlier(start, e.TS), later(end, e.TS)
 		if j.RunID == "" {
 			j.RunID = e.RunID
 		}
-		round, hasRound := intField(e.F, "round")
-		switch e.Kind {
-		case "cycle_started":
+		round, hasRound := roundOf(e.Rec)
+		switch ev := e.Rec.(type) {
+		case eventlog.CycleStartedEvent:
 			f := get(round)
 			f.start = earlier(f.start, e.TS)
 			f.nodes[e.Node] = true
-			if w, ok := intField(e.F, "world_size"); ok {
-				f.world = max(f.world, w)
-			}
-		case "rank_first_heartbeat":
+			f.world = max(f.world, ev.WorldSize)
+		case eventlog.RankFirstHeartbeatEvent:
 			f := get(round)
-			rank, _ := intField(e.F, "rank")
-			f.readyRanks[rank] = later(f.readyRanks[rank], timeField(e.F, "at", e.TS))
-		case "rank_first_step":
+			f.readyRanks[ev.Rank] = later(f.readyRanks[ev.Rank], orTS(ev.At, e.TS))
+		case eventlog.RankFirstStepEvent:
 			f := get(round)
-			f.firstStep = earlier(f.firstStep, timeField(e.F, "at", e.TS))
+			f.firstStep = earlier(f.firstStep, orTS(ev.At, e.TS))
 			f.sections = true
-		case "rank_checkpoint":
+		case eventlog.RankCheckpointEvent:
 			f := get(round)
-			f.ckpts = append(f.ckpts, timeField(e.F, "at", e.TS))
+			f.ckpts = append(f.ckpts, orTS(ev.At, e.TS))
 			f.sections = true
-		case "rank_steps":
+		case eventlog.RankStepsEvent:
 			f := get(round)
 			f.sections = true
-			if n, ok := intField(e.F, "steps_since_checkpoint"); ok {
-				f.stepsLost = max(f.stepsLost, n)
-			}
-		case "rank_exited":
+			f.stepsLost = max(f.stepsLost, int(ev.StepsSinceCheckpoint))
+		case eventlog.RankExitedEvent:
 			f := get(round)
 			f.lastExit = later(f.lastExit, e.TS)
-			code, _ := intField(e.F, "exit_code")
-			_, signalled := e.F["signal"]
-			if code != 0 && !signalled {
-				rank, _ := intField(e.F, "rank")
-				f.failAt(e.TS, e.TS, "crash", fmt.Sprintf("rank %d exited with code %d", rank, code))
+			if ev.ExitCode != 0 && ev.Signal == "" {
+				f.failAt(e.TS, e.TS, "crash", fmt.Sprintf("rank %d exited with code %d", ev.Rank, ev.ExitCode))
 			}
-		case "rank_hang":
+		case eventlog.RankHangEvent:
 			f := get(round)
-			at := timeField(e.F, "signalled_at", e.TS)
-			el, _ := e.F["elapsed_s"].(float64)
-			rank, _ := intField(e.F, "rank")
-			f.failAt(at, at.Add(-time.Duration(el*float64(time.Second))), "hang",
-				fmt.Sprintf("rank %d hung (%v %v)", rank, e.F["timeout_kind"], e.F["section"]))
-		case "round_ended":
+			at := orTS(ev.SignalledAt, e.TS)
+			f.failAt(at, at.Add(-time.Duration(ev.ElapsedS*float64(time.Second))), "hang",
+				fmt.Sprintf("rank %d hung (%v %v)", ev.Rank, ev.TimeoutKind, ev.Section))
+		case eventlog.RoundEndedEvent:
 			if hasRound {
 				f := get(round)
-				reason, _ := e.F["reason"].(string)
 				kind := "round_ended"
-				if strings.Contains(reason, "lost") {
+				if strings.Contains(ev.Reason, "lost") {
 					kind = "node_loss"
 				}
-				f.failAt(e.TS, e.TS, kind, reason)
+				f.failAt(e.TS, e.TS, kind, ev.Reason)
 			}
-		case "signal_received", "walltime_warning":
+		case eventlog.SignalReceivedEvent:
 			if hasRound {
-				f := get(round)
-				sig, _ := e.F["signal"].(string)
-				f.failAt(e.TS, e.TS, "signal", "signal "+sig)
+				get(round).failAt(e.TS, e.TS, "signal", "signal "+ev.Signal)
 			}
-		case "restart":
-			after, _ := intField(e.F, "after_round")
+		case eventlog.WalltimeWarningEvent:
+			get(round).failAt(e.TS, e.TS, "signal", "signal "+ev.Signal)
+		case eventlog.RestartEvent:
+			after := ev.AfterRound
 			f := get(after)
 			f.stopped = later(f.stopped, e.TS)
 			if old, ok := restarts[after]; !ok || e.TS.Before(old.At) {
-				reason, _ := e.F["reason"].(string)
-				action, _ := e.F["action"].(string)
-				restarts[after] = Restart{Job: g.id, AfterRound: after, At: e.TS, Action: action, Reason: reason}
+				restarts[after] = Restart{Job: g.id, AfterRound: after, At: e.TS, Action: deref(ev.Action), Reason: ev.Reason}
 			}
-		case "job_succeeded", "job_failed":
+		case eventlog.JobSucceededEvent, eventlog.JobFailedEvent:
 			if hasRound {
 				f := get(round)
 				f.stopped = later(f.stopped, e.TS)
@@ -557,21 +544,70 @@ func addPhases(dst, src map[string]float64) {
 	}
 }
 
-func intField(m map[string]any, k string) (int, bool) {
-	f, ok := m[k].(float64)
-	if !ok || math.IsNaN(f) {
-		return 0, false
+// roundOf is the round a record names, and whether it names one.
+func roundOf(r eventlog.Record) (int, bool) {
+	switch r := r.(type) {
+	case eventlog.CycleStartedEvent:
+		return r.Round, true
+	case eventlog.RankFirstHeartbeatEvent:
+		return r.Round, true
+	case eventlog.RankFirstStepEvent:
+		return r.Round, true
+	case eventlog.RankCheckpointEvent:
+		return r.Round, true
+	case eventlog.RankStepsEvent:
+		return r.Round, true
+	case eventlog.RankExitedEvent:
+		return r.Round, true
+	case eventlog.RankHangEvent:
+		return r.Round, true
+	case eventlog.StopEscalatedEvent:
+		return r.Round, true
+	case eventlog.WalltimeWarningEvent:
+		return r.Round, true
+	case eventlog.WorkloadRequestEvent:
+		return r.Round, true
+	case eventlog.SpareSwapEvent:
+		return r.Round, true
+	case eventlog.JobSucceededEvent:
+		return r.Round, true
+	case eventlog.StandbyEvent:
+		return r.Round, true
+	case eventlog.FencedEvent:
+		return r.Round, true
+	case eventlog.TrainingFinishedEvent:
+		return r.Round, true
+	case eventlog.RoundEndedEvent:
+		return optRound(r.Round)
+	case eventlog.JobFailedEvent:
+		return optRound(r.Round)
+	case eventlog.SignalReceivedEvent:
+		return optRound(r.Round)
 	}
-	return int(f), true
+	return 0, false
 }
 
-func timeField(m map[string]any, k string, def time.Time) time.Time {
-	if s, ok := m[k].(string); ok {
-		if t, err := time.Parse(time.RFC3339Nano, s); err == nil {
-			return t
-		}
+func optRound(r *int) (int, bool) {
+	if r == nil {
+		return 0, false
 	}
-	return def
+	return *r, true
+}
+
+func deref[T any](p *T) T {
+	var v T
+	if p != nil {
+		v = *p
+	}
+	return v
+}
+
+// orTS is t, or def where the record had no time.
+func orTS(t, def time.Time) time.Time {
+	if t.IsZero() {
+		return def
+	}
+	return t
 }
 
 func earlier(a, b time.Time) time.Time {

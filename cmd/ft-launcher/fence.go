@@ -45,8 +45,8 @@ func startFence(reaper *spawn.Reaper, ev *eventlog.Log, log *slog.Logger) *fence
 			late := time.Duration(fence.Monotonic() - r.AtNs)
 			log.Error("the fence watchdog killed this node's ranks: this launcher could not renew its lease in time (frozen or cut off from etcd)",
 				"reason", r.Reason, "pgids", r.Killed, "late_ms", r.LateMs, "read_after", late.Round(time.Millisecond))
-			ev.Emit(eventlog.FencedByWatchdog, map[string]any{"reason": r.Reason, "pgids": r.Killed,
-				"late_ms": r.LateMs, "read_after_s": late.Seconds()})
+			ev.Emit(eventlog.FencedByWatchdogEvent{Reason: r.Reason, PGIDs: r.Killed,
+				LateMS: r.LateMs, ReadAfterS: late.Seconds()})
 		}})
 	if err != nil {
 		log.Error("no fence watchdog: a frozen launcher's ranks would not be stopped", "err", err)

@@ -98,7 +98,7 @@ func launch(ctx context.Context, cfg *configs.Config, log *slog.Logger, sigs <-c
 		rec.state = st
 		defer st.Close(context.Background()) // idempotent after rec.write's
 	}
-	mon, err := monitor.New(monitor.Options{NLocal: cfg.NProcPerNode, FT: cfg.FT, OnEvent: ev.Emit,
+	mon, err := monitor.New(monitor.Options{NLocal: cfg.NProcPerNode, FT: cfg.FT, OnEvent: eventFields(ev),
 		StateFile: cfg.FT.TimeoutsStateFile, Logger: log.With("component", "monitor"), Metrics: met})
 	if err != nil {
 		return rec.setupFailed("start the rank monitors", err)
@@ -140,7 +140,7 @@ func launch(ctx context.Context, cfg *configs.Config, log *slog.Logger, sigs <-c
 	var ranks agent.RankStarter = agent.SpawnRanks{Reaper: reaper}
 	if len(cfg.Prewarm) > 0 && !cfg.NoPython {
 		st, err := prewarm.NewStarter(prewarm.Options{Reaper: reaper, Modules: cfg.Prewarm,
-			Logger: log.With("component", "prewarm"), OnEvent: ev.Emit,
+			Logger: log.With("component", "prewarm"), OnEvent: eventFields(ev),
 			Importing: prewarm.Importing(cfg.PrewarmImporting)})
 		if err != nil {
 			return rec.setupFailed("prewarm", err)
@@ -179,11 +179,18 @@ func newLedgerBook(cfg *configs.Config, rdzv rendezvous.Rendezvous, ev *eventlog
 	return ledger.NewBook(cfg.RdzvID, node, host, onErr, store, ledgerEvents{ev})
 }
 
+// eventFields adapts the event log to the callbacks of the packages that
+// hand it a kind and a map (monitor, prewarm, filler); their records are
+// typed where a reader depends on them (eventlog.CheckFields in their tests).
+func eventFields(ev *eventlog.Log) func(kind string, fields map[string]any) {
+	return func(kind string, fields map[string]any) { ev.Emit(eventlog.Fields{Event: kind, Fields: fields}) }
+}
+
 // ledgerEvents writes ledger records to the JSON-lines event log.
 type ledgerEvents struct{ ev *eventlog.Log }
 
 func (l ledgerEvents) Put(_ context.Context, r ledger.Record) error {
-	l.ev.Emit(eventlog.Ledger, map[string]any{"record": r})
+	l.ev.Emit(eventlog.LedgerEvent{Record: r})
 	return nil
 }
 
@@ -207,7 +214,7 @@ func newFiller(cfg *configs.Config, reaper *spawn.Reaper, logDir, cgroup string,
 	}
 	o := filler.Options{Command: cfg.SpareFiller, Env: environ, LogPath: logPath, CgroupParent: cgroup,
 		ReclaimTimeout: cfg.SpareFillerReclaimTimeout, Logger: log.With("component", "filler"),
-		OnEvent: func(kind string, fields map[string]any) { ev.Emit(kind, fields) }}
+		OnEvent: eventFields(ev)}
 	if hasNvidiaSMI() {
 		run := func(ctx context.Context, argv []string) ([]byte, error) {
 			out, ex, err := reaper.Run(ctx, argv, os.Environ())
@@ -365,7 +372,7 @@ func (r *verdictRecorder) setupFailed(what string, err error) int {
 		kind = verdict.RendezvousLost
 	}
 	reason := what + ": " + err.Error()
-	r.ev.Emit(eventlog.JobFailed, map[string]any{"kind": string(kind), "reason": reason})
+	r.ev.Emit(eventlog.JobFailedEvent{CloseKind: eventlog.Opt(string(kind)), Reason: reason})
 	return r.write(agent.Outcome{Kind: kind, Reason: reason, MaxRestarts: r.cfg.MaxRestarts, LastRound: -1,
 		StartedAt: r.started.UTC(), EndedAt: time.Now().UTC()})
 }
@@ -379,11 +386,11 @@ func (r *verdictRecorder) signaled(sig os.Signal) int {
 	}
 	reason := "stopped by " + name + " during set-up, before any rank started"
 	r.log.Warn("signal received during set-up; exiting", "signal", name)
-	r.ev.Emit(eventlog.SignalReceived, map[string]any{"signal": name, "state": "setup"})
+	r.ev.Emit(eventlog.SignalReceivedEvent{Signal: name, State: "setup"})
 	o := agent.Outcome{Kind: verdict.Signaled, Reason: reason, Signal: sig, MaxRestarts: r.cfg.MaxRestarts, LastRound: -1,
 		StartedAt: r.started.UTC(), EndedAt: time.Now().UTC()}
-	r.ev.Emit(eventlog.Verdict, map[string]any{"kind": string(o.Kind), "exit_code": o.ExitCode(), "reason": reason,
-		"restarts_used": 0, "last_round": -1, "finished": false, "quarantined": 0})
+	r.ev.Emit(eventlog.VerdictEvent{VerdictKind: string(o.Kind), ExitCode: o.ExitCode(), Reason: reason,
+		RestartsUsed: 0, LastRound: -1, Finished: false, Quarantined: 0})
 	return r.write(o)
 }
 
@@ -427,7 +434,7 @@ func (r *verdictRecorder) write(o agent.Outcome) int {
 			} else {
 				r.log.Error("could not write the verdict file; no earlier verdict is left there", attrs...)
 			}
-			r.ev.Emit(eventlog.VerdictLost, map[string]any{"path": path, "err": err.Error(), "exit_code": code})
+			r.ev.Emit(eventlog.VerdictLostEvent{Path: path, Err: err.Error(), ExitCode: code})
 		} else {
 			r.log.Info("verdict written", "path", path, "kind", string(o.Kind), "exit_code", code)
 		}

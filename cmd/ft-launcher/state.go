@@ -16,7 +16,7 @@ func openState(cfg *configs.Config, ev *eventlog.Log, log *slog.Logger) (*state.
 		return nil, nil
 	}
 	st, err := state.Open(state.Options{NLocal: cfg.NProcPerNode, Dir: cfg.StateDir, Every: cfg.StatePersist,
-		Emit: ev.Emit, Logger: log.With("component", "state")})
+		Emit: eventFields(ev), Logger: log.With("component", "state")})
 	if err != nil {
 		return nil, err
 	}

@@ -25,6 +25,7 @@ import (
 	"github.com/ftlauncher/ft-launcher/internal/atomicfile"
 	"github.com/ftlauncher/ft-launcher/internal/version"
 	"github.com/ftlauncher/ft-launcher/slurm/resumer"
+	"github.com/ftlauncher/ft-launcher/verdict"
 )
 
 func main() {
@@ -146,7 +147,7 @@ func cmdStart(ctx context.Context, name string, args []string, stdout, stderr io
 	expiry := fs.Duration("exclusion-expiry", 24*time.Hour, "how long a node quarantined by a launcher stays excluded from the chain's jobs")
 	flag := fs.String("finished-flag", "", "FAULT_TOL_FINISHED_FLAG_FILE: the file the training creates when it is complete (default <chain-dir>/finished.flag)")
 	format := fs.String("job-results-format", "nfl", `_job_results lines: "nfl" (<jobid> X|S|F) or "nemo-run" (<jobid> <restarts> X|S|F)`)
-	noRestart := fs.Int("no-restart-exit-code", 93, "the launcher's exit code for do-not-restart (--ft-no-restart-exit-code)")
+	noRestart := fs.Int("no-restart-exit-code", verdict.DefaultNoRestartExitCode, "the launcher's exit code for do-not-restart (--ft-no-restart-exit-code)")
 	resumerPath := fs.String("resumer-path", "", "the ft-resumer binary the jobs run (default: this one; it must be visible on every node)")
 	poll := fs.Duration("poll", 500*time.Millisecond, "run: how often to check Slurm")
 	if code, done := parse(fs, args, stdout); done {

@@ -85,6 +85,20 @@ const (
 	WorkloadShutdownWorkload WorkloadAction = 2
 )
 
+// String returns the member's name in nvrx's enum ("" for a value it does
+// not have).
+func (a WorkloadAction) String() string {
+	switch a {
+	case WorkloadContinue:
+		return "Continue"
+	case WorkloadExcludeThisNode:
+		return "ExcludeThisNode"
+	case WorkloadShutdownWorkload:
+		return "ShutdownWorkload"
+	}
+	return ""
+}
+
 // WorkloadControlRequest is decoded from the tuple (global_rank, WorkloadControlRequest)
 // sent on the rank -> launcher channel.
 type WorkloadControlRequest struct {

@@ -1,0 +1,377 @@
+package eventlog
+
+import (
+	"time"
+
+	"github.com/ftlauncher/ft-launcher/ledger"
+)
+
+// The event records: one struct per event kind, the contract between what
+// the launcher writes (Log.Emit) and what tools read (Decode, and through
+// it ft-resumer report). The JSON names are the on-disk format that
+// existing logs and users' tools rely on: never rename one. A field written
+// only sometimes is a pointer with omitempty (Opt makes one), so that it is
+// absent exactly when it was absent before records were typed; a field
+// always written has no omitempty, zero values included.
+
+// Kinds of records emitted by packages that hand the launcher maps through
+// a callback (monitor, filler, prewarm, agentstore); the records below
+// decode them.
+const (
+	RankFirstHeartbeat = "rank_first_heartbeat"
+	RankFirstStep      = "rank_first_step"
+	RankCheckpoint     = "rank_checkpoint"
+	RankSteps          = "rank_steps"
+	LauncherStall      = "launcher_stall"
+	FillerReclaimed    = "filler_reclaimed"
+)
+
+// Kinds of the in-process restart (agent/inprocess.go).
+const (
+	InProcessKept      = "inprocess_kept"
+	InProcessNotice    = "inprocess_notice"
+	InProcessRejoined  = "inprocess_rejoined"
+	InProcessFirstStep = "inprocess_first_step"
+	InProcessFallback  = "inprocess_fallback"
+	InProcessReplaced  = "inprocess_replaced"
+)
+
+// Opt returns a pointer to v: the value of an optional field that is
+// written.
+func Opt[T any](v T) *T { return &v }
+
+// LauncherStartedEvent: the launcher began (agent).
+type LauncherStartedEvent struct {
+	PID          int    `json:"pid"`
+	NProcPerNode int    `json:"nproc_per_node"`
+	MaxRestarts  int    `json:"max_restarts"`
+	NNodes       string `json:"nnodes"` // "MIN:MAX"
+	Script       string `json:"script"`
+}
+
+// CycleStartedEvent: this node's ranks of a round were started.
+type CycleStartedEvent struct {
+	Round        int    `json:"round"`
+	GroupRank    int    `json:"group_rank"`
+	WorldSize    int    `json:"world_size"`
+	PIDs         []int  `json:"pids"` // by local rank
+	MasterAddr   string `json:"master_addr"`
+	MasterPort   int    `json:"master_port"`
+	RestartsUsed int    `json:"restarts_used"`
+	// Mode and Survivors: an in-process restart kept these local ranks.
+	Mode      string `json:"mode,omitempty"`
+	Survivors []int  `json:"survivors,omitempty"`
+}
+
+// SignalReceivedEvent: a signal reached the launcher.
+type SignalReceivedEvent struct {
+	Round  *int   `json:"round,omitempty"` // absent before any round
+	Signal string `json:"signal"`
+	State  string `json:"state,omitempty"` // the agent's state, or "setup"
+	// While stopping: a repeated signal (Repeat) within WindowS of the
+	// first, and whether it escalated to SIGKILL.
+	Repeat    bool     `json:"repeat,omitempty"`
+	Escalated *bool    `json:"escalated,omitempty"`
+	WindowS   *float64 `json:"window_s,omitempty"`
+}
+
+// StopEscalatedEvent: SIGTERM's grace ran out for a rank; SIGKILL sent.
+type StopEscalatedEvent struct {
+	Round     int     `json:"round"`
+	LocalRank int     `json:"local_rank"`
+	GraceS    float64 `json:"grace_s"`
+}
+
+// WalltimeWarningEvent: the scheduler's pre-walltime signal, forwarded.
+type WalltimeWarningEvent struct {
+	Round  int    `json:"round"`
+	Signal string `json:"signal"`
+}
+
+// WorkloadRequestEvent: a rank asked for an action (nvrx workload control).
+type WorkloadRequestEvent struct {
+	Round       int    `json:"round"`
+	Rank        int    `json:"rank"`
+	Action      string `json:"action"`
+	Description string `json:"description"`
+}
+
+// RankHangEvent: a rank's monitor found it hung and killed it.
+type RankHangEvent struct {
+	Round           int     `json:"round"`
+	LocalRank       int     `json:"local_rank"`
+	Rank            int     `json:"rank"`
+	TimeoutKind     string  `json:"timeout_kind"` // monitor.HangKind's String()
+	Section         string  `json:"section"`
+	TimeoutS        float64 `json:"timeout_s"`
+	ElapsedS        float64 `json:"elapsed_s"`
+	Signal          string  `json:"signal"`
+	DetectLatencyMS float64 `json:"detect_latency_ms"`
+	// SignalledAt: when it was killed; the stall began ElapsedS before it.
+	SignalledAt        time.Time `json:"signalled_at"`
+	EscalatedToSIGKILL bool      `json:"escalated_to_sigkill"`
+}
+
+// RankExitedEvent: a rank process ended.
+type RankExitedEvent struct {
+	Round     int    `json:"round"`
+	LocalRank int    `json:"local_rank"`
+	Rank      int    `json:"rank"`
+	PID       int    `json:"pid"`
+	ExitCode  int    `json:"exit_code"`
+	Signal    string `json:"signal,omitempty"` // the signal that killed it
+}
+
+// SpareSwapEvent: this spare was promoted; the phases of the swap.
+type SpareSwapEvent struct {
+	Round           int      `json:"round"`
+	GroupRank       int      `json:"group_rank"`
+	FillerPreempted bool     `json:"filler_preempted"`
+	DetectionMS     float64  `json:"detection_ms"`
+	FillerReclaimMS float64  `json:"filler_reclaim_ms"`
+	SpawnMS         float64  `json:"spawn_ms"`
+	RendezvousMS    *float64 `json:"rendezvous_ms,omitempty"`
+	TotalMS         *float64 `json:"total_ms,omitempty"`
+}
+
+// RoundEndedEvent: a round ended. Node, where written, names the node
+// that ended it (it replaces the writer's node in the line).
+type RoundEndedEvent struct {
+	Round     *int    `json:"round,omitempty"`
+	JobClosed bool    `json:"job_closed"`
+	CloseKind *string `json:"kind,omitempty"` // verdict.Kind, when the job was closed before a round
+	Reason    string  `json:"reason"`
+	ExitCode  *int    `json:"exit_code,omitempty"`
+	Node      *string `json:"node,omitempty"`
+	Cause     *string `json:"cause,omitempty"`
+	Fenced    bool    `json:"fenced,omitempty"`
+}
+
+// JobFailedEvent: the job ended in failure, as this node saw it.
+type JobFailedEvent struct {
+	Round      *int    `json:"round,omitempty"`
+	CloseKind  *string `json:"kind,omitempty"` // verdict.Kind
+	Reason     string  `json:"reason"`
+	ExitCode   *int    `json:"exit_code,omitempty"`
+	RanksClean *bool   `json:"ranks_clean,omitempty"`
+}
+
+// JobSucceededEvent: the job succeeded.
+type JobSucceededEvent struct {
+	Round int `json:"round"`
+}
+
+// StandbyEvent: this node was parked beyond --nnodes MIN for a round.
+type StandbyEvent struct {
+	Round int `json:"round"`
+}
+
+// RestartEvent: the job restarts after a round.
+type RestartEvent struct {
+	AfterRound   int     `json:"after_round"`
+	Action       *string `json:"action,omitempty"`
+	Reason       string  `json:"reason"`
+	RestartsUsed *int    `json:"restarts_used,omitempty"`
+	Mode         *string `json:"mode,omitempty"`
+}
+
+// FencedEvent: this node's lease could not be renewed; its ranks were
+// killed before peers could replace it.
+type FencedEvent struct {
+	Round          int    `json:"round"`
+	Reason         string `json:"reason"`
+	RanksStoppedAt string `json:"ranks_stopped_at"` // RFC 3339
+}
+
+// FencedByWatchdogEvent: the fence watchdog killed this node's ranks.
+type FencedByWatchdogEvent struct {
+	Reason     string  `json:"reason"`
+	PGIDs      []int   `json:"pgids"`
+	LateMS     float64 `json:"late_ms"`
+	ReadAfterS float64 `json:"read_after_s"`
+}
+
+// TrainingFinishedEvent: the training's finished flag was found.
+type TrainingFinishedEvent struct {
+	Round int    `json:"round"`
+	Flag  string `json:"flag"`
+}
+
+// VerdictEvent: the outcome, as written to the verdict file.
+type VerdictEvent struct {
+	VerdictKind  string `json:"kind"`
+	ExitCode     int    `json:"exit_code"`
+	Reason       string `json:"reason"`
+	RestartsUsed int    `json:"restarts_used"`
+	LastRound    int    `json:"last_round"`
+	Finished     bool   `json:"finished"`
+	Quarantined  int    `json:"quarantined"`
+}
+
+// VerdictLostEvent: the verdict file could not be written.
+type VerdictLostEvent struct {
+	Path     string `json:"path"`
+	Err      string `json:"err"`
+	ExitCode int    `json:"exit_code"`
+}
+
+// LedgerEvent: a lease of a node began, ended or counted a restart.
+type LedgerEvent struct {
+	Record ledger.Record `json:"record"`
+}
+
+// InProcessKeptEvent: the survivors of a failure stay in their processes.
+type InProcessKeptEvent struct {
+	Round     int    `json:"round"`
+	Survivors []int  `json:"survivors"`
+	Failed    []int  `json:"failed"`
+	Why       string `json:"why"`
+}
+
+// InProcessNoticeEvent: a survivor was sent the next round's notice.
+type InProcessNoticeEvent struct {
+	Round       int     `json:"round"`
+	LocalRank   int     `json:"local_rank"`
+	Rank        int     `json:"rank"`
+	WorldSize   int     `json:"world_size"`
+	StorePrefix string  `json:"store_prefix"`
+	NoticeMS    float64 `json:"notice_ms"`
+}
+
+// InProcessRejoinedEvent: a survivor's new process group is up.
+type InProcessRejoinedEvent struct {
+	Round     int     `json:"round"`
+	LocalRank int     `json:"local_rank"`
+	TeardownS float64 `json:"teardown_s"`
+	RejoinS   float64 `json:"rejoin_s"`
+}
+
+// InProcessFirstStepEvent: a survivor finished its first step of the round.
+type InProcessFirstStepEvent struct {
+	Round         int     `json:"round"`
+	LocalRank     int     `json:"local_rank"`
+	TeardownS     float64 `json:"teardown_s"`
+	RejoinS       float64 `json:"rejoin_s"`
+	RestoreS      float64 `json:"restore_s"`
+	FirstStepS    float64 `json:"first_step_s"`
+	SinceFailureS float64 `json:"since_failure_s"`
+}
+
+// InProcessFallbackEvent: an in-process restart fell back to the full one.
+type InProcessFallbackEvent struct {
+	Round     int    `json:"round"`
+	Why       string `json:"why"`
+	Reason    string `json:"reason"`
+	LocalRank *int   `json:"local_rank,omitempty"` // the survivor that caused it
+}
+
+// InProcessReplacedEvent: a kept survivor was started afresh.
+type InProcessReplacedEvent struct {
+	Round     int     `json:"round"`
+	LocalRank int     `json:"local_rank"`
+	Exit      *string `json:"exit,omitempty"` // it ended before its round
+	// Why "rejoin_timeout": it did not rejoin and was killed; PID is its
+	// replacement.
+	Why    *string `json:"why,omitempty"`
+	PID    *int    `json:"pid,omitempty"`
+	Reason *string `json:"reason,omitempty"`
+}
+
+// RankFirstHeartbeatEvent: a rank's first heartbeat of a cycle (monitor).
+type RankFirstHeartbeatEvent struct {
+	Round       int       `json:"round"`
+	LocalRank   int       `json:"local_rank"`
+	Rank        int       `json:"rank"`
+	At          time.Time `json:"at"`
+	SinceInitMS float64   `json:"since_init_ms"`
+}
+
+// RankFirstStepEvent: a rank's first "step" section of a cycle (monitor).
+type RankFirstStepEvent struct {
+	Round     int       `json:"round"`
+	LocalRank int       `json:"local_rank"`
+	Rank      int       `json:"rank"`
+	At        time.Time `json:"at"`
+	Iteration *int64    `json:"iteration,omitempty"`
+}
+
+// RankCheckpointEvent: a rank closed a "checkpointing" section (monitor).
+type RankCheckpointEvent struct {
+	Round      int       `json:"round"`
+	LocalRank  int       `json:"local_rank"`
+	Rank       int       `json:"rank"`
+	OpenedAt   time.Time `json:"opened_at"`
+	At         time.Time `json:"at"`
+	DurationMS float64   `json:"duration_ms"`
+	Steps      int64     `json:"steps"`
+}
+
+// RankStepsEvent: a rank's steps of a cycle, at its end (monitor).
+type RankStepsEvent struct {
+	Round                int       `json:"round"`
+	LocalRank            int       `json:"local_rank"`
+	Rank                 int       `json:"rank"`
+	Steps                int64     `json:"steps"`
+	StepsSinceCheckpoint int64     `json:"steps_since_checkpoint"`
+	Checkpoints          int64     `json:"checkpoints"`
+	LastStepAt           time.Time `json:"last_step_at"`
+}
+
+// LauncherStallEvent: the launcher itself did not run (monitor).
+type LauncherStallEvent struct {
+	From       time.Time `json:"from"`
+	To         time.Time `json:"to"`
+	DurationMS float64   `json:"duration_ms"`
+}
+
+// FillerReclaimedEvent: the spare's filler work was stopped (filler).
+type FillerReclaimedEvent struct {
+	TookMS float64 `json:"took_ms"`
+}
+
+func (LauncherStartedEvent) Kind() string    { return LauncherStarted }
+func (CycleStartedEvent) Kind() string       { return CycleStarted }
+func (SignalReceivedEvent) Kind() string     { return SignalReceived }
+func (StopEscalatedEvent) Kind() string      { return StopEscalated }
+func (WalltimeWarningEvent) Kind() string    { return WalltimeWarning }
+func (WorkloadRequestEvent) Kind() string    { return WorkloadRequest }
+func (RankHangEvent) Kind() string           { return RankHang }
+func (RankExitedEvent) Kind() string         { return RankExited }
+func (SpareSwapEvent) Kind() string          { return SpareSwap }
+func (RoundEndedEvent) Kind() string         { return RoundEnded }
+func (JobFailedEvent) Kind() string          { return JobFailed }
+func (JobSucceededEvent) Kind() string       { return JobSucceeded }
+func (StandbyEvent) Kind() string            { return Standby }
+func (RestartEvent) Kind() string            { return Restart }
+func (FencedEvent) Kind() string             { return Fenced }
+func (FencedByWatchdogEvent) Kind() string   { return FencedByWatchdog }
+func (TrainingFinishedEvent) Kind() string   { return TrainingFinished }
+func (VerdictEvent) Kind() string            { return Verdict }
+func (VerdictLostEvent) Kind() string        { return VerdictLost }
+func (LedgerEvent) Kind() string             { return Ledger }
+func (InProcessKeptEvent) Kind() string      { return InProcessKept }
+func (InProcessNoticeEvent) Kind() string    { return InProcessNotice }
+func (InProcessRejoinedEvent) Kind() string  { return InProcessRejoined }
+func (InProcessFirstStepEvent) Kind() string { return InProcessFirstStep }
+func (InProcessFallbackEvent) Kind() string  { return InProcessFallback }
+func (InProcessReplacedEvent) Kind() string  { return InProcessReplaced }
+func (RankFirstHeartbeatEvent) Kind() string { return RankFirstHeartbeat }
+func (RankFirstStepEvent) Kind() string      { return RankFirstStep }
+func (RankCheckpointEvent) Kind() string     { return RankCheckpoint }
+func (RankStepsEvent) Kind() string          { return RankSteps }
+func (LauncherStallEvent) Kind() string      { return LauncherStall }
+func (FillerReclaimedEvent) Kind() string    { return FillerReclaimed }
+
+// Typed lists a zero value of every typed record: what Decode knows.
+func Typed() []Record {
+	return []Record{
+		LauncherStartedEvent{}, CycleStartedEvent{}, SignalReceivedEvent{}, StopEscalatedEvent{},
+		WalltimeWarningEvent{}, WorkloadRequestEvent{}, RankHangEvent{}, RankExitedEvent{}, SpareSwapEvent{},
+		RoundEndedEvent{}, JobFailedEvent{}, JobSucceededEvent{}, StandbyEvent{}, RestartEvent{}, FencedEvent{},
+		FencedByWatchdogEvent{}, TrainingFinishedEvent{}, VerdictEvent{}, VerdictLostEvent{}, LedgerEvent{},
+		InProcessKeptEvent{}, InProcessNoticeEvent{}, InProcessRejoinedEvent{}, InProcessFirstStepEvent{},
+		InProcessFallbackEvent{}, InProcessReplacedEvent{},
+		RankFirstHeartbeatEvent{}, RankFirstStepEvent{}, RankCheckpointEvent{}, RankStepsEvent{},
+		LauncherStallEvent{}, FillerReclaimedEvent{},
+	}
+}
