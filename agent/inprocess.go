@@ -11,7 +11,12 @@ package agent
 // has not even opened its new monitor session at the bound is killed and
 // replaced within the round; one that has but does not rejoin is killed,
 // which ends the cycle with a failure during an in-process restart:
-// policy.Decide then escalates to the full restart.
+// policy.Survivors then escalates to the full restart.
+//
+// The decision is policy.Survivors (policy/survivors.go); the agent only
+// gathers its facts (survivorFacts, keepSurvivors) and carries it out, in
+// two states of its machine (states.go): keeping (settle, decide, keep or
+// go to stopping) and rejoining (a round for kept survivors).
 
 import (
 	"context"
