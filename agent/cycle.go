@@ -73,8 +73,9 @@ func (k endKind) String() string {
 	return "unknown"
 }
 
-// startCycle prepares the logs and starts this round's ranks.
-func (a *Agent) startCycle() error {
+// prepareCycle serves this round's agent store and prepares its logs and
+// the specs of its ranks (before running or rejoining starts them).
+func (a *Agent) prepareCycle() ([]spawn.Spec, *ranklogs.Attempt, error) {
 	cfg := a.cfg
 	asg := a.run.asg
 	n := cfg.NProcPerNode
@@ -83,7 +84,7 @@ func (a *Agent) startCycle() error {
 		// bound before the round could close (the rendezvous advertised
 		// its port), so no rank anywhere waits on a connect retry.
 		if err := a.d.Store.Round(asg); err != nil {
-			return fmt.Errorf("serve the agent store at %s:%d: %w", asg.MasterAddr, asg.MasterPort, err)
+			return nil, nil, fmt.Errorf("serve the agent store at %s:%d: %w", asg.MasterAddr, asg.MasterPort, err)
 		}
 	}
 	infos := make([]ranklogs.RankInfo, n)
@@ -92,7 +93,7 @@ func (a *Agent) startCycle() error {
 	}
 	att, err := a.d.Logs.Attempt(asg.Round, infos)
 	if err != nil {
-		return fmt.Errorf("prepare logs for attempt %d: %w", asg.Round, err)
+		return nil, nil, fmt.Errorf("prepare logs for attempt %d: %w", asg.Round, err)
 	}
 	specs := make([]spawn.Spec, n)
 	for lr := 0; lr < n; lr++ {
@@ -106,9 +107,17 @@ func (a *Agent) startCycle() error {
 		}
 	}
 	a.run.freshSteps = map[int]bool{}
-	if a.run.kept != nil {
-		return a.startInProcess(specs, att)
+	return specs, att, nil
+}
+
+// startCycle starts every rank of this round afresh (startRejoin starts a
+// round for kept survivors).
+func (a *Agent) startCycle() error {
+	specs, att, err := a.prepareCycle()
+	if err != nil {
+		return err
 	}
+	asg := a.run.asg
 	a.run.rejoin = nil // every rank starts afresh: no survivor to follow
 	a.run.cycle.spawnStart = time.Now()
 	g, err := a.d.Ranks.StartGroup(specs)

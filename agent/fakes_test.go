@@ -341,6 +341,9 @@ type harness struct {
 	agentStore   Store     // nil: --agent-store off
 	monitors     Monitors  // nil: mons (inprocess_test.go passes monitors with in-process support)
 	eventsPath   string    // the agent's JSON-lines event log (set by start)
+
+	// logHandler takes the agent's logs (nil: discarded).
+	logHandler slog.Handler
 }
 
 func newHarness(t *testing.T) *harness {
@@ -373,7 +376,11 @@ func (h *harness) start() <-chan Outcome {
 		h.t.Fatal(err)
 	}
 	h.t.Cleanup(func() { events.Close() })
-	h.agent = New(Deps{Spare: spare, Ledger: book, Config: h.cfg, Logger: slog.New(slog.DiscardHandler), Metrics: h.met, Ranks: h.ranks, Logs: logs, Events: events,
+	logHandler := h.logHandler
+	if logHandler == nil {
+		logHandler = slog.DiscardHandler
+	}
+	h.agent = New(Deps{Spare: spare, Ledger: book, Config: h.cfg, Logger: slog.New(logHandler), Metrics: h.met, Ranks: h.ranks, Logs: logs, Events: events,
 		Monitors: h.mons, Rdzv: h.rdzv, Signals: h.sigs, Hostname: "host-a", NodeID: "10.0.0.1/42",
 		Environ: h.env, CallTimeout: h.callTimeout, WalltimeSignals: h.walltime, Store: h.agentStore,
 		SignalRepeatWindow: h.repeatWindow})

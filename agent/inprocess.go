@@ -11,7 +11,12 @@ package agent
 // has not even opened its new monitor session at the bound is killed and
 // replaced within the round; one that has but does not rejoin is killed,
 // which ends the cycle with a failure during an in-process restart:
-// policy.Decide then escalates to the full restart.
+// policy.Survivors then escalates to the full restart.
+//
+// The decision is policy.Survivors (policy/survivors.go); the agent only
+// gathers its facts (survivorFacts, keepSurvivors) and carries it out, in
+// two states of its machine (states.go): keeping (settle, decide, keep or
+// go to stopping) and rejoining (a round for kept survivors).
 
 import (
 	"context"
@@ -144,69 +149,99 @@ func (a *Agent) restarted(ctx context.Context) {
 	}
 }
 
-// keepSurvivors decides, at the end of a cycle, whether this node's
-// surviving ranks stay for an in-process restart; when they do it does
-// the bookkeeping that stopCycle does for stopped ranks and returns true.
-func (a *Agent) keepSurvivors() bool {
-	ipm := a.ipMonitors()
-	if ipm == nil || a.run.pendingSignal != nil || a.run.pendingReq != nil || a.run.walltime != nil {
-		return false
+// keeping is the state in which a cycle that may keep its survivors
+// (policy.MaySurvive) settles the failure and asks policy.Survivors
+// whether this node's surviving ranks stay: they stay (deciding reports
+// the failure; the next round is rejoining), or every rank stops.
+func (a *Agent) keeping() State {
+	if a.keepSurvivors() {
+		return StateDeciding
 	}
+	return StateStopping
+}
+
+// rejoining is the state of a round whose ranks are this node's kept
+// survivors and fresh ranks for the missing ones: it starts them
+// (startRejoin), then waits, as running does, for what ends the cycle
+// while the survivors rejoin (rejoinWatch).
+func (a *Agent) rejoining(ctx context.Context) State { return a.runCycle(ctx, a.startRejoin) }
+
+// startRejoin prepares the round and starts it for the kept survivors.
+func (a *Agent) startRejoin() error {
+	specs, att, err := a.prepareCycle()
+	if err != nil {
+		return err
+	}
+	return a.startInProcess(specs, att)
+}
+
+// survivorFacts are the facts of the cycle's end that the survivors'
+// decision needs and that are known before the ranks are counted.
+func (a *Agent) survivorFacts() policy.SurvivorsInput {
 	end := a.run.end
-	var f policy.Failure
-	spares := 0
+	in := policy.SurvivorsInput{InProcess: a.ipMonitors() != nil,
+		NodeEnding:   a.run.pendingSignal != nil || a.run.pendingReq != nil || a.run.walltime != nil,
+		RestartsUsed: a.run.asg.RestartsUsed, MaxRestarts: a.run.asg.MaxRestarts}
 	switch {
 	case end.kind == endRankFailure:
-		f = policy.RankCrash
+		in.Failure = policy.RankCrash
 		if end.hang {
-			f = policy.RankHang
+			in.Failure = policy.RankHang
 		}
 	case end.kind == endRoundEnded && end.rdzvEnd.Kind == rendezvous.EndRestart:
-		f = end.rdzvEnd.Cause
-		if f == "" {
-			f = policy.RankCrash
+		// The rendezvous has already decided to restart the job: what
+		// is decided here is only how this node's ranks restart.
+		in.Failure, in.JobRestarts, in.RoundEndReason = end.rdzvEnd.Cause, true, end.rdzvEnd.Reason
+		if in.Failure == "" {
+			in.Failure = policy.RankCrash
 		}
-		// The rendezvous has already decided to restart (with a spare or
-		// with budget): what is decided here is only how this node's ranks
-		// restart, so a node failure counts as one a spare covers.
-		spares = 1
-	default:
+	}
+	return in
+}
+
+// keepSurvivors settles the cycle's failure, gathers the rest of the
+// facts and applies policy.Survivors; when the survivors stay it does the
+// bookkeeping that stopCycle does for stopped ranks and returns true.
+func (a *Agent) keepSurvivors() bool {
+	in := a.survivorFacts()
+	ipm := a.ipMonitors()
+	if ipm == nil || !policy.MaySurvive(in) {
 		return false
 	}
 	ending := a.settleSurvivors()
-	end = a.run.end // with the exits seen while settling
+	end := a.run.end // with the exits seen while settling
 	var survivors []int
-	// Survivors rebuild their process group against the launcher's store;
-	// with --agent-store off rank 0 hosts it and a survivor rank 0 could
-	// not bind it again, so that is the full restart.
-	capable := a.d.Store != nil
+	// Survivors rebuild their process group against the launcher's
+	// store (policy.SurvivorsInput.AgentStore).
+	in.AgentStore, in.AllCapable = a.d.Store != nil, true
 	for lr := 0; lr < a.cfg.NProcPerNode; lr++ {
 		if _, exited := end.exitCodes[lr]; exited || ending[lr] {
 			continue
 		}
 		survivors = append(survivors, lr)
-		capable = capable && ipm.InProcessCapable(lr)
+		in.AllCapable = in.AllCapable && ipm.InProcessCapable(lr)
 	}
+	in.Survivors = len(survivors)
 	silent := ""
-	if f == policy.RankHang && capable {
+	if in.Failure == policy.RankHang && in.AgentStore && in.AllCapable {
 		silent = silentSurvivor(ipm, survivors, a.hungStopped(end))
 	}
+	in.SurvivorSilent = silent != ""
 	asg := a.run.asg
 	w := a.run.rejoin
 	a.run.rejoin = nil
 	if w != nil && w.timer != nil {
 		w.timer.Stop()
 	}
-	during := w != nil && !w.completed || w == nil && capable && len(survivors) > 0 && a.freshRoundUnstepped()
-	d := policy.Decide(policy.Input{Failure: f, RestartsUsed: asg.RestartsUsed, MaxRestarts: asg.MaxRestarts,
-		SparesAvailable: spares, NodesPresent: 1, MinNodes: 1, Mode: a.cfg.RestartMode, AllInProcessCapable: capable && len(survivors) > 0,
-		DuringInProcess: during, SurvivorSilent: silent != ""})
-	if during && (w == nil || !w.overdue) && d.Action != policy.CloseJob { // an overdue rejoin was recorded when it was killed
+	in.KeptIntoRound, in.RejoinOverdue = w != nil, w != nil && w.overdue
+	in.FirstStepsTaken = w != nil && w.completed || w == nil && !a.freshRoundUnstepped()
+	d := policy.Survivors(in)
+	if d.RecordFallback {
 		a.inProcessFallback("failure_during", -1, "a failure during the restart into round "+
 			strconv.Itoa(asg.Round)+", before the job's first step: "+end.reason)
 	}
-	if !d.InProcess {
-		if d.Action != policy.CloseJob {
+	if !d.Stay {
+		if !d.JobCloses {
 			attrs := []any{"round", asg.Round, "why", d.Why}
 			if silent != "" {
 				attrs = append(attrs, "silent", silent)
@@ -214,11 +249,6 @@ func (a *Agent) keepSurvivors() bool {
 			a.log.Info("full restart of this node's ranks", attrs...)
 		}
 		return false
-	}
-	if end.kind == endRoundEnded {
-		// The decision above assumed a spare (see spares); the record
-		// says what the rendezvous decided.
-		d.Why = "the round ended (" + end.rdzvEnd.Reason + "); this node's ranks restart in process"
 	}
 	now := time.Now()
 	a.run.cycle.stopStart = now

@@ -16,16 +16,21 @@ import (
 
 // State is a node-agent state.
 //
-//	joining ──► running ──► stopping ──► deciding ──► joining (restart)
-//	   │  ▲                                  │  └────► escalating ──► done
-//	   ▼  │                                  └───────► done
-//	 standby
+//	joining ──► running ───┬───────────────────► stopping ──► deciding ──► joining (restart)
+//	 │ │  ▲    rejoining ──┤                         ▲           │  └────► escalating ──► done
+//	 │ ▼  │                └──► keeping ───(stop)────┘           └───────► done
+//	 │ standby                     └───(survivors stay)───► deciding
+//	 └──► rejoining (survivors were kept for this round)
 //	any state ──► done (signal, job closed, rendezvous lost, fatal error)
 //
-// With --restart-mode in-process the same states carry an in-process
-// restart (inprocess.go): stopping keeps the registered survivors instead of
-// stopping them, and the next running starts only the missing ranks and
-// sends the survivors their notice.
+// keeping and rejoining are the in-process restart (--restart-mode
+// in-process, inprocess.go). A cycle that may keep its survivors
+// (policy.MaySurvive) goes to keeping, which settles the failure and asks
+// policy.Survivors whether this node's surviving ranks stay: they stay
+// (on to deciding), or every rank stops (stopping). After a round closes,
+// a node with kept survivors goes to rejoining instead of running: it
+// starts only the missing ranks, sends the survivors their notice, and
+// then supervises the cycle as running does.
 type State int
 
 // Node-agent states.
@@ -37,6 +42,12 @@ const (
 	StateDeciding                    // reporting the cycle's end; the restart policy decides
 	StateEscalating                  // carrying out a rank's request (ExcludeThisNode, ShutdownWorkload)
 	StateDone                        // the outcome is decided
+	// StateKeeping settles a failure under --restart-mode in-process and
+	// decides (policy.Survivors) whether this node's survivors stay.
+	StateKeeping
+	// StateRejoining starts a round for kept survivors (the missing ranks,
+	// the survivors' notices) and waits, as running, for what ends it.
+	StateRejoining
 )
 
 func (s State) String() string {
@@ -55,15 +66,21 @@ func (s State) String() string {
 		return "escalating"
 	case StateDone:
 		return "done"
+	case StateKeeping:
+		return "keeping"
+	case StateRejoining:
+		return "rejoining"
 	}
 	return "state(" + strconv.Itoa(int(s)) + ")"
 }
 
 // allowed is the whole transition table; anything else is a bug.
 var allowed = map[State][]State{
-	StateJoining:    {StateStandby, StateRunning, StateDone},
+	StateJoining:    {StateStandby, StateRunning, StateRejoining, StateDone},
 	StateStandby:    {StateJoining, StateDone},
-	StateRunning:    {StateStopping, StateDone},
+	StateRunning:    {StateStopping, StateKeeping, StateDone},
+	StateRejoining:  {StateStopping, StateKeeping, StateDone},
+	StateKeeping:    {StateDeciding, StateStopping},
 	StateStopping:   {StateDeciding},
 	StateDeciding:   {StateJoining, StateEscalating, StateDone},
 	StateEscalating: {StateDone},
@@ -91,6 +108,10 @@ func (a *Agent) handle(ctx context.Context, s State) State {
 		return a.standby(ctx)
 	case StateRunning:
 		return a.running(ctx)
+	case StateRejoining:
+		return a.rejoining(ctx)
+	case StateKeeping:
+		return a.keeping()
 	case StateStopping:
 		return a.stopping()
 	case StateDeciding:
@@ -150,6 +171,9 @@ func (a *Agent) joining(ctx context.Context) State {
 		"master", fmt.Sprintf("%s:%d", asg.MasterAddr, asg.MasterPort),
 		"restarts_used", asg.RestartsUsed, "max_restarts", asg.MaxRestarts,
 		"rendezvous_ms", time.Since(t0).Milliseconds())
+	if a.run.kept != nil {
+		return StateRejoining // survivors of the last cycle wait for this round
+	}
 	return StateRunning
 }
 
@@ -248,8 +272,12 @@ func (a *Agent) reclaimSpare(ctx context.Context) error {
 }
 
 // running starts the cycle's ranks and waits for what ends the cycle.
-func (a *Agent) running(ctx context.Context) State {
-	if err := a.startCycle(); err != nil {
+func (a *Agent) running(ctx context.Context) State { return a.runCycle(ctx, a.startCycle) }
+
+// runCycle starts the cycle's ranks with start and waits for what ends
+// the cycle (running, rejoining).
+func (a *Agent) runCycle(ctx context.Context, start func() error) State {
+	if err := start(); err != nil {
 		a.log.Error("cycle failed to start", "round", a.run.asg.Round, "err", err)
 		reason := "node " + a.d.Hostname + ": " + err.Error()
 		a.ev.Emit(eventlog.JobFailedEvent{Round: eventlog.Opt(a.run.asg.Round), CloseKind: eventlog.Opt(string(verdict.FatalError)), Reason: reason})
@@ -264,15 +292,15 @@ func (a *Agent) running(ctx context.Context) State {
 		return StateDone
 	}
 	a.run.end = a.supervise(ctx)
+	if policy.MaySurvive(a.survivorFacts()) { // --restart-mode in-process (inprocess.go)
+		return StateKeeping
+	}
 	return StateStopping
 }
 
 // stopping stops what is still running; a distinct second signal
 // escalates to SIGKILL (signals.go).
 func (a *Agent) stopping() State {
-	if a.keepSurvivors() { // --restart-mode in-process (inprocess.go)
-		return StateDeciding
-	}
 	a.stopCycle()
 	return StateDeciding
 }
@@ -373,10 +401,8 @@ func (a *Agent) decideSuccess(ctx context.Context) State {
 }
 
 // HangQuarantineThreshold is the number of hang verdicts on one node within
-// one job after which the node is declared bad and leaves, quarantined, so a
-// spare takes its place (only when the job can have spares: --nnodes
-// MIN < MAX; without spares the job restarts in place until its budget ends).
-const HangQuarantineThreshold = 3
+// one job after which the node leaves, quarantined (policy.QuarantineForHangs).
+const HangQuarantineThreshold = policy.HangQuarantineThreshold
 
 func (a *Agent) decideFailure(ctx context.Context, end cycleEnd) State {
 	asg := a.run.asg
@@ -384,7 +410,7 @@ func (a *Agent) decideFailure(ctx context.Context, end cycleEnd) State {
 	if end.hang {
 		f = policy.RankHang
 		a.run.hangs++
-		if a.run.hangs >= HangQuarantineThreshold && a.cfg.NNodes.Max > a.cfg.NNodes.Min {
+		if policy.QuarantineForHangs(a.run.hangs, a.cfg.NNodes.Min, a.cfg.NNodes.Max) {
 			return a.quarantineForHangs(ctx, end)
 		}
 	}
@@ -508,7 +534,8 @@ func (a *Agent) decideFenced(ctx context.Context, end cycleEnd) State {
 // restartAction names the restart for this node's records: the
 // rendezvous decides for the job (restart in place, swap a spare), and
 // whether this node's survivors stay is the node's in-process decision
-// (keepSurvivors), which turns a restart in place into restart_in_process.
+// (policy.Survivors, in keeping), which turns a restart in place into
+// restart_in_process.
 func (a *Agent) restartAction(job policy.Action) policy.Action {
 	if job == policy.RestartInPlace && a.restartMode() == policy.ModeInProcess {
 		return policy.RestartInProcess

@@ -1,7 +1,12 @@
-// Package policy is ft-launcher's restart policy: one pure function that
-// says what the job does after a failure. Every rendezvous backend calls it
-// with the job-wide facts it holds, so the single-node and the etcd
-// rendezvous can never disagree on a decision.
+// Package policy is ft-launcher's restart policy, as pure functions: this
+// is where the restart decisions live. Decide says what the job does after
+// a failure (restart, swap a spare, close; what it spends). Every
+// rendezvous backend calls it with the job-wide facts it holds, so the
+// single-node and the etcd rendezvous can never disagree on a decision.
+// Survivors (survivors.go) says what one node does with its ranks under
+// --restart-mode in-process (do its survivors stay?), and
+// QuarantineForHangs whether repeated hangs take a node out of the job;
+// the node agent calls those with the facts only it holds.
 package policy
 
 import (
@@ -134,24 +139,24 @@ func Decide(in Input) Decision {
 	if d.Action == CloseJob || in.Mode != ModeInProcess {
 		return d
 	}
-	switch {
-	case in.DuringInProcess:
-		d.Why += "; a failure during an in-process restart escalates to the full restart"
-	case !in.AllInProcessCapable:
-		d.Why += "; not every survivor registered for an in-process restart: full restart"
-	case in.Failure == RankHang && in.SurvivorSilent:
-		d.Why += "; a survivor was silent too (waiting for the hung rank, or hung itself): full restart"
-	default:
-		d.InProcess = true
-		if d.Action == RestartInPlace && (in.Failure != NodeLost && in.Failure != NodeExcluded && in.Failure != NodeStopped) {
-			d.Action = RestartInProcess
-			d.Why = fmt.Sprintf("%s: replacing the failed rank; the survivors restart in process (restart %d of %d)",
-				in.Failure, in.RestartsUsed+1, in.MaxRestarts)
-		} else {
-			d.Why += "; the other ranks restart in process"
-		}
+	if blocked := inProcessBlocked(in.Failure, in.DuringInProcess, in.AllInProcessCapable, in.SurvivorSilent); blocked != "" {
+		d.Why += "; " + blocked
+		return d
+	}
+	d.InProcess = true
+	if d.Action == RestartInPlace && (in.Failure != NodeLost && in.Failure != NodeExcluded && in.Failure != NodeStopped) {
+		d.Action = RestartInProcess
+		d.Why = replacingFailed(in.Failure, in.RestartsUsed, in.MaxRestarts)
+	} else {
+		d.Why += "; the other ranks restart in process"
 	}
 	return d
+}
+
+// replacingFailed is the reason of an in-process restart after a rank
+// failure (the survivors' notice carries it).
+func replacingFailed(f Failure, used, max int) string {
+	return fmt.Sprintf("%s: replacing the failed rank; the survivors restart in process (restart %d of %d)", f, used+1, max)
 }
 
 // decideFull is the decision of --restart-mode full.
@@ -174,10 +179,16 @@ func decideFull(in Input) Decision {
 }
 
 func restart(in Input, why string) Decision {
-	if in.RestartsUsed >= in.MaxRestarts {
-		return Decision{Action: CloseJob, Close: verdict.RestartBudgetExhausted,
-			Why: fmt.Sprintf("restart budget exhausted (%d of %d restarts used)", in.RestartsUsed, in.MaxRestarts)}
+	if !budgetLeft(in.RestartsUsed, in.MaxRestarts) {
+		return Decision{Action: CloseJob, Close: verdict.RestartBudgetExhausted, Why: budgetExhausted(in.RestartsUsed, in.MaxRestarts)}
 	}
 	return Decision{Action: RestartInPlace, CountsRestart: true,
 		Why: fmt.Sprintf("%s (restart %d of %d)", why, in.RestartsUsed+1, in.MaxRestarts)}
+}
+
+// budgetLeft reports whether the budget allows one more restart.
+func budgetLeft(used, max int) bool { return used < max }
+
+func budgetExhausted(used, max int) string {
+	return fmt.Sprintf("restart budget exhausted (%d of %d restarts used)", used, max)
 }
