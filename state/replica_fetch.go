@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"time"
 )
 
@@ -13,7 +14,8 @@ import (
 var ErrNoCopy = errors.New("no complete copy")
 
 // Fetch asks the buddy at addr for the newest complete copy of rank that
-// node sent, and returns it verified (length and CRC-32C). ctx bounds it.
+// node sent ("": from any node, the highest step), and returns it verified
+// (length and CRC-32C). ctx bounds it.
 func Fetch(ctx context.Context, addr, job, node string, rank int32) (*Copy, error) {
 	var d net.Dialer
 	c, err := d.DialContext(ctx, "tcp", addr)
@@ -49,7 +51,7 @@ func Fetch(ctx context.Context, addr, job, node string, rank int32) (*Copy, erro
 	if err := checkPeer(f, job); err != nil {
 		return nil, wrap(err)
 	}
-	if f.Node != node || f.Rank != rank {
+	if (node != "" && f.Node != node) || f.Rank != rank {
 		return nil, wrap(fmt.Errorf("%w: asked for rank %d of node %q, got rank %d of node %q", ErrProtocol, rank, node, f.Rank, f.Node))
 	}
 	p, crc, err := readPayload(br, f)
@@ -72,4 +74,91 @@ func Restore(path string, c *Copy) (Desc, error) {
 		return Desc{}, fmt.Errorf("restore the copy of rank %d (step %d) from node %q: %w", c.Rank, c.Step, c.Node, err)
 	}
 	return d, nil
+}
+
+// FetchNewest asks every buddy in addrs for rank's newest complete copy
+// from any node and returns the one with the highest step. The error is
+// ErrNoCopy when every buddy answered that it holds none; a buddy that
+// fails is skipped, its error returned only when no copy is found.
+func FetchNewest(ctx context.Context, addrs []string, job string, rank int32) (*Copy, error) {
+	var best *Copy
+	var errs []error
+	for _, a := range addrs {
+		c, err := Fetch(ctx, a, job, "", rank)
+		if err != nil {
+			if !errors.Is(err, ErrNoCopy) {
+				errs = append(errs, err)
+			}
+			continue
+		}
+		if best == nil || c.Step > best.Step {
+			best = c
+		}
+	}
+	switch {
+	case best == nil && len(errs) == 0:
+		return nil, fmt.Errorf("rank %d: %w at any of %d buddies", rank, ErrNoCopy, len(addrs))
+	case best == nil:
+		return nil, fmt.Errorf("rank %d: no copy found, and %d of %d buddies could not be asked: %w", rank, len(errs), len(addrs), errors.Join(errs...))
+	}
+	return best, nil
+}
+
+// RestoreOptions say which ranks a node holds in a new round and where to
+// look for their state.
+type RestoreOptions struct {
+	Job     string
+	NLocal  int
+	Segment func(lr int) string // Store.SegmentPath
+	// RankBase is the round's global rank of local rank 0.
+	RankBase int
+	// Peers are the receivers to ask (the round's other nodes).
+	Peers []string
+	Emit  func(kind string, fields map[string]any) // nil: no events
+}
+
+// EventRestoredFromBuddy: a local rank's segment got a buddy's copy.
+const EventRestoredFromBuddy = "state_restored_from_buddy" // local_rank, rank, step, node, bytes, fetch_ms
+
+// RestoreRanks gives every local rank whose segment does not hold a save
+// of its global rank in this round (a spare, or a node whose ranks were
+// renumbered) the newest copy of that rank held by a peer, so that the
+// rank's state.load() finds it in memory. A rank no peer holds a copy of
+// keeps its segment (the state directory stays its fallback). It returns
+// how many ranks were restored and the errors of those that could not be
+// (unreachable peers, a failed restore).
+func RestoreRanks(ctx context.Context, o RestoreOptions) (int, error) {
+	if o.Emit == nil {
+		o.Emit = func(string, map[string]any) {}
+	}
+	var errs []error
+	restored := 0
+	for lr := 0; lr < o.NLocal; lr++ {
+		g := int32(o.RankBase + lr)
+		path := o.Segment(lr)
+		if f, err := os.Open(path); err == nil {
+			d, err := Newest(f)
+			_ = f.Close()
+			if err == nil && d.Rank == g {
+				continue // memory holds this rank's own newest save
+			}
+		}
+		start := time.Now()
+		c, err := FetchNewest(ctx, o.Peers, o.Job, g)
+		if errors.Is(err, ErrNoCopy) {
+			continue // nobody saved this rank yet (a job's first round)
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("local rank %d: %w", lr, err))
+			continue
+		}
+		if _, err := Restore(path, c); err != nil {
+			errs = append(errs, fmt.Errorf("local rank %d: %w", lr, err))
+			continue
+		}
+		restored++
+		o.Emit(EventRestoredFromBuddy, map[string]any{"local_rank": lr, "rank": g, "step": c.Step, "node": c.Node,
+			"bytes": len(c.Payload), "fetch_ms": float64(time.Since(start).Microseconds()) / 1000})
+	}
+	return restored, errors.Join(errs...)
 }

@@ -63,3 +63,114 @@ func TestReplicaFetchRestore(t *testing.T) {
 		})
 	}
 }
+
+func TestBuddyRing(t *testing.T) {
+	ring := []string{"n0", "n1", "n2", "n3"}
+	for _, tc := range []struct {
+		self, k int
+		want    []string
+	}{
+		{0, 1, []string{"n1"}},
+		{3, 1, []string{"n0"}},
+		{2, 2, []string{"n3", "n0"}},
+		{1, 3, []string{"n2", "n3", "n0"}},
+		{1, 9, []string{"n2", "n3", "n0"}}, // never itself
+		{1, 0, nil},
+		{4, 1, nil}, // not in the ring (a standby)
+	} {
+		if got := BuddyRing(ring, tc.self, tc.k); strings.Join(got, ",") != strings.Join(tc.want, ",") {
+			t.Errorf("BuddyRing(self %d, k %d) = %v, want %v", tc.self, tc.k, got, tc.want)
+		}
+	}
+	if got := BuddyRing([]string{"n0"}, 0, 1); len(got) != 0 {
+		t.Errorf("a single node has buddies %v", got)
+	}
+}
+
+// TestReplicaSetBuddies: a new round's ring moves the copies to the new
+// buddy; the sender to the dropped one stops.
+func TestReplicaSetBuddies(t *testing.T) {
+	dir := t.TempDir()
+	saveRank(t, dir, 0, 4, 1, 10<<10)
+	a, _ := startReceiver(t, ReceiverOptions{})
+	b, _ := startReceiver(t, ReceiverOptions{})
+	rep, _ := startSender(t, dir, 1, a.Addr(), ReplicatorOptions{})
+	waitFor(t, "the copy at a", func() bool { return copySeq(a, "node-a", 4) == 1 })
+	rep.SetBuddies([]string{b.Addr()})
+	waitFor(t, "the copy at b", func() bool { return copySeq(b, "node-a", 4) == 1 })
+	saveRank(t, dir, 0, 4, 2, 10<<10)
+	waitFor(t, "the new save at b", func() bool { return copySeq(b, "node-a", 4) == 2 })
+	time.Sleep(200 * time.Millisecond)
+	if copySeq(a, "node-a", 4) != 1 {
+		t.Fatal("the dropped buddy still receives copies")
+	}
+	if st := rep.Status(); len(st) != 1 || st[0].Addr != b.Addr() {
+		t.Fatalf("status %+v, want only buddy b", st)
+	}
+}
+
+// TestReplicaRestoreRanks: in a round after node-a's loss, a spare (empty
+// segments) and a renumbered survivor (its segment holds its old rank)
+// get their new ranks' newest copies from the peers; a rank whose own
+// save is in memory is left alone; a rank nobody saved is no error.
+func TestReplicaRestoreRanks(t *testing.T) {
+	// node-a held global ranks 2 and 3; node-x held rank 2 in an older round.
+	lost, old := t.TempDir(), t.TempDir()
+	saveRank(t, lost, 0, 2, 11, 64<<10)
+	saveRank(t, lost, 1, 3, 11, 64<<10)
+	saveRank(t, old, 0, 2, 5, 64<<10)
+	buddy, _ := startReceiver(t, ReceiverOptions{})
+	empty, _ := startReceiver(t, ReceiverOptions{})
+	repA, _ := startSender(t, lost, 2, buddy.Addr(), ReplicatorOptions{})
+	repX, _ := startSender(t, old, 1, buddy.Addr(), ReplicatorOptions{Node: "node-x"})
+	waitFor(t, "the copies", func() bool {
+		return copySeq(buddy, "node-a", 2) == 1 && copySeq(buddy, "node-a", 3) == 1 && copySeq(buddy, "node-x", 2) == 1
+	})
+	repA.Close() // node-a is lost
+	repX.Close()
+	dead, _ := startReceiver(t, ReceiverOptions{})
+	deadAddr := dead.Addr()
+	_ = dead.Close()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	spare := t.TempDir()
+	saveRank(t, spare, 1, 0, 7, 1000) // local rank 1 held rank 0 before: renumbered
+	seg := func(lr int) string { return filepath.Join(spare, "rank-"+string(rune('0'+lr))) }
+	ev := &events{}
+	n, err := RestoreRanks(ctx, RestoreOptions{Job: testJob, NLocal: 2, Segment: seg, RankBase: 2,
+		Peers: []string{empty.Addr(), deadAddr, buddy.Addr()}, Emit: ev.emit})
+	if err != nil || n != 2 {
+		t.Fatalf("restored %d ranks, err %v; want 2 and no error (the dead peer skipped)", n, err)
+	}
+	for lr, rank := range []int32{2, 3} {
+		d, p, err := ReadNewest(mustOpen(t, seg(lr)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Rank != rank || d.Step != 11 {
+			t.Fatalf("local rank %d holds rank %d step %d, want rank %d step 11 (node-a's, not node-x's step 5)", lr, d.Rank, d.Step, rank)
+		}
+		checkPattern(t, d, p)
+	}
+	if ev.count(EventRestoredFromBuddy) != 2 {
+		t.Fatalf("%d %s events, want 2", ev.count(EventRestoredFromBuddy), EventRestoredFromBuddy)
+	}
+	// Again: every local rank now holds its own rank's save: nothing to do.
+	if n, err := RestoreRanks(ctx, RestoreOptions{Job: testJob, NLocal: 2, Segment: seg, RankBase: 2,
+		Peers: []string{buddy.Addr()}}); n != 0 || err != nil {
+		t.Fatalf("second restore: %d ranks, err %v; want 0, nil", n, err)
+	}
+	// Ranks nobody saved (a first round) are no error.
+	if n, err := RestoreRanks(ctx, RestoreOptions{Job: testJob, NLocal: 2, Segment: seg, RankBase: 8,
+		Peers: []string{buddy.Addr()}}); n != 0 || err != nil {
+		t.Fatalf("ranks never saved: %d restored, err %v; want 0, nil", n, err)
+	}
+	// Only an unreachable peer: the error says so.
+	fresh := t.TempDir()
+	_, err = RestoreRanks(ctx, RestoreOptions{Job: testJob, NLocal: 1, RankBase: 2,
+		Segment: func(int) string { return filepath.Join(fresh, "rank-0") }, Peers: []string{deadAddr}})
+	if err == nil || errors.Is(err, ErrNoCopy) || !strings.Contains(err.Error(), "could not be asked") {
+		t.Fatalf("restore with only a dead peer: %v, want an error naming the unreachable buddy", err)
+	}
+}

@@ -339,8 +339,33 @@ func (r *Receiver) release(key replKey, c net.Conn, cp *Copy) bool {
 	return true
 }
 
+// newestOf is the complete copy of rank with the highest step from any
+// sender node (the newest received among equal steps), or nil.
+func (r *Receiver) newestOf(rank int32) *Copy {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var best *Copy
+	for k, s := range r.slots {
+		c := s.complete
+		if k.rank != rank || c == nil {
+			continue
+		}
+		if best == nil || c.Step > best.Step || (c.Step == best.Step && c.Received.After(best.Received)) {
+			best = c
+		}
+	}
+	return best
+}
+
+// serveFetch answers a fetch of (node, rank); node "" asks for rank's
+// newest copy from any node.
 func (r *Receiver) serveFetch(c net.Conn, bw *bufio.Writer, f frame) bool {
-	cp := r.Copy(f.Node, f.Rank)
+	var cp *Copy
+	if f.Node == "" {
+		cp = r.newestOf(f.Rank)
+	} else {
+		cp = r.Copy(f.Node, f.Rank)
+	}
 	if cp == nil {
 		return r.reply(bw, frame{Kind: kindNotFound, Rank: f.Rank,
 			Msg: fmt.Sprintf("this buddy holds no complete copy of rank %d from node %q", f.Rank, f.Node)}) == nil

@@ -65,16 +65,21 @@ type BuddyStatus struct {
 // newest save, so saves made while a copy was under way coalesce into the
 // next one. Neither the ranks nor the caller ever wait for it.
 type Replicator struct {
-	opts    ReplicatorOptions
+	opts   ReplicatorOptions
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	mu      sync.Mutex // guards buddies
 	buddies []*buddy
-	cancel  context.CancelFunc
-	wg      sync.WaitGroup
 }
 
 type buddy struct {
 	opts ReplicatorOptions
 	addr string
 	kick chan struct{}
+	stop context.CancelFunc
+	done chan struct{}
 
 	// conn, br, bw are used by the buddy's goroutine only.
 	conn   net.Conn
@@ -114,23 +119,63 @@ func StartReplicator(ctx context.Context, opts ReplicatorOptions) (*Replicator, 
 		opts.Emit = func(string, map[string]any) {}
 	}
 	ctx, cancel := context.WithCancel(ctx)
-	r := &Replicator{opts: opts, cancel: cancel}
-	for _, a := range opts.Buddies {
-		b := &buddy{opts: opts, addr: a, kick: make(chan struct{}, 1),
-			st: BuddyStatus{Addr: a, Sent: make([]uint64, opts.NLocal), Refused: make([]string, opts.NLocal)}}
+	r := &Replicator{opts: opts, ctx: ctx, cancel: cancel}
+	r.SetBuddies(opts.Buddies)
+	return r, nil
+}
+
+// SetBuddies changes the buddies (a new round's ring): senders to buddies
+// no longer listed stop (a copy under way is cut), new ones start from
+// nothing sent; the others keep their connection and progress.
+func (r *Replicator) SetBuddies(addrs []string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	want := map[string]bool{}
+	for _, a := range addrs {
+		want[a] = true
+	}
+	kept := r.buddies[:0]
+	var stopped []*buddy
+	have := map[string]bool{}
+	for _, b := range r.buddies {
+		if want[b.addr] {
+			kept = append(kept, b)
+			have[b.addr] = true
+		} else {
+			b.stop()
+			stopped = append(stopped, b)
+		}
+	}
+	r.buddies = kept
+	for _, b := range stopped {
+		<-b.done
+	}
+	if r.ctx.Err() != nil {
+		return
+	}
+	for _, a := range addrs {
+		if have[a] {
+			continue
+		}
+		have[a] = true
+		ctx, stop := context.WithCancel(r.ctx)
+		b := &buddy{opts: r.opts, addr: a, kick: make(chan struct{}, 1), stop: stop, done: make(chan struct{}),
+			st: BuddyStatus{Addr: a, Sent: make([]uint64, r.opts.NLocal), Refused: make([]string, r.opts.NLocal)}}
 		r.buddies = append(r.buddies, b)
 		r.wg.Add(1)
 		go func() {
 			defer r.wg.Done()
+			defer close(b.done)
 			b.run(ctx)
 		}()
 	}
-	return r, nil
 }
 
 // Notify asks every buddy's sender to look at the segments now (a save
 // was seen); it never blocks.
 func (r *Replicator) Notify() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	for _, b := range r.buddies {
 		select {
 		case b.kick <- struct{}{}:
@@ -141,6 +186,8 @@ func (r *Replicator) Notify() {
 
 // Status returns what each buddy's sender knows.
 func (r *Replicator) Status() []BuddyStatus {
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	out := make([]BuddyStatus, 0, len(r.buddies))
 	for _, b := range r.buddies {
 		b.mu.Lock()
@@ -157,6 +204,22 @@ func (r *Replicator) Status() []BuddyStatus {
 func (r *Replicator) Close() {
 	r.cancel()
 	r.wg.Wait()
+}
+
+// BuddyRing returns the buddies of the node at index self of ring (the
+// round's nodes in group-rank order): the next k nodes after it, wrapping
+// around, never itself; all the others when k >= len(ring)-1.
+func BuddyRing(ring []string, self, k int) []string {
+	n := len(ring)
+	if self < 0 || self >= n || k <= 0 {
+		return nil
+	}
+	k = min(k, n-1)
+	out := make([]string, 0, k)
+	for i := 1; i <= k; i++ {
+		out = append(out, ring[(self+i)%n])
+	}
+	return out
 }
 
 func (b *buddy) run(ctx context.Context) {
