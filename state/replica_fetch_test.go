@@ -3,6 +3,7 @@ package state
 import (
 	"context"
 	"errors"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -173,4 +174,54 @@ func TestReplicaRestoreRanks(t *testing.T) {
 	if err == nil || errors.Is(err, ErrNoCopy) || !strings.Contains(err.Error(), "could not be asked") {
 		t.Fatalf("restore with only a dead peer: %v, want an error naming the unreachable buddy", err)
 	}
+}
+
+// BenchmarkReplica256MiB: a 256 MiB save replicated to a buddy on
+// loopback (from the commit in the segment to the buddy's verified copy,
+// including up to one 5 ms poll) and fetched back (docs/benchmarks.md).
+//
+//	go test -run '^$' -bench BenchmarkReplica256MiB -benchtime 4x ./state/
+func BenchmarkReplica256MiB(b *testing.B) {
+	const n = 256 << 20
+	dir, err := os.MkdirTemp("/dev/shm", "ftstate-bench-")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	seg := filepath.Join(dir, "rank-0")
+	ctx := context.Background()
+	recv, err := Listen(ctx, ReceiverOptions{Job: testJob, Addr: "127.0.0.1:0"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer recv.Close()
+	rep, err := StartReplicator(ctx, ReplicatorOptions{Job: testJob, Node: "node-a", NLocal: 1,
+		Segment: func(int) string { return seg }, Buddies: []string{recv.Addr()}, Poll: 5 * time.Millisecond})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer rep.Close()
+	p := make([]byte, n)
+	var copyT, fetchT time.Duration
+	b.SetBytes(n)
+	b.ResetTimer()
+	for i := range b.N {
+		p[0] = byte(i)
+		d, err := (&Saver{Path: seg, SkipCRC: true}).Save(int64(i), p)
+		if err != nil {
+			b.Fatal(err)
+		}
+		t0 := time.Now()
+		for copySeq(recv, "node-a", 0) != d.Seq {
+			time.Sleep(time.Millisecond)
+		}
+		t1 := time.Now()
+		if _, err := Fetch(ctx, recv.Addr(), testJob, "node-a", 0); err != nil {
+			b.Fatal(err)
+		}
+		copyT += t1.Sub(t0)
+		fetchT += time.Since(t1)
+	}
+	b.ReportMetric(float64(copyT.Milliseconds())/float64(b.N), "copy-ms/op")
+	b.ReportMetric(float64(fetchT.Milliseconds())/float64(b.N), "fetch-ms/op")
 }
