@@ -311,7 +311,7 @@ func (b *buddy) syncRank(ctx context.Context, lr int, sent uint64) error {
 		if err := b.connect(ctx); err != nil {
 			return replRankError{lr, time.Since(start), err}
 		}
-		err = b.send(f, d)
+		err = b.send(ctx, f, d)
 		var ref refusedError
 		switch {
 		case errors.As(err, &ref):
@@ -386,9 +386,14 @@ func (b *buddy) drop() {
 // send streams the save d from seg to the buddy within CopyTimeout. It
 // returns errAborted when the rank reused d's slot during the stream (the
 // buddy discards the copy; the connection stays usable).
-func (b *buddy) send(seg *os.File, d Desc) error {
+func (b *buddy) send(ctx context.Context, seg *os.File, d Desc) error {
 	if err := b.conn.SetDeadline(time.Now().Add(b.opts.CopyTimeout)); err != nil {
 		return fmt.Errorf("buddy %s: %w", b.addr, err)
+	}
+	// The deadline just set overrides the one a cancellation sets: a
+	// cancellation before this point is seen here, a later one cuts the copy.
+	if err := ctx.Err(); err != nil {
+		return err
 	}
 	wrap := func(what string, err error) error {
 		if ne, ok := err.(net.Error); ok && ne.Timeout() {
