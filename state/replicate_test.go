@@ -423,3 +423,46 @@ func mustOpen(t *testing.T, path string) *os.File {
 	t.Cleanup(func() { _ = f.Close() })
 	return f
 }
+
+// TestReplicaOneInFlight: a sender that reconnects while its previous
+// stream is still open (dead but not yet noticed) supersedes it: the buddy
+// closes the old stream and never holds two copies in flight for one
+// (node, rank).
+func TestReplicaOneInFlight(t *testing.T) {
+	const n = 32 << 10
+	recv, rev := startReceiver(t, ReceiverOptions{})
+	h := frame{Kind: kindCopy, Job: testJob, Node: "node-a", Rank: 4, Step: 1, Seq: 1, Length: n}
+	old, oldR, ans := rawCopy(t, recv.Addr(), h)
+	if ans.Kind != kindAccept {
+		t.Fatalf("first copy: answer %d (%s)", ans.Kind, ans.Msg)
+	}
+	if _, err := old.Write(pattern(1, n)[:n/2]); err != nil {
+		t.Fatal(err)
+	}
+	h.Step, h.Seq = 2, 2
+	c, br, ans := rawCopy(t, recv.Addr(), h)
+	if ans.Kind != kindAccept {
+		t.Fatalf("second copy: answer %d (%s)", ans.Kind, ans.Msg)
+	}
+	if got := recv.Held(); got != n {
+		t.Fatalf("%d bytes held with two streams of %d bytes open, want %d (one in flight)", got, n, n)
+	}
+	_ = old.SetReadDeadline(time.Now().Add(20 * time.Second))
+	if _, err := oldR.ReadByte(); err == nil {
+		t.Fatal("the superseded stream got an answer instead of being closed")
+	}
+	p := pattern(2, n)
+	if _, err := c.Write(append(p, trailer(crc32.Checksum(p, castagnoli), trailerComplete)...)); err != nil {
+		t.Fatal(err)
+	}
+	if rep, err := readFrame(br); err != nil || rep.Kind != kindOK {
+		t.Fatalf("verdict %+v, %v; want ok", rep, err)
+	}
+	if cp := recv.Copy("node-a", 4); cp == nil || cp.Seq != 2 {
+		t.Fatalf("the buddy holds %+v, want seq 2", cp)
+	}
+	waitFor(t, "the superseded stream discarded", func() bool { return rev.count(EventReplicaDiscarded) == 1 })
+	if got := recv.Held(); got != n {
+		t.Fatalf("%d bytes held after the copy, want %d", got, n)
+	}
+}
