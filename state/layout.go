@@ -3,7 +3,9 @@
 // rank saves into (ft_launcher_client.state.save) and that outlives the
 // rank, so that the process which next holds the rank restores from memory;
 // and a background writer that copies the newest committed save of each
-// segment to the user's state directory with an atomic manifest.
+// segment to the user's state directory with an atomic manifest; and the
+// replication of the committed saves to buddy launchers over TCP, with a
+// fetch that restores a lost node's ranks from a buddy (replicate.go).
 //
 // The segment layout is shared with the Python client
 // (client/python/ft_launcher_client/state.py); both sides must agree on

@@ -1,0 +1,164 @@
+package state
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"time"
+)
+
+// ErrNoCopy: the buddy holds no complete copy of the rank asked for.
+var ErrNoCopy = errors.New("no complete copy")
+
+// Fetch asks the buddy at addr for the newest complete copy of rank that
+// node sent ("": from any node, the highest step), and returns it verified
+// (length and CRC-32C). ctx bounds it.
+func Fetch(ctx context.Context, addr, job, node string, rank int32) (*Copy, error) {
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("fetch rank %d of node %q: connect to buddy %s: %w", rank, node, addr, err)
+	}
+	defer c.Close()
+	stop := context.AfterFunc(ctx, func() { _ = c.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
+	wrap := func(err error) error {
+		if ctx.Err() != nil {
+			err = errors.Join(ctx.Err(), err)
+		}
+		return fmt.Errorf("fetch rank %d of node %q from buddy %s: %w", rank, node, addr, err)
+	}
+	if _, err := c.Write(frame{Kind: kindFetch, Job: job, Node: node, Rank: rank}.encode()); err != nil {
+		return nil, wrap(err)
+	}
+	br := bufio.NewReaderSize(c, 64<<10)
+	f, err := readFrame(br)
+	if err != nil {
+		return nil, wrap(err)
+	}
+	switch f.Kind {
+	case kindNotFound:
+		return nil, wrap(fmt.Errorf("%w: %s", ErrNoCopy, f.Msg))
+	case kindRefuse:
+		return nil, wrap(fmt.Errorf("refused: %s", f.Msg))
+	case kindCopy:
+	default:
+		return nil, wrap(fmt.Errorf("%w: frame kind %d", ErrProtocol, f.Kind))
+	}
+	if err := checkPeer(f, job); err != nil {
+		return nil, wrap(err)
+	}
+	if (node != "" && f.Node != node) || f.Rank != rank {
+		return nil, wrap(fmt.Errorf("%w: asked for rank %d of node %q, got rank %d of node %q", ErrProtocol, rank, node, f.Rank, f.Node))
+	}
+	p, crc, err := readPayload(br, f)
+	if err != nil {
+		return nil, wrap(err)
+	}
+	if crc != f.CRC {
+		return nil, wrap(fmt.Errorf("%w: trailer CRC %08x, header %08x", errChecksum, crc, f.CRC))
+	}
+	return &Copy{Node: f.Node, Rank: f.Rank, Step: f.Step, Seq: f.Seq, CRC32C: crc,
+		Duration: time.Duration(f.DurationNS), Received: time.Now(), Payload: p}, nil
+}
+
+// Restore commits c into the segment at path as a save of c.Step by
+// c.Rank (the segment's own sequence continues), so that the rank that
+// takes c's place loads it with state.load() like any save.
+func Restore(path string, c *Copy) (Desc, error) {
+	d, err := (&Saver{Path: path, Rank: c.Rank}).Save(c.Step, c.Payload)
+	if err != nil {
+		return Desc{}, fmt.Errorf("restore the copy of rank %d (step %d) from node %q: %w", c.Rank, c.Step, c.Node, err)
+	}
+	return d, nil
+}
+
+// FetchNewest asks every buddy in addrs for rank's newest complete copy
+// from any node and returns the one with the highest step. The error is
+// ErrNoCopy when every buddy answered that it holds none; a buddy that
+// fails is skipped, its error returned only when no copy is found.
+func FetchNewest(ctx context.Context, addrs []string, job string, rank int32) (*Copy, error) {
+	var best *Copy
+	var errs []error
+	for _, a := range addrs {
+		c, err := Fetch(ctx, a, job, "", rank)
+		if err != nil {
+			if !errors.Is(err, ErrNoCopy) {
+				errs = append(errs, err)
+			}
+			continue
+		}
+		if best == nil || c.Step > best.Step {
+			best = c
+		}
+	}
+	switch {
+	case best == nil && len(errs) == 0:
+		return nil, fmt.Errorf("rank %d: %w at any of %d buddies", rank, ErrNoCopy, len(addrs))
+	case best == nil:
+		return nil, fmt.Errorf("rank %d: no copy found, and %d of %d buddies could not be asked: %w", rank, len(errs), len(addrs), errors.Join(errs...))
+	}
+	return best, nil
+}
+
+// RestoreOptions say which ranks a node holds in a new round and where to
+// look for their state.
+type RestoreOptions struct {
+	Job     string
+	NLocal  int
+	Segment func(lr int) string // Store.SegmentPath
+	// RankBase is the round's global rank of local rank 0.
+	RankBase int
+	// Peers are the receivers to ask (the round's other nodes).
+	Peers []string
+	Emit  func(kind string, fields map[string]any) // nil: no events
+}
+
+// EventRestoredFromBuddy: a local rank's segment got a buddy's copy.
+const EventRestoredFromBuddy = "state_restored_from_buddy" // local_rank, rank, step, node, bytes, fetch_ms
+
+// RestoreRanks gives every local rank whose segment does not hold a save
+// of its global rank in this round (a spare, or a node whose ranks were
+// renumbered) the newest copy of that rank held by a peer, so that the
+// rank's state.load() finds it in memory. A rank no peer holds a copy of
+// keeps its segment (the state directory stays its fallback). It returns
+// how many ranks were restored and the errors of those that could not be
+// (unreachable peers, a failed restore).
+func RestoreRanks(ctx context.Context, o RestoreOptions) (int, error) {
+	if o.Emit == nil {
+		o.Emit = func(string, map[string]any) {}
+	}
+	var errs []error
+	restored := 0
+	for lr := 0; lr < o.NLocal; lr++ {
+		g := int32(o.RankBase + lr)
+		path := o.Segment(lr)
+		if f, err := os.Open(path); err == nil {
+			d, err := Newest(f)
+			_ = f.Close()
+			if err == nil && d.Rank == g {
+				continue // memory holds this rank's own newest save
+			}
+		}
+		start := time.Now()
+		c, err := FetchNewest(ctx, o.Peers, o.Job, g)
+		if errors.Is(err, ErrNoCopy) {
+			continue // nobody saved this rank yet (a job's first round)
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("local rank %d: %w", lr, err))
+			continue
+		}
+		if _, err := Restore(path, c); err != nil {
+			errs = append(errs, fmt.Errorf("local rank %d: %w", lr, err))
+			continue
+		}
+		restored++
+		o.Emit(EventRestoredFromBuddy, map[string]any{"local_rank": lr, "rank": g, "step": c.Step, "node": c.Node,
+			"bytes": len(c.Payload), "fetch_ms": float64(time.Since(start).Microseconds()) / 1000})
+	}
+	return restored, errors.Join(errs...)
+}
