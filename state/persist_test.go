@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"strings"
@@ -13,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ftlauncher/ft-launcher/eventlog"
 	"github.com/ftlauncher/ft-launcher/internal/testenv"
 )
 
@@ -199,6 +201,25 @@ func (e *events) count(kind string) int {
 	return n
 }
 
+// checkRecords: every event the store emitted fits its typed record in
+// eventlog/records.go, so ft-resumer report reads its fields.
+func (e *events) checkRecords(t *testing.T) {
+	t.Helper()
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if len(e.got) == 0 {
+		t.Fatal("no events to check")
+	}
+	for _, f := range e.got {
+		kind, _ := f["event"].(string)
+		fields := maps.Clone(f)
+		delete(fields, "event")
+		if err := eventlog.CheckFields(kind, fields); err != nil {
+			t.Error(err)
+		}
+	}
+}
+
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
@@ -258,6 +279,7 @@ func TestStoreWritesEveryNSaves(t *testing.T) {
 	if n := ev.count(EventPersisted); n != 3 {
 		t.Fatalf("%d write-outs recorded, want 3", n)
 	}
+	ev.checkRecords(t)
 }
 
 // TestStoreUnwritableDir: a write-out that fails is an event and a
@@ -277,6 +299,7 @@ func TestStoreUnwritableDir(t *testing.T) {
 	if len(w) == 0 || !strings.Contains(w[0], "no space left") {
 		t.Fatalf("warnings %q", w)
 	}
+	ev.checkRecords(t)
 	f, err := os.Open(s.SegmentPath(0))
 	if err != nil {
 		t.Fatal(err)
