@@ -41,6 +41,7 @@ const (
 	StateSave          = "state_save"
 	StatePersisted     = "state_persisted"
 	StatePersistFailed = "state_persist_failed"
+	StateRestore       = "state_restore"
 )
 
 // Opt returns a pointer to v: the value of an optional field that is
@@ -368,6 +369,19 @@ type StatePersistFailedEvent struct {
 	Error     string `json:"error"`
 }
 
+// StateRestoreEvent: a rank's load() restored its state (or found none:
+// Source and Step absent), as the rank noted it for its launcher's store.
+// Source: memory, file (later: peer, buddy).
+type StateRestoreEvent struct {
+	LocalRank int       `json:"local_rank"`
+	Rank      int       `json:"rank"`
+	Round     int       `json:"round"`
+	Step      *int64    `json:"step,omitempty"`
+	Source    *string   `json:"source,omitempty"`
+	LoadMS    float64   `json:"load_ms"`
+	At        time.Time `json:"at"`
+}
+
 func (LauncherStartedEvent) Kind() string    { return LauncherStarted }
 func (CycleStartedEvent) Kind() string       { return CycleStarted }
 func (SignalReceivedEvent) Kind() string     { return SignalReceived }
@@ -403,6 +417,7 @@ func (FillerReclaimedEvent) Kind() string    { return FillerReclaimed }
 func (StateSaveEvent) Kind() string          { return StateSave }
 func (StatePersistedEvent) Kind() string     { return StatePersisted }
 func (StatePersistFailedEvent) Kind() string { return StatePersistFailed }
+func (StateRestoreEvent) Kind() string       { return StateRestore }
 
 // Typed lists a zero value of every typed record: what Decode knows.
 func Typed() []Record {
@@ -415,6 +430,6 @@ func Typed() []Record {
 		InProcessFallbackEvent{}, InProcessReplacedEvent{},
 		RankFirstHeartbeatEvent{}, RankFirstStepEvent{}, RankCheckpointEvent{}, RankStepsEvent{},
 		LauncherStallEvent{}, FillerReclaimedEvent{},
-		StateSaveEvent{}, StatePersistedEvent{}, StatePersistFailedEvent{},
+		StateSaveEvent{}, StatePersistedEvent{}, StatePersistFailedEvent{}, StateRestoreEvent{},
 	}
 }

@@ -311,3 +311,48 @@ func TestStoreUnwritableDir(t *testing.T) {
 		checkPattern(t, d, p)
 	}
 }
+
+// TestStoreRestoreNotes: the notes ranks' load() leave in the segments'
+// directory become state_restore events (a load that found nothing has no
+// source), and are removed; a note that does not parse is dropped.
+func TestStoreRestoreNotes(t *testing.T) {
+	var ev events
+	s, err := Open(Options{NLocal: 2, Dir: filepath.Join(t.TempDir(), "ckpt"), ShmRoot: t.TempDir(), Poll: 10 * time.Millisecond, Emit: ev.emit,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close(context.Background())
+	notes := map[string]string{
+		"restore-1-77-1.json": `{"local_rank":1,"rank":5,"round":2,"step":40,"source":"memory","load_ms":1.5,"at":"2026-11-28T06:00:00.123456+00:00"}`,
+		"restore-0-78-1.json": `{"local_rank":0,"rank":4,"round":0,"step":null,"source":null,"load_ms":0.1,"at":"2026-11-28T06:00:00+00:00"}`,
+		"restore-0-78-2.json": `{"local_rank":0,`,
+	}
+	for name, body := range notes {
+		if err := os.WriteFile(filepath.Join(s.ShmDir(), name), []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, "the notes to be read", func() bool {
+		left, _ := filepath.Glob(filepath.Join(s.ShmDir(), RestoreNotePattern))
+		return len(left) == 0
+	})
+	if n := ev.count(EventRestore); n != 2 {
+		t.Fatalf("%d state_restore events, want 2 (the unparsable note dropped)", n)
+	}
+	ev.mu.Lock()
+	for _, f := range ev.got {
+		switch f["rank"] {
+		case 5:
+			if f["source"] != "memory" || f["step"] != int64(40) || f["round"] != 2 || f["load_ms"] != 1.5 {
+				t.Errorf("memory restore event %v", f)
+			}
+		case 4:
+			if _, ok := f["source"]; ok {
+				t.Errorf("a load that found nothing has a source: %v", f)
+			}
+		}
+	}
+	ev.mu.Unlock()
+	ev.checkRecords(t)
+}
