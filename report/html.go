@@ -36,7 +36,7 @@ var colors = map[string]string{
 	Productive: "#4c9f70", Recompute: "#e07b39", Detection: "#c03030", Stop: "#8a3a3a", Rendezvous: "#5878b8",
 	Startup: "#e0b040", Queue: "#999999", Shutdown: "#bbbbbb",
 	"crash": "#d01010", "hang": "#a000c0", "node_loss": "#000000", "swap": "#0070e0", "filler_reclaim": "#b48ad8",
-	"restart": "#ff8c00", "checkpoint": "#1060c0", "first_step": "#00a0a0", "restore": "#a000a0", "exit": "#606060", "round_ended": "#805000",
+	"restart": "#ff8c00", "checkpoint": "#1060c0", "first_step": "#00a0a0", "restore": "#e0409a", "exit": "#606060", "round_ended": "#805000",
 	"standby": "#9db4d8", "condition": "#444444",
 }
 
