@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -220,3 +221,42 @@ func TestStateAccount(t *testing.T) {
 }
 
 func ptr(n int) *int { return &n }
+
+// TestRankWithoutExitEndsWithItsNode: a rank whose exit the log does not
+// hold runs until its round was stopped, and no longer than its node: a
+// lost node's ranks end with the loss (it wrote nothing after).
+func TestRankWithoutExitEndsWithItsNode(t *testing.T) {
+	lines := []string{
+		`{"event":"launcher_started","nproc_per_node":1,"node":"n1","run_id":"r1","ts":"2026-01-01T00:00:00Z"}`,
+		`{"event":"launcher_started","nproc_per_node":1,"node":"n2","run_id":"r1","ts":"2026-01-01T00:00:00Z"}`,
+		`{"event":"cycle_started","group_rank":0,"node":"n1","pids":[10],"round":0,"run_id":"r1","ts":"2026-01-01T00:00:01Z","world_size":2}`,
+		`{"event":"cycle_started","group_rank":1,"node":"n2","pids":[20],"round":0,"run_id":"r1","ts":"2026-01-01T00:00:01Z","world_size":2}`,
+		`{"at":"2026-01-01T00:00:03Z","event":"rank_first_heartbeat","local_rank":0,"node":"n1","rank":0,"round":0,"run_id":"r1","ts":"2026-01-01T00:00:03Z"}`,
+		`{"at":"2026-01-01T00:00:03Z","event":"rank_first_heartbeat","local_rank":0,"node":"n2","rank":1,"round":0,"run_id":"r1","ts":"2026-01-01T00:00:03Z"}`,
+		`{"event":"ledger","node":"n1","record":{"job":"r1","node":"n2","role":"Active","group_rank":1,"start":"2026-01-01T00:00:00Z","end":"2026-01-01T00:00:10Z","reason":"NodeFailure","detail":"gossip"},"run_id":"r1","ts":"2026-01-01T00:00:12Z"}`,
+		`{"event":"rank_exited","exit_code":1,"local_rank":0,"node":"n1","rank":0,"round":0,"run_id":"r1","ts":"2026-01-01T00:00:13Z"}`,
+		`{"after_round":0,"event":"restart","node":"n1","reason":"node n2 lost","run_id":"r1","ts":"2026-01-01T00:00:14Z"}`,
+		`{"event":"job_failed","node":"n1","reason":"out of restarts","round":0,"run_id":"r1","ts":"2026-01-01T00:00:20Z"}`,
+	}
+	path := t.TempDir() + "/events.jsonl"
+	if err := os.WriteFile(path, []byte(strings.Join(lines, "\n")+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r, err := Build(Inputs{EventLogs: []string{path}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkSum(t, r)
+	want := map[string]string{"rank 0": "00:00:13", "rank 1": "00:00:10"} // its exit; its node's loss
+	for _, lane := range r.Ranks {
+		var ends []string
+		for _, s := range lane.Spans {
+			if s.Kind == "running" {
+				ends = append(ends, s.End.Format(time.TimeOnly))
+			}
+		}
+		if len(ends) != 1 || ends[0] != want[lane.Name] {
+			t.Errorf("%s: running spans end at %v, want [%s]", lane.Name, ends, want[lane.Name])
+		}
+	}
+}

@@ -165,13 +165,54 @@ func lanes(rec *records, r *Report) (nodes, ranks []Lane) {
 			}
 		}
 	}
+	for _, lr := range rec.ledger {
+		lane := node(laneName(nodeIdx, lr.Node))
+		end := r.End
+		if lr.End != nil {
+			end = *lr.End
+		}
+		switch lr.Role {
+		case ledger.Spare:
+			lane.Spans = append(lane.Spans, Span{Kind: "spare", Start: lr.Start, End: end, Label: "spare"})
+		case ledger.Filler:
+			lane.Spans = append(lane.Spans, Span{Kind: "filler", Start: lr.Start, End: end, Label: "filler"})
+		}
+		if lr.End == nil {
+			continue
+		}
+		switch lr.Reason {
+		case ledger.NodeFailure:
+			lane.Marks = append(lane.Marks, Mark{Kind: "node_loss", At: *lr.End, Label: "node lost: " + lr.Detail})
+		case ledger.Quarantined, ledger.Excluded:
+			lane.Marks = append(lane.Marks, Mark{Kind: "node_loss", At: *lr.End, Label: string(lr.Reason) + ": " + lr.Detail})
+		}
+	}
+	// A lost node's spans end with its loss (it wrote nothing after).
+	for i := range nodes {
+		for _, m := range nodes[i].Marks {
+			if m.Kind != "node_loss" {
+				continue
+			}
+			for s := range nodes[i].Spans {
+				if sp := &nodes[i].Spans[s]; sp.Start.Before(m.At) && sp.End.After(m.At) {
+					sp.End = m.At
+				}
+			}
+		}
+	}
 	// A rank process that did not end with its round (a survivor of an
 	// in-process restart, or a rank whose exit the log does not hold)
-	// ran until the round was stopped on its node, or to the end.
+	// ran until the round was stopped on its node (its loss, for a lost
+	// node), or to the end.
 	for _, k := range rounds {
 		end := stopped[k]
 		if end.IsZero() {
 			end = r.End
+		}
+		for _, m := range node(k.node).Marks {
+			if m.Kind == "node_loss" && m.At.After(started[k]) && m.At.Before(end) {
+				end = m.At // a lost node's ranks ended with it
+			}
 		}
 		for l := range nproc[k.node+"/round"] {
 			lk := key{k.job, k.node, k.round, l}
@@ -205,41 +246,6 @@ func lanes(rec *records, r *Report) (nodes, ranks []Lane) {
 			for s := range rank(base[k] + l).Spans {
 				if sp := &rank(base[k] + l).Spans[s]; sp.Kind == "startup" && sp.Start.Equal(started[k]) {
 					sp.Label = fmt.Sprintf("round %d on %s: rejoin in process (process group, restore)", k.round, k.node)
-				}
-			}
-		}
-	}
-	for _, lr := range rec.ledger {
-		lane := node(laneName(nodeIdx, lr.Node))
-		end := r.End
-		if lr.End != nil {
-			end = *lr.End
-		}
-		switch lr.Role {
-		case ledger.Spare:
-			lane.Spans = append(lane.Spans, Span{Kind: "spare", Start: lr.Start, End: end, Label: "spare"})
-		case ledger.Filler:
-			lane.Spans = append(lane.Spans, Span{Kind: "filler", Start: lr.Start, End: end, Label: "filler"})
-		}
-		if lr.End == nil {
-			continue
-		}
-		switch lr.Reason {
-		case ledger.NodeFailure:
-			lane.Marks = append(lane.Marks, Mark{Kind: "node_loss", At: *lr.End, Label: "node lost: " + lr.Detail})
-		case ledger.Quarantined, ledger.Excluded:
-			lane.Marks = append(lane.Marks, Mark{Kind: "node_loss", At: *lr.End, Label: string(lr.Reason) + ": " + lr.Detail})
-		}
-	}
-	// A lost node's spans end with its loss (it wrote nothing after).
-	for i := range nodes {
-		for _, m := range nodes[i].Marks {
-			if m.Kind != "node_loss" {
-				continue
-			}
-			for s := range nodes[i].Spans {
-				if sp := &nodes[i].Spans[s]; sp.Start.Before(m.At) && sp.End.After(m.At) {
-					sp.End = m.At
 				}
 			}
 		}
