@@ -131,7 +131,7 @@ func TestStateAccount(t *testing.T) {
 			html:    []string{"Launcher-held state", "<td>memory ×2</td>", "end ×2 periodic ×4", "newest: step 29"},
 		},
 		{
-			file: "testdata/state_fullrestart.jsonl", saves: 19, written: 0, writtenBy: map[string]int{}, failed: 7,
+			file: "testdata/state_fullrestart.jsonl", saves: 40, written: 0, writtenBy: map[string]int{}, failed: 7,
 			restores: map[string]int{"memory": 2}, empty: 2,
 			byRound: map[int][]restore{1: {{0, "memory", 13}, {1, "memory", 8}}},
 			html:    []string{"Launcher-held state", "<td>memory ×2</td>", "the store (start): state directory: mkdir /ckpt/notadir: not a directory"},
