@@ -36,6 +36,14 @@ const (
 	InProcessReplaced  = "inprocess_replaced"
 )
 
+// Kinds of the launcher-held state (package state, docs/state.md).
+const (
+	StateSave          = "state_save"
+	StatePersisted     = "state_persisted"
+	StatePersistFailed = "state_persist_failed"
+	StateRestore       = "state_restore"
+)
+
 // Opt returns a pointer to v: the value of an optional field that is
 // written.
 func Opt[T any](v T) *T { return &v }
@@ -329,6 +337,51 @@ type FillerReclaimedEvent struct {
 	TookMS float64 `json:"took_ms"`
 }
 
+// StateSaveEvent: the launcher's store saw a rank's new save in its
+// segment (state). SaveMS is the rank's stall for it; Saves the saves
+// committed since the store's previous look (1 unless it missed some).
+type StateSaveEvent struct {
+	LocalRank int     `json:"local_rank"`
+	Rank      int     `json:"rank"`
+	Step      int64   `json:"step"`
+	Seq       int64   `json:"seq"`
+	Bytes     int64   `json:"bytes"`
+	SaveMS    float64 `json:"save_ms"`
+	Saves     int64   `json:"saves"`
+}
+
+// StatePersistedEvent: a save was written out to the state directory.
+type StatePersistedEvent struct {
+	LocalRank int     `json:"local_rank"`
+	Rank      int     `json:"rank"`
+	Step      int64   `json:"step"`
+	Seq       int64   `json:"seq"`
+	Bytes     int64   `json:"bytes"`
+	File      string  `json:"file"`
+	Reason    string  `json:"reason"` // periodic, ranks stopped, end
+	WriteMS   float64 `json:"write_ms"`
+}
+
+// StatePersistFailedEvent: a write-out failed; the save stays in memory.
+type StatePersistFailedEvent struct {
+	LocalRank int    `json:"local_rank"`
+	Reason    string `json:"reason"`
+	Error     string `json:"error"`
+}
+
+// StateRestoreEvent: a rank's load() restored its state (or found none:
+// Source and Step absent), as the rank noted it for its launcher's store.
+// Source: memory, file (later: peer, buddy).
+type StateRestoreEvent struct {
+	LocalRank int       `json:"local_rank"`
+	Rank      int       `json:"rank"`
+	Round     int       `json:"round"`
+	Step      *int64    `json:"step,omitempty"`
+	Source    *string   `json:"source,omitempty"`
+	LoadMS    float64   `json:"load_ms"`
+	At        time.Time `json:"at"`
+}
+
 func (LauncherStartedEvent) Kind() string    { return LauncherStarted }
 func (CycleStartedEvent) Kind() string       { return CycleStarted }
 func (SignalReceivedEvent) Kind() string     { return SignalReceived }
@@ -361,6 +414,10 @@ func (RankCheckpointEvent) Kind() string     { return RankCheckpoint }
 func (RankStepsEvent) Kind() string          { return RankSteps }
 func (LauncherStallEvent) Kind() string      { return LauncherStall }
 func (FillerReclaimedEvent) Kind() string    { return FillerReclaimed }
+func (StateSaveEvent) Kind() string          { return StateSave }
+func (StatePersistedEvent) Kind() string     { return StatePersisted }
+func (StatePersistFailedEvent) Kind() string { return StatePersistFailed }
+func (StateRestoreEvent) Kind() string       { return StateRestore }
 
 // Typed lists a zero value of every typed record: what Decode knows.
 func Typed() []Record {
@@ -373,5 +430,6 @@ func Typed() []Record {
 		InProcessFallbackEvent{}, InProcessReplacedEvent{},
 		RankFirstHeartbeatEvent{}, RankFirstStepEvent{}, RankCheckpointEvent{}, RankStepsEvent{},
 		LauncherStallEvent{}, FillerReclaimedEvent{},
+		StateSaveEvent{}, StatePersistedEvent{}, StatePersistFailedEvent{}, StateRestoreEvent{},
 	}
 }

@@ -124,6 +124,21 @@ func TestTorchStateRestoredFromLauncherMemory(t *testing.T) {
 	if n := len(j.eventsOf("rank_checkpoint")); n < 40 {
 		t.Errorf("%d rank_checkpoint events, want at least 40 (every save is a checkpoint)", n)
 	}
+	// Each load() is recorded with its source (state_restore), and the
+	// report shows where round 1's ranks restored from.
+	rep, _ := runReport(t, j.dir, "--event-log", j.events)
+	if rep.State == nil || rep.State.Restores["memory"] != 2 || rep.State.EmptyLoads != 2 || rep.State.Saves != 80 {
+		t.Errorf("report's state account %+v, want 2 restores from memory, 2 empty loads (round 0), 80 saves (40 steps, 2 ranks)", rep.State)
+	}
+	if len(rep.Rounds) != 2 || rep.Rounds[1].RestoreSources() != "memory ×2" {
+		t.Errorf("rounds %+v, want round 1 restored from memory ×2", rep.Rounds)
+	} else {
+		for _, x := range rep.Rounds[1].Restores {
+			if got := readStateResult(t, out, x.Rank); got.ResumedFrom == nil || int64(*got.ResumedFrom) != x.Step {
+				t.Errorf("rank %d: the report says it restored step %d, the rank says %v", x.Rank, x.Step, got.ResumedFrom)
+			}
+		}
+	}
 	left, _ := filepath.Glob("/dev/shm/ft-launcher-state-" + strconv.Itoa(j.cmd.Process.Pid) + "-*")
 	if len(left) != 0 {
 		t.Errorf("segments left after the launcher exited: %v", left)

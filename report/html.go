@@ -36,7 +36,7 @@ var colors = map[string]string{
 	Productive: "#4c9f70", Recompute: "#e07b39", Detection: "#c03030", Stop: "#8a3a3a", Rendezvous: "#5878b8",
 	Startup: "#e0b040", Queue: "#999999", Shutdown: "#bbbbbb",
 	"crash": "#d01010", "hang": "#a000c0", "node_loss": "#000000", "swap": "#0070e0", "filler_reclaim": "#b48ad8",
-	"restart": "#ff8c00", "checkpoint": "#1060c0", "first_step": "#00a0a0", "exit": "#606060", "round_ended": "#805000",
+	"restart": "#ff8c00", "checkpoint": "#1060c0", "first_step": "#00a0a0", "restore": "#e0409a", "exit": "#606060", "round_ended": "#805000",
 	"standby": "#9db4d8", "condition": "#444444",
 }
 
@@ -164,7 +164,7 @@ func (r *Report) WriteHTML(w io.Writer) error {
 		}
 		p.Phases = append(p.Phases, phaseRow{Name: ph, Color: colors[ph], Meaning: phaseMeaning[ph], Seconds: s, Share: share})
 	}
-	for _, k := range []string{"running", "startup", "spare", "filler", "crash", "hang", "node_loss", "swap", "filler_reclaim", "restart", "checkpoint", "first_step", "exit", "round_ended", "standby"} {
+	for _, k := range []string{"running", "startup", "spare", "filler", "crash", "hang", "node_loss", "swap", "filler_reclaim", "restart", "checkpoint", "restore", "first_step", "exit", "round_ended", "standby"} {
 		p.Legend = append(p.Legend, legendItem{Name: k, Color: colors[k]})
 	}
 	if err := pageTmpl.Execute(w, p); err != nil {
@@ -211,7 +211,8 @@ var pageTmpl = template.Must(template.New("report").Funcs(template.FuncMap{
 		}
 		return ""
 	},
-	"add": func(a, b float64) float64 { return a + b },
+	"add":  func(a, b float64) float64 { return a + b },
+	"addi": func(a, b int) int { return a + b },
 }).Parse(`<!DOCTYPE html>
 <html lang="en">
 <head>
@@ -255,9 +256,16 @@ svg text.tick { text-anchor: middle; fill: #555; }
 {{range .R.Notes}}<p class="note">note: {{.}}</p>{{end}}
 <h2>Rounds</h2>
 <table>
-<tr><th>job</th><th>round</th><th>start</th><th>ready</th><th>end</th><th>reason</th><th>steps lost</th><th>productive s</th><th>badput s</th></tr>
-{{range .R.Rounds}}<tr><td>{{.Job}}</td><td class="num">{{.Round}}</td><td>{{ts .Start}}</td><td>{{if .Ready}}{{ts .Ready}}{{end}}</td><td>{{.End}}</td><td>{{.Reason}}</td><td class="num">{{if .StepsLost}}{{.StepsLost}}{{end}}</td><td class="num">{{f3 (index .PhasesS "productive")}}</td><td class="num">{{f3 (add (add (index .PhasesS "startup") (index .PhasesS "recompute")) (add (index .PhasesS "detection") (add (index .PhasesS "stop") (index .PhasesS "rendezvous"))))}}</td></tr>
+<tr><th>job</th><th>round</th><th>start</th><th>ready</th><th>end</th><th>reason</th><th>steps lost</th><th>restored from</th><th>productive s</th><th>badput s</th></tr>
+{{range .R.Rounds}}<tr><td>{{.Job}}</td><td class="num">{{.Round}}</td><td>{{ts .Start}}</td><td>{{if .Ready}}{{ts .Ready}}{{end}}</td><td>{{.End}}</td><td>{{.Reason}}</td><td class="num">{{if .StepsLost}}{{.StepsLost}}{{end}}</td><td>{{.RestoreSources}}</td><td class="num">{{f3 (index .PhasesS "productive")}}</td><td class="num">{{f3 (add (add (index .PhasesS "startup") (index .PhasesS "recompute")) (add (index .PhasesS "detection") (add (index .PhasesS "stop") (index .PhasesS "rendezvous"))))}}</td></tr>
 {{end}}</table>
+{{with .R.State}}<h2>Launcher-held state</h2>
+<table class="state">
+<tr><th>saves into launcher memory</th><td class="num">{{.Saves}}</td><td>training-loop stall per save: median {{f3 .SaveStallMedianMS}} ms, max {{f3 .SaveStallMaxMS}} ms; largest state {{.SaveBytesMax}} bytes</td></tr>
+<tr><th>written out in the background</th><td class="num">{{.Written}}</td><td>{{range $k, $v := .WrittenBy}}{{$k}} ×{{$v}} {{end}}{{if .Written}}· slowest {{f3 .WriteMSMax}} ms{{end}}{{with .LastWritten}} · newest: step {{.Step}} ({{.File}}){{end}}</td></tr>
+<tr><th>write-outs failed</th><td class="num">{{.WriteFailed}}</td><td>{{range .WriteErrors}}<div class="warn">{{.}}</div>{{end}}</td></tr>
+<tr><th>restores</th><td class="num">{{$n := 0}}{{range .Restores}}{{$n = addi $n .}}{{end}}{{$n}}</td><td>{{range $k, $v := .Restores}}{{$k}} ×{{$v}} {{end}}{{if .EmptyLoads}}· {{.EmptyLoads}} load(s) found no state{{end}}</td></tr>
+</table>{{end}}
 <h2>Restarts</h2>
 <table>
 <tr><th>job</th><th>after round</th><th>at</th><th>action</th><th>reason</th></tr>

@@ -42,6 +42,10 @@ func lanes(rec *records, r *Report) (nodes, ranks []Lane) {
 	started := map[key]time.Time{} // job/node/round → ranks started
 	ready := map[key]time.Time{}   // job/node/round/local → first heartbeat
 	stopped := map[key]time.Time{} // job/node/round → restart or end
+	exited := map[key]bool{}       // job/node/round/local → the rank process ended that round
+	firstStep := map[key]bool{}    // job/node/round/local → a rank_first_step
+	kept := map[key]bool{}         // job/node/round/local → kept in its process into the next round
+	var rounds []key               // job/node/round with ranks started, in order
 	for _, e := range rec.events {
 		job := e.Job
 		round, _ := roundOf(e.Rec)
@@ -55,10 +59,21 @@ func lanes(rec *records, r *Report) (nodes, ranks []Lane) {
 			if n == 0 {
 				n = len(ev.PIDs)
 			}
+			if _, ok := started[k]; !ok {
+				rounds = append(rounds, k)
+			}
 			base[k], started[k] = ev.GroupRank*n, e.TS
+			nproc[k.node+"/round"] = len(ev.PIDs)
 			for l := range ev.PIDs {
 				rank(ev.GroupRank*n + l)
 			}
+			for _, l := range ev.Survivors {
+				kept[key{job, e.Node, round - 1, l}] = true
+			}
+		case eventlog.RankExitedEvent:
+			exited[key{job, e.Node, round, ev.LocalRank}] = true
+		case eventlog.RankFirstStepEvent:
+			firstStep[key{job, e.Node, round, ev.LocalRank}] = true
 		case eventlog.RankFirstHeartbeatEvent:
 			ready[key{job, e.Node, round, ev.LocalRank}] = orTS(ev.At, e.TS)
 		case eventlog.RestartEvent:
@@ -137,6 +152,17 @@ func lanes(rec *records, r *Report) (nodes, ranks []Lane) {
 				rank(g).Marks = append(rank(g).Marks, Mark{Kind: "first_step", At: orTS(ev.At, e.TS),
 					Label: fmt.Sprintf("first step after the restart (round %d)", round)})
 			}
+		case eventlog.InProcessFirstStepEvent:
+			// Without "step" sections the survivor's own report is the
+			// only record of its first step after the rejoin (written
+			// when the launcher received it, just after the step).
+			if firstStep[key{e.Job, e.Node, round, ev.LocalRank}] {
+				continue
+			}
+			if g, ok := globalRank(k, -1, ev.LocalRank); ok {
+				rank(g).Marks = append(rank(g).Marks, Mark{Kind: "first_step", At: e.TS,
+					Label: fmt.Sprintf("first step after the in-process rejoin (round %d, %.2fs after the failure)", round, ev.SinceFailureS)})
+			}
 		}
 	}
 	for _, lr := range rec.ledger {
@@ -170,6 +196,56 @@ func lanes(rec *records, r *Report) (nodes, ranks []Lane) {
 			for s := range nodes[i].Spans {
 				if sp := &nodes[i].Spans[s]; sp.Start.Before(m.At) && sp.End.After(m.At) {
 					sp.End = m.At
+				}
+			}
+		}
+	}
+	// A rank process that did not end with its round (a survivor of an
+	// in-process restart, or a rank whose exit the log does not hold)
+	// ran until the round was stopped on its node (its loss, for a lost
+	// node), or to the end.
+	for _, k := range rounds {
+		end := stopped[k]
+		if end.IsZero() {
+			end = r.End
+		}
+		for _, m := range node(k.node).Marks {
+			if m.Kind == "node_loss" && m.At.After(started[k]) && m.At.Before(end) {
+				end = m.At // a lost node's ranks ended with it
+			}
+		}
+		for l := range nproc[k.node+"/round"] {
+			lk := key{k.job, k.node, k.round, l}
+			if exited[lk] {
+				continue
+			}
+			lane := rank(base[k] + l)
+			st := ready[lk]
+			label := fmt.Sprintf("round %d on %s", k.round, k.node)
+			if kept[lk] {
+				label += ", kept in its process for the next round"
+			}
+			if st.IsZero() {
+				lane.Spans = append(lane.Spans, Span{Kind: "startup", Start: started[k], End: later(started[k], end), Label: label + " (no heartbeat)"})
+				continue
+			}
+			lane.Spans = append(lane.Spans, Span{Kind: "startup", Start: started[k], End: later(started[k], minTime(st, end)), Label: fmt.Sprintf("round %d start-up on %s", k.round, k.node)})
+			lane.Spans = append(lane.Spans, Span{Kind: "running", Start: st, End: later(st, end), Label: label})
+		}
+	}
+	for i := range ranks {
+		sort.SliceStable(ranks[i].Spans, func(a, b int) bool { return ranks[i].Spans[a].Start.Before(ranks[i].Spans[b].Start) })
+	}
+	// A survivor's start-up of the round after an in-process restart is its
+	// rejoin (new process group, restore), not a new process.
+	for _, k := range rounds {
+		for l := range nproc[k.node+"/round"] {
+			if !kept[key{k.job, k.node, k.round - 1, l}] {
+				continue
+			}
+			for s := range rank(base[k] + l).Spans {
+				if sp := &rank(base[k] + l).Spans[s]; sp.Kind == "startup" && sp.Start.Equal(started[k]) {
+					sp.Label = fmt.Sprintf("round %d on %s: rejoin in process (process group, restore)", k.round, k.node)
 				}
 			}
 		}

@@ -53,6 +53,7 @@ type Report struct {
 	Ranks    []Lane             `json:"ranks"`
 	Ledger   []ledger.Record    `json:"ledger"`
 	Workload *Workload          `json:"workload,omitempty"`
+	State    *State             `json:"state,omitempty"` // the launcher-held state's saves, write-outs, restores
 	Notes    []string           `json:"notes"`
 	Warnings []string           `json:"warnings"`
 }
@@ -74,16 +75,19 @@ type Round struct {
 	// Start: the first rank of the round started; Ready: every rank had
 	// sent its first heartbeat; Fault: the failure began; Detected: the
 	// launcher knew; Stopped: every rank of the round was gone.
-	Start     time.Time          `json:"start"`
-	Ready     *time.Time         `json:"ready,omitempty"`
-	FirstStep *time.Time         `json:"first_step,omitempty"`
-	LastCkpt  *time.Time         `json:"last_checkpoint,omitempty"`
-	Fault     time.Time          `json:"fault"`
-	Detected  time.Time          `json:"detected"`
-	Stopped   time.Time          `json:"stopped"`
-	End       string             `json:"end"` // success, crash, hang, node_loss, round_ended, signal, unknown
-	Reason    string             `json:"reason,omitempty"`
-	StepsLost *int               `json:"steps_lost,omitempty"` // steps since the last checkpoint, when the sections show it
+	Start     time.Time  `json:"start"`
+	Ready     *time.Time `json:"ready,omitempty"`
+	FirstStep *time.Time `json:"first_step,omitempty"`
+	LastCkpt  *time.Time `json:"last_checkpoint,omitempty"`
+	Fault     time.Time  `json:"fault"`
+	Detected  time.Time  `json:"detected"`
+	Stopped   time.Time  `json:"stopped"`
+	End       string     `json:"end"` // success, crash, hang, node_loss, round_ended, signal, unknown
+	Reason    string     `json:"reason,omitempty"`
+	StepsLost *int       `json:"steps_lost,omitempty"` // steps since the last checkpoint, when the sections show it
+	// Restores: where each rank of this round restored its state from
+	// (state_restore; the round after a fault restores).
+	Restores  []Restore          `json:"restores,omitempty"`
 	Nodes     []string           `json:"nodes"`
 	WorldSize int                `json:"world_size"`
 	PhasesS   map[string]float64 `json:"phases_s"`
@@ -187,6 +191,7 @@ func compute(rec *records) (*Report, error) {
 		r.RunIDs = []string{}
 	}
 	r.Nodes, r.Ranks = lanes(rec, r)
+	r.State = stateAccount(rec, r)
 	if rec.aw != nil {
 		r.Workload = workload(rec)
 	}
@@ -262,6 +267,7 @@ type roundFacts struct {
 	end, reason             string
 	ckpts                   []time.Time
 	sections                bool // the ranks reported steps or checkpoints this round
+	stepCounts              bool // a rank_steps record: the ranks counted "step" sections
 	stepsLost               int
 	nodes                   map[string]bool
 	world                   int
@@ -316,9 +322,14 @@ func computeJob(g *jobRecords, r *Report) (Job, error) {
 			f := get(round)
 			f.ckpts = append(f.ckpts, orTS(ev.At, e.TS))
 			f.sections = true
+		case eventlog.InProcessFirstStepEvent:
+			// A survivor's first step after an in-process rejoin, reported
+			// by the client even without "step" sections.
+			f := get(round)
+			f.firstStep = earlier(f.firstStep, e.TS)
 		case eventlog.RankStepsEvent:
 			f := get(round)
-			f.sections = true
+			f.sections, f.stepCounts = true, true
 			f.stepsLost = max(f.stepsLost, int(ev.StepsSinceCheckpoint))
 		case eventlog.RankExitedEvent:
 			f := get(round)
@@ -422,6 +433,7 @@ func computeJob(g *jobRecords, r *Report) (Job, error) {
 	}
 	firstRound := len(r.Rounds) // this job's rounds are appended from here
 	noSections := []string{}
+	noStepCounts := []string{}
 	noHeartbeat := []string{}
 	for i, n := range ns {
 		f := rounds[n]
@@ -468,8 +480,12 @@ func computeJob(g *jobRecords, r *Report) (Job, error) {
 						keep = later(keep, c)
 					}
 				}
-				lost := f.stepsLost
-				rd.StepsLost = &lost
+				if f.stepCounts {
+					lost := f.stepsLost
+					rd.StepsLost = &lost
+				} else {
+					noStepCounts = append(noStepCounts, fmt.Sprint(n))
+				}
 			} else {
 				noSections = append(noSections, fmt.Sprint(n))
 			}
@@ -502,6 +518,10 @@ func computeJob(g *jobRecords, r *Report) (Job, error) {
 	if len(noSections) > 0 {
 		r.Notes = append(r.Notes, fmt.Sprintf("%sfailed round(s) %s: no 'step'/'checkpointing' sections recorded: the steps lost since the last checkpoint are unknown and counted as productive",
 			jobPrefix(g.id), strings.Join(noSections, ", ")))
+	}
+	if len(noStepCounts) > 0 {
+		r.Notes = append(r.Notes, fmt.Sprintf("%sfailed round(s) %s: checkpoints recorded but no 'step' sections: the number of steps lost is unknown (recompute still counts the time since the last checkpoint)",
+			jobPrefix(g.id), strings.Join(noStepCounts, ", ")))
 	}
 	if len(restarts) == 0 {
 		// No event log: each failed round followed by another was a restart
@@ -576,6 +596,10 @@ func roundOf(r eventlog.Record) (int, bool) {
 	case eventlog.FencedEvent:
 		return r.Round, true
 	case eventlog.TrainingFinishedEvent:
+		return r.Round, true
+	case eventlog.InProcessFirstStepEvent:
+		return r.Round, true
+	case eventlog.InProcessRejoinedEvent:
 		return r.Round, true
 	case eventlog.RoundEndedEvent:
 		return optRound(r.Round)

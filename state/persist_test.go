@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"strings"
@@ -13,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ftlauncher/ft-launcher/eventlog"
 	"github.com/ftlauncher/ft-launcher/internal/testenv"
 )
 
@@ -199,6 +201,25 @@ func (e *events) count(kind string) int {
 	return n
 }
 
+// checkRecords: every event the store emitted fits its typed record in
+// eventlog/records.go, so ft-resumer report reads its fields.
+func (e *events) checkRecords(t *testing.T) {
+	t.Helper()
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if len(e.got) == 0 {
+		t.Fatal("no events to check")
+	}
+	for _, f := range e.got {
+		kind, _ := f["event"].(string)
+		fields := maps.Clone(f)
+		delete(fields, "event")
+		if err := eventlog.CheckFields(kind, fields); err != nil {
+			t.Error(err)
+		}
+	}
+}
+
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
@@ -258,6 +279,7 @@ func TestStoreWritesEveryNSaves(t *testing.T) {
 	if n := ev.count(EventPersisted); n != 3 {
 		t.Fatalf("%d write-outs recorded, want 3", n)
 	}
+	ev.checkRecords(t)
 }
 
 // TestStoreUnwritableDir: a write-out that fails is an event and a
@@ -277,6 +299,7 @@ func TestStoreUnwritableDir(t *testing.T) {
 	if len(w) == 0 || !strings.Contains(w[0], "no space left") {
 		t.Fatalf("warnings %q", w)
 	}
+	ev.checkRecords(t)
 	f, err := os.Open(s.SegmentPath(0))
 	if err != nil {
 		t.Fatal(err)
@@ -287,4 +310,49 @@ func TestStoreUnwritableDir(t *testing.T) {
 	} else {
 		checkPattern(t, d, p)
 	}
+}
+
+// TestStoreRestoreNotes: the notes ranks' load() leave in the segments'
+// directory become state_restore events (a load that found nothing has no
+// source), and are removed; a note that does not parse is dropped.
+func TestStoreRestoreNotes(t *testing.T) {
+	var ev events
+	s, err := Open(Options{NLocal: 2, Dir: filepath.Join(t.TempDir(), "ckpt"), ShmRoot: t.TempDir(), Poll: 10 * time.Millisecond, Emit: ev.emit,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close(context.Background())
+	notes := map[string]string{
+		"restore-1-77-1.json": `{"local_rank":1,"rank":5,"round":2,"step":40,"source":"memory","load_ms":1.5,"at":"2026-11-28T06:00:00.123456+00:00"}`,
+		"restore-0-78-1.json": `{"local_rank":0,"rank":4,"round":0,"step":null,"source":null,"load_ms":0.1,"at":"2026-11-28T06:00:00+00:00"}`,
+		"restore-0-78-2.json": `{"local_rank":0,`,
+	}
+	for name, body := range notes {
+		if err := os.WriteFile(filepath.Join(s.ShmDir(), name), []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, "the notes to be read", func() bool {
+		left, _ := filepath.Glob(filepath.Join(s.ShmDir(), RestoreNotePattern))
+		return len(left) == 0
+	})
+	if n := ev.count(EventRestore); n != 2 {
+		t.Fatalf("%d state_restore events, want 2 (the unparsable note dropped)", n)
+	}
+	ev.mu.Lock()
+	for _, f := range ev.got {
+		switch f["rank"] {
+		case 5:
+			if f["source"] != "memory" || f["step"] != int64(40) || f["round"] != 2 || f["load_ms"] != 1.5 {
+				t.Errorf("memory restore event %v", f)
+			}
+		case 4:
+			if _, ok := f["source"]; ok {
+				t.Errorf("a load that found nothing has a source: %v", f)
+			}
+		}
+	}
+	ev.mu.Unlock()
+	ev.checkRecords(t)
 }

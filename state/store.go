@@ -2,6 +2,7 @@ package state
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -28,7 +29,25 @@ const (
 	EventSave          = "state_save"           // local_rank, rank, step, seq, bytes, save_ms, saves (since the last one seen)
 	EventPersisted     = "state_persisted"      // local_rank, rank, step, seq, bytes, file, reason, write_ms
 	EventPersistFailed = "state_persist_failed" // local_rank, reason, error
+	EventRestore       = "state_restore"        // local_rank, rank, round, step, source, load_ms, at
 )
+
+// RestoreNotePattern matches the notes a rank's load() leaves in the
+// segments' directory (restore-LOCALRANK-PID-N.json, written to a
+// temporary name and renamed): where its state came from. The store
+// turns each into a state_restore event and removes it.
+const RestoreNotePattern = "restore-*.json"
+
+// restoreNote is a note's content (ft_launcher_client.state.load).
+type restoreNote struct {
+	LocalRank int       `json:"local_rank"`
+	Rank      int       `json:"rank"`
+	Round     int       `json:"round"`
+	Step      *int64    `json:"step"`   // null: nothing was restored
+	Source    *string   `json:"source"` // memory, file; null: nothing
+	LoadMS    float64   `json:"load_ms"`
+	At        time.Time `json:"at"`
+}
 
 // Every is when the background writer writes: after Saves new saves, or
 // when Interval has passed since the last write and there is a new save.
@@ -219,6 +238,7 @@ func (s *Store) loop(ctx context.Context) {
 func (s *Store) flush(ctx context.Context, reason string, force bool) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.readRestores()
 	var errs []error
 	for lr := range s.ranks {
 		if err := ctx.Err(); err != nil && reason != "end" {
@@ -285,6 +305,31 @@ func (s *Store) flushRank(lr int, reason string, force bool) error {
 		"bytes": m.Bytes, "file": filepath.Join(s.opts.Dir, m.File), "reason": reason,
 		"write_ms": float64(time.Since(start).Microseconds()) / 1000})
 	return nil
+}
+
+// readRestores turns the ranks' restore notes into state_restore events
+// (one directory read per poll; the ranks write a note per load()). A note
+// that does not parse is logged and removed: it only leaves the report
+// without one restore's source.
+func (s *Store) readRestores() {
+	paths, _ := filepath.Glob(filepath.Join(s.shmDir, RestoreNotePattern))
+	for _, p := range paths {
+		b, err := os.ReadFile(p)
+		_ = os.Remove(p)
+		var n restoreNote
+		if err == nil {
+			err = json.Unmarshal(b, &n)
+		}
+		if err != nil {
+			s.opts.Logger.Warn("state: unreadable restore note", "path", p, "err", err)
+			continue
+		}
+		f := map[string]any{"local_rank": n.LocalRank, "rank": n.Rank, "round": n.Round, "load_ms": n.LoadMS, "at": n.At}
+		if n.Step != nil && n.Source != nil {
+			f["step"], f["source"] = *n.Step, *n.Source
+		}
+		s.opts.Emit(EventRestore, f)
+	}
 }
 
 // warn records a write-out failure: an event, a log line and a verdict

@@ -548,10 +548,40 @@ def load(path=None, verify=True, info=None):
     m = _read_manifest(d, _rank()) if os.path.isdir(d) else None
     if m is not None and (got[0] is None or m["step"] > got[0]):
         got, source = load_file(d, verify=verify), "file"
+    secs = time.perf_counter() - start
     if info is not None:
         info["source"] = source if got[0] is not None else None
-        info["seconds"] = time.perf_counter() - start
+        info["seconds"] = secs
+    _note_restore(got[0], source if got[0] is not None else None, secs)
     return got
+
+
+_notes = [0]  # restore notes written by this process (their names' counter)
+
+
+def _note_restore(step, source, secs):
+    """Under ft-launcher, leave the launcher a note of where this load came
+    from ($FT_STATE_SHM_DIR/restore-LOCALRANK-PID-N.json; its store turns it
+    into a state_restore event that ft-resumer report shows). A note that
+    cannot be written is only logged: a load never fails for it."""
+    d = os.environ.get(SHM_DIR_ENV)
+    if not d:
+        return
+    import datetime
+
+    lr = int(os.environ.get("LOCAL_RANK", "0") or "0")
+    _notes[0] += 1
+    name = "restore-%d-%d-%d.json" % (lr, os.getpid(), _notes[0])
+    body = {"local_rank": lr, "rank": _rank(), "step": step, "source": source, "load_ms": secs * 1e3,
+            "round": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or "0"),
+            "at": datetime.datetime.now(datetime.timezone.utc).isoformat()}
+    tmp = os.path.join(d, "." + name + ".tmp")
+    try:
+        with open(tmp, "w") as f:
+            json.dump(body, f)
+        os.replace(tmp, os.path.join(d, name))
+    except OSError as e:
+        log.debug("ft-launcher state: restore note %s: %r", name, e)
 
 
 class Bound:

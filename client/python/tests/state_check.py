@@ -4,6 +4,7 @@ Run by client/python/state_test.go with Debian's python3 (torch); not named
 test_*.py so that the torch-free unittest discovery does not collect it.
 """
 
+import json
 import os
 import shutil
 import signal
@@ -98,7 +99,7 @@ class StateTest(unittest.TestCase):
                 info = state.save(step, make_state(step))
                 self.assertEqual(info["where"], "memory")
                 self.assertGreater(info["bytes"], 64 * 33 * 4 * 2)
-            self.assertEqual(os.listdir(e.shm), ["rank-0"])
+            self.assertEqual([n for n in os.listdir(e.shm) if not n.startswith("restore-")], ["rank-0"])
             self.assertFalse(os.path.exists(e.dir), "a save into memory wrote files")
             step, got = state.load()
             self.assertEqual(step, 3)
@@ -109,6 +110,30 @@ class StateTest(unittest.TestCase):
             # change the save.
             got["model"]["w"].zero_()
             self.assertTrue(same(state.load()[1], make_state(3)))
+
+    def test_load_leaves_restore_notes(self):
+        # Each load() under a launcher leaves a note of its source for the
+        # launcher's store (state_restore events, ft-resumer report).
+        with Env() as e:
+            with mock.patch.dict(os.environ, {"TORCHELASTIC_RESTART_COUNT": "2"}):
+                state.load()
+                state.save(5, make_state(5))
+                state.load()
+            notes = sorted((n for n in os.listdir(e.shm) if n.startswith("restore-")),
+                           key=lambda n: int(n.rsplit("-", 1)[1].split(".")[0]))
+            self.assertEqual(len(notes), 2, os.listdir(e.shm))
+            got = []
+            for n in notes:
+                with open(os.path.join(e.shm, n)) as f:
+                    got.append(json.load(f))
+            self.assertEqual([(g["step"], g["source"]) for g in got], [(None, None), (5, "memory")])
+            for g in got:
+                self.assertEqual((g["local_rank"], g["rank"], g["round"]), (0, 3, 2))
+                self.assertGreaterEqual(g["load_ms"], 0)
+                self.assertTrue(g["at"].endswith("+00:00"), g["at"])
+        with Env(launcher=False):
+            state.save(1, make_state(1))
+            state.load()  # no launcher: nowhere to leave a note, and no error
 
     def test_growing_state(self):
         with Env():
@@ -217,7 +242,7 @@ class StateTest(unittest.TestCase):
             # The next process of the rank saves over the debris.
             state.save(step + 1, {"w": torch.zeros(5), "step": step + 1})
             self.assertEqual(state.load()[0], step + 1)
-            self.assertEqual([n for n in os.listdir(e.shm) if not n.endswith(".grow")], ["rank-0"])
+            self.assertEqual([n for n in os.listdir(e.shm) if not n.endswith(".grow") and not n.startswith("restore-")], ["rank-0"])
 
 
 if __name__ == "__main__":
