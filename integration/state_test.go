@@ -294,6 +294,9 @@ func TestTorchStateNodeLossRestoredFromBuddy(t *testing.T) {
 		nodeOf[r], _ = strconv.Atoi(f[0])
 		pidOf[r], _ = strconv.Atoi(f[1])
 	}
+	if _, err := os.Stat(filepath.Join(out, "held-2")); err == nil {
+		t.Fatal("a third rank ran in round 0: no node was a spare")
+	}
 	victimRank := 1
 	if nodeOf[1] == 0 {
 		victimRank = 0
