@@ -317,10 +317,12 @@ func TestTorchStateNodeLossRestoredFromBuddy(t *testing.T) {
 		return false
 	})
 	victimPid := c.nodes[victim].cmd.Process.Pid
-	t.Cleanup(func() { // a SIGKILLed launcher leaves its segments
+	t.Cleanup(func() { // a SIGKILLed launcher leaves its segments' directory
 		left, _ := filepath.Glob("/dev/shm/ft-launcher-state-" + strconv.Itoa(victimPid) + "-*")
 		for _, p := range left {
-			_ = os.Remove(p)
+			if err := os.RemoveAll(p); err != nil {
+				t.Errorf("remove the lost launcher's segments: %v", err)
+			}
 		}
 	})
 	if err := c.nodes[victim].cmd.Process.Signal(syscall.SIGKILL); err != nil {
