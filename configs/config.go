@@ -119,6 +119,9 @@ type Config struct {
 	// Launcher-held training state (docs/state.md): "" disables it.
 	StateDir     string
 	StatePersist state.Every // when the background writer writes (--state-persist-every)
+	// StateReplicas is K of --state-replicas: the buddy launchers each
+	// node streams its saves to (0: none; always 0 without StateDir).
+	StateReplicas int
 
 	// Spares.
 	SpareFiller               string        // command run on this node while it is a spare ("" none)

@@ -80,6 +80,7 @@ func (c *Config) Effective() string {
 	add("termination_log", c.TerminationLog)
 	add("state_dir", c.StateDir)
 	add("state_persist_every", c.StatePersist.String())
+	add("state_replicas", fmt.Sprint(c.StateReplicas))
 	add("spare_filler", c.SpareFiller)
 	add("spare_filler_reclaim_timeout", c.SpareFillerReclaimTimeout.Seconds())
 	add("prewarm", strings.Join(c.Prewarm, ","))

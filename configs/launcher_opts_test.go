@@ -348,3 +348,38 @@ func TestPrewarmOption(t *testing.T) {
 		}
 	}
 }
+
+// TestStateReplicasOption: --state-replicas defaults to 1 only with
+// --state-dir on a job that may have several nodes (and the agent store
+// that sets each round's buddies), and a given value is checked against
+// the job.
+func TestStateReplicasOption(t *testing.T) {
+	multi := []string{"--nnodes", "2:3", "--rdzv-backend", "etcd-v2", "--rdzv-endpoint", "127.0.0.1:2379", "--rdzv-id", "j"}
+	for _, tt := range []struct {
+		name    string
+		args    []string
+		env     map[string]string
+		want    int
+		wantErr string
+	}{
+		{"single node: no buddy", []string{"--state-dir", "/ckpt"}, nil, 0, ""},
+		{"several nodes without --state-dir: off", multi, nil, 0, ""},
+		{"several nodes with --state-dir: 1", append([]string{"--state-dir", "/ckpt"}, multi...), nil, 1, ""},
+		{"agent store off: default off", append([]string{"--state-dir", "/ckpt", "--agent-store", "off"}, multi...), nil, 0, ""},
+		{"explicit 2", append([]string{"--state-dir", "/ckpt", "--state-replicas", "2"}, multi...), nil, 2, ""},
+		{"explicit 0", append([]string{"--state-dir", "/ckpt", "--state-replicas", "0"}, multi...), nil, 0, ""},
+		{"by environment", append([]string{"--state-dir", "/ckpt"}, multi...), map[string]string{"PET_STATE_REPLICAS": "2"}, 2, ""},
+		{"more than the other nodes", append([]string{"--state-dir", "/ckpt", "--state-replicas", "3"}, multi...), nil, 0, "at most 2 other nodes"},
+		{"above the ring's bound", append([]string{"--state-dir", "/ckpt", "--state-replicas", "5"}, multi...), nil, 0, "--state-replicas"},
+		{"without --state-dir", append([]string{"--state-replicas", "1"}, multi...), nil, 0, "needs --state-dir"},
+		{"without the agent store", append([]string{"--state-dir", "/ckpt", "--state-replicas", "1", "--agent-store", "off"}, multi...), nil, 0, "needs the launcher's store"},
+		{"not a number", []string{"--state-replicas", "x"}, nil, 0, "--state-replicas"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			c := parseOrUsageError(t, tt.args, tt.env, tt.wantErr)
+			if c != nil && c.StateReplicas != tt.want {
+				t.Errorf("StateReplicas = %d, want %d", c.StateReplicas, tt.want)
+			}
+		})
+	}
+}

@@ -278,6 +278,12 @@ func options() []*option {
 				p.cfg.StatePersist, err = state.ParseEvery(v)
 				return err
 			}},
+		{names: []string{"state-replicas"}, env: true, group: grpOurs, arg: "K", def: "1 with several nodes",
+			help: "With --state-dir: stream each rank's saves to the next K nodes' launchers, so the ranks taking a lost node's place restore its state from a buddy's memory (0 to min(nodes-1, 4); default 1 when --nnodes allows more than one node, else 0). See docs/state.md.",
+			set: func(p *parser, v string) (err error) {
+				p.cfg.StateReplicas, err = parseIntRange(v, 0, MaxStateReplicas)
+				return err
+			}},
 		{names: []string{"health-check-cmd"}, env: true, group: grpOurs, arg: "CMD", def: "off",
 			help: "Command run before each rendezvous join; a non-zero exit marks this node unhealthy.",
 			set:  func(p *parser, v string) error { p.cfg.HealthCheckCmd = v; return nil }},

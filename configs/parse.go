@@ -344,7 +344,46 @@ func (p *parser) finish(positional []string, m machine) error {
 		return err
 	}
 	p.resolveMasterAddr()
+	if err := p.resolveStateReplicas(); err != nil {
+		return err
+	}
 	c.Sources = p.sources()
+	return nil
+}
+
+// MaxStateReplicas is the largest --state-replicas: the rendezvous gives
+// each node the replica receivers of its next 4 nodes only, which keeps its
+// rank entry small at thousands of nodes (docs/state.md).
+const MaxStateReplicas = 4
+
+// resolveStateReplicas defaults --state-replicas (1 with --state-dir on a
+// job that may have several nodes, else 0) and checks a given value
+// against the job: replication needs the state store, the launcher's
+// agent store (its per-round hook sets the buddies) and a peer.
+func (p *parser) resolveStateReplicas() error {
+	c := p.cfg
+	subj := p.sourceOr("state-replicas", "")
+	if subj == "" {
+		c.StateReplicas = 0
+		if c.StateDir != "" && c.NNodes.Max > 1 && c.AgentStore {
+			c.StateReplicas = 1
+		}
+		return nil
+	}
+	if c.StateReplicas == 0 {
+		return nil
+	}
+	switch {
+	case c.StateDir == "":
+		return usageErr(subj, "%s %d needs --state-dir: only the launcher-held state is replicated; give --state-dir DIR or drop %s",
+			subj, c.StateReplicas, subj)
+	case !c.AgentStore:
+		return usageErr(subj, "%s %d needs the launcher's store (--agent-store on, the default): it sets each round's buddies before the ranks start",
+			subj, c.StateReplicas)
+	case c.StateReplicas > c.NNodes.Max-1:
+		return usageErr(subj, "%s %d: a node has at most %d other nodes (--nnodes %d:%d); allowed 0 to %d",
+			subj, c.StateReplicas, c.NNodes.Max-1, c.NNodes.Min, c.NNodes.Max, min(c.NNodes.Max-1, MaxStateReplicas))
+	}
 	return nil
 }
 

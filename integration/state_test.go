@@ -2,6 +2,7 @@ package integration
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -256,5 +257,122 @@ func TestTorchStateFullDiskWarnsAndTrainingGoesOn(t *testing.T) {
 	v := readVerdict(t, vpath)
 	if len(v.StateWarnings) == 0 || !strings.Contains(strings.Join(v.StateWarnings, "\n"), "no space left") {
 		t.Errorf("verdict state_warnings %q, want the failed write-outs", v.StateWarnings)
+	}
+}
+
+// TestTorchStateNodeLossRestoredFromBuddy: three launcher "nodes" on
+// loopback (--nnodes 2:3, one rank each, so one is a spare), each with a
+// state directory of its own (no shared storage) and --state-replicas 1
+// (each node streams its rank's saves to the next active node). Both ranks
+// save after every step and wait after step 20; once the lost node's save
+// of step 20 reached its buddy, that node's launcher and rank are
+// SIGKILLed. The spare takes its group rank and global rank, its launcher
+// restores that rank's state from the buddy (state_restored_from_buddy,
+// naming the lost node) before the rank starts, and the rank loads it from
+// memory: both ranks end with the weights of an uninterrupted run,
+// bit-identical.
+func TestTorchStateNodeLossRestoredFromBuddy(t *testing.T) {
+	skipShort(t)
+	requireTorch(t)
+	script, err := filepath.Abs("testdata/state_train.py")
+	if err != nil {
+		t.Fatal(err)
+	}
+	refOut := stateReference(t, script)
+
+	const hold = 20
+	c := newCluster(t, embeddedEndpoint(t))
+	c.extra = []string{"--rdzv-backend", "c10d"}
+	out := filepath.Join(c.dir, "out")
+	if err := os.Mkdir(out, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 3; i++ {
+		c.addNodeV([]string{"PYTHON_EXEC=" + debianPython}, "--nnodes", "2:3", "--nproc-per-node", "1", "--max-restarts", "1",
+			"--state-dir", filepath.Join(c.dir, "state"+strconv.Itoa(i)), "--state-persist-every", "0", "--state-replicas", "1",
+			script, "--out", out, "--hold-at-step", strconv.Itoa(hold))
+	}
+	// Which node holds which rank (node 0 hosts the embedded etcd: never
+	// the victim).
+	nodeOf, pidOf := map[int]int{}, map[int]int{}
+	for r := 0; r < 2; r++ {
+		p := filepath.Join(out, "held-"+strconv.Itoa(r))
+		waitFile(t, p, torchTimeout)
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f := strings.Fields(string(b))
+		if len(f) != 2 {
+			t.Fatalf("%s: %q", p, b)
+		}
+		nodeOf[r], _ = strconv.Atoi(f[0])
+		pidOf[r], _ = strconv.Atoi(f[1])
+	}
+	if _, err := os.Stat(filepath.Join(out, "held-2")); err == nil {
+		t.Fatal("a third rank ran in round 0: no node was a spare")
+	}
+	victimRank := 1
+	if nodeOf[1] == 0 {
+		victimRank = 0
+	}
+	victim, survivor := nodeOf[victimRank], nodeOf[1-victimRank]
+	spare := 3 - victim - survivor
+	if victim == survivor || victim == 0 {
+		t.Fatalf("ranks on nodes %v", nodeOf)
+	}
+	// Wait until the buddy (the survivor: the next node of a 2-node ring)
+	// verified the victim's copy of step hold.
+	waitFor(t, generous, func() bool {
+		for _, e := range c.nodes[survivor].eventsOfQuiet(state.EventReplicaReceived) {
+			if e["rank"] == float64(victimRank) && e["step"] == float64(hold) {
+				return true
+			}
+		}
+		return false
+	})
+	victimPid := c.nodes[victim].cmd.Process.Pid
+	t.Cleanup(func() { // a SIGKILLed launcher leaves its segments' directory
+		left, _ := filepath.Glob("/dev/shm/ft-launcher-state-" + strconv.Itoa(victimPid) + "-*")
+		for _, p := range left {
+			if err := os.RemoveAll(p); err != nil {
+				t.Errorf("remove the lost launcher's segments: %v", err)
+			}
+		}
+	})
+	if err := c.nodes[victim].cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_ = syscall.Kill(pidOf[victimRank], syscall.SIGKILL)
+	c.nodes[victim].wait(generous)
+
+	for _, i := range []int{survivor, spare, 0} {
+		if i == victim {
+			continue
+		}
+		if code := c.nodes[i].wait(torchTimeout); code != 0 {
+			t.Fatalf("node %d exited %d", i, code)
+		}
+	}
+	for r := 0; r < 2; r++ {
+		ref, got := readStateResult(t, refOut, r), readStateResult(t, out, r)
+		if got.SHA256 != ref.SHA256 {
+			t.Errorf("rank %d: final weights %s differ from the uninterrupted run's %s", r, got.SHA256, ref.SHA256)
+		}
+		if got.Source == nil || *got.Source != "memory" {
+			t.Errorf("rank %d restored from %v, want the launcher's memory", r, got.Source)
+		}
+		if got.ResumedFrom == nil || *got.ResumedFrom != hold {
+			t.Errorf("rank %d resumed from %v, want %d", r, got.ResumedFrom, hold)
+		}
+	}
+	restored := c.nodes[spare].eventsOf(state.EventRestoredFromBuddy)
+	victimAddr := "127.0.0." + strconv.Itoa(2+victim) + "/"
+	if len(restored) != 1 || restored[0]["rank"] != float64(victimRank) || restored[0]["step"] != float64(hold) ||
+		!strings.HasPrefix(fmt.Sprint(restored[0]["node"]), victimAddr) {
+		t.Errorf("the spare's restores %v, want one of rank %d, step %d, from node %s*", restored, victimRank, hold, victimAddr)
+	}
+	if n := len(c.nodes[survivor].eventsOf(state.EventRestoredFromBuddy)); n != 0 {
+		t.Errorf("the survivor restored %d ranks from buddies; its own memory holds its rank", n)
 	}
 }

@@ -85,9 +85,13 @@ type EtcdOptions struct {
 	EtcdLossBound   time.Duration // etcd unreachable longer than this mid-run closes the job (default 60s)
 	ConnectTimeout  time.Duration // etcd unreachable at start: error after this (default 20s)
 	GossipPort      int           // memberlist port on LocalAddr (0 picks one)
-	DisableGossip   bool          // lease expiry is then the only node-loss detector
-	Gossip          GossipTimings // failure detector timings (zero fields: defaults)
-	HealthCheck     func(ctx context.Context) error
+	// ReplicaAddr is this node's state replica receiver ("host:port"),
+	// published in its registration for its peers' Assignment.ReplicaRing;
+	// "" when it runs none (docs/state.md).
+	ReplicaAddr   string
+	DisableGossip bool          // lease expiry is then the only node-loss detector
+	Gossip        GossipTimings // failure detector timings (zero fields: defaults)
+	HealthCheck   func(ctx context.Context) error
 	// MasterPort is the port this node advertises for round (its
 	// MASTER_PORT should it be group rank 0); nil picks a free one. The
 	// agent store binds its server on LocalAddr here, before the node

@@ -45,6 +45,12 @@ type Assignment struct {
 	// 0 by the etcd rendezvous; nil when unknown (a single-node backend, or
 	// the read failed).
 	NodeAddrs []string
+	// ReplicaRing are the state replica receivers ("host:port") of the
+	// next active nodes after this one in group rank order (wrapping, at
+	// most 4, only nodes that run one: --state-dir): the buddies are its
+	// first --state-replicas, and a restore asks them all (docs/state.md).
+	// Nil for a standby, a single-node backend, or without --state-dir.
+	ReplicaRing []string
 }
 
 // EndKind says why a round ended.

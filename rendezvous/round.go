@@ -227,7 +227,8 @@ func (e *Etcd) register(ctx context.Context, target int) (roundRead, error) {
 	}
 	gossipAddr, streamAddr := e.loss.addrs()
 	mi := memberInfo{NodeID: e.o.NodeID, Addr: e.o.LocalAddr, InfraRank: e.o.InfraRank,
-		NProc: e.o.NProcPerNode, MasterPort: port, GossipAddr: gossipAddr, StreamAddr: streamAddr}
+		NProc: e.o.NProcPerNode, MasterPort: port, GossipAddr: gossipAddr, StreamAddr: streamAddr,
+		ReplicaAddr: e.o.ReplicaAddr}
 	b, _ := json.Marshal(mi)
 	// One read covers the assignment and the closer key (adjacent keys).
 	read := clientv3.OpGet(e.k.assignment(target), clientv3.WithRange(e.k.closer(target)+"\x00"))
@@ -484,7 +485,7 @@ func (e *Etcd) adopt(target int, sum roundSummary, ri rankInfo) Assignment {
 	prevEnd, _ := e.view.lastEnd(target - 1) // zero for round 0 or an end record not seen
 	a := Assignment{OpenedAt: prevEnd.At, Detection: time.Duration(prevEnd.DetectMS * float64(time.Millisecond)), RunID: e.o.RunID, Round: target, GroupRank: ri.GroupRank, GroupWorldSize: sum.GroupWorldSize,
 		RankBase: ri.RankBase, WorldSize: sum.WorldSize, MasterAddr: sum.MasterAddr, MasterPort: sum.MasterPort,
-		MaxRestarts: maxRestarts, RestartsUsed: sum.RestartsUsed, Standby: ri.Standby}
+		MaxRestarts: maxRestarts, RestartsUsed: sum.RestartsUsed, Standby: ri.Standby, ReplicaRing: ri.Replicas}
 	e.lastRound = target
 	e.assigned[target] = sum
 	e.view.assigned(target)

@@ -89,6 +89,9 @@ type memberInfo struct {
 	MasterPort int    `json:"master_port"`
 	GossipAddr string `json:"gossip_addr,omitempty"`
 	StreamAddr string `json:"stream_addr,omitempty"` // watch listener (stream.go)
+	// ReplicaAddr is the node's state replica receiver (--state-dir with
+	// --state-replicas; docs/state.md); empty, and omitted, otherwise.
+	ReplicaAddr string `json:"replica_addr,omitempty"`
 }
 
 type rankInfo struct {
@@ -100,6 +103,9 @@ type rankInfo struct {
 	// holds a connection to (the next ones in group rank order): the
 	// connection's close is the fast loss signal (stream.go).
 	Watch []streamPeer `json:"watch,omitempty"`
+	// Replicas are the state replica receivers of the next active nodes
+	// in group rank order (ringReplicas); omitted when no node has one.
+	Replicas []string `json:"replicas,omitempty"`
 }
 
 // streamPeer is a node to watch and its stream listener.
@@ -156,7 +162,8 @@ func rankDelta(sum *roundSummary, prev, ranks map[string]rankInfo) {
 // sameRank compares what a node takes from its rank entry (not Order, which
 // only the closer uses).
 func sameRank(a, b rankInfo) bool {
-	return a.GroupRank == b.GroupRank && a.RankBase == b.RankBase && a.Standby == b.Standby && slices.Equal(a.Watch, b.Watch)
+	return a.GroupRank == b.GroupRank && a.RankBase == b.RankBase && a.Standby == b.Standby && slices.Equal(a.Watch, b.Watch) &&
+		slices.Equal(a.Replicas, b.Replicas)
 }
 
 // closeInfo is the job's close record. Kind is the typed outcome; a record
@@ -308,7 +315,7 @@ func assign(ms []memberInfo, minNodes int, pinned map[string]int) (map[string]ra
 	base := 0
 	for i, m := range append(slots, rest...) {
 		if i < minNodes {
-			out[m.NodeID] = rankInfo{GroupRank: i, RankBase: base, Order: i, Watch: ringWatch(slots, i)}
+			out[m.NodeID] = rankInfo{GroupRank: i, RankBase: base, Order: i, Watch: ringWatch(slots, i), Replicas: ringReplicas(slots, i)}
 			base += m.NProc
 			if i == 0 {
 				sum.MasterAddr, sum.MasterPort, sum.MasterNode = m.Addr, m.MasterPort, m.NodeID
@@ -324,6 +331,24 @@ func assign(ms []memberInfo, minNodes int, pinned map[string]int) (map[string]ra
 	sum.GroupWorldSize = minNodes
 	sum.WorldSize = base
 	return out, sum, nil
+}
+
+// replicaRingPeers bounds Assignment.ReplicaRing: a node's buddies are its
+// next --state-replicas active nodes, so this is the largest K served.
+// Carrying the ring's neighbours rather than every node's address keeps a
+// rank entry a few hundred bytes at 4,000 nodes.
+const replicaRingPeers = 4
+
+// ringReplicas is the replica receivers of the next replicaRingPeers
+// actives after active node i (wrapping, never itself) that have one.
+func ringReplicas(actives []*memberInfo, i int) []string {
+	var out []string
+	for d := 1; d < len(actives) && len(out) < replicaRingPeers; d++ {
+		if a := actives[(i+d)%len(actives)].ReplicaAddr; a != "" {
+			out = append(out, a)
+		}
+	}
+	return out
 }
 
 // ringWatch is what active node i of actives watches: the next

@@ -1,8 +1,10 @@
 package rendezvous
 
 import (
+	"encoding/json"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -36,6 +38,9 @@ func TestRankDelta(t *testing.T) {
 		{"the stream peers to watch changed",
 			map[string]rankInfo{"a": {GroupRank: 0, Watch: []streamPeer{{ID: "b", Addr: "h:1"}}}},
 			map[string]rankInfo{"a": {GroupRank: 0, Watch: []streamPeer{{ID: "b", Addr: "h:2"}}}}, true, []string{"a"}},
+		{"the replica ring changed (a neighbour's receiver moved)",
+			map[string]rankInfo{"a": {GroupRank: 0, Replicas: []string{"h:1"}}},
+			map[string]rankInfo{"a": {GroupRank: 0, Replicas: []string{"h:2"}}}, true, []string{"a"}},
 		{"more changes than the summary carries: every node reads", many, moved, false, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -45,5 +50,59 @@ func TestRankDelta(t *testing.T) {
 				t.Fatalf("delta %v changed %v, want %v %v", sum.Delta, sum.Changed, tc.delta, tc.changed)
 			}
 		})
+	}
+}
+
+// TestAssignReplicaRing: each active node's entry carries the replica
+// receivers of the next active nodes (wrapping, never itself, at most
+// replicaRingPeers, skipping nodes without one); standbys and jobs without
+// --state-dir carry none (the field is then omitted from the JSON).
+func TestAssignReplicaRing(t *testing.T) {
+	mk := func(addrs ...string) []memberInfo {
+		ms := make([]memberInfo, len(addrs))
+		for i, a := range addrs {
+			ms[i] = memberInfo{NodeID: fmt.Sprintf("n%d", i), NProc: 2, ReplicaAddr: a}
+		}
+		return ms
+	}
+	for _, tc := range []struct {
+		name string
+		ms   []memberInfo
+		min  int
+		want map[string][]string
+	}{
+		{"three nodes wrap around", mk("a:1", "b:1", "c:1"), 3,
+			map[string][]string{"n0": {"b:1", "c:1"}, "n1": {"c:1", "a:1"}, "n2": {"a:1", "b:1"}}},
+		{"a standby is no buddy and has none", mk("a:1", "b:1", "s:1"), 2,
+			map[string][]string{"n0": {"b:1"}, "n1": {"a:1"}, "n2": nil}},
+		{"nodes without a receiver are skipped", mk("a:1", "", "c:1"), 3,
+			map[string][]string{"n0": {"c:1"}, "n1": {"c:1", "a:1"}, "n2": {"a:1"}}},
+		{"no --state-dir anywhere: none", mk("", "", ""), 3,
+			map[string][]string{"n0": nil, "n1": nil, "n2": nil}},
+		{"at most replicaRingPeers", mk("a:1", "b:1", "c:1", "d:1", "e:1", "f:1"), 6,
+			map[string][]string{"n0": {"b:1", "c:1", "d:1", "e:1"}, "n5": {"a:1", "b:1", "c:1", "d:1"}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ranks, _, err := assign(tc.ms, tc.min, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for id, want := range tc.want {
+				if got := ranks[id].Replicas; !slices.Equal(got, want) {
+					t.Errorf("%s: replicas %v, want %v", id, got, want)
+				}
+			}
+		})
+	}
+	b, err := json.Marshal(rankInfo{GroupRank: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := json.Marshal(memberInfo{NodeID: "n"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(b), "replicas") || strings.Contains(string(m), "replica_addr") {
+		t.Errorf("empty replica fields are written: %s %s", b, m)
 	}
 }

@@ -26,7 +26,7 @@ import (
 // which this launcher starts first when cfg.Rdzv.HostsEtcd says it hosts it.
 // keep is where the keeper of a hosted member reports (etcdmember.go).
 // wd, when set, is the fence watchdog that each lease renewal extends.
-func newEtcdRendezvous(ctx context.Context, cfg *configs.Config, log *slog.Logger, reaper *spawn.Reaper, met *metrics.Metrics, store *agentstore.Host, keep keeperDeps, wd *fence.Watchdog) (rendezvous.Rendezvous, func(), error) {
+func newEtcdRendezvous(ctx context.Context, cfg *configs.Config, log *slog.Logger, reaper *spawn.Reaper, met *metrics.Metrics, store *agentstore.Host, keep keeperDeps, wd *fence.Watchdog, replicaAddr string) (rendezvous.Rendezvous, func(), error) {
 	rz := cfg.Rdzv
 	if rz.Mode == configs.RdzvSingleNode || len(rz.Endpoints) == 0 {
 		return nil, nil, fmt.Errorf("internal error: etcd rendezvous asked for with rendezvous mode %q and endpoints %v", rz.Mode, rz.Endpoints)
@@ -72,6 +72,7 @@ func newEtcdRendezvous(ctx context.Context, cfg *configs.Config, log *slog.Logge
 		Endpoints: rz.ClientURLs(), CACert: cfg.RdzvCACert, Cert: cfg.RdzvCert, Key: cfg.RdzvKey,
 		Username: cfg.RdzvUser, Password: cfg.RdzvPassword,
 		RunID: cfg.RdzvID, NodeID: fmt.Sprintf("%s/%d", localAddr, os.Getpid()), LocalAddr: localAddr,
+		ReplicaAddr:  replicaAddr,
 		NProcPerNode: cfg.NProcPerNode, MinNodes: cfg.NNodes.Min, MaxNodes: cfg.NNodes.Max,
 		MaxRestarts: cfg.MaxRestarts, InfraRank: cfg.InfraRank,
 		HealthCheck: healthCheck(cfg, reaper, log), Metrics: met, Logger: log.With("component", "rendezvous"),

@@ -104,6 +104,13 @@ func launch(ctx context.Context, cfg *configs.Config, log *slog.Logger, sigs <-c
 		return rec.setupFailed("start the rank monitors", err)
 	}
 	defer mon.Close()
+	repl, err := listenReplicas(ctx, cfg, st, ev, log)
+	if err != nil {
+		return rec.setupFailed("start the state replica receiver", err)
+	}
+	if repl != nil {
+		defer repl.Close() // after the agent: its ranks are stopped by then
+	}
 
 	// The local parts above take milliseconds; the rendezvous may wait on
 	// etcd (or start it), so a signal is checked before and cancels it.
@@ -122,7 +129,7 @@ func launch(ctx context.Context, cfg *configs.Config, log *slog.Logger, sigs <-c
 		defer wd.Close() // after the agent and the rendezvous: the ranks are stopped by then
 	}
 	rec.etcdMember = &memberFailures{}
-	rdzv, cleanup, err := newRendezvous(setupCtx, cfg, log, reaper, met, store, keeperDeps{events: ev, failures: rec.etcdMember}, wd)
+	rdzv, cleanup, err := newRendezvous(setupCtx, cfg, log, reaper, met, store, keeperDeps{events: ev, failures: rec.etcdMember}, wd, repl.Addr())
 	if err != nil {
 		if sig := guard.end(); sig != nil {
 			return rec.signaled(sig)
@@ -158,6 +165,12 @@ func launch(ctx context.Context, cfg *configs.Config, log *slog.Logger, sigs <-c
 		Ledger: book, WalltimeSignals: osSignals(cfg.WalltimeSignals)}
 	if store != nil {
 		deps.Store = store
+		if repl != nil {
+			if err := repl.start(ctx, rec.node); err != nil {
+				return rec.setupFailed("start the state replicas", err)
+			}
+			deps.Store = replicaStore{Store: store, ctx: ctx, repl: repl}
+		}
 	}
 	if st != nil {
 		deps.Monitors = stateMonitors{Manager: mon, st: st}
@@ -468,7 +481,7 @@ func nodeName(cfg *configs.Config, host string) string {
 // when this launcher's address is the endpoint's.
 // With the agent store, each round's MASTER_PORT is its server's, bound
 // before the round is handed out.
-func newRendezvous(ctx context.Context, cfg *configs.Config, log *slog.Logger, reaper *spawn.Reaper, met *metrics.Metrics, store *agentstore.Host, keep keeperDeps, wd *fence.Watchdog) (rendezvous.Rendezvous, func(), error) {
+func newRendezvous(ctx context.Context, cfg *configs.Config, log *slog.Logger, reaper *spawn.Reaper, met *metrics.Metrics, store *agentstore.Host, keep keeperDeps, wd *fence.Watchdog, replicaAddr string) (rendezvous.Rendezvous, func(), error) {
 	if cfg.Rdzv.Mode == configs.RdzvSingleNode { // decided and validated at parse time
 		addr := cfg.MasterAddr
 		port := cfg.MasterPort
@@ -484,7 +497,7 @@ func newRendezvous(ctx context.Context, cfg *configs.Config, log *slog.Logger, r
 		}
 		return l, func() {}, nil
 	}
-	return newEtcdRendezvous(ctx, cfg, log, reaper, met, store, keep, wd)
+	return newEtcdRendezvous(ctx, cfg, log, reaper, met, store, keep, wd, replicaAddr)
 }
 
 // healthCheck returns the pre-join node health check, or nil.

@@ -11,6 +11,10 @@ uninterrupted run's whatever step it crashed at. --crash-at-step S
 once the other ranks have saved step S+5 and wait there until the launcher
 stops them (so every rank resumes from memory, deterministically).
 
+--hold-at-step H: in round 0 every rank, right after its save of step H,
+writes $OUT/held-<RANK> (its $NODE and pid) and waits there to be stopped
+(a node loss test kills one node meanwhile; state_test.go).
+
 At the end every rank writes $OUT/rank-<RANK>.json: the SHA-256 of its
 parameters' bytes, where it resumed from, and the load's source.
 """
@@ -34,6 +38,7 @@ p = argparse.ArgumentParser()
 p.add_argument("--steps", type=int, default=40)
 p.add_argument("--crash-at-step", type=int, default=-1)
 p.add_argument("--crash-rank", type=int, default=-1)
+p.add_argument("--hold-at-step", type=int, default=-1)
 p.add_argument("--step-sleep", type=float, default=0)
 p.add_argument("--out", required=True)
 a = p.parse_args()
@@ -73,6 +78,11 @@ for s in range(start, a.steps):
         while not all(os.path.exists(os.path.join(a.out, "reached-%d" % r)) for r in others):
             time.sleep(0.01)
         os._exit(1)
+    if rnd == 0 and s == a.hold_at_step:
+        with open(os.path.join(a.out, "held-%d.tmp" % rank), "w") as f:
+            f.write("%s %d\n" % (os.environ.get("NODE", ""), os.getpid()))
+        os.rename(os.path.join(a.out, "held-%d.tmp" % rank), os.path.join(a.out, "held-%d" % rank))
+        time.sleep(3600)  # stopped here by the restart
     if rnd == 0 and s == a.crash_at_step + 5 and a.crash_rank >= 0 and rank != a.crash_rank:
         open(os.path.join(a.out, "reached-%d" % rank), "w").close()
         time.sleep(3600)  # stopped here by the restart
