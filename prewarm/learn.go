@@ -77,6 +77,10 @@ type Weighted struct {
 	Weight int    `json:"weight"`
 }
 
+// learned reports whether l holds a list learned from the ranks (else the
+// built-in one applies).
+func (l *Learned) learned() bool { return l != nil && l.Cycles > 0 }
+
 // Names lists the modules of l in order; nil l: none.
 func (l *Learned) Names() []string {
 	if l == nil {
@@ -194,7 +198,7 @@ func clone(c *Learned) *Learned {
 func (l *Learner) Modules(key string) []string {
 	c := l.Get(key)
 	mods := DefaultAutoModules
-	if c != nil && len(c.Modules) > 0 {
+	if c.learned() {
 		mods = c.Names()
 	}
 	var drop []string
@@ -214,7 +218,7 @@ func (l *Learner) Learn(key string, argv []string, dir string, reports [][]strin
 		c = &Learned{Argv: slices.Clone(argv), Dir: dir}
 	}
 	prev := c.Modules
-	if len(prev) == 0 {
+	if !c.learned() {
 		prev = defaultFor(reports)
 	}
 	sel := selectModules(reports, prev, append(slices.Clone(c.Unsafe), c.Failed...), MaxLearned)
@@ -503,7 +507,7 @@ func (l *Learner) Describe(key string) string {
 	c := l.Get(key)
 	fmt.Fprintf(&b, "# prewarm auto: command line %s, state file %s\n", key, cmp.Or(l.Path(), "(none: $XDG_STATE_HOME and $HOME unset)"))
 	switch {
-	case c == nil || len(c.Modules) == 0:
+	case !c.learned():
 		fmt.Fprintf(&b, "#   nothing learned yet; the standbys import the built-in list: %s\n", strings.Join(l.Modules(key), ","))
 	default:
 		fmt.Fprintf(&b, "#   learned from %d rank reports (last %s): %s\n", c.Cycles, c.Updated.Format(time.RFC3339), strings.Join(l.Modules(key), ","))
@@ -589,7 +593,7 @@ func (st *Starter) learn(specs []spawn.Spec) {
 		}
 		if a.current != k {
 			c := a.learner.Get(k)
-			if c == nil || len(c.Modules) == 0 {
+			if !c.learned() {
 				st.log.Info("prewarm auto: nothing learned for this command line yet: the standbys import the built-in list",
 					"command", k, "modules", strings.Join(a.learner.Modules(k), ","), "state_file", a.learner.Path())
 			} else {
@@ -714,7 +718,7 @@ func (st *Starter) AutoSummary() *AutoSummary {
 	if c != nil {
 		sum.Cycles, sum.Unsafe, sum.Failed = c.Cycles, c.Unsafe, c.Failed
 	}
-	sum.Default = c == nil || len(c.Modules) == 0
+	sum.Default = !c.learned()
 	return sum
 }
 
