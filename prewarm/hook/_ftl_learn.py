@@ -83,15 +83,17 @@ def install():
     path = os.environ.pop(_VAR, None)
     if not path:
         return
-    import time
+    import _thread
     import atexit
+    import time
     pre = frozenset(sys.modules)
-    st = {"last": 0.0, "n": 0, "busy": False}
+    pid = os.getpid()  # a forked child (a fork-started DataLoader worker) does not report
+    lock = _thread.allocate_lock()  # one report at a time; its own file writes do not recurse
+    st = {"last": 0.0, "n": 0}
 
     def report(force=False):
-        if st["busy"]:
+        if os.getpid() != pid or not lock.acquire(False):
             return
-        st["busy"] = True
         try:
             if force or len(sys.modules) != st["n"]:
                 st["n"] = len(sys.modules)
@@ -99,10 +101,10 @@ def install():
         except Exception:
             pass
         finally:
-            st["busy"] = False
+            lock.release()
 
     def hook(event, args):
-        if event != "import" or st["busy"]:
+        if event != "import" or lock.locked():
             return
         now = time.monotonic()
         if now - st["last"] < 1.0:
