@@ -442,8 +442,12 @@ type autoState struct {
 	dir     string // temporary: hook/ and reports/
 	hookDir string
 	learner *Learner
-	// current is the key of the last cycle's command line.
+	// current is the key of the last cycle's command line; seq counts
+	// the cycles (names the reports taken); pending are the reports
+	// taken and not learned yet. Under Starter.mu.
 	current string
+	seq     int
+	pending []pendingReports
 }
 
 func newAutoState(l *Learner) (*autoState, error) {
@@ -563,10 +567,48 @@ func lookupEnv(env []string, k string) (string, bool) {
 	return "", false
 }
 
-// learn reads the reports of the ranks of specs (the previous cycle's,
-// which have ended), learns from them and saves the Learner. Called at a
-// cycle's start, before its ranks start (their reports are new files).
-func (st *Starter) learn(specs []spawn.Spec) {
+// takeReports moves the reports of the ranks of specs (the previous
+// cycle's, which have ended) out of the way of the new ranks' (a rename)
+// and queues them: the refill learns from them after its delay, before it
+// starts the new standbys, so that reading, choosing and saving (an fsync)
+// stay off the restart's path and its first steps. Called at a cycle's
+// start, before its ranks start.
+func (st *Starter) takeReports(specs []spawn.Spec) {
+	a := st.auto
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	a.seq++
+	taken := map[int]string{}
+	for _, sp := range specs {
+		path := a.report(sp.LocalRank)
+		done := fmt.Sprintf("%s.cycle%d", path, a.seq)
+		if err := os.Rename(path, done); err == nil {
+			taken[sp.LocalRank] = done
+		}
+	}
+	a.pending = append(a.pending, pendingReports{specs: slices.Clone(specs), taken: taken})
+}
+
+// pendingReports are one cycle's reports, taken, not learned yet.
+type pendingReports struct {
+	specs []spawn.Spec
+	taken map[int]string // local rank -> report
+}
+
+// learnPending learns from the reports queued by takeReports.
+func (st *Starter) learnPending() {
+	st.mu.Lock()
+	pending := st.auto.pending
+	st.auto.pending = nil
+	st.mu.Unlock()
+	for _, p := range pending {
+		st.learn(p.specs, p.taken)
+	}
+}
+
+// learn learns from the reports taken (local rank -> file) of the ranks
+// of specs and saves the Learner.
+func (st *Starter) learn(specs []spawn.Spec, taken map[int]string) {
 	a := st.auto
 	byKey := map[string][][]string{}
 	var keys []string
@@ -577,21 +619,27 @@ func (st *Starter) learn(specs []spawn.Spec) {
 			first[k] = sp
 			keys = append(keys, k)
 		}
-		path := a.report(sp.LocalRank)
-		names, err := readReport(path)
-		if err != nil {
+		path, ok := taken[sp.LocalRank]
+		if !ok {
 			continue // none yet (the first cycle), or the rank never got to report
 		}
+		names, err := readReport(path)
 		os.Remove(path)
+		if err != nil {
+			continue
+		}
 		byKey[k] = append(byKey[k], names)
 	}
+	st.mu.Lock()
+	current := a.current
+	st.mu.Unlock()
 	for _, k := range keys {
 		sp := first[k]
 		if reports := byKey[k]; len(reports) > 0 {
 			st.learnFor(k, sp.Argv, sp.Dir, reports)
 			continue
 		}
-		if a.current != k {
+		if current != k {
 			c := a.learner.Get(k)
 			if !c.learned() {
 				st.log.Info("prewarm auto: nothing learned for this command line yet: the standbys import the built-in list",
@@ -629,13 +677,14 @@ func (st *Starter) learnFor(key string, argv []string, dir string, reports [][]s
 // Close.
 func (st *Starter) learnLast() {
 	a := st.auto
+	st.learnPending() // a refill that did not come to learn
 	entries, err := os.ReadDir(filepath.Join(a.dir, "reports"))
 	if err != nil {
 		return
 	}
 	var reports [][]string
 	for _, e := range entries {
-		if strings.HasSuffix(e.Name(), ".tmp") {
+		if strings.HasSuffix(e.Name(), ".tmp") || strings.Contains(e.Name(), ".cycle") {
 			continue
 		}
 		if names, err := readReport(filepath.Join(a.dir, "reports", e.Name())); err == nil {

@@ -220,7 +220,7 @@ type plan struct {
 func (st *Starter) StartGroup(specs []spawn.Spec) (*Group, error) {
 	started := time.Now()
 	if st.auto != nil {
-		st.learn(specs)
+		st.takeReports(specs)
 		hooked := make([]spawn.Spec, len(specs))
 		for i, sp := range specs {
 			hooked[i] = st.auto.withHook(sp)
@@ -552,13 +552,17 @@ func (st *Starter) refill(specs []spawn.Spec, coldPIDs []int, paused []*standby)
 		}
 		todo = append(todo, sp)
 	}
-	if len(todo) == 0 && len(paused) == 0 {
+	learn := st.auto != nil && len(st.auto.pending) > 0
+	if len(todo) == 0 && len(paused) == 0 && !learn {
 		return
 	}
 	since := time.Now()
 	st.refills.Go(func() {
 		if !st.refillWait(coldPIDs) {
-			return
+			return // Close learns what is pending
+		}
+		if learn {
+			st.learnPending() // before the new standbys: they import the new list
 		}
 		st.resume(paused, since)
 		for _, sp := range todo {

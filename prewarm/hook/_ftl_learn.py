@@ -1,8 +1,8 @@
 """ft-launcher --prewarm auto: report the modules this rank imports.
 
 The launcher names a file in FT_LAUNCHER_PREWARM_REPORT. install() adds an
-audit hook that, on an import at most once a second and at exit, writes
-there (atomically: a temporary file renamed) the names of the imported
+audit hook that, on an import at most once in 5 s (not in the first 5 s,
+the rank's start-up), and at exit, writes there (atomically: a temporary file renamed) the names of the imported
 modules a standby may import ahead: not the standard library, not the
 script's own code (under the script's directory or the working directory,
 outside site-packages), not this hook; a line "=name" is a module that was
@@ -16,6 +16,7 @@ import sys
 _VAR = "FT_LAUNCHER_PREWARM_REPORT"
 _DIR = os.path.dirname(os.path.abspath(__file__))
 _SKIP = {"__main__", "sitecustomize", "usercustomize", "_ftl_learn"}
+_PERIOD = 5.0  # seconds between reports while the rank imports
 
 
 def _strip():
@@ -31,16 +32,17 @@ def _strip():
 
 
 def _own_roots():
-    roots = []
+    roots = set()
     main = sys.modules.get("__main__")
     f = getattr(main, "__file__", None)
-    if f:
-        roots.append(os.path.realpath(os.path.dirname(f)))
+    dirs = [os.path.dirname(os.path.abspath(f))] if f else []
     try:
-        roots.append(os.path.realpath(os.getcwd()))
+        dirs.append(os.getcwd())
     except OSError:
         pass
-    return [r.rstrip("/") + "/" for r in roots]
+    for d in dirs:  # as given and resolved; module paths are compared as given (no stat per module)
+        roots.update((d.rstrip("/") + "/", os.path.realpath(d).rstrip("/") + "/"))
+    return tuple(roots)
 
 
 def _names(pre):
@@ -56,10 +58,8 @@ def _names(pre):
         if spec is None or spec.name != name:
             continue  # an alias (a C submodule registered by hand)
         f = getattr(mod, "__file__", None) or ""
-        if f:
-            rf = os.path.realpath(f)
-            if "-packages/" not in rf and any(rf.startswith(r) for r in roots):
-                continue  # the user's own code
+        if f and "-packages/" not in f and f.startswith(roots):
+            continue  # the user's own code
         out.append("=" + name if name in pre else name)
     return out
 
@@ -89,7 +89,9 @@ def install():
     pre = frozenset(sys.modules)
     pid = os.getpid()  # a forked child (a fork-started DataLoader worker) does not report
     lock = _thread.allocate_lock()  # one report at a time; its own file writes do not recurse
-    st = {"last": 0.0, "n": 0}
+    # The first report waits a period too: the rank's start-up (a restart's
+    # critical path) pays for no report.
+    st = {"last": time.monotonic(), "n": 0}
 
     def report(force=False):
         if os.getpid() != pid or not lock.acquire(False):
@@ -107,7 +109,7 @@ def install():
         if event != "import" or lock.locked():
             return
         now = time.monotonic()
-        if now - st["last"] < 1.0:
+        if now - st["last"] < _PERIOD:
             return
         st["last"] = now
         report()
