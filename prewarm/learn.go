@@ -25,12 +25,13 @@ import (
 // imported. Each rank runs with a small hook first on its PYTHONPATH
 // (hook/sitecustomize.py, which chains to the sitecustomize it shadows,
 // and hook/_ftl_learn.py) that writes the names of the modules the rank
-// imported to a file the launcher names (ReportEnv): at most once a second
-// while the rank imports, and at exit. At the next cycle's start the
-// launcher reads the files of the ranks that ended, selects (selectModules)
-// and keeps the list per command line (Learner), in memory and in a state
-// file shared by the jobs of a user; the standbys started after that
-// import the list with auto's checks (standby.py: a module that cannot be
+// imported to a file the launcher names (ReportEnv): at most every 5 s
+// while the rank imports (not during its start-up), and at exit. At the
+// next cycle's start the launcher takes the files of the ranks that ended
+// aside; its refill, after the refill delay, reads them, selects
+// (selectModules) and keeps the list per command line (Learner), in memory
+// and in a state file shared by the jobs of a user; the standbys it starts
+// then import the list with auto's checks (standby.py: a module that cannot be
 // imported is skipped, one that creates a CUDA context or starts a thread
 // or a process is dropped for good).
 
