@@ -427,11 +427,30 @@ func (a *Agent) reportFailures(failures []ranklogs.Failure, att *ranklogs.Attemp
 	}
 	summary := ranklogs.Summary(scriptName(a.cfg), a.d.Hostname, failures)
 	fmt.Fprintln(os.Stderr, summary)
+	a.hintFailures(failures, att)
 	if path := a.envValue("TORCHELASTIC_ERROR_FILE"); path != "" {
 		root := failures[ranklogs.RootCause(failures)]
 		if err := ranklogs.WriteLauncherErrorFile(path, root); err != nil {
 			a.log.Warn("could not write the launcher error file", "path", path, "err", err)
 		}
+	}
+}
+
+// hintFailures logs, once per run and cause, what to do about a failure
+// whose rank's message does not say it (ranklogs.FailureHint).
+func (a *Agent) hintFailures(failures []ranklogs.Failure, att *ranklogs.Attempt) {
+	for _, f := range failures {
+		_, stderrPath := att.LogPaths(f.LocalRank)
+		h, ok := ranklogs.FailureHint(ranklogs.FailureText(f, stderrPath), a.cfg.AgentStore)
+		if !ok || a.run.hinted[h.Kind] {
+			continue
+		}
+		if a.run.hinted == nil {
+			a.run.hinted = map[string]bool{}
+		}
+		a.run.hinted[h.Kind] = true
+		a.log.Error("hint: "+h.Text, "local_rank", f.LocalRank, "rank", f.GlobalRank, "cause", h.Kind)
+		a.ev.Emit(eventlog.RankFailureHintEvent{LocalRank: f.LocalRank, Rank: f.GlobalRank, Cause: h.Kind, Hint: h.Text})
 	}
 }
 

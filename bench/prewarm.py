@@ -2,6 +2,12 @@
 """Crash -> next training step after the restart, side by side:
 torchrun, ft-launcher (cold) and ft-launcher --prewarm.
 
+--kinds prewarm-auto runs --prewarm auto, every run with the same rank
+command line and one state file, so that a run starts from what the
+earlier ones learned (the first run of a bench from the built-in list);
+prewarm-auto-first empties the state file before each run (a job's first
+run); prewarm-best runs --prewarm-best MODULES (a hand-written list).
+
 --kinds nvrx adds NVIDIA's ft_launcher (nvidia-resiliency-ext; --nvrx CMD),
 started with the same torchrun flags as torchrun.
 
@@ -68,6 +74,9 @@ KINDS = {  # name -> extra ft-launcher flags (None: torchrun's command line, TOR
     "torchrun TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1": None,
     "ft-launcher": [],
     "ft-launcher --prewarm": ["--prewarm", "{prewarm}"],
+    "ft-launcher --prewarm BEST": ["--prewarm", "{best}"],
+    "ft-launcher --prewarm auto": ["--prewarm", "auto"],
+    "ft-launcher --prewarm auto, first job": ["--prewarm", "auto"],
     "--prewarm-importing wait": ["--prewarm", "{prewarm}", "--prewarm-importing", "wait"],
     "--prewarm-importing stop": ["--prewarm", "{prewarm}", "--prewarm-importing", "stop"],
     "ft-launcher --agent-store off": ["--agent-store", "off"],
@@ -86,6 +95,8 @@ TORCHRUN_LIKE = {"torchrun": "torchrun", "nvrx ft_launcher": "nvrx",
                  "torchrun TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1": "torchrun"}
 SHORT = {"torchrun": "torchrun", "nvrx": "nvrx ft_launcher",
          "torchrun-unshared": "torchrun TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1", "cold": "ft-launcher", "prewarm": "ft-launcher --prewarm",
+         "prewarm-best": "ft-launcher --prewarm BEST", "prewarm-auto": "ft-launcher --prewarm auto",
+         "prewarm-auto-first": "ft-launcher --prewarm auto, first job",
          "prewarm-wait": "--prewarm-importing wait", "prewarm-stop": "--prewarm-importing stop",
          "cold-rank0-store": "ft-launcher --agent-store off",
          "prewarm-rank0-store": "ft-launcher --prewarm --agent-store off",
@@ -112,8 +123,16 @@ def phases(a):
     return PHASES, COLUMNS
 
 
+def rank_tag(kind, mode, nproc, tag):
+    """--prewarm auto keeps what it learned per rank command line: its runs
+    get the same checkpoint and output paths (emptied before each run), so
+    that a run finds what the earlier ones learned."""
+    return f"auto-{mode}-{nproc}" if "--prewarm auto" in kind else tag
+
+
 def command(kind, a, mode, nproc, workdir, tag, node=0, port=0):
-    train = shlex.split(a.train_args) + ["--ckpt-dir", os.path.join(workdir, tag + ".ckpt"), "--out", os.path.join(workdir, tag + ".json")]
+    rt = rank_tag(kind, mode, nproc, tag)
+    train = shlex.split(a.train_args) + ["--ckpt-dir", os.path.join(workdir, rt + ".ckpt"), "--out", os.path.join(workdir, rt + ".json")]
     if mode == "late":
         train += ["--steps", "30", "--crash-at-step", "25", "--crash-rank", str(crash_rank(a, nproc)),
                   "--step-sleep", str(a.step_sleep)]
@@ -133,7 +152,7 @@ def command(kind, a, mode, nproc, workdir, tag, node=0, port=0):
     line = [a.ft_launcher] + where + ["--nproc-per-node", str(nproc), "--max-restarts", "1",
                                       "--monitor-interval", "0.1", "--log-dir", logs,
                                       "--event-log", os.path.join(workdir, tag + f".events{node}")]
-    line += [x.format(prewarm=a.prewarm) for x in KINDS[kind]]
+    line += [x.format(prewarm=a.prewarm, best=a.prewarm_best) for x in KINDS[kind]]
     return line + [PROBE] + train
 
 
@@ -215,6 +234,15 @@ def once(kind, a, mode, nproc, workdir, tag):
     else:
         for k in ("PROBE_CRASH_AFTER", "PROBE_T0"):
             os.environ.pop(k, None)
+    # --prewarm auto: its state file, kept across the reps of this bench
+    # (removed before each run of the "first job" kind).
+    state = os.path.join(workdir, "state-first" if "first job" in kind else "state")
+    os.environ["XDG_STATE_HOME"] = state
+    if "first job" in kind:
+        shutil.rmtree(state, ignore_errors=True)
+    rt = rank_tag(kind, mode, nproc, tag)
+    if rt != tag:
+        shutil.rmtree(os.path.join(workdir, rt + ".ckpt"), ignore_errors=True)
     port = free_port() if a.nodes > 1 else 0
     runs = [Run(command(kind, a, mode, nproc, workdir, tag, node, port), workdir, f"{tag}.{node}")
             for node in range(a.nodes)]
@@ -323,6 +351,11 @@ def table(a, mode, nproc, res):
     if "ft-launcher" in p50 and "ft-launcher --agent-store off" in p50:
         print(f"\nagent store / rank-0 store (--agent-store off): {p50['ft-launcher'] / p50['ft-launcher --agent-store off']:.2f}"
               " (ratio of the p50s of the job's next step; at most 1.00 means no slower)")
+    au = p50.get("ft-launcher --prewarm auto")
+    for k in ("ft-launcher --prewarm BEST", "ft-launcher --prewarm", "ft-launcher --prewarm auto, first job", "ft-launcher"):
+        if au and k in p50:
+            print(f"\n--prewarm auto / {k}: {au / p50[k]:.2f} (ratio of the p50s of the job's next step"
+                  + ("; early-crash target: at most 1.10)" if mode == "early" and k == "ft-launcher" else ")"))
     for k in ("ft-launcher", "--prewarm-importing wait", "--prewarm-importing stop"):
         if pw and k in p50:
             print(f"\n--prewarm / {k}: {pw / p50[k]:.2f} (ratio of the p50s of the job's next step"
@@ -342,6 +375,10 @@ def main():
     p.add_argument("--kinds", help="comma-separated, of " + ", ".join(SHORT) + " (default: per mode, "
                    + "; ".join(f"{m}: {k}" for m, k in DEFAULT_KINDS.items()) + ")")
     p.add_argument("--prewarm", default="torch,torch.distributed")
+    p.add_argument("--prewarm-best", default="torch,torch.distributed,torch._decomp,torch._dynamo,torch._functorch,"
+                   "torch._higher_order_ops,torch._inductor,torch._numpy,torch.compiler,torch.cuda,torch.fx,torch.nn,"
+                   "torch.onnx,torch.testing,torch.utils",
+                   help="the hand-written list of --kinds prewarm-best (default: the one measured best on torch 2.11, docs/prewarm.md)")
     p.add_argument("--step-sleep", type=float, default=0.5, help="late mode's step sleep")
     p.add_argument("--early-at", type=float, default=3.0, help="early mode: crash this many seconds after the launch")
     p.add_argument("--inprocess", action="store_true",

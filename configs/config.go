@@ -130,6 +130,9 @@ type Config struct {
 	// Prewarm are the Python modules each local rank's standby interpreter
 	// imports ahead of a restart (nil: ranks always start cold; docs/prewarm.md).
 	Prewarm []string
+	// PrewarmAuto: --prewarm auto, the modules are learned from what the
+	// ranks import (prewarm.Learner; Prewarm is then nil).
+	PrewarmAuto bool
 	// PrewarmImporting is what a restart does with a standby still
 	// importing: "auto" (also ""), "wait" or "stop" (docs/prewarm.md).
 	PrewarmImporting string

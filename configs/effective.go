@@ -83,7 +83,11 @@ func (c *Config) Effective() string {
 	add("state_replicas", fmt.Sprint(c.StateReplicas))
 	add("spare_filler", c.SpareFiller)
 	add("spare_filler_reclaim_timeout", c.SpareFillerReclaimTimeout.Seconds())
-	add("prewarm", strings.Join(c.Prewarm, ","))
+	prewarm := strings.Join(c.Prewarm, ",")
+	if c.PrewarmAuto {
+		prewarm = "auto"
+	}
+	add("prewarm", prewarm)
 	add("agent_store", onOff(c.AgentStore))
 	add("prewarm_importing", cmp.Or(c.PrewarmImporting, "auto"))
 	add("restart_mode", c.RestartMode)

@@ -327,14 +327,19 @@ func TestPrewarmOption(t *testing.T) {
 		args []string
 		env  map[string]string
 		want []string
+		auto bool
 		err  string
 	}{
 		{args: []string{"x"}, want: nil},
+		{args: []string{"--prewarm", "auto", "x"}, auto: true},
+		{args: []string{"--prewarm", " AUTO", "x"}, auto: true},
+		{args: []string{"x"}, env: map[string]string{"PET_PREWARM": "auto"}, auto: true},
+		{args: []string{"--prewarm", "auto,torch", "x"}, err: `"auto" is not a Python module name (want auto, off, or dotted names`},
 		{args: []string{"--prewarm", "torch, torch.distributed", "x"}, want: []string{"torch", "torch.distributed"}},
 		{args: []string{"--prewarm", "off", "x"}, want: nil},
 		{args: []string{"x"}, env: map[string]string{"PET_PREWARM": "torch"}, want: []string{"torch"}},
-		{args: []string{"--prewarm", "--max-restarts", "3", "x"}, err: `needs a value: the Python modules to import ahead, comma-separated (e.g. --prewarm torch,torch.distributed), not the flag "--max-restarts"`},
-		{args: []string{"--prewarm", "torch,1x", "x"}, err: `"1x" is not a Python module name (want dotted names`},
+		{args: []string{"--prewarm", "--max-restarts", "3", "x"}, err: `needs a value: auto, off or the Python modules to import ahead, comma-separated (e.g. --prewarm torch,torch.distributed), not the flag "--max-restarts"`},
+		{args: []string{"--prewarm", "torch,1x", "x"}, err: `"1x" is not a Python module name (want auto, off, or dotted names`},
 	} {
 		c, err := Parse(tc.args, func(k string) string { return tc.env[k] }, fakeNet())
 		if tc.err != "" {
@@ -343,8 +348,40 @@ func TestPrewarmOption(t *testing.T) {
 			}
 			continue
 		}
-		if err != nil || !slices.Equal(c.Prewarm, tc.want) {
-			t.Errorf("%v %v: %q, %v; want %q", tc.args, tc.env, c.Prewarm, err, tc.want)
+		if err != nil || !slices.Equal(c.Prewarm, tc.want) || c.PrewarmAuto != tc.auto {
+			t.Errorf("%v %v: %q auto=%v, %v; want %q auto=%v", tc.args, tc.env, c.Prewarm, c.PrewarmAuto, err, tc.want, tc.auto)
+		}
+	}
+}
+
+// TestPrewarmYAML: fault_tolerance.prewarm takes what --prewarm takes,
+// auto included, and a bad value names the key and what is allowed.
+func TestPrewarmYAML(t *testing.T) {
+	for _, tc := range []struct {
+		value string
+		want  []string
+		auto  bool
+		err   string
+	}{
+		{value: "auto", auto: true},
+		{value: "torch,torch.distributed", want: []string{"torch", "torch.distributed"}},
+		{value: "off"},
+		{value: "torch,auto", err: "fault_tolerance.prewarm (line 2): must be auto, off or comma-separated Python module names"},
+	} {
+		path := filepath.Join(t.TempDir(), "cfg.yaml")
+		writeFile(t, path, "fault_tolerance:\n  prewarm: "+tc.value+"\n")
+		c, err := Parse([]string{"--ft-cfg-path", path, "x"}, func(string) string { return "" }, fakeNet())
+		if tc.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("prewarm: %s: err %v, want %q", tc.value, err, tc.err)
+			}
+			continue
+		}
+		if err != nil || !slices.Equal(c.Prewarm, tc.want) || c.PrewarmAuto != tc.auto {
+			t.Errorf("prewarm: %s: %q auto=%v, %v; want %q auto=%v", tc.value, c.Prewarm, c.PrewarmAuto, err, tc.want, tc.auto)
+		}
+		if tc.auto && !strings.Contains(c.Effective(), "prewarm: auto") {
+			t.Errorf("--print-config does not show prewarm: auto:\n%s", c.Effective())
 		}
 	}
 }

@@ -296,9 +296,12 @@ func options() []*option {
 		{names: []string{"spare-filler"}, env: true, group: grpOurs, arg: "CMD", def: "off",
 			help: "Filler work for this node while it waits as a spare (nodes beyond --nnodes MIN): run as /bin/sh -c CMD in its own process group, with FT_LAUNCHER_FILLER=1 and none of the job's variables, its output in filler.log in the run's log directory, restarted with backoff if it exits. When the spare is promoted the whole filler tree is SIGKILLed at once (no grace: filler is pre-emptible by contract) before the job's ranks start. Also YAML fault_tolerance.spare_filler. See docs/spares.md.",
 			set:  func(p *parser, v string) error { p.cfg.SpareFiller = v; return nil }},
-		{names: []string{"prewarm"}, env: true, group: grpOurs, arg: "MODULES", def: "off",
-			help: "Comma-separated Python modules (e.g. torch,torch.distributed) that one standby interpreter per local rank imports ahead of time; a restart hands each rank to its standby instead of starting a new interpreter (no GPU work in the standby; ignored with --no-python). Costs one imported interpreter per local rank. Also YAML fault_tolerance.prewarm. See docs/prewarm.md.",
-			set:  func(p *parser, v string) (err error) { p.cfg.Prewarm, err = parseModuleList(v); return err }},
+		{names: []string{"prewarm"}, env: true, group: grpOurs, arg: "auto|MODULES|off", def: "off",
+			help: "Comma-separated Python modules (e.g. torch,torch.distributed) that one standby interpreter per local rank imports ahead of time; a restart hands each rank to its standby instead of starting a new interpreter (no GPU work in the standby; ignored with --no-python). auto: the launcher learns the modules from what the ranks import (recommended; a built-in torch list until it has learned). Costs one imported interpreter per local rank. Also YAML fault_tolerance.prewarm. See docs/prewarm.md.",
+			set: func(p *parser, v string) (err error) {
+				p.cfg.Prewarm, p.cfg.PrewarmAuto, err = parsePrewarm(v)
+				return err
+			}},
 		{names: []string{"agent-store"}, env: true, group: grpOurs, arg: "on|off", def: "on",
 			help: "on: the launcher of group rank 0 serves the ranks' c10d TCPStore at MASTER_ADDR:MASTER_PORT, listening before any rank starts, and ranks get TORCHELASTIC_USE_AGENT_STORE=True (no rank waits on a connect retry; keys reset every round). off: rank 0 hosts the store, as under torchrun --standalone. Also YAML fault_tolerance.agent_store. See docs/agentstore.md.",
 			set:  func(p *parser, v string) (err error) { p.cfg.AgentStore, err = parseOnOff(v); return err }},
@@ -452,8 +455,19 @@ func parseOnOff(v string) (bool, error) {
 	return false, fmt.Errorf("invalid value %q: must be on or off", v)
 }
 
-// parseModuleList parses --prewarm: dotted Python module names, comma
-// separated ("" or "off": none).
+// parsePrewarm parses --prewarm: "auto" (learn the modules from the
+// ranks), dotted Python module names, comma separated, or "" / "off"
+// (none).
+func parsePrewarm(v string) (modules []string, auto bool, err error) {
+	if strings.EqualFold(strings.TrimSpace(v), "auto") {
+		return nil, true, nil
+	}
+	modules, err = parseModuleList(v)
+	return modules, false, err
+}
+
+// parseModuleList parses a --prewarm list: dotted Python module names,
+// comma separated ("" or "off": none).
 func parseModuleList(v string) ([]string, error) {
 	v = strings.TrimSpace(v)
 	if v == "" || strings.EqualFold(v, "off") {
@@ -464,11 +478,11 @@ func parseModuleList(v string) ([]string, error) {
 		m = strings.TrimSpace(m)
 		if strings.HasPrefix(m, "-") {
 			// "--prewarm --max-restarts 3": the flag took the next argument.
-			return nil, fmt.Errorf("needs a value: the Python modules to import ahead, comma-separated "+
+			return nil, fmt.Errorf("needs a value: auto, off or the Python modules to import ahead, comma-separated "+
 				"(e.g. --prewarm torch,torch.distributed), not the flag %q", m)
 		}
-		if !pyModuleRE.MatchString(m) {
-			return nil, fmt.Errorf("%q is not a Python module name (want dotted names, comma-separated, e.g. torch,torch.distributed; or off)", m)
+		if !pyModuleRE.MatchString(m) || strings.EqualFold(m, "auto") {
+			return nil, fmt.Errorf("%q is not a Python module name (want auto, off, or dotted names, comma-separated, e.g. torch,torch.distributed)", m)
 		}
 		out = append(out, m)
 	}

@@ -89,10 +89,10 @@ func (p *parser) applyYAML(data []byte, path, subj string) error {
 			v = resolveAlias(v)
 			var err error
 			if v.Kind == yaml.ScalarNode {
-				p.cfg.Prewarm, err = parseModuleList(v.Value)
+				p.cfg.Prewarm, p.cfg.PrewarmAuto, err = parsePrewarm(v.Value)
 			}
 			if v.Kind != yaml.ScalarNode || err != nil {
-				return usageErr("fault_tolerance.prewarm", "%s: %q: fault_tolerance.prewarm (line %d): must be comma-separated Python module names", subj, path, k.Line)
+				return usageErr("fault_tolerance.prewarm", "%s: %q: fault_tolerance.prewarm (line %d): must be auto, off or comma-separated Python module names", subj, path, k.Line)
 			}
 			p.source["prewarm"] = subj + " fault_tolerance.prewarm"
 		case k.Value == "restart_mode" || k.Value == "inprocess_rejoin_timeout":

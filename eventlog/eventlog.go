@@ -19,6 +19,7 @@ const (
 	LauncherStarted  = "launcher_started"
 	CycleStarted     = "cycle_started"
 	RankExited       = "rank_exited"
+	RankFailureHint  = "rank_failure_hint" // a known cause in a failed rank's output: local_rank, rank, cause, hint
 	RankHang         = "rank_hang"
 	StopEscalated    = "stop_escalated" // SIGTERM grace ran out, SIGKILL sent
 	Restart          = "restart"

@@ -382,6 +382,16 @@ type StateRestoreEvent struct {
 	At        time.Time `json:"at"`
 }
 
+// RankFailureHintEvent: a failed rank's output holds a known cause that
+// its own message does not name (ranklogs.FailureHint); Hint says what to
+// do.
+type RankFailureHintEvent struct {
+	LocalRank int    `json:"local_rank"`
+	Rank      int    `json:"rank"`
+	Cause     string `json:"cause"`
+	Hint      string `json:"hint"`
+}
+
 func (LauncherStartedEvent) Kind() string    { return LauncherStarted }
 func (CycleStartedEvent) Kind() string       { return CycleStarted }
 func (SignalReceivedEvent) Kind() string     { return SignalReceived }
@@ -418,6 +428,7 @@ func (StateSaveEvent) Kind() string          { return StateSave }
 func (StatePersistedEvent) Kind() string     { return StatePersisted }
 func (StatePersistFailedEvent) Kind() string { return StatePersistFailed }
 func (StateRestoreEvent) Kind() string       { return StateRestore }
+func (RankFailureHintEvent) Kind() string    { return RankFailureHint }
 
 // Typed lists a zero value of every typed record: what Decode knows.
 func Typed() []Record {
@@ -431,5 +442,6 @@ func Typed() []Record {
 		RankFirstHeartbeatEvent{}, RankFirstStepEvent{}, RankCheckpointEvent{}, RankStepsEvent{},
 		LauncherStallEvent{}, FillerReclaimedEvent{},
 		StateSaveEvent{}, StatePersistedEvent{}, StatePersistFailedEvent{}, StateRestoreEvent{},
+		RankFailureHintEvent{},
 	}
 }

@@ -177,7 +177,7 @@ func recordRun(t *testing.T, module bool, prewarm string, before func(j *job)) (
 	args := []string{"--standalone", "--nproc-per-node", "2", "--max-restarts", "1",
 		"--log-dir", filepath.Join(j.dir, "logs"), "--redirects", "3"}
 	args = append(args, "--prewarm", prewarm) // "off": cold, also under FTL_TEST_PREWARM
-	j.start([]string{"PYTHON_EXEC=" + debianPython, "OUT=" + j.dir}, append(args, target...)...)
+	j.start([]string{"PYTHON_EXEC=" + debianPython, "OUT=" + j.dir, "XDG_STATE_HOME=" + filepath.Join(j.dir, "state")}, append(args, target...)...)
 	if prewarm != "off" {
 		j.waitEvents("prewarm_ready", 2, time.Minute)
 	}
@@ -246,16 +246,21 @@ func normaliseRecord(m map[string]any, j *job) map[string]any {
 
 // TestPrewarmRankSeesWhatAColdRankSees compares round 1's records (argv,
 // path[0], __name__, __file__, env, process group, signals, stdio) cold and
-// warm, for a script and for -m.
+// warm, for a script and for -m, and under --prewarm auto (whose hook
+// must leave no trace: PYTHONPATH, environment, fds).
 func TestPrewarmRankSeesWhatAColdRankSees(t *testing.T) {
 	skipShort(t)
 	for _, tc := range []struct {
-		name   string
-		module bool
-	}{{"script", false}, {"module", true}} {
+		name    string
+		module  bool
+		prewarm string
+	}{{"script", false, "json"}, {"module", true, "json"}, {"auto", false, "auto"}} {
 		t.Run(tc.name, func(t *testing.T) {
+			if tc.prewarm == "auto" {
+				requireTorch(t) // the standbys import the built-in torch list
+			}
 			cold, _ := recordRun(t, tc.module, "off", nil)
-			warm, wj := recordRun(t, tc.module, "json", nil)
+			warm, wj := recordRun(t, tc.module, tc.prewarm, nil)
 			if got := wj.warmRounds()["1"]; len(got) != 2 {
 				t.Fatalf("round 1 warm on %v, want both local ranks", got)
 			}

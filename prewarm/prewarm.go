@@ -50,6 +50,8 @@ const (
 	EventWaiting  = "prewarm_waiting"  // a restart waits for a standby's import: local_rank, pid, max_wait_ms, reason
 	EventPaused   = "prewarm_paused"   // standbys still importing, not needed by a cycle, paused while it starts: round, local_ranks
 	EventResumed  = "prewarm_resumed"  // the paused standbys go on importing: local_ranks, paused_ms
+	EventLearned  = "prewarm_learned"  // --prewarm auto: the list learned from a cycle's ranks: command, modules, cycles, state_file
+	EventUnsafe   = "prewarm_unsafe"   // --prewarm auto: a module a standby must not import, dropped: command, module, reason
 )
 
 // DefaultHandoverTimeout bounds one handover: past it the standby is
@@ -64,7 +66,10 @@ const DefaultRefillDelay = 2 * time.Second
 type Options struct {
 	Reaper  *spawn.Reaper
 	Modules []string // imported by every standby, in order
-	Logger  *slog.Logger
+	// Auto (--prewarm auto; Modules must be empty): the modules are
+	// learned from what the ranks import (learn.go) and kept here.
+	Auto   *Learner
+	Logger *slog.Logger
 	// OnEvent receives the event-log records (nil: none).
 	OnEvent func(kind string, fields map[string]any)
 	// HandoverTimeout bounds one handover (0: DefaultHandoverTimeout).
@@ -97,6 +102,7 @@ type Starter struct {
 	// lastImport is the last completed standby import (zero: none yet).
 	lastImport importStats
 	refills    sync.WaitGroup
+	auto       *autoState // --prewarm auto; nil otherwise
 }
 
 // NewStarter returns a Starter. The first cycle's ranks start cold; their
@@ -105,8 +111,11 @@ func NewStarter(o Options) (*Starter, error) {
 	if o.Reaper == nil {
 		return nil, errors.New("prewarm: no reaper")
 	}
-	if len(o.Modules) == 0 {
+	if len(o.Modules) == 0 && o.Auto == nil {
 		return nil, errors.New("prewarm: no modules to import")
+	}
+	if len(o.Modules) > 0 && o.Auto != nil {
+		return nil, errors.New("prewarm: modules named with auto")
 	}
 	for _, m := range o.Modules {
 		if !ValidModule(m) {
@@ -128,7 +137,15 @@ func NewStarter(o Options) (*Starter, error) {
 	if _, err := ParseImporting(string(o.Importing)); err != nil {
 		return nil, fmt.Errorf("prewarm: importing policy %w", err)
 	}
-	return &Starter{o: o, log: o.Logger, standby: map[int]*standby{}, closing: make(chan struct{})}, nil
+	st := &Starter{o: o, log: o.Logger, standby: map[int]*standby{}, closing: make(chan struct{})}
+	if o.Auto != nil {
+		a, err := newAutoState(o.Auto)
+		if err != nil {
+			return nil, err
+		}
+		st.auto = a
+	}
+	return st, nil
 }
 
 // pyCommand is a rank command as agent.WorkerArgv builds it for Python:
@@ -202,6 +219,14 @@ type plan struct {
 // RankStarter.
 func (st *Starter) StartGroup(specs []spawn.Spec) (*Group, error) {
 	started := time.Now()
+	if st.auto != nil {
+		st.takeReports(specs)
+		hooked := make([]spawn.Spec, len(specs))
+		for i, sp := range specs {
+			hooked[i] = st.auto.withHook(sp)
+		}
+		specs = hooked
+	}
 	st.mu.Lock()
 	if st.closed {
 		st.mu.Unlock()
@@ -527,13 +552,17 @@ func (st *Starter) refill(specs []spawn.Spec, coldPIDs []int, paused []*standby)
 		}
 		todo = append(todo, sp)
 	}
-	if len(todo) == 0 && len(paused) == 0 {
+	learn := st.auto != nil && len(st.auto.pending) > 0
+	if len(todo) == 0 && len(paused) == 0 && !learn {
 		return
 	}
 	since := time.Now()
 	st.refills.Go(func() {
 		if !st.refillWait(coldPIDs) {
-			return
+			return // Close learns what is pending
+		}
+		if learn {
+			st.learnPending() // before the new standbys: they import the new list
 		}
 		st.resume(paused, since)
 		for _, sp := range todo {
@@ -604,11 +633,16 @@ func (st *Starter) startOne(sp spawn.Spec) {
 	if st.closed || st.disabled != "" || st.standby[sp.LocalRank] != nil {
 		return
 	}
-	s, err := startStandby(st.o.Reaper, sp.LocalRank, c.python, sp.Env, sp.Dir, c.mode, c.target, st.o.Modules)
+	modules, env := st.o.Modules, sp.Env
+	if st.auto != nil {
+		modules, env = st.auto.learner.Modules(st.auto.keyOf(sp)), standbyEnv(sp.Env)
+	}
+	s, err := startStandby(st.o.Reaper, sp.LocalRank, c.python, env, sp.Dir, c.mode, c.target, modules, st.auto != nil)
 	if err != nil {
 		st.log.Warn("prewarm: could not start a standby; the rank will start cold", "local_rank", sp.LocalRank, "err", err)
 		return
 	}
+	s.spec = sp
 	st.standby[sp.LocalRank] = s
 	go st.watch(s)
 }
@@ -630,10 +664,15 @@ func (st *Starter) watch(s *standby) {
 		st.log.Debug("prewarm: standby ready", "local_rank", s.localRank, "pid", s.pid, "import", took.Wall, "import_cpu", took.CPU)
 		st.event(EventReady, map[string]any{"local_rank": s.localRank, "pid": s.pid,
 			"import_ms": ms(took.Wall), "import_cpu_ms": ms(took.CPU)})
+		st.skipped(s)
 		return
 	case <-s.done:
 	}
 	<-s.diagDone // its last words, for the message
+	if s.unsafe != "" {
+		st.unsafe(s)
+		return
+	}
 	_, why := s.usable()
 	st.mu.Lock()
 	if st.standby[s.localRank] == s {
@@ -672,6 +711,10 @@ func (st *Starter) Close() {
 	all := st.standby
 	st.standby = map[int]*standby{}
 	st.mu.Unlock()
+	if st.auto != nil {
+		defer os.RemoveAll(st.auto.dir)
+		defer st.learnLast() // the last cycle's ranks have ended: what they imported is for the next job
+	}
 	timeout := time.After(5 * time.Second)
 	for _, s := range all {
 		s.kill()

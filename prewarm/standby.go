@@ -28,6 +28,8 @@ type standby struct {
 	conn      *net.UnixConn // the launcher's end of the control socket
 	mode      string        // "script" or "module": what it was warmed for
 	target    string
+	modules   []string   // what it imports
+	spec      spawn.Spec // the rank it was started for (auto: restarted from it)
 	started   time.Time
 
 	ready    chan struct{} // closed when it reported ready
@@ -43,6 +45,13 @@ type standby struct {
 	paused    bool
 	pausedAt  time.Time
 	pausedFor time.Duration
+
+	// auto (--prewarm auto): skipped are the modules it could not import
+	// (valid once ready is closed); unsafe the module that created a CUDA
+	// context or started a thread or process, and why (set before done).
+	skipped   []string
+	unsafe    string
+	unsafeWhy string
 
 	mu       sync.Mutex
 	failure  string // why it cannot be used (import error, death)
@@ -80,7 +89,7 @@ func (t *tailBuffer) String() string {
 // previous cycle's, so what the imports read matches), its own process
 // group and parent-death signal like a rank, stdout the control socket and
 // stderr a diagnostics pipe.
-func startStandby(r *spawn.Reaper, localRank int, python string, env []string, dir, mode, target string, modules []string) (*standby, error) {
+func startStandby(r *spawn.Reaper, localRank int, python string, env []string, dir, mode, target string, modules []string, auto bool) (*standby, error) {
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("prewarm: socketpair: %w", err)
@@ -101,6 +110,9 @@ func startStandby(r *spawn.Reaper, localRank int, python string, env []string, d
 		return nil, fmt.Errorf("prewarm: diagnostics pipe: %w", err)
 	}
 	argv := []string{python, "-u", "-c", standbyProgram, mode, target, strings.Join(modules, ",")}
+	if auto {
+		argv = append(argv, "auto")
+	}
 	g, err := r.StartGroup([]spawn.Spec{{LocalRank: localRank, Argv: argv, Env: env, Dir: dir, Stdout: child, Stderr: pw}})
 	pw.Close()
 	if err != nil {
@@ -108,7 +120,7 @@ func startStandby(r *spawn.Reaper, localRank int, python string, env []string, d
 		pr.Close()
 		return nil, fmt.Errorf("prewarm: start the standby of local rank %d: %w", localRank, err)
 	}
-	s := &standby{localRank: localRank, g: g, started: time.Now(), pid: g.PIDs()[localRank], conn: conn, mode: mode, target: target,
+	s := &standby{localRank: localRank, g: g, started: time.Now(), pid: g.PIDs()[localRank], conn: conn, mode: mode, target: target, modules: modules,
 		ready: make(chan struct{}), said: make(chan struct{}), done: make(chan struct{}), diagDone: make(chan struct{})}
 	go func() {
 		defer close(s.diagDone)
@@ -145,7 +157,14 @@ func (s *standby) awaitReady() {
 			cpu = -1
 		}
 		s.imported = importStats{Wall: time.Since(s.started), CPU: cpu}
+		if n > 1 {
+			s.skipped = strings.Split(string(buf[1:n]), ",")
+		}
 		close(s.ready)
+	case buf[0] == 'U':
+		mod, why, _ := strings.Cut(string(buf[1:n]), "\t")
+		s.unsafe, s.unsafeWhy = mod, why
+		s.fail(fmt.Sprintf("importing %s %s: not safe in a standby", mod, why))
 	case buf[0] == 'E':
 		msg := string(buf[1:n])
 		for n == len(buf) { // the rest of a long message

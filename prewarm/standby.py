@@ -1,11 +1,21 @@
 # ft-launcher prewarm standby (embedded in the launcher, run with python -u -c).
 #
-# argv: MODE TARGET MODULES  (MODE "script" or "module"; TARGET the script path
-# or module name, used only to give the imports the sys.path[0] the rank
-# will have; MODULES comma separated). fd 1 is the control socket to the
-# launcher, fd 2 the launcher's diagnostics pipe.
+# argv: MODE TARGET MODULES [auto]  (MODE "script" or "module"; TARGET the
+# script path or module name, used only to give the imports the sys.path[0]
+# the rank will have; MODULES comma separated; "auto": --prewarm auto, see
+# below). fd 1 is the control socket to the launcher, fd 2 the launcher's
+# diagnostics pipe.
 #
-# Protocol (control socket): standby -> launcher "R" (ready) or "E" + text
+# With "auto" the modules were learned (or are the built-in default list):
+# one that is not installed is skipped, one that fails to import is skipped
+# and reported (the launcher leaves it out from then on), and after each
+# import the standby checks that it created no CUDA context and started no
+# thread and no child process; one that did makes the standby report
+# "U" + module + TAB + why and exit (the launcher drops the module and
+# starts a new standby without it).
+#
+# Protocol (control socket): standby -> launcher "R" (ready; with "auto"
+# followed by the skipped modules, comma separated) or "E" + text
 # (import failed) and exit; launcher -> standby one message: 4-byte big
 # endian length, then NUL-separated fields: cwd, argc, argv..., env..., with
 # the rank's stdout and stderr attached (SCM_RIGHTS) to its first byte;
@@ -23,6 +33,7 @@ def _ftl_standby(g0):
     ctl = socket.socket(fileno=os.dup(1))
     os.dup2(2, 1)  # import-time output goes to the launcher's diagnostics
     mode, target, modules = sys.argv[1], sys.argv[2], sys.argv[3]
+    auto = sys.argv[4:5] == ["auto"]
     nsig = getattr(_signal, "NSIG", 65)
     saved = {}
     for s in range(1, nsig):
@@ -38,13 +49,58 @@ def _ftl_standby(g0):
         return os.path.dirname(os.path.realpath(target))
 
     sys.path[0] = path0(mode, target)
-    try:
-        import importlib
-        for m in [m for m in modules.split(",") if m]:
-            importlib.import_module(m)
+
+    def cuda_context():
         torch = sys.modules.get("torch")
         cuda = getattr(torch, "cuda", None)
-        if cuda is not None and cuda.is_initialized():
+        return cuda is not None and cuda.is_initialized()
+
+    def tasks():
+        # Threads and child processes of this process (from /proc).
+        n, kids = 0, 0
+        for t in os.listdir("/proc/self/task"):
+            n += 1
+            try:
+                with open("/proc/self/task/%s/children" % t) as f:
+                    kids += len(f.read().split())
+            except OSError:
+                pass
+        return n, kids
+
+    skipped = []
+    try:
+        import importlib
+        if auto:
+            import importlib.util
+            base = tasks()
+        for m in [m for m in modules.split(",") if m]:
+            if not auto:
+                importlib.import_module(m)
+                continue
+            try:
+                if importlib.util.find_spec(m) is None:
+                    continue  # not installed (a torch 2.x module under torch 1.x): not an error
+                importlib.import_module(m)
+            except ModuleNotFoundError:
+                continue  # its parent or a dependency is not installed
+            except BaseException:  # SystemExit too: a module that parses sys.argv
+                import traceback
+                traceback.print_exc()
+                skipped.append(m)
+                continue
+            why = ""
+            if cuda_context():
+                why = "created a CUDA context"
+            else:
+                now = tasks()
+                if now[0] > base[0]:
+                    why = "started %d thread(s)" % (now[0] - base[0])
+                elif now[1] > base[1]:
+                    why = "started %d child process(es)" % (now[1] - base[1])
+            if why:
+                ctl.sendall(("U%s\t%s" % (m, why)).encode("utf-8", "replace"))
+                os._exit(0)
+        if cuda_context():
             raise RuntimeError("importing %s created a CUDA context; a standby must not hold one" % modules)
     except BaseException as e:
         import traceback
@@ -54,7 +110,7 @@ def _ftl_standby(g0):
         finally:
             traceback.print_exc()
             os._exit(1)
-    ctl.sendall(b"R")
+    ctl.sendall(b"R" + ",".join(skipped).encode())
 
     # Wait for the rank: length, then payload; the fds come with the first bytes.
     fds = []
@@ -114,9 +170,12 @@ def _ftl_standby(g0):
     g = sys.modules["__main__"].__dict__
     g.clear()
     g.update(g0)
+    learn = sys.modules.get("_ftl_learn")  # --prewarm auto: report this rank's imports too
+    if learn is not None:
+        learn.install()
     ctl.sendall(b"S")
     ctl.close()
-    del ctl, buf, parts, env, fds, saved, importlib
+    del ctl, buf, parts, env, fds, saved, importlib, learn, skipped
 
     try:
         if module:

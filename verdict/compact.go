@@ -19,8 +19,8 @@ const TerminationMessageLimit = 4096
 // it, Schema set) in at most limit bytes, shedding what an outer loop
 // needs least until it fits:
 //
-//  1. the cycles, the ledger and the etcd member failures (cycles_total
-//     stays);
+//  1. the cycles, the ledger, the etcd member failures and prewarm_auto
+//     (cycles_total stays);
 //  2. the length of the reason, the quarantine details and the other
 //     strings;
 //  3. the quarantine entries' detail, round and time, one entry per host,
@@ -47,7 +47,7 @@ func Compact(v Verdict, limit int) ([]byte, error) {
 		return b, err
 	}
 
-	v.Cycles, v.Ledger, v.EtcdMemberFailures = []Cycle{}, []ledger.Record{}, nil
+	v.Cycles, v.Ledger, v.EtcdMemberFailures, v.PrewarmAuto = []Cycle{}, []ledger.Record{}, nil, nil
 	if b, err := encode(v); err != nil || len(b) <= limit {
 		return b, err
 	}

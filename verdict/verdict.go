@@ -202,6 +202,21 @@ type Verdict struct {
 	// (--state-dir: a full disk, an unwritable directory); the saves stayed
 	// in memory meanwhile (docs/state.md). Absent when none.
 	StateWarnings []string `json:"state_warnings,omitempty"`
+
+	// PrewarmAuto is what --prewarm auto learned for this run's command
+	// line (docs/prewarm.md); absent without it.
+	PrewarmAuto *PrewarmAuto `json:"prewarm_auto,omitempty"`
+}
+
+// PrewarmAuto is --prewarm auto's list at the end of a run.
+type PrewarmAuto struct {
+	Command   string   `json:"command"`           // the key of the command line (a hash)
+	Modules   []string `json:"modules"`           // what the standbys import
+	Default   bool     `json:"default,omitempty"` // nothing learned yet: the built-in list
+	Cycles    int      `json:"cycles"`            // rank reports learned from, over jobs
+	Unsafe    []string `json:"unsafe,omitempty"`  // left out: a CUDA context, a thread or a process at import
+	Failed    []string `json:"failed,omitempty"`  // left out: could not be imported in a standby
+	StateFile string   `json:"state_file,omitempty"`
 }
 
 // Progress counts what this node's ranks reported to their monitors over

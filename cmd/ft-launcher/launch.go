@@ -145,15 +145,27 @@ func launch(ctx context.Context, cfg *configs.Config, log *slog.Logger, sigs <-c
 	}
 
 	var ranks agent.RankStarter = agent.SpawnRanks{Reaper: reaper}
-	if len(cfg.Prewarm) > 0 && !cfg.NoPython {
-		st, err := prewarm.NewStarter(prewarm.Options{Reaper: reaper, Modules: cfg.Prewarm,
+	if cfg.PrewarmAuto && cfg.NoPython {
+		log.Info("--prewarm auto is ignored with --no-python: the ranks do not run Python")
+	}
+	if (len(cfg.Prewarm) > 0 || cfg.PrewarmAuto) && !cfg.NoPython {
+		o := prewarm.Options{Reaper: reaper, Modules: cfg.Prewarm,
 			Logger: log.With("component", "prewarm"), OnEvent: eventFields(ev),
-			Importing: prewarm.Importing(cfg.PrewarmImporting)})
+			Importing: prewarm.Importing(cfg.PrewarmImporting)}
+		if cfg.PrewarmAuto {
+			l, err := prewarm.NewLearner(prewarm.DefaultStateFile(os.Getenv))
+			if err != nil {
+				log.Warn("prewarm auto: the learned modules cannot be read; learning again", "err", err)
+			}
+			o.Auto = l
+		}
+		st, err := prewarm.NewStarter(o)
 		if err != nil {
 			return rec.setupFailed("prewarm", err)
 		}
 		defer st.Close() // before the reaper closes: kills the standbys
 		ranks = prewarmRanks{st}
+		rec.prewarm = st.AutoSummary
 	}
 	if wd != nil {
 		ranks = fencedRanks{RankStarter: ranks, wd: wd}
@@ -361,8 +373,9 @@ type verdictRecorder struct {
 	logs    *ranklogs.Logs // counts the rank output lost, once set up
 	started time.Time
 
-	etcdMember *memberFailures // deaths of the hosted etcd member (etcdmember.go)
-	state      *state.Store    // --state-dir (state.go); nil when off
+	etcdMember *memberFailures             // deaths of the hosted etcd member (etcdmember.go)
+	state      *state.Store                // --state-dir (state.go); nil when off
+	prewarm    func() *prewarm.AutoSummary // --prewarm auto's list, once set up
 }
 
 // path is --verdict-file (or $FT_LAUNCHER_VERDICT_FILE), else verdict.json
@@ -437,6 +450,12 @@ func (r *verdictRecorder) write(o agent.Outcome) int {
 			r.log.Warn("state: final write-out", "err", err)
 		}
 		v.StateWarnings = r.state.Warnings()
+	}
+	if r.prewarm != nil {
+		if a := r.prewarm(); a != nil {
+			v.PrewarmAuto = &verdict.PrewarmAuto{Command: a.Command, Modules: a.Modules, Default: a.Default,
+				Cycles: a.Cycles, Unsafe: a.Unsafe, Failed: a.Failed, StateFile: a.StateFile}
+		}
 	}
 	if path := r.path(); path != "" {
 		if err := verdict.Write(path, v); err != nil {
@@ -538,6 +557,18 @@ func storeLimits(nproc int) tcpstore.Limits {
 	l := tcpstore.DefaultLimits()
 	l.MaxConnsPerAddr = agentstore.ConnsPerAddr(nproc)
 	return l
+}
+
+// describePrewarmAuto says, for --print-config, what --prewarm auto's
+// standbys of local rank 0 would import for this command line.
+func describePrewarmAuto(cfg *configs.Config) string {
+	l, err := prewarm.NewLearner(prewarm.DefaultStateFile(os.Getenv))
+	out := ""
+	if err != nil {
+		out = "# prewarm auto: " + err.Error() + "\n"
+	}
+	key := prewarm.CommandKey(agent.WorkerArgv(cfg, 0), prewarm.RankDir(""), os.Getenv("PYTHONPATH"))
+	return out + l.Describe(key)
 }
 
 // prewarmRanks adapts a *prewarm.Starter to agent.RankStarter: prewarm

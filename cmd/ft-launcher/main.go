@@ -61,6 +61,9 @@ func run(args []string, early *earlysig.Catcher, stdout, stderr io.Writer) int {
 	}
 	if cfg.PrintConfig {
 		fmt.Fprint(stdout, cfg.Effective())
+		if cfg.PrewarmAuto && !cfg.NoPython {
+			fmt.Fprint(stdout, describePrewarmAuto(cfg))
+		}
 		return configs.ExitSuccess
 	}
 
