@@ -288,7 +288,14 @@ func TestInProcessFallbacks(t *testing.T) {
 		{"crash during the in-process restart", []string{"--crash-again-rank", "1"}, "failure_during"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			j, got := runInProcess(t, []string{"--nproc-per-node", "2", "--max-restarts", "3", "--inprocess-rejoin-timeout", "5"},
+			// The fallback must come from the replacement's crash, which
+			// happens only once its cold interpreter has imported torch
+			// (many seconds on a loaded machine); survivor 0 waits for it
+			// in init_process_group and cannot rejoin before. A tight
+			// rejoin bound would race that start and record
+			// rejoin_timeout instead; a generous one costs nothing here,
+			// since failure_during ends the round at the crash.
+			j, got := runInProcess(t, []string{"--nproc-per-node", "2", "--max-restarts", "3", "--inprocess-rejoin-timeout", "120"},
 				inprocessScript(t), append([]string{"--crash-at-step", "25", "--crash-rank", "1"}, tc.extra...)...)
 			fb := j.eventsOf("inprocess_fallback")
 			if len(fb) != 1 || fb[0]["why"] != tc.why {

@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -20,22 +19,39 @@ type InProcessReport struct {
 }
 
 // ErrNotRegistered: the rank's current connection did not register for
-// in-process restarts, so it cannot be sent a notice.
+// in-process restarts (or has not finished its handshake yet), so it
+// cannot be sent a notice.
 var ErrNotRegistered = errors.New("rank did not register for in-process restarts")
 
 // InProcessReports delivers survivors' rejoin and first-step reports.
 func (m *Manager) InProcessReports() <-chan InProcessReport { return m.ipReps }
 
 // InProcessCapable reports whether local rank's current connection
-// registered for in-process restarts (native Hello "inprocess": true).
+// registered for in-process restarts (native Hello "inprocess": true) and
+// finished its handshake.
 func (m *Manager) InProcessCapable(localRank int) bool {
 	if localRank < 0 || localRank >= len(m.ranks) {
 		return false
 	}
-	r := m.ranks[localRank]
+	return m.ranks[localRank].noticeConn() != nil
+}
+
+// noticeConn is the rank's session a notice can be written on: a native
+// session that registered for in-process restarts and has been handed over
+// to the poller. Hello sets the registration before the Config reply is
+// written and before serveLazy closes the handshake's net.Conn (keeping a
+// duplicate fd), so a notice written on the net.Conn in that window could
+// interleave with the Config reply or hit the closed net.Conn ("use of
+// closed network connection"): until the handover the rank counts as not
+// registered yet.
+func (r *rankMon) noticeConn() *lazyConn {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.inprocess && r.conn != nil
+	lc, _ := r.conn.(*lazyConn)
+	if !r.inprocess {
+		return nil
+	}
+	return lc
 }
 
 // Silence is a rank's last sign of progress, for telling a hung rank from
@@ -85,20 +101,11 @@ func (m *Manager) Notify(localRank int, n ftwire.Rejoin) error {
 		return fmt.Errorf("encode notice: %w", err)
 	}
 	b := ftwire.AppendFrame(nil, ftwire.MsgRejoin, p)
-	r := m.ranks[localRank]
-	r.mu.Lock()
-	conn, ok := r.conn, r.inprocess
-	r.mu.Unlock()
-	if !ok || conn == nil {
+	lc := m.ranks[localRank].noticeConn()
+	if lc == nil {
 		return ErrNotRegistered
 	}
-	switch c := conn.(type) {
-	case *lazyConn:
-		return c.write(b)
-	case net.Conn:
-		return writeAll(c, b)
-	}
-	return fmt.Errorf("notify: connection of type %T cannot be written", conn)
+	return lc.write(b)
 }
 
 // write writes b on the session's non-blocking fd, waiting (bounded) while

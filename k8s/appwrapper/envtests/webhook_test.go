@@ -46,12 +46,17 @@ func TestWebhook(t *testing.T) {
 	needEnv(t)
 	ctx := context.Background()
 	ns := env.Namespace(t)
+	// controller-runtime's webhook server (v0.25) binds Host:Port itself in
+	// Start and takes no listener, so the port is reserved here and held
+	// through the setup (the configurations name it), then released just
+	// before the manager starts: only that short window is open to another
+	// listener taking it.
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { _ = l.Close() })
 	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
 
 	// The webhook configurations of deploy/k8s/webhook.yaml, reached by
 	// URL (no Service routing here), limited to ns and renamed for it.
@@ -141,6 +146,9 @@ func TestWebhook(t *testing.T) {
 	}
 	mctx, cancel := context.WithCancel(ctx)
 	stopped := make(chan error, 1)
+	if err := l.Close(); err != nil {
+		t.Fatalf("release the webhook port: %v", err)
+	}
 	go func() { stopped <- mgr.Start(mctx) }()
 	t.Cleanup(func() {
 		cancel()
