@@ -85,6 +85,7 @@ touch "$FAULT_TOL_FINISHED_FLAG_FILE"
 
 func TestWalltimeDoesNotCount(t *testing.T) {
 	skipShort(t)
+	t.Parallel() // waits out a one-minute time limit: beside the other walltime tests, after the sequential ones
 	c := need(t)
 	ctx, cancel := runclock.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()

@@ -22,6 +22,7 @@ import (
 // checkpoints within the cluster's KillWait (5 s) and nothing is left.
 func TestWalltimeSIGTERMsLetRanksSave(t *testing.T) {
 	skipShort(t)
+	t.Parallel() // waits out a one-minute time limit: beside the other walltime tests, after the sequential ones
 	c := need(t)
 	testenv.Require(t, testenv.SystemPython)
 	ctx, cancel := runclock.WithTimeout(context.Background(), 4*time.Minute)
@@ -71,6 +72,7 @@ func TestWalltimeSIGTERMsLetRanksSave(t *testing.T) {
 // is judged walltime (not counted).
 func TestChainWalltimeLetsRanksSave(t *testing.T) {
 	skipShort(t)
+	t.Parallel() // waits out a one-minute time limit: beside the other walltime tests, after the sequential ones
 	c := need(t)
 	testenv.Require(t, testenv.SystemPython)
 	ctx, cancel := runclock.WithTimeout(context.Background(), 5*time.Minute)
