@@ -37,6 +37,27 @@ func readStateResult(t *testing.T, dir string, rank int) stateResult {
 
 // stateReference runs each rank of the script alone, without a launcher
 // (its saves go to files), and returns the directory of its results.
+// stateScript is testdata/state_train.py's path and the output of its
+// reference run (stateReference), for the tests that need torch.
+func stateScript(t *testing.T) (script, refOut string) {
+	t.Helper()
+	skipShort(t)
+	requireTorch(t)
+	script, err := filepath.Abs("testdata/state_train.py")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return script, stateReference(t, script)
+}
+
+// mkdir makes the directory dir or fails the test.
+func mkdir(t *testing.T, dir string) {
+	t.Helper()
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func stateReference(t *testing.T, script string) string {
 	t.Helper()
 	refOut := t.TempDir()
@@ -60,19 +81,11 @@ func stateReference(t *testing.T, script string) string {
 // when the ranks stop and at the end, counts them as checkpoints, and
 // removes its segments when it exits.
 func TestTorchStateRestoredFromLauncherMemory(t *testing.T) {
-	skipShort(t)
-	requireTorch(t)
-	script, err := filepath.Abs("testdata/state_train.py")
-	if err != nil {
-		t.Fatal(err)
-	}
-	refOut := stateReference(t, script)
+	script, refOut := stateScript(t)
 
 	j := newJob(t)
 	out, dir := filepath.Join(j.dir, "out"), filepath.Join(j.dir, "state")
-	if err := os.Mkdir(out, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	mkdir(t, out)
 	code := j.run(torchTimeout, []string{"PYTHON_EXEC=" + debianPython},
 		"--standalone", "--nproc-per-node", "2", "--max-restarts", "1",
 		"--state-dir", dir, "--state-persist-every", "0",
@@ -153,18 +166,10 @@ func TestTorchStateRestoredFromLauncherMemory(t *testing.T) {
 // memory) resumes from them and ends with the weights of an uninterrupted
 // run.
 func TestTorchStateWrittenOnSignalContinuesInNewJob(t *testing.T) {
-	skipShort(t)
-	requireTorch(t)
-	script, err := filepath.Abs("testdata/state_train.py")
-	if err != nil {
-		t.Fatal(err)
-	}
-	refOut := stateReference(t, script)
+	script, refOut := stateScript(t)
 	j := newJob(t)
 	out, dir := filepath.Join(j.dir, "out"), filepath.Join(j.dir, "state")
-	if err := os.Mkdir(out, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	mkdir(t, out)
 	j.start([]string{"PYTHON_EXEC=" + debianPython}, "--standalone", "--nproc-per-node", "2",
 		"--state-dir", dir, "--state-persist-every", "0", script, "--out", out, "--step-sleep", "0.2")
 	seen := map[any]float64{} // local rank -> newest step the launcher saw saved
@@ -225,19 +230,11 @@ func TestTorchStateWrittenOnSignalContinuesInNewJob(t *testing.T) {
 // warning, while the ranks train to the end, restoring from memory after a
 // crash as usual.
 func TestTorchStateFullDiskWarnsAndTrainingGoesOn(t *testing.T) {
-	skipShort(t)
-	requireTorch(t)
-	script, err := filepath.Abs("testdata/state_train.py")
-	if err != nil {
-		t.Fatal(err)
-	}
-	refOut := stateReference(t, script)
+	script, refOut := stateScript(t)
 	dir := testenv.Tmpfs(t, "16k")
 	j := newJob(t)
 	out, vpath := filepath.Join(j.dir, "out"), filepath.Join(j.dir, "verdict.json")
-	if err := os.Mkdir(out, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	mkdir(t, out)
 	code := j.run(torchTimeout, []string{"PYTHON_EXEC=" + debianPython},
 		"--standalone", "--nproc-per-node", "2", "--max-restarts", "1", "--verdict-file", vpath,
 		"--state-dir", dir, "--state-persist-every", "1",
@@ -272,21 +269,13 @@ func TestTorchStateFullDiskWarnsAndTrainingGoesOn(t *testing.T) {
 // memory: both ranks end with the weights of an uninterrupted run,
 // bit-identical.
 func TestTorchStateNodeLossRestoredFromBuddy(t *testing.T) {
-	skipShort(t)
-	requireTorch(t)
-	script, err := filepath.Abs("testdata/state_train.py")
-	if err != nil {
-		t.Fatal(err)
-	}
-	refOut := stateReference(t, script)
+	script, refOut := stateScript(t)
 
 	const hold = 20
 	c := newCluster(t, embeddedEndpoint(t))
 	c.extra = []string{"--rdzv-backend", "c10d"}
 	out := filepath.Join(c.dir, "out")
-	if err := os.Mkdir(out, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	mkdir(t, out)
 	for i := 0; i < 3; i++ {
 		c.addNodeV([]string{"PYTHON_EXEC=" + debianPython}, "--nnodes", "2:3", "--nproc-per-node", "1", "--max-restarts", "1",
 			"--state-dir", filepath.Join(c.dir, "state"+strconv.Itoa(i)), "--state-persist-every", "0", "--state-replicas", "1",
