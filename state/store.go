@@ -12,6 +12,8 @@ import (
 	"strconv"
 	"sync"
 	"time"
+
+	"github.com/ftlauncher/ft-launcher/eventlog"
 )
 
 // Environment of the ranks (read by ft_launcher_client.state).
@@ -24,12 +26,13 @@ const (
 	EnvDir = "FT_STATE_DIR"
 )
 
-// Event kinds given to Options.Emit.
+// Event kinds given to Options.Emit: the kinds of eventlog's typed records
+// (StateSaveEvent, ...), whose fields the maps carry.
 const (
-	EventSave          = "state_save"           // local_rank, rank, step, seq, bytes, save_ms, saves (since the last one seen)
-	EventPersisted     = "state_persisted"      // local_rank, rank, step, seq, bytes, file, reason, write_ms
-	EventPersistFailed = "state_persist_failed" // local_rank, reason, error
-	EventRestore       = "state_restore"        // local_rank, rank, round, step, source, load_ms, at
+	EventSave          = eventlog.StateSave          // local_rank, rank, step, seq, bytes, save_ms, saves (since the last one seen)
+	EventPersisted     = eventlog.StatePersisted     // local_rank, rank, step, seq, bytes, file, reason, write_ms
+	EventPersistFailed = eventlog.StatePersistFailed // local_rank, reason, error
+	EventRestore       = eventlog.StateRestore       // local_rank, rank, round, step, source, load_ms, at
 )
 
 // RestoreNotePattern matches the notes a rank's load() leaves in the
