@@ -43,26 +43,9 @@ func TestWebhookBinary(t *testing.T) {
 	port := listenPort(t)
 
 	shipped := appwrapper.ShippedWebhookCerts(ns, "")
-	vwc := &admissionregv1.ValidatingWebhookConfiguration{}
-	mwc := &admissionregv1.MutatingWebhookConfiguration{}
-	b, err := os.ReadFile(filepath.Join("..", "..", "deploy", "k8s", "webhook.yaml"))
+	vwc, mwc, err := k8stest.WebhookManifests()
 	if err != nil {
 		t.Fatal(err)
-	}
-	for _, doc := range strings.Split(string(b), "\n---\n") {
-		var tm metav1.TypeMeta
-		if err := yaml.Unmarshal([]byte(doc), &tm); err != nil {
-			t.Fatal(err)
-		}
-		switch tm.Kind {
-		case "ValidatingWebhookConfiguration":
-			err = yaml.UnmarshalStrict([]byte(doc), vwc)
-		case "MutatingWebhookConfiguration":
-			err = yaml.UnmarshalStrict([]byte(doc), mwc)
-		}
-		if err != nil {
-			t.Fatalf("webhook.yaml: %v", err)
-		}
 	}
 	if vwc.Name != shipped.Validating || mwc.Name != shipped.Mutating || len(vwc.Webhooks) != 1 || len(mwc.Webhooks) != 1 {
 		t.Fatalf("webhook.yaml: configurations %q and %q, want %q and %q with one webhook each", vwc.Name, mwc.Name, shipped.Validating, shipped.Mutating)

@@ -34,6 +34,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/ftlauncher/ft-launcher/k8s/api/v1beta2"
+	"github.com/ftlauncher/ft-launcher/k8s/k8stest"
 	"github.com/ftlauncher/ft-launcher/k8s/kubelettest"
 	"github.com/ftlauncher/ft-launcher/verdict"
 )
@@ -157,26 +158,9 @@ func applyManifest(t *testing.T, file string) {
 // only for namespace ns; they are deleted at the end of t.
 func webhookConfigs(t *testing.T, ns string, port int) {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join("..", "..", "deploy", "k8s", "webhook.yaml"))
+	vwc, mwc, err := k8stest.WebhookManifests()
 	if err != nil {
 		t.Fatal(err)
-	}
-	vwc := &admissionregv1.ValidatingWebhookConfiguration{}
-	mwc := &admissionregv1.MutatingWebhookConfiguration{}
-	for _, doc := range strings.Split(string(b), "\n---\n") {
-		var tm metav1.TypeMeta
-		if err := yaml.Unmarshal([]byte(doc), &tm); err != nil {
-			t.Fatal(err)
-		}
-		switch tm.Kind {
-		case "ValidatingWebhookConfiguration":
-			err = yaml.UnmarshalStrict([]byte(doc), vwc)
-		case "MutatingWebhookConfiguration":
-			err = yaml.UnmarshalStrict([]byte(doc), mwc)
-		}
-		if err != nil {
-			t.Fatalf("webhook.yaml: %v", err)
-		}
 	}
 	if len(vwc.Webhooks) != 1 || len(mwc.Webhooks) != 1 {
 		t.Fatalf("webhook.yaml: want one validating and one mutating webhook")

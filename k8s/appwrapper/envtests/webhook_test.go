@@ -28,6 +28,7 @@ import (
 
 	"github.com/ftlauncher/ft-launcher/k8s/api/v1beta2"
 	"github.com/ftlauncher/ft-launcher/k8s/appwrapper"
+	"github.com/ftlauncher/ft-launcher/k8s/k8stest"
 )
 
 // TestWebhook serves the admission webhook from a manager, configured by
@@ -61,26 +62,9 @@ func TestWebhook(t *testing.T) {
 	// The webhook configurations of deploy/k8s/webhook.yaml, reached by
 	// URL (no Service routing here), limited to ns and renamed for it.
 	shipped := appwrapper.ShippedWebhookCerts(ns, filepath.Join(t.TempDir(), "certs"))
-	vwc := &admissionregv1.ValidatingWebhookConfiguration{}
-	mwc := &admissionregv1.MutatingWebhookConfiguration{}
-	b, err := os.ReadFile(filepath.Join("..", "..", "..", "deploy", "k8s", "webhook.yaml"))
+	vwc, mwc, err := k8stest.WebhookManifests()
 	if err != nil {
 		t.Fatal(err)
-	}
-	for _, doc := range strings.Split(string(b), "\n---\n") {
-		var meta metav1.TypeMeta
-		if err := yaml.Unmarshal([]byte(doc), &meta); err != nil {
-			t.Fatal(err)
-		}
-		switch meta.Kind {
-		case "ValidatingWebhookConfiguration":
-			err = yaml.UnmarshalStrict([]byte(doc), vwc)
-		case "MutatingWebhookConfiguration":
-			err = yaml.UnmarshalStrict([]byte(doc), mwc)
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
 	}
 	if vwc.Name != shipped.Validating || mwc.Name != shipped.Mutating || len(vwc.Webhooks) != 1 || len(mwc.Webhooks) != 1 {
 		t.Fatalf("webhook.yaml: configurations %q and %q, want %q and %q with one webhook each", vwc.Name, mwc.Name, shipped.Validating, shipped.Mutating)
