@@ -42,6 +42,7 @@ const (
 	StatePersisted     = "state_persisted"
 	StatePersistFailed = "state_persist_failed"
 	StateRestore       = "state_restore"
+	StateStaleRemoved  = "state_stale_removed"
 )
 
 // Opt returns a pointer to v: the value of an optional field that is
@@ -371,7 +372,8 @@ type StatePersistFailedEvent struct {
 
 // StateRestoreEvent: a rank's load() restored its state (or found none:
 // Source and Step absent), as the rank noted it for its launcher's store.
-// Source: memory, file (later: peer, buddy).
+// Source: memory, buddy (memory that a buddy's copy filled before the
+// round: a spare or a renumbered rank after a node loss), file.
 type StateRestoreEvent struct {
 	LocalRank int       `json:"local_rank"`
 	Rank      int       `json:"rank"`
@@ -380,6 +382,18 @@ type StateRestoreEvent struct {
 	Source    *string   `json:"source,omitempty"`
 	LoadMS    float64   `json:"load_ms"`
 	At        time.Time `json:"at"`
+}
+
+// StateStaleRemovedEvent: a launcher at its start removed the segments'
+// directory of a launcher that died without removing it (SIGKILL): no
+// process held the directory's owner lock any more. PID is the dead
+// launcher's (from the directory's name; 0 when it has none), Bytes what
+// the segments held.
+type StateStaleRemovedEvent struct {
+	Dir   string `json:"dir"`
+	PID   int    `json:"pid"`
+	Bytes int64  `json:"bytes"`
+	Files int    `json:"files"`
 }
 
 // RankFailureHintEvent: a failed rank's output holds a known cause that
@@ -428,6 +442,7 @@ func (StateSaveEvent) Kind() string          { return StateSave }
 func (StatePersistedEvent) Kind() string     { return StatePersisted }
 func (StatePersistFailedEvent) Kind() string { return StatePersistFailed }
 func (StateRestoreEvent) Kind() string       { return StateRestore }
+func (StateStaleRemovedEvent) Kind() string  { return StateStaleRemoved }
 func (RankFailureHintEvent) Kind() string    { return RankFailureHint }
 
 // Typed lists a zero value of every typed record: what Decode knows.
@@ -442,6 +457,6 @@ func Typed() []Record {
 		RankFirstHeartbeatEvent{}, RankFirstStepEvent{}, RankCheckpointEvent{}, RankStepsEvent{},
 		LauncherStallEvent{}, FillerReclaimedEvent{},
 		StateSaveEvent{}, StatePersistedEvent{}, StatePersistFailedEvent{}, StateRestoreEvent{},
-		RankFailureHintEvent{},
+		StateStaleRemovedEvent{}, RankFailureHintEvent{},
 	}
 }

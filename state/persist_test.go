@@ -2,6 +2,7 @@ package state
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"log/slog"
@@ -178,8 +179,25 @@ func TestPersistKilledMidWrite(t *testing.T) {
 }
 
 type events struct {
-	mu  sync.Mutex
-	got []map[string]any
+	mu   sync.Mutex
+	got  []map[string]any
+	recs []eventlog.Record // the typed records (Options.Emit)
+}
+
+// record keeps a typed record, and its fields as the event log has them.
+func (e *events) record(r eventlog.Record) {
+	b, err := json.Marshal(r)
+	if err != nil {
+		panic(err)
+	}
+	var f map[string]any
+	if err := json.Unmarshal(b, &f); err != nil {
+		panic(err)
+	}
+	e.emit(r.Kind(), f)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.recs = append(e.recs, r)
 }
 
 func (e *events) emit(kind string, f map[string]any) {
@@ -237,7 +255,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 func TestStoreWritesEveryNSaves(t *testing.T) {
 	var ev events
 	dir := filepath.Join(t.TempDir(), "ckpt")
-	s, err := Open(Options{NLocal: 2, Dir: dir, ShmRoot: t.TempDir(), Every: Every{Saves: 2}, Poll: 10 * time.Millisecond, Emit: ev.emit})
+	s, err := Open(Options{NLocal: 2, Dir: dir, ShmRoot: t.TempDir(), Every: Every{Saves: 2}, Poll: 10 * time.Millisecond, Emit: ev.record})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -287,7 +305,7 @@ func TestStoreWritesEveryNSaves(t *testing.T) {
 func TestStoreUnwritableDir(t *testing.T) {
 	var ev events
 	dir := testenv.Tmpfs(t, "64k")
-	s, err := Open(Options{NLocal: 1, Dir: dir, ShmRoot: t.TempDir(), Every: Every{Saves: 1}, Poll: 10 * time.Millisecond, Emit: ev.emit,
+	s, err := Open(Options{NLocal: 1, Dir: dir, ShmRoot: t.TempDir(), Every: Every{Saves: 1}, Poll: 10 * time.Millisecond, Emit: ev.record,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)
@@ -317,7 +335,7 @@ func TestStoreUnwritableDir(t *testing.T) {
 // source), and are removed; a note that does not parse is dropped.
 func TestStoreRestoreNotes(t *testing.T) {
 	var ev events
-	s, err := Open(Options{NLocal: 2, Dir: filepath.Join(t.TempDir(), "ckpt"), ShmRoot: t.TempDir(), Poll: 10 * time.Millisecond, Emit: ev.emit,
+	s, err := Open(Options{NLocal: 2, Dir: filepath.Join(t.TempDir(), "ckpt"), ShmRoot: t.TempDir(), Poll: 10 * time.Millisecond, Emit: ev.record,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)
@@ -341,15 +359,16 @@ func TestStoreRestoreNotes(t *testing.T) {
 		t.Fatalf("%d state_restore events, want 2 (the unparsable note dropped)", n)
 	}
 	ev.mu.Lock()
-	for _, f := range ev.got {
-		switch f["rank"] {
+	for _, r := range ev.recs {
+		f := r.(eventlog.StateRestoreEvent)
+		switch f.Rank {
 		case 5:
-			if f["source"] != "memory" || f["step"] != int64(40) || f["round"] != 2 || f["load_ms"] != 1.5 {
-				t.Errorf("memory restore event %v", f)
+			if f.Source == nil || *f.Source != SourceMemory || f.Step == nil || *f.Step != 40 || f.Round != 2 || f.LoadMS != 1.5 {
+				t.Errorf("memory restore event %+v", f)
 			}
 		case 4:
-			if _, ok := f["source"]; ok {
-				t.Errorf("a load that found nothing has a source: %v", f)
+			if f.Source != nil {
+				t.Errorf("a load that found nothing has a source: %+v", f)
 			}
 		}
 	}

@@ -114,6 +114,8 @@ type RestoreOptions struct {
 	RankBase int
 	// Peers are the receivers to ask (the round's other nodes).
 	Peers []string
+	// Round is the round the ranks start in (BuddyRestore.Round).
+	Round int
 	Emit  func(kind string, fields map[string]any) // nil: no events
 }
 
@@ -125,14 +127,14 @@ const EventRestoredFromBuddy = "state_restored_from_buddy" // local_rank, rank, 
 // renumbered) the newest copy of that rank held by a peer, so that the
 // rank's state.load() finds it in memory. A rank no peer holds a copy of
 // keeps its segment (the state directory stays its fallback). It returns
-// how many ranks were restored and the errors of those that could not be
-// (unreachable peers, a failed restore).
-func RestoreRanks(ctx context.Context, o RestoreOptions) (int, error) {
+// the ranks restored (for Store.BuddyRestored) and the errors of those
+// that could not be (unreachable peers, a failed restore).
+func RestoreRanks(ctx context.Context, o RestoreOptions) ([]BuddyRestore, error) {
 	if o.Emit == nil {
 		o.Emit = func(string, map[string]any) {}
 	}
 	var errs []error
-	restored := 0
+	var restored []BuddyRestore
 	for lr := 0; lr < o.NLocal; lr++ {
 		g := int32(o.RankBase + lr)
 		path := o.Segment(lr)
@@ -156,7 +158,7 @@ func RestoreRanks(ctx context.Context, o RestoreOptions) (int, error) {
 			errs = append(errs, fmt.Errorf("local rank %d: %w", lr, err))
 			continue
 		}
-		restored++
+		restored = append(restored, BuddyRestore{Round: o.Round, LocalRank: lr, Rank: g, Step: c.Step, Node: c.Node})
 		o.Emit(EventRestoredFromBuddy, map[string]any{"local_rank": lr, "rank": g, "step": c.Step, "node": c.Node,
 			"bytes": len(c.Payload), "fetch_ms": float64(time.Since(start).Microseconds()) / 1000})
 	}

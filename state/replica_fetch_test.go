@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -139,10 +140,11 @@ func TestReplicaRestoreRanks(t *testing.T) {
 	saveRank(t, spare, 1, 0, 7, 1000) // local rank 1 held rank 0 before: renumbered
 	seg := func(lr int) string { return filepath.Join(spare, "rank-"+string(rune('0'+lr))) }
 	ev := &events{}
-	n, err := RestoreRanks(ctx, RestoreOptions{Job: testJob, NLocal: 2, Segment: seg, RankBase: 2,
+	got, err := RestoreRanks(ctx, RestoreOptions{Job: testJob, NLocal: 2, Segment: seg, RankBase: 2, Round: 3,
 		Peers: []string{empty.Addr(), deadAddr, buddy.Addr()}, Emit: ev.emit})
-	if err != nil || n != 2 {
-		t.Fatalf("restored %d ranks, err %v; want 2 and no error (the dead peer skipped)", n, err)
+	want := []BuddyRestore{{Round: 3, LocalRank: 0, Rank: 2, Step: 11, Node: "node-a"}, {Round: 3, LocalRank: 1, Rank: 3, Step: 11, Node: "node-a"}}
+	if err != nil || !reflect.DeepEqual(got, want) {
+		t.Fatalf("restored %+v, err %v; want %+v and no error (the dead peer skipped)", got, err, want)
 	}
 	for lr, rank := range []int32{2, 3} {
 		d, p, err := ReadNewest(mustOpen(t, seg(lr)))
@@ -159,13 +161,13 @@ func TestReplicaRestoreRanks(t *testing.T) {
 	}
 	// Again: every local rank now holds its own rank's save: nothing to do.
 	if n, err := RestoreRanks(ctx, RestoreOptions{Job: testJob, NLocal: 2, Segment: seg, RankBase: 2,
-		Peers: []string{buddy.Addr()}}); n != 0 || err != nil {
-		t.Fatalf("second restore: %d ranks, err %v; want 0, nil", n, err)
+		Peers: []string{buddy.Addr()}}); len(n) != 0 || err != nil {
+		t.Fatalf("second restore: %v, err %v; want 0, nil", n, err)
 	}
 	// Ranks nobody saved (a first round) are no error.
 	if n, err := RestoreRanks(ctx, RestoreOptions{Job: testJob, NLocal: 2, Segment: seg, RankBase: 8,
-		Peers: []string{buddy.Addr()}}); n != 0 || err != nil {
-		t.Fatalf("ranks never saved: %d restored, err %v; want 0, nil", n, err)
+		Peers: []string{buddy.Addr()}}); len(n) != 0 || err != nil {
+		t.Fatalf("ranks never saved: %v restored, err %v; want 0, nil", n, err)
 	}
 	// Only an unreachable peer: the error says so.
 	fresh := t.TempDir()

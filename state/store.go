@@ -26,13 +26,13 @@ const (
 	EnvDir = "FT_STATE_DIR"
 )
 
-// Event kinds given to Options.Emit: the kinds of eventlog's typed records
-// (StateSaveEvent, ...), whose fields the maps carry.
+// Event kinds of the records the store gives Options.Emit.
 const (
-	EventSave          = eventlog.StateSave          // local_rank, rank, step, seq, bytes, save_ms, saves (since the last one seen)
-	EventPersisted     = eventlog.StatePersisted     // local_rank, rank, step, seq, bytes, file, reason, write_ms
-	EventPersistFailed = eventlog.StatePersistFailed // local_rank, reason, error
-	EventRestore       = eventlog.StateRestore       // local_rank, rank, round, step, source, load_ms, at
+	EventSave          = eventlog.StateSave          // StateSaveEvent
+	EventPersisted     = eventlog.StatePersisted     // StatePersistedEvent
+	EventPersistFailed = eventlog.StatePersistFailed // StatePersistFailedEvent
+	EventRestore       = eventlog.StateRestore       // StateRestoreEvent
+	EventStaleRemoved  = eventlog.StateStaleRemoved  // StateStaleRemovedEvent
 )
 
 // RestoreNotePattern matches the notes a rank's load() leaves in the
@@ -101,8 +101,8 @@ type Options struct {
 	// Poll is how often the segments' headers are read (a 4 KiB pread
 	// each); 0 means 200 ms.
 	Poll   time.Duration
-	Emit   func(kind string, fields map[string]any) // nil: no events
-	Logger *slog.Logger                             // nil: slog.Default
+	Emit   func(eventlog.Record) // nil: no events (*eventlog.Log's Emit)
+	Logger *slog.Logger          // nil: slog.Default
 }
 
 // rankState is what the store knows of one local rank's segment.
@@ -119,6 +119,7 @@ type rankState struct {
 type Store struct {
 	opts   Options
 	shmDir string
+	lock   *os.File // the segments' directory's owner lock (stale.go), held until Close
 	kick   chan string
 	done   chan struct{}
 	cancel context.CancelFunc
@@ -129,12 +130,85 @@ type Store struct {
 	mu       sync.Mutex // guards ranks, warnings; held across a write-out
 	ranks    []rankState
 	warnings []string
+
+	// bmu guards marks and buddies, apart from mu: a round's restore must
+	// not wait for a write-out.
+	bmu     sync.Mutex
+	marks   map[int]BuddyRestore // local rank → the copy its next load() should find
+	buddies []BuddyRestore       // the newest maxBuddyRestores, for the verdict
 }
 
-// Open creates the segments' directory (mode 0700, under ShmRoot) and
-// starts the background writer. The segments are created by the ranks'
-// first saves; the directory and everything in it stay until Close, so a
-// rank's next process finds the saves of the one before.
+// Sources of a restore (state_restore's source).
+const (
+	SourceMemory = "memory" // the rank's segment, as the rank's load() reports it
+	SourceFile   = "file"   // the state directory
+	// SourceBuddy: the segment, filled before the round with a buddy's copy
+	// (RestoreRanks): the store reports the load so, the rank cannot tell.
+	SourceBuddy = "buddy"
+)
+
+// BuddyRestore is a local rank's segment filled with a buddy's copy of
+// its global rank before a round (RestoreRanks).
+type BuddyRestore struct {
+	Round     int    `json:"round"`
+	LocalRank int    `json:"local_rank"`
+	Rank      int32  `json:"rank"`
+	Step      int64  `json:"step"`
+	Node      string `json:"node"` // whose copy it was (the lost node)
+}
+
+// maxBuddyRestores bounds what the verdict lists.
+const maxBuddyRestores = 64
+
+// BuddyRestored records RestoreRanks' restores for a round: each rank's
+// first load() of that round that reads that copy's rank and step from
+// memory is recorded with source "buddy"; BuddyRestores lists them.
+func (s *Store) BuddyRestored(rs ...BuddyRestore) {
+	s.bmu.Lock()
+	defer s.bmu.Unlock()
+	if s.marks == nil {
+		s.marks = map[int]BuddyRestore{}
+	}
+	for _, r := range rs {
+		s.marks[r.LocalRank] = r
+		s.buddies = append(s.buddies, r)
+	}
+	if n := len(s.buddies); n > maxBuddyRestores {
+		s.buddies = append([]BuddyRestore(nil), s.buddies[n-maxBuddyRestores:]...)
+	}
+}
+
+// BuddyRestores are the restores from buddies so far (the newest 64),
+// for the verdict.
+func (s *Store) BuddyRestores() []BuddyRestore {
+	s.bmu.Lock()
+	defer s.bmu.Unlock()
+	return append([]BuddyRestore(nil), s.buddies...)
+}
+
+// source is the restore source to record for a rank's note: "buddy" for
+// the first load of the round a buddy's copy was restored for, when it
+// read that copy from memory; the note's own source otherwise.
+func (s *Store) source(n restoreNote) string {
+	s.bmu.Lock()
+	defer s.bmu.Unlock()
+	b, ok := s.marks[n.LocalRank]
+	if !ok || b.Round != n.Round {
+		return *n.Source
+	}
+	delete(s.marks, n.LocalRank)
+	if *n.Source == SourceMemory && int32(n.Rank) == b.Rank && *n.Step == b.Step {
+		return SourceBuddy
+	}
+	return *n.Source
+}
+
+// Open removes the segments' directories under ShmRoot that launchers
+// killed without their clean-up left behind (RemoveStale), creates its own
+// (mode 0700, holding its owner lock) and starts the background writer.
+// The segments are created by the ranks' first saves; the directory and
+// everything in it stay until Close, so a rank's next process finds the
+// saves of the one before.
 func Open(opts Options) (*Store, error) {
 	if opts.NLocal < 1 {
 		return nil, fmt.Errorf("state store: %d local ranks, need at least 1", opts.NLocal)
@@ -152,14 +226,15 @@ func Open(opts Options) (*Store, error) {
 		opts.Logger = slog.Default()
 	}
 	if opts.Emit == nil {
-		opts.Emit = func(string, map[string]any) {}
+		opts.Emit = func(eventlog.Record) {}
 	}
-	shm, err := os.MkdirTemp(opts.ShmRoot, fmt.Sprintf("ft-launcher-state-%d-", os.Getpid()))
+	RemoveStale(opts.ShmRoot, opts.Emit, opts.Logger)
+	shm, lock, err := createShmDir(opts.ShmRoot)
 	if err != nil {
-		return nil, fmt.Errorf("state store: create the segments' directory in %s: %w", opts.ShmRoot, err)
+		return nil, fmt.Errorf("state store: %w", err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	s := &Store{opts: opts, shmDir: shm, kick: make(chan string, 1), done: make(chan struct{}), cancel: cancel,
+	s := &Store{opts: opts, shmDir: shm, lock: lock, kick: make(chan string, 1), done: make(chan struct{}), cancel: cancel,
 		ranks: make([]rankState, opts.NLocal)}
 	now := time.Now()
 	for i := range s.ranks {
@@ -215,6 +290,7 @@ func (s *Store) Close(ctx context.Context) error {
 		if rerr := os.RemoveAll(s.shmDir); rerr != nil {
 			err = errors.Join(err, fmt.Errorf("remove state segments: %w", rerr))
 		}
+		_ = s.lock.Close() // after the removal: until then no sweep may take the directory
 		s.closeErr = err
 	})
 	return s.closeErr
@@ -278,8 +354,8 @@ func (s *Store) flushRank(lr int, reason string, force bool) error {
 		}
 		rs.savesNew += int(n)
 		rs.seen = d.Seq
-		s.opts.Emit(EventSave, map[string]any{"local_rank": lr, "rank": d.Rank, "step": d.Step, "seq": d.Seq,
-			"bytes": d.Length, "save_ms": float64(d.DurationNS) / 1e6, "saves": n})
+		s.opts.Emit(eventlog.StateSaveEvent{LocalRank: lr, Rank: int(d.Rank), Step: d.Step, Seq: int64(d.Seq),
+			Bytes: int64(d.Length), SaveMS: float64(d.DurationNS) / 1e6, Saves: int64(n)})
 	}
 	if d.Seq <= rs.written {
 		return nil
@@ -304,9 +380,9 @@ func (s *Store) flushRank(lr int, reason string, force bool) error {
 		return nil
 	}
 	rs.written, rs.savesNew, rs.lastWrite = m.Seq, 0, time.Now()
-	s.opts.Emit(EventPersisted, map[string]any{"local_rank": lr, "rank": m.Rank, "step": m.Step, "seq": m.Seq,
-		"bytes": m.Bytes, "file": filepath.Join(s.opts.Dir, m.File), "reason": reason,
-		"write_ms": float64(time.Since(start).Microseconds()) / 1000})
+	s.opts.Emit(eventlog.StatePersistedEvent{LocalRank: lr, Rank: int(m.Rank), Step: m.Step, Seq: int64(m.Seq),
+		Bytes: int64(m.Bytes), File: filepath.Join(s.opts.Dir, m.File), Reason: reason,
+		WriteMS: float64(time.Since(start).Microseconds()) / 1000})
 	return nil
 }
 
@@ -327,11 +403,11 @@ func (s *Store) readRestores() {
 			s.opts.Logger.Warn("state: unreadable restore note", "path", p, "err", err)
 			continue
 		}
-		f := map[string]any{"local_rank": n.LocalRank, "rank": n.Rank, "round": n.Round, "load_ms": n.LoadMS, "at": n.At}
+		e := eventlog.StateRestoreEvent{LocalRank: n.LocalRank, Rank: n.Rank, Round: n.Round, LoadMS: n.LoadMS, At: n.At}
 		if n.Step != nil && n.Source != nil {
-			f["step"], f["source"] = *n.Step, *n.Source
+			e.Step, e.Source = n.Step, eventlog.Opt(s.source(n))
 		}
-		s.opts.Emit(EventRestore, f)
+		s.opts.Emit(e)
 	}
 }
 
@@ -341,7 +417,7 @@ func (s *Store) warn(lr int, reason string, err error) error {
 	if reason == "" {
 		reason = "periodic"
 	}
-	s.opts.Emit(EventPersistFailed, map[string]any{"local_rank": lr, "reason": reason, "error": err.Error()})
+	s.opts.Emit(eventlog.StatePersistFailedEvent{LocalRank: lr, Reason: reason, Error: err.Error()})
 	s.opts.Logger.Warn("state: writing the saved state out failed; the copy in memory is kept", "local_rank", lr, "reason", reason, "err", err)
 	w := fmt.Sprintf("state write-out (local rank %d, %s): %v", lr, reason, err)
 	const maxWarnings = 16

@@ -202,10 +202,24 @@ type Verdict struct {
 	// (--state-dir: a full disk, an unwritable directory); the saves stayed
 	// in memory meanwhile (docs/state.md). Absent when none.
 	StateWarnings []string `json:"state_warnings,omitempty"`
+	// StateRestoredFromBuddy are the local ranks this launcher gave a
+	// buddy node's copy of their state before a round (a spare taking a
+	// lost node's place, --state-replicas; docs/state.md), the newest 64.
+	// Absent when none.
+	StateRestoredFromBuddy []BuddyRestore `json:"state_restored_from_buddy,omitempty"`
 
 	// PrewarmAuto is what --prewarm auto learned for this run's command
 	// line (docs/prewarm.md); absent without it.
 	PrewarmAuto *PrewarmAuto `json:"prewarm_auto,omitempty"`
+}
+
+// BuddyRestore is one local rank's state restored from a buddy's copy.
+type BuddyRestore struct {
+	Round     int    `json:"round"`
+	LocalRank int    `json:"local_rank"`
+	Rank      int    `json:"rank"`
+	Step      int64  `json:"step"`
+	Node      string `json:"node"` // the node whose copy it was (the lost one)
 }
 
 // PrewarmAuto is --prewarm auto's list at the end of a run.

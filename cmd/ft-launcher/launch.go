@@ -450,6 +450,10 @@ func (r *verdictRecorder) write(o agent.Outcome) int {
 			r.log.Warn("state: final write-out", "err", err)
 		}
 		v.StateWarnings = r.state.Warnings()
+		for _, b := range r.state.BuddyRestores() {
+			v.StateRestoredFromBuddy = append(v.StateRestoredFromBuddy, verdict.BuddyRestore{Round: b.Round,
+				LocalRank: b.LocalRank, Rank: int(b.Rank), Step: b.Step, Node: b.Node})
+		}
 	}
 	if r.prewarm != nil {
 		if a := r.prewarm(); a != nil {

@@ -23,7 +23,7 @@ func openState(cfg *configs.Config, ev *eventlog.Log, log *slog.Logger) (*state.
 		return nil, nil
 	}
 	st, err := state.Open(state.Options{NLocal: cfg.NProcPerNode, Dir: cfg.StateDir, Every: cfg.StatePersist,
-		Emit: eventFields(ev), Logger: log.With("component", "state")})
+		Emit: ev.Emit, Logger: log.With("component", "state")})
 	if err != nil {
 		return nil, err
 	}
@@ -127,9 +127,11 @@ func (r *stateReplicas) round(ctx context.Context, asg rendezvous.Assignment) {
 	r.repl.SetBuddies(state.BuddyRing(append([]string{r.recv.Addr()}, asg.ReplicaRing...), 0, r.cfg.StateReplicas))
 	ctx, cancel := context.WithTimeout(ctx, restoreTimeout)
 	defer cancel()
-	n, err := state.RestoreRanks(ctx, state.RestoreOptions{Job: r.cfg.RdzvID, NLocal: r.cfg.NProcPerNode,
-		Segment: r.st.SegmentPath, RankBase: asg.RankBase, Peers: append([]string{r.recv.Addr()}, asg.ReplicaRing...),
-		Emit: r.emit})
+	got, err := state.RestoreRanks(ctx, state.RestoreOptions{Job: r.cfg.RdzvID, NLocal: r.cfg.NProcPerNode,
+		Segment: r.st.SegmentPath, RankBase: asg.RankBase, Round: asg.Round,
+		Peers: append([]string{r.recv.Addr()}, asg.ReplicaRing...), Emit: r.emit})
+	r.st.BuddyRestored(got...) // their loads read as "buddy" (state_restore), and the verdict lists them
+	n := len(got)
 	if err != nil {
 		// Not fatal: the ranks fall back to the files in the state directory.
 		r.log.Warn("state: restore from buddies incomplete; the ranks fall back to the state directory", "round", asg.Round, "restored", n, "err", err)
