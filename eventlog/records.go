@@ -43,6 +43,13 @@ const (
 	StatePersistFailed = "state_persist_failed"
 	StateRestore       = "state_restore"
 	StateStaleRemoved  = "state_stale_removed"
+	// Replication to buddy nodes (--state-replicas).
+	StateReplicaSent       = "state_replica_sent"
+	StateReplicaFailed     = "state_replica_failed"
+	StateReplicaRefused    = "state_replica_refused"
+	StateReplicaReceived   = "state_replica_received"
+	StateReplicaDiscarded  = "state_replica_discarded"
+	StateRestoredFromBuddy = "state_restored_from_buddy"
 )
 
 // Opt returns a pointer to v: the value of an optional field that is
@@ -396,6 +403,81 @@ type StateStaleRemovedEvent struct {
 	Files int    `json:"files"`
 }
 
+// StateReplicaSentEvent: a rank's newest save reached a buddy, verified
+// there (the sender). Skipped: the saves since the previous copy that
+// this one coalesced away.
+type StateReplicaSentEvent struct {
+	Buddy     string  `json:"buddy"`
+	LocalRank int     `json:"local_rank"`
+	Rank      int     `json:"rank"`
+	Step      int64   `json:"step"`
+	Seq       int64   `json:"seq"`
+	Bytes     int64   `json:"bytes"`
+	SendMS    float64 `json:"send_ms"`
+	Skipped   int64   `json:"skipped"`
+}
+
+// StateReplicaFailedEvent: a copy to a buddy failed (the sender); the next
+// try, after RetryInMS, sends the newest save. ElapsedMS: of the sync
+// that failed.
+type StateReplicaFailedEvent struct {
+	Buddy     string `json:"buddy"`
+	LocalRank int    `json:"local_rank"`
+	Error     string `json:"error"`
+	ElapsedMS int64  `json:"elapsed_ms"`
+	RetryInMS int64  `json:"retry_in_ms"`
+}
+
+// StateReplicaRefusedEvent: copies refused. On the sender: Buddy refused
+// the copies of a rank (it relies on the files from then on). On the
+// receiver: a peer of another job or protocol version (Sender, Rank), an
+// unreadable frame (Sender "", Peer), or a copy over the memory budget
+// (Bytes).
+type StateReplicaRefusedEvent struct {
+	Buddy     string  `json:"buddy,omitempty"`
+	Sender    *string `json:"sender,omitempty"`
+	Peer      string  `json:"peer,omitempty"`
+	LocalRank *int    `json:"local_rank,omitempty"`
+	Rank      *int    `json:"rank,omitempty"`
+	Bytes     *int64  `json:"bytes,omitempty"`
+	Error     string  `json:"error"`
+}
+
+// The replication records name the peer node that sent a copy "sender",
+// never "node": that is the header's, the launcher that wrote the line.
+
+// StateReplicaReceivedEvent: a buddy verified a copy of a peer's rank.
+type StateReplicaReceivedEvent struct {
+	Sender string `json:"sender"`
+	Rank   int    `json:"rank"`
+	Step   int64  `json:"step"`
+	Seq    int64  `json:"seq"`
+	Bytes  int64  `json:"bytes"`
+}
+
+// StateReplicaDiscardedEvent: a buddy dropped a copy in flight (the sender
+// died or aborted it, a checksum mismatch); its previous complete copy is
+// kept.
+type StateReplicaDiscardedEvent struct {
+	Sender string `json:"sender"`
+	Rank   int    `json:"rank"`
+	Seq    int64  `json:"seq"`
+	Step   int64  `json:"step"`
+	Error  string `json:"error"`
+}
+
+// StateRestoredFromBuddyEvent: before a round, a local rank's segment got
+// a buddy's copy of its global rank (Sender: the node that saved it, the
+// lost one).
+type StateRestoredFromBuddyEvent struct {
+	LocalRank int     `json:"local_rank"`
+	Rank      int     `json:"rank"`
+	Step      int64   `json:"step"`
+	Sender    string  `json:"sender"`
+	Bytes     int64   `json:"bytes"`
+	FetchMS   float64 `json:"fetch_ms"`
+}
+
 // RankFailureHintEvent: a failed rank's output holds a known cause that
 // its own message does not name (ranklogs.FailureHint); Hint says what to
 // do.
@@ -406,44 +488,50 @@ type RankFailureHintEvent struct {
 	Hint      string `json:"hint"`
 }
 
-func (LauncherStartedEvent) Kind() string    { return LauncherStarted }
-func (CycleStartedEvent) Kind() string       { return CycleStarted }
-func (SignalReceivedEvent) Kind() string     { return SignalReceived }
-func (StopEscalatedEvent) Kind() string      { return StopEscalated }
-func (WalltimeWarningEvent) Kind() string    { return WalltimeWarning }
-func (WorkloadRequestEvent) Kind() string    { return WorkloadRequest }
-func (RankHangEvent) Kind() string           { return RankHang }
-func (RankExitedEvent) Kind() string         { return RankExited }
-func (SpareSwapEvent) Kind() string          { return SpareSwap }
-func (RoundEndedEvent) Kind() string         { return RoundEnded }
-func (JobFailedEvent) Kind() string          { return JobFailed }
-func (JobSucceededEvent) Kind() string       { return JobSucceeded }
-func (StandbyEvent) Kind() string            { return Standby }
-func (RestartEvent) Kind() string            { return Restart }
-func (FencedEvent) Kind() string             { return Fenced }
-func (FencedByWatchdogEvent) Kind() string   { return FencedByWatchdog }
-func (TrainingFinishedEvent) Kind() string   { return TrainingFinished }
-func (VerdictEvent) Kind() string            { return Verdict }
-func (VerdictLostEvent) Kind() string        { return VerdictLost }
-func (LedgerEvent) Kind() string             { return Ledger }
-func (InProcessKeptEvent) Kind() string      { return InProcessKept }
-func (InProcessNoticeEvent) Kind() string    { return InProcessNotice }
-func (InProcessRejoinedEvent) Kind() string  { return InProcessRejoined }
-func (InProcessFirstStepEvent) Kind() string { return InProcessFirstStep }
-func (InProcessFallbackEvent) Kind() string  { return InProcessFallback }
-func (InProcessReplacedEvent) Kind() string  { return InProcessReplaced }
-func (RankFirstHeartbeatEvent) Kind() string { return RankFirstHeartbeat }
-func (RankFirstStepEvent) Kind() string      { return RankFirstStep }
-func (RankCheckpointEvent) Kind() string     { return RankCheckpoint }
-func (RankStepsEvent) Kind() string          { return RankSteps }
-func (LauncherStallEvent) Kind() string      { return LauncherStall }
-func (FillerReclaimedEvent) Kind() string    { return FillerReclaimed }
-func (StateSaveEvent) Kind() string          { return StateSave }
-func (StatePersistedEvent) Kind() string     { return StatePersisted }
-func (StatePersistFailedEvent) Kind() string { return StatePersistFailed }
-func (StateRestoreEvent) Kind() string       { return StateRestore }
-func (StateStaleRemovedEvent) Kind() string  { return StateStaleRemoved }
-func (RankFailureHintEvent) Kind() string    { return RankFailureHint }
+func (LauncherStartedEvent) Kind() string        { return LauncherStarted }
+func (CycleStartedEvent) Kind() string           { return CycleStarted }
+func (SignalReceivedEvent) Kind() string         { return SignalReceived }
+func (StopEscalatedEvent) Kind() string          { return StopEscalated }
+func (WalltimeWarningEvent) Kind() string        { return WalltimeWarning }
+func (WorkloadRequestEvent) Kind() string        { return WorkloadRequest }
+func (RankHangEvent) Kind() string               { return RankHang }
+func (RankExitedEvent) Kind() string             { return RankExited }
+func (SpareSwapEvent) Kind() string              { return SpareSwap }
+func (RoundEndedEvent) Kind() string             { return RoundEnded }
+func (JobFailedEvent) Kind() string              { return JobFailed }
+func (JobSucceededEvent) Kind() string           { return JobSucceeded }
+func (StandbyEvent) Kind() string                { return Standby }
+func (RestartEvent) Kind() string                { return Restart }
+func (FencedEvent) Kind() string                 { return Fenced }
+func (FencedByWatchdogEvent) Kind() string       { return FencedByWatchdog }
+func (TrainingFinishedEvent) Kind() string       { return TrainingFinished }
+func (VerdictEvent) Kind() string                { return Verdict }
+func (VerdictLostEvent) Kind() string            { return VerdictLost }
+func (LedgerEvent) Kind() string                 { return Ledger }
+func (InProcessKeptEvent) Kind() string          { return InProcessKept }
+func (InProcessNoticeEvent) Kind() string        { return InProcessNotice }
+func (InProcessRejoinedEvent) Kind() string      { return InProcessRejoined }
+func (InProcessFirstStepEvent) Kind() string     { return InProcessFirstStep }
+func (InProcessFallbackEvent) Kind() string      { return InProcessFallback }
+func (InProcessReplacedEvent) Kind() string      { return InProcessReplaced }
+func (RankFirstHeartbeatEvent) Kind() string     { return RankFirstHeartbeat }
+func (RankFirstStepEvent) Kind() string          { return RankFirstStep }
+func (RankCheckpointEvent) Kind() string         { return RankCheckpoint }
+func (RankStepsEvent) Kind() string              { return RankSteps }
+func (LauncherStallEvent) Kind() string          { return LauncherStall }
+func (FillerReclaimedEvent) Kind() string        { return FillerReclaimed }
+func (StateSaveEvent) Kind() string              { return StateSave }
+func (StatePersistedEvent) Kind() string         { return StatePersisted }
+func (StatePersistFailedEvent) Kind() string     { return StatePersistFailed }
+func (StateRestoreEvent) Kind() string           { return StateRestore }
+func (StateStaleRemovedEvent) Kind() string      { return StateStaleRemoved }
+func (StateReplicaSentEvent) Kind() string       { return StateReplicaSent }
+func (StateReplicaFailedEvent) Kind() string     { return StateReplicaFailed }
+func (StateReplicaRefusedEvent) Kind() string    { return StateReplicaRefused }
+func (StateReplicaReceivedEvent) Kind() string   { return StateReplicaReceived }
+func (StateReplicaDiscardedEvent) Kind() string  { return StateReplicaDiscarded }
+func (StateRestoredFromBuddyEvent) Kind() string { return StateRestoredFromBuddy }
+func (RankFailureHintEvent) Kind() string        { return RankFailureHint }
 
 // Typed lists a zero value of every typed record: what Decode knows.
 func Typed() []Record {
@@ -457,6 +545,8 @@ func Typed() []Record {
 		RankFirstHeartbeatEvent{}, RankFirstStepEvent{}, RankCheckpointEvent{}, RankStepsEvent{},
 		LauncherStallEvent{}, FillerReclaimedEvent{},
 		StateSaveEvent{}, StatePersistedEvent{}, StatePersistFailedEvent{}, StateRestoreEvent{},
-		StateStaleRemovedEvent{}, RankFailureHintEvent{},
+		StateStaleRemovedEvent{}, StateReplicaSentEvent{}, StateReplicaFailedEvent{}, StateReplicaRefusedEvent{},
+		StateReplicaReceivedEvent{}, StateReplicaDiscardedEvent{}, StateRestoredFromBuddyEvent{},
+		RankFailureHintEvent{},
 	}
 }

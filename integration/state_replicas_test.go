@@ -209,7 +209,7 @@ func TestStateTwoReplicasSurviveBuddyLoss(t *testing.T) {
 		}
 		for _, e := range n.eventsOf(state.EventRestoredFromBuddy) {
 			restored[e["rank"].(float64)] = e["step"] == float64(hold) &&
-				strings.HasPrefix(fmt.Sprint(e["node"]), "127.0.0."+strconv.Itoa(2+nodeOf[int(e["rank"].(float64))])+"/")
+				strings.HasPrefix(fmt.Sprint(e["sender"]), "127.0.0."+strconv.Itoa(2+nodeOf[int(e["rank"].(float64))])+"/")
 		}
 	}
 	if len(restored) != 2 || !restored[float64(lost[0])] || !restored[float64(lost[1])] {

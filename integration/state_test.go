@@ -358,7 +358,7 @@ func TestTorchStateNodeLossRestoredFromBuddy(t *testing.T) {
 	restored := c.nodes[spare].eventsOf(state.EventRestoredFromBuddy)
 	victimAddr := "127.0.0." + strconv.Itoa(2+victim) + "/"
 	if len(restored) != 1 || restored[0]["rank"] != float64(victimRank) || restored[0]["step"] != float64(hold) ||
-		!strings.HasPrefix(fmt.Sprint(restored[0]["node"]), victimAddr) {
+		!strings.HasPrefix(fmt.Sprint(restored[0]["sender"]), victimAddr) {
 		t.Errorf("the spare's restores %v, want one of rank %d, step %d, from node %s*", restored, victimRank, hold, victimAddr)
 	}
 	if n := len(c.nodes[survivor].eventsOf(state.EventRestoredFromBuddy)); n != 0 {

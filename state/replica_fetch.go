@@ -8,6 +8,8 @@ import (
 	"net"
 	"os"
 	"time"
+
+	"github.com/ftlauncher/ft-launcher/eventlog"
 )
 
 // ErrNoCopy: the buddy holds no complete copy of the rank asked for.
@@ -116,11 +118,11 @@ type RestoreOptions struct {
 	Peers []string
 	// Round is the round the ranks start in (BuddyRestore.Round).
 	Round int
-	Emit  func(kind string, fields map[string]any) // nil: no events
+	Emit  func(eventlog.Record) // nil: no events (*eventlog.Log\'s Emit)
 }
 
 // EventRestoredFromBuddy: a local rank's segment got a buddy's copy.
-const EventRestoredFromBuddy = "state_restored_from_buddy" // local_rank, rank, step, node, bytes, fetch_ms
+const EventRestoredFromBuddy = eventlog.StateRestoredFromBuddy // StateRestoredFromBuddyEvent
 
 // RestoreRanks gives every local rank whose segment does not hold a save
 // of its global rank in this round (a spare, or a node whose ranks were
@@ -131,7 +133,7 @@ const EventRestoredFromBuddy = "state_restored_from_buddy" // local_rank, rank, 
 // that could not be (unreachable peers, a failed restore).
 func RestoreRanks(ctx context.Context, o RestoreOptions) ([]BuddyRestore, error) {
 	if o.Emit == nil {
-		o.Emit = func(string, map[string]any) {}
+		o.Emit = func(eventlog.Record) {}
 	}
 	var errs []error
 	var restored []BuddyRestore
@@ -158,9 +160,9 @@ func RestoreRanks(ctx context.Context, o RestoreOptions) ([]BuddyRestore, error)
 			errs = append(errs, fmt.Errorf("local rank %d: %w", lr, err))
 			continue
 		}
-		restored = append(restored, BuddyRestore{Round: o.Round, LocalRank: lr, Rank: g, Step: c.Step, Node: c.Node})
-		o.Emit(EventRestoredFromBuddy, map[string]any{"local_rank": lr, "rank": g, "step": c.Step, "node": c.Node,
-			"bytes": len(c.Payload), "fetch_ms": float64(time.Since(start).Microseconds()) / 1000})
+		restored = append(restored, BuddyRestore{Round: o.Round, LocalRank: lr, Rank: g, Step: c.Step, Sender: c.Node})
+		o.Emit(eventlog.StateRestoredFromBuddyEvent{LocalRank: lr, Rank: int(g), Step: c.Step, Sender: c.Node,
+			Bytes: int64(len(c.Payload)), FetchMS: float64(time.Since(start).Microseconds()) / 1000})
 	}
 	return restored, errors.Join(errs...)
 }

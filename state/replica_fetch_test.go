@@ -141,8 +141,8 @@ func TestReplicaRestoreRanks(t *testing.T) {
 	seg := func(lr int) string { return filepath.Join(spare, "rank-"+string(rune('0'+lr))) }
 	ev := &events{}
 	got, err := RestoreRanks(ctx, RestoreOptions{Job: testJob, NLocal: 2, Segment: seg, RankBase: 2, Round: 3,
-		Peers: []string{empty.Addr(), deadAddr, buddy.Addr()}, Emit: ev.emit})
-	want := []BuddyRestore{{Round: 3, LocalRank: 0, Rank: 2, Step: 11, Node: "node-a"}, {Round: 3, LocalRank: 1, Rank: 3, Step: 11, Node: "node-a"}}
+		Peers: []string{empty.Addr(), deadAddr, buddy.Addr()}, Emit: ev.record})
+	want := []BuddyRestore{{Round: 3, LocalRank: 0, Rank: 2, Step: 11, Sender: "node-a"}, {Round: 3, LocalRank: 1, Rank: 3, Step: 11, Sender: "node-a"}}
 	if err != nil || !reflect.DeepEqual(got, want) {
 		t.Fatalf("restored %+v, err %v; want %+v and no error (the dead peer skipped)", got, err, want)
 	}

@@ -14,15 +14,17 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/ftlauncher/ft-launcher/eventlog"
 )
 
 // Replication events (Options.Emit / ReceiverOptions.Emit / ReplicatorOptions.Emit).
 const (
-	EventReplicaSent      = "state_replica_sent"      // buddy, local_rank, rank, step, seq, bytes, send_ms, skipped (saves coalesced away)
-	EventReplicaFailed    = "state_replica_failed"    // buddy, local_rank, error, elapsed_ms (of the sync that failed), retry_in_ms
-	EventReplicaRefused   = "state_replica_refused"   // buddy or node, local_rank, rank, error
-	EventReplicaReceived  = "state_replica_received"  // node, rank, step, seq, bytes
-	EventReplicaDiscarded = "state_replica_discarded" // node, rank, seq, error
+	EventReplicaSent      = eventlog.StateReplicaSent      // StateReplicaSentEvent
+	EventReplicaFailed    = eventlog.StateReplicaFailed    // StateReplicaFailedEvent
+	EventReplicaRefused   = eventlog.StateReplicaRefused   // StateReplicaRefusedEvent
+	EventReplicaReceived  = eventlog.StateReplicaReceived  // StateReplicaReceivedEvent
+	EventReplicaDiscarded = eventlog.StateReplicaDiscarded // StateReplicaDiscardedEvent
 )
 
 // ReceiverOptions configure a buddy's Receiver.
@@ -37,8 +39,8 @@ type ReceiverOptions struct {
 	MaxBytes uint64
 	// CopyTimeout bounds receiving or serving one copy; 0 means 60 s.
 	CopyTimeout time.Duration
-	Emit        func(kind string, fields map[string]any) // nil: no events
-	Logger      *slog.Logger                             // nil: slog.Default
+	Emit        func(eventlog.Record) // nil: no events (*eventlog.Log\'s Emit)
+	Logger      *slog.Logger          // nil: slog.Default
 
 	// memAvailable reads the free memory (default: MemAvailable of
 	// /proc/meminfo); a test hook.
@@ -99,7 +101,7 @@ func Listen(ctx context.Context, opts ReceiverOptions) (*Receiver, error) {
 		opts.Logger = slog.Default()
 	}
 	if opts.Emit == nil {
-		opts.Emit = func(string, map[string]any) {}
+		opts.Emit = func(eventlog.Record) {}
 	}
 	if opts.memAvailable == nil {
 		opts.memAvailable = memAvailable
@@ -199,13 +201,13 @@ func (r *Receiver) serve(c net.Conn) {
 		if err != nil {
 			if errors.Is(err, ErrProtocol) {
 				r.opts.Logger.Warn("state replica receiver: dropping a connection", "peer", c.RemoteAddr().String(), "err", err)
-				r.opts.Emit(EventReplicaRefused, map[string]any{"node": "", "peer": c.RemoteAddr().String(), "error": err.Error()})
+				r.opts.Emit(eventlog.StateReplicaRefusedEvent{Sender: eventlog.Opt(""), Peer: c.RemoteAddr().String(), Error: err.Error()})
 			}
 			return
 		}
 		if err := checkPeer(f, r.opts.Job); err != nil {
 			r.opts.Logger.Warn("state replica receiver: refusing a peer", "node", f.Node, "err", err)
-			r.opts.Emit(EventReplicaRefused, map[string]any{"node": f.Node, "rank": f.Rank, "error": err.Error()})
+			r.opts.Emit(eventlog.StateReplicaRefusedEvent{Sender: &f.Node, Rank: eventlog.Opt(int(f.Rank)), Error: err.Error()})
 			r.reply(bw, frame{Kind: kindRefuse, Status: 1, Msg: err.Error()})
 			return
 		}
@@ -238,7 +240,7 @@ func (r *Receiver) receive(c net.Conn, br *bufio.Reader, bw *bufio.Writer, f fra
 	key := replKey{f.Node, f.Rank}
 	if err := r.reserve(key, c, f.Length); err != nil {
 		r.opts.Logger.Warn("state replica receiver: refusing a copy", "node", f.Node, "rank", f.Rank, "err", err)
-		r.opts.Emit(EventReplicaRefused, map[string]any{"node": f.Node, "rank": f.Rank, "bytes": f.Length, "error": err.Error()})
+		r.opts.Emit(eventlog.StateReplicaRefusedEvent{Sender: &f.Node, Rank: eventlog.Opt(int(f.Rank)), Bytes: eventlog.Opt(int64(f.Length)), Error: err.Error()})
 		return r.reply(bw, frame{Kind: kindRefuse, Msg: err.Error()}) == nil
 	}
 	if err := r.reply(bw, frame{Kind: kindAccept, Rank: f.Rank, Seq: f.Seq}); err != nil {
@@ -254,7 +256,7 @@ func (r *Receiver) receive(c net.Conn, br *bufio.Reader, bw *bufio.Writer, f fra
 	_ = c.SetReadDeadline(time.Time{})
 	if err != nil {
 		r.release(key, c, nil)
-		r.opts.Emit(EventReplicaDiscarded, map[string]any{"node": f.Node, "rank": f.Rank, "seq": f.Seq, "step": f.Step, "error": err.Error()})
+		r.opts.Emit(eventlog.StateReplicaDiscardedEvent{Sender: f.Node, Rank: int(f.Rank), Seq: int64(f.Seq), Step: f.Step, Error: err.Error()})
 		if errors.Is(err, errAborted) || errors.Is(err, errChecksum) {
 			if errors.Is(err, errChecksum) {
 				r.opts.Logger.Warn("state replica receiver: discarded a corrupt copy", "node", f.Node, "rank", f.Rank, "err", err)
@@ -269,7 +271,7 @@ func (r *Receiver) receive(c net.Conn, br *bufio.Reader, bw *bufio.Writer, f fra
 	if !r.release(key, c, cp) {
 		return r.reply(bw, frame{Kind: kindBad, Seq: f.Seq, Msg: "superseded by a newer copy from the same sender"}) == nil
 	}
-	r.opts.Emit(EventReplicaReceived, map[string]any{"node": f.Node, "rank": f.Rank, "step": f.Step, "seq": f.Seq, "bytes": f.Length})
+	r.opts.Emit(eventlog.StateReplicaReceivedEvent{Sender: f.Node, Rank: int(f.Rank), Step: f.Step, Seq: int64(f.Seq), Bytes: int64(f.Length)})
 	return r.reply(bw, frame{Kind: kindOK, Rank: f.Rank, Seq: f.Seq}) == nil
 }
 

@@ -13,6 +13,8 @@ import (
 	"os"
 	"sync"
 	"time"
+
+	"github.com/ftlauncher/ft-launcher/eventlog"
 )
 
 // ReplicatorOptions configure the sending side of replication.
@@ -35,8 +37,8 @@ type ReplicatorOptions struct {
 	// MaxBackoff bounds the wait before reconnecting to a failed buddy
 	// (it doubles from Poll up to this); 0 means 5 s.
 	MaxBackoff time.Duration
-	Emit       func(kind string, fields map[string]any) // nil: no events
-	Logger     *slog.Logger                             // nil: slog.Default
+	Emit       func(eventlog.Record) // nil: no events (*eventlog.Log\'s Emit)
+	Logger     *slog.Logger          // nil: slog.Default
 
 	// corrupt, when set, alters the payload bytes on the wire after they
 	// were checksummed (tests: a checksum mismatch).
@@ -116,7 +118,7 @@ func StartReplicator(ctx context.Context, opts ReplicatorOptions) (*Replicator, 
 		opts.Logger = slog.Default()
 	}
 	if opts.Emit == nil {
-		opts.Emit = func(string, map[string]any) {}
+		opts.Emit = func(eventlog.Record) {}
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	r := &Replicator{opts: opts, ctx: ctx, cancel: cancel}
@@ -255,8 +257,8 @@ func (b *buddy) run(ctx context.Context) {
 		b.mu.Unlock()
 		var lr replRankError
 		errors.As(err, &lr)
-		b.opts.Emit(EventReplicaFailed, map[string]any{"buddy": b.addr, "local_rank": lr.lr, "error": err.Error(),
-			"elapsed_ms": lr.elapsed.Milliseconds(), "retry_in_ms": backoff.Milliseconds()})
+		b.opts.Emit(eventlog.StateReplicaFailedEvent{Buddy: b.addr, LocalRank: lr.lr, Error: err.Error(),
+			ElapsedMS: lr.elapsed.Milliseconds(), RetryInMS: backoff.Milliseconds()})
 		b.opts.Logger.Warn("state replication: a copy to a buddy failed; the next try sends the newest save", "buddy", b.addr,
 			"err", err, "retry_in", backoff)
 	}
@@ -318,7 +320,7 @@ func (b *buddy) syncRank(ctx context.Context, lr int, sent uint64) error {
 			b.mu.Lock()
 			b.st.Refused[lr] = ref.msg
 			b.mu.Unlock()
-			b.opts.Emit(EventReplicaRefused, map[string]any{"buddy": b.addr, "local_rank": lr, "rank": d.Rank, "error": ref.msg})
+			b.opts.Emit(eventlog.StateReplicaRefusedEvent{Buddy: b.addr, LocalRank: eventlog.Opt(lr), Rank: eventlog.Opt(int(d.Rank)), Error: ref.msg})
 			b.opts.Logger.Warn("state replication: the buddy refused this rank's copies; it relies on the files in the state directory",
 				"buddy", b.addr, "local_rank", lr, "err", ref.msg)
 			if ref.fatal {
@@ -337,8 +339,8 @@ func (b *buddy) syncRank(ctx context.Context, lr int, sent uint64) error {
 		b.mu.Lock()
 		b.st.Sent[lr], b.st.Copies, b.st.Skipped, b.st.Connected = d.Seq, b.st.Copies+1, b.st.Skipped+skipped, true
 		b.mu.Unlock()
-		b.opts.Emit(EventReplicaSent, map[string]any{"buddy": b.addr, "local_rank": lr, "rank": d.Rank, "step": d.Step,
-			"seq": d.Seq, "bytes": d.Length, "send_ms": float64(time.Since(start).Microseconds()) / 1000, "skipped": skipped})
+		b.opts.Emit(eventlog.StateReplicaSentEvent{Buddy: b.addr, LocalRank: lr, Rank: int(d.Rank), Step: d.Step,
+			Seq: int64(d.Seq), Bytes: int64(d.Length), SendMS: float64(time.Since(start).Microseconds()) / 1000, Skipped: int64(skipped)})
 		return nil
 	}
 	return replRankError{lr: lr, err: fmt.Errorf("the rank saved again during each of %d copies in a row", attempts)}

@@ -20,7 +20,7 @@ func startReceiver(t *testing.T, opts ReceiverOptions) (*Receiver, *events) {
 	ev := &events{}
 	opts.Job = cmp(opts.Job, testJob)
 	opts.Addr = cmp(opts.Addr, "127.0.0.1:0")
-	opts.Emit = ev.emit
+	opts.Emit = ev.record
 	r, err := Listen(context.Background(), opts)
 	if err != nil {
 		t.Fatal(err)
@@ -51,7 +51,7 @@ func startSender(t *testing.T, dir string, nlocal int, addr string, opts Replica
 	if opts.MaxBackoff == 0 {
 		opts.MaxBackoff = 200 * time.Millisecond
 	}
-	opts.Emit = ev.emit
+	opts.Emit = ev.record
 	r, err := StartReplicator(context.Background(), opts)
 	if err != nil {
 		t.Fatal(err)
@@ -173,7 +173,7 @@ func TestReplicaBuddyDiesMidStream(t *testing.T) {
 	saveRank(t, dir, 0, 4, 2, 512<<10)
 	recv2, _ := startReceiver(t, ReceiverOptions{Addr: addr})
 	waitFor(t, "the copy at the restarted buddy", func() bool { return copySeq(recv2, "node-a", 4) == 2 })
-	if f := sev.last(EventReplicaFailed); f["retry_in_ms"].(int64) > 200 {
+	if f := sev.last(EventReplicaFailed); f["retry_in_ms"].(float64) > 200 {
 		t.Fatalf("retry after %v ms, above the 200 ms bound", f["retry_in_ms"])
 	}
 }
@@ -298,7 +298,7 @@ func TestReplicaSlowBuddyBounded(t *testing.T) {
 	sev.mu.Lock()
 	for _, f := range sev.got {
 		// The bound plus a generous margin for a loaded machine.
-		if f["event"] == EventReplicaFailed && time.Duration(f["elapsed_ms"].(int64))*time.Millisecond > bound+3*time.Second {
+		if f["event"] == EventReplicaFailed && time.Duration(f["elapsed_ms"].(float64))*time.Millisecond > bound+3*time.Second {
 			t.Errorf("a copy failed after %v ms, past its %s bound: %v", f["elapsed_ms"], bound, f["error"])
 		}
 	}
@@ -311,7 +311,7 @@ func TestReplicaSlowBuddyBounded(t *testing.T) {
 	if n := sev.count(EventReplicaSent); n != 2 {
 		t.Fatalf("%d copies sent, want 2 (seq 1, then seq 6 with 2-5 coalesced)", n)
 	}
-	if f := sev.last(EventReplicaSent); f["skipped"] != uint64(4) {
+	if f := sev.last(EventReplicaSent); f["skipped"] != float64(4) {
 		t.Fatalf("the last copy coalesced %v saves, want 4", f["skipped"])
 	}
 	if st := rep.Status()[0]; st.Skipped != 4 {

@@ -114,7 +114,7 @@ func TestStoreBuddyRestoreSource(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close(context.Background())
-	b := BuddyRestore{Round: 2, LocalRank: 0, Rank: 4, Step: 20, Node: "127.0.0.3/99"}
+	b := BuddyRestore{Round: 2, LocalRank: 0, Rank: 4, Step: 20, Sender: "127.0.0.3/99"}
 	s.BuddyRestored(b)
 	notes := []struct {
 		body, want string

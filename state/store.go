@@ -154,7 +154,7 @@ type BuddyRestore struct {
 	LocalRank int    `json:"local_rank"`
 	Rank      int32  `json:"rank"`
 	Step      int64  `json:"step"`
-	Node      string `json:"node"` // whose copy it was (the lost node)
+	Sender    string `json:"sender"` // the node that saved the copy (the lost one)
 }
 
 // maxBuddyRestores bounds what the verdict lists.

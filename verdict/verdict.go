@@ -219,7 +219,7 @@ type BuddyRestore struct {
 	LocalRank int    `json:"local_rank"`
 	Rank      int    `json:"rank"`
 	Step      int64  `json:"step"`
-	Node      string `json:"node"` // the node whose copy it was (the lost one)
+	Sender    string `json:"sender"` // the node that saved the copy (the lost one)
 }
 
 // PrewarmAuto is --prewarm auto's list at the end of a run.

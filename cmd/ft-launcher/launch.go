@@ -452,7 +452,7 @@ func (r *verdictRecorder) write(o agent.Outcome) int {
 		v.StateWarnings = r.state.Warnings()
 		for _, b := range r.state.BuddyRestores() {
 			v.StateRestoredFromBuddy = append(v.StateRestoredFromBuddy, verdict.BuddyRestore{Round: b.Round,
-				LocalRank: b.LocalRank, Rank: int(b.Rank), Step: b.Step, Node: b.Node})
+				LocalRank: b.LocalRank, Rank: int(b.Rank), Step: b.Step, Sender: b.Sender})
 		}
 	}
 	if r.prewarm != nil {

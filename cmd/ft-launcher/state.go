@@ -57,7 +57,7 @@ type stateReplicas struct {
 	st   *state.Store
 	recv *state.Receiver
 	repl *state.Replicator
-	emit func(string, map[string]any)
+	emit func(eventlog.Record)
 	log  *slog.Logger
 }
 
@@ -72,7 +72,7 @@ func listenReplicas(ctx context.Context, cfg *configs.Config, st *state.Store, e
 	if host == "" {
 		host, _ = os.Hostname() // as the etcd rendezvous advertises it
 	}
-	emit := eventFields(ev)
+	emit := ev.Emit
 	log = log.With("component", "state-replica")
 	recv, err := state.Listen(ctx, state.ReceiverOptions{Job: cfg.RdzvID, Addr: net.JoinHostPort(host, "0"), Emit: emit, Logger: log})
 	if err != nil {
