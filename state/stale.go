@@ -138,6 +138,10 @@ func removeIfOrphaned(dir string, stage bool) (orphanRemoval, error) {
 			}
 			return orphanRemoval{}, fmt.Errorf("lock it: %w", err)
 		}
+		var st unix.Stat_t
+		if err := unix.Fstat(int(lock.Fd()), &st); err == nil && st.Nlink == 0 {
+			return orphanRemoval{}, nil // another launcher's sweep removed it meanwhile
+		}
 	}
 	var r orphanRemoval
 	_ = filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
