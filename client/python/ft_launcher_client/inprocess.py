@@ -172,7 +172,7 @@ class Context:
         self.notice = None
         self.snapshot = owner.snapshot
         # The launcher-held state (docs/state.md); saves count as checkpoints.
-        self.state = _state.Bound(lambda: owner.monitor)
+        self.state = _state.Bound(lambda: owner.monitor, last_step_at=lambda: owner._last_step_at)
 
     @property
     def monitor(self):
@@ -255,6 +255,7 @@ class InProcess:
         self._pg_sockets = {}  # TCP sockets the current group's init opened (_teardown)
         self._phases = None  # timings of the restart until its first step
         self._launcher = bool(os.environ.get(SOCKET_ENV))
+        self._last_step_at = None  # wall time of the last ctx.step() (peer heal's report)
 
     # -- monitor session -------------------------------------------------
 
@@ -311,6 +312,7 @@ class InProcess:
             log.warning("in-process: report %s: %r", phase, e)
 
     def _step_done(self):
+        self._last_step_at = time.time()
         self.monitor.send_heartbeat()
         p = self._phases
         if p is not None:

@@ -541,6 +541,11 @@ def load(path=None, verify=True, info=None):
     newer step (a save that did not fit in memory). Tensors come back on
     the CPU. A dict given as ``info`` receives "source" ("memory", "file"
     or None) and "seconds"."""
+    return _load(path, verify, info)
+
+
+def _load(path=None, verify=True, info=None, note=None):
+    """load(), with note's fields added to the restore note (heal.py)."""
     start = time.perf_counter()
     seg = _segment()
     got, source = seg.load(verify) if seg is not None else (None, None), "memory"
@@ -552,17 +557,26 @@ def load(path=None, verify=True, info=None):
     if info is not None:
         info["source"] = source if got[0] is not None else None
         info["seconds"] = secs
-    _note_restore(got[0], source if got[0] is not None else None, secs)
+    _note_restore(got[0], source if got[0] is not None else None, secs, **(note or {}))
     return got
+
+
+def heal(step, state, groups=None, info=None, **kw):
+    """Peer heal after an in-process rejoin: ft_launcher_client.heal.heal
+    (docs/state.md, "Peer heal")."""
+    from . import heal as _heal
+
+    return _heal.heal(step, state, groups=groups, info=info, **kw)
 
 
 _notes = [0]  # restore notes written by this process (their names' counter)
 
 
-def _note_restore(step, source, secs):
+def _note_restore(step, source, secs, **extra):
     """Under ft-launcher, leave the launcher a note of where this load came
     from ($FT_STATE_SHM_DIR/restore-LOCALRANK-PID-N.json; its store turns it
-    into a state_restore event that ft-resumer report shows). A note that
+    into a state_restore event that ft-resumer report shows). extra: the
+    peer heal's fields (heal, why, from_rank, bytes, step_at). A note that
     cannot be written is only logged: a load never fails for it."""
     d = os.environ.get(SHM_DIR_ENV)
     if not d:
@@ -575,6 +589,7 @@ def _note_restore(step, source, secs):
     body = {"local_rank": lr, "rank": _rank(), "step": step, "source": source, "load_ms": secs * 1e3,
             "round": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or "0"),
             "at": datetime.datetime.now(datetime.timezone.utc).isoformat()}
+    body.update(extra)
     tmp = os.path.join(d, "." + name + ".tmp")
     try:
         with open(tmp, "w") as f:
@@ -585,11 +600,22 @@ def _note_restore(step, source, secs):
 
 
 class Bound:
-    """save/load bound to a rank's monitor client (``ctx.state`` of
-    ft_launcher_client.inprocess), so saves count as checkpoints."""
+    """save/load/heal bound to a rank's monitor client (``ctx.state`` of
+    ft_launcher_client.inprocess), so saves count as checkpoints.
+    last_step_at: a callable returning when the rank last called
+    ctx.step() (epoch seconds), for heal's report."""
 
-    def __init__(self, monitor):
+    def __init__(self, monitor, last_step_at=None):
         self._monitor = monitor
+        self._last_step_at = last_step_at
+
+    def heal(self, step, state, groups=None, info=None, **kw):
+        """ft_launcher_client.heal.heal (peer heal after an in-process
+        rejoin; docs/state.md, "Peer heal")."""
+        from . import heal as _heal
+
+        kw.setdefault("step_at", self._last_step_at)
+        return _heal.heal(step, state, groups=groups, info=info, **kw)
 
     def save(self, step, state, checksum=False, path=None):
         m = self._monitor() if callable(self._monitor) else self._monitor

@@ -1,0 +1,304 @@
+"""Peer heal for in-process restarts (docs/state.md, "Peer heal").
+
+After an in-process rejoin the survivors still hold the live state of the
+last step they completed; the rank that replaced the failed one holds
+nothing. ``heal`` lets every rank of the new round agree on that step
+through the round's store (the launcher's TCPStore, under the round's key
+prefix) and sends a survivor's state to the replacement(s) over the new
+process group, so that no file and no launcher-memory copy is read and the
+work lost is the failed step only:
+
+    model, opt = build()            # once per process: survivors keep them
+    done = [None]                   # the last step this process completed
+
+    def train(ctx):
+        live = None if done[0] is None else {"model": model.state_dict(), "opt": opt.state_dict()}
+        step, st = ctx.state.heal(done[0], live)
+        if st is not None and st is not live:
+            model.load_state_dict(st["model"]); opt.load_state_dict(st["opt"])
+        for s in range(0 if step is None else step + 1, steps):
+            ...one step, optimizer step included...
+            done[0] = s             # before ctx.step(): it may raise RestartNotice
+            ctx.step()
+
+When the survivors disagree on the step (a failure between two ranks'
+optimizer steps), or a replica group lost every member, every rank falls
+back to ``state.load()`` (the newest committed save: launcher memory, then
+the state directory) and says so (a warning, and the restore note the
+launcher records). Without a process group, or alone in it, there is
+nothing to heal: a live state is returned as it is, otherwise what
+``load()`` returns.
+
+Standard library only at import; torch when a process group is there.
+"""
+
+import json
+import logging
+import os
+import time
+
+from . import state as _state
+
+log = logging.getLogger(__name__)
+
+KEY_PREFIX = "ft_heal"
+DEFAULT_TIMEOUT = 300.0  # seconds a rank waits for its peers' reports
+
+# What heal did, in info["heal"] and the restore note.
+PEER = "peer"  # the replacement(s) received a survivor's state
+KEPT = "kept"  # every rank held the state: nothing was sent
+LOAD = "load"  # no rank held a live state (first round, full restart): load()
+FALLBACK = "fallback"  # live states that cannot be used: load(), and why
+
+
+def check_groups(groups, world):
+    """The replica groups as a list of sorted lists; None means one group
+    of every rank (plain data parallelism). Raises ValueError naming the
+    problem: a rank outside 0..world-1, a rank in two groups."""
+    if groups is None:
+        return [list(range(world))]
+    out, seen = [], {}
+    for i, g in enumerate(groups):
+        try:
+            g = sorted(int(r) for r in g)
+        except (TypeError, ValueError):
+            raise ValueError("replica group %d (%r): want a list of ranks (ints)" % (i, g)) from None
+        for r in g:
+            if not 0 <= r < world:
+                raise ValueError("replica group %d names rank %d; ranks are 0..%d (world size %d)" % (i, r, world - 1, world))
+            if r in seen:
+                raise ValueError("rank %d is in replica groups %d and %d; a rank holds one state, in one group" % (r, seen[r], i))
+            seen[r] = i
+        out.append(g)
+    for r in range(world):  # a rank not named is a group of its own (no replica)
+        if r not in seen:
+            out.append([r])
+    return out
+
+
+def _ranks_text(ranks, most=8):
+    ranks = sorted(ranks)
+    s = ", ".join(str(r) for r in ranks[:most])
+    return s + (", ... (%d ranks)" % len(ranks) if len(ranks) > most else "")
+
+
+def decide(steps, world, groups=None):
+    """The heal's decision from every rank's report: ``steps`` maps each
+    rank to the last step it completed, None when it holds no live state.
+    Pure (no torch, no store), so that every rank would decide alike; rank
+    0 decides and publishes it. Returns a dict: mode (peer, kept, load,
+    fallback), step (the step healed; None unless peer or kept), why (a
+    sentence), sources ({replacement rank: the survivor that sends it its
+    state}, as strings for JSON)."""
+    groups = check_groups(groups, world)
+    missing = [r for r in range(world) if r not in steps]
+    if missing:
+        raise ValueError("heal: no report from ranks %s" % _ranks_text(missing))
+    holders = {r: s for r, s in steps.items() if s is not None}
+    if not holders:
+        return {"mode": LOAD, "step": None, "why": "no rank holds a live state", "sources": {}}
+    by_step = {}
+    for r, s in holders.items():
+        by_step.setdefault(s, []).append(r)
+    if len(by_step) > 1:
+        parts = ["step %d on ranks %s" % (s, _ranks_text(rs)) for s, rs in sorted(by_step.items())]
+        return {"mode": FALLBACK, "step": None, "sources": {},
+                "why": "the survivors disagree on the last completed step (%s)" % "; ".join(parts)}
+    (step,) = by_step
+    sources = {}
+    for g in groups:
+        have = [r for r in g if r in holders]
+        lost = [r for r in g if r not in holders]
+        if not lost:
+            continue
+        if not have:
+            return {"mode": FALLBACK, "step": None, "sources": {},
+                    "why": "replica group [%s] has no survivor (ranks %s hold no live state)" % (_ranks_text(g), _ranks_text(lost))}
+        for r in lost:
+            sources[str(r)] = min(have)
+    return {"mode": PEER if sources else KEPT, "step": step, "sources": sources,
+            "why": ("ranks %s receive step %d from a survivor" % (_ranks_text(int(r) for r in sources), step)) if sources
+            else "every rank holds step %d" % step}
+
+
+# -- the transfer (torch) ---------------------------------------------------
+
+
+def _payload(st):
+    """The state as one uint8 tensor in state.py's payload format."""
+    import torch
+
+    bufs, n, _keep = _state._encode(st)
+    out = torch.empty(n, dtype=torch.uint8)
+    v = _state._cpu_view(out)
+    off = 0
+    for b in bufs:
+        v[off:off + len(b)] = b
+        off += len(b)
+    return out
+
+
+def _from_payload(t):
+    v = _state._cpu_view(t)
+
+    def pread(off, n):
+        if off + n > len(v):
+            raise _state.StateError("peer heal: short payload (%d of %d bytes)" % (len(v) - off, n))
+        return bytes(v[off:off + n])
+
+    def preadinto(off, dst):
+        dst[:] = v[off:off + len(dst)]
+
+    return _state._decode((pread, preadinto), len(v))
+
+
+def _device(dist):
+    import torch
+
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _send(dist, payload, dsts):
+    import torch
+
+    dev = _device(dist)
+    n = torch.tensor([payload.numel()], dtype=torch.int64, device=dev)
+    p = payload.to(dev)
+    for d in dsts:  # one after the other: a source with K replacements sends K copies
+        dist.send(n, d)
+        dist.send(p, d)
+
+
+def _recv(dist, src):
+    import torch
+
+    dev = _device(dist)
+    n = torch.zeros(1, dtype=torch.int64, device=dev)
+    dist.recv(n, src)
+    p = torch.empty(int(n.item()), dtype=torch.uint8, device=dev)
+    dist.recv(p, src)
+    return p.cpu()
+
+
+# -- the API ----------------------------------------------------------------
+
+_calls = {}  # round -> heal calls of this process in it (their store keys)
+
+
+def heal(step, state, groups=None, info=None, timeout=DEFAULT_TIMEOUT, path=None, verify=True, step_at=None):
+    """Return (step, state) for this rank of the new round.
+
+    ``step``/``state``: a survivor's last completed step and its live state
+    (any object ``state.save`` takes); a replacement rank passes None,
+    None. Every rank of the round must call it, the same number of times.
+    ``groups``: lists of ranks that hold the same state (replicas); None:
+    every rank is a replica (data parallelism). A rank in no group has no
+    replica. The survivors get their own ``state`` back (the same object);
+    a replacement gets a copy of its group's lowest surviving rank's state
+    (tensors on the CPU, as load() returns them). On a fallback or with no
+    live state anywhere, every rank gets ``state.load(path, verify)``.
+    ``info`` (a dict) receives heal (peer, kept, load, fallback), source
+    (live, peer, memory, file, None), why, step, seconds, bytes, from_rank.
+    A peer that dies during the heal fails it with torch's RuntimeError,
+    which InProcess.run handles as a failed collective (the next rejoin).
+    ``step_at``: when this survivor completed ``step`` (epoch seconds, or a
+    callable returning them; ``ctx.state.heal`` passes the time of the last
+    ``ctx.step()``): the report counts the time after it as lost."""
+    info = {} if info is None else info
+    start = time.perf_counter()
+    live = None if state is None or step is None else int(step)
+    try:
+        import torch.distributed as dist
+
+        up = dist.is_available() and dist.is_initialized()
+    except ImportError:
+        up = False
+    if not up or dist.get_world_size() == 1:
+        if live is not None:
+            info.update(heal=KEPT, source="live", why="no process group: nothing to heal", step=live,
+                        seconds=time.perf_counter() - start, bytes=0, from_rank=None)
+            return live, state
+        return _load(info, start, LOAD, "no process group and no live state", path, verify)
+
+    from torch.distributed import distributed_c10d as c10d
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    groups = check_groups(groups, world)  # bad input fails every rank alike, before the store
+    rnd = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or "0"
+    n = _calls.get(rnd, 0)
+    _calls[rnd] = n + 1
+    store = c10d._get_default_store()
+    base = "%s/%d/" % (KEY_PREFIX, n)
+    wait = _timedelta(timeout)
+    store.set(base + "rank/%d" % rank, json.dumps({"step": live}))
+    if rank == 0:
+        keys = [base + "rank/%d" % r for r in range(world)]
+        store.wait(keys, wait)
+        steps = {r: json.loads(store.get(k))["step"] for r, k in enumerate(keys)}
+        d = decide(steps, world, groups)
+        store.set(base + "decision", json.dumps(d))
+    else:
+        store.wait([base + "decision"], wait)
+        d = json.loads(store.get(base + "decision"))
+    mode, why = d["mode"], d["why"]
+    if mode in (LOAD, FALLBACK):
+        if mode == FALLBACK:
+            log.warning("peer heal: %s; every rank restores its newest committed save instead", why)
+        return _load(info, start, mode, why, path, verify)
+
+    healed = d["step"]
+    sources = {int(k): v for k, v in d["sources"].items()}
+    nbytes, frm = 0, None
+    if rank in sources:
+        frm = sources[rank]
+        payload = _recv(dist, frm)
+        nbytes = payload.numel()
+        state, source = _from_payload(payload), PEER
+        del payload
+    else:
+        dsts = sorted(r for r, s in sources.items() if s == rank)
+        if dsts:
+            payload = _payload(state)
+            nbytes = payload.numel()
+            _send(dist, payload, dsts)
+            del payload
+        source = "live"
+    secs = time.perf_counter() - start
+    info.update(heal=mode, source=source, why=why, step=healed, seconds=secs, bytes=nbytes, from_rank=frm)
+    extra = {"heal": mode, "bytes": nbytes}
+    if frm is not None:
+        extra["from_rank"] = frm
+    at = step_at() if callable(step_at) else step_at
+    if source == "live" and at:
+        extra["step_at"] = _iso(at)  # when the healed step ended here: the report's end of the productive time
+    _state._note_restore(healed, source, secs, **extra)
+    if frm is not None:
+        log.info("peer heal: received step %d (%d bytes) from rank %d in %.3f s", healed, nbytes, frm, secs)
+    return healed, state
+
+
+def _load(info, start, mode, why, path, verify):
+    got = {}
+    step, st = _state._load(path=path, verify=verify, info=got, note={"heal": mode, "why": why})
+    info.update(heal=mode, source=got.get("source"), why=why, step=step, seconds=time.perf_counter() - start,
+                bytes=0, from_rank=None)
+    return step, st
+
+
+def _iso(epoch):
+    import datetime
+
+    return datetime.datetime.fromtimestamp(epoch, datetime.timezone.utc).isoformat()
+
+
+def _timedelta(seconds):
+    import datetime
+
+    if isinstance(seconds, datetime.timedelta):
+        return seconds
+    return datetime.timedelta(seconds=float(seconds))
+
+
+__all__ = ["heal", "decide", "check_groups", "PEER", "KEPT", "LOAD", "FALLBACK"]
