@@ -380,15 +380,26 @@ type StatePersistFailedEvent struct {
 // StateRestoreEvent: a rank's load() restored its state (or found none:
 // Source and Step absent), as the rank noted it for its launcher's store.
 // Source: memory, buddy (memory that a buddy's copy filled before the
-// round: a spare or a renumbered rank after a node loss), file.
+// round: a spare or a renumbered rank after a node loss), file; after a
+// peer heal, peer (a replacement that received a survivor's state) or
+// live (a survivor that kept its own).
 type StateRestoreEvent struct {
 	LocalRank int       `json:"local_rank"`
 	Rank      int       `json:"rank"`
 	Round     int       `json:"round"`
 	Step      *int64    `json:"step,omitempty"`
-	Source    *string   `json:"source,omitempty"`
+	Source    *string   `json:"source,omitempty"` // memory, buddy, file; peer, live (a peer heal)
 	LoadMS    float64   `json:"load_ms"`
 	At        time.Time `json:"at"`
+	// A peer heal after an in-process rejoin (docs/state.md, "Peer
+	// heal"): peer, kept, load or fallback; why; the survivor a
+	// replacement's state came from; bytes sent; when a survivor
+	// completed the healed step (the end of the failed round's kept work).
+	Heal     string     `json:"heal,omitempty"`
+	Why      string     `json:"why,omitempty"`
+	FromRank *int       `json:"from_rank,omitempty"`
+	Bytes    int64      `json:"bytes,omitempty"`
+	StepAt   *time.Time `json:"step_at,omitempty"`
 }
 
 // StateStaleRemovedEvent: a launcher at its start removed the segments'

@@ -269,6 +269,10 @@ type roundFacts struct {
 	sections                bool // the ranks reported steps or checkpoints this round
 	stepCounts              bool // a rank_steps record: the ranks counted "step" sections
 	stepsLost               int
+	healed                  bool      // the next round healed from the survivors' live state (peer heal)
+	healedAt                time.Time // when the survivors completed the healed step (zero: not known)
+	killedAt                time.Time // the first rank death by a signal (an outside kill, or the launcher's stop)
+	killed                  string
 	nodes                   map[string]bool
 	world                   int
 }
@@ -296,6 +300,7 @@ func computeJob(g *jobRecords, r *Report) (Job, error) {
 	var start, end time.Time
 	nodesWithEvents := map[string]bool{}
 	restarts := map[int]Restart{}
+	heals := map[int]time.Time{} // round that healed from live state → when its survivors completed the step
 	for _, e := range g.events {
 		if e.Kind != eventlog.RoundEnded { // its node is the one that ended the round
 			nodesWithEvents[e.Node] = true
@@ -331,11 +336,22 @@ func computeJob(g *jobRecords, r *Report) (Job, error) {
 			f := get(round)
 			f.sections, f.stepCounts = true, true
 			f.stepsLost = max(f.stepsLost, int(ev.StepsSinceCheckpoint))
+		case eventlog.StateRestoreEvent:
+			if ev.Heal == "peer" || ev.Heal == "kept" {
+				at := heals[ev.Round]
+				if ev.StepAt != nil {
+					at = later(at, *ev.StepAt)
+				}
+				heals[ev.Round] = at
+			}
 		case eventlog.RankExitedEvent:
 			f := get(round)
 			f.lastExit = later(f.lastExit, e.TS)
 			if ev.ExitCode != 0 && ev.Signal == "" {
 				f.failAt(e.TS, e.TS, "crash", fmt.Sprintf("rank %d exited with code %d", ev.Rank, ev.ExitCode))
+			}
+			if ev.Signal != "" && (f.killedAt.IsZero() || e.TS.Before(f.killedAt)) {
+				f.killedAt, f.killed = e.TS, fmt.Sprintf("rank %d was killed by %s", ev.Rank, ev.Signal)
 			}
 		case eventlog.RankHangEvent:
 			f := get(round)
@@ -422,6 +438,22 @@ func computeJob(g *jobRecords, r *Report) (Job, error) {
 		ns = append(ns, n)
 	}
 	sort.Ints(ns)
+	// A round that was restarted with nothing else to explain it ended
+	// when a rank was killed from outside (SIGKILL by the OOM killer or a
+	// user): the launcher's own stops come after a failure it detected.
+	for n := range restarts {
+		if f := rounds[n]; f != nil && f.detected.IsZero() && !f.killedAt.IsZero() {
+			f.failAt(f.killedAt, f.killedAt, "crash", f.killed)
+		}
+	}
+	// A round healed from its survivors' live state lost only the failed
+	// step of the round before it (docs/state.md, "Peer heal").
+	for i, n := range ns {
+		if at, ok := heals[n]; ok && i > 0 {
+			f := rounds[ns[i-1]]
+			f.healed, f.healedAt = true, at
+		}
+	}
 	cursor := start
 	add := func(p string, to time.Time, rp map[string]float64) time.Time {
 		to = clamp(to, cursor, end)
@@ -472,7 +504,16 @@ func computeJob(g *jobRecords, r *Report) (Job, error) {
 		}
 		ready = clamp(ready, f.start, f.fault)
 		keep := f.fault
-		if f.end != "success" {
+		if f.end != "success" && f.healed {
+			// Kept work ends where the survivors completed the healed
+			// step; the failed step is recomputed (1 step lost).
+			keep = ready
+			if !f.healedAt.IsZero() && !f.healedAt.After(f.fault) {
+				keep = later(keep, f.healedAt)
+			}
+			one := 1
+			rd.StepsLost = &one
+		} else if f.end != "success" {
 			if f.sections {
 				keep = ready
 				for _, c := range f.ckpts {

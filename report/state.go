@@ -40,7 +40,7 @@ type Restore struct {
 	Node   string    `json:"node"`
 	Rank   int       `json:"rank"`
 	Step   int64     `json:"step"`
-	Source string    `json:"source"` // memory, file (peer, buddy)
+	Source string    `json:"source"` // memory, file; peer, live (a peer heal)
 	LoadMS float64   `json:"load_ms"`
 	At     time.Time `json:"at"`
 }
@@ -70,7 +70,8 @@ func stateAccount(rec *records, r *Report) *State {
 	}
 	type seqs struct{ done, last int64 }
 	segs := map[segKey]seqs{}
-	roundIdx := map[string]int{} // job/round → index in r.Rounds
+	roundIdx := map[string]int{}  // job/round → index in r.Rounds
+	fellBack := map[string]bool{} // job/round whose peer heal fell back (one note each)
 	for i, rd := range r.Rounds {
 		roundIdx[fmt.Sprint(rd.Job, "/", rd.Round)] = i
 	}
@@ -109,6 +110,17 @@ func stateAccount(rec *records, r *Report) *State {
 			}
 		case eventlog.StateRestoreEvent:
 			seen = true
+			if ev.Heal == "fallback" {
+				job := e.Job
+				if rec.chain == nil {
+					job = ""
+				}
+				if k := fmt.Sprint(job, "/", ev.Round); !fellBack[k] {
+					fellBack[k] = true
+					r.Notes = append(r.Notes, fmt.Sprintf("%sround %d: the peer heal fell back to the newest committed save: %s",
+						jobPrefix(job), ev.Round, ev.Why))
+				}
+			}
 			if ev.Source == nil || ev.Step == nil {
 				st.EmptyLoads++
 				continue

@@ -318,6 +318,8 @@ func TestStoreRestoreNotes(t *testing.T) {
 		"restore-1-77-1.json": `{"local_rank":1,"rank":5,"round":2,"step":40,"source":"memory","load_ms":1.5,"at":"2026-11-28T06:00:00.123456+00:00"}`,
 		"restore-0-78-1.json": `{"local_rank":0,"rank":4,"round":0,"step":null,"source":null,"load_ms":0.1,"at":"2026-11-28T06:00:00+00:00"}`,
 		"restore-0-78-2.json": `{"local_rank":0,`,
+		// A peer heal's note (ft_launcher_client.heal): the replacement's.
+		"restore-1-79-1.json": `{"local_rank":1,"rank":7,"round":3,"step":24,"source":"peer","load_ms":3.9,"at":"2026-11-28T06:00:01+00:00","heal":"peer","bytes":18048,"from_rank":6}`,
 	}
 	for name, body := range notes {
 		if err := os.WriteFile(filepath.Join(s.ShmDir(), name), []byte(body), 0o600); err != nil {
@@ -328,8 +330,8 @@ func TestStoreRestoreNotes(t *testing.T) {
 		left, _ := filepath.Glob(filepath.Join(s.ShmDir(), RestoreNotePattern))
 		return len(left) == 0
 	})
-	if n := ev.count(EventRestore); n != 2 {
-		t.Fatalf("%d state_restore events, want 2 (the unparsable note dropped)", n)
+	if n := ev.count(EventRestore); n != 3 {
+		t.Fatalf("%d state_restore events, want 3 (the unparsable note dropped)", n)
 	}
 	ev.mu.Lock()
 	for _, r := range ev.recs {
@@ -342,6 +344,13 @@ func TestStoreRestoreNotes(t *testing.T) {
 		case 4:
 			if f.Source != nil {
 				t.Errorf("a load that found nothing has a source: %+v", f)
+			}
+			if f.Heal != "" || f.FromRank != nil {
+				t.Errorf("a plain load has heal fields: %+v", f)
+			}
+		case 7:
+			if f.Source == nil || *f.Source != "peer" || f.Heal != "peer" || f.FromRank == nil || *f.FromRank != 6 || f.Bytes != 18048 {
+				t.Errorf("peer heal restore event %+v", f)
 			}
 		}
 	}

@@ -50,6 +50,14 @@ type restoreNote struct {
 	Source    *string   `json:"source"` // memory, file; null: nothing
 	LoadMS    float64   `json:"load_ms"`
 	At        time.Time `json:"at"`
+	// A peer heal's (ft_launcher_client.heal): what it did (peer, kept,
+	// load, fallback), why, the survivor a replacement's state came from,
+	// the bytes sent, and when a survivor completed the healed step.
+	Heal     string     `json:"heal,omitempty"`
+	Why      string     `json:"why,omitempty"`
+	FromRank *int       `json:"from_rank,omitempty"`
+	Bytes    int64      `json:"bytes,omitempty"`
+	StepAt   *time.Time `json:"step_at,omitempty"`
 }
 
 // Every is when the background writer writes: after Saves new saves, or
@@ -406,6 +414,9 @@ func (s *Store) readRestores() {
 		e := eventlog.StateRestoreEvent{LocalRank: n.LocalRank, Rank: n.Rank, Round: n.Round, LoadMS: n.LoadMS, At: n.At}
 		if n.Step != nil && n.Source != nil {
 			e.Step, e.Source = n.Step, eventlog.Opt(s.source(n))
+		}
+		if n.Heal != "" { // a peer heal's note (ft_launcher_client.heal)
+			e.Heal, e.Why, e.FromRank, e.Bytes, e.StepAt = n.Heal, n.Why, n.FromRank, n.Bytes, n.StepAt
 		}
 		s.opts.Emit(e)
 	}
