@@ -123,33 +123,11 @@ def decide(steps, world, groups=None):
 
 # -- the transfer (torch) ---------------------------------------------------
 
-
-def _payload(st):
-    """The state as one uint8 tensor in state.py's payload format."""
+def _bytes_of(t):
+    """The bytes of a contiguous tensor as a flat uint8 tensor (a view)."""
     import torch
 
-    bufs, n, _keep = _state._encode(st)
-    out = torch.empty(n, dtype=torch.uint8)
-    v = _state._cpu_view(out)
-    off = 0
-    for b in bufs:
-        v[off:off + len(b)] = b
-        off += len(b)
-    return out
-
-
-def _from_payload(t):
-    v = _state._cpu_view(t)
-
-    def pread(off, n):
-        if off + n > len(v):
-            raise _state.StateError("peer heal: short payload (%d of %d bytes)" % (len(v) - off, n))
-        return bytes(v[off:off + n])
-
-    def preadinto(off, dst):
-        dst[:] = v[off:off + len(dst)]
-
-    return _state._decode((pread, preadinto), len(v))
+    return t.reshape(-1).view(torch.uint8)
 
 
 def _device(dist):
@@ -160,26 +138,71 @@ def _device(dist):
     return torch.device("cpu")
 
 
-def _send(dist, payload, dsts):
+def _send(dist, st, dsts):
+    """Send st to each of dsts: a header (skeleton length, tensor count),
+    the skeleton (state.py's pickle, tensors replaced by references), then
+    each tensor's bytes straight from its memory (no staging copy of a
+    contiguous CPU tensor). Returns the bytes sent to one destination."""
+    import io
+
     import torch
 
     dev = _device(dist)
-    n = torch.tensor([payload.numel()], dtype=torch.int64, device=dev)
-    p = payload.to(dev)
-    for d in dsts:  # one after the other: a source with K replacements sends K copies
-        dist.send(n, d)
-        dist.send(p, d)
+    tensors = []
+    f = io.BytesIO()
+    _state._Pickler(f, tensors).dump(st)  # contiguous CPU tensors, as a save makes them
+    skel = torch.frombuffer(bytearray(f.getvalue()), dtype=torch.uint8)
+    head = torch.tensor([skel.numel(), len(tensors)], dtype=torch.int64)
+    msgs = [head, skel] + [_bytes_of(t) for t in tensors if t.numel()]
+    msgs = [m.to(dev) for m in msgs]
+    for d in dsts:  # one after the other: a survivor with K replacements sends K copies
+        for m in msgs:
+            dist.send(m, d)
+    return sum(m.numel() for m in msgs[1:])
 
 
 def _recv(dist, src):
+    """Receive a state _send sent: each tensor is allocated with
+    torch.empty and received straight into its memory (on the CPU, as
+    load() returns them). Returns (state, bytes)."""
+    import io
+
     import torch
 
     dev = _device(dist)
-    n = torch.zeros(1, dtype=torch.int64, device=dev)
-    dist.recv(n, src)
-    p = torch.empty(int(n.item()), dtype=torch.uint8, device=dev)
-    dist.recv(p, src)
-    return p.cpu()
+    head = torch.zeros(2, dtype=torch.int64, device=dev)
+    dist.recv(head, src)
+    skel_len, ntensors = (int(x) for x in head.cpu().tolist())
+    skel = torch.empty(skel_len, dtype=torch.uint8, device=dev)
+    dist.recv(skel, src)
+    data = skel.cpu().numpy().tobytes()
+    metas = {}
+
+    def collect(idx, dtype, shape):
+        metas[idx] = (dtype, shape)
+        return (idx,)
+
+    _state._Unpickler(io.BytesIO(data), collect).load()
+    if len(metas) != ntensors:
+        raise _state.StateError("peer heal: %d tensors described, %d announced" % (len(metas), ntensors))
+    tensors, n = [], len(data)
+    for idx in range(ntensors):
+        dtype, shape = metas[idx]
+        dt = getattr(torch, dtype, None)
+        if not isinstance(dt, torch.dtype):
+            raise _state.StateError("peer heal: unknown dtype %r" % dtype)
+        t = torch.empty(shape, dtype=dt)
+        if t.numel():
+            b = _bytes_of(t)
+            if dev.type == "cpu":
+                dist.recv(b, src)
+            else:
+                tmp = torch.empty(b.numel(), dtype=torch.uint8, device=dev)
+                dist.recv(tmp, src)
+                b.copy_(tmp)
+            n += b.numel()
+        tensors.append(t)
+    return _state._Unpickler(io.BytesIO(data), lambda i, d, s: tensors[i]).load(), n
 
 
 # -- the API ----------------------------------------------------------------
@@ -253,17 +276,12 @@ def heal(step, state, groups=None, info=None, timeout=DEFAULT_TIMEOUT, path=None
     nbytes, frm = 0, None
     if rank in sources:
         frm = sources[rank]
-        payload = _recv(dist, frm)
-        nbytes = payload.numel()
-        state, source = _from_payload(payload), PEER
-        del payload
+        state, nbytes = _recv(dist, frm)
+        source = PEER
     else:
         dsts = sorted(r for r, s in sources.items() if s == rank)
         if dsts:
-            payload = _payload(state)
-            nbytes = payload.numel()
-            _send(dist, payload, dsts)
-            del payload
+            nbytes = _send(dist, state, dsts)
         source = "live"
     secs = time.perf_counter() - start
     info.update(heal=mode, source=source, why=why, step=healed, seconds=secs, bytes=nbytes, from_rank=frm)
