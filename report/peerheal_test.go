@@ -52,6 +52,20 @@ func TestPeerHealAccount(t *testing.T) {
 				t.Errorf("notes %q, want %q", r.Notes, tt.note)
 			}
 			if tt.stepsLost == 1 {
+				var labels []string
+				for _, l := range r.Ranks {
+					for _, m := range l.Marks {
+						if m.Kind == "restore" {
+							labels = append(labels, l.Name+": "+m.Label)
+						}
+					}
+				}
+				marks := []string{"rank 0: round 1: kept its live step 24 (peer heal", "rank 1: round 1: received step 24 from rank 0 (peer heal)"}
+				for _, w := range marks {
+					if !strings.Contains(strings.Join(labels, "\n"), w) {
+						t.Errorf("restore marks %q, want one like %q", labels, w)
+					}
+				}
 				// Kept work ends at the survivor's step 24 (18.887596 s),
 				// the kill at 19.231955436 s: 0.344 s recomputed.
 				want := (344359436 * time.Nanosecond).Seconds()

@@ -134,10 +134,16 @@ func stateAccount(rec *records, r *Report) *State {
 			if i, ok := roundIdx[fmt.Sprint(job, "/", ev.Round)]; ok {
 				r.Rounds[i].Restores = append(r.Rounds[i].Restores, x)
 			}
+			label := fmt.Sprintf("round %d: restored step %d from %s in %.1f ms", x.Round, x.Step, x.Source, x.LoadMS)
+			switch {
+			case x.Source == "live":
+				label = fmt.Sprintf("round %d: kept its live step %d (peer heal, %.1f ms)", x.Round, x.Step, x.LoadMS)
+			case x.Source == "peer" && ev.FromRank != nil:
+				label = fmt.Sprintf("round %d: received step %d from rank %d (peer heal) in %.1f ms", x.Round, x.Step, *ev.FromRank, x.LoadMS)
+			}
 			for i := range r.Ranks {
 				if r.Ranks[i].Name == fmt.Sprintf("rank %d", ev.Rank) {
-					r.Ranks[i].Marks = append(r.Ranks[i].Marks, Mark{Kind: "restore", At: x.At,
-						Label: fmt.Sprintf("round %d: restored step %d from %s in %.1f ms", x.Round, x.Step, x.Source, x.LoadMS)})
+					r.Ranks[i].Marks = append(r.Ranks[i].Marks, Mark{Kind: "restore", At: x.At, Label: label})
 				}
 			}
 		}
