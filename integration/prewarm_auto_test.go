@@ -268,7 +268,7 @@ func TestLibuvHint(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			j := newJob(t)
-			// What torch 2.6's rendezvous raises, verbatim (ranklogs/hints_test.go has the traceback).
+			// What torch 2.6's rendezvous raises, verbatim (ranklogs/testdata has real rank logs).
 			script := filepath.Join(j.dir, "libuv.py")
 			body := "raise RuntimeError(\"use_libuv was requested but PyTorch was build without libuv support\")\n"
 			if err := os.WriteFile(script, []byte(body), 0o644); err != nil {
