@@ -2,7 +2,8 @@
 """Memory of one --prewarm standby (RSS, anonymous and file-backed, and its
 threads) for several --prewarm settings, with 2 local ranks whose script
 imports what examples/ddp_train.py imports (torch, torch.distributed,
-torch.nn, DDP).
+torch.nn, DDP) and makes its calls that import more on torch 2.x
+(use_deterministic_algorithms, Adam).
 
 For --prewarm auto both its standbys are measured: those of the first cycle
 (nothing learned yet: the built-in list) and those started after the first
@@ -20,9 +21,15 @@ import sys
 import tempfile
 import time
 
+# The calls examples/ddp_train.py makes before its first step: on torch 2.x
+# they import the compiler stack (torch._dynamo, ...), which --prewarm auto
+# then learns; on torch 1.13 `import torch` already imported what they use.
 RANK = """import os, sys, time
 import torch, torch.distributed, torch.nn
 from torch.nn.parallel import DistributedDataParallel
+torch.set_num_threads(1)
+torch.use_deterministic_algorithms(True)
+torch.optim.Adam(torch.nn.Linear(2, 2).parameters(), lr=0.1)
 rnd = os.environ["TORCHELASTIC_RESTART_COUNT"]
 while not os.path.exists(os.path.join(os.environ["OUT"], "go-" + rnd)):
     time.sleep(0.05)

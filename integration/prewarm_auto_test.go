@@ -19,35 +19,63 @@ import (
 
 // autoRank records, at its start, which of $WATCH are already imported
 // (a standby imported them) and what the hook could have left visible,
-// then imports $IMPORTS_<round> (else $IMPORTS), writes
+// then imports $IMPORTS_<round> (else $IMPORTS), runs a pool of 2
+// multiprocessing workers per start method in $MP (comma-separated), writes
 // $OUT/rec-<round>.json, waits for $OUT/go-<round> and fails, up to round
-// $LAST, which succeeds.
+// $LAST, which succeeds. The main guard keeps spawn and forkserver workers,
+// which import the script as __mp_main__, to the worker function.
 const autoRank = `import builtins, json, os, sys, time
-rnd = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
-rec = {
-    "pre": sorted(m for m in os.environ["WATCH"].split(",") if m in sys.modules),
-    "pythonpath": os.environ.get("PYTHONPATH"),
-    "report_var": os.environ.get("FT_LAUNCHER_PREWARM_REPORT"),
-    "hook_on_path": any("ft-launcher-prewarm-" in p for p in sys.path),
-    "sitecustomize": getattr(builtins, "_ftl_test_sitecustomize", False),
-}
-for m in filter(None, os.environ.get("IMPORTS_%d" % rnd, os.environ.get("IMPORTS", "")).split(",")):
-    __import__(m)
-out = os.environ["OUT"]
-with open(os.path.join(out, "rec-%d.json" % rnd), "w") as f:
-    json.dump(rec, f)
-last = int(os.environ["LAST"])
-while rnd < last and not os.path.exists(os.path.join(out, "go-%d" % rnd)):
-    time.sleep(0.02)
-sys.exit(1 if rnd < last else 0)
+
+
+def worker(x):
+    return {"x": x * x, "argv": sys.argv, "pythonpath": os.environ.get("PYTHONPATH"),
+            "report_var": os.environ.get("FT_LAUNCHER_PREWARM_REPORT"),
+            "hook_on_path": any("ft-launcher-prewarm-" in p for p in sys.path)}
+
+
+if __name__ == "__main__":
+    rnd = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+    rec = {
+        "pre": sorted(m for m in os.environ["WATCH"].split(",") if m in sys.modules),
+        "pythonpath": os.environ.get("PYTHONPATH"),
+        "report_var": os.environ.get("FT_LAUNCHER_PREWARM_REPORT"),
+        "hook_on_path": any("ft-launcher-prewarm-" in p for p in sys.path),
+        "sitecustomize": getattr(builtins, "_ftl_test_sitecustomize", False),
+        "argv": sys.argv,
+        "mp": {},
+    }
+    for m in filter(None, os.environ.get("IMPORTS_%d" % rnd, os.environ.get("IMPORTS", "")).split(",")):
+        __import__(m)
+    for method in filter(None, os.environ.get("MP", "").split(",")):
+        import multiprocessing
+        with multiprocessing.get_context(method).Pool(2) as pool:
+            rec["mp"][method] = pool.map(worker, [1, 2])
+    out = os.environ["OUT"]
+    with open(os.path.join(out, "rec-%d.json" % rnd), "w") as f:
+        json.dump(rec, f)
+    last = int(os.environ["LAST"])
+    while rnd < last and not os.path.exists(os.path.join(out, "go-%d" % rnd)):
+        time.sleep(0.02)
+    sys.exit(1 if rnd < last else 0)
 `
 
 type autoRec struct {
-	Pre           []string `json:"pre"`
-	PythonPath    *string  `json:"pythonpath"`
-	ReportVar     *string  `json:"report_var"`
-	HookOnPath    bool     `json:"hook_on_path"`
-	SiteCustomize bool     `json:"sitecustomize"`
+	Pre           []string                 `json:"pre"`
+	PythonPath    *string                  `json:"pythonpath"`
+	ReportVar     *string                  `json:"report_var"`
+	HookOnPath    bool                     `json:"hook_on_path"`
+	SiteCustomize bool                     `json:"sitecustomize"`
+	Argv          []string                 `json:"argv"`
+	MP            map[string][]autoMPChild `json:"mp"`
+}
+
+// autoMPChild is what a multiprocessing worker of autoRank saw.
+type autoMPChild struct {
+	X          int      `json:"x"`
+	Argv       []string `json:"argv"`
+	PythonPath *string  `json:"pythonpath"`
+	ReportVar  *string  `json:"report_var"`
+	HookOnPath bool     `json:"hook_on_path"`
 }
 
 type autoState struct {
@@ -191,6 +219,44 @@ func TestPrewarmAutoLearnsWhatTheRanksImport(t *testing.T) {
 	}
 }
 
+// TestPrewarmAutoMultiprocessingStartMethods: a rank that runs worker
+// pools with the spawn, forkserver and fork start methods works cold and
+// warm under --prewarm auto (the warm rank started from a standby that
+// imported torch): the workers compute, see the rank's argv and the
+// PYTHONPATH it was given, and neither the hook's directory nor its report
+// variable (so they report nothing). docs/prewarm.md, "Not the default".
+func TestPrewarmAutoMultiprocessingStartMethods(t *testing.T) {
+	skipShort(t)
+	requireTorch(t) // the first standby imports the built-in torch list
+	j, recs, _ := autoJob(t, 1, "WATCH=torch", "MP=spawn,forkserver,fork")
+	lib, err := filepath.Abs("testdata/prewarmauto")
+	if err != nil {
+		t.Fatal(err)
+	}
+	argv := []string{filepath.Join(j.dir, "auto_rank.py")}
+	if !slices.Equal(recs[1].Pre, []string{"torch"}) {
+		t.Errorf("round 1 started with %v imported, want [torch] (a standby's)", recs[1].Pre)
+	}
+	for r, rec := range recs {
+		if !slices.Equal(rec.Argv, argv) {
+			t.Errorf("round %d: sys.argv %v, want %v", r, rec.Argv, argv)
+		}
+		for _, method := range []string{"spawn", "forkserver", "fork"} {
+			ws := rec.MP[method]
+			if len(ws) != 2 || ws[0].X != 1 || ws[1].X != 4 {
+				t.Errorf("round %d, %s: workers returned %+v, want x 1 and 4", r, method, ws)
+				continue
+			}
+			for _, w := range ws {
+				if !slices.Equal(w.Argv, argv) || w.PythonPath == nil || *w.PythonPath != lib || w.ReportVar != nil || w.HookOnPath {
+					t.Errorf("round %d, %s worker: argv %v (want %v), PYTHONPATH %s (want %s), report variable %s, hook on sys.path %v",
+						r, method, w.Argv, argv, deref(w.PythonPath), lib, deref(w.ReportVar), w.HookOnPath)
+				}
+			}
+		}
+	}
+}
+
 // TestPrewarmAutoLeavesOutAThreadStartingModule: a module that starts a
 // thread at import, learned from a rank, makes its standby report it; it
 // is left out for good (state file, prewarm_unsafe), the standby starts
@@ -268,7 +334,7 @@ func TestLibuvHint(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			j := newJob(t)
-			// What torch 2.6's rendezvous raises, verbatim (ranklogs/hints_test.go has the traceback).
+			// What torch 2.6's rendezvous raises, verbatim (ranklogs/testdata has real rank logs).
 			script := filepath.Join(j.dir, "libuv.py")
 			body := "raise RuntimeError(\"use_libuv was requested but PyTorch was build without libuv support\")\n"
 			if err := os.WriteFile(script, []byte(body), 0o644); err != nil {
