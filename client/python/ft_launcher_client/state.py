@@ -13,7 +13,8 @@ Under ft-launcher with ``--state-dir`` a save copies the state into a
 shared-memory segment that the rank's launcher owns
 ($FT_STATE_SHM_DIR/rank-$LOCAL_RANK): it outlives the rank, and the process
 that next holds the rank loads it from memory (a memory copy into new
-tensors, not a deserialisation). The launcher writes committed saves to
+tensors, not a deserialisation; with ``load(into=...)`` straight into the
+tensors the caller already has). The launcher writes committed saves to
 --state-dir in the background. Without ft-launcher, or when the segment would
 not fit in memory, save() writes the same format to a file (atomically) and
 load() reads it; ``load_file(path)`` reads a written-out state anywhere.
