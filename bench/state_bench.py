@@ -4,10 +4,16 @@ docs/benchmarks.md "Issue 30: save and restore speed").
 
 For one state of --mib MiB per rank (float32 tensors of 16 MiB each) it
 measures, in one run, --reps rounds of:
-  copy            a plain memory copy of the state into preallocated tensors
+  copy            a plain memory copy of the state into preallocated tensors,
+                  with torch's copy_ and with glibc's memcpy (ctypes.memmove;
+                  faster for large copies: non-temporal stores); the ratios
+                  printed are against the faster of the two
   save            state.save into a launcher segment in /dev/shm (the
                   training loop's stall), without (the default) and with
                   checksum=True
+  pwrite          the state written with pwrite into a tmpfs file whose
+                  pages exist (the save's write path before it kept the
+                  segment mapped)
   torch.save      to a file on local disk (--disk-dir) plus fsync
   load            state.load from the segment into new tensors
   load into       state.load(into=...) into the caller's existing tensors,
@@ -27,6 +33,7 @@ fresh segment (which fault its pages in).
     /usr/bin/python3 bench/state_bench.py --mib 256 --reps 3 --ranks 4 --no-crc
 """
 import argparse
+import ctypes
 import multiprocessing as mp
 import os
 import shutil
@@ -58,6 +65,24 @@ def rank_main(rank, a, shm, disk, barrier, out):
         for d, s in zip(dst["model"].values(), st["model"].values()):
             d.copy_(s)
 
+    def memcpy():
+        for d, s in zip(dst["model"].values(), st["model"].values()):
+            ctypes.memmove(d.data_ptr(), s.data_ptr(), s.numel() * s.element_size())
+
+    # The save's old write path, for comparison: pwrite of each tensor into
+    # a tmpfs file whose pages exist (what state.save did before it kept
+    # its segment mapped).
+    raw = os.open(os.path.join(shm, "pwrite-%d" % rank), os.O_RDWR | os.O_CREAT, 0o600)
+
+    def raw_pwrite():
+        off = 0
+        for v in st["model"].values():
+            b = state._cpu_view(v)
+            os.pwrite(raw, b, off)
+            off += len(b)
+
+    raw_pwrite()
+
     def tsave():
         with open(path, "wb") as f:
             torch.save(st, f)
@@ -88,8 +113,10 @@ def rank_main(rank, a, shm, disk, barrier, out):
         first.append(time.perf_counter() - t)
     tsave()
     cases = [
-        ("copy", copy, None),
+        ("copy (torch copy_)", copy, None),
+        ("memcpy (glibc, ctypes)", memcpy, None),
         ("save", lambda: state.save(1, st), None),
+        ("pwrite into tmpfs (old save)", raw_pwrite, None),
         ("save (checksum=True)", lambda: state.save(1, st, checksum=True), None),
         ("torch.save+fsync", tsave, None),
         ("load (new tensors)", lambda: state.load(), lambda: state.save(1, st)),
@@ -113,6 +140,7 @@ def rank_main(rank, a, shm, disk, barrier, out):
     state.save(2, st)
     got = state.load(into=dst)[1]
     assert all(torch.equal(got["model"][k], v) and got["model"][k] is dst["model"][k] for k, v in st["model"].items())
+    os.close(raw)
     out.put((rank, first, times))
 
 
@@ -146,13 +174,14 @@ def main():
     names = list(res[0][2])
     rounds = {k: [max(r[2][k][i] for r in res) for i in range(a.reps)] for k in names}
     med = {k: statistics.median(v) for k, v in rounds.items()}
+    base = min(med["copy (torch copy_)"], med["memcpy (glibc, ctypes)"])
     print("state %d MiB x %d rank(s), %d rounds, torch %s, 1 thread each; load average %.1f at start, %.1f at end, %.0f s"
           % (a.mib, a.ranks, a.reps, torch.__version__, load0, os.getloadavg()[0], time.time() - t0))
     print("  first save into a fresh segment %.3f s, second (its other slot) %.3f s (slowest rank)"
           % (max(r[1][0] for r in res), max(r[1][1] for r in res)))
     print("  %-28s %9s %9s %9s" % ("", "median s", "worst s", "x copy"))
     for k in names:
-        print("  %-28s %9.3f %9.3f %9.2f" % (k, med[k], max(rounds[k]), med[k] / med["copy"]))
+        print("  %-28s %9.3f %9.3f %9.2f" % (k, med[k], max(rounds[k]), med[k] / base))
     print("  torch.save+fsync / save:                 %.1fx" % (med["torch.save+fsync"] / med["save"]))
     for k in ("torch.load (page cache)", "torch.load (from disk)", "torch.load (disk) + copy"):
         print("  %-28s / load (into=): %.1fx" % (k, med[k] / med["load (into=)"]))

@@ -3,25 +3,29 @@
 background, against the same loop without checkpoints (docs/benchmarks.md,
 "Issue 30: save and restore speed").
 
-As a driver (the default) it runs, under the real ft-launcher, one rank of
-this file in worker mode for each configuration, interleaved --reps times:
+One rank of this file runs under the real ft-launcher with --state-dir and
+--state-persist-every 1 (every save written to the state directory by the
+launcher's background writer, the heaviest setting). The worker alternates
+blocks of --block-steps steps:
   none     no checkpoints
-  memory   state.save every --save-every steps, --state-persist-every 0
-           (written out only at the end: the save stall alone)
-  persist  state.save every --save-every steps, --state-persist-every 1
-           (every save written to --state-dir by the launcher's background
-           writer while the loop trains on)
-and prints, per configuration, the median and worst over runs of the mean
-step time (all steps, save stalls included) and of the median time of the
-steps without a save (what the background writer's disk and CPU use costs
-the loop; the median, as preemptions on a shared machine hit single
-steps), each against "none".
+  persist  state.save every --save-every steps, each written out by the
+           launcher while the loop trains on
+After a persist block it waits until the launcher has written its last save
+(the manifest names its step), so that no write spills into the next none
+block. Alternating blocks within one process lets the load of a shared
+machine fall on both alike. Prints the median and worst over blocks of the
+mean step time (save stalls included), of the median time of the steps
+without a save (what the writer's disk and CPU use costs the loop), and of
+the loop thread's CPU time, mean per step and median of the steps without
+a save (time.thread_time: insensitive to other processes taking the CPU,
+sensitive to the memory bandwidth the writer takes and to the stall), each
+against "none".
 
 A step: --mm matrix products of 512x512 plus an optimizer-like pass over the
 whole state (every tensor t += 1e-6), one thread.
 
     go build -o /tmp/ft-launcher ./cmd/ft-launcher
-    /usr/bin/python3 bench/state_step.py --ft-launcher /tmp/ft-launcher --mib 256 --steps 40 --save-every 10 --reps 2
+    /usr/bin/python3 bench/state_step.py --ft-launcher /tmp/ft-launcher --mib 256 --blocks 6 --block-steps 16 --save-every 8
 """
 import argparse
 import json
@@ -46,70 +50,90 @@ def worker(a):
     torch.set_num_threads(1)
     st = {"w%d" % i: torch.randn(4 << 20) for i in range(a.mib // 16)}
     x = torch.randn(512, 512)
-    steps, saves = [], []
-    for step in range(a.steps):
-        t = time.perf_counter()
+    manifest = os.path.join(os.environ[state.DIR_ENV], "rank-0.json")
+    blocks, step = [], 0
+
+    def one(save):
+        nonlocal x, step
+        t, c = time.perf_counter(), time.thread_time()
         for _ in range(a.mm):
             x = torch.tanh(x @ x / 512.0)
         with torch.no_grad():
             for v in st.values():
                 v.add_(1e-6)
-        saved = a.save_every > 0 and (step + 1) % a.save_every == 0
-        if saved:
+        stall = None
+        if save:
             s = time.perf_counter()
             state.save(step, st)
-            saves.append(time.perf_counter() - s)
-        steps.append((time.perf_counter() - t, saved))
+            stall = time.perf_counter() - s
+        step += 1
+        return time.perf_counter() - t, stall, time.thread_time() - c
+
+    for _ in range(a.warmup):
+        one(False)
+    for b in range(a.blocks):
+        kind = ("none", "persist")[b % 2]
+        steps = [one(kind == "persist" and (i + 1) % a.save_every == 0) for i in range(a.block_steps)]
+        blocks.append({"kind": kind, "steps": steps})
+        if kind == "persist":  # the launcher's write of the last save is done
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                try:
+                    with open(manifest) as f:
+                        if json.load(f)["step"] == step - 1:
+                            break
+                except (OSError, ValueError, KeyError):
+                    pass
+                time.sleep(0.05)
+            else:
+                sys.exit("the launcher did not write step %d out within 60 s" % (step - 1))
     with open(a.out, "w") as f:
-        json.dump({"steps": steps, "saves": saves}, f)
+        json.dump(blocks, f)
 
 
 def driver(a):
     tmp = tempfile.mkdtemp(prefix="ftstate-step-", dir="/var/tmp")
     load0 = os.getloadavg()[0]
     t0 = time.time()
-    kinds = [k for k in ("none", "memory", "persist") if k in a.kinds.split(",")]
-    res = {k: [] for k in kinds}
     try:
-        for rep in range(a.reps):
-            for k in kinds:
-                out = os.path.join(tmp, "%s-%d.json" % (k, rep))
-                cmd = [a.ft_launcher, "--standalone", "--nproc-per-node", "1"]
-                if k != "none":
-                    sdir = os.path.join(tmp, "state-%s-%d" % (k, rep))
-                    cmd += ["--state-dir", sdir, "--state-persist-every", "1" if k == "persist" else "0"]
-                cmd += [os.path.abspath(__file__), "--worker", "--out", out, "--mib", str(a.mib), "--steps", str(a.steps),
-                        "--mm", str(a.mm), "--save-every", "0" if k == "none" else str(a.save_every)]
-                env = dict(os.environ, PYTHON_EXEC=sys.executable)
-                p = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300)
-                if p.returncode != 0:
-                    sys.exit("%s run %d failed (exit %d):\n%s" % (k, rep, p.returncode, p.stdout.decode()[-3000:]))
-                with open(out) as f:
-                    r = json.load(f)
-                if k == "persist":  # the writer wrote at least one save while training
-                    events = sum(1 for n in os.listdir(sdir) if n.endswith(".ftstate"))
-                    assert events >= 1, os.listdir(sdir)
-                    shutil.rmtree(sdir)
-                st = [d for d, _ in r["steps"][a.skip:]]
-                plain = [d for d, s in r["steps"][a.skip:] if not s]
-                res[k].append({"mean": statistics.mean(st), "plain": statistics.median(plain),
-                               "stall": statistics.median(r["saves"]) if r["saves"] else 0.0})
-                print("  %s run %d: mean step %.4f s, median step without a save %.4f s" % (k, rep, res[k][-1]["mean"], res[k][-1]["plain"]),
-                      file=sys.stderr)
+        out, sdir = os.path.join(tmp, "steps.json"), os.path.join(tmp, "state")
+        cmd = [a.ft_launcher, "--standalone", "--nproc-per-node", "1", "--state-dir", sdir, "--state-persist-every", "1",
+               os.path.abspath(__file__), "--worker", "--out", out, "--mib", str(a.mib), "--blocks", str(a.blocks),
+               "--block-steps", str(a.block_steps), "--mm", str(a.mm), "--save-every", str(a.save_every),
+               "--warmup", str(a.warmup)]
+        p = subprocess.run(cmd, env=dict(os.environ, PYTHON_EXEC=sys.executable), stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, timeout=600)
+        if p.returncode != 0:
+            sys.exit("run failed (exit %d):\n%s" % (p.returncode, p.stdout.decode()[-3000:]))
+        with open(out) as f:
+            blocks = json.load(f)
+        written = [n for n in os.listdir(sdir) if n.endswith(".ftstate")]
+        assert written, os.listdir(sdir)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    print("%d MiB state, %d steps (first %d skipped), a save every %d steps, %d runs each, interleaved; "
-          "load average %.1f at start, %.1f at end, %.0f s" % (a.mib, a.steps, a.skip, a.save_every, a.reps, load0,
-                                                              os.getloadavg()[0], time.time() - t0))
-    base = {m: statistics.median(x[m] for x in res["none"]) for m in ("mean", "plain")} if "none" in res else None
-    print("| run | mean step (all steps), median (worst) of runs, s | vs none | median step without a save, median (worst) of runs, s | vs none | save stall, median s |")
-    print("|---|---|---|---|---|---|")
-    for k in kinds:
-        med = {m: statistics.median(x[m] for x in res[k]) for m in ("mean", "plain", "stall")}
-        worst = {m: max(x[m] for x in res[k]) for m in ("mean", "plain")}
-        rel = (lambda m: "%+.1f%%" % (100 * (med[m] / base[m] - 1))) if base else (lambda m: "")
-        print("| %s | %.4f (%.4f) | %s | %.4f (%.4f) | %s | %.3f |" % (k, med["mean"], worst["mean"], rel("mean"),
-                                                                   med["plain"], worst["plain"], rel("plain"), med["stall"]))
+    res = {"none": [], "persist": []}
+    for b in blocks:
+        st = [d for d, _, _ in b["steps"]]
+        plain = [d for d, s, _ in b["steps"] if s is None]
+        stalls = [s for _, s, _ in b["steps"] if s is not None]
+        res[b["kind"]].append({"mean": statistics.mean(st), "plain": statistics.median(plain),
+                               "cpu": statistics.mean(c for _, _, c in b["steps"]),
+                               "cpuplain": statistics.median(c for _, s, c in b["steps"] if s is None),
+                               "stall": statistics.median(stalls) if stalls else 0.0})
+    print("%d MiB state, %d blocks of %d steps alternating (none, persist: a save every %d steps, each written out), "
+          "one run; load average %.1f at start, %.1f at end, %.0f s" % (a.mib, a.blocks, a.block_steps, a.save_every,
+                                                                       load0, os.getloadavg()[0], time.time() - t0))
+    ms = ("mean", "plain", "cpu", "cpuplain")
+    base = {m: statistics.median(x[m] for x in res["none"]) for m in ms}
+    print("| blocks | mean step (all steps), median (worst) of blocks, s | vs none | median step without a save, "
+          "median (worst), s | vs none | mean CPU time per step (thread), median (worst), s | vs none | "
+          "median CPU time of a step without a save, median (worst), s | vs none | save stall, median s |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for k in ("none", "persist"):
+        med = {m: statistics.median(x[m] for x in res[k]) for m in ms + ("stall",)}
+        worst = {m: max(x[m] for x in res[k]) for m in ms}
+        print("| %s | %s | %.3f |" % (k, " | ".join("%.4f (%.4f) | %+.1f%%" % (med[m], worst[m], 100 * (med[m] / base[m] - 1))
+                                                  for m in ms), med["stall"]))
 
 
 def main():
@@ -118,12 +142,11 @@ def main():
     p.add_argument("--out")
     p.add_argument("--ft-launcher", default=os.environ.get("FT_LAUNCHER", "/tmp/ft-launcher"))
     p.add_argument("--mib", type=int, default=256)
-    p.add_argument("--steps", type=int, default=40)
-    p.add_argument("--skip", type=int, default=5, help="first steps left out (warm-up)")
+    p.add_argument("--blocks", type=int, default=6)
+    p.add_argument("--block-steps", type=int, default=16)
+    p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--mm", type=int, default=2)
-    p.add_argument("--save-every", type=int, default=10)
-    p.add_argument("--reps", type=int, default=2)
-    p.add_argument("--kinds", default="none,memory,persist")
+    p.add_argument("--save-every", type=int, default=8)
     a = p.parse_args()
     (worker if a.worker else driver)(a)
 
