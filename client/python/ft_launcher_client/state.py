@@ -411,7 +411,7 @@ def _preaders(fd, base):
 class _SlotView:
     """A read-only mapping of one slot's payload, populated at once
     (MAP_POPULATE: the page tables filled in one call, not a fault per 4 KiB
-    page), read with memmove: 1.5x faster than preadv from tmpfs, which looks
+    page), read with memmove: 1.1-1.5x faster than preadv from tmpfs, which looks
     up and locks every page. Only for ranges inside the file (checked by
     the caller): past its end a mapping's access is SIGBUS."""
 
@@ -500,13 +500,13 @@ _MADV_POPULATE_WRITE = 23  # Linux 5.14+; older kernels: EINVAL, the pages fault
 class _Mapping:
     """This process's mapping of its own segment, kept from save to save so
     that a save is a plain memcpy into pages already mapped (a pwrite into
-    tmpfs costs 1.4-2.3x a memcpy: the kernel looks up and locks every 4 KiB
+    tmpfs costs 1.6-1.7x a memcpy here: the kernel looks up and locks every 4 KiB
     page; a first write through a fresh mapping costs more still, a page
     fault per page). A slot is written with pwrite until its pages are
     mapped in, which a background thread does (MADV_POPULATE_WRITE, the GIL
     released) after the slot's first save here. Only the saving process
-    maps its segment; loads read with preadv (a restarted process has no
-    mapping to reuse)."""
+    keeps a mapping; a load maps the one slot it reads (_SlotView) and
+    unmaps it (a restarted process has no mapping to reuse)."""
 
     def __init__(self, path, fd):
         import mmap
