@@ -29,6 +29,7 @@ whole state (every tensor t += 1e-6), one thread.
     /usr/bin/python3 bench/state_step.py --ft-launcher /tmp/ft-launcher --mib 256 --blocks 8 --block-steps 16 --save-every 4
 """
 import argparse
+import resource
 import json
 import os
 import shutil
@@ -89,7 +90,7 @@ def worker(a):
             else:
                 sys.exit("the launcher did not write step %d out within 60 s" % (step - 1))
     with open(a.out, "w") as f:
-        json.dump(blocks, f)
+        json.dump({"blocks": blocks, "cpu": sum(os.times()[:2])}, f)
 
 
 def driver(a):
@@ -98,16 +99,31 @@ def driver(a):
     t0 = time.time()
     try:
         out, sdir = os.path.join(tmp, "steps.json"), os.path.join(tmp, "state")
+        evlog = os.path.join(tmp, "events.jsonl")
         cmd = [a.ft_launcher, "--standalone", "--nproc-per-node", "1", "--state-dir", sdir, "--state-persist-every", "1",
+               "--event-log", evlog,
                os.path.abspath(__file__), "--worker", "--out", out, "--mib", str(a.mib), "--blocks", str(a.blocks),
                "--block-steps", str(a.block_steps), "--mm", str(a.mm), "--save-every", str(a.save_every),
                "--warmup", str(a.warmup)]
+        ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
         p = subprocess.run(cmd, env=dict(os.environ, PYTHON_EXEC=sys.executable), stdout=subprocess.PIPE,
                            stderr=subprocess.STDOUT, timeout=600)
+        ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
         if p.returncode != 0:
             sys.exit("run failed (exit %d):\n%s" % (p.returncode, p.stdout.decode()[-3000:]))
         with open(out) as f:
-            blocks = json.load(f)
+            got = json.load(f)
+        blocks = got["blocks"]
+        # The launcher's own CPU: its children's (the rank's, reaped by it)
+        # taken out. An upper bound on the writer's: it includes the
+        # launcher's start, its polls and the final write-out.
+        launcher_cpu = (ru1.ru_utime + ru1.ru_stime - ru0.ru_utime - ru0.ru_stime) - got["cpu"]
+        writes = []
+        with open(evlog) as f:
+            for line in f:
+                e = json.loads(line)
+                if e.get("event") == "state_persisted":
+                    writes.append(e["write_ms"])
         written = [n for n in os.listdir(sdir) if n.endswith(".ftstate")]
         assert written, os.listdir(sdir)
     finally:
@@ -124,6 +140,9 @@ def driver(a):
     print("%d MiB state, %d blocks of %d steps alternating (none, persist: a save every %d steps, each written out), "
           "one run; load average %.1f at start, %.1f at end, %.0f s" % (a.mib, a.blocks, a.block_steps, a.save_every,
                                                                        load0, os.getloadavg()[0], time.time() - t0))
+    print("launcher: %d write-outs of %d MiB, write_ms median %.0f (max %.0f); the launcher's CPU time %.2f s in all, "
+          "%.0f ms per write-out at most" % (len(writes), a.mib, statistics.median(writes), max(writes), launcher_cpu,
+                                            1000 * launcher_cpu / len(writes)))
     ms = ("mean", "plain", "cpu", "cpuplain")
     base = {m: statistics.median(x[m] for x in res["none"]) for m in ms}
     print("| blocks | mean step (all steps), median (worst) of blocks, s | vs none | mean step without a save, "
