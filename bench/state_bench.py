@@ -1,20 +1,40 @@
 #!/usr/bin/python3
 """Save stall and restore time of ft_launcher_client.state (docs/state.md,
-docs/benchmarks.md "Issue 30: launcher-held state").
+docs/benchmarks.md "Issue 30: save and restore speed").
 
-For one state of --mib MiB (float32 tensors of 16 MiB each) it measures, in
-one run, the median of --reps repetitions of:
-  copy        a plain memory copy of the state into preallocated tensors
-  save        state.save into a launcher segment in /dev/shm (the training
-              loop's stall), without (the default) and with checksum=True
-  torch.save  to a file on local disk (--disk-dir) plus fsync
-  load        state.load from the segment (a memory copy into new tensors)
-  torch.load  of the file torch.save wrote, from the page cache and from
-              disk (its pages dropped with POSIX_FADV_DONTNEED first)
+For one state of --mib MiB per rank (float32 tensors of 16 MiB each) it
+measures, in one run, --reps rounds of:
+  copy            a plain memory copy of the state into preallocated tensors,
+                  with torch's copy_ and with glibc's memcpy (ctypes.memmove;
+                  faster for large copies: non-temporal stores); the ratios
+                  printed are against the faster of the two
+  save            state.save into a launcher segment in /dev/shm (the
+                  training loop's stall), without (the default) and with
+                  checksum=True
+  pwrite          the state written with pwrite into a tmpfs file whose
+                  pages exist (the save's write path before it kept the
+                  segment mapped)
+  torch.save      to a file on local disk (--disk-dir) plus fsync
+  load            state.load from the segment into new tensors
+  load into       state.load(into=...) into the caller's existing tensors,
+                  without and with the CRC checked
+  torch.load      of the file torch.save wrote, from the page cache and
+                  from disk (its pages dropped with POSIX_FADV_DONTNEED
+                  first), and from disk followed by the copy into the
+                  model's tensors (load_state_dict's part)
+The methods are interleaved within each round, so that the load of a shared
+machine falls on all alike. With --ranks N, N processes (each its own local
+rank, segment and file) run every case at once after a barrier; a round's
+time is the slowest rank's (what a synchronous data-parallel job waits for).
+Prints the median and the worst round of each, and the first two saves of a
+fresh segment (which fault its pages in).
 
-    /usr/bin/python3 bench/state_bench.py --mib 256 --reps 5
+    /usr/bin/python3 bench/state_bench.py --mib 256 --reps 7
+    /usr/bin/python3 bench/state_bench.py --mib 256 --reps 3 --ranks 4 --no-crc
 """
 import argparse
+import ctypes
+import multiprocessing as mp
 import os
 import shutil
 import statistics
@@ -29,69 +49,142 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from ft_launcher_client import state  # noqa: E402
 
 
+def rank_main(rank, a, shm, disk, barrier, out):
+    torch.set_num_threads(1)
+    os.environ.update({state.SHM_DIR_ENV: shm, "LOCAL_RANK": str(rank), "RANK": str(rank),
+                       state.DIR_ENV: os.path.join(disk, "files")})
+    n = a.mib // 16
+    torch.manual_seed(rank)
+    st = {"model": {"w%d" % i: torch.randn(4 << 20) for i in range(n)}, "step": 0}
+    dst = {"model": {k: torch.empty_like(v) for k, v in st["model"].items()}}
+    for d in dst["model"].values():
+        d.zero_()  # touched, as a model's parameters are
+    path = os.path.join(disk, "ckpt-%d.pt" % rank)
+
+    def copy():
+        for d, s in zip(dst["model"].values(), st["model"].values()):
+            d.copy_(s)
+
+    def memcpy():
+        for d, s in zip(dst["model"].values(), st["model"].values()):
+            ctypes.memmove(d.data_ptr(), s.data_ptr(), s.numel() * s.element_size())
+
+    # The save's old write path, for comparison: pwrite of each tensor into
+    # a tmpfs file whose pages exist (what state.save did before it kept
+    # its segment mapped).
+    raw = os.open(os.path.join(shm, "pwrite-%d" % rank), os.O_RDWR | os.O_CREAT, 0o600)
+
+    def raw_pwrite():
+        off = 0
+        for v in st["model"].values():
+            b = state._cpu_view(v)
+            os.pwrite(raw, b, off)
+            off += len(b)
+
+    raw_pwrite()
+
+    def tsave():
+        with open(path, "wb") as f:
+            torch.save(st, f)
+            f.flush()
+            os.fsync(f.fileno())
+
+    def drop():
+        # Only this file's pages leave the page cache: a read from disk.
+        fd = os.open(path, os.O_RDONLY)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(fd)
+
+    def cold_load():
+        drop()
+        torch.load(path)
+
+    def cold_load_copy():
+        drop()
+        got = torch.load(path)
+        for k, d in dst["model"].items():
+            d.copy_(got["model"][k])
+
+    barrier.wait()
+    first = []
+    for _ in range(2):  # a fresh segment: both slots' pages are faulted in
+        t = time.perf_counter()
+        state.save(0, st)
+        first.append(time.perf_counter() - t)
+    tsave()
+    cases = [
+        ("copy (torch copy_)", copy, None),
+        ("memcpy (glibc, ctypes)", memcpy, None),
+        ("save", lambda: state.save(1, st), None),
+        ("pwrite into tmpfs (old save)", raw_pwrite, None),
+        ("save (checksum=True)", lambda: state.save(1, st, checksum=True), None),
+        ("torch.save+fsync", tsave, None),
+        ("load (new tensors)", lambda: state.load(), lambda: state.save(1, st)),
+        ("load (into=)", lambda: state.load(into=dst), None),
+        ("load (into=, CRC checked)", lambda: state.load(into=dst), lambda: state.save(1, st, checksum=True)),
+        ("torch.load (page cache)", lambda: torch.load(path), None),
+        ("torch.load (from disk)", cold_load, None),
+        ("torch.load (disk) + copy", cold_load_copy, None),
+    ]
+    if a.no_crc:
+        cases = [c for c in cases if "checksum" not in c[0] and "CRC" not in c[0]]
+    times = {name: [] for name, _, _ in cases}
+    for _ in range(a.reps):
+        for name, f, setup in cases:
+            if setup:
+                setup()
+            barrier.wait()
+            t = time.perf_counter()
+            f()
+            times[name].append(time.perf_counter() - t)
+    state.save(2, st)
+    got = state.load(into=dst)[1]
+    assert all(torch.equal(got["model"][k], v) and got["model"][k] is dst["model"][k] for k, v in st["model"].items())
+    os.close(raw)
+    out.put((rank, first, times))
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--mib", type=int, default=256)
     p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--ranks", type=int, default=1)
     p.add_argument("--disk-dir", default="/var/tmp")
+    p.add_argument("--no-crc", action="store_true", help="leave out the cases with a CRC (a shorter run)")
     a = p.parse_args()
-    n = a.mib // 16
-    st = {"model": {"w%d" % i: torch.randn(4 << 20) for i in range(n)}, "step": 0}
-    dst = [torch.empty(4 << 20) for _ in range(n)]
     shm = tempfile.mkdtemp(prefix="ftstate-bench-", dir="/dev/shm")
     disk = tempfile.mkdtemp(prefix="ftstate-bench-", dir=a.disk_dir)
-    os.environ.update({state.SHM_DIR_ENV: shm, "LOCAL_RANK": "0", "RANK": "0", state.DIR_ENV: disk})
+    load0 = os.getloadavg()[0]
+    t0 = time.time()
     try:
-        def copy():
-            for d, s in zip(dst, st["model"].values()):
-                d.copy_(s)
-
-        state.save(0, st)  # creates the segment (first save)
-        state.save(0, st)  # both slots touched: steady state from here
-        path = os.path.join(disk, "ckpt.pt")
-
-        def tsave():
-            with open(path, "wb") as f:
-                torch.save(st, f)
-                f.flush()
-                os.fsync(f.fileno())
-
-        def cold_load():
-            # Only this file's pages leave the page cache: a read from disk.
-            fd = os.open(path, os.O_RDONLY)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            os.close(fd)
-            torch.load(path)
-
-        # Interleaved (one of each per round), so that the load of a shared
-        # machine falls on every method alike.
-        cases = [
-            ("copy", copy, None),
-            ("save", lambda: state.save(1, st), None),
-            ("save (checksum=True)", lambda: state.save(1, st, checksum=True), None),
-            ("torch.save+fsync", tsave, None),
-            ("load (memory)", lambda: state.load(), lambda: state.save(1, st)),
-            ("load (memory, CRC checked)", lambda: state.load(), lambda: state.save(1, st, checksum=True)),
-            ("torch.load (page cache)", lambda: torch.load(path), None),
-            ("torch.load (from disk)", cold_load, None),
-        ]
-        times = {name: [] for name, _, _ in cases}
-        for _ in range(a.reps):
-            for name, f, setup in cases:
-                if setup:
-                    setup()
-                t = time.perf_counter()
-                f()
-                times[name].append(time.perf_counter() - t)
-        res = {k: statistics.median(v) for k, v in times.items()}
-        got = state.load()[1]
-        assert all(torch.equal(got["model"][k], v) for k, v in st["model"].items())
-        print("state %d MiB, %d reps, median seconds (torch %s, %d threads)" % (a.mib, a.reps, torch.__version__, torch.get_num_threads()))
-        for k, v in res.items():
-            print("  %-30s %8.3f s  %6.2fx copy" % (k, v, v / res["copy"]))
+        ctx = mp.get_context("fork")
+        barrier, out = ctx.Barrier(a.ranks), ctx.Queue()
+        procs = [ctx.Process(target=rank_main, args=(r, a, shm, disk, barrier, out)) for r in range(a.ranks)]
+        for pr in procs:
+            pr.start()
+        res = [out.get(timeout=600) for _ in procs]
+        for pr in procs:
+            pr.join()
+            if pr.exitcode != 0:
+                sys.exit("rank process failed: exit %s" % pr.exitcode)
     finally:
         shutil.rmtree(shm)
         shutil.rmtree(disk)
+    # A round's time is its slowest rank's.
+    names = list(res[0][2])
+    rounds = {k: [max(r[2][k][i] for r in res) for i in range(a.reps)] for k in names}
+    med = {k: statistics.median(v) for k, v in rounds.items()}
+    base = min(med["copy (torch copy_)"], med["memcpy (glibc, ctypes)"])
+    print("state %d MiB x %d rank(s), %d rounds, torch %s, 1 thread each; load average %.1f at start, %.1f at end, %.0f s"
+          % (a.mib, a.ranks, a.reps, torch.__version__, load0, os.getloadavg()[0], time.time() - t0))
+    print("  first save into a fresh segment %.3f s, second (its other slot) %.3f s (slowest rank)"
+          % (max(r[1][0] for r in res), max(r[1][1] for r in res)))
+    print("  %-28s %9s %9s %9s" % ("", "median s", "worst s", "x copy"))
+    for k in names:
+        print("  %-28s %9.3f %9.3f %9.2f" % (k, med[k], max(rounds[k]), med[k] / base))
+    print("  torch.save+fsync / save:                 %.1fx" % (med["torch.save+fsync"] / med["save"]))
+    for k in ("torch.load (page cache)", "torch.load (from disk)", "torch.load (disk) + copy"):
+        print("  %-28s / load (into=): %.1fx" % (k, med[k] / med["load (into=)"]))
 
 
 if __name__ == "__main__":

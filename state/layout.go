@@ -101,6 +101,9 @@ func decodeDesc(b []byte) (Desc, bool) {
 	return d, true
 }
 
+// copyBuf is the size of the writer's reads and writes (CopyNewest).
+const copyBuf = 1 << 20
+
 // ErrEmpty: the segment holds no committed save.
 var ErrEmpty = errors.New("no committed save")
 
@@ -184,6 +187,10 @@ func stillCommitted(r io.ReaderAt, d Desc) (bool, error) {
 // restartable: reset is called before every attempt.
 func CopyNewest(r io.ReaderAt, w io.Writer, reset func() error) (Desc, uint32, error) {
 	const attempts = 8
+	// 1 MiB a read and a write: with io.Copy's 32 KiB, a 256 MiB write-out
+	// took 16,384 system calls, a good part of the writer's CPU time
+	// (docs/benchmarks.md, "Issue 30: save and restore speed").
+	buf := make([]byte, copyBuf)
 	for i := 0; i < attempts; i++ {
 		d, err := Newest(r)
 		if err != nil {
@@ -193,7 +200,7 @@ func CopyNewest(r io.ReaderAt, w io.Writer, reset func() error) (Desc, uint32, e
 			return Desc{}, 0, err
 		}
 		h := crc32.NewIEEE()
-		_, err = io.Copy(io.MultiWriter(w, h), io.NewSectionReader(r, int64(d.Offset), int64(d.Length)))
+		_, err = io.CopyBuffer(io.MultiWriter(w, h), io.NewSectionReader(r, int64(d.Offset), int64(d.Length)), buf)
 		if err != nil {
 			return Desc{}, 0, fmt.Errorf("copy slot of save %d (step %d): %w", d.Seq, d.Step, err)
 		}

@@ -14,8 +14,9 @@ import (
 // TestStateAPI runs tests/state_check.py with Debian's python3 and torch:
 // bit-identical round trips through the launcher's segment, growth, a
 // corrupt save refused, the file fallback without the launcher and when
-// memory is short, the checkpoint section, and a saver SIGKILLed in the
-// middle of its saves.
+// memory is short, the checkpoint section, a saver SIGKILLed in the
+// middle of its saves, a reader racing a saver, and load(into=...) (in
+// place into a model and optimizer, mismatches refused before a write).
 func TestStateAPI(t *testing.T) {
 	testenv.SkipShort(t, "runs Python client processes")
 	testenv.Require(t, testenv.Torch)

@@ -53,11 +53,11 @@ mon = RankMonitorClient()
 mon.init_workload_monitoring()
 
 info = {}
-step, saved = state.load(info=info)
+# Restored straight into the model's and optimizer's tensors (docs/state.md,
+# "Restoring into existing tensors"): no load_state_dict calls.
+step, saved = state.load(info=info, into={"model": model, "opt": opt})
 start = 0
 if saved is not None:
-    model.load_state_dict(saved["model"])
-    opt.load_state_dict(saved["opt"])
     start = step + 1
 
 for s in range(start, a.steps):

@@ -244,6 +244,179 @@ class StateTest(unittest.TestCase):
             self.assertEqual(state.load()[0], step + 1)
             self.assertEqual([n for n in os.listdir(e.shm) if not n.endswith(".grow") and not n.startswith("restore-")], ["rank-0"])
 
+    def test_many_saves_through_the_mapping(self):
+        # From the third save on, a slot is written by memcpy into this
+        # process's mapping of the segment (the first save of each slot
+        # here uses pwrite): every save must still read back whole.
+        with Env():
+            for step in range(1, 9):
+                state.save(step, make_state(step))
+                got_step, got = state.load()
+                self.assertEqual(got_step, step)
+                self.assertTrue(same(got, make_state(step)), "step %d" % step)
+            # A bigger state re-creates the segment; the mapping follows.
+            big = {"x": torch.randn(700_000), "step": 9}
+            state.save(9, big)
+            state.save(10, dict(big, step=10))
+            state.save(11, dict(big, step=11))
+            self.assertTrue(same(state.load()[1], dict(big, step=11)))
+
+    def test_load_into_model_and_optimizer_in_place(self):
+        with Env():
+            torch.manual_seed(0)
+
+            def build():
+                m = torch.nn.Sequential(torch.nn.Linear(12, 7), torch.nn.BatchNorm1d(7), torch.nn.Linear(7, 3))
+                return m, torch.optim.Adam(m.parameters(), lr=0.01)
+
+            def train(m, opt, n):
+                for i in range(n):
+                    opt.zero_grad()
+                    m(torch.randn(5, 12, generator=torch.Generator().manual_seed(i))).square().mean().backward()
+                    opt.step()
+
+            m, opt = build()
+            train(m, opt, 3)
+            opt.param_groups[0]["lr"] = 0.005  # a scheduler's change comes back too
+            state.save(3, {"model": m.state_dict(), "opt": opt.state_dict(), "step": 3})
+            want_m = {k: v.clone() for k, v in m.state_dict().items()}
+            want_o = {k: {kk: vv.clone() if torch.is_tensor(vv) else vv for kk, vv in v.items()}
+                      for k, v in opt.state_dict()["state"].items()}
+
+            # A fresh process: the model exists, the optimizer has no state
+            # yet (it is loaded by its own load_state_dict).
+            m2, opt2 = build()
+            ptrs = {k: v.data_ptr() for k, v in m2.state_dict().items()}
+            step, got = state.load(into={"model": m2, "opt": opt2})
+            self.assertEqual((step, got["step"]), (3, 3))
+            self.assertTrue(same(m2.state_dict(), want_m))
+            self.assertEqual({k: v.data_ptr() for k, v in m2.state_dict().items()}, ptrs, "model tensors were replaced")
+            self.assertTrue(same(opt2.state_dict()["state"], want_o))
+            self.assertEqual(opt2.param_groups[0]["lr"], 0.005)
+            for k, v in got["model"].items():
+                self.assertEqual(v.data_ptr(), ptrs[k], "the state returned does not hold the model's tensors")
+
+            # An optimizer that has state: filled in place too.
+            train(m2, opt2, 1)
+            opt2.param_groups[0]["lr"] = 1.0
+            optptrs = {(pid, k): v.data_ptr() for pid, st in opt2.state_dict()["state"].items()
+                       for k, v in st.items() if torch.is_tensor(v)}
+            state.load(into={"model": m2, "opt": opt2})
+            self.assertTrue(same(m2.state_dict(), want_m))
+            self.assertTrue(same(opt2.state_dict()["state"], want_o))
+            self.assertEqual(opt2.param_groups[0]["lr"], 0.005)
+            self.assertEqual({(pid, k): v.data_ptr() for pid, st in opt2.state_dict()["state"].items()
+                              for k, v in st.items() if torch.is_tensor(v)}, optptrs)
+            # Training on from the restored state matches training on from
+            # the original.
+            train(m, opt, 2)
+            train(m2, opt2, 2)
+            self.assertTrue(same(m.state_dict(), m2.state_dict()))
+
+    def test_load_into_plain_tensors(self):
+        with Env() as e:
+            s = make_state(4)
+            state.save(4, s)
+            into = {"model": {"w": torch.zeros(64, 33), "w_t": torch.zeros(64, 33).t(),  # not contiguous
+                              "b16": torch.zeros(17, dtype=torch.bfloat16)},
+                    "shared_a": torch.zeros(10, dtype=torch.int64), "shared_b": torch.zeros(10, dtype=torch.int64),
+                    "step": "ignored: non-tensor values come from the save"}
+            step, got = state.load(into=into)
+            self.assertTrue(same(got, s))
+            for k in ("w", "w_t", "b16"):
+                self.assertIs(got["model"][k], into["model"][k])
+                self.assertTrue(same(into["model"][k], s["model"][k]), k)
+            self.assertTrue(same(into["shared_b"], s["shared_b"]))
+            self.assertTrue(same(into["shared_a"], s["shared_a"]))
+            self.assertEqual(got["step"], 4)
+            # The written-out file takes into= as well.
+            state.save(5, make_state(5))
+            fdir = os.path.join(e.root, "files")
+            with mock.patch.dict(os.environ, {SHM_DIR_ENV: ""}):
+                os.environ.pop(SHM_DIR_ENV)
+                state.save(5, make_state(5), path=fdir)
+                w = torch.zeros(64, 33)
+                step, got = state.load_file(fdir, into={"model": {"w": w}})
+            self.assertEqual(step, 5)
+            self.assertIs(got["model"]["w"], w)
+            self.assertTrue(same(w, make_state(5)["model"]["w"]))
+
+    def test_load_into_mismatch_is_a_clear_error_and_writes_nothing(self):
+        with Env():
+            state.save(1, {"model": torch.nn.Linear(4, 3).state_dict(), "step": 1})
+            cases = [
+                ({"model": {"weight": torch.zeros(3, 5), "bias": torch.zeros(3)}}, "saved float32 [3, 4], into has float32 [3, 5]"),
+                ({"model": {"weight": torch.zeros(3, 4, dtype=torch.float64)}}, "into has float64 [3, 4]"),
+                ({"model": {"weight": torch.zeros(3, 4), "scale": torch.zeros(1)}}, "['model']['scale'] is not in the save"),
+                ({"model": torch.nn.Linear(4, 2)}, "into has float32 [2, 4]"),
+                ({"model": torch.nn.Linear(4, 3, bias=False)}, "does not match the save"),
+                ({"model": [torch.zeros(3)]}, "into holds a list"),
+                ({"step": torch.zeros(1)}, "into holds a tensor at ['step'], the save a int"),
+            ]
+            for into, msg in cases:
+                before = [t.clone() for t in _tensors(into)]
+                with self.assertRaises(state.StateError) as cm:
+                    state.load(into=into)
+                self.assertIn(msg, str(cm.exception))
+                for a, b in zip(before, _tensors(into)):
+                    self.assertTrue(same(a, b), "a refused load(into=) wrote into a tensor: %s" % msg)
+
+    def test_reader_racing_writer(self):
+        """A process saves back to back (every tensor of save N holds N,
+        each save about as long as a load) while this one loads, into new
+        tensors and into=: each load returns one whole save, never a mix of
+        two, or, when the saver overwrote the slot during 8 reads in a row,
+        refuses with a StateError saying so."""
+        with Env():
+            n = 1_000_000
+            code = (
+                "import sys, torch; sys.path.insert(0, %r)\n"
+                "from ft_launcher_client import state\n"
+                "a, b = torch.empty(%d), torch.empty(%d, dtype=torch.float64)\n"
+                "for step in range(1, 100000):\n"
+                "    a.fill_(step); b.fill_(step)\n"
+                "    state.save(step, {'a': a, 'b': b, 'step': step})\n"
+                "    if step == 3: print('saving', flush=True)\n"
+            ) % (os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."), n, n // 2)
+            p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+            try:
+                self.assertEqual(p.stdout.readline().strip(), b"saving")
+                into = {"a": torch.empty(n), "b": torch.empty(n // 2, dtype=torch.float64)}
+                steps, deadline, refused = set(), time.monotonic() + 4, 0
+                while time.monotonic() < deadline or len(steps) < 3:
+                    self.assertIsNone(p.poll(), "the saver exited")
+                    for kw in ({}, {"into": into}):
+                        try:
+                            step, got = state.load(**kw)
+                        except state.StateError as e:
+                            self.assertIn("overwritten 8 times while being read", str(e))
+                            refused += 1
+                            continue
+                        self.assertEqual(got["step"], step)
+                        for k in ("a", "b"):
+                            lo, hi = got[k].min().item(), got[k].max().item()
+                            self.assertEqual((lo, hi), (step, step), "load %r: tensor %s mixes saves" % (kw.keys(), k))
+                        steps.add(step)
+                    if time.monotonic() > deadline + 30:
+                        break
+                self.assertGreaterEqual(len(steps), 3, "the loads did not see the saver move on (%d refused)" % refused)
+            finally:
+                p.kill()
+                p.wait()
+                p.stdout.close()
+
+
+def _tensors(obj):
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, torch.nn.Module):
+        return list(obj.state_dict().values())
+    if isinstance(obj, dict):
+        return [t for v in obj.values() for t in _tensors(v)]
+    if isinstance(obj, (list, tuple)):
+        return [t for v in obj for t in _tensors(v)]
+    return []
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -55,6 +55,40 @@ class PlainStateTest(unittest.TestCase):
         with self.assertRaises(state.StateError):
             state.load_file(path)
 
+    def test_many_saves_and_a_reader_racing_the_writer(self):
+        # Saves past the first of each slot go through the saver's mapping
+        # of the segment; a reader in another process racing them gets one
+        # whole save each time (the descriptor is checked after the read).
+        # A smoke test: a pickled save is mostly pickling, so reads seldom
+        # overlap a write here; tests/state_check.py's
+        # test_reader_racing_writer (tensors) does, and fails without the check.
+        self.env(launcher=True)
+        for step in range(1, 7):
+            state.save(step, {"step": step, "blob": bytes([step]) * 100_000})
+            self.assertEqual(state.load(), (step, {"step": step, "blob": bytes([step]) * 100_000}))
+        code = (
+            "import sys; from ft_launcher_client import state\n"
+            "for step in range(1, 10**6):\n"
+            "    state.save(step, {'step': step, 'blob': bytes([step % 256]) * 3_000_000})\n"
+            "    if step == 3: print('saving', flush=True)\n"
+        )
+        p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                             cwd=os.path.join(os.path.dirname(__file__), ".."))
+        try:
+            self.assertEqual(p.stdout.readline().strip(), b"saving")
+            seen = set()
+            for _ in range(60):
+                self.assertIsNone(p.poll(), "the saver exited")
+                step, got = state.load()
+                self.assertEqual(got["step"], step)
+                self.assertEqual(got["blob"], bytes([step % 256]) * 3_000_000, "a load mixed two saves")
+                seen.add(step)
+            self.assertGreater(len(seen), 1, "the loads did not see the saver move on")
+        finally:
+            p.kill()
+            p.wait()
+            p.stdout.close()
+
     def test_no_torch_import(self):
         # Importing the module and saving plain objects never imports torch.
         code = "import sys; from ft_launcher_client import state; assert 'torch' not in sys.modules"
