@@ -27,6 +27,9 @@ type cluster struct {
 	endpoint string
 	extra    []string // backend flags given to every node
 	nodes    []*job
+	// host0 numbers the nodes' addresses: node i binds 127.0.0.<host0+i>
+	// (2 when 0). Clusters that run side by side take distinct ranges.
+	host0 int
 }
 
 // rdzvBackend is one way to provide the rendezvous store.
@@ -97,15 +100,30 @@ exit 0
 
 // embeddedEndpoint is a rendezvous endpoint served by the launcher on 127.0.0.2.
 func embeddedEndpoint(t *testing.T) string {
-	return fmt.Sprintf("127.0.0.2:%d", freeTCPPort(t, "127.0.0.2"))
+	return embeddedEndpointOn(t, "127.0.0.2")
 }
 
-// addNode starts one launcher on 127.0.0.<2+i>. All nodes share the marker
-// so a test can find every process of the job.
+// embeddedEndpointOn is a rendezvous endpoint served by the launcher on host.
+func embeddedEndpointOn(t *testing.T, host string) string {
+	return fmt.Sprintf("%s:%d", host, freeTCPPort(t, host))
+}
+
+// nodeAddr is the loopback address node i of c binds.
+func (c *cluster) nodeAddr(i int) string {
+	first := c.host0
+	if first == 0 {
+		first = 2
+	}
+	return fmt.Sprintf("127.0.0.%d", first+i)
+}
+
+// addNode starts one launcher on c.nodeAddr(i) (127.0.0.<2+i> unless
+// host0 is set). All nodes share the marker so a test can find every
+// process of the job.
 func (c *cluster) addNode(env []string, args ...string) *job {
 	c.t.Helper()
 	i := len(c.nodes)
-	addr := fmt.Sprintf("127.0.0.%d", 2+i)
+	addr := c.nodeAddr(i)
 	j := &job{t: c.t, dir: c.dir, marker: c.marker, events: filepath.Join(c.dir, fmt.Sprintf("events%d.jsonl", i))}
 	c.t.Cleanup(j.cleanup)
 	full := append(append([]string{"--local-addr", addr, "--rdzv-endpoint", c.endpoint, "--rdzv-id", "job-" + c.marker}, c.extra...), args...)
