@@ -99,14 +99,20 @@ touch "$FAULT_TOL_FINISHED_FLAG_FILE"
 // (whose own trap runs, the NeMo habit) and through srun to the launcher.
 // Either way the launcher tells the rank, the rank saves and exits, the job
 // ends before its limit and is judged walltime-like: not a failure.
+//
+// Both cases wait about 20 s for the warning, their ranks asleep: they run
+// side by side, and beside the walltime tests, after the sequential tests
+// (each is its own chain, directory and Slurm job).
 func TestWarningSignal(t *testing.T) {
 	skipShort(t)
+	t.Parallel()
 	c := need(t)
 	for _, tt := range []struct{ name, signal, recorded string }{
 		{"to the batch shell", "B:USR1@100", "USR1"},
 		{"to the job steps", "USR1@100", ""},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
 			ctx, cancel := runclock.WithTimeout(context.Background(), 6*time.Minute)
 			defer cancel()
 			ch := newChain(t, c)
