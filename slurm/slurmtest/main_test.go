@@ -82,12 +82,12 @@ func TestMain(m *testing.M) {
 }
 
 // allParallelTestsAtOnce lets every test of this package that calls
-// t.Parallel run at the same time. Those are the ones that wait out a Slurm
-// time limit or warning (a minute or two each, their ranks asleep, one CPU
-// of the cluster's twelve per job): go test's default, -parallel
-// GOMAXPROCS, would run only two at a time on the 2-core CI machine, the
-// others waiting their turn. The sequential tests are not affected; an
-// explicit -parallel still wins.
+// t.Parallel run at the same time. Those are the walltime tests, which wait
+// out a one-minute Slurm time limit (their ranks asleep, one CPU of the
+// cluster's twelve per job): go test's default, -parallel GOMAXPROCS, would
+// run only two at a time on the 2-core CI machine, the third waiting its
+// turn. The sequential tests are not affected; an explicit -parallel still
+// wins.
 func allParallelTestsAtOnce() {
 	given := false
 	flag.Visit(func(f *flag.Flag) { given = given || f.Name == "test.parallel" })
