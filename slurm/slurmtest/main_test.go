@@ -83,9 +83,10 @@ func TestMain(m *testing.M) {
 
 // allParallelTestsAtOnce lets every test of this package that calls
 // t.Parallel run at the same time. Those are the walltime tests, which wait
-// out a one-minute Slurm time limit (their ranks asleep, one CPU of the
+// out a one-minute Slurm time limit, and TestWarningSignal's two cases,
+// which wait for Slurm's warning (their ranks asleep, one CPU of the
 // cluster's twelve per job): go test's default, -parallel GOMAXPROCS, would
-// run only two at a time on the 2-core CI machine, the third waiting its
+// run only two at a time on the 2-core CI machine, the others waiting their
 // turn. The sequential tests are not affected; an explicit -parallel still
 // wins.
 func allParallelTestsAtOnce() {
