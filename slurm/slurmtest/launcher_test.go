@@ -66,10 +66,12 @@ func (j *launchJob) submit(ctx context.Context, nodes int, body, want string, en
 		"TMPDIR=" + filepath.Join(j.work, "tmp")}, env...)...), hangdump.Env...)
 	out, err := cmd.Output()
 	id, _, _ := strings.Cut(strings.TrimSpace(string(out)), ";")
+	if id != "" {
+		j.ids = append(j.ids, id) // cancelled by cleanup should the test end early
+	}
 	if err != nil || id == "" {
 		j.t.Fatalf("sbatch: %v: %s", err, out)
 	}
-	j.ids = append(j.ids, id)
 	sched := resumer.Scheduler{Env: j.c.Env()}
 	var job resumer.Job
 	for {
