@@ -35,16 +35,18 @@ type cluster struct {
 // rdzvBackend is one way to provide the rendezvous store.
 type rdzvBackend struct {
 	name  string
+	host0 int // the cluster's first node address, 127.0.0.<host0>
 	start func(t *testing.T) (endpoint string, flags []string)
 }
 
 // backends are the stores every multi-node scenario runs against: the
-// embedded default (hosted by the node on 127.0.0.2) and Debian's etcd.
+// embedded default (hosted by the node on 127.0.0.2) and Debian's etcd
+// (on 127.0.0.1, its nodes on 127.0.0.12 and up).
 var backends = []rdzvBackend{
-	{"embedded", func(t *testing.T) (string, []string) {
+	{"embedded", 2, func(t *testing.T) (string, []string) {
 		return embeddedEndpoint(t), []string{"--rdzv-backend", "c10d"}
 	}},
-	{"debian-etcd", func(t *testing.T) (string, []string) {
+	{"debian-etcd", 12, func(t *testing.T) (string, []string) {
 		client := fmt.Sprintf("127.0.0.1:%d", freeTCPPort(t, "127.0.0.1"))
 		peer := fmt.Sprintf("127.0.0.1:%d", freeTCPPort(t, "127.0.0.1"))
 		startEtcd(t, t.TempDir(), client, peer)
@@ -52,12 +54,17 @@ var backends = []rdzvBackend{
 	}},
 }
 
-// forEachBackend runs scenario as a subtest against every backend.
+// forEachBackend runs scenario as a subtest against every backend, the
+// backends side by side: each is its own job (store, rendezvous id,
+// directory, marker) on its own loopback addresses, and the scenarios
+// mostly wait on their ranks' sleeps and on lease expiry.
 func forEachBackend(t *testing.T, scenario func(t *testing.T, c *cluster)) {
 	for _, b := range backends {
 		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
 			ep, flags := b.start(t)
 			c := newCluster(t, ep)
+			c.host0 = b.host0
 			c.extra = flags
 			scenario(t, c)
 		})
