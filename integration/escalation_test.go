@@ -413,7 +413,7 @@ exit 0
 			}
 			lost := false
 			for _, q := range v.Quarantined {
-				if q.Evidence == verdict.EvidenceLost && strings.HasPrefix(q.Node, fmt.Sprintf("127.0.0.%d/", 2+victim)) {
+				if q.Evidence == verdict.EvidenceLost && strings.HasPrefix(q.Node, c.nodeAddr(victim)+"/") {
 					lost = true
 				}
 			}

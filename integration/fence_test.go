@@ -143,8 +143,11 @@ func (f *fenceLab) verdict(t *testing.T, i int) verdict.Verdict {
 // before the majority starts round 1 on the spare (no tick of the cut
 // node's round 0 after the first tick of round 1), and, once healed, end
 // with verdict node_replaced (exit 0) while the job goes on and succeeds.
+//
+// Parallel (netLabParallel): it runs beside the other network-lab tests.
 func TestFenceLongCut(t *testing.T) {
 	skipShort(t)
+	t.Parallel()
 	const cut = 15 * time.Second
 	f := startFenceLab(t, false)
 	victim := f.nodeWithGroupRank(t, 0)
@@ -239,8 +242,13 @@ func TestFenceLongCut(t *testing.T) {
 // group-rank-0 node (the master, which the issue saw declared lost 2-3 s
 // after a 0.3 s cut) or the other one: no round may end, nothing may be
 // fenced or quarantined, and the job succeeds in round 0 on every node.
+//
+// Each case spends most of its time waiting (the lease's TTL and more after
+// the blip, its ranks asleep): the test and its cases are parallel
+// (netLabParallel).
 func TestBlipIsNotALoss(t *testing.T) {
 	skipShort(t)
+	t.Parallel()
 	for _, tc := range []struct {
 		name      string
 		groupRank int // of the cut node; -1: node 0, the embedded etcd's host
@@ -256,6 +264,7 @@ func TestBlipIsNotALoss(t *testing.T) {
 		{"embedded-etcd-host 0.8s", -1, 800 * time.Millisecond},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			f := startFenceLab(t, tc.groupRank < 0)
 			victim := 0
 			if tc.groupRank >= 0 {

@@ -62,21 +62,31 @@ func readStamps(t *testing.T, dir string, node, round int) []int64 {
 // expiry alone ends the round. Either way the watchdog's bound is relative
 // to the lease: it fires half the fence margin (0.5 s) before the lease can
 // expire.
+//
+// The two cases run side by side (each spends about a minute waiting out
+// the freeze): each is its own job, with its own embedded etcd, rendezvous
+// id, directory and loopback addresses (127.0.0.2-4 and 127.0.0.12-14), so
+// neither can see the other's launchers, ranks or watchdogs.
 func TestFrozenLauncherFencedByWatchdog(t *testing.T) {
 	skipShort(t)
 	for _, tc := range []struct {
 		name  string
+		host0 int // the first node's address: 127.0.0.<host0>
 		extra []string
 	}{
-		{"default-gossip", nil},
-		{"slow-gossip", []string{"--rdzv-conf", "gossip_probe_interval=2,gossip_probe_timeout=1"}},
+		{"default-gossip", 2, nil},
+		{"slow-gossip", 12, []string{"--rdzv-conf", "gossip_probe_interval=2,gossip_probe_timeout=1"}},
 	} {
-		t.Run(tc.name, func(t *testing.T) { frozenLauncherFenced(t, tc.extra) })
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			frozenLauncherFenced(t, tc.host0, tc.extra)
+		})
 	}
 }
 
-func frozenLauncherFenced(t *testing.T, extra []string) {
-	c := newCluster(t, embeddedEndpoint(t))
+func frozenLauncherFenced(t *testing.T, host0 int, extra []string) {
+	c := newCluster(t, embeddedEndpointOn(t, fmt.Sprintf("127.0.0.%d", host0)))
+	c.host0 = host0
 	c.extra = append([]string{"--rdzv-backend", "c10d"}, extra...)
 	s := fenceRank(c)
 	for i := 0; i < 3; i++ {

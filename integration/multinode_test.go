@@ -27,21 +27,26 @@ type cluster struct {
 	endpoint string
 	extra    []string // backend flags given to every node
 	nodes    []*job
+	// host0 numbers the nodes' addresses: node i binds 127.0.0.<host0+i>
+	// (2 when 0). Clusters that run side by side take distinct ranges.
+	host0 int
 }
 
 // rdzvBackend is one way to provide the rendezvous store.
 type rdzvBackend struct {
 	name  string
+	host0 int // the cluster's first node address, 127.0.0.<host0>
 	start func(t *testing.T) (endpoint string, flags []string)
 }
 
 // backends are the stores every multi-node scenario runs against: the
-// embedded default (hosted by the node on 127.0.0.2) and Debian's etcd.
+// embedded default (hosted by the node on 127.0.0.2) and Debian's etcd
+// (on 127.0.0.1, its nodes on 127.0.0.12 and up).
 var backends = []rdzvBackend{
-	{"embedded", func(t *testing.T) (string, []string) {
+	{"embedded", 2, func(t *testing.T) (string, []string) {
 		return embeddedEndpoint(t), []string{"--rdzv-backend", "c10d"}
 	}},
-	{"debian-etcd", func(t *testing.T) (string, []string) {
+	{"debian-etcd", 12, func(t *testing.T) (string, []string) {
 		client := fmt.Sprintf("127.0.0.1:%d", freeTCPPort(t, "127.0.0.1"))
 		peer := fmt.Sprintf("127.0.0.1:%d", freeTCPPort(t, "127.0.0.1"))
 		startEtcd(t, t.TempDir(), client, peer)
@@ -49,12 +54,17 @@ var backends = []rdzvBackend{
 	}},
 }
 
-// forEachBackend runs scenario as a subtest against every backend.
+// forEachBackend runs scenario as a subtest against every backend, the
+// backends side by side: each is its own job (store, rendezvous id,
+// directory, marker) on its own loopback addresses, and the scenarios
+// mostly wait on their ranks' sleeps and on lease expiry.
 func forEachBackend(t *testing.T, scenario func(t *testing.T, c *cluster)) {
 	for _, b := range backends {
 		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
 			ep, flags := b.start(t)
 			c := newCluster(t, ep)
+			c.host0 = b.host0
 			c.extra = flags
 			scenario(t, c)
 		})
@@ -97,15 +107,30 @@ exit 0
 
 // embeddedEndpoint is a rendezvous endpoint served by the launcher on 127.0.0.2.
 func embeddedEndpoint(t *testing.T) string {
-	return fmt.Sprintf("127.0.0.2:%d", freeTCPPort(t, "127.0.0.2"))
+	return embeddedEndpointOn(t, "127.0.0.2")
 }
 
-// addNode starts one launcher on 127.0.0.<2+i>. All nodes share the marker
-// so a test can find every process of the job.
+// embeddedEndpointOn is a rendezvous endpoint served by the launcher on host.
+func embeddedEndpointOn(t *testing.T, host string) string {
+	return fmt.Sprintf("%s:%d", host, freeTCPPort(t, host))
+}
+
+// nodeAddr is the loopback address node i of c binds.
+func (c *cluster) nodeAddr(i int) string {
+	first := c.host0
+	if first == 0 {
+		first = 2
+	}
+	return fmt.Sprintf("127.0.0.%d", first+i)
+}
+
+// addNode starts one launcher on c.nodeAddr(i) (127.0.0.<2+i> unless
+// host0 is set). All nodes share the marker so a test can find every
+// process of the job.
 func (c *cluster) addNode(env []string, args ...string) *job {
 	c.t.Helper()
 	i := len(c.nodes)
-	addr := fmt.Sprintf("127.0.0.%d", 2+i)
+	addr := c.nodeAddr(i)
 	j := &job{t: c.t, dir: c.dir, marker: c.marker, events: filepath.Join(c.dir, fmt.Sprintf("events%d.jsonl", i))}
 	c.t.Cleanup(j.cleanup)
 	full := append(append([]string{"--local-addr", addr, "--rdzv-endpoint", c.endpoint, "--rdzv-id", "job-" + c.marker}, c.extra...), args...)

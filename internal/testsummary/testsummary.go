@@ -23,6 +23,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/ftlauncher/ft-launcher/internal/testenv"
 )
@@ -36,7 +37,8 @@ type event struct {
 	Output      string
 	ImportPath  string
 	FailedBuild string
-	Elapsed     float64 // seconds, on a test's pass and fail events
+	Elapsed     float64   // seconds, on a test's pass and fail events
+	Time        time.Time // when the event happened (absent: zero)
 }
 
 // SkipKind sorts a skip by its reason.
@@ -182,6 +184,7 @@ type test struct {
 	name  string
 	out   []string
 	ended bool
+	began time.Time // its last run or cont event: when it last started running
 }
 
 // pkg is one package's tests, in the order they started.
@@ -331,15 +334,17 @@ func (s *streamer) testEvent(e event) {
 			return
 		}
 		t.out = append(t.out, e.Output)
-	case "run", "pause", "cont":
+	case "run", "cont":
+		t.began = e.Time
+	case "pause":
 	case "pass":
 		t.ended = true
 		t.out = nil
 		s.res.Passed++
-		s.time(e)
+		s.time(e, t)
 	case "fail":
 		t.ended = true
-		s.time(e)
+		s.time(e, t)
 		p.failures++
 		s.res.Failed++
 		s.res.Failures = append(s.res.Failures, Failure{Package: e.Package, Test: e.Test, Said: entries(t.out)})
@@ -353,11 +358,21 @@ func (s *streamer) testEvent(e event) {
 	}
 }
 
-// time records a top-level test's duration (a subtest's is in its parent's).
-func (s *streamer) time(e event) {
-	if !strings.Contains(e.Test, "/") {
-		s.res.timed(Timing{Package: e.Package, Test: e.Test, Seconds: e.Elapsed})
+// time records a top-level test's duration (a subtest's is in its parent's):
+// its Elapsed, or the time from when it last started running (its run or
+// cont event) to its end when that is longer. go test's Elapsed of a test
+// whose subtests call t.Parallel leaves them out (0.00s), although they
+// run before it ends; the span counts them, and a parallel test's wait
+// for the sequential tests (before its cont) is not in it.
+func (s *streamer) time(e event, t *test) {
+	if strings.Contains(e.Test, "/") {
+		return
 	}
+	secs := e.Elapsed
+	if !t.began.IsZero() && !e.Time.IsZero() {
+		secs = max(secs, e.Time.Sub(t.began).Seconds())
+	}
+	s.res.timed(Timing{Package: e.Package, Test: e.Test, Seconds: secs})
 }
 
 // printBlock writes a test's output without the run/pause/cont markers.

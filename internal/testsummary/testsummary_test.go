@@ -257,3 +257,32 @@ func TestSlowest(t *testing.T) {
 		t.Errorf("report lacks the slowest tests:\n%s", b.String())
 	}
 }
+
+// TestSlowestCountsParallelSubtests: a test whose subtests call t.Parallel
+// ends with Elapsed 0 although they ran for a minute before it ended; it
+// counts from its run event to its end. A parallel test counts from its
+// cont event (its wait for the sequential tests is not its time).
+func TestSlowestCountsParallelSubtests(t *testing.T) {
+	events := `{"Time":"2026-11-28T09:00:00Z","Action":"run","Package":"p","Test":"TestPair"}
+{"Time":"2026-11-28T09:00:00.1Z","Action":"run","Package":"p","Test":"TestPair/a"}
+{"Time":"2026-11-28T09:00:00.1Z","Action":"pause","Package":"p","Test":"TestPair/a"}
+{"Time":"2026-11-28T09:00:00.2Z","Action":"cont","Package":"p","Test":"TestPair/a"}
+{"Time":"2026-11-28T09:01:05Z","Action":"pass","Package":"p","Test":"TestPair/a","Elapsed":64.8}
+{"Time":"2026-11-28T09:01:06Z","Action":"pass","Package":"p","Test":"TestPair","Elapsed":0}
+{"Time":"2026-11-28T09:01:06Z","Action":"run","Package":"p","Test":"TestLate"}
+{"Time":"2026-11-28T09:01:06Z","Action":"pause","Package":"p","Test":"TestLate"}
+{"Time":"2026-11-28T09:01:07Z","Action":"run","Package":"p","Test":"TestSerial"}
+{"Time":"2026-11-28T09:01:10Z","Action":"pass","Package":"p","Test":"TestSerial","Elapsed":3}
+{"Time":"2026-11-28T09:01:10Z","Action":"cont","Package":"p","Test":"TestLate"}
+{"Time":"2026-11-28T09:01:30Z","Action":"pass","Package":"p","Test":"TestLate","Elapsed":20}
+{"Action":"pass","Package":"p","Elapsed":90}
+`
+	res, err := Stream(strings.NewReader(events), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []Timing{{"p", "TestPair", 66}, {"p", "TestLate", 20}, {"p", "TestSerial", 3}}
+	if fmt.Sprint(res.Slowest) != fmt.Sprint(want) {
+		t.Fatalf("Slowest = %v; want %v", res.Slowest, want)
+	}
+}

@@ -99,14 +99,27 @@ touch "$FAULT_TOL_FINISHED_FLAG_FILE"
 // (whose own trap runs, the NeMo habit) and through srun to the launcher.
 // Either way the launcher tells the rank, the rank saves and exits, the job
 // ends before its limit and is judged walltime-like: not a failure.
+//
+// The limit is 3 minutes, the warning 100 s before it: Slurm may send a
+// warning up to 60 s early (sbatch(1), --signal; slurmctld checks every
+// 30 s), so it comes 20-80 s after the job starts, never before srun has
+// started the job step. With 2 minutes it could come as the job started:
+// beside the walltime tests (five jobs starting at once, load average 15)
+// "to the job steps" once ran into its limit with the warning never seen,
+// most likely sent before the step existed. The cases wait for it with
+// their ranks asleep, so they and the test are parallel: they run beside
+// the walltime tests, after the sequential tests, each its own chain,
+// directory and Slurm job.
 func TestWarningSignal(t *testing.T) {
 	skipShort(t)
+	t.Parallel()
 	c := need(t)
 	for _, tt := range []struct{ name, signal, recorded string }{
 		{"to the batch shell", "B:USR1@100", "USR1"},
 		{"to the job steps", "USR1@100", ""},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
 			ctx, cancel := runclock.WithTimeout(context.Background(), 6*time.Minute)
 			defer cancel()
 			ch := newChain(t, c)
@@ -115,7 +128,7 @@ func TestWarningSignal(t *testing.T) {
 touch %[1]s/rank-started
 while :; do sleep 0.1; done
 `, work))
-			script := ch.script(fmt.Sprintf(`#SBATCH -N1 -t 2 --signal=%[3]s
+			script := ch.script(fmt.Sprintf(`#SBATCH -N1 -t 3 --signal=%[3]s
 if [ "$FT_RESUMER_JOB_INDEX" != 0 ]; then touch "$FAULT_TOL_FINISHED_FLAG_FILE"; exit 0; fi
 trap 'echo trapped > %[1]s/script-trapped' USR1
 %[2]s

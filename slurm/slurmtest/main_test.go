@@ -39,6 +39,7 @@ func skipShort(t *testing.T) {
 
 func TestMain(m *testing.M) {
 	flag.Parse()
+	allParallelTestsAtOnce()
 	if testing.Short() {
 		os.Exit(m.Run()) // every test skips: no binaries, no cluster
 	}
@@ -78,6 +79,24 @@ func TestMain(m *testing.M) {
 		return code
 	}()
 	os.Exit(code)
+}
+
+// allParallelTestsAtOnce lets every test of this package that calls
+// t.Parallel run at the same time. Those are the walltime tests, which wait
+// out a one-minute Slurm time limit, and TestWarningSignal's two cases,
+// which wait for Slurm's warning (their ranks asleep, one CPU of the
+// cluster's twelve per job): go test's default, -parallel GOMAXPROCS, would
+// run only two at a time on the 2-core CI machine, the others waiting their
+// turn. The sequential tests are not affected; an explicit -parallel still
+// wins.
+func allParallelTestsAtOnce() {
+	given := false
+	flag.Visit(func(f *flag.Flag) { given = given || f.Name == "test.parallel" })
+	if !given {
+		if err := flag.Set("test.parallel", "8"); err != nil {
+			panic(fmt.Sprintf("slurmtest: set -test.parallel: %v", err))
+		}
+	}
 }
 
 // need ends the test when Slurm is not installed or this is not root: a
