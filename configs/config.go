@@ -122,6 +122,9 @@ type Config struct {
 	// StateReplicas is K of --state-replicas: the buddy launchers each
 	// node streams its saves to (0: none; always 0 without StateDir).
 	StateReplicas int
+	// StateShmDir is where the segments live (--state-shm-dir; "" is
+	// /dev/shm): a tmpfs, so that a save is a memory copy.
+	StateShmDir string
 
 	// Spares.
 	SpareFiller               string        // command run on this node while it is a spare ("" none)

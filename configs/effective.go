@@ -81,6 +81,7 @@ func (c *Config) Effective() string {
 	add("state_dir", c.StateDir)
 	add("state_persist_every", c.StatePersist.String())
 	add("state_replicas", fmt.Sprint(c.StateReplicas))
+	add("state_shm_dir", c.StateShmDir)
 	add("spare_filler", c.SpareFiller)
 	add("spare_filler_reclaim_timeout", c.SpareFillerReclaimTimeout.Seconds())
 	prewarm := strings.Join(c.Prewarm, ",")

@@ -420,3 +420,27 @@ func TestStateReplicasOption(t *testing.T) {
 		})
 	}
 }
+
+// TestStateShmDirOption: --state-shm-dir (and PET_STATE_SHM_DIR) takes an
+// absolute directory; a relative one is refused with what is allowed.
+func TestStateShmDirOption(t *testing.T) {
+	for _, tt := range []struct {
+		name    string
+		args    []string
+		env     map[string]string
+		want    string
+		wantErr string
+	}{
+		{"default: the store uses /dev/shm", []string{"--state-dir", "/ckpt"}, nil, "", ""},
+		{"given", []string{"--state-dir", "/ckpt", "--state-shm-dir", "/run/ftl"}, nil, "/run/ftl", ""},
+		{"by environment", []string{"--state-dir", "/ckpt"}, map[string]string{"PET_STATE_SHM_DIR": "/run/ftl"}, "/run/ftl", ""},
+		{"relative", []string{"--state-dir", "/ckpt", "--state-shm-dir", "shm"}, nil, "", "want an absolute path"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			c := parseOrUsageError(t, tt.args, tt.env, tt.wantErr)
+			if c != nil && c.StateShmDir != tt.want {
+				t.Errorf("StateShmDir = %q, want %q", c.StateShmDir, tt.want)
+			}
+		})
+	}
+}

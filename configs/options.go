@@ -2,6 +2,7 @@ package configs
 
 import (
 	"fmt"
+	"path/filepath"
 	"reflect"
 	"regexp"
 	"strings"
@@ -283,6 +284,15 @@ func options() []*option {
 			set: func(p *parser, v string) (err error) {
 				p.cfg.StateReplicas, err = parseIntRange(v, 0, MaxStateReplicas)
 				return err
+			}},
+		{names: []string{"state-shm-dir"}, env: true, group: grpOurs, arg: "DIR", def: "/dev/shm",
+			help: "With --state-dir: the memory file system (a tmpfs) holding the ranks' state segments; a save that does not fit there or in free memory goes to --state-dir's files instead, with a warning. See docs/state.md.",
+			set: func(p *parser, v string) error {
+				if !filepath.IsAbs(v) {
+					return fmt.Errorf("--state-shm-dir %q: want an absolute path to a directory on a tmpfs, like /dev/shm", v)
+				}
+				p.cfg.StateShmDir = v
+				return nil
 			}},
 		{names: []string{"health-check-cmd"}, env: true, group: grpOurs, arg: "CMD", def: "off",
 			help: "Command run before each rendezvous join; a non-zero exit marks this node unhealthy.",

@@ -257,6 +257,43 @@ func TestTorchStateFullDiskWarnsAndTrainingGoesOn(t *testing.T) {
 	}
 }
 
+// TestTorchStateMemoryTooSmallSavesToFiles gives the launcher's segments a
+// 1 MiB tmpfs (--state-shm-dir), too small for the two 1 MiB slots of a
+// segment: every save says so on the rank's stderr (the sizes and where it
+// goes instead) and is written to the state directory's files, and the
+// crashed rank's next process resumes from the file, with the weights of
+// an uninterrupted run.
+func TestTorchStateMemoryTooSmallSavesToFiles(t *testing.T) {
+	script, refOut := stateScript(t)
+	shm := testenv.Tmpfs(t, "1m")
+	j := newJob(t)
+	out, dir := filepath.Join(j.dir, "out"), filepath.Join(j.dir, "state")
+	mkdir(t, out)
+	code := j.run(torchTimeout, []string{"PYTHON_EXEC=" + debianPython},
+		"--standalone", "--nproc-per-node", "2", "--max-restarts", "1",
+		"--state-dir", dir, "--state-shm-dir", shm,
+		script, "--out", out, "--crash-at-step", "25", "--crash-rank", "1")
+	if code != 0 {
+		t.Fatalf("exit %d: a segment that does not fit must not stop training\n%s", code, j.stderr.String())
+	}
+	stderr := j.stderr.String()
+	if !strings.Contains(stderr, "the state segment needs") || !strings.Contains(stderr, "saving to files in "+dir) {
+		t.Errorf("no warning naming the segment's size and the files it saves to instead in the output:\n%s", stderr)
+	}
+	for r := 0; r < 2; r++ {
+		ref, got := readStateResult(t, refOut, r), readStateResult(t, out, r)
+		if got.SHA256 != ref.SHA256 {
+			t.Errorf("rank %d: weights %s, want %s (an uninterrupted run's)", r, got.SHA256, ref.SHA256)
+		}
+		if got.ResumedFrom == nil || got.Source == nil || *got.Source != "file" {
+			t.Errorf("rank %d: resumed from step %v (source %v), want a step restored from the file", r, got.ResumedFrom, got.Source)
+		}
+		if _, err := os.Stat(filepath.Join(dir, "rank-"+strconv.Itoa(r)+".json")); err != nil {
+			t.Errorf("rank %d: no manifest in the state directory: %v", r, err)
+		}
+	}
+}
+
 // TestTorchStateNodeLossRestoredFromBuddy: three launcher "nodes" on
 // loopback (--nnodes 2:3, one rank each, so one is a spare), each with a
 // state directory of its own (no shared storage) and --state-replicas 1

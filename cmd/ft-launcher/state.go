@@ -22,7 +22,7 @@ func openState(cfg *configs.Config, ev *eventlog.Log, log *slog.Logger) (*state.
 	if cfg.StateDir == "" {
 		return nil, nil
 	}
-	st, err := state.Open(state.Options{NLocal: cfg.NProcPerNode, Dir: cfg.StateDir, Every: cfg.StatePersist,
+	st, err := state.Open(state.Options{NLocal: cfg.NProcPerNode, Dir: cfg.StateDir, ShmRoot: cfg.StateShmDir, Every: cfg.StatePersist,
 		Emit: ev.Emit, Logger: log.With("component", "state")})
 	if err != nil {
 		return nil, err

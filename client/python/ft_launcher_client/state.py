@@ -827,7 +827,11 @@ def save(step, state, monitor=None, checksum=False, path=None):
             seg.save(step, bufs, length, checksum, start)
         except _NoRoom as e:
             if seg is not None:
-                log.warning("ft-launcher state: %s; saving to files in %s instead", e, _state_dir(path))
+                # Once per process: every later save takes the same way.
+                lvl = logging.DEBUG if _warned_no_room[0] else logging.WARNING
+                _warned_no_room[0] = True
+                log.log(lvl, "ft-launcher state: %s; saving to files in %s instead (this process's later saves too)",
+                        e, _state_dir(path))
             where = "file"
             _save_file(_state_dir(path), step, bufs, length, start)
         secs = time.perf_counter() - start
@@ -890,6 +894,7 @@ def heal(step, state, groups=None, info=None, **kw):
     return _heal.heal(step, state, groups=groups, info=info, **kw)
 
 
+_warned_no_room = [False]  # a save that did not fit was logged (save)
 _notes = [0]  # restore notes written by this process (their names' counter)
 
 

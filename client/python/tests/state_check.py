@@ -188,6 +188,7 @@ class StateTest(unittest.TestCase):
     def test_no_room_in_memory_falls_back_to_file(self):
         with Env() as e:
             state.save(1, {"x": torch.ones(10)})  # fits: memory
+            state._warned_no_room[0] = False  # warned once per process
             with mock.patch.object(state, "_mem_available", return_value=1 << 20):
                 with self.assertLogs("ft_launcher_client.state", "WARNING") as logs:
                     info = state.save(2, {"x": torch.ones(1_000_000)})
