@@ -307,6 +307,8 @@ class Campaign:
             self.inject(f)
         time.sleep(max(0, self.t0 + self.a.duration - time.time()))
         self.stop()
+        with open(os.path.join(self.dir, "campaign.json"), "w") as f:
+            json.dump({"t0": self.t0, "t_end": self.t_end, "events": self.events}, f, indent=1)
         return self.analyse()
 
     def analyse(self):
@@ -319,14 +321,19 @@ class Campaign:
                                  "t": float(p[4]), "src": " ".join(p[5:]), "steps": []})
                 elif p[0] == "S" and runs:
                     runs[-1]["steps"].append((int(p[1]), float(p[2])))
+        # A run's productive time ends at the first fault that hit it: a
+        # frozen rank may finish its step after the fault (ft-launcher sends
+        # SIGCONT before SIGKILL), and that step's time spans the stall.
+        hits = sorted(e["t"] for e in self.events if e.get("pid"))
         intervals = []
         for i, r in enumerate(runs):
             nxt = runs[i + 1]["start"] if i + 1 < len(runs) else None
+            nxt_t = runs[i + 1]["t"] if i + 1 < len(runs) else self.t_end
+            cap = min([tf for tf in hits if r["t"] < tf <= nxt_t] + [self.t_end])
             kept = [t for s, t in r["steps"] if (nxt is None or s < nxt) and t <= self.t_end]
             r["kept_steps"] = len(kept)
-            r["last_t"] = r["steps"][-1][1] if r["steps"] else r["t"]
             if kept:
-                intervals.append((r["t"], kept[-1]))
+                intervals.append((r["t"], min(kept[-1], cap)))
         productive = sum(b - a for a, b in intervals)
         wall = self.t_end - self.t0
         faults, prev = [], self.t0
@@ -347,7 +354,7 @@ class Campaign:
                 i = runs.index(r)
                 nxt = runs[i + 1]["start"] if i + 1 < len(runs) else None
                 kept = [t for s, t in r["steps"] if t <= tf and (nxt is None or s < nxt)]
-                rec["recompute_s"] = round(tf - (kept[-1] if kept else r["t"]), 2)
+                rec["recompute_s"] = round(max(0.0, tf - (kept[-1] if kept else r["t"])), 2)
             rec["lost_s"] = round(rec["recompute_s"] + rec["restart_s"], 2)
             faults.append(rec)
             prev = tf
@@ -391,6 +398,8 @@ def main():
     ap.add_argument("--out", default=f"/tmp/goodput-{int(time.time())}")
     ap.add_argument("--ft-launcher", default=os.path.join(REPO, "bin", "ft-launcher"))
     ap.add_argument("--ft-resumer", default=os.path.join(REPO, "bin", "ft-resumer"))
+    ap.add_argument("--analyse", action="store_true",
+                    help="only recompute the goodput of the campaigns already in --out (their campaign.json)")
     a = ap.parse_args()
     a.out = os.path.abspath(a.out)
     os.makedirs(a.out, exist_ok=True)
@@ -398,26 +407,43 @@ def main():
     for k in kinds:
         if k not in ("ft", "torchrun", "nvrx"):
             sys.exit(f"goodput.py: unknown launcher {k!r}: ft, torchrun or nvrx")
-    if "nvrx" in kinds:
+    if "nvrx" in kinds and not a.analyse:
         init = os.path.join(TRIXIE, "usr/lib/python3/dist-packages/torch/distributed/__init__.py")
         if not os.path.isdir(os.path.join(REPO, ".nvrx", "nvidia_resiliency_ext")):
             sys.exit("goodput.py: .nvrx is missing: assemble it with bench/gpu/nvrx.sh (see bench/README.md)")
         if not os.path.exists(init) or "ft-launcher bench" not in open(init).read():
             sys.exit(f"goodput.py: {TRIXIE} is not a chroot prepared by bench/trixie.sh (torch 2.6 with the "
                      "TCPStore change): run bench/trixie.sh once, or set TRIXIE_ROOT")
-    if "ft" in kinds and not os.access(a.ft_launcher, os.X_OK):
+    if "ft" in kinds and not a.analyse and not os.access(a.ft_launcher, os.X_OK):
         sys.exit(f"goodput.py: no ft-launcher at {a.ft_launcher}: go build -o bin/ ./cmd/... or pass --ft-launcher")
     log(f"schedule (seed {a.seed}): {schedule(a.seed, a.duration, a.interval)}")
     results = {}
-    for k in kinds:
+    for k in kinds if a.analyse else ():
+        c = Campaign.__new__(Campaign)
+        c.kind, c.a, c.dir = k, a, os.path.join(a.out, k)
+        with open(os.path.join(c.dir, "campaign.json")) as f:
+            saved = json.load(f)
+        c.t0, c.t_end, c.events = saved["t0"], saved["t_end"], saved["events"]
+        with open(os.path.join(c.dir, "goodput.json")) as f:
+            old = json.load(f)
+        results[k] = c.analyse()
+        results[k]["loadavg_start"], results[k]["loadavg_end"] = old["loadavg_start"], old["loadavg_end"]
+        rep = os.path.join(c.dir, "report.json")
+        if os.path.exists(rep):
+            with open(rep) as f:
+                r = json.load(f)
+            results[k]["report"] = {x: r.get(x) for x in ("goodput", "wall_s", "phases_s")}
+    for k in kinds if not a.analyse else ():
         load0 = open("/proc/loadavg").read().split()[:3]
         c = Campaign(k, a, a.out)
         res = c.run()
         res["loadavg_start"] = load0
+        with open(os.path.join(c.dir, "goodput.json"), "w") as f:
+            json.dump(res, f, indent=1)
         results[k] = res
         log(f"{k}: goodput {res['goodput']:.2%} ({res['productive_s']} of {res['wall_s']} s)")
         time.sleep(3)
-    if "ft" in kinds:
+    if "ft" in kinds and not a.analyse:
         rep = report(a, a.out)
         if rep is not None:
             results["ft"]["report"] = {k: rep.get(k) for k in ("goodput", "wall_s", "phases_s")}
