@@ -51,8 +51,10 @@ start). A fault that lands inside an earlier fault's gap adds to that gap.
 
 usage: bench/goodput.py [--launchers ft,torchrun,nvrx] [--duration 600]
            [--interval 60] [--seed 30] [--ckpt-every 300] [--out DIR]
-Writes DIR/<launcher>/ (logs, event logs, step logs), DIR/summary.json and a
-markdown table on stdout. Needs root for nvrx (unshare -m, chroot; mounts
+           [--ft-launcher PATH] [--ft-resumer PATH] [--analyse]
+Writes DIR/<launcher>/ (logs, event logs, step logs, campaign.json,
+goodput.json), DIR/summary.json and a markdown table on stdout; --analyse
+recomputes them from an earlier run's DIR. Needs root for nvrx (unshare -m, chroot; mounts
 are private to the chroot's mount namespace and vanish with it).
 """
 import argparse
