@@ -25,6 +25,9 @@ func openState(cfg *configs.Config, ev *eventlog.Log, log *slog.Logger) (*state.
 	st, err := state.Open(state.Options{NLocal: cfg.NProcPerNode, Dir: cfg.StateDir, ShmRoot: cfg.StateShmDir, Every: cfg.StatePersist,
 		Emit: ev.Emit, Logger: log.With("component", "state")})
 	if err != nil {
+		if cfg.StateShmDir != "" { // name the flag the user can change
+			return nil, fmt.Errorf("--state-shm-dir %s (an existing directory on a tmpfs): %w", cfg.StateShmDir, err)
+		}
 		return nil, err
 	}
 	log.Info("state: ranks save into launcher memory", "segments", st.ShmDir(), "dir", cfg.StateDir, "persist_every", cfg.StatePersist.String())
