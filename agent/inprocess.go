@@ -453,12 +453,25 @@ func (a *Agent) startInProcess(specs []spawn.Spec, att *ranklogs.Attempt) error 
 		}
 	}
 	var unreached []int
+	stopped := map[int]bool{}
 	for _, lr := range kept.survivors {
-		if _, ok := gone[lr]; !ok && (ipm == nil || !ipm.InProcessCapable(lr)) {
-			a.log.Warn("in-process: a survivor has no monitor session to take its notice; killing it", "local_rank", lr)
-			_ = signalRank(kept.group, lr, syscall.SIGKILL)
-			unreached = append(unreached, lr)
+		if _, ok := gone[lr]; ok {
+			continue
 		}
+		switch {
+		case ipm == nil || !ipm.InProcessCapable(lr):
+			a.log.Warn("in-process: a survivor has no monitor session to take its notice; killing it", "local_rank", lr)
+		case rankStopped(kept.group, lr):
+			// Stopped by a signal (a SIGSTOP: the fault campaign's hang):
+			// it would not take its notice until the rejoin bound, so it
+			// starts afresh now, as the ranks without a session do.
+			stopped[lr] = true
+			a.log.Warn("in-process: a survivor is stopped by a signal and cannot take its notice; killing it", "local_rank", lr)
+		default:
+			continue
+		}
+		_ = signalRank(kept.group, lr, syscall.SIGKILL)
+		unreached = append(unreached, lr)
 	}
 	doomed := map[int]bool{}
 	if len(unreached) > 0 {
@@ -479,7 +492,12 @@ func (a *Agent) startInProcess(specs []spawn.Spec, att *ranklogs.Attempt) error 
 		e := gone[lr]
 		a.log.Warn("in-process: a kept survivor ended before its round; starting it afresh", "round", asg.Round,
 			"local_rank", lr, "exit", e.String())
-		a.ev.Emit(eventlog.InProcessReplacedEvent{Round: asg.Round, LocalRank: lr, Exit: eventlog.Opt(e.String())})
+		rec := eventlog.InProcessReplacedEvent{Round: asg.Round, LocalRank: lr, Exit: eventlog.Opt(e.String())}
+		if stopped[lr] {
+			rec.Why = eventlog.Opt("stopped")
+			rec.Reason = eventlog.Opt(fmt.Sprintf("local rank %d was stopped by a signal (process state T) when round %d began; killed and started afresh", lr, asg.Round))
+		}
+		a.ev.Emit(rec)
 	}
 	var stay []int
 	keep := map[int]bool{}
@@ -1023,6 +1041,18 @@ func rankEnding(g RankGroup, localRank int) bool {
 	}
 	pid, ok := g.PIDs()[localRank]
 	return !ok || procfs.Ending(pid)
+}
+
+// rankStopped reports a rank whose process is stopped by a signal
+// (procfs.Stat.Stopped); false when it cannot be read (it ended: its exit
+// tells).
+func rankStopped(g RankGroup, localRank int) bool {
+	pid, ok := g.PIDs()[localRank]
+	if !ok || pid <= 0 {
+		return false
+	}
+	st, err := procfs.Read(pid)
+	return err == nil && st.Stopped()
 }
 
 // signalRank signals one rank's process group in g.

@@ -16,12 +16,16 @@ rank's heartbeats, 3 steps before it, so a heartbeat timeout finds it):
                         collective fails it sleeps instead of rejoining
   --crash-again-rank R  rank R crashes again at the start of round 1, before
                         its first step (a failure during the in-process restart)
+  --stopped-rank R      in round 0, at --crash-at-step, rank R stops itself with
+                        SIGSTOP before the step (a frozen process), and the
+                        crashing rank crashes only once R is stopped
   --hang-quiet-steps N  the hanging rank stops its heartbeats N steps before
                         it hangs (default 3, so the heartbeat timeout picks
                         it); 0: it hangs as in most jobs, its peers waiting in
                         the collective fall silent with it
 """
 import os
+import signal
 import sys
 import time
 
@@ -44,12 +48,13 @@ def parse_args(argv):
     rest = []
     it = iter(argv)
     for a in it:
-        if a in ("--stuck-rank", "--crash-again-rank", "--restore", "--hang-quiet-steps"):
+        if a in ("--stuck-rank", "--stopped-rank", "--crash-again-rank", "--restore", "--hang-quiet-steps"):
             extra += [a, next(it)]
         else:
             rest.append(a)
     args = base.parse_args(rest)
     args.stuck_rank, args.crash_again_rank, args.restore, args.hang_quiet_steps = -1, -1, "checkpoint", 3
+    args.stopped_rank = -1
     for k, v in zip(extra[::2], extra[1::2]):
         if k == "--restore":
             if v not in ("checkpoint", "memory"):
@@ -58,6 +63,22 @@ def parse_args(argv):
         else:
             setattr(args, k[2:].replace("-", "_"), int(v))
     return args
+
+
+def wait_stopped(pidfile, bound=120.0):
+    """Wait until the process named in pidfile is stopped (state T)."""
+    deadline = time.monotonic() + bound
+    while time.monotonic() < deadline:
+        try:
+            with open(pidfile) as f:
+                pid = int(f.read())
+            with open("/proc/%d/stat" % pid) as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "T":
+                    return
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.01)
+    raise SystemExit("the rank to stop did not stop within %.0f s" % bound)
 
 
 def cycle():
@@ -125,8 +146,18 @@ def train(ctx, args, dev):
     teacher = base.teacher_weights(args.seed)
     loss_val = None
     for step in range(start, args.steps):
+        if (step, rank) == (args.crash_at_step, args.stopped_rank) and cycle() == 0 and \
+                base.should_inject(args.ckpt_dir, "stop", step, rank):
+            base.touch_marker(args.ckpt_dir, "stop", step, rank)
+            base.log(f"injected stop (SIGSTOP) at step {step}")
+            with open(os.path.join(args.ckpt_dir, "stopped.pid.tmp"), "w") as f:
+                f.write(str(os.getpid()))
+            os.rename(os.path.join(args.ckpt_dir, "stopped.pid.tmp"), os.path.join(args.ckpt_dir, "stopped.pid"))
+            os.kill(os.getpid(), signal.SIGSTOP)
         if (step, rank) == (args.crash_at_step, args.crash_rank) and \
                 base.should_inject(args.ckpt_dir, "crash", step, rank):
+            if args.stopped_rank >= 0 and cycle() == 0:
+                wait_stopped(os.path.join(args.ckpt_dir, "stopped.pid"))
             base.touch_marker(args.ckpt_dir, "crash", step, rank)
             base.log(f"injected crash at step {step}")
             os._exit(1)

@@ -171,3 +171,40 @@ func TestInProcessStuckSurvivor(t *testing.T) {
 		})
 	}
 }
+
+// TestInProcessStoppedSurvivor: local rank 2 is frozen by a SIGSTOP at step
+// 25 (the fault campaign's hang), then rank 1 crashes. Rank 2 is not a
+// crash and has not exited, so it would be kept as a survivor, and being
+// stopped it would not take its notice until the rejoin bound (60 s here).
+// The launcher sees that its process is stopped (state T) when the round
+// begins, kills it and starts it afresh with the crashed rank
+// (inprocess_replaced, why "stopped"); rank 0 stays and rejoins. One
+// in-process restart, no fallback, and the uninterrupted run's weights.
+func TestInProcessStoppedSurvivor(t *testing.T) {
+	skipShort(t)
+	requireTorch(t)
+	want := uninterruptedWeights(t, "3")
+	j, got := runInProcess(t, []string{"--nproc-per-node", "3", "--max-restarts", "3", "--inprocess-rejoin-timeout", "60"},
+		inprocessScript(t), "--crash-at-step", "25", "--crash-rank", "1", "--stopped-rank", "2")
+	if got.SHA256 != want.SHA256 {
+		t.Fatalf("weights %s, want %s", got.SHA256, want.SHA256)
+	}
+	if m := restartModes(j); !slices.Equal(m, []string{"in-process"}) {
+		t.Fatalf("restart modes %v, want one in-process restart", m)
+	}
+	if fb := j.eventsOf("inprocess_fallback"); len(fb) != 0 {
+		t.Fatalf("inprocess_fallback events %v, want none", fb)
+	}
+	var stopped []map[string]any
+	for _, r := range j.eventsOf("inprocess_replaced") {
+		if r["why"] == "rejoin_timeout" {
+			t.Fatalf("inprocess_replaced %v: the stopped rank waited for the rejoin bound", r)
+		}
+		if r["why"] == "stopped" {
+			stopped = append(stopped, r)
+		}
+	}
+	if len(stopped) != 1 || stopped[0]["local_rank"] != float64(2) {
+		t.Fatalf("inprocess_replaced with why stopped: %v, want one for local rank 2 (all: %v)", stopped, j.eventsOf("inprocess_replaced"))
+	}
+}

@@ -26,6 +26,11 @@ type Stat struct {
 // one being torn down.
 func (s Stat) Dead() bool { return s.State == 'Z' || s.State == 'X' }
 
+// Stopped reports a process stopped by a signal (SIGSTOP, SIGTSTP, ...):
+// it runs no code until a SIGCONT. A tracer's stop ('t') is not counted:
+// a debugger holds that process on purpose.
+func (s Stat) Stopped() bool { return s.State == 'T' }
+
 // Read returns the stat of pid.
 func Read(pid int) (Stat, error) {
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")

@@ -91,3 +91,40 @@ func TestGroupAlive(t *testing.T) {
 		t.Error("non-positive pgid reported alive")
 	}
 }
+
+// TestStoppedRealProcess: a real child is Stopped after SIGSTOP (state T)
+// and not before nor after SIGCONT.
+func TestStoppedRealProcess(t *testing.T) {
+	cmd := exec.Command("sleep", "60")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	pid := cmd.Process.Pid
+	waitState := func(want bool) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			st, err := Read(pid)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st.Stopped() == want {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("state %c: Stopped() = %v, want %v", st.State, st.Stopped(), want)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	waitState(false)
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	waitState(true)
+	if err := syscall.Kill(pid, syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	waitState(false)
+}
