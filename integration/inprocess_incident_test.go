@@ -110,15 +110,7 @@ func TestInProcessStuckSurvivor(t *testing.T) {
 			j, got := runInProcess(t, []string{"--nproc-per-node", strconv.Itoa(tc.ranks), "--max-restarts", "3",
 				"--inprocess-rejoin-timeout", strconv.Itoa(int(bound.Seconds()))},
 				inprocessScript(t), "--crash-at-step", "25", "--crash-rank", "1", "--stuck-rank", strconv.Itoa(tc.stuck))
-			if got.SHA256 != want.SHA256 {
-				t.Fatalf("weights %s, want %s", got.SHA256, want.SHA256)
-			}
-			if m := restartModes(j); !slices.Equal(m, []string{"in-process"}) {
-				t.Fatalf("restart modes %v, want one in-process restart", m)
-			}
-			if fb := j.eventsOf("inprocess_fallback"); len(fb) != 0 {
-				t.Fatalf("inprocess_fallback events %v, want none", fb)
-			}
+			requireOneInProcessRestart(t, j, got, want)
 			replaced := map[float64]map[string]any{}
 			for _, r := range j.eventsOf("inprocess_replaced") {
 				if r["why"] == "rejoin_timeout" {
@@ -186,15 +178,7 @@ func TestInProcessStoppedSurvivor(t *testing.T) {
 	want := uninterruptedWeights(t, "3")
 	j, got := runInProcess(t, []string{"--nproc-per-node", "3", "--max-restarts", "3", "--inprocess-rejoin-timeout", "60"},
 		inprocessScript(t), "--crash-at-step", "25", "--crash-rank", "1", "--stopped-rank", "2")
-	if got.SHA256 != want.SHA256 {
-		t.Fatalf("weights %s, want %s", got.SHA256, want.SHA256)
-	}
-	if m := restartModes(j); !slices.Equal(m, []string{"in-process"}) {
-		t.Fatalf("restart modes %v, want one in-process restart", m)
-	}
-	if fb := j.eventsOf("inprocess_fallback"); len(fb) != 0 {
-		t.Fatalf("inprocess_fallback events %v, want none", fb)
-	}
+	requireOneInProcessRestart(t, j, got, want)
 	var stopped []map[string]any
 	for _, r := range j.eventsOf("inprocess_replaced") {
 		if r["why"] == "rejoin_timeout" {
@@ -206,5 +190,21 @@ func TestInProcessStoppedSurvivor(t *testing.T) {
 	}
 	if len(stopped) != 1 || stopped[0]["local_rank"] != float64(2) {
 		t.Fatalf("inprocess_replaced with why stopped: %v, want one for local rank 2 (all: %v)", stopped, j.eventsOf("inprocess_replaced"))
+	}
+}
+
+// requireOneInProcessRestart fails the test unless the job ended with the
+// uninterrupted run's weights after exactly one in-process restart that
+// did not fall back to the full restart.
+func requireOneInProcessRestart(t *testing.T, j *job, got, want weights) {
+	t.Helper()
+	if got.SHA256 != want.SHA256 {
+		t.Fatalf("weights %s, want %s", got.SHA256, want.SHA256)
+	}
+	if m := restartModes(j); !slices.Equal(m, []string{"in-process"}) {
+		t.Fatalf("restart modes %v, want one in-process restart", m)
+	}
+	if fb := j.eventsOf("inprocess_fallback"); len(fb) != 0 {
+		t.Fatalf("inprocess_fallback events %v, want none", fb)
 	}
 }

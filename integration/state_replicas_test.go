@@ -114,21 +114,7 @@ func TestStateTwoReplicasSurviveBuddyLoss(t *testing.T) {
 			"--state-dir", filepath.Join(c.dir, "state"+strconv.Itoa(i)), "--state-persist-every", "0", "--state-replicas", "2",
 			script, "--out", out, "--steps", strconv.Itoa(steps), "--hold-at-step", strconv.Itoa(hold))
 	}
-	nodeOf, pidOf := map[int]int{}, map[int]int{}
-	for r := 0; r < 3; r++ {
-		p := filepath.Join(out, "held-"+strconv.Itoa(r))
-		waitFile(t, p, generous)
-		b, err := os.ReadFile(p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		f := strings.Fields(string(b))
-		if len(f) != 2 {
-			t.Fatalf("%s: %q", p, b)
-		}
-		nodeOf[r], _ = strconv.Atoi(f[0])
-		pidOf[r], _ = strconv.Atoi(f[1])
-	}
+	nodeOf, pidOf := readHeld(t, out, 3, generous)
 	// The ring follows the group ranks (= the global ranks here): rank r's
 	// buddies hold r+1 and r+2. Node 0 hosts the embedded etcd and must
 	// live: the lost pair are the ranks after its rank, so node 0 is the

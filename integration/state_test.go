@@ -50,6 +50,29 @@ func stateScript(t *testing.T) (script, refOut string) {
 	return script, stateReference(t, script)
 }
 
+// readHeld waits for the held-<RANK> files of ranks 0..n-1 that
+// state_train.py's --hold-at-step writes (its $NODE and pid) and returns
+// which node and pid hold each rank.
+func readHeld(t *testing.T, out string, n int, timeout time.Duration) (nodeOf, pidOf map[int]int) {
+	t.Helper()
+	nodeOf, pidOf = map[int]int{}, map[int]int{}
+	for r := 0; r < n; r++ {
+		p := filepath.Join(out, "held-"+strconv.Itoa(r))
+		waitFile(t, p, timeout)
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f := strings.Fields(string(b))
+		if len(f) != 2 {
+			t.Fatalf("%s: %q", p, b)
+		}
+		nodeOf[r], _ = strconv.Atoi(f[0])
+		pidOf[r], _ = strconv.Atoi(f[1])
+	}
+	return nodeOf, pidOf
+}
+
 // mkdir makes the directory dir or fails the test.
 func mkdir(t *testing.T, dir string) {
 	t.Helper()
@@ -320,21 +343,7 @@ func TestTorchStateNodeLossRestoredFromBuddy(t *testing.T) {
 	}
 	// Which node holds which rank (node 0 hosts the embedded etcd: never
 	// the victim).
-	nodeOf, pidOf := map[int]int{}, map[int]int{}
-	for r := 0; r < 2; r++ {
-		p := filepath.Join(out, "held-"+strconv.Itoa(r))
-		waitFile(t, p, torchTimeout)
-		b, err := os.ReadFile(p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		f := strings.Fields(string(b))
-		if len(f) != 2 {
-			t.Fatalf("%s: %q", p, b)
-		}
-		nodeOf[r], _ = strconv.Atoi(f[0])
-		pidOf[r], _ = strconv.Atoi(f[1])
-	}
+	nodeOf, pidOf := readHeld(t, out, 2, torchTimeout)
 	if _, err := os.Stat(filepath.Join(out, "held-2")); err == nil {
 		t.Fatal("a third rank ran in round 0: no node was a spare")
 	}
