@@ -81,7 +81,11 @@ func (c *Config) Effective() string {
 	add("state_dir", c.StateDir)
 	add("state_persist_every", c.StatePersist.String())
 	add("state_replicas", fmt.Sprint(c.StateReplicas))
-	add("state_shm_dir", c.StateShmDir)
+	shm := c.StateShmDir
+	if shm == "" {
+		shm = "/dev/shm" // state.Options' default
+	}
+	add("state_shm_dir", shm)
 	add("spare_filler", c.SpareFiller)
 	add("spare_filler_reclaim_timeout", c.SpareFillerReclaimTimeout.Seconds())
 	prewarm := strings.Join(c.Prewarm, ",")
