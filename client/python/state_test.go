@@ -18,11 +18,18 @@ import (
 // middle of its saves, a reader racing a saver, and load(into=...) (in
 // place into a model and optimizer, mismatches refused before a write).
 func TestStateAPI(t *testing.T) {
+	runTorchUnittest(t, "tests.state_check")
+}
+
+// runTorchUnittest runs a unittest module of tests/ with Debian's python3
+// and torch and fails the test with its output when any case fails.
+func runTorchUnittest(t *testing.T, module string) {
+	t.Helper()
 	testenv.SkipShort(t, "runs Python client processes")
 	testenv.Require(t, testenv.Torch)
-	out, err := exec.Command(testenv.DebianPython, "-m", "unittest", "tests.state_check", "-v").CombinedOutput()
+	out, err := exec.Command(testenv.DebianPython, "-m", "unittest", module, "-v").CombinedOutput()
 	if err != nil {
-		t.Fatalf("python state tests: %v\n%s", err, out)
+		t.Fatalf("python %s: %v\n%s", module, err, out)
 	}
 	t.Logf("%s", out)
 }
