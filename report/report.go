@@ -467,6 +467,14 @@ func computeJob(g *jobRecords, r *Report) (Job, error) {
 	noSections := []string{}
 	noStepCounts := []string{}
 	noHeartbeat := []string{}
+	neverReady := []string{}
+	// heartbeats: some round's ranks heartbeated, so the ranks run a
+	// rank-monitor client and a failed round in which none did never got
+	// to training (a rank frozen or stuck in start-up): all start-up.
+	heartbeats := false
+	for _, f := range rounds {
+		heartbeats = heartbeats || len(f.readyRanks) > 0
+	}
 	for i, n := range ns {
 		f := rounds[n]
 		if f.start.IsZero() {
@@ -499,12 +507,20 @@ func computeJob(g *jobRecords, r *Report) (Job, error) {
 				ready = later(ready, t)
 			}
 			rd.Ready = timePtr(ready)
-		} else {
+		}
+		silent := len(f.readyRanks) == 0 && heartbeats && f.end != "success"
+		switch {
+		case silent:
+			ready = f.fault
+			neverReady = append(neverReady, fmt.Sprint(n))
+		case len(f.readyRanks) == 0:
 			noHeartbeat = append(noHeartbeat, fmt.Sprint(n))
 		}
 		ready = clamp(ready, f.start, f.fault)
 		keep := f.fault
-		if f.end != "success" && f.healed {
+		if silent {
+			keep = ready // nothing trained: no steps to lose
+		} else if f.end != "success" && f.healed {
 			// Kept work ends where the survivors completed the healed
 			// step; the failed step is recomputed (1 step lost).
 			keep = ready
@@ -555,6 +571,10 @@ func computeJob(g *jobRecords, r *Report) (Job, error) {
 	if len(noHeartbeat) > 0 {
 		r.Notes = append(r.Notes, fmt.Sprintf("%sround(s) %s: no rank reported a heartbeat (no rank-monitor client): start-up cannot be told from training and is counted as productive",
 			jobPrefix(g.id), strings.Join(noHeartbeat, ", ")))
+	}
+	if len(neverReady) > 0 {
+		r.Notes = append(r.Notes, fmt.Sprintf("%sfailed round(s) %s: no rank heartbeated although the ranks of other rounds did: the round never got to training and is counted as start-up",
+			jobPrefix(g.id), strings.Join(neverReady, ", ")))
 	}
 	if len(noSections) > 0 {
 		r.Notes = append(r.Notes, fmt.Sprintf("%sfailed round(s) %s: no 'step'/'checkpointing' sections recorded: the steps lost since the last checkpoint are unknown and counted as productive",

@@ -55,6 +55,15 @@ func TestBuildPhases(t *testing.T) {
 			notes: []string{"no rank reported a heartbeat", "steps lost since the last checkpoint are unknown"},
 		},
 		{
+			name: "a failed round in which no rank heartbeated is start-up, not training",
+			in:   Inputs{EventLogs: []string{"testdata/silentround.jsonl"}},
+			wall: 50,
+			phases: map[string]float64{Rendezvous: 3, Startup: 10, Productive: 21, Recompute: 8, Detection: 4,
+				Stop: 4},
+			restarts: []int{0, 1}, ends: []string{"crash", "hang", "success"}, lost: []int{5}, ranks: 1,
+			notes: []string{"failed round(s) 1: no rank heartbeated although the ranks of other rounds did"},
+		},
+		{
 			name:     "verdict only: the cycles' phases",
 			in:       Inputs{Verdicts: []string{"testdata/verdict-only.json"}},
 			wall:     21,
