@@ -493,20 +493,22 @@ def _decode(read, length, verify_crc=None, into=None):
             if not isinstance(dt, torch.dtype):
                 raise StateError("state payload: unknown dtype %r" % m.dtype)
             t = dest.direct(idx) if dest is not None else None
-            if t is None:
+            fresh = t is None
+            if fresh:
                 t = torch.empty(m.shape, dtype=dt)
             v = _cpu_view(t)
             if off + len(v) > length:
                 raise StateError("state payload: tensor %d past the payload's end" % idx)
-            todo.append((t, v))
+            todo.append((t, v, fresh))
             off += len(v) + _pad8(len(v))
-        pieces, at = [], len(data)
-        for t, v in todo:
+        pieces, new, at = [], [], len(data)
+        for t, v, fresh in todo:
             if len(v):
-                pieces.append((t.data_ptr(), at, len(v)))
+                (new if fresh else pieces).append((t.data_ptr(), at, len(v)))
             at += len(v) + _pad8(len(v))
         readmany(pieces)
-        for idx, (t, v) in enumerate(todo):
+        readmany(new, True)
+        for idx, (t, v, _) in enumerate(todo):
             if check:
                 if len(v):
                     crc = zlib.crc32(v, crc)
@@ -566,7 +568,7 @@ def _preaders(fd, base, nthreads=1):
                 raise StateError("state: short read")
             done += k
 
-    return pread, lambda pieces: _spread(pieces, preadinto, nthreads)
+    return pread, lambda pieces, fresh=False: _spread(pieces, preadinto, nthreads)
 
 
 class _SlotView:
@@ -580,7 +582,10 @@ class _SlotView:
         import mmap
 
         self.nthreads = nthreads
-
+        # With more than one thread each fills its own range's page tables
+        # (MADV_POPULATE_READ) before copying it, in parallel.
+        self.threaded = nthreads > 1 and _LOAD_POPULATE == "threads"
+        flags = mmap.MAP_SHARED | (0 if self.threaded else getattr(mmap, "MAP_POPULATE", 0))
         page = mmap.PAGESIZE
         self.start = off // page * page
         self.size = off + length - self.start
@@ -589,7 +594,8 @@ class _SlotView:
         libc.mmap.restype = ctypes.c_void_p
         libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
         libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-        a = libc.mmap(None, max(self.size, 1), mmap.PROT_READ, mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0), fd, self.start)
+        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        a = libc.mmap(None, max(self.size, 1), mmap.PROT_READ, flags, fd, self.start)
         if a is None or a == ctypes.c_void_p(-1).value:
             e = ctypes.get_errno()
             raise OSError(e, "mmap of a state slot: %s" % os.strerror(e))
@@ -601,10 +607,30 @@ class _SlotView:
         def pread(off, n):
             return ctypes.string_at(at + off, n)
 
+        page = os.sysconf("SC_PAGE_SIZE")
+        madvise = self.libc.madvise
+
         def memmove(dst, off, n):
             _memmove(dst, at + off, n)
 
-        return pread, lambda pieces: _spread(pieces, memmove, self.nthreads)
+        def populate_memmove(dst, off, n):
+            lo = (at + off) // page * page
+            madvise(lo, at + off + n - lo, _MADV_POPULATE_READ)  # EINVAL before Linux 5.14: faults instead
+            _memmove(dst, at + off, n)
+
+        def populate_both(dst, off, n):
+            # A new tensor's pages are faulted in one call per range, not
+            # one fault per 4 KiB page during the copy.
+            dlo = (dst + page - 1) // page * page
+            dhi = (dst + n) // page * page
+            if dhi > dlo:
+                madvise(dlo, dhi - dlo, _MADV_POPULATE_WRITE)
+            populate_memmove(dst, off, n)
+
+        if self.threaded:
+            return pread, lambda pieces, fresh=False: _spread(pieces, populate_both if fresh else populate_memmove, self.nthreads)
+
+        return pread, lambda pieces, fresh=False: _spread(pieces, memmove, self.nthreads)
 
     def close(self):
         self.libc.munmap(self.addr, max(self.size, 1))
@@ -657,6 +683,8 @@ def _mem_available():
     return None
 
 
+_MADV_POPULATE_READ = 22
+_LOAD_POPULATE = "threads"
 _MADV_POPULATE_WRITE = 23  # Linux 5.14+; older kernels: EINVAL, the pages fault in on first use instead
 
 
