@@ -250,12 +250,15 @@ class _Pickler(pickle.Pickler):
             t = obj.detach()
             if t.layout != torch.strided:
                 raise StateError("tensor with layout %s: only dense (strided) tensors can be saved" % t.layout)
+            # Only a tensor whose own memory is copied can be changed under
+            # an overlapped save; the others are copied here, in the call.
+            own = t.device.type == "cpu" and t.is_contiguous()
             if t.device.type != "cpu":
                 t = t.cpu()  # host copy; restored on the CPU (docs/state.md)
             t = t.contiguous()
             idx = len(self._tensors)
             self._tensors.append(t)
-            if self._origins is not None:
+            if self._origins is not None and own:
                 self._origins.append(obj)
             self._ids[id(obj)] = idx
         t = self._tensors[idx]
@@ -265,7 +268,8 @@ class _Pickler(pickle.Pickler):
 def _encode(state, origins=None):
     """(buffers, total length, tensors): the payload as a list of writable
     buffers written in order, the tensors' own memory among them (no copy).
-    origins, a list, receives each saved tensor as found in state."""
+    origins, a list, receives each saved tensor as found in state whose own
+    memory the buffers hold (CPU, contiguous)."""
     tensors = []
     f = io.BytesIO()
     _Pickler(f, tensors, origins).dump(state)

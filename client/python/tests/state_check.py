@@ -682,6 +682,21 @@ class OverlapTest(unittest.TestCase):
             self.assertEqual((w["committed"], w["modified"]), (False, "['model']['w']"))
             self.assertEqual(state._overlap_refused[0], 2)
             self.assertEqual(state.load()[0], 3)
+            # A non-contiguous tensor is copied to contiguous memory in the
+            # call: a change after it cannot tear the save, which commits
+            # the value at the call; a view of a saved tensor moves that
+            # tensor's version counter.
+            for change, want in ((lambda: s["model"]["w_t"].mul_(2), "['model']['w']"), (lambda: s["nc"].zero_(), None)):
+                started.clear()
+                release.clear()
+                s["nc"] = torch.arange(12.0).reshape(3, 4)[:, ::2]
+                state.save(6, s, overlap=True)
+                self.assertTrue(started.wait(30))
+                change()
+                release.set()
+                w = state.wait()
+                self.assertEqual(w.get("modified"), want)
+            self.assertEqual(state.load()[1]["nc"].tolist(), [[0.0, 2.0], [4.0, 6.0], [8.0, 10.0]])
             # Left alone during the copy: committed.
             state.save(6, s, overlap=True)
             self.assertTrue(state.wait()["committed"])
