@@ -785,7 +785,7 @@ class _Segment:
         _maps[self.path] = m
         return m
 
-    def save(self, step, bufs, length, checksum, nthreads, commit):
+    def save(self, step, bufs, length, checksum, nthreads, commit, rank):
         """Write a save into the slot that does not hold the newest one;
         commit() is called once every byte is written and returns the
         stall to record (ns); an exception from it, or from a copy thread,
@@ -798,7 +798,7 @@ class _Segment:
         flags = FLAG_CRC if checksum else 0
         if newest is None or ds[newest][4] < length:
             old = m.size if m is not None else 0
-            return self._grow(seq, step, bufs, length, crc, flags, nthreads, commit, old)
+            return self._grow(seq, step, bufs, length, crc, flags, nthreads, commit, old, rank)
         target = 1 - newest
         cap = ds[newest][4]
         off = HEADER + target * cap
@@ -810,10 +810,10 @@ class _Segment:
         # The commit goes through the kernel (its locked instructions order
         # it after the payload's stores, non-temporal ones included), so a
         # reader that sees the descriptor sees the payload.
-        os.pwrite(m.fd, _desc_pack(seq, step, off, length, cap, dur, _rank(), crc, flags), DESC_OFF[target])
+        os.pwrite(m.fd, _desc_pack(seq, step, off, length, cap, dur, rank, crc, flags), DESC_OFF[target])
         return seq
 
-    def _grow(self, seq, step, bufs, length, crc, flags, nthreads, commit, old):
+    def _grow(self, seq, step, bufs, length, crc, flags, nthreads, commit, old, rank):
         cap = (length * 5 // 4 + _MIB - 1) // _MIB * _MIB
         size = HEADER + 2 * cap
         d = os.path.dirname(self.path)
@@ -833,7 +833,7 @@ class _Segment:
             os.pwrite(fd, MAGIC, 0)
             _spread(_pieces(bufs, HEADER), lambda d, a, n: _pwrite_all(fd, _buffer_at(a, n), d), nthreads)
             dur = commit()
-            os.pwrite(fd, _desc_pack(seq, step, HEADER, length, cap, dur, _rank(), crc, flags), DESC_OFF[0])
+            os.pwrite(fd, _desc_pack(seq, step, HEADER, length, cap, dur, rank, crc, flags), DESC_OFF[0])
             os.rename(tmp, self.path)
             m = _maps.pop(self.path, None)
             if m is not None:  # the old segment's memory goes with its last mapping
@@ -916,10 +916,9 @@ def _read_manifest(d, rank):
     return m
 
 
-def _save_file(d, step, bufs, length, commit):
+def _save_file(d, step, bufs, length, commit, rank):
     """The launcher's write-out format, written by the rank: data file and
     manifest, each atomically (temporary file, fsync, rename, fsync dir)."""
-    rank = _rank()
     os.makedirs(d, exist_ok=True)
     old = _read_manifest(d, rank)
     seq = (old["seq"] if old else 0) + 1
@@ -1040,11 +1039,14 @@ def save(step, state, monitor=None, checksum=False, path=None, overlap=False):
             bufs, length, keep = _encode(state, origins)
             p = _Pending(step, state, origins, keep, length)
             p.call_secs = time.perf_counter() - start
-            p.future = _save_pool.get(1).submit(p.run, bufs, checksum, path, nthreads)
+            # Where it goes is fixed now: an in-process rejoin may change
+            # LOCAL_RANK and RANK before the copy ends.
+            p.future = _save_pool.get(1).submit(p.run, bufs, checksum, _state_dir(path), nthreads, _segment(), _rank())
             _pending[0] = p
             return {"step": step, "bytes": length, "seconds": p.call_secs, "where": "pending", "threads": nthreads}
         bufs, length, _keep = _encode(state)
-        where = _store(step, bufs, length, checksum, path, nthreads, lambda: int((time.perf_counter() - start) * 1e9))
+        where = _store(step, bufs, length, checksum, _state_dir(path), nthreads, lambda: int((time.perf_counter() - start) * 1e9),
+                       _segment(), _rank())
         secs = time.perf_counter() - start
     finally:
         if live:
@@ -1052,14 +1054,14 @@ def save(step, state, monitor=None, checksum=False, path=None, overlap=False):
     return {"step": step, "bytes": length, "seconds": secs, "where": where, "threads": nthreads}
 
 
-def _store(step, bufs, length, checksum, path, nthreads, commit):
-    """Write an encoded save to the launcher's segment, or to a file when
-    there is none or it does not fit; returns "memory" or "file"."""
-    seg = _segment()
+def _store(step, bufs, length, checksum, d, nthreads, commit, seg, rank):
+    """Write an encoded save to the launcher's segment seg (a _Segment or
+    None), or to a file in directory d when there is none or it does not
+    fit; returns "memory" or "file"."""
     try:
         if seg is None:
             raise _NoRoom("")
-        seg.save(step, bufs, length, checksum, nthreads, commit)
+        seg.save(step, bufs, length, checksum, nthreads, commit, rank)
         return "memory"
     except _NoRoom as e:
         if seg is not None:
@@ -1067,8 +1069,8 @@ def _store(step, bufs, length, checksum, path, nthreads, commit):
             lvl = logging.DEBUG if _warned_no_room[0] else logging.WARNING
             _warned_no_room[0] = True
             log.log(lvl, "ft-launcher state: %s; saving to files in %s instead (this process's later saves too)",
-                    e, _state_dir(path))
-        _save_file(_state_dir(path), step, bufs, length, commit)
+                    e, d)
+        _save_file(d, step, bufs, length, commit, rank)
         return "file"
 
 
@@ -1106,11 +1108,11 @@ class _Pending:
         w = self.wait_start
         return int((self.call_secs + (now - w if w is not None else 0.0)) * 1e9)
 
-    def run(self, bufs, checksum, path, nthreads):
+    def run(self, bufs, checksum, d, nthreads, seg, rank):
         self.copy_start = time.perf_counter()
         info = {"step": self.step, "bytes": self.length, "threads": nthreads}
         try:
-            info["where"] = _store(self.step, bufs, self.length, checksum, path, nthreads, self.commit)
+            info["where"] = _store(self.step, bufs, self.length, checksum, d, nthreads, self.commit, seg, rank)
             info["committed"] = True
         except _Modified as e:
             place = _place(self.state, e.tensor)

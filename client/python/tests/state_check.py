@@ -629,21 +629,24 @@ class OverlapTest(unittest.TestCase):
             self.assertEqual(state.wait()["where"], "file")
             self.assertTrue(same(state.load()[1], make_state(7)))
 
-    def test_stall_recorded_is_call_plus_wait(self):
+    def test_stall_recorded_is_call_plus_wait_and_the_rank_at_the_call(self):
         with Env() as e:
             for step in (1, 2, 3):
                 state.save(step, make_state(step))
             started, release = self.gate()
             state.save(4, make_state(4), overlap=True)
             self.assertTrue(started.wait(30))
-            threading.Timer(0.3, release.set).start()
-            w = state.wait()  # blocks about 0.3 s
+            # An in-process rejoin renumbers the rank meanwhile: the save
+            # stays the old rank's, in the segment chosen at the call.
+            with mock.patch.dict(os.environ, {"RANK": "9", "LOCAL_RANK": "1"}):
+                threading.Timer(0.3, release.set).start()
+                w = state.wait()  # blocks about 0.3 s
             self.assertTrue(w["committed"])
             self.assertGreaterEqual(w["wait_seconds"], 0.25)
             with open(os.path.join(e.shm, "rank-0"), "rb") as f:
                 ds = state._slots(f.fileno())
                 d = ds[state._newest(ds)]
-            self.assertEqual(d[1], 4)
+            self.assertEqual((d[1], d[6]), (4, 3))
             recorded = d[5] / 1e9  # the descriptor's stall, which the launcher reports
             self.assertGreaterEqual(recorded, 0.25)
             self.assertLessEqual(recorded, w["seconds"] + 0.01)
