@@ -18,6 +18,10 @@ tensors the caller already has). The launcher writes committed saves to
 --state-dir in the background. Without ft-launcher, or when the segment would
 not fit in memory, save() writes the same format to a file (atomically) and
 load() reads it; ``load_file(path)`` reads a written-out state anywhere.
+Saves and loads split their copy across copy_threads() threads
+($FT_STATE_COPY_THREADS); ``save(..., overlap=True)`` copies in the
+background until ``wait()``, and is not committed if a saved tensor was
+changed in place meanwhile.
 
 Standard library only; torch is used only when the state holds tensors
 (and is never imported here). The pickled part of a state is trusted as
@@ -578,7 +582,8 @@ def _preaders(fd, base, nthreads=1):
 class _SlotView:
     """A read-only mapping of one slot's payload, populated at once
     (MAP_POPULATE: the page tables filled in one call, not a fault per 4 KiB
-    page), read with memmove: 1.1-1.5x faster than preadv from tmpfs, which looks
+    page; with several copy threads, each populates its own range), read
+    with memmove: 1.1-1.5x faster than preadv from tmpfs, which looks
     up and locks every page. Only for ranges inside the file (checked by
     the caller): past its end a mapping's access is SIGBUS."""
 
@@ -688,6 +693,10 @@ def _mem_available():
 
 
 _MADV_POPULATE_READ = 22
+# How a load with more than one copy thread maps the slot: "threads" (each
+# thread populates its own range; measured faster for new tensors, as fast
+# for into=, docs/benchmarks.md "Issue 30: parallel and overlapped save") or
+# "map" (MAP_POPULATE, as one thread does). Kept for bench/state_threads_ab.py.
 _LOAD_POPULATE = "threads"
 _MADV_POPULATE_WRITE = 23  # Linux 5.14+; older kernels: EINVAL, the pages fault in on first use instead
 
