@@ -15,8 +15,12 @@ import (
 // bit-identical round trips through the launcher's segment, growth, a
 // corrupt save refused, the file fallback without the launcher and when
 // memory is short, the checkpoint section, a saver SIGKILLed in the
-// middle of its saves, a reader racing a saver, and load(into=...) (in
-// place into a model and optimizer, mismatches refused before a write).
+// middle of its saves, a reader racing a saver, load(into=...) (in
+// place into a model and optimizer, mismatches refused before a write),
+// the copy split across threads (payloads bit-identical to one thread's,
+// a failing copy thread leaving the previous save, FT_STATE_COPY_THREADS
+// checked) and save(overlap=True) (committed, refused after an in-place
+// change, the stall recorded as call plus wait).
 func TestStateAPI(t *testing.T) {
 	runTorchUnittest(t, "tests.state_check")
 }

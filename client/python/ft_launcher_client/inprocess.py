@@ -429,6 +429,7 @@ class InProcess:
 
     def _rejoin(self, old, notice, noticed):
         t0 = time.monotonic()
+        _wait_state()  # an overlapped save of the old round commits as the old rank
         self._teardown()
         t1 = time.monotonic()
         self._adopt(notice)
@@ -451,10 +452,20 @@ class InProcess:
 
     def close(self):
         """End the monitor session (the process group is the caller's)."""
+        _wait_state()
         self.monitor.shutdown_workload_monitoring()
         if self._reader is not None:
             self._reader.join(timeout=5)
             self._reader = None
+
+
+def _wait_state():
+    """Let an overlapped state save in flight finish (state.wait()); its
+    failure is logged, not raised: the rank goes on without that save."""
+    try:
+        _state.wait()
+    except Exception as e:
+        log.warning("in-process: the overlapped state save in flight failed: %r", e)
 
 
 __all__ = ["InProcess", "Context", "Notice", "RestartNotice", "Snapshot", "RankMonitorClientError"]

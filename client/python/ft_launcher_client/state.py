@@ -18,6 +18,10 @@ tensors the caller already has). The launcher writes committed saves to
 --state-dir in the background. Without ft-launcher, or when the segment would
 not fit in memory, save() writes the same format to a file (atomically) and
 load() reads it; ``load_file(path)`` reads a written-out state anywhere.
+Saves and loads split their copy across copy_threads() threads
+($FT_STATE_COPY_THREADS); ``save(..., overlap=True)`` copies in the
+background until ``wait()``, and is not committed if a saved tensor was
+changed in place meanwhile.
 
 Standard library only; torch is used only when the state holds tensors
 (and is never imported here). The pickled part of a state is trusted as
@@ -34,6 +38,7 @@ import pickle
 import struct
 import sys
 import tempfile
+import threading
 import time
 import zlib
 
@@ -42,6 +47,7 @@ log = logging.getLogger(__name__)
 SHM_DIR_ENV = "FT_STATE_SHM_DIR"
 DIR_ENV = "FT_STATE_DIR"
 DEFAULT_DIR = "ft_state"  # the fallback directory without ft-launcher
+COPY_THREADS_ENV = "FT_STATE_COPY_THREADS"
 
 # Segment layout: state/layout.go (both sides must agree).
 MAGIC = b"FTSHM001"
@@ -50,6 +56,10 @@ DESC_OFF = (64, 128)
 FLAG_CRC = 1
 _DESC = struct.Struct("<QqQQQQiII")  # seq step off len cap dur_ns rank payload_crc flags; + u32 own crc
 _MIB = 1 << 20
+_MIN_CHUNK = 8 * _MIB  # a copy thread's least share: smaller ones cost more in hand-offs than they gain
+_CHUNK_ALIGN = 64 << 10
+_AUTO_THREADS_CAP = 8
+_MAX_THREADS = 64
 
 # Written-out file: state/file.go.
 FILE_MAGIC = b"FTSTATE1"
@@ -81,6 +91,141 @@ def _rank():
     return int(os.environ.get("RANK", "0") or "0")
 
 
+# -- parallel copy ---------------------------------------------------------
+
+
+def copy_threads():
+    """How many threads a save or a load copies with: $FT_STATE_COPY_THREADS
+    (a whole number from 1 to 64; 1 copies in the calling thread alone), or
+    when it is unset, empty or "auto", the CPUs this process may run on
+    (sched_getaffinity) divided by $LOCAL_WORLD_SIZE (the node's ranks, which
+    save at the same moment), at least 1 and at most 8."""
+    v = os.environ.get(COPY_THREADS_ENV, "").strip()
+    if v in ("", "auto"):
+        try:
+            cpus = len(os.sched_getaffinity(0))
+        except (AttributeError, OSError):
+            cpus = os.cpu_count() or 1
+        try:
+            ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or "1"))
+        except ValueError:
+            ranks = 1
+        return max(1, min(_AUTO_THREADS_CAP, cpus // ranks))
+    try:
+        n = int(v)
+    except ValueError:
+        n = 0
+    if not 1 <= n <= _MAX_THREADS:
+        raise StateError("%s=%r: want a whole number from 1 to %d, or auto (CPUs / LOCAL_WORLD_SIZE, at most %d)"
+                         % (COPY_THREADS_ENV, v, _MAX_THREADS, _AUTO_THREADS_CAP))
+    return n
+
+
+class _Pool:
+    """The copy threads of this process, started on first use and kept
+    (a save every few steps must not start threads each time). After a
+    fork the child's threads do not exist: it gets new ones."""
+
+    def __init__(self, prefix):
+        self.prefix = prefix
+        self.lock = threading.Lock()
+        self.pid = None
+        self.ex = None
+        self.n = 0
+
+    def get(self, n):
+        import concurrent.futures
+
+        with self.lock:
+            if self.pid != os.getpid() or self.n < n:
+                if self.pid == os.getpid() and self.ex is not None:
+                    self.ex.shutdown(wait=False)  # its idle threads exit; a larger pool replaces it
+                self.ex = concurrent.futures.ThreadPoolExecutor(max_workers=n, thread_name_prefix=self.prefix)
+                self.pid, self.n = os.getpid(), n
+            return self.ex
+
+
+_copy_pool = _Pool("ftstate-copy")  # the copy threads besides the caller's
+_save_pool = _Pool("ftstate-save")  # runs an overlapped save (save(overlap=True))
+
+
+def _memmove(dst, src, n):
+    # ctypes releases the GIL around the call: threads copy in parallel.
+    ctypes.memmove(dst, src, n)
+
+
+def _buffer_at(addr, n):
+    return memoryview((ctypes.c_char * n).from_address(addr)).cast("B")
+
+
+def _addr(b):
+    """The address of a writable buffer's first byte."""
+    return ctypes.addressof(ctypes.c_char.from_buffer(b))
+
+
+def _pieces(bufs, off):
+    """(destination offset, source address, length) of each non-empty
+    buffer of bufs written back to back from off."""
+    out = []
+    for b in bufs:
+        n = len(b)
+        if n:
+            out.append((off, _addr(b), n))
+        off += n
+    return out
+
+
+def _spread(pieces, fn, nthreads):
+    """Run fn(dst, src, n) over pieces [(dst, src, n)], where dst and src
+    are addresses or offsets that advance together, split into up to
+    nthreads byte ranges of equal length (pieces are cut where a range ends,
+    so one large tensor is shared too); the calling thread does the first
+    range, the pool's threads the others. Returns when every range is done
+    (even when one failed: nothing may write after the caller goes on) and
+    raises the first exception. Returns the number of ranges."""
+    total = sum(p[2] for p in pieces)
+    parts = max(1, min(nthreads, total // _MIN_CHUNK))
+    if parts == 1:
+        for d, s, n in pieces:
+            fn(d, s, n)
+        return 1
+    per = -(-total // parts)
+    per = -(-per // _CHUNK_ALIGN) * _CHUNK_ALIGN
+    ranges, cur, room = [], [], per
+    for d, s, n in pieces:
+        while n:
+            k = min(n, room)
+            cur.append((d, s, k))
+            d, s, n, room = d + k, s + k, n - k, room - k
+            if room == 0:
+                ranges.append(cur)
+                cur, room = [], per
+    if cur:
+        ranges.append(cur)
+    import concurrent.futures
+
+    futs = [_copy_pool.get(nthreads - 1).submit(_run_range, fn, r) for r in ranges[1:]]
+    err = None
+    try:
+        _run_range(fn, ranges[0])
+    except BaseException as e:
+        err = e
+    finally:
+        concurrent.futures.wait(futs)
+    for f in futs:
+        e = f.exception()
+        if e is not None and err is None:
+            err = e
+    if err is not None:
+        raise err
+    return len(ranges)
+
+
+def _run_range(fn, pieces):
+    for d, s, n in pieces:
+        fn(d, s, n)
+
+
 # -- payload ---------------------------------------------------------------
 
 
@@ -93,9 +238,10 @@ def _cpu_view(t):
 
 
 class _Pickler(pickle.Pickler):
-    def __init__(self, f, tensors):
+    def __init__(self, f, tensors, origins=None):
         super().__init__(f, protocol=4)
         self._tensors = tensors
+        self._origins = origins
         self._ids = {}
         self._torch = sys.modules.get("torch")
 
@@ -108,24 +254,31 @@ class _Pickler(pickle.Pickler):
             t = obj.detach()
             if t.layout != torch.strided:
                 raise StateError("tensor with layout %s: only dense (strided) tensors can be saved" % t.layout)
+            # Only a tensor whose own memory is copied can be changed under
+            # an overlapped save; the others are copied here, in the call.
+            own = t.device.type == "cpu" and t.is_contiguous()
             if t.device.type != "cpu":
                 t = t.cpu()  # host copy; restored on the CPU (docs/state.md)
             t = t.contiguous()
             idx = len(self._tensors)
             self._tensors.append(t)
+            if self._origins is not None and own:
+                self._origins.append(obj)
             self._ids[id(obj)] = idx
         t = self._tensors[idx]
         return (_TENSOR_TAG, idx, str(t.dtype).replace("torch.", ""), tuple(t.shape))
 
 
-def _encode(state):
-    """(buffers, total length): the payload as a list of buffers written in
-    order, the tensors' own memory among them (no copy)."""
+def _encode(state, origins=None):
+    """(buffers, total length, tensors): the payload as a list of writable
+    buffers written in order, the tensors' own memory among them (no copy).
+    origins, a list, receives each saved tensor as found in state whose own
+    memory the buffers hold (CPU, contiguous)."""
     tensors = []
     f = io.BytesIO()
-    _Pickler(f, tensors).dump(state)
+    _Pickler(f, tensors, origins).dump(state)
     skel = f.getvalue()
-    head = _PAYLOAD.pack(_PAYLOAD_MAGIC, len(skel), len(tensors)) + skel
+    head = bytearray(_PAYLOAD.pack(_PAYLOAD_MAGIC, len(skel), len(tensors)) + skel)
     head += b"\0" * _pad8(len(head))
     bufs = [memoryview(head)]
     n = len(head)
@@ -134,7 +287,7 @@ def _encode(state):
         bufs.append(v)
         n += len(v)
         if _pad8(len(v)):
-            bufs.append(memoryview(b"\0" * _pad8(len(v))))
+            bufs.append(memoryview(bytearray(_pad8(len(v)))))
             n += _pad8(len(v))
     return bufs, n, tensors
 
@@ -303,11 +456,12 @@ def _at(obj, path):
 
 def _decode(read, length, verify_crc=None, into=None):
     """Rebuild a state from a payload read through read = (pread(off, n) ->
-    bytes, preadinto(off, memoryview)). Returns the state; verify_crc, when
+    bytes, readmany([(address, off, n)]): n bytes at payload offset off to
+    each address, in parallel). Returns the state; verify_crc, when
     given, is checked against the CRC-32 of every payload byte. With into
     (load(into=...)), saved tensors are read straight into the caller's
     tensors where the structure has one (_Into); the others are new."""
-    pread, preadinto = read
+    pread, readmany = read
     head = pread(0, _PAYLOAD.size)
     magic, skel_len, ntensors = _PAYLOAD.unpack(head)
     if magic != _PAYLOAD_MAGIC:
@@ -338,26 +492,36 @@ def _decode(read, length, verify_crc=None, into=None):
     if ntensors:
         import torch
 
+        # Every destination first, then one parallel read of all the bytes
+        # (_spread), then the CRC and the other destinations.
+        todo = []
         for idx in range(ntensors):
             m = metas[idx]
             dt = getattr(torch, m.dtype, None)
             if not isinstance(dt, torch.dtype):
                 raise StateError("state payload: unknown dtype %r" % m.dtype)
             t = dest.direct(idx) if dest is not None else None
-            if t is None:
+            fresh = t is None
+            if fresh:
                 t = torch.empty(m.shape, dtype=dt)
             v = _cpu_view(t)
             if off + len(v) > length:
                 raise StateError("state payload: tensor %d past the payload's end" % idx)
+            todo.append((t, v, fresh))
+            off += len(v) + _pad8(len(v))
+        pieces, new, at = [], [], len(data)
+        for t, v, fresh in todo:
             if len(v):
-                preadinto(off, v)
-                if check:
+                (new if fresh else pieces).append((t.data_ptr(), at, len(v)))
+            at += len(v) + _pad8(len(v))
+        readmany(pieces)
+        readmany(new, True)
+        for idx, (t, v, _) in enumerate(todo):
+            if check:
+                if len(v):
                     crc = zlib.crc32(v, crc)
-            off += len(v)
-            if _pad8(len(v)):
-                if check:
+                if _pad8(len(v)):
                     crc = zlib.crc32(b"\0" * _pad8(len(v)), crc)
-                off += _pad8(len(v))
             if dest is not None:
                 dest.fill_rest(idx, t)
                 if idx in dest.dests and t is not dest.dests[idx][0][1]:
@@ -371,6 +535,12 @@ def _decode(read, length, verify_crc=None, into=None):
     if dest is not None:
         dest.finish(out)
     return out
+
+
+def _pwrite_all(fd, b, off):
+    done = 0
+    while done < len(b):
+        done += os.pwrite(fd, b[done:], off + done)
 
 
 def _pwrite_bufs(fd, bufs, off):
@@ -390,34 +560,41 @@ def _crc_bufs(bufs):
     return c
 
 
-def _preaders(fd, base):
+def _preaders(fd, base, nthreads=1):
     def pread(off, n):
         b = os.pread(fd, n, base + off)
         if len(b) != n:
             raise StateError("state: short read (%d of %d bytes)" % (len(b), n))
         return b
 
-    def preadinto(off, v):
+    def preadinto(dst, off, n):
+        v = _buffer_at(dst, n)
         done = 0
-        while done < len(v):
+        while done < n:
             k = os.preadv(fd, [v[done:]], base + off + done)
             if k <= 0:
                 raise StateError("state: short read")
             done += k
 
-    return pread, preadinto
+    return pread, lambda pieces, fresh=False: _spread(pieces, preadinto, nthreads)
 
 
 class _SlotView:
     """A read-only mapping of one slot's payload, populated at once
     (MAP_POPULATE: the page tables filled in one call, not a fault per 4 KiB
-    page), read with memmove: 1.1-1.5x faster than preadv from tmpfs, which looks
+    page; with several copy threads, each populates its own range), read
+    with memmove: 1.1-1.5x faster than preadv from tmpfs, which looks
     up and locks every page. Only for ranges inside the file (checked by
     the caller): past its end a mapping's access is SIGBUS."""
 
-    def __init__(self, fd, off, length):
+    def __init__(self, fd, off, length, nthreads=1):
         import mmap
 
+        self.nthreads = nthreads
+        # With more than one thread each fills its own range's page tables
+        # (MADV_POPULATE_READ) before copying it, in parallel.
+        self.threaded = nthreads > 1 and _LOAD_POPULATE == "threads"
+        flags = mmap.MAP_SHARED | (0 if self.threaded else getattr(mmap, "MAP_POPULATE", 0))
         page = mmap.PAGESIZE
         self.start = off // page * page
         self.size = off + length - self.start
@@ -426,7 +603,8 @@ class _SlotView:
         libc.mmap.restype = ctypes.c_void_p
         libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
         libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-        a = libc.mmap(None, max(self.size, 1), mmap.PROT_READ, mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0), fd, self.start)
+        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        a = libc.mmap(None, max(self.size, 1), mmap.PROT_READ, flags, fd, self.start)
         if a is None or a == ctypes.c_void_p(-1).value:
             e = ctypes.get_errno()
             raise OSError(e, "mmap of a state slot: %s" % os.strerror(e))
@@ -438,10 +616,30 @@ class _SlotView:
         def pread(off, n):
             return ctypes.string_at(at + off, n)
 
-        def preadinto(off, v):
-            ctypes.memmove(ctypes.addressof(ctypes.c_char.from_buffer(v)), at + off, len(v))
+        page = os.sysconf("SC_PAGE_SIZE")
+        madvise = self.libc.madvise
 
-        return pread, preadinto
+        def memmove(dst, off, n):
+            _memmove(dst, at + off, n)
+
+        def populate_memmove(dst, off, n):
+            lo = (at + off) // page * page
+            madvise(lo, at + off + n - lo, _MADV_POPULATE_READ)  # EINVAL before Linux 5.14: faults instead
+            _memmove(dst, at + off, n)
+
+        def populate_both(dst, off, n):
+            # A new tensor's pages are faulted in one call per range, not
+            # one fault per 4 KiB page during the copy.
+            dlo = (dst + page - 1) // page * page
+            dhi = (dst + n) // page * page
+            if dhi > dlo:
+                madvise(dlo, dhi - dlo, _MADV_POPULATE_WRITE)
+            populate_memmove(dst, off, n)
+
+        if self.threaded:
+            return pread, lambda pieces, fresh=False: _spread(pieces, populate_both if fresh else populate_memmove, self.nthreads)
+
+        return pread, lambda pieces, fresh=False: _spread(pieces, memmove, self.nthreads)
 
     def close(self):
         self.libc.munmap(self.addr, max(self.size, 1))
@@ -494,6 +692,12 @@ def _mem_available():
     return None
 
 
+_MADV_POPULATE_READ = 22
+# How a load with more than one copy thread maps the slot: "threads" (each
+# thread populates its own range; measured faster for new tensors, as fast
+# for into=, docs/benchmarks.md "Issue 30: parallel and overlapped save") or
+# "map" (MAP_POPULATE, as one thread does). Kept for bench/state_threads_ab.py.
+_LOAD_POPULATE = "threads"
 _MADV_POPULATE_WRITE = 23  # Linux 5.14+; older kernels: EINVAL, the pages fault in on first use instead
 
 
@@ -523,17 +727,17 @@ class _Mapping:
     def matches(self, st):
         return (st.st_dev, st.st_ino) == self.ino and st.st_size == self.size
 
-    def write(self, bufs, off, cap):
+    def write(self, bufs, off, cap, nthreads=1):
         """Write bufs at off (a slot of cap bytes): memcpy when the slot's
-        pages are mapped in, else pwrite, and map them in the background."""
+        pages are mapped in, else pwrite, and map them in the background;
+        either split across nthreads threads (_spread)."""
+        pieces = _pieces(bufs, off)
         if off in self.warm:
-            mm = self.mm
-            for b in bufs:
-                n = len(b)
-                mm[off:off + n] = b
-                off += n
+            base = self.addr
+            _spread([(base + d, a, n) for d, a, n in pieces], _memmove, nthreads)
             return
-        _pwrite_bufs(self.fd, bufs, off)
+        fd = self.fd
+        _spread(pieces, lambda d, a, n: _pwrite_all(fd, _buffer_at(a, n), d), nthreads)
         self.warm.add(off)
         import threading
 
@@ -590,7 +794,11 @@ class _Segment:
         _maps[self.path] = m
         return m
 
-    def save(self, step, bufs, length, checksum, start):
+    def save(self, step, bufs, length, checksum, nthreads, commit, rank):
+        """Write a save into the slot that does not hold the newest one;
+        commit() is called once every byte is written and returns the
+        stall to record (ns); an exception from it, or from a copy thread,
+        leaves the slot uncommitted (the previous save stays the newest)."""
         m = self._mapping()
         ds = _slots(m.fd) if m is not None else [None, None]
         newest = _newest(ds)
@@ -599,22 +807,22 @@ class _Segment:
         flags = FLAG_CRC if checksum else 0
         if newest is None or ds[newest][4] < length:
             old = m.size if m is not None else 0
-            return self._grow(seq, step, bufs, length, crc, flags, start, old)
+            return self._grow(seq, step, bufs, length, crc, flags, nthreads, commit, old, rank)
         target = 1 - newest
         cap = ds[newest][4]
         off = HEADER + target * cap
         if off + cap > m.size:
             raise StateError("state segment %s: slot %d ends at %d, past the segment's %d bytes" % (self.path, target, off + cap, m.size))
         os.pwrite(m.fd, b"\0" * 64, DESC_OFF[target])  # the slot holds no save from here
-        m.write(bufs, off, cap)
-        dur = int((time.perf_counter() - start) * 1e9)
+        m.write(bufs, off, cap, nthreads)
+        dur = commit()
         # The commit goes through the kernel (its locked instructions order
         # it after the payload's stores, non-temporal ones included), so a
         # reader that sees the descriptor sees the payload.
-        os.pwrite(m.fd, _desc_pack(seq, step, off, length, cap, dur, _rank(), crc, flags), DESC_OFF[target])
+        os.pwrite(m.fd, _desc_pack(seq, step, off, length, cap, dur, rank, crc, flags), DESC_OFF[target])
         return seq
 
-    def _grow(self, seq, step, bufs, length, crc, flags, start, old):
+    def _grow(self, seq, step, bufs, length, crc, flags, nthreads, commit, old, rank):
         cap = (length * 5 // 4 + _MIB - 1) // _MIB * _MIB
         size = HEADER + 2 * cap
         d = os.path.dirname(self.path)
@@ -632,9 +840,9 @@ class _Segment:
         try:
             os.ftruncate(fd, size)
             os.pwrite(fd, MAGIC, 0)
-            _pwrite_bufs(fd, bufs, HEADER)
-            dur = int((time.perf_counter() - start) * 1e9)
-            os.pwrite(fd, _desc_pack(seq, step, HEADER, length, cap, dur, _rank(), crc, flags), DESC_OFF[0])
+            _spread(_pieces(bufs, HEADER), lambda d, a, n: _pwrite_all(fd, _buffer_at(a, n), d), nthreads)
+            dur = commit()
+            os.pwrite(fd, _desc_pack(seq, step, HEADER, length, cap, dur, rank, crc, flags), DESC_OFF[0])
             os.rename(tmp, self.path)
             m = _maps.pop(self.path, None)
             if m is not None:  # the old segment's memory goes with its last mapping
@@ -651,6 +859,7 @@ class _Segment:
 
     def load(self, verify=True, into=None):
         """(step, state) of the newest committed save, or (None, None)."""
+        nthreads = copy_threads()
         try:
             fd = os.open(self.path, os.O_RDONLY)
         except FileNotFoundError:
@@ -667,7 +876,7 @@ class _Segment:
                 if off + length > os.fstat(fd).st_size:
                     raise StateError("state segment %s: save %d ends at %d, past the segment's %d bytes"
                                      % (self.path, seq, off + length, os.fstat(fd).st_size))
-                view = _SlotView(fd, off, length)
+                view = _SlotView(fd, off, length, nthreads)
                 try:
                     state = _decode(view.readers(), length, want, into)
                 except (StateError, pickle.UnpicklingError, EOFError):
@@ -716,10 +925,9 @@ def _read_manifest(d, rank):
     return m
 
 
-def _save_file(d, step, bufs, length, start):
+def _save_file(d, step, bufs, length, commit, rank):
     """The launcher's write-out format, written by the rank: data file and
     manifest, each atomically (temporary file, fsync, rename, fsync dir)."""
-    rank = _rank()
     os.makedirs(d, exist_ok=True)
     old = _read_manifest(d, rank)
     seq = (old["seq"] if old else 0) + 1
@@ -729,9 +937,10 @@ def _save_file(d, step, bufs, length, start):
     name = "rank-%d-own-%d.ftstate" % (rank, seq)
     fd, tmp = tempfile.mkstemp(prefix=".ftstate-", suffix=".tmp", dir=d)
     try:
-        dur = int((time.perf_counter() - start) * 1e9)
+        _pwrite_bufs(fd, bufs, FILE_HEADER)
+        dur = commit()
         hdr = _FILE_HDR.pack(FILE_MAGIC, FILE_VERSION, FLAG_CRC, step, length, crc, rank, seq, dur)
-        _pwrite_bufs(fd, [memoryview(hdr + b"\0" * (FILE_HEADER - len(hdr)))] + bufs, 0)
+        _pwrite_all(fd, hdr + b"\0" * (FILE_HEADER - len(hdr)), 0)
         os.fsync(fd)
         os.close(fd)
         fd = None
@@ -789,7 +998,7 @@ def load_file(path, rank=None, verify=True, into=None):
         size = os.fstat(fd).st_size
         if size != FILE_HEADER + length:
             raise StateError("%s: %d payload bytes, header says %d (truncated)" % (path, size - FILE_HEADER, length))
-        return step, _decode(_preaders(fd, FILE_HEADER), length, crc if verify else None, into)
+        return step, _decode(_preaders(fd, FILE_HEADER, copy_threads()), length, crc if verify else None, into)
     finally:
         os.close(fd)
 
@@ -797,12 +1006,13 @@ def load_file(path, rank=None, verify=True, into=None):
 # -- the API ---------------------------------------------------------------
 
 
-def save(step, state, monitor=None, checksum=False, path=None):
+def save(step, state, monitor=None, checksum=False, path=None, overlap=False):
     """Save ``state`` (any picklable object; tensors anywhere in it are
     copied as raw bytes) as the state after ``step``.
 
     Under ft-launcher (--state-dir) it goes into the launcher's memory and
-    blocks only for the copy; otherwise, or when it does not fit in memory
+    blocks only for the copy (split across copy_threads() threads,
+    $FT_STATE_COPY_THREADS); otherwise, or when it does not fit in memory
     (a warning says so), into ``path`` / $FT_STATE_DIR / ./ft_state. With a
     connected ``monitor`` (RankMonitorClient) the save is a "checkpointing"
     section, so the launcher's rank_checkpoint events count it.
@@ -810,35 +1020,155 @@ def save(step, state, monitor=None, checksum=False, path=None):
     checked by load() and the launcher (it about doubles the stall; crash
     consistency does not need it: an interrupted save is never committed).
     Files always carry a CRC (the launcher computes it when it writes a
-    save out). Returns a dict: step, bytes, seconds,
-    where ("memory" or "file")."""
+    save out). Returns a dict: step, bytes, seconds, where ("memory" or
+    "file"), threads.
+
+    ``overlap=True`` returns once the structure is taken (the pickling of
+    the non-tensor part; GPU and non-contiguous tensors are copied to
+    contiguous host memory here), and copies the tensors' bytes in the
+    background while the loop goes on; wait() (and the next save, load or
+    heal) blocks until that save is committed or refused. Until then the
+    loop must not change the saved tensors in place: call wait() before
+    optimizer.step(). A save during which a saved tensor was changed in
+    place (its version counter moved) is not committed (the previous save
+    stays the newest) and is logged; a change through ``.data`` moves no
+    version counter and is not detected. The dict returned then has where
+    "pending" and seconds the call's own stall; wait() returns the final
+    one."""
     step = int(step)
+    nthreads = copy_threads()
     live = monitor is not None and getattr(monitor, "is_initialized", False)
     if live:
         monitor.start_section("checkpointing")
     try:
         start = time.perf_counter()
+        wait()  # an overlapped save still in flight: this call waits for it
+        if overlap:
+            origins = []
+            bufs, length, keep = _encode(state, origins)
+            p = _Pending(step, state, origins, keep, length)
+            p.call_secs = time.perf_counter() - start
+            # Where it goes is fixed now: an in-process rejoin may change
+            # LOCAL_RANK and RANK before the copy ends.
+            p.future = _save_pool.get(1).submit(p.run, bufs, checksum, _state_dir(path), nthreads, _segment(), _rank())
+            _pending[0] = p
+            return {"step": step, "bytes": length, "seconds": p.call_secs, "where": "pending", "threads": nthreads}
         bufs, length, _keep = _encode(state)
-        seg = _segment()
-        where = "memory"
-        try:
-            if seg is None:
-                raise _NoRoom("")
-            seg.save(step, bufs, length, checksum, start)
-        except _NoRoom as e:
-            if seg is not None:
-                # Once per process: every later save takes the same way.
-                lvl = logging.DEBUG if _warned_no_room[0] else logging.WARNING
-                _warned_no_room[0] = True
-                log.log(lvl, "ft-launcher state: %s; saving to files in %s instead (this process's later saves too)",
-                        e, _state_dir(path))
-            where = "file"
-            _save_file(_state_dir(path), step, bufs, length, start)
+        where = _store(step, bufs, length, checksum, _state_dir(path), nthreads, lambda: int((time.perf_counter() - start) * 1e9),
+                       _segment(), _rank())
         secs = time.perf_counter() - start
     finally:
         if live:
             monitor.end_section("checkpointing")
-    return {"step": step, "bytes": length, "seconds": secs, "where": where}
+    return {"step": step, "bytes": length, "seconds": secs, "where": where, "threads": nthreads}
+
+
+def _store(step, bufs, length, checksum, d, nthreads, commit, seg, rank):
+    """Write an encoded save to the launcher's segment seg (a _Segment or
+    None), or to a file in directory d when there is none or it does not
+    fit; returns "memory" or "file"."""
+    try:
+        if seg is None:
+            raise _NoRoom("")
+        seg.save(step, bufs, length, checksum, nthreads, commit, rank)
+        return "memory"
+    except _NoRoom as e:
+        if seg is not None:
+            # Once per process: every later save takes the same way.
+            lvl = logging.DEBUG if _warned_no_room[0] else logging.WARNING
+            _warned_no_room[0] = True
+            log.log(lvl, "ft-launcher state: %s; saving to files in %s instead (this process's later saves too)",
+                    e, d)
+        _save_file(d, step, bufs, length, commit, rank)
+        return "file"
+
+
+class _Modified(Exception):
+    """A saved tensor was changed in place during an overlapped save."""
+
+    def __init__(self, tensor):
+        super().__init__("changed in place")
+        self.tensor = tensor
+
+
+class _Pending:
+    """An overlapped save in flight: run() copies and commits it on the
+    save thread; the loop's thread waits for it in wait()."""
+
+    def __init__(self, step, state, origins, keep, length):
+        self.step, self.state, self.length = step, state, length
+        self.versions = [(t, t._version) for t in origins]
+        self.keep = keep  # the tensors whose memory is copied (host copies among them)
+        self.pid = os.getpid()
+        self.call_secs = 0.0
+        self.wait_start = None
+        self.copy_start = self.copy_secs = None
+        self.future = None
+
+    def commit(self):
+        """After the copy, before the commit: refuse a save whose tensors
+        changed meanwhile; else the loop's stall so far (the call, and the
+        wait when the loop already waits) is what the save records."""
+        now = time.perf_counter()
+        self.copy_secs = now - self.copy_start
+        for t, v in self.versions:
+            if t._version != v:
+                raise _Modified(t)
+        w = self.wait_start
+        return int((self.call_secs + (now - w if w is not None else 0.0)) * 1e9)
+
+    def run(self, bufs, checksum, d, nthreads, seg, rank):
+        self.copy_start = time.perf_counter()
+        info = {"step": self.step, "bytes": self.length, "threads": nthreads}
+        try:
+            info["where"] = _store(self.step, bufs, self.length, checksum, d, nthreads, self.commit, seg, rank)
+            info["committed"] = True
+        except _Modified as e:
+            place = _place(self.state, e.tensor)
+            _overlap_refused[0] += 1
+            lvl = logging.DEBUG if _overlap_refused[0] > 1 else logging.WARNING
+            log.log(lvl, "ft-launcher state: the overlapped save of step %d was not committed: the tensor at %s "
+                    "changed in place while it was copied (%d such saves in this process); the previous save stays "
+                    "the newest. Call state.wait() (ctx.state.wait()) before optimizer.step() or any in-place change",
+                    self.step, place, _overlap_refused[0])
+            info.update(where=None, committed=False, modified=place)
+        finally:
+            self.keep = self.state = None
+        info["copy_seconds"] = self.copy_secs
+        return info
+
+
+def _place(obj, t, path=()):
+    """Where tensor t sits in obj (dicts, lists, tuples), as _path writes it."""
+    if obj is t:
+        return _path(path)
+    items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, (list, tuple)) else ()
+    for k, v in items:
+        got = _place(v, t, path + (k,))
+        if got is not None:
+            return got
+    return None if path else "a tensor of the state"
+
+
+def wait():
+    """Block until the overlapped save in flight (save(overlap=True)), if
+    any, is committed or refused. Returns None when there is none, else
+    its dict: step, bytes, where ("memory", "file", or None when refused),
+    committed, modified (the place of the tensor changed in place, when
+    refused), threads, copy_seconds (the background copy and commit),
+    call_seconds, wait_seconds, and seconds, the loop's stall: call plus
+    wait. The save's error, if it failed, is raised here."""
+    p = _pending[0]
+    if p is None:
+        return None
+    _pending[0] = None
+    if p.pid != os.getpid():
+        return None  # a forked child: the parent's save is the parent's to wait for
+    p.wait_start = time.perf_counter()
+    info = p.future.result()
+    waited = time.perf_counter() - p.wait_start
+    info.update(call_seconds=p.call_secs, wait_seconds=waited, seconds=p.call_secs + waited)
+    return info
 
 
 def load(path=None, verify=True, info=None, into=None):
@@ -871,6 +1201,7 @@ def load(path=None, verify=True, info=None, into=None):
 
 def _load(path=None, verify=True, info=None, note=None, into=None):
     """load(), with note's fields added to the restore note (heal.py)."""
+    wait()
     start = time.perf_counter()
     seg = _segment()
     got, source = seg.load(verify, into) if seg is not None else (None, None), "memory"
@@ -891,10 +1222,13 @@ def heal(step, state, groups=None, info=None, **kw):
     (docs/state.md, "Peer heal")."""
     from . import heal as _heal
 
+    wait()
     return _heal.heal(step, state, groups=groups, info=info, **kw)
 
 
 _warned_no_room = [False]  # a save that did not fit was logged (save)
+_pending = [None]  # the overlapped save in flight (_Pending), at most one
+_overlap_refused = [0]  # overlapped saves refused for an in-place change (save)
 _notes = [0]  # restore notes written by this process (their names' counter)
 
 
@@ -941,11 +1275,16 @@ class Bound:
         from . import heal as _heal
 
         kw.setdefault("step_at", self._last_step_at)
+        wait()
         return _heal.heal(step, state, groups=groups, info=info, **kw)
 
-    def save(self, step, state, checksum=False, path=None):
+    def save(self, step, state, checksum=False, path=None, overlap=False):
         m = self._monitor() if callable(self._monitor) else self._monitor
-        return save(step, state, monitor=m, checksum=checksum, path=path)
+        return save(step, state, monitor=m, checksum=checksum, path=path, overlap=overlap)
+
+    def wait(self):
+        """state.wait(): the overlapped save in flight, committed or refused."""
+        return wait()
 
     def load(self, path=None, verify=True, info=None, into=None):
         return load(path=path, verify=verify, info=info, into=into)

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import unittest
 from unittest import mock
@@ -405,6 +406,360 @@ class StateTest(unittest.TestCase):
                 p.kill()
                 p.wait()
                 p.stdout.close()
+
+
+def _payload(shm):
+    """The newest committed save's payload bytes in the segment of Env."""
+    with open(os.path.join(shm, "rank-0"), "rb") as f:
+        fd = f.fileno()
+        ds = state._slots(fd)
+        d = ds[state._newest(ds)]
+        return os.pread(fd, d[3], d[2])
+
+
+def odd_state(step):
+    """Sizes that do not fall on chunk bounds: odd lengths, many small
+    tensors, empty ones, a non-contiguous one, one tensor larger than a
+    chunk, 1-byte elements."""
+    g = torch.Generator().manual_seed(step)
+    s = make_state(step)
+    s["big"] = torch.randn(12_345, generator=g, dtype=torch.float64)
+    s["many"] = [torch.randn(i % 7 + 1, generator=g) for i in range(150)]
+    s["empty"] = [torch.empty(0), torch.empty(3, 0, dtype=torch.int16)]
+    s["odd_u8"] = torch.randint(0, 255, (4_099,), generator=g, dtype=torch.uint8)
+    s["strided"] = torch.randn(101, 37, generator=g)[::3, 1::2]
+    return s
+
+
+class ParallelCopyTest(unittest.TestCase):
+    """save and load split their copies across FT_STATE_COPY_THREADS
+    threads (state._spread); chunks are made small and odd here (at least
+    1,000 bytes, no alignment) so that every path splits tensors in odd
+    places."""
+
+    def setUp(self):
+        p = mock.patch.multiple(state, _MIN_CHUNK=1000, _CHUNK_ALIGN=1)
+        p.start()
+        self.addCleanup(p.stop)
+
+    def threads(self, n):
+        return mock.patch.dict(os.environ, {state.COPY_THREADS_ENV: str(n)})
+
+    def test_parallel_copy_is_bit_identical_to_one_thread(self):
+        want = odd_state(3)
+        payloads = {}
+        for n in (1, 2, 3, 7):
+            # A fresh segment each time: the first save grows it (pwrite
+            # into a new file), the second is the first of its other slot
+            # (pwrite), the third on go through the mapping (memcpy).
+            with Env() as e, self.threads(n):
+                seen = set()
+                real = state._memmove
+
+                def spy(d, s, k):
+                    seen.add(threading.current_thread().name.split("_")[0])
+                    real(d, s, k)
+
+                with mock.patch.object(state, "_memmove", spy):
+                    for step in (1, 2, 3, 4):
+                        info = state.save(step, odd_state(3))
+                        self.assertEqual((info["where"], info["threads"]), ("memory", n))
+                        payloads.setdefault((n, step), _payload(e.shm))
+                        for m in (1, n):
+                            with self.threads(m):
+                                got_step, got = state.load()
+                                self.assertEqual(got_step, step)
+                                self.assertTrue(same(got, want), "save threads %d, load threads %d, step %d" % (n, m, step))
+                                into = {"model": {"w": torch.zeros(64, 33), "w_t": torch.zeros(64, 33).t()},
+                                        "big": torch.zeros(12_345, dtype=torch.float64),
+                                        "many": [torch.zeros(i % 7 + 1) for i in range(150)],
+                                        "strided": torch.zeros(34, 18)}
+                                _, got = state.load(into=into)
+                                self.assertTrue(same(got, want))
+                                self.assertIs(got["big"], into["big"])
+                                self.assertTrue(same(into["many"], want["many"]))
+                if n > 1:
+                    self.assertIn("ftstate-copy", seen, "no copy ran on a pool thread")
+        for (n, step), p in payloads.items():
+            self.assertEqual(p, payloads[(1, step)], "payload of step %d with %d threads differs from 1 thread" % (step, n))
+
+    def test_parallel_file_save_and_load(self):
+        with Env(launcher=False) as e, self.threads(3):
+            state.save(2, odd_state(2))
+            step, got = state.load_file(e.dir)
+            self.assertEqual(step, 2)
+            self.assertTrue(same(got, odd_state(2)))
+            big = torch.zeros(12_345, dtype=torch.float64)
+            _, got = state.load_file(e.dir, into={"big": big})
+            self.assertIs(got["big"], big)
+            self.assertTrue(same(big, odd_state(2)["big"]))
+
+    def test_checksum_with_threads(self):
+        with Env() as e, self.threads(4):
+            for step in (1, 2, 3):
+                state.save(step, odd_state(step), checksum=True)
+            self.assertTrue(same(state.load()[1], odd_state(3)))
+            # A flipped byte in the middle of a tensor is caught.
+            with open(os.path.join(e.shm, "rank-0"), "r+b") as f:
+                ds = state._slots(f.fileno())
+                d = ds[state._newest(ds)]
+                at = d[2] + d[3] - 5000
+                b = os.pread(f.fileno(), 1, at)
+                os.pwrite(f.fileno(), bytes([b[0] ^ 1]), at)
+            with self.assertRaises(state.StateError):
+                state.load()
+
+    def test_a_failing_copy_thread_leaves_the_previous_save(self):
+        """An exception in a copy thread fails the save, every path (a new
+        segment grown, a slot's first pwrite, the mapping's memcpy); the
+        newest committed save stays the one before, whole."""
+
+        def failing(real):
+            def f(*a):
+                if threading.current_thread() is not threading.main_thread():
+                    raise OSError(5, "injected copy failure")
+                return real(*a)
+            return f
+
+        with Env() as e, self.threads(3):
+            pw = mock.patch.object(state, "_pwrite_all", failing(state._pwrite_all))
+            mm = mock.patch.object(state, "_memmove", failing(state._memmove))
+            with pw, self.assertRaisesRegex(OSError, "injected"):
+                state.save(1, odd_state(1))  # grows a new segment
+            self.assertEqual(state.load(), (None, None))
+            state.save(1, odd_state(1))
+            with pw, self.assertRaisesRegex(OSError, "injected"):
+                state.save(2, odd_state(2))  # the other slot's first save: pwrite
+            step, got = state.load()
+            self.assertEqual(step, 1)
+            self.assertTrue(same(got, odd_state(1)))
+            state.save(2, odd_state(2))
+            state.save(3, odd_state(3))
+            with mm, self.assertRaisesRegex(OSError, "injected"):
+                state.save(4, odd_state(4))  # through the mapping
+            step, got = state.load()
+            self.assertEqual(step, 3)
+            self.assertTrue(same(got, odd_state(3)))
+            with pw, self.assertRaisesRegex(OSError, "injected"):
+                state.save(5, {"x": torch.randn(800_000)})  # a larger segment
+            self.assertEqual(state.load()[0], 3)
+            self.assertEqual([n for n in os.listdir(e.shm) if not n.startswith("restore-")], ["rank-0"])
+            state.save(6, odd_state(6))
+            self.assertTrue(same(state.load()[1], odd_state(6)))
+
+    def test_copy_threads_setting(self):
+        cases = [  # (FT_STATE_COPY_THREADS, LOCAL_WORLD_SIZE, CPUs, want or the error's text)
+            ("", "4", 16, 4),
+            ("auto", "1", 16, 8),  # capped
+            (" auto ", "", 3, 3),
+            (None, "32", 16, 1),
+            ("1", "1", 16, 1),
+            ("12", "4", 2, 12),
+            ("64", "1", 2, 64),
+            ("0", "1", 2, "want a whole number from 1 to 64, or auto"),
+            ("65", "1", 2, "FT_STATE_COPY_THREADS='65'"),
+            ("-2", "1", 2, "from 1 to 64"),
+            ("two", "1", 2, "FT_STATE_COPY_THREADS='two'"),
+            ("1.5", "1", 2, "from 1 to 64"),
+        ]
+        for v, lws, cpus, want in cases:
+            env = {"LOCAL_WORLD_SIZE": lws}
+            if v is not None:
+                env[state.COPY_THREADS_ENV] = v
+            with mock.patch.dict(os.environ, env), mock.patch.object(os, "sched_getaffinity", lambda _: set(range(cpus))):
+                if v is None:
+                    os.environ.pop(state.COPY_THREADS_ENV, None)
+                if isinstance(want, int):
+                    self.assertEqual(state.copy_threads(), want, (v, lws, cpus))
+                else:
+                    with self.assertRaises(state.StateError) as cm:
+                        state.copy_threads()
+                    self.assertIn(want, str(cm.exception))
+        # A bad value fails the save before it writes anything.
+        with Env():
+            state.save(1, {"x": torch.ones(3)})
+            with mock.patch.dict(os.environ, {state.COPY_THREADS_ENV: "many"}):
+                with self.assertRaisesRegex(state.StateError, "FT_STATE_COPY_THREADS"):
+                    state.save(2, {"x": torch.ones(3)})
+            self.assertEqual(state.load()[0], 1)
+
+
+class OverlapTest(unittest.TestCase):
+    """save(overlap=True): the copy runs in the background until wait()."""
+
+    def gate(self):
+        """Patch the copy so that the first chunk blocks until released:
+        (started, release) events."""
+        started, release = threading.Event(), threading.Event()
+        real = state._memmove
+
+        def slow(d, s, n):
+            if not started.is_set():
+                started.set()
+                self.assertTrue(release.wait(30), "never released")
+            real(d, s, n)
+
+        p = mock.patch.object(state, "_memmove", slow)
+        p.start()
+        self.addCleanup(p.stop)
+        self.addCleanup(release.set)
+        return started, release
+
+    def test_overlapped_save_commits_and_wait(self):
+        with Env():
+            self.assertIsNone(state.wait())
+            for step in (1, 2, 3):
+                info = state.save(step, make_state(step), overlap=True)
+                self.assertEqual(info["where"], "pending")
+                w = state.wait()
+                self.assertEqual((w["step"], w["where"], w["committed"]), (step, "memory", True))
+                self.assertAlmostEqual(w["seconds"], w["call_seconds"] + w["wait_seconds"], places=6)
+                self.assertGreaterEqual(w["copy_seconds"], 0)
+                self.assertIsNone(state.wait(), "a second wait found a save")
+                self.assertTrue(same(state.load()[1], make_state(step)))
+            # load, the next save and heal wait by themselves.
+            state.save(4, make_state(4), overlap=True)
+            self.assertEqual(state.load()[0], 4)
+            state.save(5, make_state(5), overlap=True)
+            state.save(6, make_state(6), overlap=True)
+            self.assertEqual(state.wait()["step"], 6)
+            self.assertTrue(same(state.load()[1], make_state(6)))
+        with Env(launcher=False):
+            state.save(7, make_state(7), overlap=True)
+            self.assertEqual(state.wait()["where"], "file")
+            self.assertTrue(same(state.load()[1], make_state(7)))
+
+    def test_stall_recorded_is_call_plus_wait_and_the_rank_at_the_call(self):
+        with Env() as e:
+            for step in (1, 2, 3):
+                state.save(step, make_state(step))
+            started, release = self.gate()
+            state.save(4, make_state(4), overlap=True)
+            self.assertTrue(started.wait(30))
+            # An in-process rejoin renumbers the rank meanwhile: the save
+            # stays the old rank's, in the segment chosen at the call.
+            with mock.patch.dict(os.environ, {"RANK": "9", "LOCAL_RANK": "1"}):
+                threading.Timer(0.3, release.set).start()
+                w = state.wait()  # blocks about 0.3 s
+            self.assertTrue(w["committed"])
+            self.assertGreaterEqual(w["wait_seconds"], 0.25)
+            with open(os.path.join(e.shm, "rank-0"), "rb") as f:
+                ds = state._slots(f.fileno())
+                d = ds[state._newest(ds)]
+            self.assertEqual((d[1], d[6]), (4, 3))
+            recorded = d[5] / 1e9  # the descriptor's stall, which the launcher reports
+            self.assertGreaterEqual(recorded, 0.25)
+            self.assertLessEqual(recorded, w["seconds"] + 0.01)
+
+    def test_in_place_change_during_the_copy_is_not_committed(self):
+        with Env():
+            s = make_state(1)
+            for step in (1, 2, 3):
+                state.save(step, s)
+            state._overlap_refused[0] = 0
+            started, release = self.gate()
+            s = make_state(4)
+            state.save(4, s, overlap=True)
+            self.assertTrue(started.wait(30))
+            s["opt"]["state"][0]["exp_avg"].add_(1)  # what optimizer.step() does
+            with self.assertLogs("ft_launcher_client.state", "WARNING") as logs:
+                release.set()
+                w = state.wait()
+            self.assertFalse(w["committed"])
+            self.assertIsNone(w["where"])
+            self.assertEqual(w["modified"], "['opt']['state'][0]['exp_avg']")
+            self.assertIn("step 4 was not committed", "".join(logs.output))
+            self.assertIn("['opt']['state'][0]['exp_avg']", "".join(logs.output))
+            step, got = state.load()
+            self.assertEqual(step, 3)
+            self.assertTrue(same(got, make_state(1)))
+            # Changed again: refused again, counted, logged below WARNING.
+            started.clear()
+            release.clear()
+            state.save(5, s, overlap=True)
+            self.assertTrue(started.wait(30))
+            s["model"]["w"].mul_(2)
+            with self.assertNoLogs("ft_launcher_client.state", "WARNING"):
+                release.set()
+                w = state.wait()
+            self.assertEqual((w["committed"], w["modified"]), (False, "['model']['w']"))
+            self.assertEqual(state._overlap_refused[0], 2)
+            self.assertEqual(state.load()[0], 3)
+            # A non-contiguous tensor is copied to contiguous memory in the
+            # call: a change after it cannot tear the save, which commits
+            # the value at the call; a view of a saved tensor moves that
+            # tensor's version counter.
+            for change, want in ((lambda: s["model"]["w_t"].mul_(2), "['model']['w']"), (lambda: s["nc"].zero_(), None)):
+                started.clear()
+                release.clear()
+                s["nc"] = torch.arange(12.0).reshape(3, 4)[:, ::2]
+                state.save(6, s, overlap=True)
+                self.assertTrue(started.wait(30))
+                change()
+                release.set()
+                w = state.wait()
+                self.assertEqual(w.get("modified"), want)
+            self.assertEqual(state.load()[1]["nc"].tolist(), [[0.0, 2.0], [4.0, 6.0], [8.0, 10.0]])
+            # Left alone during the copy: committed.
+            state.save(6, s, overlap=True)
+            self.assertTrue(state.wait()["committed"])
+            self.assertTrue(same(state.load()[1], s))
+
+    def test_in_place_change_refused_in_the_file_fallback(self):
+        with Env(launcher=False) as e:
+            state.save(1, {"w": torch.ones(100)})
+            started, release = threading.Event(), threading.Event()
+            real = state._pwrite_bufs
+
+            def slow(fd, bufs, off):
+                started.set()
+                self.assertTrue(release.wait(30))
+                real(fd, bufs, off)
+
+            w = torch.zeros(100)
+            with mock.patch.object(state, "_pwrite_bufs", slow):
+                state.save(2, {"w": w}, overlap=True)
+                self.assertTrue(started.wait(30))
+                w.add_(3)
+                release.set()
+                got = state.wait()
+            self.assertEqual((got["committed"], got["modified"]), (False, "['w']"))
+            self.assertEqual(state.load()[0], 1)
+            self.assertEqual(sorted(n for n in os.listdir(e.dir) if not n.startswith(".")), ["rank-3-own-1.ftstate", "rank-3.json"])
+
+    def test_a_failed_overlapped_save_raises_in_wait(self):
+        with Env():
+            for step in (1, 2, 3):
+                state.save(step, make_state(step))
+
+            def broken(d, s, n):
+                raise OSError(5, "injected copy failure")
+
+            with mock.patch.object(state, "_memmove", broken):
+                state.save(4, make_state(4), overlap=True)
+                with self.assertRaisesRegex(OSError, "injected"):
+                    state.wait()
+            self.assertIsNone(state.wait())
+            self.assertEqual(state.load()[0], 3)
+
+    def test_bound_overlap_and_checkpoint_section(self):
+        calls = []
+
+        class Mon:
+            is_initialized = True
+
+            def start_section(self, name):
+                calls.append(("open", name))
+
+            def end_section(self, name):
+                calls.append(("close", name))
+
+        with Env():
+            b = state.Bound(lambda: Mon())
+            self.assertEqual(b.save(1, {"x": torch.ones(3)}, overlap=True)["where"], "pending")
+            self.assertEqual(calls, [("open", "checkpointing"), ("close", "checkpointing")])
+            self.assertTrue(b.wait()["committed"])
+            self.assertEqual(b.load()[0], 1)
 
 
 def _tensors(obj):
