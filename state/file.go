@@ -158,7 +158,12 @@ func PersistContext(ctx context.Context, seg io.ReaderAt, dir string, prev uint6
 		_, err := tmp.Seek(FileHeaderSize, io.SeekStart)
 		return err
 	}
-	d, crc, err := CopyNewest(seg, ctxWriter{ctx, tmp}, reset)
+	var crc uint32
+	if f, isFile := seg.(*os.File); isFile { // the segment itself: copied from a mapping
+		d, crc, err = copyNewestMapped(f, ctxWriter{ctx, tmp}, reset)
+	} else {
+		d, crc, err = CopyNewest(seg, ctxWriter{ctx, tmp}, reset)
+	}
 	if err != nil {
 		return fail(fmt.Errorf("write state of rank to %s: %w", tmp.Name(), err))
 	}
