@@ -67,20 +67,45 @@ type lowWriter struct {
 // logged once; the write-outs then run at the launcher's priority.
 func startLowWriter(log *slog.Logger) *lowWriter {
 	w := &lowWriter{jobs: make(chan func()), done: make(chan struct{})}
-	go func() {
-		defer close(w.done)
-		// Never unlocked: when this goroutine returns the runtime ends the
-		// thread instead of handing it, lowered, to other goroutines.
-		runtime.LockOSThread()
-		if tid, err := lowerThread(); err != nil {
-			log.Warn("state: the background writer's thread could not be lowered; periodic write-outs run at the launcher's priority",
-				"tid", tid, "err", err)
-		}
-		for f := range w.jobs {
-			f()
-		}
-	}()
+	go w.run(log, nil)
 	return w
+}
+
+// run locks its goroutine to a thread other than the main one, lowers it
+// and runs the jobs; it closes moved once it holds such a thread.
+func (w *lowWriter) run(log *slog.Logger, moved chan<- struct{}) {
+	// Never unlocked: when this goroutine returns the runtime ends the
+	// thread instead of handing it, lowered, to other goroutines. (Threads
+	// the runtime starts while this one is locked are cloned from its
+	// template thread, not from this one, so they do not inherit the
+	// lowered priorities.)
+	runtime.LockOSThread()
+	if unix.Gettid() == unix.Getpid() {
+		// The main thread: ps and top show the process by it (the whole
+		// launcher would read nice 19), and a locked goroutine that ends
+		// on it parks it for good instead of ending it. Another goroutine
+		// takes over; while this one holds the main thread, that one runs
+		// on another.
+		next := make(chan struct{})
+		go w.run(log, next)
+		<-next
+		runtime.UnlockOSThread()
+		if moved != nil {
+			close(moved)
+		}
+		return
+	}
+	if moved != nil {
+		close(moved)
+	}
+	defer close(w.done)
+	if tid, err := lowerThread(); err != nil {
+		log.Warn("state: the background writer's thread could not be lowered; periodic write-outs run at the launcher's priority",
+			"tid", tid, "err", err)
+	}
+	for f := range w.jobs {
+		f()
+	}
 }
 
 // do runs f on the lowered thread and waits for it.

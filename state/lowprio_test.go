@@ -89,7 +89,7 @@ func TestWriterPriorities(t *testing.T) {
 			_ = s.Close(context.Background())
 		}
 	})
-	normal, err := readThreadPrio(os.Getpid()) // the main thread: never lowered
+	normal, err := readThreadPrio(os.Getpid()) // the main thread: never lowered (lowWriter.run)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -135,6 +135,9 @@ func TestWriterPriorities(t *testing.T) {
 		if r.reason != "periodic" && r.tid == got[1].tid {
 			t.Errorf("the %s write-out ran on the lowered thread %d", r.reason, r.tid)
 		}
+	}
+	if got[1].tid == os.Getpid() {
+		t.Fatal("the main thread was lowered")
 	}
 	// The lowered thread ended with its goroutine (never unlocked).
 	lowTask := fmt.Sprintf("/proc/self/task/%d", got[1].tid)
