@@ -20,7 +20,12 @@ save every few steps the writer is busy through most of a persist block),
 and of the loop thread's CPU time, per step and per step without a save
 (time.thread_time: insensitive to other processes taking the CPU,
 sensitive to the memory bandwidth the writer takes and to the stall), each
-against "none".
+against "none". Then the paired comparison, which tells a small effect
+from the drift of a shared machine better: each persist block against the
+mean of the none blocks beside it (before and after), the median of these
+ratios over the pairs, their quartiles, and a bootstrap 90% interval of the
+median (more, shorter blocks give more pairs: e.g. --blocks 24
+--block-steps 8).
 
 A step: --mm matrix products of 512x512 plus an optimizer-like pass over the
 whole state (every tensor t += 1e-6), one thread.
@@ -29,8 +34,9 @@ whole state (every tensor t += 1e-6), one thread.
     /usr/bin/python3 bench/state_step.py --ft-launcher /tmp/ft-launcher --mib 256 --blocks 8 --block-steps 16 --save-every 4
 """
 import argparse
-import resource
 import json
+import random
+import resource
 import os
 import shutil
 import statistics
@@ -143,6 +149,7 @@ def driver(a):
     print("launcher: %d write-outs of %d MiB, write_ms median %.0f (max %.0f); the launcher's CPU time %.2f s in all, "
           "%.0f ms per write-out at most" % (len(writes), a.mib, statistics.median(writes), max(writes), launcher_cpu,
                                             1000 * launcher_cpu / len(writes)))
+    paired(blocks, res)
     ms = ("mean", "plain", "cpu", "cpuplain")
     base = {m: statistics.median(x[m] for x in res["none"]) for m in ms}
     print("| blocks | mean step (all steps), median (worst) of blocks, s | vs none | mean step without a save, "
@@ -154,6 +161,37 @@ def driver(a):
         worst = {m: max(x[m] for x in res[k]) for m in ms}
         print("| %s | %s | %.3f |" % (k, " | ".join("%.4f (%.4f) | %+.1f%%" % (med[m], worst[m], 100 * (med[m] / base[m] - 1))
                                                   for m in ms), med["stall"]))
+
+
+def paired(blocks, res):
+    """Prints each measure's ratio persist / (the none blocks beside it):
+    median, quartiles and a bootstrap 90% interval of the median."""
+    kinds = [b["kind"] for b in blocks]
+    idx = {"none": 0, "persist": 0}
+    pos = []  # (kind, index into res[kind]) in block order
+    for k in kinds:
+        pos.append((k, idx[k]))
+        idx[k] += 1
+    names = {"mean": "mean step", "plain": "steps without a save", "cpu": "loop CPU per step",
+             "cpuplain": "loop CPU, steps without a save"}
+    rng = random.Random(1)
+    for m, name in names.items():
+        ratios = []
+        for i, (k, j) in enumerate(pos):
+            if k != "persist":
+                continue
+            near = [res["none"][pos[n][1]][m] for n in (i - 1, i + 1) if 0 <= n < len(pos) and pos[n][0] == "none"]
+            if near:
+                ratios.append(res["persist"][j][m] / statistics.mean(near))
+        if len(ratios) < 2:
+            return
+        q = statistics.quantiles(ratios, n=4)
+        boot = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(2000))
+        lo, hi = boot[int(0.05 * len(boot))], boot[int(0.95 * len(boot)) - 1]
+        print("paired, %s: persist/none %+.1f%% median over %d pairs, quartiles %+.1f%% .. %+.1f%%, "
+              "90%% interval of the median %+.1f%% .. %+.1f%%" % (
+                  name, 100 * (statistics.median(ratios) - 1), len(ratios), 100 * (q[0] - 1), 100 * (q[2] - 1),
+                  100 * (lo - 1), 100 * (hi - 1)))
 
 
 def main():

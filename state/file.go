@@ -1,6 +1,7 @@
 package state
 
 import (
+	"context"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -124,6 +125,13 @@ const tmpPrefix = ".ftstate-"
 // segment: Persist writes nothing (and returns ok=false) when the newest
 // save is not newer.
 func Persist(seg io.ReaderAt, dir string, prev uint64) (m Manifest, ok bool, err error) {
+	return PersistContext(context.Background(), seg, dir, prev)
+}
+
+// PersistContext is Persist, abandoned (the temporary file removed, the
+// previous manifest kept) when ctx ends before the data file is complete:
+// the store cancels a periodic write-out when an urgent one is asked for.
+func PersistContext(ctx context.Context, seg io.ReaderAt, dir string, prev uint64) (m Manifest, ok bool, err error) {
 	d, err := Newest(seg)
 	if err != nil {
 		return m, false, err
@@ -150,9 +158,17 @@ func Persist(seg io.ReaderAt, dir string, prev uint64) (m Manifest, ok bool, err
 		_, err := tmp.Seek(FileHeaderSize, io.SeekStart)
 		return err
 	}
-	d, crc, err := CopyNewest(seg, tmp, reset)
+	var crc uint32
+	if f, isFile := seg.(*os.File); isFile { // the segment itself: copied from a mapping
+		d, crc, err = copyNewestMapped(f, ctxWriter{ctx, tmp}, reset)
+	} else {
+		d, crc, err = CopyNewest(seg, ctxWriter{ctx, tmp}, reset)
+	}
 	if err != nil {
 		return fail(fmt.Errorf("write state of rank to %s: %w", tmp.Name(), err))
+	}
+	if err := ctx.Err(); err != nil {
+		return fail(fmt.Errorf("write state file: %w", err))
 	}
 	if _, err := tmp.WriteAt(fileHeader(d, crc), 0); err != nil {
 		return fail(fmt.Errorf("write state file header: %w", err))
@@ -183,6 +199,20 @@ func Persist(seg io.ReaderAt, dir string, prev uint64) (m Manifest, ok bool, err
 		}
 	}
 	return m, true, nil
+}
+
+// ctxWriter is w, failing with ctx's error once ctx ends (checked before
+// each write: CopyNewest writes 1 MiB at a time).
+type ctxWriter struct {
+	ctx context.Context
+	w   io.Writer
+}
+
+func (c ctxWriter) Write(p []byte) (int, error) {
+	if err := c.ctx.Err(); err != nil {
+		return 0, err
+	}
+	return c.w.Write(p)
 }
 
 // removeStaleTemps removes the temporary files a killed writer left in dir.

@@ -320,10 +320,24 @@ func TestSaverKilledMidSave(t *testing.T) {
 
 // TestReaderRacesSaver reads while a saver saves as fast as it can: every
 // read returns one whole committed save, never a mix (with and without the
-// saver's CRC: without it only the descriptor re-check guards the read).
+// saver's CRC: without it only the descriptor re-check guards the read),
+// through pread (ReadNewest) and through a mapping (the writer's copy).
 func TestReaderRacesSaver(t *testing.T) {
-	for _, skip := range []bool{false, true} {
-		t.Run(fmt.Sprintf("skip_crc=%v", skip), func(t *testing.T) {
+	readMapped := func(f *os.File) (Desc, []byte, error) {
+		var buf sliceWriter
+		d, _, err := copyNewestMapped(f, &buf, func() error { buf.b = buf.b[:0]; return nil })
+		return d, buf.b, err
+	}
+	for _, c := range []struct {
+		skip   bool
+		reader string
+		read   func(*os.File) (Desc, []byte, error)
+	}{
+		{false, "pread", readPread}, {true, "pread", readPread},
+		{false, "mapped", readMapped}, {true, "mapped", readMapped},
+	} {
+		skip := c.skip
+		t.Run(fmt.Sprintf("skip_crc=%v/%s", skip, c.reader), func(t *testing.T) {
 			path := filepath.Join(t.TempDir(), "rank-0")
 			s := &Saver{Path: path, SkipCRC: skip}
 			if _, err := s.Save(0, pattern(0, 256<<10)); err != nil {
@@ -356,7 +370,7 @@ func TestReaderRacesSaver(t *testing.T) {
 					defer f.Close()
 					last := int64(-1)
 					for ctx.Err() == nil {
-						d, p, err := ReadNewest(f)
+						d, p, err := c.read(f)
 						if errors.Is(err, errChanged) {
 							retried.Add(1)
 							continue
@@ -385,6 +399,8 @@ func TestReaderRacesSaver(t *testing.T) {
 		})
 	}
 }
+
+func readPread(f *os.File) (Desc, []byte, error) { return ReadNewest(f) }
 
 func TestParseEvery(t *testing.T) {
 	tests := []struct {

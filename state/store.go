@@ -9,11 +9,13 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"sync"
 	"time"
 
 	"github.com/ftlauncher/ft-launcher/eventlog"
+	"golang.org/x/sys/unix"
 )
 
 // Environment of the ranks (read by ft_launcher_client.state).
@@ -111,6 +113,10 @@ type Options struct {
 	Poll   time.Duration
 	Emit   func(eventlog.Record) // nil: no events (*eventlog.Log's Emit)
 	Logger *slog.Logger          // nil: slog.Default
+
+	// onWrite, when set (tests), is called on the thread about to write a
+	// save out, with its reason and thread id.
+	onWrite func(reason string, tid int)
 }
 
 // rankState is what the store knows of one local rank's segment.
@@ -134,6 +140,16 @@ type Store struct {
 
 	closeOnce sync.Once
 	closeErr  error
+
+	// low runs the periodic write-outs on a lowered thread (lowprio.go);
+	// nil when --state-persist-every is 0 (no periodic write-outs).
+	low *lowWriter
+	// pmu guards urgent and pcancel: Kick sets urgent and cancels the
+	// periodic write-out under way, so that an urgent one never waits for
+	// a low-priority one.
+	pmu     sync.Mutex
+	urgent  bool
+	pcancel context.CancelFunc
 
 	mu       sync.Mutex // guards ranks, warnings; held across a write-out
 	ranks    []rankState
@@ -253,6 +269,9 @@ func Open(opts Options) (*Store, error) {
 	} else {
 		removeStaleTemps(opts.Dir)
 	}
+	if opts.Every.Saves > 0 || opts.Every.Interval > 0 {
+		s.low = startLowWriter(opts.Logger)
+	}
 	go s.loop(ctx)
 	return s, nil
 }
@@ -271,8 +290,16 @@ func (s *Store) Env() []string {
 }
 
 // Kick asks for a write-out of every new save now (a rank failed, the job
-// is stopping); it does not wait for it.
+// is stopping); it does not wait for it. A periodic write-out under way is
+// abandoned (its temporary file removed), and the urgent one runs at the
+// launcher's own priority.
 func (s *Store) Kick(reason string) {
+	s.pmu.Lock()
+	s.urgent = true
+	if s.pcancel != nil {
+		s.pcancel()
+	}
+	s.pmu.Unlock()
 	select {
 	case s.kick <- reason:
 	default: // one is pending already; it writes every new save too
@@ -292,8 +319,11 @@ func (s *Store) Warnings() []string {
 // return the first one's result.
 func (s *Store) Close(ctx context.Context) error {
 	s.closeOnce.Do(func() {
-		s.cancel()
+		s.cancel() // also abandons a periodic write-out under way
 		<-s.done
+		if s.low != nil {
+			s.low.stop()
+		}
 		err := s.flush(ctx, "end", true)
 		if rerr := os.RemoveAll(s.shmDir); rerr != nil {
 			err = errors.Join(err, fmt.Errorf("remove state segments: %w", rerr))
@@ -313,11 +343,31 @@ func (s *Store) loop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			_ = s.flush(ctx, "", false)
+			s.periodic(ctx)
 		case reason := <-s.kick:
+			s.pmu.Lock()
+			s.urgent = false
+			s.pmu.Unlock()
 			_ = s.flush(ctx, reason, true)
 		}
 	}
+}
+
+// periodic is a poll: it records the new saves and writes out those due,
+// on the lowered thread, under a context that Kick cancels.
+func (s *Store) periodic(ctx context.Context) {
+	pctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	s.pmu.Lock()
+	if s.urgent { // an urgent write-out is pending: it goes first
+		cancel()
+	}
+	s.pcancel = cancel
+	s.pmu.Unlock()
+	_ = s.flush(pctx, "", false)
+	s.pmu.Lock()
+	s.pcancel = nil
+	s.pmu.Unlock()
 }
 
 // flush observes every segment and writes out the new saves that are due
@@ -331,14 +381,14 @@ func (s *Store) flush(ctx context.Context, reason string, force bool) error {
 		if err := ctx.Err(); err != nil && reason != "end" {
 			return err
 		}
-		if err := s.flushRank(lr, reason, force); err != nil {
+		if err := s.flushRank(ctx, lr, reason, force); err != nil {
 			errs = append(errs, err)
 		}
 	}
 	return errors.Join(errs...)
 }
 
-func (s *Store) flushRank(lr int, reason string, force bool) error {
+func (s *Store) flushRank(ctx context.Context, lr int, reason string, force bool) error {
 	rs := &s.ranks[lr]
 	f, err := os.Open(s.SegmentPath(lr))
 	if errors.Is(err, fs.ErrNotExist) {
@@ -378,7 +428,10 @@ func (s *Store) flushRank(lr int, reason string, force bool) error {
 		return nil
 	}
 	start := time.Now()
-	m, ok, err := Persist(f, s.opts.Dir, rs.written)
+	m, ok, err := s.write(ctx, f, reason, rs.written)
+	if err != nil && reason == "periodic" && ctx.Err() != nil {
+		return nil // abandoned for an urgent write-out (Kick) or Close: still due
+	}
 	if err != nil {
 		// Retried at the next due point (or kick), not at every poll.
 		rs.savesNew, rs.lastWrite = 0, time.Now()
@@ -392,6 +445,27 @@ func (s *Store) flushRank(lr int, reason string, force bool) error {
 		Bytes: int64(m.Bytes), File: filepath.Join(s.opts.Dir, m.File), Reason: reason,
 		WriteMS: float64(time.Since(start).Microseconds()) / 1000})
 	return nil
+}
+
+// write writes f's newest save out: a periodic write-out on the lowered
+// thread, an urgent one on the calling goroutine's thread, which is at the
+// launcher's priority (only the lowered thread is lowered, and it never
+// runs anything else).
+func (s *Store) write(ctx context.Context, f *os.File, reason string, prev uint64) (m Manifest, ok bool, err error) {
+	run := func() {
+		runtime.LockOSThread() // onWrite's thread id stays this write's thread
+		defer runtime.UnlockOSThread()
+		if s.opts.onWrite != nil {
+			s.opts.onWrite(reason, unix.Gettid())
+		}
+		m, ok, err = PersistContext(ctx, f, s.opts.Dir, prev)
+	}
+	if reason == "periodic" && s.low != nil {
+		s.low.do(run)
+	} else {
+		run()
+	}
+	return m, ok, err
 }
 
 // readRestores turns the ranks' restore notes into state_restore events
