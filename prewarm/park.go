@@ -109,8 +109,34 @@ func (st *Starter) Park(specs []spawn.Spec) {
 		attrs = append(attrs, "learned", c.learned(), "state_file", st.auto.learner.Path())
 	}
 	st.log.Info("parked spare: starting standbys for its ranks, so that a promotion starts them warm", attrs...)
-	st.refill(specs, nil, nil)
+	st.startParked(sp, specs)
 	st.announceSpare() // all may be ready already (parked again)
+}
+
+// startParked starts, after RefillDelay and in the background, the
+// standbys of specs that the parked spare sp lacks, unless the node was
+// promoted meanwhile (then the cycle's own refill starts them, once its
+// ranks are past their imports).
+func (st *Starter) startParked(sp *spareState, specs []spawn.Spec) {
+	st.mu.Lock()
+	defer st.mu.Unlock() // held across refills.Go: Close's Wait cannot begin before it
+	if st.closed {
+		return
+	}
+	st.refills.Go(func() {
+		if !st.refillWait(nil) {
+			return
+		}
+		for _, s := range specs {
+			st.mu.Lock()
+			still := st.spare == sp
+			st.mu.Unlock()
+			if !still {
+				return
+			}
+			st.startOne(s)
+		}
+	})
 }
 
 // unparkLocked ends the parked state when a cycle starts (the spare was

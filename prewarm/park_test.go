@@ -264,3 +264,40 @@ func TestParkedSpareCloseDuringBackoff(t *testing.T) {
 		t.Fatalf("after Close: %d standbys kept, standby %d alive %v", left, pids[1], alive(pids[1]))
 	}
 }
+
+// TestParkedSparePromotedBeforeStandbys: a spare promoted within
+// RefillDelay of parking has no standby yet: its ranks start cold, and
+// the park's pending start gives way to the cycle's own refill (the
+// standbys then have the promotion's environment, not the park's).
+func TestParkedSparePromotedBeforeStandbys(t *testing.T) {
+	testenv.SkipShort(t, "starts Python standbys")
+	script := writeScript(t, spareRank)
+	r := newReaper(t)
+	ev := &events{}
+	st, err := NewStarter(Options{Reaper: r, Modules: []string{"json"}, OnEvent: ev.add, RefillDelay: 500 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(st.Close)
+	st.Park(parkSpecs(script, 2))
+	g, err := st.StartGroup(promoteSpecs(t, script, t.TempDir(), 2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitAll(t, g, 2)
+	fb := ev.of(EventFallback)
+	if len(fb) != 2 || fb[0]["reason"] != "no standby" || len(ev.of(EventWarm)) != 0 {
+		t.Fatalf("fallbacks %v, warm %v: want both ranks cold with no standby", fb, ev.of(EventWarm))
+	}
+	for lr := range 2 {
+		s := waitReady(t, st, lr)
+		if !slices.Contains(s.spec.Env, "RANK="+strconv.Itoa(2+lr)) || slices.Contains(s.spec.Env, "FTL_PARKED=1") {
+			t.Errorf("local rank %d's standby was started from the park's specs, not the cycle's", lr)
+		}
+	}
+	waitEvent(t, ev, EventReady, 2)
+	time.Sleep(300 * time.Millisecond) // a third would be the park's
+	if n := len(ev.of(EventReady)); n != 2 || len(ev.of(EventSpareReady)) != 0 {
+		t.Fatalf("%d standbys ready (spare ready %v), want the cycle's 2 only", n, ev.of(EventSpareReady))
+	}
+}
