@@ -90,6 +90,12 @@ func (st *Starter) Park(specs []spawn.Spec) {
 	}
 	sp.modules = slices.Clone(modules)
 	disabled := st.disabled
+	missing := 0
+	for _, lr := range ranks {
+		if st.standby[lr] == nil {
+			missing++
+		}
+	}
 	var why string
 	if _, w := warmable(specs[0]); w != "" {
 		why = w
@@ -107,6 +113,11 @@ func (st *Starter) Park(specs []spawn.Spec) {
 	if st.auto != nil {
 		c := st.auto.learner.Get(st.auto.keyOf(specs[0]))
 		attrs = append(attrs, "learned", c.learned(), "state_file", st.auto.learner.Path())
+	}
+	if missing == 0 { // parked again (a later round): it has them
+		st.log.Debug("parked spare: keeps its standbys", attrs...)
+		st.announceSpare()
+		return
 	}
 	st.log.Info("parked spare: starting standbys for its ranks, so that a promotion starts them warm", attrs...)
 	st.startParked(sp, specs)
