@@ -11,12 +11,13 @@ import (
 )
 
 // spareWarmRank is a Python rank that records its start as recorder's
-// ranks do ($OUT/starts), then its pid and whether the --prewarm module
-// (json) was imported before its code ran ($OUT/pid-NODE-ROUND-LOCAL);
+// ranks do ($OUT/starts), then its pid and whether a module the standby
+// imports ($PRELOADED) was imported before its code ran
+// ($OUT/pid-NODE-ROUND-LOCAL);
 // in round 0 it waits to be stopped, later it exits 0 after a second.
 const spareWarmRank = `import os, sys, time
-pre = "json" in sys.modules
 e = os.environ
+pre = e["PRELOADED"] in sys.modules
 line = "%s %s %s %s %s %s %s:%s\n" % (e["NODE"], e["TORCHELASTIC_RESTART_COUNT"], e["RANK"], e["LOCAL_RANK"],
     e["GROUP_RANK"], e["WORLD_SIZE"], e["MASTER_ADDR"], e["MASTER_PORT"])
 fd = os.open(os.path.join(e["OUT"], "starts"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -30,23 +31,40 @@ time.sleep(1)
 `
 
 // TestSpareWithPrewarmPromotedWarm: a hot spare started with --prewarm
-// keeps standbys for its ranks while parked (prewarm_spare_ready); after
-// an active node is SIGKILLed, the spare is promoted and both its ranks
-// run on those standbys (prewarm_started with spare, the ranks' pids are
-// the standbys', json already imported), with the new round's rank
-// numbers; the job ends 0 and nothing of it is left.
+// (a module list; auto on a spare that never ran a rank: the built-in
+// torch list) keeps standbys for its ranks while parked
+// (prewarm_spare_ready); after an active node is SIGKILLed, the spare is
+// promoted and both its ranks run on those standbys (prewarm_started with
+// spare, the ranks' pids are the standbys', the module already imported),
+// with the new round's rank numbers; the job ends 0 and nothing of it is
+// left.
 func TestSpareWithPrewarmPromotedWarm(t *testing.T) {
 	skipShort(t)
+	for _, tc := range []struct {
+		name, prewarm, preloaded string
+	}{{"modules", "json", "json"}, {"auto", "auto", "torch"}} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.prewarm == "auto" {
+				requireTorch(t)
+			}
+			spareWarm(t, tc.prewarm, tc.preloaded)
+		})
+	}
+}
+
+func spareWarm(t *testing.T, prewarm, preloaded string) {
 	c := newCluster(t, embeddedEndpoint(t))
 	c.extra = []string{"--rdzv-backend", "c10d"}
 	script := filepath.Join(c.dir, "rank.py")
 	if err := os.WriteFile(script, []byte(spareWarmRank), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	env := []string{"PYTHON_EXEC=" + debianPython, "PRELOADED=" + preloaded,
+		"XDG_STATE_HOME=" + filepath.Join(c.dir, "state")} // --prewarm auto: nothing learned yet
 	for i := 0; i < 3; i++ {
 		// The embedded store is hosted by node 0: it joins first.
-		c.addNode([]string{"PYTHON_EXEC=" + debianPython}, "--nnodes", "2:3", "--nproc-per-node", "2",
-			"--max-restarts", "2", "--prewarm", "json", script)
+		c.addNode(env, "--nnodes", "2:3", "--nproc-per-node", "2",
+			"--max-restarts", "2", "--prewarm", prewarm, script)
 		if i == 0 {
 			time.Sleep(300 * time.Millisecond)
 		}
@@ -65,7 +83,10 @@ func TestSpareWithPrewarmPromotedWarm(t *testing.T) {
 	if spare < 0 {
 		t.Fatalf("no node parked as a spare\n%s", c.stderrs())
 	}
-	ready := c.nodes[spare].waitEvents("prewarm_spare_ready", 1, time.Minute)[0]
+	ready := c.nodes[spare].waitEvents("prewarm_spare_ready", 1, 2*time.Minute)[0]
+	if !strings.Contains(fmt.Sprint(ready["modules"]), preloaded) {
+		t.Fatalf("spare ready event %v: want %s imported", ready, preloaded)
+	}
 	standbys := map[string]bool{}
 	for _, p := range ready["pids"].([]any) {
 		standbys[fmt.Sprint(p)] = true
@@ -141,7 +162,7 @@ func TestSpareWithPrewarmPromotedWarm(t *testing.T) {
 		}
 		pid, pre, _ := strings.Cut(string(b), " ")
 		if !standbys[pid] || pre != "True" {
-			t.Errorf("spare local rank %d ran as pid %s (json preloaded %s), want one of its standbys %v", lr, pid, pre, standbys)
+			t.Errorf("spare local rank %d ran as pid %s (%s preloaded %s), want one of its standbys %v", lr, pid, preloaded, pre, standbys)
 		}
 	}
 	if sw := sj.eventsOf("spare_swap"); len(sw) != 1 {
