@@ -14,7 +14,8 @@ import (
 // ranks do ($OUT/starts), then its pid and whether a module the standby
 // imports ($PRELOADED) was imported before its code ran
 // ($OUT/pid-NODE-ROUND-LOCAL);
-// in round 0 it waits to be stopped, later it exits 0 after a second.
+// in round 0 it waits for $OUT/finish (or to be stopped), later it exits 0
+// after a second.
 const spareWarmRank = `import os, sys, time
 e = os.environ
 pre = e["PRELOADED"] in sys.modules
@@ -26,8 +27,11 @@ os.close(fd)
 with open(os.path.join(e["OUT"], "pid-%s-%s-%s" % (e["NODE"], e["TORCHELASTIC_RESTART_COUNT"], e["LOCAL_RANK"])), "w") as f:
     f.write("%d %s" % (os.getpid(), pre))
 if e["TORCHELASTIC_RESTART_COUNT"] == "0":
-    time.sleep(120)
-time.sleep(1)
+    end = time.time() + 120
+    while not os.path.exists(os.path.join(e["OUT"], "finish")) and time.time() < end:
+        time.sleep(0.05)
+else:
+    time.sleep(1)
 `
 
 // TestSpareWithPrewarmPromotedWarm: a hot spare started with --prewarm
@@ -37,22 +41,26 @@ time.sleep(1)
 // promoted and both its ranks run on those standbys (prewarm_started with
 // spare, the ranks' pids are the standbys', the module already imported),
 // with the new round's rank numbers; the job ends 0 and nothing of it is
-// left.
+// left. A job that ends with the spare still parked leaves nothing either.
 func TestSpareWithPrewarmPromotedWarm(t *testing.T) {
 	skipShort(t)
 	for _, tc := range []struct {
 		name, prewarm, preloaded string
-	}{{"modules", "json", "json"}, {"auto", "auto", "torch"}} {
+		loss                     bool
+	}{{"modules", "json", "json", true}, {"auto", "auto", "torch", true}, {"job ends parked", "json", "json", false}} {
 		t.Run(tc.name, func(t *testing.T) {
 			if tc.prewarm == "auto" {
 				requireTorch(t)
 			}
-			spareWarm(t, tc.prewarm, tc.preloaded)
+			spareWarm(t, tc.prewarm, tc.preloaded, tc.loss)
 		})
 	}
 }
 
-func spareWarm(t *testing.T, prewarm, preloaded string) {
+// spareWarm runs 3 nodes, one a parked spare with --prewarm prewarm
+// (whose standbys import preloaded); with loss an active node is killed
+// and the spare promoted, else the job ends with the spare parked.
+func spareWarm(t *testing.T, prewarm, preloaded string, loss bool) {
 	c := newCluster(t, embeddedEndpoint(t))
 	c.extra = []string{"--rdzv-backend", "c10d"}
 	script := filepath.Join(c.dir, "rank.py")
@@ -93,6 +101,27 @@ func spareWarm(t *testing.T, prewarm, preloaded string) {
 	}
 	if len(standbys) != 2 {
 		t.Fatalf("spare ready event %v: want 2 standbys", ready)
+	}
+	if !loss {
+		// The job ends with the spare still parked: it exits with the
+		// job's code and its standbys die with it.
+		if err := os.WriteFile(filepath.Join(c.dir, "finish"), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		for i, code := range c.waitAll(2 * time.Minute) {
+			if code != 0 {
+				t.Fatalf("node %d exited %d\n%s", i, code, c.stderrs())
+			}
+		}
+		if w := c.nodes[spare].eventsOf("prewarm_started"); len(w) != 0 {
+			t.Fatalf("the parked spare started ranks: %v", w)
+		}
+		for i, n := range c.nodes {
+			if left := n.waitNoLeftovers(10 * time.Second); len(left) > 0 {
+				t.Fatalf("node %d: processes left: %v", i, left)
+			}
+		}
+		return
 	}
 	// Round 0 runs on the two active nodes; kill the one that does not
 	// host the store.
