@@ -68,6 +68,14 @@ type Spare interface {
 	Close()
 }
 
+// SpareStandbys keeps standby interpreters for the ranks of a parked
+// spare (*prewarm.Starter.Park), so that its promotion starts them warm.
+type SpareStandbys interface {
+	// Park is given the ranks the node would start, without the values
+	// of an assignment (SpareEnv); it must not block.
+	Park(specs []spawn.Spec)
+}
+
 // Store is the agent store (*agentstore.Host): the c10d TCPStore that the
 // launcher of group rank 0 serves to every rank of the round.
 type Store interface {
@@ -115,6 +123,9 @@ type Deps struct {
 	Store Store
 	// Spare runs filler work while this node is a standby; nil for none.
 	Spare Spare
+	// SpareStandbys keeps --prewarm standbys for this node's ranks while
+	// it is a parked spare (*prewarm.Starter); nil for none.
+	SpareStandbys SpareStandbys
 	// Ledger is this node's book of leases (Active, Spare, Filler); nil
 	// keeps no ledger.
 	Ledger *ledger.Book

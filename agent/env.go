@@ -1,12 +1,14 @@
 package agent
 
 import (
+	"slices"
 	"strconv"
 	"strings"
 
 	"github.com/ftlauncher/ft-launcher/configs"
 	"github.com/ftlauncher/ft-launcher/monitor/ftwire"
 	"github.com/ftlauncher/ft-launcher/rendezvous"
+	"github.com/ftlauncher/ft-launcher/spawn"
 )
 
 // WorkerArgv is the command of one rank, as torchrun builds it:
@@ -94,6 +96,45 @@ func WorkerEnv(base []string, cfg *configs.Config, asg rendezvous.Assignment, lo
 		out = append(out, k+"="+v)
 	}
 	return out
+}
+
+// assignmentVars are the variables of WorkerEnv that depend on a
+// round's assignment (rank numbers, world, store, round, budget, error
+// file): a parked spare does not know them yet.
+var assignmentVars = []string{"RANK", "GROUP_RANK", "ROLE_RANK", "WORLD_SIZE", "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE",
+	"MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "FT_LAUNCHER_RESTARTS_USED",
+	"TORCHELASTIC_RUN_ID", "TORCHELASTIC_ERROR_FILE"}
+
+// SpareEnv is the environment a parked spare gives the standby of one
+// local rank: WorkerEnv without the assignment's variables (unset, never
+// stale: the handover gives the rank its whole environment), with what
+// the node knows already (LOCAL_RANK, LOCAL_WORLD_SIZE, the monitor
+// sockets, OMP_NUM_THREADS, the launcher's environment).
+func SpareEnv(base []string, cfg *configs.Config, localRank int, mon Sockets) []string {
+	env := WorkerEnv(base, cfg, rendezvous.Assignment{}, localRank, "", mon)
+	out := env[:0]
+	for _, kv := range env {
+		k, _, _ := strings.Cut(kv, "=")
+		if !slices.Contains(assignmentVars, k) {
+			out = append(out, kv)
+		}
+	}
+	return out
+}
+
+// spareSpecs are the ranks this node would start, for the standbys it
+// keeps while parked: the same commands as the active nodes' ranks (one
+// launch line for every node), SpareEnv's environment.
+func (a *Agent) spareSpecs() []spawn.Spec {
+	specs := make([]spawn.Spec, a.cfg.NProcPerNode)
+	for lr := range specs {
+		var mon Sockets
+		if a.d.Monitors != nil {
+			mon = a.d.Monitors
+		}
+		specs[lr] = spawn.Spec{LocalRank: lr, Argv: WorkerArgv(a.cfg, lr), Env: SpareEnv(a.d.Environ, a.cfg, lr, mon)}
+	}
+	return specs
 }
 
 // torchBool spells b as torch's elastic variables expect it.

@@ -247,6 +247,9 @@ func (a *Agent) standby(ctx context.Context) State {
 	a.log.Info("standby: this node is parked for a later round", "round", asg.Round)
 	a.ev.Emit(eventlog.StandbyEvent{Round: asg.Round})
 	a.parked(ctx)
+	if a.d.SpareStandbys != nil {
+		a.d.SpareStandbys.Park(a.spareSpecs())
+	}
 	return StateJoining
 }
 

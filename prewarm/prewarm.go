@@ -81,6 +81,10 @@ type Options struct {
 	// Importing says what a restart does with a standby still importing
 	// ("": ImportingAuto).
 	Importing Importing
+	// SpareRestarts bounds how many times the standbys of one local rank
+	// of a parked spare (Park) that died are started again (0:
+	// DefaultSpareRestarts; negative: never).
+	SpareRestarts int
 }
 
 var moduleName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$`)
@@ -103,6 +107,13 @@ type Starter struct {
 	lastImport importStats
 	refills    sync.WaitGroup
 	auto       *autoState // --prewarm auto; nil otherwise
+	// spare is the parked hot spare's state (park.go); nil when the node
+	// is not parked. wasParked: it was, so a missing standby is not the
+	// first cycle's. spareDeaths counts, per local rank, the standbys
+	// that died while parked.
+	spare       *spareState
+	wasParked   bool
+	spareDeaths map[int]int
 }
 
 // NewStarter returns a Starter. The first cycle's ranks start cold; their
@@ -134,10 +145,13 @@ func NewStarter(o Options) (*Starter, error) {
 	if o.Importing == "" {
 		o.Importing = ImportingAuto
 	}
+	if o.SpareRestarts == 0 {
+		o.SpareRestarts = DefaultSpareRestarts
+	}
 	if _, err := ParseImporting(string(o.Importing)); err != nil {
 		return nil, fmt.Errorf("prewarm: importing policy %w", err)
 	}
-	st := &Starter{o: o, log: o.Logger, standby: map[int]*standby{}, closing: make(chan struct{})}
+	st := &Starter{o: o, log: o.Logger, standby: map[int]*standby{}, closing: make(chan struct{}), spareDeaths: map[int]int{}}
 	if o.Auto != nil {
 		a, err := newAutoState(o.Auto)
 		if err != nil {
@@ -232,6 +246,7 @@ func (st *Starter) StartGroup(specs []spawn.Spec) (*Group, error) {
 		st.mu.Unlock()
 		return nil, errors.New("prewarm: starter is closed")
 	}
+	parked := st.unparkLocked() // a parked spare promoted: its standbys take the ranks
 	// A standby paused by an earlier cycle that this one needs goes on
 	// first: its rank may wait for its import.
 	for _, sp := range specs {
@@ -336,7 +351,7 @@ func (st *Starter) StartGroup(specs []spawn.Spec) (*Group, error) {
 		st.refill(nil, nil, paused)
 		return nil, err
 	}
-	st.report(specs, plans, warm, handoverDone)
+	st.report(specs, plans, warm, handoverDone, parked)
 	var coldPIDs []int
 	for _, g := range parts {
 		for _, pid := range g.PIDs() {
@@ -422,7 +437,7 @@ func (st *Starter) plan(p *plan, s *standby, now time.Time) {
 	case why != "":
 	case s == nil:
 		why = "no standby"
-		if !st.seen {
+		if !st.seen && !st.wasParked {
 			why = "no standby yet (standbys start once the first ranks run)"
 		}
 		if st.disabled != "" {
@@ -477,16 +492,24 @@ func (st *Starter) take(p *plan) error {
 }
 
 // report logs and records how each rank started.
-func (st *Starter) report(specs []spawn.Spec, plans []*plan, warm []*standby, took time.Duration) {
+// parked > 0: the node was a parked spare that long and is promoted.
+func (st *Starter) report(specs []spawn.Spec, plans []*plan, warm []*standby, took, parked time.Duration) {
 	round := envValue(specs, "TORCHELASTIC_RESTART_COUNT")
 	if len(warm) > 0 {
 		lrs := make([]int, len(warm))
 		for i, s := range warm {
 			lrs[i] = s.localRank
 		}
-		st.log.Info("ranks started on prewarmed standbys", "local_ranks", lrs, "handover", took)
-		st.event(EventWarm, map[string]any{"round": round, "local_ranks": lrs,
-			"handover_ms": ms(took)})
+		msg := "ranks started on prewarmed standbys"
+		if parked > 0 {
+			msg = "promoted spare: ranks started on the standbys it kept while parked"
+		}
+		st.log.Info(msg, append([]any{"local_ranks", lrs, "handover", took}, spareLogAttrs(parked)...)...)
+		f := map[string]any{"round": round, "local_ranks": lrs, "handover_ms": ms(took)}
+		if parked > 0 {
+			f["spare"], f["parked_ms"] = true, ms(parked)
+		}
+		st.event(EventWarm, f)
 	}
 	for _, p := range plans {
 		if p.path == PathWarm {
@@ -665,6 +688,8 @@ func (st *Starter) watch(s *standby) {
 		st.event(EventReady, map[string]any{"local_rank": s.localRank, "pid": s.pid,
 			"import_ms": ms(took.Wall), "import_cpu_ms": ms(took.CPU)})
 		st.skipped(s)
+		st.announceSpare()
+		go st.watchSpare(s) // one that dies while the node is a parked spare is replaced
 		return
 	case <-s.done:
 	}
@@ -674,6 +699,9 @@ func (st *Starter) watch(s *standby) {
 		return
 	}
 	_, why := s.usable()
+	if !s.importFailed() && st.spareStandbyEnded(s, why) {
+		return
+	}
 	st.mu.Lock()
 	if st.standby[s.localRank] == s {
 		delete(st.standby, s.localRank)

@@ -145,6 +145,7 @@ func launch(ctx context.Context, cfg *configs.Config, log *slog.Logger, sigs <-c
 	}
 
 	var ranks agent.RankStarter = agent.SpawnRanks{Reaper: reaper}
+	var spareStandbys agent.SpareStandbys // a parked spare keeps standbys too
 	if cfg.PrewarmAuto && cfg.NoPython {
 		log.Info("--prewarm auto is ignored with --no-python: the ranks do not run Python")
 	}
@@ -164,7 +165,7 @@ func launch(ctx context.Context, cfg *configs.Config, log *slog.Logger, sigs <-c
 			return rec.setupFailed("prewarm", err)
 		}
 		defer st.Close() // before the reaper closes: kills the standbys
-		ranks = prewarmRanks{st}
+		ranks, spareStandbys = prewarmRanks{st}, st
 		rec.prewarm = st.AutoSummary
 	}
 	if wd != nil {
@@ -174,7 +175,7 @@ func launch(ctx context.Context, cfg *configs.Config, log *slog.Logger, sigs <-c
 	deps := agent.Deps{Config: cfg, Logger: log.With("component", "agent"), Events: ev, Metrics: met,
 		Ranks: ranks, Logs: logs, Monitors: mon, Rdzv: rdzv, Signals: sigs,
 		Hostname: host, NodeID: rec.node, Environ: environ, CallTimeout: callTimeout(cfg),
-		Ledger: book, WalltimeSignals: osSignals(cfg.WalltimeSignals)}
+		Ledger: book, WalltimeSignals: osSignals(cfg.WalltimeSignals), SpareStandbys: spareStandbys}
 	if store != nil {
 		deps.Store = store
 		if repl != nil {
