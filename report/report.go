@@ -356,8 +356,12 @@ func computeJob(g *jobRecords, r *Report) (Job, error) {
 		case eventlog.RankHangEvent:
 			f := get(round)
 			at := orTS(ev.SignalledAt, e.TS)
+			what := ev.TimeoutKind
+			if ev.Section != "" {
+				what += " " + ev.Section
+			}
 			f.failAt(at, at.Add(-time.Duration(ev.ElapsedS*float64(time.Second))), "hang",
-				fmt.Sprintf("rank %d hung (%v %v)", ev.Rank, ev.TimeoutKind, ev.Section))
+				fmt.Sprintf("rank %d hung (%s)", ev.Rank, what))
 		case eventlog.RoundEndedEvent:
 			if hasRound {
 				f := get(round)

@@ -112,6 +112,11 @@ func TestBuildPhases(t *testing.T) {
 			if len(r.Ranks) != tt.ranks {
 				t.Errorf("%d rank lanes, want %d", len(r.Ranks), tt.ranks)
 			}
+			for _, rd := range r.Rounds {
+				if strings.HasSuffix(rd.Reason, " )") || strings.Contains(rd.Reason, "  ") {
+					t.Errorf("round %d's reason %q has an empty part", rd.Round, rd.Reason)
+				}
+			}
 			all := strings.Join(r.Notes, "\n")
 			for _, n := range tt.notes {
 				if !strings.Contains(all, n) {
