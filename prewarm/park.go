@@ -61,13 +61,7 @@ func (st *Starter) Park(specs []spawn.Spec) {
 	if len(specs) == 0 {
 		return
 	}
-	if st.auto != nil {
-		hooked := make([]spawn.Spec, len(specs))
-		for i, sp := range specs {
-			hooked[i] = st.auto.withHook(sp)
-		}
-		specs = hooked
-	}
+	specs = st.hooked(specs)
 	st.mu.Lock()
 	if st.closed {
 		st.mu.Unlock()

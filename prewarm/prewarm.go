@@ -227,6 +227,19 @@ type plan struct {
 	err     error         // the wait or the handover failed
 }
 
+// hooked returns specs with --prewarm auto's import hook added to each
+// (specs itself without auto).
+func (st *Starter) hooked(specs []spawn.Spec) []spawn.Spec {
+	if st.auto == nil {
+		return specs
+	}
+	out := make([]spawn.Spec, len(specs))
+	for i, sp := range specs {
+		out[i] = st.auto.withHook(sp)
+	}
+	return out
+}
+
 // StartGroup starts the ranks of one cycle: each on its ready standby; on
 // its standby still importing when decideImporting says to wait for it;
 // the others cold, at once. cmd/ft-launcher adapts it to the agent's
@@ -235,12 +248,8 @@ func (st *Starter) StartGroup(specs []spawn.Spec) (*Group, error) {
 	started := time.Now()
 	if st.auto != nil {
 		st.takeReports(specs)
-		hooked := make([]spawn.Spec, len(specs))
-		for i, sp := range specs {
-			hooked[i] = st.auto.withHook(sp)
-		}
-		specs = hooked
 	}
+	specs = st.hooked(specs)
 	st.mu.Lock()
 	if st.closed {
 		st.mu.Unlock()

@@ -67,6 +67,20 @@ def same(a, b):
     return a == b
 
 
+def _section_recorder(calls):
+    """A monitor stand-in that records the sections opened and closed."""
+
+    class Mon:
+        is_initialized = True
+
+        def start_section(self, name):
+            calls.append(("open", name))
+
+        def end_section(self, name):
+            calls.append(("close", name))
+
+    return Mon
+
 class Env:
     """A launcher's environment for one rank: a segment directory standing
     for the launcher's (it outlives the saving processes, as the launcher's
@@ -202,15 +216,7 @@ class StateTest(unittest.TestCase):
 
     def test_save_counts_as_checkpoint_section(self):
         calls = []
-
-        class Mon:
-            is_initialized = True
-
-            def start_section(self, name):
-                calls.append(("open", name))
-
-            def end_section(self, name):
-                calls.append(("close", name))
+        Mon = _section_recorder(calls)
 
         with Env():
             state.Bound(lambda: Mon()).save(1, {"x": torch.ones(3)})
@@ -744,15 +750,7 @@ class OverlapTest(unittest.TestCase):
 
     def test_bound_overlap_and_checkpoint_section(self):
         calls = []
-
-        class Mon:
-            is_initialized = True
-
-            def start_section(self, name):
-                calls.append(("open", name))
-
-            def end_section(self, name):
-                calls.append(("close", name))
+        Mon = _section_recorder(calls)
 
         with Env():
             b = state.Bound(lambda: Mon())
