@@ -81,6 +81,7 @@ def _section_recorder(calls):
 
     return Mon
 
+
 class Env:
     """A launcher's environment for one rank: a segment directory standing
     for the launcher's (it outlives the saving processes, as the launcher's
