@@ -132,49 +132,87 @@ func TestPersistDiskFull(t *testing.T) {
 // TestPersistKilledMidWrite kills a writer process with SIGKILL while it
 // writes the data file: the previous manifest and its file stay valid, and
 // the next write-out removes the debris.
+// TestPersistKilledMidWrite kills a real writer process with SIGKILL in
+// the middle of a write-out, through a slowed reader and through the
+// launcher's own path (a mapping of the segment): the previous manifest
+// and its file stay, and the next write-out replaces them.
 func TestPersistKilledMidWrite(t *testing.T) {
-	seg := filepath.Join(t.TempDir(), "rank-0")
-	dir := filepath.Join(t.TempDir(), "ckpt")
-	saveSeg(t, seg, 1, 64<<10)
-	f, err := os.Open(seg)
-	if err != nil {
-		t.Fatal(err)
+	tests := []struct {
+		name, mode string
+		size       int // of the save the killed writer writes out
+		// killAt waits until the child is mid-write.
+		killAt func(t *testing.T, dir string)
+	}{
+		{"slowed reader", "persist", 2 << 20, func(*testing.T, string) {}},
+		{"from a mapping", "persist-mapped", 96 << 20, waitForTempData},
 	}
-	defer f.Close()
-	m1, _, err := Persist(f, dir, 0)
-	if err != nil {
-		t.Fatal(err)
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			seg := filepath.Join(t.TempDir(), "rank-0")
+			dir := filepath.Join(t.TempDir(), "ckpt")
+			saveSeg(t, seg, 1, 64<<10)
+			f, err := os.Open(seg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			m1, _, err := Persist(f, dir, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			saveSeg(t, seg, 2, tc.size)
+			cmd := startChild(t, tc.mode, seg, dir, "0")
+			tc.killAt(t, dir)
+			if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+				t.Fatal(err)
+			}
+			if err := cmd.Wait(); err == nil {
+				t.Fatal("the writer finished before it was killed; the test proves nothing")
+			}
+			if m, _ := loadWritten(t, dir); m.Seq != m1.Seq {
+				t.Fatalf("after the kill the manifest names seq %d, want %d", m.Seq, m1.Seq)
+			}
+			if len(tempFiles(t, dir)) == 0 {
+				t.Fatal("the killed writer left no temporary file: it was not killed mid-write")
+			}
+			removeStaleTemps(dir)
+			// The save of step 2 grew the segment: a new file took the path.
+			f2, err := os.Open(seg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f2.Close()
+			if _, ok, err := Persist(f2, dir, m1.Seq); !ok || err != nil {
+				t.Fatalf("write-out after the kill: %v %v", ok, err)
+			}
+			if _, d := loadWritten(t, dir); d.Step != 2 {
+				t.Fatalf("written step %d, want 2", d.Step)
+			}
+			if tmp := tempFiles(t, dir); len(tmp) != 0 {
+				t.Fatalf("temporary files left: %v", tmp)
+			}
+		})
 	}
-	saveSeg(t, seg, 2, 2<<20)
-	cmd := startChild(t, "persist", seg, dir, "0")
-	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
+}
+
+// waitForTempData returns once a temporary file in dir holds data (a
+// write-out is copying), failing after 30 s.
+func waitForTempData(t *testing.T, dir string) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		ents, _ := os.ReadDir(dir)
+		for _, e := range ents {
+			if !strings.HasPrefix(e.Name(), ".") {
+				continue
+			}
+			if fi, err := e.Info(); err == nil && fi.Size() > 0 {
+				return
+			}
+		}
+		time.Sleep(200 * time.Microsecond)
 	}
-	if err := cmd.Wait(); err == nil {
-		t.Fatal("the writer finished before it was killed; the test proves nothing")
-	}
-	if m, _ := loadWritten(t, dir); m.Seq != m1.Seq {
-		t.Fatalf("after the kill the manifest names seq %d, want %d", m.Seq, m1.Seq)
-	}
-	if len(tempFiles(t, dir)) == 0 {
-		t.Fatal("the killed writer left no temporary file: it was not killed mid-write")
-	}
-	removeStaleTemps(dir)
-	// The save of step 2 grew the segment: a new file took the path.
-	f2, err := os.Open(seg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f2.Close()
-	if _, ok, err := Persist(f2, dir, m1.Seq); !ok || err != nil {
-		t.Fatalf("write-out after the kill: %v %v", ok, err)
-	}
-	if _, d := loadWritten(t, dir); d.Step != 2 {
-		t.Fatalf("written step %d, want 2", d.Step)
-	}
-	if tmp := tempFiles(t, dir); len(tmp) != 0 {
-		t.Fatalf("temporary files left: %v", tmp)
-	}
+	t.Fatal("no write-out began within 30 s")
 }
 
 // events records what a store, sender or receiver emits: the typed
