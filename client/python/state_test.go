@@ -20,7 +20,8 @@ import (
 // the copy split across threads (payloads bit-identical to one thread's,
 // a failing copy thread leaving the previous save, FT_STATE_COPY_THREADS
 // checked) and save(overlap=True) (committed, refused after an in-place
-// change, the stall recorded as call plus wait).
+// change, the stall recorded as call plus wait, finished before an
+// in-process close or rejoin ends the rank's session).
 func TestStateAPI(t *testing.T) {
 	runTorchUnittest(t, "tests.state_check")
 }

@@ -749,6 +749,47 @@ class OverlapTest(unittest.TestCase):
             self.assertIsNone(state.wait())
             self.assertEqual(state.load()[0], 3)
 
+    def test_close_and_rejoin_let_the_save_in_flight_finish(self):
+        # InProcess.close() and an in-process rejoin call _wait_state()
+        # first: the save in flight commits under the old session and rank.
+        import types
+        from ft_launcher_client import inprocess
+
+        with Env():
+            for step in (1, 2, 3):  # both slots written: later saves copy with _memmove
+                state.save(step, make_state(step))
+            real, gate, slowed = state._memmove, threading.Event(), []
+
+            def slow(d, s, n):
+                slowed.append(n)
+                gate.wait(10)
+                return real(d, s, n)
+
+            ended = []
+            fake = types.SimpleNamespace(_reader=None, monitor=types.SimpleNamespace(
+                shutdown_workload_monitoring=lambda: ended.append(state._pending[0] is None)))
+            with mock.patch.object(state, "_memmove", slow):
+                state.save(4, make_state(4), overlap=True)
+                self.assertIsNotNone(state._pending[0])
+                timer = threading.Timer(0.2, gate.set)
+                timer.start()
+                inprocess.InProcess.close(fake)
+                timer.join()
+            self.assertTrue(slowed, "the save in flight did not copy through _memmove: the test proves nothing")
+            self.assertEqual(ended, [True], "the monitor session ended before the save in flight finished")
+            self.assertEqual(state.load()[0], 4)
+
+            def broken(d, s, n):
+                raise OSError(5, "injected copy failure")
+
+            with mock.patch.object(state, "_memmove", broken):
+                state.save(5, make_state(5), overlap=True)
+                with self.assertLogs("ft_launcher_client.inprocess", level="WARNING") as logs:
+                    inprocess._wait_state()  # a failed save is logged, not raised: the rank goes on
+            self.assertIn("injected copy failure", "\n".join(logs.output))
+            self.assertIsNone(state._pending[0])
+            self.assertEqual(state.load()[0], 4)
+
     def test_bound_overlap_and_checkpoint_section(self):
         calls = []
         Mon = _section_recorder(calls)
