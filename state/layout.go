@@ -186,11 +186,21 @@ func stillCommitted(r io.ReaderAt, d Desc) (bool, error) {
 // by two saves); w then receives the payload again, so w must be
 // restartable: reset is called before every attempt.
 func CopyNewest(r io.ReaderAt, w io.Writer, reset func() error) (Desc, uint32, error) {
-	const attempts = 8
 	// 1 MiB a read and a write: with io.Copy's 32 KiB, a 256 MiB write-out
 	// took 16,384 system calls, a good part of the writer's CPU time
 	// (docs/benchmarks.md, "Issue 30: save and restore speed").
 	buf := make([]byte, copyBuf)
+	return copyNewestBy(r, reset, func(d Desc) (uint32, error) {
+		h := crc32.NewIEEE()
+		_, err := io.CopyBuffer(io.MultiWriter(w, h), io.NewSectionReader(r, int64(d.Offset), int64(d.Length)), buf)
+		return h.Sum32(), err
+	})
+}
+
+// copyNewestBy is CopyNewest's loop with the slot's copy given: copySlot
+// writes d's payload and returns its CRC-32.
+func copyNewestBy(r io.ReaderAt, reset func() error, copySlot func(d Desc) (uint32, error)) (Desc, uint32, error) {
+	const attempts = 8
 	for i := 0; i < attempts; i++ {
 		d, err := Newest(r)
 		if err != nil {
@@ -199,8 +209,7 @@ func CopyNewest(r io.ReaderAt, w io.Writer, reset func() error) (Desc, uint32, e
 		if err := reset(); err != nil {
 			return Desc{}, 0, err
 		}
-		h := crc32.NewIEEE()
-		_, err = io.CopyBuffer(io.MultiWriter(w, h), io.NewSectionReader(r, int64(d.Offset), int64(d.Length)), buf)
+		sum, err := copySlot(d)
 		if err != nil {
 			return Desc{}, 0, fmt.Errorf("copy slot of save %d (step %d): %w", d.Seq, d.Step, err)
 		}
@@ -211,7 +220,6 @@ func CopyNewest(r io.ReaderAt, w io.Writer, reset func() error) (Desc, uint32, e
 		if !ok {
 			continue
 		}
-		sum := h.Sum32()
 		if d.HasCRC() && sum != d.PayloadCRC {
 			return Desc{}, 0, fmt.Errorf("save %d (step %d): payload CRC %08x, descriptor says %08x: the segment is corrupt", d.Seq, d.Step, sum, d.PayloadCRC)
 		}

@@ -20,35 +20,11 @@ import (
 // cache, was the cheap one; docs/benchmarks.md, "Issue 30: the writer at
 // low priority"). A segment that cannot be mapped is copied with pread.
 func copyNewestMapped(f *os.File, w io.Writer, reset func() error) (Desc, uint32, error) {
-	const attempts = 8
-	for i := 0; i < attempts; i++ {
-		d, err := Newest(f)
-		if err != nil {
-			return Desc{}, 0, err
-		}
-		if err := reset(); err != nil {
-			return Desc{}, 0, err
-		}
-		sum, err := copyMapped(f, d, w)
-		if errors.Is(err, errNoMap) {
-			return CopyNewest(f, w, reset)
-		}
-		if err != nil {
-			return Desc{}, 0, fmt.Errorf("copy slot of save %d (step %d): %w", d.Seq, d.Step, err)
-		}
-		ok, err := stillCommitted(f, d)
-		if err != nil {
-			return Desc{}, 0, err
-		}
-		if !ok {
-			continue
-		}
-		if d.HasCRC() && sum != d.PayloadCRC {
-			return Desc{}, 0, fmt.Errorf("save %d (step %d): payload CRC %08x, descriptor says %08x: the segment is corrupt", d.Seq, d.Step, sum, d.PayloadCRC)
-		}
-		return d, sum, nil
+	d, sum, err := copyNewestBy(f, reset, func(d Desc) (uint32, error) { return copyMapped(f, d, w) })
+	if errors.Is(err, errNoMap) {
+		return CopyNewest(f, w, reset)
 	}
-	return Desc{}, 0, fmt.Errorf("%w %d times in a row", errChanged, attempts)
+	return d, sum, err
 }
 
 // errNoMap: the segment could not be mapped (the caller reads it instead).
