@@ -114,6 +114,8 @@ type Starter struct {
 	spare       *spareState
 	wasParked   bool
 	spareDeaths map[int]int
+	// prio: whether standbys import at a lower priority (priority.go).
+	prio priority
 }
 
 // NewStarter returns a Starter. The first cycle's ranks start cold; their
@@ -151,7 +153,12 @@ func NewStarter(o Options) (*Starter, error) {
 	if _, err := ParseImporting(string(o.Importing)); err != nil {
 		return nil, fmt.Errorf("prewarm: importing policy %w", err)
 	}
-	st := &Starter{o: o, log: o.Logger, standby: map[int]*standby{}, closing: make(chan struct{}), spareDeaths: map[int]int{}}
+	st := &Starter{o: o, log: o.Logger, standby: map[int]*standby{}, closing: make(chan struct{}), spareDeaths: map[int]int{}, prio: probePriority()}
+	if st.prio.low {
+		st.log.Debug("prewarm: standbys import at low priority and are raised to the launcher's at the handover", "nice", standbyNice, "launcher_nice", st.prio.base)
+	} else {
+		st.log.Info("prewarm: standbys import at the launcher's priority: a lowered one could not be raised back for its rank", "reason", st.prio.why)
+	}
 	if o.Auto != nil {
 		a, err := newAutoState(o.Auto)
 		if err != nil {
@@ -478,6 +485,11 @@ func (st *Starter) plan(p *plan, s *standby, now time.Time) {
 // take hands p's rank to its standby, first waiting, bounded, for the end
 // of the standby's import when p says so.
 func (st *Starter) take(p *plan) error {
+	// First of all: a standby waited for should finish its import at the
+	// rank's priority, and the rank must run at it.
+	if err := st.raise(p.s); err != nil {
+		return err
+	}
 	if p.wait != nil {
 		begin := time.Now()
 		t := time.NewTimer(p.wait.MaxWait)
@@ -498,6 +510,22 @@ func (st *Starter) take(p *plan) error {
 		}
 	}
 	return p.s.handover(p.spec, st.o.HandoverTimeout)
+}
+
+// raise sets every thread of a lowered standby (and of any process it
+// started) to the launcher's nice value, what a cold rank inherits.
+func (st *Starter) raise(s *standby) error {
+	if !s.lowered {
+		return nil
+	}
+	pids := append([]int{s.pid}, descendants(s.pid)...)
+	for _, pid := range pids {
+		if err := setNiceAll(pid, st.prio.base); err != nil {
+			return fmt.Errorf("raise the standby to the launcher's priority: %w", err)
+		}
+	}
+	s.lowered = false
+	return nil
 }
 
 // report logs and records how each rank started.
@@ -675,6 +703,15 @@ func (st *Starter) startOne(sp spawn.Spec) {
 		return
 	}
 	s.spec = sp
+	if st.prio.low {
+		// Its first milliseconds (the interpreter's start) run at the
+		// launcher's priority; the imports after them at standbyNice.
+		if err := setNiceAll(s.pid, standbyNice); err != nil {
+			st.log.Debug("prewarm: could not lower a standby; it imports at the launcher's priority", "local_rank", sp.LocalRank, "err", err)
+		} else {
+			s.lowered = true
+		}
+	}
 	st.standby[sp.LocalRank] = s
 	go st.watch(s)
 }

@@ -46,6 +46,10 @@ type standby struct {
 	pausedAt  time.Time
 	pausedFor time.Duration
 
+	// lowered: it imports at standbyNice (priority.go); the handover
+	// raises it to the launcher's nice value first.
+	lowered bool
+
 	// auto (--prewarm auto): skipped are the modules it could not import
 	// (valid once ready is closed); unsafe the module that created a CUDA
 	// context or started a thread or process, and why (set before done).

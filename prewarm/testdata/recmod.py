@@ -61,6 +61,9 @@ rec = {
     "flags": str(sys.flags),
     "fds": sorted(os.listdir("/proc/self/fd")),
     "threads": len(os.listdir("/proc/self/task")),
+    # The main thread's nice value: a warm rank must run at a cold one's
+    # priority (the standby imported at nice 19).
+    "nice": os.getpriority(os.PRIO_PROCESS, 0),
 }
 print("hello on stdout")
 print("hello on stderr", file=sys.stderr)
