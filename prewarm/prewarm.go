@@ -157,7 +157,7 @@ func NewStarter(o Options) (*Starter, error) {
 	if st.prio.low {
 		st.log.Debug("prewarm: standbys import at low priority and are raised to the launcher's at the handover", "nice", standbyNice, "launcher_nice", st.prio.base)
 	} else {
-		st.log.Info("prewarm: standbys import at the launcher's priority: a lowered one could not be raised back for its rank", "reason", st.prio.why)
+		st.log.Info("prewarm: standbys import at the launcher's priority", "reason", st.prio.why)
 	}
 	if o.Auto != nil {
 		a, err := newAutoState(o.Auto)
@@ -706,10 +706,11 @@ func (st *Starter) startOne(sp spawn.Spec) {
 	if st.prio.low {
 		// Its first milliseconds (the interpreter's start) run at the
 		// launcher's priority; the imports after them at standbyNice.
+		// Marked lowered even if that failed part-way: the handover then
+		// raises whatever thread was lowered.
+		s.lowered = true
 		if err := setNiceAll(s.pid, standbyNice); err != nil {
 			st.log.Debug("prewarm: could not lower a standby; it imports at the launcher's priority", "local_rank", sp.LocalRank, "err", err)
-		} else {
-			s.lowered = true
 		}
 	}
 	st.standby[sp.LocalRank] = s
