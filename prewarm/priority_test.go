@@ -1,6 +1,7 @@
 package prewarm
 
 import (
+	"bufio"
 	"encoding/json"
 	"os"
 	"os/exec"
@@ -17,10 +18,12 @@ import (
 // root); TestPriorityWithoutCapSysNice covers the launcher without it.
 func TestStandbyImportsAtLowPriority(t *testing.T) {
 	testenv.SkipShort(t, "starts Python standbys")
+	testenv.Require(t, testenv.Root)
 	r := newReaper(t)
 	st, ev := newStarter(t, r, "json")
 	if !st.prio.low {
-		t.Skipf("this process cannot raise a lowered nice value (%s): TestPriorityWithoutCapSysNice covers that case", st.prio.why)
+		// Root without CAP_SYS_NICE (a container's default capabilities).
+		testenv.Missing(t, testenv.Root, "with CAP_SYS_NICE: this process cannot raise a lowered nice value ("+st.prio.why+")")
 	}
 	base := t.TempDir()
 	coldRec, _, _ := run(t, warm(st), filepath.Join(base, "1"), recordCase{})
@@ -69,9 +72,8 @@ sys.stdin.read()
 		t.Fatal(err)
 	}
 	defer func() { in.Close(); _ = cmd.Wait() }()
-	buf := make([]byte, 3)
-	if _, err := out.Read(buf); err != nil || string(buf) != "up\n" {
-		t.Fatalf("child: %q %v", buf, err)
+	if line, err := bufio.NewReader(out).ReadString('\n'); err != nil || line != "up\n" {
+		t.Fatalf("child: %q %v", line, err)
 	}
 	if err := setNiceAll(cmd.Process.Pid, 7); err != nil {
 		t.Fatal(err)
@@ -100,9 +102,7 @@ func TestPriorityWithoutCapSysNice(t *testing.T) {
 		return
 	}
 	testenv.SkipShort(t, "starts Python standbys")
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to drop CAP_SYS_NICE from a process that has it (CI runs as root)")
-	}
+	testenv.Require(t, testenv.Root) // to drop CAP_SYS_NICE from a process that has it
 	setpriv, err := exec.LookPath("setpriv")
 	if err != nil {
 		t.Fatalf("setpriv (util-linux): %v", err)
