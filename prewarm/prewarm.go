@@ -35,6 +35,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/ftlauncher/ft-launcher/internal/procfs"
 	"github.com/ftlauncher/ft-launcher/spawn"
 )
 
@@ -512,15 +513,23 @@ func (st *Starter) take(p *plan) error {
 	return p.s.handover(p.spec, st.o.HandoverTimeout)
 }
 
-// raise sets every thread of a lowered standby (and of any process it
-// started) to the launcher's nice value, what a cold rank inherits.
+// raise sets every thread of a lowered standby, and of the processes of
+// its process group (any it started), to the launcher's nice value, what
+// a cold rank inherits.
 func (st *Starter) raise(s *standby) error {
 	if !s.lowered {
 		return nil
 	}
-	pids := append([]int{s.pid}, descendants(s.pid)...)
+	pids := []int{s.pid}
+	if procs, err := procfs.List(); err == nil {
+		for _, p := range procs {
+			if p.PGID == s.pid && p.PID != s.pid && !p.Dead() {
+				pids = append(pids, p.PID)
+			}
+		}
+	}
 	for _, pid := range pids {
-		if err := setNiceAll(pid, st.prio.base); err != nil {
+		if err := setNiceAll(pid, st.prio.base); err != nil && !(pid != s.pid && errors.Is(err, os.ErrNotExist)) {
 			return fmt.Errorf("raise the standby to the launcher's priority: %w", err)
 		}
 	}

@@ -5,11 +5,10 @@ import (
 	"fmt"
 	"os"
 	"runtime"
-	"slices"
-	"strconv"
-	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/ftlauncher/ft-launcher/internal/procfs"
 )
 
 // A standby imports at the lowest CPU priority (nice 19) so that it never
@@ -82,7 +81,7 @@ func niceOf(tid int) (int, error) {
 func setNiceAll(pid, nice int) error {
 	done := map[int]bool{}
 	for pass := 0; pass < 8; pass++ {
-		tids, err := threads(pid)
+		tids, err := procfs.Threads(pid)
 		if err != nil {
 			return err
 		}
@@ -102,48 +101,4 @@ func setNiceAll(pid, nice int) error {
 		}
 	}
 	return fmt.Errorf("process %d kept starting threads while its nice value was set", pid)
-}
-
-// threads lists the thread ids of process pid.
-func threads(pid int) ([]int, error) {
-	ents, err := os.ReadDir("/proc/" + strconv.Itoa(pid) + "/task")
-	if err != nil {
-		return nil, fmt.Errorf("threads of %d: %w", pid, err)
-	}
-	var tids []int
-	for _, e := range ents {
-		if tid, err := strconv.Atoi(e.Name()); err == nil {
-			tids = append(tids, tid)
-		}
-	}
-	slices.Sort(tids)
-	return tids, nil
-}
-
-// descendants lists the processes below pid (from /proc's children
-// lists; a process that ends meanwhile is left out).
-func descendants(pid int) []int {
-	var out []int
-	queue := []int{pid}
-	for len(queue) > 0 && len(out) < 4096 {
-		p := queue[0]
-		queue = queue[1:]
-		tids, err := threads(p)
-		if err != nil {
-			continue
-		}
-		for _, tid := range tids {
-			b, err := os.ReadFile("/proc/" + strconv.Itoa(p) + "/task/" + strconv.Itoa(tid) + "/children")
-			if err != nil {
-				continue
-			}
-			for _, f := range strings.Fields(string(b)) {
-				if c, err := strconv.Atoi(f); err == nil {
-					out = append(out, c)
-					queue = append(queue, c)
-				}
-			}
-		}
-	}
-	return out
 }

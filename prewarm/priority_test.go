@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/ftlauncher/ft-launcher/internal/procfs"
 	"github.com/ftlauncher/ft-launcher/internal/testenv"
 )
 
@@ -31,7 +32,7 @@ func TestStandbyImportsAtLowPriority(t *testing.T) {
 	if !s.lowered {
 		t.Fatal("the standby was not lowered")
 	}
-	tids, err := threads(s.pid)
+	tids, err := procfs.Threads(s.pid)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,7 +79,7 @@ sys.stdin.read()
 	if err := setNiceAll(cmd.Process.Pid, 7); err != nil {
 		t.Fatal(err)
 	}
-	tids, err := threads(cmd.Process.Pid)
+	tids, err := procfs.Threads(cmd.Process.Pid)
 	if err != nil || len(tids) != 4 {
 		t.Fatalf("threads %v %v, want 4", tids, err)
 	}

@@ -129,9 +129,6 @@ func TestPersistDiskFull(t *testing.T) {
 	}
 }
 
-// TestPersistKilledMidWrite kills a writer process with SIGKILL while it
-// writes the data file: the previous manifest and its file stay valid, and
-// the next write-out removes the debris.
 // TestPersistKilledMidWrite kills a real writer process with SIGKILL in
 // the middle of a write-out, through a slowed reader and through the
 // launcher's own path (a mapping of the segment): the previous manifest

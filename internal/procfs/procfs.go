@@ -91,6 +91,22 @@ func List() ([]Stat, error) {
 	return out, nil
 }
 
+// Threads returns the thread ids of process pid (its main thread's id is
+// pid), in /proc's order.
+func Threads(pid int) ([]int, error) {
+	entries, err := os.ReadDir("/proc/" + strconv.Itoa(pid) + "/task")
+	if err != nil {
+		return nil, fmt.Errorf("procfs: threads of %d: %w", pid, err)
+	}
+	tids := make([]int, 0, len(entries))
+	for _, e := range entries {
+		if tid, err := strconv.Atoi(e.Name()); err == nil {
+			tids = append(tids, tid)
+		}
+	}
+	return tids, nil
+}
+
 // GroupAlive reports whether process group pgid has a member that has not
 // exited (zombies do not count: they only wait for their reaper).
 func GroupAlive(pgid int) bool {

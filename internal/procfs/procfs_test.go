@@ -128,3 +128,22 @@ func TestStoppedRealProcess(t *testing.T) {
 	}
 	waitState(false)
 }
+
+// TestThreads: this process's thread ids include its main thread (its
+// pid); a process that does not exist is an error.
+func TestThreads(t *testing.T) {
+	tids, err := Threads(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, tid := range tids {
+		found = found || tid == os.Getpid()
+	}
+	if !found || len(tids) < 2 { // a Go test binary runs several threads
+		t.Fatalf("threads %v: want the main thread %d among several", tids, os.Getpid())
+	}
+	if _, err := Threads(1<<22 + 12345); err == nil {
+		t.Fatal("threads of a process that does not exist: no error")
+	}
+}

@@ -157,8 +157,7 @@ func config(dir string, curl, purl *url.URL, o Options) *embed.Config {
 		// TTLs stay as asked (etcd's minimum becomes 150 ms; ours are
 		// seconds).
 		cfg.TickMs, cfg.ElectionMs = 10, 100
-	}
-	if o.InitialCluster != "" {
+	} else {
 		cfg.Name, cfg.InitialCluster = o.Name, o.InitialCluster
 		if o.ClusterToken != "" {
 			cfg.InitialClusterToken = o.ClusterToken
