@@ -10,6 +10,7 @@ package report
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -275,6 +276,38 @@ type roundFacts struct {
 	killed                  string
 	nodes                   map[string]bool
 	world                   int
+	hangs                   []hungRank // every rank of the round whose timeout expired
+}
+
+// hungRank is one rank_hang record of a round.
+type hungRank struct {
+	rank int
+	at   time.Time // signalled
+}
+
+// hangReason names every rank whose timeout expired in the round, in the
+// order they expired, when there is more than one: a rank waiting in a
+// collective for a hung peer stops heartbeating too, so the first timeout
+// to expire is not necessarily the rank that caused the hang.
+func (f *roundFacts) hangReason() string {
+	if f.end != "hang" || len(f.hangs) < 2 {
+		return f.reason
+	}
+	hs := slices.Clone(f.hangs)
+	slices.SortStableFunc(hs, func(a, b hungRank) int { return a.at.Compare(b.at) })
+	var later []string
+	seen := map[int]bool{hs[0].rank: true}
+	for _, h := range hs[1:] {
+		if seen[h.rank] {
+			continue
+		}
+		seen[h.rank] = true
+		later = append(later, fmt.Sprintf("rank %d (+%d ms)", h.rank, h.at.Sub(hs[0].at).Milliseconds()))
+	}
+	if len(later) == 0 {
+		return f.reason
+	}
+	return f.reason + ", then " + strings.Join(later, ", ")
 }
 
 func (f *roundFacts) failAt(detected, fault time.Time, end, reason string) {
@@ -362,6 +395,7 @@ func computeJob(g *jobRecords, r *Report) (Job, error) {
 			}
 			f.failAt(at, at.Add(-time.Duration(ev.ElapsedS*float64(time.Second))), "hang",
 				fmt.Sprintf("rank %d hung (%s)", ev.Rank, what))
+			f.hangs = append(f.hangs, hungRank{rank: ev.Rank, at: at})
 		case eventlog.RoundEndedEvent:
 			if hasRound {
 				f := get(round)
@@ -568,7 +602,7 @@ func computeJob(g *jobRecords, r *Report) (Job, error) {
 		rd.Fault = cursor
 		rd.Detected = add(Detection, f.detected, rp)
 		rd.Stopped = add(Stop, f.stopped, rp)
-		rd.End, rd.Reason = f.end, f.reason
+		rd.End, rd.Reason = f.end, f.hangReason()
 		r.Rounds = append(r.Rounds, rd)
 	}
 	add(Shutdown, end, map[string]float64{})

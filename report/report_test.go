@@ -30,6 +30,7 @@ func TestBuildPhases(t *testing.T) {
 		lost     []int              // steps lost per failed round
 		ranks    int
 		notes    []string
+		reasons  []string // each round's reason contains this ("" = not checked)
 	}{
 		{
 			name: "crash after a checkpoint",
@@ -45,6 +46,16 @@ func TestBuildPhases(t *testing.T) {
 			wall:     40,
 			phases:   map[string]float64{Rendezvous: 1, Startup: 4, Productive: 21, Recompute: 4, Detection: 6, Stop: 4},
 			restarts: []int{0}, ends: []string{"hang", "success"}, lost: []int{4}, ranks: 1,
+		},
+		{
+			// Rank 1 waited in a collective for rank 0 and fell silent with
+			// it: the reason names both, in the order their timeouts expired.
+			name:     "hang: every rank whose timeout expired is named",
+			in:       Inputs{EventLogs: []string{"testdata/hang_peers.jsonl"}},
+			wall:     30,
+			phases:   map[string]float64{Rendezvous: 1, Startup: 4, Productive: 14, Recompute: 5, Detection: 5, Stop: 1},
+			restarts: []int{0}, ends: []string{"hang", "success"}, lost: []int{4}, ranks: 2,
+			reasons: []string{"rank 1 hung (heartbeat), then rank 0 (+20 ms)", ""},
 		},
 		{
 			name:     "no rank-monitor client: start-up and lost steps unknown, said so",
@@ -105,6 +116,13 @@ func TestBuildPhases(t *testing.T) {
 			}
 			if strings.Join(ends, ",") != strings.Join(tt.ends, ",") {
 				t.Errorf("round ends %v, want %v", ends, tt.ends)
+			}
+			for i, want := range tt.reasons {
+				if i >= len(r.Rounds) {
+					t.Errorf("no round %d for reason %q", i, want)
+				} else if !strings.Contains(r.Rounds[i].Reason, want) {
+					t.Errorf("round %d's reason %q, want it to contain %q", i, r.Rounds[i].Reason, want)
+				}
 			}
 			if len(lost) != len(tt.lost) || (len(lost) > 0 && lost[0] != tt.lost[0]) {
 				t.Errorf("steps lost %v, want %v", lost, tt.lost)
