@@ -136,11 +136,19 @@ func lanes(rec *records, r *Report) (nodes, ranks []Lane) {
 			if ev.Signal == "" && ev.ExitCode != 0 {
 				kind = "crash"
 			}
-			lane.Marks = append(lane.Marks, Mark{Kind: kind, At: e.TS, Label: fmt.Sprintf("round %d: exit code %d %v", round, ev.ExitCode, ev.Signal)})
+			label := fmt.Sprintf("round %d: exit code %d", round, ev.ExitCode)
+			if ev.Signal != "" {
+				label += " " + ev.Signal
+			}
+			lane.Marks = append(lane.Marks, Mark{Kind: kind, At: e.TS, Label: label})
 		case eventlog.RankHangEvent:
 			if g, ok := globalRank(k, ev.Rank, ev.LocalRank); ok {
+				what := ev.TimeoutKind
+				if ev.Section != "" {
+					what += " " + ev.Section
+				}
 				rank(g).Marks = append(rank(g).Marks, Mark{Kind: "hang", At: orTS(ev.SignalledAt, e.TS),
-					Label: fmt.Sprintf("hang: %v %v after %.1fs", ev.TimeoutKind, ev.Section, ev.ElapsedS)})
+					Label: fmt.Sprintf("hang: %s after %.1fs", what, ev.ElapsedS)})
 			}
 		case eventlog.RankCheckpointEvent:
 			if g, ok := globalRank(k, ev.Rank, ev.LocalRank); ok {

@@ -135,6 +135,13 @@ func TestBuildPhases(t *testing.T) {
 					t.Errorf("round %d's reason %q has an empty part", rd.Round, rd.Reason)
 				}
 			}
+			for _, lane := range r.Ranks {
+				for _, m := range lane.Marks {
+					if strings.Contains(m.Label, "  ") || strings.HasSuffix(m.Label, " ") {
+						t.Errorf("rank lane %q: %s mark's label %q has an empty part", lane.Name, m.Kind, m.Label)
+					}
+				}
+			}
 			all := strings.Join(r.Notes, "\n")
 			for _, n := range tt.notes {
 				if !strings.Contains(all, n) {
