@@ -143,12 +143,8 @@ func lanes(rec *records, r *Report) (nodes, ranks []Lane) {
 			lane.Marks = append(lane.Marks, Mark{Kind: kind, At: e.TS, Label: label})
 		case eventlog.RankHangEvent:
 			if g, ok := globalRank(k, ev.Rank, ev.LocalRank); ok {
-				what := ev.TimeoutKind
-				if ev.Section != "" {
-					what += " " + ev.Section
-				}
 				rank(g).Marks = append(rank(g).Marks, Mark{Kind: "hang", At: orTS(ev.SignalledAt, e.TS),
-					Label: fmt.Sprintf("hang: %s after %.1fs", what, ev.ElapsedS)})
+					Label: fmt.Sprintf("hang: %s after %.1fs", hangWhat(ev), ev.ElapsedS)})
 			}
 		case eventlog.RankCheckpointEvent:
 			if g, ok := globalRank(k, ev.Rank, ev.LocalRank); ok {

@@ -310,6 +310,14 @@ func (f *roundFacts) hangReason() string {
 	return f.reason + ", then " + strings.Join(later, ", ")
 }
 
+// hangWhat is which timeout expired: "heartbeat", or "section step".
+func hangWhat(ev eventlog.RankHangEvent) string {
+	if ev.Section == "" {
+		return ev.TimeoutKind
+	}
+	return ev.TimeoutKind + " " + ev.Section
+}
+
 func (f *roundFacts) failAt(detected, fault time.Time, end, reason string) {
 	if f.detected.IsZero() || detected.Before(f.detected) {
 		f.detected, f.end, f.reason = detected, end, reason
@@ -389,12 +397,8 @@ func computeJob(g *jobRecords, r *Report) (Job, error) {
 		case eventlog.RankHangEvent:
 			f := get(round)
 			at := orTS(ev.SignalledAt, e.TS)
-			what := ev.TimeoutKind
-			if ev.Section != "" {
-				what += " " + ev.Section
-			}
 			f.failAt(at, at.Add(-time.Duration(ev.ElapsedS*float64(time.Second))), "hang",
-				fmt.Sprintf("rank %d hung (%s)", ev.Rank, what))
+				fmt.Sprintf("rank %d hung (%s)", ev.Rank, hangWhat(ev)))
 			f.hangs = append(f.hangs, hungRank{rank: ev.Rank, at: at})
 		case eventlog.RoundEndedEvent:
 			if hasRound {
