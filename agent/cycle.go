@@ -363,14 +363,14 @@ func (a *Agent) recordHang(h monitor.Hang, hangByRank map[int]monitor.Hang) {
 	hangByRank[h.LocalRank] = h
 	a.met.HangKilled(h.Kind.String())
 	a.log.Error("rank hang detected; rank killed", "local_rank", h.LocalRank, "rank", h.GlobalRank,
-		"timeout_kind", h.Kind, "section", h.Section, "timeout", h.Timeout, "elapsed", h.Elapsed,
+		"timeout_kind", h.Kind, "section", h.Section, "timeout", h.Timeout, "default_timeout", h.DefaultTimeout, "elapsed", h.Elapsed,
 		"signal", h.Signal.String(), "latency", h.SignalledAt.Sub(h.ExpiredAt))
 	a.ev.Emit(eventlog.RankHangEvent{Round: asg.Round, LocalRank: h.LocalRank,
 		Rank: h.GlobalRank, TimeoutKind: h.Kind.String(), Section: h.Section,
 		TimeoutS: h.Timeout.Seconds(), ElapsedS: h.Elapsed.Seconds(), Signal: sigName(h.Signal),
 		DetectLatencyMS:    float64(h.SignalledAt.Sub(h.ExpiredAt).Microseconds()) / 1000,
 		SignalledAt:        h.SignalledAt.UTC(), // the stall began elapsed_s before it
-		EscalatedToSIGKILL: h.Escalated})
+		EscalatedToSIGKILL: h.Escalated, DefaultTimeout: h.DefaultTimeout})
 }
 
 // awaitHang waits, bounded, for the hang report of a rank its monitor killed.
@@ -471,6 +471,9 @@ func hangReason(h monitor.Hang) string {
 	what := h.Kind.String()
 	if h.Section != "" {
 		what += " '" + h.Section + "'"
+	}
+	if h.DefaultTimeout {
+		what = "default " + what
 	}
 	return fmt.Sprintf("local rank %d (rank %d) hung: %s timeout %s expired (elapsed %s)",
 		h.LocalRank, h.GlobalRank, what, h.Timeout, h.Elapsed.Round(time.Millisecond))

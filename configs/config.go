@@ -211,6 +211,51 @@ type FaultTolerance struct {
 	TimeoutsStateFile string  `yaml:"timeouts_state_file"`  // computed timeouts persisted here ("" disables)
 	TerminationGrace  float64 `yaml:"termination_grace"`    // seconds between a non-SIGKILL hang signal and SIGKILL
 	CalculateTimeouts bool    `yaml:"calculate_timeouts"`   // launcher computes timeouts from observed timing
+	// DefaultTimeouts: with no rank timeout configured, ranks that heartbeat
+	// are held to the launcher's default clocks (a start-up timeout and a
+	// step timeout learned in the run; docs/timeouts.md).
+	DefaultTimeouts bool `yaml:"default_timeouts"`
+}
+
+// The launcher's default clocks (FaultTolerance.DefaultTimeouts): what a
+// rank that heartbeats is held to when no rank timeout is configured
+// (docs/timeouts.md, "With no timeout configured").
+const (
+	// DefaultStartupTimeout bounds a rank's start-up: from its session's
+	// start to its first heartbeat (imports, compilation, loading a
+	// checkpoint, forming the process group), and every gap while the step
+	// timeout is still being learned or a named phase (a section other
+	// than "step") is open. 30 min is torch's default process-group
+	// timeout: a start-up collective that waits longer fails in torch
+	// itself.
+	DefaultStartupTimeout = 30 * time.Minute
+	// DefaultLearnedFloor is the least step timeout learned in the run:
+	// what a save, an evaluation or a data-loader stall that the client
+	// does not announce may take between two heartbeats in the first run.
+	DefaultLearnedFloor = 60 * time.Second
+	// DefaultLearnIntervals is how many heartbeat intervals a rank sends
+	// in a cycle before its step timeout is learned from them: the first
+	// steps (compilation, warm-up, the first collectives) are the slow
+	// ones, and stay under the start-up timeout.
+	DefaultLearnIntervals = 10
+)
+
+// DefaultClocksApply reports whether the default clocks hold the ranks:
+// they are on and no rank timeout is configured.
+func (ft *FaultTolerance) DefaultClocksApply() bool {
+	if !ft.DefaultTimeouts {
+		return false
+	}
+	set := func(v *float64) bool { d, ok := Seconds(v); return ok && d > 0 }
+	if set(ft.InitialRankHeartbeatTimeout) || set(ft.RankHeartbeatTimeout) || set(ft.RankOutOfSectionTimeout) {
+		return false
+	}
+	for _, v := range ft.RankSectionTimeouts {
+		if set(v) {
+			return false
+		}
+	}
+	return true
 }
 
 // DefaultFaultTolerance returns nvrx's current (v0.6+) defaults plus ours.
@@ -235,6 +280,7 @@ func DefaultFaultTolerance() FaultTolerance {
 		NoRestartExitCode:       verdict.DefaultNoRestartExitCode,
 		TerminationGrace:        5.0,
 		CalculateTimeouts:       true,
+		DefaultTimeouts:         true,
 	}
 }
 

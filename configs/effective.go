@@ -22,9 +22,21 @@ func (c *Config) Effective() string {
 	if err := ft.Encode(c.FT); err != nil {
 		return fmt.Sprintf("# cannot render fault_tolerance: %v\n", err)
 	}
+	defaults := c.FT.DefaultClocksApply()
 	for i := 0; i+1 < len(ft.Content); i += 2 {
-		if ft.Content[i].Value == "rank_termination_signal" {
+		switch ft.Content[i].Value {
+		case "rank_termination_signal":
 			ft.Content[i+1] = scalar(signalName(c.FT.RankTerminationSignal))
+		case "initial_rank_heartbeat_timeout":
+			if defaults {
+				ft.Content[i+1].LineComment = fmt.Sprintf("default clock: %.0f s to the first heartbeat (default_timeouts)",
+					DefaultStartupTimeout.Seconds())
+			}
+		case "rank_heartbeat_timeout":
+			if defaults {
+				ft.Content[i+1].LineComment = fmt.Sprintf("default clock: learned in the run after %d intervals, "+
+					"safety_factor x the longest, at least %.0f s (default_timeouts)", DefaultLearnIntervals, DefaultLearnedFloor.Seconds())
+			}
 		}
 	}
 

@@ -100,6 +100,8 @@ func ftSpecs() []ftSpec {
 			help: "Grace between a non-SIGKILL hang signal and SIGKILL."},
 		{key: "calculate_timeouts", flag: "ft-calculate-timeouts", arg: "BOOL", rule: boolStrict,
 			help: "Calculate heartbeat and section timeouts from observed timing: true/1/yes or false/0/no."},
+		{key: "default_timeouts", flag: "ft-default-timeouts", arg: "BOOL", rule: boolStrict,
+			help: "With no rank timeout configured, hold ranks that heartbeat to the launcher's default clocks (30 min start-up, a step timeout learned in the run, at least 60 s): true/1/yes or false/0/no."},
 	}
 }
 

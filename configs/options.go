@@ -397,7 +397,7 @@ func options() []*option {
 				}
 				return err
 			}}
-		if sp.key == "timeouts_state_file" || sp.key == "termination_grace" || sp.key == "calculate_timeouts" {
+		if sp.key == "timeouts_state_file" || sp.key == "termination_grace" || sp.key == "calculate_timeouts" || sp.key == "default_timeouts" {
 			o.group = grpOurs
 		}
 		if sp.legacy {

@@ -126,6 +126,9 @@ type RankHangEvent struct {
 	// SignalledAt: when it was killed; the stall began ElapsedS before it.
 	SignalledAt        time.Time `json:"signalled_at"`
 	EscalatedToSIGKILL bool      `json:"escalated_to_sigkill"`
+	// DefaultTimeout: the clock was the launcher's default (no rank
+	// timeout configured), not a configured, computed or client-sent one.
+	DefaultTimeout bool `json:"default_timeout,omitempty"`
 }
 
 // RankExitedEvent: a rank process ended.

@@ -32,7 +32,7 @@ func TestMain(m *testing.M) {
 // runHelper interprets a rank script:
 //
 //	connect | connectsock | connectold | shm | ring | hb | hbn N PERIOD | open NAME [ITER] | close NAME | closeall |
-//	sleep DUR | ignoreterm | disconnect | mark TEXT | exit CODE
+//	sleep DUR | busy DUR | writes DUR | ignoreterm | disconnect | mark TEXT | exit CODE
 func runHelper(script string) int {
 	var c *ftclient.Client
 	fail := func(err error) int {
@@ -87,6 +87,13 @@ func runHelper(script string) int {
 		case "sleep":
 			d, _ := time.ParseDuration(f[1])
 			time.Sleep(d)
+		case "busy": // compute, as a rank in an evaluation or a compilation
+			d, _ := time.ParseDuration(f[1])
+			for end := time.Now().Add(d); time.Now().Before(end); {
+			}
+		case "writes": // write with little CPU, as a rank saving a checkpoint to slow storage
+			d, _ := time.ParseDuration(f[1])
+			err = writeFor(d)
 		case "ignoreterm":
 			signal.Ignore(syscall.SIGTERM)
 		case "disconnect":
@@ -104,6 +111,22 @@ func runHelper(script string) int {
 		}
 	}
 	return 0
+}
+
+// writeFor writes 256 KiB to /dev/null every 20 ms for d.
+func writeFor(d time.Duration) error {
+	f, err := os.OpenFile(os.DevNull, os.O_WRONLY, 0)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	buf := make([]byte, 256<<10)
+	for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+		if _, err := f.Write(buf); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // rankProc is a child process playing a rank.

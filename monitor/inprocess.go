@@ -79,9 +79,11 @@ func (m *Manager) Silence(localRank int) (s Silence, ok bool) {
 	case phaseHung:
 		return Silence{Hung: true}, true
 	case phaseHeartbeating:
-		s = Silence{Last: m.wall(r.lastHB.Load()), Timeout: r.to.Heartbeat}
+		to, _ := r.heartbeatTimeoutLocked()
+		s = Silence{Last: m.wall(r.lastHB.Load()), Timeout: to}
 	case phaseInitial:
-		s = Silence{Last: m.wall(r.initAt), Timeout: r.to.InitialHeartbeat}
+		to, _ := r.initialTimeoutLocked()
+		s = Silence{Last: m.wall(r.initAt), Timeout: to}
 	default:
 		return s, false
 	}
@@ -162,7 +164,7 @@ func (m *Manager) ReplaceRank(localRank, pid int) {
 		return
 	}
 	m.pids[localRank] = pid
-	m.ranks[localRank].begin(m.cycle, pid, m.eff.Clone(), m.opts.FT.NumWarmupIterations)
+	m.ranks[localRank].begin(m.cycle, pid, m.eff.Clone(), m.opts.FT.NumWarmupIterations, m.defaultsOn)
 	// Wake connections waiting in admitRank for this rank's pid.
 	close(m.cycleCh)
 	m.cycleCh = make(chan struct{})

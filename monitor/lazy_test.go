@@ -74,7 +74,7 @@ func lazyStream() []byte {
 func newLazySession(t *testing.T) (*Manager, *lazyConn) {
 	m := newManager(t, 1, nil, "")
 	r := m.ranks[0]
-	r.begin(0, noSuchPID, Timeouts{}, 0)
+	r.begin(0, noSuchPID, Timeouts{}, 0, false)
 	c1, c2 := net.Pipe()
 	t.Cleanup(func() { c1.Close(); c2.Close() })
 	gen := r.install(c1)

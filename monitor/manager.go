@@ -52,6 +52,10 @@ type Options struct {
 	DrainInterval time.Duration
 	// Metrics counts refused rank input; nil records nothing.
 	Metrics *metrics.Metrics
+	// Defaults parametrise the default clocks that hold a rank when the
+	// configuration names no rank timeout (defaults.go); the zero value is
+	// the launcher's defaults.
+	Defaults DefaultClocks
 	// OnEvent receives the few rank milestones worth a record (the event
 	// log; docs/report.md): each rank's first heartbeat and first "step"
 	// of a cycle, every closed "checkpointing" section, and a summary of
@@ -85,6 +89,10 @@ type Hang struct {
 	// LastHeartbeat is the rank's last heartbeat before it hung (zero: it
 	// sent none in its session).
 	LastHeartbeat time.Time
+	// DefaultTimeout: the clock that expired was the launcher's default
+	// (no rank timeout configured; defaults.go), not one set by the
+	// configuration, a computation or the client.
+	DefaultTimeout bool
 }
 
 // WorkloadRequest is a rank's request received on the launcher socket.
@@ -129,6 +137,11 @@ type Manager struct {
 	shmOK    bool
 	// stalls records the launcher's own stalls (stall.go).
 	stalls *stallLog
+	// defaults are the default clocks (Options.Defaults with the constants
+	// filled in); defaultsOn: they hold the ranks, as no rank timeout is
+	// configured and default_timeouts is on.
+	defaults   DefaultClocks
+	defaultsOn bool
 
 	mu         sync.Mutex
 	cycle      int
@@ -185,6 +198,8 @@ func New(opts Options) (*Manager, error) {
 		m.cmOffset, m.shmOK = off, true
 	}
 	m.configured = configuredTimeouts(&opts.FT)
+	m.defaults = opts.Defaults.withConstants()
+	m.defaultsOn = opts.FT.DefaultClocksApply()
 	m.eff = m.configured.Clone()
 	m.base = m.eff.Clone()
 	m.poll = newPoller(m.drainInterval())
@@ -455,7 +470,7 @@ func (m *Manager) BeginCycle(cycle int, pids map[int]int) {
 	m.stalls.prune(m.mono())
 	for i, r := range m.ranks {
 		m.foldLocked(r) // a cycle that was never ended still counts
-		r.begin(cycle, m.pids[i], m.eff.Clone(), m.opts.FT.NumWarmupIterations)
+		r.begin(cycle, m.pids[i], m.eff.Clone(), m.opts.FT.NumWarmupIterations, m.defaultsOn)
 	}
 	m.poll.every.Store(int64(m.drainInterval()))
 	close(m.cycleCh)

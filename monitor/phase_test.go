@@ -73,7 +73,7 @@ func TestRankPhaseLifecycle(t *testing.T) {
 		}
 	}
 	step("manager start", phaseIdle, func() {})
-	step("begin", phaseWaiting, func() { r.begin(1, noSuchPID, Timeouts{InitialHeartbeat: time.Hour, Heartbeat: time.Hour}, 0) })
+	step("begin", phaseWaiting, func() { r.begin(1, noSuchPID, Timeouts{InitialHeartbeat: time.Hour, Heartbeat: time.Hour}, 0, false) })
 	gen := r.gen.Load()
 	step("init", phaseInitial, func() { r.init(gen, initInfo{globalRank: 3}) })
 	step("heartbeat", phaseHeartbeating, func() { r.heartbeat(gen) })
@@ -84,7 +84,7 @@ func TestRankPhaseLifecycle(t *testing.T) {
 	step("re-init", phaseInitial, func() { r.init(gen, initInfo{}) })
 	step("end", phaseEnded, func() { r.end() })
 	step("heartbeat after the end", phaseEnded, func() { r.heartbeat(gen) })
-	step("begin without a process", phaseIdle, func() { r.begin(2, 0, Timeouts{}, 0) })
+	step("begin without a process", phaseIdle, func() { r.begin(2, 0, Timeouts{}, 0, false) })
 	step("end of an idle rank", phaseIdle, func() { r.end() })
 }
 
@@ -93,7 +93,7 @@ func TestRankPhaseLifecycle(t *testing.T) {
 func TestRankPhaseHungIsSticky(t *testing.T) {
 	m := newManager(t, 1, nil, "")
 	r := m.ranks[0]
-	r.begin(1, noSuchPID, Timeouts{InitialHeartbeat: time.Millisecond}, 0)
+	r.begin(1, noSuchPID, Timeouts{InitialHeartbeat: time.Millisecond}, 0, false)
 	gen := r.gen.Load()
 	r.init(gen, initInfo{})
 	select {
@@ -128,7 +128,7 @@ func TestRankPhaseHungIsSticky(t *testing.T) {
 	if _, ok := m.FiredHang(1, 0); !ok {
 		t.Error("FiredHang forgot the hang when the cycle ended")
 	}
-	r.begin(2, noSuchPID, Timeouts{}, 0)
+	r.begin(2, noSuchPID, Timeouts{}, 0, false)
 	if _, ok := m.FiredHang(2, 0); ok || r.loadPhase() != phaseWaiting {
 		t.Errorf("next cycle: phase %v, fired hang carried over %v", r.loadPhase(), ok)
 	}

@@ -74,8 +74,13 @@ type rankMon struct {
 	armed       int64 // deadline the timer is set for; 0 = not armed
 	obs         observations
 	inprocess   bool // the current connection registered for in-process restarts
-	rec         cycleRecord
-	pending     []pendingRecord // recorded under mu, emitted by unlockAndRecord
+	// defaults: the launcher's default clocks apply this cycle (defaults.go);
+	// atomic because the heartbeat hot path reads it.
+	defaults atomic.Bool
+	probe    activityProbe // a default clock's expiry being checked against the rank's activity
+	deferTo  int64         // a default clock does not expire before this (the rank was busy); 0 none
+	rec      cycleRecord
+	pending  []pendingRecord // recorded under mu, emitted by unlockAndRecord
 }
 
 type pendingRecord struct {
@@ -127,7 +132,7 @@ func newRankMon(m *Manager, local int) *rankMon {
 }
 
 // begin resets the rank for a new cycle. Caller holds m.mu.
-func (r *rankMon) begin(cycle, pid int, to Timeouts, warmup int) {
+func (r *rankMon) begin(cycle, pid int, to Timeouts, warmup int, defaults bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.conn != nil {
@@ -137,6 +142,7 @@ func (r *rankMon) begin(cycle, pid int, to Timeouts, warmup int) {
 	r.gen.Add(1)
 	r.resetSessionLocked()
 	r.cycle, r.pid, r.to, r.warmupIters = cycle, pid, to, int64(warmup)
+	r.defaults.Store(defaults)
 	r.hang = nil
 	if p := r.loadPhase(); p != phaseIdle && p != phaseEnded {
 		r.setPhaseLocked(phaseEnded) // the previous cycle was never ended
@@ -213,6 +219,7 @@ func (r *rankMon) endSessionLocked() {
 // resetSessionLocked clears every clock of the session.
 func (r *rankMon) resetSessionLocked() {
 	r.lastHB.Store(0)
+	r.probe, r.deferTo = activityProbe{}, 0
 	clear(r.open)
 	r.stepSeen, r.stepOpens, r.iterKnown = false, 0, false
 	r.initialIter, r.currentIter = 0, 0
@@ -332,7 +339,8 @@ func (r *rankMon) heartbeatsAt(gen uint64, now, k int64) {
 	for {
 		prev = r.lastHB.Load()
 		if now <= prev {
-			r.nIv.Add(k)
+			n := r.nIv.Add(k)
+			r.learnedNow(n-k, n)
 			return
 		}
 		if r.lastHB.CompareAndSwap(prev, now) {
@@ -344,14 +352,17 @@ func (r *rankMon) heartbeatsAt(gen uint64, now, k int64) {
 	if r.m.stalls.overlaps(prev, now, r.m.mono()) {
 		return
 	}
-	r.nIv.Add(k)
 	iv := now - prev
 	for {
 		cur := r.maxIv.Load()
 		if iv <= cur || r.maxIv.CompareAndSwap(cur, iv) {
-			return
+			break
 		}
 	}
+	// Counted after the maximum is stored, so that the learned timeout
+	// armed when the count reaches its threshold includes this interval.
+	n := r.nIv.Add(k)
+	r.learnedNow(n-k, n)
 }
 
 // firstHeartbeat handles a heartbeat that found the rank not heartbeating.
@@ -536,25 +547,33 @@ type expiry struct {
 	kind     HangKind
 	section  string
 	timeout  time.Duration
+	start    int64 // when the clock started
 	deadline int64
+	def      bool // a default clock (defaults.go)
 }
 
 // earliestLocked returns the clock that expires first.
 func (r *rankMon) earliestLocked() (expiry, bool) {
 	best := expiry{deadline: math.MaxInt64}
-	consider := func(kind HangKind, section string, start int64, timeout time.Duration) {
+	consider := func(kind HangKind, section string, start int64, timeout time.Duration, def bool) {
 		if timeout <= 0 {
 			return
 		}
-		if d := start + int64(timeout); d < best.deadline {
-			best = expiry{kind: kind, section: section, timeout: timeout, deadline: d}
+		d := start + int64(timeout)
+		if def {
+			d = max(d, r.deferTo) // the rank was busy past it (defaults.go)
+		}
+		if d < best.deadline {
+			best = expiry{kind: kind, section: section, timeout: timeout, start: start, deadline: d, def: def}
 		}
 	}
 	switch r.loadPhase() {
 	case phaseHeartbeating:
-		consider(KindHeartbeat, "", r.lastHB.Load(), r.to.Heartbeat)
+		to, def := r.heartbeatTimeoutLocked()
+		consider(KindHeartbeat, "", r.lastHB.Load(), to, def)
 	case phaseInitial:
-		consider(KindInitialHeartbeat, "", r.initAt, r.to.InitialHeartbeat)
+		to, def := r.initialTimeoutLocked()
+		consider(KindInitialHeartbeat, "", r.initAt, to, def)
 	default:
 		return best, false
 	}
@@ -565,10 +584,10 @@ func (r *rankMon) earliestLocked() (expiry, bool) {
 		if name == "step" && hasWarmup && r.inWarmupLocked() {
 			to = warmupTO
 		}
-		consider(KindSection, name, at, to)
+		consider(KindSection, name, at, to, false)
 	}
 	if len(r.open) == 0 && !(len(r.to.Sections) > 0 && !hasWarmup && !r.stepSeen) {
-		consider(KindOutOfSection, "", r.oosStart, r.to.OutOfSection)
+		consider(KindOutOfSection, "", r.oosStart, r.to.OutOfSection, false)
 	}
 	return best, best.deadline != math.MaxInt64
 }
@@ -624,13 +643,19 @@ func (r *rankMon) onTimer() {
 		r.mu.Unlock()
 		return
 	}
+	// A default clock is only the launcher's guess: a rank still computing
+	// or writing is not hung (defaults.go).
+	if e.def && r.busyLocked(now, e) {
+		r.mu.Unlock()
+		return
+	}
 	now = r.m.mono()
 	r.setPhaseLocked(phaseHung)
 	h := Hang{
 		Cycle: r.cycle, LocalRank: r.local, GlobalRank: r.globalRank, Kind: e.kind, Section: e.section,
-		Timeout: e.timeout, Elapsed: time.Duration(now - (e.deadline - int64(e.timeout))),
+		Timeout: e.timeout, Elapsed: time.Duration(now - e.start),
 		ExpiredAt: r.m.epoch.Add(time.Duration(e.deadline)),
-		Signal:    r.m.opts.FT.RankTerminationSignal,
+		Signal:    r.m.opts.FT.RankTerminationSignal, DefaultTimeout: e.def,
 	}
 	if hb := r.lastHB.Load(); hb != 0 {
 		h.LastHeartbeat = r.m.wall(hb)

@@ -13,6 +13,11 @@ usage: nvrx_worker.py MODE
   exclude    global rank 1, in restart cycle 0, asks for ExcludeThisNode
              and exits 1; every other rank sleeps 0.5 s and exits 0
   steady N   every rank heartbeats N times, 0.1 s apart, and exits 0
+  slow F S   every rank heartbeats once, sleeps F s (a slow first step),
+             heartbeats 15 times 50 ms apart, sleeps S s (a save it does
+             not announce), heartbeats 15 more times and exits 0
+  hang20     every rank heartbeats 20 times, 50 ms apart; rank 1 then
+             stops heartbeating in restart cycle 0
 """
 import os
 import socket
@@ -62,13 +67,26 @@ def main():
     init.iteration, init.num_warmup_iters = 0, 0
     send(s, init)
     cfg = recv(s).cfg
-    beats, pause = (int(sys.argv[2]), 0.1) if mode == "steady" else (5, 0.05)
-    for _ in range(beats):
-        send(s, nv.HeartbeatMsg(rank, {}))
-        if not cfg.skip_section_response:
-            assert isinstance(recv(s), nv.OkMsg)
-        time.sleep(pause)
-    if mode == "hang" and cycle == 0 and rank == 1:
+
+    def beat(n, pause):
+        for _ in range(n):
+            send(s, nv.HeartbeatMsg(rank, {}))
+            if not cfg.skip_section_response:
+                assert isinstance(recv(s), nv.OkMsg)
+            time.sleep(pause)
+
+    if mode == "slow":
+        beat(1, float(sys.argv[2]))
+        beat(15, 0.05)
+        time.sleep(float(sys.argv[3]))
+        beat(16, 0.05)
+    elif mode == "steady":
+        beat(int(sys.argv[2]), 0.1)
+    elif mode == "hang20":
+        beat(20, 0.05)
+    else:
+        beat(5, 0.05)
+    if mode in ("hang", "hang20") and cycle == 0 and rank == 1:
         time.sleep(3600)
     s.close()
     return 0

@@ -1,5 +1,6 @@
 // Package procfs reads the few fields of Linux's /proc/<pid>/stat that the
-// launcher needs (state, parent, process group) to find a rank's processes.
+// launcher needs (state, parent, process group) to find a rank's processes,
+// and their CPU time and I/O counters to tell a busy rank from a hung one.
 // It is the only place that parses /proc.
 package procfs
 
@@ -8,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -20,6 +22,9 @@ type Stat struct {
 	// StartTime is when the process started, in clock ticks since boot:
 	// with the pid it names one process, never a later one reusing the pid.
 	StartTime uint64
+	// CPUTicks is the CPU time the process used so far (user and system,
+	// every thread), in clock ticks.
+	CPUTicks uint64
 }
 
 // Dead reports a process that has exited: a zombie awaiting its reaper, or
@@ -64,8 +69,12 @@ func Parse(b []byte) (Stat, error) {
 		return Stat{}, fmt.Errorf("procfs: malformed stat %q", b)
 	}
 	st := Stat{PID: pid, PPID: ppid, PGID: pgid, State: f[0][0], Comm: string(b[open+1 : closeIdx])}
-	// starttime is field 22 of stat, the 20th after the command name.
+	// utime and stime are fields 14 and 15 of stat, starttime field 22:
+	// the 12th, 13th and 20th after the command name.
 	if len(f) >= 20 {
+		ut, _ := strconv.ParseUint(string(f[11]), 10, 64)
+		stt, _ := strconv.ParseUint(string(f[12]), 10, 64)
+		st.CPUTicks = ut + stt
 		st.StartTime, _ = strconv.ParseUint(string(f[19]), 10, 64)
 	}
 	return st, nil
@@ -124,4 +133,51 @@ func GroupAlive(pgid int) bool {
 		}
 	}
 	return false
+}
+
+// ClockTick is the unit of CPUTicks: USER_HZ, 100 on every Linux ABI.
+const ClockTick = 10 * time.Millisecond
+
+// Activity is what the processes of a group did so far.
+type Activity struct {
+	CPU time.Duration // CPU time of its live members
+	// IOBytes is the bytes its live members passed to read and write
+	// calls (rchar + wchar of /proc/<pid>/io: files, pipes, sockets
+	// read or written with read(2) and write(2)); 0 where unreadable.
+	IOBytes uint64
+}
+
+// GroupActivity sums the activity of the live members of process group
+// pgid. ok is false when the group has none.
+func GroupActivity(pgid int) (a Activity, ok bool) {
+	procs, err := List()
+	if err != nil {
+		return a, false
+	}
+	for _, p := range procs {
+		if p.PGID != pgid || p.Dead() {
+			continue
+		}
+		ok = true
+		a.CPU += time.Duration(p.CPUTicks) * ClockTick
+		a.IOBytes += ioBytes(p.PID)
+	}
+	return a, ok
+}
+
+// ioBytes returns rchar + wchar of pid, 0 when unreadable.
+func ioBytes(pid int) uint64 {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/io")
+	if err != nil {
+		return 0
+	}
+	var n uint64
+	for _, line := range bytes.Split(b, []byte{'\n'}) {
+		k, v, found := bytes.Cut(line, []byte(": "))
+		if found && (string(k) == "rchar" || string(k) == "wchar") {
+			x, _ := strconv.ParseUint(string(bytes.TrimSpace(v)), 10, 64)
+			n += x
+		}
+	}
+	return n
 }

@@ -15,10 +15,11 @@ func TestParse(t *testing.T) {
 		want Stat
 		ok   bool
 	}{
-		{"plain", "123 (sleep) S 1 123 123 0", Stat{123, 1, 123, 'S', "sleep", 0}, true},
-		{"parens and spaces in comm", "7 (a b) (c)) Z 5 6 7", Stat{7, 5, 6, 'Z', "a b) (c)", 0}, true},
-		{"trailing newline", "9 (x) R 2 9 9 0 0\n", Stat{9, 2, 9, 'R', "x", 0}, true},
-		{"start time", "42 (sh) S 1 42 42 0 -1 4194560 10 0 0 0 0 0 0 0 20 0 1 0 987654 1 2\n", Stat{42, 1, 42, 'S', "sh", 987654}, true},
+		{"plain", "123 (sleep) S 1 123 123 0", Stat{123, 1, 123, 'S', "sleep", 0, 0}, true},
+		{"parens and spaces in comm", "7 (a b) (c)) Z 5 6 7", Stat{7, 5, 6, 'Z', "a b) (c)", 0, 0}, true},
+		{"trailing newline", "9 (x) R 2 9 9 0 0\n", Stat{9, 2, 9, 'R', "x", 0, 0}, true},
+		{"start time", "42 (sh) S 1 42 42 0 -1 4194560 10 0 0 0 0 0 0 0 20 0 1 0 987654 1 2\n", Stat{42, 1, 42, 'S', "sh", 987654, 0}, true},
+		{"cpu time", "42 (sh) R 1 42 42 0 -1 4194560 10 0 0 0 12 3 0 0 20 0 1 0 987654 1 2\n", Stat{42, 1, 42, 'R', "sh", 987654, 15}, true},
 		{"garbage", "garbage", Stat{}, false},
 		{"too few fields", "1 (x) S", Stat{}, false},
 		{"bad pid", "x (y) S 1 2", Stat{}, false},
@@ -145,5 +146,36 @@ func TestThreads(t *testing.T) {
 	}
 	if _, err := Threads(1<<22 + 12345); err == nil {
 		t.Fatal("threads of a process that does not exist: no error")
+	}
+}
+
+// TestGroupActivity: a group's CPU time grows while a member computes, and
+// its I/O bytes while one writes; an unknown group has no activity.
+func TestGroupActivity(t *testing.T) {
+	if _, ok := GroupActivity(1 << 30); ok {
+		t.Fatal("activity of a process group that does not exist")
+	}
+	cmd := exec.Command("sh", "-c", `i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done; head -c 4000000 /dev/zero > /dev/null; sleep 60`)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		cmd.Wait()
+	})
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		a, ok := GroupActivity(cmd.Process.Pid)
+		if !ok {
+			t.Fatal("the group has no live member")
+		}
+		if a.CPU > 0 && a.IOBytes >= 8000000 { // head read 4 MB and wrote 4 MB
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("activity %+v after 60 s: want CPU > 0 and >= 8 MB of I/O", a)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }

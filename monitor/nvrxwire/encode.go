@@ -156,6 +156,7 @@ type Config struct {
 	TimeoutsStateFile string  // computed timeouts persisted here ("" disables)
 	TerminationGrace  float64 // seconds between a non-SIGKILL hang signal and SIGKILL
 	CalculateTimeouts bool    // launcher computes timeouts from observed timing
+	DefaultTimeouts   bool    // the launcher's default clocks hold ranks when no timeout is configured
 }
 
 // EncodeOkMsg returns the pickle of data.OkMsg. With a nil cfg it is OkMsg()
@@ -231,6 +232,7 @@ func (e *encoder) config(c *Config) {
 	ks("timeouts_state_file", &ts)
 	kf("termination_grace", c.TerminationGrace)
 	kb("calculate_timeouts", c.CalculateTimeouts)
+	kb("default_timeouts", c.DefaultTimeouts)
 
 	e.op(opSetItems)
 	e.op(opBuild)
