@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -147,7 +148,7 @@ type Agent struct {
 	ev  *eventlog.Log
 	met *metrics.Metrics
 
-	state State
+	state atomic.Int32 // a State; atomic so that State() may be read from any goroutine
 	run   runState
 }
 
@@ -166,8 +167,8 @@ func New(d Deps) *Agent {
 }
 
 // State is the agent's current state (for tests and diagnostics; only the
-// agent's own goroutine changes it).
-func (a *Agent) State() State { return a.state }
+// agent's own goroutine changes it, others may read it at any time).
+func (a *Agent) State() State { return State(a.state.Load()) }
 
 // isWalltime reports whether s is a pre-walltime warning signal.
 func (a *Agent) isWalltime(s os.Signal) bool {
@@ -188,9 +189,9 @@ func (a *Agent) Run(ctx context.Context) Outcome {
 		PID: os.Getpid(), NProcPerNode: cfg.NProcPerNode, MaxRestarts: cfg.MaxRestarts,
 		NNodes: fmt.Sprintf("%d:%d", cfg.NNodes.Min, cfg.NNodes.Max), Script: cfg.Script,
 	})
-	a.state = StateJoining
-	for a.state != StateDone {
-		next := a.handle(ctx, a.state)
+	a.state.Store(int32(StateJoining))
+	for State(a.state.Load()) != StateDone {
+		next := a.handle(ctx, State(a.state.Load()))
 		a.transition(next)
 	}
 	a.stopKept("the job does not go on") // survivors kept for an in-process restart that never came
@@ -226,7 +227,7 @@ func (a *Agent) departIfSignaled() {
 // transition moves to next; an illegal move is a bug, logged loudly, and
 // the agent ends rather than run in a state nobody designed.
 func (a *Agent) transition(next State) {
-	from := a.state
+	from := State(a.state.Load())
 	if !transitionOK(from, next) {
 		a.log.Error("agent: illegal state transition; ending", "from", from.String(), "to", next.String())
 		if a.run.outcome == nil {
@@ -237,5 +238,5 @@ func (a *Agent) transition(next State) {
 	if from != next {
 		a.log.Debug("agent state", "from", from.String(), "to", next.String())
 	}
-	a.state = next
+	a.state.Store(int32(next))
 }
