@@ -58,6 +58,9 @@ Commands:
   node -- CMD     run CMD (ft-launcher) on a node with its verdict file set to
                   $FT_RESUMER_JOB_DIR/verdict-$SLURMD_NODENAME.json: use it in
                   srun lines (srun ft-resumer node -- ft-launcher ...)
+  appwrapper generate VALUES
+                  on Kubernetes: write a complete AppWrapper that runs
+                  ft-launcher from a short values file (docs/kubernetes.md)
   appwrapper-controller
                   on Kubernetes: reconcile AppWrapper workloads (resets with
                   AppWrapper's contract, driven by the launchers' verdicts);
@@ -93,6 +96,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return cmdStep(ctx, args[1:], stderr)
 	case "node":
 		return cmdNode(args[1:], stderr)
+	case "appwrapper":
+		return cmdAppWrapper(args[1:], stdout, stderr)
 	case "appwrapper-controller":
 		return cmdAppWrapperController(ctx, args[1:], stdout, stderr)
 	case "report":

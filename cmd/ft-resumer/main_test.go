@@ -47,6 +47,13 @@ func TestRun(t *testing.T) {
 		{[]string{"report", "--event-log", "x", "y"}, 2, empty, `unexpected argument "y"`},
 		{[]string{"report", "--event-log", "x", "--rdzv-id", "j"}, 2, empty, "--rdzv-endpoint and --rdzv-id go together"},
 		{[]string{"report", "--event-log", "/nonexistent-ftr/ev.jsonl", "--json"}, 1, empty, "/nonexistent-ftr/ev.jsonl"},
+		{[]string{"appwrapper"}, 2, empty, "usage: ft-resumer appwrapper generate VALUES"},
+		{[]string{"appwrapper", "generate"}, 2, empty, "give one values file"},
+		{[]string{"appwrapper", "generate", "/nonexistent-ftr/v.yaml"}, 2, empty, "no such file"},
+		{[]string{"appwrapper", "generate", "testdata/values-bad.yaml"}, 2, empty, "testdata/values-bad.yaml: values: nodes is 0"},
+		{[]string{"appwrapper", "generate", "testdata/values.yaml"}, 0, func(s string) bool {
+			return strings.Contains(s, "kind: AppWrapper") && strings.Contains(s, "completionMode: Indexed")
+		}, ""},
 	}
 	for _, tt := range tests {
 		var stdout, stderr bytes.Buffer
