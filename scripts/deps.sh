@@ -54,13 +54,16 @@ present() {
     containerd) command -v containerd >/dev/null 2>&1 && command -v ctr >/dev/null 2>&1 ;;
     runc) command -v runc >/dev/null 2>&1 ;;
     containernetworking-plugins) [ -x "$root/usr/lib/cni/bridge" ] && [ -x "$root/usr/lib/cni/host-local" ] && [ -x "$root/usr/lib/cni/loopback" ] ;;
+    # scripts/image.sh builds the image of deploy/image/Containerfile with
+    # buildah (no daemon); the real-container lane runs it.
+    buildah) command -v buildah >/dev/null 2>&1 ;;
     *) return 1 ;;
   esac
 }
 
 all=(python3 python3-torch python3-pip etcd-server iproute2 util-linux procps
   munge slurmctld slurmd slurm-client gcc libc6-dev chromium
-  containerd runc containernetworking-plugins)
+  containerd runc containernetworking-plugins buildah)
 
 mode=install
 case ${1:-} in

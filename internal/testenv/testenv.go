@@ -52,6 +52,7 @@ const (
 	DevFull       Requirement = "/dev/full"
 	DevZero       Requirement = "/dev/zero"
 	GPU           Requirement = "an NVIDIA GPU with nvidia-smi"
+	Buildah       Requirement = "buildah"
 )
 
 // RealContainers is k8s/kubelettest's lane: a kubelet and kube-scheduler in
@@ -65,7 +66,7 @@ const DebianPython = "/usr/bin/python3"
 // All lists every requirement.
 func All() []Requirement {
 	return []Requirement{Root, Slurm, Cgroups, CgroupV2Kill, NetNamespaces, PIDNamespaces, ControlPlane, RealContainers,
-		Torch, SystemPython, Pip, Etcd, Procps, CGo, Chromium, DevFull, DevZero, GPU}
+		Torch, SystemPython, Pip, Etcd, Procps, CGo, Chromium, DevFull, DevZero, GPU, Buildah}
 }
 
 // Info is what is known of a requirement.
@@ -157,6 +158,9 @@ func (r Requirement) Info() Info {
 			_, err := os.Stat("/dev/zero")
 			return err
 		}}
+	case Buildah:
+		return Info{Packages: []string{"buildah"}, Slow: true, How: "run as root (scripts/image.sh builds with vfs storage and chroot isolation)",
+			check: asRoot("buildah")}
 	case GPU:
 		return Info{Hardware: true, How: "a GPU host with the NVIDIA driver; CI machines have none",
 			check: func() error { return lookPaths("nvidia-smi") }}

@@ -220,6 +220,22 @@ func Start(ctx context.Context, env *k8stest.Env, nodes int, images []Image) (_ 
 
 func (n *Node) sock() string { return filepath.Join(n.dir, "containerd.sock") }
 
+// ImportImage imports an OCI image archive built elsewhere (buildah's
+// oci-archive) into every node's containerd. Such an archive names its
+// image only by the org.opencontainers.image.ref.name annotation, which
+// ctr reads as a tag: the image is named baseName:<that tag>, so give
+// the repository part of the image's name ("localhost/ft-launcher").
+func (c *Cluster) ImportImage(ctx context.Context, archive, baseName string) error {
+	for _, n := range c.Nodes {
+		out, err := exec.CommandContext(ctx, "ctr", "--address", n.sock(), "-n", "k8s.io", "images", "import",
+			"--base-name", baseName, archive).CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("kubelettest: ctr images import %s on %s: %v: %s", archive, n.Name, err, out)
+		}
+	}
+	return nil
+}
+
 func (n *Node) start(ctx context.Context, env *k8stest.Env, assets string, archives []string) error {
 	for _, d := range []string{"containerd/root", "containerd/state", "net.d", "kubelet", "pod-logs"} {
 		if err := os.MkdirAll(filepath.Join(n.dir, d), 0o755); err != nil {
