@@ -12,7 +12,7 @@ run); prewarm-best runs --prewarm-best MODULES (a hand-written list).
 started with the same torchrun flags as torchrun.
 
 Every launcher runs examples/ddp_train.py (gloo, CPU) through
-bench/workers/ddp_probe.py, which stamps the phases of each rank. Two modes:
+bench/workers/ddp_probe.py, which stamps the phases of each rank. Modes:
   late   rank 1 crashes (os._exit(1)) before step 25 of cycle 0 (the step
          sleep leaves the standbys time to import torch first); training
          resumes from the step-20 checkpoint.
@@ -21,6 +21,20 @@ bench/workers/ddp_probe.py, which stamps the phases of each rank. Two modes:
          2 s after the first ranks) are still importing; training restarts
          from step 0 (no checkpoint yet). Besides --prewarm (auto) it runs
          --prewarm-importing wait and stop, the two paths auto chooses from.
+  learn  what --prewarm auto learns from a crashing rank: the ranks also
+         import --learn-module (default ftl_learn_slow from
+         integration/testdata/prewarmauto: 1.5 s of import, named by
+         nobody); rank 1 crashes (os._exit(1)) in cycles 0 and 1 at its first
+         step at or after --learn-crash-at (default 4) seconds since its
+         user code started and --learn-crash-after (default 2) seconds since
+         its imports (a loaded machine imports slower); measured: cycle 1's crash -> cycle 2's step,
+         whose standbys were started in cycle 1, from what cycle 0's ranks
+         reported. Default kinds: auto with the state emptied before each
+         run (a first job), --prewarm torch,torch.distributed, the same
+         plus the module by hand (prewarm-named), cold. Also the largest
+         standby's RSS (sampled when each standby is ready).
+  learn-early  the same, but the crashing rank never steps: its first
+         optimizer step prepares data (allocates) until then and crashes.
 Measured from the crash stamp: per rank, crash -> that rank's first training
 step of cycle 1; per run, the last rank's (the job's next step); the time
 each rank spent inside init_process_group; for ft-launcher the path each rank
@@ -44,10 +58,11 @@ rendezvous; torchrun: c10d rendezvous on 127.0.0.1), --nproc ranks each; the
 crashing rank is the last one.
 
 usage: bench/prewarm.py [--ft-launcher PATH] [--torchrun CMD] [--nvrx CMD] [--reps N]
-                        [--nproc N,...] [--mode late,early] [--kinds K,...]
+                        [--nproc N,...] [--mode late,early,learn,learn-early] [--kinds K,...]
                         [--prewarm MODULES] [--inprocess] [--nodes N]
                         [--python PATH] [--train-args ARGS] [--json FILE]
                         [--run-timeout S] [--keep-failed DIR]
+                        [--learn-module M] [--learn-path DIR] [--learn-crash-at S] [--learn-crash-after S]
 Prints markdown tables on stdout; progress and failures on stderr.
 """
 import argparse
@@ -75,6 +90,7 @@ KINDS = {  # name -> extra ft-launcher flags (None: torchrun's command line, TOR
     "ft-launcher": [],
     "ft-launcher --prewarm": ["--prewarm", "{prewarm}"],
     "ft-launcher --prewarm BEST": ["--prewarm", "{best}"],
+    "ft-launcher --prewarm +MODULE": ["--prewarm", "{prewarm},{module}"],
     "ft-launcher --prewarm auto": ["--prewarm", "auto"],
     "ft-launcher --prewarm auto, first job": ["--prewarm", "auto"],
     "--prewarm-importing wait": ["--prewarm", "{prewarm}", "--prewarm-importing", "wait"],
@@ -95,7 +111,7 @@ TORCHRUN_LIKE = {"torchrun": "torchrun", "nvrx ft_launcher": "nvrx",
                  "torchrun TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1": "torchrun"}
 SHORT = {"torchrun": "torchrun", "nvrx": "nvrx ft_launcher",
          "torchrun-unshared": "torchrun TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1", "cold": "ft-launcher", "prewarm": "ft-launcher --prewarm",
-         "prewarm-best": "ft-launcher --prewarm BEST", "prewarm-auto": "ft-launcher --prewarm auto",
+         "prewarm-best": "ft-launcher --prewarm BEST", "prewarm-named": "ft-launcher --prewarm +MODULE", "prewarm-auto": "ft-launcher --prewarm auto",
          "prewarm-auto-first": "ft-launcher --prewarm auto, first job",
          "prewarm-wait": "--prewarm-importing wait", "prewarm-stop": "--prewarm-importing stop",
          "cold-rank0-store": "ft-launcher --agent-store off",
@@ -105,7 +121,11 @@ SHORT = {"torchrun": "torchrun", "nvrx": "nvrx ft_launcher",
 # --inprocess: the full restart with --prewarm beside in-process restarts
 # (replacement rank cold, and from a standby).
 INPROCESS_KINDS = "torchrun,prewarm,inprocess,inprocess-prewarm"
-DEFAULT_KINDS = {"late": "torchrun,cold,prewarm", "early": "torchrun,cold,prewarm,prewarm-wait,prewarm-stop"}
+DEFAULT_KINDS = {"late": "torchrun,cold,prewarm", "early": "torchrun,cold,prewarm,prewarm-wait,prewarm-stop",
+                 "learn": "prewarm-auto-first,prewarm,prewarm-named,cold",
+                 "learn-early": "prewarm-auto-first,prewarm,prewarm-named,cold"}
+# The modes that crash in cycles 0 and 1 and measure cycle 2 (--mode learn).
+LEARN = ("learn", "learn-early")
 
 
 def crash_rank(a, nproc):
@@ -133,7 +153,9 @@ def rank_tag(kind, mode, nproc, tag):
 def command(kind, a, mode, nproc, workdir, tag, node=0, port=0):
     rt = rank_tag(kind, mode, nproc, tag)
     train = shlex.split(a.train_args) + ["--ckpt-dir", os.path.join(workdir, rt + ".ckpt"), "--out", os.path.join(workdir, rt + ".json")]
-    if mode == "late":
+    if mode in LEARN:
+        train += ["--steps", "20", "--step-sleep", "0.2", "--ckpt-every", "0"]
+    elif mode == "late":
         train += ["--steps", "30", "--crash-at-step", "25", "--crash-rank", str(crash_rank(a, nproc)),
                   "--step-sleep", str(a.step_sleep)]
     else:
@@ -149,10 +171,10 @@ def command(kind, a, mode, nproc, workdir, tag, node=0, port=0):
     where = ["--standalone"] if a.nodes == 1 else [
         "--nnodes", str(a.nodes), "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.2:{port}",
         "--rdzv-id", tag, "--local-addr", f"127.0.0.{2 + node}"]
-    line = [a.ft_launcher] + where + ["--nproc-per-node", str(nproc), "--max-restarts", "1",
+    line = [a.ft_launcher] + where + ["--nproc-per-node", str(nproc), "--max-restarts", "2" if mode in LEARN else "1",
                                       "--monitor-interval", "0.1", "--log-dir", logs,
                                       "--event-log", os.path.join(workdir, tag + f".events{node}")]
-    line += [x.format(prewarm=a.prewarm, best=a.prewarm_best) for x in KINDS[kind]]
+    line += [x.format(prewarm=a.prewarm, best=a.prewarm_best, module=a.learn_module) for x in KINDS[kind]]
     return line + [PROBE] + train
 
 
@@ -192,8 +214,8 @@ def free_port():
         return s.getsockname()[1]
 
 
-def paths(events_files):
-    """Round 1's path per node and local rank from ft-launcher's event logs."""
+def paths(events_files, rnd="1"):
+    """Round rnd's path per node and local rank from ft-launcher's event logs."""
     out = {}
     for node, events_file in enumerate(events_files):
         try:
@@ -201,15 +223,15 @@ def paths(events_files):
                 evs = [json.loads(line) for line in f if line.strip()]
         except FileNotFoundError:
             continue
-        for lr, p in paths_of(evs).items():
+        for lr, p in paths_of(evs, rnd).items():
             out[f"{node}:{lr}"] = p
     return out
 
 
-def paths_of(evs):
+def paths_of(evs, rnd="1"):
     out = {}
     for e in evs:
-        if str(e.get("round")) != "1":
+        if str(e.get("round")) != rnd:
             continue
         if e.get("event") == "prewarm_started":
             for lr in e["local_ranks"]:
@@ -234,6 +256,15 @@ def once(kind, a, mode, nproc, workdir, tag):
     else:
         for k in ("PROBE_CRASH_AFTER", "PROBE_T0"):
             os.environ.pop(k, None)
+    learn = mode in LEARN
+    for k in ("PROBE_IMPORT", "PROBE_CRASH_ROUNDS", "PROBE_CRASH_SINCE_START", "PROBE_CRASH_AFTER_IMPORTS", "PROBE_CRASH_BEFORE_STEP", "PYTHONPATH"):
+        os.environ.pop(k, None)
+    if learn:
+        os.environ.update(PROBE_IMPORT=a.learn_module, PROBE_CRASH_ROUNDS="0,1", PROBE_CRASH_RANK=str(crash_rank(a, nproc)),
+                          PROBE_CRASH_SINCE_START=str(a.learn_crash_at),
+                          PROBE_CRASH_AFTER_IMPORTS=str(a.learn_crash_after), PYTHONPATH=a.learn_path,
+                          PROBE_CRASH_BEFORE_STEP="1" if mode == "learn-early" else "0")
+    rnd = "2" if learn else "1"  # the cycle measured
     # --prewarm auto: its state file, kept across the reps of this bench
     # (removed before each run of the "first job" kind).
     state = os.path.join(workdir, "state-first" if "first job" in kind else "state")
@@ -247,6 +278,7 @@ def once(kind, a, mode, nproc, workdir, tag):
     runs = [Run(command(kind, a, mode, nproc, workdir, tag, node, port), workdir, f"{tag}.{node}")
             for node in range(a.nodes)]
     failed = True
+    sampler = StandbyMemory(os.path.join(workdir, tag + ".events0")) if learn and KINDS[kind] else None
     try:
         deadline = time.monotonic() + a.run_timeout
         for run in runs:
@@ -259,18 +291,21 @@ def once(kind, a, mode, nproc, workdir, tag):
                 raise RuntimeError(f"{kind} exited {rc}:\n{run.tail()}")
         failed = False
     finally:
+        if sampler:
+            sampler.stop()
         for run in runs:
             run.stop()
         if failed:
             keep(a, workdir, tag)  # after stop: the logs are complete
     lines = read_lines(stamps)
-    crash = [int(f[0]) for f in lines if f[1] == "crash"]
+    # The crash before the measured cycle (learn: cycle 0 crashed too).
+    crash = [int(f[0]) for f in lines if f[1] == "crash" and (not learn or f[3] == "1")]
     after = {}
     for f in lines:
         # Cycle 1's stamps; on a node whose ranks did not fail torchrun keeps
         # restart count 0, so there the first stamps after the crash count.
         later = a.nodes > 1 and len(crash) == 1 and int(f[0]) > crash[0]
-        if f[3] == "1" or (later and f[3] == "0"):
+        if f[3] == rnd or (later and f[3] == "0"):
             after.setdefault(f[1], {}).setdefault(f[2], int(f[0]))
     if not after.get("ckpt"):  # early: no checkpoint to load yet
         after["ckpt"] = after.get("pg", {})
@@ -291,9 +326,66 @@ def once(kind, a, mode, nproc, workdir, tag):
         "total": ends[-1],
         "per_rank": [after["step"][r] - crash[0] for r in ranks],
         "pg": [after["pg"][r] - after["pg0"][r] for r in ranks],
-        "paths": paths([os.path.join(workdir, tag + f".events{n}") for n in range(a.nodes)]),
+        "paths": paths([os.path.join(workdir, tag + f".events{n}") for n in range(a.nodes)], rnd),
         "crash_s": (crash[0] - runs[0].t0) / 1e9,
+        "standby_kib": sampler.largest() if sampler else None,
+        "crash0_after_imports_s": crash0_after_imports(lines) if learn else None,
     }
+
+
+class StandbyMemory:
+    """Reads each standby's memory (/proc/PID/status: VmRSS, RssAnon) when
+    the event log says it is ready; largest() is the largest RSS seen."""
+
+    def __init__(self, events):
+        import threading
+
+        self.events, self.seen, self.kib = events, set(), []
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self):
+        while not self.done.wait(0.05):
+            try:
+                with open(self.events) as f:
+                    evs = [json.loads(x) for x in f if x.endswith("\n")]
+            except (OSError, ValueError):
+                continue
+            for e in evs:
+                pid = e.get("pid")
+                if e.get("event") != "prewarm_ready" or pid in self.seen:
+                    continue
+                self.seen.add(pid)
+                try:
+                    with open(f"/proc/{pid}/status") as f:
+                        st = {k: int(v.split()[0]) for k, _, v in (x.partition(":") for x in f)
+                              if k in ("VmRSS", "RssAnon")}
+                    self.kib.append((st["VmRSS"], st["RssAnon"]))
+                except (OSError, KeyError, ValueError):
+                    pass  # already handed a rank, or gone
+
+    def stop(self):
+        self.done.set()
+        self.thread.join()
+
+    def largest(self):
+        return max(self.kib) if self.kib else None
+
+
+def rss(runs):
+    """p50 of the runs' largest standby RSS and its anonymous part, MiB."""
+    kib = [r["standby_kib"] for r in runs if r.get("standby_kib")]
+    if not kib:
+        return "-"
+    return f"{pct([k[0] for k in kib], .5) / 1024:.0f} / {pct([k[1] for k in kib], .5) / 1024:.0f}"
+
+
+def crash0_after_imports(lines):
+    """Seconds from the crashing rank's imports stamp to its crash in cycle 0."""
+    crash = [f for f in lines if f[1] == "crash" and f[3] == "0"]
+    imp = [f for f in lines if crash and f[1] == "imports" and f[2] == crash[0][2] and f[3] == "0"]
+    return (int(crash[0][0]) - int(imp[0][0])) / 1e9 if imp else None
 
 
 def dist3(values):
@@ -316,22 +408,31 @@ def path_counts(runs):
 
 
 def table(a, mode, nproc, res):
-    what = "late crash (standbys ready)" if mode == "late" else "early crash (standbys importing)"
+    what = {"late": "late crash (standbys ready)", "early": "early crash (standbys importing)",
+            "learn": f"crashes in cycles 0 and 1 after the first step, {a.learn_module} named by nobody: cycle 2",
+            "learn-early": f"crashes in cycles 0 and 1 before the first step, {a.learn_module} named by nobody: cycle 2"}[mode]
     where = f"{nproc} ranks" if a.nodes == 1 else f"{a.nodes} nodes on loopback, {nproc} ranks each"
     extra = f" `{a.train_args}`" if a.train_args else ""
     print(f"### {what}, examples/ddp_train.py{extra}, {where}\n")
     print("Crash -> next training step, seconds, p50 / p90 / worst: of the job (last rank) per run, and of "
           "every rank of every run; time inside init_process_group per rank.\n")
+    rnd = "2" if mode in LEARN else "1"
+    mem = mode in LEARN
+    if mem:
+        c0 = [r["crash0_after_imports_s"] for v in res.values() for r in v if r.get("crash0_after_imports_s") is not None]
+        print(f"Cycle 0's crash came {pct(c0, .5):.2f} s (p50; {min(c0, default=float('nan')):.2f}-{max(c0, default=float('nan')):.2f}) "
+              "after the crashing rank's imports.\n")
     print("| launcher | runs | crash at (s, p50) | job's next step | each rank's next step "
-          "| in init_process_group | runs with a rank > 0.2 s in it | round-1 paths (ranks) |")
-    print("|---|---:|---:|---:|---:|---:|---:|---|")
+          f"| in init_process_group | runs with a rank > 0.2 s in it | round-{rnd} paths (ranks) |"
+          + (" largest standby RSS / anon MiB (p50) |" if mem else ""))
+    print("|---|---:|---:|---:|---:|---:|---:|---|" + ("---:|" if mem else ""))
     for k, v in res.items():
         if not v:
             continue
         slow_pg = sum(1 for r in v if max(r["pg"]) > 0.2e9)
         print(f"| {k} | {len(v)} | {pct([r['crash_s'] for r in v], .5):.2f} | {dist3([r['total'] for r in v])} "
               f"| {dist3([x for r in v for x in r['per_rank']])} | {dist3([x for r in v for x in r['pg']])} "
-              f"| {slow_pg} | {path_counts(v) if KINDS[k] is not None else ''} |")
+              f"| {slow_pg} | {path_counts(v) if KINDS[k] is not None else ''} |" + (f" {rss(v)} |" if mem else ""))
     columns = phases(a)[1]
     print("\nPhases (s, p50; each the last rank's end of the phase minus the previous phase's):\n")
     print("| launcher | " + " | ".join(columns) + " |")
@@ -351,7 +452,10 @@ def table(a, mode, nproc, res):
     if "ft-launcher" in p50 and "ft-launcher --agent-store off" in p50:
         print(f"\nagent store / rank-0 store (--agent-store off): {p50['ft-launcher'] / p50['ft-launcher --agent-store off']:.2f}"
               " (ratio of the p50s of the job's next step; at most 1.00 means no slower)")
-    au = p50.get("ft-launcher --prewarm auto")
+    au = p50.get("ft-launcher --prewarm auto") or p50.get("ft-launcher --prewarm auto, first job")
+    for k in ("ft-launcher --prewarm +MODULE", "ft-launcher --prewarm"):
+        if mode in LEARN and au and k in p50:
+            print(f"\n--prewarm auto (first job) - {k}: {(au - p50[k]) / 1e9:+.2f} s (difference of the p50s of the job's next step)")
     for k in ("ft-launcher --prewarm BEST", "ft-launcher --prewarm", "ft-launcher --prewarm auto, first job", "ft-launcher"):
         if au and k in p50:
             print(f"\n--prewarm auto / {k}: {au / p50[k]:.2f} (ratio of the p50s of the job's next step"
@@ -381,6 +485,13 @@ def main():
                    help="the hand-written list of --kinds prewarm-best (default: the one measured best on torch 2.11, docs/prewarm.md)")
     p.add_argument("--step-sleep", type=float, default=0.5, help="late mode's step sleep")
     p.add_argument("--early-at", type=float, default=3.0, help="early mode: crash this many seconds after the launch")
+    p.add_argument("--learn-module", default="ftl_learn_slow", help="learn modes: the module the ranks import that nobody names")
+    p.add_argument("--learn-path", default=os.path.join(os.path.dirname(HERE), "integration", "testdata", "prewarmauto"),
+                   help="learn modes: the ranks' PYTHONPATH (where --learn-module is)")
+    p.add_argument("--learn-crash-at", type=float, default=4.0,
+                   help="learn modes: crash this many seconds after the crashing rank's code started (cycles 0 and 1)")
+    p.add_argument("--learn-crash-after", type=float, default=2.0,
+                   help="learn modes: and at least this many seconds after its imports")
     p.add_argument("--inprocess", action="store_true",
                    help="compare in-process restarts: the kinds become " + INPROCESS_KINDS)
     p.add_argument("--nodes", type=int, default=1, help="launchers on loopback (127.0.0.2, ...), --nproc ranks each")
@@ -397,7 +508,7 @@ def main():
     modes = a.mode.split(",")
     for m in modes:
         if m not in DEFAULT_KINDS:
-            p.error(f"--mode {m}: want late or early")
+            p.error(f"--mode {m}: want one of {', '.join(DEFAULT_KINDS)}")
     for k in (a.kinds or "").split(","):
         if k and k not in SHORT:
             p.error(f"--kinds {k}: want one of {', '.join(SHORT)}")

@@ -25,8 +25,10 @@ import (
 // imported. Each rank runs with a small hook first on its PYTHONPATH
 // (hook/sitecustomize.py, which chains to the sitecustomize it shadows,
 // and hook/_ftl_learn.py) that writes the names of the modules the rank
-// imported to a file the launcher names (ReportEnv): at most every 5 s
-// while the rank imports (not during its start-up), and at exit. At the
+// imported to a file the launcher names (ReportEnv): once the imports go
+// quiet (an audited event or a collection 0.5 s after the last import, so
+// that a rank that then crashes without atexit has reported), at most every
+// 5 s while the rank imports (not during its start-up), and at exit. At the
 // next cycle's start the launcher takes the files of the ranks that ended
 // aside; its refill, after the refill delay, reads them, selects
 // (selectModules) and keeps the list per command line (Learner), in memory

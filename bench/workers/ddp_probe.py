@@ -19,6 +19,16 @@ $PROBE_CRASH_AFTER (seconds) with $PROBE_T0 (ns, the launch): rank
 $PROBE_CRASH_RANK of cycle 0 crashes (os._exit(1)) before its first
 optimizer step at or after that many seconds since the launch (the
 early-crash mode of bench/prewarm.py).
+
+$PROBE_IMPORT (comma-separated) names more modules to import with torch,
+before the imports stamp (bench/prewarm.py --mode learn: one that nobody
+names). $PROBE_CRASH_ROUNDS (comma-separated cycles) with
+$PROBE_CRASH_SINCE_START and $PROBE_CRASH_AFTER_IMPORTS (seconds): rank
+$PROBE_CRASH_RANK of those cycles crashes (os._exit(1)) at its first
+optimizer step at or after both that many seconds since its user code
+started and since its imports stamp; with $PROBE_CRASH_BEFORE_STEP=1 its
+first optimizer step instead prepares data (allocates lists, 5000 every
+10 ms, as a data pipeline would) until then and crashes, so it never steps.
 """
 import os
 import runpy
@@ -40,7 +50,10 @@ import torch.distributed as dist  # noqa: E402
 import torch.nn  # noqa: E402,F401
 from torch.nn.parallel import DistributedDataParallel  # noqa: E402,F401
 
-stamp("imports")
+for _m in filter(None, os.environ.get("PROBE_IMPORT", "").split(",")):
+    __import__(_m)
+IMPORTED = time.time_ns()
+stamp("imports", IMPORTED)
 
 
 _sync = torch.cuda.synchronize
@@ -88,6 +101,22 @@ if (_CRASH_AFTER and os.environ.get("TORCHELASTIC_RESTART_COUNT") == "0"
     _step = torch.optim.Adam.step
 
     def _step_or_crash(*a, **k):
+        if time.time_ns() >= _crash_at:
+            crash(1)
+        return _step(*a, **k)
+    torch.optim.Adam.step = _step_or_crash
+_ROUNDS = os.environ.get("PROBE_CRASH_ROUNDS")
+if (_ROUNDS and os.environ.get("TORCHELASTIC_RESTART_COUNT") in _ROUNDS.split(",")
+        and os.environ.get("RANK") == os.environ.get("PROBE_CRASH_RANK", "1")):
+    _crash_at = max(T0 + int(float(os.environ.get("PROBE_CRASH_SINCE_START", "0")) * 1e9),
+                    IMPORTED + int(float(os.environ.get("PROBE_CRASH_AFTER_IMPORTS", "0")) * 1e9))
+    _step = torch.optim.Adam.step
+
+    def _step_or_crash(*a, **k):
+        if os.environ.get("PROBE_CRASH_BEFORE_STEP") == "1":
+            while time.time_ns() < _crash_at:
+                _data = [[i] for i in range(5000)]  # noqa: F841
+                time.sleep(0.01)
         if time.time_ns() >= _crash_at:
             crash(1)
         return _step(*a, **k)

@@ -1,14 +1,33 @@
 """ft-launcher --prewarm auto: report the modules this rank imports.
 
-The launcher names a file in FT_LAUNCHER_PREWARM_REPORT. install() adds an
-audit hook that, on an import at most once in 5 s (not in the first 5 s,
-the rank's start-up), and at exit, writes there (atomically: a temporary file renamed) the names of the imported
+The launcher names a file in FT_LAUNCHER_PREWARM_REPORT. install() writes
+there (atomically: a temporary file renamed) the names of the imported
 modules a standby may import ahead: not the standard library, not the
 script's own code (under the script's directory or the working directory,
 outside site-packages), not this hook; a line "=name" is a module that was
 there when the hook was installed (a standby's import), "name" one the rank
-imported itself. No thread is started; nothing is printed; every error is
-swallowed (a report is best effort).
+imported itself.
+
+A report is written when the imports go quiet: at the first audited event
+(an audit hook) or garbage collection (gc.callbacks) that comes _QUIET s or
+more after the last import began, with no import still running (one that
+runs _PERIOD s, a script run from inside an import, no longer holds it
+back), when the modules changed since the last report.
+A rank that crashes (os._exit, a signal, SIGKILL) runs no atexit handler,
+and a training script imports everything at its start, then nothing: the
+report must wait for neither. A torch optimizer step raises audited events
+(it keys its state by tensor, and a tensor's hash is id(), which is
+audited); building a model or a data set allocates, so collections run (a
+steady loop that frees what it allocates runs none). So a rank that took
+optimizer steps for _QUIET s after its imports has reported them. Also on an import
+at most once in _PERIOD s (not in the first _PERIOD s) while imports go
+on, and at exit. None is written while the start-up imports.
+
+No thread, no signal handler: the audit hook and the gc callback run in
+whatever thread raised the event, and when no report is due they return
+after a compare. A forked child (a fork-started DataLoader worker) never
+reports: the pid is checked before a write. Nothing is printed; every error
+is swallowed (a report is best effort).
 """
 import os
 import sys
@@ -17,6 +36,10 @@ _VAR = "FT_LAUNCHER_PREWARM_REPORT"
 _DIR = os.path.dirname(os.path.abspath(__file__))
 _SKIP = {"__main__", "sitecustomize", "usercustomize", "_ftl_learn"}
 _PERIOD = 5.0  # seconds between reports while the rank imports
+# Seconds without an import before a report is due: longer than the gaps
+# between the imports of a start-up (so it writes none while it imports),
+# shorter than a crash that comes soon after the imports.
+_QUIET = 0.5
 
 
 def _strip():
@@ -85,36 +108,69 @@ def install():
         return
     import _thread
     import atexit
+    import gc
     import time
     pre = frozenset(sys.modules)
     pid = os.getpid()  # a forked child (a fork-started DataLoader worker) does not report
     lock = _thread.allocate_lock()  # one report at a time; its own file writes do not recurse
-    # The first report waits a period too: the rank's start-up (a restart's
-    # critical path) pays for no report.
-    st = {"last": time.monotonic(), "n": 0}
+    clock, wait = time.monotonic, _QUIET
+    # An import in progress holds a module lock, listed here (importlib's).
+    locks = getattr(sys.modules.get("_frozen_importlib"), "_module_locks", None)
+    if locks is None:
+        locks = {}
+    # The first periodic report waits a period too: the rank's start-up (a
+    # restart's critical path) pays for no report.
+    last = imported = clock()
+    due = False  # imported since the last report
+    n = -1  # len(sys.modules) at the last report
 
     def report(force=False):
-        if os.getpid() != pid or not lock.acquire(False):
-            return
+        nonlocal n
         try:
-            if force or len(sys.modules) != st["n"]:
-                st["n"] = len(sys.modules)
+            if os.getpid() != pid or not lock.acquire(False):
+                return
+        except Exception:
+            return  # at interpreter shutdown
+        try:
+            if force or len(sys.modules) != n:
+                n = len(sys.modules)
                 _write(path, pre)
         except Exception:
             pass
         finally:
             lock.release()
 
-    def hook(event, args):
-        if event != "import" or lock.locked():
-            return
-        now = time.monotonic()
-        if now - st["last"] < _PERIOD:
-            return
-        st["last"] = now
+    def quiet():
+        # No import for a while: write what the imports brought, once.
+        nonlocal due
+        if lock.locked():
+            return  # a report is being written (its own file calls are audited)
+        if locks and clock() - imported < _PERIOD:
+            return  # one import is still running (loading libtorch takes seconds)
+        due = False
         report()
 
+    def hook(event, args):
+        nonlocal last, imported, due
+        if event != "import":
+            if due and clock() - imported >= wait:
+                quiet()
+            return
+        imported = clock()
+        due = True
+        if imported - last < _PERIOD or lock.locked():
+            return
+        last = imported
+        report()
+
+    def collected(phase, info):
+        if due and clock() - imported >= wait:
+            quiet()
+
     sys.addaudithook(hook)
+    # Registered for good: removing a callback while the collector runs
+    # them would make it skip the next one (it walks the list by index).
+    gc.callbacks.append(collected)
     atexit.register(report, True)
 
 
