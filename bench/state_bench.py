@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """Save stall and restore time of ft_launcher_client.state (docs/state.md,
-docs/benchmarks.md "Issue 30: save and restore speed").
+docs/benchmarks.md "State save and restore").
 
 For one state of --mib MiB per rank (float32 tensors of 16 MiB each) it
 measures, in one run, --reps rounds of:

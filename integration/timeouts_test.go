@@ -86,7 +86,8 @@ func TestComputedTimeoutsPersistAndLoad(t *testing.T) {
 // launcher observed on time (before the fix: 5 × 5.4 s = 26.9 s).
 // Shared-memory and socket clients of ft-launcher's Python client, and
 // nvrx's pickle protocol. FTL_TEST_STALL_SECONDS overrides the
-// freeze (docs/benchmarks.md, "Timeouts across a launcher stall").
+// freeze (docs/benchmarks.md, "What a hang costs"; the before and after
+// table: docs/benchmarks-history.md, "Timeouts across a launcher stall").
 func TestComputedTimeoutsIgnoreLauncherStall(t *testing.T) {
 	skipShort(t)
 	stall := 5 * time.Second

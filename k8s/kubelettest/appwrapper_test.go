@@ -40,8 +40,8 @@ import (
 )
 
 // benchEnv, when set to a number of rounds, makes TestRealAppWrapper also
-// measure the recovery times of docs/benchmarks.md ("Issue 28: real
-// kubelet"): that many pod-failure resets, and dead-node recoveries under
+// measure the recovery times of docs/benchmarks.md ("Kubernetes workload
+// reset"): that many pod-failure resets, and dead-node recoveries under
 // our settings and under upstream's. Nothing is asserted about speed.
 const benchEnv = "FTL_BENCH_REAL_APPWRAPPER"
 
