@@ -66,7 +66,7 @@ def rank_main(rank, a, shm, disk, barrier, out):
     nthreads = state.copy_threads()
 
     def one(f):
-        """f with the copy in one thread (the path before issue 30's parallel copy)."""
+        """f with the copy in one thread (the path before the parallel copy)."""
         def g():
             os.environ[state.COPY_THREADS_ENV] = "1"
             try:

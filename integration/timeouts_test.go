@@ -77,7 +77,7 @@ func TestComputedTimeoutsPersistAndLoad(t *testing.T) {
 	}
 }
 
-// TestComputedTimeoutsIgnoreLauncherStall (issue 26): the launcher is
+// TestComputedTimeoutsIgnoreLauncherStall: the launcher is
 // frozen (SIGSTOP) for 5 s while two ranks heartbeat every 100 ms, with a
 // configured heartbeat timeout (3 s) shorter than the freeze and computed
 // timeouts on. The freeze is the launcher's gap, not the ranks': no rank

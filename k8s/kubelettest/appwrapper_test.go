@@ -366,7 +366,7 @@ func termination(t *testing.T, p corev1.Pod) (int32, verdict.Verdict) {
 	return term.ExitCode, v
 }
 
-// TestRealAppWrapper runs the AppWrapper scenarios of issue 28 on real
+// TestRealAppWrapper runs the AppWrapper scenarios on real
 // nodes: one cluster of two real kubelets, the real
 // `ft-resumer appwrapper-controller` binary as the service account of
 // deploy/k8s/rbac.yaml (RBAC decides) serving the webhook of
