@@ -164,8 +164,8 @@ func TestRun(t *testing.T) {
 			},
 		},
 		{
-			// Issue 26, item 10: not the job's kind (nor rendezvous_lost)
-			// but node_replaced, with the job's code.
+			// Not the job's kind (nor rendezvous_lost) but node_replaced,
+			// with the job's code.
 			name: "joining-done: a node replaced by a spare parks until the job ends: node_replaced with the job's code",
 			setup: func(h *harness) {
 				q := &rendezvous.QuarantineError{Addr: "10.0.0.1", Cause: policy.NodeLost, Reason: "node 10.0.0.1/42 lost (gossip)", Round: 3}

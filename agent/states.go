@@ -192,7 +192,7 @@ func (a *Agent) joinFailed(ctx context.Context, err error) {
 				ev = verdict.EvidenceLost
 				// Lost and replaced by a spare (a loss without a spare
 				// quarantines nothing): the job went on without this node,
-				// which says so instead of the job's kind (issue 26).
+				// which says so instead of the job's kind.
 				kind = verdict.NodeReplaced
 				reason = fmt.Sprintf("this node was replaced by a spare in round %d (%s); the job went on without it and closed with kind %s: %s",
 					q.Round, q.Reason, closed.Kind, closed.Reason)

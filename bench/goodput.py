@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Goodput campaign (issue 30): 2 nodes x 2 ranks on loopback, a random fault
+"""Goodput campaign: 2 nodes x 2 ranks on loopback, a random fault
 every --interval seconds for --duration seconds, the same seeded schedule for
 ft-launcher, torchrun and nvrx's ft_launcher, each running the same training
 script (bench/workers/goodput_train.py) with its best restart path.

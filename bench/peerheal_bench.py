@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """Restore time of a peer heal against a restore from launcher memory
-(docs/state.md "Peer heal", docs/benchmarks.md "Issue 30: peer heal").
+(docs/state.md "Peer heal", docs/benchmarks.md "In-process restarts and peer heal").
 
 Two real ranks (processes) in a gloo process group on loopback, a state of
 --mib MiB (float32 tensors of 16 MiB each). Rank 1 first saves the state

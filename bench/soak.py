@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """Soak benchmark: N restart cycles of one launcher, its footprint at the
-start and at the end (docs/benchmarks.md, "Soak").
+start and at the end (docs/benchmarks.md, "Memory and footprint").
 
 usage: go build -o /tmp/ft-launcher ./cmd/ft-launcher
        bench/soak.py [--ft-launcher /tmp/ft-launcher] [--restarts 20000] [--nproc 2] [--port 9499]

@@ -11,8 +11,8 @@ Measured from the kill: until the spare's ranks run their first line
 ("start": interpreter + handover, or interpreter start) and until every rank
 of round 1 has done its first all_reduce ("step": the job trains again).
 
-Two launcher binaries side by side (alternating): --old (before issue 30's
-spare standbys: the spare's ranks start cold) and --new (they start on the
+Two launcher binaries side by side (alternating): --old (before parked
+spares kept standbys: the spare's ranks start cold) and --new (they start on the
 standbys the spare kept while parked). The active survivor restarts warm in
 both (its own standbys). Prints a markdown table on stdout.
 

@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """Save stall and restore time of ft_launcher_client.state (docs/state.md,
-docs/benchmarks.md "Issue 30: save and restore speed").
+docs/benchmarks.md "State save and restore").
 
 For one state of --mib MiB per rank (float32 tensors of 16 MiB each) it
 measures, in one run, --reps rounds of:
@@ -66,7 +66,7 @@ def rank_main(rank, a, shm, disk, barrier, out):
     nthreads = state.copy_threads()
 
     def one(f):
-        """f with the copy in one thread (the path before issue 30's parallel copy)."""
+        """f with the copy in one thread (the path before the parallel copy)."""
         def g():
             os.environ[state.COPY_THREADS_ENV] = "1"
             try:

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Step time of a training loop with launcher-held saves written out in the
 background, against the same loop without checkpoints (docs/benchmarks.md,
-"Issue 30: save and restore speed").
+"State save and restore").
 
 One rank of this file runs under the real ft-launcher with --state-dir and
 --state-persist-every 1 (every save written to the state directory by the

@@ -1,6 +1,6 @@
 #!/usr/bin/python3
-"""A/B of the state copy's threads in one process (docs/benchmarks.md,
-"Issue 30: parallel and overlapped save"): state.save, state.load(into=...)
+"""A/B of the state copy's threads in one process (docs/benchmarks-history.md,
+"Parallel and overlapped save"): state.save, state.load(into=...)
 and state.load() of one --mib MiB state (float32 tensors of 16 MiB) with
 FT_STATE_COPY_THREADS=1 (the single-thread path: the slot mapped with
 MAP_POPULATE), =N with the slot mapped with MAP_POPULATE, and =N with each

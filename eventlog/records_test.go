@@ -277,7 +277,7 @@ func TestCheckFields(t *testing.T) {
 }
 
 // BenchmarkEncode compares a typed record's line with the old map
-// encoding of the same line (docs/benchmarks.md, "Typed event records").
+// encoding of the same line (docs/benchmarks-history.md, "Typed event records").
 func BenchmarkEncode(b *testing.B) {
 	base := map[string]any{"run_id": "run-1", "node": "10.0.0.1", "slurm_job_id": "77"}
 	ts := time.Now().UTC().Format(time.RFC3339Nano)

@@ -7,8 +7,8 @@
 // that its rendezvous lease lapsed, but a frozen launcher notices nothing.
 // Its peers see its lease expire (or gossip declare it dead) and start the
 // next round without it, while its ranks, untouched by the freeze, keep
-// running the old round beside the new one (issue 26: 60 s of two rounds
-// writing). The watchdog is another process, in a process group of its
+// running the old round beside the new one (a 60 s SIGSTOP once left two
+// rounds writing for 60 s). The watchdog is another process, in a process group of its
 // own, so a SIGSTOP of the launcher (or of the launcher's process group)
 // does not stop it.
 //

@@ -22,7 +22,7 @@ func aliasBombYAML() string {
 }
 
 // TestBadInputExitsTwoBeforeStarting: each bad input of the fault campaign
-// (issue 12) and each new bound is refused by the real binary with exit 2,
+// and each new bound is refused by the real binary with exit 2,
 // one line naming the input and what is allowed, and the help hint; no
 // panic, and nothing started or created: no event log, log directory,
 // verdict, rank, embedded etcd or socket directory.

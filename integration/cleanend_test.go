@@ -7,7 +7,7 @@ import (
 	"time"
 )
 
-// TestMultiNodeCleanEndNoGossipWarn (issue 27): a clean multi-node end is
+// TestMultiNodeCleanEndNoGossipWarn: a clean multi-node end is
 // quiet. Launchers shut their gossip down as they exit, and a peer whose
 // probe fails then must not warn that "gossip declared a node dead, but it
 // answers on its stream port" (every clean end logged four such lines):

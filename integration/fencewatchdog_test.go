@@ -47,7 +47,7 @@ func readStamps(t *testing.T, dir string, node, round int) []int64 {
 	return out
 }
 
-// TestFrozenLauncherFencedByWatchdog (issue 26): one active launcher is
+// TestFrozenLauncherFencedByWatchdog: one active launcher is
 // frozen by SIGSTOP for 60 s while its rank runs; a spare is parked. Its
 // fence watchdog, a separate process, must kill the rank before the peers
 // can start round 1 without the node: no timestamp of the frozen node's

@@ -77,8 +77,8 @@ func trainRanks(t *testing.T, stderrs ...string) map[int]map[int]int {
 
 // checkRanksKept: in rounds 0 and 1 every global rank of world ran once;
 // each process of both rounds kept its rank, and the crashed rank's number
-// went to a new process (issue 16: ranks keep their numbers unless a node
-// is swapped). It returns round -> rank -> pid.
+// went to a new process (ranks keep their numbers unless a node is
+// swapped). It returns round -> rank -> pid.
 func checkRanksKept(t *testing.T, world, crashed int, stderrs ...string) map[int]map[int]int {
 	t.Helper()
 	byPid := trainRanks(t, stderrs...)

@@ -13,7 +13,7 @@ import (
 	"github.com/ftlauncher/ft-launcher/verdict"
 )
 
-// Node loss, issue 18: a launcher that dies while its host lives is
+// Node loss: a launcher that dies while its host lives is
 // confirmed by its peers' stream connections (a refused dial after the
 // connection closed), the restart round closes as soon as every live node
 // joined, and a short stall is not a loss. Behaviour only, generous

@@ -255,7 +255,7 @@ func TestSIGTERMAtRandomMomentsWhileHostingEtcd(t *testing.T) {
 	}
 }
 
-// TestDoubleSIGTERMLetsRanksSave (issue 27): at a time limit Slurm sends
+// TestDoubleSIGTERMLetsRanksSave: at a time limit Slurm sends
 // SIGTERM twice a few ms apart; the second copy within the repeat window
 // must not SIGKILL ranks still saving on the first. Ranks whose handler
 // needs 2 s save complete checkpoints when the launcher gets SIGTERM twice

@@ -522,7 +522,7 @@ func TestQuarantinedNodeDoesNotComeBack(t *testing.T) {
 	if !strings.Contains(back.stderr.String(), "parked until the job ends") {
 		t.Errorf("the returning node did not say it is parked as quarantined:\n%s", back.stderr.String())
 	}
-	// Issue 26, item 10: its kind says the job went on without it (not the
+	// Its kind says the job went on without it (not the
 	// job's succeeded, nor rendezvous_lost), with the job's exit code.
 	v := readVerdict(t, vback)
 	wantVerdict(t, v, verdict.NodeReplaced, 0)

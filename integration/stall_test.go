@@ -9,7 +9,7 @@ import (
 	"github.com/ftlauncher/ft-launcher/verdict"
 )
 
-// TestStalledNodeCostsOneRestart (issue 12): one launcher frozen (SIGSTOP)
+// TestStalledNodeCostsOneRestart: one launcher frozen (SIGSTOP)
 // for about the membership lease TTL, then resumed. Gossip ends the round
 // while it is frozen; its lease expires around the time it comes back. The
 // two must not end two rounds: with --max-restarts 1 the job succeeds on

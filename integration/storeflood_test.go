@@ -119,8 +119,8 @@ func quantile(d []time.Duration, q float64) time.Duration {
 // spent, the verdict is a success, and every flood connection was closed
 // by the store: the non-member's at once, the others within the handshake
 // timeout or sooner, to make room. The quiet run is the same job without
-// the flood, for the init_process_group times (docs/benchmarks.md, "Store
-// under a flood").
+// the flood, for the init_process_group times (docs/benchmarks-history.md,
+// "Store under a flood").
 func TestAgentStoreFloodDuringRestart(t *testing.T) {
 	skipShort(t)
 	requireTorch(t)

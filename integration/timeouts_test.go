@@ -77,7 +77,7 @@ func TestComputedTimeoutsPersistAndLoad(t *testing.T) {
 	}
 }
 
-// TestComputedTimeoutsIgnoreLauncherStall (issue 26): the launcher is
+// TestComputedTimeoutsIgnoreLauncherStall: the launcher is
 // frozen (SIGSTOP) for 5 s while two ranks heartbeat every 100 ms, with a
 // configured heartbeat timeout (3 s) shorter than the freeze and computed
 // timeouts on. The freeze is the launcher's gap, not the ranks': no rank
@@ -86,7 +86,8 @@ func TestComputedTimeoutsPersistAndLoad(t *testing.T) {
 // launcher observed on time (before the fix: 5 × 5.4 s = 26.9 s).
 // Shared-memory and socket clients of ft-launcher's Python client, and
 // nvrx's pickle protocol. FTL_TEST_STALL_SECONDS overrides the
-// freeze (docs/benchmarks.md, "Timeouts across a launcher stall").
+// freeze (docs/benchmarks.md, "What a hang costs"; the before and after
+// table: docs/benchmarks-history.md, "Timeouts across a launcher stall").
 func TestComputedTimeoutsIgnoreLauncherStall(t *testing.T) {
 	skipShort(t)
 	stall := 5 * time.Second

@@ -44,7 +44,7 @@ func scrape(addr string) error {
 	return nil
 }
 
-// TestIdleFlood (issue 26): 1,500 connections to the metrics server, half
+// TestIdleFlood: 1,500 connections to the metrics server, half
 // never sending anything and half left idle after one keep-alive request,
 // while a scraper scrapes every 100 ms. The server holds at most MaxConns
 // of them at once, closes every one of them within the idle bounds without

@@ -20,7 +20,7 @@ import (
 //
 // FTL1 is fire-and-forget after Config, so nothing has to be read promptly:
 // instead of parking a reader goroutine in the netpoller (one epoll wake-up,
-// goroutine switch and 1-byte read(2) per heartbeat, docs/benchmarks.md), the
+// goroutine switch and 1-byte read(2) per heartbeat, docs/benchmarks-history.md), the
 // socket is taken out of the netpoller (its fd is duplicated and the net.Conn
 // closed, which deregisters it from epoll) and drained without blocking:
 //   - every drain interval P by one Manager-wide poller goroutine, and

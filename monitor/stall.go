@@ -13,8 +13,8 @@ import (
 // observe nothing, and whatever they read afterwards is stamped late. An
 // interval measured across such a stall is the launcher's gap, not the
 // rank's: counting it would learn a heartbeat timeout of safety_factor × the
-// stall (issue 26: a 5 s SIGSTOP turned a 10 s timeout into 26.9 s, 60 s into
-// 5 min). So the launcher watches its own monotonic clock: a ticker every
+// stall (measured before this: a 5 s SIGSTOP turned a 10 s timeout into
+// 26.9 s, 60 s into 5 min). So the launcher watches its own monotonic clock: a ticker every
 // stallTick that fires more than stallThreshold after the previous sighting
 // of the launcher running means the launcher did not run in between, and
 // that window is a stall. Every check also looks at the clock itself, so a

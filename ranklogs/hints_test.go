@@ -11,7 +11,7 @@ import (
 // Debian trixie's torch 2.6.0 (built without libuv, unpatched) in
 // bench/trixie.sh's chroot, with the agent store (the default: torch's
 // rendezvous builds the client without use_libuv) and with --agent-store
-// off (it passes use_libuv=True); docs/benchmarks.md, "Issue 31: torch 2.6
+// off (it passes use_libuv=True); docs/benchmarks-history.md, "torch 2.6
 // memory and early crash".
 const (
 	torch26LibuvAgentStore = "testdata/torch26_libuv_agentstore.log"

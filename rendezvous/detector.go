@@ -253,8 +253,8 @@ func (d *lossDetector) gossipLeft(n *memberlist.Node) {
 		if n.State != memberlist.StateLeft && d.judge.departureExpected(r, n.Name) {
 			// The job is over, or the node finished its part: peers shut
 			// their gossip down as they exit, and a probe that fails then
-			// is no accusation worth a warning (issue 27: four such WARN
-			// lines on every clean multi-node end).
+			// is no accusation worth a warning (it used to print four such
+			// WARN lines on every clean multi-node end).
 			d.log.Debug("gossip: a node departed at the end of the job", "node", n.Name, "round", r)
 			return
 		}

@@ -13,7 +13,7 @@ import (
 	"github.com/ftlauncher/ft-launcher/internal/testenv"
 )
 
-// TestEtcdFixedAllocationShortOfNodes (issue 9): in a fixed allocation a
+// TestEtcdFixedAllocationShortOfNodes: in a fixed allocation a
 // restart round short of MIN live nodes with no spare closes the job with
 // kind not_enough_nodes after MinNodesWait (plus the lease TTL for a node
 // that died without a word), long before JoinTimeout; a node that comes
@@ -87,7 +87,7 @@ func TestEtcdFixedAllocationShortOfNodes(t *testing.T) {
 	}
 }
 
-// TestEtcdFixedAllocationConfirmedLossNotCounted (issue 27): a launcher
+// TestEtcdFixedAllocationConfirmedLossNotCounted: a launcher
 // that died alone keeps its alive key until its lease expires, but its
 // loss was confirmed (the round's end records its death): it does not
 // count as alive, so the job closes with not_enough_nodes min_nodes_wait

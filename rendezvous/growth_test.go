@@ -9,7 +9,7 @@ import (
 	"github.com/ftlauncher/ft-launcher/policy"
 )
 
-// Issue 12: a job may restart tens of thousands of times; the per-round
+// A job may restart tens of thousands of times; the per-round
 // maps must keep only the current and the previous round.
 const manyRounds = 10000
 

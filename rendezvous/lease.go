@@ -17,7 +17,7 @@ import (
 // TTL), and the expiry would delete the membership of the round it rejoined
 // and end that round too. So a node declared lost takes a new lease before
 // it joins again (reincarnate) and revokes the old one: one stall ends at
-// most one round (issue 12).
+// most one round.
 
 // leaseReplaced is the session's OnReplaced: the keys that hung on the
 // expired lease are put again under the new one.

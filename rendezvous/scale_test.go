@@ -31,8 +31,8 @@ import (
 	"github.com/ftlauncher/ft-launcher/internal/testenv"
 )
 
-// Simulated nodes for the scale measurement (issue 18, docs/benchmarks.md
-// "Rendezvous at scale, with wave 2's per-round work"): each is a real
+// Simulated nodes for the scale measurement (docs/benchmarks.md,
+// "Rendezvous at scale"): each is a real
 // rendezvous client (*Etcd, with its own lease and keep-alive) and a real
 // ledger book on the job's etcd ledger, driven by a loop that does per
 // round what the agent does (agent/states.go, agent/spares.go): Next; the

@@ -14,7 +14,7 @@ import (
 	"github.com/ftlauncher/ft-launcher/internal/testenv"
 )
 
-// TestEtcdStallEndsOneRound (issue 12): a node frozen for about the lease
+// TestEtcdStallEndsOneRound: a node frozen for about the lease
 // TTL is declared lost by gossip, which ends round 0; it comes back and
 // joins round 1. Its old lease then expiring must not end round 1 too.
 // Gossip is simulated (the survivor reports the loss and records the death

@@ -188,7 +188,7 @@ func stillCommitted(r io.ReaderAt, d Desc) (bool, error) {
 func CopyNewest(r io.ReaderAt, w io.Writer, reset func() error) (Desc, uint32, error) {
 	// 1 MiB a read and a write: with io.Copy's 32 KiB, a 256 MiB write-out
 	// took 16,384 system calls, a good part of the writer's CPU time
-	// (docs/benchmarks.md, "Issue 30: save and restore speed").
+	// (docs/benchmarks-history.md, "Save and restore speed").
 	buf := make([]byte, copyBuf)
 	return copyNewestBy(r, reset, func(d Desc) (uint32, error) {
 		h := crc32.NewIEEE()

@@ -17,7 +17,7 @@ import (
 // mapping, instead of twice. It cost the writer 9-15% less CPU per 256 MiB
 // write-out (medians of paired runs; not half: both paths read the payload
 // from memory once, and the second copy, out of a 1 MiB buffer in the
-// cache, was the cheap one; docs/benchmarks.md, "Issue 30: the writer at
+// cache, was the cheap one; docs/benchmarks-history.md, "The writer at
 // low priority"). A segment that cannot be mapped is copied with pread.
 func copyNewestMapped(f *os.File, w io.Writer, reset func() error) (Desc, uint32, error) {
 	d, sum, err := copyNewestBy(f, reset, func(d Desc) (uint32, error) { return copyMapped(f, d, w) })

@@ -22,7 +22,7 @@ import (
 // ($FT_BENCH_STATE_DIR, else a temporary directory): data file, CRC,
 // fsync, manifest; reported: the thread's CPU time (user + system, the
 // fsyncs' writeback included, the kernel flusher's not) per
-// write-out (docs/benchmarks.md, "Issue 30: the writer at low priority").
+// write-out (docs/benchmarks-history.md, "The writer at low priority").
 //
 //	FT_BENCH_STATE_DIR=/var/tmp go test -run '^$' -bench PersistCPU -benchtime 7x -count 3 ./state/
 //

@@ -1,5 +1,5 @@
 #!/bin/bash
-# GPU-machine checks that are not timings of restarts (docs/benchmarks.md,
+# GPU-machine checks that are not timings of restarts (docs/benchmarks-history.md,
 # "One GPU"): every TCPStore client call of the machine's torch against
 # ft-launcher's agent store (and against torchrun's, as the reference); the
 # CUDA context's time and memory; where a rank's start-up time goes before

@@ -1,5 +1,5 @@
 """What a standby would save by initialising the CUDA driver (cuInit, no
-context) before it becomes a rank (issue 31): in a fresh process, cuInit(0)
+context) before it becomes a rank: in a fresh process, cuInit(0)
 through libcuda alone, the device memory the process then holds
 (nvidia-smi's per-process figure; none is expected without a context), and
 then what the rank would still pay: torch's is_available() and its first

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Crash -> next training step on one GPU (docs/benchmarks.md, "One GPU"):
+# Crash -> next training step on one GPU (docs/benchmarks.md, "One GPU (H200, torch 2.11)"):
 # bench/prewarm.py side by side, torchrun (the machine's torch), ft-launcher
 # cold, --prewarm, and in-process restarts, with the phases. Run from the
 # repository root with an ft-launcher binary at $FT (default

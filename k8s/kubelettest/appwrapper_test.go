@@ -40,8 +40,8 @@ import (
 )
 
 // benchEnv, when set to a number of rounds, makes TestRealAppWrapper also
-// measure the recovery times of docs/benchmarks.md ("Issue 28: real
-// kubelet"): that many pod-failure resets, and dead-node recoveries under
+// measure the recovery times of docs/benchmarks.md ("Kubernetes workload
+// reset"): that many pod-failure resets, and dead-node recoveries under
 // our settings and under upstream's. Nothing is asserted about speed.
 const benchEnv = "FTL_BENCH_REAL_APPWRAPPER"
 
@@ -366,7 +366,7 @@ func termination(t *testing.T, p corev1.Pod) (int32, verdict.Verdict) {
 	return term.ExitCode, v
 }
 
-// TestRealAppWrapper runs the AppWrapper scenarios of issue 28 on real
+// TestRealAppWrapper runs the AppWrapper scenarios on real
 // nodes: one cluster of two real kubelets, the real
 // `ft-resumer appwrapper-controller` binary as the service account of
 // deploy/k8s/rbac.yaml (RBAC decides) serving the webhook of

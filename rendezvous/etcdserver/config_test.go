@@ -44,7 +44,7 @@ func TestElectionTimings(t *testing.T) {
 }
 
 // BenchmarkStart measures a single member's start until it serves (its
-// self-election included): docs/benchmarks.md, "The embedded etcd's start".
+// self-election included): docs/benchmarks.md, "Start-up".
 //
 //	go test -run '^$' -bench BenchmarkStart -benchtime 15x ./rendezvous/etcdserver/
 func BenchmarkStart(b *testing.B) {

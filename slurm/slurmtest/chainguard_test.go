@@ -17,7 +17,7 @@ import (
 	"github.com/ftlauncher/ft-launcher/slurm/resumer"
 )
 
-// These tests are issue 27's trial on the real cluster: what a Slurm user
+// These tests try the chain on the real cluster: what a Slurm user
 // does (a script that never trains, --signal=B:USR1@N, the same crash in
 // every job, ft-resumer cancel, a spare absorbing a node loss) and what
 // the chain must make of it.

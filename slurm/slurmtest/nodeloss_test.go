@@ -46,7 +46,7 @@ srun --kill-on-bad-exit=%[2]d ft-resumer node -- ft-launcher --nproc-per-node 1 
 `, work, killOnBadExit, ports[0], rank)
 }
 
-// TestLauncherDeathExcludesTheNode (issue 27): on 2 nodes with no spare,
+// TestLauncherDeathExcludesTheNode: on 2 nodes with no spare,
 // the launcher of the node that does not host the rendezvous is SIGKILLed
 // while its node stays up. Its parent `ft-resumer node` records the death
 // (fatal_error, quarantined: launcher_died), so the chain excludes the node
@@ -104,7 +104,7 @@ func TestLauncherDeathExcludesTheNode(t *testing.T) {
 			// The end step (its outcome deferred: srun's status is a
 			// signal's) gives the pending successor the exclusion before
 			// this job ends, so the successor is never placed on the
-			// victim: no relocation (issue 27, item 6).
+			// victim: no relocation.
 			if got := outcomes(v); !slices.Equal(got, []string{"failure", "finished", "never_ran"}) {
 				t.Fatalf("outcomes %v, want [failure finished never_ran] (no relocation)\n%s", got, out)
 			}
@@ -158,7 +158,7 @@ func TestLauncherDeathExcludesTheNode(t *testing.T) {
 	}
 }
 
-// TestFrozenLauncherEndsWithNotEnoughNodes (issue 27): a launcher frozen
+// TestFrozenLauncherEndsWithNotEnoughNodes: a launcher frozen
 // by SIGSTOP on 2 nodes with no spare looks like a dead or cut-off node to
 // its peer: no connection closes, gossip falls silent, its lease runs out.
 // The survivor ends the job with not_enough_nodes about lease_ttl + 1 to

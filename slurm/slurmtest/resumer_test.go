@@ -300,8 +300,7 @@ kill -KILL 0`, "relocated")
 	}
 }
 
-// TestDeferredEndStepExcludesBeforeTheSuccessorIsPlaced (issue 27, item
-// 6): the job script dies of a signal (srun's status after a launcher was
+// TestDeferredEndStepExcludesBeforeTheSuccessorIsPlaced: the job script dies of a signal (srun's status after a launcher was
 // killed), so the end step leaves the outcome to Slurm's final state; it
 // must still give the pending successor the node its launchers
 // quarantined, before the job ends and the successor can be placed. The

@@ -14,7 +14,7 @@ import (
 	"github.com/ftlauncher/ft-launcher/internal/testenv"
 )
 
-// TestWalltimeSIGTERMsLetRanksSave (issue 27): a job reaching its time
+// TestWalltimeSIGTERMsLetRanksSave: a job reaching its time
 // limit (-t 1, the shortest Slurm has; slurmctld notices it within its
 // 30 s check, so about 80-90 s) gets Slurm's SIGTERMs, more than one and a
 // few ms apart; ft-launcher must not take the repeat as a request to

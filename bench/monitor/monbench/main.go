@@ -1,5 +1,5 @@
 // Command monbench measures ft-launcher's rank monitors with real processes
-// and real Unix sockets (results go to docs/benchmarks.md, "Rank monitors").
+// and real Unix sockets (results go to docs/benchmarks.md, "Rank monitors: overhead and detection latency").
 //
 //	monbench client CMD [ARGS...]      run CMD as local rank 0 of a live monitor; print its stdout
 //	monbench hang [-n 200] [-par 4] [-timeout 300ms]

@@ -695,7 +695,7 @@ def _mem_available():
 _MADV_POPULATE_READ = 22
 # How a load with more than one copy thread maps the slot: "threads" (each
 # thread populates its own range; measured faster for new tensors, as fast
-# for into=, docs/benchmarks.md "Issue 30: parallel and overlapped save") or
+# for into=, docs/benchmarks-history.md "Parallel and overlapped save") or
 # "map" (MAP_POPULATE, as one thread does). Kept for bench/state_threads_ab.py.
 _LOAD_POPULATE = "threads"
 _MADV_POPULATE_WRITE = 23  # Linux 5.14+; older kernels: EINVAL, the pages fault in on first use instead

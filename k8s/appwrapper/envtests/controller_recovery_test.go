@@ -19,7 +19,7 @@ import (
 	"github.com/ftlauncher/ft-launcher/k8s/appwrapper"
 )
 
-// The tests of issue 28: a shortfall after the workload was ready, the
+// Recovery tests: a shortfall after the workload was ready, the
 // periodic pass while Running, pods of a dead node forced during a reset,
 // and upstream's Events. Same harness as controller_test.go: a real API
 // server, Job controller and garbage collector, the stand-in kubelet.
