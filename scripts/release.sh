@@ -34,16 +34,17 @@ module=$(go list -m)
 vpkg=$module/internal/version
 ldflags="-s -w -X $vpkg.Version=$version -X $vpkg.Commit=$commit"
 epoch=$(git log -1 --format=%ct "$commit") # tarball timestamps: the commit's, so rebuilds are identical
-out=dist/$version
-rm -rf "$out"
-mkdir -p "$out"
 src=$(mktemp -d)
 tools=$(mktemp -d)
 trap 'rm -rf "$src" "$tools"' EXIT
 # The wheel tool is this script's own (the work tree's), like the script:
-# an older REF is packaged the same way.
+# an older REF is packaged the same way. The version check comes before
+# anything is built or a previous dist/VERSION removed.
 go build -o "$tools/mkwheel" ./internal/wheel/cmd/mkwheel
 "$tools/mkwheel" -check-version "$version" || exit 2
+out=dist/$version
+rm -rf "$out"
+mkdir -p "$out"
 git archive "$commit" | tar -x -C "$src"
 cmds=$(cd "$src" && for d in cmd/*/; do [ -f "$d/main.go" ] && basename "$d"; done)
 [ -n "$cmds" ] || die "no commands under cmd/ in $commit"

@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/ftlauncher/ft-launcher/internal/wheel"
@@ -39,7 +40,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	if *check != "" {
 		if err := wheel.CheckVersion(*check); err != nil {
-			fmt.Fprintln(stderr, "mkwheel:", err)
+			fmt.Fprintln(stderr, "mkwheel:", strings.TrimPrefix(err.Error(), "wheel: "))
 			return 2
 		}
 		return 0
@@ -55,7 +56,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = wheel.Verify(p)
 	}
 	if err != nil {
-		fmt.Fprintln(stderr, "mkwheel:", err)
+		fmt.Fprintln(stderr, "mkwheel:", strings.TrimPrefix(err.Error(), "wheel: "))
 		return 1
 	}
 	fmt.Fprintln(stdout, p)
