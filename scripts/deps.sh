@@ -32,6 +32,9 @@ present() {
     # service manager runs; tests use their own ports. The same holds for
     # the munge and Slurm services: slurm/slurmtest starts its own daemons
     # with their own config, socket and ports.
+    # The wheel test makes a fresh virtual environment: Debian ships
+    # ensurepip and its pip wheel apart from the standard library.
+    python3-venv) [ -x "$root/usr/bin/python3" ] && "$root/usr/bin/python3" -c 'import ensurepip, venv; ensurepip.version()' 2>/dev/null ;;
     etcd-server) command -v etcd >/dev/null 2>&1 ;;
     iproute2) command -v ip >/dev/null 2>&1 ;;
     util-linux) command -v unshare >/dev/null 2>&1 ;;
@@ -61,7 +64,7 @@ present() {
   esac
 }
 
-all=(python3 python3-torch python3-pip etcd-server iproute2 util-linux procps
+all=(python3 python3-torch python3-pip python3-venv etcd-server iproute2 util-linux procps
   munge slurmctld slurmd slurm-client gcc libc6-dev chromium
   containerd runc containernetworking-plugins buildah)
 

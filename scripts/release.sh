@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Builds a release of ft-launcher: static binaries of every command (cmd/*)
-# for linux/amd64 and linux/arm64, one tarball per architecture, and
-# SHA256SUMS, all under dist/VERSION/.
+# for linux/amd64 and linux/arm64, one tarball and one pip wheel (the
+# binaries and the ft_launcher_client package; docs/install.md) per
+# architecture, and SHA256SUMS, all under dist/VERSION/.
 #
 # Usage: ./scripts/release.sh VERSION [REF]      e.g. ./scripts/release.sh 0.2.0
+# VERSION is a canonical PEP 440 version (0.2.0, 0.2.0rc1, 0.2.1.dev3): the
+# wheels' version, which pip compares, is the binaries' --version.
 #
 # It builds REF (default HEAD) as committed, from `git archive`, so that
 # uncommitted edits never reach a release; the commit is stamped with -X
@@ -31,11 +34,17 @@ module=$(go list -m)
 vpkg=$module/internal/version
 ldflags="-s -w -X $vpkg.Version=$version -X $vpkg.Commit=$commit"
 epoch=$(git log -1 --format=%ct "$commit") # tarball timestamps: the commit's, so rebuilds are identical
+src=$(mktemp -d)
+tools=$(mktemp -d)
+trap 'rm -rf "$src" "$tools"' EXIT
+# The wheel tool is this script's own (the work tree's), like the script:
+# an older REF is packaged the same way. The version check comes before
+# anything is built or a previous dist/VERSION removed.
+go build -o "$tools/mkwheel" ./internal/wheel/cmd/mkwheel
+"$tools/mkwheel" -check-version "$version" || exit 2
 out=dist/$version
 rm -rf "$out"
 mkdir -p "$out"
-src=$(mktemp -d)
-trap 'rm -rf "$src"' EXIT
 git archive "$commit" | tar -x -C "$src"
 cmds=$(cd "$src" && for d in cmd/*/; do [ -f "$d/main.go" ] && basename "$d"; done)
 [ -n "$cmds" ] || die "no commands under cmd/ in $commit"
@@ -73,7 +82,17 @@ for arch in amd64 arm64; do
   cp "$src/README.md" "$dir/"
   [ -f "$src/LICENSE" ] && cp "$src/LICENSE" "$dir/"
   tar --sort=name --mtime="@$epoch" --owner=0 --group=0 --numeric-owner -C "$out" -cf - "$name" | gzip -9n >"$out/$name.tar.gz"
+  # The wheel wraps these very binaries (mkwheel checks again that they are
+  # static: its tags promise musl and old glibc systems alike).
+  echo "== wheel linux/$arch"
+  "$tools/mkwheel" -version "$version" -arch "$arch" -bin "$dir" -module "$src/client/python/ft_launcher_client" \
+    -readme "$src/README.md" -epoch "$epoch" -out "$out" >/dev/null
 done
+if /usr/bin/python3 -m pip --version >/dev/null 2>&1 || python3 -m pip --version >/dev/null 2>&1; then
+  "$root/scripts/wheel.sh" --check "$out"/*.whl
+else
+  echo "release: note: no pip here: the wheels' tags were not checked with pip (scripts/wheel.sh --check)" >&2
+fi
 
 # The binaries this machine can run must say the right version.
 if [ "$(go env GOHOSTARCH)" = amd64 ]; then
@@ -83,6 +102,6 @@ if [ "$(go env GOHOSTARCH)" = amd64 ]; then
   done
 fi
 
-(cd "$out" && sha256sum -- *.tar.gz */* >SHA256SUMS)
+(cd "$out" && sha256sum -- *.tar.gz *.whl */* >SHA256SUMS)
 echo "== dist/$version (commit $commit)"
-(cd "$out" && ls -l -- *.tar.gz SHA256SUMS)
+(cd "$out" && ls -l -- *.tar.gz *.whl SHA256SUMS)

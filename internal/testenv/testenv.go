@@ -45,6 +45,7 @@ const (
 	Torch         Requirement = "Debian's python3 with PyTorch"
 	SystemPython  Requirement = "Debian's python3"
 	Pip           Requirement = "python3 with pip"
+	Venv          Requirement = "Debian's python3 with venv and ensurepip"
 	Etcd          Requirement = "Debian's etcd"
 	Procps        Requirement = "procps (ps, pgrep, pkill)"
 	CGo           Requirement = "a C compiler and the C library headers"
@@ -66,7 +67,7 @@ const DebianPython = "/usr/bin/python3"
 // All lists every requirement.
 func All() []Requirement {
 	return []Requirement{Root, Slurm, Cgroups, CgroupV2Kill, NetNamespaces, PIDNamespaces, ControlPlane, RealContainers,
-		Torch, SystemPython, Pip, Etcd, Procps, CGo, Chromium, DevFull, DevZero, GPU, Buildah}
+		Torch, SystemPython, Pip, Venv, Etcd, Procps, CGo, Chromium, DevFull, DevZero, GPU, Buildah}
 }
 
 // Info is what is known of a requirement.
@@ -127,6 +128,17 @@ func (r Requirement) Info() Info {
 			out, err := exec.Command("python3", "-m", "pip", "--version").CombinedOutput()
 			if err != nil {
 				return fmt.Errorf("python3 -m pip --version: %v: %s", err, lastLine(out))
+			}
+			return nil
+		}}
+	case Venv:
+		// Debian splits ensurepip (and the pip wheel it installs) out of
+		// the standard library: without python3-venv, `python3 -m venv`
+		// fails. ensurepip.version() reads the bundled wheel.
+		return Info{Packages: []string{"python3-venv"}, Slow: true, check: func() error {
+			out, err := exec.Command(DebianPython, "-c", "import ensurepip, venv; ensurepip.version()").CombinedOutput()
+			if err != nil {
+				return fmt.Errorf("%s -c 'import ensurepip, venv': %v: %s", DebianPython, err, lastLine(out))
 			}
 			return nil
 		}}
