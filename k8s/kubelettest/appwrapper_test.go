@@ -1,6 +1,7 @@
 package kubelettest_test
 
 import (
+	"archive/tar"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -19,6 +20,7 @@ import (
 
 	"github.com/go-logr/logr"
 	admissionregv1 "k8s.io/api/admissionregistration/v1"
+	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -33,6 +35,7 @@ import (
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/yaml"
 
+	"github.com/ftlauncher/ft-launcher/internal/testenv"
 	"github.com/ftlauncher/ft-launcher/k8s/api/v1beta2"
 	"github.com/ftlauncher/ft-launcher/k8s/k8stest"
 	"github.com/ftlauncher/ft-launcher/k8s/kubelettest"
@@ -404,6 +407,7 @@ func TestRealAppWrapper(t *testing.T) {
 	t.Run("RankCrashAbsorbedInPod", l.rankCrashAbsorbed)
 	t.Run("PodFailureResetResumesFromCheckpoint", l.podFailureReset)
 	t.Run("TerminationMessageReadByController", l.terminationMessage)
+	t.Run("ImageControllerRunsGeneratedAppWrapper", l.imageScenario)
 	t.Run("WebhookRefuses", l.webhookRefuses)
 	t.Run("DeadNodeRecreatedOnOtherNode", func(t *testing.T) { l.deadNode(t, "ours", "dead") })
 	if n, _ := strconv.Atoi(os.Getenv(benchEnv)); n > 0 {
@@ -449,10 +453,17 @@ func (l *lane) podFailureReset(t *testing.T) {
 }
 
 func (l *lane) resetOnce(t *testing.T, name string) (firstPod string, decided, running time.Duration) {
+	return l.resetOnceOf(t, appWrapper(l.ns, name, fastAnn(2), l.job(name, 1, 0, false, "train", "/ckpt/"+name, "40", "20", "1")))
+}
+
+// resetOnceOf runs resetOnce's scenario with aw, whose one pod's rank
+// trains 40 steps in /ckpt/<name>, checkpointing every 20, and crashes at
+// step 20 with no launcher restart left.
+func (l *lane) resetOnceOf(t *testing.T, aw *v1beta2.AppWrapper) (firstPod string, decided, running time.Duration) {
+	name := aw.Name
 	dir := filepath.Join(l.dir, name)
-	l.create(t, appWrapper(l.ns, name, fastAnn(2), l.job(name, 1, 0, false, "train", "/ckpt/"+name, "40", "20", "1")))
+	l.create(t, aw)
 	first, _ := l.running(t, name, 1, nil)
-	var aw *v1beta2.AppWrapper
 	leftRunning := poll(t, 2*time.Minute, "the reset of "+name, func() bool {
 		aw = getAW(t, l.ns, name)
 		return aw.Status.Phase == v1beta2.AppWrapperResetting || aw.Status.Retries > 0
@@ -476,6 +487,245 @@ func (l *lane) resetOnce(t *testing.T, name string) (firstPod string, decided, r
 	}
 	t.Logf("pods %s then %s (on %s); rank history %q; last Unhealthy reason %s", first[0].Name, second[0].Name, second[0].Spec.NodeName, h, unhealthy)
 	return first[0].Name, leftRunning.Sub(crash), runAt.Sub(crash)
+}
+
+// imageScenario: the project's image (deploy/image/Containerfile, built
+// by scripts/image.sh) runs the controller in a pod, with the shipped
+// Deployment's command and security settings (non-root, read-only root
+// file system, no capabilities), instead of the host process the other
+// scenarios use; under it, an AppWrapper written by `ft-resumer appwrapper
+// generate` runs in a training image built FROM the project's, is reset
+// once and resumes (generated). Then the host controller is back for the
+// scenarios that follow.
+func (l *lane) imageScenario(t *testing.T) {
+	launcher, train := l.images(t)
+	stop := l.controllerPod(t, launcher)
+	l.generated(t, train)
+	stop()
+	l.startController(t, "deadNodeGracePeriod: 2s\n")
+}
+
+// controllerPod stops the host controller and runs the controller from
+// image in a pod on the host network (the lane has no Service routing:
+// the API server and the webhook's URL are on 127.0.0.1), as the
+// kubeconfig identity the host controller had. It waits until the pod
+// serves the webhook; the returned func deletes the pod.
+func (l *lane) controllerPod(t *testing.T, image string) func() {
+	t.Helper()
+	if l.ctl != nil {
+		l.ctl.stop(t)
+		l.ctl = nil
+	}
+	var dep appsv1.Deployment
+	b, err := os.ReadFile(filepath.Join("..", "..", "deploy", "k8s", "controller.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, doc := range strings.Split(string(b), "\n---\n") {
+		if strings.Contains(doc, "kind: Deployment") {
+			if err := yaml.UnmarshalStrict([]byte(doc), &dep); err != nil {
+				t.Fatalf("controller.yaml's Deployment: %v", err)
+			}
+		}
+	}
+	shipped := dep.Spec.Template.Spec
+	if len(shipped.Containers) != 1 || shipped.SecurityContext == nil {
+		t.Fatalf("controller.yaml's Deployment: want one container and a pod security context")
+	}
+	// The files the pod reads, readable by the image's user.
+	cfgDir := filepath.Join(t.TempDir(), "cfg")
+	if err := os.MkdirAll(cfgDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	kc, err := os.ReadFile(l.kc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, data := range map[string][]byte{"kubeconfig": kc, "config.yaml": []byte("webhooksEnabled: true\nreevaluatePeriod: 30s\n")} {
+		if err := os.WriteFile(filepath.Join(cfgDir, name), data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c := shipped.Containers[0]
+	no := false
+	hostDir := corev1.HostPathDirectory
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "controller-image", Namespace: l.ns},
+		Spec: corev1.PodSpec{
+			HostNetwork: true, RestartPolicy: corev1.RestartPolicyNever, AutomountServiceAccountToken: &no,
+			SecurityContext: shipped.SecurityContext,
+			Containers: []corev1.Container{{
+				Name: "controller", Image: image, ImagePullPolicy: corev1.PullNever,
+				// The shipped command's binary and subcommand; the lane's
+				// flags (its kubeconfig, ports and webhook URL) after them.
+				Command: []string{c.Command[0], c.Command[1], "--kubeconfig=/cfg/kubeconfig", "--config=/cfg/config.yaml",
+					"--metrics-bind-address=0", "--health-probe-bind-address=0", "--webhook-port=" + strconv.Itoa(l.whPort),
+					"--webhook-namespace=ft-launcher-system", "--webhook-cert-dir=/certs", "--webhook-cert-hosts=127.0.0.1"},
+				SecurityContext: c.SecurityContext,
+				VolumeMounts: []corev1.VolumeMount{{Name: "cfg", MountPath: "/cfg", ReadOnly: true},
+					{Name: "certs", MountPath: "/certs"}},
+			}},
+			Volumes: []corev1.Volume{
+				{Name: "cfg", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: cfgDir, Type: &hostDir}}},
+				{Name: "certs", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
+			},
+		}}
+	if c.Command[0] != "/usr/local/bin/ft-resumer" || c.Command[1] != "appwrapper-controller" {
+		t.Fatalf("controller.yaml runs %q, want /usr/local/bin/ft-resumer appwrapper-controller (the image's layout)", c.Command)
+	}
+	ctx := context.Background()
+	if err := env.Client.Create(ctx, pod); err != nil {
+		t.Fatalf("create the controller pod: %v", err)
+	}
+	probe := appWrapper(l.ns, "probe", nil, l.job("probe", 1, 0, false, "code", "0"))
+	var perr error
+	poll(t, 2*time.Minute, "the controller pod's webhook server", func() bool {
+		perr = env.Client.Create(ctx, probe.DeepCopy(), client.DryRunAll)
+		return perr == nil
+	}, func() string {
+		var p corev1.Pod
+		_ = env.Client.Get(ctx, types.NamespacedName{Namespace: l.ns, Name: pod.Name}, &p)
+		return fmt.Sprintf("last error: %v; pod %s, %+v", perr, p.Status.Phase, p.Status.ContainerStatuses)
+	})
+	return func() {
+		// A graceful deletion: the object goes only once the kubelet has
+		// stopped the container (SIGTERM), so no second controller is left
+		// running beside the host's (a grace of 0 removes the object at
+		// once, before the process is gone).
+		grace := int64(20)
+		if err := env.Client.Delete(ctx, pod, &client.DeleteOptions{GracePeriodSeconds: &grace}); err != nil {
+			t.Errorf("delete the controller pod: %v", err)
+		}
+		poll(t, 2*time.Minute, "the controller pod to go", func() bool {
+			var p corev1.Pod
+			return apierrors.IsNotFound(env.Client.Get(ctx, types.NamespacedName{Namespace: l.ns, Name: pod.Name}, &p))
+		}, func() string { return "" })
+	}
+}
+
+// generated: the AppWrapper that `ft-resumer appwrapper generate` writes
+// from a values file (docs/kubernetes.md, "Generating an AppWrapper"),
+// submitted as it is written (only its namespace set, as kubectl -n
+// would), in the training image train (its pod runs as the image's user,
+// not root): the pod runs, the rank's crash with no launcher restart left
+// fails the pod, the controller resets the workload once, and the new pod
+// resumes from the checkpoint. The rank is the static box program (this
+// lane has no Python); its pods use the host network, as every pod of
+// this lane does.
+func (l *lane) generated(t *testing.T, train string) {
+	// The pod runs as the image's user, not root: the checkpoint folder
+	// must be writable by it, as a volume for such pods is.
+	if err := os.Chmod(l.dir, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	values := filepath.Join(l.certDir, "values.yaml")
+	if err := os.WriteFile(values, []byte(`name: gen
+image: `+train+`
+imagePullPolicy: Never
+nodes: 1
+maxRestarts: 0
+launcherArgs: [--no-python, --log-dir, /tmp/logs]
+command: [/box, train, /ckpt/gen, "40", "20", "1"]
+env: {TMPDIR: /tmp}
+checkpoint: {hostPath: `+l.dir+`, mountPath: /ckpt}
+hostNetwork: true
+retryLimit: 2
+failureGracePeriod: 0s
+retryPausePeriod: 0s
+`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(l.certDir, "gen.yaml")
+	if b, err := exec.Command(l.resumer, "appwrapper", "generate", values, "-o", out).CombinedOutput(); err != nil {
+		t.Fatalf("ft-resumer appwrapper generate: %v\n%s", err, b)
+	}
+	b, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var aw v1beta2.AppWrapper
+	if err := yaml.UnmarshalStrict(b, &aw); err != nil {
+		t.Fatalf("the generated AppWrapper does not parse: %v\n%s", err, b)
+	}
+	aw.Namespace = l.ns
+	_, decided, running := l.resetOnceOf(t, &aw)
+	pods := l.pods(t, "gen")
+	for _, p := range pods {
+		if p.Spec.Containers[0].Image != train {
+			t.Errorf("pod %s runs %s, want %s", p.Name, p.Spec.Containers[0].Image, train)
+		}
+	}
+	t.Logf("generated AppWrapper: crash -> reset decided %v, -> new pod Running %v", decided.Round(time.Millisecond), running.Round(time.Millisecond))
+}
+
+// images builds the ft-launcher image with scripts/image.sh from static
+// binaries of this tree, then a training image FROM it that adds the box
+// program as its rank and a /tmp, imports both into every node and
+// returns their names.
+func (l *lane) images(t *testing.T) (launcherImage, trainImage string) {
+	t.Helper()
+	testenv.Require(t, testenv.Buildah)
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "bin")
+	for _, c := range []string{"ft-launcher", "ft-launcher-etcd", "ft-resumer"} {
+		build := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w", "-o", filepath.Join(bin, c), "../../cmd/"+c)
+		build.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := build.CombinedOutput(); err != nil {
+			t.Fatalf("build %s: %v\n%s", c, err, out)
+		}
+	}
+	launcher := filepath.Join(dir, "ft-launcher.oci.tar")
+	if out, err := exec.Command("../../scripts/image.sh", "--bin-dir", bin, "--tag", "localhost/ft-launcher:test",
+		"--out", launcher).CombinedOutput(); err != nil {
+		t.Fatalf("scripts/image.sh: %v\n%s", err, out)
+	}
+	// The user's training image: FROM the launcher's, plus the program.
+	ctx := filepath.Join(dir, "train")
+	if err := os.MkdirAll(ctx, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// A /tmp writable by every user, as images with a distribution have:
+	// a tar layer keeps the directory's mode (COPY --chmod does not apply
+	// to a directory's own mode).
+	var tmp bytes.Buffer
+	tw := tar.NewWriter(&tmp)
+	if err := tw.WriteHeader(&tar.Header{Name: "tmp/", Typeflag: tar.TypeDir, Mode: 0o1777}); err != nil {
+		t.Fatal(err)
+	}
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(ctx, "tmp.tar"), tmp.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	build := exec.Command("go", "build", "-o", filepath.Join(ctx, "box"), "./testdata/box")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build box: %v\n%s", err, out)
+	}
+	containerfile := "FROM oci-archive:" + launcher + "\nCOPY box /box\nADD tmp.tar /\n"
+	if err := os.WriteFile(filepath.Join(ctx, "Containerfile"), []byte(containerfile), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	train := filepath.Join(dir, "train.oci.tar")
+	store := filepath.Join(dir, "store")
+	b := []string{"--root", filepath.Join(store, "root"), "--runroot", filepath.Join(store, "run"), "--storage-driver", "vfs"}
+	t.Cleanup(func() { _ = exec.Command("buildah", append(b, "rmi", "--all")...).Run() })
+	for _, args := range [][]string{
+		{"bud", "--quiet", "--isolation", "chroot", "-t", "localhost/ftl-train:1", "-f", filepath.Join(ctx, "Containerfile"), ctx},
+		{"push", "--quiet", "localhost/ftl-train:1", "oci-archive:" + train + ":localhost/ftl-train:1"},
+	} {
+		if out, err := exec.Command("buildah", append(b, args...)...).CombinedOutput(); err != nil {
+			t.Fatalf("buildah %s: %v\n%s", args[0], err, out)
+		}
+	}
+	ctxT, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	for _, img := range []struct{ archive, base string }{{launcher, "localhost/ft-launcher"}, {train, "localhost/ftl-train"}} {
+		if err := l.c.ImportImage(ctxT, img.archive, img.base); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return "localhost/ft-launcher:test", "localhost/ftl-train:1"
 }
 
 // Scenario 4: ft-launcher's verdict, written to the termination log in
