@@ -59,11 +59,7 @@ func (r *rankMon) heartbeatTimeoutLocked() (to time.Duration, def bool) {
 	if r.nIv.Load() < d.LearnIntervals || r.namedPhaseOpenLocked() {
 		return d.Startup, true
 	}
-	safety := r.m.opts.FT.SafetyFactor
-	if safety <= 0 {
-		safety = 5
-	}
-	return max(time.Duration(safety*float64(r.maxIv.Load())), d.LearnedFloor), true
+	return max(scaled(time.Duration(r.maxIv.Load()), r.m.opts.FT.SafetyFactor), d.LearnedFloor), true
 }
 
 // namedPhaseOpenLocked: a section other than "step" is open.
@@ -122,21 +118,17 @@ func (r *rankMon) busyLocked(now int64, e expiry) bool {
 	if r.pid <= 0 {
 		return false
 	}
-	arm := func(at int64) {
-		r.armed = at
-		r.timer.Reset(time.Duration(max(at-r.m.mono(), 0)))
-	}
 	if r.probe.deadline != e.deadline {
 		a, ok := procfs.GroupActivity(r.pid)
 		if !ok {
 			return false
 		}
 		r.probe = activityProbe{deadline: e.deadline, at: now, base: a}
-		arm(now + int64(activityWindow))
+		r.armAtLocked(now + int64(activityWindow))
 		return true
 	}
 	if end := r.probe.at + int64(activityWindow); now < end {
-		arm(end)
+		r.armAtLocked(end)
 		return true
 	}
 	base := r.probe.base
@@ -153,6 +145,6 @@ func (r *rankMon) busyLocked(now int64, e expiry) bool {
 	r.m.log.Info("rank silent past the default clock but busy: not hung", "local_rank", r.local, "rank", r.globalRank,
 		"cycle", r.cycle, "kind", e.kind, "timeout", e.timeout, "silent", time.Duration(now-e.start).Round(time.Millisecond),
 		"cpu", cpu, "io_bytes", io, "window", activityWindow, "next_check", e.timeout)
-	arm(r.deferTo)
+	r.armAtLocked(r.deferTo)
 	return true
 }

@@ -615,6 +615,12 @@ func (r *rankMon) rearmLocked(now int64) {
 	r.timer.Reset(time.Duration(max(e.deadline-now, 0)))
 }
 
+// armAtLocked sets the timer for monotonic time at.
+func (r *rankMon) armAtLocked(at int64) {
+	r.armed = at
+	r.timer.Reset(time.Duration(max(at-r.m.mono(), 0)))
+}
+
 // onTimer evaluates the deadlines. It first drains the native session so a
 // message that arrived before now is never missed: everything read is
 // stamped no earlier than now, so it can only push the deadline later.
@@ -629,8 +635,7 @@ func (r *rankMon) onTimer() {
 		return
 	}
 	if now < e.deadline {
-		r.armed = e.deadline
-		r.timer.Reset(time.Duration(max(e.deadline-r.m.mono(), 0)))
+		r.armAtLocked(e.deadline)
 		r.mu.Unlock()
 		return
 	}
@@ -638,8 +643,7 @@ func (r *rankMon) onTimer() {
 	// judged only stallGrace after the launcher runs again: what the rank
 	// sent meanwhile may still sit in a socket whose reader was frozen too.
 	if g := r.m.stalls.graceEnd(now); g > now {
-		r.armed = g
-		r.timer.Reset(time.Duration(max(g-r.m.mono(), 0)))
+		r.armAtLocked(g)
 		r.mu.Unlock()
 		return
 	}

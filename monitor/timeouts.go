@@ -178,6 +178,14 @@ func blend(candidate, prev time.Duration, prevCalculated bool) time.Duration {
 	return candidate
 }
 
+// scaled is d times the safety factor (5 when none is set).
+func scaled(d time.Duration, safety float64) time.Duration {
+	if safety <= 0 {
+		safety = 5
+	}
+	return time.Duration(float64(d) * safety)
+}
+
 // change records one timeout the computation replaced, for logging.
 type change struct {
 	Name          string
@@ -191,10 +199,7 @@ type change struct {
 func compute(cur Timeouts, obs *observations, safety float64, floor time.Duration, clientSet map[string]bool) (Timeouts, []change) {
 	next := cur.Clone()
 	var changes []change
-	if safety <= 0 {
-		safety = 5
-	}
-	scale := func(d time.Duration) time.Duration { return max(time.Duration(float64(d)*safety), floor) }
+	scale := func(d time.Duration) time.Duration { return max(scaled(d, safety), floor) }
 	if !clientSet["heartbeat"] && obs.CheckpointSeen && obs.Heartbeats >= minHeartbeatIntervals && obs.HeartbeatMax > 0 && obs.InitialDelay > 0 {
 		// The delay before the first heartbeat includes loading a checkpoint,
 		// which a fresh start never did: never enable a disabled initial
