@@ -160,47 +160,77 @@ func TestStallNotLearned(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			state := filepath.Join(t.TempDir(), "ft_state.json")
-			m := newManager(t, 1, func(ft *configs.FaultTolerance) {
-				ft.CalculateTimeouts = true
-				ft.SafetyFactor = 5
-				ft.RankSectionTimeouts = map[string]*float64{"step": fptr(60)}
-			}, state)
-			p := startRank(t, m, tc.connect+";"+script)
-			m.BeginCycle(0, map[int]int{0: p.cmd.Process.Pid})
-			p.waitLine(t, "pause", 30*time.Second)
-			if tc.stall {
-				// The launcher "stalls" from just before the pause until
-				// after it: what the rank did meanwhile is read late.
-				now := m.mono()
-				recordStall(m.stalls, stallWindow{now - int64(20*time.Millisecond), now + int64(2500*time.Millisecond)})
-			}
-			if st := p.exited(t, 60*time.Second); !st.Success() {
-				t.Fatalf("rank ended with %v", st)
-			}
-			m.EndCycleWith(true)
-			sf := readState(t, state)
-			hb, st := sf.CurrentTimeouts.Heartbeat, sf.CurrentTimeouts.Section
-			if hb == nil || hb.Subsequent == nil || st == nil || st.Section["step"] == nil {
-				t.Fatalf("nothing computed: %+v", sf.CurrentTimeouts)
-			}
-			obs := sf.FTLauncher.Observed
-			t.Logf("max heartbeat interval %.3fs over %d → %.2fs; step max %.3fs over %d → %.2fs",
-				obs.HeartbeatIntervalMax, obs.HeartbeatIntervals, *hb.Subsequent,
-				obs.SectionMax["step"], obs.SectionCloses["step"], *st.Section["step"])
-			if tc.stall {
-				// 5 × intervals of ~50 ms; generous for a loaded machine.
-				if *hb.Subsequent > 5 || *st.Section["step"] > 5 {
-					t.Errorf("the pause under a launcher stall was learned: heartbeat %.2fs, step %.2fs", *hb.Subsequent, *st.Section["step"])
+			// On a loaded machine the test's own launcher may really stall
+			// (a tick more than stallThreshold late), which excludes
+			// intervals the no-stall case counts: such a run says nothing
+			// about the pause, so it is run again (at most three times).
+			for attempt := 1; ; attempt++ {
+				if !runStallNotLearned(t, tc.connect+";"+script, tc.stall) {
+					return
 				}
-				if obs.HeartbeatIntervals >= 84 || obs.SectionCloses["step"] != 3 {
-					t.Errorf("%d intervals and %d steps counted; the ones across the stall must not be", obs.HeartbeatIntervals, obs.SectionCloses["step"])
+				if attempt == 3 {
+					t.Fatalf("the test's launcher stalled in each of %d runs (machine overloaded): nothing shown", attempt)
 				}
-			} else if *hb.Subsequent < 9.5 || *st.Section["step"] < 9.5 || obs.HeartbeatIntervals != 84 {
-				t.Errorf("without a stall the 2 s pause must be learned (≥ 10 s): heartbeat %.2fs, step %.2fs", *hb.Subsequent, *st.Section["step"])
+				t.Logf("run %d: the launcher really stalled; running again", attempt)
 			}
 		})
 	}
+}
+
+// runStallNotLearned runs one rank through the script and checks what was
+// learned. It reports whether the no-stall case saw a real launcher stall,
+// in which case it checked nothing.
+func runStallNotLearned(t *testing.T, script string, stall bool) (realStall bool) {
+	t.Helper()
+	state := filepath.Join(t.TempDir(), "ft_state.json")
+	m := newManager(t, 1, func(ft *configs.FaultTolerance) {
+		ft.CalculateTimeouts = true
+		ft.SafetyFactor = 5
+		ft.RankSectionTimeouts = map[string]*float64{"step": fptr(60)}
+	}, state)
+	p := startRank(t, m, script)
+	m.BeginCycle(0, map[int]int{0: p.cmd.Process.Pid})
+	p.waitLine(t, "pause", 30*time.Second)
+	if stall {
+		// The launcher "stalls" from just before the pause until
+		// after it: what the rank did meanwhile is read late.
+		now := m.mono()
+		recordStall(m.stalls, stallWindow{now - int64(20*time.Millisecond), now + int64(2500*time.Millisecond)})
+	}
+	if st := p.exited(t, 60*time.Second); !st.Success() {
+		t.Fatalf("rank ended with %v", st)
+	}
+	if !stall {
+		m.stalls.mu.Lock()
+		realStall = len(m.stalls.windows) > 0
+		m.stalls.mu.Unlock()
+		if realStall {
+			m.EndCycleWith(false)
+			return true
+		}
+	}
+	m.EndCycleWith(true)
+	sf := readState(t, state)
+	hb, st := sf.CurrentTimeouts.Heartbeat, sf.CurrentTimeouts.Section
+	if hb == nil || hb.Subsequent == nil || st == nil || st.Section["step"] == nil {
+		t.Fatalf("nothing computed: %+v", sf.CurrentTimeouts)
+	}
+	obs := sf.FTLauncher.Observed
+	t.Logf("max heartbeat interval %.3fs over %d → %.2fs; step max %.3fs over %d → %.2fs",
+		obs.HeartbeatIntervalMax, obs.HeartbeatIntervals, *hb.Subsequent,
+		obs.SectionMax["step"], obs.SectionCloses["step"], *st.Section["step"])
+	if stall {
+		// 5 × intervals of ~50 ms; generous for a loaded machine.
+		if *hb.Subsequent > 5 || *st.Section["step"] > 5 {
+			t.Errorf("the pause under a launcher stall was learned: heartbeat %.2fs, step %.2fs", *hb.Subsequent, *st.Section["step"])
+		}
+		if obs.HeartbeatIntervals >= 84 || obs.SectionCloses["step"] != 3 {
+			t.Errorf("%d intervals and %d steps counted; the ones across the stall must not be", obs.HeartbeatIntervals, obs.SectionCloses["step"])
+		}
+	} else if *hb.Subsequent < 9.5 || *st.Section["step"] < 9.5 || obs.HeartbeatIntervals != 84 {
+		t.Errorf("without a stall the 2 s pause must be learned (≥ 10 s): heartbeat %.2fs, step %.2fs, %d intervals (want 84)", *hb.Subsequent, *st.Section["step"], obs.HeartbeatIntervals)
+	}
+	return false
 }
 
 // TestStallGraceDefersHang: a deadline that passed during a launcher stall
