@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -54,7 +55,11 @@ func TestComputedTimeoutsPersistAndLoad(t *testing.T) {
 	if hb == nil || hb.Subsequent == nil || !hb.WereCalculated {
 		t.Fatalf("no computed heartbeat timeout in %s", b)
 	}
-	if obs.HeartbeatIntervals != 29 || obs.HeartbeatIntervalMax < 0.1 || obs.HeartbeatIntervalMax > 1 {
+	// A real launcher stall on a loaded machine (logged) excludes the
+	// intervals it covers; only then may fewer be counted.
+	stalled := strings.Contains(j1.stderr.String(), "launcher stalled")
+	if (obs.HeartbeatIntervals != 29 && !(stalled && obs.HeartbeatIntervals > 0 && obs.HeartbeatIntervals < 29)) ||
+		obs.HeartbeatIntervalMax < 0.1 || obs.HeartbeatIntervalMax > 1 {
 		t.Fatalf("observed %d intervals, max %.3fs; want 29 intervals of about 0.1s", obs.HeartbeatIntervals, obs.HeartbeatIntervalMax)
 	}
 	want := math.Max(60*obs.HeartbeatIntervalMax, 5)

@@ -375,8 +375,13 @@ func TestComputedTimeouts(t *testing.T) {
 		t.Fatalf("no calculated heartbeat timeouts persisted: %+v", sf.CurrentTimeouts)
 	}
 	t.Logf("observed max interval %.3fs over %d intervals → heartbeat timeout %.3fs", obs.HeartbeatIntervalMax, obs.HeartbeatIntervals, *hb.Subsequent)
-	if obs.HeartbeatIntervals != 39 {
-		t.Errorf("observed %d intervals, want 39", obs.HeartbeatIntervals)
+	// A real launcher stall (a loaded machine) excludes the intervals it
+	// covers; only then may fewer be counted.
+	m.stalls.mu.Lock()
+	stalled := len(m.stalls.windows) > 0
+	m.stalls.mu.Unlock()
+	if obs.HeartbeatIntervals != 39 && !(stalled && obs.HeartbeatIntervals > 0 && obs.HeartbeatIntervals < 39) {
+		t.Errorf("observed %d intervals, want 39 (launcher stalled: %v)", obs.HeartbeatIntervals, stalled)
 	}
 	if obs.HeartbeatIntervalMax < 0.05 || *hb.Subsequent < 0.25 || *hb.Subsequent > 5 {
 		t.Errorf("implausible heartbeat timeout %.3f (max interval %.3f)", *hb.Subsequent, obs.HeartbeatIntervalMax)
