@@ -349,7 +349,7 @@ func TestSIGTERMDuringBlockedRendezvousCall(t *testing.T) {
 	sent := time.Now()
 	for i, n := range c.nodes {
 		n.wait(time.Minute)
-		if took := time.Since(sent); took > 3*time.Second+5*time.Second {
+		if took := time.Since(sent); took > 3*time.Second+20*time.Second {
 			t.Errorf("node %d exited %s after SIGTERM, want within --term-timeout (3s) plus a margin\n%s", i, took, n.stderr.String())
 		}
 		if v := readVerdict(t, c.verdictPath(i)); v.Kind != verdict.Signaled {

@@ -125,7 +125,7 @@ func TestLightningCallbackUnderTheLauncher(t *testing.T) {
 	if hb := st.Current.Heartbeat; !hb.Calculated || hb.Subsequent <= 0 || hb.Initial <= 0 {
 		t.Errorf("_ft_state.json %s: want calculated heartbeat timeouts", b)
 	}
-	// Job 3: a batch hangs for 30 s; without heartbeats the monitor kills
+	// Job 3: a batch hangs for 300 s; without heartbeats the monitor kills
 	// the rank long before.
 	os.Remove(flag)
 	os.Remove(ckpt)
@@ -135,8 +135,10 @@ func TestLightningCallbackUnderTheLauncher(t *testing.T) {
 		t.Fatalf("job 3 hung in a batch but the launcher succeeded:\n%s", out)
 	}
 	t.Logf("job 3 (hung batch): exit %d after %v; hang lines: %v", code, time.Since(start).Round(time.Millisecond), grep(out, "hang"))
-	if took := time.Since(start); took > 25*time.Second {
-		t.Errorf("the hang was not detected before the 30 s batch ended (%v)", took)
+	// The batch hangs 300 s: a job that ends within half of that was ended
+	// by the monitor, whatever the machine's load.
+	if took := time.Since(start); took > 150*time.Second {
+		t.Errorf("the hang was not detected before the 300 s batch ended (%v)", took)
 	}
 	if _, err := os.Stat(flag); err == nil {
 		t.Error("a hung job created the finished flag")

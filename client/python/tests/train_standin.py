@@ -15,6 +15,6 @@ stop_after = int(sys.argv[4]) if len(sys.argv) > 4 and sys.argv[4] != "-" else N
 hang_at = int(sys.argv[5]) if len(sys.argv) > 5 else None
 cb = FaultToleranceCallback(autoresume=True, calculate_timeouts=True, exp_dir=exp_dir)
 trainer = Trainer([cb], max_steps=max_steps, batches_per_epoch=3, batch_sleep=0.2,
-                  stop_after_steps=stop_after, hang_at_step=hang_at, hang_for=30)
+                  stop_after_steps=stop_after, hang_at_step=hang_at, hang_for=300)
 trainer.fit(ckpt_path=ckpt)
 print("trained to step", trainer.global_step, "timeouts", vars(cb.fault_tol_client.hb_timeouts) if cb.fault_tol_client else None)
