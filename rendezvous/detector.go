@@ -71,12 +71,15 @@ func newLossDetector(self string, t GossipTimings, log *slog.Logger, judge lossJ
 }
 
 // start opens the stream listener and joins no one yet: the gossip member
-// binds addr:port (0 picks a free one).
-func (d *lossDetector) start(addr string, port int) error {
+// binds addr:port (0 picks a free one). A non-nil key encrypts gossip.
+func (d *lossDetector) start(addr string, port int, key []byte) error {
 	if err := d.startStream(addr); err != nil {
 		return fmt.Errorf("rendezvous: stream listener on %s: %w", addr, err)
 	}
 	c := gossipConfig(d.self, addr, port, d.timings)
+	if err := withGossipKey(c, key); err != nil {
+		return err
+	}
 	c.Events = gossipEvents{d: d}
 	c.Ping = gossipEvents{d: d}
 	ml, err := memberlist.Create(c)

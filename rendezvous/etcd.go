@@ -85,6 +85,11 @@ type EtcdOptions struct {
 	EtcdLossBound   time.Duration // etcd unreachable longer than this mid-run closes the job (default 60s)
 	ConnectTimeout  time.Duration // etcd unreachable at start: error after this (default 20s)
 	GossipPort      int           // memberlist port on LocalAddr (0 picks one)
+	// GossipKey, when set (32 bytes, derived from the job secret), makes
+	// gossip encrypt and authenticate every packet (memberlist's keyring,
+	// AES-GCM): a host without the secret can neither read the membership
+	// nor have its probes or rumours heard. nil: plain gossip.
+	GossipKey []byte
 	// ReplicaAddr is this node's state replica receiver ("host:port"),
 	// published in its registration for its peers' Assignment.ReplicaRing;
 	// "" when it runs none (docs/state.md).

@@ -35,6 +35,21 @@ func gossipConfig(name, addr string, port int, t GossipTimings) *memberlist.Conf
 	return c
 }
 
+// withGossipKey makes c encrypt and authenticate every packet with key
+// (memberlist's keyring, AES-GCM; it verifies incoming and outgoing
+// packets both): a member without the key is neither heard nor answered.
+// A nil key leaves gossip plain.
+func withGossipKey(c *memberlist.Config, key []byte) error {
+	if key == nil {
+		return nil
+	}
+	if n := len(key); n != 16 && n != 24 && n != 32 {
+		return fmt.Errorf("rendezvous: gossip key of %d bytes, want 16, 24 or 32", n)
+	}
+	c.SecretKey = key
+	return nil
+}
+
 // GossipTimings are the failure detector's settings (--rdzv-conf
 // gossip_probe_interval, gossip_probe_timeout, gossip_suspicion_mult,
 // gossip_indirect_checks). Zero fields take the defaults.
@@ -206,7 +221,7 @@ func (e *Etcd) startGossip() error {
 	if err != nil {
 		return fmt.Errorf("rendezvous: gossip address: %w", err)
 	}
-	return e.loss.start(ips[0], e.o.GossipPort)
+	return e.loss.start(ips[0], e.o.GossipPort, e.o.GossipKey)
 }
 
 // stopGossip leaves gossip (when graceful) and shuts it down.
