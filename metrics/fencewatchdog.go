@@ -13,7 +13,7 @@ func newFenceWatchdogMetrics(reg *prometheus.Registry) *fenceWatchdogMetrics {
 	fw := &fenceWatchdogMetrics{
 		up: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "ftlauncher_fence_watchdog_up",
-			Help: "1 while the fence watchdog runs (a multi-node launcher), 0 from its death until its restart, or for good once it could not be restarted."}, nil),
+			Help: "1 while the fence watchdog protects this node's ranks (a multi-node launcher; a dead one is restarted within milliseconds), 0 once it could not be restarted."}, nil),
 		restarts: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "ftlauncher_fence_watchdog_restarts_total",
 			Help: "Deaths of the fence watchdog after which the launcher started a new one."}),
