@@ -34,6 +34,17 @@
 // A guarded group is identified by its leader's pid and start time, so a
 // pid reused by an unrelated process after the group was gone is never
 // signalled.
+//
+// The watchdog is stateless, so a dead one is replaced at once: the
+// launcher's handle (Watchdog) keeps the guarded groups and the last
+// deadline beside the pipe, starts a new watchdog when the reaper reports
+// the old one's death, and writes it that state (guards, then the
+// deadline) before anything else. RestartPolicy bounds the restarts; when
+// it gives up, the handle SIGKILLs the guarded groups itself and kills any
+// group guarded later at once, so that no rank runs unprotected.
+//
+// The watchdog opens no socket: its commands come only over the pipe, its
+// reports go only over its stdout pipe.
 package fence
 
 import (
