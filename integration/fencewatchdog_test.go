@@ -255,7 +255,7 @@ func fenceWatchdogs(pid int) []int {
 // frozen node follows round 1's first (freezeFenced).
 func TestFenceWatchdogRestartedAfterSIGKILL(t *testing.T) {
 	skipShort(t)
-	t.Parallel() // mostly waiting (the freeze), on addresses of its own
+	t.Parallel()     // mostly waiting (the freeze), on addresses of its own
 	const host0 = 22 // 127.0.0.22-24: beside TestFrozenLauncherFencedByWatchdog's
 	metrics := make([]string, 3)
 	for i := range metrics {
@@ -320,7 +320,7 @@ func TestFenceWatchdogRestartedAfterSIGKILL(t *testing.T) {
 // says why; the job goes on without it (the spare takes its place).
 func TestFenceWatchdogNotRestartableStopsNode(t *testing.T) {
 	skipShort(t)
-	t.Parallel() // on addresses of its own
+	t.Parallel()     // on addresses of its own
 	const host0 = 32 // 127.0.0.32-34
 	bin := filepath.Join(t.TempDir(), "ft-launcher")
 	copyExecutable(t, bins.launcher, bin)

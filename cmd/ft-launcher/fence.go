@@ -71,7 +71,7 @@ func startFence(reaper *spawn.Reaper, ev *eventlog.Log, met *metrics.Metrics, re
 			ev.Emit(eventlog.FenceWatchdogGaveUpEvent{OldPID: g.OldPID, Exit: g.Exit, Reason: g.Reason, PGIDs: g.Killed})
 			met.FenceWatchdogUp(false)
 			rec.gaveUp(g)
-			abort("this node " + reason)
+			abort("the fence watchdog could not be restarted (" + g.Reason + "): this node's ranks were killed rather than run unprotected")
 		}})
 	if err != nil {
 		log.Error("no fence watchdog: a frozen launcher's ranks would not be stopped", "err", err)
