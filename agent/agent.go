@@ -251,7 +251,7 @@ func (a *Agent) depart(reason string) {
 	ctx, cancel := context.WithTimeout(context.Background(), min(a.d.CallTimeout, departTimeout))
 	defer cancel()
 	if err := a.d.Rdzv.Depart(ctx, reason); err != nil {
-		a.log.Warn("leaving the rendezvous after a signal", "err", err)
+		a.log.Warn("leaving the rendezvous", "reason", reason, "err", err)
 	}
 }
 
