@@ -13,6 +13,7 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -195,11 +196,37 @@ func (a *Agent) Run(ctx context.Context) Outcome {
 		a.transition(next)
 	}
 	a.stopKept("the job does not go on") // survivors kept for an in-process restart that never came
-	a.departIfSignaled()
+	if !a.aborted(ctx) {
+		a.departIfSignaled()
+	}
 	if a.d.Spare != nil {
 		a.d.Spare.Close()
 	}
 	return a.finish()
+}
+
+// Abort is the cause (context.WithCancelCause) with which the launcher
+// cancels Run's context when a part that the node must not run without has
+// failed for good (the fence watchdog could not be restarted). The
+// cancellation stops the ranks and ends Run as a signal would; the node
+// then departs the rendezvous with Reason (its peers go on without it, a
+// spare takes its place) and the outcome is FatalError with Reason.
+type Abort struct{ Reason string }
+
+func (e *Abort) Error() string { return e.Reason }
+
+// aborted applies an Abort that ended Run (see Abort); false when none did.
+func (a *Agent) aborted(ctx context.Context) bool {
+	var ab *Abort
+	if !errors.As(context.Cause(ctx), &ab) {
+		return false
+	}
+	a.log.Error("this node ends: " + ab.Reason)
+	a.ev.Emit(eventlog.JobFailedEvent{CloseKind: eventlog.Opt(string(verdict.FatalError)), Reason: ab.Reason})
+	a.run.outcome = nil // the cancellation's outcome (signaled, or a failed call) says nothing of why
+	a.run.setOutcome(verdict.FatalError, ab.Reason)
+	a.depart("node " + a.d.NodeID + " ended: " + ab.Reason)
+	return true
 }
 
 // departTimeout bounds the departure of a node stopped by a signal.
@@ -214,13 +241,17 @@ func (a *Agent) departIfSignaled() {
 	if o == nil || (o.Kind != verdict.Signaled && o.Kind != verdict.Walltime) {
 		return
 	}
+	a.depart(fmt.Sprintf("node %s %s", a.d.NodeID, o.Reason))
+}
+
+// depart tells the rendezvous that this node leaves, with reason.
+func (a *Agent) depart(reason string) {
 	// A courtesy to the peers, never a reason to linger: a few seconds at
 	// most (their gossip and the lease notice the node's absence anyway).
 	ctx, cancel := context.WithTimeout(context.Background(), min(a.d.CallTimeout, departTimeout))
 	defer cancel()
-	reason := fmt.Sprintf("node %s %s", a.d.NodeID, o.Reason)
 	if err := a.d.Rdzv.Depart(ctx, reason); err != nil {
-		a.log.Warn("leaving the rendezvous after a signal", "err", err)
+		a.log.Warn("leaving the rendezvous", "reason", reason, "err", err)
 	}
 }
 

@@ -344,6 +344,8 @@ type harness struct {
 
 	// logHandler takes the agent's logs (nil: discarded).
 	logHandler slog.Handler
+	// ctx is Run's context (nil: context.Background()).
+	ctx context.Context
 }
 
 func newHarness(t *testing.T) *harness {
@@ -388,7 +390,11 @@ func (h *harness) start() <-chan Outcome {
 		h.agent.d.Monitors = h.monitors
 	}
 	out := make(chan Outcome, 1)
-	go func() { out <- h.agent.Run(context.Background()) }()
+	ctx := h.ctx
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	go func() { out <- h.agent.Run(ctx) }()
 	return out
 }
 

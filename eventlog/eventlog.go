@@ -43,6 +43,15 @@ const (
 // written when the launcher runs again (docs/rendezvous.md).
 const FencedByWatchdog = "fenced_by_watchdog"
 
+// FenceWatchdogRestarted: the fence watchdog process died and the launcher
+// started a new one, given the guarded groups and the deadline again;
+// FenceWatchdogGaveUp: it could not be restarted (RestartPolicy), so the
+// launcher killed this node's ranks itself and ends (docs/rendezvous.md).
+const (
+	FenceWatchdogRestarted = "fence_watchdog_restarted"
+	FenceWatchdogGaveUp    = "fence_watchdog_gave_up"
+)
+
 // Log appends events to a file. A nil *Log discards events.
 //
 // A write that fails (a full file system) never blocks or stops the

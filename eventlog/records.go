@@ -210,6 +210,32 @@ type FencedByWatchdogEvent struct {
 	ReadAfterS float64 `json:"read_after_s"`
 }
 
+// FenceWatchdogRestartedEvent: the fence watchdog died (Exit: "killed by
+// SIGKILL", "exit code 2") after running ServedS and a new one (NewPID)
+// was started with the state, RestartMS after the death was reaped.
+type FenceWatchdogRestartedEvent struct {
+	OldPID    int     `json:"old_pid"`
+	NewPID    int     `json:"new_pid"`
+	Exit      string  `json:"exit"`
+	ExitCode  int     `json:"exit_code"`
+	Signal    string  `json:"signal,omitempty"`
+	ServedS   float64 `json:"served_s"`
+	RestartMS float64 `json:"restart_ms"`
+	Attempts  int     `json:"attempts"`
+	Guarded   int     `json:"guarded"`
+	Armed     bool    `json:"armed"`
+	Restarts  int     `json:"restarts"`
+}
+
+// FenceWatchdogGaveUpEvent: the fence watchdog was not restarted (Reason);
+// the launcher SIGKILLed the guarded process groups (PGIDs) itself.
+type FenceWatchdogGaveUpEvent struct {
+	OldPID int    `json:"old_pid"`
+	Exit   string `json:"exit"`
+	Reason string `json:"reason"`
+	PGIDs  []int  `json:"pgids"`
+}
+
 // TrainingFinishedEvent: the training's finished flag was found.
 type TrainingFinishedEvent struct {
 	Round int    `json:"round"`
@@ -518,6 +544,8 @@ func (StandbyEvent) Kind() string                { return Standby }
 func (RestartEvent) Kind() string                { return Restart }
 func (FencedEvent) Kind() string                 { return Fenced }
 func (FencedByWatchdogEvent) Kind() string       { return FencedByWatchdog }
+func (FenceWatchdogRestartedEvent) Kind() string { return FenceWatchdogRestarted }
+func (FenceWatchdogGaveUpEvent) Kind() string    { return FenceWatchdogGaveUp }
 func (TrainingFinishedEvent) Kind() string       { return TrainingFinished }
 func (VerdictEvent) Kind() string                { return Verdict }
 func (VerdictLostEvent) Kind() string            { return VerdictLost }
@@ -562,5 +590,6 @@ func Typed() []Record {
 		StateStaleRemovedEvent{}, StateReplicaSentEvent{}, StateReplicaFailedEvent{}, StateReplicaRefusedEvent{},
 		StateReplicaReceivedEvent{}, StateReplicaDiscardedEvent{}, StateRestoredFromBuddyEvent{},
 		RankFailureHintEvent{},
+		FenceWatchdogRestartedEvent{}, FenceWatchdogGaveUpEvent{},
 	}
 }

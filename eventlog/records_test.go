@@ -207,6 +207,12 @@ func TestEmitBytesAsBefore(t *testing.T) {
 		{InProcessFallbackEvent{Round: 1, Why: "w", Reason: "r", LocalRank: Opt(0)}, map[string]any{"round": 1, "why": "w", "reason": "r", "local_rank": 0}},
 		{InProcessKeptEvent{Round: 1, Why: "w"}, map[string]any{"round": 1, "survivors": []int(nil), "failed": []int(nil), "why": "w"}},
 		{FencedByWatchdogEvent{Reason: "deadline", LateMS: 1.5, ReadAfterS: 0.25}, map[string]any{"reason": "deadline", "pgids": []int(nil), "late_ms": 1.5, "read_after_s": 0.25}},
+		{FenceWatchdogRestartedEvent{OldPID: 7, NewPID: 9, Exit: "killed by SIGKILL", ExitCode: -1, Signal: "SIGKILL", ServedS: 2.5,
+			RestartMS: 1.25, Attempts: 1, Guarded: 2, Armed: true, Restarts: 1},
+			map[string]any{"old_pid": 7, "new_pid": 9, "exit": "killed by SIGKILL", "exit_code": -1, "signal": "SIGKILL", "served_s": 2.5,
+				"restart_ms": 1.25, "attempts": 1, "guarded": 2, "armed": true, "restarts": 1}},
+		{FenceWatchdogGaveUpEvent{OldPID: 7, Exit: "exit code 2", Reason: "r", PGIDs: []int{5}},
+			map[string]any{"old_pid": 7, "exit": "exit code 2", "reason": "r", "pgids": []int{5}}},
 		{Fields{Event: "filler_started", Fields: map[string]any{"pid": 5, "command": "sleep 1 <&>"}}, map[string]any{"pid": 5, "command": "sleep 1 <&>"}},
 	}
 	ts := at.Format(time.RFC3339Nano)

@@ -34,13 +34,28 @@
 // A guarded group is identified by its leader's pid and start time, so a
 // pid reused by an unrelated process after the group was gone is never
 // signalled.
+//
+// The watchdog is stateless, so a dead one is replaced at once: the
+// launcher's handle (Watchdog) keeps the guarded groups and the last
+// deadline beside the pipe, starts a new watchdog when the reaper reports
+// the old one's death, and writes it that state (guards, then the
+// deadline) before anything else. RestartPolicy bounds the restarts; when
+// it gives up, the handle SIGKILLs the guarded groups itself and kills any
+// group guarded later at once, so that no rank runs unprotected.
+//
+// The watchdog opens no socket: its commands come only over the pipe, its
+// reports go only over its stdout pipe.
 package fence
 
 import (
+	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/ftlauncher/ft-launcher/internal/procfs"
 )
 
 // ModeEnv, set to "1" in a process's environment, makes ft-launcher run as
@@ -83,4 +98,26 @@ func Monotonic() int64 {
 // time.Until relies on, so a wall-clock step between does not shift it.
 func MonotonicAt(t time.Time) int64 {
 	return Monotonic() + int64(time.Until(t))
+}
+
+// killGroups SIGKILLs every process group of guarded (pgid -> its leader's
+// start time) and returns the groups signalled, sorted, and the signals
+// that failed otherwise than for a group already gone. Both sides fence
+// with it: the watchdog at its deadline, the launcher when it has no
+// watchdog any more.
+func killGroups(guarded map[int]uint64) (killed []int, errs []error) {
+	for pgid, start := range guarded {
+		if st, err := procfs.Read(pgid); err == nil && st.StartTime != start {
+			continue // the pid was reused by another process: not ours
+		}
+		// The leader is ours (alive or a zombie), or it was reaped while
+		// members of its group live on: a pgid is not reused then.
+		if err := unix.Kill(-pgid, unix.SIGKILL); err == nil {
+			killed = append(killed, pgid)
+		} else if !errors.Is(err, unix.ESRCH) {
+			errs = append(errs, fmt.Errorf("SIGKILL process group %d: %w", pgid, err))
+		}
+	}
+	slices.Sort(killed)
+	return killed, errs
 }

@@ -45,7 +45,10 @@ type rig struct {
 	reports chan Report
 }
 
-func newRig(t *testing.T) *rig {
+func newRig(t *testing.T) *rig { return newRigWith(t, nil) }
+
+// newRigWith is newRig with the watchdog's options changed by opt.
+func newRigWith(t *testing.T, opt func(*Options)) *rig {
 	t.Helper()
 	r, err := spawn.NewReaper(nil)
 	if err != nil {
@@ -58,7 +61,11 @@ func newRig(t *testing.T) *rig {
 	}
 	rg := &rig{t: t, r: r, ranks: g, reports: make(chan Report, 8)}
 	rg.pgids = []int{g.PIDs()[0], g.PIDs()[1]}
-	rg.wd, err = Start(r, Options{Argv: []string{os.Args[0]}, OnFence: func(rep Report) { rg.reports <- rep }})
+	o := Options{Argv: []string{os.Args[0]}, OnFence: func(rep Report) { rg.reports <- rep }}
+	if opt != nil {
+		opt(&o)
+	}
+	rg.wd, err = Start(r, o)
 	if err != nil {
 		g.Stop(syscall.SIGKILL, 0)
 		r.Close()

@@ -3,18 +3,14 @@ package fence
 import (
 	"bufio"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"os"
 	"os/signal"
-	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/ftlauncher/ft-launcher/internal/procfs"
 )
@@ -132,24 +128,14 @@ func (w *watchdog) fence(reason string) {
 		return
 	}
 	now := Monotonic()
-	var killed []int
-	for pgid, start := range w.guarded {
-		if st, err := procfs.Read(pgid); err == nil && st.StartTime != start {
-			continue // the pid was reused by another process: not ours
-		}
-		// The leader is ours (alive or a zombie), or it was reaped while
-		// members of its group live on: a pgid is not reused then.
-		if err := unix.Kill(-pgid, unix.SIGKILL); err == nil {
-			killed = append(killed, pgid)
-		} else if !errors.Is(err, unix.ESRCH) {
-			w.logf("SIGKILL process group %d: %v", pgid, err)
-		}
+	killed, errs := killGroups(w.guarded)
+	for _, err := range errs {
+		w.logf("%v", err)
 	}
 	clear(w.guarded)
 	if len(killed) == 0 {
 		return
 	}
-	slices.Sort(killed)
 	r := Report{Reason: reason, Killed: killed}
 	if w.armed && reason != "launcher_gone" {
 		r.DeadlineNs, r.LateMs = w.deadline, float64(now-w.deadline)/1e6

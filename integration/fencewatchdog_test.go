@@ -85,12 +85,26 @@ func TestFrozenLauncherFencedByWatchdog(t *testing.T) {
 }
 
 func frozenLauncherFenced(t *testing.T, host0 int, extra []string) {
+	c, victim := fenceCluster(t, host0, extra, "", nil)
+	freezeFenced(t, c, victim, 60*time.Second)
+}
+
+// fenceCluster starts three launchers (2:3 nodes, one rank each running
+// fenceRank) on 127.0.0.<host0>.. and returns the cluster once round 0
+// runs, with the active node that does not host the embedded etcd.
+// bin is the launchers' executable ("": the tests' build); args(i) adds
+// arguments of node i (nil: none).
+func fenceCluster(t *testing.T, host0 int, extra []string, bin string, args func(i int) []string) (*cluster, int) {
 	c := newCluster(t, embeddedEndpointOn(t, fmt.Sprintf("127.0.0.%d", host0)))
-	c.host0 = host0
+	c.host0, c.bin = host0, bin
 	c.extra = append([]string{"--rdzv-backend", "c10d"}, extra...)
 	s := fenceRank(c)
 	for i := 0; i < 3; i++ {
-		c.addNodeV(nil, "--nnodes", "2:3", "--nproc-per-node", "1", "--max-restarts", "2", "--no-python", s)
+		var more []string
+		if args != nil {
+			more = args(i)
+		}
+		c.addNodeV(nil, append(append([]string{"--nnodes", "2:3", "--nproc-per-node", "1", "--max-restarts", "2", "--no-python"}, more...), s)...)
 	}
 	g0 := roundZeroActives(t, c, 2)
 	victim := -1
@@ -99,6 +113,15 @@ func frozenLauncherFenced(t *testing.T, host0 int, extra []string) {
 			victim = node
 		}
 	}
+	return c, victim
+}
+
+// freezeFenced freezes the launcher of node victim (SIGSTOP) for freeze
+// while its round-0 rank runs: its fence watchdog must kill the rank before
+// the peers start round 1 without the node, so that no round-0 timestamp
+// follows round 1's first. After SIGCONT the launcher records the fence and
+// the job ends, nothing left.
+func freezeFenced(t *testing.T, c *cluster, victim int, freeze time.Duration) {
 	rank := readInt(t, filepath.Join(c.dir, fmt.Sprintf("pid.%d.0", victim)))
 	time.Sleep(2 * time.Second) // a few renewals: the watchdog is armed
 	launcher := c.nodes[victim].cmd.Process
@@ -140,7 +163,7 @@ func frozenLauncherFenced(t *testing.T, host0 int, extra []string) {
 	if st, err := procfs.Read(wd[0]); err != nil || st.State == 'T' || st.Dead() {
 		t.Fatalf("the fence watchdog %d does not run beside the frozen launcher: %+v %v", wd[0], st, err)
 	}
-	if rest := 60*time.Second - time.Since(stopped); rest > 0 {
+	if rest := freeze - time.Since(stopped); rest > 0 {
 		time.Sleep(rest)
 	}
 	resume()
@@ -220,4 +243,165 @@ func fenceWatchdogs(pid int) []int {
 		}
 	}
 	return out
+}
+
+// TestFenceWatchdogRestartedAfterSIGKILL: the fence watchdog of an active
+// launcher is SIGKILLed (as the OOM killer would). The launcher restarts
+// it (a new pid, its child) and records it: a fence_watchdog_restarted
+// event, ftlauncher_fence_watchdog_restarts_total 1, and the verdict's
+// fence_watchdog. Then the launcher is frozen (SIGSTOP) for 20 s: the
+// restarted watchdog, given the guarded rank and the deadline again, kills
+// the rank before the peers start round 1, so no round-0 write of the
+// frozen node follows round 1's first (freezeFenced).
+func TestFenceWatchdogRestartedAfterSIGKILL(t *testing.T) {
+	skipShort(t)
+	t.Parallel()     // mostly waiting (the freeze), on addresses of its own
+	const host0 = 22 // 127.0.0.22-24: beside TestFrozenLauncherFencedByWatchdog's
+	metrics := make([]string, 3)
+	for i := range metrics {
+		h := fmt.Sprintf("127.0.0.%d", host0+i)
+		metrics[i] = fmt.Sprintf("%s:%d", h, freeTCPPort(t, h))
+	}
+	c, victim := fenceCluster(t, host0, nil, "", func(i int) []string { return []string{"--metrics-addr", metrics[i]} })
+	launcher := c.nodes[victim].cmd.Process
+	time.Sleep(2 * time.Second) // a few renewals: the watchdog is armed
+	wd := fenceWatchdogs(launcher.Pid)
+	if len(wd) != 1 {
+		t.Fatalf("launcher %d has %d fence watchdogs %v, want 1", launcher.Pid, len(wd), wd)
+	}
+	if err := syscall.Kill(wd[0], syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	killed := time.Now()
+	var now []int
+	for {
+		now = fenceWatchdogs(launcher.Pid)
+		if len(now) == 1 && now[0] != wd[0] {
+			break
+		}
+		if time.Since(killed) > generous {
+			t.Fatalf("no new fence watchdog %s after SIGKILL of %d: %v\n%s", generous, wd[0], now, c.stderrs())
+		}
+		time.Sleep(time.Millisecond)
+	}
+	t.Logf("SIGKILL of the fence watchdog %d -> its successor %d seen in /proc: %s", wd[0], now[0], time.Since(killed).Round(time.Microsecond))
+	if st, err := procfs.Read(wd[0]); err == nil && !st.Dead() {
+		t.Errorf("the killed watchdog %d still runs: %+v", wd[0], st)
+	}
+	waitFor(t, generous, func() bool { return len(c.nodes[victim].eventsOfQuiet("fence_watchdog_restarted")) > 0 })
+	ev := c.nodes[victim].eventsOfQuiet("fence_watchdog_restarted")[0]
+	if ev["old_pid"] != float64(wd[0]) || ev["new_pid"] != float64(now[0]) || ev["exit"] != "killed by SIGKILL" ||
+		ev["guarded"] != 1.0 || ev["armed"] != true || ev["restarts"] != 1.0 {
+		t.Errorf("fence_watchdog_restarted %v: want old_pid %d, new_pid %d, killed by SIGKILL, 1 group guarded, armed, restart 1", ev, wd[0], now[0])
+	}
+	t.Logf("the launcher's restart_ms (death reaped -> successor started with the state): %v", ev["restart_ms"])
+	m := scrape(t, metrics[victim])
+	if m["ftlauncher_fence_watchdog_restarts_total"] != 1 || m["ftlauncher_fence_watchdog_up"] != 1 {
+		t.Errorf("metrics: restarts_total %v, up %v; want 1 and 1", m["ftlauncher_fence_watchdog_restarts_total"], m["ftlauncher_fence_watchdog_up"])
+	}
+
+	freezeFenced(t, c, victim, 20*time.Second)
+
+	v := readVerdict(t, c.verdictPath(victim))
+	if v.FenceWatchdog == nil || v.FenceWatchdog.Restarts != 1 || len(v.FenceWatchdog.Deaths) != 1 ||
+		v.FenceWatchdog.Deaths[0].PID != wd[0] || v.FenceWatchdog.Deaths[0].NewPID != now[0] || v.FenceWatchdog.GaveUp != "" {
+		t.Errorf("verdict fence_watchdog %+v: want 1 restart, the death of %d replaced by %d", v.FenceWatchdog, wd[0], now[0])
+	}
+	if !strings.Contains(c.nodes[victim].stderr.String(), "fence watchdog died during the run") {
+		t.Error("no warning of the watchdog's death at the launcher's exit")
+	}
+}
+
+// TestFenceWatchdogNotRestartableStopsNode: the launchers run from a copy
+// of ft-launcher that is removed once round 0 runs, so a dead watchdog
+// cannot be started again. SIGKILL of the active node's watchdog: the
+// launcher kills its rank at once (not unprotected), writes
+// fence_watchdog_gave_up, departs and ends with a fatal_error verdict that
+// says why; the job goes on without it (the spare takes its place).
+func TestFenceWatchdogNotRestartableStopsNode(t *testing.T) {
+	skipShort(t)
+	t.Parallel()     // on addresses of its own
+	const host0 = 32 // 127.0.0.32-34
+	bin := filepath.Join(t.TempDir(), "ft-launcher")
+	copyExecutable(t, bins.launcher, bin)
+	// The embedded etcd's server is looked for beside the launcher.
+	if err := os.Symlink(filepath.Join(filepath.Dir(bins.launcher), "ft-launcher-etcd"), filepath.Join(filepath.Dir(bin), "ft-launcher-etcd")); err != nil {
+		t.Fatal(err)
+	}
+	c, victim := fenceCluster(t, host0, nil, bin, nil)
+	if err := os.Remove(bin); err != nil {
+		t.Fatal(err)
+	}
+	rank := readInt(t, filepath.Join(c.dir, fmt.Sprintf("pid.%d.0", victim)))
+	launcher := c.nodes[victim].cmd.Process
+	time.Sleep(2 * time.Second) // a few renewals: the watchdog is armed
+	wd := fenceWatchdogs(launcher.Pid)
+	if len(wd) != 1 {
+		t.Fatalf("launcher %d has %d fence watchdogs %v, want 1", launcher.Pid, len(wd), wd)
+	}
+	if err := syscall.Kill(wd[0], syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	killed := time.Now()
+	for {
+		st, err := procfs.Read(rank)
+		if err != nil || st.Dead() {
+			break
+		}
+		if time.Since(killed) > generous {
+			t.Fatalf("the rank %d still runs %s after its watchdog could not be restarted\n%s", rank, generous, c.stderrs())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Logf("SIGKILL of the watchdog -> the rank killed by its launcher: %s", time.Since(killed).Round(time.Millisecond))
+	code := c.nodes[victim].wait(2 * time.Minute)
+	if code != 1 {
+		t.Errorf("the node without a watchdog exited %d, want 1", code)
+	}
+	gave := c.nodes[victim].eventsOfQuiet("fence_watchdog_gave_up")
+	if len(gave) != 1 || !strings.Contains(fmt.Sprint(gave[0]["reason"]), "starts in a row failed") ||
+		!slices.Contains(gave[0]["pgids"].([]any), any(float64(rank))) {
+		t.Errorf("fence_watchdog_gave_up events %v: want one, the failed starts, pgid %d", gave, rank)
+	}
+	if len(c.nodes[victim].eventsOfQuiet("fence_watchdog_restarted")) != 0 {
+		t.Error("a fence_watchdog_restarted event, want none")
+	}
+	v := readVerdict(t, c.verdictPath(victim))
+	if v.Kind != "fatal_error" || !strings.Contains(v.Reason, "fence watchdog could not be restarted") ||
+		v.FenceWatchdog == nil || v.FenceWatchdog.GaveUp == "" {
+		t.Errorf("verdict %s %q fence_watchdog %+v: want fatal_error saying why", v.Kind, v.Reason, v.FenceWatchdog)
+	}
+	if !strings.Contains(c.nodes[victim].stderr.String(), "this node stops: its fence watchdog could not be restarted") {
+		t.Errorf("no log line saying why the node stops:\n%s", c.nodes[victim].stderr.String())
+	}
+
+	// The job goes on without the node: round 1 on the other two.
+	waitCount(t, filepath.Join(c.dir, "ready"), "ready1", 2, generous)
+	if err := os.WriteFile(filepath.Join(c.dir, "finish"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for i, n := range c.nodes {
+		if i == victim {
+			continue
+		}
+		if code := n.wait(2 * time.Minute); code != 0 {
+			t.Errorf("node %d exited %d", i, code)
+		}
+	}
+	for i, n := range c.nodes {
+		if left := n.waitNoLeftovers(15 * time.Second); len(left) > 0 {
+			t.Fatalf("node %d: processes left: %s", i, hangdump.Describe(left))
+		}
+	}
+}
+
+func copyExecutable(t *testing.T, from, to string) {
+	t.Helper()
+	b, err := os.ReadFile(from)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(to, b, 0o755); err != nil {
+		t.Fatal(err)
+	}
 }

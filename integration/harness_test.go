@@ -92,6 +92,7 @@ type job struct {
 	stderr  bytes.Buffer
 	done    chan struct{}
 	exitErr error
+	bin     string // the launcher's executable ("": bins.launcher)
 }
 
 func newJob(t *testing.T) *job {
@@ -126,7 +127,11 @@ func (j *job) start(env []string, args ...string) {
 	j.t.Helper()
 	full := append([]string{"--event-log", j.events}, prewarmArgs(args)...)
 	full = append(full, args...)
-	j.cmd = exec.Command(bins.launcher, full...)
+	bin := bins.launcher
+	if j.bin != "" {
+		bin = j.bin
+	}
+	j.cmd = exec.Command(bin, full...)
 	j.cmd.Env = append(append(append(os.Environ(), "FTL_TEST_MARKER="+j.marker), hangdump.Env...), env...)
 	j.cmd.Dir = j.dir
 	j.cmd.Stdout, j.cmd.Stderr = &j.stdout, &j.stderr

@@ -30,6 +30,8 @@ type cluster struct {
 	// host0 numbers the nodes' addresses: node i binds 127.0.0.<host0+i>
 	// (2 when 0). Clusters that run side by side take distinct ranges.
 	host0 int
+	// bin is the launchers' executable ("": the one built for the tests).
+	bin string
 }
 
 // rdzvBackend is one way to provide the rendezvous store.
@@ -131,7 +133,7 @@ func (c *cluster) addNode(env []string, args ...string) *job {
 	c.t.Helper()
 	i := len(c.nodes)
 	addr := c.nodeAddr(i)
-	j := &job{t: c.t, dir: c.dir, marker: c.marker, events: filepath.Join(c.dir, fmt.Sprintf("events%d.jsonl", i))}
+	j := &job{t: c.t, dir: c.dir, marker: c.marker, events: filepath.Join(c.dir, fmt.Sprintf("events%d.jsonl", i)), bin: c.bin}
 	c.t.Cleanup(j.cleanup)
 	full := append(append([]string{"--local-addr", addr, "--rdzv-endpoint", c.endpoint, "--rdzv-id", "job-" + c.marker}, c.extra...), args...)
 	j.start(append([]string{"OUT=" + c.dir, "NODE=" + strconv.Itoa(i)}, env...), full...)

@@ -42,6 +42,8 @@ type Metrics struct {
 	ip *inProcessMetrics // --restart-mode in-process (inprocess.go)
 
 	em *etcdMemberMetrics // the hosted embedded etcd member (etcdmember.go)
+
+	fw *fenceWatchdogMetrics // the fence watchdog (fencewatchdog.go)
 }
 
 // New creates the collectors and registers them on a fresh registry.
@@ -98,6 +100,7 @@ func New() *Metrics {
 		m.rankExits, m.hangKills, m.sparesAllocated, m.sparesActive, m.spareSwaps, m.fillerPreemptions, m.swapLatency)
 	m.ip = newInProcessMetrics(m.Registry)
 	m.em = newEtcdMemberMetrics(m.Registry)
+	m.fw = newFenceWatchdogMetrics(m.Registry)
 	return m
 }
 

@@ -19,8 +19,9 @@ const TerminationMessageLimit = 4096
 // it, Schema set) in at most limit bytes, shedding what an outer loop
 // needs least until it fits:
 //
-//  1. the cycles, the ledger, the etcd member failures and prewarm_auto
-//     (cycles_total stays);
+//  1. the cycles, the ledger, the etcd member failures, prewarm_auto and
+//     the fence watchdog's list of deaths (cycles_total and its restarts
+//     and gave_up stay);
 //  2. the length of the reason, the quarantine details and the other
 //     strings;
 //  3. the quarantine entries' detail, round and time, one entry per host,
@@ -48,6 +49,11 @@ func Compact(v Verdict, limit int) ([]byte, error) {
 	}
 
 	v.Cycles, v.Ledger, v.EtcdMemberFailures, v.PrewarmAuto = []Cycle{}, []ledger.Record{}, nil, nil
+	if v.FenceWatchdog != nil { // the counts and the reason stay, the list goes
+		fw := *v.FenceWatchdog
+		fw.Deaths = nil
+		v.FenceWatchdog = &fw
+	}
 	if b, err := encode(v); err != nil || len(b) <= limit {
 		return b, err
 	}

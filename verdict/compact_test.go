@@ -172,3 +172,28 @@ func TestWriteTerminationMessage(t *testing.T) {
 		t.Errorf("unwritable path: %v", err)
 	}
 }
+
+// TestCompactFenceWatchdog: a verdict too big sheds the fence watchdog's
+// list of deaths with the history, and keeps its restarts and gave_up.
+func TestCompactFenceWatchdog(t *testing.T) {
+	in := big(4, "r")
+	fw := &FenceWatchdog{Restarts: 16, GaveUp: "it died 3 times in a row, each within 10s of its start"}
+	for i := range MaxFenceWatchdogDeaths {
+		fw.Deaths = append(fw.Deaths, FenceWatchdogDeath{PID: 100 + i, Exit: "killed by SIGKILL", At: at, NewPID: 101 + i, RestartMS: 3.5})
+	}
+	in.FenceWatchdog = fw
+	b, err := Compact(in, TerminationMessageLimit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := Parse(b)
+	if err != nil {
+		t.Fatalf("Parse: %v\n%s", err, b)
+	}
+	if out.FenceWatchdog == nil || out.FenceWatchdog.Restarts != 16 || out.FenceWatchdog.GaveUp != fw.GaveUp || len(out.FenceWatchdog.Deaths) != 0 {
+		t.Errorf("compacted fence_watchdog %+v, want the restarts and gave_up without the deaths", out.FenceWatchdog)
+	}
+	if len(in.FenceWatchdog.Deaths) != MaxFenceWatchdogDeaths {
+		t.Error("Compact changed its input")
+	}
+}

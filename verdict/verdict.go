@@ -211,6 +211,36 @@ type Verdict struct {
 	// PrewarmAuto is what --prewarm auto learned for this run's command
 	// line (docs/prewarm.md); absent without it.
 	PrewarmAuto *PrewarmAuto `json:"prewarm_auto,omitempty"`
+
+	// FenceWatchdog warns that the fence watchdog (a multi-node launcher's
+	// backstop against a frozen launcher) died during the run: its deaths,
+	// restarts and, when it could not be restarted, why. Absent when it
+	// never died.
+	FenceWatchdog *FenceWatchdog `json:"fence_watchdog,omitempty"`
+}
+
+// MaxFenceWatchdogDeaths bounds FenceWatchdog.Deaths: the newest are kept.
+const MaxFenceWatchdogDeaths = 16
+
+// FenceWatchdog is the fence watchdog's deaths during a launcher's run.
+type FenceWatchdog struct {
+	Restarts int                  `json:"restarts"`
+	Deaths   []FenceWatchdogDeath `json:"deaths"`
+	// GaveUp says why it was not restarted (the launcher then killed its
+	// ranks itself and ended with fatal_error); absent while it was.
+	GaveUp string `json:"gave_up,omitempty"`
+}
+
+// FenceWatchdogDeath is one death of the fence watchdog.
+type FenceWatchdogDeath struct {
+	PID  int       `json:"pid"`
+	Exit string    `json:"exit"` // "killed by SIGKILL", "exit code 2"
+	At   time.Time `json:"at"`   // when the launcher reaped it
+	// NewPID and RestartMS are the watchdog started in its place and how
+	// long after the death it was running with the state; absent when it
+	// was not restarted.
+	NewPID    int     `json:"new_pid,omitempty"`
+	RestartMS float64 `json:"restart_ms,omitempty"`
 }
 
 // BuddyRestore is one local rank's state restored from a buddy's copy.

@@ -2,13 +2,16 @@ package main
 
 import (
 	"log/slog"
+	"sync"
 	"syscall"
 	"time"
 
 	"github.com/ftlauncher/ft-launcher/agent"
 	"github.com/ftlauncher/ft-launcher/eventlog"
 	"github.com/ftlauncher/ft-launcher/fence"
+	"github.com/ftlauncher/ft-launcher/metrics"
 	"github.com/ftlauncher/ft-launcher/spawn"
+	"github.com/ftlauncher/ft-launcher/verdict"
 )
 
 // watchdogMargin is how long before its lease can expire at etcd the fence
@@ -36,7 +39,14 @@ func watchdogMargin(ttl, fenceMargin time.Duration) time.Duration {
 // the event log and the log when the launcher runs again. A watchdog that
 // cannot start is logged and the job runs without it (nil): the node then
 // has only the in-process fence, as before.
-func startFence(reaper *spawn.Reaper, ev *eventlog.Log, log *slog.Logger) *fence.Watchdog {
+//
+// A watchdog that dies later is restarted at once with the state
+// (fence.RestartPolicy); each restart is logged, written to the event log
+// (fence_watchdog_restarted), counted (ftlauncher_fence_watchdog_restarts_total)
+// and listed in the verdict (fence_watchdog). When it cannot be restarted,
+// the ranks it guarded have been SIGKILLed and abort ends this node: it
+// does not run ranks unprotected.
+func startFence(reaper *spawn.Reaper, ev *eventlog.Log, met *metrics.Metrics, rec *fenceRecord, abort func(reason string), log *slog.Logger) *fence.Watchdog {
 	started := time.Now()
 	wd, err := fence.Start(reaper, fence.Options{Logger: log.With("component", "fence"),
 		OnFence: func(r fence.Report) {
@@ -47,13 +57,83 @@ func startFence(reaper *spawn.Reaper, ev *eventlog.Log, log *slog.Logger) *fence
 				"reason", r.Reason, "pgids", r.Killed, "late_ms", r.LateMs, "read_after", late.Round(time.Millisecond))
 			ev.Emit(eventlog.FencedByWatchdogEvent{Reason: r.Reason, PGIDs: r.Killed,
 				LateMS: r.LateMs, ReadAfterS: late.Seconds()})
+		},
+		OnRestart: func(r fence.Restart) {
+			ev.Emit(eventlog.FenceWatchdogRestartedEvent{OldPID: r.OldPID, NewPID: r.NewPID, Exit: r.Exit, ExitCode: r.Code,
+				Signal: r.Signal, ServedS: r.Served.Seconds(), RestartMS: ms(r.Downtime), Attempts: r.Attempts,
+				Guarded: r.Guarded, Armed: r.Armed, Restarts: r.Restarts})
+			met.FenceWatchdogRestarted()
+			rec.restarted(r)
+		},
+		OnGiveUp: func(g fence.GiveUp) {
+			reason := "its fence watchdog could not be restarted (" + g.Reason + "): its ranks were killed rather than run unprotected"
+			log.Error("this node stops: "+reason, "watchdog_pid", g.OldPID, "exit", g.Exit, "killed_pgids", g.Killed)
+			ev.Emit(eventlog.FenceWatchdogGaveUpEvent{OldPID: g.OldPID, Exit: g.Exit, Reason: g.Reason, PGIDs: g.Killed})
+			met.FenceWatchdogUp(false)
+			rec.gaveUp(g)
+			abort("the fence watchdog could not be restarted (" + g.Reason + "): this node's ranks were killed rather than run unprotected")
 		}})
 	if err != nil {
 		log.Error("no fence watchdog: a frozen launcher's ranks would not be stopped", "err", err)
 		return nil
 	}
+	met.FenceWatchdogUp(true)
 	log.Debug("fence watchdog running", "pid", wd.PID(), "start", time.Since(started))
 	return wd
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// fenceRecord collects the fence watchdog's deaths for the verdict; safe
+// for concurrent use and on nil.
+type fenceRecord struct {
+	mu sync.Mutex
+	v  *verdict.FenceWatchdog // nil until the watchdog died
+}
+
+func (f *fenceRecord) add(d verdict.FenceWatchdogDeath) *verdict.FenceWatchdog {
+	if f.v == nil {
+		f.v = &verdict.FenceWatchdog{}
+	}
+	f.v.Deaths = append(f.v.Deaths, d)
+	if n := len(f.v.Deaths); n > verdict.MaxFenceWatchdogDeaths {
+		f.v.Deaths = f.v.Deaths[n-verdict.MaxFenceWatchdogDeaths:]
+	}
+	return f.v
+}
+
+func (f *fenceRecord) restarted(r fence.Restart) {
+	if f == nil {
+		return
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.add(verdict.FenceWatchdogDeath{PID: r.OldPID, Exit: r.Exit, At: time.Now().Add(-r.Downtime).UTC(),
+		NewPID: r.NewPID, RestartMS: ms(r.Downtime)}).Restarts = r.Restarts
+}
+
+func (f *fenceRecord) gaveUp(g fence.GiveUp) {
+	if f == nil {
+		return
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.add(verdict.FenceWatchdogDeath{PID: g.OldPID, Exit: g.Exit, At: time.Now().UTC()}).GaveUp = g.Reason
+}
+
+// snapshot is the verdict's fence_watchdog: nil when the watchdog never died.
+func (f *fenceRecord) snapshot() *verdict.FenceWatchdog {
+	if f == nil {
+		return nil
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.v == nil {
+		return nil
+	}
+	v := *f.v
+	v.Deaths = append([]verdict.FenceWatchdogDeath(nil), v.Deaths...)
+	return &v
 }
 
 // fencedRanks guards every rank process group it starts with the watchdog,

@@ -123,9 +123,14 @@ func launch(ctx context.Context, cfg *configs.Config, log *slog.Logger, sigs <-c
 			Store: tcpstore.Options{Limits: storeLimits(cfg.NProcPerNode)}})
 		defer store.Close() // after the agent: its ranks are stopped by then
 	}
+	// The agent's context: a part the node must not run without that
+	// failed for good (the fence watchdog) ends the node through it.
+	agentCtx, abortAgent := context.WithCancelCause(ctx)
+	defer abortAgent(nil)
 	var wd *fence.Watchdog // multi-node only: a frozen launcher's ranks are killed beside it
 	if cfg.Rdzv.Mode != configs.RdzvSingleNode {
-		wd = startFence(reaper, ev, log)
+		rec.fence = &fenceRecord{}
+		wd = startFence(reaper, ev, met, rec.fence, func(reason string) { abortAgent(&agent.Abort{Reason: reason}) }, log)
 		defer wd.Close() // after the agent and the rendezvous: the ranks are stopped by then
 	}
 	rec.etcdMember = &memberFailures{}
@@ -191,7 +196,7 @@ func launch(ctx context.Context, cfg *configs.Config, log *slog.Logger, sigs <-c
 	if cfg.SpareFiller != "" {
 		deps.Spare = newFiller(cfg, reaper, logs.Dir(), cgroup, environ, ev, log)
 	}
-	return rec.write(agent.New(deps).Run(ctx))
+	return rec.write(agent.New(deps).Run(agentCtx))
 }
 
 // newLedgerBook is this node's book of leases: in the job's etcd when the
@@ -375,6 +380,7 @@ type verdictRecorder struct {
 	started time.Time
 
 	etcdMember *memberFailures             // deaths of the hosted etcd member (etcdmember.go)
+	fence      *fenceRecord                // deaths of the fence watchdog (fence.go)
 	state      *state.Store                // --state-dir (state.go); nil when off
 	prewarm    func() *prewarm.AutoSummary // --prewarm auto's list, once set up
 }
@@ -444,6 +450,10 @@ func (r *verdictRecorder) write(o agent.Outcome) int {
 		}
 	}
 	v.EtcdMemberFailures = r.etcdMember.snapshot()
+	if v.FenceWatchdog = r.fence.snapshot(); v.FenceWatchdog != nil {
+		r.log.Warn("the fence watchdog died during the run (see fence_watchdog in the verdict)",
+			"deaths", len(v.FenceWatchdog.Deaths), "restarts", v.FenceWatchdog.Restarts, "gave_up", v.FenceWatchdog.GaveUp)
+	}
 	if r.state != nil {
 		// The ranks are stopped: the final write-out, before the verdict
 		// that a continuation job reads.
