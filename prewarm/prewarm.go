@@ -82,10 +82,11 @@ type Options struct {
 	// Importing says what a restart does with a standby still importing
 	// ("": ImportingAuto).
 	Importing Importing
-	// Started, when set, is told each rank's pid before the rank runs
-	// its code: for a rank handed to a standby right before the handover
-	// (the standby's pid; again with the cold rank's when the handover
-	// fails), for a cold rank as soon as it is started. StartGroup
+	// Started, when set, is told each rank's pid as soon as it is known:
+	// for a rank handed to a standby right before the handover, so before
+	// the rank runs any of its code (the standby's pid; again with the
+	// cold rank's when the handover fails), for a cold rank right after
+	// it is started (its first milliseconds may come first). StartGroup
 	// returns only once every rank started, which can be seconds after a
 	// ready standby took its rank when another rank waits for its
 	// standby's import; the launcher passes the rank monitors' Expect so
