@@ -164,6 +164,7 @@ func (m *Manager) ReplaceRank(localRank, pid int) {
 		return
 	}
 	m.pids[localRank] = pid
+	delete(m.expected, localRank)
 	m.ranks[localRank].begin(m.cycle, pid, m.eff.Clone(), m.opts.FT.NumWarmupIterations, m.defaultsOn)
 	// Wake connections waiting in admitRank for this rank's pid.
 	close(m.cycleCh)

@@ -24,6 +24,12 @@ const (
 	// known rank waits for the next BeginCycle before it is refused: a fast
 	// rank may connect before the launcher has registered its pid.
 	pendingPeerWait = 3 * time.Second
+	// expectedPeerWait is how long a connection from a process announced
+	// by Expect (a rank started, or a standby about to be handed its rank,
+	// while the launcher may still wait seconds for its peers' standbys)
+	// waits for the BeginCycle (or ReplaceRank) that registers it: as long
+	// as ft_launcher_client's own handshake timeout.
+	expectedPeerWait = 60 * time.Second
 	// frameTimeout bounds the time to receive the rest of a message once its
 	// first byte has arrived.
 	frameTimeout = 10 * time.Second
@@ -135,6 +141,9 @@ type Manager struct {
 	// shmOK is false when it could not be sampled (no shm heartbeats then).
 	cmOffset int64
 	shmOK    bool
+	// peerHold and expectedHold are pendingPeerWait and expectedPeerWait
+	// (tests shorten them; read under mu).
+	peerHold, expectedHold time.Duration
 	// stalls records the launcher's own stalls (stall.go).
 	stalls *stallLog
 	// defaults are the default clocks (Options.Defaults with the constants
@@ -143,12 +152,18 @@ type Manager struct {
 	defaults   DefaultClocks
 	defaultsOn bool
 
-	mu         sync.Mutex
-	cycle      int
-	active     bool
-	pids       map[int]int
-	cycleCh    chan struct{} // closed and replaced by every BeginCycle
-	eff        Timeouts      // timeouts for the next/current cycle
+	mu     sync.Mutex
+	cycle  int
+	active bool
+	pids   map[int]int
+	// expected: local rank -> the pid Expect announced for the next
+	// BeginCycle or ReplaceRank; a peer of it is held longer, never
+	// admitted on it alone. Cleared by BeginCycle (per rank by ReplaceRank).
+	expected map[int]int
+	// cycleCh is closed and replaced whenever pids or expected change
+	// (BeginCycle, ReplaceRank, Expect): it wakes the peer checks.
+	cycleCh    chan struct{}
+	eff        Timeouts // timeouts for the next/current cycle
 	configured Timeouts
 	clientSet  map[string]bool                  // fields a client set during this cycle
 	base       Timeouts                         // m.eff at BeginCycle: what a field falls back to until every rank agrees
@@ -183,9 +198,10 @@ func New(opts Options) (*Manager, error) {
 	m := &Manager{
 		opts: opts, log: opts.Logger, epoch: time.Now(),
 		hangs: make(chan Hang, chanBuffer), reqs: make(chan WorkloadRequest, chanBuffer), ipReps: make(chan InProcessReport, chanBuffer),
-		ctx: ctx, cancel: cancel, pids: map[int]int{}, cycleCh: make(chan struct{}),
+		ctx: ctx, cancel: cancel, pids: map[int]int{}, expected: map[int]int{}, cycleCh: make(chan struct{}),
 		conns: map[net.Conn]struct{}{}, clientSet: map[string]bool{}, ownPgrp: syscall.Getpgrp(),
 		sent: map[string]map[int]time.Duration{}, pending: make(chan struct{}, maxPendingPeers),
+		peerHold: pendingPeerWait, expectedHold: expectedPeerWait,
 	}
 	m.stalls = newStallLog(stallThreshold, m.mono())
 	if err := m.makeDir(); err != nil {
@@ -463,6 +479,7 @@ func (m *Manager) BeginCycle(cycle int, pids map[int]int) {
 	for k, v := range pids {
 		m.pids[k] = v
 	}
+	clear(m.expected) // announced for this cycle: registered now, or never started
 	clear(m.clientSet)
 	clear(m.sent)
 	m.base = m.eff.Clone()
@@ -476,6 +493,32 @@ func (m *Manager) BeginCycle(cycle int, pids map[int]int) {
 	close(m.cycleCh)
 	m.cycleCh = make(chan struct{})
 	m.log.Debug("rank monitors: cycle begins", "cycle", cycle, "pids", pids)
+}
+
+// Expect announces that pid is about to become local rank's process: the
+// next BeginCycle (or ReplaceRank) will register it. A rank starter calls
+// it as soon as it knows the pid and before the rank runs its code (a
+// --prewarm standby before it is handed its rank), because it may return,
+// and the agent call BeginCycle, only seconds later: after waiting for the
+// imports of other ranks' standbys. A connection from pid or its
+// descendant that comes before the registration is then held for
+// expectedPeerWait instead of pendingPeerWait, and admitted only once
+// registered: the peer check itself is unchanged. A later Expect for the
+// same rank replaces an earlier one (a standby whose handover failed, its
+// rank started cold).
+func (m *Manager) Expect(localRank, pid int) {
+	if localRank < 0 || localRank >= len(m.ranks) || pid <= 0 {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return
+	}
+	m.expected[localRank] = pid
+	// Wake a connection of pid that came first: it holds on now.
+	close(m.cycleCh)
+	m.cycleCh = make(chan struct{})
 }
 
 // EndCycle stops evaluating a cycle that did not run to completion (a rank
@@ -706,8 +749,7 @@ func (m *Manager) admitRank(r *rankMon, c *net.UnixConn) (uint64, bool) {
 	if int(cred.Uid) != m.opts.UID {
 		return refused("refusing peer with another uid", "peer_pid", cred.Pid, "peer_uid", cred.Uid)
 	}
-	deadline := time.NewTimer(pendingPeerWait)
-	defer deadline.Stop()
+	since := time.Now()
 	for {
 		m.mu.Lock()
 		if m.closed {
@@ -722,14 +764,32 @@ func (m *Manager) admitRank(r *rankMon, c *net.UnixConn) (uint64, bool) {
 			m.mu.Unlock()
 			return gen, true
 		}
+		// Not (yet) the rank: held until the registration can come. A
+		// process the rank starter announced (Expect) may wait for it
+		// while the starter waits for other ranks' standbys.
+		exp := m.expected[r.local]
+		hold, announced := m.peerHold, false
+		if exp > 0 && inRankTree(int(cred.Pid), exp) {
+			hold, announced = m.expectedHold, true
+		}
 		ch := m.cycleCh
 		m.mu.Unlock()
-		select {
-		case <-ch:
-			continue
-		case <-deadline.C:
-		case <-m.ctx.Done():
-			return 0, false
+		left := hold - time.Since(since)
+		if left > 0 {
+			t := time.NewTimer(left)
+			select {
+			case <-ch:
+				t.Stop()
+				continue
+			case <-t.C:
+			case <-m.ctx.Done():
+				t.Stop()
+				return 0, false
+			}
+		}
+		if announced {
+			return refused("refusing peer: announced as the rank's process, but not registered in time",
+				"peer_pid", cred.Pid, "peer_uid", cred.Uid, "rank_pid", pid, "expected_pid", exp, "waited", hold)
 		}
 		return refused("refusing peer that is not the rank or its descendant",
 			"peer_pid", cred.Pid, "peer_uid", cred.Uid, "rank_pid", pid)

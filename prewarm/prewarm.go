@@ -82,6 +82,17 @@ type Options struct {
 	// Importing says what a restart does with a standby still importing
 	// ("": ImportingAuto).
 	Importing Importing
+	// Started, when set, is told each rank's pid as soon as it is known:
+	// for a rank handed to a standby right before the handover, so before
+	// the rank runs any of its code (the standby's pid; again with the
+	// cold rank's when the handover fails), for a cold rank right after
+	// it is started (its first milliseconds may come first). StartGroup
+	// returns only once every rank started, which can be seconds after a
+	// ready standby took its rank when another rank waits for its
+	// standby's import; the launcher passes the rank monitors' Expect so
+	// that a rank that connects meanwhile is held, not refused. Called
+	// from several goroutines at once.
+	Started func(localRank, pid int)
 	// SpareRestarts bounds how many times the standbys of one local rank
 	// of a parked spare (Park) that died are started again (0:
 	// DefaultSpareRestarts; negative: never).
@@ -318,6 +329,9 @@ func (st *Starter) StartGroup(specs []spawn.Spec) (*Group, error) {
 			return err
 		}
 		parts = append(parts, g)
+		for lr, pid := range g.PIDs() {
+			st.started(lr, pid)
+		}
 		return nil
 	}
 	if err := startCold(cold); err != nil {
@@ -510,7 +524,18 @@ func (st *Starter) take(p *plan) error {
 			return fmt.Errorf("waited %s for the standby: %s", p.waited.Round(time.Millisecond), why)
 		}
 	}
+	// The rank's pid is the standby's: said before the standby runs the
+	// rank's code, not when StartGroup returns (after the other ranks'
+	// waits), so its monitor holds its connection until registered.
+	st.started(p.spec.LocalRank, p.s.pid)
 	return p.s.handover(p.spec, st.o.HandoverTimeout)
+}
+
+// started tells Options.Started that pid is local rank's process.
+func (st *Starter) started(localRank, pid int) {
+	if st.o.Started != nil {
+		st.o.Started(localRank, pid)
+	}
 }
 
 // raise sets every thread of a lowered standby, and of the processes of

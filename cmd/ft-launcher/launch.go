@@ -157,7 +157,11 @@ func launch(ctx context.Context, cfg *configs.Config, log *slog.Logger, sigs <-c
 	if (len(cfg.Prewarm) > 0 || cfg.PrewarmAuto) && !cfg.NoPython {
 		o := prewarm.Options{Reaper: reaper, Modules: cfg.Prewarm,
 			Logger: log.With("component", "prewarm"), OnEvent: eventFields(ev),
-			Importing: prewarm.Importing(cfg.PrewarmImporting)}
+			Importing: prewarm.Importing(cfg.PrewarmImporting),
+			// A rank handed to its standby runs before StartGroup returns
+			// (it may wait seconds for other ranks' standbys) and so before
+			// the agent's BeginCycle: its monitor must know its pid first.
+			Started: mon.Expect}
 		if cfg.PrewarmAuto {
 			l, err := prewarm.NewLearner(prewarm.DefaultStateFile(os.Getenv))
 			if err != nil {
