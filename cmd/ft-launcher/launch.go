@@ -109,7 +109,7 @@ func launch(ctx context.Context, cfg *configs.Config, log *slog.Logger, sigs <-c
 	for i := range cfg.NProcPerNode {
 		ls.own(listenRankMonitor, "unix", mon.RankSocket(i), "")
 	}
-	ls.own(listenLauncherIPC, "unix", mon.LauncherSocket(), "")
+	ls.own(listenWorkloadControl, "unix", mon.LauncherSocket(), "")
 	repl, err := listenReplicas(ctx, cfg, st, ev, log)
 	if err != nil {
 		return rec.setupFailed("start the state replica receiver", err)

@@ -22,7 +22,7 @@ const (
 	listenEtcdClient       = "etcd-client"       // the embedded etcd's client URL (ft-launcher-etcd)
 	listenEtcdPeer         = "etcd-peer"         // the embedded etcd's peer URL (ft-launcher-etcd)
 	listenRankMonitor      = "rank-monitor"      // one Unix socket per local rank (monitor)
-	listenLauncherIPC      = "launcher-ipc"      // the ranks' workload requests, FT_LAUNCHER_IPC_SOCKET (monitor)
+	listenWorkloadControl  = "workload-control"  // the ranks' workload requests, FT_LAUNCHER_IPC_SOCKET (monitor)
 )
 
 // agentStoreWhen says when the agent store listens: its port is picked
