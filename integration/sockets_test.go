@@ -33,9 +33,19 @@ func threatModelNames(t *testing.T) map[string]bool {
 	if err != nil {
 		t.Fatalf("the threat model: %v (docs/security.md names every listener in its table)", err)
 	}
+	names := parseThreatModel(string(b))
+	if len(names) == 0 {
+		t.Fatal("docs/security.md has no table row with a `name` in its first column")
+	}
+	return names
+}
+
+// parseThreatModel returns the backticked identifiers in the first cell of
+// every Markdown table row of doc.
+func parseThreatModel(doc string) map[string]bool {
 	names := map[string]bool{}
 	ident := regexp.MustCompile("`([^`]+)`")
-	for _, line := range strings.Split(string(b), "\n") {
+	for _, line := range strings.Split(doc, "\n") {
 		cells := strings.Split(strings.TrimSpace(line), "|")
 		if len(cells) < 3 || cells[0] != "" {
 			continue
@@ -43,9 +53,6 @@ func threatModelNames(t *testing.T) map[string]bool {
 		for _, m := range ident.FindAllStringSubmatch(cells[1], -1) {
 			names[m[1]] = true
 		}
-	}
-	if len(names) == 0 {
-		t.Fatal("docs/security.md has no table row with a `name` in its first column")
 	}
 	return names
 }
@@ -300,9 +307,14 @@ func TestListenersAreInTheThreatModel(t *testing.T) {
 			lines = append(lines, fmt.Sprintf("  process %d %s, %d sockets, %d listening: %s", p.pid, p.role, p.sockets, p.listening, p.argv))
 		}
 		found := make([]bool, len(rec.Sockets))
+		ownPort := rankListener(t, c.dir, i, nodes, cycles[0])
+		training := 0
 		for _, l := range inv.listeners {
 			if l.training() {
 				lines = append(lines, "  training: "+l.String())
+				if l.sock.Network == "tcp" && l.sock.Local.Port() == uint16(ownPort) {
+					training++
+				}
 				continue
 			}
 			if len(l.holders) > 1 {
@@ -334,6 +346,9 @@ func TestListenersAreInTheThreatModel(t *testing.T) {
 				}
 			}
 		}
+		if training != 1 {
+			t.Errorf("node %d: the rank's own listener on port %d was found %d times as the training's, want once", i, ownPort, training)
+		}
 		for k, e := range rec.Sockets {
 			perRound := e.Name == "agent-store"
 			switch {
@@ -360,6 +375,28 @@ func TestListenersAreInTheThreatModel(t *testing.T) {
 	}
 }
 
+// rankListener is the port of the listener that node's rank opened
+// itself (its $OUT/up-<RANK> file: "pid port").
+func rankListener(t *testing.T, dir string, node, world int, cycle map[string]any) int {
+	t.Helper()
+	pids := pidsOf([]map[string]any{cycle}, "pids")
+	for r := range world {
+		b, err := os.ReadFile(filepath.Join(dir, "up-"+strconv.Itoa(r)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var pid, port int
+		if _, err := fmt.Sscan(string(b), &pid, &port); err != nil {
+			t.Fatalf("up-%d %q: %v", r, b, err)
+		}
+		if slices.Contains(pids, pid) {
+			return port
+		}
+	}
+	t.Fatalf("node %d: no up file of its rank %v", node, pids)
+	return 0
+}
+
 func sortedKeys(m map[string]bool) []string {
 	var out []string
 	for k := range m {
@@ -367,4 +404,64 @@ func sortedKeys(m map[string]bool) []string {
 	}
 	sort.Strings(out)
 	return out
+}
+
+// TestThreatModelNames: only the first cell of a table row names a
+// listener; backticks elsewhere do not.
+func TestThreatModelNames(t *testing.T) {
+	doc := "Text with `not-a-name`.\n\n| name | process |\n|---|---|\n| `agent-store` | ft-launcher `x` |\n" +
+		"|`gossip` and `stream`|ft-launcher|\n- `list-item`\n  | `indented` | y |\n"
+	got := sortedKeys(parseThreatModel(doc))
+	if want := []string{"agent-store", "gossip", "indented", "stream"}; !slices.Equal(got, want) {
+		t.Errorf("names %v, want %v", got, want)
+	}
+}
+
+// TestListenerMatching: a socket matches the recorded listener of its
+// process at its address; a port 0 only where the record says when the
+// port is picked, and only when no record has the very address.
+func TestListenerMatching(t *testing.T) {
+	tcp := func(a string) procfs.Socket {
+		return procfs.Socket{Network: "tcp", Local: netip.MustParseAddrPort(a), Listening: true}
+	}
+	rec := []eventlog.ListeningSocket{
+		{Name: "agent-store", Network: "tcp", Address: "127.0.0.2:0", PID: 7, When: "per round"},
+		{Name: "gossip", Network: "tcp", Address: "127.0.0.2:4000", PID: 7},
+		{Name: "gossip", Network: "udp", Address: "127.0.0.2:4000", PID: 7},
+		{Name: "metrics", Network: "tcp", Address: "[::]:9400", PID: 7},
+		{Name: "etcd-client", Network: "tcp", Address: "127.0.0.2:2379", PID: 9},
+		{Name: "fixed", Network: "tcp", Address: "127.0.0.5:0", PID: 7},
+		{Name: "rank-monitor", Network: "unix", Address: "/tmp/m/rmon0.sock", PID: 7},
+		{Name: "every", Network: "tcp", Address: ":0", PID: 8, When: "per round"},
+	}
+	tests := []struct {
+		name string
+		sock procfs.Socket
+		pid  int
+		want string // the name matched; "" none
+	}{
+		{"exact address wins over a per-round port", tcp("127.0.0.2:4000"), 7, "gossip"},
+		{"per-round port", tcp("127.0.0.2:5555"), 7, "agent-store"},
+		{"udp twin", procfs.Socket{Network: "udp", Local: netip.MustParseAddrPort("127.0.0.2:4000")}, 7, "gossip"},
+		{"every interface, IPv6 socket", tcp("[::]:9400"), 7, "metrics"},
+		{"another process's address", tcp("127.0.0.2:2379"), 7, "agent-store"},
+		{"the etcd's own", tcp("127.0.0.2:2379"), 9, "etcd-client"},
+		{"port 0 without a When is no wildcard", tcp("127.0.0.5:1234"), 7, ""},
+		{"other host", tcp("127.0.0.3:4000"), 7, ""},
+		{"unix path", procfs.Socket{Network: "unix", Path: "/tmp/m/rmon0.sock"}, 7, "rank-monitor"},
+		{"unix other path", procfs.Socket{Network: "unix", Path: "/tmp/m/rmon1.sock"}, 7, ""},
+		{"no host: every interface only", tcp("0.0.0.0:6000"), 8, "every"},
+		{"no host is not a specific address", tcp("127.0.0.1:6000"), 8, ""},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got := ""
+			if k := matchRecord(rec, tc.sock, tc.pid); k >= 0 {
+				got = rec[k].Name
+			}
+			if got != tc.want {
+				t.Errorf("%s held by %d matched %q, want %q", tc.sock, tc.pid, got, tc.want)
+			}
+		})
+	}
 }

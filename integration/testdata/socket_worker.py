@@ -4,11 +4,16 @@
 launcher's agent store, heartbeats to its rank monitor, a save into the
 launcher's memory (replicated to a buddy node) after every step.
 
-Once its process group has all-reduced, it writes $OUT/up-<RANK> (its pid)
-and goes on with steps, a heartbeat and a save each, until $OUT/release
-exists; then it exits 0.
+It also listens on a TCP socket of its own (127.0.0.1, a free port), as a
+training's sockets do (gloo's, a TCPStore it hosts): the test must list it
+as the training's and not judge it.
+
+Once its process group has all-reduced, it writes $OUT/up-<RANK> (its pid
+and that port) and goes on with steps, a heartbeat and a save each, until
+$OUT/release exists; then it exits 0.
 """
 import os
+import socket
 import sys
 import time
 
@@ -33,6 +38,10 @@ dist.all_reduce(t)
 ws = dist.get_world_size()
 assert t[0].item() == ws * (ws + 1) / 2, t
 
+own = socket.socket()
+own.bind(("127.0.0.1", 0))
+own.listen(1)
+
 step, _ = state.load()
 step = 0 if step is None else step + 1
 up = os.path.join(out, "up-%d" % rank)
@@ -41,11 +50,12 @@ while not os.path.exists(os.path.join(out, "release")):
     state.save(step, {"t": t, "step": step}, monitor=mon)
     if step == 0:
         with open(up + ".tmp", "w") as f:
-            f.write("%d\n" % os.getpid())
+            f.write("%d %d\n" % (os.getpid(), own.getsockname()[1]))
         os.rename(up + ".tmp", up)
     step += 1
     time.sleep(0.2)
 
+own.close()
 dist.barrier()
 dist.destroy_process_group()
 mon.shutdown_workload_monitoring()
