@@ -185,16 +185,21 @@ func (h *Host) Addr() *net.TCPAddr {
 	return h.srv.Addr()
 }
 
+// BindHost is the host part a server for the advertised host binds: the
+// address itself, or "" (every interface) for a host name: a name
+// (--local-addr defaults to the host's name) may resolve to several
+// addresses, and the store listens on all of them, as torch's rank-0 store
+// does, so that any of them reaches it.
+func BindHost(host string) string {
+	if net.ParseIP(host) == nil {
+		return ""
+	}
+	return host
+}
+
 // listenLocked binds a new server on host:port for round.
 func (h *Host) listenLocked(host string, port, round int) error {
-	bind := host
-	if net.ParseIP(host) == nil {
-		// A host name (--local-addr defaults to the host's name) may
-		// resolve to several addresses: listen on all of them, as torch's
-		// rank-0 store does, so that any of them reaches the store.
-		bind = ""
-	}
-	addr := net.JoinHostPort(bind, strconv.Itoa(port))
+	addr := net.JoinHostPort(BindHost(host), strconv.Itoa(port))
 	srv, err := h.o.Listen(h.ctx, addr, h.o.Store)
 	if err != nil {
 		return fmt.Errorf("agent store: listen on %s: %w", addr, err)

@@ -578,7 +578,7 @@ func (RankFailureHintEvent) Kind() string        { return RankFailureHint }
 // Typed lists a zero value of every typed record: what Decode knows.
 func Typed() []Record {
 	return []Record{
-		LauncherStartedEvent{}, CycleStartedEvent{}, SignalReceivedEvent{}, StopEscalatedEvent{},
+		LauncherStartedEvent{}, ListeningEvent{}, CycleStartedEvent{}, SignalReceivedEvent{}, StopEscalatedEvent{},
 		WalltimeWarningEvent{}, WorkloadRequestEvent{}, RankHangEvent{}, RankExitedEvent{}, SpareSwapEvent{},
 		RoundEndedEvent{}, JobFailedEvent{}, JobSucceededEvent{}, StandbyEvent{}, RestartEvent{}, FencedEvent{},
 		FencedByWatchdogEvent{}, TrainingFinishedEvent{}, VerdictEvent{}, VerdictLostEvent{}, LedgerEvent{},

@@ -204,9 +204,28 @@ func (m *Metrics) Serve(ctx context.Context, addr string) error {
 	if m == nil {
 		return errors.New("metrics: Serve on nil Metrics")
 	}
+	ln, err := Listen(addr)
+	if err != nil {
+		return err
+	}
+	return m.ServeOn(ctx, ln)
+}
+
+// Listen binds addr for ServeOn: the caller learns the address bound (a
+// port 0 picks one) before the endpoint serves.
+func Listen(addr string) (net.Listener, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return fmt.Errorf("metrics: listen on %s: %w", addr, err)
+		return nil, fmt.Errorf("metrics: listen on %s: %w", addr, err)
+	}
+	return ln, nil
+}
+
+// ServeOn serves /metrics on ln (from Listen) as Serve does, and closes it.
+func (m *Metrics) ServeOn(ctx context.Context, ln net.Listener) error {
+	if m == nil {
+		ln.Close()
+		return errors.New("metrics: ServeOn on nil Metrics")
 	}
 	lim := DefaultLimits()
 	return m.serveListener(ctx, newBoundedListener(ln, lim.MaxConns), lim)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/ftlauncher/ft-launcher/agentstore"
 	"github.com/ftlauncher/ft-launcher/configs"
+	"github.com/ftlauncher/ft-launcher/eventlog"
 	"github.com/ftlauncher/ft-launcher/fence"
 	"github.com/ftlauncher/ft-launcher/metrics"
 	"github.com/ftlauncher/ft-launcher/rendezvous"
@@ -26,15 +27,13 @@ import (
 // which this launcher starts first when cfg.Rdzv.HostsEtcd says it hosts it.
 // keep is where the keeper of a hosted member reports (etcdmember.go).
 // wd, when set, is the fence watchdog that each lease renewal extends.
-func newEtcdRendezvous(ctx context.Context, cfg *configs.Config, log *slog.Logger, reaper *spawn.Reaper, met *metrics.Metrics, store *agentstore.Host, keep keeperDeps, wd *fence.Watchdog, replicaAddr string) (rendezvous.Rendezvous, func(), error) {
+// ls records the hosted etcd's listeners.
+func newEtcdRendezvous(ctx context.Context, cfg *configs.Config, log *slog.Logger, reaper *spawn.Reaper, met *metrics.Metrics, store *agentstore.Host, keep keeperDeps, wd *fence.Watchdog, replicaAddr string, ls *listeners) (rendezvous.Rendezvous, func(), error) {
 	rz := cfg.Rdzv
 	if rz.Mode == configs.RdzvSingleNode || len(rz.Endpoints) == 0 {
 		return nil, nil, fmt.Errorf("internal error: etcd rendezvous asked for with rendezvous mode %q and endpoints %v", rz.Mode, rz.Endpoints)
 	}
-	localAddr := cfg.LocalAddr
-	if localAddr == "" {
-		localAddr, _ = os.Hostname()
-	}
+	localAddr := advertisedAddr(cfg)
 
 	cleanup := func() {}
 	if rz.Mode == configs.RdzvEmbedded {
@@ -47,9 +46,12 @@ func newEtcdRendezvous(ctx context.Context, cfg *configs.Config, log *slog.Logge
 				return nil, nil, err
 			}
 			keep.metrics, keep.peers = met, rz.ClientURLs()
-			ep, stop, err := hostEtcd(ctx, reaper, log.With("component", "etcd-member"), m, keep)
+			ep, pid, stop, err := hostEtcd(ctx, reaper, log.With("component", "etcd-member"), m, keep)
 			if err != nil {
 				return nil, nil, fmt.Errorf("host the embedded etcd at %s: %w", m.clientURL, err)
+			}
+			for _, l := range []struct{ name, url string }{{listenEtcdClient, m.clientURL}, {listenEtcdPeer, m.peerURL}} {
+				ls.add(eventlog.ListeningSocket{Name: l.name, Network: "tcp", Address: urlHost(l.url), PID: pid, Process: etcdCompanion})
 			}
 			log.Info("hosting the embedded etcd rendezvous", "endpoint", ep, "member", m.name, "members", len(rz.Endpoints),
 				"decided_by", rz.HostsEtcdBy)

@@ -127,17 +127,17 @@ func startCompanion(ctx context.Context, reaper *spawn.Reaper, argv []string, re
 // and waits until it serves; a keeper then watches it and restarts it if it
 // dies (etcdmember.go). The returned stop function stops the keeper first
 // (no restart during the launcher's shutdown), then the server, which
-// removes its data directory.
-func hostEtcd(ctx context.Context, reaper *spawn.Reaper, log *slog.Logger, m member, k keeperDeps) (endpoint string, stop func(), err error) {
+// removes its data directory. pid is the server's process.
+func hostEtcd(ctx context.Context, reaper *spawn.Reaper, log *slog.Logger, m member, k keeperDeps) (endpoint string, pid int, stop func(), err error) {
 	bin, err := findEtcdCompanion()
 	if err != nil {
-		return "", nil, err
+		return "", 0, nil, err
 	}
 	c, err := startCompanion(ctx, reaper, m.args(bin), 60*time.Second)
 	if err != nil {
-		return "", nil, fmt.Errorf("embedded etcd at %s: %w", m.clientURL, err)
+		return "", 0, nil, fmt.Errorf("embedded etcd at %s: %w", m.clientURL, err)
 	}
 	log.Debug("embedded etcd serves", "endpoint", c.endpoint, "pid", c.pid, "dir", c.dir)
 	keeper := newMemberKeeper(ctx, reaper, log, bin, m, c, k)
-	return c.endpoint, keeper.stop, nil
+	return c.endpoint, c.pid, keeper.stop, nil
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -64,7 +65,8 @@ func launch(ctx context.Context, cfg *configs.Config, log *slog.Logger, sigs <-c
 	ev.ReportTo(log.With("component", "eventlog"))
 	rec.ev = ev
 
-	met := serveMetrics(ctx, cfg, log)
+	ls := &listeners{} // every socket set up below: one record once set up
+	met := serveMetrics(ctx, cfg, log, ls)
 	logs, err := ranklogs.New(ranklogs.Options{Metrics: met, Log: log.With("component", "ranklogs"),
 		LogDir: cfg.LogDir, RunID: cfg.RdzvID, Role: cfg.Role,
 		Redirects: cfg.Redirects, Tee: cfg.Tee, LocalRanksFilter: cfg.LocalRanksFilter, KeepAttempts: cfg.LogKeepAttempts,
@@ -104,12 +106,17 @@ func launch(ctx context.Context, cfg *configs.Config, log *slog.Logger, sigs <-c
 		return rec.setupFailed("start the rank monitors", err)
 	}
 	defer mon.Close()
+	for i := range cfg.NProcPerNode {
+		ls.own(listenRankMonitor, "unix", mon.RankSocket(i), "")
+	}
+	ls.own(listenWorkloadControl, "unix", mon.LauncherSocket(), "")
 	repl, err := listenReplicas(ctx, cfg, st, ev, log)
 	if err != nil {
 		return rec.setupFailed("start the state replica receiver", err)
 	}
 	if repl != nil {
 		defer repl.Close() // after the agent: its ranks are stopped by then
+		ls.own(listenStateReplication, "tcp", repl.Addr(), "")
 	}
 
 	// The local parts above take milliseconds; the rendezvous may wait on
@@ -122,6 +129,7 @@ func launch(ctx context.Context, cfg *configs.Config, log *slog.Logger, sigs <-c
 		store = agentstore.New(ctx, agentstore.Options{Logger: log.With("component", "agent-store"), Events: ev,
 			Store: tcpstore.Options{Limits: storeLimits(cfg.NProcPerNode)}})
 		defer store.Close() // after the agent: its ranks are stopped by then
+		ls.own(listenAgentStore, "tcp", net.JoinHostPort(agentstore.BindHost(agentStoreHost(cfg)), "0"), agentStoreWhen)
 	}
 	// The agent's context: a part the node must not run without that
 	// failed for good (the fence watchdog) ends the node through it.
@@ -134,7 +142,7 @@ func launch(ctx context.Context, cfg *configs.Config, log *slog.Logger, sigs <-c
 		defer wd.Close() // after the agent and the rendezvous: the ranks are stopped by then
 	}
 	rec.etcdMember = &memberFailures{}
-	rdzv, cleanup, err := newRendezvous(setupCtx, cfg, log, reaper, met, store, keeperDeps{events: ev, failures: rec.etcdMember}, wd, repl.Addr())
+	rdzv, cleanup, err := newRendezvous(setupCtx, cfg, log, reaper, met, store, keeperDeps{events: ev, failures: rec.etcdMember}, wd, repl.Addr(), ls)
 	if err != nil {
 		if sig := guard.end(); sig != nil {
 			return rec.signaled(sig)
@@ -142,6 +150,7 @@ func launch(ctx context.Context, cfg *configs.Config, log *slog.Logger, sigs <-c
 		return rec.setupFailed("rendezvous set-up failed", err)
 	}
 	defer cleanup()
+	ls.rendezvous(rdzv)
 	if n, ok := rdzv.(interface{ NodeID() string }); ok {
 		rec.node = n.NodeID() // the id peers use in their records of this node
 	}
@@ -180,6 +189,7 @@ func launch(ctx context.Context, cfg *configs.Config, log *slog.Logger, sigs <-c
 	if wd != nil {
 		ranks = fencedRanks{RankStarter: ranks, wd: wd}
 	}
+	ls.emit(ev, log)
 	book := newLedgerBook(cfg, rdzv, ev, rec.node, host, log)
 	deps := agent.Deps{Config: cfg, Logger: log.With("component", "agent"), Events: ev, Metrics: met,
 		Ranks: ranks, Logs: logs, Monitors: mon, Rdzv: rdzv, Signals: sigs,
@@ -304,14 +314,22 @@ func workerReady(cfg *configs.Config, stderr io.Writer) bool {
 }
 
 // serveMetrics starts the Prometheus endpoint of --metrics-addr (nil
-// Metrics, which record nothing, without it).
-func serveMetrics(ctx context.Context, cfg *configs.Config, log *slog.Logger) *metrics.Metrics {
+// Metrics, which record nothing, without it) and records its listener in
+// ls. An address that cannot be bound is logged; the job runs without
+// the endpoint.
+func serveMetrics(ctx context.Context, cfg *configs.Config, log *slog.Logger, ls *listeners) *metrics.Metrics {
 	if cfg.MetricsAddr == "" {
 		return nil
 	}
 	met := metrics.New()
+	ln, err := metrics.Listen(cfg.MetricsAddr)
+	if err != nil {
+		log.Error("metrics endpoint", "addr", cfg.MetricsAddr, "err", err)
+		return met
+	}
+	ls.own(listenMetrics, "tcp", ln.Addr().String(), "")
 	go func() {
-		if err := met.Serve(ctx, cfg.MetricsAddr); err != nil {
+		if err := met.ServeOn(ctx, ln); err != nil {
 			log.Error("metrics endpoint", "addr", cfg.MetricsAddr, "err", err)
 		}
 	}()
@@ -519,23 +537,49 @@ func nodeName(cfg *configs.Config, host string) string {
 // when this launcher's address is the endpoint's.
 // With the agent store, each round's MASTER_PORT is its server's, bound
 // before the round is handed out.
-func newRendezvous(ctx context.Context, cfg *configs.Config, log *slog.Logger, reaper *spawn.Reaper, met *metrics.Metrics, store *agentstore.Host, keep keeperDeps, wd *fence.Watchdog, replicaAddr string) (rendezvous.Rendezvous, func(), error) {
+func newRendezvous(ctx context.Context, cfg *configs.Config, log *slog.Logger, reaper *spawn.Reaper, met *metrics.Metrics, store *agentstore.Host, keep keeperDeps, wd *fence.Watchdog, replicaAddr string, ls *listeners) (rendezvous.Rendezvous, func(), error) {
 	if cfg.Rdzv.Mode == configs.RdzvSingleNode { // decided and validated at parse time
-		addr := cfg.MasterAddr
-		port := cfg.MasterPort
-		if cfg.Standalone || cfg.RdzvBackend != "static" {
-			addr, port = "127.0.0.1", 0
-		}
-		if cfg.LocalAddr != "" && !cfg.Standalone {
-			addr = cfg.LocalAddr
-		}
+		addr, port := singleNodeMaster(cfg)
 		l := rendezvous.NewLocal(cfg.RdzvID, cfg.NProcPerNode, cfg.MaxRestarts, addr, port).WithMetrics(met)
 		if store != nil {
 			l.WithMasterPort(func(round int) (int, error) { return store.Port(addr, round) })
 		}
 		return l, func() {}, nil
 	}
-	return newEtcdRendezvous(ctx, cfg, log, reaper, met, store, keep, wd, replicaAddr)
+	return newEtcdRendezvous(ctx, cfg, log, reaper, met, store, keep, wd, replicaAddr, ls)
+}
+
+// singleNodeMaster is the MASTER_ADDR and MASTER_PORT of a single-node
+// job (port 0: picked per round).
+func singleNodeMaster(cfg *configs.Config) (addr string, port int) {
+	addr, port = cfg.MasterAddr, cfg.MasterPort
+	if cfg.Standalone || cfg.RdzvBackend != "static" {
+		addr, port = "127.0.0.1", 0
+	}
+	if cfg.LocalAddr != "" && !cfg.Standalone {
+		addr = cfg.LocalAddr
+	}
+	return addr, port
+}
+
+// advertisedAddr is the address a node of a multi-node job gives its
+// peers: --local-addr, else its host name.
+func advertisedAddr(cfg *configs.Config) string {
+	if cfg.LocalAddr != "" {
+		return cfg.LocalAddr
+	}
+	h, _ := os.Hostname()
+	return h
+}
+
+// agentStoreHost is the host the agent store's server is advertised at
+// (agentstore.BindHost says what it binds).
+func agentStoreHost(cfg *configs.Config) string {
+	if cfg.Rdzv.Mode == configs.RdzvSingleNode {
+		addr, _ := singleNodeMaster(cfg)
+		return addr
+	}
+	return advertisedAddr(cfg)
 }
 
 // healthCheck returns the pre-join node health check, or nil.

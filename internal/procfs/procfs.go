@@ -1,6 +1,7 @@
 // Package procfs reads the few fields of Linux's /proc/<pid>/stat that the
 // launcher needs (state, parent, process group) to find a rank's processes,
-// and their CPU time and I/O counters to tell a busy rank from a hung one.
+// and their CPU time and I/O counters to tell a busy rank from a hung one;
+// and which sockets a process holds and which of them listen (sockets.go).
 // It is the only place that parses /proc.
 package procfs
 
