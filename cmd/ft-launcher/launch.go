@@ -169,8 +169,13 @@ func launch(ctx context.Context, cfg *configs.Config, log *slog.Logger, sigs <-c
 			Importing: prewarm.Importing(cfg.PrewarmImporting),
 			// A rank handed to its standby runs before StartGroup returns
 			// (it may wait seconds for other ranks' standbys) and so before
-			// the agent's BeginCycle: its monitor must know its pid first.
-			Started: mon.Expect}
+			// the agent's BeginCycle: its monitor must know its pid first,
+			// and the fence watchdog must guard it from then on (a frozen
+			// launcher during that wait is fenced like any other).
+			Started: func(localRank, pid int) {
+				mon.Expect(localRank, pid)
+				wd.Guard(pid) // a standby leads its own process group
+			}}
 		if cfg.PrewarmAuto {
 			l, err := prewarm.NewLearner(prewarm.DefaultStateFile(os.Getenv))
 			if err != nil {
