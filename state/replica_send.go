@@ -20,11 +20,11 @@ import (
 
 // ReplicatorOptions configure the sending side of replication.
 type ReplicatorOptions struct {
-	Job  string // job (run) id, the same on every node
+	Job string // job (run) id, the same on every node
 	// Secret is the job secret (--job-secret-file): every frame and copy
 	// is sent with its HMAC tag; nil: none.
 	Secret []byte
-	Node string // this launcher's node id, the key of its copies at the buddies
+	Node   string // this launcher's node id, the key of its copies at the buddies
 	// NLocal and Segment name the segments to replicate (Store.SegmentPath).
 	NLocal  int
 	Segment func(lr int) string
