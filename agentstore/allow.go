@@ -36,6 +36,29 @@ func (h *Host) allowed(asg rendezvous.Assignment) (list []netip.Addr, why string
 	if asg.GroupWorldSize > 1 && asg.NodeAddrs == nil {
 		return nil, "the rendezvous did not list the round's nodes", false
 	}
+	set := map[netip.Addr]struct{}{}
+	for _, ip := range LocalAddrs() {
+		set[ip] = struct{}{}
+	}
+	names := append([]string{asg.MasterAddr}, asg.NodeAddrs...)
+	ips, bad := h.names.Resolve(names)
+	if bad != "" {
+		return nil, "node " + bad + " does not resolve", false
+	}
+	for _, ip := range ips {
+		set[ip] = struct{}{}
+	}
+	for ip := range set {
+		list = append(list, ip)
+	}
+	return list, "", true
+}
+
+// LocalAddrs are the addresses this host's own processes connect from:
+// loopback (127.0.0.1 and ::1) and every address of its interfaces. The
+// rest of 127.0.0.0/8 is not among them: a process must bind such an
+// address on purpose, which no launcher or rank does.
+func LocalAddrs() []netip.Addr {
 	set := map[netip.Addr]struct{}{
 		netip.MustParseAddr("127.0.0.1"): {},
 		netip.IPv6Loopback():             {},
@@ -49,24 +72,26 @@ func (h *Host) allowed(asg rendezvous.Assignment) (list []netip.Addr, why string
 			}
 		}
 	}
-	names := append([]string{asg.MasterAddr}, asg.NodeAddrs...)
-	ips, bad := h.resolve(names)
-	if bad != "" {
-		return nil, "node " + bad + " does not resolve", false
-	}
-	for _, ip := range ips {
-		set[ip] = struct{}{}
-	}
+	out := make([]netip.Addr, 0, len(set))
 	for ip := range set {
-		list = append(list, ip)
+		out = append(out, ip)
 	}
-	return list, "", true
+	return out
 }
 
-// resolve maps node addresses (IPs or host names) to IPs, caching names
+// Names resolves the round's node addresses for an allowlist (the agent
+// store's, the state replica receiver's). Not safe for concurrent use.
+type Names struct {
+	cache map[string][]netip.Addr
+}
+
+// NewNames returns an empty cache.
+func NewNames() *Names { return &Names{cache: map[string][]netip.Addr{}} }
+
+// Resolve maps node addresses (IPs or host names) to IPs, caching names
 // (a node's name does not move during a job) and looking up new ones in
 // parallel. bad names the first that did not resolve.
-func (h *Host) resolve(names []string) (ips []netip.Addr, bad string) {
+func (h *Names) Resolve(names []string) (ips []netip.Addr, bad string) {
 	var todo []string
 	for _, n := range names {
 		if n == "" {
@@ -76,7 +101,7 @@ func (h *Host) resolve(names []string) (ips []netip.Addr, bad string) {
 			ips = append(ips, ip.Unmap())
 			continue
 		}
-		if c, ok := h.names[n]; ok {
+		if c, ok := h.cache[n]; ok {
 			ips = append(ips, c...)
 			continue
 		}
@@ -113,7 +138,7 @@ func (h *Host) resolve(names []string) (ips []netip.Addr, bad string) {
 			}
 			continue
 		}
-		h.names[n] = res[i]
+		h.cache[n] = res[i]
 		ips = append(ips, res[i]...)
 	}
 	return ips, bad

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"time"
 
@@ -24,8 +25,20 @@ var ErrNotAdmitted = errors.New("not admitted by the buddy")
 // (length and CRC-32C, and with the job secret its HMAC tags). ctx bounds
 // it.
 func Fetch(ctx context.Context, addr, job string, secret []byte, node string, rank int32) (*Copy, error) {
+	return fetch(ctx, netip.Addr{}, addr, job, secret, node, rank)
+}
+
+// localTCP is the local address to dial from (nil: the kernel's choice).
+func localTCP(ip netip.Addr) net.Addr {
+	if !ip.IsValid() {
+		return nil
+	}
+	return net.TCPAddrFromAddrPort(netip.AddrPortFrom(ip, 0))
+}
+
+func fetch(ctx context.Context, local netip.Addr, addr, job string, secret []byte, node string, rank int32) (*Copy, error) {
 	key := macKey(secret, job)
-	var d net.Dialer
+	d := net.Dialer{LocalAddr: localTCP(local)}
 	c, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("fetch rank %d of node %q: connect to buddy %s: %w", rank, node, addr, err)
@@ -94,10 +107,10 @@ const admitWait = 30 * time.Second
 
 // fetchAdmitted is Fetch, asked again every half second for up to
 // admitWait while the buddy answers ErrNotAdmitted.
-func fetchAdmitted(ctx context.Context, addr, job string, secret []byte, rank int32) (*Copy, error) {
+func fetchAdmitted(ctx context.Context, local netip.Addr, addr, job string, secret []byte, rank int32) (*Copy, error) {
 	start := time.Now()
 	for {
-		c, err := Fetch(ctx, addr, job, secret, "", rank)
+		c, err := fetch(ctx, local, addr, job, secret, "", rank)
 		if !errors.Is(err, ErrNotAdmitted) || time.Since(start) > admitWait {
 			return c, err
 		}
@@ -113,11 +126,11 @@ func fetchAdmitted(ctx context.Context, addr, job string, secret []byte, rank in
 // from any node and returns the one with the highest step. The error is
 // ErrNoCopy when every buddy answered that it holds none; a buddy that
 // fails is skipped, its error returned only when no copy is found.
-func FetchNewest(ctx context.Context, addrs []string, job string, secret []byte, rank int32) (*Copy, error) {
+func FetchNewest(ctx context.Context, local netip.Addr, addrs []string, job string, secret []byte, rank int32) (*Copy, error) {
 	var best *Copy
 	var errs []error
 	for _, a := range addrs {
-		c, err := fetchAdmitted(ctx, a, job, secret, rank)
+		c, err := fetchAdmitted(ctx, local, a, job, secret, rank)
 		if err != nil {
 			if !errors.Is(err, ErrNoCopy) {
 				errs = append(errs, err)
@@ -140,8 +153,11 @@ func FetchNewest(ctx context.Context, addrs []string, job string, secret []byte,
 // RestoreOptions say which ranks a node holds in a new round and where to
 // look for their state.
 type RestoreOptions struct {
-	Job     string
-	Secret  []byte // the job secret (--job-secret-file); nil: none
+	Job    string
+	Secret []byte // the job secret (--job-secret-file); nil: none
+	// LocalIP, when valid, is the address to fetch from (the node's
+	// advertised address, which the buddies admit).
+	LocalIP netip.Addr
 	NLocal  int
 	Segment func(lr int) string // Store.SegmentPath
 	// RankBase is the round's global rank of local rank 0.
@@ -180,7 +196,7 @@ func RestoreRanks(ctx context.Context, o RestoreOptions) ([]BuddyRestore, error)
 			}
 		}
 		start := time.Now()
-		c, err := FetchNewest(ctx, o.Peers, o.Job, o.Secret, g)
+		c, err := FetchNewest(ctx, o.LocalIP, o.Peers, o.Job, o.Secret, g)
 		if errors.Is(err, ErrNoCopy) {
 			continue // nobody saved this rank yet (a job's first round)
 		}

@@ -11,6 +11,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"net"
+	"net/netip"
 	"os"
 	"sync"
 	"time"
@@ -38,6 +39,10 @@ type ReplicatorOptions struct {
 	CopyTimeout time.Duration
 	// DialTimeout bounds a connection attempt; 0 means 5 s.
 	DialTimeout time.Duration
+	// LocalIP, when valid, is the address copies are sent from: the
+	// node's advertised address, which its buddies admit its copies from
+	// (a multi-homed host would otherwise pick one by route).
+	LocalIP netip.Addr
 	// MaxBackoff bounds the wait before reconnecting to a failed buddy
 	// (it doubles from Poll up to this); 0 means 5 s.
 	MaxBackoff time.Duration
@@ -371,7 +376,7 @@ func (b *buddy) connect(ctx context.Context) error {
 	if b.conn != nil {
 		return nil
 	}
-	d := net.Dialer{Timeout: b.opts.DialTimeout}
+	d := net.Dialer{Timeout: b.opts.DialTimeout, LocalAddr: localTCP(b.opts.LocalIP)}
 	c, err := d.DialContext(ctx, "tcp", b.addr)
 	if err != nil {
 		return fmt.Errorf("connect to buddy %s: %w", b.addr, err)
