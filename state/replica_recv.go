@@ -68,6 +68,9 @@ type ReceiverOptions struct {
 	// memAvailable reads the free memory (default: MemAvailable of
 	// /proc/meminfo); a test hook.
 	memAvailable func() (uint64, error)
+	// logEvery spaces the records of refusals per address (default 5 s);
+	// a test hook.
+	logEvery time.Duration
 	// slowRead, when set, is called before each read of at most 1 KiB of
 	// a payload (tests: a buddy that reads at a trickle).
 	slowRead func()
@@ -146,6 +149,9 @@ func Listen(ctx context.Context, opts ReceiverOptions) (*Receiver, error) {
 	if opts.memAvailable == nil {
 		opts.memAvailable = memAvailable
 	}
+	if opts.logEvery <= 0 {
+		opts.logEvery = 5 * time.Second
+	}
 	if opts.HandshakeTimeout <= 0 {
 		opts.HandshakeTimeout = DefaultHandshakeTimeout
 	}
@@ -168,7 +174,7 @@ func Listen(ctx context.Context, opts ReceiverOptions) (*Receiver, error) {
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	r := &Receiver{opts: opts, ln: ln, cancel: cancel, slots: map[replKey]*replSlot{}, conns: map[net.Conn]struct{}{},
-		key: macKey(opts.Secret, opts.Job), rlog: refusalLog{every: 5 * time.Second},
+		key: macKey(opts.Secret, opts.Job), rlog: refusalLog{every: opts.logEvery},
 		allow: newAllowSet(opts.Allow), perAddr: map[netip.Addr]int{}}
 	r.wg.Add(1)
 	go r.accept()
