@@ -1,11 +1,11 @@
 package agentstore
 
 import (
-	"net"
 	"net/netip"
 	"sync"
 	"time"
 
+	"github.com/ftlauncher/ft-launcher/internal/netutil"
 	"github.com/ftlauncher/ft-launcher/rendezvous"
 )
 
@@ -54,30 +54,9 @@ func (h *Host) allowed(asg rendezvous.Assignment) (list []netip.Addr, why string
 	return list, "", true
 }
 
-// LocalAddrs are the addresses this host's own processes connect from:
-// loopback (127.0.0.1 and ::1) and every address of its interfaces. The
-// rest of 127.0.0.0/8 is not among them: a process must bind such an
-// address on purpose, which no launcher or rank does.
-func LocalAddrs() []netip.Addr {
-	set := map[netip.Addr]struct{}{
-		netip.MustParseAddr("127.0.0.1"): {},
-		netip.IPv6Loopback():             {},
-	}
-	if ifs, err := net.InterfaceAddrs(); err == nil {
-		for _, a := range ifs {
-			if pn, ok := a.(*net.IPNet); ok {
-				if ip, ok := netip.AddrFromSlice(pn.IP); ok {
-					set[ip.Unmap()] = struct{}{}
-				}
-			}
-		}
-	}
-	out := make([]netip.Addr, 0, len(set))
-	for ip := range set {
-		out = append(out, ip)
-	}
-	return out
-}
+// LocalAddrs are the addresses this host's own processes connect from
+// (netutil.LocalAddrs): loopback and every address of its interfaces.
+func LocalAddrs() []netip.Addr { return netutil.LocalAddrs() }
 
 // Names resolves the round's node addresses for an allowlist (the agent
 // store's, the state replica receiver's). Not safe for concurrent use.

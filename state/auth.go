@@ -6,6 +6,8 @@ import (
 	"net/netip"
 	"sync"
 	"time"
+
+	"github.com/ftlauncher/ft-launcher/internal/netutil"
 )
 
 // Who may talk to a Receiver (docs/state.md, "Who may reach the
@@ -70,14 +72,7 @@ func (s allowSet) sender(node string, ip netip.Addr) error {
 }
 
 // remoteIP is the IP a connection comes from.
-func remoteIP(c net.Conn) netip.Addr {
-	if a, ok := c.RemoteAddr().(*net.TCPAddr); ok {
-		if ip, ok := netip.AddrFromSlice(a.IP); ok {
-			return ip.Unmap()
-		}
-	}
-	return netip.Addr{}
-}
+func remoteIP(c net.Conn) netip.Addr { return netutil.RemoteIP(c) }
 
 // refusalLog rate-limits the warnings and events of refused peers per
 // address, so that a flood of connections cannot flood the logs: one
