@@ -6,6 +6,7 @@ import (
 	"errors"
 	"hash/crc32"
 	"io"
+	"log/slog"
 	"net"
 	"net/netip"
 	"os"
@@ -238,4 +239,34 @@ func TestReplicaSecret(t *testing.T) {
 	if ev.with(EventReplicaRefused, "tag") < 3 {
 		t.Fatalf("%d refusals recorded for bad tags, want at least 3", ev.with(EventReplicaRefused, "tag"))
 	}
+}
+
+// BenchmarkNonMemberRefusal: from a non-member's connect to the refusal in
+// hand (the buddy answers before reading anything; docs/benchmarks.md).
+//
+//	go test -run '^$' -bench BenchmarkNonMemberRefusal -benchtime 2000x ./state/
+func BenchmarkNonMemberRefusal(b *testing.B) {
+	recv, err := Listen(context.Background(), ReceiverOptions{Job: testJob, Addr: "127.0.0.1:0", Allow: authAllow(),
+		Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer recv.Close()
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(outside)}}
+	var worst time.Duration
+	b.ResetTimer()
+	for range b.N {
+		t0 := time.Now()
+		c, err := d.Dial("tcp", recv.Addr())
+		if err != nil {
+			b.Fatal(err)
+		}
+		rep, err := readFrame(bufio.NewReader(c), nil)
+		if err != nil || rep.Kind != kindRefuse {
+			b.Fatalf("answer %+v, %v; want a refusal", rep, err)
+		}
+		_ = c.Close()
+		worst = max(worst, time.Since(t0))
+	}
+	b.ReportMetric(float64(worst.Microseconds()), "worst-us")
 }
