@@ -270,3 +270,41 @@ func BenchmarkNonMemberRefusal(b *testing.B) {
 	}
 	b.ReportMetric(float64(worst.Microseconds()), "worst-us")
 }
+
+// TestSenderRetriesUntilAdmitted: a buddy that does not list the sender yet
+// (its round is behind the sender's) refuses "not now"; the sender tries
+// again and its copies arrive once the buddy's round lists it, and the
+// rank is never marked refused. A fetch asked before the list admits the
+// fetcher succeeds once it does.
+func TestSenderRetriesUntilAdmitted(t *testing.T) {
+	recv, ev := startReceiver(t, ReceiverOptions{Allow: Allowlist{Local: []netip.Addr{nodeC}}})
+	dir := t.TempDir()
+	saveRank(t, dir, 0, 5, 3, 64<<10)
+	rep, _ := startSender(t, dir, 1, recv.Addr(), ReplicatorOptions{LocalIP: nodeB, Node: "node-b"})
+	waitFor(t, "a refusal of node-b", func() bool { return ev.with(EventReplicaRefused, "127.0.0.2") >= 1 })
+	if copySeq(recv, "node-b", 5) != 0 {
+		t.Fatal("a copy arrived from a sender the buddy does not list")
+	}
+	recv.SetAllowed(authAllow())
+	waitFor(t, "node-b's copy once listed", func() bool { return copySeq(recv, "node-b", 5) == 1 })
+	// A fetch asked while the buddy's list is a round behind.
+	recv.SetAllowed(Allowlist{Local: []netip.Addr{nodeC}})
+	done := make(chan error, 1)
+	go func() {
+		c, err := fetchAdmitted(context.Background(), nodeB, recv.Addr(), testJob, nil, 5)
+		if err == nil && c.Step != 3 {
+			err = errors.New("fetched the wrong step")
+		}
+		done <- err
+	}()
+	time.Sleep(300 * time.Millisecond)
+	recv.SetAllowed(authAllow())
+	if err := <-done; err != nil {
+		t.Fatalf("fetch asked before the buddy admitted it: %v", err)
+	}
+	for _, s := range rep.Status() {
+		if s.Refused[0] != "" {
+			t.Fatalf("the rank is marked refused: %q", s.Refused[0])
+		}
+	}
+}
