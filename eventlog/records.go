@@ -444,9 +444,11 @@ type StateReplicaFailedEvent struct {
 
 // StateReplicaRefusedEvent: copies refused. On the sender: Buddy refused
 // the copies of a rank (it relies on the files from then on). On the
-// receiver: a peer of another job or protocol version (Sender, Rank), an
-// unreadable frame (Sender "", Peer), or a copy over the memory budget
-// (Bytes).
+// receiver: a peer refused (Reason: not a member of the round, a copy in
+// another node's name, a bad HMAC tag, an oversized copy, a silent
+// connection, too many connections, another job or protocol version;
+// Peer, and Sender, Rank, Bytes when its frame was read), or a copy over
+// the memory budget (Bytes).
 type StateReplicaRefusedEvent struct {
 	Buddy     string  `json:"buddy,omitempty"`
 	Sender    *string `json:"sender,omitempty"`
