@@ -295,8 +295,9 @@ func (r *Receiver) refuseConn(c net.Conn, ip netip.Addr, reason, why string) {
 	defer r.wg.Done()
 	defer r.forget(c, ip)
 	r.refused(ip, c.RemoteAddr().String(), reason, nil, why)
+	// No job id: a non-member learns nothing of the job from the answer.
 	_ = c.SetWriteDeadline(time.Now().Add(time.Second))
-	_, _ = c.Write(frame{Kind: kindRefuse, Status: refuseLater, Job: r.opts.Job, Msg: why}.encode(r.key))
+	_, _ = c.Write(frame{Kind: kindRefuse, Status: refuseLater, Msg: why}.encode(r.key))
 }
 
 // refused records a refusal: a slog warning and an event, at most one per
