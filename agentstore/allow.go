@@ -1,11 +1,11 @@
 package agentstore
 
 import (
-	"net"
 	"net/netip"
 	"sync"
 	"time"
 
+	"github.com/ftlauncher/ft-launcher/internal/netutil"
 	"github.com/ftlauncher/ft-launcher/rendezvous"
 )
 
@@ -36,21 +36,12 @@ func (h *Host) allowed(asg rendezvous.Assignment) (list []netip.Addr, why string
 	if asg.GroupWorldSize > 1 && asg.NodeAddrs == nil {
 		return nil, "the rendezvous did not list the round's nodes", false
 	}
-	set := map[netip.Addr]struct{}{
-		netip.MustParseAddr("127.0.0.1"): {},
-		netip.IPv6Loopback():             {},
-	}
-	if ifs, err := net.InterfaceAddrs(); err == nil {
-		for _, a := range ifs {
-			if pn, ok := a.(*net.IPNet); ok {
-				if ip, ok := netip.AddrFromSlice(pn.IP); ok {
-					set[ip.Unmap()] = struct{}{}
-				}
-			}
-		}
+	set := map[netip.Addr]struct{}{}
+	for _, ip := range LocalAddrs() {
+		set[ip] = struct{}{}
 	}
 	names := append([]string{asg.MasterAddr}, asg.NodeAddrs...)
-	ips, bad := h.resolve(names)
+	ips, bad := h.names.Resolve(names)
 	if bad != "" {
 		return nil, "node " + bad + " does not resolve", false
 	}
@@ -63,10 +54,23 @@ func (h *Host) allowed(asg rendezvous.Assignment) (list []netip.Addr, why string
 	return list, "", true
 }
 
-// resolve maps node addresses (IPs or host names) to IPs, caching names
+// LocalAddrs are the addresses this host's own processes connect from
+// (netutil.LocalAddrs): loopback and every address of its interfaces.
+func LocalAddrs() []netip.Addr { return netutil.LocalAddrs() }
+
+// Names resolves the round's node addresses for an allowlist (the agent
+// store's, the state replica receiver's). Not safe for concurrent use.
+type Names struct {
+	cache map[string][]netip.Addr
+}
+
+// NewNames returns an empty cache.
+func NewNames() *Names { return &Names{cache: map[string][]netip.Addr{}} }
+
+// Resolve maps node addresses (IPs or host names) to IPs, caching names
 // (a node's name does not move during a job) and looking up new ones in
 // parallel. bad names the first that did not resolve.
-func (h *Host) resolve(names []string) (ips []netip.Addr, bad string) {
+func (h *Names) Resolve(names []string) (ips []netip.Addr, bad string) {
 	var todo []string
 	for _, n := range names {
 		if n == "" {
@@ -76,7 +80,7 @@ func (h *Host) resolve(names []string) (ips []netip.Addr, bad string) {
 			ips = append(ips, ip.Unmap())
 			continue
 		}
-		if c, ok := h.names[n]; ok {
+		if c, ok := h.cache[n]; ok {
 			ips = append(ips, c...)
 			continue
 		}
@@ -113,7 +117,7 @@ func (h *Host) resolve(names []string) (ips []netip.Addr, bad string) {
 			}
 			continue
 		}
-		h.names[n] = res[i]
+		h.cache[n] = res[i]
 		ips = append(ips, res[i]...)
 	}
 	return ips, bad

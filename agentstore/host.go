@@ -73,7 +73,7 @@ type Host struct {
 	dropped int    // keys of the round before, dropped when srv was reset for round
 	serving bool   // srv serves a round as group rank 0 (EventServed was written)
 	closed  bool
-	names   map[string][]netip.Addr // resolved node names (allow.go)
+	names   *Names // resolved node names (allow.go)
 }
 
 // ErrClosed is returned once the Host is closed.
@@ -96,7 +96,7 @@ func New(ctx context.Context, o Options) *Host {
 			return s, nil
 		}
 	}
-	return &Host{ctx: ctx, o: o, log: o.Logger, round: -1, names: map[string][]netip.Addr{}}
+	return &Host{ctx: ctx, o: o, log: o.Logger, round: -1, names: NewNames()}
 }
 
 // Port is the rendezvous's MasterPort hook: it makes sure a server listens

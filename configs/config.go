@@ -125,6 +125,9 @@ type Config struct {
 	// StateShmDir is where the segments live (--state-shm-dir; "" is
 	// /dev/shm): a tmpfs, so that a save is a memory copy.
 	StateShmDir string
+	// JobSecretFile holds the job secret (--job-secret-file; "" none):
+	// the state replication's frames are authenticated with it.
+	JobSecretFile string
 
 	// Spares.
 	SpareFiller               string        // command run on this node while it is a spare ("" none)

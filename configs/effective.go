@@ -93,6 +93,7 @@ func (c *Config) Effective() string {
 	add("state_dir", c.StateDir)
 	add("state_persist_every", c.StatePersist.String())
 	add("state_replicas", fmt.Sprint(c.StateReplicas))
+	add("job_secret_file", c.JobSecretFile) // the path, never the secret
 	shm := c.StateShmDir
 	if shm == "" {
 		shm = "/dev/shm" // state.Options' default

@@ -444,3 +444,27 @@ func TestStateShmDirOption(t *testing.T) {
 		})
 	}
 }
+
+// TestJobSecretFileOption: --job-secret-file (and PET_JOB_SECRET_FILE)
+// takes an absolute path; a relative one is refused with what is allowed.
+func TestJobSecretFileOption(t *testing.T) {
+	for _, tt := range []struct {
+		name    string
+		args    []string
+		env     map[string]string
+		want    string
+		wantErr string
+	}{
+		{"default: none", []string{"--state-dir", "/ckpt"}, nil, "", ""},
+		{"given", []string{"--state-dir", "/ckpt", "--job-secret-file", "/run/secrets/job"}, nil, "/run/secrets/job", ""},
+		{"by environment", []string{"--state-dir", "/ckpt"}, map[string]string{"PET_JOB_SECRET_FILE": "/run/secrets/job"}, "/run/secrets/job", ""},
+		{"relative", []string{"--job-secret-file", "secret"}, nil, "", "want an absolute path"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			c := parseOrUsageError(t, tt.args, tt.env, tt.wantErr)
+			if c != nil && c.JobSecretFile != tt.want {
+				t.Errorf("JobSecretFile = %q, want %q", c.JobSecretFile, tt.want)
+			}
+		})
+	}
+}

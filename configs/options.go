@@ -285,6 +285,15 @@ func options() []*option {
 				p.cfg.StateReplicas, err = parseIntRange(v, 0, MaxStateReplicas)
 				return err
 			}},
+		{names: []string{"job-secret-file"}, env: true, group: grpOurs, arg: "PATH", def: "off",
+			help: "A file holding a secret shared by every node of the job (the same file everywhere, readable by this user only): the state replication port (--state-replicas) then accepts copies and serves fetches only with frames authenticated with it (HMAC-SHA256). Without it, only the allowlist of the round's node addresses protects the port. See docs/state.md.",
+			set: func(p *parser, v string) error {
+				if !filepath.IsAbs(v) {
+					return fmt.Errorf("--job-secret-file %q: want an absolute path to a file holding the job's secret", v)
+				}
+				p.cfg.JobSecretFile = v
+				return nil
+			}},
 		{names: []string{"state-shm-dir"}, env: true, group: grpOurs, arg: "DIR", def: "/dev/shm",
 			help: "With --state-dir: the memory file system (a tmpfs) holding the ranks' state segments; a save that does not fit there or in free memory goes to --state-dir's files instead, with a warning. See docs/state.md.",
 			set: func(p *parser, v string) error {

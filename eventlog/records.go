@@ -470,9 +470,11 @@ type StateReplicaFailedEvent struct {
 
 // StateReplicaRefusedEvent: copies refused. On the sender: Buddy refused
 // the copies of a rank (it relies on the files from then on). On the
-// receiver: a peer of another job or protocol version (Sender, Rank), an
-// unreadable frame (Sender "", Peer), or a copy over the memory budget
-// (Bytes).
+// receiver: a peer refused (Reason: not a member of the round, a copy in
+// another node's name, a bad HMAC tag, an oversized copy, a silent
+// connection, too many connections, another job or protocol version;
+// Peer, and Sender, Rank, Bytes when its frame was read), or a copy over
+// the memory budget (Bytes).
 type StateReplicaRefusedEvent struct {
 	Buddy     string  `json:"buddy,omitempty"`
 	Sender    *string `json:"sender,omitempty"`
@@ -480,8 +482,26 @@ type StateReplicaRefusedEvent struct {
 	LocalRank *int    `json:"local_rank,omitempty"`
 	Rank      *int    `json:"rank,omitempty"`
 	Bytes     *int64  `json:"bytes,omitempty"`
-	Error     string  `json:"error"`
+	// Reason classifies a receiver's refusal (ReplicaRefused*); empty for
+	// the older ones (job, version, memory budget).
+	Reason string `json:"reason,omitempty"`
+	// Suppressed counts the refusals of the same address left out of the
+	// log since its previous record (a flood is recorded once every few
+	// seconds per address).
+	Suppressed *int   `json:"suppressed,omitempty"`
+	Error      string `json:"error"`
 }
+
+// StateReplicaRefusedEvent.Reason values.
+const (
+	ReplicaRefusedNotMember = "not_member" // the address is not one of the round's nodes (or this host)
+	ReplicaRefusedNotSender = "not_sender" // a copy claims a node that does not replicate here, or comes from another address than that node's
+	ReplicaRefusedAuth      = "auth"       // a frame's HMAC tag is missing, unexpected or wrong (--job-secret-file)
+	ReplicaRefusedOversized = "oversized"  // a copy over the per-copy limit or the bytes the round's copies need
+	ReplicaRefusedHandshake = "handshake"  // no first frame within the handshake timeout
+	ReplicaRefusedConnLimit = "conn_limit" // too many connections (in all, or from one address)
+	ReplicaRefusedProtocol  = "protocol"   // another job, protocol version, or a malformed frame
+)
 
 // The replication records name the peer node that sent a copy "sender",
 // never "node": that is the header's, the launcher that wrote the line.

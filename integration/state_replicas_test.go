@@ -97,7 +97,9 @@ type plainResult struct {
 // both lost ranks' copies, the two spares take the lost group ranks, their
 // launchers restore both ranks from it before the ranks start, and every
 // rank ends with an uninterrupted run's accumulator. The report on the
-// spares' event logs reads those restores as "buddy".
+// spares' event logs reads those restores as "buddy". Every node runs with
+// the same --job-secret-file, so every copy and fetch here is
+// authenticated (the other replication tests run without a secret).
 func TestStateTwoReplicasSurviveBuddyLoss(t *testing.T) {
 	skipShort(t)
 	const hold, steps, nodes = 12, 30, 5
@@ -109,8 +111,13 @@ func TestStateTwoReplicasSurviveBuddyLoss(t *testing.T) {
 	c.extra = []string{"--rdzv-backend", "c10d"}
 	out := filepath.Join(c.dir, "out")
 	mkdir(t, out)
+	secret := filepath.Join(c.dir, "job-secret")
+	if err := os.WriteFile(secret, []byte("a job secret of more than 16 bytes\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	for i := 0; i < nodes; i++ {
 		c.addNodeV([]string{"PYTHON_EXEC=" + debianPython}, "--nnodes", "3:5", "--nproc-per-node", "1", "--max-restarts", "1",
+			"--job-secret-file", secret,
 			"--state-dir", filepath.Join(c.dir, "state"+strconv.Itoa(i)), "--state-persist-every", "0", "--state-replicas", "2",
 			script, "--out", out, "--steps", strconv.Itoa(steps), "--hold-at-step", strconv.Itoa(hold))
 	}
@@ -200,6 +207,15 @@ func TestStateTwoReplicasSurviveBuddyLoss(t *testing.T) {
 	}
 	if len(restored) != 2 || !restored[float64(lost[0])] || !restored[float64(lost[1])] {
 		t.Errorf("the spares restored %v, want ranks %v at step %d, each from its lost node's copy", restored, lost, hold)
+	}
+	authed := 0
+	for _, l := range strings.Split(c.stderrs(), "\n") {
+		if strings.Contains(l, "receiving buddy copies") && (strings.Contains(l, "authenticated=true") || strings.Contains(l, `"authenticated":true`)) {
+			authed++
+		}
+	}
+	if authed != nodes {
+		t.Errorf("%d nodes' receivers said they authenticate with the job secret, want %d", authed, nodes)
 	}
 	rep, _ := runReport(t, c.dir, logs...)
 	if rep.State == nil || rep.State.Restores["buddy"] != 2 || rep.State.Restores["memory"] != 1 {

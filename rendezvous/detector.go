@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/netip"
 	"strconv"
 	"sync"
 	"time"
@@ -44,6 +45,11 @@ type lossDetector struct {
 	// ack): a loss confirmed later by its lease's expiry keeps it for the
 	// record's detection time.
 	evidence map[string]time.Time
+	// seen are the addresses of every gossip member seen (joined or
+	// updated), never forgotten; local this host's. The stream port
+	// answers only them (stream.go).
+	seen  map[netip.Addr]struct{}
+	local []netip.Addr
 }
 
 // lossJudge is what the detector asks of the rendezvous (Etcd implements
@@ -67,7 +73,7 @@ type lossJudge interface {
 
 func newLossDetector(self string, t GossipTimings, log *slog.Logger, judge lossJudge, wg *sync.WaitGroup) *lossDetector {
 	return &lossDetector{self: self, timings: t, log: log, judge: judge, wg: wg,
-		lastAck: map[string]time.Time{}, evidence: map[string]time.Time{}}
+		lastAck: map[string]time.Time{}, evidence: map[string]time.Time{}, seen: map[netip.Addr]struct{}{}}
 }
 
 // start opens the stream listener and joins no one yet: the gossip member
@@ -298,8 +304,8 @@ func (d *lossDetector) answersOnStream(r int, id string) bool {
 // gossipEvents are the detector's memberlist delegates.
 type gossipEvents struct{ d *lossDetector }
 
-func (g gossipEvents) NotifyJoin(n *memberlist.Node)   {}
-func (g gossipEvents) NotifyUpdate(n *memberlist.Node) {}
+func (g gossipEvents) NotifyJoin(n *memberlist.Node)   { g.d.sawMember(n.Addr) }
+func (g gossipEvents) NotifyUpdate(n *memberlist.Node) { g.d.sawMember(n.Addr) }
 
 // AckPayload and NotifyPingComplete (memberlist.PingDelegate) record each
 // member's last ack: the evidence of life a loss's detection time is

@@ -51,7 +51,19 @@ type Assignment struct {
 	// first --state-replicas, and a restore asks them all (docs/state.md).
 	// Nil for a standby, a single-node backend, or without --state-dir.
 	ReplicaRing []string
+	// ReplicaFrom are the node ids of the active nodes whose ReplicaRing
+	// holds this node's receiver (the previous ones in group rank order,
+	// at most 4): the only nodes that replicate to it or restore from it,
+	// which its receiver admits, each from its own host (NodeHost). Nil
+	// when this node has no receiver, for a standby, or a single-node
+	// backend.
+	ReplicaFrom []string
 }
+
+// NodeHost is the host part of an etcd rendezvous node id
+// ("<advertised address>/<pid>"): the address its launcher, and so its
+// state replica sender, runs on.
+func NodeHost(id string) string { return nodeAddr(id) }
 
 // EndKind says why a round ended.
 type EndKind int

@@ -106,6 +106,9 @@ type rankInfo struct {
 	// Replicas are the state replica receivers of the next active nodes
 	// in group rank order (ringReplicas); omitted when no node has one.
 	Replicas []string `json:"replicas,omitempty"`
+	// ReplicaFrom are the node ids whose Replicas hold this node's
+	// receiver (ringReplicaFrom); omitted when none.
+	ReplicaFrom []string `json:"replica_from,omitempty"`
 }
 
 // streamPeer is a node to watch and its stream listener.
@@ -163,7 +166,7 @@ func rankDelta(sum *roundSummary, prev, ranks map[string]rankInfo) {
 // only the closer uses).
 func sameRank(a, b rankInfo) bool {
 	return a.GroupRank == b.GroupRank && a.RankBase == b.RankBase && a.Standby == b.Standby && slices.Equal(a.Watch, b.Watch) &&
-		slices.Equal(a.Replicas, b.Replicas)
+		slices.Equal(a.Replicas, b.Replicas) && slices.Equal(a.ReplicaFrom, b.ReplicaFrom)
 }
 
 // closeInfo is the job's close record. Kind is the typed outcome; a record
@@ -315,7 +318,7 @@ func assign(ms []memberInfo, minNodes int, pinned map[string]int) (map[string]ra
 	base := 0
 	for i, m := range append(slots, rest...) {
 		if i < minNodes {
-			out[m.NodeID] = rankInfo{GroupRank: i, RankBase: base, Order: i, Watch: ringWatch(slots, i), Replicas: ringReplicas(slots, i)}
+			out[m.NodeID] = rankInfo{GroupRank: i, RankBase: base, Order: i, Watch: ringWatch(slots, i), Replicas: ringReplicas(slots, i), ReplicaFrom: ringReplicaFrom(slots, i)}
 			base += m.NProc
 			if i == 0 {
 				sum.MasterAddr, sum.MasterPort, sum.MasterNode = m.Addr, m.MasterPort, m.NodeID
@@ -346,6 +349,24 @@ func ringReplicas(actives []*memberInfo, i int) []string {
 	for d := 1; d < len(actives) && len(out) < replicaRingPeers; d++ {
 		if a := actives[(i+d)%len(actives)].ReplicaAddr; a != "" {
 			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// ringReplicaFrom is the node ids of the actives whose ringReplicas hold
+// active node i's receiver: walking back from i, the nodes with a receiver
+// until replicaRingPeers of them (each one passed is one more receiver
+// between the next and i, and a ring holds replicaRingPeers).
+func ringReplicaFrom(actives []*memberInfo, i int) []string {
+	if actives[i].ReplicaAddr == "" {
+		return nil
+	}
+	var out []string
+	n := len(actives)
+	for d := 1; d < n && len(out) < replicaRingPeers; d++ {
+		if m := actives[((i-d)%n+n)%n]; m.ReplicaAddr != "" {
+			out = append(out, m.NodeID)
 		}
 	}
 	return out

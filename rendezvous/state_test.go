@@ -106,3 +106,43 @@ func TestAssignReplicaRing(t *testing.T) {
 		t.Errorf("empty replica fields are written: %s %s", b, m)
 	}
 }
+
+// TestRingReplicaFromInvertsTheRing: the nodes listed in a node's
+// ReplicaFrom are exactly those with a receiver (a node without one
+// neither sends nor restores) whose ring holds its receiver.
+func TestRingReplicaFromInvertsTheRing(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		recv []bool // which actives have a receiver
+	}{
+		{"two", []bool{true, true}},
+		{"six", []bool{true, true, true, true, true, true}},
+		{"gaps", []bool{true, false, true, true, false, true, true, true, false}},
+		{"one", []bool{true}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var actives []*memberInfo
+			for i, r := range tc.recv {
+				m := &memberInfo{NodeID: fmt.Sprintf("10.0.0.%d/1", i)}
+				if r {
+					m.ReplicaAddr = fmt.Sprintf("10.0.0.%d:7000", i)
+				}
+				actives = append(actives, m)
+			}
+			for i, m := range actives {
+				var want []string
+				for j, o := range actives {
+					if j != i && m.ReplicaAddr != "" && o.ReplicaAddr != "" && slices.Contains(ringReplicas(actives, j), m.ReplicaAddr) {
+						want = append(want, o.NodeID)
+					}
+				}
+				got := ringReplicaFrom(actives, i)
+				slices.Sort(got)
+				slices.Sort(want)
+				if !slices.Equal(got, want) {
+					t.Errorf("node %d: ReplicaFrom %v, want %v", i, got, want)
+				}
+			}
+		})
+	}
+}

@@ -4,11 +4,17 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"fmt"
 	"io"
+	"log/slog"
 	"net"
+	"net/netip"
+	"slices"
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/ftlauncher/ft-launcher/internal/netutil"
 )
 
 // The fast node-loss signal. A launcher that dies while its host lives
@@ -32,12 +38,39 @@ const (
 	streamDialWait   = 2 * time.Second
 )
 
+// Who the stream port answers (docs/state.md, "Who may reach the
+// replication port", covers it too): this host and the addresses of the
+// job's gossip members, every one this node ever saw join (a member
+// gossip later declared dead still probes and watches: refusing it would
+// turn a partition into a loss). A connection from another address is
+// not greeted: it is held, unanswered, until its address joins (gossip
+// may learn a new node after the node dialled) or streamAdmitWait passes,
+// and then closed. A closed watch connection without a bye makes the
+// watcher dial again, which succeeds, so a held legitimate watcher is
+// never reported lost.
+const (
+	streamAdmitWait    = 5 * time.Second
+	streamAdmitPoll    = 100 * time.Millisecond
+	streamPendingMax   = 64 // connections held unanswered, in all
+	streamPendingPer   = 4  // … from one address
+	streamConnsPerAddr = 32 // answered connections from one address (watchers and probes)
+	streamLogEvery     = 10 * time.Second
+)
+
 // streamServer accepts the watch connections of peers and holds them.
 type streamServer struct {
 	ln    net.Listener
+	admit func(netip.Addr) bool
+	log   *slog.Logger
 	mu    sync.Mutex
 	conns map[net.Conn]struct{}
-	wg    sync.WaitGroup
+	// per counts the connections from each address, answered (conns) or
+	// held; pending the held ones.
+	per     map[netip.Addr]int
+	pending map[netip.Addr]int
+	npend   int
+	lastLog map[netip.Addr]time.Time
+	wg      sync.WaitGroup
 }
 
 // startStream opens this launcher's stream listener on ip.
@@ -46,7 +79,8 @@ func (d *lossDetector) startStream(ip string) error {
 	if err != nil {
 		return err
 	}
-	s := &streamServer{ln: ln, conns: map[net.Conn]struct{}{}}
+	s := &streamServer{ln: ln, admit: d.admitsStream, log: d.log, conns: map[net.Conn]struct{}{},
+		per: map[netip.Addr]int{}, pending: map[netip.Addr]int{}, lastLog: map[netip.Addr]time.Time{}}
 	s.wg.Add(1)
 	go s.accept()
 	d.mu.Lock()
@@ -63,24 +97,107 @@ func (s *streamServer) accept() {
 		if err != nil {
 			return
 		}
-		_ = c.SetWriteDeadline(time.Now().Add(time.Second))
-		if _, err := io.WriteString(c, streamHello); err != nil {
+		ip := netutil.RemoteIP(c)
+		s.mu.Lock()
+		why := ""
+		switch {
+		case s.per[ip] >= streamConnsPerAddr:
+			why = fmt.Sprintf("%d connections from this address already (at most %d)", s.per[ip], streamConnsPerAddr)
+		case !s.admit(ip) && (s.npend >= streamPendingMax || s.pending[ip] >= streamPendingPer):
+			why = fmt.Sprintf("not an address of the job, and %d such connections are held already (at most %d, %d per address)", s.npend, streamPendingMax, streamPendingPer)
+		}
+		if why != "" {
+			s.mu.Unlock()
+			s.refused(ip, why)
 			c.Close()
 			continue
 		}
-		_ = c.SetWriteDeadline(time.Time{})
-		s.mu.Lock()
+		s.per[ip]++
 		s.conns[c] = struct{}{}
-		s.mu.Unlock()
 		s.wg.Add(1)
-		go func() {
-			defer s.wg.Done()
-			_, _ = io.Copy(io.Discard, c) // returns when the watcher hangs up (or stop closes c)
-			s.mu.Lock()
-			delete(s.conns, c)
-			s.mu.Unlock()
-			c.Close()
-		}()
+		s.mu.Unlock()
+		go s.serve(c, ip)
+	}
+}
+
+// serve greets c once its address is admitted, then holds it until the
+// watcher hangs up (or stop closes it).
+func (s *streamServer) serve(c net.Conn, ip netip.Addr) {
+	defer s.wg.Done()
+	defer func() {
+		s.mu.Lock()
+		delete(s.conns, c)
+		if s.per[ip]--; s.per[ip] <= 0 {
+			delete(s.per, ip)
+		}
+		s.mu.Unlock()
+		c.Close()
+	}()
+	if !s.waitAdmitted(c, ip) {
+		return
+	}
+	_ = c.SetWriteDeadline(time.Now().Add(time.Second))
+	if _, err := io.WriteString(c, streamHello); err != nil {
+		return
+	}
+	_ = c.SetWriteDeadline(time.Time{})
+	_, _ = io.Copy(io.Discard, c) // returns when the watcher hangs up (or stop closes c)
+}
+
+// waitAdmitted holds an unknown address's connection, unanswered, until
+// the address is admitted or streamAdmitWait passes (false: refused).
+func (s *streamServer) waitAdmitted(c net.Conn, ip netip.Addr) bool {
+	if s.admit(ip) {
+		return true
+	}
+	s.mu.Lock()
+	s.pending[ip]++
+	s.npend++
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		if s.pending[ip]--; s.pending[ip] <= 0 {
+			delete(s.pending, ip)
+		}
+		s.npend--
+		s.mu.Unlock()
+	}()
+	deadline := time.Now().Add(streamAdmitWait)
+	for time.Now().Before(deadline) {
+		// A read that ends early means the peer hung up or stop closed c.
+		_ = c.SetReadDeadline(time.Now().Add(streamAdmitPoll))
+		var b [64]byte
+		if _, err := c.Read(b[:]); err != nil {
+			var ne net.Error
+			if !errors.As(err, &ne) || !ne.Timeout() {
+				return false
+			}
+		}
+		if s.admit(ip) {
+			_ = c.SetReadDeadline(time.Time{})
+			return true
+		}
+	}
+	s.refused(ip, fmt.Sprintf("not an address of the job's gossip members or of this host within %s: closed unanswered", streamAdmitWait))
+	return false
+}
+
+// refused logs a refused connection, once per address every
+// streamLogEvery.
+func (s *streamServer) refused(ip netip.Addr, why string) {
+	s.mu.Lock()
+	last, seen := s.lastLog[ip]
+	now := time.Now()
+	rec := !seen || now.Sub(last) >= streamLogEvery
+	if rec {
+		if len(s.lastLog) > 4096 {
+			clear(s.lastLog)
+		}
+		s.lastLog[ip] = now
+	}
+	s.mu.Unlock()
+	if rec {
+		s.log.Warn("rendezvous: stream port refused a connection", "peer", ip, "why", why)
 	}
 }
 
@@ -96,6 +213,34 @@ func (s *streamServer) stop() {
 	}
 	s.mu.Unlock()
 	s.wg.Wait()
+}
+
+// admitsStream reports whether ip may be answered on the stream port: an
+// address of this host, or of a gossip member this node ever saw.
+func (d *lossDetector) admitsStream(ip netip.Addr) bool {
+	d.mu.Lock()
+	_, ok := d.seen[ip]
+	local := d.local
+	d.mu.Unlock()
+	if ok {
+		return true
+	}
+	if local == nil {
+		local = netutil.LocalAddrs()
+		d.mu.Lock()
+		d.local = local
+		d.mu.Unlock()
+	}
+	return slices.Contains(local, ip)
+}
+
+// sawMember records a gossip member's address for admitsStream.
+func (d *lossDetector) sawMember(n net.IP) {
+	if ip, ok := netip.AddrFromSlice(n); ok {
+		d.mu.Lock()
+		d.seen[ip.Unmap()] = struct{}{}
+		d.mu.Unlock()
+	}
 }
 
 // stopStream stops this launcher's stream listener (at Close).

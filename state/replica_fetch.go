@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"time"
 
@@ -15,11 +16,29 @@ import (
 // ErrNoCopy: the buddy holds no complete copy of the rank asked for.
 var ErrNoCopy = errors.New("no complete copy")
 
+// ErrNotAdmitted: the buddy does not admit this node now (its list of the
+// round's nodes may be a round behind: asking again later may succeed).
+var ErrNotAdmitted = errors.New("not admitted by the buddy")
+
 // Fetch asks the buddy at addr for the newest complete copy of rank that
 // node sent ("": from any node, the highest step), and returns it verified
-// (length and CRC-32C). ctx bounds it.
-func Fetch(ctx context.Context, addr, job, node string, rank int32) (*Copy, error) {
-	var d net.Dialer
+// (length and CRC-32C, and with the job secret its HMAC tags). ctx bounds
+// it.
+func Fetch(ctx context.Context, addr, job string, secret []byte, node string, rank int32) (*Copy, error) {
+	return fetch(ctx, netip.Addr{}, addr, job, secret, node, rank)
+}
+
+// localTCP is the local address to dial from (nil: the kernel's choice).
+func localTCP(ip netip.Addr) net.Addr {
+	if !ip.IsValid() {
+		return nil
+	}
+	return net.TCPAddrFromAddrPort(netip.AddrPortFrom(ip, 0))
+}
+
+func fetch(ctx context.Context, local netip.Addr, addr, job string, secret []byte, node string, rank int32) (*Copy, error) {
+	key := macKey(secret, job)
+	d := net.Dialer{LocalAddr: localTCP(local)}
 	c, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("fetch rank %d of node %q: connect to buddy %s: %w", rank, node, addr, err)
@@ -33,11 +52,11 @@ func Fetch(ctx context.Context, addr, job, node string, rank int32) (*Copy, erro
 		}
 		return fmt.Errorf("fetch rank %d of node %q from buddy %s: %w", rank, node, addr, err)
 	}
-	if _, err := c.Write(frame{Kind: kindFetch, Job: job, Node: node, Rank: rank}.encode()); err != nil {
+	if _, err := c.Write(frame{Kind: kindFetch, Job: job, Node: node, Rank: rank}.encode(key)); err != nil {
 		return nil, wrap(err)
 	}
 	br := bufio.NewReaderSize(c, 64<<10)
-	f, err := readFrame(br)
+	f, err := readFrame(br, key)
 	if err != nil {
 		return nil, wrap(err)
 	}
@@ -45,6 +64,9 @@ func Fetch(ctx context.Context, addr, job, node string, rank int32) (*Copy, erro
 	case kindNotFound:
 		return nil, wrap(fmt.Errorf("%w: %s", ErrNoCopy, f.Msg))
 	case kindRefuse:
+		if f.Status == refuseLater {
+			return nil, wrap(fmt.Errorf("%w: %s", ErrNotAdmitted, f.Msg))
+		}
 		return nil, wrap(fmt.Errorf("refused: %s", f.Msg))
 	case kindCopy:
 	default:
@@ -56,7 +78,7 @@ func Fetch(ctx context.Context, addr, job, node string, rank int32) (*Copy, erro
 	if (node != "" && f.Node != node) || f.Rank != rank {
 		return nil, wrap(fmt.Errorf("%w: asked for rank %d of node %q, got rank %d of node %q", ErrProtocol, rank, node, f.Rank, f.Node))
 	}
-	p, crc, err := readPayload(br, f)
+	p, crc, err := readPayload(br, f, key)
 	if err != nil {
 		return nil, wrap(err)
 	}
@@ -78,15 +100,37 @@ func Restore(path string, c *Copy) (Desc, error) {
 	return d, nil
 }
 
+// admitWait bounds how long a fetch asks again a buddy that does not
+// admit this node yet: a peer learns a new round only once it stopped its
+// ranks of the old one, which may take a while after this node learned it.
+const admitWait = 30 * time.Second
+
+// fetchAdmitted is Fetch, asked again every half second for up to
+// admitWait while the buddy answers ErrNotAdmitted.
+func fetchAdmitted(ctx context.Context, local netip.Addr, addr, job string, secret []byte, rank int32) (*Copy, error) {
+	start := time.Now()
+	for {
+		c, err := fetch(ctx, local, addr, job, secret, "", rank)
+		if !errors.Is(err, ErrNotAdmitted) || time.Since(start) > admitWait {
+			return c, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}
+
 // FetchNewest asks every buddy in addrs for rank's newest complete copy
 // from any node and returns the one with the highest step. The error is
 // ErrNoCopy when every buddy answered that it holds none; a buddy that
 // fails is skipped, its error returned only when no copy is found.
-func FetchNewest(ctx context.Context, addrs []string, job string, rank int32) (*Copy, error) {
+func FetchNewest(ctx context.Context, local netip.Addr, addrs []string, job string, secret []byte, rank int32) (*Copy, error) {
 	var best *Copy
 	var errs []error
 	for _, a := range addrs {
-		c, err := Fetch(ctx, a, job, "", rank)
+		c, err := fetchAdmitted(ctx, local, a, job, secret, rank)
 		if err != nil {
 			if !errors.Is(err, ErrNoCopy) {
 				errs = append(errs, err)
@@ -109,7 +153,11 @@ func FetchNewest(ctx context.Context, addrs []string, job string, rank int32) (*
 // RestoreOptions say which ranks a node holds in a new round and where to
 // look for their state.
 type RestoreOptions struct {
-	Job     string
+	Job    string
+	Secret []byte // the job secret (--job-secret-file); nil: none
+	// LocalIP, when valid, is the address to fetch from (the node's
+	// advertised address, which the buddies admit).
+	LocalIP netip.Addr
 	NLocal  int
 	Segment func(lr int) string // Store.SegmentPath
 	// RankBase is the round's global rank of local rank 0.
@@ -148,7 +196,7 @@ func RestoreRanks(ctx context.Context, o RestoreOptions) ([]BuddyRestore, error)
 			}
 		}
 		start := time.Now()
-		c, err := FetchNewest(ctx, o.Peers, o.Job, g)
+		c, err := FetchNewest(ctx, o.LocalIP, o.Peers, o.Job, o.Secret, g)
 		if errors.Is(err, ErrNoCopy) {
 			continue // nobody saved this rank yet (a job's first round)
 		}

@@ -25,7 +25,7 @@ func TestReplicaFetchRestore(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	c, err := Fetch(ctx, recv.Addr(), testJob, "node-a", 4)
+	c, err := Fetch(ctx, recv.Addr(), testJob, nil, "node-a", 4)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,7 +58,7 @@ func TestReplicaFetchRestore(t *testing.T) {
 		{"other job", "job-2", "node-a", 4, nil, `job "job-2"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := Fetch(ctx, recv.Addr(), tc.job, tc.node, tc.rank)
+			_, err := Fetch(ctx, recv.Addr(), tc.job, nil, tc.node, tc.rank)
 			if err == nil || (tc.want != nil && !errors.Is(err, tc.want)) || !strings.Contains(err.Error(), tc.msg) {
 				t.Fatalf("error %v, want %v naming %q", err, tc.want, tc.msg)
 			}
@@ -180,10 +180,21 @@ func TestReplicaRestoreRanks(t *testing.T) {
 
 // BenchmarkReplica256MiB: a 256 MiB save replicated to a buddy on
 // loopback (from the commit in the segment to the buddy's verified copy,
-// including up to one 5 ms poll) and fetched back (docs/benchmarks.md).
+// including up to one 5 ms poll) and fetched back (docs/benchmarks.md):
+// with the allowlist (every connection's address looked up), and with
+// every frame and copy also authenticated with a job secret (HMAC-SHA256).
 //
 //	go test -run '^$' -bench BenchmarkReplica256MiB -benchtime 4x ./state/
 func BenchmarkReplica256MiB(b *testing.B) {
+	for _, tc := range []struct {
+		name   string
+		secret []byte
+	}{{"allowlist", nil}, {"hmac", []byte("bench secret")}} {
+		b.Run(tc.name, func(b *testing.B) { benchReplica(b, tc.secret) })
+	}
+}
+
+func benchReplica(b *testing.B, secret []byte) {
 	const n = 256 << 20
 	dir, err := os.MkdirTemp("/dev/shm", "ftstate-bench-")
 	if err != nil {
@@ -192,12 +203,12 @@ func BenchmarkReplica256MiB(b *testing.B) {
 	defer os.RemoveAll(dir)
 	seg := filepath.Join(dir, "rank-0")
 	ctx := context.Background()
-	recv, err := Listen(ctx, ReceiverOptions{Job: testJob, Addr: "127.0.0.1:0"})
+	recv, err := Listen(ctx, ReceiverOptions{Job: testJob, Addr: "127.0.0.1:0", Allow: testAllow, Secret: secret})
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer recv.Close()
-	rep, err := StartReplicator(ctx, ReplicatorOptions{Job: testJob, Node: "node-a", NLocal: 1,
+	rep, err := StartReplicator(ctx, ReplicatorOptions{Job: testJob, Node: "node-a", NLocal: 1, Secret: secret,
 		Segment: func(int) string { return seg }, Buddies: []string{recv.Addr()}, Poll: 5 * time.Millisecond})
 	if err != nil {
 		b.Fatal(err)
@@ -218,7 +229,7 @@ func BenchmarkReplica256MiB(b *testing.B) {
 			time.Sleep(time.Millisecond)
 		}
 		t1 := time.Now()
-		if _, err := Fetch(ctx, recv.Addr(), testJob, "node-a", 0); err != nil {
+		if _, err := Fetch(ctx, recv.Addr(), testJob, secret, "node-a", 0); err != nil {
 			b.Fatal(err)
 		}
 		copyT += t1.Sub(t0)

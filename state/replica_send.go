@@ -5,11 +5,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash"
 	"hash/crc32"
 	"io"
 	"io/fs"
 	"log/slog"
 	"net"
+	"net/netip"
 	"os"
 	"sync"
 	"time"
@@ -19,8 +21,11 @@ import (
 
 // ReplicatorOptions configure the sending side of replication.
 type ReplicatorOptions struct {
-	Job  string // job (run) id, the same on every node
-	Node string // this launcher's node id, the key of its copies at the buddies
+	Job string // job (run) id, the same on every node
+	// Secret is the job secret (--job-secret-file): every frame and copy
+	// is sent with its HMAC tag; nil: none.
+	Secret []byte
+	Node   string // this launcher's node id, the key of its copies at the buddies
 	// NLocal and Segment name the segments to replicate (Store.SegmentPath).
 	NLocal  int
 	Segment func(lr int) string
@@ -34,6 +39,10 @@ type ReplicatorOptions struct {
 	CopyTimeout time.Duration
 	// DialTimeout bounds a connection attempt; 0 means 5 s.
 	DialTimeout time.Duration
+	// LocalIP, when valid, is the address copies are sent from: the
+	// node's advertised address, which its buddies admit its copies from
+	// (a multi-homed host would otherwise pick one by route).
+	LocalIP netip.Addr
 	// MaxBackoff bounds the wait before reconnecting to a failed buddy
 	// (it doubles from Poll up to this); 0 means 5 s.
 	MaxBackoff time.Duration
@@ -68,6 +77,7 @@ type BuddyStatus struct {
 // next one. Neither the ranks nor the caller ever wait for it.
 type Replicator struct {
 	opts   ReplicatorOptions
+	key    []byte
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -78,6 +88,7 @@ type Replicator struct {
 
 type buddy struct {
 	opts ReplicatorOptions
+	key  []byte
 	addr string
 	kick chan struct{}
 	stop context.CancelFunc
@@ -121,7 +132,7 @@ func StartReplicator(ctx context.Context, opts ReplicatorOptions) (*Replicator, 
 		opts.Emit = func(eventlog.Record) {}
 	}
 	ctx, cancel := context.WithCancel(ctx)
-	r := &Replicator{opts: opts, ctx: ctx, cancel: cancel}
+	r := &Replicator{opts: opts, key: macKey(opts.Secret, opts.Job), ctx: ctx, cancel: cancel}
 	r.SetBuddies(opts.Buddies)
 	return r, nil
 }
@@ -161,7 +172,7 @@ func (r *Replicator) SetBuddies(addrs []string) {
 		}
 		have[a] = true
 		ctx, stop := context.WithCancel(r.ctx)
-		b := &buddy{opts: r.opts, addr: a, kick: make(chan struct{}, 1), stop: stop, done: make(chan struct{}),
+		b := &buddy{opts: r.opts, key: r.key, addr: a, kick: make(chan struct{}, 1), stop: stop, done: make(chan struct{}),
 			st: BuddyStatus{Addr: a, Sent: make([]uint64, r.opts.NLocal), Refused: make([]string, r.opts.NLocal)}}
 		r.buddies = append(r.buddies, b)
 		r.wg.Add(1)
@@ -316,6 +327,11 @@ func (b *buddy) syncRank(ctx context.Context, lr int, sent uint64) error {
 		err = b.send(ctx, f, d)
 		var ref refusedError
 		switch {
+		case errors.As(err, &ref) && ref.later:
+			// Not admitted now (the buddy's list is a round behind, or its
+			// limit grows with the job's saves): the connection is gone, try again.
+			b.drop()
+			return replRankError{lr, time.Since(start), err}
 		case errors.As(err, &ref):
 			b.mu.Lock()
 			b.st.Refused[lr] = ref.msg
@@ -351,6 +367,7 @@ func (b *buddy) syncRank(ctx context.Context, lr int, sent uint64) error {
 type refusedError struct {
 	msg   string
 	fatal bool
+	later bool // refuseLater: not now
 }
 
 func (e refusedError) Error() string { return "refused by the buddy: " + e.msg }
@@ -359,7 +376,7 @@ func (b *buddy) connect(ctx context.Context) error {
 	if b.conn != nil {
 		return nil
 	}
-	d := net.Dialer{Timeout: b.opts.DialTimeout}
+	d := net.Dialer{Timeout: b.opts.DialTimeout, LocalAddr: localTCP(b.opts.LocalIP)}
 	c, err := d.DialContext(ctx, "tcp", b.addr)
 	if err != nil {
 		return fmt.Errorf("connect to buddy %s: %w", b.addr, err)
@@ -406,7 +423,8 @@ func (b *buddy) send(ctx context.Context, seg *os.File, d Desc) error {
 	}
 	h := frame{Kind: kindCopy, Job: b.opts.Job, Node: b.opts.Node, Rank: d.Rank, Step: d.Step, Seq: d.Seq,
 		Length: d.Length, DurationNS: d.DurationNS}
-	if _, err := b.bw.Write(h.encode()); err != nil {
+	hb := h.encode(b.key)
+	if _, err := b.bw.Write(hb); err != nil {
 		return wrap("send header", err)
 	}
 	if err := b.bw.Flush(); err != nil {
@@ -419,17 +437,24 @@ func (b *buddy) send(ctx context.Context, seg *os.File, d Desc) error {
 	switch rep.Kind {
 	case kindAccept:
 	case kindRefuse:
-		return refusedError{msg: rep.Msg, fatal: rep.Status != 0}
+		return refusedError{msg: rep.Msg, fatal: rep.Status == refuseFatal, later: rep.Status == refuseLater}
 	default:
 		return wrap("answer to the header", fmt.Errorf("%w: frame kind %d", ErrProtocol, rep.Kind))
 	}
 	crc := crc32.New(castagnoli)
+	var mac hash.Hash
+	if b.key != nil {
+		mac = payloadMAC(b.key, hb[len(hb)-macSize:])
+	}
 	buf := make([]byte, 256<<10)
 	sec := io.NewSectionReader(seg, int64(d.Offset), int64(d.Length))
 	for {
 		n, rerr := sec.Read(buf)
 		if n > 0 {
 			crc.Write(buf[:n])
+			if mac != nil {
+				mac.Write(buf[:n])
+			}
 			if b.opts.corrupt != nil {
 				b.opts.corrupt(buf[:n])
 			}
@@ -448,8 +473,15 @@ func (b *buddy) send(ctx context.Context, seg *os.File, d Desc) error {
 	if ok, err := stillCommitted(seg, d); err != nil || !ok {
 		status = trailerAborted
 	}
-	if _, err := b.bw.Write(trailer(crc.Sum32(), status)); err != nil {
+	tr := trailer(crc.Sum32(), status)
+	if _, err := b.bw.Write(tr); err != nil {
 		return wrap("send trailer", err)
+	}
+	if mac != nil {
+		mac.Write(tr)
+		if _, err := b.bw.Write(mac.Sum(nil)); err != nil {
+			return wrap("send trailer", err)
+		}
 	}
 	if err := b.bw.Flush(); err != nil {
 		return wrap("send payload", err)
@@ -472,7 +504,7 @@ func (b *buddy) send(ctx context.Context, seg *os.File, d Desc) error {
 }
 
 func (b *buddy) answer() (frame, error) {
-	f, err := readFrame(b.br)
+	f, err := readFrame(b.br, b.key)
 	if err != nil {
 		return f, err
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"hash/crc32"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -15,12 +16,21 @@ import (
 
 const testJob = "job-1"
 
+// testAllow admits this host and the tests' sender nodes from 127.0.0.1.
+var testAllow = Allowlist{Local: []netip.Addr{loopback}, Senders: map[string][]netip.Addr{
+	"node-a": {loopback}, "node-b": {loopback}, "node-x": {loopback}, "n": {loopback}}}
+
+var loopback = netip.MustParseAddr("127.0.0.1")
+
 func startReceiver(t *testing.T, opts ReceiverOptions) (*Receiver, *events) {
 	t.Helper()
 	ev := &events{}
 	opts.Job = cmp(opts.Job, testJob)
 	opts.Addr = cmp(opts.Addr, "127.0.0.1:0")
 	opts.Emit = ev.record
+	if opts.Allow.Local == nil && opts.Allow.Senders == nil {
+		opts.Allow = testAllow
+	}
 	r, err := Listen(context.Background(), opts)
 	if err != nil {
 		t.Fatal(err)
@@ -187,12 +197,12 @@ func rawCopy(t *testing.T, addr string, f frame) (net.Conn, *bufio.Reader, frame
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = c.Close() })
-	if _, err := c.Write(f.encode()); err != nil {
+	if _, err := c.Write(f.encode(nil)); err != nil {
 		t.Fatal(err)
 	}
 	br := bufio.NewReader(c)
 	_ = c.SetReadDeadline(time.Now().Add(20 * time.Second))
-	rep, err := readFrame(br)
+	rep, err := readFrame(br, nil)
 	if err != nil {
 		t.Fatalf("no answer to the header: %v", err)
 	}
@@ -396,7 +406,7 @@ func TestReplicaPeerMismatch(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer c.Close()
-		b := frame{Kind: kindCopy, Job: testJob}.encode()
+		b := frame{Kind: kindCopy, Job: testJob}.encode(nil)
 		copy(b, "HTTP")
 		if _, err := c.Write(b); err != nil {
 			t.Fatal(err)
@@ -458,7 +468,7 @@ func TestReplicaOneInFlight(t *testing.T) {
 	if _, err := c.Write(append(p, trailer(crc32.Checksum(p, castagnoli), trailerComplete)...)); err != nil {
 		t.Fatal(err)
 	}
-	if rep, err := readFrame(br); err != nil || rep.Kind != kindOK {
+	if rep, err := readFrame(br, nil); err != nil || rep.Kind != kindOK {
 		t.Fatalf("verdict %+v, %v; want ok", rep, err)
 	}
 	if cp := recv.Copy("node-a", 4); cp == nil || cp.Seq != 2 {

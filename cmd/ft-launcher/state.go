@@ -1,14 +1,18 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
 	"net"
+	"net/netip"
 	"os"
+	"slices"
 	"time"
 
 	"github.com/ftlauncher/ft-launcher/agent"
+	"github.com/ftlauncher/ft-launcher/agentstore"
 	"github.com/ftlauncher/ft-launcher/configs"
 	"github.com/ftlauncher/ft-launcher/eventlog"
 	"github.com/ftlauncher/ft-launcher/monitor"
@@ -56,12 +60,59 @@ func (m stateMonitors) EndCycleWith(completed bool) {
 // that holds its peers' copies, and, once the rendezvous gave the node its
 // id, the sender of its own ranks' saves.
 type stateReplicas struct {
-	cfg  *configs.Config
-	st   *state.Store
-	recv *state.Receiver
-	repl *state.Replicator
-	emit func(eventlog.Record)
-	log  *slog.Logger
+	cfg    *configs.Config
+	st     *state.Store
+	recv   *state.Receiver
+	repl   *state.Replicator
+	secret []byte     // --job-secret-file's; nil: none
+	local  netip.Addr // the advertised address when it is an IP: copies and fetches are sent from it
+	names  *agentstore.Names
+	emit   func(eventlog.Record)
+	log    *slog.Logger
+}
+
+// readJobSecret reads --job-secret-file: the whole file is the secret. A
+// file others may read is refused: the secret is what keeps them out.
+func readJobSecret(path string) ([]byte, error) {
+	if path == "" {
+		return nil, nil
+	}
+	fi, err := os.Stat(path)
+	if err != nil {
+		return nil, fmt.Errorf("--job-secret-file: %w", err)
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("--job-secret-file %s: not a regular file", path)
+	}
+	if fi.Mode().Perm()&0o077 != 0 {
+		return nil, fmt.Errorf("--job-secret-file %s: mode %04o lets other users read the secret; want 0600 or 0400 (chmod 600 %s)", path, fi.Mode().Perm(), path)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("--job-secret-file: %w", err)
+	}
+	if len(bytes.TrimSpace(b)) < 16 {
+		return nil, fmt.Errorf("--job-secret-file %s: %d bytes; want a secret of at least 16 bytes (e.g. head -c 32 /dev/urandom | base64 > %s)", path, len(bytes.TrimSpace(b)), path)
+	}
+	return b, nil
+}
+
+// ownLargest is the largest newest save of this node's ranks (0: none).
+func ownLargest(st *state.Store, nlocal int) func() uint64 {
+	return func() uint64 {
+		var n uint64
+		for lr := range nlocal {
+			f, err := os.Open(st.SegmentPath(lr))
+			if err != nil {
+				continue
+			}
+			if d, err := state.Newest(f); err == nil {
+				n = max(n, d.Length)
+			}
+			_ = f.Close()
+		}
+		return n
+	}
 }
 
 // listenReplicas starts the receiver on the node's advertised address
@@ -75,14 +126,24 @@ func listenReplicas(ctx context.Context, cfg *configs.Config, st *state.Store, e
 	if host == "" {
 		host, _ = os.Hostname() // as the etcd rendezvous advertises it
 	}
+	secret, err := readJobSecret(cfg.JobSecretFile)
+	if err != nil {
+		return nil, err
+	}
 	emit := ev.Emit
 	log = log.With("component", "state-replica")
-	recv, err := state.Listen(ctx, state.ReceiverOptions{Job: cfg.RdzvID, Addr: net.JoinHostPort(host, "0"), Emit: emit, Logger: log})
+	r := &stateReplicas{cfg: cfg, st: st, secret: secret, names: agentstore.NewNames(), emit: emit, log: log}
+	r.local = r.ownIP(host)
+	// Until a round names the nodes that replicate here, only this host
+	// is admitted (docs/state.md, "Who may reach the replication port").
+	r.recv, err = state.Listen(ctx, state.ReceiverOptions{Job: cfg.RdzvID, Addr: net.JoinHostPort(host, "0"), Emit: emit, Logger: log,
+		Allow: state.Allowlist{Local: r.localAddrs()}, Secret: secret, NLocal: cfg.NProcPerNode,
+		OwnLargest: ownLargest(st, cfg.NProcPerNode)})
 	if err != nil {
 		return nil, fmt.Errorf("state replicas: listen on %s: %w", host, err)
 	}
-	log.Info("state: receiving buddy copies", "addr", recv.Addr(), "replicas", cfg.StateReplicas)
-	return &stateReplicas{cfg: cfg, st: st, recv: recv, emit: emit, log: log}, nil
+	log.Info("state: receiving buddy copies", "addr", r.recv.Addr(), "replicas", cfg.StateReplicas, "authenticated", secret != nil, "send_from", r.local)
+	return r, nil
 }
 
 // Addr is the receiver's address, published in the node's registration.
@@ -96,7 +157,7 @@ func (r *stateReplicas) Addr() string {
 // start starts the sender under the node id the rendezvous knows this
 // node by (its copies' key at the buddies); the buddies come per round.
 func (r *stateReplicas) start(ctx context.Context, node string) error {
-	repl, err := state.StartReplicator(ctx, state.ReplicatorOptions{Job: r.cfg.RdzvID, Node: node,
+	repl, err := state.StartReplicator(ctx, state.ReplicatorOptions{Job: r.cfg.RdzvID, Node: node, Secret: r.secret, LocalIP: r.local,
 		NLocal: r.cfg.NProcPerNode, Segment: r.st.SegmentPath, Emit: r.emit, Logger: r.log})
 	if err != nil {
 		return fmt.Errorf("state replicas: start the sender: %w", err)
@@ -123,6 +184,7 @@ const restoreTimeout = 2 * time.Minute
 // receiver, then the next nodes of the ring, where the lost node's buddies
 // are after a swap or a renumbering (docs/state.md).
 func (r *stateReplicas) round(ctx context.Context, asg rendezvous.Assignment) {
+	r.recv.SetAllowed(r.allowed(asg))
 	if asg.Standby {
 		r.repl.SetBuddies(nil)
 		return
@@ -131,7 +193,7 @@ func (r *stateReplicas) round(ctx context.Context, asg rendezvous.Assignment) {
 	ctx, cancel := context.WithTimeout(ctx, restoreTimeout)
 	defer cancel()
 	got, err := state.RestoreRanks(ctx, state.RestoreOptions{Job: r.cfg.RdzvID, NLocal: r.cfg.NProcPerNode,
-		Segment: r.st.SegmentPath, RankBase: asg.RankBase, Round: asg.Round,
+		Segment: r.st.SegmentPath, RankBase: asg.RankBase, Round: asg.Round, Secret: r.secret, LocalIP: r.local,
 		Peers: append([]string{r.recv.Addr()}, asg.ReplicaRing...), Emit: r.emit})
 	r.st.BuddyRestored(got...) // their loads read as "buddy" (state_restore), and the verdict lists them
 	n := len(got)
@@ -141,6 +203,55 @@ func (r *stateReplicas) round(ctx context.Context, asg rendezvous.Assignment) {
 	} else if n > 0 {
 		r.log.Info("state: ranks restored from buddies", "round", asg.Round, "restored", n)
 	}
+}
+
+// ownIP is the address this node's copies and fetches go out from: its
+// advertised address (host), or the first of its name's addresses that is
+// this host's, so that its buddies, which admit its node id from that
+// host's addresses only, see it come from one of them. Invalid (the
+// kernel's choice) when there is none.
+func (r *stateReplicas) ownIP(host string) netip.Addr {
+	if ip, err := netip.ParseAddr(host); err == nil {
+		return ip.Unmap()
+	}
+	ips, bad := r.names.Resolve([]string{host})
+	if bad != "" {
+		return netip.Addr{}
+	}
+	own := agentstore.LocalAddrs()
+	for _, ip := range ips {
+		if ip.IsLoopback() || slices.Contains(own, ip) {
+			return ip
+		}
+	}
+	return netip.Addr{}
+}
+
+// localAddrs are this host's addresses, its advertised one among them.
+func (r *stateReplicas) localAddrs() []netip.Addr {
+	a := agentstore.LocalAddrs()
+	if r.local.IsValid() && !slices.Contains(a, r.local) {
+		a = append(a, r.local)
+	}
+	return a
+}
+
+// allowed is the receiver's allowlist for asg: this host, and the nodes
+// that replicate to it or restore from it (asg.ReplicaFrom), each admitted
+// from its own host's addresses (a node id is "<host>/<pid>"). A node
+// whose host does not resolve is left out, with a warning: its copies are
+// refused (it relies on the state directory), never anyone else's.
+func (r *stateReplicas) allowed(asg rendezvous.Assignment) state.Allowlist {
+	a := state.Allowlist{Local: r.localAddrs(), Senders: map[string][]netip.Addr{}}
+	for _, id := range asg.ReplicaFrom {
+		ips, bad := r.names.Resolve([]string{rendezvous.NodeHost(id)})
+		if bad != "" {
+			r.log.Warn("state: a node that replicates here does not resolve; its copies are refused", "node", id, "host", bad)
+			continue
+		}
+		a.Senders[id] = ips
+	}
+	return a
 }
 
 // replicaStore is the agent store with the replication's per-round step

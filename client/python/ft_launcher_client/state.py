@@ -24,9 +24,14 @@ background until ``wait()``, and is not committed if a saved tensor was
 changed in place meanwhile.
 
 Standard library only; torch is used only when the state holds tensors
-(and is never imported here). The pickled part of a state is trusted as
-``torch.load(weights_only=False)`` trusts a checkpoint: load only states
-your job wrote.
+(and is never imported here). The pickled part of a state (its skeleton:
+the containers around the tensors) is read by a restricted unpickler that
+admits only what a training state holds (TRUSTED_BY_DEFAULT: containers,
+numbers, strings, bytes, OrderedDict, torch dtypes, devices and Size,
+numpy arrays and dtypes); anything else, from a launcher's memory, a
+buddy, a peer or a file, is refused with an UntrustedClassError naming the
+class, unless the caller opts in: ``load(..., trusted_classes=[...])`` or
+$FT_STATE_TRUSTED_CLASSES (docs/state.md, "What a load executes").
 """
 
 import ctypes
@@ -292,10 +297,77 @@ def _encode(state, origins=None):
     return bufs, n, tensors
 
 
+# What a state's skeleton may name without an opt-in: what a model's and
+# an optimizer's state_dict, an LR scheduler's, RNG states and the usual
+# counters pickle to (listed by saving them with torch 1.13 and 2.x).
+TRUSTED_BY_DEFAULT = frozenset([
+    ("builtins", n) for n in ("bool", "int", "float", "complex", "str", "bytes", "bytearray", "list", "tuple",
+                               "dict", "set", "frozenset", "slice", "range", "NoneType", "Ellipsis", "NotImplemented")
+] + [
+    ("collections", "OrderedDict"), ("collections", "defaultdict"), ("collections", "deque"), ("collections", "Counter"),
+    ("torch", "Size"), ("torch", "device"),
+    ("numpy", "ndarray"), ("numpy", "dtype"),
+    ("numpy.core.multiarray", "_reconstruct"), ("numpy.core.multiarray", "scalar"),
+    ("numpy._core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "scalar"),
+])
+
+# The opt-in for other classes: a comma-separated list of "module.name"
+# (or "module:name"), or "*" to trust every class of the state (as
+# torch.load(weights_only=False) does: only for states you wrote).
+TRUSTED_CLASSES_ENV = "FT_STATE_TRUSTED_CLASSES"
+
+
+class UntrustedClassError(StateError):
+    """A state's skeleton names a class or function that a training state
+    does not hold and the caller did not trust: nothing of it ran."""
+
+
+def _trusted(extra):
+    """The (module, name) pairs trusted beyond TRUSTED_BY_DEFAULT, from
+    extra (classes, functions or "module.name" strings) and
+    $FT_STATE_TRUSTED_CLASSES; the string "*" trusts everything."""
+    out = set()
+    items = list(extra or ())
+    env = os.environ.get(TRUSTED_CLASSES_ENV, "")
+    items += [x.strip() for x in env.split(",") if x.strip()]
+    for x in items:
+        if isinstance(x, str):
+            if x == "*":
+                return None
+            mod, sep, name = x.partition(":")
+            if not sep:
+                mod, _, name = x.rpartition(".")
+            if not mod or not name:
+                raise StateError("trusted class %r: want \"module.name\" (e.g. \"mypkg.train.Config\") or \"*\"" % x)
+            out.add((mod, name))
+        elif hasattr(x, "__module__") and hasattr(x, "__qualname__"):
+            out.add((x.__module__, x.__qualname__))
+        else:
+            raise StateError("trusted class %r: want a class, a function or a \"module.name\" string" % (x,))
+    return out
+
+
 class _Unpickler(pickle.Unpickler):
-    def __init__(self, f, make):
+    def __init__(self, f, make, trusted=()):
         super().__init__(f)
         self._make = make
+        self._trusted = _trusted(trusted)
+
+    def find_class(self, module, name):
+        # Nothing a state names runs unless it is plain data: a pickle's
+        # globals are what it can call (os.system through __reduce__).
+        if self._trusted is None or (module, name) in TRUSTED_BY_DEFAULT or (module, name) in self._trusted:
+            return super().find_class(module, name)
+        if module == "torch":
+            torch = sys.modules.get("torch")
+            if torch is not None and isinstance(getattr(torch, name, None), torch.dtype):
+                return getattr(torch, name)
+        if module == "numpy.dtypes" and name.endswith("DType"):
+            return super().find_class(module, name)
+        raise UntrustedClassError(
+            "the saved state names %s.%s, which a training state does not hold, so it was not loaded (it could run "
+            "code). If you saved it yourself and trust the state's source, pass load(..., trusted_classes=[\"%s.%s\"]) "
+            "or set %s=%s.%s (\"*\" trusts every class)" % (module, name, module, name, TRUSTED_CLASSES_ENV, module, name))
 
     def persistent_load(self, pid):
         if not (isinstance(pid, tuple) and len(pid) == 4 and pid[0] == _TENSOR_TAG):
@@ -454,7 +526,7 @@ def _at(obj, path):
     return obj
 
 
-def _decode(read, length, verify_crc=None, into=None):
+def _decode(read, length, verify_crc=None, into=None, trusted=()):
     """Rebuild a state from a payload read through read = (pread(off, n) ->
     bytes, readmany([(address, off, n)]): n bytes at payload offset off to
     each address, in parallel). Returns the state; verify_crc, when
@@ -483,7 +555,7 @@ def _decode(read, length, verify_crc=None, into=None):
     # First pass: the tensors' metadata in order (persistent ids are
     # produced in first-appearance order, as they were saved), and the
     # skeleton that into= is matched against.
-    skel = _Unpickler(io.BytesIO(data[_PAYLOAD.size:start]), collect).load()
+    skel = _Unpickler(io.BytesIO(data[_PAYLOAD.size:start]), collect, trusted).load()
     if len(metas) != ntensors:
         raise StateError("state payload: %d tensors described, header says %d" % (len(metas), ntensors))
     dest = _Into(into, skel) if into is not None else None
@@ -531,7 +603,7 @@ def _decode(read, length, verify_crc=None, into=None):
         raise StateError("state payload: %d bytes described, %d stored" % (off, length))
     if check and crc != verify_crc:
         raise StateError("state payload: CRC %08x, saved %08x (corrupt or overwritten while read)" % (crc, verify_crc))
-    out = _Unpickler(io.BytesIO(data[_PAYLOAD.size:start]), lambda i, d, s: tensors[i]).load()
+    out = _Unpickler(io.BytesIO(data[_PAYLOAD.size:start]), lambda i, d, s: tensors[i], trusted).load()
     if dest is not None:
         dest.finish(out)
     return out
@@ -857,7 +929,7 @@ class _Segment:
             os.close(fd)
         return seq
 
-    def load(self, verify=True, into=None):
+    def load(self, verify=True, into=None, trusted=()):
         """(step, state) of the newest committed save, or (None, None)."""
         nthreads = copy_threads()
         try:
@@ -878,7 +950,7 @@ class _Segment:
                                      % (self.path, seq, off + length, os.fstat(fd).st_size))
                 view = _SlotView(fd, off, length, nthreads)
                 try:
-                    state = _decode(view.readers(), length, want, into)
+                    state = _decode(view.readers(), length, want, into, trusted)
                 except (StateError, pickle.UnpicklingError, EOFError):
                     if _slots(fd)[i] == d:
                         raise  # not a race with a saver: the save is bad
@@ -971,12 +1043,13 @@ def _save_file(d, step, bufs, length, commit, rank):
     return seq
 
 
-def load_file(path, rank=None, verify=True, into=None):
+def load_file(path, rank=None, verify=True, into=None, trusted_classes=None):
     """Load a written-out state: ``path`` is a state directory (the
     manifest of ``rank``, default $RANK or 0, names the file), a manifest
     (``rank-R.json``) or a data file (``.ftstate``). Returns (step, state);
     raises FileNotFoundError when there is none and StateError when the file
-    is damaged (its length or CRC does not match). ``into``: as for load()."""
+    is damaged (its length or CRC does not match). ``into``,
+    ``trusted_classes``: as for load()."""
     if os.path.isdir(path):
         r = _rank() if rank is None else rank
         m = _read_manifest(path, r)
@@ -998,7 +1071,7 @@ def load_file(path, rank=None, verify=True, into=None):
         size = os.fstat(fd).st_size
         if size != FILE_HEADER + length:
             raise StateError("%s: %d payload bytes, header says %d (truncated)" % (path, size - FILE_HEADER, length))
-        return step, _decode(_preaders(fd, FILE_HEADER, copy_threads()), length, crc if verify else None, into)
+        return step, _decode(_preaders(fd, FILE_HEADER, copy_threads()), length, crc if verify else None, into, trusted_classes)
     finally:
         os.close(fd)
 
@@ -1171,7 +1244,7 @@ def wait():
     return info
 
 
-def load(path=None, verify=True, info=None, into=None):
+def load(path=None, verify=True, info=None, into=None, trusted_classes=None):
     """Return (step, state) of the newest save of this rank, or (None, None).
 
     Under ft-launcher the launcher's memory copy is read (a memory copy into
@@ -1195,20 +1268,26 @@ def load(path=None, verify=True, info=None, into=None):
     state are set too; an optimizer without state yet (a fresh process) is
     loaded with its own ``load_state_dict``. If the load fails after it
     began writing (a corrupt save, a CRC mismatch), the destinations hold
-    partly restored values: load again or start over."""
-    return _load(path, verify, info, into=into)
+    partly restored values: load again or start over.
+
+    ``trusted_classes``: classes or functions (or "module.name" strings)
+    the state may name beyond plain training data (TRUSTED_BY_DEFAULT), e.g.
+    a dataclass of your own; "*" trusts everything. A state that names any
+    other raises UntrustedClassError before any of it runs. The same opt-in
+    for every load of the process: $FT_STATE_TRUSTED_CLASSES."""
+    return _load(path, verify, info, into=into, trusted_classes=trusted_classes)
 
 
-def _load(path=None, verify=True, info=None, note=None, into=None):
+def _load(path=None, verify=True, info=None, note=None, into=None, trusted_classes=None):
     """load(), with note's fields added to the restore note (heal.py)."""
     wait()
     start = time.perf_counter()
     seg = _segment()
-    got, source = seg.load(verify, into) if seg is not None else (None, None), "memory"
+    got, source = seg.load(verify, into, trusted_classes) if seg is not None else (None, None), "memory"
     d = _state_dir(path)
     m = _read_manifest(d, _rank()) if os.path.isdir(d) else None
     if m is not None and (got[0] is None or m["step"] > got[0]):
-        got, source = load_file(d, verify=verify, into=into), "file"
+        got, source = load_file(d, verify=verify, into=into, trusted_classes=trusted_classes), "file"
     secs = time.perf_counter() - start
     if info is not None:
         info["source"] = source if got[0] is not None else None
@@ -1286,5 +1365,5 @@ class Bound:
         """state.wait(): the overlapped save in flight, committed or refused."""
         return wait()
 
-    def load(self, path=None, verify=True, info=None, into=None):
-        return load(path=path, verify=verify, info=info, into=into)
+    def load(self, path=None, verify=True, info=None, into=None, trusted_classes=None):
+        return load(path=path, verify=verify, info=info, into=into, trusted_classes=trusted_classes)

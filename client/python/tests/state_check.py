@@ -4,8 +4,10 @@ Run by client/python/state_test.go with Debian's python3 (torch); not named
 test_*.py so that the torch-free unittest discovery does not collect it.
 """
 
+import io
 import json
 import os
+import pickle
 import shutil
 import signal
 import subprocess
@@ -436,6 +438,92 @@ def odd_state(step):
     s["odd_u8"] = torch.randint(0, 255, (4_099,), generator=g, dtype=torch.uint8)
     s["strided"] = torch.randn(101, 37, generator=g)[::3, 1::2]
     return s
+
+
+class Evil:
+    """A pickle that runs a command when loaded (its __reduce__)."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, ("touch %s" % self.marker,))
+
+
+class RunConfig:
+    """A user's own class kept in the state: refused unless trusted."""
+
+    def __init__(self, lr):
+        self.lr = lr
+
+
+class UnpicklerTest(unittest.TestCase):
+    """A load never runs what a state names unless it is plain training
+    data or the caller trusted it (docs/state.md, "What a load executes")."""
+
+    def test_real_model_and_optimizer_state_loads_without_opt_in(self):
+        m = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4), torch.nn.LSTM(4, 4))
+        opts = [torch.optim.Adam(m.parameters()), torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)]
+        m[1](m[0](torch.randn(3, 4))).sum().backward()
+        for o in opts:
+            o.step()
+        sched = torch.optim.lr_scheduler.StepLR(opts[0], 10)
+        st = {"model": m.state_dict(), "opt": [o.state_dict() for o in opts], "sched": sched.state_dict(),
+              "rng": torch.get_rng_state(), "shape": torch.Size([3, 4]), "dtype": torch.bfloat16,
+              "dev": torch.device("cpu"), "misc": (1, 2.5, "s", b"b", None, {1, 2}, frozenset([3]), complex(1, 2))}
+        try:
+            import numpy
+            st["np_rng"] = numpy.random.get_state()
+        except ImportError:
+            pass
+        with Env():
+            state.save(1, st)
+            step, got = state.load()
+            self.assertEqual(step, 1)
+            self.assertEqual(list(got["model"].keys()), list(m.state_dict().keys()))
+            self.assertEqual(got["shape"], torch.Size([3, 4]))
+            self.assertIs(got["dtype"], torch.bfloat16)
+            self.assertEqual(got["sched"], sched.state_dict())
+
+    def test_malicious_reduce_is_refused_and_never_runs(self):
+        with Env() as e:
+            marker = os.path.join(e.root, "pwned")
+            state.save(1, {"model": {"w": torch.ones(2)}, "evil": Evil(marker)})
+            self.assertFalse(os.path.exists(marker), "saving ran it")
+            with self.assertRaises(state.UntrustedClassError) as cm:
+                state.load()
+            msg = str(cm.exception)
+            self.assertIn("system", msg)
+            self.assertIn("trusted_classes", msg)
+            self.assertIn(state.TRUSTED_CLASSES_ENV, msg)
+            self.assertFalse(os.path.exists(marker), "a load from memory ran the state's __reduce__")
+        # The same from a written-out file.
+        with Env(launcher=False) as e:
+            marker = os.path.join(e.root, "pwned")
+            state.save(2, {"evil": Evil(marker)})
+            with self.assertRaises(state.UntrustedClassError):
+                state.load_file(e.dir)
+            with self.assertRaises(state.UntrustedClassError):
+                state.load()
+            self.assertFalse(os.path.exists(marker), "a load from a file ran the state's __reduce__")
+
+    def test_opt_in_admits_a_custom_class(self):
+        with Env():
+            state.save(1, {"cfg": RunConfig(0.5), "w": torch.ones(3)})
+            with self.assertRaises(state.UntrustedClassError) as cm:
+                state.load()
+            self.assertIn("RunConfig", str(cm.exception))
+            for trusted in ([RunConfig], [RunConfig.__module__ + ".RunConfig"]):
+                step, got = state.load(trusted_classes=trusted)
+                self.assertIsInstance(got["cfg"], RunConfig)
+                self.assertEqual(got["cfg"].lr, 0.5)
+            with mock.patch.dict(os.environ, {state.TRUSTED_CLASSES_ENV: RunConfig.__module__ + ":RunConfig"}):
+                self.assertEqual(state.load()[1]["cfg"].lr, 0.5)
+            # Trusting one class does not trust another.
+            with self.assertRaises(state.UntrustedClassError):
+                state._Unpickler(io.BytesIO(pickle.dumps(Evil("/nonexistent/x"))), None, [RunConfig]).load()
+            with self.assertRaises(state.StateError):
+                state.load(trusted_classes=["nodot"])
 
 
 class ParallelCopyTest(unittest.TestCase):
