@@ -286,7 +286,7 @@ func options() []*option {
 				return err
 			}},
 		{names: []string{"job-secret-file"}, env: true, group: grpOurs, arg: "PATH", def: "off",
-			help: "A file holding a secret shared by every node of the job (the same file everywhere, readable by this user only): the state replication port (--state-replicas) then accepts copies and serves fetches only with frames authenticated with it (HMAC-SHA256). Without it, only the allowlist of the round's node addresses protects the port. See docs/state.md.",
+			help: "A file holding a secret shared by every node of the job (the same file everywhere, readable by this user only): the state replication port (--state-replicas) then accepts copies and serves fetches only with frames authenticated with it (HMAC-SHA256), and gossip encrypts and authenticates its packets with a key derived from it (AES-GCM). Without it, only the allowlist of the round's node addresses protects the replication port, and gossip is plain. See docs/security.md.",
 			set: func(p *parser, v string) error {
 				if !filepath.IsAbs(v) {
 					return fmt.Errorf("--job-secret-file %q: want an absolute path to a file holding the job's secret", v)

@@ -65,7 +65,12 @@ func newEtcdRendezvous(ctx context.Context, cfg *configs.Config, log *slog.Logge
 	if store != nil {
 		masterPort = func(round int) (int, error) { return store.Port(localAddr, round) }
 	}
-	r, err := rendezvous.NewEtcd(ctx, rendezvous.EtcdOptions{MasterPort: masterPort,
+	gossipKey, err := gossipKeyOf(cfg)
+	if err != nil {
+		cleanup()
+		return nil, nil, err
+	}
+	r, err := rendezvous.NewEtcd(ctx, rendezvous.EtcdOptions{MasterPort: masterPort, GossipKey: gossipKey,
 		JoinTimeout: rz.JoinTimeout, LastCall: rz.LastCallTimeout,
 		ConnectTimeout: rz.ConnectTimeout, LeaseTTL: rz.LeaseTTL, FenceMargin: rz.FenceMargin,
 		EtcdLossBound: rz.EtcdLossBound, RejoinWait: rz.RejoinWait, MinNodesWait: rz.MinNodesWait,

@@ -1,10 +1,13 @@
 package main
 
 import (
+	"bytes"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/ftlauncher/ft-launcher/configs"
 )
 
 // TestReadJobSecret: the secret file is read whole; one others may read,
@@ -45,5 +48,30 @@ func TestReadJobSecret(t *testing.T) {
 				t.Fatalf("got %q, %v; want %q", got, err, tc.want)
 			}
 		})
+	}
+}
+
+// TestGossipKeyOf: no secret, plain gossip; with one, a 32-byte key (an
+// AES-256 key) that differs between run ids and is not the secret.
+func TestGossipKeyOf(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "secret")
+	if err := os.WriteFile(p, []byte("0123456789abcdef0123456789abcdef\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	key := func(file, run string) []byte {
+		t.Helper()
+		cfg := &configs.Config{JobSecretFile: file, RdzvID: run}
+		k, err := gossipKeyOf(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return k
+	}
+	if k := key("", "job"); k != nil {
+		t.Fatalf("no secret: key %x, want none", k)
+	}
+	a, a2, b := key(p, "job-a"), key(p, "job-a"), key(p, "job-b")
+	if len(a) != 32 || !bytes.Equal(a, a2) || bytes.Equal(a, b) || bytes.Contains([]byte("0123456789abcdef0123456789abcdef"), a) {
+		t.Fatalf("keys %x / %x / %x: want 32 bytes, stable per run id, different across run ids", a, a2, b)
 	}
 }

@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/hmac"
+	"crypto/sha256"
 	"fmt"
 	"log/slog"
 	"net"
@@ -95,6 +97,20 @@ func readJobSecret(path string) ([]byte, error) {
 		return nil, fmt.Errorf("--job-secret-file %s: %d bytes; want a secret of at least 16 bytes (e.g. head -c 32 /dev/urandom | base64 > %s)", path, len(bytes.TrimSpace(b)), path)
 	}
 	return b, nil
+}
+
+// gossipKeyOf is gossip's 32-byte key under --job-secret-file (nil without
+// one): HMAC-SHA256 of the run id under the secret, so that the secret
+// itself never keys a second protocol and another job's gossip, even one
+// sharing the secret file, does not decrypt this one's.
+func gossipKeyOf(cfg *configs.Config) ([]byte, error) {
+	secret, err := readJobSecret(cfg.JobSecretFile)
+	if err != nil || secret == nil {
+		return nil, err
+	}
+	mac := hmac.New(sha256.New, secret)
+	mac.Write([]byte("ft-launcher gossip\x00" + cfg.RdzvID))
+	return mac.Sum(nil), nil
 }
 
 // ownLargest is the largest newest save of this node's ranks (0: none).
