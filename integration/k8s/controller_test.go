@@ -18,6 +18,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -79,8 +81,20 @@ func controller(t *testing.T, args ...string) {
 
 // runController runs `ft-resumer appwrapper-controller --kubeconfig kc`
 // until the end of t; once it has stopped, check (if any) reads its log.
+// The webhook is on by default: unless args name them, it serves on a
+// free port with its certificate Secret in a namespace of its own (no
+// webhook configuration points at it).
 func runController(t *testing.T, kc string, check func(log string), args ...string) {
 	t.Helper()
+	if !slices.Contains(args, "--webhook-namespace") {
+		args = append(args, "--webhook-namespace", env.Namespace(t))
+	}
+	if !slices.Contains(args, "--webhook-port") {
+		args = append(args, "--webhook-port", strconv.Itoa(listenPort(t)))
+	}
+	if !slices.Contains(args, "--webhook-cert-dir") {
+		args = append(args, "--webhook-cert-dir", t.TempDir())
+	}
 	var out bytes.Buffer
 	cmd := exec.Command(bins.resumer, append([]string{"appwrapper-controller", "--kubeconfig", kc,
 		"--metrics-bind-address", "0", "--health-probe-bind-address", "0"}, args...)...)
@@ -448,7 +462,11 @@ func TestShippedManifests(t *testing.T) {
 		if strings.Contains(log, "forbidden") {
 			t.Errorf("the controller was refused something (rbac.yaml misses a rule):\n%s", log)
 		}
-	}, "--config", cfgPath, "--leader-elect", "--leader-election-namespace=ft-launcher-system")
+	}, "--config", cfgPath, "--leader-elect", "--leader-election-namespace=ft-launcher-system",
+		// The shipped config serves the webhook; its Secret goes where the
+		// Deployment's would (rbac.yaml's Role). webhook.yaml is not
+		// applied: the controller starts without its configurations.
+		"--webhook-namespace", "ft-launcher-system")
 
 	doc, err := os.ReadFile(filepath.Join("..", "..", "k8s", "appwrapper", "testdata", "job-with-podgroup.yaml"))
 	if err != nil {
