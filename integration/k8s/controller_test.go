@@ -482,4 +482,43 @@ func TestShippedManifests(t *testing.T) {
 		}
 	}
 	waitPhase(t, ns, obj.GetName(), v1beta2.AppWrapperSucceeded)
+
+	// The documented example (docs/kubernetes.md includes the file
+	// verbatim, TestDocsIncludeExample), submitted as kubectl -n would:
+	// Running, then a failed pod resets it once and its pods run again.
+	doc, err = os.ReadFile(filepath.Join("..", "..", "deploy", "examples", "appwrapper.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ex := apply(t, ns, doc)
+	waitPhase(t, ns, ex.GetName(), v1beta2.AppWrapperRunning)
+	first := runningPods(t, ns, ex.GetName(), 2, nil)
+	old := map[types.UID]bool{}
+	for _, p := range first {
+		old[p.UID] = true
+	}
+	if err := kl.Fail(ctx, first[0].Name, 1, "rank 0 exited with code 1"); err != nil {
+		t.Fatal(err)
+	}
+	runningPods(t, ns, ex.GetName(), 2, old)
+	aw := waitPhase(t, ns, ex.GetName(), v1beta2.AppWrapperRunning)
+	if aw.Status.Retries != 1 {
+		t.Errorf("the example after one failed pod: retries %d, want 1", aw.Status.Retries)
+	}
+}
+
+// TestDocsIncludeExample: docs/kubernetes.md shows deploy/examples/appwrapper.yaml
+// as it is, so the example the tests submit is the one the docs show.
+func TestDocsIncludeExample(t *testing.T) {
+	ex, err := os.ReadFile(filepath.Join("..", "..", "deploy", "examples", "appwrapper.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	docs, err := os.ReadFile(filepath.Join("..", "..", "docs", "kubernetes.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Contains(docs, []byte("```yaml\n"+string(ex)+"```\n")) {
+		t.Errorf("docs/kubernetes.md does not include deploy/examples/appwrapper.yaml verbatim in a yaml block")
+	}
 }
