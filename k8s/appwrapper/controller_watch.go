@@ -197,6 +197,13 @@ func (r *Reconciler) watchKindLocked(gvk schema.GroupVersionKind) error {
 	return nil
 }
 
+// Watches reports whether the reconciler watches kind gvk.
+func (r *Reconciler) Watches(gvk schema.GroupVersionKind) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.watched[gvk]
+}
+
 // refusedRecheck is how often a kind the controller may not watch is asked
 // about again (an administrator may grant it).
 const refusedRecheck = time.Minute

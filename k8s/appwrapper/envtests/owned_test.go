@@ -10,11 +10,13 @@ import (
 
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/ftlauncher/ft-launcher/k8s/api/v1beta2"
@@ -292,3 +294,72 @@ func TestRefusedCreateBacksOff(t *testing.T) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// TestNoWatchOfUnwatchableKind: the controller, run as a user whose
+// ClusterRole lets it create, list and delete ConfigMaps but not watch
+// them, creates a wrapped ConfigMap and runs the workload, but starts no
+// ConfigMap watch (whose informer would retry the refused watch for as
+// long as the process runs); the Job, which it may watch, is watched.
+func TestNoWatchOfUnwatchableKind(t *testing.T) {
+	needEnv(t)
+	ctx := context.Background()
+	ns := env.Namespace(t)
+	user := "limited-" + ns
+	role := &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: user}, Rules: []rbacv1.PolicyRule{
+		{APIGroups: []string{v1beta2.GroupVersion.Group}, Resources: []string{"appwrappers"}, Verbs: []string{"get", "list", "watch", "update", "patch"}},
+		{APIGroups: []string{v1beta2.GroupVersion.Group}, Resources: []string{"appwrappers/status"}, Verbs: []string{"get", "update", "patch"}},
+		{APIGroups: []string{v1beta2.GroupVersion.Group}, Resources: []string{"appwrappers/finalizers"}, Verbs: []string{"update"}},
+		{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get", "list", "watch", "delete"}},
+		{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get", "list", "watch"}},
+		{APIGroups: []string{"", "events.k8s.io"}, Resources: []string{"events"}, Verbs: []string{"create", "patch", "update"}},
+		{APIGroups: []string{"batch"}, Resources: []string{"jobs"}, Verbs: []string{"get", "list", "watch", "create", "delete"}},
+		{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"get", "list", "create", "delete"}},
+	}}
+	bind := &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: user},
+		RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: user},
+		Subjects: []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: user}}}
+	for _, o := range []client.Object{role, bind} {
+		if err := env.Client.Create(ctx, o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() {
+		_ = env.Client.Delete(context.Background(), bind)
+		_ = env.Client.Delete(context.Background(), role)
+	})
+	kc, err := env.KubeconfigAs(t.TempDir(), user, "system:authenticated")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc, err := clientcmd.BuildConfigFromFlags("", kc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r *appwrapper.Reconciler
+	h := newHarnessAs(t, ns, rc, 1, nil, func(rr *appwrapper.Reconciler) { r = rr })
+	const name = "cm"
+	cm := rawObject(t, &corev1.ConfigMap{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "ConfigMap"},
+		ObjectMeta: metav1.ObjectMeta{Name: "cm-config"}, Data: map[string]string{"k": "v"}})
+	h.create(appWrapper(name, nil, jobTemplate(t, name, 1, nil), cm))
+	h.waitFor(name, "Running with its pod ready", func(aw *v1beta2.AppWrapper) bool {
+		return aw.Status.Phase == v1beta2.AppWrapperRunning && cond(aw, v1beta2.PodsReady).Status == True
+	})
+	if err := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "cm-config"}, &corev1.ConfigMap{}); err != nil {
+		t.Fatalf("the wrapped ConfigMap: %v", err)
+	}
+	if r.Watches(corev1.SchemeGroupVersion.WithKind("ConfigMap")) {
+		t.Errorf("the controller watches ConfigMaps, which it may not watch")
+	}
+	if !r.Watches(batchv1.SchemeGroupVersion.WithKind("Job")) {
+		t.Errorf("the controller does not watch Jobs")
+	}
+	// Deleting the AppWrapper deletes both without the watch.
+	if err := env.Client.Delete(ctx, &v1beta2.AppWrapper{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}}); err != nil {
+		t.Fatal(err)
+	}
+	h.eventually("the AppWrapper and the ConfigMap gone", func() (bool, string) {
+		errA := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &v1beta2.AppWrapper{})
+		errC := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "cm-config"}, &corev1.ConfigMap{})
+		return apierrors.IsNotFound(errA) && apierrors.IsNotFound(errC), fmt.Sprintf("AppWrapper: %v; ConfigMap: %v", errA, errC)
+	})
+}
