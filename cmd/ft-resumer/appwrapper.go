@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
@@ -97,8 +98,9 @@ func cmdAppWrapperController(ctx context.Context, args []string, stdout, stderr 
 		return 1
 	}
 	var webhookServer webhook.Server
+	var keepCA manager.Runnable
 	if cfg.WebhooksEnabled {
-		if webhookServer, err = setupWebhookCerts(ctx, restCfg, scheme, *webhookNS, *webhookCertDir, *webhookHosts, *webhookManage, *webhookPort); err != nil {
+		if webhookServer, keepCA, err = setupWebhookCerts(ctx, restCfg, scheme, log, *webhookNS, *webhookCertDir, *webhookHosts, *webhookManage, *webhookPort); err != nil {
 			fmt.Fprintf(stderr, "ft-resumer appwrapper-controller: %v\n", err)
 			return 1
 		}
@@ -114,6 +116,11 @@ func cmdAppWrapperController(ctx context.Context, args []string, stdout, stderr 
 		LeaderElection:          *leaderElect,
 		LeaderElectionID:        "appwrapper-controller.ft-launcher.dev",
 		LeaderElectionNamespace: *leaderNS,
+		// A clean stop (SIGTERM: a rollout, a drain) hands the Lease back
+		// at once, so another replica leads within its retry period
+		// instead of the lease duration. Safe: the manager stops every
+		// leader-only runnable before it releases.
+		LeaderElectionReleaseOnCancel: true,
 	})
 	if err != nil {
 		fmt.Fprintf(stderr, "ft-resumer appwrapper-controller: create the manager: %v\n", err)
@@ -123,7 +130,13 @@ func cmdAppWrapperController(ctx context.Context, args []string, stdout, stderr 
 		fmt.Fprintf(stderr, "ft-resumer appwrapper-controller: %v\n", err)
 		return 1
 	}
-	if err := mgr.AddReadyzCheck("readyz", healthz.Ping); err != nil {
+	ready := healthz.Ping
+	if cfg.WebhooksEnabled {
+		// Ready once the webhook serves: the webhook Service sends
+		// admissions only to ready pods.
+		ready = mgr.GetWebhookServer().StartedChecker()
+	}
+	if err := mgr.AddReadyzCheck("readyz", ready); err != nil {
 		fmt.Fprintf(stderr, "ft-resumer appwrapper-controller: %v\n", err)
 		return 1
 	}
@@ -135,6 +148,12 @@ func cmdAppWrapperController(ctx context.Context, args []string, stdout, stderr 
 		if err := appwrapper.SetupWebhookWithManager(mgr, cfg); err != nil {
 			fmt.Fprintf(stderr, "ft-resumer appwrapper-controller: %v\n", err)
 			return 1
+		}
+		if keepCA != nil {
+			if err := mgr.Add(keepCA); err != nil {
+				fmt.Fprintf(stderr, "ft-resumer appwrapper-controller: %v\n", err)
+				return 1
+			}
 		}
 	}
 	log.Info("AppWrapper controller starting", "host", restCfg.Host, "leader_elect", *leaderElect, "webhooks", cfg.WebhooksEnabled)
@@ -173,25 +192,44 @@ func restConfig(path string) (*rest.Config, error) {
 
 // setupWebhookCerts makes the webhook's certificate ready (self-managed,
 // or mounted by cert-manager when manage is false) and returns the server
-// that serves it.
-func setupWebhookCerts(ctx context.Context, restCfg *rest.Config, scheme *runtime.Scheme, ns, dir string, hosts []string, manage bool, port int) (webhook.Server, error) {
-	if manage {
-		if ns == "" {
-			b, err := os.ReadFile("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
-			if err != nil {
-				return nil, fmt.Errorf("webhooksEnabled: give --webhook-namespace (not in a pod: %w)", err)
-			}
-			ns = strings.TrimSpace(string(b))
-		}
-		c, err := client.New(restCfg, client.Options{Scheme: scheme})
-		if err != nil {
-			return nil, fmt.Errorf("webhook certificate: client: %w", err)
-		}
-		wc := appwrapper.ShippedWebhookCerts(ns, dir)
-		wc.Hosts = hosts
-		if err := wc.Ensure(ctx, c, time.Now()); err != nil {
-			return nil, err
-		}
+// that serves it and, self-managed, the runnable that keeps the webhook
+// configurations' caBundle set (on every replica, leader or not).
+func setupWebhookCerts(ctx context.Context, restCfg *rest.Config, scheme *runtime.Scheme, log *slog.Logger, ns, dir string, hosts []string, manage bool, port int) (webhook.Server, manager.Runnable, error) {
+	server := webhook.NewServer(webhook.Options{Port: port, CertDir: dir})
+	if !manage {
+		return server, nil, nil
 	}
-	return webhook.NewServer(webhook.Options{Port: port, CertDir: dir}), nil
+	if ns == "" {
+		b, err := os.ReadFile("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+		if err != nil {
+			return nil, nil, fmt.Errorf("webhooksEnabled: give --webhook-namespace, or set webhooksEnabled: false in --config (not in a pod: %w)", err)
+		}
+		ns = strings.TrimSpace(string(b))
+	}
+	c, err := client.New(restCfg, client.Options{Scheme: scheme})
+	if err != nil {
+		return nil, nil, fmt.Errorf("webhook certificate: client: %w", err)
+	}
+	wc := appwrapper.ShippedWebhookCerts(ns, dir)
+	wc.Hosts = hosts
+	if err := wc.Ensure(ctx, c, time.Now()); err != nil {
+		return nil, nil, err
+	}
+	keep := keepCABundle(func(ctx context.Context) error {
+		wc.KeepCABundle(ctx, c, appwrapper.CABundleKeepInterval, func(msg string, err error) {
+			if err != nil {
+				log.Warn(msg, "err", err)
+				return
+			}
+			log.Info(msg)
+		})
+		return nil
+	})
+	return server, keep, nil
 }
+
+// keepCABundle runs on every replica: each serves the webhook.
+type keepCABundle func(context.Context) error
+
+func (k keepCABundle) Start(ctx context.Context) error { return k(ctx) }
+func (keepCABundle) NeedLeaderElection() bool          { return false }

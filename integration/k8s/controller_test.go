@@ -18,6 +18,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -79,8 +81,20 @@ func controller(t *testing.T, args ...string) {
 
 // runController runs `ft-resumer appwrapper-controller --kubeconfig kc`
 // until the end of t; once it has stopped, check (if any) reads its log.
+// The webhook is on by default: unless args name them, it serves on a
+// free port with its certificate Secret in a namespace of its own (no
+// webhook configuration points at it).
 func runController(t *testing.T, kc string, check func(log string), args ...string) {
 	t.Helper()
+	if !slices.Contains(args, "--webhook-namespace") {
+		args = append(args, "--webhook-namespace", env.Namespace(t))
+	}
+	if !slices.Contains(args, "--webhook-port") {
+		args = append(args, "--webhook-port", strconv.Itoa(listenPort(t)))
+	}
+	if !slices.Contains(args, "--webhook-cert-dir") {
+		args = append(args, "--webhook-cert-dir", t.TempDir())
+	}
 	var out bytes.Buffer
 	cmd := exec.Command(bins.resumer, append([]string{"appwrapper-controller", "--kubeconfig", kc,
 		"--metrics-bind-address", "0", "--health-probe-bind-address", "0"}, args...)...)
@@ -448,7 +462,11 @@ func TestShippedManifests(t *testing.T) {
 		if strings.Contains(log, "forbidden") {
 			t.Errorf("the controller was refused something (rbac.yaml misses a rule):\n%s", log)
 		}
-	}, "--config", cfgPath, "--leader-elect", "--leader-election-namespace=ft-launcher-system")
+	}, "--config", cfgPath, "--leader-elect", "--leader-election-namespace=ft-launcher-system",
+		// The shipped config serves the webhook; its Secret goes where the
+		// Deployment's would (rbac.yaml's Role). webhook.yaml is not
+		// applied: the controller starts without its configurations.
+		"--webhook-namespace", "ft-launcher-system")
 
 	doc, err := os.ReadFile(filepath.Join("..", "..", "k8s", "appwrapper", "testdata", "job-with-podgroup.yaml"))
 	if err != nil {
@@ -464,4 +482,43 @@ func TestShippedManifests(t *testing.T) {
 		}
 	}
 	waitPhase(t, ns, obj.GetName(), v1beta2.AppWrapperSucceeded)
+
+	// The documented example (docs/kubernetes.md includes the file
+	// verbatim, TestDocsIncludeExample), submitted as kubectl -n would:
+	// Running, then a failed pod resets it once and its pods run again.
+	doc, err = os.ReadFile(filepath.Join("..", "..", "deploy", "examples", "appwrapper.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ex := apply(t, ns, doc)
+	waitPhase(t, ns, ex.GetName(), v1beta2.AppWrapperRunning)
+	first := runningPods(t, ns, ex.GetName(), 2, nil)
+	old := map[types.UID]bool{}
+	for _, p := range first {
+		old[p.UID] = true
+	}
+	if err := kl.Fail(ctx, first[0].Name, 1, "rank 0 exited with code 1"); err != nil {
+		t.Fatal(err)
+	}
+	runningPods(t, ns, ex.GetName(), 2, old)
+	aw := waitPhase(t, ns, ex.GetName(), v1beta2.AppWrapperRunning)
+	if aw.Status.Retries != 1 {
+		t.Errorf("the example after one failed pod: retries %d, want 1", aw.Status.Retries)
+	}
+}
+
+// TestDocsIncludeExample: docs/kubernetes.md shows deploy/examples/appwrapper.yaml
+// as it is, so the example the tests submit is the one the docs show.
+func TestDocsIncludeExample(t *testing.T) {
+	ex, err := os.ReadFile(filepath.Join("..", "..", "deploy", "examples", "appwrapper.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	docs, err := os.ReadFile(filepath.Join("..", "..", "docs", "kubernetes.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Contains(docs, []byte("```yaml\n"+string(ex)+"```\n")) {
+		t.Errorf("docs/kubernetes.md does not include deploy/examples/appwrapper.yaml verbatim in a yaml block")
+	}
 }

@@ -27,7 +27,8 @@ import (
 // TestWebhookBinary: the real `ft-resumer appwrapper-controller` started
 // with `webhooksEnabled: true` makes its own certificate (the Secret in
 // --webhook-namespace), writes the CA into the caBundle of the webhook
-// configurations of deploy/k8s/webhook.yaml, and serves them: the API
+// configurations of deploy/k8s/webhook.yaml applied after it started (and
+// again when a configuration loses it), and serves them: the API
 // server then adds the default queue label to a valid AppWrapper (which the
 // same binary takes to Running), and refuses a nested AppWrapper and an
 // edited component with the webhook's message.
@@ -60,17 +61,15 @@ func TestWebhookBinary(t *testing.T) {
 	}
 	vwc.Webhooks[0].NamespaceSelector = sel
 	mwc.Webhooks[0].NamespaceSelector = sel
-	for _, o := range []client.Object{vwc, mwc} {
-		if err := env.Client.Create(ctx, o); err != nil {
-			t.Fatalf("create %s: %v", o.GetName(), err)
-		}
-	}
 	t.Cleanup(func() {
 		// Deleted after the controller stops (cleanups run in reverse).
 		_ = env.Client.Delete(context.Background(), vwc)
 		_ = env.Client.Delete(context.Background(), mwc)
 	})
 
+	// The controller starts first, with no webhook configuration to
+	// find: it must not exit, and fills in the caBundle once they are
+	// applied (no restart).
 	dir := t.TempDir()
 	cfgPath := filepath.Join(dir, "config.yaml")
 	if err := os.WriteFile(cfgPath, []byte("webhooksEnabled: true\ndefaultQueueName: team-queue\n"), 0o644); err != nil {
@@ -78,6 +77,14 @@ func TestWebhookBinary(t *testing.T) {
 	}
 	controller(t, "--config", cfgPath, "--webhook-port", fmt.Sprint(port), "--webhook-namespace", ns,
 		"--webhook-cert-dir", filepath.Join(dir, "certs"), "--webhook-cert-hosts", "127.0.0.1")
+	waitFor(t, "the controller's certificate Secret", func() bool {
+		return env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: shipped.Secret}, &corev1.Secret{}) == nil
+	}, func() string { return "no Secret " + shipped.Secret })
+	for _, o := range []client.Object{vwc, mwc} {
+		if err := env.Client.Create(ctx, o); err != nil {
+			t.Fatalf("create %s: %v", o.GetName(), err)
+		}
+	}
 
 	// The certificate: a Secret in the namespace, its CA in both caBundles.
 	sec := &corev1.Secret{}
@@ -95,6 +102,19 @@ func TestWebhookBinary(t *testing.T) {
 		}
 		return bytes.Equal(v.Webhooks[0].ClientConfig.CABundle, ca) && bytes.Equal(m.Webhooks[0].ClientConfig.CABundle, ca)
 	}, func() string { return "caBundle not the Secret's CA" })
+	// Applied again without it (a re-created configuration): restored.
+	v := &admissionregv1.ValidatingWebhookConfiguration{}
+	if err := env.Client.Get(ctx, client.ObjectKeyFromObject(vwc), v); err != nil {
+		t.Fatal(err)
+	}
+	v.Webhooks[0].ClientConfig.CABundle = nil
+	if err := env.Client.Update(ctx, v); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the caBundle restored", func() bool {
+		v := &admissionregv1.ValidatingWebhookConfiguration{}
+		return env.Client.Get(ctx, client.ObjectKeyFromObject(vwc), v) == nil && bytes.Equal(v.Webhooks[0].ClientConfig.CABundle, ca)
+	}, func() string { return "caBundle not restored" })
 
 	// A valid AppWrapper, once the server listens: the first admissions
 	// may come before it does (failurePolicy Fail refuses them).

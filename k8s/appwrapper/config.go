@@ -104,9 +104,11 @@ type Config struct {
 	// at once.
 	DeadNodeGracePeriod Duration `json:"deadNodeGracePeriod"`
 	// WebhooksEnabled serves the admission webhook (webhook.go) from the
-	// controller. Upstream's key; in its layout it sits beside
-	// "appwrapper:", not under it. Off by default here: it needs the
-	// webhook manifests (deploy/k8s/webhook.yaml).
+	// controller. Upstream's key and default (true); in its layout it sits
+	// beside "appwrapper:", not under it. Without the webhook, whoever may
+	// create AppWrappers may have the controller create anything its
+	// ClusterRole allows (Secrets, bare Pods): the per-component
+	// SubjectAccessReview is what stops that.
 	WebhooksEnabled bool `json:"webhooksEnabled"`
 	// UserRBACAdmissionCheck: the webhook asks, per component, whether the
 	// requesting user may create it (upstream's key and default).
@@ -154,6 +156,7 @@ func DefaultConfig() Config {
 		ReevaluatePeriod:    Duration{3 * time.Minute},
 		DeadNodeGracePeriod: Duration{time.Minute},
 		// Upstream's default.
+		WebhooksEnabled:        true,
 		UserRBACAdmissionCheck: true,
 	}
 }

@@ -68,7 +68,7 @@ func TestDefaultConfig(t *testing.T) {
 		}
 	}
 	if ft.RetryLimit != 3 || !c.Autopilot.InjectAntiAffinities || !c.Autopilot.MonitorNodes ||
-		c.WebhooksEnabled || !c.UserRBACAdmissionCheck || c.DefaultQueueName != "" ||
+		!c.WebhooksEnabled || !c.UserRBACAdmissionCheck || c.DefaultQueueName != "" ||
 		c.Autopilot.PreferNoScheduleWeight == nil || *c.Autopilot.PreferNoScheduleWeight != 50 {
 		t.Errorf("defaults: %+v", c)
 	}

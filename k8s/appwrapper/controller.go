@@ -58,10 +58,16 @@ type Reconciler struct {
 	// dropPodEvent, when set, hides the pod and component watch events
 	// it returns true for (TestHooks.DropEvent).
 	dropPodEvent func(client.Object) bool
+	// afterCreate, when set, sees every component Create and its result
+	// (TestHooks.AfterCreate).
+	afterCreate func(client.Object, error)
 
-	mu       sync.Mutex
-	ctrl     controller.Controller
-	watched  map[schema.GroupVersionKind]bool
+	mu      sync.Mutex
+	ctrl    controller.Controller
+	watched map[schema.GroupVersionKind]bool
+	// refused are the kinds the controller may not list and watch, with
+	// when that was last checked (ensureWatch).
+	refused  map[schema.GroupVersionKind]time.Time
 	reported map[types.NamespacedName]string // annotation problems last reported
 }
 
@@ -73,11 +79,17 @@ type TestHooks struct {
 	// for: tests lose events on purpose with it, to show that the periodic
 	// pass catches what the watches missed.
 	DropEvent func(client.Object) bool
+	// AfterCreate is called after every Create of a component, with the
+	// object as sent (named, when the Create succeeded) and the error:
+	// tests count attempts with it, or change the AppWrapper at that
+	// moment to make the status write that follows conflict.
+	AfterCreate func(obj client.Object, err error)
 }
 
 // SetTestHooks installs h. Call it before SetupWithManager.
 func (r *Reconciler) SetTestHooks(h TestHooks) {
 	r.dropPodEvent = h.DropEvent
+	r.afterCreate = h.AfterCreate
 }
 
 // NewReconciler builds the reconciler for mgr with the operator
@@ -114,6 +126,7 @@ func NewReconciler(mgr ctrl.Manager, cfg Config) (*Reconciler, error) {
 		nodes:    newNodeHealth(),
 		now:      time.Now,
 		watched:  map[schema.GroupVersionKind]bool{},
+		refused:  map[schema.GroupVersionKind]time.Time{},
 		reported: map[types.NamespacedName]string{},
 	}, nil
 }
@@ -150,6 +163,10 @@ func registerPhaseCounter() (*prometheus.CounterVec, error) {
 	return c, nil
 }
 
+// conflictRetry is when a pass that lost a status write to a newer version
+// runs again, if no watch event has queued it before.
+const conflictRetry = time.Second
+
 // pass is one reconciliation of one AppWrapper: the object, the status as
 // last written (to skip writes that change nothing) and its parameters.
 type pass struct {
@@ -167,10 +184,13 @@ type pass struct {
 func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	res, err := r.reconcile(ctx, req)
 	if err != nil && apierrors.IsConflict(err) {
-		// Our copy was stale. The newer version's watch event queues the
-		// AppWrapper again, so retrying now would only repeat the conflict.
+		// Our copy was stale. The newer version's watch event usually
+		// queues the AppWrapper again, so retrying now would only repeat
+		// the conflict; but an update of the component status alone
+		// queues nothing (statusOnlyComponents), so a retry after the
+		// cache has caught up is kept as well.
 		log.FromContext(ctx).V(1).Info("stale AppWrapper, waiting for the newer version", "error", err.Error())
-		return ctrl.Result{}, nil
+		return ctrl.Result{RequeueAfter: conflictRetry}, nil
 	}
 	return res, err
 }
@@ -192,7 +212,7 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	r.reportProblems(aw, problems)
 	s := &pass{r: r, aw: aw, orig: *aw.Status.DeepCopy(), p: p, at: metav1.NewTime(r.now()),
 		log: log.FromContext(ctx).WithValues("phase", string(aw.Status.Phase))}
-	r.ensureComponentWatches(aw)
+	r.ensureComponentWatches(ctx, aw)
 
 	if !aw.DeletionTimestamp.IsZero() {
 		return s.terminating(ctx)
@@ -463,7 +483,8 @@ func (s *pass) resetting(ctx context.Context) (ctrl.Result, error) {
 		return s.wait(ctx, left)
 	}
 	s.setCondition(v1beta2.ResourcesDeployed, true, ReasonResuming, "Reset complete; resuming")
-	return s.transition(ctx, v1beta2.AppWrapperResuming, fmt.Sprintf("reset complete (retries used %d of %d)", s.aw.Status.Retries, s.p.RetryLimit))
+	// transition adds the retries used.
+	return s.transition(ctx, v1beta2.AppWrapperResuming, "reset complete")
 }
 
 // suspending finishes deleting whatever the suspend bit says now, then

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -57,10 +58,12 @@ func (s *pass) setComponentCondition(cs *v1beta2.AppWrapperComponentStatus, stat
 }
 
 // createComponents creates every component not yet created (as upstream's
-// resource_management.go). Each creation is recorded as initiated before the
-// Create call and as done after it, so a controller that stops in between finds
-// its own object (AlreadyExists, controlled by this AppWrapper) on the next
-// pass. fatal reports an error that no retry can fix.
+// resource_management.go). Before each Create it looks for an object this
+// AppWrapper already created for the component (ownedComponent: by the
+// UID and component labels, uncached), so a component is created once
+// whatever its name, metadata.generateName included, and whatever a lost
+// status write failed to record. fatal reports an error that no retry can
+// fix.
 func (s *pass) createComponents(ctx context.Context) (fatal bool, err error) {
 	aw := s.aw
 	if len(aw.Status.ComponentStatus) != len(aw.Spec.Components) {
@@ -84,6 +87,7 @@ func (s *pass) createComponents(ctx context.Context) (fatal bool, err error) {
 			s.setComponentCondition(cs, metav1.ConditionFalse, ReasonComponentCreationErrored, err.Error())
 			return true, fmt.Errorf("component %d: %w", i, err)
 		}
+		labelComponent(obj, aw, i)
 		if err := controllerutil.SetControllerReference(aw, obj, s.r.scheme); err != nil {
 			s.setComponentCondition(cs, metav1.ConditionFalse, ReasonComponentCreationErrored, err.Error())
 			return true, fmt.Errorf("component %d: owner reference: %w", i, err)
@@ -96,34 +100,117 @@ func (s *pass) createComponents(ctx context.Context) (fatal bool, err error) {
 		}
 		cs = &aw.Status.ComponentStatus[i] // the write decoded a new status into aw
 
-		err = s.r.client.Create(ctx, obj)
+		existing, err := s.ownedComponent(ctx, gvk, i)
 		switch {
-		case err == nil:
-		case apierrors.IsAlreadyExists(err):
-			existing, gerr := s.ownedExisting(ctx, obj)
-			if gerr != nil {
-				s.setComponentCondition(cs, metav1.ConditionFalse, ReasonComponentCreationErrored, gerr.Error())
-				return errors.Is(gerr, errNotOurs), fmt.Errorf("component %d: %w", i, gerr)
-			}
+		case err != nil:
+			s.setComponentCondition(cs, metav1.ConditionFalse, ReasonComponentCreationErrored, err.Error())
+			return false, fmt.Errorf("component %d: %w", i, err)
+		case existing != nil:
+			// Created by an earlier pass whose status write was lost.
+			s.log.Info("component already created; adopting it", "kind", gvk.Kind, "name", existing.GetName(), "component", i)
 			obj = existing
-		case apierrors.IsInvalid(err), meta.IsNoMatchError(err):
-			s.setComponentCondition(cs, metav1.ConditionFalse, ReasonComponentCreationErrored, err.Error())
-			return true, fmt.Errorf("component %d: create %s %s: %w", i, gvk.Kind, obj.GetName(), err)
 		default:
-			// Marked False, not left Unknown: a component whose creation
-			// failed must never be waited for at deletion (upstream's
-			// resource_management.go guards the same missing-CRD wedge).
-			s.setComponentCondition(cs, metav1.ConditionFalse, ReasonComponentCreationErrored, err.Error())
-			return false, fmt.Errorf("component %d: create %s %s: %w", i, gvk.Kind, obj.GetName(), err)
+			obj, fatal, err = s.create(ctx, obj)
+			if err != nil {
+				// A failed creation is marked False, not left Unknown: it
+				// must never be waited for at deletion (upstream's
+				// resource_management.go guards the same missing-CRD
+				// wedge).
+				s.setComponentCondition(cs, metav1.ConditionFalse, ReasonComponentCreationErrored, err.Error())
+				return fatal, fmt.Errorf("component %d: %w", i, err)
+			}
 		}
 		cs.Name = obj.GetName()
 		s.setComponentCondition(cs, metav1.ConditionTrue, ReasonComponentCreatedSuccessfully, "")
 		if err := s.save(ctx); err != nil {
 			return false, err
 		}
-		s.r.ensureWatch(gvk)
+		s.r.ensureWatch(ctx, gvk)
 	}
 	return false, nil
+}
+
+// create creates obj and returns it as created (the name generated from
+// metadata.generateName included). An AlreadyExists is accepted when the
+// object in the way is ours and not being deleted.
+func (s *pass) create(ctx context.Context, obj *unstructured.Unstructured) (_ *unstructured.Unstructured, fatal bool, err error) {
+	gvk := obj.GroupVersionKind()
+	err = s.r.client.Create(ctx, obj)
+	if s.r.afterCreate != nil {
+		s.r.afterCreate(obj, err)
+	}
+	switch {
+	case err == nil:
+		return obj, false, nil
+	case apierrors.IsAlreadyExists(err):
+		existing, gerr := s.ownedExisting(ctx, obj)
+		if gerr != nil {
+			return nil, errors.Is(gerr, errNotOurs), gerr
+		}
+		return existing, false, nil
+	case apierrors.IsInvalid(err), meta.IsNoMatchError(err):
+		return nil, true, fmt.Errorf("create %s %s: %w", gvk.Kind, objName(obj), err)
+	default:
+		// Forbidden (RBAC, a full ResourceQuota, Pod Security) and
+		// transient errors: retried at the pace of resuming, never
+		// faster.
+		return nil, false, fmt.Errorf("create %s %s: %w", gvk.Kind, objName(obj), err)
+	}
+}
+
+// objName is the name of an object to create, or its generateName prefix.
+func objName(obj *unstructured.Unstructured) string {
+	if n := obj.GetName(); n != "" {
+		return n
+	}
+	return obj.GetGenerateName() + "*"
+}
+
+// labelComponent puts the UID and component labels on a component.
+func labelComponent(obj *unstructured.Unstructured, aw *v1beta2.AppWrapper, idx int) {
+	labels := obj.GetLabels()
+	if labels == nil {
+		labels = map[string]string{}
+	}
+	labels[v1beta2.UIDLabel] = string(aw.UID)
+	labels[v1beta2.ComponentLabel] = strconv.Itoa(idx)
+	obj.SetLabels(labels)
+}
+
+// ownedComponent is the object of kind gvk this AppWrapper already created
+// for component idx, or nil. It lists uncached: the cache may not have
+// seen a Create of a moment ago, which is the case it is there for. One
+// being deleted (from before a reset) is an error to retry until it is
+// gone.
+func (s *pass) ownedComponent(ctx context.Context, gvk schema.GroupVersionKind, idx int) (*unstructured.Unstructured, error) {
+	list := &metav1.PartialObjectMetadataList{}
+	list.SetGroupVersionKind(gvk.GroupVersion().WithKind(gvk.Kind + "List"))
+	if err := s.r.apiReader.List(ctx, list, client.InNamespace(s.aw.Namespace), client.MatchingLabels{
+		v1beta2.UIDLabel: string(s.aw.UID), v1beta2.ComponentLabel: strconv.Itoa(idx),
+	}); err != nil {
+		if meta.IsNoMatchError(err) {
+			return nil, nil // Create reports the missing kind, fatally
+		}
+		return nil, fmt.Errorf("list the %s objects this AppWrapper created (needed so that none is created twice): %w", gvk.Kind, err)
+	}
+	var found *unstructured.Unstructured
+	for i := range list.Items {
+		item := &list.Items[i]
+		if ref := metav1.GetControllerOf(item); ref == nil || ref.UID != s.aw.UID {
+			continue
+		}
+		if !item.GetDeletionTimestamp().IsZero() {
+			return nil, fmt.Errorf("%s %s is still being deleted", gvk.Kind, item.GetName())
+		}
+		if found == nil || item.GetCreationTimestamp().Time.Before(found.GetCreationTimestamp().Time) {
+			found = &unstructured.Unstructured{}
+			found.SetGroupVersionKind(gvk)
+			found.SetNamespace(item.GetNamespace())
+			found.SetName(item.GetName())
+			found.SetCreationTimestamp(item.GetCreationTimestamp())
+		}
+	}
+	return found, nil
 }
 
 // errNotOurs is an existing object in the way that this AppWrapper does not
@@ -271,6 +358,21 @@ func (s *pass) deleteComponents(ctx context.Context) (gone bool, left time.Durat
 		}
 		remaining = append(remaining, i)
 	}
+	// Whatever else this AppWrapper owns, which its status does not name:
+	// an object whose creation was never recorded goes too.
+	extra, err := s.unlistedOwned(ctx)
+	if err != nil {
+		firstErr = cmpErr(firstErr, err)
+	}
+	for _, o := range extra {
+		if !o.GetDeletionTimestamp().IsZero() {
+			continue
+		}
+		s.log.Info("deleting an owned object its status does not name", "kind", o.Kind, "name", o.Name)
+		if err := s.r.client.Delete(ctx, o, client.PropagationPolicy(metav1.DeletePropagationBackground)); err != nil && !apierrors.IsNotFound(err) {
+			firstErr = cmpErr(firstErr, fmt.Errorf("delete %s %s: %w", o.Kind, o.Name, err))
+		}
+	}
 	pods, err := s.listPods(ctx)
 	if err != nil {
 		return false, 0, err
@@ -285,10 +387,10 @@ func (s *pass) deleteComponents(ctx context.Context) (gone bool, left time.Durat
 			left = soon
 		}
 	}
-	if len(remaining) > 0 && !forced {
+	if (len(remaining) > 0 || len(extra) > 0) && !forced {
 		return false, left, firstErr
 	}
-	if len(remaining) == 0 && len(pods) == 0 {
+	if len(remaining) == 0 && len(extra) == 0 && len(pods) == 0 {
 		var live corev1.PodList
 		if err := s.r.apiReader.List(ctx, &live, client.InNamespace(aw.Namespace),
 			client.MatchingLabels{v1beta2.AppWrapperLabel: aw.Name}); err != nil {
@@ -329,7 +431,75 @@ func (s *pass) deleteComponents(ctx context.Context) (gone bool, left time.Durat
 			firstErr = cmpErr(firstErr, fmt.Errorf("force delete %s %s: %w", cs.Kind, cs.Name, err))
 		}
 	}
+	for _, o := range extra {
+		s.log.Info("forcing deletion of an owned object", "kind", o.Kind, "name", o.Name, "grace", "0s")
+		err := s.r.client.Delete(ctx, o, client.GracePeriodSeconds(0), client.PropagationPolicy(metav1.DeletePropagationBackground))
+		if err != nil && !apierrors.IsNotFound(err) {
+			firstErr = cmpErr(firstErr, fmt.Errorf("force delete %s %s: %w", o.Kind, o.Name, err))
+		}
+	}
 	return false, 0, firstErr
+}
+
+// unlistedOwned lists, uncached, the objects of the components' kinds that
+// this AppWrapper controls (found by its UID label or its name label,
+// confirmed by the controller reference) and that status.componentStatus
+// does not name as deployed: a creation whose status write was lost, or
+// a duplicate left by an older controller. A kind that is not served has
+// none.
+func (s *pass) unlistedOwned(ctx context.Context) ([]*metav1.PartialObjectMetadata, error) {
+	aw := s.aw
+	named := map[schema.GroupVersionKind]map[string]bool{}
+	kinds := map[schema.GroupVersionKind]bool{}
+	for i := range aw.Status.ComponentStatus {
+		cs := &aw.Status.ComponentStatus[i]
+		gvk := componentGVK(cs)
+		if gvk.Kind == "" {
+			continue
+		}
+		kinds[gvk] = true
+		c := meta.FindStatusCondition(cs.Conditions, string(v1beta2.ResourcesDeployed))
+		if cs.Name != "" && c != nil && c.Status != metav1.ConditionFalse {
+			if named[gvk] == nil {
+				named[gvk] = map[string]bool{}
+			}
+			named[gvk][cs.Name] = true
+		}
+	}
+	for _, comp := range aw.Spec.Components {
+		if obj, err := DecodeTemplate(comp.Template); err == nil && obj.GetKind() != "" {
+			kinds[obj.GroupVersionKind()] = true
+		}
+	}
+	var out []*metav1.PartialObjectMetadata
+	var firstErr error
+	for gvk := range kinds {
+		seen := map[string]bool{}
+		for _, sel := range []client.MatchingLabels{{v1beta2.UIDLabel: string(aw.UID)}, {v1beta2.AppWrapperLabel: aw.Name}} {
+			list := &metav1.PartialObjectMetadataList{}
+			list.SetGroupVersionKind(gvk.GroupVersion().WithKind(gvk.Kind + "List"))
+			if err := s.r.apiReader.List(ctx, list, client.InNamespace(aw.Namespace), sel); err != nil {
+				if meta.IsNoMatchError(err) {
+					break
+				}
+				firstErr = cmpErr(firstErr, fmt.Errorf("list the %s objects of AppWrapper %s/%s: %w", gvk.Kind, aw.Namespace, aw.Name, err))
+				continue
+			}
+			for i := range list.Items {
+				item := &list.Items[i]
+				if seen[item.Name] || named[gvk][item.Name] {
+					continue
+				}
+				if ref := metav1.GetControllerOf(item); ref == nil || ref.UID != aw.UID {
+					continue
+				}
+				seen[item.Name] = true
+				item.SetGroupVersionKind(gvk)
+				out = append(out, item)
+			}
+		}
+	}
+	return out, firstErr
 }
 
 func cmpErr(first, next error) error {

@@ -3,9 +3,14 @@ package appwrapper
 import (
 	"context"
 	"fmt"
+	"maps"
+	"slices"
+	"time"
 
+	authv1 "k8s.io/api/authorization/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -63,7 +68,9 @@ func ConfigureCache(o *cache.Options) {
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	b := ctrl.NewControllerManagedBy(mgr).
 		Named(ControllerName).
-		For(&v1beta2.AppWrapper{}).
+		For(&v1beta2.AppWrapper{}, builder.WithPredicates(predicate.Funcs{
+			UpdateFunc: func(e event.UpdateEvent) bool { return !statusOnlyComponents(e.ObjectOld, e.ObjectNew) },
+		})).
 		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(podToAppWrapper),
 			builder.WithPredicates(predicate.NewPredicateFuncs(func(o client.Object) bool {
 				if r.dropPodEvent != nil && r.dropPodEvent(o) {
@@ -98,10 +105,33 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		return fmt.Errorf("appwrapper: build controller: %w", err)
 	}
 	r.mu.Lock()
+	defer r.mu.Unlock()
 	r.ctrl = c
-	r.mu.Unlock()
-	r.ensureWatch(batchv1.SchemeGroupVersion.WithKind("Job"))
-	return nil
+	// Jobs are watched from the start without asking: the shipped RBAC
+	// grants them.
+	return r.watchKindLocked(batchv1.SchemeGroupVersion.WithKind("Job"))
+}
+
+// statusOnlyComponents reports an AppWrapper update that changed nothing
+// but status.componentStatus: the controller's own record of a component
+// creation or deletion in progress. The pass that wrote it carries on, or
+// asked to run again when it needs to (a refused creation is retried
+// after resuming's interval); queuing the AppWrapper for it would turn
+// every refused creation into a hot loop of Create and two status writes.
+func statusOnlyComponents(oldObj, newObj client.Object) bool {
+	o, ok1 := oldObj.(*v1beta2.AppWrapper)
+	n, ok2 := newObj.(*v1beta2.AppWrapper)
+	if !ok1 || !ok2 {
+		return false
+	}
+	if o.Generation != n.Generation || !o.DeletionTimestamp.Equal(n.DeletionTimestamp) ||
+		!maps.Equal(o.Labels, n.Labels) || !maps.Equal(o.Annotations, n.Annotations) ||
+		!slices.Equal(o.Finalizers, n.Finalizers) || equality.Semantic.DeepEqual(o.Status, n.Status) {
+		return false
+	}
+	os, ns := o.Status.DeepCopy(), n.Status.DeepCopy()
+	os.ComponentStatus, ns.ComponentStatus = nil, nil
+	return equality.Semantic.DeepEqual(os, ns)
 }
 
 // podToAppWrapper maps a labelled pod to its AppWrapper.
@@ -115,12 +145,43 @@ func podToAppWrapper(_ context.Context, o client.Object) []reconcile.Request {
 
 // ensureWatch starts a metadata-only watch of kind gvk mapped to the
 // controlling AppWrapper, once per kind. Watches are added as kinds are
-// created, so a kind whose CRD is not installed is never watched.
-func (r *Reconciler) ensureWatch(gvk schema.GroupVersionKind) {
+// created, so a kind whose CRD is not installed is never watched; nor is a
+// kind the controller may not list and watch (asked with a
+// SelfSubjectAccessReview, again at most every refusedRecheck): its
+// informer would retry the refused list for as long as the process runs.
+// The periodic pass of a Running AppWrapper still reads such components.
+func (r *Reconciler) ensureWatch(ctx context.Context, gvk schema.GroupVersionKind) {
+	r.mu.Lock()
+	if r.ctrl == nil || r.watched[gvk] || gvk.Kind == "" {
+		r.mu.Unlock()
+		return
+	}
+	if at, ok := r.refused[gvk]; ok && r.now().Sub(at) < refusedRecheck {
+		r.mu.Unlock()
+		return
+	}
+	r.mu.Unlock()
+	lg := log.FromContext(ctx).WithName(ControllerName)
+	if ok, why := r.mayWatch(ctx, gvk); !ok {
+		lg.Info("not watching a component kind", "gvk", gvk.String(), "why", why)
+		r.mu.Lock()
+		r.refused[gvk] = r.now()
+		r.mu.Unlock()
+		return
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.ctrl == nil || r.watched[gvk] || gvk.Kind == "" {
-		return
+	delete(r.refused, gvk)
+	if err := r.watchKindLocked(gvk); err != nil {
+		lg.Error(err, "watch component kind", "gvk", gvk.String())
+	}
+}
+
+// watchKindLocked starts the watch of kind gvk unless it runs; r.mu is
+// held.
+func (r *Reconciler) watchKindLocked(gvk schema.GroupVersionKind) error {
+	if r.watched[gvk] {
+		return nil
 	}
 	obj := &metav1.PartialObjectMetadata{}
 	obj.SetGroupVersionKind(gvk)
@@ -130,19 +191,52 @@ func (r *Reconciler) ensureWatch(gvk schema.GroupVersionKind) {
 			return r.dropPodEvent == nil || !r.dropPodEvent(o)
 		}))
 	if err := r.ctrl.Watch(src); err != nil {
-		log.Log.WithName(ControllerName).Error(err, "watch component kind", "gvk", gvk.String())
-		return
+		return fmt.Errorf("appwrapper: watch %v: %w", gvk, err)
 	}
 	r.watched[gvk] = true
+	return nil
+}
+
+// Watches reports whether the reconciler watches kind gvk.
+func (r *Reconciler) Watches(gvk schema.GroupVersionKind) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.watched[gvk]
+}
+
+// refusedRecheck is how often a kind the controller may not watch is asked
+// about again (an administrator may grant it).
+const refusedRecheck = time.Minute
+
+// mayWatch reports whether the kind is served and the controller may list
+// and watch it in every namespace (its cache is cluster-wide), and if not,
+// why.
+func (r *Reconciler) mayWatch(ctx context.Context, gvk schema.GroupVersionKind) (bool, string) {
+	m, err := r.mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
+	if err != nil {
+		return false, err.Error()
+	}
+	for _, verb := range []string{"list", "watch"} {
+		ssar := &authv1.SelfSubjectAccessReview{Spec: authv1.SelfSubjectAccessReviewSpec{
+			ResourceAttributes: &authv1.ResourceAttributes{Verb: verb, Group: gvk.Group, Version: gvk.Version, Resource: m.Resource.Resource},
+		}}
+		if err := r.client.Create(ctx, ssar); err != nil {
+			return false, fmt.Sprintf("SelfSubjectAccessReview: %v", err)
+		}
+		if !ssar.Status.Allowed {
+			return false, fmt.Sprintf("may not %s %s (add it to the controller's ClusterRole, deploy/k8s/rbac.yaml)", verb, m.Resource.Resource)
+		}
+	}
+	return true, ""
 }
 
 // ensureComponentWatches watches the kinds of components created before
 // this process started.
-func (r *Reconciler) ensureComponentWatches(aw *v1beta2.AppWrapper) {
+func (r *Reconciler) ensureComponentWatches(ctx context.Context, aw *v1beta2.AppWrapper) {
 	for i := range aw.Status.ComponentStatus {
 		cs := &aw.Status.ComponentStatus[i]
 		if cs.Name != "" && cs.Kind != "" {
-			r.ensureWatch(componentGVK(cs))
+			r.ensureWatch(ctx, componentGVK(cs))
 		}
 	}
 }

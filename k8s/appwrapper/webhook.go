@@ -3,10 +3,12 @@ package appwrapper
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 
 	authv1 "k8s.io/api/authorization/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/validation/field"
@@ -140,23 +142,33 @@ func (w *Webhook) validateCreate(ctx context.Context, aw *v1beta2.AppWrapper) fi
 
 // fieldErr is a field error whose path is set by the caller.
 type fieldErr struct {
-	forbidden bool
-	msg       string
+	kind field.ErrorType // Forbidden, Invalid or InternalError
+	msg  string
 }
 
 func (e *fieldErr) WithPath(p *field.Path) *field.Error {
-	if e.forbidden {
+	switch e.kind {
+	case field.ErrorTypeForbidden:
 		return field.Forbidden(p, e.msg)
+	case field.ErrorTypeInvalid:
+		return field.Invalid(p, "", e.msg)
 	}
 	return field.InternalError(p, fmt.Errorf("%s", e.msg))
 }
+
+// errNotServed is a kind the API server does not serve: the request is
+// invalid, not the webhook broken.
+var errNotServed = errors.New("is not served by the API server")
 
 // authorize asks the API server whether the requesting user may create
 // objects of kind gvk in namespace ns.
 func (w *Webhook) authorize(ctx context.Context, req admission.Request, ns string, gvk schema.GroupVersionKind) *fieldErr {
 	resource, err := w.resource(gvk)
+	if errors.Is(err, errNotServed) {
+		return &fieldErr{kind: field.ErrorTypeInvalid, msg: err.Error() + " (install its CRD first, or correct apiVersion and kind)"}
+	}
 	if err != nil {
-		return &fieldErr{msg: err.Error()}
+		return &fieldErr{kind: field.ErrorTypeInternal, msg: err.Error()}
 	}
 	u := req.UserInfo
 	sar := &authv1.SubjectAccessReview{Spec: authv1.SubjectAccessReviewSpec{
@@ -173,10 +185,10 @@ func (w *Webhook) authorize(ctx context.Context, req admission.Request, ns strin
 	}
 	res, err := w.sar.Create(ctx, sar, metav1.CreateOptions{})
 	if err != nil {
-		return &fieldErr{msg: fmt.Sprintf("SubjectAccessReview for %s: %v", resource, err)}
+		return &fieldErr{kind: field.ErrorTypeInternal, msg: fmt.Sprintf("SubjectAccessReview for %s: %v", resource, err)}
 	}
 	if !res.Status.Allowed {
-		return &fieldErr{forbidden: true, msg: fmt.Sprintf("user %q may not create %s in namespace %q, so may not wrap them in an AppWrapper", u.Username, resource, ns)}
+		return &fieldErr{kind: field.ErrorTypeForbidden, msg: fmt.Sprintf("user %q may not create %s in namespace %q, so may not wrap them in an AppWrapper", u.Username, resource, ns)}
 	}
 	return nil
 }
@@ -191,6 +203,9 @@ func (w *Webhook) resource(gvk schema.GroupVersionKind) (string, error) {
 		return r, nil
 	}
 	list, err := w.disc.ServerResourcesForGroupVersion(gvk.GroupVersion().String())
+	if apierrors.IsNotFound(err) {
+		return "", fmt.Errorf("kind %s of apiVersion %s %w", gvk.Kind, gvk.GroupVersion(), errNotServed)
+	}
 	if err != nil {
 		return "", fmt.Errorf("discover the resource of %v: %w", gvk, err)
 	}
@@ -202,7 +217,7 @@ func (w *Webhook) resource(gvk schema.GroupVersionKind) (string, error) {
 			return res.Name, nil
 		}
 	}
-	return "", fmt.Errorf("kind %v is not served by the API server", gvk)
+	return "", fmt.Errorf("kind %s of apiVersion %s %w", gvk.Kind, gvk.GroupVersion(), errNotServed)
 }
 
 // validateUpdate enforces the immutability of what validateCreate checked.

@@ -1,6 +1,7 @@
 package appwrapper
 
 import (
+	"bytes"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -115,37 +116,97 @@ func (wc WebhookCerts) Ensure(ctx context.Context, c client.Client, now time.Tim
 			return fmt.Errorf("webhook certificate: %w", err)
 		}
 	}
-	ca := sec.Data["ca.crt"]
+	_, err = wc.setCABundle(ctx, c, sec.Data["ca.crt"])
+	return err
+}
+
+// setCABundle puts ca into the caBundle of every webhook of the two
+// configurations that exist; one not applied (yet) is skipped, so the
+// controller starts whether deploy/k8s/webhook.yaml is applied before or
+// after it, and KeepCABundle fills it in once it is. changed is true when
+// a configuration was written.
+func (wc WebhookCerts) setCABundle(ctx context.Context, c client.Client, ca []byte) (changed bool, err error) {
 	// Replicas start together and write the same CA: a conflict is retried.
 	if wc.Validating != "" {
 		if err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
 			v := &admissionregv1.ValidatingWebhookConfiguration{}
 			if err := c.Get(ctx, client.ObjectKey{Name: wc.Validating}, v); err != nil {
-				return err
+				return client.IgnoreNotFound(err)
 			}
+			dirty := false
 			for i := range v.Webhooks {
-				v.Webhooks[i].ClientConfig.CABundle = ca
+				if !bytes.Equal(v.Webhooks[i].ClientConfig.CABundle, ca) {
+					v.Webhooks[i].ClientConfig.CABundle, dirty = ca, true
+				}
 			}
+			if !dirty {
+				return nil
+			}
+			changed = true
 			return c.Update(ctx, v)
 		}); err != nil {
-			return fmt.Errorf("webhook certificate: set caBundle of ValidatingWebhookConfiguration %s: %w", wc.Validating, err)
+			return changed, fmt.Errorf("webhook certificate: set caBundle of ValidatingWebhookConfiguration %s: %w", wc.Validating, err)
 		}
 	}
 	if wc.Mutating != "" {
 		if err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
 			m := &admissionregv1.MutatingWebhookConfiguration{}
 			if err := c.Get(ctx, client.ObjectKey{Name: wc.Mutating}, m); err != nil {
-				return err
+				return client.IgnoreNotFound(err)
 			}
+			dirty := false
 			for i := range m.Webhooks {
-				m.Webhooks[i].ClientConfig.CABundle = ca
+				if !bytes.Equal(m.Webhooks[i].ClientConfig.CABundle, ca) {
+					m.Webhooks[i].ClientConfig.CABundle, dirty = ca, true
+				}
 			}
+			if !dirty {
+				return nil
+			}
+			changed = true
 			return c.Update(ctx, m)
 		}); err != nil {
-			return fmt.Errorf("webhook certificate: set caBundle of MutatingWebhookConfiguration %s: %w", wc.Mutating, err)
+			return changed, fmt.Errorf("webhook certificate: set caBundle of MutatingWebhookConfiguration %s: %w", wc.Mutating, err)
 		}
 	}
-	return nil
+	return changed, nil
+}
+
+// CABundleKeepInterval is how often KeepCABundle looks at the webhook
+// configurations: the longest an AppWrapper create is refused after
+// deploy/k8s/webhook.yaml is applied to a running controller (or
+// re-created without its caBundle).
+const CABundleKeepInterval = 2 * time.Second
+
+// KeepCABundle sets the CA of the Secret as the caBundle of the webhook
+// configurations every interval until ctx ends, so that applying
+// webhook.yaml after the controller started, or again, needs no restart.
+// Every replica runs it (each serves the webhook); they write the same CA.
+// Errors are logged to logf and retried.
+func (wc WebhookCerts) KeepCABundle(ctx context.Context, c client.Client, interval time.Duration, logf func(msg string, err error)) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		sec := &corev1.Secret{}
+		if err := c.Get(ctx, client.ObjectKey{Namespace: wc.Namespace, Name: wc.Secret}, sec); err != nil {
+			if ctx.Err() == nil {
+				logf("webhook certificate: read Secret", err)
+			}
+			continue
+		}
+		changed, err := wc.setCABundle(ctx, c, sec.Data["ca.crt"])
+		switch {
+		case err != nil && ctx.Err() == nil:
+			logf("webhook certificate", err)
+		case changed:
+			logf("webhook certificate: caBundle set on the webhook configurations", nil)
+		}
+	}
 }
 
 // generate makes a CA and a serving certificate it signs, as a TLS Secret

@@ -506,7 +506,8 @@ func (l *lane) imageScenario(t *testing.T) {
 }
 
 // controllerPod stops the host controller and runs the controller from
-// image in a pod on the host network (the lane has no Service routing:
+// image in a pod with the ConfigMap's configuration of controller.yaml as
+// shipped, on the host network (the lane has no Service routing:
 // the API server and the webhook's URL are on 127.0.0.1), as the
 // kubeconfig identity the host controller had. It waits until the pod
 // serves the webhook; the returned func deletes the pod.
@@ -517,6 +518,7 @@ func (l *lane) controllerPod(t *testing.T, image string) func() {
 		l.ctl = nil
 	}
 	var dep appsv1.Deployment
+	var cm corev1.ConfigMap
 	b, err := os.ReadFile(filepath.Join("..", "..", "deploy", "k8s", "controller.yaml"))
 	if err != nil {
 		t.Fatal(err)
@@ -527,6 +529,17 @@ func (l *lane) controllerPod(t *testing.T, image string) func() {
 				t.Fatalf("controller.yaml's Deployment: %v", err)
 			}
 		}
+		if strings.Contains(doc, "kind: ConfigMap") {
+			if err := yaml.UnmarshalStrict([]byte(doc), &cm); err != nil {
+				t.Fatalf("controller.yaml's ConfigMap: %v", err)
+			}
+		}
+	}
+	// The shipped operator configuration, as the Deployment mounts it
+	// (the webhook on by default).
+	shippedConfig := cm.Data["config.yaml"]
+	if shippedConfig == "" {
+		t.Fatal("controller.yaml has no ConfigMap with config.yaml")
 	}
 	shipped := dep.Spec.Template.Spec
 	if len(shipped.Containers) != 1 || shipped.SecurityContext == nil {
@@ -541,7 +554,7 @@ func (l *lane) controllerPod(t *testing.T, image string) func() {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for name, data := range map[string][]byte{"kubeconfig": kc, "config.yaml": []byte("webhooksEnabled: true\nreevaluatePeriod: 30s\n")} {
+	for name, data := range map[string][]byte{"kubeconfig": kc, "config.yaml": []byte(shippedConfig)} {
 		if err := os.WriteFile(filepath.Join(cfgDir, name), data, 0o644); err != nil {
 			t.Fatal(err)
 		}

@@ -165,6 +165,13 @@ const (
 	AppWrapperLabel = "workload.codeflare.dev/appwrapper"
 	// Finalizer holds the AppWrapper until its resources are gone.
 	Finalizer = "workload.codeflare.dev/finalizer"
+	// UIDLabel (ours) is put on every wrapped object with the UID of the
+	// AppWrapper that created it, and ComponentLabel with the index of its
+	// component in spec.components: how the controller finds what it
+	// already created, whatever the object's name (metadata.generateName
+	// included) and whatever its status recorded.
+	UIDLabel       = "appwrapper.ft-launcher.dev/uid"
+	ComponentLabel = "appwrapper.ft-launcher.dev/component"
 	// ControllerName is the value of spec.managedBy this controller owns.
 	ControllerName = "workload.codeflare.dev/appwrapper-controller"
 )

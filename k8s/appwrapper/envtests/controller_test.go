@@ -177,6 +177,9 @@ func TestResetOnFailedPods(t *testing.T) {
 	h.waitEvent(name, corev1.EventTypeNormal, appwrapper.ReasonUnhealthy, appwrapper.ReasonFoundFailedPods)
 	// RetryPausePeriod also runs from Unhealthy's transition.
 	ev = h.waitEvent(name, corev1.EventTypeNormal, "Resuming", "Resetting -> Resuming", "retries used 1 of 3")
+	if n := strings.Count(ev.Note, "retries used"); n != 1 {
+		t.Errorf("Resuming note %q says the retries used %d times, want once", ev.Note, n)
+	}
 	if at := ev.EventTime.Time; at.Before(unhealthy.LastTransitionTime.Add(5 * time.Second)) {
 		t.Errorf("resumed at %v, before Unhealthy's transition %v + 5s", at, unhealthy.LastTransitionTime)
 	}
@@ -722,9 +725,14 @@ func TestAutopilotNoExecute(t *testing.T) {
 				}
 				return
 			}
-			aw := h.waitFor(name, "running again off the node", func(aw *v1beta2.AppWrapper) bool {
-				return aw.Status.Phase == v1beta2.AppWrapperRunning && cond(aw, v1beta2.PodsReady).Status == True &&
-					slices.Contains(hist.phases(), v1beta2.AppWrapperResetting)
+			// The watch is read before the GET: a version read after the
+			// watch showed Resetting is the reset's outcome, not the
+			// Running it left.
+			var aw *v1beta2.AppWrapper
+			h.eventually("running again off the node", func() (bool, string) {
+				reset := slices.Contains(hist.phases(), v1beta2.AppWrapperResetting)
+				aw = h.get(name)
+				return reset && aw.Status.Phase == v1beta2.AppWrapperRunning && cond(aw, v1beta2.PodsReady).Status == True, describe(aw)
 			})
 			if aw.Status.Retries != 0 {
 				t.Errorf("retries %d, want 0 (an Autopilot migration is not counted)", aw.Status.Retries)

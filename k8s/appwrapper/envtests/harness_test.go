@@ -28,6 +28,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -110,8 +111,18 @@ func newHarness(t *testing.T, nodes int, mutate func(*appwrapper.Config)) *harne
 func newHarnessWith(t *testing.T, nodes int, mutate func(*appwrapper.Config), setup func(*appwrapper.Reconciler)) *harness {
 	t.Helper()
 	needEnv(t)
+	return newHarnessAs(t, env.Namespace(t), nil, nodes, mutate, setup)
+}
+
+// newHarnessAs is newHarnessWith in namespace ns with the manager talking
+// to the API server as rc (nil: env.Config, a cluster admin).
+func newHarnessAs(t *testing.T, ns string, rc *rest.Config, nodes int, mutate func(*appwrapper.Config), setup func(*appwrapper.Reconciler)) *harness {
+	t.Helper()
+	needEnv(t)
 	t.Parallel()
-	ns := env.Namespace(t)
+	if rc == nil {
+		rc = env.Config
+	}
 	h := &harness{t: t, ns: ns, ctx: context.Background(), c: env.Client}
 	for i := range nodes {
 		h.nodes = append(h.nodes, fmt.Sprintf("%s-n%d", ns, i))
@@ -125,7 +136,7 @@ func newHarnessWith(t *testing.T, nodes int, mutate func(*appwrapper.Config), se
 	copts := cache.Options{DefaultNamespaces: map[string]cache.Config{ns: {}}}
 	appwrapper.ConfigureCache(&copts)
 	skip := true
-	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{
+	mgr, err := ctrl.NewManager(rc, ctrl.Options{
 		Scheme:                 env.Scheme,
 		Cache:                  copts,
 		Metrics:                metricsserver.Options{BindAddress: "0"},

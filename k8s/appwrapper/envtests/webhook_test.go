@@ -207,12 +207,23 @@ func TestWebhook(t *testing.T) {
 		{"nine pod sets", env.Client, appWrapper("nine", nil, nine...), "at most 8 are allowed"},
 		{"no pod sets", env.Client, appWrapper("nopods", nil, secret), "at least 1 is required"},
 		{"bad path", env.Client, badPath, "spec.components[0].podSets"},
+		// A kind the API server does not serve is the request's fault:
+		// Invalid, naming the kind, not an internal error of the webhook.
+		{"kind not served", alice, appWrapper("widget", nil, jobTemplate(t, "wj", 1, nil),
+			runtime.RawExtension{Raw: []byte(`{"apiVersion":"example.com/v1","kind":"Widget","metadata":{"name":"w"}}`)}),
+			`spec.components[1].template: Invalid value: "": kind Widget of apiVersion example.com/v1 is not served by the API server`},
+		{"kind of a served group not served", alice, appWrapper("gadget", nil, jobTemplate(t, "gj", 1, nil),
+			runtime.RawExtension{Raw: []byte(`{"apiVersion":"batch/v1","kind":"Gadget","metadata":{"name":"g"}}`)}),
+			`spec.components[1].template: Invalid value: "": kind Gadget of apiVersion batch/v1 is not served by the API server`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tc.aw.Namespace = ns
 			err := tc.c.Create(ctx, tc.aw)
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Errorf("create: %v, want an error containing %q", err, tc.want)
+			}
+			if apierrors.IsInternalError(err) || strings.Contains(fmt.Sprint(err), "Internal error") {
+				t.Errorf("create: %v, want no internal error", err)
 			}
 		})
 	}
