@@ -125,6 +125,79 @@ func TestEtcdStallPastTTLRestartsOnce(t *testing.T) {
 	}
 }
 
+// TestEtcdStallOrphanCountedWithoutWatchers: the stall outlasts the TTL
+// and the round's three loss watchers (group ranks 0-2) die during it
+// (their leases are left to expire), so only group rank 3, a node that
+// only counts, is left to see round 0 orphaned: it must end it.
+func TestEtcdStallOrphanCountedWithoutWatchers(t *testing.T) {
+	testenv.SkipShort(t, "runs an etcd server")
+	p := startEtcdProc(t)
+	c := &cluster{t: t, ep: p.clientURL, run: t.Name()}
+	for i := 0; i < 4; i++ {
+		o := c.opts(i, 1, 4, 4, 3)
+		o.EtcdLossBound = time.Minute
+		o.DisableGossip = true // no gossip verdicts: the leases alone speak
+		c.add(o)
+	}
+	as := nextAll(t, c.nodes)
+	checkConsistent(t, as, 1, 4)
+	var last *Etcd
+	for i, a := range as {
+		if a.GroupRank == 3 {
+			last = c.nodes[i]
+		}
+	}
+	fenced := last.Ended(0)
+	time.Sleep(500 * time.Millisecond)
+	if err := p.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	resumed := false
+	resume := func() {
+		if !resumed {
+			resumed = true
+			_ = p.cmd.Process.Signal(syscall.SIGCONT)
+		}
+	}
+	t.Cleanup(resume)
+	for _, n := range c.nodes {
+		if n != last {
+			crash(n) // the watchers die with etcd away: their leases expire
+		}
+	}
+	if e := waitEnd(t, fenced, 10*time.Second); e.Kind != EndFenced {
+		t.Fatalf("group rank 3: round 0 end %+v, want EndFenced", e)
+	}
+	time.Sleep(2 * last.o.LeaseTTL)
+	resume()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if d, err := last.Fail(ctx, 0, policy.NodeStopped, "fenced"); err != nil || !d.Restart {
+		t.Fatalf("report the fence: %+v, %v", d, err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := last.Next(ctx) // round 1 cannot close (1 of 4 nodes): it waits
+		done <- err
+	}()
+	waitFor := time.Now().Add(30 * time.Second)
+	for {
+		if le, ok := last.view.lastEnd(0); ok {
+			if !strings.Contains(le.Reason, "orphaned") {
+				t.Fatalf("round 0 ended %+v, want the orphaned round's end", le)
+			}
+			t.Logf("round 0 ended: %s", le.Reason)
+			break
+		}
+		if time.Now().After(waitFor) {
+			t.Fatal("round 0 not ended within 30 s of etcd's return")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	cancel()
+	<-done
+}
+
 // TestOrphaned is the orphan rule's table: a round is orphaned when some
 // active node has not finished and none of those holds its membership.
 func TestOrphaned(t *testing.T) {

@@ -28,9 +28,8 @@ import (
 // every node waiting for round r+1.
 //
 // So a node that left round r while it was still open (its fence, or a
-// report that found its membership gone) and was one of its loss watchers
-// (group rank below lossWatchers) watches round r while it waits for round
-// r+1, and ends it once orphaned: a restart in place, charged to nobody
+// report that found its membership gone) watches round r while it waits
+// for round r+1 (orphanWatch says how), and ends it once orphaned: a restart in place, charged to nobody
 // (cause node_stopped: no evidence, no quarantine). The state only grows
 // (no membership of an assigned round is ever put again), so what the
 // watch saw cannot be undone before the end txn, which is fenced on the
@@ -57,20 +56,56 @@ func orphaned(actives, present, done map[string]bool) bool {
 	return waiting > 0
 }
 
-// orphanWatch is how long after entering round r+1's wait this node
-// starts watching round r for orphanhood, and whether it does at all: it
-// must have been active in r as one of r's loss watchers and have left r
-// while r is still the job's round.
-func (e *Etcd) orphanWatch(r int) (delay time.Duration, ok bool) {
+// orphanWatch says whether and how this node watches round r for
+// orphanhood while it waits for round r+1: it must have been active in r
+// and have left r while r is still the job's round. One of r's loss
+// watchers (group rank below lossWatchers) follows r's keys (full), at
+// once after its own fence, after orphanGrace otherwise. Any other active
+// node only counts r's memberships and done markers every lease TTL (two
+// count-only reads): at thousands of nodes every node left the round
+// after an etcd stall, and a full read each would be O(N^2); the count is
+// the fallback for a stall during which the three watchers died.
+func (e *Etcd) orphanWatch(r int) (delay time.Duration, full, ok bool) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.lastRound != r || e.rankRound != r || e.rank.Standby || e.rank.GroupRank < 0 || e.rank.GroupRank >= lossWatchers {
-		return 0, false
+	if e.lastRound != r || e.rankRound != r || e.rank.Standby || e.rank.GroupRank < 0 {
+		return 0, false, false
 	}
-	if e.fence.round == r {
-		return 0, true
+	switch {
+	case e.rank.GroupRank >= lossWatchers:
+		return e.o.LeaseTTL, false, true
+	case e.fence.round == r:
+		return 0, true, true
 	}
-	return orphanGrace, true
+	return orphanGrace, true, true
+}
+
+// countOrphans is the non-watchers' check of round r: every lease TTL, a
+// round with no membership left at all and fewer done markers than active
+// nodes is orphaned.
+func (e *Etcd) countOrphans(ctx context.Context, r int, delay time.Duration) {
+	e.mu.Lock()
+	gws := e.assigned[r].GroupWorldSize
+	e.mu.Unlock()
+	for sleepCtx(ctx, delay) {
+		delay = e.o.LeaseTTL
+		if _, closed, cur := e.view.snapshot(); closed != nil || cur != r {
+			return
+		}
+		resp, err := e.cli.Txn(ctx).Then(
+			clientv3.OpGet(e.k.assignment(r), clientv3.WithCountOnly()),
+			clientv3.OpGet(e.k.nodes(r), clientv3.WithPrefix(), clientv3.WithCountOnly()),
+			clientv3.OpGet(e.k.dones(r), clientv3.WithPrefix(), clientv3.WithCountOnly())).Commit()
+		if err != nil {
+			e.log.Debug("orphan count", "round", r, "err", err)
+			continue
+		}
+		count := func(i int) int64 { return resp.Responses[i].GetResponseRange().GetCount() }
+		if count(0) > 0 && count(1) == 0 && count(2) < int64(gws) {
+			e.endOrphaned(ctx, r, gws)
+			return
+		}
+	}
 }
 
 // roundMembers is round r's population as one read saw it.
@@ -112,7 +147,11 @@ func (e *Etcd) readRoundMembers(ctx context.Context, r int) (roundMembers, int64
 // watchOrphans watches round r (one read, then the deletions of its
 // memberships and its done markers) until it is no longer the job's round,
 // and ends it once it is orphaned. ctx ends with the wait for round r+1.
-func (e *Etcd) watchOrphans(ctx context.Context, r int, delay time.Duration) {
+func (e *Etcd) watchOrphans(ctx context.Context, r int, delay time.Duration, full bool) {
+	if !full {
+		e.countOrphans(ctx, r, delay)
+		return
+	}
 	if delay > 0 && !sleepCtx(ctx, delay) {
 		return
 	}

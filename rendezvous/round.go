@@ -356,11 +356,11 @@ func (e *Etcd) waitAssignment(ctx context.Context, target int, seen roundRead) (
 		if cur == target-1 && !orphanWatched {
 			// This node left round cur while it is still open (fenced):
 			// if every active node of it did, nobody else ends it (orphan.go).
-			if delay, ok := e.orphanWatch(cur); ok {
+			if delay, full, ok := e.orphanWatch(cur); ok {
 				orphanWatched = true
 				go func() {
 					defer close(orphans)
-					e.watchOrphans(wctx, cur, delay)
+					e.watchOrphans(wctx, cur, delay, full)
 				}()
 			}
 		}
