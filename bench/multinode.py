@@ -471,6 +471,9 @@ def etcdstall_once(launcher, nproc, stall_s, workdir, tag, where, ttl):
         if not wait_for(c, lambda: round0_ready(c, world), 120, "round 0"):
             raise RuntimeError(f"round 0 never ready:\n{c.tail(0)}")
         time.sleep(2.0)  # a few renewals: the fence watchdogs are armed
+        r0 = [int(f[7]) for f in c.lines() if f[1] == "start" and int(f[4]) == 0]
+        c.remember(r0)
+
         def members_of(node):
             out = []
             for pid in descendants(c.procs[node].pid):
@@ -512,17 +515,26 @@ def etcdstall_once(launcher, nproc, stall_s, workdir, tag, where, ttl):
                 if f[1] == "ready" and int(f[0]) > began and int(f[4]) >= 1:
                     return int(f[0])
             return None
-        # No round ended within TTL + 8 s of etcd's return, no rank lost
-        # its peers: the stall was free.
+        # Free: no new round within TTL + 8 s of etcd's return and every
+        # round-0 rank still the same live process (a fenced rank is
+        # SIGKILLed without a word: its absence is the evidence).
         t = wait_for(c, again, ttl + 8, "a new round")
         if t:
             return t - back, True
-        if any(f[1] == "lost" or (f[1] == "start" and int(f[4]) >= 1) for f in c.lines()):
-            t = wait_for(c, again, 120, "a new round")
-            if not t:
-                raise NoRestart(f"not training again within 120 s of etcd's return:\n{c.tail(0)}\n{c.tail(1)}")
-            return t - back, True
-        return 0, False
+        def running(pid):
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                return fields[0] not in "ZX" and int(fields[19]) == c.known.get(pid)
+            except (OSError, IndexError, ValueError):
+                return False
+        if len(r0) == world and all(running(pid) for pid in r0) and \
+                not any(f[1] == "lost" for f in c.lines()):
+            return 0, False
+        t = wait_for(c, again, 120, "a new round")
+        if not t:
+            raise NoRestart(f"not training again within 120 s of etcd's return:\n{c.tail(0)}\n{c.tail(1)}")
+        return t - back, True
     finally:
         if c:
             c.stop()
@@ -730,8 +742,8 @@ def main():
             ft = ft_only("etcdstall")
             print(f"### etcd stall (SIGSTOP, then SIGCONT) -> training again, {ETCDSTALL_NODES} nodes x {a.nproc} ranks "
                   f"(leader: 3 nodes)\n")
-            print("| etcd | lease_ttl | stall | runs | free (no round ended) | restarted | p50 to training again | worst |\n"
-                  "|---|---:|---:|---:|---:|---:|---:|---:|")
+            print("| etcd | lease_ttl | stall | runs | free (no round ended) | restarted | not again within 120 s | p50 to training again | worst |\n"
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|")
             for where in [x for x in a.etcd_stall_where.split(",") if x]:
                 for ttl in [int(x) for x in a.etcd_stall_ttl.split(",") if x]:
                     for st in [float(x) for x in a.etcd_stall_s.split(",") if x]:
@@ -750,8 +762,10 @@ def main():
                             except Exception as e:
                                 failures.append(f"{tag}: {e}")
                                 progress(f"FAILED {tag}: {e}")
-                        cols = f"{pct(costs, .5):.0f} | {max(costs):.0f}" if costs else "- | -"
-                        print(f"| {where} | {ttl} s | {st:g} s | {len(costs)} | {free} | {restarted} | {cols} |")
+                        ok = [x for x in costs if x != float("inf")]
+                        cols = f"{pct(ok, .5):.0f} | {max(ok):.0f}" if ok else "- | -"
+                        print(f"| {where} | {ttl} s | {st:g} s | {len(costs)} | {free} | {restarted} | "
+                              f"{len(costs) - len(ok)} | {cols} |")
             print(f"\nms from etcd's return (SIGCONT) to rank 0's ready stamp of the new round (0: no round ended). "
                   f"Load average after: {loadavg()}\n")
         if "soak" in only:
