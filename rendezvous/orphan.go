@@ -29,11 +29,11 @@ import (
 //
 // So a node that left round r while it was still open (its fence, or a
 // report that found its membership gone) watches round r while it waits
-// for round r+1 (orphanWatch says how), and ends it once orphaned: a restart in place, charged to nobody
-// (cause node_stopped: no evidence, no quarantine). The state only grows
-// (no membership of an assigned round is ever put again), so what the
-// watch saw cannot be undone before the end txn, which is fenced on the
-// round as every end is.
+// for round r+1 (orphanWatch says how), and ends it once orphaned: a
+// restart in place, charged to nobody (cause node_stopped: no evidence, no
+// quarantine). The state only grows (no membership of an assigned round is
+// ever put again), so what the watch saw cannot be undone before the end
+// txn, which is fenced on the round as every end is.
 
 // orphanGrace is how long a node that left an open round without a fence of
 // its own waits before it watches the round: a round ended by someone else

@@ -354,8 +354,9 @@ func (e *Etcd) waitAssignment(ctx context.Context, target int, seen roundRead) (
 			timers.arm(e.o, target)
 		}
 		if cur == target-1 && !orphanWatched {
-			// This node left round cur while it is still open (fenced):
-			// if every active node of it did, nobody else ends it (orphan.go).
+			// This node left round cur while it is still open (its fence,
+			// or a report that found its membership gone): if every active
+			// node of it did, nobody else ends it (orphan.go).
 			if delay, full, ok := e.orphanWatch(cur); ok {
 				orphanWatched = true
 				go func() {
