@@ -35,6 +35,13 @@ Scenarios (repetitions alternate launchers so background load hits both):
   stall     --nnodes 4: node 1's launcher and ranks are frozen for each
             --stall-ms length, then resumed; counts the runs where a round
             ended for a node loss (which stall length is taken for a loss).
+  etcdstall ft-launcher only, not in the default: 2 nodes (--nnodes 2); the
+            job's etcd is frozen (SIGSTOP) for each --etcd-stall-s length, then
+            resumed: Debian's etcd (external) or the embedded etcd's host
+            (node 0's launcher and its ft-launcher-etcd), or (leader) the Raft
+            leader of 3 embedded members on 3 nodes, alone. Cost = time from
+            etcd's return to rank 0's ready stamp of the new round, 0 when no
+            round ended within lease_ttl + 8 s (the ranks trained through).
   soak      not in the default: the no-false-alarm load test, 8 launchers
             (--nnodes 8) with heartbeating ranks for --soak-seconds while
             one busy loop per CPU saturates the machine; counts the node
@@ -88,11 +95,11 @@ class Launcher:
     def __init__(self, name, kind, argv, rdzv_conf=""):
         self.name, self.kind, self.argv, self.rdzv_conf = name, kind, argv, rdzv_conf
 
-    def cmd(self, node, endpoint, run_id, nnodes, nproc, log_dir, worker_args, extra=()):
+    def cmd(self, node, endpoint, run_id, nnodes, nproc, log_dir, worker_args, extra=(), backend="c10d"):
         if self.kind == "ft":
             conf = ["--rdzv-conf", self.rdzv_conf] if self.rdzv_conf else []
             return self.argv + list(extra) + [
-                "--local-addr", f"127.0.0.{2 + node}", "--rdzv-backend", "c10d",
+                "--local-addr", f"127.0.0.{2 + node}", "--rdzv-backend", backend,
                 "--rdzv-endpoint", endpoint, "--rdzv-id", run_id, *conf,
                 "--nnodes", nnodes, "--nproc-per-node", str(nproc),
                 "--max-restarts", "3", "--monitor-interval", "0.1",
@@ -111,7 +118,8 @@ class Launcher:
 class Cluster:
     """NODES launchers of one job, each in its own session; stop() leaves nothing."""
 
-    def __init__(self, launcher, workdir, tag, nnodes, nproc, mode, crash=(), extra=(), endpoint=None, nodes=NODES):
+    def __init__(self, launcher, workdir, tag, nnodes, nproc, mode, crash=(), extra=(), endpoint=None, nodes=NODES,
+                 backend="c10d"):
         self.dir = os.path.join(workdir, tag)
         os.makedirs(self.dir)
         self.stamps = os.path.join(self.dir, "stamps")
@@ -127,7 +135,7 @@ class Cluster:
             env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", TMPDIR=tmp)
             cmd = launcher.cmd(node, endpoint, run_id, nnodes, nproc, os.path.join(ndir, "logs"),
                                [self.stamps, str(node), mode, *crash],
-                               [x.replace("{node_dir}", ndir) for x in extra])
+                               [x.replace("{node_dir}", ndir) for x in extra], backend)
             log = open(os.path.join(ndir, "launcher.log"), "wb")
             self.logs.append(log)
             p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -425,6 +433,116 @@ def stall_once(launcher, nproc, stall_ms, workdir, tag):
         c.stop()
 
 
+ETCDSTALL_NODES = 2
+
+
+def etcdstall_once(launcher, nproc, stall_s, workdir, tag, where, ttl):
+    import json
+    import urllib.request
+    """Stall the job's etcd for stall_s seconds (SIGSTOP, then SIGCONT) while
+    ETCDSTALL_NODES nodes train, with --rdzv-conf lease_ttl=ttl. where:
+    "external": Debian's etcd on 127.0.0.1 (--rdzv-backend etcd); "host": the
+    embedded etcd's host, node 0's launcher and its ft-launcher-etcd (ranks
+    and fence watchdog run on); "leader": 3 nodes hosting 3 embedded members,
+    the Raft leader's ft-launcher-etcd alone. Returns (cost_ns, restarted): the time from
+    etcd's return to training again (rank 0's ready stamp of the first round
+    started after the stall began), or 0 when no round ended and no rank
+    failed (the ranks trained through it)."""
+    nodes = 3 if where == "leader" else ETCDSTALL_NODES
+    world = nodes * nproc
+    etcd, endpoint, backend = None, None, "c10d"
+    if where == "leader":
+        endpoint = member_endpoints()
+    if where == "external":
+        client, peer = f"127.0.0.1:{free_port('127.0.0.1')}", f"http://127.0.0.1:{free_port('127.0.0.1')}"
+        edir = os.path.join(workdir, tag + "-etcd")
+        etcd = subprocess.Popen(["/usr/bin/etcd", "--name", "b", "--data-dir", edir,
+                                 "--listen-client-urls", "http://" + client, "--advertise-client-urls", "http://" + client,
+                                 "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+                                 "--initial-cluster", "b=" + peer, "--log-level", "error"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        endpoint, backend = client, "etcd"
+    conf = ",".join(x for x in (launcher.rdzv_conf, f"lease_ttl={ttl}") if x)
+    l = Launcher(launcher.name, launcher.kind, launcher.argv, conf)
+    c = None
+    try:
+        c = Cluster(l, workdir, tag, str(nodes), nproc, "poweroff", endpoint=endpoint,
+                    nodes=nodes, backend=backend)
+        if not wait_for(c, lambda: round0_ready(c, world), 120, "round 0"):
+            raise RuntimeError(f"round 0 never ready:\n{c.tail(0)}")
+        time.sleep(2.0)  # a few renewals: the fence watchdogs are armed
+        r0 = [int(f[7]) for f in c.lines() if f[1] == "start" and int(f[4]) == 0]
+        c.remember(r0)
+
+        def members_of(node):
+            out = []
+            for pid in descendants(c.procs[node].pid):
+                try:
+                    with open(f"/proc/{pid}/cmdline", "rb") as f:
+                        if f.read().split(b"\0")[0].endswith(b"ft-launcher-etcd"):
+                            out.append(pid)
+                except OSError:
+                    pass
+            if len(out) != 1:
+                raise RuntimeError(f"node {node} runs etcd members {out}, want one")
+            return out
+        if etcd:
+            frozen = [etcd.pid]
+        elif where == "leader":
+            # Only the Raft leader's member stalls (a long fsync): the
+            # others elect a new leader; launchers and ranks run on.
+            leader = None
+            for node, ep in enumerate(endpoint.split(",")):
+                st = json.loads(urllib.request.urlopen(urllib.request.Request(
+                    f"http://{ep}/v3/maintenance/status", data=b"{}", method="POST"), timeout=5).read())
+                if st["header"]["member_id"] == st["leader"]:
+                    leader = node
+            if leader is None:
+                raise RuntimeError("no member says it is the leader")
+            frozen = members_of(leader)
+        else:
+            frozen = [c.procs[0].pid] + members_of(0)
+        began = time.time_ns()
+        for pid in frozen:
+            os.kill(pid, signal.SIGSTOP)
+        time.sleep(stall_s)
+        back = time.time_ns()
+        for pid in frozen:
+            os.kill(pid, signal.SIGCONT)
+
+        def again():
+            for f in c.lines():
+                if f[1] == "ready" and int(f[0]) > began and int(f[4]) >= 1:
+                    return int(f[0])
+            return None
+        # Free: no new round within TTL + 8 s of etcd's return and every
+        # round-0 rank still the same live process (a fenced rank is
+        # SIGKILLed without a word: its absence is the evidence).
+        t = wait_for(c, again, ttl + 8, "a new round")
+        if t:
+            return t - back, True
+        def running(pid):
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                return fields[0] not in "ZX" and int(fields[19]) == c.known.get(pid)
+            except (OSError, IndexError, ValueError):
+                return False
+        if len(r0) == world and all(running(pid) for pid in r0) and \
+                not any(f[1] == "lost" for f in c.lines()):
+            return 0, False
+        t = wait_for(c, again, 120, "a new round")
+        if not t:
+            raise NoRestart(f"not training again within 120 s of etcd's return:\n{c.tail(0)}\n{c.tail(1)}")
+        return t - back, True
+    finally:
+        if c:
+            c.stop()
+        if etcd:
+            etcd.kill()
+            etcd.wait()
+
+
 SOAK_NODES = 8
 
 
@@ -481,10 +599,17 @@ def main():
     p.add_argument("--nproc", type=int, default=1)
     p.add_argument("--bound", type=float, default=120.0)
     p.add_argument("--only", default="nodeloss,crash",
-                   help="comma list of nodeloss, crash, swap, stall, soak (soak: the no-false-alarm load test, not in the default)")
+                   help="comma list of nodeloss, crash, swap, stall, etcdstall, soak (soak: the no-false-alarm load test, not in the default)")
     p.add_argument("--soak-seconds", type=float, default=300.0, help="length of the soak test")
     p.add_argument("--stall-ms", default="300,500,700,900,1200,2000",
                    help="stall scenario: comma list of SIGSTOP lengths in ms (each --reps times)")
+    p.add_argument("--etcd-stall-s", default="1,2,4,8,30",
+                   help="etcdstall scenario: comma list of etcd stall lengths in s (each --reps times)")
+    p.add_argument("--etcd-stall-where", default="external,host",
+                   help="etcdstall scenario: external (Debian's etcd SIGSTOPped), host (the embedded etcd's host frozen), "
+                        "leader (the leader of 3 embedded members SIGSTOPped)")
+    p.add_argument("--etcd-stall-ttl", default="5",
+                   help="etcdstall scenario: comma list of lease_ttl values")
     p.add_argument("--torchrun-tuned", action="store_true",
                    help=f"also run torchrun with --rdzv_conf {TUNED_CONF}")
     p.add_argument("--keep", help="keep stamps and launcher logs in this new directory")
@@ -613,6 +738,36 @@ def main():
                 progress(f"stall {st} ms: {ended}/{a.reps} ended a round, load {loadavg()}")
                 print(f"| {st} ms | {a.reps} | {ended} |")
             print(f"\nLoad average after: {loadavg()}\n")
+        if "etcdstall" in only:
+            ft = ft_only("etcdstall")
+            print(f"### etcd stall (SIGSTOP, then SIGCONT) -> training again, {ETCDSTALL_NODES} nodes x {a.nproc} ranks "
+                  f"(leader: 3 nodes)\n")
+            print("| etcd | lease_ttl | stall | runs | free (no round ended) | restarted | not again within 120 s | p50 to training again | worst |\n"
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+            for where in [x for x in a.etcd_stall_where.split(",") if x]:
+                for ttl in [int(x) for x in a.etcd_stall_ttl.split(",") if x]:
+                    for st in [float(x) for x in a.etcd_stall_s.split(",") if x]:
+                        costs, free, restarted = [], 0, 0
+                        for i in range(a.reps):
+                            tag = f"etcdstall-{where}-{ttl}-{st:g}-{i}"
+                            try:
+                                cost, r = etcdstall_once(ft[0], a.nproc, st, workdir, tag, where, ttl)
+                                costs.append(ms(cost))
+                                restarted += r
+                                free += not r
+                                progress(f"{tag}: {ms(cost):.0f} ms, restarted {r}")
+                            except NoRestart as e:
+                                costs.append(float("inf"))
+                                progress(f"{tag}: {e}")
+                            except Exception as e:
+                                failures.append(f"{tag}: {e}")
+                                progress(f"FAILED {tag}: {e}")
+                        ok = [x for x in costs if x != float("inf")]
+                        cols = f"{pct(ok, .5):.0f} | {max(ok):.0f}" if ok else "- | -"
+                        print(f"| {where} | {ttl} s | {st:g} s | {len(costs)} | {free} | {restarted} | "
+                              f"{len(costs) - len(ok)} | {cols} |")
+            print(f"\nms from etcd's return (SIGCONT) to rank 0's ready stamp of the new round (0: no round ended). "
+                  f"Load average after: {loadavg()}\n")
         if "soak" in only:
             ft = ft_only("soak")
             lost, ended, loads = soak(ft[0], a.nproc, a.soak_seconds, workdir)

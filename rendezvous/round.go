@@ -299,9 +299,14 @@ var errDeclaredDead = errors.New("rendezvous: this node was declared lost")
 func (e *Etcd) waitAssignment(ctx context.Context, target int, seen roundRead) (sum []byte, retarget bool, err error) {
 	wctx, cancel := context.WithCancel(ctx)
 	cl := &closerSlot{e: e, r: target}
+	orphans := make(chan struct{})
+	orphanWatched := false
 	defer func() {
 		cancel()
 		cl.wait()
+		if orphanWatched {
+			<-orphans
+		}
 	}()
 	// The registration read the assignment and the closer key; one watch
 	// covers both from there.
@@ -347,6 +352,18 @@ func (e *Etcd) waitAssignment(ctx context.Context, target int, seen roundRead) (
 		}
 		if cur == target && !timers.armed() {
 			timers.arm(e.o, target)
+		}
+		if cur == target-1 && !orphanWatched {
+			// This node left round cur while it is still open (its fence,
+			// or a report that found its membership gone): if every active
+			// node of it did, nobody else ends it (orphan.go).
+			if delay, full, ok := e.orphanWatch(cur); ok {
+				orphanWatched = true
+				go func() {
+					defer close(orphans)
+					e.watchOrphans(wctx, cur, delay, full)
+				}()
+			}
 		}
 		select {
 		case <-ctx.Done():

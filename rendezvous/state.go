@@ -18,6 +18,11 @@ import (
 //	                 │          │  └──► fenced ──► roundEnded / (Next) joining
 //	                 └─► standby ┴─────► (Next) joining
 //	any ──► closed (job closed, Leave, Close, etcd lost beyond the bound)
+//
+// A node that fenced out of round r (or whose report found its membership
+// of r gone) while r is still the job's round waits for round r+1 and
+// ends r once every active node of it has lost its membership: an
+// orphaned round, which nobody else ends (orphan.go).
 type nodeState int
 
 const (
