@@ -207,9 +207,21 @@ func cmdStart(ctx context.Context, name string, args []string, stdout, stderr io
 	if len(pos) == 1 {
 		script = pos[0]
 	}
-	if _, err := resumer.LoadState(abs); errors.Is(err, resumer.ErrNoChain) && script == "" {
-		fmt.Fprintf(stderr, "ft-resumer %s: no chain in %s yet: give the batch script\n", name, abs)
-		return 2
+	if _, err := resumer.LoadState(abs); errors.Is(err, resumer.ErrNoChain) {
+		if script == "" {
+			fmt.Fprintf(stderr, "ft-resumer %s: no chain in %s yet: give the batch script\n", name, abs)
+			return 2
+		}
+		// Refuse what sbatch would refuse before anything exists or is
+		// submitted (Start checks again).
+		body, err := os.ReadFile(script)
+		if err == nil {
+			err = resumer.CheckScript(script, body)
+		}
+		if err != nil {
+			fmt.Fprintf(stderr, "ft-resumer %s: %v\n", name, err)
+			return 2
+		}
 	}
 	set := resumer.Settings{
 		MaxSubsequentFailures: *maxFail, MaxJobs: *maxJobs, ExclusionTTL: resumer.Duration(*expiry),
@@ -383,8 +395,12 @@ func cmdStep(ctx context.Context, args []string, stderr io.Writer) int {
 	if code, done := parse(fs, args[1:], stderr); done {
 		return code
 	}
+	restart := 0
+	if v := os.Getenv("SLURM_RESTART_COUNT"); v != "" { // absent on a first run
+		restart, _ = strconv.Atoi(v)
+	}
 	if args[0] == "run" {
-		return stepRun(ctx, fs.Args(), stderr)
+		return stepRun(ctx, *dir, restart, fs.Args(), stderr)
 	}
 	id := os.Getenv("SLURM_JOB_ID")
 	if *dir == "" || id == "" {
@@ -409,13 +425,16 @@ func cmdStep(ctx context.Context, args []string, stderr io.Writer) int {
 		}
 		return code
 	}
-	res, err := r.Begin(ctx, id, os.Getenv("SLURM_JOB_NODELIST"))
+	res, err := r.Begin(ctx, id, os.Getenv("SLURM_JOB_NODELIST"), restart)
 	if err != nil {
 		fmt.Fprintf(stderr, "ft-resumer step begin: %v\n", err)
 		return 1
 	}
 	if !res.Run {
 		fmt.Fprintf(stderr, "ft-resumer: job %s does not run: %s\n", id, res.Reason)
+		if res.Continue {
+			return resumer.ExitSkipContinue
+		}
 		return resumer.ExitSkip
 	}
 	jobDir := os.Getenv("FT_RESUMER_JOB_DIR")

@@ -54,8 +54,12 @@ mkdir -p "$FT_RESUMER_JOB_DIR"
 %[4]s step begin --chain-dir %[2]s
 rc=$?
 if [ "$rc" -eq %[5]d ]; then exit 0; fi  # the chain ended, or the job was relocated
+if [ "$rc" -eq %[7]d ]; then exit %[8]d; fi  # a requeued run of a job already judged: its successor goes on
 if [ "$rc" -ne 0 ]; then echo "ft-resumer: begin step failed ($rc); running the job anyway" >&2; fi
 if [ -f "$FT_RESUMER_JOB_DIR/env.sh" ]; then . "$FT_RESUMER_JOB_DIR/env.sh"; fi
+# 'ft-resumer step run' takes the chain's training claim (one job of a chain
+# trains at a time: it refuses, and this job exits 0, while another holds
+# it), then runs the job script and, beside it, submits the successor.
 # The job script runs under 'ft-resumer step run', in the background so that
 # this shell's traps run at once: Slurm's warning signals to the batch shell
 # (--signal=B:USR1@N, B:USR2, B:TERM) and its TERM at the time limit must not
@@ -74,12 +78,18 @@ while :; do
 done
 trap - USR1 USR2 TERM
 exec %[4]s step end --chain-dir %[2]s --rc "$rc" --script-ended "${EPOCHREALTIME:-}"
-`, dir, q(dir), q(set.FinishedFlag), q(set.Resumer), ExitSkip, q(filepath.Join(dir, JobScriptFile)))
+`, dir, q(dir), q(set.FinishedFlag), q(set.Resumer), ExitSkip, q(filepath.Join(dir, JobScriptFile)), ExitSkipContinue, ExitContinue)
 	return b.String()
 }
 
-// ExitSkip is the begin step's status for "do not run the job script".
-const ExitSkip = 3
+// ExitSkip is the begin step's status for "do not run the job script"
+// (and step run's when it refused to train), ExitSkipContinue for "do not
+// run it, but let the pending successor run" (the wrapper exits
+// ExitContinue).
+const (
+	ExitSkip         = 3
+	ExitSkipContinue = 4
+)
 
 func shellQuote(s string) string {
 	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
