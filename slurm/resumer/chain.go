@@ -208,6 +208,7 @@ type SwapSummary struct {
 type VerdictSummary struct {
 	File     string `json:"file"`
 	Hostname string `json:"hostname"`
+	Node     string `json:"node,omitempty"` // its Slurm node name
 	Kind     string `json:"kind"`
 	ExitCode int    `json:"exit_code"`
 	Reason   string `json:"reason"`

@@ -320,7 +320,7 @@ func (r *Resumer) End(ctx context.Context, id string, rc int, scriptEnded time.T
 			}
 			return nil
 		}
-		f, sums := r.facts(st, job, Job{})
+		f, sums := r.facts(ctx, st, job, Job{})
 		job.Verdicts = sums
 		j := Judge(f)
 		if j.Defer {
@@ -428,7 +428,7 @@ func (r *Resumer) judgeFromSlurm(ctx context.Context, st *State, job *ChainJob, 
 }
 
 func (r *Resumer) judge(ctx context.Context, st *State, job *ChainJob, rec Job, by string) {
-	f, sums := r.facts(st, job, rec)
+	f, sums := r.facts(ctx, st, job, rec)
 	job.Verdicts = sums
 	j := Judge(f)
 	if j.Defer { // cannot happen with a terminal record; be safe
@@ -440,16 +440,32 @@ func (r *Resumer) judge(ctx context.Context, st *State, job *ChainJob, rec Job, 
 // facts gathers what is known about job: its launchers' verdicts
 // (jobs/<id>/verdict*.json), the finished flag (only if no later job
 // began: a later job may have made it), the script status and rec.
-func (r *Resumer) facts(st *State, job *ChainJob, rec Job) (Facts, []VerdictSummary) {
+func (r *Resumer) facts(ctx context.Context, st *State, job *ChainJob, rec Job) (Facts, []VerdictSummary) {
 	f := Facts{ScriptRC: job.ScriptRC, Slurm: rec, NoRestartCode: st.Settings.NoRestartCode, Began: !job.Began.IsZero(),
 		CancelledByChain: job.CancelledByChain}
 	dir := filepath.Join(st.Dir, JobsDir, job.ID)
 	f.Warning = readWarning(dir)
 	job.Warning = f.Warning
 	var sums []VerdictSummary
-	for _, nv := range readVerdicts(dir) {
-		f.Verdicts = append(f.Verdicts, nv.v)
-		sums = append(sums, VerdictSummary{File: filepath.Base(nv.file), Hostname: nv.v.Hostname, Kind: string(nv.v.Kind), ExitCode: nv.v.ExitCode, Reason: nv.v.Reason})
+	nvs := readVerdicts(dir)
+	name := r.slurmNames(ctx, job, nvs)
+	for _, nv := range nvs {
+		// Reasons, summaries and status name nodes as Slurm does (fake
+		// or containerised nodes share one host name; launchers see
+		// addresses): the judgement reads v with its hosts renamed.
+		v := nv.v
+		node := name(v.Hostname, v.Node)
+		sums = append(sums, VerdictSummary{File: filepath.Base(nv.file), Hostname: v.Hostname, Node: node, Kind: string(v.Kind), ExitCode: v.ExitCode, Reason: v.Reason})
+		v.Hostname = node
+		v.Quarantined = slices.Clone(v.Quarantined)
+		for i := range v.Quarantined {
+			v.Quarantined[i].Host = name(v.Quarantined[i].Host, v.Quarantined[i].Node)
+		}
+		v.Ledger = slices.Clone(v.Ledger)
+		for i := range v.Ledger {
+			v.Ledger[i].Host = name(v.Ledger[i].Host, v.Ledger[i].Node)
+		}
+		f.Verdicts = append(f.Verdicts, v)
 	}
 	later := false
 	seen := false
@@ -785,6 +801,63 @@ func readVerdicts(dir string) []nodeVerdict {
 		out = append(out, nodeVerdict{file: f, node: node, v: v})
 	}
 	return out
+}
+
+// slurmNames returns a function that names a host (a host name or
+// address, with its rendezvous node id "addr/pid" when known) by its Slurm
+// node name: the verdict files' own names (verdict-<node>.json, written on
+// that node by `ft-resumer node`; a single-node job's verdict.json is its
+// one node's), then, only for what those do not name, Slurm's
+// NodeAddr/NodeHostName (scontrol, asked once). What maps to nothing keeps
+// its own name.
+func (r *Resumer) slurmNames(ctx context.Context, job *ChainJob, nvs []nodeVerdict) func(host, node string) string {
+	byAddr := map[string]string{}
+	byHost := map[string]map[string]bool{}
+	for _, nv := range nvs {
+		n := nv.node
+		if n == "" && len(job.Nodes) == 1 {
+			n = job.Nodes[0]
+		}
+		if n == "" {
+			continue
+		}
+		if a := addrOf(nv.v.Node); a != "" {
+			byAddr[a] = n
+		}
+		if h := nv.v.Hostname; h != "" {
+			if byHost[h] == nil {
+				byHost[h] = map[string]bool{}
+			}
+			byHost[h][n] = true
+		}
+	}
+	var slurmResolve func(string) string
+	return func(host, node string) string {
+		if n, ok := byAddr[addrOf(node)]; ok && node != "" {
+			return n
+		}
+		if n, ok := byAddr[host]; ok {
+			return n
+		}
+		if ns := byHost[host]; len(ns) == 1 {
+			for n := range ns {
+				return n
+			}
+		}
+		if slurmResolve == nil {
+			nodes, _ := r.Sched.Nodes(ctx)
+			slurmResolve = nodeResolver(nodes, nil)
+		}
+		for _, k := range []string{addrOf(node), host} {
+			if n := slurmResolve(k); n != "" {
+				return n
+			}
+		}
+		if host == "" {
+			return addrOf(node)
+		}
+		return host
+	}
 }
 
 // addrOf returns the address part of a rendezvous node id ("addr/pid").
