@@ -116,9 +116,11 @@ func (r *Resumer) ClaimTraining(ctx context.Context, id string, restart int, nod
 		if time.Since(lastAsked) >= time.Second && holder.Job != "" {
 			lastAsked = time.Now()
 			holderState = ""
-			if rec, err := r.Sched.Job(ctx, holder.Job); err == nil {
+			qctx, cancel := context.WithTimeout(ctx, 10*time.Second) // a slow slurmctld must not stretch the wait
+			if rec, err := r.Sched.Job(qctx, holder.Job); err == nil {
 				holderState = rec.State
 			}
+			cancel()
 			// Another job that Slurm runs is training: refuse now. The
 			// holder being this job's own earlier run (requeued) or a job
 			// Slurm ended is on its way out: wait for it.
