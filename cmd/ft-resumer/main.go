@@ -392,6 +392,7 @@ func cmdStep(ctx context.Context, args []string, stderr io.Writer) int {
 	dir := chainDirFlag(fs)
 	rc := fs.Int("rc", 0, "end: the job script's exit status")
 	ended := fs.String("script-ended", "", "end: when the job script exited, in Unix seconds ($EPOCHREALTIME); default now")
+	begin := fs.Bool("begin", false, "run: be the begin step first (the generated wrapper's way: one process fewer before the script)")
 	if code, done := parse(fs, args[1:], stderr); done {
 		return code
 	}
@@ -400,7 +401,7 @@ func cmdStep(ctx context.Context, args []string, stderr io.Writer) int {
 		restart, _ = strconv.Atoi(v)
 	}
 	if args[0] == "run" {
-		return stepRun(ctx, *dir, restart, fs.Args(), stderr)
+		return stepRun(ctx, *dir, restart, *begin, fs.Args(), stderr)
 	}
 	id := os.Getenv("SLURM_JOB_ID")
 	if *dir == "" || id == "" {
@@ -437,21 +438,30 @@ func cmdStep(ctx context.Context, args []string, stderr io.Writer) int {
 		}
 		return resumer.ExitSkip
 	}
+	if _, err := writeEnvSh(*dir, id, res.Env); err != nil {
+		fmt.Fprintf(stderr, "ft-resumer step begin: %v\n", err)
+	}
+	return 0
+}
+
+// writeEnvSh writes what the begin step exports to the job script into
+// jobs/<id>/env.sh (the record; older wrappers source it) and returns it as
+// KEY=VALUE pairs.
+func writeEnvSh(dir, id string, env map[string]string) ([]string, error) {
 	jobDir := os.Getenv("FT_RESUMER_JOB_DIR")
 	if jobDir == "" {
-		jobDir = filepath.Join(*dir, resumer.JobsDir, id)
+		jobDir = filepath.Join(dir, resumer.JobsDir, id)
 	}
-	keys := make([]string, 0, len(res.Env))
-	for k := range res.Env {
+	keys := make([]string, 0, len(env))
+	for k := range env {
 		keys = append(keys, k)
 	}
 	sort.Strings(keys)
 	var b strings.Builder
+	kv := make([]string, 0, len(keys))
 	for _, k := range keys {
-		fmt.Fprintf(&b, "export %s=%q\n", k, res.Env[k])
+		fmt.Fprintf(&b, "export %s=%q\n", k, env[k])
+		kv = append(kv, k+"="+env[k])
 	}
-	if err := atomicfile.Write(filepath.Join(jobDir, "env.sh"), []byte(b.String()), 0o644); err != nil {
-		fmt.Fprintf(stderr, "ft-resumer step begin: %v\n", err)
-	}
-	return 0
+	return kv, atomicfile.Write(filepath.Join(jobDir, "env.sh"), []byte(b.String()), 0o644)
 }

@@ -17,7 +17,11 @@ import (
 // another job of the chain trains), runs the script forwarding signals to it
 // and recording Slurm's warnings (resumer.JobScript), and submits the
 // chain's successor once the script has started.
-func stepRun(ctx context.Context, dir string, restart int, argv []string, stderr io.Writer) int {
+//
+// With begin (the generated wrapper) it is the begin step first, in the
+// same process: one process start and one pass over the chain state fewer
+// between the predecessor's end and this job's script.
+func stepRun(ctx context.Context, dir string, restart int, begin bool, argv []string, stderr io.Writer) int {
 	if len(argv) == 0 {
 		fmt.Fprintln(stderr, "Usage: ft-resumer step run --chain-dir DIR -- JOB SCRIPT [ARGS...]")
 		return 2
@@ -28,6 +32,24 @@ func stepRun(ctx context.Context, dir string, restart int, argv []string, stderr
 	js := resumer.JobScript{Argv: argv, JobDir: os.Getenv("FT_RESUMER_JOB_DIR"), Log: stderr, RepeatWindow: 2 * time.Second}
 	if id := os.Getenv("SLURM_JOB_ID"); dir != "" && id != "" {
 		r := newResumer(dir, stderr)
+		if begin {
+			bctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+			res, err := r.Begin(bctx, id, os.Getenv("SLURM_JOB_NODELIST"), restart)
+			cancel()
+			switch {
+			case err != nil:
+				fmt.Fprintf(stderr, "ft-resumer step run: begin: %v; running the job anyway\n", err)
+			case !res.Run:
+				fmt.Fprintf(stderr, "ft-resumer: job %s does not run: %s\n", id, res.Reason)
+				return resumer.ExitSkip
+			default:
+				env, err := writeEnvSh(dir, id, res.Env)
+				if err != nil {
+					fmt.Fprintf(stderr, "ft-resumer step run: %v\n", err)
+				}
+				js.Env = env
+			}
+		}
 		claim, err := r.ClaimTraining(ctx, id, restart, os.Getenv("SLURMD_NODENAME"), resumer.DefaultClaimWait)
 		var ce *resumer.ClaimedError
 		switch {

@@ -143,11 +143,11 @@ type ChainJob struct {
 	// Successor is the job its training step pre-scheduled (afternotok):
 	// a requeued run reuses it while it is pending.
 	Successor string `json:"successor,omitempty"`
-	// Refused says why its latest run did not train (another job of the
-	// chain held the training claim, or the run was a requeue of a job
-	// already judged).
-	Refused string   `json:"refused,omitempty"`
-	Nodes   []string `json:"nodes,omitempty"`
+	// NotRun says why its latest run did not run the job script (another
+	// job of the chain held the training claim, a requeued run of a job
+	// already judged, the chain had ended, a relocation); "" when it ran.
+	NotRun string   `json:"not_run,omitempty"`
+	Nodes  []string `json:"nodes,omitempty"`
 	// ScriptRC is the user's job script's exit status from the end step,
 	// which ran at ScriptEnded.
 	ScriptRC    *int      `json:"script_rc,omitempty"`

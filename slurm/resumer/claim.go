@@ -10,8 +10,6 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
-
-	"github.com/ftlauncher/ft-launcher/internal/atomicfile"
 )
 
 // Files of the training claim: the lock one job's `step run` holds (flock)
@@ -102,8 +100,16 @@ func (r *Resumer) ClaimTraining(ctx context.Context, id string, restart int, nod
 		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
 		if err == nil {
 			c := Claim{Job: id, Restart: restart, Node: node, PID: os.Getpid(), Since: r.now()}
+			// The record only names the holder (the lock is the claim):
+			// written whole by a rename, without an fsync on the path to
+			// the script's start.
 			b, _ := json.Marshal(c)
-			if err := atomicfile.Write(filepath.Join(r.Dir, TrainingClaimFile), append(b, '\n'), 0o644); err != nil {
+			p := filepath.Join(r.Dir, TrainingClaimFile)
+			err := os.WriteFile(p+".tmp", append(b, '\n'), 0o644)
+			if err == nil {
+				err = os.Rename(p+".tmp", p)
+			}
+			if err != nil {
 				r.logf("job %s: training claim record: %v", id, err)
 			}
 			return &TrainingClaim{f: f}, nil
@@ -162,7 +168,7 @@ func (r *Resumer) Refuse(ctx context.Context, id string, restart int, why string
 			job = &ChainJob{ID: id, Submitted: r.now(), SubmittedBy: "unknown", Began: r.now()}
 			st.Jobs = append(st.Jobs, job)
 		}
-		job.Refused = why
+		job.NotRun = why
 		if job.Outcome == "" {
 			job.Outcome, job.Reason, job.Decided, job.DecidedBy, job.Decision = Refused, why, r.now(), "training claim", "none"
 		}

@@ -39,6 +39,8 @@ type JobScript struct {
 	// (the successor's submission: off the path to the first step); Run
 	// returns only after it has returned.
 	AfterStart func()
+	// Env is added to this process's environment for the script.
+	Env []string
 }
 
 // Run runs the script until it (and, after a warning signal, every process
@@ -53,6 +55,9 @@ func (j JobScript) Run(ctx context.Context, sigs <-chan os.Signal) (int, error) 
 	_ = unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 	cmd := exec.Command(j.Argv[0], j.Argv[1:]...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+	if len(j.Env) > 0 {
+		cmd.Env = append(os.Environ(), j.Env...)
+	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
 		return 127, fmt.Errorf("slurm: step run: %w", err)

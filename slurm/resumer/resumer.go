@@ -216,16 +216,16 @@ func (r *Resumer) Begin(ctx context.Context, id, nodeList string, restart int) (
 		by := "begin step of " + id
 		if rerun := !job.Began.IsZero() && restart != job.Restarts; rerun {
 			archiveRun(filepath.Join(st.Dir, JobsDir, id), job.Restarts)
-			job.ScriptRC, job.ScriptEnded, job.Warning, job.Refused = nil, time.Time{}, "", ""
+			job.ScriptRC, job.ScriptEnded, job.Warning = nil, time.Time{}, ""
 			r.logf("job %s runs again (requeued, run %d)", id, restart)
 			if job.Outcome != "" {
 				job.Restarts, job.Began = restart, r.now()
-				job.Refused = fmt.Sprintf("requeued run %d of a job already judged %s (%s): the chain went on without it, so this run does not train", restart, job.Outcome, job.Reason)
-				res.Reason, res.Continue = job.Refused, st.Status == Active
+				job.NotRun = fmt.Sprintf("requeued run %d of a job already judged %s (%s): the chain went on without it, so this run does not train", restart, job.Outcome, job.Reason)
+				res.Reason, res.Continue = job.NotRun, st.Status == Active
 				return nil
 			}
 		}
-		job.Restarts, job.Began = restart, r.now()
+		job.Restarts, job.Began, job.NotRun = restart, r.now(), ""
 		job.Nodes, _ = slurm.ExpandNodeList(nodeList)
 		for _, p := range st.Jobs {
 			if p != job && p.Outcome == "" {
@@ -237,6 +237,7 @@ func (r *Resumer) Begin(ctx context.Context, id, nodeList string, restart int) (
 				job.Outcome, job.Reason, job.Decided, job.DecidedBy = Skipped, "chain is "+st.Status+": "+st.StopReason, r.now(), by
 			}
 			res.Reason = "chain is " + st.Status + ": " + st.StopReason
+			job.NotRun = res.Reason
 			return nil
 		}
 		excl := st.ActiveExclusions(r.now())
@@ -248,7 +249,7 @@ func (r *Resumer) Begin(ctx context.Context, id, nodeList string, restart int) (
 				return err
 			}
 			job.Reason += "; replaced by job " + next.ID
-			res.Reason = job.Reason
+			res.Reason, job.NotRun = job.Reason, job.Reason
 			r.logf("job %s %s", id, job.Reason)
 			return nil
 		}
@@ -309,8 +310,14 @@ func (r *Resumer) End(ctx context.Context, id string, rc int, scriptEnded time.T
 			job = &ChainJob{ID: id, Submitted: r.now(), SubmittedBy: "unknown", Began: r.now()}
 			st.Jobs = append(st.Jobs, job)
 		}
-		if job.Refused != "" { // this run did not train (ClaimTraining)
+		if job.NotRun != "" {
+			// This run did not run the script. A requeued run of a job
+			// judged earlier lets a pending successor run (non-zero);
+			// otherwise the job did nothing the chain continues from.
 			exit = 0
+			if st.Status == Active && job.Outcome.Ran() {
+				exit = ExitContinue
+			}
 			return nil
 		}
 		job.ScriptRC, job.ScriptEnded = &rc, scriptEnded
