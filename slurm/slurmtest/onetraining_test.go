@@ -29,10 +29,11 @@ func trainingScript(work string) string {
 	return fmt.Sprintf(`#SBATCH -N1
 log=%[1]q/train.log
 run="$SLURM_JOB_ID ${SLURM_RESTART_COUNT:-0}"
-mkdir %[1]q/inflight 2>/dev/null || echo "OVERLAP $run $(date +%%s.%%N)" >> "$log"
-echo "start $run $(date +%%s.%%N)" >> "$log"
+# The traps first: a requeue or scancel may come as soon as the script starts.
 trap 'echo "end $run $(date +%%s.%%N)" >> "$log"; rmdir %[1]q/inflight 2>/dev/null' EXIT
 trap 'exit 143' TERM
+mkdir %[1]q/inflight 2>/dev/null || echo "OVERLAP $run $(date +%%s.%%N)" >> "$log"
+echo "start $run $(date +%%s.%%N)" >> "$log"
 for i in $(seq 3000); do [ -f %[1]q/go ] && break; sleep 0.2; done
 touch "$FAULT_TOL_FINISHED_FLAG_FILE"
 `, work)
@@ -158,7 +159,7 @@ func TestRequeueHoldReleaseCancelOneTraining(t *testing.T) {
 	ch.waitRun(ctx, cmd, out)
 	started, overlap := trainings(t, work)
 	if overlap != "" {
-		t.Error(overlap)
+		t.Errorf("%s\ntrain.log:\n%s", overlap, readFile(t, filepath.Join(work, "train.log")))
 	}
 	if want := []string{a + " 0", a + " 1", b + " 0"}; !slices.Equal(started, want) {
 		t.Errorf("trainings %v, want %v", started, want)
