@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"sort"
@@ -249,5 +250,60 @@ func TestSecondJobOfAChainRefusesToTrain(t *testing.T) {
 	}
 	if v := ch.status(ctx); v.Status != resumer.Done || v.Jobs[0].Outcome != resumer.Finished {
 		t.Errorf("chain %s, job 1 %s; want done, finished by job 1", v.Status, v.Jobs[0].Outcome)
+	}
+}
+
+// TestTwoResumerRunsOneChain: two `ft-resumer run` started at once on one
+// chain directory: one starts the chain, the other picks it up (the chain
+// lock); one job trains, one successor is pending, and both follow the
+// chain to its end.
+func TestTwoResumerRunsOneChain(t *testing.T) {
+	skipShort(t)
+	c := need(t)
+	ctx, cancel := runclock.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	ch := newChain(t, c)
+	work := filepath.Dir(ch.dir)
+	script := ch.script(trainingScript(work))
+	cmd1, out1 := ch.startResumer("run", "--chain-dir", ch.dir, script)
+	cmd2, out2 := ch.startResumer("run", "--chain-dir", ch.dir, script)
+	defer func() {
+		for _, cmd := range []*exec.Cmd{cmd1, cmd2} {
+			if cmd.ProcessState == nil {
+				cmd.Process.Kill()
+				cmd.Wait()
+			}
+		}
+	}()
+	var a string
+	waitFor(t, time.Minute, "job 1 to train", func() bool {
+		st, err := resumer.LoadState(ch.dir)
+		if err != nil || len(st.Jobs) < 2 || st.Jobs[0].Successor == "" {
+			return false
+		}
+		a = st.Jobs[0].ID
+		return logHas(work, "start "+a+" 0 ")
+	})
+	if t.Failed() {
+		t.FailNow()
+	}
+	time.Sleep(2 * time.Second) // both followers reconcile a few times meanwhile
+	if st := ch.state(); len(st.Jobs) != 2 {
+		t.Errorf("%d jobs while job 1 trains, want 2 (it and its successor)", len(st.Jobs))
+	}
+	if err := os.WriteFile(filepath.Join(work, "go"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ch.waitRun(ctx, cmd1, out1)
+	ch.waitRun(ctx, cmd2, out2)
+	if !strings.Contains(out1.String()+out2.String(), "picking up the chain") {
+		t.Errorf("neither run says it picked the chain up:\n%s\n%s", out1, out2)
+	}
+	started, overlap := trainings(t, work)
+	if overlap != "" || !slices.Equal(started, []string{a + " 0"}) {
+		t.Errorf("trainings %v %s, want only job %s's", started, overlap, a)
+	}
+	if got := outcomes(ch.status(ctx)); !slices.Equal(got, []string{"finished", "never_ran"}) {
+		t.Errorf("outcomes %v, want [finished never_ran]", got)
 	}
 }
