@@ -307,3 +307,71 @@ func TestTwoResumerRunsOneChain(t *testing.T) {
 		t.Errorf("outcomes %v, want [finished never_ran]", got)
 	}
 }
+
+// TestRequeuedFailedJobDoesNotTrainBesideItsSuccessor: a --requeue job that
+// failed, whose successor now trains, is requeued by hand (`scontrol
+// requeue` of a finished job). The chain judged it already and went on:
+// its rerun does not run the script, says why, submits nothing, and exits
+// 75 so that a successor still pending would run.
+func TestRequeuedFailedJobDoesNotTrainBesideItsSuccessor(t *testing.T) {
+	skipShort(t)
+	c := need(t)
+	ctx, cancel := runclock.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	ch := newChain(t, c)
+	work := filepath.Dir(ch.dir)
+	script := ch.script(strings.Replace(trainingScript(work), "for i in", `[ "$FT_RESUMER_JOB_INDEX" = 0 ] && exit 1
+for i in`, 1))
+	cmd, out := ch.startResumer("run", "--chain-dir", ch.dir, script, "--", "--requeue")
+	defer func() {
+		if cmd.ProcessState == nil {
+			cmd.Process.Kill()
+			cmd.Wait()
+		}
+	}()
+	var a, b string
+	waitFor(t, time.Minute, "job 1 to fail and its successor to train", func() bool {
+		st, err := resumer.LoadState(ch.dir)
+		if err != nil || len(st.Jobs) < 2 || st.Jobs[0].Outcome != resumer.Failure {
+			return false
+		}
+		a, b = st.Jobs[0].ID, st.Jobs[1].ID
+		return logHas(work, "start "+b+" 0 ")
+	})
+	if t.Failed() {
+		t.FailNow()
+	}
+	if _, err := c.Run(ctx, "scontrol", "requeue", a); err != nil {
+		t.Fatal(err)
+	}
+	var aj *resumer.ChainJob
+	waitFor(t, 90*time.Second, "the requeued job to run again and end", func() bool {
+		st, err := resumer.LoadState(ch.dir)
+		if err != nil {
+			return false
+		}
+		aj = st.Job(a)
+		return aj.Restarts == 1 && aj.NotRun != "" && jobState(ctx, c, a) == ""
+	})
+	if t.Failed() {
+		t.FailNow()
+	}
+	if !strings.Contains(aj.NotRun, "requeued run 1 of a job already judged failure") || aj.Outcome != resumer.Failure {
+		t.Errorf("job %s: %s, not run: %q; want the failure kept and the rerun refused", a, aj.Outcome, aj.NotRun)
+	}
+	rec, err := resumer.Scheduler{Env: c.Env()}.Job(ctx, a)
+	if err != nil || rec.ExitCode != resumer.ExitContinue {
+		t.Errorf("requeued run in Slurm: %+v %v, want exit %d (a pending successor would run)", rec, err, resumer.ExitContinue)
+	}
+	if err := os.WriteFile(filepath.Join(work, "go"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ch.waitRun(ctx, cmd, out)
+	started, overlap := trainings(t, work)
+	if overlap != "" || !slices.Equal(started, []string{a + " 0", b + " 0"}) {
+		t.Errorf("trainings %v %s, want [%s 0, %s 0]: the rerun must not train", started, overlap, a, b)
+	}
+	if got := outcomes(ch.status(ctx)); !slices.Equal(got, []string{"failure", "finished", "never_ran"}) {
+		t.Errorf("outcomes %v, want [failure finished never_ran] (no job added by the rerun)", got)
+	}
+}
