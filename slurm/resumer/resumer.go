@@ -221,7 +221,7 @@ func (r *Resumer) Begin(ctx context.Context, id, nodeList string, restart int) (
 			if job.Outcome != "" {
 				job.Restarts, job.Began = restart, r.now()
 				job.NotRun = fmt.Sprintf("requeued run %d of a job already judged %s (%s): the chain went on without it, so this run does not train", restart, job.Outcome, job.Reason)
-				res.Reason, res.Continue = job.NotRun, st.Status == Active
+				res.Reason, res.Continue = job.NotRun, st.Status == Active && job.Outcome.Ran()
 				return nil
 			}
 		}
