@@ -271,7 +271,7 @@ type Progress struct {
 	// iteration).
 	Steps int64 `json:"steps"`
 	// Checkpoints are the checkpoint saves the ranks completed (a closed
-	// "checkpoint" section, or a changed checkpoint_iteration_file).
+	// "checkpointing" section, or a changed checkpoint_iteration_file).
 	Checkpoints int64 `json:"checkpoints"`
 	// Heartbeats are the heartbeats the ranks sent (nvrx clients send one
 	// per iteration; weaker evidence than a step).

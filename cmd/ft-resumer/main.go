@@ -207,9 +207,21 @@ func cmdStart(ctx context.Context, name string, args []string, stdout, stderr io
 	if len(pos) == 1 {
 		script = pos[0]
 	}
-	if _, err := resumer.LoadState(abs); errors.Is(err, resumer.ErrNoChain) && script == "" {
-		fmt.Fprintf(stderr, "ft-resumer %s: no chain in %s yet: give the batch script\n", name, abs)
-		return 2
+	if _, err := resumer.LoadState(abs); errors.Is(err, resumer.ErrNoChain) {
+		if script == "" {
+			fmt.Fprintf(stderr, "ft-resumer %s: no chain in %s yet: give the batch script\n", name, abs)
+			return 2
+		}
+		// Refuse what sbatch would refuse before anything exists or is
+		// submitted (Start checks again).
+		body, err := os.ReadFile(script)
+		if err == nil {
+			err = resumer.CheckScript(script, body)
+		}
+		if err != nil {
+			fmt.Fprintf(stderr, "ft-resumer %s: %v\n", name, err)
+			return 2
+		}
 	}
 	set := resumer.Settings{
 		MaxSubsequentFailures: *maxFail, MaxJobs: *maxJobs, ExclusionTTL: resumer.Duration(*expiry),
@@ -380,11 +392,16 @@ func cmdStep(ctx context.Context, args []string, stderr io.Writer) int {
 	dir := chainDirFlag(fs)
 	rc := fs.Int("rc", 0, "end: the job script's exit status")
 	ended := fs.String("script-ended", "", "end: when the job script exited, in Unix seconds ($EPOCHREALTIME); default now")
+	begin := fs.Bool("begin", false, "run: be the begin step first (the generated wrapper's way: one process fewer before the script)")
 	if code, done := parse(fs, args[1:], stderr); done {
 		return code
 	}
+	restart := 0
+	if v := os.Getenv("SLURM_RESTART_COUNT"); v != "" { // absent on a first run
+		restart, _ = strconv.Atoi(v)
+	}
 	if args[0] == "run" {
-		return stepRun(ctx, fs.Args(), stderr)
+		return stepRun(ctx, *dir, restart, *begin, fs.Args(), stderr)
 	}
 	id := os.Getenv("SLURM_JOB_ID")
 	if *dir == "" || id == "" {
@@ -409,30 +426,42 @@ func cmdStep(ctx context.Context, args []string, stderr io.Writer) int {
 		}
 		return code
 	}
-	res, err := r.Begin(ctx, id, os.Getenv("SLURM_JOB_NODELIST"))
+	res, err := r.Begin(ctx, id, os.Getenv("SLURM_JOB_NODELIST"), restart)
 	if err != nil {
 		fmt.Fprintf(stderr, "ft-resumer step begin: %v\n", err)
 		return 1
 	}
 	if !res.Run {
 		fmt.Fprintf(stderr, "ft-resumer: job %s does not run: %s\n", id, res.Reason)
+		if res.Continue {
+			return resumer.ExitSkipContinue
+		}
 		return resumer.ExitSkip
 	}
+	if _, err := writeEnvSh(*dir, id, res.Env); err != nil {
+		fmt.Fprintf(stderr, "ft-resumer step begin: %v\n", err)
+	}
+	return 0
+}
+
+// writeEnvSh writes what the begin step exports to the job script into
+// jobs/<id>/env.sh (the record; older wrappers source it) and returns it as
+// KEY=VALUE pairs.
+func writeEnvSh(dir, id string, env map[string]string) ([]string, error) {
 	jobDir := os.Getenv("FT_RESUMER_JOB_DIR")
 	if jobDir == "" {
-		jobDir = filepath.Join(*dir, resumer.JobsDir, id)
+		jobDir = filepath.Join(dir, resumer.JobsDir, id)
 	}
-	keys := make([]string, 0, len(res.Env))
-	for k := range res.Env {
+	keys := make([]string, 0, len(env))
+	for k := range env {
 		keys = append(keys, k)
 	}
 	sort.Strings(keys)
 	var b strings.Builder
+	kv := make([]string, 0, len(keys))
 	for _, k := range keys {
-		fmt.Fprintf(&b, "export %s=%q\n", k, res.Env[k])
+		fmt.Fprintf(&b, "export %s=%q\n", k, env[k])
+		kv = append(kv, k+"="+env[k])
 	}
-	if err := atomicfile.Write(filepath.Join(jobDir, "env.sh"), []byte(b.String()), 0o644); err != nil {
-		fmt.Fprintf(stderr, "ft-resumer step begin: %v\n", err)
-	}
-	return 0
+	return kv, atomicfile.Write(filepath.Join(jobDir, "env.sh"), []byte(b.String()), 0o644)
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"os"
 	"regexp"
 	"strings"
 	"testing"
@@ -28,6 +29,8 @@ func TestRun(t *testing.T) {
 		{[]string{"run", "--chain-dir", "/nonexistent-ftr"}, 2, empty, "give the batch script"},
 		{[]string{"run", "--chain-dir", "/nonexistent-ftr", "a.sh", "b.sh"}, 2, empty, "one script expected"},
 		{[]string{"run", "--bogus"}, 2, empty, "unknown flag"},
+		{[]string{"run", "--chain-dir", "/nonexistent-ftr", "testdata/noshebang.sh"}, 2, empty, "the first line must be an interpreter line such as #!/bin/bash (sbatch refuses a script without one), not \"#SBATCH -N2\""},
+		{[]string{"submit", "--chain-dir", "/nonexistent-ftr", "/nonexistent-ftr/job.sh"}, 2, empty, "no such file"},
 		{[]string{"run", "--chain-dir", "/nonexistent-ftr", "--max-submit-rate", "ten", "job.sh"}, 2, empty, "want N/DURATION"},
 		{[]string{"run", "--chain-dir", "/nonexistent-ftr", "--max-submit-rate", "5/0s", "job.sh"}, 2, empty, "positive duration"},
 		{[]string{"run", "--chain-dir", "/nonexistent-ftr", "--progress-path", "/x/[", "job.sh"}, 2, empty, "--progress-path"},
@@ -55,6 +58,9 @@ func TestRun(t *testing.T) {
 			return strings.Contains(s, "kind: AppWrapper") && strings.Contains(s, "completionMode: Indexed")
 		}, ""},
 	}
+	if _, err := os.Stat("/nonexistent-ftr"); err == nil {
+		t.Fatal("/nonexistent-ftr exists")
+	}
 	for _, tt := range tests {
 		var stdout, stderr bytes.Buffer
 		t.Setenv("FT_RESUMER_CHAIN", "")
@@ -62,5 +68,9 @@ func TestRun(t *testing.T) {
 		if code != tt.code || !tt.stdout(stdout.String()) || !strings.Contains(stderr.String(), tt.stderr) {
 			t.Errorf("run(%q) = %d, stdout %q, stderr %q; want %d and stderr containing %q", tt.args, code, stdout.String(), stderr.String(), tt.code, tt.stderr)
 		}
+	}
+	// Nothing was created (or submitted) for the refused scripts.
+	if _, err := os.Stat("/nonexistent-ftr"); err == nil {
+		t.Error("a refused run created its chain directory")
 	}
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -11,9 +12,16 @@ import (
 	"github.com/ftlauncher/ft-launcher/slurm/resumer"
 )
 
-// stepRun runs the job script for the wrapper, forwarding signals to it and
-// recording Slurm's warnings (resumer.JobScript).
-func stepRun(ctx context.Context, argv []string, stderr io.Writer) int {
+// stepRun runs the job script for the wrapper: it takes the chain's
+// training claim for this run of the job (refusing, with ExitSkip, while
+// another job of the chain trains), runs the script forwarding signals to it
+// and recording Slurm's warnings (resumer.JobScript), and submits the
+// chain's successor once the script has started.
+//
+// With begin (the generated wrapper) it is the begin step first, in the
+// same process: one process start and one pass over the chain state fewer
+// between the predecessor's end and this job's script.
+func stepRun(ctx context.Context, dir string, restart int, begin bool, argv []string, stderr io.Writer) int {
 	if len(argv) == 0 {
 		fmt.Fprintln(stderr, "Usage: ft-resumer step run --chain-dir DIR -- JOB SCRIPT [ARGS...]")
 		return 2
@@ -22,6 +30,57 @@ func stepRun(ctx context.Context, argv []string, stderr io.Writer) int {
 	signal.Notify(sigs, resumer.ForwardedSignals...)
 	defer signal.Stop(sigs)
 	js := resumer.JobScript{Argv: argv, JobDir: os.Getenv("FT_RESUMER_JOB_DIR"), Log: stderr, RepeatWindow: 2 * time.Second}
+	if id := os.Getenv("SLURM_JOB_ID"); dir != "" && id != "" {
+		r := newResumer(dir, stderr)
+		if begin {
+			bctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+			res, err := r.Begin(bctx, id, os.Getenv("SLURM_JOB_NODELIST"), restart)
+			cancel()
+			switch {
+			case err != nil:
+				fmt.Fprintf(stderr, "ft-resumer step run: begin: %v; running the job anyway\n", err)
+			case !res.Run:
+				fmt.Fprintf(stderr, "ft-resumer: job %s does not run: %s\n", id, res.Reason)
+				return resumer.ExitSkip
+			default:
+				env, err := writeEnvSh(dir, id, res.Env)
+				if err != nil {
+					fmt.Fprintf(stderr, "ft-resumer step run: %v\n", err)
+				}
+				js.Env = env
+			}
+		}
+		claim, err := r.ClaimTraining(ctx, id, restart, os.Getenv("SLURMD_NODENAME"), resumer.DefaultClaimWait)
+		var ce *resumer.ClaimedError
+		switch {
+		case errors.As(err, &ce):
+			fmt.Fprintf(stderr, "ft-resumer: job %s: %v\n", id, ce)
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+			defer cancel()
+			if err := r.Refuse(rctx, id, restart, ce.Error()); err != nil {
+				fmt.Fprintf(stderr, "ft-resumer step run: %v\n", err)
+			}
+			return resumer.ExitSkip
+		case ctx.Err() != nil:
+			fmt.Fprintf(stderr, "ft-resumer step run: stopped while waiting for the training claim: %v\n", err)
+			return 143
+		case err != nil:
+			// The same failure policy as the begin step's: a chain
+			// directory that cannot be written does not stop a training.
+			fmt.Fprintf(stderr, "ft-resumer step run: %v; running the job anyway\n", err)
+		default:
+			defer claim.Release()
+		}
+		// The successor is submitted beside the starting script, off the
+		// path to its first step; Run returns only once it is submitted.
+		js.AfterStart = func() {
+			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
+			defer cancel()
+			if _, err := r.SubmitSuccessor(sctx, id, restart); err != nil {
+				fmt.Fprintf(stderr, "ft-resumer step run: successor: %v (a follower, ft-resumer run or status, submits one when none is pending)\n", err)
+			}
+		}
+	}
 	// A TERM is forwarded, not a reason to stop waiting: the script and
 	// its steps decide when they are done.
 	rc, err := js.Run(context.WithoutCancel(ctx), sigs)

@@ -83,13 +83,14 @@ const (
 
 // Why a chain stopped (State.StopKind).
 const (
-	StopCancelled     = "cancelled"                   // ft-resumer cancel
-	StopNoRestart     = "no_restart"                  // a launcher's no-restart verdict or exit code
-	StopFailures      = "max_subsequent_job_failures" // too many consecutive failed (or no-progress) jobs
-	StopDeterministic = "deterministic_failure"       // the same rank failure in consecutive jobs
-	StopMaxJobs       = "max_jobs"                    // --max-jobs jobs trained
-	StopSubmitRate    = "submit_rate"                 // jobs submitted faster than --max-submit-rate
-	StopCapacity      = "not_enough_nodes"            // exclusions leave too few nodes
+	StopCancelled      = "cancelled"                   // ft-resumer cancel
+	StopNoRestart      = "no_restart"                  // a launcher's no-restart verdict or exit code
+	StopFailures       = "max_subsequent_job_failures" // too many consecutive failed (or no-progress) jobs
+	StopDeterministic  = "deterministic_failure"       // the same rank failure in consecutive jobs
+	StopMaxJobs        = "max_jobs"                    // --max-jobs jobs trained
+	StopSubmitRate     = "submit_rate"                 // jobs submitted faster than --max-submit-rate
+	StopCapacity       = "not_enough_nodes"            // exclusions leave too few nodes
+	StopCompleteNoFlag = "complete_without_flag"       // the training looks complete but wrote no finished flag
 )
 
 // Duration is a time.Duration that reads and writes as "1h30m".
@@ -136,7 +137,17 @@ type ChainJob struct {
 	Exclude     []string  `json:"exclude,omitempty"`
 	// Began is when the job's begin step ran (zero: never).
 	Began time.Time `json:"began,omitzero"`
-	Nodes []string  `json:"nodes,omitempty"`
+	// Restarts is SLURM_RESTART_COUNT of its latest run (a job submitted
+	// with --requeue runs again under the same id).
+	Restarts int `json:"restarts,omitempty"`
+	// Successor is the job its training step pre-scheduled (afternotok):
+	// a requeued run reuses it while it is pending.
+	Successor string `json:"successor,omitempty"`
+	// NotRun says why its latest run did not run the job script (another
+	// job of the chain held the training claim, a requeued run of a job
+	// already judged, the chain had ended, a relocation); "" when it ran.
+	NotRun string   `json:"not_run,omitempty"`
+	Nodes  []string `json:"nodes,omitempty"`
 	// ScriptRC is the user's job script's exit status from the end step,
 	// which ran at ScriptEnded.
 	ScriptRC    *int      `json:"script_rc,omitempty"`
@@ -197,6 +208,7 @@ type SwapSummary struct {
 type VerdictSummary struct {
 	File     string `json:"file"`
 	Hostname string `json:"hostname"`
+	Node     string `json:"node,omitempty"` // its Slurm node name
 	Kind     string `json:"kind"`
 	ExitCode int    `json:"exit_code"`
 	Reason   string `json:"reason"`

@@ -2,6 +2,7 @@ package resumer
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/ftlauncher/ft-launcher/verdict"
 )
@@ -13,7 +14,7 @@ type Outcome string
 // Preempted continue it and reset the consecutive-failure count when the
 // job made progress; Failure and NoProgress continue it and count.
 // Cancelled (by ft-resumer cancel) neither counts nor resets. Relocated,
-// Skipped and NeverRan are jobs that did not train (they neither count nor
+// Skipped, NeverRan and Refused are jobs that did not train (they neither count nor
 // reset).
 const (
 	Finished   Outcome = "finished"    // the finished flag exists
@@ -27,6 +28,7 @@ const (
 	Relocated  Outcome = "relocated"   // landed on an excluded node; replaced by a job that excludes it
 	Skipped    Outcome = "skipped"     // started after the chain had ended: did nothing
 	NeverRan   Outcome = "never_ran"   // ended without running (cancelled while pending)
+	Refused    Outcome = "refused"     // did not train: another job of the chain held the training claim
 )
 
 // Unknown is the state recorded for a job no Slurm source knows any more
@@ -57,6 +59,12 @@ type Facts struct {
 	Progress Evidence
 	// CancelledByChain: ft-resumer cancel cancelled this job.
 	CancelledByChain bool
+	// PrevSuccess describes the previous job that trained when it exited
+	// 0 with evidence of progress (the training stopped by itself); ""
+	// otherwise.
+	PrevSuccess string
+	// FinishedFlag is the flag's path, for the messages.
+	FinishedFlag string
 }
 
 // Evidence is what is known about a job's progress: from its launchers'
@@ -68,6 +76,11 @@ type Evidence struct {
 	// progress record, or a --progress-path setting). When nothing could,
 	// a job's progress is unknown, not absent.
 	Known bool
+	// Reported: a launcher's verdict carried a progress record: the ranks
+	// talk to their monitors (they are instrumented). LastIteration is the
+	// highest iteration they reported (nil: none).
+	Reported      bool
+	LastIteration *int64
 	// Advanced: a source showed progress; Detail says which.
 	Advanced bool
 	Detail   string
@@ -84,7 +97,12 @@ type Judgement struct {
 	// Progressed: the outcome may reset the consecutive-failure count
 	// (Success, and Walltime or Preempted unless the evidence shows that
 	// the job did not advance).
-	Progressed bool
+	Progressed bool // Complete: the job exited 0 without progress where the training
+	// looks complete (the previous job stopped by itself after training,
+	// or the ranks resumed at an iteration and made no step) but the
+	// finished flag is missing: the chain stops rather than run more jobs
+	// that would do the same.
+	Complete bool
 }
 
 // Judge classifies a job from facts, never from an exit code alone. The
@@ -169,17 +187,39 @@ func Judge(f Facts) Judgement {
 // progress only on evidence (a verdict's steps or checkpoints, a new file
 // under --progress-path), else it is no_progress, which counts: a script
 // that never trains (a typo'd config, `srun ... || true`) must not loop
-// the chain.
+// the chain. A job without progress where the training looks complete (the
+// previous job stopped by itself after training, or the ranks resumed at
+// an iteration and made no step) is told apart: the flag is what is
+// missing, and more jobs would only do the same (Complete).
 func exitZero(f Facts, why string) Judgement {
 	if f.Progress.Advanced {
 		return Judgement{Outcome: Success, Reason: why + "; progress: " + f.Progress.Detail, Progressed: true}
+	}
+	flag := "FAULT_TOL_FINISHED_FLAG_FILE"
+	if f.FinishedFlag != "" {
+		flag += " (" + f.FinishedFlag + ")"
+	}
+	var seems []string
+	if f.PrevSuccess != "" {
+		seems = append(seems, "the previous job stopped by itself after training ("+f.PrevSuccess+")")
+	}
+	if f.Progress.Reported && f.Progress.LastIteration != nil {
+		seems = append(seems, fmt.Sprintf("the ranks resumed at iteration %d and made no step", *f.Progress.LastIteration))
+	}
+	if len(seems) > 0 {
+		return Judgement{Outcome: NoProgress, Complete: true, Reason: why + ": the training seems complete but wrote no finished flag (" +
+			strings.Join(seems, "; ") + "; this job: " + f.Progress.Detail + "); make the training create " + flag +
+			" when it is done (or, if it is not done, find why it exits 0 without training); the chain stops rather than run more jobs that would do the same"}
 	}
 	how := "no launcher verdict reported a training step, checkpoint or heartbeat"
 	if f.Progress.Detail != "" {
 		how = f.Progress.Detail
 	}
-	return Judgement{Outcome: NoProgress, Reason: why + " and without evidence of progress (" + how +
-		"; instrument the ranks or pass --progress-path, docs/slurm.md \"Progress\")"}
+	hint := "; instrument the ranks or pass --progress-path, docs/slurm.md \"Progress\""
+	if f.Progress.Reported {
+		hint = ": the ranks report to their monitors but made no step"
+	}
+	return Judgement{Outcome: NoProgress, Reason: why + " and without evidence of progress (" + how + hint + ")"}
 }
 
 // walltime judges a job that ended by its time limit or after the warning
@@ -243,4 +283,6 @@ func (o Outcome) Resets() bool { return o == Success || o == Walltime || o == Pr
 
 // Ran reports whether the job trained at all (jobs that did not are left out
 // of the failure count and of _job_results).
-func (o Outcome) Ran() bool { return o != Relocated && o != Skipped && o != NeverRan && o != "" }
+func (o Outcome) Ran() bool {
+	return o != Relocated && o != Skipped && o != NeverRan && o != Refused && o != ""
+}

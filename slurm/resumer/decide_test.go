@@ -1,6 +1,7 @@
 package resumer
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/ftlauncher/ft-launcher/verdict"
@@ -69,6 +70,50 @@ func TestJudge(t *testing.T) {
 	}
 }
 
+// TestCompleteWithoutFlag: a job that exits 0 without progress where the
+// training looks complete is told apart from one that never trained: the
+// reason names the missing flag, not instrumentation, and Complete stops
+// the chain.
+func TestCompleteWithoutFlag(t *testing.T) {
+	rc0 := 0
+	it := int64(960)
+	tests := []struct {
+		name     string
+		f        Facts
+		complete bool
+		says     []string
+		notSays  string
+	}{
+		{"previous job stopped by itself after training",
+			Facts{Began: true, ScriptRC: &rc0, PrevSuccess: "job 5: 960 steps", FinishedFlag: "/c/flag",
+				Progress: Evidence{Known: true, Reported: true, Detail: "0 steps, 0 checkpoints, 0 heartbeats reported on 1 node(s)"}},
+			true, []string{"seems complete but wrote no finished flag", "job 5: 960 steps", "FAULT_TOL_FINISHED_FLAG_FILE (/c/flag)", "the chain stops"}, "instrument"},
+		{"ranks resumed at an iteration and made no step",
+			Facts{Began: true, Slurm: Job{State: "COMPLETED"}, Progress: Evidence{Known: true, Reported: true, LastIteration: &it, Detail: "0 steps"}},
+			true, []string{"resumed at iteration 960 and made no step"}, "instrument"},
+		{"instrumented ranks, no step, nothing says complete",
+			Facts{Began: true, ScriptRC: &rc0, Progress: Evidence{Known: true, Reported: true, Detail: "0 steps"}},
+			false, []string{"the ranks report to their monitors but made no step"}, "instrument"},
+		{"uninstrumented script",
+			Facts{Began: true, ScriptRC: &rc0},
+			false, []string{"instrument the ranks or pass --progress-path"}, "seems complete"},
+	}
+	for _, tt := range tests {
+		j := Judge(tt.f)
+		if j.Outcome != NoProgress || j.Complete != tt.complete {
+			t.Errorf("%s: %s complete %v, want no_progress complete %v", tt.name, j.Outcome, j.Complete, tt.complete)
+		}
+		for _, w := range tt.says {
+			if !strings.Contains(j.Reason, w) {
+				t.Errorf("%s: reason %q lacks %q", tt.name, j.Reason, w)
+			}
+		}
+		if strings.Contains(j.Reason, tt.notSays) {
+			t.Errorf("%s: reason %q says %q", tt.name, j.Reason, tt.notSays)
+		}
+	}
+}
+
 func TestOutcomeCounting(t *testing.T) {
 	tests := []struct {
 		o                   Outcome
@@ -85,6 +130,7 @@ func TestOutcomeCounting(t *testing.T) {
 		{Relocated, false, false, false},
 		{Skipped, false, false, false},
 		{NeverRan, false, false, false},
+		{Refused, false, false, false},
 	}
 	for _, tt := range tests {
 		if tt.o.Counts() != tt.counts || tt.o.Resets() != tt.resets || tt.o.Ran() != tt.ran {

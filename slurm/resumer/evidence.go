@@ -54,7 +54,10 @@ func progressEvidence(st *State, job *ChainJob, vs []verdict.Verdict) Evidence {
 		if v.Progress == nil {
 			continue
 		}
-		e.Known = true
+		e.Known, e.Reported = true, true
+		if it := v.Progress.LastIteration; it != nil && (e.LastIteration == nil || *it > *e.LastIteration) {
+			e.LastIteration = it
+		}
 		nodes++
 		steps += v.Progress.Steps
 		ckpts += v.Progress.Checkpoints

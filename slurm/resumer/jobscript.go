@@ -35,6 +35,12 @@ type JobScript struct {
 	// again (Slurm's TERM at the time limit reaches this process directly
 	// and through the wrapper's trap).
 	RepeatWindow time.Duration
+	// AfterStart, when set, runs once the script has started, beside it
+	// (the successor's submission: off the path to the first step); Run
+	// returns only after it has returned.
+	AfterStart func()
+	// Env is added to this process's environment for the script.
+	Env []string
 }
 
 // Run runs the script until it (and, after a warning signal, every process
@@ -49,11 +55,22 @@ func (j JobScript) Run(ctx context.Context, sigs <-chan os.Signal) (int, error) 
 	_ = unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 	cmd := exec.Command(j.Argv[0], j.Argv[1:]...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+	if len(j.Env) > 0 {
+		cmd.Env = append(os.Environ(), j.Env...)
+	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
 		return 127, fmt.Errorf("slurm: step run: %w", err)
 	}
 	pgid := cmd.Process.Pid
+	hooked := make(chan struct{})
+	go func() {
+		defer close(hooked)
+		if j.AfterStart != nil {
+			j.AfterStart()
+		}
+	}()
+	defer func() { <-hooked }()
 	done := make(chan int, 1)
 	go func() {
 		err := cmd.Wait()
@@ -84,6 +101,16 @@ func (j JobScript) Run(ctx context.Context, sigs <-chan os.Signal) (int, error) 
 		case <-ctx.Done():
 			_ = unix.Kill(-pgid, syscall.SIGTERM)
 			rc = <-done
+		}
+	}
+	// The hook's own children (sbatch) must be its to wait for, not the
+	// reaper's below.
+	for waiting := true; waiting; {
+		select {
+		case s := <-sigs:
+			forward(s)
+		case <-hooked:
+			waiting = false
 		}
 	}
 	if !warned {

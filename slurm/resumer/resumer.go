@@ -118,6 +118,9 @@ func (r *Resumer) Start(ctx context.Context, script string, set Settings) (st *S
 	if err != nil {
 		return nil, false, fmt.Errorf("slurm: job script: %w", err)
 	}
+	if err := CheckScript(script, body); err != nil {
+		return nil, false, err
+	}
 	st = &State{Dir: r.Dir, Settings: set, Status: Active, Created: r.now()}
 	if err := os.WriteFile(filepath.Join(r.Dir, JobScriptFile), body, 0o755); err != nil {
 		return nil, false, fmt.Errorf("slurm: job script copy: %w", err)
@@ -133,6 +136,23 @@ func (r *Resumer) Start(ctx context.Context, script string, set Settings) (st *S
 		return st, true, serr
 	}
 	return st, true, writeJobResults(st)
+}
+
+// ErrBadScript is returned by Start for a batch script sbatch would refuse.
+var ErrBadScript = errors.New("slurm: batch script refused")
+
+// CheckScript refuses, before anything is submitted, a batch script that
+// sbatch would refuse in every job of the chain: its first line must be an
+// interpreter line ("#!/bin/bash"); the chain runs it as is, by its shebang.
+func CheckScript(path string, body []byte) error {
+	if !strings.HasPrefix(string(body), "#!") {
+		first, _, _ := strings.Cut(string(body), "\n")
+		if len(first) > 60 {
+			first = first[:60] + "..."
+		}
+		return fmt.Errorf("%w: %s: the first line must be an interpreter line such as #!/bin/bash (sbatch refuses a script without one), not %q", ErrBadScript, path, first)
+	}
+	return nil
 }
 
 // submit submits the next job of the chain (after: afternotok dependency,
@@ -169,16 +189,23 @@ type BeginResult struct {
 	Run    bool
 	Reason string
 	Env    map[string]string // exported to the job's script (FT_RESUMED, ...)
+	// Continue: the job does not run, but the chain goes on through its
+	// pending successor (exit non-zero so that afternotok holds).
+	Continue bool
 }
 
-// Begin is the decision step at the start of job id (running on the nodes
-// nodeList): it judges any predecessor whose own end step did not run (a
-// job killed at its walltime, by a node failure, by scancel), checks that
-// this job did not land on an excluded node (else it submits a replacement
-// that excludes it and does not run), and pre-schedules its successor with
-// --dependency=afternotok:<id> --kill-on-invalid-dep=yes, before the
-// training starts, so that however this job ends, a successor exists.
-func (r *Resumer) Begin(ctx context.Context, id, nodeList string) (BeginResult, error) {
+// Begin is the decision step at the start of run restart
+// (SLURM_RESTART_COUNT) of job id, on the nodes nodeList: it judges any
+// predecessor whose own end step did not run (a job killed at its
+// walltime, by a node failure, by scancel) and checks that this job did
+// not land on an excluded node (else it submits a replacement that
+// excludes it and does not run). The successor is submitted by the job's
+// training step once it holds the chain's training claim (ClaimTraining,
+// SubmitSuccessor), not here: a job that will not train must not add one.
+//
+// A requeued run of a job the chain has already judged does not train:
+// the chain went on without it.
+func (r *Resumer) Begin(ctx context.Context, id, nodeList string, restart int) (BeginResult, error) {
 	var res BeginResult
 	_, err := r.withState(ctx, func(st *State) error {
 		job := st.Job(id)
@@ -186,17 +213,31 @@ func (r *Resumer) Begin(ctx context.Context, id, nodeList string) (BeginResult, 
 			job = &ChainJob{ID: id, Submitted: r.now(), SubmittedBy: "unknown"}
 			st.Jobs = append(st.Jobs, job)
 		}
-		job.Began = r.now()
-		job.Nodes, _ = slurm.ExpandNodeList(nodeList)
 		by := "begin step of " + id
+		if rerun := !job.Began.IsZero() && restart != job.Restarts; rerun {
+			archiveRun(filepath.Join(st.Dir, JobsDir, id), job.Restarts)
+			job.ScriptRC, job.ScriptEnded, job.Warning = nil, time.Time{}, ""
+			r.logf("job %s runs again (requeued, run %d)", id, restart)
+			if job.Outcome != "" {
+				job.Restarts, job.Began = restart, r.now()
+				job.NotRun = fmt.Sprintf("requeued run %d of a job already judged %s (%s): the chain went on without it, so this run does not train", restart, job.Outcome, job.Reason)
+				res.Reason, res.Continue = job.NotRun, st.Status == Active && job.Outcome.Ran()
+				return nil
+			}
+		}
+		job.Restarts, job.Began, job.NotRun = restart, r.now(), ""
+		job.Nodes, _ = slurm.ExpandNodeList(nodeList)
 		for _, p := range st.Jobs {
 			if p != job && p.Outcome == "" {
 				r.judgeFromSlurm(ctx, st, p, by)
 			}
 		}
 		if st.Status != Active {
-			job.Outcome, job.Reason, job.Decided, job.DecidedBy = Skipped, "chain is "+st.Status+": "+st.StopReason, r.now(), by
-			res.Reason = job.Reason
+			if job.Outcome == "" {
+				job.Outcome, job.Reason, job.Decided, job.DecidedBy = Skipped, "chain is "+st.Status+": "+st.StopReason, r.now(), by
+			}
+			res.Reason = "chain is " + st.Status + ": " + st.StopReason
+			job.NotRun = res.Reason
 			return nil
 		}
 		excl := st.ActiveExclusions(r.now())
@@ -208,7 +249,7 @@ func (r *Resumer) Begin(ctx context.Context, id, nodeList string) (BeginResult, 
 				return err
 			}
 			job.Reason += "; replaced by job " + next.ID
-			res.Reason = job.Reason
+			res.Reason, job.NotRun = job.Reason, job.Reason
 			r.logf("job %s %s", id, job.Reason)
 			return nil
 		}
@@ -226,14 +267,27 @@ func (r *Resumer) Begin(ctx context.Context, id, nodeList string) (BeginResult, 
 		if index > 0 {
 			res.Env["FT_RESUMED"] = "1" // NeMo-Framework-Launcher's continuation marker
 		}
-		if max := st.Settings.MaxJobs; max > 0 && st.trainingJobs() >= max {
-			r.logf("job %s is job %d of at most %d (--max-jobs): no successor", id, st.trainingJobs(), max)
-			return nil
-		}
-		_, err := r.submit(ctx, st, id, "begin of "+id)
-		return err
+		return nil
 	})
 	return res, err
+}
+
+// archiveRun moves what an earlier run of a requeued job left in its
+// directory (verdicts, warning record) to run-<n>/, so that the new run is
+// judged on its own.
+func archiveRun(dir string, run int) {
+	files, _ := filepath.Glob(filepath.Join(dir, "verdict*.json"))
+	files = append(files, filepath.Join(dir, WarningFile))
+	to := filepath.Join(dir, fmt.Sprintf("run-%d", run))
+	for _, f := range files {
+		if _, err := os.Stat(f); err != nil {
+			continue
+		}
+		if err := os.MkdirAll(to, 0o755); err != nil {
+			return
+		}
+		_ = os.Rename(f, filepath.Join(to, filepath.Base(f)))
+	}
 }
 
 // End is the decision step after the user's script of job id exited with
@@ -256,6 +310,16 @@ func (r *Resumer) End(ctx context.Context, id string, rc int, scriptEnded time.T
 			job = &ChainJob{ID: id, Submitted: r.now(), SubmittedBy: "unknown", Began: r.now()}
 			st.Jobs = append(st.Jobs, job)
 		}
+		if job.NotRun != "" {
+			// This run did not run the script. A requeued run of a job
+			// judged earlier lets a pending successor run (non-zero);
+			// otherwise the job did nothing the chain continues from.
+			exit = 0
+			if st.Status == Active && job.Outcome.Ran() {
+				exit = ExitContinue
+			}
+			return nil
+		}
 		job.ScriptRC, job.ScriptEnded = &rc, scriptEnded
 		if job.Outcome != "" { // judged already (skipped, relocated)
 			if st.Status == Done {
@@ -263,7 +327,7 @@ func (r *Resumer) End(ctx context.Context, id string, rc int, scriptEnded time.T
 			}
 			return nil
 		}
-		f, sums := r.facts(st, job, Job{})
+		f, sums := r.facts(ctx, st, job, Job{})
 		job.Verdicts = sums
 		j := Judge(f)
 		if j.Defer {
@@ -371,7 +435,7 @@ func (r *Resumer) judgeFromSlurm(ctx context.Context, st *State, job *ChainJob, 
 }
 
 func (r *Resumer) judge(ctx context.Context, st *State, job *ChainJob, rec Job, by string) {
-	f, sums := r.facts(st, job, rec)
+	f, sums := r.facts(ctx, st, job, rec)
 	job.Verdicts = sums
 	j := Judge(f)
 	if j.Defer { // cannot happen with a terminal record; be safe
@@ -383,23 +447,39 @@ func (r *Resumer) judge(ctx context.Context, st *State, job *ChainJob, rec Job, 
 // facts gathers what is known about job: its launchers' verdicts
 // (jobs/<id>/verdict*.json), the finished flag (only if no later job
 // began: a later job may have made it), the script status and rec.
-func (r *Resumer) facts(st *State, job *ChainJob, rec Job) (Facts, []VerdictSummary) {
+func (r *Resumer) facts(ctx context.Context, st *State, job *ChainJob, rec Job) (Facts, []VerdictSummary) {
 	f := Facts{ScriptRC: job.ScriptRC, Slurm: rec, NoRestartCode: st.Settings.NoRestartCode, Began: !job.Began.IsZero(),
 		CancelledByChain: job.CancelledByChain}
 	dir := filepath.Join(st.Dir, JobsDir, job.ID)
 	f.Warning = readWarning(dir)
 	job.Warning = f.Warning
 	var sums []VerdictSummary
-	for _, nv := range readVerdicts(dir) {
-		f.Verdicts = append(f.Verdicts, nv.v)
-		sums = append(sums, VerdictSummary{File: filepath.Base(nv.file), Hostname: nv.v.Hostname, Kind: string(nv.v.Kind), ExitCode: nv.v.ExitCode, Reason: nv.v.Reason})
+	nvs := readVerdicts(dir)
+	name := r.slurmNames(ctx, job, nvs)
+	for _, nv := range nvs {
+		// Reasons, summaries and status name nodes as Slurm does (fake
+		// or containerised nodes share one host name; launchers see
+		// addresses): the judgement reads v with its hosts renamed.
+		v := nv.v
+		node := name(v.Hostname, v.Node)
+		sums = append(sums, VerdictSummary{File: filepath.Base(nv.file), Hostname: v.Hostname, Node: node, Kind: string(v.Kind), ExitCode: v.ExitCode, Reason: v.Reason})
+		v.Hostname = node
+		v.Quarantined = slices.Clone(v.Quarantined)
+		for i := range v.Quarantined {
+			v.Quarantined[i].Host = name(v.Quarantined[i].Host, v.Quarantined[i].Node)
+		}
+		v.Ledger = slices.Clone(v.Ledger)
+		for i := range v.Ledger {
+			v.Ledger[i].Host = name(v.Ledger[i].Host, v.Ledger[i].Node)
+		}
+		f.Verdicts = append(f.Verdicts, v)
 	}
 	later := false
 	seen := false
 	for _, j := range st.Jobs {
 		if j == job {
 			seen = true
-		} else if seen && !j.Began.IsZero() && j.Outcome != Skipped && j.Outcome != Relocated {
+		} else if seen && !j.Began.IsZero() && j.Outcome != Skipped && j.Outcome != Relocated && j.Outcome != Refused {
 			later = true
 		}
 	}
@@ -407,6 +487,18 @@ func (r *Resumer) facts(st *State, job *ChainJob, rec Job) (Facts, []VerdictSumm
 		f.FlagPresent = true
 	}
 	f.Progress = progressEvidence(st, job, f.Verdicts)
+	f.FinishedFlag = st.Settings.FinishedFlag
+	for _, p := range st.Jobs {
+		if p == job {
+			break
+		}
+		if p.Outcome.Ran() {
+			f.PrevSuccess = ""
+			if p.Outcome == Success {
+				f.PrevSuccess = "job " + p.ID + ": " + p.Reason
+			}
+		}
+	}
 	summarize(job, f.Verdicts)
 	return f, sums
 }
@@ -429,7 +521,9 @@ func (r *Resumer) apply(ctx context.Context, st *State, job *ChainJob, j Judgeme
 		st.Failures++
 		st.Total++
 		job.Counted = true
-		if why, ok := deterministic(st, job); ok && j.Outcome == Failure {
+		if j.Complete {
+			r.stop(ctx, st, StopCompleteNoFlag, fmt.Sprintf("job %s: %s", job.ID, j.Reason))
+		} else if why, ok := deterministic(st, job); ok && j.Outcome == Failure {
 			r.stop(ctx, st, StopDeterministic, "deterministic failure: "+why)
 		} else if st.Failures > st.Settings.MaxSubsequentFailures {
 			r.stop(ctx, st, StopFailures, fmt.Sprintf("%d consecutive failed jobs (max_subsequent_job_failures=%d); last: job %s: %s",
@@ -714,6 +808,63 @@ func readVerdicts(dir string) []nodeVerdict {
 		out = append(out, nodeVerdict{file: f, node: node, v: v})
 	}
 	return out
+}
+
+// slurmNames returns a function that names a host (a host name or
+// address, with its rendezvous node id "addr/pid" when known) by its Slurm
+// node name: the verdict files' own names (verdict-<node>.json, written on
+// that node by `ft-resumer node`; a single-node job's verdict.json is its
+// one node's), then, only for what those do not name, Slurm's
+// NodeAddr/NodeHostName (scontrol, asked once). What maps to nothing keeps
+// its own name.
+func (r *Resumer) slurmNames(ctx context.Context, job *ChainJob, nvs []nodeVerdict) func(host, node string) string {
+	byAddr := map[string]string{}
+	byHost := map[string]map[string]bool{}
+	for _, nv := range nvs {
+		n := nv.node
+		if n == "" && len(job.Nodes) == 1 {
+			n = job.Nodes[0]
+		}
+		if n == "" {
+			continue
+		}
+		if a := addrOf(nv.v.Node); a != "" {
+			byAddr[a] = n
+		}
+		if h := nv.v.Hostname; h != "" {
+			if byHost[h] == nil {
+				byHost[h] = map[string]bool{}
+			}
+			byHost[h][n] = true
+		}
+	}
+	var slurmResolve func(string) string
+	return func(host, node string) string {
+		if n, ok := byAddr[addrOf(node)]; ok && node != "" {
+			return n
+		}
+		if n, ok := byAddr[host]; ok {
+			return n
+		}
+		if ns := byHost[host]; len(ns) == 1 {
+			for n := range ns {
+				return n
+			}
+		}
+		if slurmResolve == nil {
+			nodes, _ := r.Sched.Nodes(ctx)
+			slurmResolve = nodeResolver(nodes, nil)
+		}
+		for _, k := range []string{addrOf(node), host} {
+			if n := slurmResolve(k); n != "" {
+				return n
+			}
+		}
+		if host == "" {
+			return addrOf(node)
+		}
+		return host
+	}
 }
 
 // addrOf returns the address part of a rendezvous node id ("addr/pid").

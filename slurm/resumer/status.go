@@ -50,6 +50,12 @@ type JobView struct {
 	Quarantined   []QuarantineSummary  `json:"quarantined,omitempty"`
 	SpareSwaps    []SwapSummary        `json:"spare_swaps,omitempty"`
 	RankFailures  []RankFailureSummary `json:"rank_failures,omitempty"`
+	// Restarts, Successor and NotRun are ChainJob's: the requeued runs,
+	// the successor it submitted, why its latest run did not run the
+	// script.
+	Restarts  int    `json:"restarts,omitempty"`
+	Successor string `json:"successor,omitempty"`
+	NotRun    string `json:"not_run,omitempty"`
 }
 
 // ExclusionView is an exclusion and whether it is in force.
@@ -67,7 +73,8 @@ func (st *State) View(now time.Time) StatusView {
 		// the table's "yes" rows add up to the header's total.
 		jv := JobView{ID: j.ID, SubmittedBy: j.SubmittedBy, Nodes: j.Nodes, Outcome: j.Outcome, Counted: j.Counted,
 			Decision: j.Decision, DecidedBy: j.DecidedBy, Reason: j.Reason, Decided: j.Decided, Verdicts: j.Verdicts,
-			WarningSignal: j.Warning, Progress: j.Progress, Quarantined: j.Quarantined, SpareSwaps: j.Swaps, RankFailures: j.Failures}
+			WarningSignal: j.Warning, Progress: j.Progress, Quarantined: j.Quarantined, SpareSwaps: j.Swaps, RankFailures: j.Failures,
+			Restarts: j.Restarts, Successor: j.Successor, NotRun: j.NotRun}
 		if j.Slurm != nil {
 			jv.SlurmState, jv.Start, jv.End = j.Slurm.State, j.Slurm.Start, j.Slurm.End
 			jv.ExitCode = fmt.Sprintf("%d:%d", j.Slurm.ExitCode, j.Slurm.Signal)
@@ -154,6 +161,12 @@ func (v StatusView) WriteTable(w io.Writer) error {
 		}
 		if j.WarningSignal != "" {
 			notes = append(notes, fmt.Sprintf("job %s: its batch shell got Slurm's warning signal SIG%s", j.ID, j.WarningSignal))
+		}
+		if j.Restarts > 0 {
+			notes = append(notes, fmt.Sprintf("job %s: requeued by Slurm %d time(s)", j.ID, j.Restarts))
+		}
+		if j.NotRun != "" && j.NotRun != j.Reason {
+			notes = append(notes, fmt.Sprintf("job %s: its latest run did not run the script: %s", j.ID, j.NotRun))
 		}
 	}
 	if len(notes) > 0 {

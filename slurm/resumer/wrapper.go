@@ -51,18 +51,19 @@ export FAULT_TOL_FINISHED_FLAG_FILE=%[3]s
 export FT_RESUMER_JOB_DIR=%[2]s/jobs/"$SLURM_JOB_ID"
 export FT_LAUNCHER_VERDICT_FILE="$FT_RESUMER_JOB_DIR/verdict.json"
 mkdir -p "$FT_RESUMER_JOB_DIR"
-%[4]s step begin --chain-dir %[2]s
-rc=$?
-if [ "$rc" -eq %[5]d ]; then exit 0; fi  # the chain ended, or the job was relocated
-if [ "$rc" -ne 0 ]; then echo "ft-resumer: begin step failed ($rc); running the job anyway" >&2; fi
-if [ -f "$FT_RESUMER_JOB_DIR/env.sh" ]; then . "$FT_RESUMER_JOB_DIR/env.sh"; fi
+# 'ft-resumer step run --begin' is the begin step (judge what nobody judged,
+# relocate a job on an excluded node, or do nothing when the chain ended),
+# then takes the chain's training claim (one job of a chain trains at a
+# time: it refuses while another holds it), runs the job script and, beside
+# it, submits the successor. The end step gives the job its exit status,
+# also when the script did not run.
 # The job script runs under 'ft-resumer step run', in the background so that
 # this shell's traps run at once: Slurm's warning signals to the batch shell
 # (--signal=B:USR1@N, B:USR2, B:TERM) and its TERM at the time limit must not
 # kill the shell. They are forwarded; step run records them (the job is then
 # judged walltime-like) and passes them to the job script's processes, srun
 # included, which forwards them to the launchers.
-%[4]s step run --chain-dir %[2]s -- %[6]s "$@" &
+%[4]s step run --begin --chain-dir %[2]s -- %[5]s "$@" &
 child=$!
 trap 'kill -s USR1 "$child" 2>/dev/null' USR1
 trap 'kill -s USR2 "$child" 2>/dev/null' USR2
@@ -74,12 +75,19 @@ while :; do
 done
 trap - USR1 USR2 TERM
 exec %[4]s step end --chain-dir %[2]s --rc "$rc" --script-ended "${EPOCHREALTIME:-}"
-`, dir, q(dir), q(set.FinishedFlag), q(set.Resumer), ExitSkip, q(filepath.Join(dir, JobScriptFile)))
+`, dir, q(dir), q(set.FinishedFlag), q(set.Resumer), q(filepath.Join(dir, JobScriptFile)))
 	return b.String()
 }
 
-// ExitSkip is the begin step's status for "do not run the job script".
-const ExitSkip = 3
+// ExitSkip is step run's status when it did not run the job script (the
+// end step then sets the job's), and the begin step's for "do not run the
+// job script"; ExitSkipContinue is the begin step's for "do not run it, but
+// let the pending successor run" (wrappers from before step run --begin
+// exit ExitContinue on it).
+const (
+	ExitSkip         = 3
+	ExitSkipContinue = 4
+)
 
 func shellQuote(s string) string {
 	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"

@@ -23,7 +23,7 @@ func TestSbatchDirectives(t *testing.T) {
 func TestWrapper(t *testing.T) {
 	w := Wrapper("#!/bin/sh\n#SBATCH -N3\necho hi\n", "/c/it's", Settings{FinishedFlag: "/c/flag", Resumer: "/bin/ft-resumer"})
 	for _, want := range []string{"#!/bin/bash\n#SBATCH -N3\n", `export FT_RESUMER_CHAIN='/c/it'\''s'`, "export FAULT_TOL_FINISHED_FLAG_FILE='/c/flag'",
-		"'/bin/ft-resumer' step begin --chain-dir", "'/c/it'\\''s/job.sh' \"$@\"", `exec '/bin/ft-resumer' step end --chain-dir '/c/it'\''s' --rc "$rc" --script-ended "${EPOCHREALTIME:-}"`} {
+		"'/bin/ft-resumer' step run --begin --chain-dir", "'/c/it'\\''s/job.sh' \"$@\"", `exec '/bin/ft-resumer' step end --chain-dir '/c/it'\''s' --rc "$rc" --script-ended "${EPOCHREALTIME:-}"`} {
 		if !strings.Contains(w, want) {
 			t.Errorf("wrapper lacks %q:\n%s", want, w)
 		}

@@ -92,6 +92,44 @@ touch "$FAULT_TOL_FINISHED_FLAG_FILE"
 	}
 }
 
+// TestCompleteWithoutFlagStopsAtOnce: a training that completes but never
+// writes the finished flag: the first job trains (a checkpoint under
+// --progress-path) and exits 0, the second finds nothing left to do and
+// exits 0 at once. That second job is told apart from "no progress": the
+// reason says the training seems complete without the flag and what to do,
+// and the chain stops there instead of running
+// max_subsequent_job_failures more jobs that would do the same.
+func TestCompleteWithoutFlagStopsAtOnce(t *testing.T) {
+	skipShort(t)
+	c := need(t)
+	ctx, cancel := runclock.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	ch := newChain(t, c)
+	ckpt := filepath.Join(filepath.Dir(ch.dir), "ckpt")
+	if err := os.Mkdir(ckpt, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	script := ch.script(fmt.Sprintf(`#SBATCH -N1
+if [ -f %[1]s/step-960 ]; then echo "nothing left to train"; exit 0; fi
+sleep 1; echo 960 > %[1]s/step-960
+`, ckpt))
+	code, out, errOut := ch.resumer(ctx, "run", "--chain-dir", ch.dir, "--max-subsequent-job-failures", "3", "--progress-path", ckpt, script)
+	if code != 1 {
+		t.Fatalf("ft-resumer run = %d, want 1 (stopped)\n%s\n%s", code, out, errOut)
+	}
+	v := ch.status(ctx)
+	if got := ranOutcomes(v); !slices.Equal(got, []string{"success", "no_progress"}) {
+		t.Fatalf("jobs that trained: %v, want [success no_progress] (then stop, not 3 more)", got)
+	}
+	if v.StopKind != resumer.StopCompleteNoFlag || !strings.Contains(v.StopReason, "seems complete but wrote no finished flag") ||
+		!strings.Contains(v.StopReason, "FAULT_TOL_FINISHED_FLAG_FILE") || strings.Contains(v.StopReason, "instrument the ranks") {
+		t.Errorf("chain %s [%s]: %s; want stopped [%s] saying the training seems complete and naming the flag", v.Status, v.StopKind, v.StopReason, resumer.StopCompleteNoFlag)
+	}
+	if live := ch.live(ctx); len(live) > 0 {
+		t.Errorf("jobs left after the chain stopped: %v", live)
+	}
+}
+
 // TestWarningSignal: Slurm's warning before the time limit, both ways
 // docs/slurm.md shows. --signal=USR1@N signals the job steps: the
 // launcher gets it directly. --signal=B:USR1@N signals only the batch

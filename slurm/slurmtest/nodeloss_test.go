@@ -117,6 +117,16 @@ func TestLauncherDeathExcludesTheNode(t *testing.T) {
 				len(vv.Quarantined) != 1 || vv.Quarantined[0].Host != victim || vv.Quarantined[0].Evidence != verdict.EvidenceLauncherDied {
 				t.Errorf("verdict of %s: %+v, want fatal_error by ft-resumer node, %s quarantined (launcher_died)", victim, vv, victim)
 			}
+			// Status names nodes as Slurm does: every fake node has this
+			// machine's host name.
+			for _, vs := range v.Jobs[0].Verdicts {
+				if vs.File != "verdict-"+vs.Node+".json" {
+					t.Errorf("status verdict %+v: want the Slurm node name of its file", vs)
+				}
+			}
+			if q := v.Jobs[0].Quarantined; len(q) == 0 || q[0].Host != victim {
+				t.Errorf("status quarantined %+v, want %s (the Slurm node name)", q, victim)
+			}
 			if k == 0 {
 				sv, err := verdict.Read(filepath.Join(jobDir, "verdict-"+survivor+".json"))
 				if err != nil {

@@ -693,5 +693,5 @@ func fmtList(xs []float64) string {
 	for i, x := range xs {
 		parts[i] = fmt.Sprintf("%.3f", x)
 	}
-	return fmt.Sprintf("%s (median %.3f)", strings.Join(parts, " "), s[len(s)/2])
+	return fmt.Sprintf("%s (median %.3f, worst %.3f)", strings.Join(parts, " "), s[len(s)/2], s[len(s)-1])
 }

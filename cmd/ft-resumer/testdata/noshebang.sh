@@ -1,0 +1,2 @@
+#SBATCH -N2
+srun ft-launcher train.py
