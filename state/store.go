@@ -35,6 +35,7 @@ const (
 	EventPersistFailed = eventlog.StatePersistFailed // StatePersistFailedEvent
 	EventRestore       = eventlog.StateRestore       // StateRestoreEvent
 	EventStaleRemoved  = eventlog.StateStaleRemoved  // StateStaleRemovedEvent
+	EventCorrupt       = eventlog.StateCorrupt       // StateCorruptEvent
 )
 
 // RestoreNotePattern matches the notes a rank's load() leaves in the
@@ -60,6 +61,17 @@ type restoreNote struct {
 	FromRank *int       `json:"from_rank,omitempty"`
 	Bytes    int64      `json:"bytes,omitempty"`
 	StepAt   *time.Time `json:"step_at,omitempty"`
+	// The damaged sources load() passed over (docs/state.md, "Integrity").
+	Rejected []rejectedSource `json:"rejected,omitempty"`
+}
+
+// rejectedSource is a damaged source in a restore note.
+type rejectedSource struct {
+	Source string `json:"source"` // memory, file
+	Slot   *int   `json:"slot"`
+	Seq    *int64 `json:"seq"`
+	Step   *int64 `json:"step"`
+	Error  string `json:"error"`
 }
 
 // Every is when the background writer writes: after Saves new saves, or
@@ -123,6 +135,7 @@ type Options struct {
 type rankState struct {
 	seen      uint64 // newest seq observed (events)
 	written   uint64 // newest seq written out
+	corrupt   uint64 // a seq whose write-out was refused (damaged): not tried again
 	savesNew  int    // saves since the last write
 	lastWrite time.Time
 }
@@ -390,7 +403,9 @@ func (s *Store) flush(ctx context.Context, reason string, force bool) error {
 
 func (s *Store) flushRank(ctx context.Context, lr int, reason string, force bool) error {
 	rs := &s.ranks[lr]
-	f, err := os.Open(s.SegmentPath(lr))
+	// Open for writing too: the write-out pins the save it copies
+	// (copyNewestBy); the store writes nothing else into a segment.
+	f, err := os.OpenFile(s.SegmentPath(lr), os.O_RDWR, 0)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil // the rank never saved
 	}
@@ -415,7 +430,7 @@ func (s *Store) flushRank(ctx context.Context, lr int, reason string, force bool
 		s.opts.Emit(eventlog.StateSaveEvent{LocalRank: lr, Rank: int(d.Rank), Step: d.Step, Seq: int64(d.Seq),
 			Bytes: int64(d.Length), SaveMS: float64(d.DurationNS) / 1e6, Saves: int64(n)})
 	}
-	if d.Seq <= rs.written {
+	if d.Seq <= rs.written || d.Seq == rs.corrupt {
 		return nil
 	}
 	due := force
@@ -431,6 +446,14 @@ func (s *Store) flushRank(ctx context.Context, lr int, reason string, force bool
 	m, ok, err := s.write(ctx, f, reason, rs.written)
 	if err != nil && reason == "periodic" && ctx.Err() != nil {
 		return nil // abandoned for an urgent write-out (Kick) or Close: still due
+	}
+	if ce := (*CorruptError)(nil); errors.As(err, &ce) {
+		// Never written: the previous file stays. The rank's next save
+		// (into the other slot) is written out as usual.
+		rs.corrupt, rs.savesNew, rs.lastWrite = ce.Desc.Seq, 0, time.Now()
+		s.opts.Emit(eventlog.StateCorruptEvent{LocalRank: lr, Rank: int(ce.Desc.Rank), By: "write-out", Source: SourceMemory,
+			Seq: eventlog.Opt(int64(ce.Desc.Seq)), Step: eventlog.Opt(ce.Desc.Step), Error: ce.Error()})
+		return s.warn(lr, reason, err)
 	}
 	if err != nil {
 		// Retried at the next due point (or kick), not at every poll.
@@ -492,8 +515,31 @@ func (s *Store) readRestores() {
 		if n.Heal != "" { // a peer heal's note (ft_launcher_client.heal)
 			e.Heal, e.Why, e.FromRank, e.Bytes, e.StepAt = n.Heal, n.Why, n.FromRank, n.Bytes, n.StepAt
 		}
+		for _, r := range n.Rejected {
+			s.corruptOnLoad(n, e, r)
+		}
 		s.opts.Emit(e)
 	}
+}
+
+// corruptOnLoad records a damaged source a rank's load() passed over: an
+// event, a log warning and a verdict warning.
+func (s *Store) corruptOnLoad(n restoreNote, e eventlog.StateRestoreEvent, r rejectedSource) {
+	c := eventlog.StateCorruptEvent{LocalRank: n.LocalRank, Rank: n.Rank, By: "load", Source: r.Source, Slot: r.Slot,
+		Seq: r.Seq, Step: r.Step, Error: r.Error, UsedSource: e.Source, UsedStep: e.Step}
+	s.opts.Emit(c)
+	used := "nothing intact was left: the load failed"
+	if e.Source != nil && e.Step != nil {
+		used = fmt.Sprintf("restored step %d from %s instead", *e.Step, *e.Source)
+	}
+	what := "a save"
+	if r.Seq != nil && r.Step != nil {
+		what = fmt.Sprintf("save %d (step %d)", *r.Seq, *r.Step)
+	}
+	s.opts.Logger.Warn("state: a rank's load found a damaged save", "local_rank", n.LocalRank, "rank", n.Rank,
+		"source", r.Source, "seq", r.Seq, "step", r.Step, "err", r.Error, "used", used)
+	s.addWarning(fmt.Sprintf("state load (local rank %d, rank %d): %s in %s is damaged (%s); %s",
+		n.LocalRank, n.Rank, what, r.Source, r.Error, used))
 }
 
 // warn records a write-out failure: an event, a log line and a verdict
@@ -504,10 +550,15 @@ func (s *Store) warn(lr int, reason string, err error) error {
 	}
 	s.opts.Emit(eventlog.StatePersistFailedEvent{LocalRank: lr, Reason: reason, Error: err.Error()})
 	s.opts.Logger.Warn("state: writing the saved state out failed; the copy in memory is kept", "local_rank", lr, "reason", reason, "err", err)
-	w := fmt.Sprintf("state write-out (local rank %d, %s): %v", lr, reason, err)
+	s.addWarning(fmt.Sprintf("state write-out (local rank %d, %s): %v", lr, reason, err))
+	return err
+}
+
+// addWarning adds a line to the verdict's state warnings (at most 16);
+// s.mu is held.
+func (s *Store) addWarning(w string) {
 	const maxWarnings = 16
 	if len(s.warnings) < maxWarnings {
 		s.warnings = append(s.warnings, w)
 	}
-	return err
 }
