@@ -138,6 +138,25 @@ type rankState struct {
 	corrupt   uint64 // a seq whose write-out was refused (damaged): not tried again
 	savesNew  int    // saves since the last write
 	lastWrite time.Time
+	dueSince  time.Time // when the pending periodic write-out became due (zero: none)
+}
+
+// ReasonOverdue is a periodic write-out that stayed due longer than
+// overdueAfter at low priority (a node without an idle core) and was done
+// again at the launcher's own priority.
+const ReasonOverdue = "overdue"
+
+// overdueAfter is how long a periodic write-out may stay due at low
+// priority before it runs at the launcher's priority: --state-persist-every
+// as a duration, a minute for a count of saves. So the file lags memory by
+// at most about twice the interval plus one write-out, however busy the
+// node (at nice 19 a write-out gets a sliver of a core per busy thread
+// beside it: seconds to minutes for a large state).
+func (s *Store) overdueAfter() time.Duration {
+	if s.opts.Every.Interval > 0 {
+		return s.opts.Every.Interval
+	}
+	return time.Minute
 }
 
 // Store owns the segments of one node's local ranks and writes them out in
@@ -443,38 +462,59 @@ func (s *Store) flushRank(ctx context.Context, lr int, reason string, force bool
 		return nil
 	}
 	start := time.Now()
-	m, ok, err := s.write(ctx, f, reason, rs.written)
-	if err != nil && reason == "periodic" && ctx.Err() != nil {
+	low, wctx := reason == "periodic" && s.low != nil, ctx
+	if low {
+		if rs.dueSince.IsZero() {
+			rs.dueSince = start
+		}
+		overdue := rs.dueSince.Add(s.overdueAfter())
+		if !start.Before(overdue) {
+			low, reason = false, ReasonOverdue
+		} else {
+			var cancel context.CancelFunc
+			wctx, cancel = context.WithDeadline(ctx, overdue)
+			defer cancel()
+		}
+	}
+	m, ok, err := s.write(wctx, f, reason, rs.written, low)
+	if low && err != nil && ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
+		// Still not done when it became overdue: again, at the launcher's
+		// priority (the partial copy was removed).
+		s.opts.Logger.Info("state: a periodic write-out was overdue at low priority; writing it at the launcher's priority",
+			"local_rank", lr, "due_for", time.Since(rs.dueSince).Round(time.Millisecond))
+		start, reason = time.Now(), ReasonOverdue
+		m, ok, err = s.write(ctx, f, reason, rs.written, false)
+	}
+	if err != nil && (reason == "periodic" || reason == ReasonOverdue) && ctx.Err() != nil {
 		return nil // abandoned for an urgent write-out (Kick) or Close: still due
 	}
 	if ce := (*CorruptError)(nil); errors.As(err, &ce) {
 		// Never written: the previous file stays. The rank's next save
 		// (into the other slot) is written out as usual.
-		rs.corrupt, rs.savesNew, rs.lastWrite = ce.Desc.Seq, 0, time.Now()
+		rs.corrupt, rs.savesNew, rs.lastWrite, rs.dueSince = ce.Desc.Seq, 0, time.Now(), time.Time{}
 		s.opts.Emit(eventlog.StateCorruptEvent{LocalRank: lr, Rank: int(ce.Desc.Rank), By: "write-out", Source: SourceMemory,
 			Seq: eventlog.Opt(int64(ce.Desc.Seq)), Step: eventlog.Opt(ce.Desc.Step), Error: ce.Error()})
 		return s.warn(lr, reason, err)
 	}
 	if err != nil {
 		// Retried at the next due point (or kick), not at every poll.
-		rs.savesNew, rs.lastWrite = 0, time.Now()
+		rs.savesNew, rs.lastWrite, rs.dueSince = 0, time.Now(), time.Time{}
 		return s.warn(lr, reason, err)
 	}
 	if !ok {
 		return nil
 	}
-	rs.written, rs.savesNew, rs.lastWrite = m.Seq, 0, time.Now()
+	rs.written, rs.savesNew, rs.lastWrite, rs.dueSince = m.Seq, 0, time.Now(), time.Time{}
 	s.opts.Emit(eventlog.StatePersistedEvent{LocalRank: lr, Rank: int(m.Rank), Step: m.Step, Seq: int64(m.Seq),
 		Bytes: int64(m.Bytes), File: filepath.Join(s.opts.Dir, m.File), Reason: reason,
 		WriteMS: float64(time.Since(start).Microseconds()) / 1000})
 	return nil
 }
 
-// write writes f's newest save out: a periodic write-out on the lowered
-// thread, an urgent one on the calling goroutine's thread, which is at the
-// launcher's priority (only the lowered thread is lowered, and it never
-// runs anything else).
-func (s *Store) write(ctx context.Context, f *os.File, reason string, prev uint64) (m Manifest, ok bool, err error) {
+// write writes f's newest save out: with low on the lowered thread, else
+// on the calling goroutine's thread, which is at the launcher's priority
+// (only the lowered thread is lowered, and it never runs anything else).
+func (s *Store) write(ctx context.Context, f *os.File, reason string, prev uint64, low bool) (m Manifest, ok bool, err error) {
 	run := func() {
 		runtime.LockOSThread() // onWrite's thread id stays this write's thread
 		defer runtime.UnlockOSThread()
@@ -483,7 +523,7 @@ func (s *Store) write(ctx context.Context, f *os.File, reason string, prev uint6
 		}
 		m, ok, err = PersistContext(ctx, f, s.opts.Dir, prev)
 	}
-	if reason == "periodic" && s.low != nil {
+	if low {
 		s.low.do(run)
 	} else {
 		run()
