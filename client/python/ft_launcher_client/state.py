@@ -1599,7 +1599,7 @@ def _warn_rejected(rejected, step, source):
     load() passed over; the restore note carries them to the launcher."""
     instead = "restored step %s from %s instead" % (step, source) if source else "nothing else to restore"
     for r in rejected:
-        msg = "ft-launcher state: %s is damaged; %s" % (_describe(r), instead)
+        msg = "ft-launcher state: passed over a damaged save: %s; %s" % (_describe(r), instead)
         log.warning(msg)
         warnings.warn(msg, CorruptStateWarning, stacklevel=4)
 
