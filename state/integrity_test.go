@@ -1,9 +1,11 @@
 package state
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"io"
 	"log/slog"
 	"os"
@@ -283,3 +285,25 @@ func TestPinnedWriteOutSurvivesContinuousSaves(t *testing.T) {
 type appendWriter []byte
 
 func (a *appendWriter) Write(p []byte) (int, error) { *a = append(*a, p...); return len(p), nil }
+
+// TestPinLayout: the pin's bytes are the ones state.py reads and the
+// client tests write (seq u64, CRC-32 of those 8 bytes u32, zero u32, at
+// byte 192); a torn or damaged pin pins nothing.
+func TestPinLayout(t *testing.T) {
+	b := encodePin(0x0102030405060708)
+	want := []byte{8, 7, 6, 5, 4, 3, 2, 1}
+	c := crc32.ChecksumIEEE(want)
+	want = append(want, byte(c), byte(c>>8), byte(c>>16), byte(c>>24), 0, 0, 0, 0)
+	if !bytes.Equal(b, want) || pinOff != 192 || pinOff < descOff[1]+DescSize {
+		t.Fatalf("pin %x at %d, want %x at 192 after the descriptors", b, pinOff, want)
+	}
+	seg := make([]byte, HeaderSize)
+	copy(seg[pinOff:], b)
+	if got := readPin(bytes.NewReader(seg)); got != 0x0102030405060708 {
+		t.Fatalf("readPin %x", got)
+	}
+	seg[pinOff+3] ^= 1
+	if got := readPin(bytes.NewReader(seg)); got != 0 {
+		t.Fatalf("a damaged pin reads as %x, want 0 (none)", got)
+	}
+}
