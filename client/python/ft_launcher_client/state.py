@@ -1501,11 +1501,16 @@ def _restore(seg, d, rank, verify, into, rejected, trusted=None):
     every save in memory of a lower step (a save that fell back to a
     file, or a memory emptied by a new job). A damaged source (its CRC,
     or its descriptor and payload inconsistent) is added to rejected and
-    the next one tried; when every source failed, the newest's error is
-    raised. A save reused by its saver while it was read is read again."""
-    m = _read_manifest(d, rank) if os.path.isdir(d) else None
-    file_done = m is None
+    the next one tried; when no source is intact, StateError names each.
+    A save reused by its saver while it was read is read again."""
     errors = []
+    try:
+        m = _read_manifest(d, rank) if os.path.isdir(d) else None
+    except Exception as e:  # a damaged manifest: memory may still be intact
+        rejected.append({"source": "file", "seq": None, "step": None, "error": "manifest: %s" % (str(e) or repr(e))})
+        errors.append(e)
+        m = None
+    file_done = m is None
 
     def from_file():
         try:
@@ -1516,8 +1521,8 @@ def _restore(seg, d, rank, verify, into, rejected, trusted=None):
             rejected.append({"source": "file", "seq": m.get("seq"), "step": m.get("step"), "error": "%s (and its CRC fails)" % e})
             errors.append(e)
             return None
-        except (StateError, OSError, ValueError, KeyError) as e:
-            rejected.append({"source": "file", "seq": m.get("seq"), "step": m.get("step"), "error": str(e)})
+        except Exception as e:  # a damaged or unreadable file: the next source (an unpickling error included)
+            rejected.append({"source": "file", "seq": m.get("seq"), "step": m.get("step"), "error": str(e) or repr(e)})
             errors.append(e)
             return None
         return step, st, "file"

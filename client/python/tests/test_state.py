@@ -232,6 +232,16 @@ class PlainStateTest(unittest.TestCase):
         self.assertEqual((step, got, info["source"]), (1, {"s": 1}, "memory"))
         self.assertEqual([r["source"] for r in info["rejected"]], ["memory", "file"])
 
+    def test_damaged_manifest_falls_back_to_memory(self):
+        self.env(launcher=True)
+        state.save(1, {"s": 1})
+        os.makedirs(self.dir)
+        with open(os.path.join(self.dir, "rank-2.json"), "w") as f:
+            f.write('{"format": "ft-launcher-state/1", "step": 9, "fi')  # cut short
+        (step, got), info, _ = self.load_warned()
+        self.assertEqual((step, got, info["source"]), (1, {"s": 1}, "memory"))
+        self.assertEqual(info["rejected"][0]["source"], "file")
+
     def test_manifest_and_file_must_agree(self):
         self.env(launcher=False)
         state.save(1, {"x": 1})
