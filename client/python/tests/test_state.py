@@ -16,6 +16,11 @@ from unittest import mock
 from ft_launcher_client import state
 
 
+class _Plain:
+    def __eq__(self, other):
+        return isinstance(other, _Plain)
+
+
 class PlainStateTest(unittest.TestCase):
     def setUp(self):
         self.root = tempfile.mkdtemp(prefix="ftstate-plain-")
@@ -241,6 +246,19 @@ class PlainStateTest(unittest.TestCase):
         (step, got), info, _ = self.load_warned()
         self.assertEqual((step, got, info["source"]), (1, {"s": 1}, "memory"))
         self.assertEqual(info["rejected"][0]["source"], "file")
+
+    def test_untrusted_class_raises_and_does_not_fall_back(self):
+        # Naming a class the caller did not trust is the caller's policy,
+        # not damage: load() raises instead of passing over to an older
+        # save (its CRC holds).
+        self.env(launcher=True)
+        state.save(1, {"s": 1})
+        state.save(2, {"s": 2, "obj": _Plain()})
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", state.CorruptStateWarning)
+            with self.assertRaises(state.UntrustedClassError):
+                state.load()
+            self.assertEqual(state.load(trusted_classes=[_Plain])[0], 2)
 
     def test_manifest_and_file_must_agree(self):
         self.env(launcher=False)
