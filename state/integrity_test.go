@@ -307,3 +307,31 @@ func TestPinLayout(t *testing.T) {
 		t.Fatalf("a damaged pin reads as %x, want 0 (none)", got)
 	}
 }
+
+// TestReplicaRefusesDamagedSave: a save whose payload no longer matches
+// its saver's CRC is not handed to a buddy (which would restore it under
+// a fresh CRC): the stream is aborted, the buddy keeps its previous copy,
+// the sender reports the damage, and the rank's next save is copied.
+func TestReplicaRefusesDamagedSave(t *testing.T) {
+	const n = 256 << 10
+	dir := t.TempDir()
+	saveRank(t, dir, 0, 4, 1, n)
+	recv, _ := startReceiver(t, ReceiverOptions{})
+	_, sev := startSender(t, dir, 1, recv.Addr(), ReplicatorOptions{})
+	waitFor(t, "the first copy", func() bool { return copySeq(recv, "node-a", 4) == 1 })
+	p := pattern(2, n)
+	sv := &Saver{Path: filepath.Join(dir, "rank-0"), Rank: 4, chunk: 64 << 10, beforeChunk: func(off int) {
+		if off == 64<<10 {
+			p[200<<10] ^= 0x01 // after the CRC, before the commit: committed damaged
+		}
+	}}
+	if _, err := sv.Save(2, p); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the damaged save refused", func() bool { return sev.with(EventReplicaFailed, "is damaged") > 0 })
+	if s := copySeq(recv, "node-a", 4); s != 1 {
+		t.Fatalf("the buddy holds seq %d, want the intact seq 1", s)
+	}
+	saveRank(t, dir, 0, 4, 3, n)
+	waitFor(t, "the next save copied", func() bool { return copySeq(recv, "node-a", 4) == 3 })
+}
