@@ -43,6 +43,8 @@ const (
 	StatePersistFailed = "state_persist_failed"
 	StateRestore       = "state_restore"
 	StateStaleRemoved  = "state_stale_removed"
+	// A save that failed its integrity check (docs/state.md, "Integrity").
+	StateCorrupt = "state_corrupt"
 	// Replication to buddy nodes (--state-replicas).
 	StateReplicaSent       = "state_replica_sent"
 	StateReplicaFailed     = "state_replica_failed"
@@ -431,6 +433,27 @@ type StateRestoreEvent struct {
 	StepAt   *time.Time `json:"step_at,omitempty"`
 }
 
+// StateCorruptEvent: a save failed its integrity check and was not used.
+// By "load": a rank's load() passed over it (its CRC, or its descriptor
+// or payload inconsistent) and restored UsedSource's UsedStep instead
+// (absent: no source was intact and load() raised). By "write-out": the
+// launcher's writer found the save's payload no longer matching its
+// saver's CRC and wrote nothing (the previous file stays). Source:
+// memory or file; Slot: the segment's slot (memory); Seq and Step: the
+// damaged save's, when its descriptor could be read.
+type StateCorruptEvent struct {
+	LocalRank  int     `json:"local_rank"`
+	Rank       int     `json:"rank"`
+	By         string  `json:"by"`     // load, write-out
+	Source     string  `json:"source"` // memory, file
+	Slot       *int    `json:"slot,omitempty"`
+	Seq        *int64  `json:"seq,omitempty"`
+	Step       *int64  `json:"step,omitempty"`
+	Error      string  `json:"error"`
+	UsedSource *string `json:"used_source,omitempty"`
+	UsedStep   *int64  `json:"used_step,omitempty"`
+}
+
 // StateStaleRemovedEvent: a launcher at its start removed the segments'
 // directory of a launcher that died without removing it (SIGKILL): no
 // process held the directory's owner lock any more. PID is the dead
@@ -587,6 +610,7 @@ func (StatePersistedEvent) Kind() string         { return StatePersisted }
 func (StatePersistFailedEvent) Kind() string     { return StatePersistFailed }
 func (StateRestoreEvent) Kind() string           { return StateRestore }
 func (StateStaleRemovedEvent) Kind() string      { return StateStaleRemoved }
+func (StateCorruptEvent) Kind() string           { return StateCorrupt }
 func (StateReplicaSentEvent) Kind() string       { return StateReplicaSent }
 func (StateReplicaFailedEvent) Kind() string     { return StateReplicaFailed }
 func (StateReplicaRefusedEvent) Kind() string    { return StateReplicaRefused }
@@ -607,7 +631,7 @@ func Typed() []Record {
 		RankFirstHeartbeatEvent{}, RankFirstStepEvent{}, RankCheckpointEvent{}, RankStepsEvent{},
 		LauncherStallEvent{}, FillerReclaimedEvent{},
 		StateSaveEvent{}, StatePersistedEvent{}, StatePersistFailedEvent{}, StateRestoreEvent{},
-		StateStaleRemovedEvent{}, StateReplicaSentEvent{}, StateReplicaFailedEvent{}, StateReplicaRefusedEvent{},
+		StateStaleRemovedEvent{}, StateCorruptEvent{}, StateReplicaSentEvent{}, StateReplicaFailedEvent{}, StateReplicaRefusedEvent{},
 		StateReplicaReceivedEvent{}, StateReplicaDiscardedEvent{}, StateRestoredFromBuddyEvent{},
 		RankFailureHintEvent{},
 		FenceWatchdogRestartedEvent{}, FenceWatchdogGaveUpEvent{},

@@ -25,7 +25,11 @@ import (
 //
 // File header (little endian): magic "FTSTATE1", version u32, flags u32,
 // step i64, length u64, payload CRC-32 (IEEE) u32, rank i32, seq u64,
-// the save's duration in ns u64, zero padding to 64 bytes.
+// the save's duration in ns u64, zero padding to 64 bytes. Flags: 1 (the
+// CRC is set), 2 (the CRC is the saver's, and the payload was checked
+// against it before it was written; without it the saver set none and the
+// CRC was computed as the file was written: it vouches for the disk, not
+// for the memory the payload was read from).
 const (
 	FileMagic      = "FTSTATE1"
 	FileHeaderSize = 64
@@ -61,7 +65,11 @@ func fileHeader(d Desc, crc uint32) []byte {
 	le := binary.LittleEndian
 	copy(b, FileMagic)
 	le.PutUint32(b[8:], FileVersion)
-	le.PutUint32(b[12:], flagCRC)
+	flags := uint32(flagCRC)
+	if d.HasCRC() { // the saver's CRC, which the copy was checked against (copyNewestBy)
+		flags |= flagSaveCRC
+	}
+	le.PutUint32(b[12:], flags)
 	le.PutUint64(b[16:], uint64(d.Step))
 	le.PutUint64(b[24:], d.Length)
 	le.PutUint32(b[32:], crc)
@@ -83,7 +91,7 @@ func ReadFile(path string) (Desc, []byte, error) {
 	}
 	le := binary.LittleEndian
 	d := Desc{Step: int64(le.Uint64(b[16:])), Length: le.Uint64(b[24:]), PayloadCRC: le.Uint32(b[32:]),
-		Rank: int32(le.Uint32(b[36:])), Seq: le.Uint64(b[40:]), DurationNS: le.Uint64(b[48:]), Flags: flagCRC}
+		Rank: int32(le.Uint32(b[36:])), Seq: le.Uint64(b[40:]), DurationNS: le.Uint64(b[48:]), Flags: le.Uint32(b[12:]) | flagCRC}
 	if v := le.Uint32(b[8:]); v != FileVersion {
 		return Desc{}, nil, fmt.Errorf("state file %s: version %d, this launcher reads %d", path, v, FileVersion)
 	}

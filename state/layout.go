@@ -12,7 +12,8 @@
 // every offset below.
 //
 //	[0, 4096)       header: magic "FTSHM001", then two slot descriptors
-//	                of 64 bytes at DescOff[0] and DescOff[1]
+//	                of 64 bytes at DescOff[0] and DescOff[1], then the
+//	                writer's pin (16 bytes at pinOff)
 //	[4096, …)       slot payloads, each at its descriptor's Offset with
 //	                room for its descriptor's Capacity bytes
 //
@@ -23,6 +24,12 @@
 // instant leaves the previous save readable and the interrupted one
 // invisible; no ordering of a shared header word is needed, because each
 // slot's validity is decided by its own descriptor alone.
+//
+// The launcher's writer pins the save it copies to a file (pinSlot): the
+// saver then writes its next saves into the other slot, even when that
+// one holds the newest save, so that a rank saving faster than a
+// write-out completes cannot starve it (a copy overtaken by two saves
+// starts again).
 package state
 
 import (
@@ -42,6 +49,16 @@ const (
 	// flagCRC: the descriptor's PayloadCRC is set (the client may skip the
 	// checksum to cut its save stall; the writer then computes one).
 	flagCRC = 1
+	// flagSaveCRC, in a written-out file's flags: its CRC is the saver's,
+	// checked against the payload before the file was written; without
+	// it the CRC was computed at the write-out (the saver set none) and
+	// vouches only for what the writer read.
+	flagSaveCRC = 2
+	// pinOff is the writer's pin: the seq u64 of the save it is copying
+	// (0: none), the CRC-32 of those 8 bytes u32 (a torn or damaged pin
+	// pins nothing), zero u32.
+	pinOff  = 192
+	pinSize = 16
 )
 
 // DescOff are the offsets of the two slot descriptors in the header.
@@ -190,30 +207,117 @@ func CopyNewest(r io.ReaderAt, w io.Writer, reset func() error) (Desc, uint32, e
 	// took 16,384 system calls, a good part of the writer's CPU time
 	// (docs/benchmarks-history.md, "Save and restore speed").
 	buf := make([]byte, copyBuf)
-	return copyNewestBy(r, reset, func(d Desc) (uint32, error) {
+	return copyNewestBy(r, nil, reset, func(d Desc) (uint32, error) {
 		h := crc32.NewIEEE()
 		_, err := io.CopyBuffer(io.MultiWriter(w, h), io.NewSectionReader(r, int64(d.Offset), int64(d.Length)), buf)
 		return h.Sum32(), err
 	})
 }
 
+// ErrCorrupt: a committed save's payload does not match the CRC its saver
+// computed (a bit flipped in memory since the save): it is not written out.
+var ErrCorrupt = errors.New("the save is damaged")
+
+// CorruptError is ErrCorrupt with the save it names.
+type CorruptError struct {
+	Desc       Desc   // the save's descriptor (PayloadCRC: what its saver computed)
+	PayloadCRC uint32 // what its payload holds now
+}
+
+func (e *CorruptError) Error() string {
+	return fmt.Sprintf("save %d (step %d) of rank %d is damaged: payload CRC %08x, its saver computed %08x (changed in memory since the save)",
+		e.Desc.Seq, e.Desc.Step, e.Desc.Rank, e.PayloadCRC, e.Desc.PayloadCRC)
+}
+
+// Is makes errors.Is(err, ErrCorrupt) hold.
+func (e *CorruptError) Is(target error) bool { return target == ErrCorrupt }
+
+// errNoPin: the pin could not be written (the segment is open read-only).
+var errNoPin = errors.New("cannot pin the save")
+
+// encodePin is the pin naming save seq (0: none).
+func encodePin(seq uint64) []byte {
+	b := make([]byte, pinSize)
+	binary.LittleEndian.PutUint64(b, seq)
+	binary.LittleEndian.PutUint32(b[8:], crc32.ChecksumIEEE(b[:8]))
+	return b
+}
+
+// readPin returns the seq of the pinned save, 0 when none (or when the pin
+// is torn or damaged: the writer's own check covers that case).
+func readPin(r io.ReaderAt) uint64 {
+	b := make([]byte, pinSize)
+	if n, _ := r.ReadAt(b, pinOff); n < pinSize {
+		return 0
+	}
+	if binary.LittleEndian.Uint32(b[8:]) != crc32.ChecksumIEEE(b[:8]) {
+		return 0
+	}
+	return binary.LittleEndian.Uint64(b)
+}
+
+// pinSlot pins d (its seq) in the segment w (opened for writing) and
+// checks that d is still committed; unpin removes the pin. The saver
+// zeroes a slot's descriptor before it reads the pin, and the writer
+// writes the pin before it reads the descriptor; both go through the
+// kernel, whose locked instructions order each side's write before its
+// read, so at least one of them sees the other's write: either the saver
+// backs off the pinned slot (state.py's _claim, Saver.claim), or the
+// writer finds the slot reused and picks the newest save again. ok is
+// false when d was no longer committed (unpinned again); a pin that
+// cannot be written (a read-only descriptor) is an error, and the caller
+// copies without one.
+func pinSlot(w io.WriterAt, r io.ReaderAt, d Desc) (ok bool, unpin func(), err error) {
+	if _, err := w.WriteAt(encodePin(d.Seq), pinOff); err != nil {
+		return false, nil, fmt.Errorf("%w: save %d: %w", errNoPin, d.Seq, err)
+	}
+	unpin = func() { _, _ = w.WriteAt(encodePin(0), pinOff) }
+	ok, err = stillCommitted(r, d)
+	if err != nil || !ok {
+		unpin()
+		return false, nil, err
+	}
+	return true, unpin, nil
+}
+
 // copyNewestBy is CopyNewest's loop with the slot's copy given: copySlot
-// writes d's payload and returns its CRC-32.
-func copyNewestBy(r io.ReaderAt, reset func() error, copySlot func(d Desc) (uint32, error)) (Desc, uint32, error) {
+// writes d's payload and returns its CRC-32. With pin set (r is the
+// segment opened for writing too), each attempt pins the save it copies,
+// so that a saver does not reuse its slot meanwhile; without, a saver that
+// saves twice during the copy makes it start again (8 attempts).
+func copyNewestBy(r io.ReaderAt, pin io.WriterAt, reset func() error, copySlot func(d Desc) (uint32, error)) (Desc, uint32, error) {
 	const attempts = 8
 	for i := 0; i < attempts; i++ {
 		d, err := Newest(r)
 		if err != nil {
 			return Desc{}, 0, err
 		}
-		if err := reset(); err != nil {
-			return Desc{}, 0, err
+		unpin := func() {}
+		if pin != nil {
+			ok, un, err := pinSlot(pin, r, d)
+			switch {
+			case errors.Is(err, errNoPin):
+				pin = nil // not writable: copy without pins
+			case err != nil:
+				return Desc{}, 0, err
+			case !ok:
+				continue // reused before the pin held: the newest again
+			default:
+				unpin = un
+			}
 		}
-		sum, err := copySlot(d)
-		if err != nil {
-			return Desc{}, 0, fmt.Errorf("copy slot of save %d (step %d): %w", d.Seq, d.Step, err)
-		}
-		ok, err := stillCommitted(r, d)
+		sum, ok, err := func() (uint32, bool, error) {
+			defer unpin()
+			if err := reset(); err != nil {
+				return 0, false, err
+			}
+			sum, err := copySlot(d)
+			if err != nil {
+				return 0, false, fmt.Errorf("copy slot of save %d (step %d): %w", d.Seq, d.Step, err)
+			}
+			ok, err := stillCommitted(r, d)
+			return sum, ok, err
+		}()
 		if err != nil {
 			return Desc{}, 0, err
 		}
@@ -221,7 +325,7 @@ func copyNewestBy(r io.ReaderAt, reset func() error, copySlot func(d Desc) (uint
 			continue
 		}
 		if d.HasCRC() && sum != d.PayloadCRC {
-			return Desc{}, 0, fmt.Errorf("save %d (step %d): payload CRC %08x, descriptor says %08x: the segment is corrupt", d.Seq, d.Step, sum, d.PayloadCRC)
+			return Desc{}, 0, &CorruptError{Desc: d, PayloadCRC: sum}
 		}
 		return d, sum, nil
 	}

@@ -19,8 +19,9 @@ import (
 // from memory once, and the second copy, out of a 1 MiB buffer in the
 // cache, was the cheap one; docs/benchmarks-history.md, "The writer at
 // low priority"). A segment that cannot be mapped is copied with pread.
+// The save copied is pinned when f is open for writing (copyNewestBy).
 func copyNewestMapped(f *os.File, w io.Writer, reset func() error) (Desc, uint32, error) {
-	d, sum, err := copyNewestBy(f, reset, func(d Desc) (uint32, error) { return copyMapped(f, d, w) })
+	d, sum, err := copyNewestBy(f, f, reset, func(d Desc) (uint32, error) { return copyMapped(f, d, w) })
 	if errors.Is(err, errNoMap) {
 		return CopyNewest(f, w, reset)
 	}

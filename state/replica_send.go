@@ -442,6 +442,13 @@ func (b *buddy) send(ctx context.Context, seg *os.File, d Desc) error {
 		return wrap("answer to the header", fmt.Errorf("%w: frame kind %d", ErrProtocol, rep.Kind))
 	}
 	crc := crc32.New(castagnoli)
+	// The saver's CRC, when it set one, is checked too: a save damaged in
+	// memory after its commit must not reach a buddy, which would restore
+	// it under a fresh CRC (docs/state.md, "Integrity").
+	var saverCRC hash.Hash32
+	if d.HasCRC() {
+		saverCRC = crc32.NewIEEE()
+	}
 	var mac hash.Hash
 	if b.key != nil {
 		mac = payloadMAC(b.key, hb[len(hb)-macSize:])
@@ -452,6 +459,9 @@ func (b *buddy) send(ctx context.Context, seg *os.File, d Desc) error {
 		n, rerr := sec.Read(buf)
 		if n > 0 {
 			crc.Write(buf[:n])
+			if saverCRC != nil {
+				saverCRC.Write(buf[:n])
+			}
 			if mac != nil {
 				mac.Write(buf[:n])
 			}
@@ -470,8 +480,11 @@ func (b *buddy) send(ctx context.Context, seg *os.File, d Desc) error {
 		}
 	}
 	status := uint32(trailerComplete)
+	var damaged error
 	if ok, err := stillCommitted(seg, d); err != nil || !ok {
 		status = trailerAborted
+	} else if saverCRC != nil && saverCRC.Sum32() != d.PayloadCRC {
+		status, damaged = trailerAborted, &CorruptError{Desc: d, PayloadCRC: saverCRC.Sum32()}
 	}
 	tr := trailer(crc.Sum32(), status)
 	if _, err := b.bw.Write(tr); err != nil {
@@ -494,6 +507,8 @@ func (b *buddy) send(ctx context.Context, seg *os.File, d Desc) error {
 	switch {
 	case rep.Kind == kindOK && status == trailerComplete:
 		return nil
+	case damaged != nil:
+		return wrap("check against the saver's CRC", damaged)
 	case status == trailerAborted:
 		return errAborted
 	case rep.Kind == kindBad:

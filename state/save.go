@@ -37,9 +37,10 @@ func slotRoom(n int) uint64 {
 }
 
 // Save commits payload as the save of step. It never leaves the segment
-// without the previous commit: the slot it writes is the one not holding
-// the newest save, and a segment too small is re-created whole beside the
-// old one and renamed over it.
+// without a committed save: the slot it writes is the one not holding the
+// newest save, unless the launcher's writer pinned that one (claim), and a
+// segment too small is re-created whole beside the old one and renamed
+// over it.
 func (s *Saver) Save(step int64, payload []byte) (Desc, error) {
 	start := time.Now()
 	f, err := os.OpenFile(s.Path, os.O_RDWR, 0)
@@ -54,7 +55,7 @@ func (s *Saver) Save(step int64, payload []byte) (Desc, error) {
 			return Desc{}, fmt.Errorf("state segment %s: %w", s.Path, err)
 		}
 	}
-	newest, target := -1, 0
+	newest := -1
 	for i := range ds {
 		if ok[i] && (newest < 0 || ds[i].Seq > ds[newest].Seq) {
 			newest = i
@@ -63,7 +64,6 @@ func (s *Saver) Save(step int64, payload []byte) (Desc, error) {
 	var seq uint64 = 1
 	if newest >= 0 {
 		seq = ds[newest].Seq + 1
-		target = 1 - newest
 	}
 	d := Desc{Seq: seq, Step: step, Length: uint64(len(payload)), Rank: s.Rank}
 	if !s.SkipCRC {
@@ -73,10 +73,11 @@ func (s *Saver) Save(step int64, payload []byte) (Desc, error) {
 		return s.grow(d, payload, start)
 	}
 	d.Capacity = ds[newest].Capacity
-	d.Offset = HeaderSize + uint64(target)*d.Capacity
-	if _, err := f.WriteAt(make([]byte, DescSize), descOff[target]); err != nil {
-		return Desc{}, fmt.Errorf("state segment %s: invalidate slot %d: %w", s.Path, target, err)
+	target, err := s.claim(f, ds, ok, newest)
+	if err != nil {
+		return Desc{}, err
 	}
+	d.Offset = HeaderSize + uint64(target)*d.Capacity
 	if err := s.writePayload(f, payload, int64(d.Offset)); err != nil {
 		return Desc{}, err
 	}
@@ -85,6 +86,45 @@ func (s *Saver) Save(step int64, payload []byte) (Desc, error) {
 		return Desc{}, fmt.Errorf("state segment %s: commit slot %d: %w", s.Path, target, err)
 	}
 	return d, nil
+}
+
+// claim returns the slot the save writes, its descriptor zeroed (from
+// here it names no save): the slot not holding the newest save, or, when
+// the launcher's writer pinned that one (it is copying that older save to
+// a file), the newest's, so that a saver faster than a write-out never
+// overwrites the save being written out; the pinned save stays committed
+// throughout. The saver zeroes, then reads the pin; the writer pins, then
+// reads the descriptor (pinSlot): one of them sees the other and backs
+// off. The same protocol as state.py's _claim.
+func (s *Saver) claim(f *os.File, ds [2]Desc, ok [2]bool, newest int) (int, error) {
+	zero := make([]byte, DescSize)
+	for try := 0; try < 4; try++ {
+		target := 1 - newest
+		if pin := readPin(f); pin != 0 && ok[target] && ds[target].Seq == pin {
+			target = newest
+		}
+		raw := make([]byte, DescSize)
+		if _, err := f.ReadAt(raw, descOff[target]); err != nil {
+			return 0, fmt.Errorf("state segment %s: read slot %d: %w", s.Path, target, err)
+		}
+		if _, err := f.WriteAt(zero, descOff[target]); err != nil {
+			return 0, fmt.Errorf("state segment %s: invalidate slot %d: %w", s.Path, target, err)
+		}
+		if !ok[target] || readPin(f) != ds[target].Seq {
+			return target, nil
+		}
+		// Pinned meanwhile: the writer copies it, untouched.
+		if _, err := f.WriteAt(raw, descOff[target]); err != nil {
+			return 0, fmt.Errorf("state segment %s: give slot %d back: %w", s.Path, target, err)
+		}
+	}
+	// The pin kept moving: the writer's check after its copy sees the slot
+	// reused and copies the newest save again.
+	target := 1 - newest
+	if _, err := f.WriteAt(zero, descOff[target]); err != nil {
+		return 0, fmt.Errorf("state segment %s: invalidate slot %d: %w", s.Path, target, err)
+	}
+	return target, nil
 }
 
 // grow creates a segment with room for payload, commits payload in its

@@ -35,6 +35,7 @@ const (
 	EventPersistFailed = eventlog.StatePersistFailed // StatePersistFailedEvent
 	EventRestore       = eventlog.StateRestore       // StateRestoreEvent
 	EventStaleRemoved  = eventlog.StateStaleRemoved  // StateStaleRemovedEvent
+	EventCorrupt       = eventlog.StateCorrupt       // StateCorruptEvent
 )
 
 // RestoreNotePattern matches the notes a rank's load() leaves in the
@@ -60,6 +61,17 @@ type restoreNote struct {
 	FromRank *int       `json:"from_rank,omitempty"`
 	Bytes    int64      `json:"bytes,omitempty"`
 	StepAt   *time.Time `json:"step_at,omitempty"`
+	// The damaged sources load() passed over (docs/state.md, "Integrity").
+	Rejected []rejectedSource `json:"rejected,omitempty"`
+}
+
+// rejectedSource is a damaged source in a restore note.
+type rejectedSource struct {
+	Source string `json:"source"` // memory, file
+	Slot   *int   `json:"slot"`
+	Seq    *int64 `json:"seq"`
+	Step   *int64 `json:"step"`
+	Error  string `json:"error"`
 }
 
 // Every is when the background writer writes: after Saves new saves, or
@@ -123,8 +135,28 @@ type Options struct {
 type rankState struct {
 	seen      uint64 // newest seq observed (events)
 	written   uint64 // newest seq written out
+	corrupt   uint64 // a seq whose write-out was refused (damaged): not tried again
 	savesNew  int    // saves since the last write
 	lastWrite time.Time
+	dueSince  time.Time // when the pending periodic write-out became due (zero: none)
+}
+
+// ReasonOverdue is a periodic write-out that stayed due longer than
+// overdueAfter at low priority (a node without an idle core) and was done
+// again at the launcher's own priority.
+const ReasonOverdue = "overdue"
+
+// overdueAfter is how long a periodic write-out may stay due at low
+// priority before it runs at the launcher's priority: --state-persist-every
+// as a duration, a minute for a count of saves. So the file lags memory by
+// at most about twice the interval plus one write-out, however busy the
+// node (at nice 19 a write-out gets a sliver of a core per busy thread
+// beside it: seconds to minutes for a large state).
+func (s *Store) overdueAfter() time.Duration {
+	if s.opts.Every.Interval > 0 {
+		return s.opts.Every.Interval
+	}
+	return time.Minute
 }
 
 // Store owns the segments of one node's local ranks and writes them out in
@@ -390,7 +422,9 @@ func (s *Store) flush(ctx context.Context, reason string, force bool) error {
 
 func (s *Store) flushRank(ctx context.Context, lr int, reason string, force bool) error {
 	rs := &s.ranks[lr]
-	f, err := os.Open(s.SegmentPath(lr))
+	// Open for writing too: the write-out pins the save it copies
+	// (copyNewestBy); the store writes nothing else into a segment.
+	f, err := os.OpenFile(s.SegmentPath(lr), os.O_RDWR, 0)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil // the rank never saved
 	}
@@ -415,7 +449,7 @@ func (s *Store) flushRank(ctx context.Context, lr int, reason string, force bool
 		s.opts.Emit(eventlog.StateSaveEvent{LocalRank: lr, Rank: int(d.Rank), Step: d.Step, Seq: int64(d.Seq),
 			Bytes: int64(d.Length), SaveMS: float64(d.DurationNS) / 1e6, Saves: int64(n)})
 	}
-	if d.Seq <= rs.written {
+	if d.Seq <= rs.written || d.Seq == rs.corrupt {
 		return nil
 	}
 	due := force
@@ -428,30 +462,59 @@ func (s *Store) flushRank(ctx context.Context, lr int, reason string, force bool
 		return nil
 	}
 	start := time.Now()
-	m, ok, err := s.write(ctx, f, reason, rs.written)
-	if err != nil && reason == "periodic" && ctx.Err() != nil {
+	low, wctx := reason == "periodic" && s.low != nil, ctx
+	if low {
+		if rs.dueSince.IsZero() {
+			rs.dueSince = start
+		}
+		overdue := rs.dueSince.Add(s.overdueAfter())
+		if !start.Before(overdue) {
+			low, reason = false, ReasonOverdue
+		} else {
+			var cancel context.CancelFunc
+			wctx, cancel = context.WithDeadline(ctx, overdue)
+			defer cancel()
+		}
+	}
+	m, ok, err := s.write(wctx, f, reason, rs.written, low)
+	if low && err != nil && ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
+		// Still not done when it became overdue: again, at the launcher's
+		// priority (the partial copy was removed).
+		s.opts.Logger.Info("state: a periodic write-out was overdue at low priority; writing it at the launcher's priority",
+			"local_rank", lr, "due_for", time.Since(rs.dueSince).Round(time.Millisecond))
+		start, reason = time.Now(), ReasonOverdue
+		m, ok, err = s.write(ctx, f, reason, rs.written, false)
+	}
+	if err != nil && (reason == "periodic" || reason == ReasonOverdue) && ctx.Err() != nil {
 		return nil // abandoned for an urgent write-out (Kick) or Close: still due
+	}
+	if ce := (*CorruptError)(nil); errors.As(err, &ce) {
+		// Never written: the previous file stays. The rank's next save
+		// (into the other slot) is written out as usual.
+		rs.corrupt, rs.savesNew, rs.lastWrite, rs.dueSince = ce.Desc.Seq, 0, time.Now(), time.Time{}
+		s.opts.Emit(eventlog.StateCorruptEvent{LocalRank: lr, Rank: int(ce.Desc.Rank), By: "write-out", Source: SourceMemory,
+			Seq: eventlog.Opt(int64(ce.Desc.Seq)), Step: eventlog.Opt(ce.Desc.Step), Error: ce.Error()})
+		return s.warn(lr, reason, err)
 	}
 	if err != nil {
 		// Retried at the next due point (or kick), not at every poll.
-		rs.savesNew, rs.lastWrite = 0, time.Now()
+		rs.savesNew, rs.lastWrite, rs.dueSince = 0, time.Now(), time.Time{}
 		return s.warn(lr, reason, err)
 	}
 	if !ok {
 		return nil
 	}
-	rs.written, rs.savesNew, rs.lastWrite = m.Seq, 0, time.Now()
+	rs.written, rs.savesNew, rs.lastWrite, rs.dueSince = m.Seq, 0, time.Now(), time.Time{}
 	s.opts.Emit(eventlog.StatePersistedEvent{LocalRank: lr, Rank: int(m.Rank), Step: m.Step, Seq: int64(m.Seq),
 		Bytes: int64(m.Bytes), File: filepath.Join(s.opts.Dir, m.File), Reason: reason,
 		WriteMS: float64(time.Since(start).Microseconds()) / 1000})
 	return nil
 }
 
-// write writes f's newest save out: a periodic write-out on the lowered
-// thread, an urgent one on the calling goroutine's thread, which is at the
-// launcher's priority (only the lowered thread is lowered, and it never
-// runs anything else).
-func (s *Store) write(ctx context.Context, f *os.File, reason string, prev uint64) (m Manifest, ok bool, err error) {
+// write writes f's newest save out: with low on the lowered thread, else
+// on the calling goroutine's thread, which is at the launcher's priority
+// (only the lowered thread is lowered, and it never runs anything else).
+func (s *Store) write(ctx context.Context, f *os.File, reason string, prev uint64, low bool) (m Manifest, ok bool, err error) {
 	run := func() {
 		runtime.LockOSThread() // onWrite's thread id stays this write's thread
 		defer runtime.UnlockOSThread()
@@ -460,7 +523,7 @@ func (s *Store) write(ctx context.Context, f *os.File, reason string, prev uint6
 		}
 		m, ok, err = PersistContext(ctx, f, s.opts.Dir, prev)
 	}
-	if reason == "periodic" && s.low != nil {
+	if low {
 		s.low.do(run)
 	} else {
 		run()
@@ -492,8 +555,31 @@ func (s *Store) readRestores() {
 		if n.Heal != "" { // a peer heal's note (ft_launcher_client.heal)
 			e.Heal, e.Why, e.FromRank, e.Bytes, e.StepAt = n.Heal, n.Why, n.FromRank, n.Bytes, n.StepAt
 		}
+		for _, r := range n.Rejected {
+			s.corruptOnLoad(n, e, r)
+		}
 		s.opts.Emit(e)
 	}
+}
+
+// corruptOnLoad records a damaged source a rank's load() passed over: an
+// event, a log warning and a verdict warning.
+func (s *Store) corruptOnLoad(n restoreNote, e eventlog.StateRestoreEvent, r rejectedSource) {
+	c := eventlog.StateCorruptEvent{LocalRank: n.LocalRank, Rank: n.Rank, By: "load", Source: r.Source, Slot: r.Slot,
+		Seq: r.Seq, Step: r.Step, Error: r.Error, UsedSource: e.Source, UsedStep: e.Step}
+	s.opts.Emit(c)
+	used := "nothing intact was left: the load failed"
+	if e.Source != nil && e.Step != nil {
+		used = fmt.Sprintf("restored step %d from %s instead", *e.Step, *e.Source)
+	}
+	what := "a save"
+	if r.Seq != nil && r.Step != nil {
+		what = fmt.Sprintf("save %d (step %d)", *r.Seq, *r.Step)
+	}
+	s.opts.Logger.Warn("state: a rank's load found a damaged save", "local_rank", n.LocalRank, "rank", n.Rank,
+		"source", r.Source, "seq", r.Seq, "step", r.Step, "err", r.Error, "used", used)
+	s.addWarning(fmt.Sprintf("state load (local rank %d, rank %d): %s in %s is damaged (%s); %s",
+		n.LocalRank, n.Rank, what, r.Source, r.Error, used))
 }
 
 // warn records a write-out failure: an event, a log line and a verdict
@@ -504,10 +590,15 @@ func (s *Store) warn(lr int, reason string, err error) error {
 	}
 	s.opts.Emit(eventlog.StatePersistFailedEvent{LocalRank: lr, Reason: reason, Error: err.Error()})
 	s.opts.Logger.Warn("state: writing the saved state out failed; the copy in memory is kept", "local_rank", lr, "reason", reason, "err", err)
-	w := fmt.Sprintf("state write-out (local rank %d, %s): %v", lr, reason, err)
+	s.addWarning(fmt.Sprintf("state write-out (local rank %d, %s): %v", lr, reason, err))
+	return err
+}
+
+// addWarning adds a line to the verdict's state warnings (at most 16);
+// s.mu is held.
+func (s *Store) addWarning(w string) {
 	const maxWarnings = 16
 	if len(s.warnings) < maxWarnings {
 		s.warnings = append(s.warnings, w)
 	}
-	return err
 }

@@ -1,12 +1,17 @@
 package clientpython
 
 import (
+	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
+	"github.com/ftlauncher/ft-launcher/eventlog"
 	"github.com/ftlauncher/ft-launcher/internal/testenv"
 	"github.com/ftlauncher/ft-launcher/state"
 )
@@ -90,5 +95,116 @@ func TestStateWrittenByLauncherLoads(t *testing.T) {
 				t.Fatalf("the client's file through the launcher's reader: %+v, %d bytes, %v", d, len(p), err)
 			}
 		})
+	}
+}
+
+// TestStateWriteOutUnderContinuousSaves: a real torch rank saves 32 MiB
+// of tensors every 0.1 s into a real store (--state-persist-every 1s)
+// while 4 busy loops keep this machine's cores busy, so the launcher's
+// writer, at nice 19, gets a sliver of a core. Write-outs keep
+// completing: the first within 10 × persist-every of the first save, and
+// no gap between two longer than that. Before, every write-out was
+// overtaken by the rank's next two saves (the slot it copied reused),
+// started again up to 8 times and gave up: no file for as long as the
+// rank kept saving. Now the writer pins the save it copies (the rank
+// writes around it), and a periodic write-out still not done one
+// persist-every after it became due runs at the launcher's priority
+// (reason "overdue").
+func TestStateWriteOutUnderContinuousSaves(t *testing.T) {
+	testenv.SkipShort(t, "runs a torch rank and CPU burners for 25 s")
+	testenv.Require(t, testenv.Torch)
+	const every, bound, run = time.Second, 10 * time.Second, 25 * time.Second
+	type at struct {
+		t time.Time
+		r eventlog.Record
+	}
+	var mu sync.Mutex
+	var recs []at
+	dir := filepath.Join(t.TempDir(), "ckpt")
+	s, err := state.Open(state.Options{NLocal: 1, Dir: dir, ShmRoot: t.TempDir(), Every: state.Every{Interval: every},
+		Emit: func(r eventlog.Record) { mu.Lock(); recs = append(recs, at{time.Now(), r}); mu.Unlock() }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close(context.Background())
+	start := func(args ...string) *exec.Cmd {
+		cmd := exec.Command(testenv.DebianPython, args...)
+		cmd.Env = append(os.Environ(), append(s.Env(), "LOCAL_RANK=0", "RANK=0", "LOCAL_WORLD_SIZE=1")...)
+		cmd.Stderr = os.Stderr
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+		return cmd
+	}
+	for i := 0; i < 4; i++ {
+		start("-c", "while True: pass")
+	}
+	start("-c", "import time, torch\nfrom ft_launcher_client import state\n"+
+		"st = {'w': torch.randn(6 << 20), 'm': torch.randn(2 << 20)}\nstep = 0\n"+
+		"while True:\n    step += 1\n    state.save(step, st)\n    time.sleep(0.1)\n")
+	deadline := time.Now().Add(run + 90*time.Second) // torch's import on a loaded machine
+	var first time.Time
+	for time.Now().Before(deadline) {
+		mu.Lock()
+		for _, a := range recs {
+			if _, ok := a.r.(eventlog.StateSaveEvent); ok && first.IsZero() {
+				first = a.t
+			}
+		}
+		mu.Unlock()
+		if !first.IsZero() && time.Since(first) > run {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if first.IsZero() {
+		t.Fatal("the rank's first save was not seen in 115 s")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	var writes []time.Time
+	// The rank's saves, from its segment: the store records them only
+	// between write-outs.
+	seg, err := os.Open(s.SegmentPath(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer seg.Close()
+	d, err := state.Newest(seg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	saves := d.Seq
+	var failed, kinds []string
+	for _, a := range recs {
+		switch r := a.r.(type) {
+		case eventlog.StatePersistedEvent:
+			if r.Reason == "periodic" || r.Reason == state.ReasonOverdue {
+				writes = append(writes, a.t)
+				kinds = append(kinds, fmt.Sprintf("%s %.0f ms", r.Reason, r.WriteMS))
+			}
+		case eventlog.StatePersistFailedEvent:
+			failed = append(failed, r.Error)
+		}
+	}
+	end := first.Add(run)
+	prev := first
+	var gaps []string
+	for _, w := range append(writes, end) {
+		if w.After(end) {
+			w = end
+		}
+		gaps = append(gaps, w.Sub(prev).Round(10*time.Millisecond).String())
+		if w.Sub(prev) > bound {
+			t.Errorf("no write-out completed for %v (from %v to %v after the first save); want one at least every %v", w.Sub(prev).Round(time.Millisecond),
+				prev.Sub(first).Round(time.Millisecond), w.Sub(first).Round(time.Millisecond), bound)
+		}
+		prev = w
+	}
+	t.Logf("%d saves, %d periodic write-outs in %v (%s); gaps from the first save: %s; failed write-outs: %d %q",
+		saves, len(writes), run, strings.Join(kinds, ", "), strings.Join(gaps, " "), len(failed), failed)
+	if saves < 20 {
+		t.Fatalf("only %d saves in %v: the rank did not save continuously", saves, run)
 	}
 }

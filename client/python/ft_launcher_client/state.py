@@ -45,6 +45,7 @@ import sys
 import tempfile
 import threading
 import time
+import warnings
 import zlib
 
 log = logging.getLogger(__name__)
@@ -59,6 +60,15 @@ MAGIC = b"FTSHM001"
 HEADER = 4096
 DESC_OFF = (64, 128)
 FLAG_CRC = 1
+# The launcher's writer pins the save it is copying to a file (16 bytes at
+# PIN_OFF: that save's seq u64, the CRC-32 of those 8 bytes u32, zero u32);
+# a saver leaves the pinned slot alone while it can (_Segment._claim).
+PIN_OFF = 192
+_PIN = struct.Struct("<QI")
+# In a written-out file's flags: the CRC is the one the saver computed,
+# checked against the payload before the file was written (the launcher's
+# writer); without it the CRC was computed when the file was written.
+FLAG_SAVE_CRC = 2
 _DESC = struct.Struct("<QqQQQQiII")  # seq step off len cap dur_ns rank payload_crc flags; + u32 own crc
 _MIB = 1 << 20
 _MIN_CHUNK = 8 * _MIB  # a copy thread's least share: smaller ones cost more in hand-offs than they gain
@@ -82,6 +92,16 @@ _TENSOR_TAG = "ftstate.tensor"
 
 class StateError(Exception):
     """A state that cannot be saved or loaded (the message says why)."""
+
+
+class CorruptStateWarning(UserWarning):
+    """load() found a save that failed its integrity check (its CRC, or
+    the consistency of its descriptor and payload) and restored an older
+    source instead."""
+
+
+class _Mismatch(StateError):
+    """load(into=...): the caller's structure does not match the save."""
 
 
 class _NoRoom(StateError):
@@ -188,12 +208,22 @@ def _spread(pieces, fn, nthreads):
     range, the pool's threads the others. Returns when every range is done
     (even when one failed: nothing may write after the caller goes on) and
     raises the first exception. Returns the number of ranges."""
-    total = sum(p[2] for p in pieces)
-    parts = max(1, min(nthreads, total // _MIN_CHUNK))
-    if parts == 1:
+    ranges = _split(pieces, nthreads)
+    if len(ranges) == 1:
         for d, s, n in pieces:
             fn(d, s, n)
         return 1
+    _parallel([lambda r=r: _run_range(fn, r) for r in ranges], nthreads)
+    return len(ranges)
+
+
+def _split(pieces, nthreads):
+    """pieces [(dst, src, n)] cut into up to nthreads lists of about equal
+    byte length (at least _MIN_CHUNK each), in order."""
+    total = sum(p[2] for p in pieces)
+    parts = max(1, min(nthreads, total // _MIN_CHUNK))
+    if parts == 1:
+        return [pieces]
     per = -(-total // parts)
     per = -(-per // _CHUNK_ALIGN) * _CHUNK_ALIGN
     ranges, cur, room = [], [], per
@@ -207,12 +237,19 @@ def _spread(pieces, fn, nthreads):
                 cur, room = [], per
     if cur:
         ranges.append(cur)
+    return ranges
+
+
+def _parallel(tasks, nthreads):
+    """Run the callables: the first in the calling thread, the others on
+    the copy threads; return when all are done (even when one failed) and
+    raise the first exception."""
     import concurrent.futures
 
-    futs = [_copy_pool.get(nthreads - 1).submit(_run_range, fn, r) for r in ranges[1:]]
+    futs = [_copy_pool.get(nthreads - 1).submit(t) for t in tasks[1:]]
     err = None
     try:
-        _run_range(fn, ranges[0])
+        tasks[0]()
     except BaseException as e:
         err = e
     finally:
@@ -223,7 +260,6 @@ def _spread(pieces, fn, nthreads):
             err = e
     if err is not None:
         raise err
-    return len(ranges)
 
 
 def _run_range(fn, pieces):
@@ -403,7 +439,10 @@ class _Into:
         self.dests = {}  # tensor index -> [(path, tensor)]
         self.modules = []  # (path, module, saved sub-dict)
         self.optims = []  # (path, optimizer, saved sub-dict, its state_dict())
-        self._walk(skel, into, ())
+        try:
+            self._walk(skel, into, ())
+        except StateError as e:  # the caller's structure, not a damaged save (load() tells them apart)
+            raise _Mismatch(str(e)) from None
 
     def _walk(self, skel, into, path):
         torch = self.torch
@@ -625,11 +664,62 @@ def _pwrite_bufs(fd, bufs, off):
         off += len(b)
 
 
-def _crc_bufs(bufs):
-    c = 0
-    for b in bufs:
-        c = zlib.crc32(b, c)
+def _crc_bufs(bufs, nthreads=1):
+    """The CRC-32 (IEEE, zlib's) of bufs back to back. With nthreads > 1 the
+    bytes are cut as a copy cuts them (_split) and each range's CRC is
+    computed on its own thread (zlib releases the GIL), then combined: the
+    same value as one pass, in about 1/N of its time where cores are idle."""
+    ranges = _split(_pieces(bufs, 0), nthreads)
+    if len(ranges) == 1:
+        c = 0
+        for b in bufs:
+            c = zlib.crc32(b, c)
+        return c
+    crcs = [0] * len(ranges)
+
+    def one(i):
+        c = 0
+        for _, a, n in ranges[i]:
+            c = zlib.crc32(_buffer_at(a, n), c)
+        crcs[i] = c
+
+    _parallel([lambda i=i: one(i) for i in range(len(ranges))], nthreads)
+    c = crcs[0]
+    for i in range(1, len(ranges)):
+        c = _crc32_combine(c, crcs[i], sum(p[2] for p in ranges[i]))
     return c
+
+
+# crc32_combine as zlib 1.2.12 computes it (Python's zlib does not expose
+# it): the CRC of A+B from crc(A), crc(B) and len(B), by multiplying crc(A)
+# by x^(8 len(B)) modulo the CRC polynomial (reflected). A few microseconds.
+_CRC_POLY = 0xEDB88320
+
+
+def _multmodp(a, b):
+    m, p = 1 << 31, 0
+    while True:
+        if a & m:
+            p ^= b
+            if a & (m - 1) == 0:
+                return p
+        m >>= 1
+        b = (b >> 1) ^ _CRC_POLY if b & 1 else b >> 1
+
+
+_X2N = [1 << 30]  # x^(2^k) mod p, for k = 0..31
+for _k in range(31):
+    _X2N.append(_multmodp(_X2N[-1], _X2N[-1]))
+
+
+def _crc32_combine(crc1, crc2, len2):
+    p, k, n = 1 << 31, 3, len2  # x^(8 len2) = x^(len2 2^3)
+    while n:
+        if n & 1:
+            p = _multmodp(_X2N[k & 31], p)
+        n >>= 1
+        k += 1
+    return _multmodp(p, crc1) ^ crc2
 
 
 def _preaders(fd, base, nthreads=1):
@@ -743,6 +833,47 @@ def _slots(fd):
     if h[:8] != MAGIC:
         raise StateError("state segment: magic %r, not an ft-launcher state segment" % h[:8])
     return [_desc_unpack(h[o:o + 64]) for o in DESC_OFF]
+
+
+def _pinned(fd):
+    """The seq of the save the launcher's writer is copying (0: none; a
+    torn or damaged pin reads as none: the writer's own check covers it)."""
+    b = os.pread(fd, _PIN.size + 4, PIN_OFF)
+    if len(b) < _PIN.size:
+        return 0
+    seq, c = _PIN.unpack_from(b)
+    return seq if seq and c == zlib.crc32(b[:8]) else 0
+
+
+def _claim(fd, ds, newest):
+    """The slot a save writes, its descriptor zeroed (from here it names no
+    save). Not the newest save's slot, so that a save killed midway leaves
+    that save readable; but when the launcher's writer has pinned the other
+    slot (it is writing that older save out to a file), the newest's: the
+    pinned save stays committed throughout, and a rank that saves faster
+    than a write-out completes no longer overwrites the save being written
+    out (which restarted the write-out, up to 8 times, and then gave up:
+    no file at all under continuous saves). A save killed midway then
+    leaves the pinned save, one older. The writer pins, then checks that
+    the slot is still committed; the saver zeroes the slot, then checks
+    the pin: both go through the kernel, so one of the two sees the
+    other's write and backs off."""
+    zero = b"\0" * 64
+    for _ in range(4):
+        pin = _pinned(fd)
+        target = 1 - newest
+        if pin and ds[target] is not None and ds[target][0] == pin:
+            target = newest
+        raw = os.pread(fd, 64, DESC_OFF[target])
+        os.pwrite(fd, zero, DESC_OFF[target])
+        if ds[target] is None or _pinned(fd) != ds[target][0]:
+            return target
+        os.pwrite(fd, raw, DESC_OFF[target])  # pinned meanwhile: the writer copies it, untouched
+    # The pin kept moving (not seen): the writer's check after its copy
+    # sees the slot reused and copies the newest save again.
+    target = 1 - newest
+    os.pwrite(fd, zero, DESC_OFF[target])
+    return target
 
 
 def _newest(ds):
@@ -875,17 +1006,17 @@ class _Segment:
         ds = _slots(m.fd) if m is not None else [None, None]
         newest = _newest(ds)
         seq = 1 if newest is None else ds[newest][0] + 1
-        crc = _crc_bufs(bufs) if checksum else 0
+        crc = _crc_bufs(bufs, nthreads) if checksum else 0
         flags = FLAG_CRC if checksum else 0
         if newest is None or ds[newest][4] < length:
             old = m.size if m is not None else 0
             return self._grow(seq, step, bufs, length, crc, flags, nthreads, commit, old, rank)
-        target = 1 - newest
         cap = ds[newest][4]
+        if HEADER + 2 * cap > m.size:
+            raise StateError("state segment %s: slots of %d bytes end at %d, past the segment's %d bytes"
+                             % (self.path, cap, HEADER + 2 * cap, m.size))
+        target = _claim(m.fd, ds, newest)  # the slot holds no save from here
         off = HEADER + target * cap
-        if off + cap > m.size:
-            raise StateError("state segment %s: slot %d ends at %d, past the segment's %d bytes" % (self.path, target, off + cap, m.size))
-        os.pwrite(m.fd, b"\0" * 64, DESC_OFF[target])  # the slot holds no save from here
         m.write(bufs, off, cap, nthreads)
         dur = commit()
         # The commit goes through the kernel (its locked instructions order
@@ -929,39 +1060,79 @@ class _Segment:
             os.close(fd)
         return seq
 
-    def load(self, verify=True, into=None, trusted=()):
-        """(step, state) of the newest committed save, or (None, None)."""
-        nthreads = copy_threads()
+    def open(self):
+        """A read-only descriptor of the segment, or None when there is none."""
         try:
-            fd = os.open(self.path, os.O_RDONLY)
+            return os.open(self.path, os.O_RDONLY)
         except FileNotFoundError:
-            return None, None
+            return None
+
+    def saves(self, fd, damaged):
+        """The committed saves [(slot, descriptor)], newest first. A
+        descriptor that names no save although it is not zero (its own CRC
+        or its fields do not hold, on two reads: a saver writes a
+        descriptor in one pwrite) is damaged: added to damaged."""
+        h = os.pread(fd, HEADER, 0)
+        if len(h) < HEADER:
+            return []
+        if h[:8] != MAGIC:
+            raise StateError("state segment %s: magic %r, not an ft-launcher state segment" % (self.path, h[:8]))
+        size = os.fstat(fd).st_size
+        out = []
+        for i, o in enumerate(DESC_OFF):
+            raw = h[o:o + 64]
+            d = _desc_unpack(raw)
+            why = None
+            if d is None and raw != b"\0" * 64 and os.pread(fd, 64, o) == raw:
+                why = "its descriptor is damaged (its CRC or its fields do not hold)"
+            elif d is not None and (d[2] != HEADER + i * d[4] or d[2] + d[4] > size):
+                why = ("its descriptor is inconsistent: payload at %d with slots of %d bytes in a segment of %d "
+                       "(slot %d starts at %d)" % (d[2], d[4], size, i, HEADER + i * d[4]))
+            if why is not None:
+                damaged.append({"source": "memory", "slot": i, "seq": d[0] if d else None,
+                                 "step": d[1] if d else None, "error": why})
+                continue
+            if d is not None:
+                out.append((i, d))
+        out.sort(key=lambda x: -x[1][0])
+        return out
+
+    def read(self, fd, i, d, verify, into, trusted=()):
+        """The state of committed save d in slot i. Raises _Changed when the
+        saver reused the slot while it was read, _Mismatch when into does
+        not fit a save that is intact (UntrustedClassError when it names a
+        class not trusted), StateError when the save is damaged
+        (its CRC with verify and a saver's checksum; else the consistency
+        of its payload)."""
+        seq, step, off, length = d[:4]
+        want = d[7] if (verify and d[8] & FLAG_CRC) else None
+        view = _SlotView(fd, off, length, copy_threads())
         try:
-            for _ in range(8):
-                ds = _slots(fd)
-                i = _newest(ds)
-                if i is None:
-                    return None, None
-                d = ds[i]
-                seq, step, off, length = d[:4]
-                want = d[7] if (verify and d[8] & FLAG_CRC) else None
-                if off + length > os.fstat(fd).st_size:
-                    raise StateError("state segment %s: save %d ends at %d, past the segment's %d bytes"
-                                     % (self.path, seq, off + length, os.fstat(fd).st_size))
-                view = _SlotView(fd, off, length, nthreads)
-                try:
-                    state = _decode(view.readers(), length, want, into, trusted)
-                except (StateError, pickle.UnpicklingError, EOFError):
-                    if _slots(fd)[i] == d:
-                        raise  # not a race with a saver: the save is bad
-                    continue
-                finally:
-                    view.close()
-                if _slots(fd)[i] == d:  # not overwritten while it was read
-                    return step, state
-            raise StateError("state segment %s: overwritten 8 times while being read" % self.path)
+            try:
+                state = _decode(view.readers(), length, want, into, trusted)
+            except (_Mismatch, UntrustedClassError):
+                # The caller's structure or trust, not damage: unless the
+                # save's CRC fails too (a flipped bit can rename a class).
+                if _slots(fd)[i] != d:
+                    raise _Changed() from None
+                if want is not None and zlib.crc32(view.readers()[0](0, length)) != want:
+                    raise StateError("payload CRC does not match the saver's %08x" % want) from None
+                raise
+            except Exception as e:
+                if _slots(fd)[i] != d:
+                    raise _Changed() from None
+                if isinstance(e, StateError):
+                    raise
+                raise StateError("the payload does not decode: %r" % e) from e
         finally:
-            os.close(fd)
+            view.close()
+        if _slots(fd)[i] != d:  # overwritten while it was read
+            raise _Changed()
+        return state
+
+
+class _Changed(Exception):
+    """A slot was reused by its saver while it was read (read again)."""
 
 
 def _segment():
@@ -1048,8 +1219,10 @@ def load_file(path, rank=None, verify=True, into=None, trusted_classes=None):
     manifest of ``rank``, default $RANK or 0, names the file), a manifest
     (``rank-R.json``) or a data file (``.ftstate``). Returns (step, state);
     raises FileNotFoundError when there is none and StateError when the file
-    is damaged (its length or CRC does not match). ``into``,
+    is damaged (its length or CRC does not match, or the manifest names a
+    step, length or CRC that its file does not hold). ``into``,
     ``trusted_classes``: as for load()."""
+    m = None
     if os.path.isdir(path):
         r = _rank() if rank is None else rank
         m = _read_manifest(path, r)
@@ -1065,9 +1238,13 @@ def load_file(path, rank=None, verify=True, into=None, trusted_classes=None):
         hdr = os.pread(fd, FILE_HEADER, 0)
         if len(hdr) < FILE_HEADER or hdr[:8] != FILE_MAGIC:
             raise StateError("%s: not an ft-launcher state file" % path)
-        magic, ver, flags, step, length, crc, _, _, _ = _FILE_HDR.unpack_from(hdr)
+        magic, ver, flags, step, length, crc, _, seq, _ = _FILE_HDR.unpack_from(hdr)
         if ver != FILE_VERSION:
             raise StateError("%s: state file version %d, this client reads %d" % (path, ver, FILE_VERSION))
+        if m is not None and (m.get("step"), m.get("bytes"), m.get("crc32"), m.get("seq")) != (step, length, crc, seq):
+            raise StateError("%s: the manifest names step %s, %s bytes, CRC %s, seq %s; the file holds step %d, %d bytes, "
+                             "CRC %08x, seq %d (one of them is damaged)"
+                             % (path, m.get("step"), m.get("bytes"), m.get("crc32"), m.get("seq"), step, length, crc, seq))
         size = os.fstat(fd).st_size
         if size != FILE_HEADER + length:
             raise StateError("%s: %d payload bytes, header says %d (truncated)" % (path, size - FILE_HEADER, length))
@@ -1079,7 +1256,7 @@ def load_file(path, rank=None, verify=True, into=None, trusted_classes=None):
 # -- the API ---------------------------------------------------------------
 
 
-def save(step, state, monitor=None, checksum=False, path=None, overlap=False):
+def save(step, state, monitor=None, checksum=True, path=None, overlap=False):
     """Save ``state`` (any picklable object; tensors anywhere in it are
     copied as raw bytes) as the state after ``step``.
 
@@ -1089,12 +1266,16 @@ def save(step, state, monitor=None, checksum=False, path=None, overlap=False):
     (a warning says so), into ``path`` / $FT_STATE_DIR / ./ft_state. With a
     connected ``monitor`` (RankMonitorClient) the save is a "checkpointing"
     section, so the launcher's rank_checkpoint events count it.
-    ``checksum=True`` adds a CRC-32 of the payload to the memory copy,
-    checked by load() and the launcher (it about doubles the stall; crash
-    consistency does not need it: an interrupted save is never committed).
-    Files always carry a CRC (the launcher computes it when it writes a
-    save out). Returns a dict: step, bytes, seconds, where ("memory" or
-    "file"), threads.
+    ``checksum=True`` (the default) adds a CRC-32 of the payload to the
+    memory copy (computed on the copy threads, about 0.2 s per GiB of one
+    core here): load() checks it and falls back to an older intact save
+    when it does not match, and the launcher writes a save out only after
+    checking it, so a bit flipped in memory is never written to disk with a
+    fresh CRC vouching for it. ``checksum=False`` saves that time; load()
+    and the writer then notice only damage that breaks the descriptor or
+    the payload's structure, not a flipped bit in a tensor's bytes, and a
+    written-out file's CRC covers only what the launcher read. Returns a
+    dict: step, bytes, seconds, where ("memory" or "file"), threads.
 
     ``overlap=True`` returns once the structure is taken (the pickling of
     the non-tensor part; GPU and non-contiguous tensors are copied to
@@ -1250,9 +1431,15 @@ def load(path=None, verify=True, info=None, into=None, trusted_classes=None):
     Under ft-launcher the launcher's memory copy is read (a memory copy into
     new tensors); the written-out file of the state directory (``path`` /
     $FT_STATE_DIR / ./ft_state) is the fallback, and wins when it holds a
-    newer step (a save that did not fit in memory). Tensors come back on
-    the CPU. A dict given as ``info`` receives "source" ("memory", "file"
-    or None) and "seconds".
+    newer step (a save that did not fit in memory). A save that is damaged
+    (its CRC does not match, or its descriptor or payload is inconsistent)
+    is passed over with a CorruptStateWarning (and a log warning, and the
+    launcher's state_corrupt event): the next source by freshness is read
+    instead (the older save in memory, the file); StateError only when no
+    source is intact. Tensors come back on the CPU. A dict given as
+    ``info`` receives "source" ("memory", "file" or None), "seconds" and
+    "rejected" (the damaged sources passed over: source, slot, seq, step,
+    error).
 
     ``into`` restores into tensors the caller already has: a structure
     shaped like the saved state (nested dicts, lists, tuples) holding
@@ -1266,15 +1453,18 @@ def load(path=None, verify=True, info=None, into=None, trusted_classes=None):
     the caller's tensors where they were filled. A module's other entries
     (``_extra_state``) and an optimizer's hyperparameters and non-tensor
     state are set too; an optimizer without state yet (a fresh process) is
-    loaded with its own ``load_state_dict``. If the load fails after it
-    began writing (a corrupt save, a CRC mismatch), the destinations hold
-    partly restored values: load again or start over.
+    loaded with its own ``load_state_dict``. A damaged save found after
+    writing began (a CRC mismatch) is overwritten by the older source's
+    values; if no source is intact, the destinations hold partly restored
+    values: start over.
 
     ``trusted_classes``: classes or functions (or "module.name" strings)
     the state may name beyond plain training data (TRUSTED_BY_DEFAULT), e.g.
     a dataclass of your own; "*" trusts everything. A state that names any
-    other raises UntrustedClassError before any of it runs. The same opt-in
-    for every load of the process: $FT_STATE_TRUSTED_CLASSES."""
+    other raises UntrustedClassError before any of it runs (no fallback to
+    an older source: it is the caller's trust, not damage, unless the
+    save's CRC fails too). The same opt-in for every load of the process:
+    $FT_STATE_TRUSTED_CLASSES."""
     return _load(path, verify, info, into=into, trusted_classes=trusted_classes)
 
 
@@ -1282,18 +1472,141 @@ def _load(path=None, verify=True, info=None, note=None, into=None, trusted_class
     """load(), with note's fields added to the restore note (heal.py)."""
     wait()
     start = time.perf_counter()
-    seg = _segment()
-    got, source = seg.load(verify, into, trusted_classes) if seg is not None else (None, None), "memory"
-    d = _state_dir(path)
-    m = _read_manifest(d, _rank()) if os.path.isdir(d) else None
-    if m is not None and (got[0] is None or m["step"] > got[0]):
-        got, source = load_file(d, verify=verify, into=into, trusted_classes=trusted_classes), "file"
+    rejected = []
+    try:
+        step, st, source = _restore(_segment(), _state_dir(path), _rank(), verify, into, rejected,
+                                     trusted_classes)
+    except StateError:
+        if rejected:  # no source intact: the launcher hears of each all the same
+            _warn_rejected(rejected, None, None)
+            _note_restore(None, None, time.perf_counter() - start, rejected=rejected, **(note or {}))
+        raise
     secs = time.perf_counter() - start
+    if rejected:
+        _warn_rejected(rejected, step, source)
     if info is not None:
-        info["source"] = source if got[0] is not None else None
+        info["source"] = source
         info["seconds"] = secs
-    _note_restore(got[0], source if got[0] is not None else None, secs, **(note or {}))
-    return got
+        info["rejected"] = rejected
+    extra = dict(note or {})
+    if rejected:
+        extra["rejected"] = rejected
+    _note_restore(step, source, secs, **extra)
+    return step, st
+
+
+def _restore(seg, d, rank, verify, into, rejected, trusted=None):
+    """(step, state, source) from the newest source that is intact: the
+    segment's saves newest first, and the state directory's file before
+    every save in memory of a lower step (a save that fell back to a
+    file, or a memory emptied by a new job). A damaged source (its CRC,
+    or its descriptor and payload inconsistent) is added to rejected and
+    the next one tried; when no source is intact, StateError names each.
+    A save reused by its saver while it was read is read again."""
+    errors = []
+    try:
+        m = _read_manifest(d, rank) if os.path.isdir(d) else None
+    except Exception as e:  # a damaged manifest: memory may still be intact
+        rejected.append({"source": "file", "seq": None, "step": None, "error": "manifest: %s" % (str(e) or repr(e))})
+        errors.append(e)
+        m = None
+    file_done = m is None
+
+    def from_file():
+        try:
+            step, st = load_file(d, rank=rank, verify=verify, into=into, trusted_classes=trusted)
+        except (_Mismatch, UntrustedClassError) as e:
+            if not (verify and _file_damaged(d, m)):
+                raise
+            rejected.append({"source": "file", "seq": m.get("seq"), "step": m.get("step"), "error": "%s (and its CRC fails)" % e})
+            errors.append(e)
+            return None
+        except Exception as e:  # a damaged or unreadable file: the next source (an unpickling error included)
+            rejected.append({"source": "file", "seq": m.get("seq"), "step": m.get("step"), "error": str(e) or repr(e)})
+            errors.append(e)
+            return None
+        return step, st, "file"
+
+    fd = seg.open() if seg is not None else None
+    damaged = []  # the last scan's damaged descriptors
+    try:
+        if fd is not None:
+            bad = set()  # seqs found damaged
+            for _ in range(8):
+                again = False
+                del damaged[:]
+                for i, dsc in seg.saves(fd, damaged):
+                    if dsc[0] in bad:
+                        continue
+                    if not file_done and m["step"] > dsc[1]:
+                        file_done = True
+                        got = from_file()
+                        if got is not None:
+                            return got
+                    try:
+                        return dsc[1], seg.read(fd, i, dsc, verify, into, trusted), "memory"
+                    except _Changed:
+                        again = True
+                        break
+                    except (_Mismatch, UntrustedClassError):
+                        raise
+                    except StateError as e:
+                        bad.add(dsc[0])
+                        rejected.append({"source": "memory", "slot": i, "seq": dsc[0], "step": dsc[1],
+                                         "error": "%s" % e})
+                        errors.append(e)
+                if not again:
+                    break
+            else:
+                raise StateError("state segment %s: overwritten 8 times while being read" % seg.path)
+    finally:
+        if fd is not None:
+            os.close(fd)
+        rejected[:0] = damaged
+    if not file_done:
+        got = from_file()
+        if got is not None:
+            return got
+    if errors:
+        raise StateError("no intact saved state: %s" % "; ".join(_describe(r) for r in rejected)) from errors[0]
+    return None, None, None
+
+
+def _file_damaged(d, m):
+    """Whether the data file m names fails the CRC in its header."""
+    try:
+        fd = os.open(os.path.join(d, m["file"]), os.O_RDONLY)
+    except (OSError, KeyError, TypeError):
+        return True
+    try:
+        hdr = os.pread(fd, FILE_HEADER, 0)
+        if len(hdr) < FILE_HEADER:
+            return True
+        want = _FILE_HDR.unpack_from(hdr)[5]
+        c, off = 0, FILE_HEADER
+        while True:
+            b = os.pread(fd, 8 << 20, off)
+            if not b:
+                return c != want
+            c, off = zlib.crc32(b, c), off + len(b)
+    finally:
+        os.close(fd)
+
+
+def _describe(r):
+    where = "the file" if r["source"] == "file" else "memory slot %s" % r.get("slot")
+    what = "save %s (step %s)" % (r["seq"], r["step"]) if r.get("seq") is not None else "a save"
+    return "%s in %s: %s" % (what, where, r["error"])
+
+
+def _warn_rejected(rejected, step, source):
+    """A warning (Python's warnings and the log) for each damaged source
+    load() passed over; the restore note carries them to the launcher."""
+    instead = "restored step %s from %s instead" % (step, source) if source else "nothing else to restore"
+    for r in rejected:
+        msg = "ft-launcher state: passed over a damaged save: %s; %s" % (_describe(r), instead)
+        log.warning(msg)
+        warnings.warn(msg, CorruptStateWarning, stacklevel=4)
 
 
 def heal(step, state, groups=None, info=None, **kw):
@@ -1357,7 +1670,7 @@ class Bound:
         wait()
         return _heal.heal(step, state, groups=groups, info=info, **kw)
 
-    def save(self, step, state, checksum=False, path=None, overlap=False):
+    def save(self, step, state, checksum=True, path=None, overlap=False):
         m = self._monitor() if callable(self._monitor) else self._monitor
         return save(step, state, monitor=m, checksum=checksum, path=path, overlap=overlap)
 

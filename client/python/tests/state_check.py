@@ -170,19 +170,60 @@ class StateTest(unittest.TestCase):
             self.assertTrue(same(got, make_state(5)))
 
     def test_corrupt_save_is_refused(self):
+        # The only save damaged: nothing intact to fall back to.
         with Env() as e:
-            state.save(1, {"x": torch.ones(1000)}, checksum=True)
+            state.save(1, {"x": torch.ones(1000)})
             path = os.path.join(e.shm, "rank-0")
             with open(path, "r+b") as f:  # flip a payload byte
                 f.seek(state.HEADER + 200)
                 b = f.read(1)
                 f.seek(state.HEADER + 200)
                 f.write(bytes([b[0] ^ 0xFF]))
-            with self.assertRaises(state.StateError):
-                state.load()
-            # Without a checksum the flipped byte is not noticed: that is
-            # what checksum=True buys.
+            with self.assertLogs("ft_launcher_client.state", "WARNING"), self.assertWarns(state.CorruptStateWarning):
+                with self.assertRaises(state.StateError):
+                    state.load()
+            # Unchecked, the flipped byte is not noticed: that is what the
+            # checksum buys.
             self.assertEqual(state.load(verify=False)[0], 1)
+
+    def test_bit_flip_in_a_tensor_falls_back_to_the_older_save(self):
+        # A bit flipped in the newest save's tensor bytes: caught by its
+        # CRC (on by default); load() and load(into=...) restore the older
+        # save, bit-identical, with a warning. With checksum=False the
+        # same flip goes unnoticed (only the structure is checked).
+        for checksum in (True, False):
+            with self.subTest(checksum=checksum), Env() as e:
+                state.save(1, make_state(1), checksum=checksum)
+                state.save(2, make_state(2), checksum=checksum)
+                path = os.path.join(e.shm, "rank-0")
+                fd = os.open(path, os.O_RDONLY)
+                try:
+                    ds = state._slots(fd)
+                finally:
+                    os.close(fd)
+                d = ds[state._newest(ds)]
+                with open(path, "r+b") as f:
+                    f.seek(d[2] + d[3] - 4000)  # inside the last tensors' bytes
+                    b = f.read(1)
+                    f.seek(d[2] + d[3] - 4000)
+                    f.write(bytes([b[0] ^ 0x04]))
+                if not checksum:
+                    step, got = state.load()
+                    self.assertEqual(step, 2)
+                    self.assertFalse(same(got, make_state(2)), "the flip did not land in the state")
+                    continue
+                with self.assertWarns(state.CorruptStateWarning) as w:
+                    step, got = state.load()
+                self.assertEqual(step, 1)
+                self.assertTrue(same(got, make_state(1)))
+                self.assertIn("CRC", str(w.warning))
+                into = make_state(7)
+                info = {}
+                with self.assertWarns(state.CorruptStateWarning):
+                    step, got = state.load(into=into, info=info)
+                self.assertEqual((step, info["source"]), (1, "memory"))
+                self.assertTrue(same(into["model"]["w"], make_state(1)["model"]["w"]), "into= not refilled from the older save")
+                self.assertTrue(same(got, make_state(1)))
 
     def test_fallback_without_launcher(self):
         with Env(launcher=False) as e:
@@ -601,8 +642,12 @@ class ParallelCopyTest(unittest.TestCase):
                 at = d[2] + d[3] - 5000
                 b = os.pread(f.fileno(), 1, at)
                 os.pwrite(f.fileno(), bytes([b[0] ^ 1]), at)
-            with self.assertRaises(state.StateError):
-                state.load()
+            # Caught (the CRC computed on 4 threads, combined), and the
+            # older save restored instead.
+            with self.assertWarns(state.CorruptStateWarning):
+                step, got = state.load()
+            self.assertEqual(step, 2)
+            self.assertTrue(same(got, odd_state(2)))
 
     def test_a_failing_copy_thread_leaves_the_previous_save(self):
         """An exception in a copy thread fails the save, every path (a new

@@ -1,15 +1,24 @@
 """ft_launcher_client.state without torch (states of plain Python objects);
 tests/state_check.py covers tensors with Debian's torch."""
 
+import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+import struct
 import unittest
+import warnings
+import zlib
 from unittest import mock
 
 from ft_launcher_client import state
+
+
+class _Plain:
+    def __eq__(self, other):
+        return isinstance(other, _Plain)
 
 
 class PlainStateTest(unittest.TestCase):
@@ -88,6 +97,232 @@ class PlainStateTest(unittest.TestCase):
             p.kill()
             p.wait()
             p.stdout.close()
+
+    def seg(self):
+        return os.path.join(self.shm, "rank-0")
+
+    def slots(self):
+        fd = os.open(self.seg(), os.O_RDONLY)
+        try:
+            return state._slots(fd)
+        finally:
+            os.close(fd)
+
+    def flip(self, off, bit=0x10):
+        with open(self.seg(), "r+b") as f:
+            f.seek(off)
+            b = f.read(1)
+            f.seek(off)
+            f.write(bytes([b[0] ^ bit]))
+
+    def newest(self):
+        ds = self.slots()
+        return ds[state._newest(ds)]
+
+    def load_warned(self, **kw):
+        info = {}
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            with self.assertLogs("ft_launcher_client.state", "WARNING") as logs:
+                got = state.load(info=info, **kw)
+        ws = [x for x in w if issubclass(x.category, state.CorruptStateWarning)]
+        self.assertTrue(ws, "no CorruptStateWarning")
+        self.assertIn("damaged", "".join(logs.output))
+        return got, info, str(ws[0].message)
+
+    def notes(self):
+        out = []
+        for n in sorted(os.listdir(self.shm)):
+            if n.startswith("restore-"):
+                with open(os.path.join(self.shm, n)) as f:
+                    out.append(json.load(f))
+                os.unlink(os.path.join(self.shm, n))
+        return out
+
+    def test_bit_flip_in_newest_slot_falls_back_to_the_older(self):
+        # A bit flipped in the newest save's tensor-like bytes: with the
+        # checksum (the default) its CRC fails, load() warns and returns
+        # the older save in memory; the launcher gets the rejection in the
+        # restore note (its state_corrupt event).
+        self.env(launcher=True)
+        s1 = {"step": 1, "blob": bytes(range(256)) * 400}
+        s2 = {"step": 2, "blob": bytes(reversed(range(256))) * 400}
+        state.save(1, s1)
+        state.save(2, s2)
+        d = self.newest()
+        self.assertEqual(d[1], 2)
+        self.assertTrue(d[8] & state.FLAG_CRC, "the checksum is not on by default")
+        self.flip(d[2] + d[3] // 2)  # inside the blob: the pickle still decodes
+        self.assertEqual(state.load(verify=False)[1]["blob"] != s2["blob"], True, "the flip missed the blob")
+        self.notes()
+        (step, got), info, msg = self.load_warned()
+        self.assertEqual((step, got), (1, s1))
+        self.assertEqual(info["source"], "memory")
+        self.assertEqual([(r["source"], r["seq"], r["step"]) for r in info["rejected"]], [("memory", 2, 2)])
+        self.assertIn("CRC", info["rejected"][0]["error"])
+        self.assertIn("save 2 (step 2)", msg)
+        notes = self.notes()
+        self.assertEqual(len(notes), 1)
+        self.assertEqual((notes[0]["step"], notes[0]["source"]), (1, "memory"))
+        self.assertEqual([(r["seq"], r["step"]) for r in notes[0]["rejected"]], [(2, 2)])
+        # The next save goes into the damaged save's slot (the older one
+        # is the newest intact save), and loads clean.
+        state.save(3, {"step": 3})
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", state.CorruptStateWarning)
+            self.assertEqual(state.load(), (3, {"step": 3}))
+
+    def test_damage_without_checksum_detected_by_consistency(self):
+        # checksum=False: no CRC over the payload, so damage is noticed
+        # only where it breaks the descriptor or the payload's structure.
+        self.env(launcher=True)
+        s1, s2 = {"step": 1, "x": [1.5] * 100}, {"step": 2, "x": [2.5] * 100}
+        for where in ("payload header", "descriptor", "descriptor offset"):
+            with self.subTest(where=where):
+                state.save(1, s1, checksum=False)
+                state.save(2, s2, checksum=False)
+                ds = self.slots()
+                i = state._newest(ds)
+                d = ds[i]
+                self.assertFalse(d[8] & state.FLAG_CRC)
+                if where == "payload header":
+                    self.flip(d[2] + 2)  # the payload's magic
+                elif where == "descriptor":
+                    self.flip(state.DESC_OFF[i] + 9)  # the step's bytes: the descriptor's own CRC fails
+                else:
+                    # A descriptor that checks out but names another slot's bytes.
+                    b = state._desc_pack(d[0], d[1], state.HEADER + (1 - i) * d[4], d[3], d[4], d[5], d[6], d[7], d[8])
+                    with open(self.seg(), "r+b") as f:
+                        f.seek(state.DESC_OFF[i])
+                        f.write(b)
+                (step, got), info, msg = self.load_warned()
+                self.assertEqual((step, got), (1, s1))
+                self.assertEqual(info["rejected"][0]["source"], "memory")
+                self.assertEqual(info["rejected"][0]["slot"], i)
+                self.notes()
+
+    def test_every_source_damaged_raises(self):
+        self.env(launcher=True)
+        state.save(1, {"a": b"x" * 5000})
+        state.save(2, {"a": b"y" * 5000})
+        for d in self.slots():
+            self.flip(d[2] + d[3] - 100)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", state.CorruptStateWarning)
+            with self.assertLogs("ft_launcher_client.state", "WARNING"):
+                with self.assertRaises(state.StateError) as cm:
+                    state.load()
+        self.assertIn("no intact saved state", str(cm.exception))
+        self.assertIn("save 2 (step 2) in memory slot", str(cm.exception))
+
+    def test_damaged_newest_falls_back_to_a_newer_file_than_the_older_slot(self):
+        # Sources by freshness: memory step 3 (damaged), the file's step
+        # 2, memory step 1: the file is read, not the older slot.
+        self.env(launcher=True)
+        state.save(1, {"s": 1})
+        shm = os.environ.pop(state.SHM_DIR_ENV)
+        state.save(2, {"s": 2})  # no launcher: to the state directory
+        os.environ[state.SHM_DIR_ENV] = shm
+        state.save(3, {"s": 3, "pad": b"z" * 1000})
+        d = self.newest()
+        self.flip(d[2] + d[3] - 50)
+        (step, got), info, _ = self.load_warned()
+        self.assertEqual((step, got, info["source"]), (2, {"s": 2}, "file"))
+        # The file damaged too: the older slot.
+        path = os.path.join(self.dir, "rank-2-own-1.ftstate")
+        with open(path, "r+b") as f:
+            f.seek(os.path.getsize(path) - 3)
+            f.write(b"\xff")
+        (step, got), info, _ = self.load_warned()
+        self.assertEqual((step, got, info["source"]), (1, {"s": 1}, "memory"))
+        self.assertEqual([r["source"] for r in info["rejected"]], ["memory", "file"])
+
+    def test_damaged_manifest_falls_back_to_memory(self):
+        self.env(launcher=True)
+        state.save(1, {"s": 1})
+        os.makedirs(self.dir)
+        with open(os.path.join(self.dir, "rank-2.json"), "w") as f:
+            f.write('{"format": "ft-launcher-state/1", "step": 9, "fi')  # cut short
+        (step, got), info, _ = self.load_warned()
+        self.assertEqual((step, got, info["source"]), (1, {"s": 1}, "memory"))
+        self.assertEqual(info["rejected"][0]["source"], "file")
+
+    def test_untrusted_class_raises_and_does_not_fall_back(self):
+        # Naming a class the caller did not trust is the caller's policy,
+        # not damage: load() raises instead of passing over to an older
+        # save (its CRC holds).
+        self.env(launcher=True)
+        state.save(1, {"s": 1})
+        state.save(2, {"s": 2, "obj": _Plain()})
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", state.CorruptStateWarning)
+            with self.assertRaises(state.UntrustedClassError):
+                state.load()
+            self.assertEqual(state.load(trusted_classes=[_Plain])[0], 2)
+
+    def test_manifest_and_file_must_agree(self):
+        self.env(launcher=False)
+        state.save(1, {"x": 1})
+        state.save(2, {"x": 2})
+        mp = os.path.join(self.dir, "rank-2.json")
+        with open(mp) as f:
+            m = json.load(f)
+        m["step"] = 7
+        with open(mp, "w") as f:
+            json.dump(m, f)
+        with self.assertRaises(state.StateError) as cm:
+            state.load_file(self.dir)
+        self.assertIn("manifest names step 7", str(cm.exception))
+
+    def test_saver_leaves_the_slot_the_writer_pinned(self):
+        # The launcher's writer pins the save it copies (PIN_OFF); the
+        # saver writes the other slot even when that one holds the newest
+        # save, so a rank saving faster than a write-out cannot overwrite
+        # the save being written out.
+        self.env(launcher=True)
+        state.save(1, {"s": 1, "b": b"1" * 3000})
+        state.save(2, {"s": 2, "b": b"2" * 3000})
+
+        def pin(seq, good=True):
+            b = struct.pack("<Q", seq)
+            c = zlib.crc32(b) ^ (0 if good else 1)
+            with open(self.seg(), "r+b") as f:
+                f.seek(state.PIN_OFF)
+                f.write(b + struct.pack("<II", c, 0))
+
+        def image(i):
+            ds = self.slots()
+            with open(self.seg(), "rb") as f:
+                f.seek(ds[i][2])
+                return ds[i], f.read(ds[i][3])
+
+        ds = self.slots()
+        old = [i for i in (0, 1) if ds[i][1] == 1][0]
+        before = image(old)
+        pin(ds[old][0])  # the writer copies step 1 (the older save)
+        for step in (3, 4, 5):
+            state.save(step, {"s": step})
+            self.assertEqual(image(old), before, "the pinned save was touched")
+            self.assertEqual(state.load(), (step, {"s": step}))
+        pin(0)  # unpinned: the saver alternates again
+        state.save(6, {"s": 6})
+        self.assertEqual(self.slots()[old][1], 6)
+        # A torn or damaged pin pins nothing.
+        ds = self.slots()
+        pin(ds[1 - old][0], good=False)
+        state.save(7, {"s": 7})
+        self.assertEqual(self.slots()[1 - old][1], 7)
+
+    def test_crc_combine_matches_one_pass(self):
+        for la, lb in [(0, 5), (5, 0), (1, 1), (1000, 77777), (1 << 20, 3 << 20)]:
+            a, b = os.urandom(la), os.urandom(lb)
+            self.assertEqual(state._crc32_combine(zlib.crc32(a), zlib.crc32(b), lb), zlib.crc32(a + b))
+        bufs = [memoryview(bytearray(os.urandom(n))) for n in (100, 20 << 20, 3, 9 << 20)]
+        want = 0
+        for b in bufs:
+            want = zlib.crc32(b, want)
+        for n in (1, 2, 3, 4):
+            self.assertEqual(state._crc_bufs(bufs, n), want, n)
 
     def test_no_torch_import(self):
         # Importing the module and saving plain objects never imports torch.
