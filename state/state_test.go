@@ -358,9 +358,29 @@ func TestReaderRacesSaver(t *testing.T) {
 			if _, err := s.Save(0, pattern(0, 256<<10)); err != nil {
 				t.Fatal(err)
 			}
-			ctx, cancel := context.WithTimeout(context.Background(), 1500*time.Millisecond)
+			// At least 1.5 s, and on until both sides did enough to overlap
+			// (a loaded machine may give them little CPU), at most 2 min.
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 			defer cancel()
 			var saves, reads, retried atomic.Int64
+			go func() {
+				atLeast := time.After(1500 * time.Millisecond)
+				tick := time.NewTicker(50 * time.Millisecond)
+				defer tick.Stop()
+				for enough := false; ; {
+					select {
+					case <-ctx.Done():
+						return
+					case <-atLeast:
+						enough = true
+					case <-tick.C:
+					}
+					if enough && saves.Load() >= 10 && reads.Load() >= 10 {
+						cancel()
+						return
+					}
+				}
+			}()
 			var wg sync.WaitGroup
 			wg.Add(1)
 			go func() {
