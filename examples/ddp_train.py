@@ -23,6 +23,9 @@ marker file is absent from --ckpt-dir):
   --crash-at-step S --crash-rank R   rank R calls os._exit(1) before step S
   --hang-at-step S --hang-rank R     rank R sleeps forever inside the monitored
                                      "step" section before step S
+  --fault-gate PATH                  every rank waits before the fault's step,
+                                     heartbeating, until PATH exists (a test
+                                     opens it once the launcher is ready for it)
 
 When FT_RANK_MONITOR_IPC_SOCKET is set and the ft-launcher Python client is
 importable, every step sends a heartbeat and is wrapped in a "step" section.
@@ -81,6 +84,7 @@ def parse_args(argv):
     p.add_argument("--crash-rank", type=int, default=0)
     p.add_argument("--hang-at-step", type=int, default=-1)
     p.add_argument("--hang-rank", type=int, default=0)
+    p.add_argument("--fault-gate", default="", help="wait before an injected fault's step until this file exists")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                    help="cuda: GPU LOCAL_RANK modulo the GPUs visible (ranks may share one)")
     p.add_argument("--backend", choices=("gloo", "nccl"), default="gloo",
@@ -358,6 +362,13 @@ def main(argv):
 
     loss_val = None
     for step in range(start_step, args.steps):
+        if args.fault_gate and any(
+                step == at and should_inject(args.ckpt_dir, kind, at, r)
+                for kind, at, r in (("crash", args.crash_at_step, args.crash_rank),
+                                    ("hang", args.hang_at_step, args.hang_rank))):
+            while not os.path.exists(args.fault_gate):
+                mon.heartbeat()
+                time.sleep(0.2)
         if (step, rank) == (args.crash_at_step, args.crash_rank) and \
                 should_inject(args.ckpt_dir, "crash", step, rank):
             touch_marker(args.ckpt_dir, "crash", step, rank)

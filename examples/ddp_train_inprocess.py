@@ -146,6 +146,13 @@ def train(ctx, args, dev):
     teacher = base.teacher_weights(args.seed)
     loss_val = None
     for step in range(start, args.steps):
+        if args.fault_gate and cycle() == 0 and any(
+                step == at and base.should_inject(args.ckpt_dir, kind, at, r)
+                for kind, at, r in (("crash", args.crash_at_step, args.crash_rank),
+                                    ("hang", args.hang_at_step, args.hang_rank))):
+            while not os.path.exists(args.fault_gate):  # see ddp_train.py's --fault-gate
+                ctx.monitor.send_heartbeat()
+                time.sleep(0.2)
         if (step, rank) == (args.crash_at_step, args.stopped_rank) and cycle() == 0 and \
                 base.should_inject(args.ckpt_dir, "stop", step, rank):
             base.touch_marker(args.ckpt_dir, "stop", step, rank)

@@ -71,7 +71,7 @@ func TestAgentStoreTorchDDPCrashResumes(t *testing.T) {
 		flags []string
 	}{
 		{"cold", []string{"--agent-store", "on"}},
-		// The step sleep leaves the standbys time to import torch before the crash.
+		// The crash waits for the standbys (runGatedOnStandbys).
 		{"prewarm", []string{"--agent-store", "on", "--prewarm", torchModules}},
 		{"off", []string{"--agent-store", "off"}},
 	} {
@@ -81,10 +81,14 @@ func TestAgentStoreTorchDDPCrashResumes(t *testing.T) {
 			args := append([]string{"--standalone", "--nproc-per-node", nranks, "--max-restarts", "2"}, tc.flags...)
 			args = append(args, trainScript(t), "--ckpt-dir", filepath.Join(j.dir, "ckpt"), "--out", out,
 				"--crash-at-step", "25", "--crash-rank", "0")
+			env := []string{"PYTHON_EXEC=" + debianPython}
+			var code int
 			if tc.name == "prewarm" {
-				args = append(args, "--step-sleep", "0.4")
+				code = j.runGatedOnStandbys(env, args...)
+			} else {
+				code = j.run(torchTimeout, env, args...)
 			}
-			if code := j.run(torchTimeout, []string{"PYTHON_EXEC=" + debianPython}, args...); code != 0 {
+			if code != 0 {
 				t.Fatalf("exit %d\n%s", code, j.stderr.String())
 			}
 			w := readWeights(t, out)

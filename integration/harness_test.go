@@ -19,6 +19,7 @@ import (
 
 	"github.com/ftlauncher/ft-launcher/eventlog"
 	"github.com/ftlauncher/ft-launcher/internal/hangdump"
+	"github.com/ftlauncher/ft-launcher/internal/lockedbuf"
 	"github.com/ftlauncher/ft-launcher/internal/runclock"
 	"github.com/ftlauncher/ft-launcher/internal/testenv"
 )
@@ -83,13 +84,15 @@ func TestMain(m *testing.M) {
 
 // job is one launcher run under test.
 type job struct {
-	t       *testing.T
-	dir     string // scratch dir for scripts, logs and outputs
-	marker  string // FTL_TEST_MARKER value inherited by every descendant
-	events  string
-	cmd     *exec.Cmd
-	stdout  bytes.Buffer
-	stderr  bytes.Buffer
+	t      *testing.T
+	dir    string // scratch dir for scripts, logs and outputs
+	marker string // FTL_TEST_MARKER value inherited by every descendant
+	events string
+	cmd    *exec.Cmd
+	// The launcher's output, written by exec's copiers while the test
+	// reads it (waits that fail mid-run print it): locked.
+	stdout  lockedbuf.Buffer
+	stderr  lockedbuf.Buffer
 	done    chan struct{}
 	exitErr error
 	bin     string // the launcher's executable ("": bins.launcher)

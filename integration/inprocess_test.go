@@ -121,11 +121,30 @@ func restartModes(j *job) []string {
 // its final weights.
 func runInProcess(t *testing.T, launcher []string, script string, args ...string) (*job, weights) {
 	t.Helper()
+	return runInProcessWith(t, false, launcher, script, args...)
+}
+
+// runInProcessGated is runInProcess with the fault waiting for every
+// local rank's standby to be ready (job.runGatedOnStandbys).
+func runInProcessGated(t *testing.T, launcher []string, script string, args ...string) (*job, weights) {
+	t.Helper()
+	return runInProcessWith(t, true, launcher, script, args...)
+}
+
+func runInProcessWith(t *testing.T, gated bool, launcher []string, script string, args ...string) (*job, weights) {
+	t.Helper()
 	j := newJob(t)
 	out := filepath.Join(j.dir, "w.json")
 	full := append(append([]string{"--standalone", "--restart-mode", "in-process", "--verdict-file", filepath.Join(j.dir, "verdict.json")}, launcher...),
 		append([]string{script, "--ckpt-dir", filepath.Join(j.dir, "ckpt"), "--out", out}, args...)...)
-	if code := j.run(torchTimeout, []string{"PYTHON_EXEC=" + debianPython}, full...); code != 0 {
+	env := []string{"PYTHON_EXEC=" + debianPython}
+	var code int
+	if gated {
+		code = j.runGatedOnStandbys(env, full...)
+	} else {
+		code = j.run(torchTimeout, env, full...)
+	}
+	if code != 0 {
 		t.Fatalf("exit %d\n%s", code, j.stderr.String())
 	}
 	if left := j.waitNoLeftovers(5 * time.Second); len(left) > 0 {
@@ -200,15 +219,15 @@ func TestInProcessCrashKeepsSurvivors(t *testing.T) {
 }
 
 // TestInProcessPrewarmReplacement: with --prewarm the crashed rank's
-// replacement is taken from its standby (the step sleep leaves the standby
-// time to import torch); the survivor stays; the weights are the
+// replacement is taken from its standby (the crash waits for the standbys
+// to be ready: --fault-gate); the survivor stays; the weights are the
 // uninterrupted run's.
 func TestInProcessPrewarmReplacement(t *testing.T) {
 	skipShort(t)
 	requireTorch(t)
 	want := referenceWeights(t)
-	j, got := runInProcess(t, []string{"--nproc-per-node", "2", "--max-restarts", "2", "--prewarm", "torch,torch.distributed"},
-		inprocessScript(t), "--crash-at-step", "25", "--crash-rank", "1", "--step-sleep", "0.3")
+	j, got := runInProcessGated(t, []string{"--nproc-per-node", "2", "--max-restarts", "2", "--prewarm", "torch,torch.distributed"},
+		inprocessScript(t), "--crash-at-step", "25", "--crash-rank", "1")
 	if got.SHA256 != want.SHA256 {
 		t.Fatalf("weights %s, want %s", got.SHA256, want.SHA256)
 	}

@@ -57,6 +57,22 @@ func (j *job) warmRounds() map[string][]float64 {
 	return out
 }
 
+// runGatedOnStandbys runs the DDP example with --fault-gate: its ranks
+// wait before the injected fault until every local rank's standby is ready,
+// so that the restart is warm however loaded the machine is (standbys
+// import at nice 19 and may get little CPU beside other work).
+func (j *job) runGatedOnStandbys(env []string, args ...string) int {
+	j.t.Helper()
+	gate := filepath.Join(j.dir, "fault-gate")
+	j.start(env, append(args, "--fault-gate", gate)...)
+	n, _ := strconv.Atoi(nranks)
+	j.waitEvents("prewarm_ready", n, torchTimeout)
+	if err := os.WriteFile(gate, nil, 0o644); err != nil {
+		j.t.Fatal(err)
+	}
+	return j.wait(torchTimeout)
+}
+
 func requireWarmRestart(t *testing.T, j *job) {
 	t.Helper()
 	if got := j.warmRounds()["1"]; len(got) != 2 {
@@ -70,11 +86,10 @@ func TestPrewarmTorchDDPCrashResumesWithSameWeights(t *testing.T) {
 	ref := referenceWeights(t)
 	j := newJob(t)
 	out := filepath.Join(j.dir, "w.json")
-	// The step sleep leaves the standbys time to import torch before the crash.
-	code := j.run(torchTimeout, []string{"PYTHON_EXEC=" + debianPython},
+	code := j.runGatedOnStandbys([]string{"PYTHON_EXEC=" + debianPython},
 		"--standalone", "--nproc-per-node", nranks, "--max-restarts", "2", "--prewarm", torchModules,
 		trainScript(t), "--ckpt-dir", filepath.Join(j.dir, "ckpt"), "--out", out,
-		"--crash-at-step", "25", "--crash-rank", "1", "--step-sleep", "0.4")
+		"--crash-at-step", "25", "--crash-rank", "1")
 	if code != 0 {
 		t.Fatalf("exit %d\n%s", code, j.stderr.String())
 	}
@@ -97,12 +112,12 @@ func TestPrewarmTorchDDPHangInSectionResumesWithSameWeights(t *testing.T) {
 	ref := referenceWeights(t)
 	j := newJob(t)
 	out := filepath.Join(j.dir, "w.json")
-	code := j.run(torchTimeout, []string{"PYTHON_EXEC=" + debianPython},
+	code := j.runGatedOnStandbys([]string{"PYTHON_EXEC=" + debianPython},
 		"--standalone", "--nproc-per-node", nranks, "--max-restarts", "2", "--prewarm", torchModules,
 		"--ft-rank-section-timeouts", "setup:600,step:4,checkpointing:120",
 		"--ft-rank-out-of-section-timeout", "none", "--ft-rank-heartbeat-timeout", "none",
 		trainScript(t), "--ckpt-dir", filepath.Join(j.dir, "ckpt"), "--out", out,
-		"--hang-at-step", "25", "--hang-rank", "1", "--step-sleep", "0.3")
+		"--hang-at-step", "25", "--hang-rank", "1")
 	if code != 0 {
 		t.Fatalf("exit %d\n%s", code, j.stderr.String())
 	}
