@@ -42,7 +42,7 @@ status=0
 echo "== go test"
 # One package at a time: several tests are timing-sensitive (gossip, hang
 # deadlines) and the machine has 2 cores.
-summary go test -json -race -count=1 -p 1 -timeout 40m ./... || status=1
+summary go test -json -race -count=1 -p 1 -timeout 60m ./... || status=1
 echo "== integration tests that run Python ranks, again with --prewarm on"
 # The tests that name --prewarm themselves ran as they are in the pass above.
 # Left out, because a standby would change nothing: the pip install test and
