@@ -23,18 +23,22 @@ import (
 // of the chain train at once and no job has two successors.
 
 // trainingScript is a job script that logs "start|end <job> <run> <unix
-// time>" to work/train.log, marks itself in work/inflight (a second
-// training at once logs OVERLAP), waits for work/go and then writes the
-// finished flag.
+// time>" to work/train.log, writes its pid to work/inflight (a second
+// training started while that process lives logs OVERLAP), waits for
+// work/go and then writes the finished flag. The start and the end are
+// logged with shell builtins only: scancel signals every process of the
+// job, so a date(1) the EXIT trap started could die with the script and
+// leave an end line without its time.
 func trainingScript(work string) string {
 	return fmt.Sprintf(`#SBATCH -N1
 log=%[1]q/train.log
 run="$SLURM_JOB_ID ${SLURM_RESTART_COUNT:-0}"
 # The traps first: a requeue or scancel may come as soon as the script starts.
-trap 'echo "end $run $(date +%%s.%%N)" >> "$log"; rmdir %[1]q/inflight 2>/dev/null' EXIT
+trap 'echo "end $run $EPOCHREALTIME" >> "$log"' EXIT
 trap 'exit 143' TERM
-mkdir %[1]q/inflight 2>/dev/null || echo "OVERLAP $run $(date +%%s.%%N)" >> "$log"
-echo "start $run $(date +%%s.%%N)" >> "$log"
+if [ -s %[1]q/inflight ] && kill -0 "$(< %[1]q/inflight)" 2>/dev/null; then echo "OVERLAP $run $EPOCHREALTIME" >> "$log"; fi
+echo $$ > %[1]q/inflight
+echo "start $run $EPOCHREALTIME" >> "$log"
 for i in $(seq 3000); do [ -f %[1]q/go ] && break; sleep 0.2; done
 touch "$FAULT_TOL_FINISHED_FLAG_FILE"
 `, work)
