@@ -202,6 +202,9 @@ func TestTorchStateWrittenOnSignalContinuesInNewJob(t *testing.T) {
 			t.Fatalf("the ranks did not save 5 steps in %s: %v", torchTimeout, seen)
 		}
 		time.Sleep(50 * time.Millisecond)
+		if _, err := os.Stat(j.events); err != nil {
+			continue // the launcher has not opened its event log yet
+		}
 		for _, e := range j.eventsOf(state.EventSave) {
 			seen[e["local_rank"]] = max(seen[e["local_rank"]], e["step"].(float64))
 		}
