@@ -86,6 +86,24 @@ func trainings(t *testing.T, work string) (started []string, overlap string) {
 	return started, overlap
 }
 
+// waitFirstTraining waits until the chain's first job trains and its
+// successor is submitted, and returns both ids.
+func waitFirstTraining(t *testing.T, ch *chain, work string) (first, successor string) {
+	t.Helper()
+	waitFor(t, time.Minute, "job 1 to train and its successor to be submitted", func() bool {
+		st, err := resumer.LoadState(ch.dir)
+		if err != nil || len(st.Jobs) < 2 || st.Jobs[0].Successor == "" {
+			return false
+		}
+		first, successor = st.Jobs[0].ID, st.Jobs[0].Successor
+		return logHas(work, "start "+first+" 0 ")
+	})
+	if t.Failed() {
+		t.FailNow()
+	}
+	return first, successor
+}
+
 func logHas(work, line string) bool {
 	b, _ := os.ReadFile(filepath.Join(work, "train.log"))
 	return strings.Contains(string(b), line)
@@ -117,18 +135,7 @@ func TestRequeueHoldReleaseCancelOneTraining(t *testing.T) {
 			cmd.Wait()
 		}
 	}()
-	var a, b string
-	waitFor(t, time.Minute, "job 1 to train and its successor to be submitted", func() bool {
-		st, err := resumer.LoadState(ch.dir)
-		if err != nil || len(st.Jobs) < 2 || st.Jobs[0].Successor == "" {
-			return false
-		}
-		a, b = st.Jobs[0].ID, st.Jobs[0].Successor
-		return logHas(work, "start "+a+" 0 ")
-	})
-	if t.Failed() {
-		t.FailNow()
-	}
+	a, b := waitFirstTraining(t, ch, work)
 	if _, err := c.Run(ctx, "scontrol", "requeue", a); err != nil {
 		t.Fatal(err)
 	}
@@ -203,18 +210,7 @@ func TestSecondJobOfAChainRefusesToTrain(t *testing.T) {
 			cmd.Wait()
 		}
 	}()
-	var a string
-	waitFor(t, time.Minute, "job 1 to train", func() bool {
-		st, err := resumer.LoadState(ch.dir)
-		if err != nil || len(st.Jobs) < 2 || st.Jobs[0].Successor == "" {
-			return false
-		}
-		a = st.Jobs[0].ID
-		return logHas(work, "start "+a+" 0 ")
-	})
-	if t.Failed() {
-		t.FailNow()
-	}
+	a, _ := waitFirstTraining(t, ch, work)
 	sb := ch.c.Command(ctx, "sbatch", "--parsable", filepath.Join(ch.dir, resumer.WrapperFile))
 	sb.Env = ch.env()
 	o, err := sb.Output()
@@ -279,18 +275,7 @@ func TestTwoResumerRunsOneChain(t *testing.T) {
 			}
 		}
 	}()
-	var a string
-	waitFor(t, time.Minute, "job 1 to train", func() bool {
-		st, err := resumer.LoadState(ch.dir)
-		if err != nil || len(st.Jobs) < 2 || st.Jobs[0].Successor == "" {
-			return false
-		}
-		a = st.Jobs[0].ID
-		return logHas(work, "start "+a+" 0 ")
-	})
-	if t.Failed() {
-		t.FailNow()
-	}
+	a, _ := waitFirstTraining(t, ch, work)
 	time.Sleep(2 * time.Second) // both followers reconcile a few times meanwhile
 	if st := ch.state(); len(st.Jobs) != 2 {
 		t.Errorf("%d jobs while job 1 trains, want 2 (it and its successor)", len(st.Jobs))
