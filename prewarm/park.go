@@ -129,7 +129,7 @@ func (st *Starter) startParked(sp *spareState, specs []spawn.Spec) {
 		return
 	}
 	st.refills.Go(func() {
-		if !st.refillWait(nil) {
+		if !st.refillWait(nil, nil) {
 			return
 		}
 		for _, s := range specs {

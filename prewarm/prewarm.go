@@ -32,6 +32,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -128,6 +129,9 @@ type Starter struct {
 	spareDeaths map[int]int
 	// prio: whether standbys import at a lower priority (priority.go).
 	prio priority
+	// ready: which ranks of the cycle last started are training yet
+	// (ready.go); its refill stops waiting once they all are.
+	ready atomic.Pointer[cycleReady]
 }
 
 // NewStarter returns a Starter. The first cycle's ranks start cold; their
@@ -269,6 +273,10 @@ func (st *Starter) StartGroup(specs []spawn.Spec) (*Group, error) {
 		st.takeReports(specs)
 	}
 	specs = st.hooked(specs)
+	// Armed before any rank runs: a warm rank may heartbeat before
+	// StartGroup returns.
+	ready := newCycleReady(specs)
+	st.ready.Store(ready)
 	st.mu.Lock()
 	if st.closed {
 		st.mu.Unlock()
@@ -335,7 +343,7 @@ func (st *Starter) StartGroup(specs []spawn.Spec) (*Group, error) {
 		return nil
 	}
 	if err := startCold(cold); err != nil {
-		st.refill(nil, nil, paused)
+		st.refill(nil, nil, paused, nil)
 		return nil, err
 	}
 	for _, p := range plans {
@@ -379,7 +387,7 @@ func (st *Starter) StartGroup(specs []spawn.Spec) (*Group, error) {
 	}
 	handoverDone := time.Since(started)
 	if err := startCold(late); err != nil {
-		st.refill(nil, nil, paused)
+		st.refill(nil, nil, paused, nil)
 		return nil, err
 	}
 	st.report(specs, plans, warm, handoverDone, parked)
@@ -389,7 +397,7 @@ func (st *Starter) StartGroup(specs []spawn.Spec) (*Group, error) {
 			coldPIDs = append(coldPIDs, pid)
 		}
 	}
-	st.refill(specs, coldPIDs, paused)
+	st.refill(specs, coldPIDs, paused, ready.done)
 	return newGroup(parts, warm, len(specs)), nil
 }
 
@@ -431,18 +439,25 @@ func (st *Starter) resumeLocked(ss []*standby) []*standby {
 }
 
 // refillWait waits RefillDelay, then for the cold ranks' imports
-// (awaitColdImports); false when the Starter closed meanwhile.
-func (st *Starter) refillWait(coldPIDs []int) bool {
+// (awaitColdImports), or until training is closed (every rank of the
+// cycle sent its first heartbeat: ready.go); false when the Starter
+// closed meanwhile.
+func (st *Starter) refillWait(coldPIDs []int, training <-chan struct{}) bool {
 	if st.o.RefillDelay > 0 {
 		t := time.NewTimer(st.o.RefillDelay)
 		defer t.Stop()
 		select {
 		case <-t.C:
+		case <-training:
 		case <-st.closing:
 			return false
 		}
 	}
-	st.awaitColdImports(coldPIDs)
+	select {
+	case <-training: // their imports are long done
+	default:
+		st.awaitColdImports(coldPIDs, training)
+	}
 	select {
 	case <-st.closing:
 		return false
@@ -627,7 +642,7 @@ func (st *Starter) event(kind string, fields map[string]any) {
 // imports (awaitColdImports). At that point it also continues the standbys
 // the cycle paused (pauseIdleLocked): then the cycle's ranks have what
 // they need of the CPU.
-func (st *Starter) refill(specs []spawn.Spec, coldPIDs []int, paused []*standby) {
+func (st *Starter) refill(specs []spawn.Spec, coldPIDs []int, paused []*standby, training <-chan struct{}) {
 	st.mu.Lock()
 	defer st.mu.Unlock() // held across refills.Go: Close's Wait cannot begin before it
 	if st.closed {
@@ -652,8 +667,18 @@ func (st *Starter) refill(specs []spawn.Spec, coldPIDs []int, paused []*standby)
 	}
 	since := time.Now()
 	st.refills.Go(func() {
-		if !st.refillWait(coldPIDs) {
+		if !st.refillWait(coldPIDs, training) {
 			return // Close learns what is pending
+		}
+		if len(todo) > 0 {
+			trained := false
+			select {
+			case <-training:
+				trained = true
+			default:
+			}
+			st.log.Debug("prewarm: starting new standbys", "local_ranks", len(todo), "after", time.Since(since),
+				"every_rank_training", trained)
 		}
 		if learn {
 			st.learnPending() // before the new standbys: they import the new list
@@ -687,7 +712,7 @@ const refillHold = 10 * time.Second
 // imports do not compete with the cold ranks' imports: with 4 ranks on 2
 // cores those take seconds, longer than RefillDelay. Without a measured
 // import it does not wait. A rank that ended counts as done.
-func (st *Starter) awaitColdImports(pids []int) {
+func (st *Starter) awaitColdImports(pids []int, training <-chan struct{}) {
 	st.mu.Lock()
 	need := st.lastImport.CPU
 	st.mu.Unlock()
@@ -712,6 +737,9 @@ func (st *Starter) awaitColdImports(pids []int) {
 		t := time.NewTimer(100 * time.Millisecond)
 		select {
 		case <-t.C:
+		case <-training:
+			t.Stop()
+			return
 		case <-st.closing:
 			t.Stop()
 			return

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -100,7 +101,18 @@ func launch(ctx context.Context, cfg *configs.Config, log *slog.Logger, sigs <-c
 		rec.state = st
 		defer st.Close(context.Background()) // idempotent after rec.write's
 	}
-	mon, err := monitor.New(monitor.Options{NLocal: cfg.NProcPerNode, FT: cfg.FT, OnEvent: eventFields(ev),
+	// The prewarm starter, made below, learns each rank's first heartbeat
+	// from the monitor's records: its refill need not wait any longer.
+	var training atomic.Pointer[prewarm.Starter]
+	monEvents := func(kind string, fields map[string]any) {
+		eventFields(ev)(kind, fields)
+		if st := training.Load(); st != nil && kind == monitor.EventFirstHeartbeat {
+			round, _ := fields["round"].(int)
+			lr, _ := fields["local_rank"].(int)
+			st.RankTraining(round, lr)
+		}
+	}
+	mon, err := monitor.New(monitor.Options{NLocal: cfg.NProcPerNode, FT: cfg.FT, OnEvent: monEvents,
 		StateFile: cfg.FT.TimeoutsStateFile, Logger: log.With("component", "monitor"), Metrics: met})
 	if err != nil {
 		return rec.setupFailed("start the rank monitors", err)
@@ -188,6 +200,7 @@ func launch(ctx context.Context, cfg *configs.Config, log *slog.Logger, sigs <-c
 			return rec.setupFailed("prewarm", err)
 		}
 		defer st.Close() // before the reaper closes: kills the standbys
+		training.Store(st)
 		ranks, spareStandbys = prewarmRanks{st}, st
 		rec.prewarm = st.AutoSummary
 	}
