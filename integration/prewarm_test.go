@@ -40,7 +40,11 @@ func (j *job) waitEvents(kind string, n int, timeout time.Duration) []map[string
 		default:
 		}
 		if time.Now().After(deadline) {
-			j.t.Fatalf("fewer than %d %s events within %s\n%s", n, kind, timeout, j.stderr.String())
+			// A standby's import at nice 19 is as slow as the machine's
+			// load makes it: say what each process was doing and how much
+			// CPU it got.
+			j.t.Fatalf("fewer than %d %s events within %s; the job's processes:\n%s\n%s", n, kind, timeout,
+				hangdump.Describe(j.leftovers()), j.stderr.String())
 		}
 		time.Sleep(50 * time.Millisecond)
 	}

@@ -56,11 +56,15 @@ func Describe(pids []int) string {
 			cmd = fmt.Sprintf("%s… (%d bytes)", cmd[:160], len(cmd))
 		}
 		st, err := procfs.Read(pid)
-		state := "?"
+		state, cpu := "?", "?"
 		if err == nil {
-			state = string(st.State)
+			state, cpu = string(st.State), (time.Duration(st.CPUTicks) * procfs.ClockTick).String()
 		}
-		fmt.Fprintf(&b, "  %d ppid=%d %s wchan=%s threads=[%s] %s\n", pid, st.PPID, state, main,
+		nice := "?"
+		if n, err := unix.Getpriority(unix.PRIO_PROCESS, pid); err == nil {
+			nice = strconv.Itoa(20 - n) // the raw syscall returns 20 - nice
+		}
+		fmt.Fprintf(&b, "  %d ppid=%d %s cpu=%s nice=%s wchan=%s threads=[%s] %s\n", pid, st.PPID, state, cpu, nice, main,
 			strings.Join(ts, " "), strings.ReplaceAll(cmd, "\n", `\n`))
 	}
 	return b.String()
