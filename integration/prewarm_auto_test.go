@@ -110,9 +110,7 @@ func autoJob(t *testing.T, last int, env ...string) (*job, []autoRec, autoState)
 	j.start(append(base, env...), "--standalone", "--nproc-per-node", "1", "--max-restarts", strconv.Itoa(last),
 		"--prewarm", "auto", "--verdict-file", filepath.Join(j.dir, "verdict.json"), script)
 	for r := range last {
-		// Generous: the standbys import at nice 19, behind every busy
-		// process of a loaded machine (docs/testing.md).
-		j.waitEvents("prewarm_ready", r+1, 6*time.Minute)
+		j.waitEvents("prewarm_ready", r+1, standbyTimeout)
 		if err := os.WriteFile(filepath.Join(j.dir, "go-"+strconv.Itoa(r)), nil, 0o644); err != nil {
 			t.Fatal(err)
 		}

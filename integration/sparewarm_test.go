@@ -91,7 +91,7 @@ func spareWarm(t *testing.T, prewarm, preloaded string, loss bool) {
 	if spare < 0 {
 		t.Fatalf("no node parked as a spare\n%s", c.stderrs())
 	}
-	ready := c.nodes[spare].waitEvents("prewarm_spare_ready", 1, 2*time.Minute)[0]
+	ready := c.nodes[spare].waitEvents("prewarm_spare_ready", 1, standbyTimeout)[0]
 	if !strings.Contains(fmt.Sprint(ready["modules"]), preloaded) {
 		t.Fatalf("spare ready event %v: want %s imported", ready, preloaded)
 	}
