@@ -397,7 +397,7 @@ func (st *Starter) StartGroup(specs []spawn.Spec) (*Group, error) {
 			coldPIDs = append(coldPIDs, pid)
 		}
 	}
-	st.refill(specs, coldPIDs, paused, ready.done)
+	st.refill(specs, coldPIDs, paused, st.refillGate(len(warm), len(coldPIDs), len(paused), ready))
 	return newGroup(parts, warm, len(specs)), nil
 }
 
@@ -436,6 +436,31 @@ func (st *Starter) resumeLocked(ss []*standby) []*standby {
 		resumed = append(resumed, s)
 	}
 	return resumed
+}
+
+// refillGate is what a cycle's refill waits for besides RefillDelay and
+// the cold ranks' imports: nothing when every rank of the cycle started
+// warm, the cycle paused no standby and the standbys import at nice 19 (a
+// closed channel), every rank's first heartbeat otherwise (ready.go). A
+// cycle that paused standbys (pauseIdleLocked) keeps them paused for the
+// delay, as that pause intends.
+//
+// The delay and the cold-import wait keep the new standbys' imports off the
+// CPU while the ranks import; warm ranks have nothing left to import, and a
+// nice-19 standby only takes what they leave idle. Measured
+// (docs/benchmarks.md, "Prewarm"): starting at once after a warm restart
+// (4 ranks on 2 cores, no idle core) moved the restart's next step from
+// 0.31 to 0.345 s (p50), and a crash 4 s into a warm cycle found its next
+// standbys ready (0.17 s to the next step) instead of waiting about 1 s
+// for their imports; after a cold cycle starting at once cost the first
+// step about 0.5 s, so a cycle with a cold rank keeps the wait.
+func (st *Starter) refillGate(warm, cold, paused int, ready *cycleReady) <-chan struct{} {
+	if warm > 0 && cold == 0 && paused == 0 && st.prio.low {
+		now := make(chan struct{})
+		close(now)
+		return now
+	}
+	return ready.done
 }
 
 // refillWait waits RefillDelay, then for the cold ranks' imports

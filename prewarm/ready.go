@@ -31,9 +31,8 @@ func newCycleReady(specs []spawn.Spec) *cycleReady {
 	for _, sp := range specs {
 		c.pending[sp.LocalRank] = true
 	}
-	if len(c.pending) == 0 {
-		close(c.done)
-	}
+	// A cycle that starts no rank (every rank survived in process) never
+	// closes done: nothing of it trains, and its refill keeps the delay.
 	return c
 }
 
@@ -45,7 +44,7 @@ func (c *cycleReady) training(round, localRank int) {
 		return
 	}
 	delete(c.pending, localRank)
-	if len(c.pending) == 0 {
+	if len(c.pending) == 0 { // only a rank's mark gets here: done is closed once
 		close(c.done)
 	}
 }

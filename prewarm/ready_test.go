@@ -32,7 +32,7 @@ func TestCycleReady(t *testing.T) {
 		{"another round's heartbeat is ignored", specs("3", 0, 1), []mark{{2, 0}, {3, 1}}, false},
 		{"a rank the cycle did not start is ignored", specs("3", 1), []mark{{3, 0}}, false},
 		{"an in-process restart's one replacement", specs("5", 1), []mark{{5, 1}}, true},
-		{"nothing started", nil, nil, true},
+		{"a cycle that starts no rank keeps its delay", nil, []mark{{3, 0}}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := newCycleReady(tc.specs)
@@ -97,4 +97,34 @@ func TestRefillStartsOnceRanksTrain(t *testing.T) {
 	st.RankTraining(4, 1)
 	waitReady(t, st, 0)
 	waitReady(t, st, 1)
+}
+
+func TestRefillGate(t *testing.T) {
+	for _, tc := range []struct {
+		name               string
+		warm, cold, paused int
+		low                bool
+		atOnce             bool
+	}{
+		{"every rank warm, standbys at nice 19", 4, 0, 0, true, true},
+		{"a cold rank still importing", 3, 1, 0, true, false},
+		{"every rank cold", 0, 4, 0, true, false},
+		{"standbys paused by this cycle", 1, 0, 1, true, false},
+		{"standbys at the launcher's priority", 4, 0, 0, false, false},
+		{"no rank started", 0, 0, 0, true, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			st := &Starter{prio: priority{low: tc.low}}
+			gate := st.refillGate(tc.warm, tc.cold, tc.paused, newCycleReady([]spawn.Spec{{LocalRank: 0}}))
+			open := false
+			select {
+			case <-gate:
+				open = true
+			default:
+			}
+			if open != tc.atOnce {
+				t.Fatalf("refill at once %v, want %v", open, tc.atOnce)
+			}
+		})
+	}
 }
