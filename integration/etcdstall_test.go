@@ -21,7 +21,8 @@ import (
 // watchdog run on, as on a host whose launcher alone stalls). Every node
 // fences, and when etcd resumes it expires every lease, so round 0 is left
 // with no member: it used to stay open forever with every node waiting for
-// round 1. Now a node ends the orphaned round and the job trains again (a
+// round 1. Now a node ends the orphaned round (or a fenced node's own report
+// ends it, if etcd takes that first) and the job trains again (a
 // rank of round 1 makes progress after the stall), with no two rounds at
 // once (no round-0 timestamp at or after the first of round 1), and ends
 // cleanly.
@@ -158,11 +159,22 @@ func etcdStallTrainsAgain(t *testing.T, host0 int, embedded bool, stall time.Dur
 			t.Errorf("node %d exited %d", i, code)
 		}
 	}
-	// Every lease expired: round 0 was ended as an orphaned round, by a
-	// node that fenced out of it (rendezvous/orphan.go). Read once the
+	// Round 0 ended one of two ways, whichever came first once etcd was
+	// back: as an orphaned round, by a node that fenced out of it after
+	// every lease expired (rendezvous/orphan.go, whose own tests force that
+	// path), or by a fenced node's own report, when etcd took it before its
+	// expiry loop revoked that node's lease (seen with the embedded etcd's
+	// host frozen: the host's launcher resumes with its etcd). Either is
+	// the fenced end of round 0, charged as node_stopped. Read once the
 	// launchers exited: their output is written until then.
-	if !strings.Contains(c.stderrs(), "round orphaned") {
-		t.Errorf("no node logged the end of an orphaned round 0\n%s", c.stderrs())
+	out := c.stderrs()
+	switch {
+	case strings.Contains(out, "round orphaned"):
+		t.Log("round 0 ended as an orphaned round")
+	case strings.Contains(out, "stopped: fenced"):
+		t.Log("round 0 ended by a fenced node's own report")
+	default:
+		t.Errorf("round 0's end was neither an orphaned round's nor a fenced node's report\n%s", out)
 	}
 	for i := range c.nodes {
 		v := readVerdict(t, c.verdictPath(i))
