@@ -478,11 +478,7 @@ func (st *Starter) refillWait(coldPIDs []int, training <-chan struct{}) bool {
 			return false
 		}
 	}
-	select {
-	case <-training: // their imports are long done
-	default:
-		st.awaitColdImports(coldPIDs, training)
-	}
+	st.awaitColdImports(coldPIDs, training)
 	select {
 	case <-st.closing:
 		return false

@@ -104,8 +104,9 @@ func launch(ctx context.Context, cfg *configs.Config, log *slog.Logger, sigs <-c
 	// The prewarm starter, made below, learns each rank's first heartbeat
 	// from the monitor's records: its refill need not wait any longer.
 	var training atomic.Pointer[prewarm.Starter]
+	emit := eventFields(ev)
 	monEvents := func(kind string, fields map[string]any) {
-		eventFields(ev)(kind, fields)
+		emit(kind, fields)
 		if st := training.Load(); st != nil && kind == monitor.EventFirstHeartbeat {
 			round, _ := fields["round"].(int)
 			lr, _ := fields["local_rank"].(int)

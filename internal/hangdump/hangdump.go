@@ -56,13 +56,9 @@ func Describe(pids []int) string {
 			cmd = fmt.Sprintf("%s… (%d bytes)", cmd[:160], len(cmd))
 		}
 		st, err := procfs.Read(pid)
-		state, cpu := "?", "?"
+		state, cpu, nice := "?", "?", "?"
 		if err == nil {
-			state, cpu = string(st.State), (time.Duration(st.CPUTicks) * procfs.ClockTick).String()
-		}
-		nice := "?"
-		if n, err := unix.Getpriority(unix.PRIO_PROCESS, pid); err == nil {
-			nice = strconv.Itoa(20 - n) // the raw syscall returns 20 - nice
+			state, cpu, nice = string(st.State), (time.Duration(st.CPUTicks) * procfs.ClockTick).String(), strconv.Itoa(st.Nice)
 		}
 		fmt.Fprintf(&b, "  %d ppid=%d %s cpu=%s nice=%s wchan=%s threads=[%s] %s\n", pid, st.PPID, state, cpu, nice, main,
 			strings.Join(ts, " "), strings.ReplaceAll(cmd, "\n", `\n`))

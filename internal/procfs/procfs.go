@@ -26,6 +26,8 @@ type Stat struct {
 	// CPUTicks is the CPU time the process used so far (user and system,
 	// every thread), in clock ticks.
 	CPUTicks uint64
+	// Nice is the nice value of the process's main thread (-20 to 19).
+	Nice int
 }
 
 // Dead reports a process that has exited: a zombie awaiting its reaper, or
@@ -70,12 +72,14 @@ func Parse(b []byte) (Stat, error) {
 		return Stat{}, fmt.Errorf("procfs: malformed stat %q", b)
 	}
 	st := Stat{PID: pid, PPID: ppid, PGID: pgid, State: f[0][0], Comm: string(b[open+1 : closeIdx])}
-	// utime and stime are fields 14 and 15 of stat, starttime field 22:
-	// the 12th, 13th and 20th after the command name.
+	// utime and stime are fields 14 and 15 of stat, nice field 19,
+	// starttime field 22: the 12th, 13th, 17th and 20th after the command
+	// name.
 	if len(f) >= 20 {
 		ut, _ := strconv.ParseUint(string(f[11]), 10, 64)
 		stt, _ := strconv.ParseUint(string(f[12]), 10, 64)
 		st.CPUTicks = ut + stt
+		st.Nice, _ = strconv.Atoi(string(f[16]))
 		st.StartTime, _ = strconv.ParseUint(string(f[19]), 10, 64)
 	}
 	return st, nil

@@ -15,11 +15,12 @@ func TestParse(t *testing.T) {
 		want Stat
 		ok   bool
 	}{
-		{"plain", "123 (sleep) S 1 123 123 0", Stat{123, 1, 123, 'S', "sleep", 0, 0}, true},
-		{"parens and spaces in comm", "7 (a b) (c)) Z 5 6 7", Stat{7, 5, 6, 'Z', "a b) (c)", 0, 0}, true},
-		{"trailing newline", "9 (x) R 2 9 9 0 0\n", Stat{9, 2, 9, 'R', "x", 0, 0}, true},
-		{"start time", "42 (sh) S 1 42 42 0 -1 4194560 10 0 0 0 0 0 0 0 20 0 1 0 987654 1 2\n", Stat{42, 1, 42, 'S', "sh", 987654, 0}, true},
-		{"cpu time", "42 (sh) R 1 42 42 0 -1 4194560 10 0 0 0 12 3 0 0 20 0 1 0 987654 1 2\n", Stat{42, 1, 42, 'R', "sh", 987654, 15}, true},
+		{"plain", "123 (sleep) S 1 123 123 0", Stat{123, 1, 123, 'S', "sleep", 0, 0, 0}, true},
+		{"parens and spaces in comm", "7 (a b) (c)) Z 5 6 7", Stat{7, 5, 6, 'Z', "a b) (c)", 0, 0, 0}, true},
+		{"trailing newline", "9 (x) R 2 9 9 0 0\n", Stat{9, 2, 9, 'R', "x", 0, 0, 0}, true},
+		{"start time", "42 (sh) S 1 42 42 0 -1 4194560 10 0 0 0 0 0 0 0 20 0 1 0 987654 1 2\n", Stat{42, 1, 42, 'S', "sh", 987654, 0, 0}, true},
+		{"cpu time", "42 (sh) R 1 42 42 0 -1 4194560 10 0 0 0 12 3 0 0 20 0 1 0 987654 1 2\n", Stat{42, 1, 42, 'R', "sh", 987654, 15, 0}, true},
+		{"nice", "42 (python3) R 1 42 42 0 -1 4194560 10 0 0 0 12 3 0 0 39 19 1 0 987654 1 2\n", Stat{42, 1, 42, 'R', "python3", 987654, 15, 19}, true},
 		{"garbage", "garbage", Stat{}, false},
 		{"too few fields", "1 (x) S", Stat{}, false},
 		{"bad pid", "x (y) S 1 2", Stat{}, false},
