@@ -11,6 +11,7 @@ package policy
 
 import (
 	"fmt"
+	"time"
 
 	"github.com/ftlauncher/ft-launcher/verdict"
 )
@@ -46,27 +47,21 @@ type Input struct {
 	// failure (active and standby), MinNodes is --nnodes MIN.
 	NodesPresent int
 	MinNodes     int
-	// Mode is the job's --restart-mode: ModeFull ("" too) or ModeInProcess.
-	Mode string
-	// AllInProcessCapable: every surviving rank that this decision would
-	// keep registered as able to restart in process (ft_launcher_client's
-	// inprocess API). One that did not means the full restart.
-	AllInProcessCapable bool
-	// DuringInProcess: the failure came while an in-process restart was
-	// still under way (a survivor had not rejoined yet); it escalates to
-	// the full restart.
-	DuringInProcess bool
-	// SurvivorSilent: at a hang, a survivor had been silent (no
-	// heartbeat) for over half its heartbeat timeout, or was found hung
-	// itself. In a job whose ranks wait on each other in collectives, a
-	// hung rank's peers fall silent with it, so heartbeats cannot tell the
-	// hung rank from the ranks waiting for it: keeping a silent survivor
-	// could keep the hung rank, which then never rejoins. Only a hang
-	// with every survivor recently heartbeating restarts in process.
-	SurvivorSilent bool
+	// Window, when set, is the job's restart window (--restart-window):
+	// only restarts within it count against MaxRestarts, and
+	// RecentRestarts are the times of the job's counted restarts (the
+	// newest MaxRestarts suffice). Zero: RestartsUsed counts.
+	Window         time.Duration
+	RecentRestarts []time.Time
+	// Now is when the decision is taken (for Window); zero: time.Now.
+	Now time.Time
+	// Delay is the job's --restart-delay: a counted restart waits it
+	// before the next round starts.
+	Delay time.Duration
 }
 
-// Restart modes (configs.RestartFull, configs.RestartInProcess).
+// Restart modes, as a node's records name how its ranks restarted
+// (configs.RestartFull, configs.RestartInProcess).
 const (
 	ModeFull      = "full"
 	ModeInProcess = "in-process"
@@ -80,11 +75,32 @@ const (
 	RestartInPlace Action = "restart_in_place" // every node restarts its ranks in a new round
 	SwapSpare      Action = "swap_spare"       // a standby takes the lost node's group rank in a new round
 	CloseJob       Action = "close_job"        // the job ends on every node with Close
-	// RestartInProcess: only the failed ranks are replaced; the survivors
-	// keep their processes and rejoin the new round (--restart-mode
-	// in-process). It spends a restart like RestartInPlace.
+	// RestartInProcess names, in a node's records, a RestartInPlace in
+	// which that node's survivors stayed in their processes (Survivors):
+	// the job's decision is RestartInPlace; only the failed ranks were
+	// replaced. It spends a restart like RestartInPlace.
 	RestartInProcess Action = "restart_in_process"
 )
+
+// Reason is why a decision came out as it did, as a constant that
+// records, the report and metrics can switch on (as Nomad's restart
+// tracker answers with its Reason constants); Why beside it is the prose
+// for people, never parsed.
+type Reason string
+
+// The job's reasons (Decide).
+const (
+	ReasonNoRestartRequested Reason = "no_restart_requested" // a rank asked not to restart: close
+	ReasonSpareSwap          Reason = "spare_swap"           // a spare takes the failed node's place
+	ReasonWaitForNodes       Reason = "wait_for_nodes"       // no spare, fewer than MIN nodes: restart and wait
+	ReasonRestartOnPresent   Reason = "restart_on_present"   // no spare, MIN nodes present: restart on them
+	ReasonProcessFailure     Reason = "process_failure"      // a rank failed: restart every rank
+	ReasonBudgetExhausted    Reason = "budget_exhausted"     // the restart budget is spent: close
+)
+
+// Reasons lists the job's reasons (tests, docs).
+var Reasons = []Reason{ReasonNoRestartRequested, ReasonSpareSwap, ReasonWaitForNodes,
+	ReasonRestartOnPresent, ReasonProcessFailure, ReasonBudgetExhausted}
 
 // Decision is the policy's answer.
 type Decision struct {
@@ -94,28 +110,16 @@ type Decision struct {
 	CountsRestart bool
 	// Close is the outcome kind when Action is CloseJob.
 	Close verdict.Kind
-	// Why says, for logs and close records, how the decision was reached.
-	Why string
-	// InProcess is true when the surviving ranks stay in their processes
-	// and rejoin the new round (RestartInProcess, or a SwapSpare or
-	// RestartInPlace after a node failure whose other nodes' ranks stay);
-	// false: every rank of the new round starts fresh.
-	InProcess bool
+	// Reason is the rule that decided; Why says it for logs and close
+	// records.
+	Reason Reason
+	Why    string
+	// Delay is how long a counted restart waits before its round starts
+	// (the job's --restart-delay; 0 for a spare swap or a close).
+	Delay time.Duration
 }
 
-// Mode names how a restart decided by d restarts the ranks: "in-process"
-// or "full" ("" for a close).
-func (d Decision) Mode() string {
-	switch {
-	case d.Action == CloseJob:
-		return ""
-	case d.InProcess:
-		return ModeInProcess
-	}
-	return ModeFull
-}
-
-// Decide applies the restart policy:
+// Decide applies the job's restart policy:
 //
 //   - a no-restart request closes the job (NoRestart) whatever the budget;
 //   - a lost, excluded or stopped node is replaced by a spare when one is available,
@@ -125,32 +129,29 @@ func (d Decision) Mode() string {
 //   - a rank crash or hang restarts in place and spends a restart: a
 //     process-level failure never consumes a spare;
 //   - a restart that the budget does not allow closes the job
-//     (RestartBudgetExhausted);
-//   - with Mode in-process, a restart keeps the survivors in their
-//     processes when every one of them registered as able to
-//     (AllInProcessCapable) and the failure did not come during an
-//     in-process restart (DuringInProcess escalates to the full restart)
-//     and, for a hang, no survivor was silent as well (SurvivorSilent):
-//     a rank failure becomes RestartInProcess (same budget), a node
-//     failure keeps its SwapSpare or RestartInPlace with InProcess set
-//     (the spare's ranks start fresh, the other nodes' ranks stay).
+//     (RestartBudgetExhausted): MaxRestarts restarts in all, or, with a
+//     Window, within the window.
+//
+// Whether a node's surviving ranks stay in their processes is that node's
+// question (Survivors), not the job's: the job's decision and what it
+// spends are the same in either restart mode.
 func Decide(in Input) Decision {
-	d := decideFull(in)
-	if d.Action == CloseJob || in.Mode != ModeInProcess {
-		return d
+	switch in.Failure {
+	case NoRestartRequest:
+		return Decision{Action: CloseJob, Close: verdict.NoRestart, Reason: ReasonNoRestartRequested,
+			Why: "a rank asked not to restart the workload"}
+	case NodeLost, NodeExcluded, NodeStopped:
+		if in.SparesAvailable > 0 {
+			return Decision{Action: SwapSpare, Reason: ReasonSpareSwap,
+				Why: fmt.Sprintf("%s: a spare takes its place (%d available; no restart spent)", in.Failure, in.SparesAvailable)}
+		}
+		if in.NodesPresent < in.MinNodes {
+			return restart(in, ReasonWaitForNodes, fmt.Sprintf("%s: no spare; %d of %d nodes present, waiting for a node", in.Failure, in.NodesPresent, in.MinNodes))
+		}
+		return restart(in, ReasonRestartOnPresent, fmt.Sprintf("%s: no spare; restarting on the %d nodes present", in.Failure, in.NodesPresent))
+	default: // RankCrash, RankHang and anything unknown count as a process failure
+		return restart(in, ReasonProcessFailure, string(in.Failure)+": restarting every rank in place")
 	}
-	if blocked := inProcessBlocked(in.Failure, in.DuringInProcess, in.AllInProcessCapable, in.SurvivorSilent); blocked != "" {
-		d.Why += "; " + blocked
-		return d
-	}
-	d.InProcess = true
-	if d.Action == RestartInPlace && (in.Failure != NodeLost && in.Failure != NodeExcluded && in.Failure != NodeStopped) {
-		d.Action = RestartInProcess
-		d.Why = replacingFailed(in.Failure, in.RestartsUsed, in.MaxRestarts)
-	} else {
-		d.Why += "; the other ranks restart in process"
-	}
-	return d
 }
 
 // replacingFailed is the reason of an in-process restart after a rank
@@ -159,31 +160,29 @@ func replacingFailed(f Failure, used, max int) string {
 	return fmt.Sprintf("%s: replacing the failed rank; the survivors restart in process (restart %d of %d)", f, used+1, max)
 }
 
-// decideFull is the decision of --restart-mode full.
-func decideFull(in Input) Decision {
-	switch in.Failure {
-	case NoRestartRequest:
-		return Decision{Action: CloseJob, Close: verdict.NoRestart, Why: "a rank asked not to restart the workload"}
-	case NodeLost, NodeExcluded, NodeStopped:
-		if in.SparesAvailable > 0 {
-			return Decision{Action: SwapSpare, Why: fmt.Sprintf("%s: a spare takes its place (%d available; no restart spent)",
-				in.Failure, in.SparesAvailable)}
-		}
-		if in.NodesPresent < in.MinNodes {
-			return restart(in, fmt.Sprintf("%s: no spare; %d of %d nodes present, waiting for a node", in.Failure, in.NodesPresent, in.MinNodes))
-		}
-		return restart(in, fmt.Sprintf("%s: no spare; restarting on the %d nodes present", in.Failure, in.NodesPresent))
-	default: // RankCrash, RankHang and anything unknown count as a process failure
-		return restart(in, string(in.Failure)+": restarting every rank in place")
+func restart(in Input, r Reason, why string) Decision {
+	b := in.Budget()
+	now := in.Now
+	if now.IsZero() {
+		now = time.Now()
 	}
+	used := b.Used(in.RecentRestarts, in.RestartsUsed, now)
+	within := ""
+	if b.Window > 0 {
+		within = " within " + b.Window.String()
+	}
+	if !b.Allows(used) {
+		return Decision{Action: CloseJob, Close: verdict.RestartBudgetExhausted, Reason: ReasonBudgetExhausted,
+			Why: fmt.Sprintf("restart budget exhausted (%d of %d restarts used%s)", used, in.MaxRestarts, within)}
+	}
+	return Decision{Action: RestartInPlace, CountsRestart: true, Reason: r, Delay: b.Wait(0),
+		Why: fmt.Sprintf("%s (restart %d of %d%s)", why, used+1, in.MaxRestarts, within)}
 }
 
-func restart(in Input, why string) Decision {
-	if !budgetLeft(in.RestartsUsed, in.MaxRestarts) {
-		return Decision{Action: CloseJob, Close: verdict.RestartBudgetExhausted, Why: budgetExhausted(in.RestartsUsed, in.MaxRestarts)}
-	}
-	return Decision{Action: RestartInPlace, CountsRestart: true,
-		Why: fmt.Sprintf("%s (restart %d of %d)", why, in.RestartsUsed+1, in.MaxRestarts)}
+// Budget is the job's restart budget: --max-restarts within
+// --restart-window, each restart after --restart-delay.
+func (in Input) Budget() RestartBudget {
+	return RestartBudget{Limit: in.MaxRestarts, Window: in.Window, Delay: in.Delay}
 }
 
 // budgetLeft reports whether the budget allows one more restart.

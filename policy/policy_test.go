@@ -1,7 +1,9 @@
 package policy
 
 import (
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/ftlauncher/ft-launcher/verdict"
 )
@@ -64,7 +66,7 @@ func TestDecideInvariants(t *testing.T) {
 						if !d.Close.Valid() || d.CountsRestart {
 							t.Fatalf("%+v: close without kind or counted: %+v", in, d)
 						}
-					case RestartInPlace, RestartInProcess:
+					case RestartInPlace:
 						if !d.CountsRestart || used >= max {
 							t.Fatalf("%+v: restart in place must count and needs budget: %+v", in, d)
 						}
@@ -81,72 +83,81 @@ func TestDecideInvariants(t *testing.T) {
 	}
 }
 
-// TestDecideInProcess: the in-process action and its inputs (mode, every
-// survivor registered, failure kind, budget, a failure during an
-// in-process restart).
-func TestDecideInProcess(t *testing.T) {
-	ip := func(in Input) Input { in.Mode = ModeInProcess; in.NodesPresent, in.MinNodes = 2, 2; return in }
+// TestDecideReasons: every decision names its rule as a constant, and the
+// rule matches the action (consumers switch on it, never on Why).
+func TestDecideReasons(t *testing.T) {
 	tests := []struct {
-		name      string
-		in        Input
-		action    Action
-		inProcess bool
-		counts    bool
-		close     verdict.Kind
+		in   Input
+		want Reason
 	}{
-		{"crash, all registered", ip(Input{Failure: RankCrash, MaxRestarts: 3, AllInProcessCapable: true}), RestartInProcess, true, true, ""},
-		{"hang, all registered", ip(Input{Failure: RankHang, RestartsUsed: 1, MaxRestarts: 3, AllInProcessCapable: true}), RestartInProcess, true, true, ""},
-		{"hang, a survivor silent too", ip(Input{Failure: RankHang, MaxRestarts: 3, AllInProcessCapable: true, SurvivorSilent: true}), RestartInPlace, false, true, ""},
-		{"crash: silence is not asked", ip(Input{Failure: RankCrash, MaxRestarts: 3, AllInProcessCapable: true, SurvivorSilent: true}), RestartInProcess, true, true, ""},
-		{"node lost: silence is not asked", ip(Input{Failure: NodeLost, SparesAvailable: 1, AllInProcessCapable: true, SurvivorSilent: true}), SwapSpare, true, false, ""},
-		{"crash, a survivor not registered", ip(Input{Failure: RankCrash, MaxRestarts: 3}), RestartInPlace, false, true, ""},
-		{"crash during an in-process restart escalates", ip(Input{Failure: RankCrash, MaxRestarts: 3, AllInProcessCapable: true, DuringInProcess: true}), RestartInPlace, false, true, ""},
-		{"crash, budget spent", ip(Input{Failure: RankCrash, RestartsUsed: 3, MaxRestarts: 3, AllInProcessCapable: true}), CloseJob, false, false, verdict.RestartBudgetExhausted},
-		{"crash, max-restarts 0", ip(Input{Failure: RankCrash, AllInProcessCapable: true}), CloseJob, false, false, verdict.RestartBudgetExhausted},
-		{"full mode ignores registration", Input{Failure: RankCrash, MaxRestarts: 3, AllInProcessCapable: true, Mode: ModeFull, NodesPresent: 1, MinNodes: 1}, RestartInPlace, false, true, ""},
-		{"empty mode is full", Input{Failure: RankCrash, MaxRestarts: 3, AllInProcessCapable: true, NodesPresent: 1, MinNodes: 1}, RestartInPlace, false, true, ""},
-		{"node lost with spare: swap, others stay", ip(Input{Failure: NodeLost, SparesAvailable: 1, AllInProcessCapable: true}), SwapSpare, true, false, ""},
-		{"node lost with spare, not registered", ip(Input{Failure: NodeLost, SparesAvailable: 1}), SwapSpare, false, false, ""},
-		{"node lost no spare: others stay", ip(Input{Failure: NodeLost, MaxRestarts: 2, AllInProcessCapable: true}), RestartInPlace, true, true, ""},
-		{"node stopped no spare, no budget", ip(Input{Failure: NodeStopped, MaxRestarts: 0, AllInProcessCapable: true}), CloseJob, false, false, verdict.RestartBudgetExhausted},
-		{"no-restart request closes", ip(Input{Failure: NoRestartRequest, MaxRestarts: 3, AllInProcessCapable: true}), CloseJob, false, false, verdict.NoRestart},
+		{Input{Failure: NoRestartRequest, MaxRestarts: 3}, ReasonNoRestartRequested},
+		{Input{Failure: NodeLost, SparesAvailable: 1}, ReasonSpareSwap},
+		{Input{Failure: NodeStopped, MaxRestarts: 1, NodesPresent: 1, MinNodes: 2}, ReasonWaitForNodes},
+		{Input{Failure: NodeExcluded, MaxRestarts: 1, NodesPresent: 2, MinNodes: 2}, ReasonRestartOnPresent},
+		{Input{Failure: RankHang, MaxRestarts: 1, NodesPresent: 2, MinNodes: 2}, ReasonProcessFailure},
+		{Input{Failure: RankCrash, RestartsUsed: 1, MaxRestarts: 1}, ReasonBudgetExhausted},
+	}
+	seen := map[Reason]bool{}
+	for _, tc := range tests {
+		d := Decide(tc.in)
+		if d.Reason != tc.want {
+			t.Errorf("Decide(%+v).Reason = %q, want %q (why %q)", tc.in, d.Reason, tc.want, d.Why)
+		}
+		seen[d.Reason] = true
+	}
+	for _, r := range Reasons {
+		if !seen[r] {
+			t.Errorf("reason %q has no case", r)
+		}
+	}
+}
+
+// TestDecideWindowAndDelay: with --restart-window only the restarts within
+// it count; --restart-delay is the wait of every counted restart.
+func TestDecideWindowAndDelay(t *testing.T) {
+	now := time.Date(2026, 12, 5, 12, 0, 0, 0, time.UTC)
+	ago := func(d ...time.Duration) []time.Time {
+		var ts []time.Time
+		for _, x := range d {
+			ts = append(ts, now.Add(-x))
+		}
+		return ts
+	}
+	tests := []struct {
+		name   string
+		in     Input
+		action Action
+		why    string
+	}{
+		{"two old restarts fall out of the window",
+			Input{Failure: RankCrash, RestartsUsed: 2, MaxRestarts: 2, Window: time.Hour, RecentRestarts: ago(2*time.Hour, 90*time.Minute), Now: now, Delay: 5 * time.Second},
+			RestartInPlace, "(restart 1 of 2 within 1h0m0s)"},
+		{"one within, one out",
+			Input{Failure: RankCrash, RestartsUsed: 5, MaxRestarts: 2, Window: time.Hour, RecentRestarts: ago(2*time.Hour, 10*time.Minute), Now: now, Delay: 5 * time.Second},
+			RestartInPlace, "(restart 2 of 2 within 1h0m0s)"},
+		{"both within: exhausted",
+			Input{Failure: RankCrash, RestartsUsed: 2, MaxRestarts: 2, Window: time.Hour, RecentRestarts: ago(30*time.Minute, 10*time.Minute), Now: now},
+			CloseJob, "restart budget exhausted (2 of 2 restarts used within 1h0m0s)"},
+		{"no window: the total counts",
+			Input{Failure: RankCrash, RestartsUsed: 2, MaxRestarts: 2, RecentRestarts: ago(2*time.Hour, 90*time.Minute), Now: now},
+			CloseJob, "restart budget exhausted (2 of 2 restarts used)"},
+		{"a spare swap waits for nothing",
+			Input{Failure: NodeLost, SparesAvailable: 1, Delay: 5 * time.Second},
+			SwapSpare, "a spare takes its place"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			d := Decide(tc.in)
-			if d.Action != tc.action || d.InProcess != tc.inProcess || d.CountsRestart != tc.counts || d.Close != tc.close {
-				t.Fatalf("Decide(%+v) = %+v; want action %s in-process %v counts %v close %q", tc.in, d, tc.action, tc.inProcess, tc.counts, tc.close)
+			if d.Action != tc.action || !strings.Contains(d.Why, tc.why) {
+				t.Fatalf("Decide = %+v; want %s with %q", d, tc.action, tc.why)
 			}
-			wantMode := map[bool]string{true: ModeInProcess, false: ModeFull}[tc.inProcess]
-			if tc.action == CloseJob {
-				wantMode = ""
+			wantDelay := time.Duration(0)
+			if d.CountsRestart {
+				wantDelay = tc.in.Delay
 			}
-			if d.Mode() != wantMode || d.Why == "" {
-				t.Fatalf("mode %q (want %q), why %q", d.Mode(), wantMode, d.Why)
+			if d.Delay != wantDelay {
+				t.Fatalf("delay %v, want %v", d.Delay, wantDelay)
 			}
 		})
-	}
-	// The in-process mode never changes whether the job restarts or what
-	// it spends: only how the survivors restart.
-	for _, f := range Failures {
-		for used := 0; used <= 2; used++ {
-			for spares := 0; spares <= 1; spares++ {
-				for _, during := range []bool{false, true} {
-					for _, silent := range []bool{false, true} {
-						in := Input{Failure: f, RestartsUsed: used, MaxRestarts: 2, SparesAvailable: spares, NodesPresent: 2, MinNodes: 2}
-						full := Decide(in)
-						in.Mode, in.AllInProcessCapable, in.DuringInProcess, in.SurvivorSilent = ModeInProcess, true, during, silent
-						d := Decide(in)
-						if d.CountsRestart != full.CountsRestart || d.Close != full.Close || (d.Action == CloseJob) != (full.Action == CloseJob) {
-							t.Fatalf("%+v: in-process %+v differs from full %+v in budget or close", in, d, full)
-						}
-						want := !during && !(silent && f == RankHang)
-						if d.Action != CloseJob && d.InProcess != want {
-							t.Fatalf("%+v: in-process %v, want %v", in, d.InProcess, want)
-						}
-					}
-				}
-			}
-		}
 	}
 }

@@ -1,5 +1,7 @@
 package policy
 
+import "time"
+
 // The node's decisions. Decide (policy.go) is the job's: whether the job
 // restarts, swaps a spare or closes, and what that spends; the rendezvous
 // applies it. The functions below are one node's: whether this node's
@@ -31,6 +33,10 @@ type SurvivorsInput struct {
 	JobRestarts  bool
 	RestartsUsed int
 	MaxRestarts  int
+	// Window is the job's --restart-window: with one, the node does not
+	// know which of the job's restarts still count, so it leaves the
+	// budget to the job's decision (a close then stops the survivors).
+	Window time.Duration
 	// RoundEndReason is why the round ended, for the reason recorded when
 	// the survivors of a JobRestarts stay.
 	RoundEndReason string
@@ -48,7 +54,12 @@ type SurvivorsInput struct {
 	// (ft_launcher_client's inprocess API).
 	AllCapable bool
 	// SurvivorSilent: at a hang, a survivor may be the hung rank or is
-	// indistinguishable from it (Input.SurvivorSilent).
+	// indistinguishable from it. In a job whose ranks wait on each
+	// other in collectives, a hung rank's peers fall silent with it, so
+	// heartbeats cannot tell the hung rank from the ranks waiting for it:
+	// keeping a silent survivor could keep the hung rank, which then never
+	// rejoins. Only a hang with every survivor recently heartbeating
+	// keeps the survivors.
 	SurvivorSilent bool
 	// KeptIntoRound: survivors of an earlier failure were kept into this
 	// round (an in-process restart brought this round's ranks up).
@@ -80,10 +91,30 @@ type SurvivorsDecision struct {
 	// RecordFallback: During, the job restarts, and no earlier record
 	// names the fallback: the node records one (failure_during).
 	RecordFallback bool
-	// Why says how the decision was reached; when Stay, it is the reason
-	// the survivors' notice carries.
-	Why string
+	// Reason is the rule that decided; Why says how, and when Stay, it is
+	// the reason the survivors' notice carries.
+	Reason Reason
+	Why    string
 }
+
+// The node's reasons (Survivors).
+const (
+	ReasonSurvivorsStay   Reason = "survivors_stay"            // the survivors keep their processes
+	ReasonNotAFailure     Reason = "not_a_failure"             // the cycle did not end by a failure that restarts
+	ReasonFullRestartMode Reason = "full_restart_mode"         // --restart-mode full, or monitors that cannot carry in-process
+	ReasonNodeEnding      Reason = "node_ending"               // a signal, a rank's request, the walltime
+	ReasonDuringInProcess Reason = "failure_during_in_process" // escalates to the full restart
+	ReasonNotCapable      Reason = "survivor_not_capable"      // a survivor did not register for in-process restarts
+	ReasonNoAgentStore    Reason = "no_agent_store"            // rank 0 hosts the c10d store and could not bind it again
+	ReasonNoSurvivor      Reason = "no_survivor"               // no rank of this node survived
+	ReasonSurvivorSilent  Reason = "survivor_silent"           // at a hang, a survivor was silent too
+)
+
+// SurvivorsReasons lists the node's reasons (tests, docs); a decision that
+// closes the job carries the job's reason (ReasonNoRestartRequested,
+// ReasonBudgetExhausted).
+var SurvivorsReasons = []Reason{ReasonSurvivorsStay, ReasonNotAFailure, ReasonFullRestartMode, ReasonNodeEnding,
+	ReasonDuringInProcess, ReasonNotCapable, ReasonNoAgentStore, ReasonNoSurvivor, ReasonSurvivorSilent}
 
 // MaySurvive reports whether the survivors' question arises at all, from
 // the facts known before the node counts its ranks: false means every
@@ -106,42 +137,45 @@ func MaySurvive(in SurvivorsInput) bool {
 //   - the survivors stay only when there is an agent store, at least one
 //     survivor, and every survivor registered as in-process capable;
 //   - after a hang, a silent survivor means the full restart
-//     (Input.SurvivorSilent).
+//     (SurvivorsInput.SurvivorSilent).
 func Survivors(in SurvivorsInput) SurvivorsDecision {
 	if !MaySurvive(in) {
-		why := "the cycle did not end by a failure that restarts"
 		switch {
 		case !in.InProcess:
-			why = "no in-process restart here (--restart-mode full, or rank monitors that cannot carry one)"
+			return SurvivorsDecision{Reason: ReasonFullRestartMode,
+				Why: "no in-process restart here (--restart-mode full, or rank monitors that cannot carry one)"}
 		case in.NodeEnding:
-			why = "this node does not restart (a signal, a rank's request, or the walltime)"
+			return SurvivorsDecision{Reason: ReasonNodeEnding,
+				Why: "this node does not restart (a signal, a rank's request, or the walltime)"}
 		}
-		return SurvivorsDecision{Why: why}
+		return SurvivorsDecision{Reason: ReasonNotAFailure, Why: "the cycle did not end by a failure that restarts"}
 	}
 	capable := in.AgentStore && in.AllCapable && in.Survivors > 0
 	d := SurvivorsDecision{During: in.KeptIntoRound && !in.FirstStepsTaken ||
 		!in.KeptIntoRound && capable && !in.FirstStepsTaken}
 	switch {
 	case in.Failure == NoRestartRequest:
-		d.JobCloses, d.Why = true, "a rank asked not to restart the workload"
+		d.JobCloses, d.Reason, d.Why = true, ReasonNoRestartRequested, "a rank asked not to restart the workload"
 		return d
-	case !in.JobRestarts && !budgetLeft(in.RestartsUsed, in.MaxRestarts):
-		d.JobCloses, d.Why = true, budgetExhausted(in.RestartsUsed, in.MaxRestarts)
+	case !in.JobRestarts && in.Window <= 0 && !budgetLeft(in.RestartsUsed, in.MaxRestarts):
+		d.JobCloses, d.Reason, d.Why = true, ReasonBudgetExhausted, budgetExhausted(in.RestartsUsed, in.MaxRestarts)
 		return d
 	}
 	d.RecordFallback = d.During && !in.RejoinOverdue
-	if blocked := inProcessBlocked(in.Failure, d.During, capable, in.SurvivorSilent); blocked != "" {
-		d.Why = "this node's ranks restart fully; " + blocked
+	if blocked, why := inProcessBlocked(in.Failure, d.During, capable, in.SurvivorSilent); blocked != "" {
+		d.Reason, d.Why = blocked, "this node's ranks restart fully; "+why
 		switch {
 		case d.During:
 		case !in.AgentStore:
+			d.Reason = ReasonNoAgentStore
 			d.Why += " (no agent store: rank 0 hosts the c10d store and could not bind it again)"
 		case in.Survivors == 0:
+			d.Reason = ReasonNoSurvivor
 			d.Why += " (no rank of this node survived)"
 		}
 		return d
 	}
-	d.Stay = true
+	d.Stay, d.Reason = true, ReasonSurvivorsStay
 	if in.JobRestarts {
 		d.Why = "the round ended (" + in.RoundEndReason + "); this node's ranks restart in process"
 	} else {
@@ -150,18 +184,18 @@ func Survivors(in SurvivorsInput) SurvivorsDecision {
 	return d
 }
 
-// inProcessBlocked is the rule both decisions share: why the survivors of
-// a restart may not stay in their processes ("" when they may).
-func inProcessBlocked(f Failure, during, capable, silent bool) string {
+// inProcessBlocked says why the survivors of a restart may not stay in
+// their processes ("" when they may).
+func inProcessBlocked(f Failure, during, capable, silent bool) (Reason, string) {
 	switch {
 	case during:
-		return "a failure during an in-process restart escalates to the full restart"
+		return ReasonDuringInProcess, "a failure during an in-process restart escalates to the full restart"
 	case !capable:
-		return "not every survivor registered for an in-process restart: full restart"
+		return ReasonNotCapable, "not every survivor registered for an in-process restart: full restart"
 	case f == RankHang && silent:
-		return "a survivor was silent too (waiting for the hung rank, or hung itself): full restart"
+		return ReasonSurvivorSilent, "a survivor was silent too (waiting for the hung rank, or hung itself): full restart"
 	}
-	return ""
+	return "", ""
 }
 
 // HangQuarantineThreshold is the number of hang verdicts on one node

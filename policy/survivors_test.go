@@ -1,8 +1,10 @@
 package policy
 
 import (
+	"slices"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestSurvivors: every branch of the node's in-process decision.
@@ -42,6 +44,8 @@ func TestSurvivors(t *testing.T) {
 		{"no failure (success, signal, fence)", ok(func(in *SurvivorsInput) { in.Failure = "" }), want{}, "did not end by a failure", false},
 		{"no-restart request closes", ok(func(in *SurvivorsInput) { in.JobRestarts, in.Failure = true, NoRestartRequest }), want{closes: true}, "not to restart", true},
 		{"crash, budget spent: the job closes", ok(func(in *SurvivorsInput) { in.RestartsUsed = 3 }), want{closes: true}, "restart budget exhausted (3 of 3", true},
+		{"crash, count spent but a window: the job's decision counts", ok(func(in *SurvivorsInput) { in.RestartsUsed, in.Window = 3, time.Hour }),
+			want{stay: true}, "replacing", true},
 		{"crash, max-restarts 0", ok(func(in *SurvivorsInput) { in.RestartsUsed, in.MaxRestarts = 0, 0 }), want{closes: true}, "budget exhausted", true},
 		{"closing during a restart records no fallback", ok(func(in *SurvivorsInput) { in.RestartsUsed, in.KeptIntoRound, in.FirstStepsTaken = 3, true, false }),
 			want{closes: true, during: true}, "budget exhausted", true},
@@ -98,8 +102,11 @@ func TestSurvivorsInvariants(t *testing.T) {
 						RestartsUsed: used, MaxRestarts: 2, AgentStore: b(3), Survivors: survivors, AllCapable: b(4),
 						SurvivorSilent: b(5), KeptIntoRound: b(6), FirstStepsTaken: b(7), RejoinOverdue: b(8)}
 					d := Survivors(in)
-					if d.Why == "" {
-						t.Fatalf("%+v: no reason: %+v", in, d)
+					if d.Why == "" || !slices.Contains(SurvivorsReasons, d.Reason) && !slices.Contains(Reasons, d.Reason) {
+						t.Fatalf("%+v: no reason, or one not listed: %+v", in, d)
+					}
+					if d.Stay != (d.Reason == ReasonSurvivorsStay) {
+						t.Fatalf("%+v: stay %v with reason %q", in, d.Stay, d.Reason)
 					}
 					if !MaySurvive(in) && (d.Stay || d.JobCloses || d.During || d.RecordFallback) {
 						t.Fatalf("%+v: decided although the question does not arise: %+v", in, d)
@@ -116,14 +123,12 @@ func TestSurvivorsInvariants(t *testing.T) {
 					if !MaySurvive(in) || in.JobRestarts || (f != RankCrash && f != RankHang) {
 						continue
 					}
-					capable := in.AgentStore && in.AllCapable && in.Survivors > 0
-					job := Decide(Input{Failure: f, RestartsUsed: used, MaxRestarts: 2, Mode: ModeInProcess,
-						AllInProcessCapable: capable, DuringInProcess: d.During, SurvivorSilent: in.SurvivorSilent})
-					if d.JobCloses != (job.Action == CloseJob) || d.Stay != job.InProcess {
+					job := Decide(Input{Failure: f, RestartsUsed: used, MaxRestarts: 2, NodesPresent: 1, MinNodes: 1})
+					if d.JobCloses != (job.Action == CloseJob) {
 						t.Fatalf("%+v: node %+v disagrees with the job's %+v", in, d, job)
 					}
-					if d.Stay && d.Why != job.Why {
-						t.Fatalf("%+v: node's reason %q, job's %q", in, d.Why, job.Why)
+					if d.JobCloses && d.Reason != job.Reason {
+						t.Fatalf("%+v: node's reason %q, job's %q", in, d.Reason, job.Reason)
 					}
 				}
 			}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/ftlauncher/ft-launcher/eventlog"
 	"github.com/ftlauncher/ft-launcher/ledger"
+	"github.com/ftlauncher/ft-launcher/policy"
 )
 
 // Schema is the value of the JSON form's schema field.
@@ -404,7 +405,7 @@ func computeJob(g *jobRecords, r *Report) (Job, error) {
 			if hasRound {
 				f := get(round)
 				kind := "round_ended"
-				if strings.Contains(ev.Reason, "lost") {
+				if ev.Cause != nil && policy.Failure(*ev.Cause) == policy.NodeLost {
 					kind = "node_loss"
 				}
 				f.failAt(e.TS, e.TS, kind, ev.Reason)
