@@ -53,15 +53,20 @@ const (
 
 type Config struct {
 	// torchrun-compatible launch options.
-	NNodes           NNodes
-	NProcPerNode     int    // resolved count
-	NProcSpec        string // as given: "4", "cpu", "gpu", "auto"
-	RdzvBackend      string // static | c10d | etcd | etcd-v2 (c10d maps to the embedded etcd default)
-	RdzvEndpoint     string
-	RdzvID           string
-	RdzvConf         map[string]string // as given; Rdzv holds the interpreted values
-	Standalone       bool
-	MaxRestarts      int
+	NNodes       NNodes
+	NProcPerNode int    // resolved count
+	NProcSpec    string // as given: "4", "cpu", "gpu", "auto"
+	RdzvBackend  string // static | c10d | etcd | etcd-v2 (c10d maps to the embedded etcd default)
+	RdzvEndpoint string
+	RdzvID       string
+	RdzvConf     map[string]string // as given; Rdzv holds the interpreted values
+	Standalone   bool
+	MaxRestarts  int
+	// RestartWindow, when set, counts only the restarts within it against
+	// MaxRestarts; RestartDelay is the wait before each counted restart's
+	// round (the job's policy.RestartBudget).
+	RestartWindow    time.Duration
+	RestartDelay     time.Duration
 	MonitorInterval  time.Duration // accepted and ignored: ft-launcher is event-driven
 	StartMethod      string
 	Role             string

@@ -59,6 +59,8 @@ func (c *Config) Effective() string {
 	add("rdzv_conf", c.RdzvConf)
 	add("standalone", c.Standalone)
 	add("max_restarts", c.MaxRestarts)
+	add("restart_window", c.RestartWindow.Seconds())
+	add("restart_delay", c.RestartDelay.Seconds())
 	add("monitor_interval", c.MonitorInterval.Seconds())
 	add("start_method", c.StartMethod)
 	add("role", c.Role)

@@ -290,6 +290,35 @@ func TestRestartModeOptions(t *testing.T) {
 	}
 }
 
+// TestRestartBudgetOptions: --restart-window and --restart-delay (and
+// their PET_ variables), with their defaults and bad values.
+func TestRestartBudgetOptions(t *testing.T) {
+	tests := []struct {
+		name          string
+		args          []string
+		env           map[string]string
+		window, delay time.Duration
+		err           string
+	}{
+		{name: "defaults: every restart counts, none waits"},
+		{name: "flags", args: []string{"--restart-window", "3600", "--restart_delay=2.5"}, window: time.Hour, delay: 2500 * time.Millisecond},
+		{name: "env", env: map[string]string{"PET_RESTART_WINDOW": "60", "PET_RESTART_DELAY": "1"}, window: time.Minute, delay: time.Second},
+		{name: "negative window", args: []string{"--restart-window", "-1"}, err: "--restart-window: invalid value \"-1\": must be a number of seconds from 0 to 604800"},
+		{name: "delay not a number", args: []string{"--restart-delay", "soon"}, err: "--restart-delay: invalid value \"soon\""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := parseOrUsageError(t, tt.args, tt.env, tt.err)
+			if c == nil {
+				return
+			}
+			if c.RestartWindow != tt.window || c.RestartDelay != tt.delay {
+				t.Errorf("window %v delay %v, want %v %v", c.RestartWindow, c.RestartDelay, tt.window, tt.delay)
+			}
+		})
+	}
+}
+
 // parseOrUsageError parses args + "x.py" with env: with wantErr set it
 // checks for a usage error containing it and returns nil; else the config.
 func parseOrUsageError(t *testing.T, args []string, env map[string]string, wantErr string) *Config {

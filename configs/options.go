@@ -108,6 +108,12 @@ func options() []*option {
 				p.cfg.MaxRestarts, err = parseIntRange(v, 0, MaxCount)
 				return err
 			}},
+		{names: []string{"restart-window"}, env: true, group: grpLaunch, arg: "SECONDS", def: "0",
+			help: "Count only the restarts of the last SECONDS against --max-restarts, so that rare failures spread over a long job do not use up its budget (Nomad's restart interval); 0 (the default): every restart counts. 0 to 604800. See docs/rendezvous.md.",
+			set:  func(p *parser, v string) (err error) { p.cfg.RestartWindow, err = parseSeconds(v, false); return err }},
+		{names: []string{"restart-delay"}, env: true, group: grpLaunch, arg: "SECONDS", def: "0",
+			help: "Wait SECONDS before each restart that spends the budget starts its round (a shared file system or service given time to recover); 0 (the default): at once. A spare's swap does not wait. 0 to 604800.",
+			set:  func(p *parser, v string) (err error) { p.cfg.RestartDelay, err = parseSeconds(v, false); return err }},
 		{names: []string{"monitor-interval"}, env: true, group: grpLaunch, arg: "SECONDS", def: "0.3",
 			help: "Accepted for torchrun compatibility (0.001 to 604800) and ignored: ft-launcher is event-driven and polls nothing (rank exits arrive on SIGCHLD, hangs are acted on at their own deadlines).",
 			set:  func(p *parser, v string) (err error) { p.cfg.MonitorInterval, err = parseSeconds(v, true); return err }},

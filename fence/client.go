@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ftlauncher/ft-launcher/internal/procfs"
+	"github.com/ftlauncher/ft-launcher/policy"
 	"github.com/ftlauncher/ft-launcher/spawn"
 )
 
@@ -25,36 +26,18 @@ const writeBound = time.Second
 // before it SIGKILLs it.
 const closeBound = 5 * time.Second
 
-// RestartPolicy bounds the restarts of a watchdog process that keeps dying.
-// A death is repaired at once (no backoff: the node is unprotected until a
-// new watchdog serves); the launcher gives up, and fences its ranks itself,
-// when a watchdog dies QuickDeaths times in a row each within Quick of its
-// start (a crash loop: restarting again would leave the ranks unprotected
-// most of the time), or when StartAttempts starts in a row fail after one
-// death, RetryWait apart (the executable is gone, no fork is possible).
-type RestartPolicy struct {
-	QuickDeaths   int
-	Quick         time.Duration
-	StartAttempts int
-	RetryWait     time.Duration
-}
-
-// DefaultRestartPolicy: 3 deaths in a row within 10 s of each start, or 3
-// failed starts 100 ms apart (the node is then unprotected for at most
-// about 0.2 s plus the three forks before its ranks are killed).
-func DefaultRestartPolicy() RestartPolicy {
-	return RestartPolicy{QuickDeaths: 3, Quick: 10 * time.Second, StartAttempts: 3, RetryWait: 100 * time.Millisecond}
-}
-
-// afterDeath is asked when a watchdog started at started died at died,
-// after quick deaths in a row within Quick of their start. It returns the
-// new count and whether the watchdog may be restarted.
-func (p RestartPolicy) afterDeath(quick int, started, died time.Time) (int, bool) {
-	if died.Sub(started) >= p.Quick {
-		return 0, true // it served a while: a new incident, not a loop
-	}
-	quick++
-	return quick, quick < p.QuickDeaths
+// DefaultBudget bounds the restarts of a watchdog process that keeps
+// dying (policy.RestartBudget). A death is repaired at once (the node is
+// unprotected until a new watchdog serves); a death or a failed start
+// soon after the last restart waits 100 ms, doubling to at most 1 s; the
+// launcher gives up, and fences its ranks itself, after 3 restarts within
+// 30 s (a crash loop, or an executable that is gone or a fork that fails:
+// restarting again would leave the ranks unprotected most of the time).
+// A watchdog that served 10 s ends the row. The node is unprotected for
+// at most about 0.3 s plus the forks before its ranks are killed.
+func DefaultBudget() policy.RestartBudget {
+	return policy.RestartBudget{Limit: 3, Window: 30 * time.Second, Backoff: 100 * time.Millisecond,
+		MaxBackoff: time.Second, Stable: 10 * time.Second}
 }
 
 // Options configure Start.
@@ -69,12 +52,12 @@ type Options struct {
 	// watchdog process died and a new one was started and given the state.
 	OnRestart func(Restart)
 	// OnGiveUp is called, from a goroutine of the Watchdog, when a dead
-	// watchdog is not restarted (Policy): the launcher has then SIGKILLed
+	// watchdog is not restarted (Budget): the launcher has then SIGKILLed
 	// the guarded groups itself, and kills every group guarded later at
 	// once; the node must not run ranks any more.
 	OnGiveUp func(GiveUp)
-	// Policy bounds the restarts; zero: DefaultRestartPolicy.
-	Policy RestartPolicy
+	// Budget bounds the restarts; zero: DefaultBudget.
+	Budget policy.RestartBudget
 	// Logger receives the launcher side's log lines (nil: discarded).
 	Logger *slog.Logger
 }
@@ -106,7 +89,7 @@ type GiveUp struct {
 }
 
 // Watchdog is the launcher's handle on its fence watchdog process, which it
-// restarts when it dies (RestartPolicy). A nil *Watchdog is valid and does
+// restarts when it dies (Options.Budget). A nil *Watchdog is valid and does
 // nothing (single-node jobs run none).
 //
 // The protocol's state (the guarded groups, the deadline) is kept here as
@@ -117,7 +100,7 @@ type Watchdog struct {
 	r      *spawn.Reaper
 	o      Options
 	argv   []string
-	policy RestartPolicy
+	budget policy.RestartBudget
 
 	mu       sync.Mutex
 	cur      *incarnation   // the running watchdog; nil while dead, given up or closed
@@ -160,14 +143,14 @@ func Start(r *spawn.Reaper, o Options) (*Watchdog, error) {
 		}
 		argv = []string{self, ModeArg}
 	}
-	p := o.Policy
-	if p == (RestartPolicy{}) {
-		p = DefaultRestartPolicy()
+	b := o.Budget
+	if b == (policy.RestartBudget{}) {
+		b = DefaultBudget()
 	}
-	if p.QuickDeaths < 1 || p.StartAttempts < 1 || p.Quick < 0 || p.RetryWait < 0 {
-		return nil, fmt.Errorf("fence watchdog: restart policy %+v: want QuickDeaths and StartAttempts >= 1, Quick and RetryWait >= 0", p)
+	if b.Limit < 1 || b.Window < 0 || b.Delay < 0 || b.Backoff < 0 || b.MaxBackoff < 0 || b.Stable < 0 {
+		return nil, fmt.Errorf("fence watchdog: restart budget %+v: want Limit >= 1 and no negative duration", b)
 	}
-	w := &Watchdog{log: log, r: r, o: o, argv: argv, policy: p, guarded: map[int]uint64{},
+	w := &Watchdog{log: log, r: r, o: o, argv: argv, budget: b, guarded: map[int]uint64{},
 		closing: make(chan struct{}), done: make(chan struct{})}
 	inc, err := w.spawn()
 	if err != nil {
@@ -234,7 +217,7 @@ func (w *Watchdog) spawn() (*incarnation, error) {
 // policy gives up.
 func (w *Watchdog) supervise(inc *incarnation) {
 	defer close(w.done)
-	quick := 0
+	tr := policy.RestartTracker{Budget: w.budget}
 	for {
 		select {
 		case <-inc.dead:
@@ -254,21 +237,21 @@ func (w *Watchdog) supervise(inc *incarnation) {
 		// it to sweep (a sweep would scan /proc before the restart).
 
 		served := e.At.Sub(inc.started)
-		var ok bool
-		quick, ok = w.policy.afterDeath(quick, inc.started, e.At)
+		wait, ok := tr.Next(e.At, inc.started)
 		w.log.Error("fence watchdog died: ranks are not killed if this launcher freezes until it is restarted",
 			"pid", inc.pid, "exit", e.String(), "served", served.Round(time.Millisecond), "restart", ok)
 		if !ok {
-			w.giveUp(inc, e, fmt.Sprintf("it died %d times in a row, each within %s of its start", quick, w.policy.Quick))
+			w.giveUp(inc, e, fmt.Sprintf("it died again after %s, its restart budget spent (%d restarts within %s)",
+				served.Round(time.Millisecond), w.budget.Limit, w.budget.Window))
 			return
 		}
 		var next *incarnation
 		var err error
 		attempts := 0
-		for attempts < w.policy.StartAttempts {
-			if attempts > 0 {
+		for {
+			if wait > 0 {
 				select {
-				case <-time.After(w.policy.RetryWait):
+				case <-time.After(wait):
 				case <-w.closing:
 					return
 				}
@@ -277,11 +260,12 @@ func (w *Watchdog) supervise(inc *incarnation) {
 			if next, err = w.spawn(); err == nil {
 				break
 			}
-			w.log.Error("fence watchdog: restart failed", "attempt", attempts, "of", w.policy.StartAttempts, "err", err)
-		}
-		if err != nil {
-			w.giveUp(inc, e, fmt.Sprintf("%d starts in a row failed, the last: %v", attempts, err))
-			return
+			w.log.Error("fence watchdog: restart failed", "attempt", attempts, "err", err)
+			if wait, ok = tr.Next(time.Now(), time.Time{}); !ok {
+				w.giveUp(inc, e, fmt.Sprintf("the last start failed (%v), its restart budget spent (%d restarts within %s)",
+					err, w.budget.Limit, w.budget.Window))
+				return
+			}
 		}
 		rs, ok := w.install(next)
 		if !ok {

@@ -39,7 +39,7 @@
 // launcher's handle (Watchdog) keeps the guarded groups and the last
 // deadline beside the pipe, starts a new watchdog when the reaper reports
 // the old one's death, and writes it that state (guards, then the
-// deadline) before anything else. RestartPolicy bounds the restarts; when
+// deadline) before anything else. Options.Budget bounds the restarts; when
 // it gives up, the handle SIGKILLs the guarded groups itself and kills any
 // group guarded later at once, so that no rank runs unprotected.
 //

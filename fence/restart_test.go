@@ -12,59 +12,53 @@ import (
 
 	"github.com/ftlauncher/ft-launcher/internal/procfs"
 	"github.com/ftlauncher/ft-launcher/internal/testenv"
+	"github.com/ftlauncher/ft-launcher/policy"
 	"github.com/ftlauncher/ft-launcher/spawn"
 )
 
-// TestRestartPolicy: deaths in a row within Quick of their start are
-// counted, a death after a longer life starts the count again, and the
-// QuickDeaths-th quick death in a row is not restarted.
-func TestRestartPolicy(t *testing.T) {
-	p := RestartPolicy{QuickDeaths: 3, Quick: 10 * time.Second, StartAttempts: 3, RetryWait: 100 * time.Millisecond}
+// TestDefaultBudget: the watchdog's restart budget over sequences of
+// deaths: a death is repaired at once, a crash loop gives up after 3
+// restarts within 30 s, and deaths far enough apart are repaired forever.
+func TestDefaultBudget(t *testing.T) {
 	t0 := time.Unix(1000, 0)
 	tests := []struct {
-		name      string
-		lives     []time.Duration // how long each incarnation ran before it died, in order
-		wantQuick []int
-		wantOK    []bool
+		name   string
+		lives  []time.Duration // how long each incarnation ran before it died, in order
+		wantOK []bool
+		wait0  time.Duration // the wait of the first restart
 	}{
-		{"one quick death", []time.Duration{time.Second}, []int{1}, []bool{true}},
-		{"one death after a long life", []time.Duration{time.Hour}, []int{0}, []bool{true}},
-		{"crash loop", []time.Duration{0, 10 * time.Millisecond, time.Second}, []int{1, 2, 3}, []bool{true, true, false}},
-		{"a long life in between resets", []time.Duration{time.Second, 2 * time.Second, 10 * time.Second, time.Second, time.Second},
-			[]int{1, 2, 0, 1, 2}, []bool{true, true, true, true, true}},
-		{"exactly Quick is not quick", []time.Duration{10 * time.Second, 10 * time.Second, 10 * time.Second, 10 * time.Second},
-			[]int{0, 0, 0, 0}, []bool{true, true, true, true}},
+		{"one quick death", []time.Duration{time.Second}, []bool{true}, 0},
+		{"one death after a long life", []time.Duration{time.Hour}, []bool{true}, 0},
+		{"crash loop", []time.Duration{0, 10 * time.Millisecond, time.Second, 0}, []bool{true, true, true, false}, 0},
+		{"deaths 11 s apart", []time.Duration{11 * time.Second, 11 * time.Second, 11 * time.Second, 11 * time.Second, 11 * time.Second},
+			[]bool{true, true, true, true, true}, 0},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			quick := 0
+			tr := policy.RestartTracker{Budget: DefaultBudget()}
 			started := t0
 			for i, life := range tc.lives {
-				var ok bool
-				quick, ok = p.afterDeath(quick, started, started.Add(life))
-				if quick != tc.wantQuick[i] || ok != tc.wantOK[i] {
-					t.Fatalf("death %d (after %s): quick %d, restart %v; want %d, %v", i, life, quick, ok, tc.wantQuick[i], tc.wantOK[i])
+				wait, ok := tr.Next(started.Add(life), started)
+				if ok != tc.wantOK[i] || i == 0 && wait != tc.wait0 || wait > time.Second {
+					t.Fatalf("death %d (after %s): wait %v, restart %v; want restart %v, a wait of at most 1 s", i, life, wait, ok, tc.wantOK[i])
 				}
-				started = started.Add(life + 50*time.Millisecond) // the restart
+				started = started.Add(life + wait + 50*time.Millisecond) // the restart
 			}
 		})
 	}
-	if got := DefaultRestartPolicy(); got.QuickDeaths < 1 || got.StartAttempts < 1 {
-		t.Errorf("DefaultRestartPolicy %+v restarts nothing", got)
-	}
 }
 
-// TestStartRefusesBadPolicy: a policy that could never restart is an error
+// TestStartRefusesBadBudget: a budget that could never restart is an error
 // naming what is allowed.
-func TestStartRefusesBadPolicy(t *testing.T) {
+func TestStartRefusesBadBudget(t *testing.T) {
 	r, err := spawn.NewReaper(nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer r.Close()
-	_, err = Start(r, Options{Argv: []string{os.Args[0]}, Policy: RestartPolicy{QuickDeaths: 0, StartAttempts: 1}})
-	if err == nil || !strings.Contains(err.Error(), "QuickDeaths and StartAttempts >= 1") {
-		t.Fatalf("Start with QuickDeaths 0: %v, want an error naming the allowed values", err)
+	_, err = Start(r, Options{Argv: []string{os.Args[0]}, Budget: policy.RestartBudget{Window: time.Second}})
+	if err == nil || !strings.Contains(err.Error(), "want Limit >= 1") {
+		t.Fatalf("Start with Limit 0: %v, want an error naming the allowed values", err)
 	}
 }
 
@@ -147,8 +141,8 @@ func TestWatchdogRestartedWithItsState(t *testing.T) {
 //
 //   - its executable is gone (removed after the start): every restart
 //     attempt fails;
-//   - it dies at once again and again: the QuickDeaths-th quick death in a
-//     row is not restarted.
+//   - it dies at once again and again: the death after the budget's last
+//     restart is not restarted.
 func TestWatchdogNotRestartable(t *testing.T) {
 	testenv.SkipShort(t, "runs the fence watchdog as real processes")
 	tests := []struct {
@@ -157,8 +151,8 @@ func TestWatchdogNotRestartable(t *testing.T) {
 		remove bool
 		want   string // in GiveUp.Reason
 	}{
-		{"executable gone", 1, true, "3 starts in a row failed"},
-		{"crash loop", 2, false, "died 2 times in a row"},
+		{"executable gone", 1, true, "the last start failed"},
+		{"crash loop", 2, false, "died again after"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -168,7 +162,7 @@ func TestWatchdogNotRestartable(t *testing.T) {
 			gaveUp := make(chan GiveUp, 1)
 			rg := newRigWith(t, func(o *Options) {
 				o.Argv = []string{bin}
-				o.Policy = RestartPolicy{QuickDeaths: 2, Quick: time.Hour, StartAttempts: 3, RetryWait: 10 * time.Millisecond}
+				o.Budget = policy.RestartBudget{Limit: map[bool]int{true: 3, false: 1}[tc.remove], Window: time.Hour, Backoff: 10 * time.Millisecond}
 				o.OnRestart = func(r Restart) { restarts <- r }
 				o.OnGiveUp = func(g GiveUp) { gaveUp <- g }
 			})

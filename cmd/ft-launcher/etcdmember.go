@@ -15,7 +15,7 @@ package main
 //     would not hold the job's rendezvous, and the job ends on the etcd
 //     loss bound as it does today.
 //
-// Restarts are bounded (restartBudget): the first is immediate, a member
+// Restarts are bounded (policy.RestartBudget): the first is immediate, a member
 // that dies again soon waits longer each time, and after a limit within a
 // window the keeper gives up and says so. Nothing is restarted once the
 // launcher shuts down.
@@ -35,6 +35,7 @@ import (
 
 	"github.com/ftlauncher/ft-launcher/eventlog"
 	"github.com/ftlauncher/ft-launcher/metrics"
+	"github.com/ftlauncher/ft-launcher/policy"
 	"github.com/ftlauncher/ft-launcher/spawn"
 	"github.com/ftlauncher/ft-launcher/verdict"
 )
@@ -48,55 +49,12 @@ const (
 	evPeerUp          = "etcd_peer_member_up"   // and answers again
 )
 
-// restartPolicy bounds the restarts of a member that keeps dying.
-type restartPolicy struct {
-	Limit      int           // restart attempts allowed within Window
-	Window     time.Duration // the sliding window Limit counts in
-	Backoff    time.Duration // the wait before the second attempt in a row
-	MaxBackoff time.Duration // the longest wait; doubles from Backoff up to it
-	Stable     time.Duration // a member that served this long resets the backoff
-}
-
 // defaultRestartPolicy: one death is repaired at once; a crash loop waits
 // 1 s, 2 s, 4 s... (at most 30 s) between attempts and stops after 5
-// attempts within 10 minutes (docs/rendezvous.md, "A dead member").
-var defaultRestartPolicy = restartPolicy{Limit: 5, Window: 10 * time.Minute,
+// attempts within 10 minutes; a member that served a minute starts the
+// backoff over (docs/rendezvous.md, "A dead member").
+var defaultRestartPolicy = policy.RestartBudget{Limit: 5, Window: 10 * time.Minute,
 	Backoff: time.Second, MaxBackoff: 30 * time.Second, Stable: time.Minute}
-
-// restartBudget is the state of restartPolicy for one member.
-type restartBudget struct {
-	p        restartPolicy
-	attempts []time.Time // the attempts within the window, oldest first
-	streak   int         // attempts since the member last served Stable
-}
-
-// next is asked when the member died (or a restart failed) at now, having
-// served since up (zero: it never served). It returns how long to wait
-// before the next restart attempt, or ok=false when the limit is spent.
-func (b *restartBudget) next(now, up time.Time) (wait time.Duration, ok bool) {
-	if !up.IsZero() && now.Sub(up) >= b.p.Stable {
-		b.streak = 0
-	}
-	keep := b.attempts[:0]
-	for _, a := range b.attempts {
-		if now.Sub(a) < b.p.Window {
-			keep = append(keep, a)
-		}
-	}
-	b.attempts = keep
-	if len(b.attempts) >= b.p.Limit {
-		return 0, false
-	}
-	if b.streak > 0 {
-		wait = b.p.Backoff << min(b.streak-1, 30)
-		if wait > b.p.MaxBackoff || wait <= 0 {
-			wait = b.p.MaxBackoff
-		}
-	}
-	b.streak++
-	b.attempts = append(b.attempts, now.Add(wait))
-	return wait, true
-}
 
 // memberFailures collects the verdict's etcd_member_failures; safe for
 // concurrent use and on nil.
@@ -137,7 +95,7 @@ type keeperDeps struct {
 	// peers are every member's client URL (this member's included): the
 	// member API is asked through the others.
 	peers  []string
-	policy restartPolicy
+	policy policy.RestartBudget
 }
 
 // memberKeeper watches and restarts one hosted member.
@@ -149,7 +107,7 @@ type memberKeeper struct {
 	bin    string
 	m      member
 	deps   keeperDeps
-	budget restartBudget
+	budget policy.RestartTracker
 	done   chan struct{}
 	peers  chan struct{} // closed when watchPeers ended
 
@@ -158,13 +116,13 @@ type memberKeeper struct {
 }
 
 func newMemberKeeper(ctx context.Context, reaper *spawn.Reaper, log *slog.Logger, bin string, m member, c *companion, deps keeperDeps) *memberKeeper {
-	if deps.policy == (restartPolicy{}) {
+	if deps.policy == (policy.RestartBudget{}) {
 		deps.policy = defaultRestartPolicy
 	}
 	// Its own life: the set-up context may end with the set-up; stop ends it.
 	kctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	k := &memberKeeper{ctx: kctx, cancel: cancel, reaper: reaper, log: log.With("member", m.name), bin: bin, m: m,
-		deps: deps, budget: restartBudget{p: deps.policy}, cur: c, done: make(chan struct{}), peers: make(chan struct{})}
+		deps: deps, budget: policy.RestartTracker{Budget: deps.policy}, cur: c, done: make(chan struct{}), peers: make(chan struct{})}
 	deps.metrics.EtcdMemberUp(m.name)
 	go k.run()
 	if m.cluster != "" {
@@ -249,7 +207,7 @@ func (k *memberKeeper) repair(c *companion, e spawn.Exit) bool {
 
 	served, adopt := c.started, c.dir
 	for {
-		wait, ok := k.budget.next(time.Now(), served)
+		wait, ok := k.budget.Next(time.Now(), served)
 		if !ok {
 			return k.giveUp(f, fmt.Sprintf("%d restart attempts within %v spent", k.deps.policy.Limit, k.deps.policy.Window))
 		}

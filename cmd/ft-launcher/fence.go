@@ -41,7 +41,7 @@ func watchdogMargin(ttl, fenceMargin time.Duration) time.Duration {
 // has only the in-process fence, as before.
 //
 // A watchdog that dies later is restarted at once with the state
-// (fence.RestartPolicy); each restart is logged, written to the event log
+// (fence.DefaultBudget); each restart is logged, written to the event log
 // (fence_watchdog_restarted), counted (ftlauncher_fence_watchdog_restarts_total)
 // and listed in the verdict (fence_watchdog). When it cannot be restarted,
 // the ranks it guarded have been SIGKILLed and abort ends this node: it
