@@ -1,6 +1,8 @@
 package agent
 
 import (
+	"context"
+	"log/slog"
 	"os"
 	"time"
 
@@ -117,6 +119,9 @@ type runState struct {
 	// verdict.MaxRankFailures (recordRankFailure).
 	rankFailures []verdict.RankFailure
 	outcome      *Outcome
+	// restartAt is when the next round may start after a restart that
+	// spent the budget (--restart-delay); zero: at once.
+	restartAt time.Time
 
 	// In-process restarts (inprocess.go): survivors kept between a failure
 	// and the next round, the log attempts they write to, the restart
@@ -304,4 +309,32 @@ func finishedFlag(path string) verdict.FinishedFlag {
 	}
 	_, err := os.Stat(path)
 	return verdict.FinishedFlag{Path: path, Present: err == nil}
+}
+
+// delayNextRound makes the next round wait d after a restart that spent
+// the budget (--restart-delay; 0: at once).
+func (r *runState) delayNextRound(d time.Duration) {
+	r.restartAt = time.Time{}
+	if d > 0 {
+		r.restartAt = time.Now().Add(d)
+	}
+}
+
+// waitRestartDelay waits, before joining the next round, for the restart
+// delay a decision set (delayNextRound); ctx ends the wait (a signal).
+func (r *runState) waitRestartDelay(ctx context.Context, log *slog.Logger) error {
+	wait := time.Until(r.restartAt)
+	r.restartAt = time.Time{}
+	if wait <= 0 {
+		return nil
+	}
+	log.Info("waiting before the next round (--restart-delay)", "wait", wait.Round(time.Millisecond))
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }

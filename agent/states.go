@@ -129,6 +129,9 @@ func (a *Agent) joining(ctx context.Context) State {
 	t0 := time.Now()
 	var asg rendezvous.Assignment
 	sig, err := a.call(ctx, 0, func(ctx context.Context) error {
+		if err := a.run.waitRestartDelay(ctx, a.log); err != nil {
+			return err
+		}
 		var err error
 		asg, err = a.d.Rdzv.Next(ctx)
 		return err
@@ -442,6 +445,7 @@ func (a *Agent) decideFailure(ctx context.Context, end cycleEnd) State {
 		a.run.closedBy(dec.Close, dec.Code, dec.Reason)
 		return StateDone
 	}
+	a.run.delayNextRound(dec.Delay)
 	action := a.restartAction(dec.Action)
 	msg := "restarting all ranks"
 	if action == policy.RestartInProcess {
@@ -477,6 +481,7 @@ func (a *Agent) decideRoundEnded(ctx context.Context, end cycleEnd) State {
 		a.run.closedBy(e.Close, e.Code, e.Reason)
 		return StateDone
 	}
+	a.run.delayNextRound(e.Delay)
 	action := a.restartAction(e.Action)
 	a.log.Warn("round ended by the job; restarting", "round", asg.Round, "reason", e.Reason, "action", string(action))
 	rec := eventlog.RestartEvent{AfterRound: asg.Round, Reason: e.Reason, Mode: eventlog.Opt(a.restartMode())}
@@ -530,6 +535,7 @@ func (a *Agent) decideFenced(ctx context.Context, end cycleEnd) State {
 		return StateDone
 	}
 	a.log.Warn("fenced round is over; rejoining", "round", asg.Round, "reason", dec.Reason, "action", string(dec.Action))
+	a.run.delayNextRound(dec.Delay)
 	a.restarted(ctx)
 	return StateJoining
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/ftlauncher/ft-launcher/internal/netutil"
 	"github.com/ftlauncher/ft-launcher/metrics"
@@ -17,6 +18,8 @@ type Local struct {
 	runID       string
 	localWorld  int
 	maxRestarts int
+	window      time.Duration // --restart-window (0: every restart counts)
+	delay       time.Duration // --restart-delay
 	masterAddr  string
 	masterPort  int // 0: pick a free port each round
 	portFn      func(round int) (int, error)
@@ -24,6 +27,9 @@ type Local struct {
 	mu       sync.Mutex
 	round    int
 	restarts int // restarts spent (policy.Decide), counted on their own
+	// recent are the times of the restarts that may still count in the
+	// window (policy.RestartBudget.Recent); only with a window.
+	recent []time.Time
 	closed   bool
 	kind     verdict.Kind
 	code     int
@@ -37,6 +43,13 @@ type Local struct {
 // WithMetrics makes l report rounds and restarts to m (nil-safe).
 func (l *Local) WithMetrics(m *metrics.Metrics) *Local {
 	l.met = m
+	return l
+}
+
+// WithRestartBudget gives l the job's restart window and delay
+// (--restart-window, --restart-delay; policy.Input).
+func (l *Local) WithRestartBudget(window, delay time.Duration) *Local {
+	l.window, l.delay = window, delay
 	return l
 }
 
@@ -123,8 +136,10 @@ func (l *Local) Fail(ctx context.Context, round int, f policy.Failure, reason st
 	if l.closed {
 		return Decision{Close: l.kind, Code: l.code, Reason: l.reason, RestartsUsed: l.restarts}, nil
 	}
-	d := policy.Decide(policy.Input{Failure: f, RestartsUsed: l.restarts, MaxRestarts: l.maxRestarts,
-		NodesPresent: 1, MinNodes: 1})
+	now := time.Now()
+	in := policy.Input{Failure: f, RestartsUsed: l.restarts, MaxRestarts: l.maxRestarts,
+		NodesPresent: 1, MinNodes: 1, Window: l.window, RecentRestarts: l.recent, Now: now, Delay: l.delay}
+	d := policy.Decide(in)
 	if d.Action == policy.CloseJob {
 		// A no-restart close: the agent closes with its configured code
 		// through Shutdown; Fail only sees NoRestartRequest from callers
@@ -137,8 +152,11 @@ func (l *Local) Fail(ctx context.Context, round int, f policy.Failure, reason st
 	l.pruneLocked()
 	if d.CountsRestart {
 		l.restarts++
+		if l.window > 0 {
+			l.recent = in.Budget().Recent(append(l.recent, now), now)
+		}
 	}
-	return Decision{Restart: true, Action: d.Action, Reason: d.Why + ": " + reason, RestartsUsed: l.restarts}, nil
+	return Decision{Restart: true, Action: d.Action, Reason: d.Why + ": " + reason, RestartsUsed: l.restarts, Delay: d.Delay}, nil
 }
 
 // Succeed ends the job with success.

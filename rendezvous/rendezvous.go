@@ -98,6 +98,9 @@ type RoundEnd struct {
 	// Action is the restart policy's decision that opened the next round
 	// (Kind == EndRestart; empty when unknown, e.g. an older launcher's).
 	Action policy.Action
+	// Delay is how long the next round waits to start (Kind ==
+	// EndRestart; --restart-delay of a restart that spent the budget).
+	Delay time.Duration
 	// LedgerBy is the node that recorded Node's loss in the job's ledger
 	// in the same txn that ended the round (exactly once, and before any
 	// node saw the end); empty when the end did not, and then the agent
@@ -119,6 +122,9 @@ type Decision struct {
 	Reason string
 	// RestartsUsed is the job's restart count after this decision.
 	RestartsUsed int
+	// Delay is how long the next round waits to start after a restart
+	// that spent the budget (--restart-delay; policy.Decision.Delay).
+	Delay time.Duration
 }
 
 // ErrClosed is returned by Next once the job has been closed.

@@ -559,7 +559,8 @@ func nodeName(cfg *configs.Config, host string) string {
 func newRendezvous(ctx context.Context, cfg *configs.Config, log *slog.Logger, reaper *spawn.Reaper, met *metrics.Metrics, store *agentstore.Host, keep keeperDeps, wd *fence.Watchdog, replicaAddr string, ls *listeners) (rendezvous.Rendezvous, func(), error) {
 	if cfg.Rdzv.Mode == configs.RdzvSingleNode { // decided and validated at parse time
 		addr, port := singleNodeMaster(cfg)
-		l := rendezvous.NewLocal(cfg.RdzvID, cfg.NProcPerNode, cfg.MaxRestarts, addr, port).WithMetrics(met)
+		l := rendezvous.NewLocal(cfg.RdzvID, cfg.NProcPerNode, cfg.MaxRestarts, addr, port).WithMetrics(met).
+			WithRestartBudget(cfg.RestartWindow, cfg.RestartDelay)
 		if store != nil {
 			l.WithMasterPort(func(round int) (int, error) { return store.Port(addr, round) })
 		}
