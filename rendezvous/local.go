@@ -30,10 +30,10 @@ type Local struct {
 	// recent are the times of the restarts that may still count in the
 	// window (policy.RestartBudget.Recent); only with a window.
 	recent []time.Time
-	closed   bool
-	kind     verdict.Kind
-	code     int
-	reason   string
+	closed bool
+	kind   verdict.Kind
+	code   int
+	reason string
 	// ends holds the Ended channels of the current and the previous round
 	// only: a job may restart tens of thousands of times.
 	ends map[int]chan RoundEnd
