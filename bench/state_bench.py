@@ -57,6 +57,7 @@ import torch  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "client", "python"))
 from ft_launcher_client import state  # noqa: E402
+from ft_launcher_client.state import copying  # noqa: E402
 
 
 def rank_main(rank, a, shm, disk, barrier, out):
@@ -126,7 +127,7 @@ def rank_main(rank, a, shm, disk, barrier, out):
     def raw_pwrite():
         off = 0
         for v in st["model"].values():
-            b = state._cpu_view(v)
+            b = copying.cpu_view(v)
             os.pwrite(raw, b, off)
             off += len(b)
 

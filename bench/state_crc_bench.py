@@ -5,7 +5,7 @@ docs/benchmarks.md, "State integrity: checksum cost and write-out cadence").
 Per GiB of payload (--mib MiB of random bytes, --reps rounds, median and
 worst): a memcpy (the physical floor of a save), zlib.crc32 (what
 ft_launcher_client.state uses: CRC-32 IEEE, the CRC the launcher's Go
-reader checks with its hardware-assisted crc32), state._crc_bufs on 2 and 4
+reader checks with its hardware-assisted crc32), state.format.crc_bufs on 2 and 4
 threads (the CRC split across the copy threads and combined), and the
 other checks the standard library offers (adler32, sha1, md5, blake2b).
 With --torch, per typical save: state.save of --save-mib MiB of float32
@@ -29,6 +29,7 @@ import zlib
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "client", "python"))
 
 from ft_launcher_client import state  # noqa: E402
+from ft_launcher_client.state import format as state_format  # noqa: E402
 
 
 def measure(fn, reps):
@@ -61,8 +62,8 @@ def main():
     cases = [
         ("memcpy (the floor of a save)", lambda: ctypes.memmove(da, sa, n)),
         ("zlib.crc32 (1 thread)", lambda: zlib.crc32(mv)),
-        ("state._crc_bufs, 2 threads", lambda: state._crc_bufs([mv], 2)),
-        ("state._crc_bufs, 4 threads", lambda: state._crc_bufs([mv], 4)),
+        ("format.crc_bufs, 2 threads", lambda: state_format.crc_bufs([mv], 2)),
+        ("format.crc_bufs, 4 threads", lambda: state_format.crc_bufs([mv], 4)),
         ("zlib.adler32", lambda: zlib.adler32(mv)),
         ("hashlib.sha1", lambda: hashlib.sha1(mv).digest()),
         ("hashlib.md5", lambda: hashlib.md5(mv).digest()),

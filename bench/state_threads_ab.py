@@ -23,6 +23,7 @@ import torch  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "client", "python"))
 from ft_launcher_client import state  # noqa: E402
+from ft_launcher_client.state import segment  # noqa: E402
 
 
 def main():
@@ -48,7 +49,7 @@ def main():
         for _ in range(a.reps):
             for vname, n, mode in variants:
                 os.environ[state.COPY_THREADS_ENV] = n
-                state._LOAD_POPULATE = mode
+                segment.LOAD_POPULATE = mode
                 for oname, f in ops:
                     t = time.perf_counter()
                     f()

@@ -150,7 +150,7 @@ func TestStoreDamagedSaveNotWritten(t *testing.T) {
 }
 
 // TestStoreRecordsDamagedLoad: the damaged sources a rank's load() passed
-// over (its restore note's "rejected", as state.py writes it) become
+// over (its restore note's "rejected", as the client's state/restore.py writes it) become
 // state_corrupt events naming what was used instead, and verdict warnings.
 func TestStoreRecordsDamagedLoad(t *testing.T) {
 	var ev events
@@ -286,7 +286,7 @@ type appendWriter []byte
 
 func (a *appendWriter) Write(p []byte) (int, error) { *a = append(*a, p...); return len(p), nil }
 
-// TestPinLayout: the pin's bytes are the ones state.py reads and the
+// TestPinLayout: the pin's bytes are the ones the client's state/segment.py reads and the
 // client tests write (seq u64, CRC-32 of those 8 bytes u32, zero u32, at
 // byte 192); a torn or damaged pin pins nothing.
 func TestPinLayout(t *testing.T) {

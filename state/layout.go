@@ -8,7 +8,7 @@
 // fetch that restores a lost node's ranks from a buddy (replicate.go).
 //
 // The segment layout is shared with the Python client
-// (client/python/ft_launcher_client/state.py); both sides must agree on
+// (client/python/ft_launcher_client/state/format.py); both sides must agree on
 // every offset below.
 //
 //	[0, 4096)       header: magic "FTSHM001", then two slot descriptors
@@ -41,7 +41,7 @@ import (
 	"time"
 )
 
-// Segment layout constants (mirrored in state.py).
+// Segment layout constants (mirrored in the client's state/format.py).
 const (
 	Magic      = "FTSHM001"
 	HeaderSize = 4096
@@ -262,7 +262,7 @@ func readPin(r io.ReaderAt) uint64 {
 // writes the pin before it reads the descriptor; both go through the
 // kernel, whose locked instructions order each side's write before its
 // read, so at least one of them sees the other's write: either the saver
-// backs off the pinned slot (state.py's _claim, Saver.claim), or the
+// backs off the pinned slot (state/segment.py's claim, Saver.claim), or the
 // writer finds the slot reused and picks the newest save again. ok is
 // false when d was no longer committed (unpinned again); a pin that
 // cannot be written (a read-only descriptor) is an error, and the caller

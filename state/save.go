@@ -10,7 +10,7 @@ import (
 )
 
 // Saver writes saves into one segment with the protocol the Python client
-// uses (state.py's _Segment.save), for Go ranks and for the tests that
+// uses (state/segment.py's Segment.save), for Go ranks and for the tests that
 // kill a saver in the middle. One Saver per segment at a time: the segment
 // belongs to the one process that holds its rank.
 type Saver struct {
@@ -95,7 +95,7 @@ func (s *Saver) Save(step int64, payload []byte) (Desc, error) {
 // overwrites the save being written out; the pinned save stays committed
 // throughout. The saver zeroes, then reads the pin; the writer pins, then
 // reads the descriptor (pinSlot): one of them sees the other and backs
-// off. The same protocol as state.py's _claim.
+// off. The same protocol as the client's state/segment.py claim.
 func (s *Saver) claim(f *os.File, ds [2]Desc, ok [2]bool, newest int) (int, error) {
 	zero := make([]byte, DescSize)
 	for try := 0; try < 4; try++ {

@@ -3,6 +3,7 @@ package wheel
 import (
 	"archive/zip"
 	"bytes"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -143,13 +144,24 @@ func TestWheelHoldsCommandsAsScriptsAndTheClient(t *testing.T) {
 	}
 
 	// The client: the same files client/python's own backend puts in its
-	// wheel (every .py of the package), at the root.
+	// wheel (every .py of the package, its subpackages' included), at the
+	// root.
 	var want, got []string
-	ents, _ := os.ReadDir(clientModule)
-	for _, e := range ents {
-		if strings.HasSuffix(e.Name(), ".py") {
-			want = append(want, Module+"/"+e.Name())
+	filepath.WalkDir(clientModule, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
 		}
+		if d.IsDir() && d.Name() == "__pycache__" {
+			return filepath.SkipDir
+		}
+		if !d.IsDir() && strings.HasSuffix(p, ".py") {
+			rel, _ := filepath.Rel(clientModule, p)
+			want = append(want, Module+"/"+filepath.ToSlash(rel))
+		}
+		return nil
+	})
+	if !slices.Contains(want, Module+"/state/__init__.py") {
+		t.Errorf("the client's files %v lack the state package", want)
 	}
 	for name := range files {
 		if strings.HasPrefix(name, Module+"/") {

@@ -45,10 +45,14 @@ def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
     name = f"{NAME}-{VERSION}-py3-none-any.whl"
     files = []
     pkg = os.path.join(ROOT, NAME)
-    for fn in sorted(os.listdir(pkg)):
-        if fn.endswith(".py"):
-            with open(os.path.join(pkg, fn), "rb") as f:
-                files.append((f"{NAME}/{fn}", f.read()))
+    # Every .py of the package, its subpackages' included (state/).
+    for d, dirs, fns in os.walk(pkg):
+        dirs[:] = sorted(x for x in dirs if x != "__pycache__")
+        for fn in sorted(fns):
+            if fn.endswith(".py"):
+                rel = os.path.relpath(os.path.join(d, fn), pkg).replace(os.sep, "/")
+                with open(os.path.join(d, fn), "rb") as f:
+                    files.append((f"{NAME}/{rel}", f.read()))
     files.append((f"{DIST_INFO}/METADATA", _metadata().encode()))
     files.append((f"{DIST_INFO}/WHEEL", b"Wheel-Version: 1.0\nGenerator: ft-launcher in-tree backend\n"
                   b"Root-Is-Purelib: true\nTag: py3-none-any\n"))

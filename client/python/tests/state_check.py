@@ -24,6 +24,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from ft_launcher_client import state  # noqa: E402
 from ft_launcher_client.state import SHM_DIR_ENV, DIR_ENV  # noqa: E402
+from ft_launcher_client.state import copying, files, format as state_format, saving, segment  # noqa: E402
 
 
 def make_state(step):
@@ -198,10 +199,10 @@ class StateTest(unittest.TestCase):
                 path = os.path.join(e.shm, "rank-0")
                 fd = os.open(path, os.O_RDONLY)
                 try:
-                    ds = state._slots(fd)
+                    ds = segment.slots(fd)
                 finally:
                     os.close(fd)
-                d = ds[state._newest(ds)]
+                d = ds[segment.newest(ds)]
                 with open(path, "r+b") as f:
                     f.seek(d[2] + d[3] - 4000)  # inside the last tensors' bytes
                     b = f.read(1)
@@ -247,8 +248,8 @@ class StateTest(unittest.TestCase):
     def test_no_room_in_memory_falls_back_to_file(self):
         with Env() as e:
             state.save(1, {"x": torch.ones(10)})  # fits: memory
-            state._warned_no_room[0] = False  # warned once per process
-            with mock.patch.object(state, "_mem_available", return_value=1 << 20):
+            saving.warned_no_room[0] = False  # warned once per process
+            with mock.patch.object(segment, "mem_available", return_value=1 << 20):
                 with self.assertLogs("ft_launcher_client.state", "WARNING") as logs:
                     info = state.save(2, {"x": torch.ones(1_000_000)})
             self.assertEqual(info["where"], "file")
@@ -462,8 +463,8 @@ def _payload(shm):
     """The newest committed save's payload bytes in the segment of Env."""
     with open(os.path.join(shm, "rank-0"), "rb") as f:
         fd = f.fileno()
-        ds = state._slots(fd)
-        d = ds[state._newest(ds)]
+        ds = segment.slots(fd)
+        d = ds[segment.newest(ds)]
         return os.pread(fd, d[3], d[2])
 
 
@@ -562,19 +563,19 @@ class UnpicklerTest(unittest.TestCase):
                 self.assertEqual(state.load()[1]["cfg"].lr, 0.5)
             # Trusting one class does not trust another.
             with self.assertRaises(state.UntrustedClassError):
-                state._Unpickler(io.BytesIO(pickle.dumps(Evil("/nonexistent/x"))), None, [RunConfig]).load()
+                state_format.Unpickler(io.BytesIO(pickle.dumps(Evil("/nonexistent/x"))), None, [RunConfig]).load()
             with self.assertRaises(state.StateError):
                 state.load(trusted_classes=["nodot"])
 
 
 class ParallelCopyTest(unittest.TestCase):
     """save and load split their copies across FT_STATE_COPY_THREADS
-    threads (state._spread); chunks are made small and odd here (at least
+    threads (copying.spread); chunks are made small and odd here (at least
     1,000 bytes, no alignment) so that every path splits tensors in odd
     places."""
 
     def setUp(self):
-        p = mock.patch.multiple(state, _MIN_CHUNK=1000, _CHUNK_ALIGN=1)
+        p = mock.patch.multiple(copying, MIN_CHUNK=1000, CHUNK_ALIGN=1)
         p.start()
         self.addCleanup(p.stop)
 
@@ -590,13 +591,13 @@ class ParallelCopyTest(unittest.TestCase):
             # (pwrite), the third on go through the mapping (memcpy).
             with Env() as e, self.threads(n):
                 seen = set()
-                real = state._memmove
+                real = copying.memmove
 
                 def spy(d, s, k):
                     seen.add(threading.current_thread().name.split("_")[0])
                     real(d, s, k)
 
-                with mock.patch.object(state, "_memmove", spy):
+                with mock.patch.object(copying, "memmove", spy):
                     for step in (1, 2, 3, 4):
                         info = state.save(step, odd_state(3))
                         self.assertEqual((info["where"], info["threads"]), ("memory", n))
@@ -637,8 +638,8 @@ class ParallelCopyTest(unittest.TestCase):
             self.assertTrue(same(state.load()[1], odd_state(3)))
             # A flipped byte in the middle of a tensor is caught.
             with open(os.path.join(e.shm, "rank-0"), "r+b") as f:
-                ds = state._slots(f.fileno())
-                d = ds[state._newest(ds)]
+                ds = segment.slots(f.fileno())
+                d = ds[segment.newest(ds)]
                 at = d[2] + d[3] - 5000
                 b = os.pread(f.fileno(), 1, at)
                 os.pwrite(f.fileno(), bytes([b[0] ^ 1]), at)
@@ -662,8 +663,8 @@ class ParallelCopyTest(unittest.TestCase):
             return f
 
         with Env() as e, self.threads(3):
-            pw = mock.patch.object(state, "_pwrite_all", failing(state._pwrite_all))
-            mm = mock.patch.object(state, "_memmove", failing(state._memmove))
+            pw = mock.patch.object(copying, "pwrite_all", failing(copying.pwrite_all))
+            mm = mock.patch.object(copying, "memmove", failing(copying.memmove))
             with pw, self.assertRaisesRegex(OSError, "injected"):
                 state.save(1, odd_state(1))  # grows a new segment
             self.assertEqual(state.load(), (None, None))
@@ -731,7 +732,7 @@ class OverlapTest(unittest.TestCase):
         """Patch the copy so that the first chunk blocks until released:
         (started, release) events."""
         started, release = threading.Event(), threading.Event()
-        real = state._memmove
+        real = copying.memmove
 
         def slow(d, s, n):
             if not started.is_set():
@@ -739,7 +740,7 @@ class OverlapTest(unittest.TestCase):
                 self.assertTrue(release.wait(30), "never released")
             real(d, s, n)
 
-        p = mock.patch.object(state, "_memmove", slow)
+        p = mock.patch.object(copying, "memmove", slow)
         p.start()
         self.addCleanup(p.stop)
         self.addCleanup(release.set)
@@ -784,8 +785,8 @@ class OverlapTest(unittest.TestCase):
             self.assertTrue(w["committed"])
             self.assertGreaterEqual(w["wait_seconds"], 0.25)
             with open(os.path.join(e.shm, "rank-0"), "rb") as f:
-                ds = state._slots(f.fileno())
-                d = ds[state._newest(ds)]
+                ds = segment.slots(f.fileno())
+                d = ds[segment.newest(ds)]
             self.assertEqual((d[1], d[6]), (4, 3))
             recorded = d[5] / 1e9  # the descriptor's stall, which the launcher reports
             self.assertGreaterEqual(recorded, 0.25)
@@ -796,7 +797,7 @@ class OverlapTest(unittest.TestCase):
             s = make_state(1)
             for step in (1, 2, 3):
                 state.save(step, s)
-            state._overlap_refused[0] = 0
+            saving.overlap_refused[0] = 0
             started, release = self.gate()
             s = make_state(4)
             state.save(4, s, overlap=True)
@@ -823,7 +824,7 @@ class OverlapTest(unittest.TestCase):
                 release.set()
                 w = state.wait()
             self.assertEqual((w["committed"], w["modified"]), (False, "['model']['w']"))
-            self.assertEqual(state._overlap_refused[0], 2)
+            self.assertEqual(saving.overlap_refused[0], 2)
             self.assertEqual(state.load()[0], 3)
             # A non-contiguous tensor is copied to contiguous memory in the
             # call: a change after it cannot tear the save, which commits
@@ -849,7 +850,7 @@ class OverlapTest(unittest.TestCase):
         with Env(launcher=False) as e:
             state.save(1, {"w": torch.ones(100)})
             started, release = threading.Event(), threading.Event()
-            real = state._pwrite_bufs
+            real = files.pwrite_bufs
 
             def slow(fd, bufs, off):
                 started.set()
@@ -857,7 +858,7 @@ class OverlapTest(unittest.TestCase):
                 real(fd, bufs, off)
 
             w = torch.zeros(100)
-            with mock.patch.object(state, "_pwrite_bufs", slow):
+            with mock.patch.object(files, "pwrite_bufs", slow):
                 state.save(2, {"w": w}, overlap=True)
                 self.assertTrue(started.wait(30))
                 w.add_(3)
@@ -875,7 +876,7 @@ class OverlapTest(unittest.TestCase):
             def broken(d, s, n):
                 raise OSError(5, "injected copy failure")
 
-            with mock.patch.object(state, "_memmove", broken):
+            with mock.patch.object(copying, "memmove", broken):
                 state.save(4, make_state(4), overlap=True)
                 with self.assertRaisesRegex(OSError, "injected"):
                     state.wait()
@@ -889,9 +890,9 @@ class OverlapTest(unittest.TestCase):
         from ft_launcher_client import inprocess
 
         with Env():
-            for step in (1, 2, 3):  # both slots written: later saves copy with _memmove
+            for step in (1, 2, 3):  # both slots written: later saves copy with copying.memmove
                 state.save(step, make_state(step))
-            real, gate, slowed = state._memmove, threading.Event(), []
+            real, gate, slowed = copying.memmove, threading.Event(), []
 
             def slow(d, s, n):
                 slowed.append(n)
@@ -900,27 +901,27 @@ class OverlapTest(unittest.TestCase):
 
             ended = []
             fake = types.SimpleNamespace(_reader=None, monitor=types.SimpleNamespace(
-                shutdown_workload_monitoring=lambda: ended.append(state._pending[0] is None)))
-            with mock.patch.object(state, "_memmove", slow):
+                shutdown_workload_monitoring=lambda: ended.append(saving.pending[0] is None)))
+            with mock.patch.object(copying, "memmove", slow):
                 state.save(4, make_state(4), overlap=True)
-                self.assertIsNotNone(state._pending[0])
+                self.assertIsNotNone(saving.pending[0])
                 timer = threading.Timer(0.2, gate.set)
                 timer.start()
                 inprocess.InProcess.close(fake)
                 timer.join()
-            self.assertTrue(slowed, "the save in flight did not copy through _memmove: the test proves nothing")
+            self.assertTrue(slowed, "the save in flight did not copy through copying.memmove: the test proves nothing")
             self.assertEqual(ended, [True], "the monitor session ended before the save in flight finished")
             self.assertEqual(state.load()[0], 4)
 
             def broken(d, s, n):
                 raise OSError(5, "injected copy failure")
 
-            with mock.patch.object(state, "_memmove", broken):
+            with mock.patch.object(copying, "memmove", broken):
                 state.save(5, make_state(5), overlap=True)
                 with self.assertLogs("ft_launcher_client.inprocess", level="WARNING") as logs:
                     inprocess._wait_state()  # a failed save is logged, not raised: the rank goes on
             self.assertIn("injected copy failure", "\n".join(logs.output))
-            self.assertIsNone(state._pending[0])
+            self.assertIsNone(saving.pending[0])
             self.assertEqual(state.load()[0], 4)
 
     def test_bound_overlap_and_checkpoint_section(self):

@@ -14,6 +14,8 @@ import zlib
 from unittest import mock
 
 from ft_launcher_client import state
+from ft_launcher_client.state import format as state_format
+from ft_launcher_client.state import segment as state_segment
 
 
 class _Plain:
@@ -104,7 +106,7 @@ class PlainStateTest(unittest.TestCase):
     def slots(self):
         fd = os.open(self.seg(), os.O_RDONLY)
         try:
-            return state._slots(fd)
+            return state_segment.slots(fd)
         finally:
             os.close(fd)
 
@@ -117,7 +119,7 @@ class PlainStateTest(unittest.TestCase):
 
     def newest(self):
         ds = self.slots()
-        return ds[state._newest(ds)]
+        return ds[state_segment.newest(ds)]
 
     def load_warned(self, **kw):
         info = {}
@@ -182,7 +184,7 @@ class PlainStateTest(unittest.TestCase):
                 state.save(1, s1, checksum=False)
                 state.save(2, s2, checksum=False)
                 ds = self.slots()
-                i = state._newest(ds)
+                i = state_segment.newest(ds)
                 d = ds[i]
                 self.assertFalse(d[8] & state.FLAG_CRC)
                 if where == "payload header":
@@ -191,7 +193,7 @@ class PlainStateTest(unittest.TestCase):
                     self.flip(state.DESC_OFF[i] + 9)  # the step's bytes: the descriptor's own CRC fails
                 else:
                     # A descriptor that checks out but names another slot's bytes.
-                    b = state._desc_pack(d[0], d[1], state.HEADER + (1 - i) * d[4], d[3], d[4], d[5], d[6], d[7], d[8])
+                    b = state_format.desc_pack(d[0], d[1], state.HEADER + (1 - i) * d[4], d[3], d[4], d[5], d[6], d[7], d[8])
                     with open(self.seg(), "r+b") as f:
                         f.seek(state.DESC_OFF[i])
                         f.write(b)
@@ -316,13 +318,13 @@ class PlainStateTest(unittest.TestCase):
     def test_crc_combine_matches_one_pass(self):
         for la, lb in [(0, 5), (5, 0), (1, 1), (1000, 77777), (1 << 20, 3 << 20)]:
             a, b = os.urandom(la), os.urandom(lb)
-            self.assertEqual(state._crc32_combine(zlib.crc32(a), zlib.crc32(b), lb), zlib.crc32(a + b))
+            self.assertEqual(state_format.crc32_combine(zlib.crc32(a), zlib.crc32(b), lb), zlib.crc32(a + b))
         bufs = [memoryview(bytearray(os.urandom(n))) for n in (100, 20 << 20, 3, 9 << 20)]
         want = 0
         for b in bufs:
             want = zlib.crc32(b, want)
         for n in (1, 2, 3, 4):
-            self.assertEqual(state._crc_bufs(bufs, n), want, n)
+            self.assertEqual(state_format.crc_bufs(bufs, n), want, n)
 
     def test_no_torch_import(self):
         # Importing the module and saving plain objects never imports torch.
