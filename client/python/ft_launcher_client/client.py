@@ -81,7 +81,9 @@ def _uvarint(n):
             return bytes(out)
 
 
-def _frame(t, payload):
+def frame(t, payload):
+    """One message of the rank-monitor wire protocol: its type byte, the
+    payload's length as a uvarint, the payload (docs/protocol.md)."""
     return bytes((t,)) + _uvarint(len(payload)) + payload
 
 
@@ -286,7 +288,7 @@ class RankMonitorClient:
                 hello["num_warmup_iters"] = int(num_warmup_iters)
             if self.inprocess:
                 hello["inprocess"] = True
-            sock.sendall(_MAGIC + _frame(_HELLO, json.dumps(hello).encode()))
+            sock.sendall(_MAGIC + frame(_HELLO, json.dumps(hello).encode()))
             magic, fd = _recv_magic_fd(sock)
             try:
                 cfg = _read_frame(sock, _CONFIG, magic)
@@ -450,7 +452,7 @@ class RankMonitorClient:
             i = len(self._ids)
             self._ids[name] = i
             body = _uvarint(i) + name.encode()
-            out += _frame(_DEFINE_SECTION, body)
+            out += frame(_DEFINE_SECTION, body)
         return i
 
     def start_section(self, section, iteration=None):
@@ -505,7 +507,7 @@ class RankMonitorClient:
     # -- timeouts --------------------------------------------------------
 
     def _send_timeouts(self, update):
-        self._sock.sendall(_frame(_SET_TIMEOUTS, json.dumps(update).encode()))
+        self._sock.sendall(frame(_SET_TIMEOUTS, json.dumps(update).encode()))
 
     def calculate_and_set_hb_timeouts(self, skip_if_not_ready=False):
         """Compute heartbeat timeouts from this rank's observed timing
@@ -619,7 +621,7 @@ def request_workload_action(action, description="", global_rank=None, path=None)
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(60.0)
         s.connect(path)
-        s.sendall(_MAGIC + _frame(_WORKLOAD_REQUEST, json.dumps(req).encode()))
+        s.sendall(_MAGIC + frame(_WORKLOAD_REQUEST, json.dumps(req).encode()))
         ack = _read_frame(s, _ACK)
     if not ack.get("ok"):
         raise RankMonitorClientError("request refused: %s" % ack.get("error"))

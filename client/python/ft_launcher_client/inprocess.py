@@ -38,7 +38,7 @@ from .client import (
     RankMonitorClient,
     RankMonitorClientError,
     SOCKET_ENV,
-    _frame,
+    frame,
 )
 
 log = logging.getLogger(__name__)
@@ -307,7 +307,7 @@ class InProcess:
         body = {"round": rnd, "phase": phase}
         body.update(secs)
         try:
-            sock.sendall(_frame(_REPORT, json.dumps(body).encode()))
+            sock.sendall(frame(_REPORT, json.dumps(body).encode()))
         except OSError as e:
             log.warning("in-process: report %s: %r", phase, e)
 

@@ -17,7 +17,7 @@ import unittest
 from unittest import mock
 
 from ft_launcher_client import inprocess
-from ft_launcher_client.client import SOCKET_ENV, _frame
+from ft_launcher_client.client import SOCKET_ENV, frame
 
 
 def _recv_exact(c, n):
@@ -75,7 +75,7 @@ class FakeMonitor:
             hello = json.loads(_read_len_frame(c))
             cfg = {"protocol": 1, "cycle": 0, "rank_heartbeat_timeout": None, "initial_rank_heartbeat_timeout": None,
                    "rank_section_timeouts": {}, "rank_out_of_section_timeout": None, "safety_factor": 5.0}
-            c.sendall(b"FTL1" + _frame(0x41, json.dumps(cfg).encode()))
+            c.sendall(b"FTL1" + frame(0x41, json.dumps(cfg).encode()))
             with self.lock:
                 self.hellos.append(hello)
                 self.sessions.append(c)
@@ -113,7 +113,7 @@ class FakeMonitor:
     def notify(self, **notice):
         with self.lock:
             c = self.sessions[-1]
-        c.sendall(_frame(0x46, json.dumps(notice).encode()))
+        c.sendall(frame(0x46, json.dumps(notice).encode()))
 
     def close(self):
         self.srv.close()
