@@ -171,7 +171,7 @@ func (a *Agent) joining(ctx context.Context) State {
 		"master", fmt.Sprintf("%s:%d", asg.MasterAddr, asg.MasterPort),
 		"restarts_used", asg.RestartsUsed, "max_restarts", asg.MaxRestarts,
 		"rendezvous_ms", time.Since(t0).Milliseconds())
-	if a.run.kept != nil {
+	if a.run.ip.phase() == ipKept {
 		return StateRejoining // survivors of the last cycle wait for this round
 	}
 	return StateRunning
@@ -240,7 +240,7 @@ func (a *Agent) standby(ctx context.Context) State {
 	// Survivors kept for an in-process restart have no round to rejoin
 	// here: this node's slot went to another node. They must not hold the
 	// node (its GPUs) while the filler runs.
-	a.stopKept("this node is a standby in round " + strconv.Itoa(asg.Round))
+	a.run.ip.stopKept("this node is a standby in round " + strconv.Itoa(asg.Round))
 	if a.d.Store != nil {
 		_ = a.d.Store.Round(asg) // a standby serves no store: only closes one
 	}
