@@ -145,14 +145,18 @@ type inProcess struct {
 // from the unit's state (phase), never stored beside it:
 //
 //	idle ──keep──► kept ──start──► rejoining ──(all rejoined)──► stepping ──(all stepped)──► complete
-//	 ▲  ▲           │ │                │  ▲                                                     │
-//	 │  │  stopKept─┘ └─start: no      │  └─ stuck survivors replaced (once a round)            │
-//	 │  └──────────────  survivor left │                                                        │
-//	 │                                 └──(bound passed)──► overdue (killed: the cycle fails)   │
-//	 └── keep (every rank stops), allFresh (a round of fresh ranks), from any phase but kept ───┘
+//	 ▲              │                 │  ▲
+//	 │              │                 │  └── overdue: stuck survivors replaced (once a round)
+//	 │              │                 └── overdue: the bound passed ──► overdue (the rest killed: the cycle fails)
+//	 └── stopKept ──┘
 //
-// keep also moves from rejoining, stepping, overdue or complete to kept: a
-// failure in a round with survivors may keep the survivors again.
+// Besides: start goes from kept to stepping when no notified survivor
+// waits for its rejoin, to idle when no survivor is left, and stays in
+// kept when the fresh ranks cannot start. keep goes to kept from any
+// other phase when the survivors of the cycle's failure stay (a failure
+// in a round with survivors may keep them again) and to idle when they do
+// not (once policy.Survivors was asked), as allFresh does (a round that
+// starts every rank afresh).
 type ipPhase int
 
 const (
