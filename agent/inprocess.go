@@ -146,8 +146,8 @@ type inProcess struct {
 //
 //	idle ──keep──► kept ──start──► rejoining ──(all rejoined)──► stepping ──(all stepped)──► complete
 //	 ▲              │                 │  ▲
-//	 │              │                 │  └── overdue: stuck survivors replaced (once a round)
-//	 │              │                 └── overdue: the bound passed ──► overdue (the rest killed: the cycle fails)
+//	 │              │                 │  └── at the bound: stuck survivors replaced (once a round)
+//	 │              │                 └── at the bound, else ──► overdue (the rest killed: the cycle fails)
 //	 └── stopKept ──┘
 //
 // Besides: start goes from kept to stepping when no notified survivor
