@@ -186,6 +186,7 @@ func (a *Agent) isWalltime(s os.Signal) bool {
 func (a *Agent) Run(ctx context.Context) Outcome {
 	cfg := a.cfg
 	a.run = newRunState(time.Now(), cfg.MaxRestarts)
+	a.run.ip = a.newInProcess()
 	a.ev.Emit(eventlog.LauncherStartedEvent{
 		PID: os.Getpid(), NProcPerNode: cfg.NProcPerNode, MaxRestarts: cfg.MaxRestarts,
 		NNodes: fmt.Sprintf("%d:%d", cfg.NNodes.Min, cfg.NNodes.Max), Script: cfg.Script,
@@ -195,7 +196,7 @@ func (a *Agent) Run(ctx context.Context) Outcome {
 		next := a.handle(ctx, State(a.state.Load()))
 		a.transition(next)
 	}
-	a.stopKept("the job does not go on") // survivors kept for an in-process restart that never came
+	a.run.ip.stopKept("the job does not go on") // survivors kept for an in-process restart that never came
 	if !a.aborted(ctx) {
 		a.departIfSignaled()
 	}

@@ -106,7 +106,7 @@ func (a *Agent) prepareCycle() ([]spawn.Spec, *ranklogs.Attempt, error) {
 			Stderr:    errw,
 		}
 	}
-	a.run.freshSteps = map[int]bool{}
+	a.run.ip.newRound()
 	return specs, att, nil
 }
 
@@ -118,7 +118,7 @@ func (a *Agent) startCycle() error {
 		return err
 	}
 	asg := a.run.asg
-	a.run.rejoin = nil // every rank starts afresh: no survivor to follow
+	a.run.ip.allFresh() // every rank starts afresh: no survivor to follow
 	a.run.cycle.spawnStart = time.Now()
 	g, err := a.d.Ranks.StartGroup(specs)
 	att.CloseParentEnds() // the ranks hold their ends of the log pipes now
@@ -152,7 +152,7 @@ func (a *Agent) stopCycle() {
 	end := &a.run.end
 	g, att := a.run.group, a.run.att
 	defer att.Close()
-	defer a.closeKeptLogs() // logs of survivors of an in-process restart
+	defer a.run.ip.closeKeptLogs() // logs of survivors of an in-process restart
 	a.run.cycle.stopStart = time.Now()
 	sig, grace := syscall.SIGTERM, cfg.WorkersStopTimeout
 	rule := stopSignals{window: a.d.SignalRepeatWindow}
@@ -231,7 +231,8 @@ func (a *Agent) supervise(ctx context.Context) cycleEnd {
 	hangByRank := map[int]monitor.Hang{}
 	ended := a.d.Rdzv.Ended(asg.Round)
 	exits := g.Exits()
-	ipReps, rejoinC := a.ipReports(), a.rejoinTimer() // in-process restarts (inprocess.go)
+	ip := &a.run.ip // in-process restarts (inprocess.go)
+	ipReps, rejoinC := ip.reports(), ip.rejoinTimer()
 	remaining := a.cfg.NProcPerNode
 	for {
 		select {
@@ -242,7 +243,7 @@ func (a *Agent) supervise(ctx context.Context) cycleEnd {
 				a.rankFailed(e, hangs, hangByRank, &end)
 				return end
 			}
-			if a.survivorLeft(e, &end) {
+			if ip.survivorLeft(e, &end, asg) {
 				return end
 			}
 			if remaining == 0 {
@@ -252,10 +253,10 @@ func (a *Agent) supervise(ctx context.Context) cycleEnd {
 		case h := <-hangs:
 			a.recordHang(h, hangByRank)
 		case rep := <-ipReps:
-			a.inProcessReport(ctx, rep)
+			ip.report(ctx, asg.Round, rep)
 		case <-rejoinC:
-			a.rejoinOverdue(g)
-			rejoinC = a.rejoinTimer() // running again when a stuck survivor was replaced
+			ip.overdue(g)
+			rejoinC = ip.rejoinTimer() // running again when a stuck survivor was replaced
 		case r := <-reqs:
 			if a.workloadRequest(r, &end) {
 				return end

@@ -506,3 +506,34 @@ func (m *memStore) all() []ledger.Record {
 	ledger.SortByChange(out)
 	return out
 }
+
+func want(t *testing.T, o Outcome, kind verdict.Kind, code int) {
+	t.Helper()
+	if o.Kind != kind || o.ExitCode() != code {
+		t.Fatalf("outcome %s (exit %d), reason %q; want %s (exit %d)", o.Kind, o.ExitCode(), o.Reason, kind, code)
+	}
+	if o.Reason == "" || o.EndedAt.IsZero() || o.StartedAt.IsZero() {
+		t.Errorf("outcome without reason or times: %+v", o)
+	}
+}
+
+func wantQuarantine(t *testing.T, o Outcome, node string, ev verdict.Evidence) {
+	t.Helper()
+	for _, q := range o.Quarantined {
+		if q.Node == node && q.Evidence == ev && q.Detail != "" {
+			return
+		}
+	}
+	t.Errorf("no quarantine of %s with %s in %+v", node, ev, o.Quarantined)
+}
+
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not reached")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}

@@ -123,19 +123,9 @@ type runState struct {
 	// spent the budget (--restart-delay); zero: at once.
 	restartAt time.Time
 
-	// In-process restarts (inprocess.go): survivors kept between a failure
-	// and the next round, the log attempts they write to, the restart
-	// being watched, and what the verdict's cycle records of it.
-	kept            *keptRanks
-	keptAtts        []*ranklogs.Attempt
-	rejoin          *rejoinWatch
-	inProcessPhases map[string]time.Duration
-	cycleMode       string
-	cycleFallback   string // why this cycle's in-process restart fell back
-	// freshSteps are the local ranks started afresh this cycle that
-	// reported their first step of the round (a restart is over once the
-	// job stepped again: freshRoundUnstepped).
-	freshSteps map[int]bool
+	// ip is the in-process restart (inprocess.go): its survivors, the
+	// restart it follows, what the cycle's verdict record says of it.
+	ip inProcess
 }
 
 // maxCycles is how many of the newest cycles the outcome keeps (the verdict
@@ -230,7 +220,7 @@ func (r *runState) finishCycle(end cycleEnd) {
 		FillerReclaimMS: float64(c.reclaim.Microseconds()) / 1000,
 		SpawnMS:         ms(c.spawnStart, c.spawned), RunMS: ms(c.spawned, c.stopStart), StopMS: ms(c.stopStart, c.stopped),
 		End: cycleEndName(end), Reason: end.reason, StartedAt: c.start.UTC()})
-	r.recordCycleMode(&r.cycles[len(r.cycles)-1])
+	r.ip.recordCycle(&r.cycles[len(r.cycles)-1])
 }
 
 func cycleEndName(end cycleEnd) string {

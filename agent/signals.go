@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"context"
 	"os"
 	"time"
 )
@@ -57,4 +58,41 @@ func (r *stopSignals) take(s os.Signal, now time.Time) stopVerdict {
 		return stopRepeat
 	}
 	return stopEscalate
+}
+
+// call runs one rendezvous call under a context that a handled signal
+// cancels (and timeout, when > 0, bounds). It returns the signal if one
+// ended the call; the signal is consumed, never lost.
+func (a *Agent) call(ctx context.Context, timeout time.Duration, f func(context.Context) error) (os.Signal, error) {
+	var cancel context.CancelFunc
+	if timeout > 0 {
+		ctx, cancel = context.WithTimeout(ctx, timeout)
+	} else {
+		ctx, cancel = context.WithCancel(ctx)
+	}
+	defer cancel()
+	got := make(chan os.Signal, 1)
+	done := make(chan struct{})
+	exited := make(chan struct{})
+	go func() {
+		defer close(exited)
+		select {
+		case s := <-a.d.Signals:
+			got <- s
+			cancel()
+		case <-done:
+		}
+	}()
+	err := f(ctx)
+	close(done)
+	<-exited
+	select {
+	case s := <-got:
+		if a.isWalltime(s) {
+			a.run.walltime = s
+		}
+		return s, err
+	default:
+		return nil, err
+	}
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"strconv"
 	"time"
 
@@ -174,7 +173,7 @@ func (a *Agent) joining(ctx context.Context) State {
 		"master", fmt.Sprintf("%s:%d", asg.MasterAddr, asg.MasterPort),
 		"restarts_used", asg.RestartsUsed, "max_restarts", asg.MaxRestarts,
 		"rendezvous_ms", time.Since(t0).Milliseconds())
-	if a.run.kept != nil {
+	if a.run.ip.phase() == ipKept {
 		return StateRejoining // survivors of the last cycle wait for this round
 	}
 	return StateRunning
@@ -243,7 +242,7 @@ func (a *Agent) standby(ctx context.Context) State {
 	// Survivors kept for an in-process restart have no round to rejoin
 	// here: this node's slot went to another node. They must not hold the
 	// node (its GPUs) while the filler runs.
-	a.stopKept("this node is a standby in round " + strconv.Itoa(asg.Round))
+	a.run.ip.stopKept("this node is a standby in round " + strconv.Itoa(asg.Round))
 	if a.d.Store != nil {
 		_ = a.d.Store.Round(asg) // a standby serves no store: only closes one
 	}
@@ -594,41 +593,4 @@ func (a *Agent) escalating(ctx context.Context) State {
 	a.ev.Emit(eventlog.JobFailedEvent{Round: eventlog.Opt(round), CloseKind: eventlog.Opt(string(verdict.NoRestart)), Reason: reason, ExitCode: eventlog.Opt(code)})
 	a.run.closedBy(verdict.NoRestart, code, reason)
 	return StateDone
-}
-
-// call runs one rendezvous call under a context that a handled signal
-// cancels (and timeout, when > 0, bounds). It returns the signal if one
-// ended the call; the signal is consumed, never lost.
-func (a *Agent) call(ctx context.Context, timeout time.Duration, f func(context.Context) error) (os.Signal, error) {
-	var cancel context.CancelFunc
-	if timeout > 0 {
-		ctx, cancel = context.WithTimeout(ctx, timeout)
-	} else {
-		ctx, cancel = context.WithCancel(ctx)
-	}
-	defer cancel()
-	got := make(chan os.Signal, 1)
-	done := make(chan struct{})
-	exited := make(chan struct{})
-	go func() {
-		defer close(exited)
-		select {
-		case s := <-a.d.Signals:
-			got <- s
-			cancel()
-		case <-done:
-		}
-	}()
-	err := f(ctx)
-	close(done)
-	<-exited
-	select {
-	case s := <-got:
-		if a.isWalltime(s) {
-			a.run.walltime = s
-		}
-		return s, err
-	default:
-		return nil, err
-	}
 }
