@@ -18,23 +18,18 @@
 package kubelettest
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sort"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
-	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -103,18 +98,6 @@ type Cluster struct {
 	chains map[string]bool
 }
 
-// systemPaths are created whatever the configuration says: the kubelet's
-// device-plugin socket folder (a constant in the kubelet) and containerd
-// 1.6's shim socket folder.
-func systemPaths() []string { return []string{"/var/lib/kubelet", "/run/containerd"} }
-
-// kubeletChains are the iptables chains the kubelet creates at start (and
-// recreates every minute while it runs), with the rules that jump to them.
-func kubeletChains() [][2]string {
-	return [][2]string{{"mangle", "KUBE-IPTABLES-HINT"}, {"mangle", "KUBE-KUBELET-CANARY"}, {"nat", "KUBE-KUBELET-CANARY"},
-		{"filter", "KUBE-KUBELET-CANARY"}, {"filter", "KUBE-FIREWALL"}}
-}
-
 // Node is one kubelet with its containerd.
 type Node struct {
 	Name string
@@ -124,21 +107,6 @@ type Node struct {
 	containerd *proc
 	kubelet    *proc
 	kubeletCmd []string
-}
-
-// proc is a started process and its log.
-type proc struct {
-	cmd    *exec.Cmd
-	log    string
-	exited chan struct{}
-	err    error
-}
-
-// kernelTunables are the sysctls the kubelet sets at start
-// (protectKernelDefaults false); Stop puts the old values back.
-func kernelTunables() []string {
-	return []string{"vm/overcommit_memory", "vm/panic_on_oom", "kernel/panic", "kernel/panic_on_oops",
-		"kernel/keys/root_maxkeys", "kernel/keys/root_maxbytes"}
 }
 
 // Start starts kube-scheduler and nodes kubelets named ftl-node-0, ...,
@@ -426,47 +394,6 @@ func (n *Node) Logs() string {
 	return b.String()
 }
 
-// controllers are the cgroup v1 hierarchies the kubelet and runc use.
-func controllers() []string {
-	ents, _ := os.ReadDir("/sys/fs/cgroup")
-	var out []string
-	for _, e := range ents {
-		if e.IsDir() {
-			out = append(out, filepath.Join("/sys/fs/cgroup", e.Name()))
-		}
-	}
-	return out
-}
-
-// makeCgroupRoot creates the node's cgroup root in every hierarchy: the
-// kubelet refuses a cgroupRoot that does not exist, and puts its kubepods
-// tree below it, so two kubelets never share cgroups.
-func (n *Node) makeCgroupRoot() error {
-	for _, c := range controllers() {
-		if _, err := os.Stat(filepath.Join(c, "cgroup.procs")); err != nil {
-			continue
-		}
-		d := filepath.Join(c, n.cgroupRoot)
-		if err := os.Mkdir(d, 0o755); err != nil && !os.IsExist(err) {
-			return fmt.Errorf("kubelettest: cgroup root: %w", err)
-		}
-		if filepath.Base(c) == "cpuset" {
-			// A new v1 cpuset is empty and refuses tasks until given its
-			// parent's CPUs and memory nodes.
-			for _, f := range []string{"cpuset.cpus", "cpuset.mems"} {
-				b, err := os.ReadFile(filepath.Join(c, f))
-				if err != nil {
-					return fmt.Errorf("kubelettest: cgroup root: %w", err)
-				}
-				if err := os.WriteFile(filepath.Join(d, f), b, 0o644); err != nil {
-					return fmt.Errorf("kubelettest: cgroup root %s: %w", f, err)
-				}
-			}
-		}
-	}
-	return nil
-}
-
 // Stop stops everything Start started, in the order that leaves nothing
 // behind: kubelets, then the containers (by their cgroups), containerd and
 // its shims, then the mounts, cgroups and files. It reports what it could
@@ -549,274 +476,6 @@ func (n *Node) stop() error {
 	for _, c := range controllers() {
 		if err := removeCgroupTree(filepath.Join(c, n.cgroupRoot)); err != nil {
 			errs = append(errs, err)
-		}
-	}
-	return errors.Join(errs...)
-}
-
-// cgroupPids lists the processes in the node's cgroup tree.
-func (n *Node) cgroupPids() []int {
-	var pids []int
-	for _, c := range controllers() {
-		_ = filepath.WalkDir(filepath.Join(c, n.cgroupRoot), func(p string, d os.DirEntry, err error) error {
-			if err != nil || d.IsDir() || d.Name() != "cgroup.procs" {
-				return nil
-			}
-			b, _ := os.ReadFile(p)
-			for _, f := range strings.Fields(string(b)) {
-				if pid, err := strconv.Atoi(f); err == nil {
-					pids = append(pids, pid)
-				}
-			}
-			return nil
-		})
-	}
-	sort.Ints(pids)
-	out := pids[:0]
-	for i, p := range pids {
-		if i == 0 || p != pids[i-1] {
-			out = append(out, p)
-		}
-	}
-	return out
-}
-
-// removeCgroupTree removes a cgroup folder and its children, deepest first.
-func removeCgroupTree(root string) error {
-	var dirs []string
-	err := filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
-		if err != nil {
-			if os.IsNotExist(err) {
-				return filepath.SkipDir
-			}
-			return err
-		}
-		if d.IsDir() {
-			dirs = append(dirs, p)
-		}
-		return nil
-	})
-	if err != nil {
-		return fmt.Errorf("kubelettest: cgroups under %s: %w", root, err)
-	}
-	var errs []error
-	for i := len(dirs) - 1; i >= 0; i-- {
-		var rerr error
-		for try := 0; try < 20; try++ {
-			if rerr = os.Remove(dirs[i]); rerr == nil || os.IsNotExist(rerr) {
-				rerr = nil
-				break
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
-		if rerr != nil {
-			errs = append(errs, fmt.Errorf("kubelettest: remove cgroup: %w", rerr))
-		}
-	}
-	return errors.Join(errs...)
-}
-
-// pidsNaming lists the processes whose command line names something under
-// dir (containerd's shims: -address <dir>/containerd.sock).
-func pidsNaming(dir string) []int {
-	ents, _ := os.ReadDir("/proc")
-	var pids []int
-	self := os.Getpid()
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil || pid == self {
-			continue
-		}
-		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		if err == nil && bytes.Contains(b, []byte(dir+"/")) {
-			pids = append(pids, pid)
-		}
-	}
-	return pids
-}
-
-// unmountUnder detaches every mount at or below dir, deepest first
-// (container root filesystems, sandbox /dev/shm, the kubelet's rshared
-// bind mount of its root folder, volumes).
-func unmountUnder(dir string) error {
-	var errs []error
-	for try := 0; try < 5; try++ {
-		mps, err := mountsUnder(dir)
-		if err != nil {
-			return err
-		}
-		if len(mps) == 0 {
-			return nil
-		}
-		errs = nil
-		for _, mp := range mps {
-			if err := unix.Unmount(mp, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
-				errs = append(errs, fmt.Errorf("kubelettest: unmount %s: %w", mp, err))
-			}
-		}
-	}
-	if mps, _ := mountsUnder(dir); len(mps) > 0 {
-		errs = append(errs, fmt.Errorf("kubelettest: still mounted: %v", mps))
-	}
-	return errors.Join(errs...)
-}
-
-func mountsUnder(dir string) ([]string, error) {
-	f, err := os.Open("/proc/self/mountinfo")
-	if err != nil {
-		return nil, fmt.Errorf("kubelettest: %w", err)
-	}
-	defer f.Close()
-	var mps []string
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 1<<16), 1<<20)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) < 5 {
-			continue
-		}
-		mp := strings.ReplaceAll(fields[4], `\040`, " ")
-		if mp == dir || strings.HasPrefix(mp, dir+"/") {
-			mps = append(mps, mp)
-		}
-	}
-	sort.Slice(mps, func(i, j int) bool { return len(mps[i]) > len(mps[j]) })
-	return mps, sc.Err()
-}
-
-func startProc(logPath, bin string, args ...string) (*proc, error) {
-	logf, err := os.Create(logPath)
-	if err != nil {
-		return nil, fmt.Errorf("kubelettest: %w", err)
-	}
-	defer logf.Close()
-	cmd := exec.Command(bin, args...)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	// Dies with the test binary, even a killed one.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("kubelettest: start %s: %w", filepath.Base(bin), err)
-	}
-	p := &proc{cmd: cmd, log: logPath, exited: make(chan struct{})}
-	go func() {
-		p.err = cmd.Wait()
-		close(p.exited)
-	}()
-	return p, nil
-}
-
-func (p *proc) done() bool {
-	select {
-	case <-p.exited:
-		return true
-	default:
-		return false
-	}
-}
-
-// kill sends SIGTERM and, after grace (at once when 0), SIGKILL to the
-// process group, and waits for the process.
-func (p *proc) kill(grace time.Duration) {
-	if p.done() {
-		return
-	}
-	pgid := p.cmd.Process.Pid
-	if grace > 0 {
-		_ = syscall.Kill(-pgid, syscall.SIGTERM)
-		select {
-		case <-p.exited:
-		case <-time.After(grace):
-		}
-	}
-	_ = syscall.Kill(-pgid, syscall.SIGKILL)
-	<-p.exited
-}
-
-// waitFor polls cond until it holds, p exits, ctx ends or timeout passes.
-func waitFor(ctx context.Context, timeout time.Duration, p *proc, cond func() bool) error {
-	deadline := time.Now().Add(timeout)
-	for {
-		if cond() {
-			return nil
-		}
-		if p != nil && p.done() {
-			return fmt.Errorf("%s exited: %v", filepath.Base(p.cmd.Path), p.err)
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("not within %v", timeout)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(200 * time.Millisecond):
-		}
-	}
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("kubelettest: free port: %w", err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
-
-func tailFile(path string, n int) string {
-	b, _ := os.ReadFile(path)
-	if len(b) > n {
-		b = b[len(b)-n:]
-	}
-	return string(b)
-}
-
-// iptablesCommands are the iptables front ends the kubelet uses, when
-// installed (Debian's iptables comes with containernetworking-plugins).
-func iptablesCommands() []string {
-	var out []string
-	for _, b := range []string{"iptables", "ip6tables"} {
-		if _, err := exec.LookPath(b); err == nil {
-			out = append(out, b)
-		}
-	}
-	return out
-}
-
-// iptablesChains lists the kubelet's chains that exist now, as
-// "command table chain".
-func iptablesChains() map[string]bool {
-	have := map[string]bool{}
-	for _, b := range iptablesCommands() {
-		for _, kc := range kubeletChains() {
-			if exec.Command(b, "-w", "-t", kc[0], "-S", kc[1]).Run() == nil {
-				have[b+" "+kc[0]+" "+kc[1]] = true
-			}
-		}
-	}
-	return have
-}
-
-// removeChains deletes the kubelet's chains that were not there before
-// (before): first the jumps to KUBE-FIREWALL, then each chain's rules and
-// the chain.
-func removeChains(before map[string]bool) error {
-	var errs []error
-	for key := range iptablesChains() {
-		if before[key] {
-			continue
-		}
-		f := strings.Fields(key)
-		b, table, chain := f[0], f[1], f[2]
-		if chain == "KUBE-FIREWALL" {
-			for _, from := range []string{"INPUT", "OUTPUT"} {
-				for exec.Command(b, "-w", "-t", table, "-D", from, "-j", chain).Run() == nil {
-				}
-			}
-		}
-		for _, op := range []string{"-F", "-X"} {
-			if out, err := exec.Command(b, "-w", "-t", table, op, chain).CombinedOutput(); err != nil {
-				errs = append(errs, fmt.Errorf("kubelettest: %s -t %s %s %s: %v: %s", b, table, op, chain, err, out))
-			}
 		}
 	}
 	return errors.Join(errs...)

@@ -1,6 +1,8 @@
 package nvrxwire
 
-import "strings"
+import (
+	"strings"
+)
 
 // globalKind says what a whitelisted global may be used for. Nothing here is
 // ever "called": each kind maps to a fixed, pure Go constructor.
@@ -146,4 +148,87 @@ func enumValue(module, class string, v int64) *Object {
 	o.size = 2
 	o.depth = 1
 	return o
+}
+
+// reduce implements REDUCE for the few whitelisted callables, each as a
+// fixed Go function of plain data. Classes are never reducible.
+func (d *decoder) reduce(g *globalRef, args []any) (any, error) {
+	switch g.kind {
+	case kindEnum:
+		if len(args) != 1 {
+			return nil, d.errf("%s() takes 1 argument, got %d", g, len(args))
+		}
+		v, ok := args[0].(int64)
+		if !ok || !g.members[v] {
+			return nil, d.errf("invalid %s value %s", g, describe(args[0]))
+		}
+		return enumValue(g.module, g.name, v), nil
+	case kindSet, kindFrozenSet:
+		s := &Set{Frozenset: g.kind == kindFrozenSet, meta: meta{size: 1}}
+		if len(args) == 0 {
+			return s, nil
+		}
+		if len(args) != 1 {
+			return nil, d.errf("%s() takes at most 1 argument, got %d", g, len(args))
+		}
+		var items []any
+		switch src := args[0].(type) {
+		case *listV:
+			items = src.items
+		case *tupleV:
+			items = src.items
+		case *Set:
+			items = src.Items
+		default:
+			return nil, d.errf("%s() of %s", g, typeName(args[0]))
+		}
+		if err := d.addItems(s, items); err != nil {
+			return nil, err
+		}
+		return s, nil
+	case kindByteArray:
+		switch {
+		case len(args) == 0:
+			return ByteArray{}, nil
+		case len(args) == 1:
+			if b, ok := args[0].([]byte); ok {
+				return ByteArray(append([]byte{}, b...)), nil
+			}
+		}
+		return nil, d.errf("unsupported arguments to %s", g)
+	case kindBytes:
+		if len(args) == 0 {
+			return []byte{}, nil
+		}
+		return nil, d.errf("unsupported arguments to %s", g)
+	case kindGetattr:
+		if len(args) == 2 {
+			cls, ok1 := args[0].(*globalRef)
+			member, ok2 := args[1].(string)
+			if ok1 && ok2 && cls.kind == kindEnum {
+				if v, ok := enumMember(cls, member); ok {
+					return v, nil
+				}
+				return nil, d.errf("%s has no member %s", cls, describe(member))
+			}
+		}
+		return nil, d.errf("getattr is only allowed on whitelisted enum classes")
+	case kindCodecsEncode:
+		if len(args) == 2 {
+			s, ok1 := args[0].(string)
+			enc, ok2 := args[1].(string)
+			if ok1 && ok2 && (enc == "latin1" || enc == "latin-1") {
+				out := make([]byte, 0, len(s))
+				for _, r := range s {
+					if r > 0xFF {
+						return nil, d.errf("%s: character U+%04X not in latin1", g, r)
+					}
+					out = append(out, byte(r))
+				}
+				return out, nil
+			}
+		}
+		return nil, d.errf("unsupported arguments to %s", g)
+	}
+	return nil, d.errf("REDUCE of non-whitelisted callable %s", g)
 }

@@ -313,3 +313,78 @@ func typeName(v any) string {
 	}
 	return fmt.Sprintf("%T", v)
 }
+
+// finalize converts in-flight lists and tuples to []any and Tuple throughout
+// the value. done maps each container already converted to its result, so a
+// value with shared references is walked once per distinct node.
+func finalize(v any, done map[any]any) any {
+	switch x := v.(type) {
+	case *listV:
+		if r, ok := done[x]; ok {
+			return r
+		}
+		out := make([]any, len(x.items))
+		done[x] = out
+		for i, it := range x.items {
+			out[i] = finalize(it, done)
+		}
+		return out
+	case *tupleV:
+		if r, ok := done[x]; ok {
+			return r
+		}
+		out := make(Tuple, len(x.items))
+		done[x] = out
+		for i, it := range x.items {
+			out[i] = finalize(it, done)
+		}
+		return out
+	case *Dict:
+		if _, ok := done[x]; ok {
+			return x
+		}
+		done[x] = x
+		for i := range x.Keys {
+			x.Keys[i] = finalize(x.Keys[i], done)
+			x.Values[i] = finalize(x.Values[i], done)
+		}
+		return x
+	case *Set:
+		if _, ok := done[x]; ok {
+			return x
+		}
+		done[x] = x
+		for i := range x.Items {
+			x.Items[i] = finalize(x.Items[i], done)
+		}
+		return x
+	case *Object:
+		if _, ok := done[x]; ok {
+			return x
+		}
+		done[x] = x
+		for i := range x.Args {
+			x.Args[i] = finalize(x.Args[i], done)
+		}
+		if x.Kwargs != nil {
+			finalize(x.Kwargs, done)
+		}
+		x.State = finalize(x.State, done)
+		return x
+	}
+	return v
+}
+
+// describe renders a scalar for an error message without dumping big values.
+func describe(v any) string {
+	switch x := v.(type) {
+	case int64:
+		return strconv.FormatInt(x, 10)
+	case string:
+		if len(x) > 40 {
+			x = x[:40] + "..."
+		}
+		return strconv.Quote(x)
+	}
+	return typeName(v)
+}
