@@ -502,7 +502,7 @@ func (j *simJob) checkLedger(ctx context.Context, lost string) {
 	if lostEnded != 1 || swaps != 1 || actives != j.cfg.nodes {
 		j.t.Fatalf("ledger: %d lost leases ended, %d swaps, %d open Active leases; want 1, 1, %d", lostEnded, swaps, actives, j.cfg.nodes)
 	}
-	q, err := j.nodes[0].e.quarantinedAddrs(ctx)
+	q, err := j.nodes[0].e.round(0).quarantinedAddrs(ctx)
 	if err != nil {
 		j.t.Fatal(err)
 	}
