@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
@@ -105,13 +106,13 @@ func (e *Etcd) lostErr(closed *closeInfo) error {
 // being unavailable, or ctx ends: a call in flight when the connection
 // drops fails at once, and only the loss bound (through a bounded ctx)
 // decides that etcd is gone. op must be safe to repeat (fenced txns are).
-func (e *Etcd) retry(ctx context.Context, op func(ctx context.Context) error) error {
+func retry(ctx context.Context, log *slog.Logger, op func(ctx context.Context) error) error {
 	for {
 		err := op(ctx)
 		if !transient(err) {
 			return err
 		}
-		e.log.Debug("etcd unavailable; retrying within the loss bound", "err", err)
+		log.Debug("etcd unavailable; retrying within the loss bound", "err", err)
 		if !sleepCtx(ctx, retryPause) {
 			return err
 		}

@@ -13,22 +13,23 @@ import (
 
 // claimCloser tries to become the node that closes round r. The closer key
 // is under our lease, so a dead closer is replaced by the next claimant.
-func (e *Etcd) claimCloser(ctx context.Context, r int) (bool, error) {
-	resp, err := e.cli.Txn(ctx).
-		If(clientv3.Compare(clientv3.CreateRevision(e.k.closer(r)), "=", 0), e.genCmp()).
-		Then(clientv3.OpPut(e.k.closer(r), e.o.NodeID, clientv3.WithLease(e.sess.current()))).Commit()
+func (rd *round) claimCloser(ctx context.Context) (bool, error) {
+	resp, err := rd.cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(rd.k.closer(rd.r)), "=", 0), rd.genCmp).
+		Then(clientv3.OpPut(rd.k.closer(rd.r), rd.o.NodeID, clientv3.WithLease(rd.sess.current()))).Commit()
 	if err != nil {
-		return false, fmt.Errorf("claim closer of round %d: %w", r, err)
+		return false, fmt.Errorf("claim closer of round %d: %w", rd.r, err)
 	}
 	return resp.Succeeded, nil
 }
 
-// closerRun is the state of one closer: round r's members as watched,
+// closerRun is the state of one closer: its round's members as watched,
 // the population view of a restart round (gate) and the timer of the
-// next deadline of the round-closing rule (decideClose).
+// next deadline of the round-closing rule (decideClose). It depends on its
+// round alone (the client, the keys, the view, the detector's suspects),
+// not on the node that made it.
 type closerRun struct {
-	e       *Etcd
-	r       int
+	rd      *round
 	present map[string]bool
 	wch     clientv3.WatchChan
 	// cancelWatch ends wch (replaced at each list).
@@ -51,11 +52,11 @@ const (
 // runCloser counts round r's members (watch, no polling) and writes the
 // assignment once round r is open and the round-closing rule (decideClose)
 // says so.
-func (e *Etcd) runCloser(ctx context.Context, r int) {
+func (rd *round) runCloser(ctx context.Context) {
 	// The closer holds the key: giving up here would leave the round with
 	// no closer until this node goes, so a failed read (etcd overloaded by
 	// a whole job registering at once) is retried while the round waits.
-	c := &closerRun{e: e, r: r, present: map[string]bool{}, suspects: map[string]time.Time{}}
+	c := &closerRun{rd: rd, present: map[string]bool{}, suspects: map[string]time.Time{}}
 	for !c.list(ctx) {
 		if ctx.Err() != nil || !sleepCtx(ctx, retryPause) {
 			return
@@ -63,16 +64,16 @@ func (e *Etcd) runCloser(ctx context.Context, r int) {
 	}
 	defer c.stop()
 	for {
-		ch, closed, cur := e.view.snapshot()
-		if closed != nil || cur > r {
+		ch, closed, cur := rd.view.snapshot()
+		if closed != nil || cur > rd.r {
 			return
 		}
 		step := closeWait
-		if cur == r && r > 0 && c.gate == nil {
+		if cur == rd.r && rd.r > 0 && c.gate == nil {
 			// The previous round's actives are known once round r is open.
 			step = c.openGate(ctx)
 		}
-		if cur == r && step == closeWait {
+		if cur == rd.r && step == closeWait {
 			step = c.tryClose(ctx)
 		}
 		switch step {
@@ -92,9 +93,9 @@ func (e *Etcd) runCloser(ctx context.Context, r int) {
 
 // openGate sets up the rejoin gate of restart round r.
 func (c *closerRun) openGate(ctx context.Context) closeStep {
-	g, err := c.e.newRejoinGate(ctx, c.r)
+	g, err := c.rd.newRejoinGate(ctx)
 	if err != nil {
-		c.e.log.Warn("closer: rejoin gate", "round", c.r, "err", err)
+		c.rd.log.Warn("closer: rejoin gate", "round", c.rd.r, "err", err)
 		return closeRetry
 	}
 	c.gate = g
@@ -104,21 +105,21 @@ func (c *closerRun) openGate(ctx context.Context) closeStep {
 // tryClose writes the assignment when the round-closing rule says so, and
 // otherwise arms the timer for its next deadline.
 func (c *closerRun) tryClose(ctx context.Context) closeStep {
-	o := c.e.o
+	o := c.rd.o
 	now := time.Now()
 	n := len(c.present)
 	if n >= o.MinNodes && c.minMetAt.IsZero() {
 		c.minMetAt = now
 	}
 	in := closeInput{Min: o.MinNodes, Max: o.MaxNodes, Present: n, FirstRound: c.gate == nil, Now: now,
-		Opened: now, MinMetAt: c.minMetAt, LastCall: o.LastCall, RejoinWait: o.RejoinWait, DetectBound: c.e.detectBound()}
+		Opened: now, MinMetAt: c.minMetAt, LastCall: o.LastCall, RejoinWait: o.RejoinWait, DetectBound: c.rd.loss.bound()}
 	if c.gate != nil {
 		in.Opened = c.gate.opened
 	}
 	// Below MIN the rule only waits: the population (O(n)) is not looked at
 	// for each of the n registrations of a large round.
 	if c.gate != nil && n >= o.MinNodes {
-		in.Missing = c.gate.missing(c.present, c.e.gossipSuspects())
+		in.Missing = c.gate.missing(c.present, c.rd.loss.suspects())
 		for i := range in.Missing {
 			p := &in.Missing[i]
 			if p.State != peerSuspect {
@@ -135,20 +136,20 @@ func (c *closerRun) tryClose(ctx context.Context) closeStep {
 	if d.Close {
 		for _, p := range in.Missing {
 			if p.PrevActive && p.State != peerDead {
-				c.e.log.Warn("closing the round without a previous active node (its wait is over)", "round", c.r,
+				c.rd.log.Warn("closing the round without a previous active node (its wait is over)", "round", c.rd.r,
 					"node", p.ID, "state", p.State.String())
 			}
 		}
-		if err := c.e.writeAssignment(ctx, c.r); err != nil {
-			c.e.log.Warn("closer: write assignment", "round", c.r, "err", err)
+		if err := c.rd.writeAssignment(ctx); err != nil {
+			c.rd.log.Warn("closer: write assignment", "round", c.rd.r, "err", err)
 			return closeRetry
 		}
-		c.e.log.Debug("closer: round closes", "round", c.r, "why", d.Why)
+		c.rd.log.Debug("closer: round closes", "round", c.rd.r, "why", d.Why)
 		return closeDone
 	}
 	c.arm(now, d.Until)
 	if len(d.Waiting) > 0 {
-		c.e.log.Debug("closer: waiting", "round", c.r, "why", d.Why)
+		c.rd.log.Debug("closer: waiting", "round", c.rd.r, "why", d.Why)
 	}
 	return closeWait
 }
@@ -175,18 +176,18 @@ const resyncEvery = 2 * time.Second
 // when the read failed. A view that differs from what the watch had built
 // is logged: the watch missed events.
 func (c *closerRun) list(ctx context.Context) bool {
-	e, r := c.e, c.r
-	get, err := e.cli.Get(ctx, e.k.nodes(r), clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	rd, r := c.rd, c.rd.r
+	get, err := rd.cli.Get(ctx, rd.k.nodes(r), clientv3.WithPrefix(), clientv3.WithKeysOnly())
 	if err != nil {
-		e.log.Debug("closer: list members", "round", r, "err", err)
+		rd.log.Debug("closer: list members", "round", r, "err", err)
 		return false
 	}
 	present := make(map[string]bool, len(get.Kvs))
 	for _, kv := range get.Kvs {
-		present[strings.TrimPrefix(string(kv.Key), e.k.nodes(r))] = true
+		present[strings.TrimPrefix(string(kv.Key), rd.k.nodes(r))] = true
 	}
 	if c.wch != nil && len(present) != len(c.present) {
-		e.log.Warn("closer: the members watch was behind; resynced", "round", r,
+		rd.log.Warn("closer: the members watch was behind; resynced", "round", r,
 			"watched", len(c.present), "listed", len(present))
 	}
 	if c.cancelWatch != nil {
@@ -194,17 +195,17 @@ func (c *closerRun) list(ctx context.Context) bool {
 	}
 	wctx, cancel := context.WithCancel(ctx)
 	c.present, c.cancelWatch = present, cancel
-	c.wch = e.cli.Watch(wctx, e.k.nodes(r), clientv3.WithPrefix(), clientv3.WithRev(get.Header.Revision+1))
+	c.wch = rd.cli.Watch(wctx, rd.k.nodes(r), clientv3.WithPrefix(), clientv3.WithRev(get.Header.Revision+1))
 	return true
 }
 
 // resync re-lists the members and re-reads the job's round.
 func (c *closerRun) resync(ctx context.Context) {
-	before := c.e.currentCtlRound()
-	if _, err := c.e.loadCtl(ctx); err != nil {
-		c.e.log.Debug("closer: read the job's round", "round", c.r, "err", err)
-	} else if after := c.e.currentCtlRound(); after != before {
-		c.e.log.Warn("closer: the job's round watch was behind; resynced", "round", c.r, "watched", before, "read", after)
+	before := c.rd.view.round()
+	if _, err := c.rd.node.loadCtl(ctx); err != nil {
+		c.rd.log.Debug("closer: read the job's round", "round", c.rd.r, "err", err)
+	} else if after := c.rd.view.round(); after != before {
+		c.rd.log.Warn("closer: the job's round watch was behind; resynced", "round", c.rd.r, "watched", before, "read", after)
 	}
 	c.list(ctx)
 }
@@ -249,7 +250,7 @@ func (c *closerRun) wait(ctx context.Context, changed <-chan struct{}) bool {
 			return true
 		}
 		for _, ev := range wr.Events {
-			id := strings.TrimPrefix(string(ev.Kv.Key), c.e.k.nodes(c.r))
+			id := strings.TrimPrefix(string(ev.Kv.Key), c.rd.k.nodes(c.rd.r))
 			if ev.Type == clientv3.EventTypeDelete {
 				delete(c.present, id)
 			} else {
@@ -275,12 +276,12 @@ func (c *closerRun) stop() {
 // writeAssignment orders the members, writes each rank key (batches within
 // etcd's default 128 ops per txn) and then the summary, which is what the
 // waiting nodes watch. Every txn is fenced on the round and on our closer key.
-func (e *Etcd) writeAssignment(ctx context.Context, r int) error {
-	ms, rev, err := e.readCandidates(ctx, r)
+func (rd *round) writeAssignment(ctx context.Context) error {
+	ms, rev, err := rd.readCandidates(ctx)
 	if err != nil {
 		return err
 	}
-	prevInfo, err := e.previousRanks(ctx, r)
+	prevInfo, err := rd.previousRanks(ctx)
 	if err != nil {
 		return err
 	}
@@ -292,32 +293,32 @@ func (e *Etcd) writeAssignment(ctx context.Context, r int) error {
 		}
 	}
 	orderMembers(ms, prev)
-	ranks, sum, err := assign(ms, e.o.MinNodes, pinned)
+	ranks, sum, err := assign(ms, rd.o.MinNodes, pinned)
 	if err != nil {
 		return err
 	}
-	sum.Round, sum.MembersRev = r, rev
+	sum.Round, sum.MembersRev = rd.r, rev
 	rankDelta(&sum, prevInfo, ranks)
 	// Fenced below on ctl/round == r, and the count only changes with the
 	// round: this is the count round r opened with.
-	if sum.RestartsUsed, err = e.readRestarts(ctx); err != nil {
+	if sum.RestartsUsed, err = rd.readRestarts(ctx); err != nil {
 		return err
 	}
-	if err := e.writeRanks(ctx, r, ms, ranks, sum); err != nil {
+	if err := rd.writeRanks(ctx, ms, ranks, sum); err != nil {
 		return err
 	}
-	e.log.Info("closed rendezvous round", "round", r, "active", sum.GroupWorldSize, "standby", sum.Standbys,
+	rd.log.Info("closed rendezvous round", "round", rd.r, "active", sum.GroupWorldSize, "standby", sum.Standbys,
 		"world_size", sum.WorldSize, "master", sum.MasterNode)
 	return nil
 }
 
 // readCandidates lists round r's members and the revision they were read at.
-func (e *Etcd) readCandidates(ctx context.Context, r int) ([]memberInfo, int64, error) {
-	get, err := e.cli.Get(ctx, e.k.nodes(r), clientv3.WithPrefix())
+func (rd *round) readCandidates(ctx context.Context) ([]memberInfo, int64, error) {
+	get, err := rd.cli.Get(ctx, rd.k.nodes(rd.r), clientv3.WithPrefix())
 	if err != nil {
 		return nil, 0, fmt.Errorf("list members: %w", err)
 	}
-	bad, err := e.quarantinedAddrs(ctx)
+	bad, err := rd.quarantinedAddrs(ctx)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -325,11 +326,11 @@ func (e *Etcd) readCandidates(ctx context.Context, r int) ([]memberInfo, int64, 
 	for _, kv := range get.Kvs {
 		var m memberInfo
 		if err := json.Unmarshal(kv.Value, &m); err != nil {
-			e.log.Warn("skip unreadable member", "key", string(kv.Key), "err", err)
+			rd.log.Warn("skip unreadable member", "key", string(kv.Key), "err", err)
 			continue
 		}
 		if bad[nodeAddr(m.NodeID)] {
-			e.log.Warn("leaving a quarantined node out of the round", "round", r, "node", m.NodeID)
+			rd.log.Warn("leaving a quarantined node out of the round", "round", rd.r, "node", m.NodeID)
 			continue
 		}
 		ms = append(ms, m)
@@ -340,19 +341,19 @@ func (e *Etcd) readCandidates(ctx context.Context, r int) ([]memberInfo, int64, 
 // previousRanks reads round r-1's rank entries by node: their order and
 // group ranks decide this round's (actives keep their slot), and the
 // summary lists the nodes whose entry changes (rankDelta).
-func (e *Etcd) previousRanks(ctx context.Context, r int) (map[string]rankInfo, error) {
+func (rd *round) previousRanks(ctx context.Context) (map[string]rankInfo, error) {
 	prev := map[string]rankInfo{}
-	if r == 0 {
+	if rd.r == 0 {
 		return prev, nil
 	}
-	pg, err := e.cli.Get(ctx, e.k.ranks(r-1), clientv3.WithPrefix())
+	pg, err := rd.cli.Get(ctx, rd.k.ranks(rd.r-1), clientv3.WithPrefix())
 	if err != nil {
 		return nil, fmt.Errorf("read previous ranks: %w", err)
 	}
 	for _, kv := range pg.Kvs {
 		var ri rankInfo
 		if json.Unmarshal(kv.Value, &ri) == nil {
-			prev[strings.TrimPrefix(string(kv.Key), e.k.ranks(r-1))] = ri
+			prev[strings.TrimPrefix(string(kv.Key), rd.k.ranks(rd.r-1))] = ri
 		}
 	}
 	return prev, nil
@@ -363,20 +364,20 @@ func (e *Etcd) previousRanks(ctx context.Context, r int) (map[string]rankInfo, e
 // concurrent proposals together, so 4,000 nodes' ranks (34 batches) cost a
 // few disk syncs instead of 34 in a row. The summary, which the waiting
 // nodes watch, goes last, once every rank key is written.
-func (e *Etcd) writeRanks(ctx context.Context, r int, ms []memberInfo, ranks map[string]rankInfo, sum roundSummary) error {
+func (rd *round) writeRanks(ctx context.Context, ms []memberInfo, ranks map[string]rankInfo, sum roundSummary) error {
 	fence := []clientv3.Cmp{
-		clientv3.Compare(clientv3.Value(e.k.round()), "=", fmt.Sprint(r)),
-		clientv3.Compare(clientv3.Value(e.k.closer(r)), "=", e.o.NodeID),
-		clientv3.Compare(clientv3.CreateRevision(e.k.assignment(r)), "=", 0),
-		e.genCmp(),
+		clientv3.Compare(clientv3.Value(rd.k.round()), "=", fmt.Sprint(rd.r)),
+		clientv3.Compare(clientv3.Value(rd.k.closer(rd.r)), "=", rd.o.NodeID),
+		clientv3.Compare(clientv3.CreateRevision(rd.k.assignment(rd.r)), "=", 0),
+		rd.genCmp,
 	}
 	write := func(ops []clientv3.Op) error {
-		resp, err := e.cli.Txn(ctx).If(fence...).Then(ops...).Commit()
+		resp, err := rd.cli.Txn(ctx).If(fence...).Then(ops...).Commit()
 		if err != nil {
 			return fmt.Errorf("write ranks: %w", err)
 		}
 		if !resp.Succeeded {
-			return fmt.Errorf("round %d moved on or closer changed", r)
+			return fmt.Errorf("round %d moved on or closer changed", rd.r)
 		}
 		return nil
 	}
@@ -387,7 +388,7 @@ func (e *Etcd) writeRanks(ctx context.Context, r int, ms []memberInfo, ranks map
 			batches = append(batches, make([]clientv3.Op, 0, batch))
 		}
 		b, _ := json.Marshal(ranks[m.NodeID])
-		batches[len(batches)-1] = append(batches[len(batches)-1], clientv3.OpPut(e.k.rank(r, m.NodeID), string(b)))
+		batches[len(batches)-1] = append(batches[len(batches)-1], clientv3.OpPut(rd.k.rank(rd.r, m.NodeID), string(b)))
 	}
 	errs := make([]error, len(batches))
 	sem := make(chan struct{}, inFlight)
@@ -408,12 +409,12 @@ func (e *Etcd) writeRanks(ctx context.Context, r int, ms []memberInfo, ranks map
 		}
 	}
 	sb, _ := json.Marshal(sum)
-	ops := []clientv3.Op{clientv3.OpPut(e.k.assignment(r), string(sb))}
-	if r >= 2 {
+	ops := []clientv3.Op{clientv3.OpPut(rd.k.assignment(rd.r), string(sb))}
+	if rd.r >= 2 {
 		// Round r-2 is over for good (r-1 is still read: previous ranks,
 		// the rejoin gate): drop its keys, or a job keeps N rank keys per
 		// round it ever ran (docs/rendezvous.md, Scale).
-		ops = append(ops, clientv3.OpDelete(e.k.roundDir(r-2), clientv3.WithPrefix()))
+		ops = append(ops, clientv3.OpDelete(rd.k.roundDir(rd.r-2), clientv3.WithPrefix()))
 	}
 	return write(ops)
 }

@@ -90,5 +90,13 @@ func (e *Etcd) closeLocally(why string) {
 	}
 }
 
+// registered is a round's roundNode report: this node is registered in
+// round r and waits for it.
+func (e *Etcd) registered(r int) {
+	e.mu.Lock()
+	e.setStateLocked(stateWaiting, "registered in round "+strconv.Itoa(r))
+	e.mu.Unlock()
+}
+
 // currentCtlRound is the job's round as last seen from etcd.
 func (e *Etcd) currentCtlRound() int { return e.view.round() }

@@ -49,21 +49,21 @@ type roundFacts struct {
 // evidence is when the failure was first seen (zero: not known), for the
 // end record's detection time. extra are the caller's fences. A report that lost a race, or was fenced
 // out, returns what the job did instead.
-func (e *Etcd) endRound(ctx context.Context, r int, f policy.Failure, lost, reason string, evidence time.Time, extra []clientv3.Cmp) (Decision, error) {
-	facts, err := e.readFacts(ctx, r, lost)
+func (rd *round) endRound(ctx context.Context, f policy.Failure, lost, reason string, evidence time.Time, extra []clientv3.Cmp) (Decision, error) {
+	facts, err := rd.readFacts(ctx, lost)
 	if err != nil {
-		return Decision{}, fmt.Errorf("rendezvous: end round %d: read job state: %w", r, err)
+		return Decision{}, fmt.Errorf("rendezvous: end round %d: read job state: %w", rd.r, err)
 	}
 	if facts.excluded != nil {
 		f, reason = facts.excluded.failure(lost)
 	}
 	in := policy.Input{Failure: f, RestartsUsed: facts.restarts, MaxRestarts: facts.maxRestarts,
-		SparesAvailable: facts.spares, NodesPresent: facts.present, MinNodes: e.o.MinNodes}
+		SparesAvailable: facts.spares, NodesPresent: facts.present, MinNodes: rd.o.MinNodes}
 	if lost == "" {
 		// A rank failure leaves the membership as it is; it never takes a spare.
-		in.SparesAvailable, in.NodesPresent = 0, e.o.MinNodes
+		in.SparesAvailable, in.NodesPresent = 0, rd.o.MinNodes
 	}
-	subject := e.o.NodeID // the node that caused the end: the reporter, or the node it lost
+	subject := rd.o.NodeID // the node that caused the end: the reporter, or the node it lost
 	if lost != "" {
 		subject = lost
 	}
@@ -72,38 +72,38 @@ func (e *Etcd) endRound(ctx context.Context, r int, f policy.Failure, lost, reas
 	// is unique), where every survivor used to read and race to write them.
 	lreason, ledgerBy := ledgerReason(f), ""
 	if facts.ledgerRead && lreason != "" {
-		ledgerBy = e.o.NodeID
+		ledgerBy = rd.o.NodeID
 	}
-	ops, dec := e.endOps(r, f, policy.Decide(in), facts.restarts, subject, reason, evidence, ledgerBy)
+	ops, dec := rd.endOps(f, policy.Decide(in), facts.restarts, subject, reason, evidence, ledgerBy)
 	if ledgerBy != "" {
 		var recs []ledger.Record
-		for _, c := range etcdstore.CloseOps(facts.ledger, lreason, dec.Reason, e.o.NodeID, time.Now().UTC()) {
+		for _, c := range etcdstore.CloseOps(facts.ledger, lreason, dec.Reason, rd.o.NodeID, time.Now().UTC()) {
 			ops = append(ops, clientv3.OpTxn([]clientv3.Cmp{c.Cmp}, []clientv3.Op{c.Put}, nil))
 			recs = append(recs, c.Record)
 		}
 		// Kept before the commit: the ctl watch may deliver the end first.
-		e.stashLedger(r, subject, recs)
+		rd.stashLedger(subject, recs)
 	}
 	conds := append([]clientv3.Cmp{
-		clientv3.Compare(clientv3.Value(e.k.round()), "=", strconv.Itoa(r)),
-		clientv3.Compare(clientv3.CreateRevision(e.k.closed()), "=", 0),
-		clientv3.Compare(clientv3.ModRevision(e.k.restarts()), "=", facts.restartsRev),
-		e.genCmp(),
+		clientv3.Compare(clientv3.Value(rd.k.round()), "=", strconv.Itoa(rd.r)),
+		clientv3.Compare(clientv3.CreateRevision(rd.k.closed()), "=", 0),
+		clientv3.Compare(clientv3.ModRevision(rd.k.restarts()), "=", facts.restartsRev),
+		rd.genCmp,
 	}, extra...)
-	resp, err := e.cli.Txn(ctx).If(conds...).Then(ops...).
-		Else(clientv3.OpGet(e.k.round()), clientv3.OpGet(e.k.closed()), clientv3.OpGet(e.k.restarts()), clientv3.OpGet(e.k.lastEnd())).Commit()
+	resp, err := rd.cli.Txn(ctx).If(conds...).Then(ops...).
+		Else(clientv3.OpGet(rd.k.round()), clientv3.OpGet(rd.k.closed()), clientv3.OpGet(rd.k.restarts()), clientv3.OpGet(rd.k.lastEnd())).Commit()
 	if ledgerBy != "" && (err != nil || !resp.Succeeded) {
-		e.stashLedger(r, subject, nil)
+		rd.stashLedger(subject, nil)
 	}
 	if err != nil {
-		return Decision{}, fmt.Errorf("rendezvous: end round %d: %w", r, err)
+		return Decision{}, fmt.Errorf("rendezvous: end round %d: %w", rd.r, err)
 	}
 	if resp.Succeeded {
-		e.log.Info("rendezvous round ended", "round", r, "failure", string(f), "action", string(dec.Action),
+		rd.log.Info("rendezvous round ended", "round", rd.r, "failure", string(f), "action", string(dec.Action),
 			"restarts_used", dec.RestartsUsed, "reason", dec.Reason)
 		return dec, nil
 	}
-	return e.raceOutcome(r, resp)
+	return rd.raceOutcome(resp)
 }
 
 // ledgerReason is the ledger's reason for a node's leases ended by
@@ -122,37 +122,37 @@ func ledgerReason(f policy.Failure) ledger.Reason {
 
 // stashLedger keeps (recs != nil) or drops the ledger records this node's
 // end txn of round r writes for subject.
-func (e *Etcd) stashLedger(r int, subject string, recs []ledger.Record) {
-	e.view.stashLedger(r, subject, recs)
+func (rd *round) stashLedger(subject string, recs []ledger.Record) {
+	rd.view.stashLedger(rd.r, subject, recs)
 }
 
 // endOps are the writes that carry out policy decision d for round r;
 // ledgerBy names this node when the txn also ends subject's ledger leases.
-func (e *Etcd) endOps(r int, f policy.Failure, d policy.Decision, used int, subject, reason string, evidence time.Time, ledgerBy string) ([]clientv3.Op, Decision) {
+func (rd *round) endOps(f policy.Failure, d policy.Decision, used int, subject, reason string, evidence time.Time, ledgerBy string) ([]clientv3.Op, Decision) {
 	if d.Action == policy.CloseJob {
 		code := verdict.CloseExitCode(d.Close)
 		ci := closeInfo{Kind: d.Close, Code: code, Reason: d.Why + ": " + reason, Node: subject, Cause: f, LedgerBy: ledgerBy}
 		cb, _ := json.Marshal(ci)
-		return []clientv3.Op{clientv3.OpPut(e.k.closed(), string(cb))},
+		return []clientv3.Op{clientv3.OpPut(rd.k.closed(), string(cb))},
 			Decision{Action: d.Action, Close: d.Close, Code: code, Reason: ci.Reason, RestartsUsed: used}
 	}
 	if d.CountsRestart {
 		used++
 	}
-	le := endInfo{Round: r, Reason: reason + "; " + d.Why, Node: subject, Cause: f, Action: d.Action, RestartsUsed: used,
+	le := endInfo{Round: rd.r, Reason: reason + "; " + d.Why, Node: subject, Cause: f, Action: d.Action, RestartsUsed: used,
 		At: time.Now().UTC(), LedgerBy: ledgerBy}
 	if !evidence.IsZero() {
 		le.DetectMS = float64(le.At.Sub(evidence).Microseconds()) / 1000
 	}
 	lb, _ := json.Marshal(le)
-	ops := []clientv3.Op{clientv3.OpPut(e.k.lastEnd(), string(lb)), clientv3.OpPut(e.k.round(), strconv.Itoa(r+1)),
-		clientv3.OpPut(e.k.restarts(), strconv.Itoa(used))}
-	if subject != e.o.NodeID {
+	ops := []clientv3.Op{clientv3.OpPut(rd.k.lastEnd(), string(lb)), clientv3.OpPut(rd.k.round(), strconv.Itoa(rd.r+1)),
+		clientv3.OpPut(rd.k.restarts(), strconv.Itoa(used))}
+	if subject != rd.o.NodeID {
 		// The next round's closer must not wait for the node that ended
 		// this one: its death is recorded with the end, not after it.
-		ops = append(ops, clientv3.OpPut(e.k.dead(subject), e.o.NodeID, clientv3.WithLease(e.sess.current())))
+		ops = append(ops, clientv3.OpPut(rd.k.dead(subject), rd.o.NodeID, clientv3.WithLease(rd.sess.current())))
 		if quarantines(f, d.Action, subject) {
-			ops = append(ops, e.quarantineOp(r, f, subject, reason))
+			ops = append(ops, rd.quarantineOp(f, subject, reason))
 		}
 	}
 	return ops, Decision{Restart: true, Action: d.Action, Reason: le.Reason, RestartsUsed: used}
@@ -160,7 +160,7 @@ func (e *Etcd) endOps(r int, f policy.Failure, d policy.Decision, used int, subj
 
 // raceOutcome reads the else branch of the end txn (round, close record,
 // restarts, last end) and reports what the job did instead.
-func (e *Etcd) raceOutcome(r int, resp *clientv3.TxnResponse) (Decision, error) {
+func (rd *round) raceOutcome(resp *clientv3.TxnResponse) (Decision, error) {
 	kvs := func(i int) []*mvccpb.KeyValue { return resp.Responses[i].GetResponseRange().Kvs }
 	used := 0
 	if kv := kvs(2); len(kv) > 0 {
@@ -174,18 +174,18 @@ func (e *Etcd) raceOutcome(r int, resp *clientv3.TxnResponse) (Decision, error) 
 	if kv := kvs(0); len(kv) > 0 {
 		cur, _ = strconv.Atoi(string(kv[0].Value))
 	}
-	if cur < r {
-		return Decision{}, fmt.Errorf("rendezvous: round %d reported but the job is at round %d", r, cur)
+	if cur < rd.r {
+		return Decision{}, fmt.Errorf("rendezvous: round %d reported but the job is at round %d", rd.r, cur)
 	}
-	if cur == r {
+	if cur == rd.r {
 		return Decision{Restart: true, Action: policy.RestartInPlace, RestartsUsed: used,
-			Reason: fmt.Sprintf("node %s no longer belongs to round %d (membership expired)", e.o.NodeID, r)}, nil
+			Reason: fmt.Sprintf("node %s no longer belongs to round %d (membership expired)", rd.o.NodeID, rd.r)}, nil
 	}
 	d := Decision{Restart: true, Action: policy.RestartInPlace, RestartsUsed: used,
-		Reason: fmt.Sprintf("round %d already superseded by round %d", r, cur)}
+		Reason: fmt.Sprintf("round %d already superseded by round %d", rd.r, cur)}
 	var le endInfo
-	if kv := kvs(3); len(kv) > 0 && json.Unmarshal(kv[0].Value, &le) == nil && le.Round == r && le.Action != "" {
-		d.Action, d.Reason = le.Action, fmt.Sprintf("%s (round %d already ended: %s)", d.Reason, r, le.Reason)
+	if kv := kvs(3); len(kv) > 0 && json.Unmarshal(kv[0].Value, &le) == nil && le.Round == rd.r && le.Action != "" {
+		d.Action, d.Reason = le.Action, fmt.Sprintf("%s (round %d already ended: %s)", d.Reason, rd.r, le.Reason)
 	}
 	return d, nil
 }
@@ -194,27 +194,27 @@ func (e *Etcd) raceOutcome(r int, resp *clientv3.TxnResponse) (Decision, error) 
 // node loss (lost != "") it also reads round r's ranks, the memberships of
 // rounds r and r+1 (a standby registers for the next round at once) and
 // the lost node's excluded record.
-func (e *Etcd) readFacts(ctx context.Context, r int, lost string) (roundFacts, error) {
-	ops := []clientv3.Op{clientv3.OpGet(e.k.round()), clientv3.OpGet(e.k.closed()),
-		clientv3.OpGet(e.k.restarts()), clientv3.OpGet(e.k.config())}
+func (rd *round) readFacts(ctx context.Context, lost string) (roundFacts, error) {
+	ops := []clientv3.Op{clientv3.OpGet(rd.k.round()), clientv3.OpGet(rd.k.closed()),
+		clientv3.OpGet(rd.k.restarts()), clientv3.OpGet(rd.k.config())}
 	if lost != "" {
-		ops = append(ops, clientv3.OpGet(e.k.ranks(r), clientv3.WithPrefix()),
-			clientv3.OpGet(e.k.nodes(r), clientv3.WithPrefix(), clientv3.WithKeysOnly()),
-			clientv3.OpGet(e.k.nodes(r+1), clientv3.WithPrefix(), clientv3.WithKeysOnly()),
-			clientv3.OpGet(e.k.excluded(lost)),
-			clientv3.OpGet(etcdstore.NodePrefix(etcdstore.LedgerBase(e.k.base), lost), clientv3.WithPrefix()))
+		ops = append(ops, clientv3.OpGet(rd.k.ranks(rd.r), clientv3.WithPrefix()),
+			clientv3.OpGet(rd.k.nodes(rd.r), clientv3.WithPrefix(), clientv3.WithKeysOnly()),
+			clientv3.OpGet(rd.k.nodes(rd.r+1), clientv3.WithPrefix(), clientv3.WithKeysOnly()),
+			clientv3.OpGet(rd.k.excluded(lost)),
+			clientv3.OpGet(etcdstore.NodePrefix(etcdstore.LedgerBase(rd.k.base), lost), clientv3.WithPrefix()))
 	}
 	// The loss reads are O(nodes) and several survivors may report the
 	// same loss: only while round r is open and the job not closed, so a
 	// late reporter reads O(1) (its end txn then loses the race anyway).
-	resp, err := e.cli.Txn(ctx).If(clientv3.Compare(clientv3.Value(e.k.round()), "=", strconv.Itoa(r)),
-		clientv3.Compare(clientv3.CreateRevision(e.k.closed()), "=", 0)).
+	resp, err := rd.cli.Txn(ctx).If(clientv3.Compare(clientv3.Value(rd.k.round()), "=", strconv.Itoa(rd.r)),
+		clientv3.Compare(clientv3.CreateRevision(rd.k.closed()), "=", 0)).
 		Then(ops...).Else(ops[:4]...).Commit()
 	if err != nil {
 		return roundFacts{}, err
 	}
 	kvs := func(i int) []*mvccpb.KeyValue { return resp.Responses[i].GetResponseRange().Kvs }
-	f := roundFacts{round: -1, maxRestarts: e.maxRestarts()}
+	f := roundFacts{round: -1, maxRestarts: rd.node.maxRestarts()}
 	if kv := kvs(0); len(kv) > 0 {
 		f.round, _ = strconv.Atoi(string(kv[0].Value))
 	}
@@ -231,7 +231,7 @@ func (e *Etcd) readFacts(ctx context.Context, r int, lost string) (roundFacts, e
 		f.maxRestarts = cfg.MaxRestarts
 	}
 	if lost != "" && resp.Succeeded {
-		f.countNodes(e.k, r, lost, kvs(4), kvs(5), kvs(6))
+		f.countNodes(rd.k, rd.r, lost, kvs(4), kvs(5), kvs(6))
 		var x excludeInfo
 		if kv := kvs(7); len(kv) > 0 && json.Unmarshal(kv[0].Value, &x) == nil {
 			f.excluded = &x
@@ -280,8 +280,8 @@ func (e *Etcd) maxRestarts() int {
 }
 
 // readRestarts returns the job's restart count (ctl/restarts).
-func (e *Etcd) readRestarts(ctx context.Context) (int, error) {
-	resp, err := e.cli.Get(ctx, e.k.restarts())
+func (rd *round) readRestarts(ctx context.Context) (int, error) {
+	resp, err := rd.cli.Get(ctx, rd.k.restarts())
 	if err != nil {
 		return 0, fmt.Errorf("read restart count: %w", err)
 	}

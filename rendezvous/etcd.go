@@ -120,8 +120,10 @@ type EtcdOptions struct {
 // lease, its incarnation, the fence timer, the probe, Lost()), the control
 // view (ctlview.go: the job's round, end and close records and their
 // subscribers) and the loss detector (detector.go: gossip and stream
-// evidence). Etcd itself keeps this node's rendezvous life under mu: its
-// state, assignment, round watchers and fence record. Lock order: mu, then
+// evidence). Etcd makes rounds (round.go: one round's join, wait, close
+// and end, from those parts and the round's number) and keeps this node's
+// rendezvous life under mu: its state, assignment, round watchers and
+// fence record. Lock order: mu, then
 // the view's; the session and the detector are never called with mu held
 // (but for the session's lose, which only cancels Lost()) and call back
 // with none of their locks held.
@@ -163,6 +165,9 @@ type Etcd struct {
 	// view is the job's control state (round, end and close records) and
 	// its subscribers (ctlview.go); its lock is taken after mu, never before.
 	view *ctlView
+	// parts are what every round of this node shares (round.go), fixed
+	// once the node joined its generation.
+	parts *roundParts
 }
 
 var _ Rendezvous = (*Etcd)(nil)
@@ -179,11 +184,26 @@ func NewEtcd(ctx context.Context, opts EtcdOptions) (*Etcd, error) {
 		view: newCtlView(opts.NodeID, opts.FenceMargin), lastRound: -1, reborn: -1, rankRound: -1,
 		assigned: map[int]roundSummary{}, fence: fenceState{round: -1}}
 	e.ctx, e.cancel = context.WithCancel(context.Background())
-	e.sess = newSession(e.ctx, sessionConfig{TTL: opts.LeaseTTL, FenceMargin: opts.FenceMargin, ProbeInterval: opts.ProbeInterval,
-		LossBound: opts.EtcdLossBound, Endpoints: e.endpoints, OnRenewed: e.leaseRenewed, OnFenceDue: e.fenceDue,
-		OnReplaced: e.leaseReplaced, OnLost: e.etcdLost}, e.log)
-	e.lost = e.sess.Lost()
 	e.loss = newLossDetector(opts.NodeID, opts.Gossip, e.log, e, &e.wg)
+	// Before the session there is nothing to stop but the context and an
+	// owned client.
+	abort := func(err error) (*Etcd, error) {
+		e.cancel()
+		if e.ownsClient {
+			_ = e.cli.Close()
+		}
+		return nil, err
+	}
+	if err := e.connect(ctx); err != nil {
+		return abort(err)
+	}
+	sess, err := newSession(ctx, e.ctx, e.cli, opts.Lease, sessionConfig{TTL: opts.LeaseTTL, FenceMargin: opts.FenceMargin,
+		ProbeInterval: opts.ProbeInterval, LossBound: opts.EtcdLossBound, Endpoints: e.endpoints, OnRenewed: e.leaseRenewed,
+		OnFenceDue: e.fenceDue, OnReplaced: e.leaseReplaced, OnLost: e.etcdLost}, e.log)
+	if err != nil {
+		return abort(err)
+	}
+	e.sess, e.lost = sess, sess.Lost()
 	if err := e.start(ctx); err != nil {
 		e.Close()
 		return nil, err
@@ -191,22 +211,15 @@ func NewEtcd(ctx context.Context, opts EtcdOptions) (*Etcd, error) {
 	return e, nil
 }
 
-// start connects, takes the lease, joins the job generation and starts
-// the background watchers.
+// start joins the job generation, makes this node's rounds' shared parts
+// and starts the background watchers (the session is live already).
 func (e *Etcd) start(ctx context.Context) error {
-	if err := e.connect(ctx); err != nil {
-		return err
-	}
-	e.sess.attach(e.cli)
-	if e.o.Lease != 0 {
-		e.sess.useShared(e.o.Lease)
-	} else if err := e.sess.grantOwn(ctx); err != nil {
-		return err
-	}
 	if err := e.joinGeneration(ctx); err != nil {
 		return err
 	}
 	e.view.k = e.k // fixed from here on
+	e.parts = &roundParts{cli: e.cli, k: e.k, genCmp: e.genCmp(), o: e.o, log: e.log,
+		sess: e.sess, view: e.view, loss: e.loss, node: e}
 	rev, err := e.loadCtl(ctx)
 	if err != nil {
 		return err
@@ -214,9 +227,6 @@ func (e *Etcd) start(ctx context.Context) error {
 	e.wg.Add(1)
 	go e.watchCtl(rev)
 	e.sess.startProbe(e.k.round())
-	if e.sess.owns() {
-		e.sess.startKeepAlive()
-	}
 	if !e.o.DisableGossip {
 		return e.startGossip()
 	}

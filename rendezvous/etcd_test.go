@@ -334,7 +334,10 @@ func TestEtcdStandbyPromotedOnNodeLoss(t *testing.T) {
 		}
 	}
 	end := c.nodes[survivor].Ended(0)
-	time.Sleep(500 * time.Millisecond) // let gossip converge
+	// The standby waits for round 1, and the actives know each other by
+	// gossip, so that the crash below is gossip's to see.
+	waitRegistered(t, c.nodes[standby], 1)
+	waitGossip(t, c.nodes[victim], c.nodes[survivor])
 	start := time.Now()
 	crash(c.nodes[victim])
 	e := waitEnd(t, end, 10*time.Second)
@@ -469,7 +472,7 @@ func TestEtcdMismatchRefused(t *testing.T) {
 		defer cancel()
 		c.nodes[0].Next(ctx) // creates the job config, then waits alone
 	}()
-	time.Sleep(300 * time.Millisecond)
+	waitKey(t, c.nodes[0], c.nodes[0].k.config(), "the job config created")
 	tests := []struct {
 		name              string
 		nproc, minN, maxN int

@@ -75,7 +75,17 @@ func TestEtcdStallPastTTLRestartsOnce(t *testing.T) {
 					got[i], errs[i] = n.Next(ctx)
 				}()
 			}
-			time.Sleep(500 * time.Millisecond)
+			// The standby (if any) is registered for round 1 and the
+			// actives know each other by gossip before etcd stalls.
+			var actives []*Etcd
+			for i, n := range c.nodes {
+				if as[i].Standby {
+					waitRegistered(t, n, 1)
+				} else {
+					actives = append(actives, n)
+				}
+			}
+			waitGossip(t, actives...)
 			if err := p.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 				t.Fatal(err)
 			}
@@ -148,7 +158,11 @@ func TestEtcdStallOrphanCountedWithoutWatchers(t *testing.T) {
 		}
 	}
 	fenced := last.Ended(0)
-	time.Sleep(500 * time.Millisecond)
+	// Every node holds its membership of round 0 at etcd before the stall:
+	// their going with the leases is what the orphan count sees.
+	for _, n := range c.nodes {
+		waitRegistered(t, n, 0)
+	}
 	if err := p.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}

@@ -68,9 +68,10 @@ func (e *Etcd) leaseRenewed(validUntil time.Time) {
 
 // fenceDue runs at the fence deadline: unless a renewal moved it meanwhile,
 // an active node fences itself out of its round. The agent learns it from
-// Ended(round) (EndFenced) and kills its ranks at once.
-func (e *Etcd) fenceDue() {
-	lease, validUntil := e.sess.validity() // before mu: the session's lock never nests with it
+// Ended(round) (EndFenced) and kills its ranks at once. lease is the lease
+// last proven valid, until validUntil (the session's, read before mu: the
+// session's lock never nests with it).
+func (e *Etcd) fenceDue(lease clientv3.LeaseID, validUntil time.Time) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	f := &e.fence

@@ -171,7 +171,7 @@ func TestEtcdGossipLossWaitsForLeaseExpiry(t *testing.T) {
 	checkConsistent(t, as, 1, 3)
 	victim := c.nodes[2]
 	ends := []<-chan RoundEnd{c.nodes[0].Ended(0), c.nodes[1].Ended(0)}
-	time.Sleep(500 * time.Millisecond) // gossip converges
+	waitGossip(t, c.nodes...) // the peers know the victim by gossip before it goes silent
 	victim.stopGossip(false)
 	victim.loss.mu.Lock()
 	victim.loss.stream.ln.Close() // new dials are refused; held connections stay (no EOF, no refused redial)

@@ -68,10 +68,10 @@ func (t *roundTimers) stop() {
 // A stalled node that comes back deletes its death record as it rejoins
 // (reincarnate) and counts again. Death records are few, so the alive keys
 // are only counted, not listed (thousands of nodes).
-func (e *Etcd) liveNodes(ctx context.Context) (int, error) {
-	resp, err := e.cli.Txn(ctx).Then(
-		clientv3.OpGet(e.k.alives(), clientv3.WithPrefix(), clientv3.WithCountOnly()),
-		clientv3.OpGet(e.k.deads(), clientv3.WithPrefix(), clientv3.WithKeysOnly())).Commit()
+func (rd *round) liveNodes(ctx context.Context) (int, error) {
+	resp, err := rd.cli.Txn(ctx).Then(
+		clientv3.OpGet(rd.k.alives(), clientv3.WithPrefix(), clientv3.WithCountOnly()),
+		clientv3.OpGet(rd.k.deads(), clientv3.WithPrefix(), clientv3.WithKeysOnly())).Commit()
 	if err != nil {
 		return 0, err
 	}
@@ -83,10 +83,10 @@ func (e *Etcd) liveNodes(ctx context.Context) (int, error) {
 	ops := make([]clientv3.Op, 0, len(deads))
 	for _, kv := range deads {
 		// At the first read's revision: one consistent view.
-		ops = append(ops, clientv3.OpGet(e.k.alive(strings.TrimPrefix(string(kv.Key), e.k.deads())),
+		ops = append(ops, clientv3.OpGet(rd.k.alive(strings.TrimPrefix(string(kv.Key), rd.k.deads())),
 			clientv3.WithCountOnly(), clientv3.WithRev(resp.Header.Revision)))
 	}
-	both, err := e.cli.Txn(ctx).Then(ops...).Commit()
+	both, err := rd.cli.Txn(ctx).Then(ops...).Commit()
 	if err != nil {
 		return 0, err
 	}
@@ -99,31 +99,31 @@ func (e *Etcd) liveNodes(ctx context.Context) (int, error) {
 }
 
 // checkShortage closes the job with kind NotEnoughNodes when fewer than MIN
-// nodes of the job are alive (liveNodes) while round target waits for its
+// nodes of the job are alive (liveNodes) while round r waits for its
 // assignment; otherwise it re-arms the check. The close is fenced on the
 // round still being current, unassigned and open (another node may have
 // closed it).
-func (e *Etcd) checkShortage(ctx context.Context, target int, t *roundTimers) {
-	live, err := e.liveNodes(ctx)
-	if err != nil || live >= e.o.MinNodes {
-		t.short.Reset(e.o.LeaseTTL)
+func (rd *round) checkShortage(ctx context.Context, t *roundTimers) {
+	live, err := rd.liveNodes(ctx)
+	if err != nil || live >= rd.o.MinNodes {
+		t.short.Reset(rd.o.LeaseTTL)
 		return
 	}
-	le, _ := e.view.lastEnd(target - 1)
+	le, _ := rd.view.lastEnd(rd.r - 1)
 	reason := fmt.Sprintf("only %d of the %d nodes needed are left in a fixed allocation with no spare, and none came back within min_nodes_wait=%v",
-		live, e.o.MinNodes, e.o.MinNodesWait)
+		live, rd.o.MinNodes, rd.o.MinNodesWait)
 	if le.Reason != "" {
-		reason += " (round " + strconv.Itoa(target-1) + " ended: " + le.Reason + ")"
+		reason += " (round " + strconv.Itoa(rd.r-1) + " ended: " + le.Reason + ")"
 	}
 	cb, _ := json.Marshal(closeInfo{Kind: verdict.NotEnoughNodes, Code: 1, Reason: reason, Node: le.Node, Cause: le.Cause})
-	tr, err := e.cli.Txn(ctx).
-		If(clientv3.Compare(clientv3.CreateRevision(e.k.closed()), "=", 0),
-			clientv3.Compare(clientv3.Value(e.k.round()), "=", strconv.Itoa(target)),
-			clientv3.Compare(clientv3.CreateRevision(e.k.assignment(target)), "=", 0), e.genCmp()).
-		Then(clientv3.OpPut(e.k.closed(), string(cb))).Commit()
+	tr, err := rd.cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(rd.k.closed()), "=", 0),
+			clientv3.Compare(clientv3.Value(rd.k.round()), "=", strconv.Itoa(rd.r)),
+			clientv3.Compare(clientv3.CreateRevision(rd.k.assignment(rd.r)), "=", 0), rd.genCmp).
+		Then(clientv3.OpPut(rd.k.closed(), string(cb))).Commit()
 	if err != nil || !tr.Succeeded {
-		t.short.Reset(e.o.LeaseTTL) // the watch reports what happened instead
+		t.short.Reset(rd.o.LeaseTTL) // the watch reports what happened instead
 		return
 	}
-	e.log.Error("closing the job: not enough nodes", "round", target, "alive", live, "min", e.o.MinNodes)
+	rd.log.Error("closing the job: not enough nodes", "round", rd.r, "alive", live, "min", rd.o.MinNodes)
 }

@@ -53,7 +53,7 @@ func TestEtcdFixedAllocationShortOfNodes(t *testing.T) {
 			case "crash":
 				crash(victim)
 			case "stall": // declared lost while its lease lives on; back at once
-				survivors[0].nodeLost(0, victim.NodeID(), "gossip")
+				survivors[0].round(0).nodeLost(victim.NodeID(), "gossip")
 			}
 			start := time.Now()
 			for i, ch := range ends {
@@ -107,7 +107,7 @@ func TestEtcdFixedAllocationConfirmedLossNotCounted(t *testing.T) {
 	survivor, victim := c.nodes[0], c.nodes[1]
 	ended := survivor.Ended(0)
 	crash(victim) // its lease (and alive key) stays for ttl
-	survivor.nodeLost(0, victim.NodeID(), "stream")
+	survivor.round(0).nodeLost(victim.NodeID(), "stream")
 	if e := waitEnd(t, ended, 15*time.Second); e.Kind != EndRestart {
 		t.Fatalf("round 0 end %+v, want a restart", e)
 	}

@@ -13,9 +13,13 @@ import (
 	"github.com/ftlauncher/ft-launcher/verdict"
 )
 
-// genCmp fences a write on this node's generation still being current.
-func (e *Etcd) genCmp() clientv3.Cmp {
-	return clientv3.Compare(clientv3.Value(e.rk.generation()), "=", strconv.Itoa(e.gen))
+// genCmp fences a write on this node's generation still being current
+// (once joined: gen is fixed from then on).
+func (e *Etcd) genCmp() clientv3.Cmp { return genFence(e.rk, e.gen) }
+
+// genFence fences a write on generation gen of the run still being current.
+func genFence(rk runKeys, gen int) clientv3.Cmp {
+	return clientv3.Compare(clientv3.Value(rk.generation()), "=", strconv.Itoa(gen))
 }
 
 // joinGeneration picks the generation of the run this node belongs to and
@@ -40,7 +44,9 @@ func (e *Etcd) joinGeneration(ctx context.Context) error {
 			return err
 		}
 		if reg.Succeeded {
+			e.mu.Lock() // the keep-alive loop's reputAlive reads them
 			e.gen, e.k = g, k
+			e.mu.Unlock()
 			e.configFromRegistration(reg)
 			if g > 0 {
 				e.log.Info("rendezvous: joined job generation", "generation", g)
@@ -60,7 +66,9 @@ func (e *Etcd) joinGeneration(ctx context.Context) error {
 		if time.Now().After(deadline) {
 			e.log.Warn("rendezvous: the job is closed and some of its nodes are still alive; not starting a new generation",
 				"generation", g)
+			e.mu.Lock() // the keep-alive loop's reputAlive reads them
 			e.gen, e.k = g, k
+			e.mu.Unlock()
 			return nil
 		}
 		if err := e.waitAlivesGone(ctx, k, rev, deadline); err != nil {

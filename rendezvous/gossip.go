@@ -116,14 +116,6 @@ func (t GossipTimings) StreamCheck() time.Duration {
 	return max(t.ProbeTimeout, 2*t.ProbeInterval, 50*time.Millisecond)
 }
 
-// detectBound is how long a closer waits for a node gossip suspects
-// (lossDetector.bound).
-func (e *Etcd) detectBound() time.Duration { return e.loss.bound() }
-
-// gossipSuspects are the members this node's gossip suspects now (nil
-// without gossip).
-func (e *Etcd) gossipSuspects() map[string]bool { return e.loss.suspects() }
-
 // departureExpected reports whether node id leaving gossip in round r is
 // part of an ending: this node is closed or knows the job closed, or etcd
 // records the job's close or id's success in r (done/). A loss then ends
@@ -178,7 +170,7 @@ func (e *Etcd) awaitLeaseExpiry(r int, id string, evidence time.Time) bool {
 	e.log.Warn("gossip declared a node dead; waiting for its lease to expire at etcd before ending the round",
 		"node", id, "round", r, "wait_at_most", max(wait, time.Second).Round(time.Millisecond))
 	var resp *clientv3.GetResponse
-	if err := e.retry(ctx, func(ctx context.Context) (err error) {
+	if err := retry(ctx, e.log, func(ctx context.Context) (err error) {
 		resp, err = e.cli.Get(ctx, e.k.member(r, id), clientv3.WithKeysOnly())
 		return err
 	}); err != nil {

@@ -20,9 +20,9 @@ import (
 // most one round.
 
 // leaseReplaced is the session's OnReplaced: the keys that hung on the
-// expired lease are put again under the new one.
-func (e *Etcd) leaseReplaced() {
-	e.reputAlive()
+// expired lease are put again under the new one, lease.
+func (e *Etcd) leaseReplaced(lease clientv3.LeaseID) {
+	e.reputAlive(lease)
 	// A node waiting for a round lost its membership with the old lease:
 	// wake it so that it registers again (waitAssignment).
 	e.mu.Lock()
@@ -50,7 +50,7 @@ func (e *Etcd) reincarnate(ctx context.Context, recorded bool) error {
 	e.mu.Unlock()
 	e.log.Warn("this node was declared lost; rejoining with a new lease", "round", last,
 		"old_lease", fmt.Sprintf("%x", old), "lease", fmt.Sprintf("%x", cur), "incarnation", e.sess.incarnation())
-	e.reputAlive()
+	e.reputAlive(cur)
 	rctx, cancel := e.lostTimeout(2 * time.Second)
 	defer cancel()
 	e.sess.revoke(rctx, old)
@@ -81,16 +81,21 @@ func (e *Etcd) needDeathRead() bool {
 	return need && !declared
 }
 
-// reputAlive registers this node as alive again under a re-granted lease,
-// unless its job is closed (or its generation superseded).
-func (e *Etcd) reputAlive() {
-	if e.view.closedInfo() != nil {
+// reputAlive registers this node as alive again under lease, a re-granted
+// one, unless its job is closed (or its generation superseded). Before the
+// node joined a generation there is nothing to put again: joinGeneration
+// registers under the current lease.
+func (e *Etcd) reputAlive(lease clientv3.LeaseID) {
+	e.mu.Lock() // the session's keep-alive loop may call it while joinGeneration sets k
+	k, gen, joined := e.k, e.gen, e.k.base != ""
+	e.mu.Unlock()
+	if !joined || e.view.closedInfo() != nil {
 		return
 	}
 	ctx, cancel := e.lostTimeout(5 * time.Second)
 	defer cancel()
-	if _, err := e.cli.Txn(ctx).If(e.genCmp(), clientv3.Compare(clientv3.CreateRevision(e.k.closed()), "=", 0)).
-		Then(clientv3.OpPut(e.k.alive(e.o.NodeID), "", clientv3.WithLease(e.sess.current()))).Commit(); err != nil {
+	if _, err := e.cli.Txn(ctx).If(genFence(e.rk, gen), clientv3.Compare(clientv3.CreateRevision(k.closed()), "=", 0)).
+		Then(clientv3.OpPut(k.alive(e.o.NodeID), "", clientv3.WithLease(lease))).Commit(); err != nil {
 		e.log.Debug("re-register alive key", "err", err)
 	}
 }

@@ -66,7 +66,7 @@ func TestEtcdLossLedgerRecordedOnce(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			n.nodeLost(0, victim.NodeID(), "gossip")
+			n.round(0).nodeLost(victim.NodeID(), "gossip")
 		}()
 	}
 	wg.Wait()

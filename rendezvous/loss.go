@@ -25,10 +25,9 @@ const lossWatchers = 3
 // run by group ranks 0 to lossWatchers-1: it watches every member key of
 // the round for deletion from the revision the membership was read at.
 // Puts are filtered out server-side, so it costs O(lost) events. It stops
-// when the round ends.
-func (e *Etcd) watchLoss(ctx context.Context, r int, sum roundSummary) {
-	defer e.wg.Done()
-	wch := e.cli.Watch(ctx, e.k.nodes(r), clientv3.WithPrefix(), clientv3.WithFilterPut(), clientv3.WithRev(sum.MembersRev+1))
+// when ctx ends (the round ends).
+func (rd *round) watchLoss(ctx context.Context, sum roundSummary) {
+	wch := rd.cli.Watch(ctx, rd.k.nodes(rd.r), clientv3.WithPrefix(), clientv3.WithFilterPut(), clientv3.WithRev(sum.MembersRev+1))
 	for wr := range wch {
 		if wr.Err() != nil {
 			return
@@ -37,8 +36,8 @@ func (e *Etcd) watchLoss(ctx context.Context, r int, sum roundSummary) {
 			if ev.Type != clientv3.EventTypeDelete {
 				continue
 			}
-			id := strings.TrimPrefix(string(ev.Kv.Key), e.k.nodes(r))
-			go e.nodeLost(r, id, "lease expired")
+			id := strings.TrimPrefix(string(ev.Kv.Key), rd.k.nodes(rd.r))
+			go rd.nodeLost(id, "lease expired")
 		}
 	}
 }
@@ -47,24 +46,29 @@ func (e *Etcd) watchLoss(ctx context.Context, r int, sum roundSummary) {
 // had not finished: the policy sees a node loss (or an exclusion, when the
 // node left on purpose), which a live spare absorbs without spending a
 // restart. Several survivors may race; the txn decides.
-func (e *Etcd) nodeLost(r int, id, how string) { e.nodeLostAt(r, id, how, time.Time{}) }
+func (rd *round) nodeLost(id, how string) { rd.nodeLostAt(id, how, time.Time{}) }
+
+// nodeLostAt is the detector's report (lossJudge): round r's nodeLostAt.
+func (e *Etcd) nodeLostAt(r int, id, how string, evidence time.Time) {
+	e.round(r).nodeLostAt(id, how, evidence)
+}
 
 // nodeLostAt is nodeLost with the time of the detector's first evidence.
-func (e *Etcd) nodeLostAt(r int, id, how string, evidence time.Time) {
-	if id == e.o.NodeID {
+func (rd *round) nodeLostAt(id, how string, evidence time.Time) {
+	if id == rd.o.NodeID {
 		return
 	}
-	ctx := e.lost // retried until reported, etcd lost or Close
-	_, closed, cur := e.view.snapshot()
-	skip := closed != nil || cur != r
+	ctx := rd.sess.Lost() // retried until reported, etcd lost or Close
+	_, closed, cur := rd.view.snapshot()
+	skip := closed != nil || cur != rd.r
 	// Gossip saw it first; the lease's expiry confirmed it.
-	how, evidence = e.loss.firstEvidence(id, how, evidence)
+	how, evidence = rd.loss.firstEvidence(id, how, evidence)
 	if skip {
 		return
 	}
 	var rk *clientv3.GetResponse
-	err := e.retry(ctx, func(ctx context.Context) (err error) {
-		rk, err = e.cli.Get(ctx, e.k.rank(r, id))
+	err := retry(ctx, rd.log, func(ctx context.Context) (err error) {
+		rk, err = rd.cli.Get(ctx, rd.k.rank(rd.r, id))
 		return err
 	})
 	if err != nil || len(rk.Kvs) == 0 {
@@ -75,19 +79,19 @@ func (e *Etcd) nodeLostAt(r int, id, how string, evidence time.Time) {
 		return
 	}
 	conds := []clientv3.Cmp{
-		clientv3.Compare(clientv3.CreateRevision(e.k.done(r, id)), "=", 0),
-		clientv3.Compare(clientv3.CreateRevision(e.k.assignment(r)), ">", 0),
+		clientv3.Compare(clientv3.CreateRevision(rd.k.done(rd.r, id)), "=", 0),
+		clientv3.Compare(clientv3.CreateRevision(rd.k.assignment(rd.r)), ">", 0),
 	}
 	var d Decision
-	err = e.retry(ctx, func(ctx context.Context) (err error) {
-		d, err = e.endRound(ctx, r, policy.NodeLost, id, fmt.Sprintf("node %s lost (%s)", id, how), evidence, conds)
+	err = retry(ctx, rd.log, func(ctx context.Context) (err error) {
+		d, err = rd.endRound(ctx, policy.NodeLost, id, fmt.Sprintf("node %s lost (%s)", id, how), evidence, conds)
 		return err
 	})
 	if err != nil {
-		e.log.Warn("report node loss", "lost", id, "err", err)
+		rd.log.Warn("report node loss", "lost", id, "err", err)
 		return
 	}
-	e.loss.dropEvidence(id)
-	e.o.Metrics.NodeFailed()
-	e.log.Warn("node lost", "lost", id, "how", how, "round", r, "action", string(d.Action), "reason", d.Reason)
+	rd.loss.dropEvidence(id)
+	rd.o.Metrics.NodeFailed()
+	rd.log.Warn("node lost", "lost", id, "how", how, "round", rd.r, "action", string(d.Action), "reason", d.Reason)
 }

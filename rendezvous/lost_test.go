@@ -45,13 +45,20 @@ func TestRealEtcdLostMidRound(t *testing.T) {
 func testEtcdLostMidRound(t *testing.T, hostDies bool) {
 	p := startEtcdProc(t)
 	const bound = 2 * time.Second
-	limit := bound + 5*time.Second // detection (a probe interval + its 1s timeout) and scheduling
+	const ttl, probe = 10 * time.Second, 250 * time.Millisecond
+	// While the own lease's renewals answer, the probe skips its read
+	// (session.heardWindowLocked: a probe interval + TTL/3 + 500 ms, 4.1 s
+	// here), so the outage is counted from up to that long after the last
+	// renewal before etcd died; then the bound, detection (a probe interval
+	// + its 1s timeout) and scheduling. (7 s, without the window, was met
+	// only when etcd died well after a renewal.)
+	limit := bound + probe + ttl/3 + 500*time.Millisecond + 5*time.Second
 	c := &cluster{t: t, ep: p.clientURL, run: strings.ReplaceAll(t.Name(), "/", "_")}
 	for i := 0; i < 3; i++ {
 		o := c.opts(i, 1, 2, 3, 3)
 		o.EtcdLossBound = bound
-		o.LeaseTTL = 10 * time.Second // the bound, not the fence (fence_test.go), acts first
-		o.ProbeInterval = 250 * time.Millisecond
+		o.LeaseTTL = ttl // the bound, not the fence (fence_test.go), acts first
+		o.ProbeInterval = probe
 		c.add(o)
 	}
 	as := nextAll(t, c.nodes)
@@ -101,7 +108,13 @@ func testEtcdLostMidRound(t *testing.T, hostDies bool) {
 		_, err := standby.Next(ctx)
 		return err
 	})
-	time.Sleep(500 * time.Millisecond) // they are waiting now (and gossip has converged)
+	// They are waiting now, in etcd, and the actives know each other by
+	// gossip (a crash of act[1] is then gossip's to report).
+	waitRegistered(t, standby, 1)
+	if !hostDies {
+		waitDone(t, act[1], 0)
+	}
+	waitGossip(t, act...)
 	p.stop()
 	if hostDies {
 		crash(act[1]) // its peer's gossip reports it: that loss cannot reach etcd either

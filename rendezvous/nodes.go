@@ -15,19 +15,19 @@ import (
 // nodes. Node ids are <addr>/<pid>, so a keys-only read suffices. nil when
 // the read fails: the store then admits every address for the round, which
 // costs protection, never a rank.
-func (e *Etcd) roundNodeAddrs(ctx context.Context, r int) []string {
+func (rd *round) roundNodeAddrs(ctx context.Context) []string {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	resp, err := e.cli.Get(ctx, e.k.ranks(r), clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	resp, err := rd.cli.Get(ctx, rd.k.ranks(rd.r), clientv3.WithPrefix(), clientv3.WithKeysOnly())
 	if err != nil {
-		e.log.Warn("rendezvous: could not list the round's nodes for the agent store; it admits every address this round",
-			"round", r, "err", err)
+		rd.log.Warn("rendezvous: could not list the round's nodes for the agent store; it admits every address this round",
+			"round", rd.r, "err", err)
 		return nil
 	}
 	seen := map[string]bool{}
 	out := []string{}
 	for _, kv := range resp.Kvs {
-		a := nodeAddr(strings.TrimPrefix(string(kv.Key), e.k.ranks(r)))
+		a := nodeAddr(strings.TrimPrefix(string(kv.Key), rd.k.ranks(rd.r)))
 		if a != "" && !seen[a] {
 			seen[a] = true
 			out = append(out, a)

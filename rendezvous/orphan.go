@@ -65,44 +65,53 @@ func orphaned(actives, present, done map[string]bool) bool {
 // count-only reads): at thousands of nodes every node left the round
 // after an etcd stall, and a full read each would be O(N^2); the count is
 // the fallback for a stall during which the three watchers died.
-func (e *Etcd) orphanWatch(r int) (delay time.Duration, full, ok bool) {
+func (e *Etcd) orphanWatch(r int) orphanPlan {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.lastRound != r || e.rankRound != r || e.rank.Standby || e.rank.GroupRank < 0 {
-		return 0, false, false
+		return orphanPlan{}
 	}
+	p := orphanPlan{ok: true, delay: orphanGrace, full: true, actives: e.assigned[r].GroupWorldSize}
 	switch {
 	case e.rank.GroupRank >= lossWatchers:
-		return e.o.LeaseTTL, false, true
+		p.delay, p.full = e.o.LeaseTTL, false
 	case e.fence.round == r:
-		return 0, true, true
+		p.delay = 0
 	}
-	return orphanGrace, true, true
+	return p
+}
+
+// orphanPlan is how a node watches the round it left for orphanhood
+// (orphanWatch): after delay, following its keys (full) or counting them
+// every lease TTL; actives is its number of active nodes. ok false: not at
+// all.
+type orphanPlan struct {
+	delay   time.Duration
+	full    bool
+	actives int
+	ok      bool
 }
 
 // countOrphans is the non-watchers' check of round r: every lease TTL, a
 // round with no membership left at all and fewer done markers than active
-// nodes is orphaned.
-func (e *Etcd) countOrphans(ctx context.Context, r int, delay time.Duration) {
-	e.mu.Lock()
-	gws := e.assigned[r].GroupWorldSize
-	e.mu.Unlock()
+// nodes (gws) is orphaned.
+func (rd *round) countOrphans(ctx context.Context, delay time.Duration, gws int) {
 	for sleepCtx(ctx, delay) {
-		delay = e.o.LeaseTTL
-		if _, closed, cur := e.view.snapshot(); closed != nil || cur != r {
+		delay = rd.o.LeaseTTL
+		if _, closed, cur := rd.view.snapshot(); closed != nil || cur != rd.r {
 			return
 		}
-		resp, err := e.cli.Txn(ctx).Then(
-			clientv3.OpGet(e.k.assignment(r), clientv3.WithCountOnly()),
-			clientv3.OpGet(e.k.nodes(r), clientv3.WithPrefix(), clientv3.WithCountOnly()),
-			clientv3.OpGet(e.k.dones(r), clientv3.WithPrefix(), clientv3.WithCountOnly())).Commit()
+		resp, err := rd.cli.Txn(ctx).Then(
+			clientv3.OpGet(rd.k.assignment(rd.r), clientv3.WithCountOnly()),
+			clientv3.OpGet(rd.k.nodes(rd.r), clientv3.WithPrefix(), clientv3.WithCountOnly()),
+			clientv3.OpGet(rd.k.dones(rd.r), clientv3.WithPrefix(), clientv3.WithCountOnly())).Commit()
 		if err != nil {
-			e.log.Debug("orphan count", "round", r, "err", err)
+			rd.log.Debug("orphan count", "round", rd.r, "err", err)
 			continue
 		}
 		count := func(i int) int64 { return resp.Responses[i].GetResponseRange().GetCount() }
 		if count(0) > 0 && count(1) == 0 && count(2) < int64(gws) {
-			e.endOrphaned(ctx, r, gws)
+			rd.endOrphaned(ctx, gws)
 			return
 		}
 	}
@@ -118,50 +127,52 @@ type roundMembers struct {
 
 // readRoundMembers reads round r's rank entries, memberships and done
 // markers at one revision.
-func (e *Etcd) readRoundMembers(ctx context.Context, r int) (roundMembers, int64, error) {
-	resp, err := e.cli.Txn(ctx).Then(
-		clientv3.OpGet(e.k.assignment(r), clientv3.WithCountOnly()),
-		clientv3.OpGet(e.k.ranks(r), clientv3.WithPrefix()),
-		clientv3.OpGet(e.k.nodes(r), clientv3.WithPrefix(), clientv3.WithKeysOnly()),
-		clientv3.OpGet(e.k.dones(r), clientv3.WithPrefix(), clientv3.WithKeysOnly())).Commit()
+func (rd *round) readRoundMembers(ctx context.Context) (roundMembers, int64, error) {
+	resp, err := rd.cli.Txn(ctx).Then(
+		clientv3.OpGet(rd.k.assignment(rd.r), clientv3.WithCountOnly()),
+		clientv3.OpGet(rd.k.ranks(rd.r), clientv3.WithPrefix()),
+		clientv3.OpGet(rd.k.nodes(rd.r), clientv3.WithPrefix(), clientv3.WithKeysOnly()),
+		clientv3.OpGet(rd.k.dones(rd.r), clientv3.WithPrefix(), clientv3.WithKeysOnly())).Commit()
 	if err != nil {
-		return roundMembers{}, 0, fmt.Errorf("rendezvous: read round %d's members: %w", r, err)
+		return roundMembers{}, 0, fmt.Errorf("rendezvous: read round %d's members: %w", rd.r, err)
 	}
 	m := roundMembers{assigned: resp.Responses[0].GetResponseRange().GetCount() > 0,
 		actives: map[string]bool{}, present: map[string]bool{}, done: map[string]bool{}}
 	for _, kv := range resp.Responses[1].GetResponseRange().GetKvs() {
 		var ri rankInfo
 		if json.Unmarshal(kv.Value, &ri) == nil && !ri.Standby {
-			m.actives[strings.TrimPrefix(string(kv.Key), e.k.ranks(r))] = true
+			m.actives[strings.TrimPrefix(string(kv.Key), rd.k.ranks(rd.r))] = true
 		}
 	}
 	for _, kv := range resp.Responses[2].GetResponseRange().GetKvs() {
-		m.present[strings.TrimPrefix(string(kv.Key), e.k.nodes(r))] = true
+		m.present[strings.TrimPrefix(string(kv.Key), rd.k.nodes(rd.r))] = true
 	}
 	for _, kv := range resp.Responses[3].GetResponseRange().GetKvs() {
-		m.done[strings.TrimPrefix(string(kv.Key), e.k.dones(r))] = true
+		m.done[strings.TrimPrefix(string(kv.Key), rd.k.dones(rd.r))] = true
 	}
 	return m, resp.Header.Revision, nil
 }
 
 // watchOrphans watches round r (one read, then the deletions of its
 // memberships and its done markers) until it is no longer the job's round,
-// and ends it once it is orphaned. ctx ends with the wait for round r+1.
-func (e *Etcd) watchOrphans(ctx context.Context, r int, delay time.Duration, full bool) {
-	if !full {
-		e.countOrphans(ctx, r, delay)
+// and ends it once it is orphaned, as p says. ctx ends with the wait for
+// round r+1.
+func (rd *round) watchOrphans(ctx context.Context, p orphanPlan) {
+	delay := p.delay
+	if !p.full {
+		rd.countOrphans(ctx, delay, p.actives)
 		return
 	}
 	if delay > 0 && !sleepCtx(ctx, delay) {
 		return
 	}
 	for ctx.Err() == nil {
-		if _, closed, cur := e.view.snapshot(); closed != nil || cur != r {
+		if _, closed, cur := rd.view.snapshot(); closed != nil || cur != rd.r {
 			return
 		}
-		m, rev, err := e.readRoundMembers(ctx, r)
+		m, rev, err := rd.readRoundMembers(ctx)
 		if err != nil {
-			e.log.Debug("orphan watch", "round", r, "err", err)
+			rd.log.Debug("orphan watch", "round", rd.r, "err", err)
 			if !sleepCtx(ctx, retryPause) {
 				return
 			}
@@ -170,7 +181,7 @@ func (e *Etcd) watchOrphans(ctx context.Context, r int, delay time.Duration, ful
 		if !m.assigned {
 			return // an open round's own closer and joiners settle it
 		}
-		if e.followOrphan(ctx, r, m, rev) {
+		if rd.followOrphan(ctx, m, rev) {
 			return
 		}
 	}
@@ -178,17 +189,17 @@ func (e *Etcd) watchOrphans(ctx context.Context, r int, delay time.Duration, ful
 
 // followOrphan applies round r's changes from revision rev on to m and ends
 // the round once orphaned; false when its watch broke (read again).
-func (e *Etcd) followOrphan(ctx context.Context, r int, m roundMembers, rev int64) bool {
+func (rd *round) followOrphan(ctx context.Context, m roundMembers, rev int64) bool {
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	wch := e.cli.Watch(wctx, e.k.roundDir(r), clientv3.WithPrefix(), clientv3.WithRev(rev+1))
+	wch := rd.cli.Watch(wctx, rd.k.roundDir(rd.r), clientv3.WithPrefix(), clientv3.WithRev(rev+1))
 	for {
 		if orphaned(m.actives, m.present, m.done) {
-			e.endOrphaned(ctx, r, len(m.actives))
+			rd.endOrphaned(ctx, len(m.actives))
 			return true
 		}
-		ch, closed, cur := e.view.snapshot()
-		if closed != nil || cur != r {
+		ch, closed, cur := rd.view.snapshot()
+		if closed != nil || cur != rd.r {
 			return true
 		}
 		select {
@@ -202,10 +213,10 @@ func (e *Etcd) followOrphan(ctx context.Context, r int, m roundMembers, rev int6
 			for _, ev := range wr.Events {
 				key := string(ev.Kv.Key)
 				switch {
-				case ev.Type == clientv3.EventTypeDelete && strings.HasPrefix(key, e.k.nodes(r)):
-					delete(m.present, strings.TrimPrefix(key, e.k.nodes(r)))
-				case ev.Type == clientv3.EventTypePut && strings.HasPrefix(key, e.k.dones(r)):
-					m.done[strings.TrimPrefix(key, e.k.dones(r))] = true
+				case ev.Type == clientv3.EventTypeDelete && strings.HasPrefix(key, rd.k.nodes(rd.r)):
+					delete(m.present, strings.TrimPrefix(key, rd.k.nodes(rd.r)))
+				case ev.Type == clientv3.EventTypePut && strings.HasPrefix(key, rd.k.dones(rd.r)):
+					m.done[strings.TrimPrefix(key, rd.k.dones(rd.r))] = true
 				}
 			}
 		}
@@ -215,21 +226,21 @@ func (e *Etcd) followOrphan(ctx context.Context, r int, m roundMembers, rev int6
 // endOrphaned ends orphaned round r (fenced on the round, its assignment
 // and the job being open, as every end): a restart in place that spends a
 // restart, with nobody to blame.
-func (e *Etcd) endOrphaned(ctx context.Context, r, actives int) {
+func (rd *round) endOrphaned(ctx context.Context, actives int) {
 	reason := fmt.Sprintf("round %d orphaned: none of its %d active nodes holds its membership any more "+
 		"(their leases expired: etcd stalled or was unreachable longer than the lease TTL %v, and each node stopped its ranks first)",
-		r, actives, e.o.LeaseTTL)
-	conds := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(e.k.assignment(r)), ">", 0)}
+		rd.r, actives, rd.o.LeaseTTL)
+	conds := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(rd.k.assignment(rd.r)), ">", 0)}
 	var d Decision
-	err := e.retry(ctx, func(ctx context.Context) (err error) {
-		d, err = e.endRound(ctx, r, policy.NodeStopped, "", reason, time.Time{}, conds)
+	err := retry(ctx, rd.log, func(ctx context.Context) (err error) {
+		d, err = rd.endRound(ctx, policy.NodeStopped, "", reason, time.Time{}, conds)
 		return err
 	})
 	if err != nil {
-		e.log.Warn("end an orphaned round", "round", r, "err", err)
+		rd.log.Warn("end an orphaned round", "round", rd.r, "err", err)
 		return
 	}
 	// d is this node's end, or the one that won the race to it.
-	e.log.Warn("round orphaned: every active node's lease had expired; its end reported", "round", r,
+	rd.log.Warn("round orphaned: every active node's lease had expired; its end reported", "round", rd.r,
 		"action", string(d.Action), "restarts_used", d.RestartsUsed, "reason", d.Reason)
 }

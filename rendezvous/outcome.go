@@ -38,8 +38,8 @@ func (e *Etcd) Fail(ctx context.Context, round int, f policy.Failure, reason str
 		lost, what = e.o.NodeID, "stopped"
 	}
 	var d Decision
-	err := e.retry(ctx, func(ctx context.Context) (err error) {
-		d, err = e.endRound(ctx, round, f, lost, fmt.Sprintf("node %s %s: %s", e.o.NodeID, what, reason), time.Time{}, conds)
+	err := retry(ctx, e.log, func(ctx context.Context) (err error) {
+		d, err = e.round(round).endRound(ctx, f, lost, fmt.Sprintf("node %s %s: %s", e.o.NodeID, what, reason), time.Time{}, conds)
 		return err
 	})
 	if err = e.callErr(err); errors.Is(err, ErrRendezvousLost) {
@@ -53,7 +53,15 @@ func (e *Etcd) Succeed(ctx context.Context, round int) (int, error) {
 	ctx, cancel := e.bounded(ctx)
 	defer cancel()
 	if e.view.closedInfo() == nil { // else the job is over: no marker to write, the loop reports the outcome
-		if err := e.retry(ctx, func(ctx context.Context) error { return e.markDone(ctx, round) }); err != nil {
+		e.mu.Lock()
+		sum, ok := e.assigned[round]
+		e.mu.Unlock()
+		var assigned *roundSummary
+		if ok {
+			assigned = &sum
+		}
+		rd := e.round(round)
+		if err := retry(ctx, e.log, func(ctx context.Context) error { return rd.markDone(ctx, assigned) }); err != nil {
 			return 1, e.callErr(err)
 		}
 	}
@@ -77,38 +85,36 @@ func (e *Etcd) Succeed(ctx context.Context, round int) (int, error) {
 	}
 }
 
-// markDone writes done/<id> for round (fenced on the round being current
+// markDone writes done/<id> for the round (fenced on it being current
 // and open); the last node to do so sees every marker and closes the job
-// with success.
-func (e *Etcd) markDone(ctx context.Context, round int) error {
-	resp, err := e.cli.Txn(ctx).
-		If(clientv3.Compare(clientv3.Value(e.k.round()), "=", strconv.Itoa(round)),
-			clientv3.Compare(clientv3.CreateRevision(e.k.closed()), "=", 0), e.genCmp()).
-		Then(clientv3.OpPut(e.k.done(round, e.o.NodeID), "1")).Commit()
+// with success. sum is the round's assignment as this node got it (nil:
+// none).
+func (rd *round) markDone(ctx context.Context, sum *roundSummary) error {
+	resp, err := rd.cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.Value(rd.k.round()), "=", strconv.Itoa(rd.r)),
+			clientv3.Compare(clientv3.CreateRevision(rd.k.closed()), "=", 0), rd.genCmp).
+		Then(clientv3.OpPut(rd.k.done(rd.r, rd.o.NodeID), "1")).Commit()
 	if err != nil {
-		return fmt.Errorf("rendezvous: mark done in round %d: %w", round, err)
+		return fmt.Errorf("rendezvous: mark done in round %d: %w", rd.r, err)
 	}
 	if !resp.Succeeded {
 		return nil // the round or the job is over: the caller reads which
 	}
-	e.mu.Lock()
-	sum, ok := e.assigned[round]
-	e.mu.Unlock()
-	if !ok {
-		return fmt.Errorf("rendezvous: Succeed for round %d, which this node was not assigned", round)
+	if sum == nil {
+		return fmt.Errorf("rendezvous: Succeed for round %d, which this node was not assigned", rd.r)
 	}
-	cnt, err := e.cli.Get(ctx, e.k.dones(round), clientv3.WithPrefix(), clientv3.WithCountOnly())
+	cnt, err := rd.cli.Get(ctx, rd.k.dones(rd.r), clientv3.WithPrefix(), clientv3.WithCountOnly())
 	if err != nil {
 		return fmt.Errorf("rendezvous: count done nodes: %w", err)
 	}
 	if int(cnt.Count) < sum.GroupWorldSize {
 		return nil
 	}
-	cb, _ := json.Marshal(closeInfo{Kind: verdict.Succeeded, Code: 0, Reason: "all nodes succeeded", Node: e.o.NodeID})
-	if _, err := e.cli.Txn(ctx).
-		If(clientv3.Compare(clientv3.CreateRevision(e.k.closed()), "=", 0),
-			clientv3.Compare(clientv3.Value(e.k.round()), "=", strconv.Itoa(round)), e.genCmp()).
-		Then(clientv3.OpPut(e.k.closed(), string(cb))).Commit(); err != nil {
+	cb, _ := json.Marshal(closeInfo{Kind: verdict.Succeeded, Code: 0, Reason: "all nodes succeeded", Node: rd.o.NodeID})
+	if _, err := rd.cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(rd.k.closed()), "=", 0),
+			clientv3.Compare(clientv3.Value(rd.k.round()), "=", strconv.Itoa(rd.r)), rd.genCmp).
+		Then(clientv3.OpPut(rd.k.closed(), string(cb))).Commit(); err != nil {
 		return fmt.Errorf("rendezvous: close job: %w", err)
 	}
 	return nil
@@ -130,7 +136,7 @@ func (e *Etcd) Shutdown(ctx context.Context, kind verdict.Kind, code int, reason
 			return err // Ended has fired: the watcher saw the close
 		}
 		if first {
-			if err := e.retry(ctx, func(ctx context.Context) error {
+			if err := retry(ctx, e.log, func(ctx context.Context) error {
 				_, err := e.cli.Txn(ctx).
 					If(clientv3.Compare(clientv3.CreateRevision(e.k.closed()), "=", 0), e.genCmp()).
 					Then(clientv3.OpPut(e.k.closed(), string(cb))).Commit()
@@ -197,7 +203,7 @@ func (e *Etcd) withdrawNode(ctx context.Context, x excludeInfo, ci closeInfo) er
 	var errs []error
 	x.Round = r
 	xb, _ := json.Marshal(x)
-	if err := e.retry(ctx, func(ctx context.Context) error {
+	if err := retry(ctx, e.log, func(ctx context.Context) error {
 		_, err := e.cli.Txn(ctx).If(e.genCmp()).Then(clientv3.OpPut(e.k.excluded(e.o.NodeID), string(xb))).Commit()
 		return err
 	}); err != nil {
@@ -206,7 +212,7 @@ func (e *Etcd) withdrawNode(ctx context.Context, x excludeInfo, ci closeInfo) er
 	}
 	e.stopGossip(true)
 	e.stopStream()
-	if err := e.retry(ctx, func(ctx context.Context) error { return e.dropKeys(ctx, r) }); err != nil {
+	if err := retry(ctx, e.log, func(ctx context.Context) error { return e.dropKeys(ctx, r) }); err != nil {
 		errs = append(errs, err)
 	}
 	return e.callErr(errors.Join(errs...))

@@ -73,9 +73,9 @@ func quarantines(f policy.Failure, a policy.Action, lost string) bool {
 }
 
 // quarantineOp is the write that quarantines node lost.
-func (e *Etcd) quarantineOp(r int, f policy.Failure, lost, reason string) clientv3.Op {
-	b, _ := json.Marshal(quarantineInfo{Node: lost, Cause: f, Reason: reason, Round: r, At: time.Now().UTC()})
-	return clientv3.OpPut(e.k.quarantine(nodeAddr(lost)), string(b))
+func (rd *round) quarantineOp(f policy.Failure, lost, reason string) clientv3.Op {
+	b, _ := json.Marshal(quarantineInfo{Node: lost, Cause: f, Reason: reason, Round: rd.r, At: time.Now().UTC()})
+	return clientv3.OpPut(rd.k.quarantine(nodeAddr(lost)), string(b))
 }
 
 // parkQuarantined keeps a quarantined node out of every round until the
@@ -97,14 +97,14 @@ func (e *Etcd) parkQuarantined(ctx context.Context, q *QuarantineError) error {
 
 // quarantinedAddrs lists the quarantined addresses (for the closer, which
 // leaves them out of a round even if they registered before the record).
-func (e *Etcd) quarantinedAddrs(ctx context.Context) (map[string]bool, error) {
-	resp, err := e.cli.Get(ctx, e.k.quarantines(), clientv3.WithPrefix(), clientv3.WithKeysOnly())
+func (rd *round) quarantinedAddrs(ctx context.Context) (map[string]bool, error) {
+	resp, err := rd.cli.Get(ctx, rd.k.quarantines(), clientv3.WithPrefix(), clientv3.WithKeysOnly())
 	if err != nil {
 		return nil, fmt.Errorf("list quarantined nodes: %w", err)
 	}
 	out := make(map[string]bool, len(resp.Kvs))
 	for _, kv := range resp.Kvs {
-		out[strings.TrimPrefix(string(kv.Key), e.k.quarantines())] = true
+		out[strings.TrimPrefix(string(kv.Key), rd.k.quarantines())] = true
 	}
 	return out, nil
 }

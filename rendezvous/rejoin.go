@@ -43,22 +43,22 @@ type gateEvent struct {
 // newRejoinGate reads round r-1's ranks, the alive keys, the death records
 // and the quarantine at one revision, then watches the alive keys and the
 // death records.
-func (e *Etcd) newRejoinGate(ctx context.Context, r int) (*rejoinGate, error) {
-	resp, err := e.cli.Txn(ctx).Then(
-		clientv3.OpGet(e.k.ranks(r-1), clientv3.WithPrefix()),
-		clientv3.OpGet(e.k.alives(), clientv3.WithPrefix(), clientv3.WithKeysOnly()),
-		clientv3.OpGet(e.k.deads(), clientv3.WithPrefix(), clientv3.WithKeysOnly()),
-		clientv3.OpGet(e.k.quarantines(), clientv3.WithPrefix(), clientv3.WithKeysOnly())).Commit()
+func (rd *round) newRejoinGate(ctx context.Context) (*rejoinGate, error) {
+	resp, err := rd.cli.Txn(ctx).Then(
+		clientv3.OpGet(rd.k.ranks(rd.r-1), clientv3.WithPrefix()),
+		clientv3.OpGet(rd.k.alives(), clientv3.WithPrefix(), clientv3.WithKeysOnly()),
+		clientv3.OpGet(rd.k.deads(), clientv3.WithPrefix(), clientv3.WithKeysOnly()),
+		clientv3.OpGet(rd.k.quarantines(), clientv3.WithPrefix(), clientv3.WithKeysOnly())).Commit()
 	if err != nil {
-		return nil, fmt.Errorf("read round %d membership: %w", r-1, err)
+		return nil, fmt.Errorf("read round %d membership: %w", rd.r-1, err)
 	}
 	kvs := func(i int) []*mvccpb.KeyValue { return resp.Responses[i].GetResponseRange().Kvs }
-	g := &rejoinGate{log: e.log, changed: make(chan struct{}, 1), done: make(chan struct{}), opened: time.Now(),
+	g := &rejoinGate{log: rd.log, changed: make(chan struct{}, 1), done: make(chan struct{}), opened: time.Now(),
 		prevActive: map[string]bool{}, bad: map[string]bool{}, alive: map[string]bool{}, dead: map[string]bool{}}
 	for _, kv := range kvs(0) {
 		var ri rankInfo
 		if json.Unmarshal(kv.Value, &ri) == nil && !ri.Standby {
-			g.prevActive[strings.TrimPrefix(string(kv.Key), e.k.ranks(r-1))] = true
+			g.prevActive[strings.TrimPrefix(string(kv.Key), rd.k.ranks(rd.r-1))] = true
 		}
 	}
 	ids := func(kvs []*mvccpb.KeyValue, prefix string, into map[string]bool) {
@@ -66,15 +66,15 @@ func (e *Etcd) newRejoinGate(ctx context.Context, r int) (*rejoinGate, error) {
 			into[strings.TrimPrefix(string(kv.Key), prefix)] = true
 		}
 	}
-	ids(kvs(1), e.k.alives(), g.alive)
-	ids(kvs(2), e.k.deads(), g.dead)
-	ids(kvs(3), e.k.quarantines(), g.bad)
+	ids(kvs(1), rd.k.alives(), g.alive)
+	ids(kvs(2), rd.k.deads(), g.dead)
+	ids(kvs(3), rd.k.quarantines(), g.bad)
 	rev := resp.Header.Revision
 	wctx, cancel := context.WithCancel(ctx)
 	g.cancel = cancel
-	alives := e.cli.Watch(wctx, e.k.alives(), clientv3.WithPrefix(), clientv3.WithRev(rev+1))
-	deaths := e.cli.Watch(wctx, e.k.deads(), clientv3.WithPrefix(), clientv3.WithRev(rev+1))
-	go g.watch(alives, e.k.alives(), deaths, e.k.deads())
+	alives := rd.cli.Watch(wctx, rd.k.alives(), clientv3.WithPrefix(), clientv3.WithRev(rev+1))
+	deaths := rd.cli.Watch(wctx, rd.k.deads(), clientv3.WithPrefix(), clientv3.WithRev(rev+1))
+	go g.watch(alives, rd.k.alives(), deaths, rd.k.deads())
 	return g, nil
 }
 

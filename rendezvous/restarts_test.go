@@ -46,6 +46,16 @@ func standbyCluster(t *testing.T, ep string, maxRestarts int, gossip bool) (c *c
 	return c, as, master, other, standby
 }
 
+// settleStandbyCluster waits until the standby of a standbyCluster, whose
+// Next runs in background, is registered for round 1 and the two actives
+// know each other by gossip (with gossip on): what happens to one of them
+// next is then seen as in a running job.
+func settleStandbyCluster(t *testing.T, c *cluster, master, other, standby int) {
+	t.Helper()
+	waitRegistered(t, c.nodes[standby], 1)
+	waitGossip(t, c.nodes[master], c.nodes[other])
+}
+
 type nextResult struct {
 	a   Assignment
 	err error
@@ -111,6 +121,7 @@ func TestEtcdRestartPolicy(t *testing.T) {
 			end := c.nodes[master].Ended(0)
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
+			settleStandbyCluster(t, c, master, victim, standby)
 			if tc.act == "fail" || tc.act == "no-restart" {
 				f := map[string]policy.Failure{"fail": policy.RankCrash, "no-restart": policy.NoRestartRequest}[tc.act]
 				d, err := c.nodes[victim].Fail(ctx, 0, f, "rank 1 exited 1")
@@ -190,15 +201,12 @@ func policyAct(t *testing.T, ctx context.Context, victim *Etcd, act string) {
 	t.Helper()
 	switch act {
 	case "crash":
-		time.Sleep(500 * time.Millisecond) // let gossip converge
 		crash(victim)
 	case "leave":
-		time.Sleep(500 * time.Millisecond)
 		if err := victim.Leave(ctx, "ExcludeThisNode: GPU 2 unhealthy"); err != nil {
 			t.Fatal(err)
 		}
 	case "depart":
-		time.Sleep(500 * time.Millisecond)
 		own := victim.Ended(0)
 		if err := victim.Depart(ctx, "SIGTERM"); err != nil {
 			t.Fatal(err)
@@ -227,7 +235,7 @@ func TestEtcdRestartsCountedApartFromRounds(t *testing.T) {
 	c, _, master, victim, standby := standbyCluster(t, m.Endpoint(), 1, true)
 	sbc := nextAsync(t, c.nodes[standby])
 	end := c.nodes[master].Ended(0)
-	time.Sleep(500 * time.Millisecond)
+	settleStandbyCluster(t, c, master, victim, standby)
 	crash(c.nodes[victim])
 	if e := waitEnd(t, end, 15*time.Second); e.Kind != EndRestart || e.Cause != policy.NodeLost {
 		t.Fatalf("end of round 0: %+v", e)
@@ -296,7 +304,7 @@ func TestEtcdQuarantine(t *testing.T) {
 			end := c.nodes[master].Ended(0)
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
-			time.Sleep(500 * time.Millisecond) // let gossip converge
+			settleStandbyCluster(t, c, master, victim, standby)
 			switch tc.act {
 			case "crash":
 				crash(c.nodes[victim])

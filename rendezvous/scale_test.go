@@ -502,7 +502,7 @@ func (j *simJob) checkLedger(ctx context.Context, lost string) {
 	if lostEnded != 1 || swaps != 1 || actives != j.cfg.nodes {
 		j.t.Fatalf("ledger: %d lost leases ended, %d swaps, %d open Active leases; want 1, 1, %d", lostEnded, swaps, actives, j.cfg.nodes)
 	}
-	q, err := j.nodes[0].e.quarantinedAddrs(ctx)
+	q, err := j.nodes[0].e.round(0).quarantinedAddrs(ctx)
 	if err != nil {
 		j.t.Fatal(err)
 	}
@@ -869,7 +869,23 @@ func startRealLauncher(t testing.TB, bin, ep, run string, n, spares int) *realLa
 		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 		_ = cmd.Wait()
 	})
-	time.Sleep(2 * time.Second) // registered before the simulated nodes join
+	// It registers in round 0 before the simulated nodes join (it sorts
+	// last either way: this only keeps it from arriving after the round
+	// closed, as a standby of round 1).
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{u.Host}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatalf("etcd client: %v", err)
+	}
+	defer cli.Close()
+	key := runKeys{base: "/ft-launcher/" + run + "/"}.gen(0).member(0, fmt.Sprintf("127.0.0.2/%d", cmd.Process.Pid))
+	settle(t, "the real launcher registered in round 0", func() string {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if resp, err := cli.Get(ctx, key, clientv3.WithCountOnly()); err != nil || resp.Count == 0 {
+			return fmt.Sprintf("no key %s (err %v)", key, err)
+		}
+		return ""
+	})
 	return &realLauncher{t: t, cmd: cmd}
 }
 

@@ -31,7 +31,7 @@ import (
 // Neither is held while a hook runs, and the session never takes a lock of
 // the façade, so the façade's Etcd.mu and the session's locks never nest.
 type session struct {
-	cli       *clientv3.Client // set by attach before any other method
+	cli       *clientv3.Client
 	cfg       sessionConfig
 	log       *slog.Logger
 	ctx       context.Context // ends on Close
@@ -62,55 +62,47 @@ type sessionConfig struct {
 	// instant than before (a renewal, a grant), unless Lost() ended.
 	OnRenewed func(validUntil time.Time)
 	// OnFenceDue is called when FenceDeadline of the last proven validity
-	// passed with no newer renewal (or at once, see fenceIfUnproven).
-	OnFenceDue func()
-	// OnReplaced is called after replace granted a new lease for an
-	// expired one: what hung on the old one must be put again.
-	OnReplaced func()
+	// passed with no newer renewal (or at once, see fenceIfUnproven), with
+	// that lease and validity.
+	OnFenceDue func(lease clientv3.LeaseID, validUntil time.Time)
+	// OnReplaced is called after replace granted lease for an expired
+	// one: what hung on the old one must be put again.
+	OnReplaced func(lease clientv3.LeaseID)
 	// OnLost is called once when the probe found etcd unreachable past
 	// LossBound; it is to cancel Lost() (lose) with the loss's reason.
 	OnLost func()
 }
 
-// newSession makes a session whose contexts derive from ctx (the
-// rendezvous's, which ends at Close). It talks to etcd only once attached.
-func newSession(ctx context.Context, cfg sessionConfig, log *slog.Logger) *session {
-	s := &session{cfg: cfg, log: log, ctx: ctx, kick: make(chan struct{}, 1)}
-	s.lost, s.lose = context.WithCancelCause(ctx)
-	return s
+// newSession returns a live session on cli, or an error: with shared == 0
+// it grants its own lease (reported as the first renewal) and starts the
+// keep-alive loop; else it adopts shared, a lease granted and kept alive by
+// someone else; ctx bounds the grant. Its own contexts derive from life
+// (the rendezvous's, which ends at Close). The reachability probe is started apart (startProbe), once
+// the caller knows which key to read.
+func newSession(ctx, life context.Context, cli *clientv3.Client, shared clientv3.LeaseID, cfg sessionConfig, log *slog.Logger) (*session, error) {
+	s := &session{cli: cli, cfg: cfg, log: log, ctx: life, kick: make(chan struct{}, 1)}
+	s.lost, s.lose = context.WithCancelCause(life)
+	if shared != 0 {
+		s.lease = shared
+		return s, nil
+	}
+	s.owned = true
+	v, ok, err := s.grant(ctx)
+	if err != nil {
+		s.lose(err)
+		return nil, err
+	}
+	if ok {
+		s.report(v)
+	}
+	s.wg.Add(1)
+	go s.keepAlive()
+	return s, nil
 }
 
 // Lost ends on Close, or with an ErrRendezvousLost cause once etcd has been
 // unreachable past the loss bound (context.Cause says which).
 func (s *session) Lost() context.Context { return s.lost }
-
-// attach sets the client (before the session's first etcd call).
-func (s *session) attach(cli *clientv3.Client) { s.cli = cli }
-
-// useShared adopts a lease granted and kept alive by someone else.
-func (s *session) useShared(lease clientv3.LeaseID) {
-	s.mu.Lock()
-	s.lease, s.owned = lease, false
-	s.mu.Unlock()
-}
-
-// grantOwn grants this session's own lease (startKeepAlive keeps it).
-func (s *session) grantOwn(ctx context.Context) error {
-	s.mu.Lock()
-	s.owned = true
-	s.mu.Unlock()
-	v, ok, err := s.grant(ctx)
-	if ok {
-		s.report(v)
-	}
-	return err
-}
-
-// startKeepAlive starts the keep-alive loop of an owned lease.
-func (s *session) startKeepAlive() {
-	s.wg.Add(1)
-	go s.keepAlive()
-}
 
 // current is the lease this node's keys hang on now.
 func (s *session) current() clientv3.LeaseID {
@@ -196,7 +188,7 @@ func (s *session) replace(ctx context.Context, old clientv3.LeaseID) error {
 		s.report(v)
 	}
 	if s.cfg.OnReplaced != nil {
-		s.cfg.OnReplaced()
+		s.cfg.OnReplaced(s.current())
 	}
 	return nil
 }
@@ -343,7 +335,7 @@ func (s *session) renewed(lease clientv3.LeaseID, validUntil time.Time) bool {
 
 func (s *session) fenceDue() {
 	if s.cfg.OnFenceDue != nil {
-		s.cfg.OnFenceDue()
+		s.cfg.OnFenceDue(s.validity())
 	}
 }
 

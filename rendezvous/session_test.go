@@ -56,8 +56,9 @@ func (r *sessionRecorder) until(t *testing.T, what string, d time.Duration, cond
 	}
 }
 
-// newTestSession starts a session on a client of endpoint (no gossip, no
-// rendezvous around it); its context ends at the test's end.
+// newTestSession starts a session with its own lease on a client of
+// endpoint (no gossip, no rendezvous around it); its context ends at the
+// test's end.
 func newTestSession(t *testing.T, endpoint string, cfg sessionConfig, rec *sessionRecorder) (*session, *clientv3.Client, context.CancelFunc) {
 	t.Helper()
 	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{endpoint}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
@@ -77,14 +78,20 @@ func newTestSession(t *testing.T, endpoint string, cfg sessionConfig, rec *sessi
 	}
 	var s *session
 	cfg.OnRenewed = func(v time.Time) { rec.note(func() { rec.renewed = append(rec.renewed, v) }) }
-	cfg.OnReplaced = func() { rec.note(func() { rec.replaced++ }) }
-	cfg.OnFenceDue = func() { rec.note(func() { rec.fenced++; rec.fenceAt = time.Now() }) }
+	cfg.OnReplaced = func(clientv3.LeaseID) { rec.note(func() { rec.replaced++ }) }
+	cfg.OnFenceDue = func(clientv3.LeaseID, time.Time) { rec.note(func() { rec.fenced++; rec.fenceAt = time.Now() }) }
 	cfg.OnLost = func() {
 		rec.note(func() { rec.lostAt = time.Now() })
 		s.lose(fmt.Errorf("%w: test", ErrRendezvousLost))
 	}
-	s = newSession(ctx, cfg, testLogger(t))
-	s.attach(cli)
+	gctx, gcancel := context.WithTimeout(ctx, 60*time.Second)
+	defer gcancel()
+	s, err = newSession(gctx, ctx, cli, 0, cfg, testLogger(t))
+	if err != nil {
+		cancel()
+		cli.Close()
+		t.Fatalf("new session: %v", err)
+	}
 	t.Cleanup(func() {
 		cancel()
 		s.wait()
@@ -107,15 +114,11 @@ func TestSessionLeaseLifecycle(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 
-	if err := s.grantOwn(ctx); err != nil {
-		t.Fatalf("grant: %v", err)
-	}
 	first := s.current()
 	if first == 0 || !s.owns() || s.incarnation() != 1 {
 		t.Fatalf("after grant: lease %x owns %v incarnation %d, want a lease, owned, incarnation 1", first, s.owns(), s.incarnation())
 	}
-	rec.until(t, "the grant reported as the first renewal", 10*time.Second, func() bool { return len(rec.renewed) == 1 })
-	s.startKeepAlive()
+	rec.until(t, "the grant reported as the first renewal", 10*time.Second, func() bool { return len(rec.renewed) >= 1 })
 	s.startProbe("/session-test/probe")
 	rec.until(t, "three renewals", 20*time.Second, func() bool { return len(rec.renewed) >= 3 })
 	rec.mu.Lock()
@@ -198,12 +201,6 @@ func TestSessionFenceThenLost(t *testing.T) {
 	rec := &sessionRecorder{changed: make(chan struct{}, 1)}
 	cfg := sessionConfig{TTL: 2 * time.Second, FenceMargin: 400 * time.Millisecond, ProbeInterval: 100 * time.Millisecond, LossBound: 3 * time.Second}
 	s, _, _ := newTestSession(t, m.Endpoint(), cfg, rec)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	if err := s.grantOwn(ctx); err != nil {
-		t.Fatalf("grant: %v", err)
-	}
-	s.startKeepAlive()
 	s.startProbe("/session-test/probe")
 	rec.until(t, "two renewals", 20*time.Second, func() bool { return len(rec.renewed) >= 2 })
 

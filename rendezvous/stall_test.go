@@ -35,7 +35,7 @@ func TestEtcdStallEndsOneRound(t *testing.T) {
 	for i, n := range c.nodes {
 		ends[i] = n.Ended(0)
 	}
-	survivor.nodeLost(0, victim.NodeID(), "gossip")
+	survivor.round(0).nodeLost(victim.NodeID(), "gossip")
 	survivor.markDead(victim.NodeID())
 	for i, ch := range ends {
 		if e := waitEnd(t, ch, 10*time.Second); e.Kind != EndRestart || e.Node != victim.NodeID() || e.Cause != policy.NodeLost {
