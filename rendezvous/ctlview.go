@@ -336,7 +336,8 @@ func (v *ctlView) fireLocked(r int, s *endSub) {
 		if reason == "" {
 			reason = fmt.Sprintf("round %d superseded by round %d", r, v.cur)
 		}
-		end = RoundEnd{Kind: EndRestart, Round: r, Reason: reason, Node: le.Node, Cause: le.Cause, Action: le.Action, LedgerBy: le.LedgerBy}
+		end = RoundEnd{Kind: EndRestart, Round: r, Reason: reason, Node: le.Node, Cause: le.Cause, Action: le.Action, LedgerBy: le.LedgerBy,
+			Delay: time.Duration(le.DelayMS * float64(time.Millisecond))}
 	case v.fenced >= 0 && v.fenced == r:
 		end = RoundEnd{Kind: EndFenced, Round: r, Node: v.self, Cause: policy.NodeStopped,
 			Reason: fmt.Sprintf("fenced: this node's lease could not be renewed (certainly valid at etcd until %s; fence margin %v): its ranks must stop before peers may replace it",

@@ -29,10 +29,13 @@ type roundFacts struct {
 	closed      *closeInfo // the job's close record, if any
 	restarts    int        // ctl/restarts: restarts spent so far
 	restartsRev int64      // mod revision of ctl/restarts (0: absent); fences the end txn
-	maxRestarts int        // the job's agreed budget (its stored config)
-	spares      int        // live nodes of the job that are not active in r
-	present     int        // live nodes of the job (active and spare), lost node excluded
-	excluded    *excludeInfo
+	cfg         jobConfig  // the job's agreed budget (its stored config)
+	// recent are the times of the job's counted restarts still in its
+	// restart window (ctl/restart-times; none without a window).
+	recent   []time.Time
+	spares   int // live nodes of the job that are not active in r
+	present  int // live nodes of the job (active and spare), lost node excluded
+	excluded *excludeInfo
 	// ledger is the lost node's leases in the job's ledger; ledgerRead
 	// says they were read (a node loss, round r still open).
 	ledger     []*mvccpb.KeyValue
@@ -57,8 +60,9 @@ func (rd *round) endRound(ctx context.Context, f policy.Failure, lost, reason st
 	if facts.excluded != nil {
 		f, reason = facts.excluded.failure(lost)
 	}
-	in := policy.Input{Failure: f, RestartsUsed: facts.restarts, MaxRestarts: facts.maxRestarts,
-		SparesAvailable: facts.spares, NodesPresent: facts.present, MinNodes: rd.o.MinNodes}
+	in := policy.Input{Failure: f, RestartsUsed: facts.restarts, MaxRestarts: facts.cfg.MaxRestarts,
+		SparesAvailable: facts.spares, NodesPresent: facts.present, MinNodes: rd.o.MinNodes,
+		Window: facts.cfg.window(), RecentRestarts: facts.recent, Now: time.Now(), Delay: facts.cfg.delay()}
 	if lost == "" {
 		// A rank failure leaves the membership as it is; it never takes a spare.
 		in.SparesAvailable, in.NodesPresent = 0, rd.o.MinNodes
@@ -74,7 +78,7 @@ func (rd *round) endRound(ctx context.Context, f policy.Failure, lost, reason st
 	if facts.ledgerRead && lreason != "" {
 		ledgerBy = rd.o.NodeID
 	}
-	ops, dec := rd.endOps(f, policy.Decide(in), facts.restarts, subject, reason, evidence, ledgerBy)
+	ops, dec := rd.endOps(f, in, policy.Decide(in), facts.restarts, subject, reason, evidence, ledgerBy)
 	if ledgerBy != "" {
 		var recs []ledger.Record
 		for _, c := range etcdstore.CloseOps(facts.ledger, lreason, dec.Reason, rd.o.NodeID, time.Now().UTC()) {
@@ -126,9 +130,10 @@ func (rd *round) stashLedger(subject string, recs []ledger.Record) {
 	rd.view.stashLedger(rd.r, subject, recs)
 }
 
-// endOps are the writes that carry out policy decision d for round r;
-// ledgerBy names this node when the txn also ends subject's ledger leases.
-func (rd *round) endOps(f policy.Failure, d policy.Decision, used int, subject, reason string, evidence time.Time, ledgerBy string) ([]clientv3.Op, Decision) {
+// endOps are the writes that carry out policy decision d, taken on in, for
+// round r; ledgerBy names this node when the txn also ends subject's
+// ledger leases.
+func (rd *round) endOps(f policy.Failure, in policy.Input, d policy.Decision, used int, subject, reason string, evidence time.Time, ledgerBy string) ([]clientv3.Op, Decision) {
 	if d.Action == policy.CloseJob {
 		code := verdict.CloseExitCode(d.Close)
 		ci := closeInfo{Kind: d.Close, Code: code, Reason: d.Why + ": " + reason, Node: subject, Cause: f, LedgerBy: ledgerBy}
@@ -140,13 +145,19 @@ func (rd *round) endOps(f policy.Failure, d policy.Decision, used int, subject, 
 		used++
 	}
 	le := endInfo{Round: rd.r, Reason: reason + "; " + d.Why, Node: subject, Cause: f, Action: d.Action, RestartsUsed: used,
-		At: time.Now().UTC(), LedgerBy: ledgerBy}
+		At: time.Now().UTC(), LedgerBy: ledgerBy, DelayMS: float64(d.Delay.Microseconds()) / 1000}
 	if !evidence.IsZero() {
 		le.DetectMS = float64(le.At.Sub(evidence).Microseconds()) / 1000
 	}
 	lb, _ := json.Marshal(le)
 	ops := []clientv3.Op{clientv3.OpPut(rd.k.lastEnd(), string(lb)), clientv3.OpPut(rd.k.round(), strconv.Itoa(rd.r+1)),
 		clientv3.OpPut(rd.k.restarts(), strconv.Itoa(used))}
+	if d.CountsRestart && in.Window > 0 {
+		// Written with ctl/restarts, whose revision fences every end txn:
+		// the times cannot change under a decision taken on them.
+		tb, _ := json.Marshal(in.Budget().Recent(append(in.RecentRestarts, in.Now.UTC()), in.Now))
+		ops = append(ops, clientv3.OpPut(rd.k.restartTimes(), string(tb)))
+	}
 	if subject != rd.o.NodeID {
 		// The next round's closer must not wait for the node that ended
 		// this one: its death is recorded with the end, not after it.
@@ -155,7 +166,7 @@ func (rd *round) endOps(f policy.Failure, d policy.Decision, used int, subject, 
 			ops = append(ops, rd.quarantineOp(f, subject, reason))
 		}
 	}
-	return ops, Decision{Restart: true, Action: d.Action, Reason: le.Reason, RestartsUsed: used}
+	return ops, Decision{Restart: true, Action: d.Action, Reason: le.Reason, RestartsUsed: used, Delay: d.Delay}
 }
 
 // raceOutcome reads the else branch of the end txn (round, close record,
@@ -196,7 +207,8 @@ func (rd *round) raceOutcome(resp *clientv3.TxnResponse) (Decision, error) {
 // the lost node's excluded record.
 func (rd *round) readFacts(ctx context.Context, lost string) (roundFacts, error) {
 	ops := []clientv3.Op{clientv3.OpGet(rd.k.round()), clientv3.OpGet(rd.k.closed()),
-		clientv3.OpGet(rd.k.restarts()), clientv3.OpGet(rd.k.config())}
+		clientv3.OpGet(rd.k.restarts()), clientv3.OpGet(rd.k.config()), clientv3.OpGet(rd.k.restartTimes())}
+	const always = 5 // the reads above, made in both branches
 	if lost != "" {
 		ops = append(ops, clientv3.OpGet(rd.k.ranks(rd.r), clientv3.WithPrefix()),
 			clientv3.OpGet(rd.k.nodes(rd.r), clientv3.WithPrefix(), clientv3.WithKeysOnly()),
@@ -209,12 +221,12 @@ func (rd *round) readFacts(ctx context.Context, lost string) (roundFacts, error)
 	// late reporter reads O(1) (its end txn then loses the race anyway).
 	resp, err := rd.cli.Txn(ctx).If(clientv3.Compare(clientv3.Value(rd.k.round()), "=", strconv.Itoa(rd.r)),
 		clientv3.Compare(clientv3.CreateRevision(rd.k.closed()), "=", 0)).
-		Then(ops...).Else(ops[:4]...).Commit()
+		Then(ops...).Else(ops[:always]...).Commit()
 	if err != nil {
 		return roundFacts{}, err
 	}
 	kvs := func(i int) []*mvccpb.KeyValue { return resp.Responses[i].GetResponseRange().Kvs }
-	f := roundFacts{round: -1, maxRestarts: rd.node.maxRestarts()}
+	f := roundFacts{round: -1, cfg: rd.node.jobConfig()}
 	if kv := kvs(0); len(kv) > 0 {
 		f.round, _ = strconv.Atoi(string(kv[0].Value))
 	}
@@ -228,15 +240,18 @@ func (rd *round) readFacts(ctx context.Context, lost string) (roundFacts, error)
 	}
 	var cfg jobConfig
 	if kv := kvs(3); len(kv) > 0 && json.Unmarshal(kv[0].Value, &cfg) == nil {
-		f.maxRestarts = cfg.MaxRestarts
+		f.cfg = cfg
+	}
+	if kv := kvs(4); len(kv) > 0 && f.cfg.window() > 0 {
+		_ = json.Unmarshal(kv[0].Value, &f.recent) // unreadable: no recent restart counts (logged by nobody: written only here)
 	}
 	if lost != "" && resp.Succeeded {
-		f.countNodes(rd.k, rd.r, lost, kvs(4), kvs(5), kvs(6))
+		f.countNodes(rd.k, rd.r, lost, kvs(5), kvs(6), kvs(7))
 		var x excludeInfo
-		if kv := kvs(7); len(kv) > 0 && json.Unmarshal(kv[0].Value, &x) == nil {
+		if kv := kvs(8); len(kv) > 0 && json.Unmarshal(kv[0].Value, &x) == nil {
 			f.excluded = &x
 		}
-		f.ledger, f.ledgerRead = kvs(8), true
+		f.ledger, f.ledgerRead = kvs(9), true
 	}
 	return f, nil
 }
@@ -268,15 +283,21 @@ func (f *roundFacts) countNodes(k keys, r int, lost string, ranks, now, next []*
 	f.present = len(alive)
 }
 
-// maxRestarts is the job's budget as this node knows it (the stored job
-// config once checked, else its own option).
-func (e *Etcd) maxRestarts() int {
+// jobConfig is the job's configuration as this node knows it (the stored
+// job config once checked, else its own options).
+func (e *Etcd) jobConfig() jobConfig {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.cfg != nil {
-		return e.cfg.MaxRestarts
+		return *e.cfg
 	}
-	return e.o.MaxRestarts
+	return e.o.jobConfig()
+}
+
+// jobConfig is the job configuration these options propose.
+func (o EtcdOptions) jobConfig() jobConfig {
+	return jobConfig{NProcPerNode: o.NProcPerNode, MinNodes: o.MinNodes, MaxNodes: o.MaxNodes, MaxRestarts: o.MaxRestarts,
+		RestartWindowS: o.RestartWindow.Seconds(), RestartDelayS: o.RestartDelay.Seconds()}
 }
 
 // readRestarts returns the job's restart count (ctl/restarts).

@@ -55,8 +55,11 @@ type EtcdOptions struct {
 	NProcPerNode       int
 	MinNodes, MaxNodes int
 	MaxRestarts        int
-	InfraRank          int           // -1 unknown; else SLURM_PROCID / --node-rank: decides order
-	LastCall           time.Duration // straggler wait after MIN present when MAX > MIN (default 500ms)
+	// RestartWindow and RestartDelay are the job's --restart-window and
+	// --restart-delay (policy.Input); the first node's are the job's.
+	RestartWindow, RestartDelay time.Duration
+	InfraRank                   int           // -1 unknown; else SLURM_PROCID / --node-rank: decides order
+	LastCall                    time.Duration // straggler wait after MIN present when MAX > MIN (default 500ms)
 	// RejoinWait bounds how long a restart round waits for the previous
 	// round's active nodes that are still alive (lease held, not declared
 	// dead by gossip), so a node slow to stop its ranks keeps its group rank

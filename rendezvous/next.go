@@ -91,7 +91,7 @@ func (e *Etcd) next(ctx context.Context) (Assignment, error) {
 
 // wantConfig is the job config this node asks for.
 func (e *Etcd) wantConfig() (jobConfig, string) {
-	want := jobConfig{NProcPerNode: e.o.NProcPerNode, MinNodes: e.o.MinNodes, MaxNodes: e.o.MaxNodes, MaxRestarts: e.o.MaxRestarts}
+	want := e.o.jobConfig()
 	b, _ := json.Marshal(want)
 	return want, string(b)
 }
@@ -162,8 +162,10 @@ func (e *Etcd) compatible(want, got jobConfig) error {
 		return fmt.Errorf("rendezvous: node %s refused: nnodes=%d:%d but the job has nnodes=%d:%d",
 			e.o.NodeID, want.MinNodes, want.MaxNodes, got.MinNodes, got.MaxNodes)
 	}
-	if got.MaxRestarts != want.MaxRestarts {
-		e.log.Warn("max_restarts differs from the job's; using the job's", "mine", want.MaxRestarts, "job", got.MaxRestarts)
+	if got.MaxRestarts != want.MaxRestarts || got.RestartWindowS != want.RestartWindowS || got.RestartDelayS != want.RestartDelayS {
+		e.log.Warn("the restart budget differs from the job's; using the job's",
+			"mine", fmt.Sprintf("max_restarts=%d window=%gs delay=%gs", want.MaxRestarts, want.RestartWindowS, want.RestartDelayS),
+			"job", fmt.Sprintf("max_restarts=%d window=%gs delay=%gs", got.MaxRestarts, got.RestartWindowS, got.RestartDelayS))
 	}
 	return nil
 }

@@ -55,8 +55,9 @@ type roundNode interface {
 	// loadCtl re-reads the job's control records (a closer that suspects
 	// its ctl watch is behind); it returns the revision it read at.
 	loadCtl(ctx context.Context) (int64, error)
-	// maxRestarts is the job's restart budget as the node knows it.
-	maxRestarts() int
+	// jobConfig is the job's configuration (its restart budget) as the
+	// node knows it.
+	jobConfig() jobConfig
 }
 
 // round makes this node's round r (after start).

@@ -84,7 +84,17 @@ type jobConfig struct {
 	MinNodes     int `json:"min_nodes"`
 	MaxNodes     int `json:"max_nodes"`
 	MaxRestarts  int `json:"max_restarts"`
+	// The restart window and delay (--restart-window, --restart-delay),
+	// seconds; absent (an older launcher's job): none.
+	RestartWindowS float64 `json:"restart_window_s,omitempty"`
+	RestartDelayS  float64 `json:"restart_delay_s,omitempty"`
 }
+
+// window and delay are the job's restart window and delay.
+func (c jobConfig) window() time.Duration { return seconds(c.RestartWindowS) }
+func (c jobConfig) delay() time.Duration  { return seconds(c.RestartDelayS) }
+
+func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
 
 type memberInfo struct {
 	NodeID     string `json:"node_id"`
@@ -208,6 +218,9 @@ type endInfo struct {
 	// did not (a local failure, an older launcher), and then every
 	// survivor records the loss itself (ledger.Book.CloseOther).
 	LedgerBy string `json:"ledger_by,omitempty"`
+	// DelayMS is how long the next round waits to start (--restart-delay
+	// of a restart that spent the budget); 0: at once.
+	DelayMS float64 `json:"delay_ms,omitempty"`
 }
 
 // excludeInfo is written by a node that leaves the job (Leave) or departs
@@ -246,6 +259,7 @@ func (k keys) round() string                  { return k.base + "ctl/round" }
 func (k keys) closed() string                 { return k.base + "ctl/closed" }
 func (k keys) lastEnd() string                { return k.base + "ctl/end" }
 func (k keys) restarts() string               { return k.base + "ctl/restarts" }
+func (k keys) restartTimes() string           { return k.base + "ctl/restart-times" }
 func (k keys) roundDir(r int) string          { return k.base + "rounds/" + strconv.Itoa(r) + "/" }
 func (k keys) assignment(r int) string        { return k.roundDir(r) + "assignment" }
 func (k keys) closer(r int) string            { return k.roundDir(r) + "closer" }

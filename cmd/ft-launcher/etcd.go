@@ -81,7 +81,7 @@ func newEtcdRendezvous(ctx context.Context, cfg *configs.Config, log *slog.Logge
 		RunID: cfg.RdzvID, NodeID: fmt.Sprintf("%s/%d", localAddr, os.Getpid()), LocalAddr: localAddr,
 		ReplicaAddr:  replicaAddr,
 		NProcPerNode: cfg.NProcPerNode, MinNodes: cfg.NNodes.Min, MaxNodes: cfg.NNodes.Max,
-		MaxRestarts: cfg.MaxRestarts, InfraRank: cfg.InfraRank,
+		MaxRestarts: cfg.MaxRestarts, RestartWindow: cfg.RestartWindow, RestartDelay: cfg.RestartDelay, InfraRank: cfg.InfraRank,
 		HealthCheck: healthCheck(cfg, reaper, log), Metrics: met, Logger: log.With("component", "rendezvous"),
 		// The fence watchdog kills this node's ranks watchdogMargin before
 		// its lease could expire, unless a renewal extends it first: after
