@@ -305,6 +305,9 @@ func TestRestartBudgetOptions(t *testing.T) {
 		{name: "env", env: map[string]string{"PET_RESTART_WINDOW": "60", "PET_RESTART_DELAY": "1"}, window: time.Minute, delay: time.Second},
 		{name: "negative window", args: []string{"--restart-window", "-1"}, err: "--restart-window: invalid value \"-1\": must be a number of seconds from 0 to 604800"},
 		{name: "delay not a number", args: []string{"--restart-delay", "soon"}, err: "--restart-delay: invalid value \"soon\""},
+		{name: "delay past the join timeout", args: []string{"--nnodes", "2", "--rdzv-endpoint", "127.0.0.1:29400", "--restart-delay", "60", "--rdzv-conf", "join_timeout=30"},
+			err: "--restart-delay 1m0s is not below the rendezvous join_timeout (30s)"},
+		{name: "a delay below the join timeout", args: []string{"--nnodes", "2", "--rdzv-endpoint", "127.0.0.1:29400", "--restart-delay", "20", "--rdzv-conf", "join_timeout=30"}, delay: 20 * time.Second},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -343,6 +343,14 @@ func (p *parser) finish(positional []string, m machine) error {
 	if err := p.resolveRendezvous(); err != nil {
 		return err
 	}
+	if c.Rdzv.Mode != RdzvSingleNode && c.RestartDelay >= c.Rdzv.JoinTimeout {
+		// The nodes wait the delay before they join the next round, and a
+		// node that joins sooner (a launcher started again) gives up
+		// after join_timeout.
+		subj := p.sourceOr("restart-delay", "--restart-delay")
+		return usageErr(subj, "%s %s is not below the rendezvous join_timeout (%s): the nodes would give up on the round the delay holds back; lower it, or raise --rdzv-conf join_timeout",
+			subj, c.RestartDelay, c.Rdzv.JoinTimeout)
+	}
 	p.resolveMasterAddr()
 	if err := p.resolveStateReplicas(); err != nil {
 		return err
