@@ -14,9 +14,8 @@ import (
 // absent exactly when it was absent before records were typed; a field
 // always written has no omitempty, zero values included.
 
-// Kinds of records emitted by packages that hand the launcher maps through
-// a callback (monitor, filler, prewarm, agentstore); the records below
-// decode them.
+// Kinds of the rank monitors' records (package monitor) and of the
+// filler's reclaim; the other components' kinds are in components.go.
 const (
 	RankFirstHeartbeat = "rank_first_heartbeat"
 	RankFirstStep      = "rank_first_step"
@@ -621,7 +620,7 @@ func (RankFailureHintEvent) Kind() string        { return RankFailureHint }
 
 // Typed lists a zero value of every typed record: what Decode knows.
 func Typed() []Record {
-	return []Record{
+	return append([]Record{
 		LauncherStartedEvent{}, ListeningEvent{}, CycleStartedEvent{}, SignalReceivedEvent{}, StopEscalatedEvent{},
 		WalltimeWarningEvent{}, WorkloadRequestEvent{}, RankHangEvent{}, RankExitedEvent{}, SpareSwapEvent{},
 		RoundEndedEvent{}, JobFailedEvent{}, JobSucceededEvent{}, StandbyEvent{}, RestartEvent{}, FencedEvent{},
@@ -635,5 +634,5 @@ func Typed() []Record {
 		StateReplicaReceivedEvent{}, StateReplicaDiscardedEvent{}, StateRestoredFromBuddyEvent{},
 		RankFailureHintEvent{},
 		FenceWatchdogRestartedEvent{}, FenceWatchdogGaveUpEvent{},
-	}
+	}, componentRecords()...)
 }

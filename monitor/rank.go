@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/ftlauncher/ft-launcher/eventlog"
 	"github.com/ftlauncher/ft-launcher/spawn"
 )
 
@@ -50,7 +51,7 @@ type rankHost interface {
 	// wall converts a mono() time to wall-clock time, for records.
 	wall(mono int64) time.Time
 	// emit writes a record (Options.OnEvent); callers hold no lock.
-	emit(kind string, fields map[string]any)
+	emit(eventlog.Record)
 	// refuse counts input the rank sent beyond the limits, logging it once.
 	refuse(r *rankMon, what string, err error)
 	// hung terminates the hung rank pid in the background and reports h.
@@ -110,18 +111,13 @@ type rankMon struct {
 	probe    activityProbe // a default clock's expiry being checked against the rank's activity
 	deferTo  int64         // a default clock does not expire before this (the rank was busy); 0 none
 	rec      cycleRecord
-	pending  []pendingRecord // recorded under mu, emitted by unlockAndRecord
-}
-
-type pendingRecord struct {
-	kind   string
-	fields map[string]any
+	pending  []eventlog.Record // recorded under mu, emitted by unlockAndRecord
 }
 
 // recordLocked queues a record of the rank for Options.OnEvent.
-func (r *rankMon) recordLocked(kind string, f map[string]any) {
+func (r *rankMon) recordLocked(rec eventlog.Record) {
 	if r.cfg.record {
-		r.pending = append(r.pending, pendingRecord{kind, r.fieldsLocked(f)})
+		r.pending = append(r.pending, rec)
 	}
 }
 
@@ -131,8 +127,8 @@ func (r *rankMon) unlockAndRecord() {
 	p := r.pending
 	r.pending = nil
 	r.mu.Unlock()
-	for _, e := range p {
-		r.host.emit(e.kind, e.fields)
+	for _, rec := range p {
+		r.host.emit(rec)
 	}
 }
 
@@ -199,13 +195,14 @@ func (r *rankMon) end() observations {
 
 // endWithSummary is end, with the record of the cycle's steps (nil when
 // the rank never opened a "step" section this cycle).
-func (r *rankMon) endWithSummary() (observations, map[string]any) {
+func (r *rankMon) endWithSummary() (observations, *eventlog.RankStepsEvent) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	var sum map[string]any
+	var sum *eventlog.RankStepsEvent
 	if r.rec.steps > 0 && r.loadPhase() != phaseIdle && r.loadPhase() != phaseEnded {
-		sum = r.fieldsLocked(map[string]any{"steps": r.rec.steps, "steps_since_checkpoint": r.rec.steps - r.rec.stepsAtCkpt,
-			"checkpoints": r.rec.checkpoints, "last_step_at": r.host.wall(r.rec.lastStepAt)})
+		sum = &eventlog.RankStepsEvent{Round: r.cycle, LocalRank: r.local, Rank: r.globalRank,
+			Steps: r.rec.steps, StepsSinceCheckpoint: r.rec.steps - r.rec.stepsAtCkpt,
+			Checkpoints: r.rec.checkpoints, LastStepAt: r.host.wall(r.rec.lastStepAt)}
 	}
 	if r.loadPhase() != phaseIdle {
 		r.setPhaseLocked(phaseEnded)
@@ -216,12 +213,6 @@ func (r *rankMon) endWithSummary() (observations, map[string]any) {
 	o.HeartbeatMax = time.Duration(r.maxIv.Load())
 	o.Heartbeats = r.nIv.Load()
 	return o, sum
-}
-
-// fieldsLocked adds the rank's identity to a record's fields.
-func (r *rankMon) fieldsLocked(f map[string]any) map[string]any {
-	f["round"], f["local_rank"], f["rank"] = r.cycle, r.local, r.globalRank
-	return f
 }
 
 // loadPhase returns the current phase.
@@ -417,8 +408,8 @@ func (r *rankMon) firstHeartbeat(gen uint64, now, k int64) bool {
 	now = max(now, r.initAt) // a client time cannot precede the session
 	if !r.rec.firstHB {
 		r.rec.firstHB = true
-		r.recordLocked(EventFirstHeartbeat, map[string]any{"at": r.host.wall(now),
-			"since_init_ms": float64(time.Duration(now-r.initAt).Microseconds()) / 1000})
+		r.recordLocked(eventlog.RankFirstHeartbeatEvent{Round: r.cycle, LocalRank: r.local, Rank: r.globalRank,
+			At: r.host.wall(now), SinceInitMS: float64(time.Duration(now-r.initAt).Microseconds()) / 1000})
 	}
 	if !r.cfg.stalls.overlaps(r.initAt, now, r.host.mono()) {
 		r.nIv.Add(k - 1)
@@ -460,11 +451,11 @@ func (r *rankMon) openSection(gen uint64, name string, iter *int64, now int64) s
 		r.rec.lastStepAt = now
 		if !r.rec.firstStep {
 			r.rec.firstStep = true
-			f := map[string]any{"at": r.host.wall(now)}
+			rec := eventlog.RankFirstStepEvent{Round: r.cycle, LocalRank: r.local, Rank: r.globalRank, At: r.host.wall(now)}
 			if iter != nil {
-				f["iteration"] = *iter
+				rec.Iteration = eventlog.Opt(*iter)
 			}
-			r.recordLocked(EventFirstStep, f)
+			r.recordLocked(rec)
 		}
 		if iter != nil {
 			if !r.iterKnown {
@@ -535,8 +526,9 @@ func (r *rankMon) closedLocked(name string, at, now int64) {
 	if name == checkpointSection {
 		r.rec.checkpoints++
 		r.rec.stepsAtCkpt = r.rec.steps
-		r.recordLocked(EventCheckpoint, map[string]any{"opened_at": r.host.wall(at), "at": r.host.wall(now),
-			"duration_ms": float64(time.Duration(now-at).Microseconds()) / 1000, "steps": r.rec.steps})
+		r.recordLocked(eventlog.RankCheckpointEvent{Round: r.cycle, LocalRank: r.local, Rank: r.globalRank,
+			OpenedAt: r.host.wall(at), At: r.host.wall(now),
+			DurationMS: float64(time.Duration(now-at).Microseconds()) / 1000, Steps: r.rec.steps})
 	}
 }
 
