@@ -1,5 +1,7 @@
 package eventlog
 
+import "github.com/ftlauncher/ft-launcher/verdict"
+
 // The records of the launcher's components that write through a callback
 // or an event log of their own: the spare's filler (package filler), the
 // standby interpreters (prewarm), the agent store (agentstore) and the
@@ -217,12 +219,12 @@ type EtcdMemberExitedEvent struct {
 // verdict.EtcdMemberRejoined or EtcdMemberReplaced), TookS after DeadPID
 // was reaped.
 type EtcdMemberRestartedEvent struct {
-	Member   string  `json:"member"`
-	PID      int     `json:"pid"`
-	How      string  `json:"how"`
-	Attempts int     `json:"attempts"`
-	TookS    float64 `json:"took_s"`
-	DeadPID  int     `json:"dead_pid"`
+	Member   string                   `json:"member"`
+	PID      int                      `json:"pid"`
+	How      verdict.EtcdMemberAction `json:"how"`
+	Attempts int                      `json:"attempts"`
+	TookS    float64                  `json:"took_s"`
+	DeadPID  int                      `json:"dead_pid"`
 }
 
 // EtcdMemberGaveUpEvent: the member is not restarted; the cluster runs

@@ -5,6 +5,8 @@ import (
 	"reflect"
 	"testing"
 	"time"
+
+	"github.com/ftlauncher/ft-launcher/verdict"
 )
 
 // TestComponentRecordsAsBefore: the components' records (and the rank
@@ -70,7 +72,7 @@ func TestComponentRecordsAsBefore(t *testing.T) {
 		// the embedded etcd member's keeper
 		{EtcdMemberExitedEvent{Member: "m1", PID: 9, Exit: "killed by SIGKILL", ExitCode: -1, Signal: "SIGKILL", ServedS: 2.5, Restart: true},
 			map[string]any{"member": "m1", "pid": 9, "exit": "killed by SIGKILL", "exit_code": -1, "signal": "SIGKILL", "served_s": 2.5, "restart": true}},
-		{EtcdMemberRestartedEvent{Member: "m1", PID: 10, How: "rejoined", Attempts: 1, TookS: 1.25, DeadPID: 9},
+		{EtcdMemberRestartedEvent{Member: "m1", PID: 10, How: verdict.EtcdMemberRejoined, Attempts: 1, TookS: 1.25, DeadPID: 9},
 			map[string]any{"member": "m1", "pid": 10, "how": "rejoined", "attempts": 1, "took_s": 1.25, "dead_pid": 9}},
 		{EtcdMemberGaveUpEvent{Member: "m1", Why: "w", Attempts: 3}, map[string]any{"member": "m1", "why": "w", "attempts": 3}},
 		{EtcdPeerMemberDownEvent{Peer: "m2", Endpoint: "http://h:2379", Err: "e"}, map[string]any{"peer": "m2", "endpoint": "http://h:2379", "err": "e"}},

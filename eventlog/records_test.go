@@ -215,6 +215,11 @@ func TestEmitBytesAsBefore(t *testing.T) {
 				"restart_ms": 1.25, "attempts": 1, "guarded": 2, "armed": true, "restarts": 1}},
 		{FenceWatchdogGaveUpEvent{OldPID: 7, Exit: "exit code 2", Reason: "r", PGIDs: []int{5}},
 			map[string]any{"old_pid": 7, "exit": "exit code 2", "reason": "r", "pgids": []int{5}}},
+		// Typed enums are written as their strings.
+		{StateReplicaRefusedEvent{Peer: "10.0.0.9:4", Reason: ReplicaRefusedAuth, Error: "e"},
+			map[string]any{"peer": "10.0.0.9:4", "reason": "auth", "error": "e"}},
+		{StateCorruptEvent{LocalRank: 0, Rank: 1, By: CorruptByWriteOut, Source: "memory", Error: "e"},
+			map[string]any{"local_rank": 0, "rank": 1, "by": "write-out", "source": "memory", "error": "e"}},
 	}
 	ts := at.Format(time.RFC3339Nano)
 	for _, tt := range tests {

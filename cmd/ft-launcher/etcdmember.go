@@ -281,7 +281,7 @@ func (k *memberKeeper) repair(c *companion, e spawn.Exit) bool {
 				"attempts", f.Attempts, "took", took.Round(time.Millisecond))
 			k.deps.events.Emit(eventlog.EtcdMemberRestartedEvent{Member: k.m.name, PID: nc.pid, How: how,
 				Attempts: f.Attempts, TookS: took.Seconds(), DeadPID: e.PID})
-			k.deps.metrics.EtcdMemberRestarted(k.m.name, how)
+			k.deps.metrics.EtcdMemberRestarted(k.m.name, string(how))
 			return true
 		}
 		if k.ctx.Err() != nil {
@@ -323,7 +323,7 @@ const restartReady = 55 * time.Second
 
 // restart starts the member again: on adopt (its intact data dir) if
 // given, else (or if that fails) as a new member of the cluster.
-func (k *memberKeeper) restart(adopt string) (*companion, string, error) {
+func (k *memberKeeper) restart(adopt string) (*companion, verdict.EtcdMemberAction, error) {
 	if adopt != "" {
 		argv := append(k.m.args(k.bin), "--adopt-dir", adopt)
 		c, err := startCompanion(k.ctx, k.reaper, argv, restartReady)
