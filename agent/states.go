@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/ftlauncher/ft-launcher/eventlog"
+	"github.com/ftlauncher/ft-launcher/monitor"
 	"github.com/ftlauncher/ft-launcher/policy"
 	"github.com/ftlauncher/ft-launcher/rendezvous"
 	"github.com/ftlauncher/ft-launcher/verdict"
@@ -572,7 +573,7 @@ func (a *Agent) escalating(ctx context.Context) State {
 	req := *a.run.pendingReq
 	round := a.run.asg.Round
 	reason := fmt.Sprintf("rank %d requested %s: %s", req.GlobalRank, req.Action, req.Description)
-	if req.Action == "ExcludeThisNode" {
+	if req.Action == monitor.ActionExcludeThisNode {
 		a.log.Warn("leaving the job", "reason", reason)
 		if _, err := a.call(ctx, a.d.CallTimeout, func(ctx context.Context) error { return a.d.Rdzv.Leave(ctx, reason) }); err != nil {
 			a.log.Warn("leaving the rendezvous", "err", err)

@@ -35,8 +35,8 @@ import (
 
 // Event kinds written to the event log.
 const (
-	EventServed = "agent_store_served" // group rank 0 serves the round's store: round, addr, keys_dropped, allowed_addrs (-1: any)
-	EventClosed = "agent_store_closed" // the server closed: round, addr, why, keys, refused, not_member, no_handshake, per_addr_cap, idle_at_reset
+	EventServed = eventlog.AgentStoreServed // group rank 0 serves the round's store (eventlog.AgentStoreServedEvent)
+	EventClosed = eventlog.AgentStoreClosed // the server closed (eventlog.AgentStoreClosedEvent)
 )
 
 // Server is the store's server (*tcpstore.Server).
@@ -163,7 +163,7 @@ func (h *Host) Round(asg rendezvous.Assignment) error {
 	addr := h.srv.Addr().String()
 	h.serving = true
 	h.log.Info("agent store serving the round", "round", asg.Round, "addr", addr, "keys_dropped", dropped, "allowed_addrs", admits)
-	h.event(EventServed, map[string]any{"round": asg.Round, "addr": addr, "keys_dropped": dropped, "allowed_addrs": admits})
+	h.o.Events.Emit(eventlog.AgentStoreServedEvent{Round: asg.Round, Addr: addr, KeysDropped: dropped, AllowedAddrs: admits})
 	return nil
 }
 
@@ -241,15 +241,9 @@ func (h *Host) closeLocked(round int, why string) {
 		h.log.Info("agent store closed", "round", round, "addr", addr, "why", why, "keys", st.Keys, "refused", st.Refused,
 			"not_member", st.Counts.NotMember, "no_handshake", st.Counts.NoHandshake, "per_addr_cap", st.Counts.PerAddrCap,
 			"idle_at_reset", st.Counts.IdleAtReset)
-		h.event(EventClosed, map[string]any{"round": round, "addr": addr, "why": why, "keys": st.Keys, "refused": st.Refused,
-			"not_member": st.Counts.NotMember, "no_handshake": st.Counts.NoHandshake, "per_addr_cap": st.Counts.PerAddrCap,
-			"idle_at_reset": st.Counts.IdleAtReset})
+		h.o.Events.Emit(eventlog.AgentStoreClosedEvent{Round: round, Addr: addr, Why: why, Keys: st.Keys, Refused: st.Refused,
+			NotMember: st.Counts.NotMember, NoHandshake: st.Counts.NoHandshake, PerAddrCap: st.Counts.PerAddrCap,
+			IdleAtReset: st.Counts.IdleAtReset})
 	}
 	h.srv, h.host, h.serving = nil, "", false
-}
-
-func (h *Host) event(kind string, fields map[string]any) {
-	if h.o.Events != nil {
-		h.o.Events.Emit(eventlog.Fields{Event: kind, Fields: fields})
-	}
 }

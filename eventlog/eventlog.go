@@ -81,21 +81,9 @@ func Open(path string, base map[string]any) (*Log, error) {
 	return &Log{f: f, base: base}, nil
 }
 
-// Record is one event: a typed record of records.go, or Fields for a
-// producer that hands the launcher a kind and a map (monitor, filler,
-// prewarm, agentstore). Kind is the line's "event".
+// Record is one event: a typed record of records.go or components.go
+// (Unknown only comes from Decode). Kind is the line's "event".
 type Record interface{ Kind() string }
-
-// Fields is a record given as a map, for producers outside this package's
-// records (their callbacks take a kind and fields). Where a typed record of
-// the same kind exists, Decode reads the line as that record.
-type Fields struct {
-	Event  string
-	Fields map[string]any
-}
-
-// Kind returns the event kind.
-func (f Fields) Kind() string { return f.Event }
 
 // Emit writes one event. Each line is written with a single write(2) so
 // concurrent writers (several launchers on one file) never interleave.
@@ -144,12 +132,7 @@ func (l *Log) Emit(r Record) {
 // with its keys sorted, as the launcher wrote lines before records were
 // typed, so logs stay byte for byte what they were.
 func encode(base map[string]any, r Record, ts string) ([]byte, error) {
-	var fields map[string]any
-	if f, ok := r.(Fields); ok {
-		fields = f.Fields
-	} else {
-		fields = fieldsOf(r)
-	}
+	fields := fieldsOf(r)
 	rec := make(map[string]any, len(base)+len(fields)+2)
 	for k, v := range base {
 		rec[k] = v

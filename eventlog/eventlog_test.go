@@ -34,7 +34,7 @@ func TestEmitOnFullFileSystem(t *testing.T) {
 	pad := strings.Repeat("x", 1000)
 	const n = 20 // ~20 KB of events into the 8 KB left
 	for i := 0; i < n; i++ {
-		l.Emit(Fields{CycleStarted, map[string]any{"i": i, "pad": pad}})
+		l.Emit(CycleStartedEvent{Round: i, MasterAddr: pad})
 	}
 	events, bytes := l.Lost()
 	if events < n-8 || events == n || bytes < events*1000 {
@@ -51,7 +51,7 @@ func TestEmitOnFullFileSystem(t *testing.T) {
 	if err := os.Remove(ballast); err != nil { // room again
 		t.Fatal(err)
 	}
-	l.Emit(Fields{RoundEnded, map[string]any{"after": true}})
+	l.Emit(RoundEndedEvent{Reason: "after"})
 	if e2, _ := l.Lost(); e2 != events {
 		t.Errorf("an event written with room counted as lost (%d, was %d)", e2, events)
 	}

@@ -14,9 +14,8 @@ import (
 // absent exactly when it was absent before records were typed; a field
 // always written has no omitempty, zero values included.
 
-// Kinds of records emitted by packages that hand the launcher maps through
-// a callback (monitor, filler, prewarm, agentstore); the records below
-// decode them.
+// Kinds of the rank monitors' records (package monitor) and of the
+// filler's reclaim; the other components' kinds are in components.go.
 const (
 	RankFirstHeartbeat = "rank_first_heartbeat"
 	RankFirstStep      = "rank_first_step"
@@ -442,17 +441,26 @@ type StateRestoreEvent struct {
 // memory or file; Slot: the segment's slot (memory); Seq and Step: the
 // damaged save's, when its descriptor could be read.
 type StateCorruptEvent struct {
-	LocalRank  int     `json:"local_rank"`
-	Rank       int     `json:"rank"`
-	By         string  `json:"by"`     // load, write-out
-	Source     string  `json:"source"` // memory, file
-	Slot       *int    `json:"slot,omitempty"`
-	Seq        *int64  `json:"seq,omitempty"`
-	Step       *int64  `json:"step,omitempty"`
-	Error      string  `json:"error"`
-	UsedSource *string `json:"used_source,omitempty"`
-	UsedStep   *int64  `json:"used_step,omitempty"`
+	LocalRank  int       `json:"local_rank"`
+	Rank       int       `json:"rank"`
+	By         CorruptBy `json:"by"`
+	Source     string    `json:"source"` // memory, file
+	Slot       *int      `json:"slot,omitempty"`
+	Seq        *int64    `json:"seq,omitempty"`
+	Step       *int64    `json:"step,omitempty"`
+	Error      string    `json:"error"`
+	UsedSource *string   `json:"used_source,omitempty"`
+	UsedStep   *int64    `json:"used_step,omitempty"`
 }
+
+// CorruptBy is who found a save corrupt (StateCorruptEvent.By).
+type CorruptBy string
+
+// StateCorruptEvent.By values.
+const (
+	CorruptByLoad     CorruptBy = "load"      // a rank's load() passed over it
+	CorruptByWriteOut CorruptBy = "write-out" // the launcher's writer did not write it out
+)
 
 // StateStaleRemovedEvent: a launcher at its start removed the segments'
 // directory of a launcher that died without removing it (SIGKILL): no
@@ -507,7 +515,7 @@ type StateReplicaRefusedEvent struct {
 	Bytes     *int64  `json:"bytes,omitempty"`
 	// Reason classifies a receiver's refusal (ReplicaRefused*); empty for
 	// the older ones (job, version, memory budget).
-	Reason string `json:"reason,omitempty"`
+	Reason ReplicaRefusal `json:"reason,omitempty"`
 	// Suppressed counts the refusals of the same address left out of the
 	// log since its previous record (a flood is recorded once every few
 	// seconds per address).
@@ -515,15 +523,19 @@ type StateReplicaRefusedEvent struct {
 	Error      string `json:"error"`
 }
 
+// ReplicaRefusal classifies a receiver's refusal of a peer
+// (StateReplicaRefusedEvent.Reason).
+type ReplicaRefusal string
+
 // StateReplicaRefusedEvent.Reason values.
 const (
-	ReplicaRefusedNotMember = "not_member" // the address is not one of the round's nodes (or this host)
-	ReplicaRefusedNotSender = "not_sender" // a copy claims a node that does not replicate here, or comes from another address than that node's
-	ReplicaRefusedAuth      = "auth"       // a frame's HMAC tag is missing, unexpected or wrong (--job-secret-file)
-	ReplicaRefusedOversized = "oversized"  // a copy over the per-copy limit or the bytes the round's copies need
-	ReplicaRefusedHandshake = "handshake"  // no first frame within the handshake timeout
-	ReplicaRefusedConnLimit = "conn_limit" // too many connections (in all, or from one address)
-	ReplicaRefusedProtocol  = "protocol"   // another job, protocol version, or a malformed frame
+	ReplicaRefusedNotMember ReplicaRefusal = "not_member" // the address is not one of the round's nodes (or this host)
+	ReplicaRefusedNotSender ReplicaRefusal = "not_sender" // a copy claims a node that does not replicate here, or comes from another address than that node's
+	ReplicaRefusedAuth      ReplicaRefusal = "auth"       // a frame's HMAC tag is missing, unexpected or wrong (--job-secret-file)
+	ReplicaRefusedOversized ReplicaRefusal = "oversized"  // a copy over the per-copy limit or the bytes the round's copies need
+	ReplicaRefusedHandshake ReplicaRefusal = "handshake"  // no first frame within the handshake timeout
+	ReplicaRefusedConnLimit ReplicaRefusal = "conn_limit" // too many connections (in all, or from one address)
+	ReplicaRefusedProtocol  ReplicaRefusal = "protocol"   // another job, protocol version, or a malformed frame
 )
 
 // The replication records name the peer node that sent a copy "sender",
@@ -621,7 +633,7 @@ func (RankFailureHintEvent) Kind() string        { return RankFailureHint }
 
 // Typed lists a zero value of every typed record: what Decode knows.
 func Typed() []Record {
-	return []Record{
+	return append([]Record{
 		LauncherStartedEvent{}, ListeningEvent{}, CycleStartedEvent{}, SignalReceivedEvent{}, StopEscalatedEvent{},
 		WalltimeWarningEvent{}, WorkloadRequestEvent{}, RankHangEvent{}, RankExitedEvent{}, SpareSwapEvent{},
 		RoundEndedEvent{}, JobFailedEvent{}, JobSucceededEvent{}, StandbyEvent{}, RestartEvent{}, FencedEvent{},
@@ -635,5 +647,5 @@ func Typed() []Record {
 		StateReplicaReceivedEvent{}, StateReplicaDiscardedEvent{}, StateRestoredFromBuddyEvent{},
 		RankFailureHintEvent{},
 		FenceWatchdogRestartedEvent{}, FenceWatchdogGaveUpEvent{},
-	}
+	}, componentRecords()...)
 }

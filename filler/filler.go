@@ -20,6 +20,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/ftlauncher/ft-launcher/eventlog"
 	"github.com/ftlauncher/ft-launcher/spawn"
 )
 
@@ -58,16 +59,17 @@ type Options struct {
 	CgroupParent string
 	Logger       *slog.Logger
 	// OnEvent, when set, is told about starts, exits and reclaims (the
-	// agent writes them to the event log).
-	OnEvent func(kind string, fields map[string]any)
+	// agent writes them to the event log): eventlog's FillerStartedEvent,
+	// FillerExitedEvent, FillerReclaimedEvent and FillerGaveUpEvent.
+	OnEvent func(eventlog.Record)
 }
 
-// Event kinds passed to OnEvent.
+// The kinds of the records passed to OnEvent.
 const (
-	EventStarted   = "filler_started"
-	EventExited    = "filler_exited"
-	EventReclaimed = "filler_reclaimed"
-	EventGaveUp    = "filler_gave_up"
+	EventStarted   = eventlog.FillerStarted
+	EventExited    = eventlog.FillerExited
+	EventReclaimed = eventlog.FillerReclaimed
+	EventGaveUp    = eventlog.FillerGaveUp
 )
 
 func (o *Options) defaults() {
@@ -90,7 +92,7 @@ func (o *Options) defaults() {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
 	if o.OnEvent == nil {
-		o.OnEvent = func(string, map[string]any) {}
+		o.OnEvent = func(eventlog.Record) {}
 	}
 }
 
@@ -146,7 +148,7 @@ func (f *Filler) supervise(stop, done chan struct{}) {
 		g, err := f.startOnce()
 		if err != nil {
 			f.log.Error("filler did not start", "err", err)
-			f.o.OnEvent(EventGaveUp, map[string]any{"reason": err.Error()})
+			f.o.OnEvent(eventlog.FillerGaveUpEvent{Reason: err.Error()})
 			return
 		}
 		var e spawn.Exit
@@ -160,10 +162,10 @@ func (f *Filler) supervise(stop, done chan struct{}) {
 		g.Stop(syscall.SIGKILL, 0)
 		f.setGroup(nil)
 		f.log.Warn("filler exited while the node is a spare", "exit", e.String())
-		f.o.OnEvent(EventExited, map[string]any{"exit_code": e.TorchExitCode(), "pid": e.PID})
+		f.o.OnEvent(eventlog.FillerExitedEvent{ExitCode: e.TorchExitCode(), PID: e.PID})
 		if f.startsUsed() >= f.o.MaxStarts {
 			f.log.Error("filler exited too often; not restarting it", "starts", f.o.MaxStarts)
-			f.o.OnEvent(EventGaveUp, map[string]any{"reason": fmt.Sprintf("exited %d times", f.o.MaxStarts)})
+			f.o.OnEvent(eventlog.FillerGaveUpEvent{Reason: fmt.Sprintf("exited %d times", f.o.MaxStarts)})
 			return
 		}
 		select {
@@ -197,7 +199,7 @@ func (f *Filler) startOnce() (*spawn.Group, error) {
 	n := f.starts
 	f.mu.Unlock()
 	f.log.Info("filler started on this spare node", "pid", pid, "start", n, "log", f.o.LogPath, "cgroup", cg)
-	f.o.OnEvent(EventStarted, map[string]any{"pid": pid, "start": n, "command": f.o.Command, "log": f.o.LogPath})
+	f.o.OnEvent(eventlog.FillerStartedEvent{PID: pid, Start: n, Command: f.o.Command, Log: f.o.LogPath})
 	return g, nil
 }
 
@@ -254,7 +256,7 @@ func (f *Filler) Reclaim(ctx context.Context) (time.Duration, error) {
 	}
 	took := time.Since(start)
 	f.log.Info("filler reclaimed", "took", took)
-	f.o.OnEvent(EventReclaimed, map[string]any{"took_ms": float64(took.Microseconds()) / 1000})
+	f.o.OnEvent(eventlog.FillerReclaimedEvent{TookMS: float64(took.Microseconds()) / 1000})
 	return took, nil
 }
 

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ftlauncher/ft-launcher/eventlog"
 	"github.com/ftlauncher/ft-launcher/internal/testenv"
 	"github.com/ftlauncher/ft-launcher/spawn"
 )
@@ -33,14 +34,16 @@ func newReaper(t *testing.T) *spawn.Reaper {
 }
 
 type events struct {
-	mu sync.Mutex
-	k  []string
+	mu   sync.Mutex
+	k    []string
+	recs []eventlog.Record
 }
 
-func (e *events) add(kind string, _ map[string]any) {
+func (e *events) add(rec eventlog.Record) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	e.k = append(e.k, kind)
+	e.k = append(e.k, rec.Kind())
+	e.recs = append(e.recs, rec)
 }
 
 func (e *events) count(kind string) int {

@@ -3,44 +3,41 @@ package filler
 import (
 	"context"
 	"log/slog"
-	"sync"
 	"testing"
 
 	"github.com/ftlauncher/ft-launcher/eventlog"
 )
 
-// TestReclaimedRecordFitsEventlog: the filler_reclaimed record handed to
-// OnEvent fits eventlog's typed record, which ft-resumer report decodes for
-// its reclaim marks.
-func TestReclaimedRecordFitsEventlog(t *testing.T) {
-	if EventReclaimed != eventlog.FillerReclaimed {
-		t.Fatalf("filler kind %q, eventlog's %q", EventReclaimed, eventlog.FillerReclaimed)
-	}
+// TestRecords: a park and a reclaim hand OnEvent a filler_started record
+// of the command's start and a filler_reclaimed record with the time the
+// reclaim took (ft-resumer report decodes it for its reclaim marks).
+func TestRecords(t *testing.T) {
 	dir := t.TempDir()
-	var mu sync.Mutex
-	var reclaimed []map[string]any
 	ev := &events{}
 	f := New(newReaper(t), Options{Command: "exec sleep 300", Dir: dir, LogPath: LogPath(dir), Logger: slog.New(slog.DiscardHandler),
-		OnEvent: func(kind string, fields map[string]any) {
-			ev.add(kind, fields)
-			if kind == EventReclaimed {
-				mu.Lock()
-				defer mu.Unlock()
-				reclaimed = append(reclaimed, fields)
-			}
-		}})
+		OnEvent: ev.add})
 	defer f.Close()
 	f.Park()
 	waitUntil(t, "a start", func() bool { return ev.count(EventStarted) == 1 })
 	if _, err := f.Reclaim(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	if len(reclaimed) != 1 {
-		t.Fatalf("%d %s records, want 1 (events %v)", len(reclaimed), EventReclaimed, ev.k)
+	ev.mu.Lock()
+	defer ev.mu.Unlock()
+	var started []eventlog.FillerStartedEvent
+	var reclaimed []eventlog.FillerReclaimedEvent
+	for _, r := range ev.recs {
+		switch r := r.(type) {
+		case eventlog.FillerStartedEvent:
+			started = append(started, r)
+		case eventlog.FillerReclaimedEvent:
+			reclaimed = append(reclaimed, r)
+		}
 	}
-	if err := eventlog.CheckFields(EventReclaimed, reclaimed[0]); err != nil {
-		t.Error(err)
+	if len(started) != 1 || started[0].PID <= 0 || started[0].Start != 1 || started[0].Command != "exec sleep 300" || started[0].Log != LogPath(dir) {
+		t.Errorf("started records %+v, want one of the first start of the command", started)
+	}
+	if len(reclaimed) != 1 || reclaimed[0].TookMS <= 0 {
+		t.Errorf("reclaimed records %+v, want one with the time it took (events %v)", reclaimed, ev.k)
 	}
 }

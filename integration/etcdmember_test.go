@@ -88,9 +88,9 @@ func TestEmbeddedEtcdMemberRestarted(t *testing.T) {
 		// connected for 5 s, which the replacement waits out.
 		settle time.Duration
 	}{
-		{"intact data dir rejoins", false, verdict.EtcdMemberRejoined, 0},
-		{"lost data dir is replaced in a young cluster", true, verdict.EtcdMemberReplaced, 0},
-		{"lost data dir is replaced", true, verdict.EtcdMemberReplaced, 6 * time.Second},
+		{"intact data dir rejoins", false, string(verdict.EtcdMemberRejoined), 0},
+		{"lost data dir is replaced in a young cluster", true, string(verdict.EtcdMemberReplaced), 0},
+		{"lost data dir is replaced", true, string(verdict.EtcdMemberReplaced), 6 * time.Second},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -196,7 +196,7 @@ func TestEmbeddedEtcdMemberRestarted(t *testing.T) {
 					continue
 				}
 				if f := v.EtcdMemberFailures; len(f) != 1 || f[0].Member != "m1" || f[0].PID != victim ||
-					f[0].Exit != "killed by SIGKILL" || f[0].Action != tt.wantHow || f[0].Attempts != 1 || f[0].RestartedAt == nil {
+					f[0].Exit != "killed by SIGKILL" || string(f[0].Action) != tt.wantHow || f[0].Attempts != 1 || f[0].RestartedAt == nil {
 					t.Errorf("node 1 verdict etcd_member_failures %+v, want m1 pid %d killed by SIGKILL, %s after 1 attempt", f, victim, tt.wantHow)
 				}
 			}

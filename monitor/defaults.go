@@ -42,7 +42,7 @@ func (r *rankMon) initialTimeoutLocked() (to time.Duration, def bool) {
 	if r.to.InitialHeartbeat > 0 || !r.defaults.Load() {
 		return r.to.InitialHeartbeat, false
 	}
-	return r.m.defaults.Startup, true
+	return r.cfg.defaults.Startup, true
 }
 
 // heartbeatTimeoutLocked is the heartbeat clock in force. With the default
@@ -55,11 +55,11 @@ func (r *rankMon) heartbeatTimeoutLocked() (to time.Duration, def bool) {
 	if r.to.Heartbeat > 0 || !r.defaults.Load() {
 		return r.to.Heartbeat, false
 	}
-	d := &r.m.defaults
+	d := &r.cfg.defaults
 	if r.nIv.Load() < d.LearnIntervals || r.namedPhaseOpenLocked() {
 		return d.Startup, true
 	}
-	return max(scaled(time.Duration(r.maxIv.Load()), r.m.opts.FT.SafetyFactor), d.LearnedFloor), true
+	return max(scaled(time.Duration(r.maxIv.Load()), r.cfg.safety), d.LearnedFloor), true
 }
 
 // namedPhaseOpenLocked: a section other than "step" is open.
@@ -81,13 +81,13 @@ func (r *rankMon) learnedNow(before, after int64) {
 	if !r.defaults.Load() {
 		return
 	}
-	l := r.m.defaults.LearnIntervals
+	l := r.cfg.defaults.LearnIntervals
 	if before >= l || after < l {
 		return
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.rearmLocked(r.m.mono())
+	r.rearmLocked(r.host.mono())
 }
 
 // When a default clock expires, the rank is hung only if its processes
@@ -142,7 +142,7 @@ func (r *rankMon) busyLocked(now int64, e expiry) bool {
 		return false
 	}
 	r.deferTo = now + int64(e.timeout)
-	r.m.log.Info("rank silent past the default clock but busy: not hung", "local_rank", r.local, "rank", r.globalRank,
+	r.cfg.log.Info("rank silent past the default clock but busy: not hung", "local_rank", r.local, "rank", r.globalRank,
 		"cycle", r.cycle, "kind", e.kind, "timeout", e.timeout, "silent", time.Duration(now-e.start).Round(time.Millisecond),
 		"cpu", cpu, "io_bytes", io, "window", activityWindow, "next_check", e.timeout)
 	r.armAtLocked(r.deferTo)

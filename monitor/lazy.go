@@ -73,6 +73,10 @@ func drainIntervalFor(t *Timeouts) time.Duration {
 // lazyConn is a native session after its handshake. Every field below mu is
 // only touched with mu held, so the fd is never closed while being read.
 type lazyConn struct {
+	// m serves the session: its clock and client-clock offset, and where
+	// client timeouts and in-process reports go (the rank's monitor r does
+	// not hold the manager).
+	m    *Manager
 	r    *rankMon
 	gen  uint64
 	done chan struct{} // closed once the fd is closed
@@ -155,7 +159,7 @@ func (lc *lazyConn) readSocketLocked() {
 	if lc.eof || lc.rerr != nil {
 		return
 	}
-	m := lc.r.m
+	m := lc.m
 	for {
 		n, err := unix.Read(lc.fd, lc.buf[:])
 		now := m.mono() // after the read: never earlier than any byte's arrival
@@ -314,13 +318,13 @@ func (lc *lazyConn) message(b []byte, now int64) (int, error) {
 			if err := json.Unmarshal(p, &u); err != nil {
 				return 0, fmt.Errorf("decode timeouts: %w", err)
 			}
-			r.m.applyClientTimeouts(r, gen, &u)
+			lc.m.applyClientTimeouts(r, gen, &u)
 		case ftwire.MsgInProcessReport:
 			var u ftwire.InProcessReport
 			if err := json.Unmarshal(p, &u); err != nil {
 				return 0, fmt.Errorf("decode in-process report: %w", err)
 			}
-			r.m.inProcessReport(r, u)
+			lc.m.inProcessReport(r, u)
 		default:
 			log().Debug("rank monitor: skipping unknown message", "type", t)
 		}
@@ -440,7 +444,7 @@ func (m *Manager) serveLazy(r *rankMon, gen uint64, c *net.UnixConn, buffered []
 		unmap()
 		return fmt.Errorf("set nonblocking: %w", err)
 	}
-	lc := &lazyConn{r: r, gen: gen, done: make(chan struct{}), fd: fd, names: map[uint64]string{}, shm: shm, ring: ring && shm != nil}
+	lc := &lazyConn{m: m, r: r, gen: gen, done: make(chan struct{}), fd: fd, names: map[uint64]string{}, shm: shm, ring: ring && shm != nil}
 	if !r.handover(gen, lc) {
 		_ = unix.Close(fd)
 		unmap()

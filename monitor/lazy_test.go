@@ -81,7 +81,7 @@ func newLazySession(t *testing.T) (*Manager, *lazyConn) {
 	if !r.init(gen, initInfo{globalRank: 0}) {
 		t.Fatal("init refused")
 	}
-	return m, &lazyConn{r: r, gen: gen, fd: -1, done: make(chan struct{}), names: map[uint64]string{}}
+	return m, &lazyConn{m: m, r: r, gen: gen, fd: -1, done: make(chan struct{}), names: map[uint64]string{}}
 }
 
 // TestLazySplitMessages feeds the stream cut at every position (messages

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/ftlauncher/ft-launcher/configs"
+	"github.com/ftlauncher/ft-launcher/eventlog"
 	"github.com/ftlauncher/ft-launcher/metrics"
 	"github.com/ftlauncher/ft-launcher/monitor/ftwire"
 )
@@ -66,18 +67,21 @@ type Options struct {
 	// log; docs/report.md): each rank's first heartbeat and first "step"
 	// of a cycle, every closed "checkpointing" section, and a summary of
 	// the steps since the last checkpoint when the cycle ends. Never
-	// called for ordinary heartbeats or steps. nil records nothing.
-	OnEvent func(kind string, fields map[string]any)
+	// called for ordinary heartbeats or steps; the launcher's own stalls
+	// are recorded too. The records are eventlog's RankFirstHeartbeatEvent,
+	// RankFirstStepEvent, RankCheckpointEvent, RankStepsEvent and
+	// LauncherStallEvent. nil records nothing.
+	OnEvent func(eventlog.Record)
 }
 
-// Event kinds given to Options.OnEvent.
+// The kinds of the records given to Options.OnEvent.
 const (
-	EventFirstHeartbeat = "rank_first_heartbeat" // round, local_rank, rank, at, since_init_ms
-	EventFirstStep      = "rank_first_step"      // round, local_rank, rank, at, iteration (when sent)
-	EventCheckpoint     = "rank_checkpoint"      // round, local_rank, rank, opened_at, at, duration_ms, steps
-	EventCycleSteps     = "rank_steps"           // round, local_rank, rank, steps, steps_since_checkpoint, checkpoints, last_step_at
+	EventFirstHeartbeat = eventlog.RankFirstHeartbeat
+	EventFirstStep      = eventlog.RankFirstStep
+	EventCheckpoint     = eventlog.RankCheckpoint
+	EventCycleSteps     = eventlog.RankSteps
 	// EventLauncherStall: the launcher itself did not run (stall.go).
-	EventLauncherStall = "launcher_stall" // from, to, duration_ms
+	EventLauncherStall = eventlog.LauncherStall
 )
 
 // DefaultMinComputedTimeout is the default floor of computed timeouts.
@@ -229,8 +233,10 @@ func New(opts Options) (*Manager, error) {
 			m.log.Info("loaded persisted timeouts", "path", opts.StateFile, "timeouts", m.eff.String())
 		}
 	}
+	cfg := rankConfig{log: m.log, record: opts.OnEvent != nil, signal: opts.FT.RankTerminationSignal,
+		safety: opts.FT.SafetyFactor, defaults: m.defaults, stalls: m.stalls}
 	for i := 0; i < opts.NLocal; i++ {
-		m.ranks = append(m.ranks, newRankMon(m, i))
+		m.ranks = append(m.ranks, newRankMon(m, cfg, i))
 	}
 	for i := 0; i < opts.NLocal; i++ {
 		ln, err := m.listen(m.RankSocket(i))
@@ -434,9 +440,9 @@ func (m *Manager) mono() int64 { return int64(time.Since(m.epoch)) }
 func (m *Manager) wall(mono int64) time.Time { return m.epoch.Add(time.Duration(mono)) }
 
 // emit hands a record to Options.OnEvent; callers hold no lock.
-func (m *Manager) emit(kind string, fields map[string]any) {
-	if m.opts.OnEvent != nil && fields != nil {
-		m.opts.OnEvent(kind, fields)
+func (m *Manager) emit(rec eventlog.Record) {
+	if m.opts.OnEvent != nil && rec != nil {
+		m.opts.OnEvent(rec)
 	}
 }
 
@@ -534,11 +540,11 @@ func (m *Manager) EndCycleWith(completed bool) {
 	for _, r := range m.ranks {
 		r.drain()
 	}
-	var summaries []map[string]any
+	var summaries []eventlog.Record
 	defer func() {
 		// Recorded once m.mu is released (this defer runs last).
-		for _, f := range summaries {
-			m.emit(EventCycleSteps, f)
+		for _, rec := range summaries {
+			m.emit(rec)
 		}
 	}()
 	m.mu.Lock()
@@ -552,7 +558,7 @@ func (m *Manager) EndCycleWith(completed bool) {
 		o, sum := r.endWithSummary()
 		obs.merge(&o)
 		if sum != nil {
-			summaries = append(summaries, sum)
+			summaries = append(summaries, *sum)
 		}
 		m.foldLocked(r)
 	}

@@ -114,12 +114,12 @@ func (m *Manager) serveNvrx(r *rankMon, gen uint64, dc *deadlineConn, br *bufio.
 					return fmt.Errorf("section action %d without a section name", x.Action)
 				}
 				if x.Action == nvrxwire.SectionOpen {
-					cause = r.openSection(gen, *x.Section, x.Iteration, r.m.mono())
+					cause = r.openSection(gen, *x.Section, x.Iteration, m.mono())
 				} else {
-					cause = r.closeSection(gen, *x.Section, r.m.mono())
+					cause = r.closeSection(gen, *x.Section, m.mono())
 				}
 			case nvrxwire.SectionCloseAll:
-				r.closeAll(gen, r.m.mono())
+				r.closeAll(gen, m.mono())
 			default:
 				return fmt.Errorf("unknown section action %d", x.Action)
 			}

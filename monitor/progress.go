@@ -69,7 +69,7 @@ func (r *rankMon) noteIterLocked(section string, iter *int64) {
 	rec := &r.rec
 	if section != "" && section != "step" && (!rec.iterSeen || *iter > rec.lastIter) {
 		rec.iterSteps++
-		rec.lastStepAt = r.m.mono()
+		rec.lastStepAt = r.host.mono()
 	}
 	if !rec.iterSeen {
 		rec.iterMin, rec.iterMax = *iter, *iter

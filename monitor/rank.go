@@ -9,8 +9,10 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
+	"github.com/ftlauncher/ft-launcher/eventlog"
 	"github.com/ftlauncher/ft-launcher/spawn"
 )
 
@@ -39,12 +41,41 @@ type initInfo struct {
 	inprocess      bool // registered for in-process restarts (native Hello)
 }
 
+// rankHost is what a rank monitor needs of the Manager that runs it: the
+// monitor's clock, and where its records, refused input and hangs go. A
+// rankMon holds this and its rankConfig, never the Manager itself, so what
+// a rank can reach of the manager is written down here.
+type rankHost interface {
+	// mono is the monitor's monotonic clock: ns since its epoch.
+	mono() int64
+	// wall converts a mono() time to wall-clock time, for records.
+	wall(mono int64) time.Time
+	// emit writes a record (Options.OnEvent); callers hold no lock.
+	emit(eventlog.Record)
+	// refuse counts input the rank sent beyond the limits, logging it once.
+	refuse(r *rankMon, what string, err error)
+	// hung terminates the hung rank pid in the background and reports h.
+	hung(h Hang, pid int)
+}
+
+// rankConfig is what a rank monitor reads of the manager's settings, all
+// fixed when the manager is made.
+type rankConfig struct {
+	log      *slog.Logger
+	record   bool           // Options.OnEvent is set: records are worth building
+	signal   syscall.Signal // FT.RankTerminationSignal: what a hung rank is sent first
+	safety   float64        // FT.SafetyFactor, for the default clocks' learned timeout
+	defaults DefaultClocks  // with their constants filled in (defaults.go)
+	stalls   *stallLog      // the launcher's own stalls (stall.go), shared by every rank
+}
+
 // rankMon is the monitor of one local rank. The heartbeat hot path touches
 // only atomics; everything else is under mu. One timer per rank is armed at
 // the earliest deadline and re-armed lazily: heartbeats only push deadlines
 // later, so a timer that fires early just re-evaluates and re-arms.
 type rankMon struct {
-	m     *Manager
+	host  rankHost
+	cfg   rankConfig
 	local int
 
 	gen        atomic.Uint64 // generation of the current connection; stale connections are ignored
@@ -80,18 +111,13 @@ type rankMon struct {
 	probe    activityProbe // a default clock's expiry being checked against the rank's activity
 	deferTo  int64         // a default clock does not expire before this (the rank was busy); 0 none
 	rec      cycleRecord
-	pending  []pendingRecord // recorded under mu, emitted by unlockAndRecord
-}
-
-type pendingRecord struct {
-	kind   string
-	fields map[string]any
+	pending  []eventlog.Record // recorded under mu, emitted by unlockAndRecord
 }
 
 // recordLocked queues a record of the rank for Options.OnEvent.
-func (r *rankMon) recordLocked(kind string, f map[string]any) {
-	if r.m.opts.OnEvent != nil {
-		r.pending = append(r.pending, pendingRecord{kind, r.fieldsLocked(f)})
+func (r *rankMon) recordLocked(rec eventlog.Record) {
+	if r.cfg.record {
+		r.pending = append(r.pending, rec)
 	}
 }
 
@@ -101,8 +127,8 @@ func (r *rankMon) unlockAndRecord() {
 	p := r.pending
 	r.pending = nil
 	r.mu.Unlock()
-	for _, e := range p {
-		r.m.emit(e.kind, e.fields)
+	for _, rec := range p {
+		r.host.emit(rec)
 	}
 }
 
@@ -124,8 +150,8 @@ type cycleRecord struct {
 	folded           bool // added to the manager's totals
 }
 
-func newRankMon(m *Manager, local int) *rankMon {
-	r := &rankMon{m: m, local: local, globalRank: -1, open: map[string]int64{}}
+func newRankMon(host rankHost, cfg rankConfig, local int) *rankMon {
+	r := &rankMon{host: host, cfg: cfg, local: local, globalRank: -1, open: map[string]int64{}}
 	r.timer = time.AfterFunc(time.Hour, r.onTimer)
 	r.timer.Stop()
 	return r
@@ -169,13 +195,14 @@ func (r *rankMon) end() observations {
 
 // endWithSummary is end, with the record of the cycle's steps (nil when
 // the rank never opened a "step" section this cycle).
-func (r *rankMon) endWithSummary() (observations, map[string]any) {
+func (r *rankMon) endWithSummary() (observations, *eventlog.RankStepsEvent) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	var sum map[string]any
+	var sum *eventlog.RankStepsEvent
 	if r.rec.steps > 0 && r.loadPhase() != phaseIdle && r.loadPhase() != phaseEnded {
-		sum = r.fieldsLocked(map[string]any{"steps": r.rec.steps, "steps_since_checkpoint": r.rec.steps - r.rec.stepsAtCkpt,
-			"checkpoints": r.rec.checkpoints, "last_step_at": r.m.wall(r.rec.lastStepAt)})
+		sum = &eventlog.RankStepsEvent{Round: r.cycle, LocalRank: r.local, Rank: r.globalRank,
+			Steps: r.rec.steps, StepsSinceCheckpoint: r.rec.steps - r.rec.stepsAtCkpt,
+			Checkpoints: r.rec.checkpoints, LastStepAt: r.host.wall(r.rec.lastStepAt)}
 	}
 	if r.loadPhase() != phaseIdle {
 		r.setPhaseLocked(phaseEnded)
@@ -188,12 +215,6 @@ func (r *rankMon) endWithSummary() (observations, map[string]any) {
 	return o, sum
 }
 
-// fieldsLocked adds the rank's identity to a record's fields.
-func (r *rankMon) fieldsLocked(f map[string]any) map[string]any {
-	f["round"], f["local_rank"], f["rank"] = r.cycle, r.local, r.globalRank
-	return f
-}
-
 // loadPhase returns the current phase.
 func (r *rankMon) loadPhase() rankPhase { return rankPhase(r.phase.Load()) }
 
@@ -202,7 +223,7 @@ func (r *rankMon) loadPhase() rankPhase { return rankPhase(r.phase.Load()) }
 func (r *rankMon) setPhaseLocked(to rankPhase) {
 	from := r.loadPhase()
 	if !phaseTransitionOK(from, to) {
-		r.m.log.Error("rank monitor: illegal phase transition", "local_rank", r.local, "cycle", r.cycle, "from", from, "to", to)
+		r.cfg.log.Error("rank monitor: illegal phase transition", "local_rank", r.local, "cycle", r.cycle, "from", from, "to", to)
 	}
 	r.phase.Store(uint32(to))
 }
@@ -252,7 +273,7 @@ func (r *rankMon) install(c net.Conn) uint64 {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.conn != nil {
-		r.m.log.Warn("rank monitor: new connection replaces the previous one", "local_rank", r.local, "cycle", r.cycle)
+		r.cfg.log.Warn("rank monitor: new connection replaces the previous one", "local_rank", r.local, "cycle", r.cycle)
 		r.conn.Close()
 		r.warnOpenLocked("replaced")
 		r.endSessionLocked()
@@ -282,7 +303,7 @@ func (r *rankMon) warnOpenLocked(why string) {
 			names = append(names, s)
 		}
 		slices.Sort(names)
-		r.m.log.Warn("rank monitor: client "+why+" with sections open", "local_rank", r.local, "cycle", r.cycle, "sections", names)
+		r.cfg.log.Warn("rank monitor: client "+why+" with sections open", "local_rank", r.local, "cycle", r.cycle, "sections", names)
 	}
 }
 
@@ -299,7 +320,7 @@ func (r *rankMon) init(gen uint64, info initInfo) bool {
 		// Hung, or no cycle running: keep the connection, evaluate nothing.
 		return true
 	}
-	now := r.m.mono()
+	now := r.host.mono()
 	r.resetSessionLocked()
 	r.setPhaseLocked(phaseInitial)
 	r.initAt, r.oosStart = now, now
@@ -316,7 +337,7 @@ func (r *rankMon) init(gen uint64, info initInfo) bool {
 }
 
 // heartbeat records a heartbeat arriving now.
-func (r *rankMon) heartbeat(gen uint64) { r.heartbeatAt(gen, r.m.mono()) }
+func (r *rankMon) heartbeat(gen uint64) { r.heartbeatAt(gen, r.host.mono()) }
 
 // heartbeatAt is the hot path; now is when it was read.
 func (r *rankMon) heartbeatAt(gen uint64, now int64) { r.heartbeatsAt(gen, now, 1) }
@@ -349,7 +370,7 @@ func (r *rankMon) heartbeatsAt(gen uint64, now, k int64) {
 	}
 	// An interval across a launcher stall is the launcher's gap, not the
 	// rank's: it is neither counted nor measured (stall.go).
-	if r.m.stalls.overlaps(prev, now, r.m.mono()) {
+	if r.cfg.stalls.overlaps(prev, now, r.host.mono()) {
 		return
 	}
 	iv := now - prev
@@ -387,16 +408,16 @@ func (r *rankMon) firstHeartbeat(gen uint64, now, k int64) bool {
 	now = max(now, r.initAt) // a client time cannot precede the session
 	if !r.rec.firstHB {
 		r.rec.firstHB = true
-		r.recordLocked(EventFirstHeartbeat, map[string]any{"at": r.m.wall(now),
-			"since_init_ms": float64(time.Duration(now-r.initAt).Microseconds()) / 1000})
+		r.recordLocked(eventlog.RankFirstHeartbeatEvent{Round: r.cycle, LocalRank: r.local, Rank: r.globalRank,
+			At: r.host.wall(now), SinceInitMS: float64(time.Duration(now-r.initAt).Microseconds()) / 1000})
 	}
-	if !r.m.stalls.overlaps(r.initAt, now, r.m.mono()) {
+	if !r.cfg.stalls.overlaps(r.initAt, now, r.host.mono()) {
 		r.nIv.Add(k - 1)
 		r.obs.InitialDelay = max(r.obs.InitialDelay, time.Duration(now-r.initAt))
 	}
 	r.lastHB.Store(now)
 	r.setPhaseLocked(phaseHeartbeating)
-	r.rearmLocked(r.m.mono())
+	r.rearmLocked(r.host.mono())
 	return false
 }
 
@@ -414,10 +435,10 @@ func (r *rankMon) openSection(gen uint64, name string, iter *int64, now int64) s
 		return fmt.Sprintf("Section '%s' is already open", name)
 	}
 	if err := r.sectionAllowedLocked(name); err != nil {
-		r.m.refuse(r, "section", err)
+		r.host.refuse(r, "section", err)
 		return sectionLimitCause
 	}
-	if len(r.open) == 0 && !r.m.stalls.overlaps(r.oosStart, now, r.m.mono()) {
+	if len(r.open) == 0 && !r.cfg.stalls.overlaps(r.oosStart, now, r.host.mono()) {
 		r.obs.OutOfSectionMax = max(r.obs.OutOfSectionMax, time.Duration(now-r.oosStart))
 		r.obs.OutOfSections++
 	}
@@ -430,22 +451,22 @@ func (r *rankMon) openSection(gen uint64, name string, iter *int64, now int64) s
 		r.rec.lastStepAt = now
 		if !r.rec.firstStep {
 			r.rec.firstStep = true
-			f := map[string]any{"at": r.m.wall(now)}
+			rec := eventlog.RankFirstStepEvent{Round: r.cycle, LocalRank: r.local, Rank: r.globalRank, At: r.host.wall(now)}
 			if iter != nil {
-				f["iteration"] = *iter
+				rec.Iteration = eventlog.Opt(*iter)
 			}
-			r.recordLocked(EventFirstStep, f)
+			r.recordLocked(rec)
 		}
 		if iter != nil {
 			if !r.iterKnown {
 				r.iterKnown, r.initialIter = true, *iter
 			} else if *iter < r.currentIter {
-				r.m.log.Warn("rank monitor: iteration went backwards", "local_rank", r.local, "from", r.currentIter, "to", *iter)
+				r.cfg.log.Warn("rank monitor: iteration went backwards", "local_rank", r.local, "from", r.currentIter, "to", *iter)
 			}
 			r.currentIter = *iter
 		}
 	}
-	r.rearmLocked(r.m.mono()) // now may be a client time in the past
+	r.rearmLocked(r.host.mono()) // now may be a client time in the past
 	return ""
 }
 
@@ -491,22 +512,23 @@ func (r *rankMon) closeSection(gen uint64, name string, now int64) string {
 	if len(r.open) == 0 {
 		r.oosStart = now
 	}
-	r.rearmLocked(r.m.mono()) // now may be a client time in the past
+	r.rearmLocked(r.host.mono()) // now may be a client time in the past
 	return ""
 }
 
 // closedLocked observes a section that was open from at to now (unless
 // the launcher stalled meanwhile); a closed checkpoint is recorded.
 func (r *rankMon) closedLocked(name string, at, now int64) {
-	if !r.m.stalls.overlaps(at, now, r.m.mono()) {
+	if !r.cfg.stalls.overlaps(at, now, r.host.mono()) {
 		r.obs.SectionMax[name] = max(r.obs.SectionMax[name], time.Duration(now-at))
 		r.obs.SectionCloses[name]++
 	}
 	if name == checkpointSection {
 		r.rec.checkpoints++
 		r.rec.stepsAtCkpt = r.rec.steps
-		r.recordLocked(EventCheckpoint, map[string]any{"opened_at": r.m.wall(at), "at": r.m.wall(now),
-			"duration_ms": float64(time.Duration(now-at).Microseconds()) / 1000, "steps": r.rec.steps})
+		r.recordLocked(eventlog.RankCheckpointEvent{Round: r.cycle, LocalRank: r.local, Rank: r.globalRank,
+			OpenedAt: r.host.wall(at), At: r.host.wall(now),
+			DurationMS: float64(time.Duration(now-at).Microseconds()) / 1000, Steps: r.rec.steps})
 	}
 }
 
@@ -526,7 +548,7 @@ func (r *rankMon) closeAll(gen uint64, now int64) {
 		r.oosStart = now
 	}
 	clear(r.open)
-	r.rearmLocked(r.m.mono()) // now may be a client time in the past
+	r.rearmLocked(r.host.mono()) // now may be a client time in the past
 }
 
 // setTimeouts applies timeouts sent by the client, at once. It reports
@@ -538,7 +560,7 @@ func (r *rankMon) setTimeouts(gen uint64, apply func(*Timeouts)) bool {
 		return false
 	}
 	apply(&r.to)
-	r.rearmLocked(r.m.mono())
+	r.rearmLocked(r.host.mono())
 	return true
 }
 
@@ -618,14 +640,14 @@ func (r *rankMon) rearmLocked(now int64) {
 // armAtLocked sets the timer for monotonic time at.
 func (r *rankMon) armAtLocked(at int64) {
 	r.armed = at
-	r.timer.Reset(time.Duration(max(at-r.m.mono(), 0)))
+	r.timer.Reset(time.Duration(max(at-r.host.mono(), 0)))
 }
 
 // onTimer evaluates the deadlines. It first drains the native session so a
 // message that arrived before now is never missed: everything read is
 // stamped no earlier than now, so it can only push the deadline later.
 func (r *rankMon) onTimer() {
-	now := r.m.mono()
+	now := r.host.mono()
 	r.drain()
 	r.mu.Lock()
 	r.armed = 0
@@ -642,7 +664,7 @@ func (r *rankMon) onTimer() {
 	// A deadline that passed while the launcher itself was frozen is
 	// judged only stallGrace after the launcher runs again: what the rank
 	// sent meanwhile may still sit in a socket whose reader was frozen too.
-	if g := r.m.stalls.graceEnd(now); g > now {
+	if g := r.cfg.stalls.graceEnd(now); g > now {
 		r.armAtLocked(g)
 		r.mu.Unlock()
 		return
@@ -653,22 +675,25 @@ func (r *rankMon) onTimer() {
 		r.mu.Unlock()
 		return
 	}
-	now = r.m.mono()
+	now = r.host.mono()
 	r.setPhaseLocked(phaseHung)
 	h := Hang{
 		Cycle: r.cycle, LocalRank: r.local, GlobalRank: r.globalRank, Kind: e.kind, Section: e.section,
 		Timeout: e.timeout, Elapsed: time.Duration(now - e.start),
-		ExpiredAt: r.m.epoch.Add(time.Duration(e.deadline)),
-		Signal:    r.m.opts.FT.RankTerminationSignal, DefaultTimeout: e.def,
+		ExpiredAt: r.host.wall(e.deadline),
+		Signal:    r.cfg.signal, DefaultTimeout: e.def,
 	}
 	if hb := r.lastHB.Load(); hb != 0 {
-		h.LastHeartbeat = r.m.wall(hb)
+		h.LastHeartbeat = r.host.wall(hb)
 	}
 	r.hang = &h
 	pid := r.pid
 	r.mu.Unlock()
-	r.m.goTracked(func() { r.m.terminate(h, pid) })
+	r.host.hung(h, pid)
 }
+
+// hung terminates a hung rank in a tracked goroutine (rankHost).
+func (m *Manager) hung(h Hang, pid int) { m.goTracked(func() { m.terminate(h, pid) }) }
 
 // terminate ends the hung rank through spawn.Terminate (the one owner of
 // killing ranks) and reports the hang once the outcome is known. The hang is
@@ -706,7 +731,7 @@ func (r *rankMon) status() RankStatus {
 	s.OpenedAt = make(map[string]time.Time, len(r.open))
 	for name, at := range r.open {
 		s.OpenSections = append(s.OpenSections, name)
-		s.OpenedAt[name] = r.m.epoch.Add(time.Duration(at))
+		s.OpenedAt[name] = r.host.wall(at)
 	}
 	slices.Sort(s.OpenSections)
 	s.SectionCloses = map[string]int{}
@@ -718,5 +743,5 @@ func (r *rankMon) status() RankStatus {
 
 // logger for a connection.
 func (r *rankMon) logger() *slog.Logger {
-	return r.m.log.With("local_rank", r.local)
+	return r.cfg.log.With("local_rank", r.local)
 }

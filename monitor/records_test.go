@@ -6,36 +6,51 @@ import (
 	"time"
 
 	"github.com/ftlauncher/ft-launcher/configs"
-
+	"github.com/ftlauncher/ft-launcher/eventlog"
 	"github.com/ftlauncher/ft-launcher/internal/testenv"
 )
 
 // recorder collects what a Manager gives Options.OnEvent.
 type recorder struct {
 	mu   sync.Mutex
-	recs []map[string]any
+	recs []eventlog.Record
 }
 
-func (r *recorder) add(kind string, f map[string]any) {
+func (r *recorder) add(rec eventlog.Record) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	c := map[string]any{"event": kind}
-	for k, v := range f {
-		c[k] = v
-	}
-	r.recs = append(r.recs, c)
+	r.recs = append(r.recs, rec)
 }
 
-func (r *recorder) of(kind string) []map[string]any {
+func (r *recorder) of(kind string) []eventlog.Record {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	var out []map[string]any
+	var out []eventlog.Record
 	for _, e := range r.recs {
-		if e["event"] == kind {
+		if e.Kind() == kind {
 			out = append(out, e)
 		}
 	}
 	return out
+}
+
+// one is the only record of type T recorded; the test fails without
+// exactly one.
+func one[T eventlog.Record](t *testing.T, r *recorder) T {
+	t.Helper()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var got []T
+	for _, e := range r.recs {
+		if x, ok := e.(T); ok {
+			got = append(got, x)
+		}
+	}
+	if len(got) != 1 {
+		var zero T
+		t.Fatalf("%d %s records, want 1: %v", len(got), zero.Kind(), r.recs)
+	}
+	return got[0]
 }
 
 // TestRankRecords: a rank's first heartbeat, first step and checkpoints,
@@ -58,26 +73,24 @@ func TestRankRecords(t *testing.T) {
 		return len(rec.of(EventFirstHeartbeat)) == 1 && len(rec.of(EventFirstStep)) == 1 && len(rec.of(EventCheckpoint)) == 1
 	})
 	m.EndCycle()
-	for _, kind := range []string{EventFirstHeartbeat, EventFirstStep, EventCheckpoint, EventCycleSteps} {
-		got := rec.of(kind)
-		if len(got) != 1 {
-			t.Fatalf("%d %s records, want 1: %v", len(got), kind, rec.recs)
+	hb, step := one[eventlog.RankFirstHeartbeatEvent](t, &rec), one[eventlog.RankFirstStepEvent](t, &rec)
+	ckpt, sum := one[eventlog.RankCheckpointEvent](t, &rec), one[eventlog.RankStepsEvent](t, &rec)
+	for _, id := range [][3]int{{hb.Round, hb.LocalRank, hb.Rank}, {step.Round, step.LocalRank, step.Rank},
+		{ckpt.Round, ckpt.LocalRank, ckpt.Rank}, {sum.Round, sum.LocalRank, sum.Rank}} {
+		if id[0] != 3 || id[1] != 0 || id[2] < 0 || id[2] != hb.Rank {
+			t.Errorf("records of round, local rank, rank %v: want 3, 0 and the client's rank (%d) in each", id, hb.Rank)
 		}
-		if got[0]["round"] != 3 || got[0]["local_rank"] != 0 {
-			t.Errorf("%s record %v: want round 3, local rank 0", kind, got[0])
-		}
 	}
-	if at, _ := rec.of(EventFirstHeartbeat)[0]["at"].(time.Time); at.Before(begun.Add(-time.Second)) || at.After(time.Now()) {
-		t.Errorf("first heartbeat at %v, not during the cycle", at)
+	if hb.At.Before(begun.Add(-time.Second)) || hb.At.After(time.Now()) || hb.SinceInitMS < 0 {
+		t.Errorf("first heartbeat at %v (%v ms after its session began), not during the cycle", hb.At, hb.SinceInitMS)
 	}
-	if it := rec.of(EventFirstStep)[0]["iteration"]; it != int64(4) {
-		t.Errorf("first step iteration %v, want 4 (the client sent it)", it)
+	if step.Iteration == nil || *step.Iteration != 4 {
+		t.Errorf("first step iteration %v, want 4 (the client sent it)", step.Iteration)
 	}
-	if s := rec.of(EventCheckpoint)[0]["steps"]; s != int64(2) {
-		t.Errorf("checkpoint after %v steps, want 2", s)
+	if ckpt.Steps != 2 || ckpt.At.Before(ckpt.OpenedAt) {
+		t.Errorf("checkpoint %+v: want after 2 steps, closed after it opened", ckpt)
 	}
-	sum := rec.of(EventCycleSteps)[0]
-	if sum["steps"] != int64(4) || sum["steps_since_checkpoint"] != int64(2) || sum["checkpoints"] != int64(1) {
-		t.Errorf("cycle summary %v: want 4 steps, 2 since the 1 checkpoint", sum)
+	if sum.Steps != 4 || sum.StepsSinceCheckpoint != 2 || sum.Checkpoints != 1 || sum.LastStepAt.Before(ckpt.At) {
+		t.Errorf("cycle summary %+v: want 4 steps, 2 since the 1 checkpoint, the last after it", sum)
 	}
 }

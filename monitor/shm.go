@@ -24,7 +24,7 @@ func (lc *lazyConn) readShmLocked() {
 	}
 	k := int64(cnt - lc.shmCount)
 	lc.shmCount = cnt
-	m := lc.r.m
+	m := lc.m
 	// cmOffset was sampled so that the conversion errs late, never early;
 	// a time from the future (a broken client) is clamped to now.
 	at := min(int64(ts)-m.cmOffset, m.mono())
@@ -53,7 +53,7 @@ func (lc *lazyConn) readRingLocked() error {
 	if tail-lc.ringHead > ftshm.RingCap {
 		return fmt.Errorf("section ring: tail %d is more than %d past head %d", tail, ftshm.RingCap, lc.ringHead)
 	}
-	r, gen, m := lc.r, lc.gen, lc.r.m
+	r, gen, m := lc.r, lc.gen, lc.m
 	now := m.mono()
 	for ; lc.ringHead != tail; lc.ringHead++ {
 		ev := lc.shm.GetEvent(lc.ringHead)

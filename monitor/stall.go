@@ -4,6 +4,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/ftlauncher/ft-launcher/eventlog"
 )
 
 // Launcher stalls (docs/timeouts.md, "Launcher stalls").
@@ -159,8 +161,8 @@ func (m *Manager) watchStalls() {
 			d := time.Duration(w.end - w.start)
 			m.log.Warn("launcher stalled: intervals across the stall are not used for computed timeouts, and deadlines that passed are judged after a grace",
 				"stalled_for", d.Round(time.Millisecond), "from", m.wall(w.start), "to", m.wall(w.end), "grace", stallGrace)
-			m.emit(EventLauncherStall, map[string]any{"from": m.wall(w.start), "to": m.wall(w.end),
-				"duration_ms": float64(d.Microseconds()) / 1000})
+			m.emit(eventlog.LauncherStallEvent{From: m.wall(w.start), To: m.wall(w.end),
+				DurationMS: float64(d.Microseconds()) / 1000})
 		}
 	}
 }

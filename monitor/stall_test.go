@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/ftlauncher/ft-launcher/configs"
-
+	"github.com/ftlauncher/ft-launcher/eventlog"
 	"github.com/ftlauncher/ft-launcher/internal/testenv"
 )
 
@@ -242,15 +242,15 @@ func TestStallGraceDefersHang(t *testing.T) {
 	t.Parallel()
 	var (
 		mu     sync.Mutex
-		events []map[string]any
+		events []eventlog.LauncherStallEvent
 	)
 	ft := configs.DefaultFaultTolerance()
 	ft.CalculateTimeouts = false
 	ft.RankHeartbeatTimeout = fptr(0.3)
-	m := startManager(t, Options{NLocal: 1, FT: ft, MinComputedTimeout: -1, OnEvent: func(kind string, f map[string]any) {
-		if kind == EventLauncherStall {
+	m := startManager(t, Options{NLocal: 1, FT: ft, MinComputedTimeout: -1, OnEvent: func(rec eventlog.Record) {
+		if e, ok := rec.(eventlog.LauncherStallEvent); ok {
 			mu.Lock()
-			events = append(events, f)
+			events = append(events, e)
 			mu.Unlock()
 		}
 	}})
@@ -282,7 +282,7 @@ func TestStallGraceDefersHang(t *testing.T) {
 	defer mu.Unlock()
 	n := 0 // a loaded machine may add real stalls of its own
 	for _, e := range events {
-		if e["duration_ms"] == float64(2000) {
+		if e.DurationMS == 2000 {
 			n++
 		}
 	}

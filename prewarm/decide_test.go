@@ -4,14 +4,15 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
-	"github.com/ftlauncher/ft-launcher/spawn"
-
+	"github.com/ftlauncher/ft-launcher/eventlog"
 	"github.com/ftlauncher/ft-launcher/internal/testenv"
+	"github.com/ftlauncher/ft-launcher/spawn"
 )
 
 func TestDecideImporting(t *testing.T) {
@@ -122,7 +123,7 @@ func TestRestartWhileImporting(t *testing.T) {
 		policy   Importing
 		last     importStats // pretend an earlier import was measured
 		release  time.Duration
-		path     string
+		path     Path
 		reason   string
 		warm     bool
 		waitedAt time.Duration // the wait lasted at least this long
@@ -156,21 +157,19 @@ func TestRestartWhileImporting(t *testing.T) {
 			if n, want := len(ev.of(EventWaiting)), tc.waitedAt > 0; (n == 1) != want || n > 1 {
 				t.Errorf("%d waiting events, want one: %v", n, want)
 			}
-			fb := ev.of(EventFallback)
+			fb := recsOf[eventlog.PrewarmFallbackEvent](ev)
 			if len(fb) != 2 {
 				t.Fatalf("fallback events %v, want cycle 1's and cycle 2's", fb)
 			}
 			f := fb[1]
-			if f["path"] != tc.path || !strings.Contains(fmt.Sprint(f["reason"]), tc.reason) ||
-				!strings.Contains(fmt.Sprint(f["reason"]), stillImporting) {
-				t.Fatalf("cycle 2 fallback %v, want path %s, reason with %q", f, tc.path, tc.reason)
+			if f.Path != tc.path || !strings.Contains(f.Reason, tc.reason) || !strings.Contains(f.Reason, stillImporting) {
+				t.Fatalf("cycle 2 fallback %+v, want path %s, reason with %q", f, tc.path, tc.reason)
 			}
-			if cpu, _ := f["standby_cpu_ms"].(float64); tc.mode == "burn" && cpu < 150 {
-				t.Errorf("standby_cpu_ms %v, want the CPU the standby had used (at least 200 ms)", f["standby_cpu_ms"])
+			if f.StandbyCPUMS == nil || tc.mode == "burn" && *f.StandbyCPUMS < 150 {
+				t.Errorf("standby_cpu_ms %v, want the CPU the standby had used (at least 200 ms)", f.StandbyCPUMS)
 			}
-			w, isWait := f["wait_ms"].(float64)
-			if isWait != (tc.waitedAt > 0) || time.Duration(w*float64(time.Millisecond)) < tc.waitedAt {
-				t.Errorf("wait_ms %v, want at least %s", f["wait_ms"], tc.waitedAt)
+			if isWait := f.WaitMS != nil; isWait != (tc.waitedAt > 0) || isWait && time.Duration(*f.WaitMS*float64(time.Millisecond)) < tc.waitedAt {
+				t.Errorf("wait_ms %v, want at least %s", f.WaitMS, tc.waitedAt)
 			}
 			if !tc.warm {
 				select { // stopped: killed and reaped
@@ -211,8 +210,8 @@ func TestUnendedWaitNotRepeated(t *testing.T) {
 	dir, _ := slowCycle(t, st, base, "burn")
 	slow := []string{"FTL_SLOW_DIR=" + dir, "FTL_SLOW_MODE=burn"}
 	run(t, warm(st), filepath.Join(base, "2"), recordCase{}, slow...) // waits firstWait, then cold
-	fb := ev.of(EventFallback)
-	if len(fb) != 2 || fb[1]["path"] != PathCold || !strings.Contains(fmt.Sprint(fb[1]["reason"]), "import had not ended (at most 10s)") {
+	fb := recsOf[eventlog.PrewarmFallbackEvent](ev)
+	if len(fb) != 2 || fb[1].Path != PathCold || !strings.Contains(fb[1].Reason, "import had not ended (at most 10s)") {
 		t.Fatalf("cycle 2 fallback %v; want cold after a wait of 10s that ran out", fb)
 	}
 	deadline := time.Now().Add(testTimeout)
@@ -231,8 +230,8 @@ func TestUnendedWaitNotRepeated(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	run(t, warm(st), filepath.Join(base, "3"), recordCase{}, slow...)
-	fb = ev.of(EventFallback)
-	if len(fb) != 3 || fb[2]["path"] != PathStopped || !strings.Contains(fmt.Sprint(fb[2]["reason"]), "ran out") {
+	fb = recsOf[eventlog.PrewarmFallbackEvent](ev)
+	if len(fb) != 3 || fb[2].Path != PathStopped || !strings.Contains(fb[2].Reason, "ran out") {
 		t.Fatalf("cycle 3 fallback %v; want the standby stopped, naming the wait that ran out", fb)
 	}
 	if n := len(ev.of(EventWaiting)); n != 1 {
@@ -377,17 +376,17 @@ func TestIdleStandbysPaused(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if p := ev.of(EventPaused); len(p) != 1 || fmt.Sprint(p[0]["local_ranks"]) != "[0]" || p[0]["round"] != "1" {
+	if p := recsOf[eventlog.PrewarmPausedEvent](ev); len(p) != 1 || !slices.Equal(p[0].LocalRanks, []int{0}) || p[0].Round != "1" {
 		t.Fatalf("paused events %v, want one for local rank 0 in round 1", p)
 	}
 	waitStopped(t, sb[0].pid)
-	if fb := ev.of(EventFallback); fb[len(fb)-1]["path"] != PathWaited || fb[len(fb)-1]["local_rank"] != 1 {
+	if fb := recsOf[eventlog.PrewarmFallbackEvent](ev); fb[len(fb)-1].Path != PathWaited || fb[len(fb)-1].LocalRank != 1 {
 		t.Fatalf("cycle 1's rank 1 took %v, want its standby after waiting", fb[len(fb)-1])
 	}
 	waitAll(t, g, 1)
 	// After the delay the paused standby goes on, and ends its import.
 	waitReady(t, st, 0)
-	if r := ev.of(EventResumed); len(r) != 1 || fmt.Sprint(r[0]["local_ranks"]) != "[0]" {
+	if r := recsOf[eventlog.PrewarmResumedEvent](ev); len(r) != 1 || !slices.Equal(r[0].LocalRanks, []int{0}) {
 		t.Fatalf("resumed events %v, want one for local rank 0", r)
 	}
 	if c := procState(t, sb[0].pid); c == 'T' {
@@ -401,12 +400,12 @@ func TestIdleStandbysPaused(t *testing.T) {
 	if pausedFor < 500*time.Millisecond {
 		t.Fatalf("paused for %s, want about the 0.7 s refill delay", pausedFor)
 	}
-	var ready map[string]any
+	var ready *eventlog.PrewarmReadyEvent
 	eventually := time.Now().Add(testTimeout)
 	for ready == nil && time.Now().Before(eventually) {
-		for _, e := range ev.of(EventReady) {
-			if e["local_rank"] == 0 {
-				ready = e
+		for _, e := range recsOf[eventlog.PrewarmReadyEvent](ev) {
+			if e.LocalRank == 0 {
+				ready = &e
 			}
 		}
 		time.Sleep(10 * time.Millisecond)
@@ -415,7 +414,7 @@ func TestIdleStandbysPaused(t *testing.T) {
 		t.Fatal("no ready event for local rank 0")
 	}
 	wall := time.Since(sb[0].started)
-	if imp := time.Duration(ready["import_ms"].(float64) * float64(time.Millisecond)); imp > wall-pausedFor {
+	if imp := time.Duration(ready.ImportMS * float64(time.Millisecond)); imp > wall-pausedFor {
 		t.Fatalf("measured import %s includes the %s pause (the standby is %s old)", imp, pausedFor, wall)
 	}
 	st.Close()

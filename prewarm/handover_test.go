@@ -4,11 +4,12 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
+	"slices"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/ftlauncher/ft-launcher/eventlog"
 	"github.com/ftlauncher/ft-launcher/internal/testenv"
 	"github.com/ftlauncher/ft-launcher/spawn"
 )
@@ -122,8 +123,8 @@ func TestStartedBeforeHandover(t *testing.T) {
 	ready := waitReady(t, st, 0)
 	deadline := time.Now().Add(testTimeout)
 	for measured := false; !measured; {
-		for _, e := range ev.of(EventReady) {
-			measured = measured || e["local_rank"] == 0
+		for _, e := range recsOf[eventlog.PrewarmReadyEvent](ev) {
+			measured = measured || e.LocalRank == 0
 		}
 		if time.Now().After(deadline) {
 			t.Fatal("no ready event for local rank 0")
@@ -204,10 +205,10 @@ func TestStartedBeforeHandover(t *testing.T) {
 			t.Errorf("cycle 1, local rank %d (pid %d): announced %v, want cycle 0's pid then this one", lr, pid, got)
 		}
 	}
-	if fb := ev.of(EventFallback); len(fb) != 3 || fb[2]["path"] != PathWaited || fb[2]["local_rank"] != 1 {
+	if fb := recsOf[eventlog.PrewarmFallbackEvent](ev); len(fb) != 3 || fb[2].Path != PathWaited || fb[2].LocalRank != 1 {
 		t.Errorf("fallbacks %v: want cycle 0's two, then local rank 1 waited for", fb)
 	}
-	if w := ev.of(EventWarm); len(w) != 1 || !strings.Contains(fmt.Sprint(w[0]["local_ranks"]), "0 1") {
+	if w := recsOf[eventlog.PrewarmStartedEvent](ev); len(w) != 1 || !slices.Equal(w[0].LocalRanks, []int{0, 1}) {
 		t.Errorf("warm events %v, want cycle 1's with both ranks", w)
 	}
 }

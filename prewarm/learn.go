@@ -17,6 +17,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/ftlauncher/ft-launcher/eventlog"
 	"github.com/ftlauncher/ft-launcher/internal/atomicfile"
 	"github.com/ftlauncher/ft-launcher/spawn"
 )
@@ -672,8 +673,8 @@ func (st *Starter) learnFor(key string, argv []string, dir string, reports [][]s
 	mods := a.learner.Modules(key)
 	st.log.Info("prewarm auto: learned the modules the ranks import; new standbys import them",
 		"command", key, "modules", strings.Join(mods, ","), "ranks", len(reports), "cycles", c.Cycles, "state_file", a.learner.Path())
-	st.event(EventLearned, map[string]any{"command": key, "modules": mods, "ranks": len(reports),
-		"cycles": c.Cycles, "state_file": a.learner.Path()})
+	st.event(eventlog.PrewarmLearnedEvent{Command: key, Modules: mods, Ranks: len(reports),
+		Cycles: c.Cycles, StateFile: a.learner.Path()})
 }
 
 // learnLast learns from every report left (the last cycle's ranks), at
@@ -744,7 +745,7 @@ func (st *Starter) unsafe(s *standby) {
 	st.save()
 	st.log.Warn("prewarm auto: a module is not safe to import in a standby and is left out; its standby starts again without it",
 		"command", key, "module", s.unsafe, "reason", s.unsafeWhy, "local_rank", s.localRank)
-	st.event(EventUnsafe, map[string]any{"command": key, "module": s.unsafe, "reason": s.unsafeWhy, "local_rank": s.localRank})
+	st.event(eventlog.PrewarmUnsafeEvent{Command: key, Module: s.unsafe, Reason: s.unsafeWhy, LocalRank: s.localRank})
 	st.mu.Lock()
 	if st.standby[s.localRank] == s {
 		delete(st.standby, s.localRank)

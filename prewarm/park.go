@@ -5,6 +5,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ftlauncher/ft-launcher/eventlog"
 	"github.com/ftlauncher/ft-launcher/spawn"
 )
 
@@ -25,8 +26,8 @@ import (
 
 // Event kinds of a parked spare's standbys.
 const (
-	EventSpareReady = "prewarm_spare_ready" // every standby of a parked spare is ready: local_ranks, modules, ready_ms
-	EventSpareDied  = "prewarm_spare_died"  // a parked spare's standby ended: local_rank, pid, reason, restart_in_ms or gave_up
+	EventSpareReady = eventlog.PrewarmSpareReady // every standby of a parked spare is ready
+	EventSpareDied  = eventlog.PrewarmSpareDied  // a parked spare's standby ended: restarted after a backoff, or given up
 )
 
 // DefaultSpareRestarts bounds how many times a parked spare's standbys of
@@ -183,7 +184,7 @@ func (st *Starter) announceSpare() {
 	st.mu.Unlock()
 	st.log.Info("parked spare: its standbys are ready; a promotion starts its ranks warm",
 		"local_ranks", ranks, "pids", pids, "modules", strings.Join(modules, ","), "since_parked", took)
-	st.event(EventSpareReady, map[string]any{"local_ranks": ranks, "pids": pids, "modules": modules, "ready_ms": ms(took)})
+	st.event(eventlog.PrewarmSpareReadyEvent{LocalRanks: ranks, PIDs: pids, Modules: modules, ReadyMS: ms(took)})
 }
 
 // spareStandbyEnded handles the end of standby s of a parked spare that
@@ -202,18 +203,18 @@ func (st *Starter) spareStandbyEnded(s *standby, why string) bool {
 	sp.announced = false
 	st.spareDeaths[s.localRank]++ // kept across parks: a standby that keeps dying is given up for good
 	n := st.spareDeaths[s.localRank]
-	f := map[string]any{"local_rank": s.localRank, "pid": s.pid, "reason": why, "deaths": n}
+	rec := eventlog.PrewarmSpareDiedEvent{LocalRank: s.localRank, PID: s.pid, Reason: why, Deaths: n}
 	attrs := []any{"local_rank", s.localRank, "pid", s.pid, "reason", why, "deaths", n, "output", s.diag.String()}
 	if n > st.o.SpareRestarts {
-		f["gave_up"] = true
+		rec.GaveUp = true
 		st.log.Warn("parked spare: a standby ended again; giving up on it: its rank will start cold if this spare is promoted", attrs...)
-		st.event(EventSpareDied, f)
+		st.event(rec)
 		return true
 	}
 	wait := spareBackoff(n)
-	f["restart_in_ms"] = ms(wait)
+	rec.RestartInMS = eventlog.Opt(ms(wait))
 	st.log.Warn("parked spare: a standby ended while waiting; starting it again", append(attrs, "in", wait)...)
-	st.event(EventSpareDied, f)
+	st.event(rec)
 	spec := s.spec
 	st.refills.Go(func() {
 		t := time.NewTimer(wait)

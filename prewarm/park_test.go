@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ftlauncher/ft-launcher/eventlog"
 	"github.com/ftlauncher/ft-launcher/internal/testenv"
 	"github.com/ftlauncher/ft-launcher/spawn"
 )
@@ -58,21 +59,20 @@ func writeScript(t *testing.T, body string) string {
 	return p
 }
 
-// waitEvent waits until ev holds n events of kind.
-func waitEvent(t *testing.T, ev *events, kind string, n int) []map[string]any {
+// waitEvent waits until ev holds n records of type T.
+func waitEvent[T eventlog.Record](t *testing.T, ev *events, n int) []T {
 	t.Helper()
 	deadline := time.Now().Add(testTimeout)
 	for time.Now().Before(deadline) {
-		if got := ev.of(kind); len(got) >= n {
+		if got := recsOf[T](ev); len(got) >= n {
 			return got
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	t.Fatalf("fewer than %d %s events within %s: %v", n, kind, testTimeout, ev.got)
+	var zero T
+	t.Fatalf("fewer than %d %s events within %s: %v", n, zero.Kind(), testTimeout, ev.got)
 	return nil
 }
-
-func pidsOf(e map[string]any) []int { return e["pids"].([]int) }
 
 // alive reports whether pid is a live process (not a zombie).
 func alive(pid int) bool {
@@ -129,11 +129,11 @@ func TestParkedSpareStartsWarm(t *testing.T) {
 			t.Cleanup(st.Close)
 
 			st.Park(parkSpecs(script, 2))
-			ready := waitEvent(t, ev, EventSpareReady, 1)[0]
-			if !slices.Equal(ready["local_ranks"].([]int), []int{0, 1}) || !slices.Equal(ready["modules"].([]string), []string{"json"}) {
-				t.Fatalf("spare ready event %v, want local ranks 0,1 importing json", ready)
+			ready := waitEvent[eventlog.PrewarmSpareReadyEvent](t, ev, 1)[0]
+			if !slices.Equal(ready.LocalRanks, []int{0, 1}) || !slices.Equal(ready.Modules, []string{"json"}) {
+				t.Fatalf("spare ready event %+v, want local ranks 0,1 importing json", ready)
 			}
-			standbys := pidsOf(ready)
+			standbys := ready.PIDs
 
 			out := t.TempDir()
 			g, err := st.StartGroup(promoteSpecs(t, script, out, 2))
@@ -145,8 +145,8 @@ func TestParkedSpareStartsWarm(t *testing.T) {
 					t.Fatalf("rank %d: %v", e.LocalRank, e)
 				}
 			}
-			warm := ev.of(EventWarm)
-			if len(warm) != 1 || warm[0]["spare"] != true || !slices.Equal(warm[0]["local_ranks"].([]int), []int{0, 1}) {
+			warm := recsOf[eventlog.PrewarmStartedEvent](ev)
+			if len(warm) != 1 || !warm[0].Spare || warm[0].ParkedMS == nil || !slices.Equal(warm[0].LocalRanks, []int{0, 1}) {
 				t.Fatalf("warm events %v (fallbacks %v), want both ranks of the promoted spare", warm, ev.of(EventFallback))
 			}
 			for lr := range 2 {
@@ -191,24 +191,24 @@ func TestParkedSpareReplacesDeadStandby(t *testing.T) {
 	}
 	t.Cleanup(st.Close)
 	st.Park(parkSpecs(script, 2))
-	first := pidsOf(waitEvent(t, ev, EventSpareReady, 1)[0])
+	first := waitEvent[eventlog.PrewarmSpareReadyEvent](t, ev, 1)[0].PIDs
 	if err := syscall.Kill(first[0], syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	died := waitEvent(t, ev, EventSpareDied, 1)[0]
-	if died["local_rank"] != 0 || died["restart_in_ms"] != float64(1000) || died["gave_up"] != nil {
-		t.Fatalf("died event %v, want local rank 0 restarted in 1 s", died)
+	died := waitEvent[eventlog.PrewarmSpareDiedEvent](t, ev, 1)[0]
+	if died.LocalRank != 0 || died.RestartInMS == nil || *died.RestartInMS != 1000 || died.GaveUp {
+		t.Fatalf("died event %+v, want local rank 0 restarted in 1 s", died)
 	}
-	second := pidsOf(waitEvent(t, ev, EventSpareReady, 2)[1])
+	second := waitEvent[eventlog.PrewarmSpareReadyEvent](t, ev, 2)[1].PIDs
 	if second[0] == first[0] || second[1] != first[1] {
 		t.Fatalf("standbys %v after killing %d of %v: want a new one for local rank 0 only", second, first[0], first)
 	}
 	if err := syscall.Kill(second[0], syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	gave := waitEvent(t, ev, EventSpareDied, 2)[1]
-	if gave["gave_up"] != true || gave["deaths"] != 2 {
-		t.Fatalf("second died event %v, want given up after 2 deaths", gave)
+	gave := waitEvent[eventlog.PrewarmSpareDiedEvent](t, ev, 2)[1]
+	if !gave.GaveUp || gave.Deaths != 2 || gave.RestartInMS != nil {
+		t.Fatalf("second died event %+v, want given up after 2 deaths", gave)
 	}
 	time.Sleep(1500 * time.Millisecond) // past the first backoff: nothing more starts
 	if n := len(ev.of(EventReady)); n != 3 {
@@ -221,9 +221,9 @@ func TestParkedSpareReplacesDeadStandby(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitAll(t, g, 2)
-	fb := ev.of(EventFallback)
-	if w := ev.of(EventWarm); len(w) != 1 || !slices.Equal(w[0]["local_ranks"].([]int), []int{1}) ||
-		len(fb) != 1 || fb[0]["local_rank"] != 0 || fb[0]["reason"] != "no standby" {
+	fb := recsOf[eventlog.PrewarmFallbackEvent](ev)
+	if w := recsOf[eventlog.PrewarmStartedEvent](ev); len(w) != 1 || !slices.Equal(w[0].LocalRanks, []int{1}) ||
+		len(fb) != 1 || fb[0].LocalRank != 0 || fb[0].Reason != "no standby" {
 		t.Fatalf("warm %v, fallbacks %v: want local rank 1 warm, 0 cold with no standby", w, fb)
 	}
 	st.Close()
@@ -247,11 +247,11 @@ func TestParkedSpareCloseDuringBackoff(t *testing.T) {
 		t.Fatal(err)
 	}
 	st.Park(parkSpecs(script, 2))
-	pids := pidsOf(waitEvent(t, ev, EventSpareReady, 1)[0])
+	pids := waitEvent[eventlog.PrewarmSpareReadyEvent](t, ev, 1)[0].PIDs
 	if err := syscall.Kill(pids[0], syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	waitEvent(t, ev, EventSpareDied, 1)
+	waitEvent[eventlog.PrewarmSpareDiedEvent](t, ev, 1)
 	st.Close()
 	time.Sleep(1500 * time.Millisecond) // past the backoff
 	if n := len(ev.of(EventReady)); n != 2 {
@@ -285,8 +285,8 @@ func TestParkedSparePromotedBeforeStandbys(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitAll(t, g, 2)
-	fb := ev.of(EventFallback)
-	if len(fb) != 2 || fb[0]["reason"] != "no standby" || len(ev.of(EventWarm)) != 0 {
+	fb := recsOf[eventlog.PrewarmFallbackEvent](ev)
+	if len(fb) != 2 || fb[0].Reason != "no standby" || len(ev.of(EventWarm)) != 0 {
 		t.Fatalf("fallbacks %v, warm %v: want both ranks cold with no standby", fb, ev.of(EventWarm))
 	}
 	for lr := range 2 {
@@ -295,7 +295,7 @@ func TestParkedSparePromotedBeforeStandbys(t *testing.T) {
 			t.Errorf("local rank %d's standby was started from the park's specs, not the cycle's", lr)
 		}
 	}
-	waitEvent(t, ev, EventReady, 2)
+	waitEvent[eventlog.PrewarmReadyEvent](t, ev, 2)
 	time.Sleep(300 * time.Millisecond) // a third would be the park's
 	if n := len(ev.of(EventReady)); n != 2 || len(ev.of(EventSpareReady)) != 0 {
 		t.Fatalf("%d standbys ready (spare ready %v), want the cycle's 2 only", n, ev.of(EventSpareReady))

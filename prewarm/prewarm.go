@@ -36,6 +36,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/ftlauncher/ft-launcher/eventlog"
 	"github.com/ftlauncher/ft-launcher/internal/procfs"
 	"github.com/ftlauncher/ft-launcher/spawn"
 )
@@ -43,17 +44,18 @@ import (
 //go:embed standby.py
 var standbyProgram string
 
-// Event kinds written to the event log.
+// The kinds of the records given to Options.OnEvent (eventlog's Prewarm*
+// records, components.go).
 const (
-	EventFallback = "prewarm_fallback" // a rank did not start warm at once: local_rank, path, reason, timings
-	EventWarm     = "prewarm_started"  // ranks handed to standbys: local_ranks, handover_ms
-	EventDisabled = "prewarm_disabled" // the modules cannot be imported: reason
-	EventReady    = "prewarm_ready"    // a standby has imported the modules: local_rank, pid, import_ms, import_cpu_ms
-	EventWaiting  = "prewarm_waiting"  // a restart waits for a standby's import: local_rank, pid, max_wait_ms, reason
-	EventPaused   = "prewarm_paused"   // standbys still importing, not needed by a cycle, paused while it starts: round, local_ranks
-	EventResumed  = "prewarm_resumed"  // the paused standbys go on importing: local_ranks, paused_ms
-	EventLearned  = "prewarm_learned"  // --prewarm auto: the list learned from a cycle's ranks: command, modules, cycles, state_file
-	EventUnsafe   = "prewarm_unsafe"   // --prewarm auto: a module a standby must not import, dropped: command, module, reason
+	EventFallback = eventlog.PrewarmFallback // a rank did not start warm at once
+	EventWarm     = eventlog.PrewarmStarted  // ranks handed to standbys
+	EventDisabled = eventlog.PrewarmDisabled // the modules cannot be imported
+	EventReady    = eventlog.PrewarmReady    // a standby has imported the modules
+	EventWaiting  = eventlog.PrewarmWaiting  // a restart waits for a standby's import
+	EventPaused   = eventlog.PrewarmPaused   // standbys still importing, not needed by a cycle, paused while it starts
+	EventResumed  = eventlog.PrewarmResumed  // the paused standbys go on importing
+	EventLearned  = eventlog.PrewarmLearned  // --prewarm auto: the list learned from a cycle's ranks
+	EventUnsafe   = eventlog.PrewarmUnsafe   // --prewarm auto: a module a standby must not import, dropped
 )
 
 // DefaultHandoverTimeout bounds one handover: past it the standby is
@@ -72,8 +74,9 @@ type Options struct {
 	// learned from what the ranks import (learn.go) and kept here.
 	Auto   *Learner
 	Logger *slog.Logger
-	// OnEvent receives the event-log records (nil: none).
-	OnEvent func(kind string, fields map[string]any)
+	// OnEvent receives the event-log records, eventlog's Prewarm* (nil:
+	// none).
+	OnEvent func(eventlog.Record)
 	// HandoverTimeout bounds one handover (0: DefaultHandoverTimeout).
 	HandoverTimeout time.Duration
 	// RefillDelay is how long after a cycle started its new standbys
@@ -227,13 +230,17 @@ func warmable(spec spawn.Spec) (pyCommand, string) {
 	return c, ""
 }
 
-// The paths a rank takes at a cycle's start (the prewarm_fallback event's
-// "path"; docs/prewarm.md).
+// Path is the way a rank takes at a cycle's start (the prewarm_fallback
+// record's "path"; docs/prewarm.md). The event log's type, so the record
+// carries it as is.
+type Path = eventlog.PrewarmPath
+
+// The paths.
 const (
-	PathWarm    = "warm"    // handed to its ready standby at once
-	PathWaited  = "waited"  // its standby was still importing: waited for it, then handed over
-	PathStopped = "stopped" // its standby was still importing: stopped, the rank started cold
-	PathCold    = "cold"    // no usable standby (or a wait or handover failed): started cold
+	PathWarm    = eventlog.PrewarmPathWarm    // handed to its ready standby at once
+	PathWaited  = eventlog.PrewarmPathWaited  // its standby was still importing: waited for it, then handed over
+	PathStopped = eventlog.PrewarmPathStopped // its standby was still importing: stopped, the rank started cold
+	PathCold    = eventlog.PrewarmPathCold    // no usable standby (or a wait or handover failed): started cold
 )
 
 // plan is how one rank of a cycle starts.
@@ -243,7 +250,7 @@ type plan struct {
 	wait    *choice   // the standby is still importing and the rank waits for it
 	stopped *choice   // the standby was still importing and is stopped
 	at      importing // how far the importing standby was at the restart
-	path    string
+	path    Path
 	reason  string        // why not warm at once
 	waited  time.Duration // how long the rank waited for its standby
 	unended bool          // the wait ran out with the import still going
@@ -312,7 +319,7 @@ func (st *Starter) StartGroup(specs []spawn.Spec) (*Group, error) {
 	if len(paused) > 0 {
 		lrs := localRanks(paused)
 		st.log.Info("pausing standbys still importing: this cycle does not need them", "local_ranks", lrs)
-		st.event(EventPaused, map[string]any{"round": round, "local_ranks": lrs})
+		st.event(eventlog.PrewarmPausedEvent{Round: round, LocalRanks: lrs})
 	}
 
 	// The cold ranks start first: nothing they do waits on a standby.
@@ -350,8 +357,8 @@ func (st *Starter) StartGroup(specs []spawn.Spec) (*Group, error) {
 		if p.wait != nil { // said now: the wait may last seconds
 			st.log.Info("waiting for a standby's import", "local_rank", p.spec.LocalRank, "pid", p.s.pid,
 				"max_wait", p.wait.MaxWait, "reason", p.reason)
-			st.event(EventWaiting, map[string]any{"round": round, "local_rank": p.spec.LocalRank, "pid": p.s.pid,
-				"max_wait_ms": ms(p.wait.MaxWait), "reason": p.reason})
+			st.event(eventlog.PrewarmWaitingEvent{Round: round, LocalRank: p.spec.LocalRank, PID: p.s.pid,
+				MaxWaitMS: ms(p.wait.MaxWait), Reason: p.reason})
 		}
 	}
 	var wg sync.WaitGroup
@@ -612,31 +619,31 @@ func (st *Starter) report(specs []spawn.Spec, plans []*plan, warm []*standby, to
 			msg = "promoted spare: ranks started on the standbys it kept while parked"
 		}
 		st.log.Info(msg, append([]any{"local_ranks", lrs, "handover", took}, spareLogAttrs(parked)...)...)
-		f := map[string]any{"round": round, "local_ranks": lrs, "handover_ms": ms(took)}
+		rec := eventlog.PrewarmStartedEvent{Round: round, LocalRanks: lrs, HandoverMS: ms(took)}
 		if parked > 0 {
-			f["spare"], f["parked_ms"] = true, ms(parked)
+			rec.Spare, rec.ParkedMS = true, eventlog.Opt(ms(parked))
 		}
-		st.event(EventWarm, f)
+		st.event(rec)
 	}
 	for _, p := range plans {
 		if p.path == PathWarm {
 			continue
 		}
-		f := map[string]any{"round": round, "local_rank": p.spec.LocalRank, "path": p.path, "reason": p.reason}
+		rec := eventlog.PrewarmFallbackEvent{Round: round, LocalRank: p.spec.LocalRank, Path: p.path, Reason: p.reason}
 		attrs := []any{"local_rank", p.spec.LocalRank, "path", p.path, "reason", p.reason}
 		ch := p.wait
 		if ch == nil {
 			ch = p.stopped
 		}
 		if ch != nil {
-			f["standby_elapsed_ms"], f["standby_cpu_ms"] = ms(p.at.Elapsed), ms(p.at.CPU)
+			rec.StandbyElapsedMS, rec.StandbyCPUMS = eventlog.Opt(ms(p.at.Elapsed)), eventlog.Opt(ms(p.at.CPU))
 			attrs = append(attrs, "standby_elapsed", p.at.Elapsed, "standby_cpu", p.at.CPU)
 		}
 		if p.wait != nil {
-			f["wait_ms"], f["max_wait_ms"] = ms(p.waited), ms(p.wait.MaxWait)
+			rec.WaitMS, rec.MaxWaitMS = eventlog.Opt(ms(p.waited)), eventlog.Opt(ms(p.wait.MaxWait))
 			attrs = append(attrs, "wait", p.waited, "max_wait", p.wait.MaxWait)
 			if p.wait.Estimate > 0 {
-				f["expected_wait_cpu_ms"] = ms(p.wait.Estimate)
+				rec.ExpectedWaitCPUMS = eventlog.Opt(ms(p.wait.Estimate))
 			}
 		}
 		switch p.path {
@@ -645,15 +652,15 @@ func (st *Starter) report(specs []spawn.Spec, plans []*plan, warm []*standby, to
 		default:
 			st.log.Info("rank starts cold", attrs...)
 		}
-		st.event(EventFallback, f)
+		st.event(rec)
 	}
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
-func (st *Starter) event(kind string, fields map[string]any) {
+func (st *Starter) event(rec eventlog.Record) {
 	if st.o.OnEvent != nil {
-		st.o.OnEvent(kind, fields)
+		st.o.OnEvent(rec)
 	}
 }
 
@@ -720,7 +727,7 @@ func (st *Starter) resume(paused []*standby, since time.Time) {
 	if len(resumed) > 0 {
 		lrs := localRanks(resumed)
 		st.log.Debug("prewarm: paused standbys go on importing", "local_ranks", lrs, "paused", time.Since(since))
-		st.event(EventResumed, map[string]any{"local_ranks": lrs, "paused_ms": ms(time.Since(since))})
+		st.event(eventlog.PrewarmResumedEvent{LocalRanks: lrs, PausedMS: ms(time.Since(since))})
 	}
 }
 
@@ -815,8 +822,8 @@ func (st *Starter) watch(s *standby) {
 		}
 		st.mu.Unlock()
 		st.log.Debug("prewarm: standby ready", "local_rank", s.localRank, "pid", s.pid, "import", took.Wall, "import_cpu", took.CPU)
-		st.event(EventReady, map[string]any{"local_rank": s.localRank, "pid": s.pid,
-			"import_ms": ms(took.Wall), "import_cpu_ms": ms(took.CPU)})
+		st.event(eventlog.PrewarmReadyEvent{LocalRank: s.localRank, PID: s.pid,
+			ImportMS: ms(took.Wall), ImportCPUMS: ms(took.CPU)})
 		st.skipped(s)
 		st.announceSpare()
 		go st.watchSpare(s) // one that dies while the node is a parked spare is replaced
@@ -849,7 +856,7 @@ func (st *Starter) watch(s *standby) {
 	if first {
 		st.log.Error("prewarm: a standby could not import the --prewarm modules; ranks start cold from now on",
 			"local_rank", s.localRank, "modules", strings.Join(st.o.Modules, ","), "reason", why, "output", s.diag.String())
-		st.event(EventDisabled, map[string]any{"local_rank": s.localRank, "reason": why})
+		st.event(eventlog.PrewarmDisabledEvent{LocalRank: s.localRank, Reason: why})
 		return
 	}
 	st.log.Warn("prewarm: a standby ended before it was used; its rank will start cold", "local_rank", s.localRank, "reason", why, "output", s.diag.String())

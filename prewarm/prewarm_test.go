@@ -13,9 +13,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ftlauncher/ft-launcher/spawn"
-
+	"github.com/ftlauncher/ft-launcher/eventlog"
 	"github.com/ftlauncher/ft-launcher/internal/testenv"
+	"github.com/ftlauncher/ft-launcher/spawn"
 )
 
 // python is Debian's interpreter (the one the integration tests use).
@@ -36,23 +36,35 @@ func newReaper(t *testing.T) *spawn.Reaper {
 // events collects a Starter's event-log records.
 type events struct {
 	mu  sync.Mutex
-	got []map[string]any
+	got []eventlog.Record
 }
 
-func (e *events) add(kind string, f map[string]any) {
+func (e *events) add(r eventlog.Record) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	f["event"] = kind
-	e.got = append(e.got, f)
+	e.got = append(e.got, r)
 }
 
-func (e *events) of(kind string) []map[string]any {
+func (e *events) of(kind string) []eventlog.Record {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	var out []map[string]any
-	for _, f := range e.got {
-		if f["event"] == kind {
-			out = append(out, f)
+	var out []eventlog.Record
+	for _, r := range e.got {
+		if r.Kind() == kind {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// recsOf is e's records of type T, in order.
+func recsOf[T eventlog.Record](e *events) []T {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var out []T
+	for _, r := range e.got {
+		if x, ok := r.(T); ok {
+			out = append(out, x)
 		}
 	}
 	return out
@@ -346,8 +358,8 @@ func TestBrokenStandbyFallsBackCold(t *testing.T) {
 				for len(ev.of(EventDisabled)) == 0 && time.Now().Before(deadline) {
 					time.Sleep(20 * time.Millisecond)
 				}
-				dis := ev.of(EventDisabled)
-				if len(dis) != 1 || !strings.Contains(fmt.Sprint(dis[0]["reason"]), tc.reason) {
+				dis := recsOf[eventlog.PrewarmDisabledEvent](ev)
+				if len(dis) != 1 || !strings.Contains(dis[0].Reason, tc.reason) {
 					t.Fatalf("disabled events %v, want one naming %q", dis, tc.reason)
 				}
 			}
@@ -355,8 +367,8 @@ func TestBrokenStandbyFallsBackCold(t *testing.T) {
 			if n := len(ev.of(EventWarm)); n != 0 {
 				t.Fatalf("%d warm starts, want none", n)
 			}
-			fb := ev.of(EventFallback)
-			if len(fb) != 2 || !strings.Contains(fmt.Sprint(fb[1]["reason"]), tc.reason) {
+			fb := recsOf[eventlog.PrewarmFallbackEvent](ev)
+			if len(fb) != 2 || !strings.Contains(fb[1].Reason, tc.reason) {
 				t.Fatalf("fallback events %v, want the second to name %q", fb, tc.reason)
 			}
 		})

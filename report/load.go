@@ -44,8 +44,9 @@ type Event struct {
 	Node  string
 	RunID string
 	Job   string // slurm_job_id, "" outside Slurm
-	// Rec is the typed record (eventlog/records.go), or eventlog.Fields
-	// for a kind the report does not read.
+	// Rec is the typed record (eventlog/records.go, components.go), or
+	// eventlog.Unknown for a kind eventlog has no record for (a newer
+	// launcher's) or a line that does not fit its record.
 	Rec eventlog.Record
 }
 

@@ -253,7 +253,8 @@ func (r *Receiver) accept() {
 		}
 		// Who may connect is decided before a byte is read: a non-member
 		// is answered and dropped at once, and never holds a connection.
-		var why, reason string
+		var why string
+		var reason eventlog.ReplicaRefusal
 		switch {
 		case !r.allow.admits(ip):
 			why, reason = fmt.Sprintf("%s is not an address of this job's round that this buddy knows (only the round's nodes that replicate to or restore from it, and this host, are admitted)", ip), eventlog.ReplicaRefusedNotMember
@@ -287,7 +288,7 @@ func (r *Receiver) forget(c net.Conn, ip netip.Addr) {
 
 // refuseConn answers a connection that is not admitted with a refusal
 // (try later: the list may be a round behind the peer's) and closes it.
-func (r *Receiver) refuseConn(c net.Conn, ip netip.Addr, reason, why string) {
+func (r *Receiver) refuseConn(c net.Conn, ip netip.Addr, reason eventlog.ReplicaRefusal, why string) {
 	defer r.wg.Done()
 	defer r.forget(c, ip)
 	r.refused(ip, c.RemoteAddr().String(), reason, nil, why)
@@ -298,7 +299,7 @@ func (r *Receiver) refuseConn(c net.Conn, ip netip.Addr, reason, why string) {
 
 // refused records a refusal: a slog warning and an event, at most one per
 // address every few seconds (the next one counts those left out).
-func (r *Receiver) refused(ip netip.Addr, peer, reason string, f *frame, why string) {
+func (r *Receiver) refused(ip netip.Addr, peer string, reason eventlog.ReplicaRefusal, f *frame, why string) {
 	rec, n := r.rlog.note(ip)
 	if !rec {
 		return
@@ -386,7 +387,7 @@ func (r *Receiver) reply(w *bufio.Writer, f frame) error {
 
 // refuseLater refuses f for now and ends the connection: the sender tries
 // again later (the list may be a round behind, or the job's saves grow).
-func (r *Receiver) refuseLater(c net.Conn, ip netip.Addr, bw *bufio.Writer, f frame, reason, why string) bool {
+func (r *Receiver) refuseLater(c net.Conn, ip netip.Addr, bw *bufio.Writer, f frame, reason eventlog.ReplicaRefusal, why string) bool {
 	r.refused(ip, c.RemoteAddr().String(), reason, &f, why)
 	_ = r.reply(bw, frame{Kind: kindRefuse, Status: refuseLater, Rank: f.Rank, Seq: f.Seq, Msg: why})
 	return false

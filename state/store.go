@@ -492,7 +492,7 @@ func (s *Store) flushRank(ctx context.Context, lr int, reason string, force bool
 		// Never written: the previous file stays. The rank's next save
 		// (into the other slot) is written out as usual.
 		rs.corrupt, rs.savesNew, rs.lastWrite, rs.dueSince = ce.Desc.Seq, 0, time.Now(), time.Time{}
-		s.opts.Emit(eventlog.StateCorruptEvent{LocalRank: lr, Rank: int(ce.Desc.Rank), By: "write-out", Source: SourceMemory,
+		s.opts.Emit(eventlog.StateCorruptEvent{LocalRank: lr, Rank: int(ce.Desc.Rank), By: eventlog.CorruptByWriteOut, Source: SourceMemory,
 			Seq: eventlog.Opt(int64(ce.Desc.Seq)), Step: eventlog.Opt(ce.Desc.Step), Error: ce.Error()})
 		return s.warn(lr, reason, err)
 	}
@@ -565,7 +565,7 @@ func (s *Store) readRestores() {
 // corruptOnLoad records a damaged source a rank's load() passed over: an
 // event, a log warning and a verdict warning.
 func (s *Store) corruptOnLoad(n restoreNote, e eventlog.StateRestoreEvent, r rejectedSource) {
-	c := eventlog.StateCorruptEvent{LocalRank: n.LocalRank, Rank: n.Rank, By: "load", Source: r.Source, Slot: r.Slot,
+	c := eventlog.StateCorruptEvent{LocalRank: n.LocalRank, Rank: n.Rank, By: eventlog.CorruptByLoad, Source: r.Source, Slot: r.Slot,
 		Seq: r.Seq, Step: r.Step, Error: r.Error, UsedSource: e.Source, UsedStep: e.Step}
 	s.opts.Emit(c)
 	used := "nothing intact was left: the load failed"

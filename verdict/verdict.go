@@ -351,18 +351,23 @@ type EtcdMemberFailure struct {
 	At     time.Time `json:"at"`   // when the launcher reaped it
 	// Action is what the launcher did: EtcdMemberRejoined,
 	// EtcdMemberReplaced, EtcdMemberGaveUp or EtcdMemberNotRestarted.
-	Action      string     `json:"action"`
-	Attempts    int        `json:"attempts"` // restart attempts made for this death
-	RestartedAt *time.Time `json:"restarted_at,omitempty"`
-	Error       string     `json:"error,omitempty"` // why the last attempt failed
+	Action      EtcdMemberAction `json:"action"`
+	Attempts    int              `json:"attempts"` // restart attempts made for this death
+	RestartedAt *time.Time       `json:"restarted_at,omitempty"`
+	Error       string           `json:"error,omitempty"` // why the last attempt failed
 }
+
+// EtcdMemberAction is what the launcher did about a death of its etcd
+// member (EtcdMemberFailure.Action; the etcd_member_restarted record's
+// "how").
+type EtcdMemberAction string
 
 // EtcdMemberFailure actions.
 const (
-	EtcdMemberRejoined     = "rejoined"      // restarted on its intact data dir
-	EtcdMemberReplaced     = "replaced"      // removed and re-added as a new member on a fresh dir
-	EtcdMemberGaveUp       = "gave_up"       // the restart limit was spent, or it cannot be restarted
-	EtcdMemberNotRestarted = "not_restarted" // the launcher was shutting down, or the member was stopped cleanly from outside
+	EtcdMemberRejoined     EtcdMemberAction = "rejoined"      // restarted on its intact data dir
+	EtcdMemberReplaced     EtcdMemberAction = "replaced"      // removed and re-added as a new member on a fresh dir
+	EtcdMemberGaveUp       EtcdMemberAction = "gave_up"       // the restart limit was spent, or it cannot be restarted
+	EtcdMemberNotRestarted EtcdMemberAction = "not_restarted" // the launcher was shutting down, or the member was stopped cleanly from outside
 )
 
 // Write stores v at path atomically (0644), setting Schema.

@@ -40,14 +40,6 @@ import (
 	"github.com/ftlauncher/ft-launcher/verdict"
 )
 
-// Event kinds of the hosted etcd member.
-const (
-	evMemberExited    = "etcd_member_exited"
-	evMemberRestarted = "etcd_member_restarted"
-	evMemberGaveUp    = "etcd_member_gave_up"
-	evPeerDown        = "etcd_peer_member_down" // another member stopped answering
-	evPeerUp          = "etcd_peer_member_up"   // and answers again
-)
 
 // defaultRestartPolicy: one death is repaired at once; a crash loop waits
 // 1 s, 2 s, 4 s... (at most 30 s) between attempts and stops after 5
@@ -192,8 +184,8 @@ func (k *memberKeeper) repair(c *companion, e spawn.Exit) bool {
 	}
 	k.log.Error(msg, "pid", e.PID, "exit", status,
 		"exit_code", e.Code, "signal", unix.SignalName(e.Signal), "served_for", up.Round(time.Millisecond))
-	k.deps.events.Emit(eventlog.Fields{Event: evMemberExited, Fields: map[string]any{"member": k.m.name, "pid": e.PID, "exit": status,
-		"exit_code": e.Code, "signal": unix.SignalName(e.Signal), "served_s": up.Seconds(), "restart": !deliberate}})
+	k.deps.events.Emit(eventlog.EtcdMemberExitedEvent{Member: k.m.name, PID: e.PID, Exit: status,
+		ExitCode: e.Code, Signal: unix.SignalName(e.Signal), ServedS: up.Seconds(), Restart: !deliberate})
 	k.deps.metrics.EtcdMemberExited(k.m.name)
 	f := verdict.EtcdMemberFailure{Member: k.m.name, PID: e.PID, Exit: status, At: e.At.UTC()}
 	if deliberate {
@@ -246,9 +238,9 @@ func (k *memberKeeper) repair(c *companion, e spawn.Exit) bool {
 			k.deps.failures.add(f)
 			k.log.Info("embedded etcd member restarted and serving", "how", how, "pid", nc.pid,
 				"attempts", f.Attempts, "took", took.Round(time.Millisecond))
-			k.deps.events.Emit(eventlog.Fields{Event: evMemberRestarted, Fields: map[string]any{"member": k.m.name, "pid": nc.pid, "how": how,
-				"attempts": f.Attempts, "took_s": took.Seconds(), "dead_pid": e.PID}})
-			k.deps.metrics.EtcdMemberRestarted(k.m.name, how)
+			k.deps.events.Emit(eventlog.EtcdMemberRestartedEvent{Member: k.m.name, PID: nc.pid, How: how,
+				Attempts: f.Attempts, TookS: took.Seconds(), DeadPID: e.PID})
+			k.deps.metrics.EtcdMemberRestarted(k.m.name, string(how))
 			return true
 		}
 		if k.ctx.Err() != nil {
@@ -277,7 +269,7 @@ func (k *memberKeeper) giveUp(f verdict.EtcdMemberFailure, why string) bool {
 	k.cur = nil
 	k.mu.Unlock()
 	k.log.Error("embedded etcd member not restarted: the cluster runs without it", "why", why, "attempts", f.Attempts)
-	k.deps.events.Emit(eventlog.Fields{Event: evMemberGaveUp, Fields: map[string]any{"member": k.m.name, "why": why, "attempts": f.Attempts}})
+	k.deps.events.Emit(eventlog.EtcdMemberGaveUpEvent{Member: k.m.name, Why: why, Attempts: f.Attempts})
 	return false
 }
 
@@ -290,7 +282,7 @@ const restartReady = 55 * time.Second
 
 // restart starts the member again: on adopt (its intact data dir) if
 // given, else (or if that fails) as a new member of the cluster.
-func (k *memberKeeper) restart(adopt string) (*companion, string, error) {
+func (k *memberKeeper) restart(adopt string) (*companion, verdict.EtcdMemberAction, error) {
 	if adopt != "" {
 		argv := append(k.m.args(k.bin), "--adopt-dir", adopt)
 		c, err := startCompanion(k.ctx, k.reaper, argv, restartReady)
@@ -456,11 +448,11 @@ func (k *memberKeeper) watchPeers(interval time.Duration) {
 				}
 				k.log.Warn("another member of the embedded etcd does not answer: the cluster has less redundancy",
 					"peer", mm.Name, "endpoint", mm.ClientURLs[0], "err", err)
-				k.deps.events.Emit(eventlog.Fields{Event: evPeerDown, Fields: map[string]any{"peer": mm.Name, "endpoint": mm.ClientURLs[0], "err": err.Error()}})
+				k.deps.events.Emit(eventlog.EtcdPeerMemberDownEvent{Peer: mm.Name, Endpoint: mm.ClientURLs[0], Err: err.Error()})
 			case down[mm.ID] >= peerDownChecks:
 				delete(down, mm.ID)
 				k.log.Info("another member of the embedded etcd answers again", "peer", mm.Name, "endpoint", mm.ClientURLs[0])
-				k.deps.events.Emit(eventlog.Fields{Event: evPeerUp, Fields: map[string]any{"peer": mm.Name, "endpoint": mm.ClientURLs[0]}})
+				k.deps.events.Emit(eventlog.EtcdPeerMemberUpEvent{Peer: mm.Name, Endpoint: mm.ClientURLs[0]})
 			default:
 				delete(down, mm.ID)
 			}

@@ -104,13 +104,12 @@ func launch(ctx context.Context, cfg *configs.Config, log *slog.Logger, sigs <-c
 	// The prewarm starter, made below, learns each rank's first heartbeat
 	// from the monitor's records: its refill need not wait any longer.
 	var training atomic.Pointer[prewarm.Starter]
-	emit := eventFields(ev)
-	monEvents := func(kind string, fields map[string]any) {
-		emit(kind, fields)
-		if st := training.Load(); st != nil && kind == monitor.EventFirstHeartbeat {
-			round, _ := fields["round"].(int)
-			lr, _ := fields["local_rank"].(int)
-			st.RankTraining(round, lr)
+	monEvents := func(rec eventlog.Record) {
+		ev.Emit(rec)
+		if hb, ok := rec.(eventlog.RankFirstHeartbeatEvent); ok {
+			if st := training.Load(); st != nil {
+				st.RankTraining(hb.Round, hb.LocalRank)
+			}
 		}
 	}
 	mon, err := monitor.New(monitor.Options{NLocal: cfg.NProcPerNode, FT: cfg.FT, OnEvent: monEvents,
@@ -178,7 +177,7 @@ func launch(ctx context.Context, cfg *configs.Config, log *slog.Logger, sigs <-c
 	}
 	if (len(cfg.Prewarm) > 0 || cfg.PrewarmAuto) && !cfg.NoPython {
 		o := prewarm.Options{Reaper: reaper, Modules: cfg.Prewarm,
-			Logger: log.With("component", "prewarm"), OnEvent: eventFields(ev),
+			Logger: log.With("component", "prewarm"), OnEvent: ev.Emit,
 			Importing: prewarm.Importing(cfg.PrewarmImporting),
 			// A rank handed to its standby runs before StartGroup returns
 			// (it may wait seconds for other ranks' standbys) and so before
@@ -243,13 +242,6 @@ func newLedgerBook(cfg *configs.Config, rdzv rendezvous.Rendezvous, ev *eventlog
 	return ledger.NewBook(cfg.RdzvID, node, host, onErr, store, ledgerEvents{ev})
 }
 
-// eventFields adapts the event log to the callbacks of the packages that
-// hand it a kind and a map (monitor, prewarm, filler); their records are
-// typed where a reader depends on them (eventlog.CheckFields in their tests).
-func eventFields(ev *eventlog.Log) func(kind string, fields map[string]any) {
-	return func(kind string, fields map[string]any) { ev.Emit(eventlog.Fields{Event: kind, Fields: fields}) }
-}
-
 // ledgerEvents writes ledger records to the JSON-lines event log.
 type ledgerEvents struct{ ev *eventlog.Log }
 
@@ -278,7 +270,7 @@ func newFiller(cfg *configs.Config, reaper *spawn.Reaper, logDir, cgroup string,
 	}
 	o := filler.Options{Command: cfg.SpareFiller, Env: environ, LogPath: logPath, CgroupParent: cgroup,
 		ReclaimTimeout: cfg.SpareFillerReclaimTimeout, Logger: log.With("component", "filler"),
-		OnEvent: eventFields(ev)}
+		OnEvent: ev.Emit}
 	if hasNvidiaSMI() {
 		run := func(ctx context.Context, argv []string) ([]byte, error) {
 			out, ex, err := reaper.Run(ctx, argv, os.Environ())
