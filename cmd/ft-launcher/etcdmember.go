@@ -40,7 +40,6 @@ import (
 	"github.com/ftlauncher/ft-launcher/verdict"
 )
 
-
 // defaultRestartPolicy: one death is repaired at once; a crash loop waits
 // 1 s, 2 s, 4 s... (at most 30 s) between attempts and stops after 5
 // attempts within 10 minutes; a member that served a minute starts the
