@@ -223,7 +223,7 @@ func (a *Agent) aborted(ctx context.Context) bool {
 		return false
 	}
 	a.log.Error("this node ends: " + ab.Reason)
-	a.ev.Emit(eventlog.JobFailedEvent{CloseKind: eventlog.Opt(string(verdict.FatalError)), Reason: ab.Reason})
+	a.ev.Emit(eventlog.JobFailedEvent{CloseKind: eventlog.Opt(verdict.FatalError), Reason: ab.Reason})
 	a.run.outcome = nil // the cancellation's outcome (signaled, or a failed call) says nothing of why
 	a.run.setOutcome(verdict.FatalError, ab.Reason)
 	a.depart("node " + a.d.NodeID + " ended: " + ab.Reason)

@@ -255,7 +255,7 @@ func (a *Agent) finish() Outcome {
 		a.log.Info("training finished: finished flag present", "flag", o.FinishedFlag.Path)
 		a.ev.Emit(eventlog.TrainingFinishedEvent{Round: o.LastRound, Flag: o.FinishedFlag.Path})
 	}
-	a.ev.Emit(eventlog.VerdictEvent{VerdictKind: string(o.Kind), ExitCode: o.ExitCode(), Reason: o.Reason,
+	a.ev.Emit(eventlog.VerdictEvent{VerdictKind: o.Kind, ExitCode: o.ExitCode(), Reason: o.Reason,
 		RestartsUsed: o.RestartsUsed, LastRound: o.LastRound, Finished: o.Finished(), Quarantined: len(o.Quarantined)})
 	return o
 }

@@ -204,7 +204,7 @@ func (a *Agent) joinFailed(ctx context.Context, err error) {
 			a.log.Warn("this node was quarantined and parked until the job ended", "why", q.Error())
 		}
 		a.log.Info("job closed while waiting for a round", "kind", string(closed.Kind), "exit_code", closed.Code, "reason", closed.Reason)
-		a.ev.Emit(eventlog.RoundEndedEvent{JobClosed: true, CloseKind: eventlog.Opt(string(closed.Kind)), Reason: closed.Reason, ExitCode: eventlog.Opt(closed.Code)})
+		a.ev.Emit(eventlog.RoundEndedEvent{JobClosed: true, CloseKind: eventlog.Opt(closed.Kind), Reason: closed.Reason, ExitCode: eventlog.Opt(closed.Code)})
 		a.run.closedBy(kind, closed.Code, reason)
 	case ctx.Err() != nil:
 		a.log.Warn("interrupted while waiting for a rendezvous round")
@@ -215,7 +215,7 @@ func (a *Agent) joinFailed(ctx context.Context, err error) {
 			a.run.quarantine(a.d.NodeID, a.d.Hostname, verdict.EvidenceHealthCheck, err.Error(), a.run.lastRound)
 		}
 		a.log.Error("rendezvous failed", "kind", string(kind), "err", err)
-		a.ev.Emit(eventlog.JobFailedEvent{CloseKind: eventlog.Opt(string(kind)), Reason: err.Error()})
+		a.ev.Emit(eventlog.JobFailedEvent{CloseKind: eventlog.Opt(kind), Reason: err.Error()})
 		a.run.setOutcome(kind, err.Error())
 	}
 }
@@ -271,7 +271,7 @@ func (a *Agent) reclaimSpare(ctx context.Context) error {
 	if _, lerr := a.call(ctx, a.d.CallTimeout, func(ctx context.Context) error { return a.d.Rdzv.Leave(ctx, reason) }); lerr != nil {
 		a.log.Warn("leaving the rendezvous", "err", lerr)
 	}
-	a.ev.Emit(eventlog.JobFailedEvent{Round: eventlog.Opt(round), CloseKind: eventlog.Opt(string(verdict.NodeExcluded)), Reason: reason})
+	a.ev.Emit(eventlog.JobFailedEvent{Round: eventlog.Opt(round), CloseKind: eventlog.Opt(verdict.NodeExcluded), Reason: reason})
 	a.run.quarantine(a.d.NodeID, a.d.Hostname, verdict.EvidenceFillerReclaim, reason, round)
 	a.run.setOutcome(verdict.NodeExcluded, reason)
 	return err
@@ -286,7 +286,7 @@ func (a *Agent) runCycle(ctx context.Context, start func() error) State {
 	if err := start(); err != nil {
 		a.log.Error("cycle failed to start", "round", a.run.asg.Round, "err", err)
 		reason := "node " + a.d.Hostname + ": " + err.Error()
-		a.ev.Emit(eventlog.JobFailedEvent{Round: eventlog.Opt(a.run.asg.Round), CloseKind: eventlog.Opt(string(verdict.FatalError)), Reason: reason})
+		a.ev.Emit(eventlog.JobFailedEvent{Round: eventlog.Opt(a.run.asg.Round), CloseKind: eventlog.Opt(verdict.FatalError), Reason: reason})
 		// Close the job everywhere: the other nodes' ranks cannot make
 		// progress without this node's.
 		if _, cerr := a.call(ctx, a.d.CallTimeout, func(ctx context.Context) error {
@@ -336,13 +336,13 @@ func (a *Agent) deciding(ctx context.Context) State {
 		return StateEscalating
 	case endWalltime:
 		a.log.Warn("job ended by walltime", "reason", end.reason)
-		a.ev.Emit(eventlog.JobFailedEvent{Round: eventlog.Opt(asg.Round), CloseKind: eventlog.Opt(string(verdict.Walltime)), Reason: end.reason})
+		a.ev.Emit(eventlog.JobFailedEvent{Round: eventlog.Opt(asg.Round), CloseKind: eventlog.Opt(verdict.Walltime), Reason: end.reason})
 		a.run.walltimeEnded(end.reason, end.clean())
 		return StateDone
 	case endSignal:
 		clean := end.clean()
 		a.log.Warn("stopped by signal", "signal", end.sig.String(), "ranks_clean", clean)
-		a.ev.Emit(eventlog.JobFailedEvent{Round: eventlog.Opt(asg.Round), CloseKind: eventlog.Opt(string(verdict.Signaled)),
+		a.ev.Emit(eventlog.JobFailedEvent{Round: eventlog.Opt(asg.Round), CloseKind: eventlog.Opt(verdict.Signaled),
 			Reason: "signal " + end.sig.String(), RanksClean: eventlog.Opt(clean)})
 		a.run.signaled(end.sig, clean)
 		return StateDone
@@ -384,7 +384,7 @@ func (a *Agent) decideSuccess(ctx context.Context) State {
 	case err != nil:
 		kind := classifyRdzvErr(err)
 		a.log.Error("waiting for the other nodes failed", "kind", string(kind), "err", err)
-		a.ev.Emit(eventlog.JobFailedEvent{Round: eventlog.Opt(asg.Round), CloseKind: eventlog.Opt(string(kind)), Reason: err.Error()})
+		a.ev.Emit(eventlog.JobFailedEvent{Round: eventlog.Opt(asg.Round), CloseKind: eventlog.Opt(kind), Reason: err.Error()})
 		a.run.setOutcome(kind, err.Error())
 		return StateDone
 	}
@@ -434,14 +434,14 @@ func (a *Agent) decideFailure(ctx context.Context, end cycleEnd) State {
 	case err != nil:
 		kind := classifyRdzvErr(err)
 		a.log.Error("reporting the failure to the rendezvous failed", "kind", string(kind), "err", err)
-		a.ev.Emit(eventlog.JobFailedEvent{Round: eventlog.Opt(asg.Round), CloseKind: eventlog.Opt(string(kind)), Reason: err.Error()})
+		a.ev.Emit(eventlog.JobFailedEvent{Round: eventlog.Opt(asg.Round), CloseKind: eventlog.Opt(kind), Reason: err.Error()})
 		a.run.setOutcome(kind, err.Error())
 		return StateDone
 	}
 	a.run.restartsUsed = max(a.run.restartsUsed, dec.RestartsUsed)
 	if !dec.Restart {
 		a.log.Error("not restarting", "kind", string(dec.Close), "reason", dec.Reason, "exit_code", dec.Code)
-		a.ev.Emit(eventlog.JobFailedEvent{Round: eventlog.Opt(asg.Round), CloseKind: eventlog.Opt(string(dec.Close)), Reason: dec.Reason, ExitCode: eventlog.Opt(dec.Code)})
+		a.ev.Emit(eventlog.JobFailedEvent{Round: eventlog.Opt(asg.Round), CloseKind: eventlog.Opt(dec.Close), Reason: dec.Reason, ExitCode: eventlog.Opt(dec.Code)})
 		a.run.closedBy(dec.Close, dec.Code, dec.Reason)
 		return StateDone
 	}
@@ -453,7 +453,7 @@ func (a *Agent) decideFailure(ctx context.Context, end cycleEnd) State {
 	}
 	a.log.Warn(msg, "after_round", asg.Round, "action", string(action), "reason", end.reason,
 		"restarts_used", dec.RestartsUsed)
-	a.ev.Emit(eventlog.RestartEvent{AfterRound: asg.Round, Action: eventlog.Opt(string(action)), Reason: end.reason,
+	a.ev.Emit(eventlog.RestartEvent{AfterRound: asg.Round, Action: eventlog.Opt(action), Reason: end.reason,
 		RestartsUsed: eventlog.Opt(dec.RestartsUsed), Mode: eventlog.Opt(a.restartMode())})
 	a.restarted(ctx)
 	return StateJoining
@@ -463,7 +463,7 @@ func (a *Agent) decideRoundEnded(ctx context.Context, end cycleEnd) State {
 	asg := a.run.asg
 	e := end.rdzvEnd
 	a.ev.Emit(eventlog.RoundEndedEvent{Round: eventlog.Opt(asg.Round), Reason: e.Reason, Node: eventlog.Opt(e.Node),
-		Cause: eventlog.Opt(string(e.Cause)), JobClosed: e.Kind == rendezvous.EndJobClosed})
+		Cause: eventlog.Opt(e.Cause), JobClosed: e.Kind == rendezvous.EndJobClosed})
 	switch e.Cause {
 	case policy.NodeLost:
 		a.run.quarantine(e.Node, "", verdict.EvidenceLost, e.Reason, asg.Round)
@@ -476,7 +476,7 @@ func (a *Agent) decideRoundEnded(ctx context.Context, end cycleEnd) State {
 		if e.Code == 0 {
 			a.ev.Emit(eventlog.JobSucceededEvent{Round: asg.Round})
 		} else {
-			a.ev.Emit(eventlog.JobFailedEvent{Round: eventlog.Opt(asg.Round), CloseKind: eventlog.Opt(string(e.Close)), Reason: e.Reason, ExitCode: eventlog.Opt(e.Code)})
+			a.ev.Emit(eventlog.JobFailedEvent{Round: eventlog.Opt(asg.Round), CloseKind: eventlog.Opt(e.Close), Reason: e.Reason, ExitCode: eventlog.Opt(e.Code)})
 		}
 		a.run.closedBy(e.Close, e.Code, e.Reason)
 		return StateDone
@@ -486,7 +486,7 @@ func (a *Agent) decideRoundEnded(ctx context.Context, end cycleEnd) State {
 	a.log.Warn("round ended by the job; restarting", "round", asg.Round, "reason", e.Reason, "action", string(action))
 	rec := eventlog.RestartEvent{AfterRound: asg.Round, Reason: e.Reason, Mode: eventlog.Opt(a.restartMode())}
 	if action != "" {
-		rec.Action = eventlog.Opt(string(action))
+		rec.Action = eventlog.Opt(action)
 	}
 	a.ev.Emit(rec)
 	a.restarted(ctx)
@@ -521,7 +521,7 @@ func (a *Agent) decideFenced(ctx context.Context, end cycleEnd) State {
 	case err != nil:
 		kind := classifyRdzvErr(err)
 		a.log.Error("reporting the fence to the rendezvous failed", "kind", string(kind), "err", err)
-		a.ev.Emit(eventlog.JobFailedEvent{Round: eventlog.Opt(asg.Round), CloseKind: eventlog.Opt(string(kind)), Reason: err.Error()})
+		a.ev.Emit(eventlog.JobFailedEvent{Round: eventlog.Opt(asg.Round), CloseKind: eventlog.Opt(kind), Reason: err.Error()})
 		a.run.setOutcome(kind, err.Error())
 		return StateDone
 	}
@@ -530,7 +530,7 @@ func (a *Agent) decideFenced(ctx context.Context, end cycleEnd) State {
 		Fenced: true, JobClosed: !dec.Restart})
 	if !dec.Restart {
 		a.log.Error("not restarting", "kind", string(dec.Close), "reason", dec.Reason, "exit_code", dec.Code)
-		a.ev.Emit(eventlog.JobFailedEvent{Round: eventlog.Opt(asg.Round), CloseKind: eventlog.Opt(string(dec.Close)), Reason: dec.Reason, ExitCode: eventlog.Opt(dec.Code)})
+		a.ev.Emit(eventlog.JobFailedEvent{Round: eventlog.Opt(asg.Round), CloseKind: eventlog.Opt(dec.Close), Reason: dec.Reason, ExitCode: eventlog.Opt(dec.Code)})
 		a.run.closedBy(dec.Close, dec.Code, dec.Reason)
 		return StateDone
 	}
@@ -561,7 +561,7 @@ func (a *Agent) quarantineForHangs(ctx context.Context, end cycleEnd) State {
 	if _, err := a.call(ctx, a.d.CallTimeout, func(ctx context.Context) error { return a.d.Rdzv.Leave(ctx, "quarantined: "+reason) }); err != nil {
 		a.log.Warn("leaving the rendezvous", "err", err)
 	}
-	a.ev.Emit(eventlog.JobFailedEvent{Round: eventlog.Opt(round), CloseKind: eventlog.Opt(string(verdict.NodeExcluded)), Reason: reason})
+	a.ev.Emit(eventlog.JobFailedEvent{Round: eventlog.Opt(round), CloseKind: eventlog.Opt(verdict.NodeExcluded), Reason: reason})
 	a.run.quarantine(a.d.NodeID, a.d.Hostname, verdict.EvidenceHang, reason, round)
 	a.run.setOutcome(verdict.NodeExcluded, reason)
 	return StateDone
@@ -578,7 +578,7 @@ func (a *Agent) escalating(ctx context.Context) State {
 		if _, err := a.call(ctx, a.d.CallTimeout, func(ctx context.Context) error { return a.d.Rdzv.Leave(ctx, reason) }); err != nil {
 			a.log.Warn("leaving the rendezvous", "err", err)
 		}
-		a.ev.Emit(eventlog.JobFailedEvent{Round: eventlog.Opt(round), CloseKind: eventlog.Opt(string(verdict.NodeExcluded)), Reason: reason, ExitCode: eventlog.Opt(1)})
+		a.ev.Emit(eventlog.JobFailedEvent{Round: eventlog.Opt(round), CloseKind: eventlog.Opt(verdict.NodeExcluded), Reason: reason, ExitCode: eventlog.Opt(1)})
 		a.run.quarantine(a.d.NodeID, a.d.Hostname, verdict.EvidenceExcluded, reason, round)
 		a.run.setOutcome(verdict.NodeExcluded, reason)
 		return StateDone
@@ -591,7 +591,7 @@ func (a *Agent) escalating(ctx context.Context) State {
 	}); err != nil {
 		a.log.Warn("closing the job in the rendezvous", "err", err)
 	}
-	a.ev.Emit(eventlog.JobFailedEvent{Round: eventlog.Opt(round), CloseKind: eventlog.Opt(string(verdict.NoRestart)), Reason: reason, ExitCode: eventlog.Opt(code)})
+	a.ev.Emit(eventlog.JobFailedEvent{Round: eventlog.Opt(round), CloseKind: eventlog.Opt(verdict.NoRestart), Reason: reason, ExitCode: eventlog.Opt(code)})
 	a.run.closedBy(verdict.NoRestart, code, reason)
 	return StateDone
 }

@@ -4,6 +4,8 @@ import (
 	"time"
 
 	"github.com/ftlauncher/ft-launcher/ledger"
+	"github.com/ftlauncher/ft-launcher/policy"
+	"github.com/ftlauncher/ft-launcher/verdict"
 )
 
 // The event records: one struct per event kind, the contract between what
@@ -157,23 +159,23 @@ type SpareSwapEvent struct {
 // RoundEndedEvent: a round ended. Node, where written, names the node
 // that ended it (it replaces the writer's node in the line).
 type RoundEndedEvent struct {
-	Round     *int    `json:"round,omitempty"`
-	JobClosed bool    `json:"job_closed"`
-	CloseKind *string `json:"kind,omitempty"` // verdict.Kind, when the job was closed before a round
-	Reason    string  `json:"reason"`
-	ExitCode  *int    `json:"exit_code,omitempty"`
-	Node      *string `json:"node,omitempty"`
-	Cause     *string `json:"cause,omitempty"`
-	Fenced    bool    `json:"fenced,omitempty"`
+	Round     *int            `json:"round,omitempty"`
+	JobClosed bool            `json:"job_closed"`
+	CloseKind *verdict.Kind   `json:"kind,omitempty"` // when the job was closed before a round
+	Reason    string          `json:"reason"`
+	ExitCode  *int            `json:"exit_code,omitempty"`
+	Node      *string         `json:"node,omitempty"`
+	Cause     *policy.Failure `json:"cause,omitempty"`
+	Fenced    bool            `json:"fenced,omitempty"`
 }
 
 // JobFailedEvent: the job ended in failure, as this node saw it.
 type JobFailedEvent struct {
-	Round      *int    `json:"round,omitempty"`
-	CloseKind  *string `json:"kind,omitempty"` // verdict.Kind
-	Reason     string  `json:"reason"`
-	ExitCode   *int    `json:"exit_code,omitempty"`
-	RanksClean *bool   `json:"ranks_clean,omitempty"`
+	Round      *int          `json:"round,omitempty"`
+	CloseKind  *verdict.Kind `json:"kind,omitempty"`
+	Reason     string        `json:"reason"`
+	ExitCode   *int          `json:"exit_code,omitempty"`
+	RanksClean *bool         `json:"ranks_clean,omitempty"`
 }
 
 // JobSucceededEvent: the job succeeded.
@@ -188,11 +190,11 @@ type StandbyEvent struct {
 
 // RestartEvent: the job restarts after a round.
 type RestartEvent struct {
-	AfterRound   int     `json:"after_round"`
-	Action       *string `json:"action,omitempty"`
-	Reason       string  `json:"reason"`
-	RestartsUsed *int    `json:"restarts_used,omitempty"`
-	Mode         *string `json:"mode,omitempty"`
+	AfterRound   int            `json:"after_round"`
+	Action       *policy.Action `json:"action,omitempty"`
+	Reason       string         `json:"reason"`
+	RestartsUsed *int           `json:"restarts_used,omitempty"`
+	Mode         *string        `json:"mode,omitempty"`
 }
 
 // FencedEvent: this node's lease could not be renewed; its ranks were
@@ -245,13 +247,13 @@ type TrainingFinishedEvent struct {
 
 // VerdictEvent: the outcome, as written to the verdict file.
 type VerdictEvent struct {
-	VerdictKind  string `json:"kind"`
-	ExitCode     int    `json:"exit_code"`
-	Reason       string `json:"reason"`
-	RestartsUsed int    `json:"restarts_used"`
-	LastRound    int    `json:"last_round"`
-	Finished     bool   `json:"finished"`
-	Quarantined  int    `json:"quarantined"`
+	VerdictKind  verdict.Kind `json:"kind"`
+	ExitCode     int          `json:"exit_code"`
+	Reason       string       `json:"reason"`
+	RestartsUsed int          `json:"restarts_used"`
+	LastRound    int          `json:"last_round"`
+	Finished     bool         `json:"finished"`
+	Quarantined  int          `json:"quarantined"`
 }
 
 // VerdictLostEvent: the verdict file could not be written.

@@ -10,6 +10,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/ftlauncher/ft-launcher/policy"
+	"github.com/ftlauncher/ft-launcher/verdict"
 )
 
 // fill sets every field of v (a pointer) to a distinct non-zero value,
@@ -188,22 +191,22 @@ func TestEmitBytesAsBefore(t *testing.T) {
 		{RankExitedEvent{Round: 0, LocalRank: 1, Rank: 1, PID: 99, ExitCode: 137, Signal: "SIGKILL"},
 			map[string]any{"round": 0, "local_rank": 1, "rank": 1, "pid": 99, "exit_code": 137, "signal": "SIGKILL"}},
 		{RankExitedEvent{PID: 9}, map[string]any{"round": 0, "local_rank": 0, "rank": 0, "pid": 9, "exit_code": 0}},
-		{RoundEndedEvent{JobClosed: true, CloseKind: Opt(""), Reason: "a & b", ExitCode: Opt(93)},
+		{RoundEndedEvent{JobClosed: true, CloseKind: Opt(verdict.Kind("")), Reason: "a & b", ExitCode: Opt(93)},
 			map[string]any{"job_closed": true, "kind": "", "reason": "a & b", "exit_code": 93}},
-		{RoundEndedEvent{Round: Opt(4), Reason: "node x lost", Node: Opt("10.0.0.2/7"), Cause: Opt("node_lost")},
+		{RoundEndedEvent{Round: Opt(4), Reason: "node x lost", Node: Opt("10.0.0.2/7"), Cause: Opt(policy.NodeLost)},
 			map[string]any{"round": 4, "reason": "node x lost", "node": "10.0.0.2/7", "cause": "node_lost", "job_closed": false}},
 		{RoundEndedEvent{Round: Opt(4), Reason: "r", Node: Opt("n"), Fenced: true, JobClosed: true},
 			map[string]any{"round": 4, "reason": "r", "node": "n", "fenced": true, "job_closed": true}},
-		{JobFailedEvent{CloseKind: Opt("fatal_error"), Reason: "setup: x"}, map[string]any{"kind": "fatal_error", "reason": "setup: x"}},
+		{JobFailedEvent{CloseKind: Opt(verdict.FatalError), Reason: "setup: x"}, map[string]any{"kind": "fatal_error", "reason": "setup: x"}},
 		{JobFailedEvent{Round: Opt(2), ExitCode: Opt(93), Reason: "no"}, map[string]any{"round": 2, "exit_code": 93, "reason": "no"}},
-		{JobFailedEvent{Round: Opt(2), CloseKind: Opt("signaled"), Reason: "signal terminated", RanksClean: Opt(false)},
+		{JobFailedEvent{Round: Opt(2), CloseKind: Opt(verdict.Signaled), Reason: "signal terminated", RanksClean: Opt(false)},
 			map[string]any{"round": 2, "kind": "signaled", "reason": "signal terminated", "ranks_clean": false}},
 		{RestartEvent{AfterRound: 0, Reason: "another node failed the round"}, map[string]any{"after_round": 0, "reason": "another node failed the round"}},
-		{RestartEvent{AfterRound: 1, Action: Opt("swap"), Reason: "r", RestartsUsed: Opt(2), Mode: Opt("full")},
+		{RestartEvent{AfterRound: 1, Action: Opt(policy.Action("swap")), Reason: "r", RestartsUsed: Opt(2), Mode: Opt("full")},
 			map[string]any{"after_round": 1, "action": "swap", "reason": "r", "restarts_used": 2, "mode": "full"}},
 		{SpareSwapEvent{Round: 1, GroupRank: 2, DetectionMS: 1.5, FillerReclaimMS: 0, SpawnMS: 3.25},
 			map[string]any{"round": 1, "group_rank": 2, "filler_preempted": false, "detection_ms": 1.5, "filler_reclaim_ms": 0.0, "spawn_ms": 3.25}},
-		{VerdictEvent{VerdictKind: "signaled", ExitCode: 143, Reason: "stopped", LastRound: -1},
+		{VerdictEvent{VerdictKind: verdict.Signaled, ExitCode: 143, Reason: "stopped", LastRound: -1},
 			map[string]any{"kind": "signaled", "exit_code": 143, "reason": "stopped", "restarts_used": 0, "last_round": -1, "finished": false, "quarantined": 0}},
 		{InProcessFallbackEvent{Round: 1, Why: "w", Reason: "r"}, map[string]any{"round": 1, "why": "w", "reason": "r"}},
 		{InProcessFallbackEvent{Round: 1, Why: "w", Reason: "r", LocalRank: Opt(0)}, map[string]any{"round": 1, "why": "w", "reason": "r", "local_rank": 0}},

@@ -219,7 +219,7 @@ func computeJob(g *jobRecords, r *Report) (Job, error) {
 			if hasRound {
 				f := get(round)
 				kind := "round_ended"
-				if ev.Cause != nil && policy.Failure(*ev.Cause) == policy.NodeLost {
+				if ev.Cause != nil && *ev.Cause == policy.NodeLost {
 					kind = "node_loss"
 				}
 				f.failAt(e.TS, e.TS, kind, ev.Reason)
@@ -235,7 +235,7 @@ func computeJob(g *jobRecords, r *Report) (Job, error) {
 			f := get(after)
 			f.stopped = later(f.stopped, e.TS)
 			if old, ok := restarts[after]; !ok || e.TS.Before(old.At) {
-				restarts[after] = Restart{Job: g.id, AfterRound: after, At: e.TS, Action: deref(ev.Action), Reason: ev.Reason}
+				restarts[after] = Restart{Job: g.id, AfterRound: after, At: e.TS, Action: string(deref(ev.Action)), Reason: ev.Reason}
 			}
 		case eventlog.JobSucceededEvent, eventlog.JobFailedEvent:
 			if hasRound {

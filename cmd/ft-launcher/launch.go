@@ -438,7 +438,7 @@ func (r *verdictRecorder) setupFailed(what string, err error) int {
 		kind = verdict.RendezvousLost
 	}
 	reason := what + ": " + err.Error()
-	r.ev.Emit(eventlog.JobFailedEvent{CloseKind: eventlog.Opt(string(kind)), Reason: reason})
+	r.ev.Emit(eventlog.JobFailedEvent{CloseKind: eventlog.Opt(kind), Reason: reason})
 	return r.write(agent.Outcome{Kind: kind, Reason: reason, MaxRestarts: r.cfg.MaxRestarts, LastRound: -1,
 		StartedAt: r.started.UTC(), EndedAt: time.Now().UTC()})
 }
@@ -455,7 +455,7 @@ func (r *verdictRecorder) signaled(sig os.Signal) int {
 	r.ev.Emit(eventlog.SignalReceivedEvent{Signal: name, State: "setup"})
 	o := agent.Outcome{Kind: verdict.Signaled, Reason: reason, Signal: sig, MaxRestarts: r.cfg.MaxRestarts, LastRound: -1,
 		StartedAt: r.started.UTC(), EndedAt: time.Now().UTC()}
-	r.ev.Emit(eventlog.VerdictEvent{VerdictKind: string(o.Kind), ExitCode: o.ExitCode(), Reason: reason,
+	r.ev.Emit(eventlog.VerdictEvent{VerdictKind: o.Kind, ExitCode: o.ExitCode(), Reason: reason,
 		RestartsUsed: 0, LastRound: -1, Finished: false, Quarantined: 0})
 	return r.write(o)
 }
