@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/ftlauncher/ft-launcher/eventlog"
+	"github.com/ftlauncher/ft-launcher/policy"
 	"github.com/ftlauncher/ft-launcher/spawn"
 )
 
@@ -43,12 +44,9 @@ type Options struct {
 	Env     []string // the launcher's environment; job variables are removed
 	Dir     string   // working directory ("" = the launcher's)
 	LogPath string   // stdout and stderr of every filler start (appended)
-	// MaxStarts bounds how often the filler is (re)started while the node
-	// stays a spare; Backoff is the first pause after an exit, doubled up
-	// to MaxBackoff.
-	MaxStarts  int
-	Backoff    time.Duration
-	MaxBackoff time.Duration
+	// Budget bounds the filler's restarts while the node stays a spare
+	// (policy.RestartBudget); zero: DefaultBudget.
+	Budget policy.RestartBudget
 	// ReclaimTimeout bounds a reclaim: the tree's exit plus, with GPUs,
 	// the wait until they are free (polled every GPUPoll).
 	ReclaimTimeout time.Duration
@@ -73,14 +71,8 @@ const (
 )
 
 func (o *Options) defaults() {
-	if o.MaxStarts <= 0 {
-		o.MaxStarts = 10
-	}
-	if o.Backoff <= 0 {
-		o.Backoff = time.Second
-	}
-	if o.MaxBackoff <= 0 {
-		o.MaxBackoff = 30 * time.Second
+	if o.Budget == (policy.RestartBudget{}) {
+		o.Budget = DefaultBudget()
 	}
 	if o.ReclaimTimeout <= 0 {
 		o.ReclaimTimeout = 30 * time.Second
@@ -139,12 +131,20 @@ func (f *Filler) Running() bool {
 	return f.running
 }
 
-// supervise starts the command, and again after each exit (with backoff)
-// until stopped or MaxStarts is reached.
+// DefaultBudget: a filler that exits is started again at once, then after
+// 1 s, 2 s, 4 s... (at most 30 s) while it keeps exiting within a minute of
+// its start, 9 times at most (10 starts) while the node stays a spare.
+func DefaultBudget() policy.RestartBudget {
+	return policy.RestartBudget{Limit: 9, Backoff: time.Second, MaxBackoff: 30 * time.Second, Stable: time.Minute}
+}
+
+// supervise starts the command, and again after each exit (Budget) until
+// stopped or the budget is spent.
 func (f *Filler) supervise(stop, done chan struct{}) {
 	defer close(done)
-	backoff := f.o.Backoff
+	tr := policy.RestartTracker{Budget: f.o.Budget}
 	for {
+		started := time.Now()
 		g, err := f.startOnce()
 		if err != nil {
 			f.log.Error("filler did not start", "err", err)
@@ -163,17 +163,17 @@ func (f *Filler) supervise(stop, done chan struct{}) {
 		f.setGroup(nil)
 		f.log.Warn("filler exited while the node is a spare", "exit", e.String())
 		f.o.OnEvent(eventlog.FillerExitedEvent{ExitCode: e.TorchExitCode(), PID: e.PID})
-		if f.startsUsed() >= f.o.MaxStarts {
-			f.log.Error("filler exited too often; not restarting it", "starts", f.o.MaxStarts)
-			f.o.OnEvent(eventlog.FillerGaveUpEvent{Reason: fmt.Sprintf("exited %d times", f.o.MaxStarts)})
+		wait, ok := tr.Next(time.Now(), started)
+		if !ok {
+			f.log.Error("filler exited too often; not restarting it", "starts", f.startsUsed())
+			f.o.OnEvent(eventlog.FillerGaveUpEvent{Reason: fmt.Sprintf("exited %d times", f.startsUsed())})
 			return
 		}
 		select {
 		case <-stop:
 			return
-		case <-time.After(backoff):
+		case <-time.After(wait):
 		}
-		backoff = min(2*backoff, f.o.MaxBackoff)
 	}
 }
 

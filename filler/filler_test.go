@@ -17,6 +17,7 @@ import (
 
 	"github.com/ftlauncher/ft-launcher/eventlog"
 	"github.com/ftlauncher/ft-launcher/internal/testenv"
+	"github.com/ftlauncher/ft-launcher/policy"
 	"github.com/ftlauncher/ft-launcher/spawn"
 )
 
@@ -155,7 +156,7 @@ func TestRestartedWithBackoffAndBounded(t *testing.T) {
 	dir := t.TempDir()
 	ev := &events{}
 	f := New(newReaper(t), Options{Command: "echo start >> starts; exit 3", Dir: dir, LogPath: LogPath(dir),
-		MaxStarts: 3, Backoff: 20 * time.Millisecond, OnEvent: ev.add})
+		Budget: policy.RestartBudget{Limit: 2, Backoff: 20 * time.Millisecond}, OnEvent: ev.add})
 	f.Park()
 	waitUntil(t, "the filler to give up", func() bool { return ev.count(EventGaveUp) == 1 })
 	b, _ := os.ReadFile(filepath.Join(dir, "starts"))

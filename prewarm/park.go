@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/ftlauncher/ft-launcher/eventlog"
+	"github.com/ftlauncher/ft-launcher/policy"
 	"github.com/ftlauncher/ft-launcher/spawn"
 )
 
@@ -20,9 +21,9 @@ import (
 // with the spare's environment minus the assignment's values (the agent
 // builds the specs; the handover gives every per-rank value, as for any
 // restart). While the node stays parked a standby that dies is started
-// again with a backoff (1 s, doubling, at most a minute), SpareRestarts
-// times per local rank at most, then given up with a log line: its rank
-// will start cold. Close kills them with the others.
+// again after a wait (spareBudget: 1 s, 2 s, 3 s, 5 s, 9 s... at most a
+// minute), SpareRestarts times per local rank at most, then given up with
+// a log line: its rank will start cold. Close kills them with the others.
 
 // Event kinds of a parked spare's standbys.
 const (
@@ -34,11 +35,13 @@ const (
 // one local rank are started again after dying.
 const DefaultSpareRestarts = 5
 
-// spareBackoff is the wait before the n-th restart (n >= 1) of a parked
-// spare's standby.
-func spareBackoff(n int) time.Duration {
-	d := time.Second << min(n-1, 6)
-	return min(d, time.Minute)
+// spareBudget bounds the restarts of one local rank's standbys of a
+// parked spare (policy.RestartBudget): each waits 1 s, and each further
+// one 1 s more, doubling, up to a minute in all; limit restarts in the
+// node's life (a standby that keeps dying is given up for good, across
+// parks).
+func spareBudget(limit int) policy.RestartBudget {
+	return policy.RestartBudget{Limit: max(limit, 0), Delay: time.Second, Backoff: time.Second, MaxBackoff: 59 * time.Second}
 }
 
 // spareState is what the Starter keeps of the node while it is parked.
@@ -201,17 +204,21 @@ func (st *Starter) spareStandbyEnded(s *standby, why string) bool {
 	}
 	delete(st.standby, s.localRank)
 	sp.announced = false
-	st.spareDeaths[s.localRank]++ // kept across parks: a standby that keeps dying is given up for good
-	n := st.spareDeaths[s.localRank]
+	tr := st.spareRestarts[s.localRank] // kept across parks: a standby that keeps dying is given up for good
+	if tr == nil {
+		tr = &policy.RestartTracker{Budget: spareBudget(st.o.SpareRestarts)}
+		st.spareRestarts[s.localRank] = tr
+	}
+	n := tr.Restarts() + 1 // its deaths, this one included
+	wait, ok := tr.Next(time.Now(), time.Time{})
 	rec := eventlog.PrewarmSpareDiedEvent{LocalRank: s.localRank, PID: s.pid, Reason: why, Deaths: n}
 	attrs := []any{"local_rank", s.localRank, "pid", s.pid, "reason", why, "deaths", n, "output", s.diag.String()}
-	if n > st.o.SpareRestarts {
+	if !ok {
 		rec.GaveUp = true
 		st.log.Warn("parked spare: a standby ended again; giving up on it: its rank will start cold if this spare is promoted", attrs...)
 		st.event(rec)
 		return true
 	}
-	wait := spareBackoff(n)
 	rec.RestartInMS = eventlog.Opt(ms(wait))
 	st.log.Warn("parked spare: a standby ended while waiting; starting it again", append(attrs, "in", wait)...)
 	st.event(rec)

@@ -38,6 +38,7 @@ import (
 
 	"github.com/ftlauncher/ft-launcher/eventlog"
 	"github.com/ftlauncher/ft-launcher/internal/procfs"
+	"github.com/ftlauncher/ft-launcher/policy"
 	"github.com/ftlauncher/ft-launcher/spawn"
 )
 
@@ -125,11 +126,11 @@ type Starter struct {
 	auto       *autoState // --prewarm auto; nil otherwise
 	// spare is the parked hot spare's state (park.go); nil when the node
 	// is not parked. wasParked: it was, so a missing standby is not the
-	// first cycle's. spareDeaths counts, per local rank, the standbys
-	// that died while parked.
-	spare       *spareState
-	wasParked   bool
-	spareDeaths map[int]int
+	// first cycle's. spareRestarts are, per local rank, the restart
+	// budgets of the standbys that died while parked.
+	spare         *spareState
+	wasParked     bool
+	spareRestarts map[int]*policy.RestartTracker
 	// prio: whether standbys import at a lower priority (priority.go).
 	prio priority
 	// ready: which ranks of the cycle last started are training yet
@@ -172,7 +173,7 @@ func NewStarter(o Options) (*Starter, error) {
 	if _, err := ParseImporting(string(o.Importing)); err != nil {
 		return nil, fmt.Errorf("prewarm: importing policy %w", err)
 	}
-	st := &Starter{o: o, log: o.Logger, standby: map[int]*standby{}, closing: make(chan struct{}), spareDeaths: map[int]int{}, prio: probePriority()}
+	st := &Starter{o: o, log: o.Logger, standby: map[int]*standby{}, closing: make(chan struct{}), spareRestarts: map[int]*policy.RestartTracker{}, prio: probePriority()}
 	if st.prio.low {
 		st.log.Debug("prewarm: standbys import at low priority and are raised to the launcher's at the handover", "nice", standbyNice, "launcher_nice", st.prio.base)
 	} else {
