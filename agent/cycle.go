@@ -188,12 +188,12 @@ wait:
 			case stopRepeat:
 				a.log.Warn("the same signal again within the repeat window: taken as a repeat delivery (Slurm sends SIGTERM more than once at a time limit); the ranks keep their grace",
 					"signal", s.String(), "since_first", time.Since(rule.firstAt), "window", rule.window, "grace", grace)
-				a.ev.Emit(eventlog.SignalReceivedEvent{Round: eventlog.Opt(asg.Round), Signal: sigName(s), State: StateStopping.String(),
+				a.ev.Emit(eventlog.SignalReceivedEvent{Round: eventlog.Opt(asg.Round), Signal: sigName(s), State: eventlog.AgentState(StateStopping.String()),
 					Repeat: true, Escalated: eventlog.Opt(false), WindowS: eventlog.Opt(rule.window.Seconds())})
 			case stopEscalate:
 				a.log.Warn("another signal received while stopping ranks; sending SIGKILL now", "signal", s.String(),
 					"first", sigName(rule.first), "since_first", time.Since(rule.firstAt))
-				a.ev.Emit(eventlog.SignalReceivedEvent{Round: eventlog.Opt(asg.Round), Signal: sigName(s), State: StateStopping.String(), Escalated: eventlog.Opt(true)})
+				a.ev.Emit(eventlog.SignalReceivedEvent{Round: eventlog.Opt(asg.Round), Signal: sigName(s), State: eventlog.AgentState(StateStopping.String()), Escalated: eventlog.Opt(true)})
 				g.SignalAll(syscall.SIGKILL)
 			}
 		}
@@ -341,7 +341,7 @@ func (a *Agent) rankFailed(e spawn.Exit, hangs <-chan monitor.Hang, hangByRank m
 func (a *Agent) workloadRequest(r monitor.WorkloadRequest, end *cycleEnd) bool {
 	a.log.Warn("workload control request from a rank", "rank", r.GlobalRank, "action", r.Action, "description", r.Description)
 	a.ev.Emit(eventlog.WorkloadRequestEvent{Round: a.run.asg.Round, Rank: r.GlobalRank,
-		Action: r.Action.String(), Description: r.Description})
+		Action: r.Action, Description: r.Description})
 	if r.Action == monitor.ActionContinue {
 		return false
 	}
@@ -367,7 +367,7 @@ func (a *Agent) recordHang(h monitor.Hang, hangByRank map[int]monitor.Hang) {
 		"timeout_kind", h.Kind, "section", h.Section, "timeout", h.Timeout, "default_timeout", h.DefaultTimeout, "elapsed", h.Elapsed,
 		"signal", h.Signal.String(), "latency", h.SignalledAt.Sub(h.ExpiredAt))
 	a.ev.Emit(eventlog.RankHangEvent{Round: asg.Round, LocalRank: h.LocalRank,
-		Rank: h.GlobalRank, TimeoutKind: h.Kind.String(), Section: h.Section,
+		Rank: h.GlobalRank, TimeoutKind: h.Kind, Section: h.Section,
 		TimeoutS: h.Timeout.Seconds(), ElapsedS: h.Elapsed.Seconds(), Signal: sigName(h.Signal),
 		DetectLatencyMS:    float64(h.SignalledAt.Sub(h.ExpiredAt).Microseconds()) / 1000,
 		SignalledAt:        h.SignalledAt.UTC(), // the stall began elapsed_s before it
@@ -447,7 +447,7 @@ func (a *Agent) hintFailures(failures []ranklogs.Failure, att *ranklogs.Attempt)
 			continue
 		}
 		if a.run.hinted == nil {
-			a.run.hinted = map[string]bool{}
+			a.run.hinted = map[eventlog.HintCause]bool{}
 		}
 		a.run.hinted[h.Kind] = true
 		a.log.Error("hint: "+h.Text, "local_rank", f.LocalRank, "rank", f.GlobalRank, "cause", h.Kind)

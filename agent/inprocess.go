@@ -136,7 +136,7 @@ type inProcess struct {
 	freshSteps map[int]bool
 	// What the running cycle's verdict record says (recordCycle): its
 	// restart mode, the slowest survivor's phases, why it fell back.
-	cycleMode string
+	cycleMode policy.Mode
 	phases    map[string]time.Duration
 	fallback  string
 }
@@ -222,7 +222,7 @@ func (p *inProcess) monitors() InProcessMonitors {
 }
 
 // mode names how the coming restart restarts this node's ranks.
-func (p *inProcess) mode() string {
+func (p *inProcess) mode() policy.Mode {
 	if p.phase() == ipKept {
 		return policy.ModeInProcess
 	}
@@ -349,7 +349,7 @@ func (a *Agent) startRejoin() error {
 }
 
 // restartMode names how the coming restart restarts this node's ranks.
-func (a *Agent) restartMode() string { return a.run.ip.mode() }
+func (a *Agent) restartMode() policy.Mode { return a.run.ip.mode() }
 
 // restarted counts a restart of the job by the mode that restarts this
 // node's ranks: in the metrics and on the node's Active lease in the
@@ -357,8 +357,8 @@ func (a *Agent) restartMode() string { return a.run.ip.mode() }
 func (a *Agent) restarted(ctx context.Context) {
 	mode := a.restartMode()
 	a.met.Restarted()
-	a.met.RestartedMode(mode)
+	a.met.RestartedMode(string(mode))
 	if a.d.Ledger != nil {
-		a.d.Ledger.Restarted(ctx, mode)
+		a.d.Ledger.Restarted(ctx, string(mode))
 	}
 }

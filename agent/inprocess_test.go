@@ -74,7 +74,7 @@ func TestInProcessRestart(t *testing.T) {
 		t.Fatalf("in-process restarts metric %v", got)
 	}
 	rs := h.events(eventlog.Restart)
-	if len(rs) != 1 || rs[0]["action"] != string(policy.RestartInProcess) || rs[0]["mode"] != policy.ModeInProcess {
+	if len(rs) != 1 || rs[0]["action"] != string(policy.RestartInProcess) || rs[0]["mode"] != string(policy.ModeInProcess) {
 		t.Fatalf("restart events %v; want one with action %s, mode %s", rs, policy.RestartInProcess, policy.ModeInProcess)
 	}
 }
@@ -108,7 +108,7 @@ func TestInProcessFullRestart(t *testing.T) {
 				t.Fatalf("full restarts metric %v", got)
 			}
 			rs := h.events(eventlog.Restart)
-			if len(rs) != 1 || rs[0]["action"] != string(policy.RestartInPlace) || rs[0]["mode"] != policy.ModeFull {
+			if len(rs) != 1 || rs[0]["action"] != string(policy.RestartInPlace) || rs[0]["mode"] != string(policy.ModeFull) {
 				t.Fatalf("restart events %v; want one with action %s, mode %s", rs, policy.RestartInPlace, policy.ModeFull)
 			}
 		})
@@ -368,7 +368,7 @@ func TestInProcessHangSilentSurvivor(t *testing.T) {
 				g1.exit(1, 0, 0)
 			}
 			o := h.outcome(out)
-			mode := map[bool]string{true: policy.ModeInProcess, false: policy.ModeFull}[tc.inProcess]
+			mode := string(map[bool]policy.Mode{true: policy.ModeInProcess, false: policy.ModeFull}[tc.inProcess])
 			if o.Kind != verdict.Succeeded || len(o.Cycles) != 2 || o.Cycles[0].End != "hang" || o.Cycles[1].Mode != mode {
 				t.Fatalf("outcome %+v; want a hang, then a %s cycle", o, mode)
 			}
@@ -418,7 +418,7 @@ func TestInProcessPeerHang(t *testing.T) {
 			}
 			h.rdzv.endRound(1, rendezvous.RoundEnd{Kind: rendezvous.EndJobClosed, Round: 1, Code: 1, Close: verdict.FatalError, Reason: "closed"})
 			o := h.outcome(out)
-			mode := map[bool]string{true: policy.ModeInProcess, false: policy.ModeFull}[tc.inProcess]
+			mode := string(map[bool]policy.Mode{true: policy.ModeInProcess, false: policy.ModeFull}[tc.inProcess])
 			if len(o.Cycles) != 2 || o.Cycles[1].Mode != mode {
 				t.Fatalf("cycles %+v; want the second %s", o.Cycles, mode)
 			}

@@ -175,7 +175,7 @@ func TestInProcessPhase(t *testing.T) {
 			if got := tc.p.phase(); got != tc.want {
 				t.Errorf("phase %s, want %s", got, tc.want)
 			}
-			wantMode := map[bool]string{true: policy.ModeInProcess, false: policy.ModeFull}[tc.inProcess]
+			wantMode := map[bool]policy.Mode{true: policy.ModeInProcess, false: policy.ModeFull}[tc.inProcess]
 			if got := tc.p.mode(); got != wantMode {
 				t.Errorf("mode %s, want %s", got, wantMode)
 			}
@@ -271,7 +271,7 @@ func TestInProcessStart(t *testing.T) {
 		startErr  error // the fresh ranks cannot start
 		wantFresh []int
 		want      ipPhase
-		wantMode  string
+		wantMode  policy.Mode
 	}{
 		{"the survivor is notified", []int{0}, false, nil, []int{1}, ipRejoining, policy.ModeInProcess},
 		{"the survivor ended while the round formed", []int{0}, true, nil, []int{0, 1}, ipIdle, policy.ModeFull},
@@ -439,12 +439,12 @@ func TestInProcessRecordCycle(t *testing.T) {
 		fallback: "rejoin_timeout"}
 	var c verdict.Cycle
 	p.recordCycle(&c)
-	if c.Mode != policy.ModeInProcess || c.InProcessMS["total"] != 1.5 || c.InProcessFallback != "rejoin_timeout" {
+	if c.Mode != string(policy.ModeInProcess) || c.InProcessMS["total"] != 1.5 || c.InProcessFallback != "rejoin_timeout" {
 		t.Fatalf("cycle %+v", c)
 	}
 	var next verdict.Cycle
 	p.recordCycle(&next)
-	if next.Mode != policy.ModeFull || next.InProcessMS != nil || next.InProcessFallback != "" {
+	if next.Mode != string(policy.ModeFull) || next.InProcessMS != nil || next.InProcessFallback != "" {
 		t.Fatalf("next cycle %+v", next)
 	}
 }

@@ -291,11 +291,11 @@ func (p *inProcess) recordFallback(round int, why string, localRank int, reason 
 // recordCycle writes the finished cycle's restart mode and in-process
 // phases into its verdict record, and starts the next cycle's afresh.
 func (p *inProcess) recordCycle(c *verdict.Cycle) {
-	c.Mode = p.cycleMode
+	c.Mode = string(p.cycleMode)
 	if c.Mode == "" {
-		c.Mode = policy.ModeFull
+		c.Mode = string(policy.ModeFull)
 	}
-	if c.Mode == policy.ModeInProcess && len(p.phases) > 0 {
+	if p.cycleMode == policy.ModeInProcess && len(p.phases) > 0 {
 		c.InProcessMS = map[string]float64{}
 		for ph, d := range p.phases {
 			c.InProcessMS[ph] = ms(d)

@@ -91,7 +91,7 @@ func (o Outcome) Verdict(runID, node, host string) verdict.Verdict {
 
 // runState is what the state handlers share during one Run.
 type runState struct {
-	hinted       map[string]bool // failure hints given (hintFailures), by cause
+	hinted       map[eventlog.HintCause]bool // failure hints given (hintFailures), by cause
 	started      time.Time
 	asg          rendezvous.Assignment
 	lastRound    int

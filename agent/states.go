@@ -141,7 +141,7 @@ func (a *Agent) joining(ctx context.Context) State {
 	}
 	if sig != nil {
 		a.log.Warn("signal received while waiting for a round; exiting", "signal", sig.String())
-		a.ev.Emit(eventlog.SignalReceivedEvent{Signal: sigName(sig), State: StateJoining.String()})
+		a.ev.Emit(eventlog.SignalReceivedEvent{Signal: sigName(sig), State: eventlog.AgentState(StateJoining.String())})
 		a.run.signaled(sig, false)
 		return StateDone
 	}
@@ -356,7 +356,7 @@ func (a *Agent) deciding(ctx context.Context) State {
 func (a *Agent) signalDuringStop() State {
 	sig := a.run.pendingSignal
 	a.log.Warn("signal received while stopping ranks; not restarting", "signal", sig.String())
-	a.ev.Emit(eventlog.SignalReceivedEvent{Round: eventlog.Opt(a.run.asg.Round), Signal: sigName(sig), State: StateStopping.String()})
+	a.ev.Emit(eventlog.SignalReceivedEvent{Round: eventlog.Opt(a.run.asg.Round), Signal: sigName(sig), State: eventlog.AgentState(StateStopping.String())})
 	a.run.signaled(sig, a.run.end.clean())
 	return StateDone
 }

@@ -78,15 +78,15 @@ type CycleStartedEvent struct {
 	MasterPort   int    `json:"master_port"`
 	RestartsUsed int    `json:"restarts_used"`
 	// Mode and Survivors: an in-process restart kept these local ranks.
-	Mode      string `json:"mode,omitempty"`
-	Survivors []int  `json:"survivors,omitempty"`
+	Mode      policy.Mode `json:"mode,omitempty"`
+	Survivors []int       `json:"survivors,omitempty"`
 }
 
 // SignalReceivedEvent: a signal reached the launcher.
 type SignalReceivedEvent struct {
-	Round  *int   `json:"round,omitempty"` // absent before any round
-	Signal string `json:"signal"`
-	State  string `json:"state,omitempty"` // the agent's state, or "setup"
+	Round  *int       `json:"round,omitempty"` // absent before any round
+	Signal string     `json:"signal"`
+	State  AgentState `json:"state,omitempty"`
 	// While stopping: a repeated signal (Repeat) within WindowS of the
 	// first, and whether it escalated to SIGKILL.
 	Repeat    bool     `json:"repeat,omitempty"`
@@ -109,23 +109,23 @@ type WalltimeWarningEvent struct {
 
 // WorkloadRequestEvent: a rank asked for an action (nvrx workload control).
 type WorkloadRequestEvent struct {
-	Round       int    `json:"round"`
-	Rank        int    `json:"rank"`
-	Action      string `json:"action"`
-	Description string `json:"description"`
+	Round       int            `json:"round"`
+	Rank        int            `json:"rank"`
+	Action      WorkloadAction `json:"action"`
+	Description string         `json:"description"`
 }
 
 // RankHangEvent: a rank's monitor found it hung and killed it.
 type RankHangEvent struct {
-	Round           int     `json:"round"`
-	LocalRank       int     `json:"local_rank"`
-	Rank            int     `json:"rank"`
-	TimeoutKind     string  `json:"timeout_kind"` // monitor.HangKind's String()
-	Section         string  `json:"section"`
-	TimeoutS        float64 `json:"timeout_s"`
-	ElapsedS        float64 `json:"elapsed_s"`
-	Signal          string  `json:"signal"`
-	DetectLatencyMS float64 `json:"detect_latency_ms"`
+	Round           int      `json:"round"`
+	LocalRank       int      `json:"local_rank"`
+	Rank            int      `json:"rank"`
+	TimeoutKind     HangKind `json:"timeout_kind"`
+	Section         string   `json:"section"`
+	TimeoutS        float64  `json:"timeout_s"`
+	ElapsedS        float64  `json:"elapsed_s"`
+	Signal          string   `json:"signal"`
+	DetectLatencyMS float64  `json:"detect_latency_ms"`
 	// SignalledAt: when it was killed; the stall began ElapsedS before it.
 	SignalledAt        time.Time `json:"signalled_at"`
 	EscalatedToSIGKILL bool      `json:"escalated_to_sigkill"`
@@ -194,7 +194,7 @@ type RestartEvent struct {
 	Action       *policy.Action `json:"action,omitempty"`
 	Reason       string         `json:"reason"`
 	RestartsUsed *int           `json:"restarts_used,omitempty"`
-	Mode         *string        `json:"mode,omitempty"`
+	Mode         *policy.Mode   `json:"mode,omitempty"`
 }
 
 // FencedEvent: this node's lease could not be renewed; its ranks were
@@ -392,21 +392,21 @@ type StateSaveEvent struct {
 
 // StatePersistedEvent: a save was written out to the state directory.
 type StatePersistedEvent struct {
-	LocalRank int     `json:"local_rank"`
-	Rank      int     `json:"rank"`
-	Step      int64   `json:"step"`
-	Seq       int64   `json:"seq"`
-	Bytes     int64   `json:"bytes"`
-	File      string  `json:"file"`
-	Reason    string  `json:"reason"` // periodic, ranks stopped, end
-	WriteMS   float64 `json:"write_ms"`
+	LocalRank int           `json:"local_rank"`
+	Rank      int           `json:"rank"`
+	Step      int64         `json:"step"`
+	Seq       int64         `json:"seq"`
+	Bytes     int64         `json:"bytes"`
+	File      string        `json:"file"`
+	Reason    PersistReason `json:"reason"`
+	WriteMS   float64       `json:"write_ms"`
 }
 
 // StatePersistFailedEvent: a write-out failed; the save stays in memory.
 type StatePersistFailedEvent struct {
-	LocalRank int    `json:"local_rank"`
-	Reason    string `json:"reason"`
-	Error     string `json:"error"`
+	LocalRank int           `json:"local_rank"`
+	Reason    PersistReason `json:"reason"`
+	Error     string        `json:"error"`
 }
 
 // StateRestoreEvent: a rank's load() restored its state (or found none:
@@ -416,22 +416,22 @@ type StatePersistFailedEvent struct {
 // peer heal, peer (a replacement that received a survivor's state) or
 // live (a survivor that kept its own).
 type StateRestoreEvent struct {
-	LocalRank int       `json:"local_rank"`
-	Rank      int       `json:"rank"`
-	Round     int       `json:"round"`
-	Step      *int64    `json:"step,omitempty"`
-	Source    *string   `json:"source,omitempty"` // memory, buddy, file; peer, live (a peer heal)
-	LoadMS    float64   `json:"load_ms"`
-	At        time.Time `json:"at"`
+	LocalRank int          `json:"local_rank"`
+	Rank      int          `json:"rank"`
+	Round     int          `json:"round"`
+	Step      *int64       `json:"step,omitempty"`
+	Source    *StateSource `json:"source,omitempty"`
+	LoadMS    float64      `json:"load_ms"`
+	At        time.Time    `json:"at"`
 	// A peer heal after an in-process rejoin (docs/state.md, "Peer
 	// heal"): peer, kept, load or fallback; why; the survivor a
 	// replacement's state came from; bytes sent; when a survivor
 	// completed the healed step (the end of the failed round's kept work).
-	Heal     string     `json:"heal,omitempty"`
-	Why      string     `json:"why,omitempty"`
-	FromRank *int       `json:"from_rank,omitempty"`
-	Bytes    int64      `json:"bytes,omitempty"`
-	StepAt   *time.Time `json:"step_at,omitempty"`
+	Heal     HealOutcome `json:"heal,omitempty"`
+	Why      string      `json:"why,omitempty"`
+	FromRank *int        `json:"from_rank,omitempty"`
+	Bytes    int64       `json:"bytes,omitempty"`
+	StepAt   *time.Time  `json:"step_at,omitempty"`
 }
 
 // StateCorruptEvent: a save failed its integrity check and was not used.
@@ -443,16 +443,16 @@ type StateRestoreEvent struct {
 // memory or file; Slot: the segment's slot (memory); Seq and Step: the
 // damaged save's, when its descriptor could be read.
 type StateCorruptEvent struct {
-	LocalRank  int       `json:"local_rank"`
-	Rank       int       `json:"rank"`
-	By         CorruptBy `json:"by"`
-	Source     string    `json:"source"` // memory, file
-	Slot       *int      `json:"slot,omitempty"`
-	Seq        *int64    `json:"seq,omitempty"`
-	Step       *int64    `json:"step,omitempty"`
-	Error      string    `json:"error"`
-	UsedSource *string   `json:"used_source,omitempty"`
-	UsedStep   *int64    `json:"used_step,omitempty"`
+	LocalRank  int          `json:"local_rank"`
+	Rank       int          `json:"rank"`
+	By         CorruptBy    `json:"by"`
+	Source     StateSource  `json:"source"` // memory, file
+	Slot       *int         `json:"slot,omitempty"`
+	Seq        *int64       `json:"seq,omitempty"`
+	Step       *int64       `json:"step,omitempty"`
+	Error      string       `json:"error"`
+	UsedSource *StateSource `json:"used_source,omitempty"`
+	UsedStep   *int64       `json:"used_step,omitempty"`
 }
 
 // CorruptBy is who found a save corrupt (StateCorruptEvent.By).
@@ -579,10 +579,10 @@ type StateRestoredFromBuddyEvent struct {
 // its own message does not name (ranklogs.FailureHint); Hint says what to
 // do.
 type RankFailureHintEvent struct {
-	LocalRank int    `json:"local_rank"`
-	Rank      int    `json:"rank"`
-	Cause     string `json:"cause"`
-	Hint      string `json:"hint"`
+	LocalRank int       `json:"local_rank"`
+	Rank      int       `json:"rank"`
+	Cause     HintCause `json:"cause"`
+	Hint      string    `json:"hint"`
 }
 
 func (LauncherStartedEvent) Kind() string        { return LauncherStarted }

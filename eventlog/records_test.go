@@ -202,7 +202,7 @@ func TestEmitBytesAsBefore(t *testing.T) {
 		{JobFailedEvent{Round: Opt(2), CloseKind: Opt(verdict.Signaled), Reason: "signal terminated", RanksClean: Opt(false)},
 			map[string]any{"round": 2, "kind": "signaled", "reason": "signal terminated", "ranks_clean": false}},
 		{RestartEvent{AfterRound: 0, Reason: "another node failed the round"}, map[string]any{"after_round": 0, "reason": "another node failed the round"}},
-		{RestartEvent{AfterRound: 1, Action: Opt(policy.Action("swap")), Reason: "r", RestartsUsed: Opt(2), Mode: Opt("full")},
+		{RestartEvent{AfterRound: 1, Action: Opt(policy.Action("swap")), Reason: "r", RestartsUsed: Opt(2), Mode: Opt(policy.ModeFull)},
 			map[string]any{"after_round": 1, "action": "swap", "reason": "r", "restarts_used": 2, "mode": "full"}},
 		{SpareSwapEvent{Round: 1, GroupRank: 2, DetectionMS: 1.5, FillerReclaimMS: 0, SpawnMS: 3.25},
 			map[string]any{"round": 1, "group_rank": 2, "filler_preempted": false, "detection_ms": 1.5, "filler_reclaim_ms": 0.0, "spawn_ms": 3.25}},

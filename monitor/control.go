@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 
+	"github.com/ftlauncher/ft-launcher/eventlog"
 	"github.com/ftlauncher/ft-launcher/monitor/ftwire"
 	"github.com/ftlauncher/ft-launcher/monitor/nvrxwire"
 )
@@ -12,17 +13,14 @@ import (
 // WorkloadAction is what a rank asks of the launcher. Its values are the
 // member names of nvrx's data.WorkloadAction (nvrxwire.WorkloadAction's
 // String()), as the native protocol (ftwire) and the event log carry them.
-type WorkloadAction string
+type WorkloadAction = eventlog.WorkloadAction
 
 // Workload actions.
 const (
-	ActionContinue         WorkloadAction = "Continue"
-	ActionExcludeThisNode  WorkloadAction = "ExcludeThisNode"
-	ActionShutdownWorkload WorkloadAction = "ShutdownWorkload"
+	ActionContinue         = eventlog.WorkloadContinue
+	ActionExcludeThisNode  = eventlog.WorkloadExcludeThisNode
+	ActionShutdownWorkload = eventlog.WorkloadShutdownWorkload
 )
-
-// String returns the action's name.
-func (a WorkloadAction) String() string { return string(a) }
 
 // ParseWorkloadAction returns the action named s, or false when s names
 // none.

@@ -18,18 +18,15 @@ import (
 
 // HangKind is which clock of a rank expired. Its values are the strings
 // the event log (rank_hang's timeout_kind), the logs and the metrics carry.
-type HangKind string
+type HangKind = eventlog.HangKind
 
 // Hang kinds.
 const (
-	KindInitialHeartbeat HangKind = "initial_heartbeat"
-	KindHeartbeat        HangKind = "heartbeat"
-	KindSection          HangKind = "section"
-	KindOutOfSection     HangKind = "out_of_section"
+	KindInitialHeartbeat = eventlog.HangInitialHeartbeat
+	KindHeartbeat        = eventlog.HangHeartbeat
+	KindSection          = eventlog.HangSection
+	KindOutOfSection     = eventlog.HangOutOfSection
 )
-
-// String returns the kind's name on the wire and in logs.
-func (k HangKind) String() string { return string(k) }
 
 // initInfo is what a client tells the monitor when its session starts
 // (native Hello or nvrx InitMsg).

@@ -60,11 +60,14 @@ type Input struct {
 	Delay time.Duration
 }
 
-// Restart modes, as a node's records name how its ranks restarted
+// Mode is how a node's ranks restarted, as its records name it
 // (configs.RestartFull, configs.RestartInProcess).
+type Mode string
+
+// Restart modes.
 const (
-	ModeFull      = "full"
-	ModeInProcess = "in-process"
+	ModeFull      Mode = "full"
+	ModeInProcess Mode = "in-process"
 )
 
 // Action is what the job does next.

@@ -1,6 +1,8 @@
 package ranklogs
 
 import (
+	"github.com/ftlauncher/ft-launcher/eventlog"
+
 	"io"
 	"os"
 	"strings"
@@ -9,7 +11,7 @@ import (
 // Hint is advice for a rank failure whose own message does not say what
 // to do: a known cause recognised in the rank's error file or stderr.
 type Hint struct {
-	Kind string // stable name, for the event log
+	Kind eventlog.HintCause // stable name, for the event log
 	Text string
 }
 
@@ -19,7 +21,7 @@ type Hint struct {
 const libuvMissing = "use_libuv was requested but PyTorch was build without libuv support"
 
 // HintKindNoLibuv: the rank's torch has no libuv TCPStore backend.
-const HintKindNoLibuv = "torch_without_libuv"
+const HintKindNoLibuv = eventlog.HintNoLibuv
 
 // FailureHint recognises a known cause in text (an error file's message
 // and traceback, the tail of the rank's stderr). agentStore is whether the

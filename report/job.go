@@ -128,9 +128,9 @@ func (f *roundFacts) hangReason() string {
 // hangWhat is which timeout expired: "heartbeat", or "section step".
 func hangWhat(ev eventlog.RankHangEvent) string {
 	if ev.Section == "" {
-		return ev.TimeoutKind
+		return ev.TimeoutKind.String()
 	}
-	return ev.TimeoutKind + " " + ev.Section
+	return ev.TimeoutKind.String() + " " + ev.Section
 }
 
 func (f *roundFacts) failAt(detected, fault time.Time, end, reason string) {

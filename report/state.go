@@ -92,7 +92,7 @@ func stateAccount(rec *records, r *Report) *State {
 		case eventlog.StatePersistedEvent:
 			seen = true
 			st.Written++
-			st.WrittenBy[ev.Reason]++
+			st.WrittenBy[string(ev.Reason)]++
 			st.WriteMSMax = max(st.WriteMSMax, ev.WriteMS)
 			if st.LastWritten == nil || ev.Step > st.LastWritten.Step {
 				st.LastWritten = &Written{Node: e.Node, Rank: ev.Rank, Step: ev.Step, File: ev.File, At: e.TS}
@@ -125,12 +125,12 @@ func stateAccount(rec *records, r *Report) *State {
 				st.EmptyLoads++
 				continue
 			}
-			st.Restores[*ev.Source]++
+			st.Restores[string(*ev.Source)]++
 			job := e.Job
 			if rec.chain == nil {
 				job = ""
 			}
-			x := Restore{Round: ev.Round, Node: e.Node, Rank: ev.Rank, Step: *ev.Step, Source: *ev.Source, LoadMS: ev.LoadMS, At: orTS(ev.At, e.TS)}
+			x := Restore{Round: ev.Round, Node: e.Node, Rank: ev.Rank, Step: *ev.Step, Source: string(*ev.Source), LoadMS: ev.LoadMS, At: orTS(ev.At, e.TS)}
 			if i, ok := roundIdx[fmt.Sprint(job, "/", ev.Round)]; ok {
 				r.Rounds[i].Restores = append(r.Rounds[i].Restores, x)
 			}

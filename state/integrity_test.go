@@ -136,7 +136,7 @@ func TestStoreDamagedSaveNotWritten(t *testing.T) {
 		t.Fatalf("%d state_persist_failed events, want 1", n)
 	}
 	c := ev.last(EventCorrupt)
-	if c["by"] != "write-out" || c["source"] != SourceMemory || c["step"] != float64(2) || c["seq"] != float64(2) {
+	if c["by"] != "write-out" || c["source"] != string(SourceMemory) || c["step"] != float64(2) || c["seq"] != float64(2) {
 		t.Fatalf("state_corrupt %v", c)
 	}
 	if m, d := loadWritten(t, dir); m.Step != 1 || d.Step != 1 {

@@ -1,6 +1,8 @@
 package state
 
 import (
+	"github.com/ftlauncher/ft-launcher/eventlog"
+
 	"context"
 	"errors"
 	"fmt"
@@ -46,7 +48,7 @@ func readThreadPrio(tid int) (threadPrio, error) {
 // writeRecord is one write-out as the store's onWrite hook saw it, with
 // the priorities of the thread that did it, read on that thread.
 type writeRecord struct {
-	reason string
+	reason eventlog.PersistReason
 	tid    int
 	prio   threadPrio
 	err    error
@@ -57,7 +59,7 @@ type writeLog struct {
 	got []writeRecord
 }
 
-func (w *writeLog) hook(reason string, tid int) {
+func (w *writeLog) hook(reason eventlog.PersistReason, tid int) {
 	p, err := readThreadPrio(tid)
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -114,7 +116,7 @@ func TestWriterPriorities(t *testing.T) {
 	got := wl.all()
 	var reasons []string
 	for _, r := range got {
-		reasons = append(reasons, r.reason)
+		reasons = append(reasons, string(r.reason))
 	}
 	if strings.Join(reasons, ",") != "rank failed,periodic,end" {
 		t.Fatalf("write-outs %q, want rank failed, periodic, end", reasons)
@@ -156,7 +158,7 @@ func TestKickAbandonsPeriodicWrite(t *testing.T) {
 	var wl writeLog
 	started, kicked := make(chan struct{}), make(chan struct{})
 	var once sync.Once
-	hook := func(reason string, tid int) {
+	hook := func(reason eventlog.PersistReason, tid int) {
 		wl.hook(reason, tid)
 		if reason == "periodic" {
 			once.Do(func() {

@@ -117,7 +117,8 @@ func TestStoreBuddyRestoreSource(t *testing.T) {
 	b := BuddyRestore{Round: 2, LocalRank: 0, Rank: 4, Step: 20, Sender: "127.0.0.3/99"}
 	s.BuddyRestored(b)
 	notes := []struct {
-		body, want string
+		body string
+		want eventlog.StateSource
 	}{
 		{`{"local_rank":0,"rank":4,"round":1,"step":20,"source":"memory","load_ms":1,"at":"2026-11-28T06:00:00Z"}`, SourceMemory}, // a late note of round 1
 		{`{"local_rank":1,"rank":5,"round":2,"step":20,"source":"memory","load_ms":1,"at":"2026-11-28T06:00:01Z"}`, SourceMemory},

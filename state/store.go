@@ -46,32 +46,32 @@ const RestoreNotePattern = "restore-*.json"
 
 // restoreNote is a note's content (ft_launcher_client.state.load).
 type restoreNote struct {
-	LocalRank int       `json:"local_rank"`
-	Rank      int       `json:"rank"`
-	Round     int       `json:"round"`
-	Step      *int64    `json:"step"`   // null: nothing was restored
-	Source    *string   `json:"source"` // memory, file; null: nothing
-	LoadMS    float64   `json:"load_ms"`
-	At        time.Time `json:"at"`
+	LocalRank int                   `json:"local_rank"`
+	Rank      int                   `json:"rank"`
+	Round     int                   `json:"round"`
+	Step      *int64                `json:"step"`   // null: nothing was restored
+	Source    *eventlog.StateSource `json:"source"` // memory, file; null: nothing
+	LoadMS    float64               `json:"load_ms"`
+	At        time.Time             `json:"at"`
 	// A peer heal's (ft_launcher_client.heal): what it did (peer, kept,
 	// load, fallback), why, the survivor a replacement's state came from,
 	// the bytes sent, and when a survivor completed the healed step.
-	Heal     string     `json:"heal,omitempty"`
-	Why      string     `json:"why,omitempty"`
-	FromRank *int       `json:"from_rank,omitempty"`
-	Bytes    int64      `json:"bytes,omitempty"`
-	StepAt   *time.Time `json:"step_at,omitempty"`
+	Heal     eventlog.HealOutcome `json:"heal,omitempty"`
+	Why      string               `json:"why,omitempty"`
+	FromRank *int                 `json:"from_rank,omitempty"`
+	Bytes    int64                `json:"bytes,omitempty"`
+	StepAt   *time.Time           `json:"step_at,omitempty"`
 	// The damaged sources load() passed over (docs/state.md, "Integrity").
 	Rejected []rejectedSource `json:"rejected,omitempty"`
 }
 
 // rejectedSource is a damaged source in a restore note.
 type rejectedSource struct {
-	Source string `json:"source"` // memory, file
-	Slot   *int   `json:"slot"`
-	Seq    *int64 `json:"seq"`
-	Step   *int64 `json:"step"`
-	Error  string `json:"error"`
+	Source eventlog.StateSource `json:"source"` // memory, file
+	Slot   *int                 `json:"slot"`
+	Seq    *int64               `json:"seq"`
+	Step   *int64               `json:"step"`
+	Error  string               `json:"error"`
 }
 
 // Every is when the background writer writes: after Saves new saves, or
@@ -128,7 +128,7 @@ type Options struct {
 
 	// onWrite, when set (tests), is called on the thread about to write a
 	// save out, with its reason and thread id.
-	onWrite func(reason string, tid int)
+	onWrite func(reason eventlog.PersistReason, tid int)
 }
 
 // rankState is what the store knows of one local rank's segment.
@@ -144,7 +144,7 @@ type rankState struct {
 // ReasonOverdue is a periodic write-out that stayed due longer than
 // overdueAfter at low priority (a node without an idle core) and was done
 // again at the launcher's own priority.
-const ReasonOverdue = "overdue"
+const ReasonOverdue = eventlog.PersistOverdue
 
 // overdueAfter is how long a periodic write-out may stay due at low
 // priority before it runs at the launcher's priority: --state-persist-every
@@ -166,7 +166,7 @@ type Store struct {
 	opts   Options
 	shmDir string
 	lock   *os.File // the segments' directory's owner lock (stale.go), held until Close
-	kick   chan string
+	kick   chan eventlog.PersistReason
 	done   chan struct{}
 	cancel context.CancelFunc
 
@@ -196,11 +196,11 @@ type Store struct {
 
 // Sources of a restore (state_restore's source).
 const (
-	SourceMemory = "memory" // the rank's segment, as the rank's load() reports it
-	SourceFile   = "file"   // the state directory
+	SourceMemory = eventlog.SourceMemory // the rank's segment, as the rank's load() reports it
+	SourceFile   = eventlog.SourceFile   // the state directory
 	// SourceBuddy: the segment, filled before the round with a buddy's copy
 	// (RestoreRanks): the store reports the load so, the rank cannot tell.
-	SourceBuddy = "buddy"
+	SourceBuddy = eventlog.SourceBuddy
 )
 
 // BuddyRestore is a local rank's segment filled with a buddy's copy of
@@ -245,7 +245,7 @@ func (s *Store) BuddyRestores() []BuddyRestore {
 // source is the restore source to record for a rank's note: "buddy" for
 // the first load of the round a buddy's copy was restored for, when it
 // read that copy from memory; the note's own source otherwise.
-func (s *Store) source(n restoreNote) string {
+func (s *Store) source(n restoreNote) eventlog.StateSource {
 	s.bmu.Lock()
 	defer s.bmu.Unlock()
 	b, ok := s.marks[n.LocalRank]
@@ -290,7 +290,7 @@ func Open(opts Options) (*Store, error) {
 		return nil, fmt.Errorf("state store: %w", err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	s := &Store{opts: opts, shmDir: shm, lock: lock, kick: make(chan string, 1), done: make(chan struct{}), cancel: cancel,
+	s := &Store{opts: opts, shmDir: shm, lock: lock, kick: make(chan eventlog.PersistReason, 1), done: make(chan struct{}), cancel: cancel,
 		ranks: make([]rankState, opts.NLocal)}
 	now := time.Now()
 	for i := range s.ranks {
@@ -325,7 +325,7 @@ func (s *Store) Env() []string {
 // is stopping); it does not wait for it. A periodic write-out under way is
 // abandoned (its temporary file removed), and the urgent one runs at the
 // launcher's own priority.
-func (s *Store) Kick(reason string) {
+func (s *Store) Kick(reason eventlog.PersistReason) {
 	s.pmu.Lock()
 	s.urgent = true
 	if s.pcancel != nil {
@@ -356,7 +356,7 @@ func (s *Store) Close(ctx context.Context) error {
 		if s.low != nil {
 			s.low.stop()
 		}
-		err := s.flush(ctx, "end", true)
+		err := s.flush(ctx, eventlog.PersistEnd, true)
 		if rerr := os.RemoveAll(s.shmDir); rerr != nil {
 			err = errors.Join(err, fmt.Errorf("remove state segments: %w", rerr))
 		}
@@ -404,13 +404,13 @@ func (s *Store) periodic(ctx context.Context) {
 
 // flush observes every segment and writes out the new saves that are due
 // (all new ones when force). reason "" is the periodic policy.
-func (s *Store) flush(ctx context.Context, reason string, force bool) error {
+func (s *Store) flush(ctx context.Context, reason eventlog.PersistReason, force bool) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.readRestores()
 	var errs []error
 	for lr := range s.ranks {
-		if err := ctx.Err(); err != nil && reason != "end" {
+		if err := ctx.Err(); err != nil && reason != eventlog.PersistEnd {
 			return err
 		}
 		if err := s.flushRank(ctx, lr, reason, force); err != nil {
@@ -420,7 +420,7 @@ func (s *Store) flush(ctx context.Context, reason string, force bool) error {
 	return errors.Join(errs...)
 }
 
-func (s *Store) flushRank(ctx context.Context, lr int, reason string, force bool) error {
+func (s *Store) flushRank(ctx context.Context, lr int, reason eventlog.PersistReason, force bool) error {
 	rs := &s.ranks[lr]
 	// Open for writing too: the write-out pins the save it copies
 	// (copyNewestBy); the store writes nothing else into a segment.
@@ -456,7 +456,7 @@ func (s *Store) flushRank(ctx context.Context, lr int, reason string, force bool
 	e := s.opts.Every
 	if reason == "" {
 		due = (e.Saves > 0 && rs.savesNew >= e.Saves) || (e.Interval > 0 && time.Since(rs.lastWrite) >= e.Interval)
-		reason = "periodic"
+		reason = eventlog.PersistPeriodic
 	}
 	if !due {
 		return nil
@@ -514,7 +514,7 @@ func (s *Store) flushRank(ctx context.Context, lr int, reason string, force bool
 // write writes f's newest save out: with low on the lowered thread, else
 // on the calling goroutine's thread, which is at the launcher's priority
 // (only the lowered thread is lowered, and it never runs anything else).
-func (s *Store) write(ctx context.Context, f *os.File, reason string, prev uint64, low bool) (m Manifest, ok bool, err error) {
+func (s *Store) write(ctx context.Context, f *os.File, reason eventlog.PersistReason, prev uint64, low bool) (m Manifest, ok bool, err error) {
 	run := func() {
 		runtime.LockOSThread() // onWrite's thread id stays this write's thread
 		defer runtime.UnlockOSThread()
@@ -584,9 +584,9 @@ func (s *Store) corruptOnLoad(n restoreNote, e eventlog.StateRestoreEvent, r rej
 
 // warn records a write-out failure: an event, a log line and a verdict
 // warning. The save stays in memory; the next write-out tries again.
-func (s *Store) warn(lr int, reason string, err error) error {
+func (s *Store) warn(lr int, reason eventlog.PersistReason, err error) error {
 	if reason == "" {
-		reason = "periodic"
+		reason = eventlog.PersistPeriodic
 	}
 	s.opts.Emit(eventlog.StatePersistFailedEvent{LocalRank: lr, Reason: reason, Error: err.Error()})
 	s.opts.Logger.Warn("state: writing the saved state out failed; the copy in memory is kept", "local_rank", lr, "reason", reason, "err", err)

@@ -452,7 +452,7 @@ func (r *verdictRecorder) signaled(sig os.Signal) int {
 	}
 	reason := "stopped by " + name + " during set-up, before any rank started"
 	r.log.Warn("signal received during set-up; exiting", "signal", name)
-	r.ev.Emit(eventlog.SignalReceivedEvent{Signal: name, State: "setup"})
+	r.ev.Emit(eventlog.SignalReceivedEvent{Signal: name, State: eventlog.StateSetup})
 	o := agent.Outcome{Kind: verdict.Signaled, Reason: reason, Signal: sig, MaxRestarts: r.cfg.MaxRestarts, LastRound: -1,
 		StartedAt: r.started.UTC(), EndedAt: time.Now().UTC()}
 	r.ev.Emit(eventlog.VerdictEvent{VerdictKind: o.Kind, ExitCode: o.ExitCode(), Reason: reason,
