@@ -359,7 +359,7 @@ func TestFenceWatchdogNotRestartableStopsNode(t *testing.T) {
 		t.Errorf("the node without a watchdog exited %d, want 1", code)
 	}
 	gave := c.nodes[victim].eventsOfQuiet("fence_watchdog_gave_up")
-	if len(gave) != 1 || !strings.Contains(fmt.Sprint(gave[0]["reason"]), "starts in a row failed") ||
+	if len(gave) != 1 || !strings.Contains(fmt.Sprint(gave[0]["reason"]), "the last start failed") ||
 		!slices.Contains(gave[0]["pgids"].([]any), any(float64(rank))) {
 		t.Errorf("fence_watchdog_gave_up events %v: want one, the failed starts, pgid %d", gave, rank)
 	}
