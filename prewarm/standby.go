@@ -311,3 +311,45 @@ func orDefault(f, def *os.File) *os.File {
 	}
 	return f
 }
+
+// pyCommand is a rank command as agent.WorkerArgv builds it for Python:
+// python -u [-m] target args...
+type pyCommand struct {
+	python, mode, target string
+}
+
+func parseArgv(argv []string) (pyCommand, bool) {
+	if len(argv) < 3 || argv[1] != "-u" {
+		return pyCommand{}, false
+	}
+	if argv[2] == "-m" {
+		if len(argv) < 4 {
+			return pyCommand{}, false
+		}
+		return pyCommand{argv[0], "module", argv[3]}, true
+	}
+	if strings.HasPrefix(argv[2], "-") {
+		return pyCommand{}, false
+	}
+	return pyCommand{argv[0], "script", argv[2]}, true
+}
+
+// warmable says why spec cannot run on a standby ("" when it can): only a
+// plain script file or a module (python runs a directory or zip through
+// its __main__.py, which the standby does not emulate).
+func warmable(spec spawn.Spec) (pyCommand, string) {
+	c, ok := parseArgv(spec.Argv)
+	if !ok {
+		return c, "the rank command is not python -u [-m] TARGET"
+	}
+	if c.mode == "script" {
+		p := c.target
+		if !strings.HasPrefix(p, "/") && spec.Dir != "" {
+			p = spec.Dir + "/" + p
+		}
+		if st, err := os.Stat(p); err != nil || !st.Mode().IsRegular() {
+			return c, "the script is not a regular file"
+		}
+	}
+	return c, ""
+}
