@@ -1,5 +1,10 @@
 package rendezvous
 
+// This file is long on purpose: it holds the cluster harness every etcd
+// rendezvous test builds on (nodes on loopback addresses, options, Next on
+// all nodes at once, consistency checks) beside the basic scenarios that
+// exercise it; the other _test.go files of the package use the harness.
+
 import (
 	"context"
 	"errors"

@@ -1,5 +1,11 @@
 package rendezvous
 
+// This file is long on purpose: it holds the rendezvous's scale harness
+// (simulated nodes, each a real rendezvous client and ledger book, driven
+// through rounds against one etcd; what it measures per round) and the
+// two tests that run it, the small job every run checks and the opt-in
+// measurement; the harness is their shared body.
+
 import (
 	"bufio"
 	"context"

@@ -1,5 +1,11 @@
 package tcpstore
 
+// This file is long on purpose: it is the store server's one suite, every
+// query of torch's TCPStore protocol and each of the server's limits
+// (connections, waiters, queued bytes, registrations, garbage clients)
+// against a real listener, sharing one set of client helpers. Its tests
+// differ by the limit they push, not by a concern a split could follow.
+
 import (
 	"bufio"
 	"context"

@@ -1,5 +1,10 @@
 package kubelettest_test
 
+// This file is long on purpose: it is one test, TestRealAppWrapper, whose
+// scenarios share one real cluster (kube-apiserver, scheduler, kubelets,
+// containerd) that takes minutes to start; each scenario is a subtest,
+// and the lane helpers they share sit below them.
+
 import (
 	"archive/tar"
 	"bytes"

@@ -1,5 +1,10 @@
 package slurmtest
 
+// This file is long on purpose: it is the ft-resumer chain's scenario list
+// on one private Slurm cluster (auto-resume, walltime, node failures,
+// exclusions, a killed resumer, scancel), each scenario a short test over
+// the same job scripts and waits.
+
 import (
 	"context"
 	"fmt"

@@ -1,5 +1,11 @@
 package envtests
 
+// This file is long on purpose: it is the AppWrapper controller's scenario
+// list against one envtest API server (resets, retry limit, grace periods,
+// forced deletion, autopilot, suspension), each scenario a short test
+// over the same helpers; read together they are the controller's
+// behaviour as users see it, in the order of docs/kubernetes.md.
+
 import (
 	"context"
 	"encoding/json"
