@@ -49,6 +49,10 @@ Scenarios (repetitions alternate launchers so background load hits both):
 A round not complete within --bound seconds is recorded as "no restart within
 bound". Prints markdown on stdout; progress and failures on stderr.
 
+One file on purpose: every scenario shares the same node harness (start N
+launchers on loopback, stamp and parse the ranks' starts, kill or stop a
+node), and a scenario is a short function over it.
+
 usage: multinode.py [--bin-dir DIR] [--torchrun CMD] [--reps N] [--nproc N]
                     [--bound S] [--only nodeloss,crash] [--torchrun-tuned]
                     [--keep DIR]

@@ -2,6 +2,11 @@
 
 Run by client/python/state_test.go with Debian's python3 (torch); not named
 test_*.py so that the torch-free unittest discovery does not collect it.
+
+It is one file on purpose: every test here needs torch and real tensors,
+and the Go side runs it as one process with one import of torch; the
+torch-free tests of the state package live in test_state.py and
+test_state_package.py.
 """
 
 import io
