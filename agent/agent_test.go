@@ -529,23 +529,7 @@ func TestRun(t *testing.T) {
 	tests = append(tests, walltimeCases()...)
 	tests = append(tests, repeatSignalCases()...)
 	tests = append(tests, spareCases()...)
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			h := newHarness(t)
-			if tc.setup != nil {
-				tc.setup(h)
-			}
-			out := h.start()
-			if tc.act != nil {
-				tc.act(h)
-			}
-			o := h.outcome(out)
-			if h.agent.State() != StateDone {
-				t.Errorf("state %v after Run", h.agent.State())
-			}
-			tc.check(t, h, o)
-		})
-	}
+	runAll(t, tests)
 }
 
 func TestExitCode(t *testing.T) {
@@ -583,5 +567,28 @@ func TestCyclesBounded(t *testing.T) {
 	}
 	if len(r.cycles) != maxCycles || r.cyclesTotal != 1000 || r.cycles[0].Round != 1000-maxCycles || r.cycles[maxCycles-1].Round != 999 {
 		t.Fatalf("%d cycles kept (first %d, last %d), %d total", len(r.cycles), r.cycles[0].Round, r.cycles[len(r.cycles)-1].Round, r.cyclesTotal)
+	}
+}
+
+// runAll runs each case on a harness of its own: setup, Run, act, then
+// check the outcome once Run has returned (in state done).
+func runAll(t *testing.T, tests []runCase) {
+	t.Helper()
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t)
+			if tc.setup != nil {
+				tc.setup(h)
+			}
+			out := h.start()
+			if tc.act != nil {
+				tc.act(h)
+			}
+			o := h.outcome(out)
+			if h.agent.State() != StateDone {
+				t.Errorf("state %v after Run", h.agent.State())
+			}
+			tc.check(t, h, o)
+		})
 	}
 }

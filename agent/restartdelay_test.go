@@ -112,17 +112,5 @@ func TestRestartDelay(t *testing.T) {
 			}
 		},
 	})
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			h := newHarness(t)
-			if tc.setup != nil {
-				tc.setup(h)
-			}
-			out := h.start()
-			if tc.act != nil {
-				tc.act(h)
-			}
-			tc.check(t, h, h.outcome(out))
-		})
-	}
+	runAll(t, cases)
 }

@@ -1,8 +1,6 @@
 package report
 
 import (
-	"os"
-	"strings"
 	"testing"
 )
 
@@ -26,14 +24,7 @@ func TestRoundEndedReadsTheCause(t *testing.T) {
 				`{"event":"rank_exited","exit_code":-15,"signal":"SIGTERM","local_rank":0,"node":"n1","rank":0,"round":0,"run_id":"r1","ts":"2026-01-01T00:00:06Z"}`,
 				`{"event":"job_failed","node":"n1","reason":"out of restarts","round":0,"run_id":"r1","ts":"2026-01-01T00:00:07Z"}`,
 			}
-			path := t.TempDir() + "/events.jsonl"
-			if err := os.WriteFile(path, []byte(strings.Join(lines, "\n")+"\n"), 0o644); err != nil {
-				t.Fatal(err)
-			}
-			r, err := Build(Inputs{EventLogs: []string{path}})
-			if err != nil {
-				t.Fatal(err)
-			}
+			r := buildFromLines(t, lines)
 			if len(r.Rounds) == 0 || r.Rounds[0].End != tc.want {
 				t.Fatalf("rounds %+v: want round 0 ended %q", r.Rounds, tc.want)
 			}

@@ -238,14 +238,7 @@ func TestRankWithoutExitEndsWithItsNode(t *testing.T) {
 		`{"after_round":0,"event":"restart","node":"n1","reason":"node n2 lost","run_id":"r1","ts":"2026-01-01T00:00:14Z"}`,
 		`{"event":"job_failed","node":"n1","reason":"out of restarts","round":0,"run_id":"r1","ts":"2026-01-01T00:00:20Z"}`,
 	}
-	path := t.TempDir() + "/events.jsonl"
-	if err := os.WriteFile(path, []byte(strings.Join(lines, "\n")+"\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	r, err := Build(Inputs{EventLogs: []string{path}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := buildFromLines(t, lines)
 	checkSum(t, r)
 	want := map[string]string{"rank 0": "00:00:13", "rank 1": "00:00:10"} // its exit; its node's loss
 	for _, lane := range r.Ranks {
@@ -259,4 +252,18 @@ func TestRankWithoutExitEndsWithItsNode(t *testing.T) {
 			t.Errorf("%s: running spans end at %v, want [%s]", lane.Name, ends, want[lane.Name])
 		}
 	}
+}
+
+// buildFromLines builds the report of one event log made of lines.
+func buildFromLines(t *testing.T, lines []string) *Report {
+	t.Helper()
+	path := t.TempDir() + "/events.jsonl"
+	if err := os.WriteFile(path, []byte(strings.Join(lines, "\n")+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r, err := Build(Inputs{EventLogs: []string{path}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
 }
