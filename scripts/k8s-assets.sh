@@ -11,10 +11,13 @@
 #   K8S_VERSION     k8s.io/kubernetes version (default 1.37.1; pin exact
 #                   versions: the proxy's version list is incomplete here)
 #   ETCD_VERSION    go.etcd.io/etcd/server/v3 version (default 3.7.3)
-#   FTL_K8S_KUBELET=1  also build kube-scheduler (K8S_VERSION) and the
-#                   kubelet (KUBELET_VERSION) into the same folder, for the
-#                   real-container lane (k8s/kubelettest): about 4 more
-#                   minutes cold
+#   FTL_K8S_KUBELET=1  also build kube-scheduler and kube-proxy (K8S_VERSION),
+#                   the kubelet (KUBELET_VERSION) and CoreDNS
+#                   (COREDNS_VERSION, with only the plugins the lane uses)
+#                   into the same folder, for the real-container lane
+#                   (k8s/kubelettest): about 7 more minutes cold
+#   --dir           print the folder only, building nothing
+#   --check         exit 0 when everything asked for is built, 1 if not
 #   KUBELET_VERSION kubelet version (default 1.35.8: 1.35 is the last minor
 #                   that runs on cgroup v1 and containerd 1.x, as Debian 12
 #                   has; v1.35.7 and v1.35.9+ are refused by the proxy here)
@@ -23,6 +26,7 @@ set -euo pipefail
 K8S_VERSION=${K8S_VERSION:-1.37.1}
 ETCD_VERSION=${ETCD_VERSION:-3.7.3}
 KUBELET_VERSION=${KUBELET_VERSION:-1.35.8}
+COREDNS_VERSION=${COREDNS_VERSION:-1.15.0}
 WANT_KUBELET=${FTL_K8S_KUBELET:-0}
 CACHE=${FTL_K8S_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/ft-launcher/k8s}
 OUT=$CACHE/bin-k8s${K8S_VERSION}-etcd${ETCD_VERSION}
@@ -38,8 +42,18 @@ base_ok() {
 }
 extras_ok() {
   [ "$WANT_KUBELET" != 1 ] ||
-    { version_is "$OUT/kube-scheduler" "$K8S_VERSION" && version_is "$OUT/kubelet" "$KUBELET_VERSION"; }
+    { version_is "$OUT/kube-scheduler" "$K8S_VERSION" && version_is "$OUT/kube-proxy" "$K8S_VERSION" &&
+      version_is "$OUT/kubelet" "$KUBELET_VERSION" && coredns_ok; }
 }
+coredns_ok() { # coredns -version prints "CoreDNS-VERSION" first
+  [ -x "$OUT/coredns" ] && [[ "$("$OUT/coredns" -version 2>/dev/null || true)" == "CoreDNS-${COREDNS_VERSION}"* ]]
+}
+case ${1:-} in
+  --dir) echo "$OUT"; exit 0 ;;
+  --check) base_ok && extras_ok; exit ;;
+  "") ;;
+  *) echo "k8s-assets: unknown argument $1 (--dir or --check, or none to build)" >&2; exit 2 ;;
+esac
 if base_ok && extras_ok; then
   echo "$OUT"
   exit 0
@@ -114,11 +128,50 @@ if ! extras_ok; then
     mv "$OUT/kube-scheduler.partial" "$OUT/kube-scheduler"
     log "kube-scheduler v${K8S_VERSION} built"
   fi
+  # kube-proxy gives the lane's pods Services (TestShippedInstall); it
+  # shares the scheduler's module and most of its packages.
+  if ! version_is "$OUT/kube-proxy" "$K8S_VERSION"; then
+    k8s_module "$CACHE/scheduler-build" "$K8S_VERSION" kube-scheduler kube-proxy
+    go build -trimpath -ldflags "$LDFLAGS" -o "$OUT/kube-proxy.partial" k8s.io/kubernetes/cmd/kube-proxy
+    mv "$OUT/kube-proxy.partial" "$OUT/kube-proxy"
+    log "kube-proxy v${K8S_VERSION} built"
+  fi
   if ! version_is "$OUT/kubelet" "$KUBELET_VERSION"; then
     k8s_module "$CACHE/kubelet-build" "$KUBELET_VERSION" kubelet
     go build -trimpath -ldflags "$LDFLAGS" -o "$OUT/kubelet.partial" k8s.io/kubernetes/cmd/kubelet
     mv "$OUT/kubelet.partial" "$OUT/kubelet"
     log "kubelet v${KUBELET_VERSION} built"
+  fi
+  # CoreDNS, the pods' cluster DNS in the lane: a main of our own with the
+  # plugins the lane's Corefile uses (CoreDNS's documented way to choose
+  # plugins at build time), so that the build fetches none of the others'
+  # cloud SDKs.
+  if ! coredns_ok; then
+    DDIR=$CACHE/coredns-build
+    rm -rf "$DDIR"; mkdir -p "$DDIR"; cd "$DDIR"
+    go mod init example.com/corednsbuild >/dev/null 2>&1
+    go mod edit -go=1.26
+    cat >main.go <<'GOEOF'
+package main
+
+import (
+	"github.com/coredns/coredns/core/dnsserver"
+	"github.com/coredns/coredns/coremain"
+
+	_ "github.com/coredns/coredns/plugin/bind"
+	_ "github.com/coredns/coredns/plugin/errors"
+	_ "github.com/coredns/coredns/plugin/kubernetes"
+)
+
+// The directives in CoreDNS's own order (plugin.cfg).
+func init() { dnsserver.Directives = []string{"bind", "errors", "kubernetes"} }
+
+func main() { coremain.Run() }
+GOEOF
+    go get "github.com/coredns/coredns@v${COREDNS_VERSION}" >&2
+    go build -trimpath -ldflags "-s -w" -o "$OUT/coredns.partial" .
+    mv "$OUT/coredns.partial" "$OUT/coredns"
+    log "CoreDNS v${COREDNS_VERSION} built"
   fi
 fi
 echo "$OUT"

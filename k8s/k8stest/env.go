@@ -14,11 +14,13 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -56,10 +58,16 @@ type Env struct {
 	env *envtest.Environment
 	kcm *exec.Cmd
 	dir string
+	// certDir holds the API server's certificates when StartWith made
+	// them (Options.Address); Stop removes it.
+	certDir string
 }
 
 // Assets returns the folder the binaries are in, or ErrNoAssets.
 func Assets() (string, error) {
+	if err := waitBuild(); err != nil {
+		return "", err
+	}
 	dir := os.Getenv("KUBEBUILDER_ASSETS")
 	if dir == "" {
 		return "", ErrNoAssets
@@ -70,6 +78,52 @@ func Assets() (string, error) {
 		}
 	}
 	return dir, nil
+}
+
+// Environment of a build of the binaries that scripts/test.sh runs in the
+// background while the tests that need none of them run.
+const (
+	// EnvAssetsDone names the file that holds the build's exit status once
+	// it has ended (absent until then).
+	EnvAssetsDone = "FTL_K8S_ASSETS_DONE"
+	// EnvAssetsLog names the build's log.
+	EnvAssetsLog = "FTL_K8S_ASSETS_LOG"
+)
+
+// assetsWait bounds the wait for a background build: a cold one takes
+// about 16 minutes on 2 idle cores, longer at nice 19 beside the tests.
+const assetsWait = 50 * time.Minute
+
+// waitBuild waits for the background build of the binaries, when one was
+// started (EnvAssetsDone set), and reports its failure with its log's end.
+func waitBuild() error {
+	done := os.Getenv(EnvAssetsDone)
+	if done == "" {
+		return nil
+	}
+	start := time.Now()
+	said := false
+	for {
+		b, err := os.ReadFile(done)
+		if err == nil {
+			if rc := strings.TrimSpace(string(b)); rc != "0" {
+				logB, _ := os.ReadFile(os.Getenv(EnvAssetsLog))
+				return fmt.Errorf("%w: scripts/k8s-assets.sh exited %s; the end of its log (%s):\n%s", ErrNoAssets, rc, os.Getenv(EnvAssetsLog), tail(string(logB), 3000))
+			}
+			if said {
+				fmt.Fprintf(os.Stderr, "k8stest: the Kubernetes binaries are built (waited %v)\n", time.Since(start).Round(time.Second))
+			}
+			return nil
+		}
+		if time.Since(start) > assetsWait {
+			return fmt.Errorf("%w: scripts/k8s-assets.sh, building in the background, did not end within %v (log: %s)", ErrNoAssets, assetsWait, os.Getenv(EnvAssetsLog))
+		}
+		if !said {
+			fmt.Fprintf(os.Stderr, "k8stest: waiting for scripts/k8s-assets.sh to build the Kubernetes binaries (log: %s)\n", os.Getenv(EnvAssetsLog))
+			said = true
+		}
+		time.Sleep(time.Second)
+	}
 }
 
 // repoDir is the repository root, found from this file's location so tests
@@ -84,7 +138,31 @@ func CRDDir() string { return filepath.Join(repoDir(), "deploy", "k8s", "crd") }
 
 // Start starts etcd, kube-apiserver (with the shipped CRDs and the test
 // PodGroup CRD) and kube-controller-manager.
-func Start() (*Env, error) {
+func Start() (*Env, error) { return StartWith(Options{}) }
+
+// Options shape the control plane for a test that needs more of a real
+// cluster than the default one (which has no service accounts and serves
+// on 127.0.0.1 only).
+type Options struct {
+	// Address, when set, is the host address the API server listens on
+	// and advertises (the endpoint of the "kubernetes" Service, which pods
+	// reach through kube-proxy); its serving certificate names it. It must
+	// already be assigned to an interface.
+	Address string
+	// Cluster makes it a cluster as kubeadm's would be for pods that use
+	// the API: the ServiceAccount admission plugin on (pods get their
+	// service account's token), and the controllers that make service
+	// accounts, publish the root CA (kube-root-ca.crt), run Deployments and
+	// keep EndpointSlices, beside the Job controller and the garbage
+	// collector.
+	Cluster bool
+	// NoCRDs leaves the shipped CRDs out: the test installs them as a user
+	// would.
+	NoCRDs bool
+}
+
+// StartWith is Start with opts.
+func StartWith(opts Options) (*Env, error) {
 	assets, err := Assets()
 	if err != nil {
 		return nil, err
@@ -97,17 +175,56 @@ func Start() (*Env, error) {
 		return nil, fmt.Errorf("k8stest: scheme: %w", err)
 	}
 	_, self, _, _ := runtime.Caller(0)
+	crds := []string{CRDDir(), filepath.Join(filepath.Dir(self), "testdata", "crd")}
+	if opts.NoCRDs {
+		crds = crds[1:]
+	}
 	te := &envtest.Environment{
 		BinaryAssetsDirectory: assets,
-		CRDDirectoryPaths:     []string{CRDDir(), filepath.Join(filepath.Dir(self), "testdata", "crd")},
+		CRDDirectoryPaths:     crds,
 		ErrorIfCRDPathMissing: true,
 		Scheme:                sch,
 	}
+	var certDir string
+	if opts.Address != "" || opts.Cluster {
+		te.ControlPlane.APIServer = &envtest.APIServer{}
+		if opts.Address != "" {
+			// Both or neither: envtest picks a 127.0.0.1 port when either
+			// is empty.
+			port, err := freePort(opts.Address)
+			if err != nil {
+				return nil, err
+			}
+			te.ControlPlane.APIServer.SecureServing.ListenAddr = envtest.ListenAddr{Address: opts.Address, Port: strconv.Itoa(port)}
+			// Certificates of our own (certs.go): envtest keeps the files
+			// it finds in CertDir, and takes the CA from SecureServing.
+			if certDir, err = os.MkdirTemp("", "k8stest-certs-"); err != nil {
+				return nil, fmt.Errorf("k8stest: %w", err)
+			}
+			ca, err := writeClusterCerts(certDir, opts.Address)
+			if err != nil {
+				_ = os.RemoveAll(certDir)
+				return nil, fmt.Errorf("k8stest: certificates: %w", err)
+			}
+			te.ControlPlane.APIServer.CertDir = certDir
+			te.ControlPlane.APIServer.SecureServing.CA = ca
+			te.ControlPlane.APIServer.Configure().Set("advertise-address", opts.Address)
+		}
+		if opts.Cluster {
+			// envtest turns the plugin off because nothing makes the
+			// namespaces' default service account; the controller manager
+			// below does.
+			te.ControlPlane.APIServer.Configure().Disable("disable-admission-plugins")
+		}
+	}
 	cfg, err := te.Start()
 	if err != nil {
+		if certDir != "" {
+			_ = os.RemoveAll(certDir)
+		}
 		return nil, fmt.Errorf("k8stest: start etcd and kube-apiserver from %s: %w", assets, err)
 	}
-	e := &Env{Config: cfg, Scheme: sch, env: te}
+	e := &Env{Config: cfg, Scheme: sch, env: te, certDir: certDir}
 	fail := func(err error) (*Env, error) {
 		_ = e.Stop()
 		return nil, err
@@ -118,7 +235,7 @@ func Start() (*Env, error) {
 	if e.Clientset, err = kubernetes.NewForConfig(cfg); err != nil {
 		return fail(fmt.Errorf("k8stest: clientset: %w", err))
 	}
-	if err := e.startControllerManager(assets); err != nil {
+	if err := e.startControllerManager(assets, opts.Cluster); err != nil {
 		return fail(err)
 	}
 	return e, nil
@@ -127,7 +244,7 @@ func Start() (*Env, error) {
 // startControllerManager runs the real Job controller (a Job's pods) and
 // garbage collector (background deletion of a Job's pods) against the API
 // server, as a cluster admin.
-func (e *Env) startControllerManager(assets string) error {
+func (e *Env) startControllerManager(assets string, cluster bool) error {
 	dir, err := os.MkdirTemp("", "k8stest-kcm-")
 	if err != nil {
 		return fmt.Errorf("k8stest: %w", err)
@@ -143,13 +260,17 @@ func (e *Env) startControllerManager(assets string) error {
 		return fmt.Errorf("k8stest: %w", err)
 	}
 	defer logf.Close()
-	cmd := exec.Command(filepath.Join(assets, "kube-controller-manager"),
-		"--kubeconfig="+kcPath,
-		"--controllers=job,garbagecollector",
-		"--leader-elect=false",
-		"--secure-port=0",
-		"--concurrent-job-syncs=10",
-	)
+	args := []string{"--kubeconfig=" + kcPath, "--controllers=job,garbagecollector",
+		"--leader-elect=false", "--secure-port=0", "--concurrent-job-syncs=10"}
+	if cluster {
+		ca := filepath.Join(dir, "ca.crt")
+		if err := os.WriteFile(ca, e.Config.CAData, 0o644); err != nil {
+			return fmt.Errorf("k8stest: %w", err)
+		}
+		args[1] = "--controllers=job,garbagecollector,deployment,replicaset,endpointslice,serviceaccount,root-ca-cert-publisher"
+		args = append(args, "--root-ca-file="+ca)
+	}
+	cmd := exec.Command(filepath.Join(assets, "kube-controller-manager"), args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	// The controller manager dies with the test binary, even a killed one.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
@@ -180,6 +301,16 @@ func (e *Env) startControllerManager(assets string) error {
 	return fmt.Errorf("k8stest: kube-controller-manager did not start its Job controller within 60s:\n%s", tail(string(b), 4000))
 }
 
+// freePort returns a TCP port free on the host address addr.
+func freePort(addr string) (int, error) {
+	l, err := net.Listen("tcp", net.JoinHostPort(addr, "0"))
+	if err != nil {
+		return 0, fmt.Errorf("k8stest: a free port on %s: %w", addr, err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
 func tail(s string, n int) string {
 	if len(s) > n {
 		return s[len(s)-n:]
@@ -201,6 +332,9 @@ func (e *Env) Stop() error {
 	}
 	if e.dir != "" {
 		_ = os.RemoveAll(e.dir)
+	}
+	if e.certDir != "" {
+		_ = os.RemoveAll(e.certDir)
 	}
 	return errors.Join(errs...)
 }

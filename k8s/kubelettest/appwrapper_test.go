@@ -141,7 +141,15 @@ func (l *lane) startController(t *testing.T, extraConfig string) {
 // applyManifest creates every object of a deploy/k8s manifest.
 func applyManifest(t *testing.T, file string) {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join("..", "..", "deploy", "k8s", file))
+	applyFile(t, env, filepath.Join("..", "..", "deploy", "k8s", file))
+}
+
+// applyFile creates every object of the YAML file path in e's cluster,
+// as `kubectl apply -f` does for objects that do not exist yet.
+func applyFile(t *testing.T, e *k8stest.Env, path string) {
+	t.Helper()
+	file := filepath.Base(path)
+	b, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -155,7 +163,7 @@ func applyManifest(t *testing.T, file string) {
 		}
 		// AlreadyExists: an earlier run of the test (-count) on the same
 		// control plane applied it.
-		if err := env.Client.Create(context.Background(), &obj); err != nil && !apierrors.IsAlreadyExists(err) {
+		if err := e.Client.Create(context.Background(), &obj); err != nil && !apierrors.IsAlreadyExists(err) {
 			t.Fatalf("%s: %s %s: %v", file, obj.GetKind(), obj.GetName(), err)
 		}
 	}
@@ -522,24 +530,7 @@ func (l *lane) controllerPod(t *testing.T, image string) func() {
 		l.ctl.stop(t)
 		l.ctl = nil
 	}
-	var dep appsv1.Deployment
-	var cm corev1.ConfigMap
-	b, err := os.ReadFile(filepath.Join("..", "..", "deploy", "k8s", "controller.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, doc := range strings.Split(string(b), "\n---\n") {
-		if strings.Contains(doc, "kind: Deployment") {
-			if err := yaml.UnmarshalStrict([]byte(doc), &dep); err != nil {
-				t.Fatalf("controller.yaml's Deployment: %v", err)
-			}
-		}
-		if strings.Contains(doc, "kind: ConfigMap") {
-			if err := yaml.UnmarshalStrict([]byte(doc), &cm); err != nil {
-				t.Fatalf("controller.yaml's ConfigMap: %v", err)
-			}
-		}
-	}
+	dep, cm := shippedController(t)
 	// The shipped operator configuration, as the Deployment mounts it
 	// (the webhook on by default).
 	shippedConfig := cm.Data["config.yaml"]
@@ -620,6 +611,28 @@ func (l *lane) controllerPod(t *testing.T, image string) func() {
 	}
 }
 
+// shippedController returns controller.yaml's Deployment and ConfigMap.
+func shippedController(t *testing.T) (dep appsv1.Deployment, cm corev1.ConfigMap) {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("..", "..", "deploy", "k8s", "controller.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, doc := range strings.Split(string(b), "\n---\n") {
+		if strings.Contains(doc, "kind: Deployment") {
+			if err := yaml.UnmarshalStrict([]byte(doc), &dep); err != nil {
+				t.Fatalf("controller.yaml's Deployment: %v", err)
+			}
+		}
+		if strings.Contains(doc, "kind: ConfigMap") {
+			if err := yaml.UnmarshalStrict([]byte(doc), &cm); err != nil {
+				t.Fatalf("controller.yaml's ConfigMap: %v", err)
+			}
+		}
+	}
+	return dep, cm
+}
+
 // generated: the AppWrapper that `ft-resumer appwrapper generate` writes
 // from a values file (docs/kubernetes.md, "Generating an AppWrapper"),
 // submitted as it is written (only its namespace set, as kubectl -n
@@ -679,10 +692,39 @@ retryPausePeriod: 0s
 // binaries of this tree, then a training image FROM it that adds the box
 // program as its rank and a /tmp, imports both into every node and
 // returns their names.
-func (l *lane) images(t *testing.T) (launcherImage, trainImage string) {
+func (l *lane) images(t *testing.T) (launcherRef, trainRef string) {
 	t.Helper()
 	testenv.Require(t, testenv.Buildah)
 	dir := t.TempDir()
+	launcher := launcherImage(t, dir, "localhost/ft-launcher:test")
+	// The user's training image: FROM the launcher's, plus the program.
+	ctx := filepath.Join(dir, "train")
+	if err := os.MkdirAll(ctx, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	writeTmpLayer(t, ctx)
+	build := exec.Command("go", "build", "-o", filepath.Join(ctx, "box"), "./testdata/box")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build box: %v\n%s", err, out)
+	}
+	containerfile := "FROM oci-archive:" + launcher + "\nCOPY box /box\nADD tmp.tar /\n"
+	train := buildahImage(t, dir, ctx, containerfile, "localhost/ftl-train:1")
+	ctxT, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	for _, img := range []struct{ archive, base string }{{launcher, "localhost/ft-launcher"}, {train, "localhost/ftl-train"}} {
+		if err := l.c.ImportImage(ctxT, img.archive, img.base); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return "localhost/ft-launcher:test", "localhost/ftl-train:1"
+}
+
+// launcherImage builds the project's image as docs/kubernetes.md says
+// (scripts/image.sh on static release builds of the three commands),
+// named tag, into an OCI archive under dir, and returns the archive.
+func launcherImage(t *testing.T, dir, tag string) string {
+	t.Helper()
 	bin := filepath.Join(dir, "bin")
 	for _, c := range []string{"ft-launcher", "ft-launcher-etcd", "ft-resumer"} {
 		build := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w", "-o", filepath.Join(bin, c), "../../cmd/"+c)
@@ -692,18 +734,19 @@ func (l *lane) images(t *testing.T) (launcherImage, trainImage string) {
 		}
 	}
 	launcher := filepath.Join(dir, "ft-launcher.oci.tar")
-	if out, err := exec.Command("../../scripts/image.sh", "--bin-dir", bin, "--tag", "localhost/ft-launcher:test",
+	if out, err := exec.Command("../../scripts/image.sh", "--bin-dir", bin, "--tag", tag,
 		"--out", launcher).CombinedOutput(); err != nil {
 		t.Fatalf("scripts/image.sh: %v\n%s", err, out)
 	}
-	// The user's training image: FROM the launcher's, plus the program.
-	ctx := filepath.Join(dir, "train")
-	if err := os.MkdirAll(ctx, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	// A /tmp writable by every user, as images with a distribution have:
-	// a tar layer keeps the directory's mode (COPY --chmod does not apply
-	// to a directory's own mode).
+	return launcher
+}
+
+// writeTmpLayer writes tmp.tar into the build context ctx: a /tmp
+// writable by every user, as images with a distribution have (a tar
+// layer keeps the directory's mode; COPY --chmod does not apply to a
+// directory's own mode).
+func writeTmpLayer(t *testing.T, ctx string) {
+	t.Helper()
 	var tmp bytes.Buffer
 	tw := tar.NewWriter(&tmp)
 	if err := tw.WriteHeader(&tar.Header{Name: "tmp/", Typeflag: tar.TypeDir, Mode: 0o1777}); err != nil {
@@ -715,35 +758,29 @@ func (l *lane) images(t *testing.T) (launcherImage, trainImage string) {
 	if err := os.WriteFile(filepath.Join(ctx, "tmp.tar"), tmp.Bytes(), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	build := exec.Command("go", "build", "-o", filepath.Join(ctx, "box"), "./testdata/box")
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build box: %v\n%s", err, out)
-	}
-	containerfile := "FROM oci-archive:" + launcher + "\nCOPY box /box\nADD tmp.tar /\n"
+}
+
+// buildahImage builds containerfile in the context ctx with buildah
+// (daemonless, its storage under dir), named tag, and returns its OCI
+// archive under dir.
+func buildahImage(t *testing.T, dir, ctx, containerfile, tag string) string {
+	t.Helper()
 	if err := os.WriteFile(filepath.Join(ctx, "Containerfile"), []byte(containerfile), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	train := filepath.Join(dir, "train.oci.tar")
-	store := filepath.Join(dir, "store")
+	train := filepath.Join(dir, filepath.Base(ctx)+".oci.tar")
+	store := filepath.Join(dir, "store-"+filepath.Base(ctx))
 	b := []string{"--root", filepath.Join(store, "root"), "--runroot", filepath.Join(store, "run"), "--storage-driver", "vfs"}
 	t.Cleanup(func() { _ = exec.Command("buildah", append(b, "rmi", "--all")...).Run() })
 	for _, args := range [][]string{
-		{"bud", "--quiet", "--isolation", "chroot", "-t", "localhost/ftl-train:1", "-f", filepath.Join(ctx, "Containerfile"), ctx},
-		{"push", "--quiet", "localhost/ftl-train:1", "oci-archive:" + train + ":localhost/ftl-train:1"},
+		{"bud", "--quiet", "--isolation", "chroot", "-t", tag, "-f", filepath.Join(ctx, "Containerfile"), ctx},
+		{"push", "--quiet", tag, "oci-archive:" + train + ":" + tag},
 	} {
 		if out, err := exec.Command("buildah", append(b, args...)...).CombinedOutput(); err != nil {
 			t.Fatalf("buildah %s: %v\n%s", args[0], err, out)
 		}
 	}
-	ctxT, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	for _, img := range []struct{ archive, base string }{{launcher, "localhost/ft-launcher"}, {train, "localhost/ftl-train"}} {
-		if err := l.c.ImportImage(ctxT, img.archive, img.base); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return "localhost/ft-launcher:test", "localhost/ftl-train:1"
+	return train
 }
 
 // Scenario 4: ft-launcher's verdict, written to the termination log in

@@ -12,9 +12,11 @@
 // included, unmounts what the kubelet and containerd mounted, removes the
 // cgroups and restores the kernel settings the kubelet changes.
 //
-// Pods run with hostNetwork: the CNI configuration given to containerd
-// (Debian's bridge plugin) only makes the node report its network ready;
-// no pod network or network namespace is created.
+// By default pods run with hostNetwork: the CNI configuration given to
+// containerd (Debian's bridge plugin) only makes the node report its
+// network ready; no pod network or network namespace is created. With
+// Options (StartWith) pods get a pod network, Services and cluster DNS
+// (network.go).
 package kubelettest
 
 import (
@@ -86,10 +88,14 @@ type Cluster struct {
 	Env   *k8stest.Env
 	Nodes []*Node
 
-	dir    string
-	sched  *proc
-	kcm    *proc
-	sysctl map[string]string
+	dir   string
+	sched *proc
+	kcm   *proc
+	opts  Options
+	// proxy and dns are kube-proxy and CoreDNS (Options.ServiceAddress).
+	proxy, dns *proc
+	proxyBin   string
+	sysctl     map[string]string
 	// absent are the system paths the kubelet and containerd create even
 	// when told to use other folders, that did not exist before Start.
 	absent []string
@@ -112,17 +118,30 @@ type Node struct {
 // Start starts kube-scheduler and nodes kubelets named ftl-node-0, ...,
 // each with its own containerd into which the images are imported (one of
 // them must be named PauseImage). It waits until every node is Ready.
-func Start(ctx context.Context, env *k8stest.Env, nodes int, images []Image) (_ *Cluster, err error) {
+func Start(ctx context.Context, env *k8stest.Env, nodes int, images []Image) (*Cluster, error) {
+	return StartWith(ctx, env, nodes, images, Options{})
+}
+
+// StartWith is Start with opts.
+func StartWith(ctx context.Context, env *k8stest.Env, nodes int, images []Image, opts Options) (_ *Cluster, err error) {
 	if err := Check(); err != nil {
 		return nil, err
 	}
 	assets := os.Getenv("KUBEBUILDER_ASSETS")
+	if opts.ServiceAddress != "" {
+		if !opts.PodNetwork {
+			return nil, errors.New("kubelettest: Options.ServiceAddress needs PodNetwork")
+		}
+		if err := checkServices(assets); err != nil {
+			return nil, err
+		}
+	}
 	// Short: containerd's sockets live here (108-byte limit).
 	dir, err := os.MkdirTemp("", "klt-")
 	if err != nil {
 		return nil, fmt.Errorf("kubelettest: %w", err)
 	}
-	c := &Cluster{Env: env, dir: dir, sysctl: map[string]string{}}
+	c := &Cluster{Env: env, dir: dir, sysctl: map[string]string{}, opts: opts}
 	defer func() {
 		if err != nil {
 			if serr := c.Stop(); serr != nil {
@@ -130,9 +149,19 @@ func Start(ctx context.Context, env *k8stest.Env, nodes int, images []Image) (_ 
 			}
 		}
 	}()
-	for _, k := range kernelTunables() {
+	tunables := kernelTunables()
+	if opts.PodNetwork {
+		tunables = append(tunables, ipForward)
+	}
+	for _, k := range tunables {
 		if b, err := os.ReadFile("/proc/sys/" + k); err == nil {
 			c.sysctl[k] = strings.TrimSpace(string(b))
+		}
+	}
+	if opts.PodNetwork {
+		// The host routes between the nodes' bridges.
+		if err := os.WriteFile("/proc/sys/"+ipForward, []byte("1"), 0o644); err != nil {
+			return nil, fmt.Errorf("kubelettest: %s=1: %w", ipForward, err)
 		}
 	}
 	for _, p := range systemPaths() {
@@ -174,12 +203,17 @@ func Start(ctx context.Context, env *k8stest.Env, nodes int, images []Image) (_ 
 		n := &Node{Name: fmt.Sprintf("ftl-node-%d", i), dir: filepath.Join(dir, fmt.Sprintf("n%d", i)),
 			cgroupRoot: fmt.Sprintf("/%s-n%d", filepath.Base(dir), i)}
 		c.Nodes = append(c.Nodes, n)
-		if err := n.start(ctx, env, assets, archives); err != nil {
+		if err := n.start(ctx, env, assets, archives, i, opts); err != nil {
 			return nil, err
 		}
 	}
 	for _, n := range c.Nodes {
 		if err := n.WaitReady(ctx, env, 120*time.Second); err != nil {
+			return nil, err
+		}
+	}
+	if opts.ServiceAddress != "" {
+		if err := c.startServices(ctx, env, assets, opts.ServiceAddress); err != nil {
 			return nil, err
 		}
 	}
@@ -204,7 +238,7 @@ func (c *Cluster) ImportImage(ctx context.Context, archive, baseName string) err
 	return nil
 }
 
-func (n *Node) start(ctx context.Context, env *k8stest.Env, assets string, archives []string) error {
+func (n *Node) start(ctx context.Context, env *k8stest.Env, assets string, archives []string, i int, opts Options) error {
 	for _, d := range []string{"containerd/root", "containerd/state", "net.d", "kubelet", "pod-logs"} {
 		if err := os.MkdirAll(filepath.Join(n.dir, d), 0o755); err != nil {
 			return fmt.Errorf("kubelettest: %w", err)
@@ -213,10 +247,7 @@ func (n *Node) start(ctx context.Context, env *k8stest.Env, assets string, archi
 	if err := n.makeCgroupRoot(); err != nil {
 		return err
 	}
-	// The CNI configuration only makes containerd report the network as
-	// ready; pods use hostNetwork and never call the plugins.
-	cni := fmt.Sprintf(`{"cniVersion":"0.4.0","name":"ftl-%s","plugins":[{"type":"bridge","bridge":"ftlbr-%s","isGateway":false,"ipMasq":false,"ipam":{"type":"host-local","ranges":[[{"subnet":"10.244.%d.0/24"}]]}},{"type":"loopback"}]}`,
-		filepath.Base(n.dir), filepath.Base(n.dir), 100+len(n.Name))
+	cni := n.cniConfig(i, opts.PodNetwork)
 	if err := os.WriteFile(filepath.Join(n.dir, "net.d", "10-ftl.conflist"), []byte(cni), 0o644); err != nil {
 		return fmt.Errorf("kubelettest: %w", err)
 	}
@@ -281,7 +312,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
 	if err != nil {
 		return err
 	}
-	kcfg, err := json.Marshal(map[string]any{
+	kubeletCfg := map[string]any{
 		"apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
 		"address": "127.0.0.1", "port": port, "readOnlyPort": 0,
 		"healthzBindAddress": "127.0.0.1", "healthzPort": healthz,
@@ -304,7 +335,12 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
 		"syncFrequency":            "5s",
 		"maxPods":                  30,
 		"resolvConf":               "",
-	})
+	}
+	if opts.ServiceAddress != "" {
+		kubeletCfg["clusterDNS"] = []string{opts.ServiceAddress}
+		kubeletCfg["clusterDomain"] = ClusterDomain
+	}
+	kcfg, err := json.Marshal(kubeletCfg)
 	if err != nil {
 		return fmt.Errorf("kubelettest: kubelet config: %w", err)
 	}
@@ -405,6 +441,9 @@ func (c *Cluster) Stop() error {
 			p.kill(5 * time.Second)
 		}
 	}
+	if err := c.stopServices(); err != nil {
+		errs = append(errs, err)
+	}
 	for _, n := range c.Nodes {
 		if err := n.stop(); err != nil {
 			errs = append(errs, err)
@@ -465,6 +504,9 @@ func (n *Node) stop() error {
 		time.Sleep(100 * time.Millisecond)
 	}
 	if err := unmountUnder(n.dir); err != nil {
+		errs = append(errs, err)
+	}
+	if err := n.removeBridge(); err != nil {
 		errs = append(errs, err)
 	}
 	if pids := n.cgroupPids(); len(pids) > 0 {

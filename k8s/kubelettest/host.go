@@ -38,6 +38,10 @@ func kernelTunables() []string {
 		"kernel/keys/root_maxkeys", "kernel/keys/root_maxbytes"}
 }
 
+// ipForward is the sysctl a pod network needs (Options.PodNetwork); Stop
+// puts its old value back.
+const ipForward = "net/ipv4/ip_forward"
+
 // controllers are the cgroup v1 hierarchies the kubelet and runc use.
 func controllers() []string {
 	ents, _ := os.ReadDir("/sys/fs/cgroup")
