@@ -149,13 +149,21 @@ func assess(f facts) step {
 		return step{act: actFail, why: ReasonNoRestartVerdict + ": " + msg,
 			unhealthyReason: ReasonNoRestartVerdict, unhealthyMsg: msg}
 	}
-	// 4. A component its own controller declared failed: no grace.
-	if comps.failed > 0 {
-		msg := fmt.Sprintf("Found %d failed components: %s", comps.failed, strings.Join(comps.failedNames, ", "))
+	// 4. A component its own controller declared failed: no grace. A Job
+	// declared failing (FailureTarget, ours) counts once a failed pod is
+	// seen: the pod cache may lag the Job's, and rung 3 must have read the
+	// failed pod's verdict before a reset (a Job that failed on a
+	// deadline, with no failed pod, waits for its Failed condition).
+	failed := comps.failed
+	if sum.Failed > 0 {
+		failed += comps.failing
+	}
+	if failed > 0 {
+		msg := fmt.Sprintf("Found %d failed components: %s", failed, strings.Join(comps.failedNames, ", "))
 		return step{act: actReset, terminal: sum.TerminalFailure, inc: 1, why: ReasonFailedComponent + ": " + msg + launcherVerdicts(sum),
 			unhealthyReason: ReasonFailedComponent, unhealthyMsg: msg,
 			upstreamReason: ReasonUnhealthy,
-			upstreamNote:   fmt.Sprintf("%sFound %v failed components", upstreamFailedComponent, comps.failed)}
+			upstreamNote:   fmt.Sprintf("%sFound %v failed components", upstreamFailedComponent, failed)}
 	}
 	// 5. Success (checked before failed pods).
 	if sum.Succeeded >= f.expected && sum.Pending+sum.Running+sum.Failed == 0 {

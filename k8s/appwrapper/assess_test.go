@@ -61,6 +61,26 @@ func TestAssess(t *testing.T) {
 			why:             "NoRestartVerdict: ft-launcher verdict no_restart: pod w-1 on n1: ShutdownWorkload",
 			unhealthyReason: ReasonNoRestartVerdict, unhealthyMsg: "ft-launcher verdict no_restart: pod w-1 on n1: ShutdownWorkload"},
 	}, {
+		name: "3a a no_restart verdict fails at once, before a failing Job",
+		f: facts{comps: componentHealthSummary{expected: 2, deployed: 2, failing: 1, failedNames: []string{"Job j"}},
+			pods: noRestart, expected: 4},
+		want: step{act: actFail,
+			why:             "NoRestartVerdict: ft-launcher verdict no_restart: pod w-1 on n1: ShutdownWorkload",
+			unhealthyReason: ReasonNoRestartVerdict, unhealthyMsg: "ft-launcher verdict no_restart: pod w-1 on n1: ShutdownWorkload"},
+	}, {
+		name: "4 a failing Job (FailureTarget) resets without grace once its failed pod is seen",
+		f: facts{comps: componentHealthSummary{expected: 2, deployed: 2, failing: 1, failedNames: []string{"Job j"}},
+			pods: PodSummary{Running: 3, Failed: 1}, expected: 4, p: p},
+		want: step{act: actReset, inc: 1, why: "FailedComponent: Found 1 failed components: Job j",
+			unhealthyReason: ReasonFailedComponent, unhealthyMsg: "Found 1 failed components: Job j",
+			upstreamReason: ReasonUnhealthy, upstreamNote: "FailedComponent: Found 1 failed components"},
+	}, {
+		name: "4 a failing Job whose failed pod is not seen yet (or with none: a deadline) waits",
+		f: facts{comps: componentHealthSummary{expected: 2, deployed: 2, failing: 1, failedNames: []string{"Job j"}},
+			pods: running(4), expected: 4, p: p},
+		want: step{act: actDone, conditions: []condition{
+			{v1beta2.Unhealthy, false, ReasonFoundNoFailedPods, ""}, {v1beta2.PodsReady, true, ReasonSufficientPodsReady, "4 pods running; 0 pods succeeded"}}},
+	}, {
 		name: "4 a failed component resets without grace, terminal passed on",
 		f: facts{comps: componentHealthSummary{expected: 2, deployed: 2, failed: 1, failedNames: []string{"Job j"}},
 			pods: PodSummary{Failed: 1, TerminalFailure: true}, expected: 4, p: p},

@@ -238,7 +238,12 @@ func (s *pass) ownedExisting(ctx context.Context, obj *unstructured.Unstructured
 // and 4 need them.
 type componentHealthSummary struct {
 	expected, deployed, failed int
-	missing, failedNames       []string
+	// failing counts Jobs the Job controller has declared failed
+	// (FailureTarget) but not yet marked Failed, which it does only once
+	// their other pods have terminated. Rung 4 counts them once a failed
+	// pod is seen, so that rung 3 has read that pod's verdict first.
+	failing              int
+	missing, failedNames []string
 }
 
 // componentHealth reads every component. One that looks gone (not found, or
@@ -264,10 +269,15 @@ func (s *pass) componentHealth(ctx context.Context) (componentHealthSummary, err
 			continue
 		}
 		h.deployed++
-		if componentFailed(obj) {
+		switch componentFate(obj) {
+		case fateFailed:
 			h.failed++
-			h.failedNames = append(h.failedNames, fmt.Sprintf("%s %s", cs.Kind, cs.Name))
+		case fateFailing:
+			h.failing++
+		default:
+			continue
 		}
+		h.failedNames = append(h.failedNames, fmt.Sprintf("%s %s", cs.Kind, cs.Name))
 	}
 	return h, nil
 }
@@ -290,26 +300,49 @@ func (s *pass) readComponent(ctx context.Context, r client.Reader, cs *v1beta2.A
 	return obj, obj.GetDeletionTimestamp().IsZero(), nil
 }
 
-// componentFailed recognises the two kinds whose own status says failed
-// for good: batch/v1 Job and kubeflow.org PyTorchJob, both through a
-// Failed=True condition (assess.go, rung 4). Ray kinds are left
-// out on purpose: their failed state is not terminal.
-func componentFailed(obj *unstructured.Unstructured) bool {
+// fate is what a component's own status says of its end.
+type fate int
+
+const (
+	fateNone fate = iota
+	// fateFailing: a Job with FailureTarget=True and no Failed yet. The
+	// Job controller sets FailureTarget the moment it decides the Job
+	// fails (backoffLimit reached, a pod failure policy's FailJob, a
+	// deadline) and adds Failed only once every other pod of the Job has
+	// terminated, which for pods still training takes their graceful stop:
+	// about 5 s of the 7 s from a pod's failure to the reset in
+	// TestShippedInstall before this was read.
+	fateFailing
+	// fateFailed: Failed=True.
+	fateFailed
+)
+
+// componentFate recognises the two kinds whose own status says failed for
+// good: batch/v1 Job and kubeflow.org PyTorchJob, both through a
+// Failed=True condition, and a Job's FailureTarget=True (assess.go, rung
+// 4). Ray kinds are left out on purpose: their failed state is not
+// terminal.
+func componentFate(obj *unstructured.Unstructured) fate {
 	gvk := obj.GroupVersionKind()
-	switch {
-	case gvk.Group == "batch" && gvk.Kind == "Job":
-	case gvk.Group == "kubeflow.org" && gvk.Kind == "PyTorchJob":
-	default:
-		return false
+	job := gvk.Group == "batch" && gvk.Kind == "Job"
+	if !job && (gvk.Group != "kubeflow.org" || gvk.Kind != "PyTorchJob") {
+		return fateNone
 	}
+	f := fateNone
 	conds, _, _ := unstructured.NestedSlice(obj.Object, "status", "conditions")
 	for _, c := range conds {
 		m, ok := c.(map[string]any)
-		if ok && m["type"] == "Failed" && m["status"] == "True" {
-			return true
+		if !ok || m["status"] != "True" {
+			continue
+		}
+		switch {
+		case m["type"] == "Failed":
+			return fateFailed
+		case m["type"] == "FailureTarget" && job:
+			f = fateFailing
 		}
 	}
-	return false
+	return f
 }
 
 // listPods lists the AppWrapper's pods by the injected label.

@@ -9,33 +9,38 @@ import (
 	"github.com/ftlauncher/ft-launcher/k8s/api/v1beta2"
 )
 
-// TestComponentFailed: only batch Jobs and PyTorchJobs are read for a
-// Failed=True condition (assess.go, rung 4); other kinds never fail.
-func TestComponentFailed(t *testing.T) {
-	obj := func(apiVersion, kind, status string) *unstructured.Unstructured {
+// TestComponentFate: only batch Jobs and PyTorchJobs are read for a
+// Failed=True condition, and Jobs for FailureTarget=True too (failing,
+// assess.go, rung 4); other kinds never fail.
+func TestComponentFate(t *testing.T) {
+	obj := func(apiVersion, kind, cond, status string) *unstructured.Unstructured {
 		u := &unstructured.Unstructured{Object: map[string]any{"apiVersion": apiVersion, "kind": kind}}
 		if status != "" {
 			u.Object["status"] = map[string]any{"conditions": []any{
 				map[string]any{"type": "Complete", "status": "False"},
-				map[string]any{"type": "Failed", "status": status},
+				map[string]any{"type": cond, "status": status},
 			}}
 		}
 		return u
 	}
 	for _, tc := range []struct {
 		obj  *unstructured.Unstructured
-		want bool
+		want fate
 	}{
-		{obj("batch/v1", "Job", "True"), true},
-		{obj("batch/v1", "Job", "False"), false},
-		{obj("batch/v1", "Job", ""), false},
-		{obj("kubeflow.org/v1", "PyTorchJob", "True"), true},
-		{obj("kubeflow.org/v1", "PyTorchJob", "False"), false},
-		{obj("ray.io/v1", "RayJob", "True"), false},
-		{obj("apps/v1", "Deployment", "True"), false},
+		{obj("batch/v1", "Job", "Failed", "True"), fateFailed},
+		{obj("batch/v1", "Job", "FailureTarget", "True"), fateFailing},
+		{obj("batch/v1", "Job", "Failed", "False"), fateNone},
+		{obj("batch/v1", "Job", "FailureTarget", "False"), fateNone},
+		{obj("batch/v1", "Job", "SuccessCriteriaMet", "True"), fateNone},
+		{obj("batch/v1", "Job", "", ""), fateNone},
+		{obj("kubeflow.org/v1", "PyTorchJob", "Failed", "True"), fateFailed},
+		{obj("kubeflow.org/v1", "PyTorchJob", "FailureTarget", "True"), fateNone},
+		{obj("kubeflow.org/v1", "PyTorchJob", "Failed", "False"), fateNone},
+		{obj("ray.io/v1", "RayJob", "Failed", "True"), fateNone},
+		{obj("apps/v1", "Deployment", "Failed", "True"), fateNone},
 	} {
-		if got := componentFailed(tc.obj); got != tc.want {
-			t.Errorf("%s %v: failed = %v, want %v", tc.obj.GetKind(), tc.obj.Object["status"], got, tc.want)
+		if got := componentFate(tc.obj); got != tc.want {
+			t.Errorf("%s %v: fate = %v, want %v", tc.obj.GetKind(), tc.obj.Object["status"], got, tc.want)
 		}
 	}
 }
