@@ -295,6 +295,12 @@ SchedulerParameters=sched_interval=1,bf_interval=1,sched_min_interval=0,batch_sc
 ReturnToService=1
 SlurmdParameters=config_overrides
 JobRequeue=1
+# Preemption by partition tier, the way sites run an "urgent" queue: a job
+# in the higher tier takes a lower tier job's CPUs by requeueing it (a job
+# submitted with --no-requeue is cancelled instead). Only jobs sent to the
+# "urgent" partition preempt, and only a test of preemption sends any.
+PreemptType=preempt/partition_prio
+PreemptMode=REQUEUE
 # keep finished jobs for 1 h: a dependency on a purged job counts as satisfied
 MinJobAge=3600
 KillWait=5
@@ -308,9 +314,14 @@ MessageTimeout=10
 		fmt.Fprintf(&b, "NodeName=%s NodeHostname=%s NodeAddr=%s Port=%d CPUs=%d RealMemory=%d State=UNKNOWN\n",
 			n.Name, host, n.Addr, n.Port, o.CPUs, o.MemoryMB)
 	}
-	b.WriteString("PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP\n")
+	b.WriteString("PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP PriorityTier=1\n")
+	b.WriteString("PartitionName=" + UrgentPartition + " Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=2\n")
 	return b.String()
 }
+
+// UrgentPartition is the partition whose jobs preempt (requeue) those of
+// the default partition "debug" on the same nodes.
+const UrgentPartition = "urgent"
 
 // spawn starts a daemon in the foreground as a child of this process, in its
 // own process group (a ^C to the test reaches the test, which then stops the

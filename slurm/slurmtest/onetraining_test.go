@@ -17,10 +17,10 @@ import (
 	"github.com/ftlauncher/ft-launcher/slurm/resumer"
 )
 
-// One chain, one training: whatever Slurm does to a chain's jobs (requeue,
-// which is also the path of a preemption with --requeue and of a node
-// failure, hold, release, cancel, a wrapper submitted by hand), no two jobs
-// of the chain train at once and no job has two successors.
+// One chain, one training: whatever Slurm does to a chain's jobs (requeue
+// by hand, a real preemption with --requeue, which a node failure's requeue
+// follows too, hold, release, cancel, a wrapper submitted by hand), no two
+// jobs of the chain train at once and no job has two successors.
 
 // trainingScript is a job script that logs "start|end <job> <run> <unix
 // time>" to work/train.log, writes its pid to work/inflight (a second
@@ -188,6 +188,86 @@ func TestRequeueHoldReleaseCancelOneTraining(t *testing.T) {
 	}
 	if by != 1 {
 		t.Errorf("job %s had %d successors submitted, want 1\n%s", a, by, out)
+	}
+}
+
+// TestPreemptionRequeueOneTraining: a real preemption of a chain job
+// submitted with --requeue: a job of the higher-tier partition needs every
+// CPU of the node the chain trains on, and Slurm (PreemptMode=REQUEUE)
+// requeues the chain's job. Its rerun, once the urgent job is done, reuses
+// the pending successor instead of submitting a second one, never trains
+// beside another job of the chain, and ends the chain with the finished
+// flag; the successor never runs.
+func TestPreemptionRequeueOneTraining(t *testing.T) {
+	skipShort(t)
+	c := need(t)
+	ctx, cancel := runclock.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	ch := newChain(t, c)
+	work := filepath.Dir(ch.dir)
+	script := ch.script(trainingScript(work))
+	cmd, out := ch.startResumer("run", "--chain-dir", ch.dir, script, "--", "--requeue")
+	defer func() {
+		if cmd.ProcessState == nil {
+			cmd.Process.Kill()
+			cmd.Wait()
+		}
+	}()
+	a, b := waitFirstTraining(t, ch, work)
+	nodeOut, err := c.Run(ctx, "squeue", "-h", "-j", a, "-o", "%N")
+	node := strings.TrimSpace(nodeOut)
+	if err != nil || node == "" {
+		t.Fatalf("the node of job %s: %q %v", a, nodeOut, err)
+	}
+	urgentOut, err := c.Run(ctx, "sbatch", "--parsable", "-p", UrgentPartition, "-w", node, "--exclusive",
+		"-o", filepath.Join(work, "urgent.out"), "--wrap", "sleep 3")
+	if err != nil {
+		t.Fatalf("sbatch the urgent job: %v: %s", err, urgentOut)
+	}
+	urgent := strings.TrimSpace(urgentOut)
+	t.Cleanup(func() { _, _ = c.Run(context.Background(), "scancel", urgent) })
+	waitFor(t, time.Minute, "the chain's job to be preempted", func() bool { return logHas(work, "end "+a+" 0 ") })
+	waitFor(t, 2*time.Minute, "the preempted job to train again after the urgent one", func() bool { return logHas(work, "start "+a+" 1 ") })
+	waitFor(t, 30*time.Second, "the rerun to find its successor pending", func() bool {
+		o, _ := os.ReadFile(filepath.Join(work, "slurm-"+a+".out"))
+		return strings.Contains(string(o), "its successor, job "+b+", is still PENDING: not submitting another")
+	})
+	if t.Failed() {
+		t.FailNow()
+	}
+	if st := ch.state(); len(st.Jobs) != 2 || st.Jobs[0].Restarts != 1 {
+		t.Fatalf("after the preemption: %d jobs, job 1 run %d; want 2 jobs (no second successor), run 1", len(st.Jobs), st.Jobs[0].Restarts)
+	}
+	if st := jobState(ctx, c, urgent); st != "" {
+		t.Errorf("the urgent job %s is %q while the preempted job trains again, want it done", urgent, st)
+	}
+	if err := os.WriteFile(filepath.Join(work, "go"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ch.waitRun(ctx, cmd, out)
+	started, overlap := trainings(t, work)
+	if overlap != "" {
+		t.Errorf("%s\ntrain.log:\n%s", overlap, readFile(t, filepath.Join(work, "train.log")))
+	}
+	if want := []string{a + " 0", a + " 1"}; !slices.Equal(started, want) {
+		t.Errorf("trainings %v, want %v", started, want)
+	}
+	v := ch.status(ctx)
+	if got := outcomes(v); !slices.Equal(got, []string{"finished", "never_ran"}) {
+		t.Errorf("outcomes %v, want [finished never_ran]: the preempted job's rerun wrote the flag; its one successor never ran", got)
+	}
+	by := 0
+	for _, j := range v.Jobs {
+		if strings.HasPrefix(j.SubmittedBy, "begin of "+a) {
+			by++
+		}
+	}
+	if by != 1 {
+		t.Errorf("job %s had %d successors submitted, want 1\n%s", a, by, out)
+	}
+	// Slurm's own record says preempted, not requeued by hand.
+	if log := readFile(t, filepath.Join(c.Dir, "log", "slurmctld.log")); !strings.Contains(log, "preempted") {
+		t.Errorf("slurmctld.log does not mention a preemption")
 	}
 }
 
