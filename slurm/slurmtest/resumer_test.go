@@ -590,7 +590,14 @@ exit 1
 			decide = append(decide, j.Decided.Sub(e).Seconds())
 		}
 	}
+	var begin []float64
+	for _, sl := range readStamps(t, filepath.Join(work, "stamps")) {
+		if j := st.Job(sl.job); sl.kind == "start" && j != nil && !j.Began.IsZero() {
+			begin = append(begin, sl.at-float64(j.Began.UnixNano())/1e9)
+		}
+	}
 	t.Logf("ft-resumer: script end -> decision (s): %s", fmtList(decide))
+	t.Logf("ft-resumer: begin step's record -> script start (s): %s", fmtList(begin))
 	t.Logf("ft-resumer: script end -> successor script start (s): %s", fmtList(gaps))
 	_, table, _ := ch.resumer(ctx, "status", "--chain-dir", ch.dir)
 	t.Logf("ft-resumer status:\n%s", table)
