@@ -1,6 +1,7 @@
 package slurmtest
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -114,6 +115,79 @@ func jobState(ctx context.Context, c *Cluster, id string) string {
 	return strings.TrimSpace(out)
 }
 
+// requeueChain is a chain whose jobs are submitted with --requeue, its
+// first job training and its successor submitted.
+type requeueChain struct {
+	ch               *chain
+	work             string
+	cmd              *exec.Cmd
+	out              *bytes.Buffer
+	first, successor string
+}
+
+// startRequeueChain starts `ft-resumer run` on a chain of trainingScript
+// with -- --requeue and waits until its first job trains; the run is
+// killed at the end of t if it is still going.
+func startRequeueChain(t *testing.T, c *Cluster) *requeueChain {
+	t.Helper()
+	ch := newChain(t, c)
+	work := filepath.Dir(ch.dir)
+	cmd, out := ch.startResumer("run", "--chain-dir", ch.dir, ch.script(trainingScript(work)), "--", "--requeue")
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			cmd.Process.Kill()
+			cmd.Wait()
+		}
+	})
+	rc := &requeueChain{ch: ch, work: work, cmd: cmd, out: out}
+	rc.first, rc.successor = waitFirstTraining(t, ch, work)
+	return rc
+}
+
+// rerunReusedSuccessor checks that the first job's rerun (after a requeue)
+// found its successor pending and submitted no other.
+func (rc *requeueChain) rerunReusedSuccessor(t *testing.T) {
+	t.Helper()
+	waitFor(t, 30*time.Second, "the rerun to find its successor pending", func() bool {
+		o, _ := os.ReadFile(filepath.Join(rc.work, "slurm-"+rc.first+".out"))
+		return strings.Contains(string(o), "its successor, job "+rc.successor+", is still PENDING: not submitting another")
+	})
+	if t.Failed() {
+		t.FailNow()
+	}
+	if st := rc.ch.state(); len(st.Jobs) != 2 || st.Jobs[0].Restarts != 1 {
+		t.Fatalf("after the requeue: %d jobs, job 1 run %d; want 2 jobs (no second successor), run 1", len(st.Jobs), st.Jobs[0].Restarts)
+	}
+}
+
+// end waits for the run to end and checks the one-training record: the
+// trainings in order with no overlap, the jobs' outcomes (why says what
+// they mean), and one successor of the first job.
+func (rc *requeueChain) end(ctx context.Context, t *testing.T, trainingsWant, outcomesWant []string, why string) {
+	t.Helper()
+	rc.ch.waitRun(ctx, rc.cmd, rc.out)
+	started, overlap := trainings(t, rc.work)
+	if overlap != "" {
+		t.Errorf("%s\ntrain.log:\n%s", overlap, readFile(t, filepath.Join(rc.work, "train.log")))
+	}
+	if !slices.Equal(started, trainingsWant) {
+		t.Errorf("trainings %v, want %v", started, trainingsWant)
+	}
+	v := rc.ch.status(ctx)
+	if got := outcomes(v); !slices.Equal(got, outcomesWant) {
+		t.Errorf("outcomes %v, want %v: %s", got, outcomesWant, why)
+	}
+	by := 0
+	for _, j := range v.Jobs {
+		if strings.HasPrefix(j.SubmittedBy, "begin of "+rc.first) {
+			by++
+		}
+	}
+	if by != 1 {
+		t.Errorf("job %s had %d successors submitted, want 1\n%s", rc.first, by, rc.out)
+	}
+}
+
 // TestRequeueHoldReleaseCancelOneTraining: a chain job submitted with
 // --requeue is requeued while it trains (`scontrol requeue`: the path of a
 // preemption with PreemptMode=REQUEUE and of a node failure with
@@ -125,31 +199,13 @@ func TestRequeueHoldReleaseCancelOneTraining(t *testing.T) {
 	c := need(t)
 	ctx, cancel := runclock.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	ch := newChain(t, c)
-	work := filepath.Dir(ch.dir)
-	script := ch.script(trainingScript(work))
-	cmd, out := ch.startResumer("run", "--chain-dir", ch.dir, script, "--", "--requeue")
-	defer func() {
-		if cmd.ProcessState == nil {
-			cmd.Process.Kill()
-			cmd.Wait()
-		}
-	}()
-	a, b := waitFirstTraining(t, ch, work)
+	rc := startRequeueChain(t, c)
+	work, a, b := rc.work, rc.first, rc.successor
 	if _, err := c.Run(ctx, "scontrol", "requeue", a); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, 90*time.Second, "the requeued job to train again", func() bool { return logHas(work, "start "+a+" 1 ") })
-	waitFor(t, 30*time.Second, "the rerun to find its successor pending", func() bool {
-		o, _ := os.ReadFile(filepath.Join(work, "slurm-"+a+".out"))
-		return strings.Contains(string(o), "its successor, job "+b+", is still PENDING: not submitting another")
-	})
-	if t.Failed() {
-		t.FailNow()
-	}
-	if st := ch.state(); len(st.Jobs) != 2 || st.Jobs[0].Restarts != 1 {
-		t.Fatalf("after the requeue: %d jobs, job 1 run %d; want 2 jobs (no second successor), run 1", len(st.Jobs), st.Jobs[0].Restarts)
-	}
+	rc.rerunReusedSuccessor(t)
 	if _, err := c.Run(ctx, "scontrol", "hold", b); err != nil {
 		t.Fatal(err)
 	}
@@ -168,27 +224,8 @@ func TestRequeueHoldReleaseCancelOneTraining(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(work, "go"), nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	ch.waitRun(ctx, cmd, out)
-	started, overlap := trainings(t, work)
-	if overlap != "" {
-		t.Errorf("%s\ntrain.log:\n%s", overlap, readFile(t, filepath.Join(work, "train.log")))
-	}
-	if want := []string{a + " 0", a + " 1", b + " 0"}; !slices.Equal(started, want) {
-		t.Errorf("trainings %v, want %v", started, want)
-	}
-	v := ch.status(ctx)
-	if got := outcomes(v); !slices.Equal(got, []string{"failure", "finished", "never_ran"}) {
-		t.Errorf("outcomes %v, want [failure finished never_ran]: the cancelled job, its one successor (which wrote the flag), the successor's successor Slurm removed", got)
-	}
-	by := 0
-	for _, j := range v.Jobs {
-		if strings.HasPrefix(j.SubmittedBy, "begin of "+a) {
-			by++
-		}
-	}
-	if by != 1 {
-		t.Errorf("job %s had %d successors submitted, want 1\n%s", a, by, out)
-	}
+	rc.end(ctx, t, []string{a + " 0", a + " 1", b + " 0"}, []string{"failure", "finished", "never_ran"},
+		"the cancelled job, its one successor (which wrote the flag), the successor's successor Slurm removed")
 }
 
 // TestPreemptionRequeueOneTraining: a real preemption of a chain job
@@ -203,17 +240,8 @@ func TestPreemptionRequeueOneTraining(t *testing.T) {
 	c := need(t)
 	ctx, cancel := runclock.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	ch := newChain(t, c)
-	work := filepath.Dir(ch.dir)
-	script := ch.script(trainingScript(work))
-	cmd, out := ch.startResumer("run", "--chain-dir", ch.dir, script, "--", "--requeue")
-	defer func() {
-		if cmd.ProcessState == nil {
-			cmd.Process.Kill()
-			cmd.Wait()
-		}
-	}()
-	a, b := waitFirstTraining(t, ch, work)
+	rc := startRequeueChain(t, c)
+	work, a := rc.work, rc.first
 	nodeOut, err := c.Run(ctx, "squeue", "-h", "-j", a, "-o", "%N")
 	node := strings.TrimSpace(nodeOut)
 	if err != nil || node == "" {
@@ -228,43 +256,15 @@ func TestPreemptionRequeueOneTraining(t *testing.T) {
 	t.Cleanup(func() { _, _ = c.Run(context.Background(), "scancel", urgent) })
 	waitFor(t, time.Minute, "the chain's job to be preempted", func() bool { return logHas(work, "end "+a+" 0 ") })
 	waitFor(t, 2*time.Minute, "the preempted job to train again after the urgent one", func() bool { return logHas(work, "start "+a+" 1 ") })
-	waitFor(t, 30*time.Second, "the rerun to find its successor pending", func() bool {
-		o, _ := os.ReadFile(filepath.Join(work, "slurm-"+a+".out"))
-		return strings.Contains(string(o), "its successor, job "+b+", is still PENDING: not submitting another")
-	})
-	if t.Failed() {
-		t.FailNow()
-	}
-	if st := ch.state(); len(st.Jobs) != 2 || st.Jobs[0].Restarts != 1 {
-		t.Fatalf("after the preemption: %d jobs, job 1 run %d; want 2 jobs (no second successor), run 1", len(st.Jobs), st.Jobs[0].Restarts)
-	}
+	rc.rerunReusedSuccessor(t)
 	if st := jobState(ctx, c, urgent); st != "" {
 		t.Errorf("the urgent job %s is %q while the preempted job trains again, want it done", urgent, st)
 	}
 	if err := os.WriteFile(filepath.Join(work, "go"), nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	ch.waitRun(ctx, cmd, out)
-	started, overlap := trainings(t, work)
-	if overlap != "" {
-		t.Errorf("%s\ntrain.log:\n%s", overlap, readFile(t, filepath.Join(work, "train.log")))
-	}
-	if want := []string{a + " 0", a + " 1"}; !slices.Equal(started, want) {
-		t.Errorf("trainings %v, want %v", started, want)
-	}
-	v := ch.status(ctx)
-	if got := outcomes(v); !slices.Equal(got, []string{"finished", "never_ran"}) {
-		t.Errorf("outcomes %v, want [finished never_ran]: the preempted job's rerun wrote the flag; its one successor never ran", got)
-	}
-	by := 0
-	for _, j := range v.Jobs {
-		if strings.HasPrefix(j.SubmittedBy, "begin of "+a) {
-			by++
-		}
-	}
-	if by != 1 {
-		t.Errorf("job %s had %d successors submitted, want 1\n%s", a, by, out)
-	}
+	rc.end(ctx, t, []string{a + " 0", a + " 1"}, []string{"finished", "never_ran"},
+		"the preempted job's rerun wrote the flag; its one successor never ran")
 	// Slurm's own record says preempted, not requeued by hand.
 	if log := readFile(t, filepath.Join(c.Dir, "log", "slurmctld.log")); !strings.Contains(log, "preempted") {
 		t.Errorf("slurmctld.log does not mention a preemption")
