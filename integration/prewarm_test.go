@@ -131,12 +131,17 @@ func TestPrewarmTorchDDPHangInSectionResumesWithSameWeights(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("exit %d\n%s", code, j.stderr.String())
 	}
-	sawRank1 := false
+	// A 'step' section hang, of rank 1 or of rank 0: the first timer to
+	// expire is the one recorded, and rank 0, blocked in rank 1's
+	// collective inside its own step section, may have entered that
+	// section first (seen at load 5 with a build beside the tests). Naming
+	// the rank that hung is not what this test checks (docs/report.md).
+	sawStep := false
 	for _, h := range j.eventsOf("rank_hang") {
-		sawRank1 = sawRank1 || (h["rank"] == float64(1) && h["section"] == "step")
+		sawStep = sawStep || h["section"] == "step"
 	}
-	if !sawRank1 {
-		t.Fatalf("no 'step' section hang of rank 1: %v", j.eventsOf("rank_hang"))
+	if !sawStep {
+		t.Fatalf("no 'step' section hang: %v", j.eventsOf("rank_hang"))
 	}
 	requireWarmRestart(t, j)
 	if w := readWeights(t, out); w.SHA256 != ref.SHA256 {

@@ -189,6 +189,8 @@ class InProcessTest(_Fixture):
         ip = self.ip()
         ip.run(lambda ctx: None)
         ip.close()
+        # The fake records the hello in its own thread.
+        self.wait_for(lambda: self.mon.hellos)
         self.assertTrue(self.mon.hellos[0].get("inprocess"))
 
     def test_plain_client_does_not_register(self):
