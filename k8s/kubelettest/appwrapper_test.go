@@ -266,11 +266,7 @@ func fastAnn(retries int) map[string]string {
 
 func getAW(t *testing.T, ns, name string) *v1beta2.AppWrapper {
 	t.Helper()
-	var aw v1beta2.AppWrapper
-	if err := env.Client.Get(context.Background(), types.NamespacedName{Namespace: ns, Name: name}, &aw); err != nil {
-		t.Fatalf("get AppWrapper %s/%s: %v", ns, name, err)
-	}
-	return &aw
+	return getAWIn(t, env, ns, name)
 }
 
 // poll calls cond every 20 ms until it holds, failing t after timeout.
@@ -327,6 +323,9 @@ func podStates(pods []corev1.Pod) string {
 	var s []string
 	for _, p := range pods {
 		st := fmt.Sprintf("%s %s on %s", p.Name, p.Status.Phase, p.Spec.NodeName)
+		if p.Status.PodIP != "" && !p.Spec.HostNetwork {
+			st += " (" + p.Status.PodIP + ")"
+		}
 		if p.DeletionTimestamp != nil {
 			st += " (terminating)"
 		}

@@ -149,7 +149,7 @@ func TestShippedInstall(t *testing.T) {
 	for _, p := range first {
 		old[p.UID] = true
 	}
-	var got v1beta2.AppWrapper
+	var got *v1beta2.AppWrapper
 	decided := poll(t, 3*time.Minute, "the reset after the pod failure", func() bool {
 		got = getAWIn(t, e, ns, aw.Name)
 		return got.Status.Retries > 0
@@ -161,7 +161,7 @@ func TestShippedInstall(t *testing.T) {
 		t.Errorf("after the reset: phase %s, resettingCount %d; want Running and 1", got.Status.Phase, got.Status.Retries)
 	}
 	t.Logf("pod %s killed on %s; reset decided %v later, both pods training again %v later (%s)", victim.Name, victim.Spec.NodeName,
-		decided.Sub(killed).Round(time.Millisecond), running.Sub(killed).Round(time.Millisecond), podStatesOf(second))
+		decided.Sub(killed).Round(time.Millisecond), running.Sub(killed).Round(time.Millisecond), podStates(second))
 	// The controller replicas ran through it: none restarted.
 	var pods corev1.PodList
 	if err := e.Client.List(ctx, &pods, client.InNamespace(dep.Namespace), client.MatchingLabels(dep.Spec.Selector.MatchLabels)); err != nil {
@@ -181,33 +181,9 @@ func TestShippedInstall(t *testing.T) {
 func startInstallCluster(t *testing.T, e *k8stest.Env, dir string) *kubelettest.Cluster {
 	t.Helper()
 	box := filepath.Join(dir, "box")
-	build := exec.Command("go", "build", "-o", box, "./testdata/box")
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build box: %v\n%s", err, out)
-	}
-	pause := kubelettest.Image{Ref: kubelettest.PauseImage, Files: map[string]string{"/box": box}, Entrypoint: []string{"/box", "pause"}}
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
-	defer cancel()
-	start := time.Now()
-	c, err := kubelettest.StartWith(ctx, e, 2, []kubelettest.Image{pause},
+	buildStatic(t, box, "./testdata/box")
+	return startNodes(t, e, 2, []kubelettest.Image{pauseImage(box)},
 		kubelettest.Options{PodNetwork: true, ServiceAddress: installAddr})
-	if err != nil {
-		t.Fatalf("start real nodes with a pod network and services: %v", err)
-	}
-	t.Logf("2 real nodes, kube-proxy and CoreDNS ready in %v", time.Since(start).Round(time.Millisecond))
-	t.Cleanup(func() {
-		if t.Failed() {
-			for _, n := range c.Nodes {
-				t.Log(n.Logs())
-			}
-			t.Log(c.ServiceLogs())
-		}
-		if err := c.Stop(); err != nil {
-			t.Errorf("stop real nodes: %v", err)
-		}
-	})
-	return c
 }
 
 // pythonTrainImage builds the user's training image of docs/kubernetes.md
@@ -304,13 +280,13 @@ func exampleAppWrapper(t *testing.T, ns, image string) *v1beta2.AppWrapper {
 	return &aw
 }
 
-func getAWIn(t *testing.T, e *k8stest.Env, ns, name string) v1beta2.AppWrapper {
+func getAWIn(t *testing.T, e *k8stest.Env, ns, name string) *v1beta2.AppWrapper {
 	t.Helper()
 	var aw v1beta2.AppWrapper
 	if err := e.Client.Get(context.Background(), types.NamespacedName{Namespace: ns, Name: name}, &aw); err != nil {
-		t.Fatalf("get AppWrapper %s: %v", name, err)
+		t.Fatalf("get AppWrapper %s/%s: %v", ns, name, err)
 	}
-	return aw
+	return &aw
 }
 
 // awPods lists the pods of AppWrapper name that are not being deleted.
@@ -339,7 +315,7 @@ func waitTraining(t *testing.T, e *k8stest.Env, c *kubelettest.Cluster, ns, name
 	poll(t, 5*time.Minute, fmt.Sprintf("AppWrapper %s Running with 2 training pods (resets %d)", name, resets), func() bool {
 		aw := getAWIn(t, e, ns, name)
 		pods = awPods(t, e, ns, name)
-		state = fmt.Sprintf("phase %s; pods: %s", aw.Status.Phase, podStatesOf(pods))
+		state = fmt.Sprintf("phase %s; pods: %s", aw.Status.Phase, podStates(pods))
 		if aw.Status.Phase != v1beta2.AppWrapperRunning || len(pods) != 2 {
 			return false
 		}
@@ -366,14 +342,6 @@ func waitTraining(t *testing.T, e *k8stest.Env, c *kubelettest.Cluster, ns, name
 		return true
 	}, func() string { return state })
 	return pods
-}
-
-func podStatesOf(pods []corev1.Pod) string {
-	var s []string
-	for _, p := range pods {
-		s = append(s, fmt.Sprintf("%s %s on %s (%s)", p.Name, p.Status.Phase, p.Spec.NodeName, p.Status.PodIP))
-	}
-	return strings.Join(s, "; ")
 }
 
 func podsOf(e *k8stest.Env, ns string, labels map[string]string) string {

@@ -32,21 +32,39 @@ func startCluster(t *testing.T, nodes int) *kubelettest.Cluster {
 	}
 	dir := t.TempDir()
 	box, launcher := filepath.Join(dir, "box"), filepath.Join(dir, "ft-launcher")
-	for _, b := range []struct{ out, pkg string }{{box, "./testdata/box"}, {launcher, "../../cmd/ft-launcher"}} {
-		build := exec.Command("go", "build", "-o", b.out, b.pkg)
-		build.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := build.CombinedOutput(); err != nil {
-			t.Fatalf("build %s: %v\n%s", b.pkg, err, out)
-		}
-	}
-	images := []kubelettest.Image{
-		{Ref: kubelettest.PauseImage, Files: map[string]string{"/box": box}, Entrypoint: []string{"/box", "pause"}},
+	buildStatic(t, box, "./testdata/box")
+	buildStatic(t, launcher, "../../cmd/ft-launcher")
+	images := []kubelettest.Image{pauseImage(box),
 		{Ref: "ftl.local/box:1", Files: map[string]string{"/box": box, "/ft-launcher": launcher}, Entrypoint: []string{"/box"}},
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	return startNodes(t, env, nodes, images, kubelettest.Options{})
+}
+
+// buildStatic builds the Go package pkg into out, statically (the images
+// have no libc).
+func buildStatic(t *testing.T, out, pkg string) {
+	t.Helper()
+	build := exec.Command("go", "build", "-o", out, pkg)
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if b, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build %s: %v\n%s", pkg, err, b)
+	}
+}
+
+// pauseImage is the sandbox image, the box program's pause.
+func pauseImage(box string) kubelettest.Image {
+	return kubelettest.Image{Ref: kubelettest.PauseImage, Files: map[string]string{"/box": box}, Entrypoint: []string{"/box", "pause"}}
+}
+
+// startNodes starts nodes real nodes for e's control plane with images
+// and opts, and stops them at the end of t (logging theirs and the
+// services' logs when t failed).
+func startNodes(t *testing.T, e *k8stest.Env, nodes int, images []kubelettest.Image, opts kubelettest.Options) *kubelettest.Cluster {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	start := time.Now()
-	c, err := kubelettest.Start(ctx, env, nodes, images)
+	c, err := kubelettest.StartWith(ctx, e, nodes, images, opts)
 	if err != nil {
 		t.Fatalf("start real nodes: %v", err)
 	}
@@ -56,6 +74,7 @@ func startCluster(t *testing.T, nodes int) *kubelettest.Cluster {
 			for _, n := range c.Nodes {
 				t.Log(n.Logs())
 			}
+			t.Log(c.ServiceLogs())
 		}
 		start := time.Now()
 		if err := c.Stop(); err != nil {
