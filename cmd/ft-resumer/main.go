@@ -393,6 +393,7 @@ func cmdStep(ctx context.Context, args []string, stderr io.Writer) int {
 	rc := fs.Int("rc", 0, "end: the job script's exit status")
 	ended := fs.String("script-ended", "", "end: when the job script exited, in Unix seconds ($EPOCHREALTIME); default now")
 	begin := fs.Bool("begin", false, "run: be the begin step first (the generated wrapper's way: one process fewer before the script)")
+	end := fs.Bool("end", false, "run: be the end step after the script, writing the job's status to jobs/<id>/"+resumer.EndStatusFile+" (the generated wrapper's way: one process fewer after the script)")
 	if code, done := parse(fs, args[1:], stderr); done {
 		return code
 	}
@@ -401,7 +402,7 @@ func cmdStep(ctx context.Context, args []string, stderr io.Writer) int {
 		restart, _ = strconv.Atoi(v)
 	}
 	if args[0] == "run" {
-		return stepRun(ctx, *dir, restart, *begin, fs.Args(), stderr)
+		return stepRun(ctx, *dir, restart, *begin, *end, fs.Args(), stderr)
 	}
 	id := os.Getenv("SLURM_JOB_ID")
 	if *dir == "" || id == "" {
@@ -411,21 +412,18 @@ func cmdStep(ctx context.Context, args []string, stderr io.Writer) int {
 		}
 		return 2
 	}
-	// A decision step must not hang the job: bound it.
-	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-	defer cancel()
-	r := newResumer(*dir, stderr)
 	if args[0] == "end" {
 		var at time.Time
 		if f, err := strconv.ParseFloat(strings.Replace(*ended, ",", ".", 1), 64); err == nil && f > 0 {
 			at = time.Unix(0, int64(f*1e9))
 		}
-		code, err := r.End(ctx, id, *rc, at)
-		if err != nil {
-			fmt.Fprintf(stderr, "ft-resumer step end: %v\n", err)
-		}
+		code, _ := endStep(ctx, *dir, id, *rc, at, stderr)
 		return code
 	}
+	// A decision step must not hang the job: bound it.
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	r := newResumer(*dir, stderr)
 	res, err := r.Begin(ctx, id, os.Getenv("SLURM_JOB_NODELIST"), restart)
 	if err != nil {
 		fmt.Fprintf(stderr, "ft-resumer step begin: %v\n", err)
@@ -463,5 +461,7 @@ func writeEnvSh(dir, id string, env map[string]string) ([]string, error) {
 		fmt.Fprintf(&b, "export %s=%q\n", k, env[k])
 		kv = append(kv, k+"="+env[k])
 	}
-	return kv, atomicfile.Write(filepath.Join(jobDir, "env.sh"), []byte(b.String()), 0o644)
+	// A record for this run only (a crash of the node ends the run): no
+	// fsync on the path to the script.
+	return kv, atomicfile.WriteVolatile(filepath.Join(jobDir, "env.sh"), []byte(b.String()), 0o644)
 }

@@ -7,8 +7,11 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"path/filepath"
+	"strconv"
 	"time"
 
+	"github.com/ftlauncher/ft-launcher/internal/atomicfile"
 	"github.com/ftlauncher/ft-launcher/slurm/resumer"
 )
 
@@ -20,12 +23,56 @@ import (
 //
 // With begin (the generated wrapper) it is the begin step first, in the
 // same process: one process start and one pass over the chain state fewer
-// between the predecessor's end and this job's script.
-func stepRun(ctx context.Context, dir string, restart int, begin bool, argv []string, stderr io.Writer) int {
+// between the predecessor's end and this job's script. With end (the
+// generated wrapper) it is also the end step once the script has exited,
+// and writes the status it decides to the job's EndStatusFile for the
+// wrapper to exit with: one process start fewer between the script's end
+// and the successor's start. Without that file (this process was killed)
+// the wrapper runs the end step itself.
+func stepRun(ctx context.Context, dir string, restart int, begin, end bool, argv []string, stderr io.Writer) int {
 	if len(argv) == 0 {
 		fmt.Fprintln(stderr, "Usage: ft-resumer step run --chain-dir DIR -- JOB SCRIPT [ARGS...]")
 		return 2
 	}
+	rc := runJobScript(ctx, dir, restart, begin, argv, stderr)
+	id := os.Getenv("SLURM_JOB_ID")
+	if !end || dir == "" || id == "" {
+		return rc
+	}
+	code, err := endStep(ctx, dir, id, rc, time.Now(), stderr)
+	if err != nil {
+		// No status file: the wrapper's own end step tries again.
+		return code
+	}
+	jobDir := os.Getenv("FT_RESUMER_JOB_DIR")
+	if jobDir == "" {
+		jobDir = filepath.Join(dir, resumer.JobsDir, id)
+	}
+	// Read by the wrapper at once: no fsync on the path to the job's end.
+	if err := atomicfile.WriteVolatile(filepath.Join(jobDir, resumer.EndStatusFile), []byte(strconv.Itoa(code)+"\n"), 0o644); err != nil {
+		fmt.Fprintf(stderr, "ft-resumer step run: %v (the wrapper runs the end step again)\n", err)
+	}
+	return code
+}
+
+// endStep is the decision step after job id's script exited with rc at
+// ended: it returns the job's exit status (resumer.End). A signal to this
+// process does not cut it short: the job's status depends on it, and it is
+// bounded.
+func endStep(ctx context.Context, dir, id string, rc int, ended time.Time, stderr io.Writer) (int, error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
+	defer cancel()
+	code, err := newResumer(dir, stderr).End(ctx, id, rc, ended)
+	if err != nil {
+		fmt.Fprintf(stderr, "ft-resumer step end: %v\n", err)
+	}
+	return code, err
+}
+
+// runJobScript is step run up to the script's exit: the begin step (with
+// begin), the training claim, the script and the successor's submission.
+// It returns the script's status, or ExitSkip when the script did not run.
+func runJobScript(ctx context.Context, dir string, restart int, begin bool, argv []string, stderr io.Writer) int {
 	sigs := make(chan os.Signal, 8)
 	signal.Notify(sigs, resumer.ForwardedSignals...)
 	defer signal.Stop(sigs)

@@ -1,6 +1,7 @@
 // Package atomicfile writes a file so that readers see either the old
 // content or the new, never a torn one: write a temporary file in the same
 // directory, fsync it, set its mode, then rename it over the target.
+// WriteVolatile skips the fsyncs, for records derived from durable state.
 package atomicfile
 
 import (
@@ -13,7 +14,21 @@ import (
 // Write replaces path with data, creating its directory (0755) if needed.
 // The file gets mode perm (before umask is not applied: the mode is set
 // explicitly). On error the target is untouched and no temporary file stays.
+// The new content survives a crash of the machine once Write returns.
 func Write(path string, data []byte, perm fs.FileMode) error {
+	return write(path, data, perm, true)
+}
+
+// WriteVolatile is Write without its fsyncs: readers still see the old
+// content or the new, never a torn file, but after a crash of the machine
+// the file may hold the old content. For records that are rebuilt from
+// durable state, or that matter only while the machine runs, where two
+// fsyncs would sit on a latency path.
+func WriteVolatile(path string, data []byte, perm fs.FileMode) error {
+	return write(path, data, perm, false)
+}
+
+func write(path string, data []byte, perm fs.FileMode, durable bool) error {
 	dir := filepath.Dir(path)
 	// Renaming a file over a directory fails only at the end, with a
 	// puzzling "file exists"; say what is wrong first.
@@ -38,8 +53,10 @@ func Write(path string, data []byte, perm fs.FileMode) error {
 	if err := tmp.Chmod(perm); err != nil {
 		return fail(err)
 	}
-	if err := tmp.Sync(); err != nil {
-		return fail(err)
+	if durable {
+		if err := tmp.Sync(); err != nil {
+			return fail(err)
+		}
 	}
 	if err := tmp.Close(); err != nil {
 		_ = os.Remove(tmp.Name())
@@ -48,6 +65,9 @@ func Write(path string, data []byte, perm fs.FileMode) error {
 	if err := os.Rename(tmp.Name(), path); err != nil {
 		_ = os.Remove(tmp.Name())
 		return fmt.Errorf("write %s: %w", path, err)
+	}
+	if !durable {
+		return nil
 	}
 	// The rename is durable only once the directory is synced.
 	if d, err := os.Open(dir); err == nil {

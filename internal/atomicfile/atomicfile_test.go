@@ -7,6 +7,12 @@ import (
 	"testing"
 )
 
+// writers are both ways to write: what readers see is the same.
+var writers = []struct {
+	name  string
+	write func(string, []byte, os.FileMode) error
+}{{"Write", Write}, {"WriteVolatile", WriteVolatile}}
+
 func TestWrite(t *testing.T) {
 	tests := []struct {
 		name string
@@ -17,38 +23,46 @@ func TestWrite(t *testing.T) {
 		{"replace 0600", 0o600, "old content"},
 		{"nested dir", 0o640, ""},
 	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			dir := t.TempDir()
-			path := filepath.Join(dir, "a", "b", "f.json")
-			if tc.pre != "" {
-				if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+	for _, w := range writers {
+		for _, tc := range tests {
+			t.Run(w.name+"/"+tc.name, func(t *testing.T) {
+				dir := t.TempDir()
+				path := filepath.Join(dir, "a", "b", "f.json")
+				if tc.pre != "" {
+					if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+						t.Fatal(err)
+					}
+					if err := os.WriteFile(path, []byte(tc.pre), 0o666); err != nil {
+						t.Fatal(err)
+					}
+				}
+				if err := w.write(path, []byte("new"), tc.perm); err != nil {
 					t.Fatal(err)
 				}
-				if err := os.WriteFile(path, []byte(tc.pre), 0o666); err != nil {
-					t.Fatal(err)
+				got, err := os.ReadFile(path)
+				if err != nil || string(got) != "new" {
+					t.Fatalf("content %q, %v", got, err)
 				}
-			}
-			if err := Write(path, []byte("new"), tc.perm); err != nil {
-				t.Fatal(err)
-			}
-			got, err := os.ReadFile(path)
-			if err != nil || string(got) != "new" {
-				t.Fatalf("content %q, %v", got, err)
-			}
-			st, _ := os.Stat(path)
-			if st.Mode().Perm() != tc.perm {
-				t.Fatalf("mode %v, want %v", st.Mode().Perm(), tc.perm)
-			}
-			ents, _ := os.ReadDir(filepath.Dir(path))
-			if len(ents) != 1 {
-				t.Fatalf("temporary files left: %v", ents)
-			}
-		})
+				st, _ := os.Stat(path)
+				if st.Mode().Perm() != tc.perm {
+					t.Fatalf("mode %v, want %v", st.Mode().Perm(), tc.perm)
+				}
+				ents, _ := os.ReadDir(filepath.Dir(path))
+				if len(ents) != 1 {
+					t.Fatalf("temporary files left: %v", ents)
+				}
+			})
+		}
 	}
 }
 
 func TestWriteFailsCleanly(t *testing.T) {
+	for _, w := range writers {
+		t.Run(w.name, func(t *testing.T) { testWriteFailsCleanly(t, w.write) })
+	}
+}
+
+func testWriteFailsCleanly(t *testing.T, write func(string, []byte, os.FileMode) error) {
 	dir := t.TempDir()
 	// The target is a directory: rename fails; no temp file may stay.
 	target := filepath.Join(dir, "d")
@@ -58,7 +72,7 @@ func TestWriteFailsCleanly(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(target, "x"), nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	err := Write(target, []byte("x"), 0o644)
+	err := write(target, []byte("x"), 0o644)
 	if err == nil || !strings.Contains(err.Error(), "the path is a directory, not a file") {
 		t.Fatalf("writing over a directory: %v, want an error saying it is a directory", err)
 	}

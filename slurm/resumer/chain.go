@@ -31,6 +31,10 @@ const (
 	WrapperFile    = "wrapper.sbatch" // what is submitted: decision steps around job.sh
 	JobResultsFile = "_job_results"   // NeMo's per-job record
 	JobsDir        = "jobs"           // jobs/<jobid>/: verdicts, env.sh
+	// EndStatusFile (in jobs/<jobid>/) holds the status `step run --end`
+	// decided for this run of the job; the wrapper exits with it, and runs
+	// the end step on its own when it is empty (step run was killed).
+	EndStatusFile = "end-status"
 )
 
 // Settings are a chain's options, fixed when it starts.

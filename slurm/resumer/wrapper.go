@@ -51,19 +51,22 @@ export FAULT_TOL_FINISHED_FLAG_FILE=%[3]s
 export FT_RESUMER_JOB_DIR=%[2]s/jobs/"$SLURM_JOB_ID"
 export FT_LAUNCHER_VERDICT_FILE="$FT_RESUMER_JOB_DIR/verdict.json"
 mkdir -p "$FT_RESUMER_JOB_DIR"
-# 'ft-resumer step run --begin' is the begin step (judge what nobody judged,
-# relocate a job on an excluded node, or do nothing when the chain ended),
-# then takes the chain's training claim (one job of a chain trains at a
-# time: it refuses while another holds it), runs the job script and, beside
-# it, submits the successor. The end step gives the job its exit status,
-# also when the script did not run.
+# 'ft-resumer step run --begin --end' is the begin step (judge what nobody
+# judged, relocate a job on an excluded node, or do nothing when the chain
+# ended), then takes the chain's training claim (one job of a chain trains
+# at a time: it refuses while another holds it), runs the job script and,
+# beside it, submits the successor; then it is the end step, which decides
+# the job's exit status (also when the script did not run) and writes it to
+# %[6]s. When step run could not (it was killed), the end step runs
+# on its own.
 # The job script runs under 'ft-resumer step run', in the background so that
 # this shell's traps run at once: Slurm's warning signals to the batch shell
 # (--signal=B:USR1@N, B:USR2, B:TERM) and its TERM at the time limit must not
 # kill the shell. They are forwarded; step run records them (the job is then
 # judged walltime-like) and passes them to the job script's processes, srun
 # included, which forwards them to the launchers.
-%[4]s step run --begin --chain-dir %[2]s -- %[5]s "$@" &
+: > "$FT_RESUMER_JOB_DIR/%[6]s"
+%[4]s step run --begin --end --chain-dir %[2]s -- %[5]s "$@" &
 child=$!
 trap 'kill -s USR1 "$child" 2>/dev/null' USR1
 trap 'kill -s USR2 "$child" 2>/dev/null' USR2
@@ -74,8 +77,9 @@ while :; do
   kill -0 "$child" 2>/dev/null || break
 done
 trap - USR1 USR2 TERM
+if read -r status < "$FT_RESUMER_JOB_DIR/%[6]s" && [ -n "$status" ]; then exit "$status"; fi
 exec %[4]s step end --chain-dir %[2]s --rc "$rc" --script-ended "${EPOCHREALTIME:-}"
-`, dir, q(dir), q(set.FinishedFlag), q(set.Resumer), q(filepath.Join(dir, JobScriptFile)))
+`, dir, q(dir), q(set.FinishedFlag), q(set.Resumer), q(filepath.Join(dir, JobScriptFile)), EndStatusFile)
 	return b.String()
 }
 
@@ -122,5 +126,7 @@ func writeJobResults(st *State) error {
 			fmt.Fprintf(&b, "%s %s\n", j.ID, c)
 		}
 	}
-	return atomicfile.Write(filepath.Join(st.Dir, JobResultsFile), []byte(b.String()), 0o644)
+	// Rebuilt from chain.json at every step: no fsync on the path to a
+	// job's script or to its end.
+	return atomicfile.WriteVolatile(filepath.Join(st.Dir, JobResultsFile), []byte(b.String()), 0o644)
 }

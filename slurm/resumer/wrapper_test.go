@@ -2,6 +2,7 @@ package resumer
 
 import (
 	"os"
+	"os/exec"
 	"path/filepath"
 	"reflect"
 	"strings"
@@ -23,7 +24,7 @@ func TestSbatchDirectives(t *testing.T) {
 func TestWrapper(t *testing.T) {
 	w := Wrapper("#!/bin/sh\n#SBATCH -N3\necho hi\n", "/c/it's", Settings{FinishedFlag: "/c/flag", Resumer: "/bin/ft-resumer"})
 	for _, want := range []string{"#!/bin/bash\n#SBATCH -N3\n", `export FT_RESUMER_CHAIN='/c/it'\''s'`, "export FAULT_TOL_FINISHED_FLAG_FILE='/c/flag'",
-		"'/bin/ft-resumer' step run --begin --chain-dir", "'/c/it'\\''s/job.sh' \"$@\"", `exec '/bin/ft-resumer' step end --chain-dir '/c/it'\''s' --rc "$rc" --script-ended "${EPOCHREALTIME:-}"`} {
+		"'/bin/ft-resumer' step run --begin --end --chain-dir", "'/c/it'\\''s/job.sh' \"$@\"", `exec '/bin/ft-resumer' step end --chain-dir '/c/it'\''s' --rc "$rc" --script-ended "${EPOCHREALTIME:-}"`} {
 		if !strings.Contains(w, want) {
 			t.Errorf("wrapper lacks %q:\n%s", want, w)
 		}
@@ -88,5 +89,66 @@ func TestStateRoundTrip(t *testing.T) {
 	}
 	if _, err := LoadState(t.TempDir()); err == nil {
 		t.Error("LoadState of an empty dir succeeded")
+	}
+}
+
+// TestWrapperEndStatus runs the generated wrapper's shell with a stand-in
+// for the ft-resumer binary (the shell's logic is what is tested; the real
+// binary runs it on the real cluster in slurmtest): the job exits with the
+// status `step run --end` wrote, and runs `step end` itself when step run
+// was killed, also when a status from an earlier run of the job is there.
+func TestWrapperEndStatus(t *testing.T) {
+	for _, tt := range []struct {
+		name, run string
+		want      int
+		endRC     string // the --rc of a `step end` run by the wrapper, "" for none
+	}{
+		{"step run decided", `echo 75 > "$FT_RESUMER_JOB_DIR/end-status"; exit 75`, 75, ""},
+		{"step run killed", `kill -KILL $$`, 9, "137"},
+		{"step run failed before deciding", `exit 2`, 9, "2"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := t.TempDir()
+			log := filepath.Join(dir, "log")
+			stand := filepath.Join(dir, "ft-resumer")
+			body := "#!/bin/bash\ncase \"$2\" in\nrun) " + tt.run + " ;;\nend) echo \"$*\" >> " + log + "; exit 9 ;;\nesac\n"
+			if err := os.WriteFile(stand, []byte(body), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(dir, JobScriptFile), []byte("#!/bin/sh\n"), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			// A status left by an earlier run of this job (a requeue).
+			jobDir := filepath.Join(dir, JobsDir, "7")
+			if err := os.MkdirAll(jobDir, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(jobDir, EndStatusFile), []byte("0\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			w := filepath.Join(dir, WrapperFile)
+			if err := os.WriteFile(w, []byte(Wrapper("#!/bin/sh\n", dir, Settings{FinishedFlag: filepath.Join(dir, "flag"), Resumer: stand})), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			cmd := exec.Command("/bin/bash", w)
+			cmd.Env = append(os.Environ(), "SLURM_JOB_ID=7")
+			out, err := cmd.CombinedOutput()
+			code := 0
+			if ee, ok := err.(*exec.ExitError); ok {
+				code = ee.ExitCode()
+			} else if err != nil {
+				t.Fatal(err)
+			}
+			if code != tt.want {
+				t.Errorf("wrapper exited %d, want %d\n%s", code, tt.want, out)
+			}
+			ends, _ := os.ReadFile(log)
+			switch {
+			case tt.endRC == "" && len(ends) > 0:
+				t.Errorf("the wrapper ran the end step although step run decided: %s", ends)
+			case tt.endRC != "" && !strings.Contains(string(ends), "--rc "+tt.endRC+" "):
+				t.Errorf("end step runs: %q, want one with --rc %s", ends, tt.endRC)
+			}
+		})
 	}
 }

@@ -563,9 +563,15 @@ func TestMeasureDecisionLatency(t *testing.T) {
 		t.Skip("opt-in measurement: set FT_RESUMER_BENCH=1 to measure")
 	}
 	c := need(t)
-	ctx, cancel := runclock.WithTimeout(context.Background(), 8*time.Minute)
+	ctx, cancel := runclock.WithTimeout(context.Background(), 12*time.Minute)
 	defer cancel()
-	const jobs = 10
+	// Both chains run at once, so that Slurm's and the machine's noise
+	// falls on both alike; FT_RESUMER_BENCH_JOBS jobs each (default 21:
+	// 20 hops a side).
+	jobs := 21
+	if n, err := strconv.Atoi(os.Getenv("FT_RESUMER_BENCH_JOBS")); err == nil && n > 1 {
+		jobs = n
+	}
 	stamp := func(dir string) string {
 		return fmt.Sprintf(`echo "start $SLURM_JOB_ID $(date +%%s.%%N)" >> %[1]s/stamps
 n=$(grep -c '^start' %[1]s/stamps)
@@ -577,10 +583,62 @@ exit 1
 	}
 	ch := newChain(t, c)
 	work := filepath.Dir(ch.dir)
+
+	// NeMo-Framework-Launcher's loop, by hand: pre-schedule an afterany
+	// continuation, check the flag and the failure window at start, record
+	// X/S/F in _job_results, cancel the continuation when finished.
+	nemo := filepath.Join(t.TempDir(), "nemo")
+	if err := os.MkdirAll(nemo, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	flag := filepath.Join(nemo, "_finished_flag")
+	// FT_RESUMER_BENCH_LOOP_DEP=afternotok gives the loop ft-resumer's
+	// dependency type, to tell Slurm's part from ours.
+	loopDep := "afterany"
+	if d := os.Getenv("FT_RESUMER_BENCH_LOOP_DEP"); d != "" {
+		loopDep = d
+	}
+	body := fmt.Sprintf(`#!/bin/bash
+#SBATCH -N1 -o %[1]s/slurm-%%j.out
+export FAULT_TOL_FINISHED_FLAG_FILE=%[2]s
+R=%[1]s/_job_results
+if [ -n "$FT_RESUMED" ]; then
+  [ -f "$FAULT_TOL_FINISHED_FLAG_FILE" ] && exit 0
+  [ "$(tail -n %[3]d $R | grep -c ' [XF]$')" -ge %[3]d ] && exit 1
+fi
+NEXT=$(FT_RESUMED=1 sbatch --parsable --dependency=%[4]s:$SLURM_JOB_ID %[1]s/job.sh)
+echo "$SLURM_JOB_ID X" >> $R
+bash %[1]s/train.sh
+rc=$?
+if [ $rc -eq 0 ]; then sed -i "s/^$SLURM_JOB_ID X$/$SLURM_JOB_ID S/" $R; else sed -i "s/^$SLURM_JOB_ID X$/$SLURM_JOB_ID F/" $R; fi
+if [ -f "$FAULT_TOL_FINISHED_FLAG_FILE" ]; then scancel $NEXT; exit 0; fi
+exit $rc
+`, nemo, flag, jobs, loopDep)
+	if err := os.WriteFile(filepath.Join(nemo, "job.sh"), []byte(body), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(nemo, "train.sh"), []byte(stamp(nemo)), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cmd := c.Command(ctx, "sbatch", "--parsable", filepath.Join(nemo, "job.sh"))
+	cmd.Env = append(cmd.Env, "TEST_CHAIN_MARKER="+ch.marker)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("sbatch: %v %s", err, out)
+	}
+
 	script := ch.script("#SBATCH -N1\n" + stamp(work))
-	if code, out, errOut := ch.resumer(ctx, "run", "--chain-dir", ch.dir, "--max-subsequent-job-failures", "10", script); code != 0 {
+	if code, out, errOut := ch.resumer(ctx, "run", "--chain-dir", ch.dir, "--max-subsequent-job-failures", strconv.Itoa(jobs), script); code != 0 {
 		t.Fatalf("ft-resumer run = %d\n%s\n%s", code, out, errOut)
 	}
+	waitFor(t, 10*time.Minute, "the NeMo-style loop to finish", func() bool {
+		_, err := os.Stat(flag)
+		return err == nil
+	})
+	waitFor(t, time.Minute, "the NeMo-style loop's jobs to end", func() bool {
+		out, _ := c.Run(ctx, "squeue", "-h", "-o", "%A")
+		return out == ""
+	})
+
 	gaps := gapsFrom(t, filepath.Join(work, "stamps"))
 	st := ch.state()
 	var decide []float64
@@ -596,56 +654,14 @@ exit 1
 			begin = append(begin, sl.at-float64(j.Began.UnixNano())/1e9)
 		}
 	}
+	load, _ := os.ReadFile("/proc/loadavg")
+	t.Logf("both chains at once, %d jobs each; load at the end: %s", jobs, strings.TrimSpace(string(load)))
 	t.Logf("ft-resumer: script end -> decision (s): %s", fmtList(decide))
 	t.Logf("ft-resumer: begin step's record -> script start (s): %s", fmtList(begin))
 	t.Logf("ft-resumer: script end -> successor script start (s): %s", fmtList(gaps))
+	t.Logf("NeMo-style %s loop: script end -> successor script start (s): %s", loopDep, fmtList(gapsFrom(t, filepath.Join(nemo, "stamps"))))
 	_, table, _ := ch.resumer(ctx, "status", "--chain-dir", ch.dir)
 	t.Logf("ft-resumer status:\n%s", table)
-
-	// NeMo-Framework-Launcher's loop, by hand: pre-schedule an afterany
-	// continuation, check the flag and the failure window at start, record
-	// X/S/F in _job_results, cancel the continuation when finished.
-	nemo := filepath.Join(t.TempDir(), "nemo")
-	if err := os.MkdirAll(nemo, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	flag := filepath.Join(nemo, "_finished_flag")
-	body := fmt.Sprintf(`#!/bin/bash
-#SBATCH -N1 -o %[1]s/slurm-%%j.out
-export FAULT_TOL_FINISHED_FLAG_FILE=%[2]s
-R=%[1]s/_job_results
-if [ -n "$FT_RESUMED" ]; then
-  [ -f "$FAULT_TOL_FINISHED_FLAG_FILE" ] && exit 0
-  [ "$(tail -n 10 $R | grep -c ' [XF]$')" -ge 10 ] && exit 1
-fi
-NEXT=$(FT_RESUMED=1 sbatch --parsable --dependency=afterany:$SLURM_JOB_ID %[1]s/job.sh)
-echo "$SLURM_JOB_ID X" >> $R
-bash %[1]s/train.sh
-rc=$?
-if [ $rc -eq 0 ]; then sed -i "s/^$SLURM_JOB_ID X$/$SLURM_JOB_ID S/" $R; else sed -i "s/^$SLURM_JOB_ID X$/$SLURM_JOB_ID F/" $R; fi
-if [ -f "$FAULT_TOL_FINISHED_FLAG_FILE" ]; then scancel $NEXT; exit 0; fi
-exit $rc
-`, nemo, flag)
-	if err := os.WriteFile(filepath.Join(nemo, "job.sh"), []byte(body), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(nemo, "train.sh"), []byte(stamp(nemo)), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	cmd := c.Command(ctx, "sbatch", "--parsable", filepath.Join(nemo, "job.sh"))
-	cmd.Env = append(cmd.Env, "TEST_CHAIN_MARKER="+ch.marker)
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("sbatch: %v %s", err, out)
-	}
-	waitFor(t, 5*time.Minute, "the NeMo-style loop to finish", func() bool {
-		_, err := os.Stat(flag)
-		return err == nil
-	})
-	waitFor(t, time.Minute, "the NeMo-style loop's jobs to end", func() bool {
-		out, _ := c.Run(ctx, "squeue", "-h", "-o", "%A")
-		return out == ""
-	})
-	t.Logf("NeMo-style afterany loop: script end -> successor script start (s): %s", fmtList(gapsFrom(t, filepath.Join(nemo, "stamps"))))
 }
 
 type stampLine struct {
@@ -706,4 +722,58 @@ func fmtList(xs []float64) string {
 		parts[i] = fmt.Sprintf("%.3f", x)
 	}
 	return fmt.Sprintf("%s (median %.3f, worst %.3f)", strings.Join(parts, " "), s[len(s)/2], s[len(s)-1])
+}
+
+// TestKilledStepRunLeavesTheEndStepToTheWrapper: `step run --end` is the
+// end step of the generated wrapper; when it is killed before it decided
+// (here by the job script itself, its child), the wrapper finds no status in
+// jobs/<id>/end-status and runs the end step on its own, so the job is
+// still judged and the chain goes on.
+func TestKilledStepRunLeavesTheEndStepToTheWrapper(t *testing.T) {
+	skipShort(t)
+	c := need(t)
+	ctx, cancel := runclock.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	ch := newChain(t, c)
+	work := filepath.Dir(ch.dir)
+	script := ch.script(fmt.Sprintf(`#SBATCH -N1
+n=$(ls %[1]s/ran-* 2>/dev/null | wc -l)
+touch %[1]s/ran-$SLURM_JOB_ID
+if [ "$n" -ge 1 ]; then touch "$FAULT_TOL_FINISHED_FLAG_FILE"; exit 0; fi
+# Once the successor is submitted (step run does it beside this script),
+# kill step run, this script's parent.
+for i in $(seq 600); do squeue -h -o %%E | grep -q "afternotok:$SLURM_JOB_ID" && break; sleep 0.1; done
+kill -KILL $PPID
+exit 0
+`, work))
+	if code, out, errOut := ch.resumer(ctx, "run", "--chain-dir", ch.dir, script); code != 0 {
+		t.Fatalf("ft-resumer run = %d, want 0\n%s\n%s\n%s", code, out, errOut, ch.logs())
+	}
+	var ran []*resumer.ChainJob // the chain's last successor never runs
+	for _, j := range ch.state().Jobs {
+		if !j.Began.IsZero() {
+			ran = append(ran, j)
+		}
+	}
+	if len(ran) != 2 {
+		t.Fatalf("%d jobs of the chain began, want 2:\n%s", len(ran), ch.logs())
+	}
+	first, second := ran[0], ran[1]
+	// Only the end step records the script's status; a status of 137
+	// leaves the outcome to Slurm's final state (decided by a follower).
+	switch {
+	case first.ScriptRC == nil:
+		t.Errorf("job %s: no script status: the wrapper's end step did not run\n%s", first.ID, ch.logs())
+	case *first.ScriptRC != 137 || first.Outcome != resumer.Failure:
+		t.Errorf("job %s: script status %d, outcome %q; want 137 (step run killed) and a failure", first.ID, *first.ScriptRC, first.Outcome)
+	}
+	if got := readFile(t, filepath.Join(ch.dir, resumer.JobsDir, first.ID, resumer.EndStatusFile)); got != "" {
+		t.Errorf("job %s: end-status %q, want it empty (step run was killed before it decided)", first.ID, got)
+	}
+	if second.Outcome != resumer.Finished || second.DecidedBy != "end step" {
+		t.Errorf("job %s: outcome %q decided by %q, want finished by the end step", second.ID, second.Outcome, second.DecidedBy)
+	}
+	if got := readFile(t, filepath.Join(ch.dir, resumer.JobsDir, second.ID, resumer.EndStatusFile)); got != "0\n" {
+		t.Errorf("job %s: end-status %q, want \"0\\n\" (step run --end decided)", second.ID, got)
+	}
 }
