@@ -21,7 +21,9 @@ import (
 // renewsPerTTL is how many renewals the keep-alive loop sends per TTL: 4
 // (one every 1.25 s with the 5 s TTL), a third more than clientv3's TTL/3,
 // so that a cut must last TTL - TTL/4 - FenceMargin (2.75 s by default)
-// before a node fences.
+// before a node fences: the documented free blip (2 s) keeps its slack.
+// Each renewal is one message on the node's LeaseKeepAlive stream
+// (renewStream), as clientv3's are.
 const renewsPerTTL = 4
 
 // fenceState is this node's last fence out of a round, under e.mu. The

@@ -225,46 +225,49 @@ func (s *session) renewTimeout() time.Duration {
 	return s.cfg.TTL / 2
 }
 
-// keepAlive keeps this node's own lease alive with one KeepAliveOnce every
+// keepAlive keeps this node's own lease alive with one renewal every
 // TTL/renewsPerTTL (sooner after a failure), following it when it is
 // replaced; if etcd reports it gone (we were away longer than its TTL) a
 // new one is granted for later rounds. After each renewal it records the
 // lease's validity (the fence) and calls OnRenewed. It stops once etcd is
 // lost or at Close.
 //
-// A renewal is not waited for before the next one is sent: one that hangs
-// (a member that lost its leader, a connection being replaced) must not
-// hold back the next, which may go to another member, and a late answer
-// still proves the lease valid until its own send time plus the TTL. At
-// most maxRenewals are in flight, each bounded by renewTimeout.
+// Renewals are messages on one LeaseKeepAlive stream (renewStream), as
+// clientv3's KeepAlive sends them. A renewal is not waited for before the
+// next one is sent, and one that hangs (a member that lost its leader, a
+// connection being replaced) must not hold back the next: when the oldest
+// renewal on the stream has waited a whole interval, the next goes on a new
+// stream, which may reach another member, and the old one still takes its
+// late answers, which still prove the lease valid until their own send
+// time plus the TTL. At most maxRenewals are in flight, each bounded by
+// renewTimeout.
 func (s *session) keepAlive() {
 	defer s.wg.Done()
 	interval := s.cfg.TTL / renewsPerTTL
-	type result struct {
-		lease clientv3.LeaseID
-		sent  time.Time
-		ttl   int64
-		err   error
-	}
-	results := make(chan result, maxRenewals)
+	results := make(chan renewResult, maxRenewals)
 	inFlight := 0
+	var cur *renewStream
 	send := func(lease clientv3.LeaseID) {
+		if cur != nil && cur.stale(interval) {
+			cur.retire()
+			cur = nil
+		}
+		if cur == nil {
+			cur = openRenewStream(s.lost, s.cli, results, s.renewTimeout())
+		}
 		inFlight++
-		sent := time.Now()
-		go func() {
-			ctx, cancel := context.WithTimeout(s.lost, s.renewTimeout())
-			defer cancel()
-			resp, err := s.cli.KeepAliveOnce(ctx, lease)
-			r := result{lease: lease, sent: sent, err: err}
-			if err == nil {
-				r.ttl = resp.TTL
-			}
-			results <- r
-		}()
+		if !cur.send(lease) {
+			// The stream ended before this renewal went on it (etcd
+			// refused it as it opened): the renewal fails now, and the
+			// retry opens another. Room in results: at most maxRenewals
+			// are in flight, this one included.
+			cur = nil
+			results <- renewResult{renewal: renewal{lease: lease, sent: time.Now()}, err: errRenewStreamEnded}
+		}
 	}
 	defer func() {
 		for ; inFlight > 0; inFlight-- {
-			<-results // each attempt ends by its timeout or with s.lost
+			<-results // each renewal ends by its timeout or with s.lost
 		}
 	}()
 	next := time.NewTimer(0)

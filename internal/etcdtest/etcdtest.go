@@ -76,3 +76,9 @@ func (s *Server) Stop() {
 		<-s.done
 	}
 }
+
+// Signal sends sig to the server (SIGSTOP and SIGCONT freeze and resume
+// it: a member that holds its connections open and answers nothing).
+func (s *Server) Signal(sig os.Signal) error {
+	return s.cmd.Process.Signal(sig)
+}
