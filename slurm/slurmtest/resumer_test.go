@@ -572,14 +572,21 @@ func TestMeasureDecisionLatency(t *testing.T) {
 	if n, err := strconv.Atoi(os.Getenv("FT_RESUMER_BENCH_JOBS")); err == nil && n > 1 {
 		jobs = n
 	}
-	stamp := func(dir string) string {
+	// Each job's script also records when its batch script (the process
+	// Slurm started: the wrapper, two levels up under ft-resumer; job.sh,
+	// one level up in the loop) started, from /proc (10 ms ticks), after
+	// its own stamp: what precedes the script splits into Slurm's part and
+	// the job's own.
+	stamp := func(dir string, up int) string {
 		return fmt.Sprintf(`echo "start $SLURM_JOB_ID $(date +%%s.%%N)" >> %[1]s/stamps
+p=$$; for i in $(seq %[3]d); do p=$(awk '{print $4}' /proc/$p/stat); done
+echo "batch $SLURM_JOB_ID $(awk -v t="$(awk '{print $22}' /proc/$p/stat)" -v hz="$(getconf CLK_TCK)" -v bt="$(awk '/^btime/{print $2}' /proc/stat)" 'BEGIN{printf "%%.3f", bt + t/hz}')" >> %[1]s/stamps
 n=$(grep -c '^start' %[1]s/stamps)
 sleep 1
 if [ "$n" -ge %[2]d ]; then touch "$FAULT_TOL_FINISHED_FLAG_FILE"; echo "end $SLURM_JOB_ID $(date +%%s.%%N)" >> %[1]s/stamps; exit 0; fi
 echo "end $SLURM_JOB_ID $(date +%%s.%%N)" >> %[1]s/stamps
 exit 1
-`, dir, jobs)
+`, dir, jobs, up)
 	}
 	ch := newChain(t, c)
 	work := filepath.Dir(ch.dir)
@@ -617,7 +624,7 @@ exit $rc
 	if err := os.WriteFile(filepath.Join(nemo, "job.sh"), []byte(body), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(nemo, "train.sh"), []byte(stamp(nemo)), 0o755); err != nil {
+	if err := os.WriteFile(filepath.Join(nemo, "train.sh"), []byte(stamp(nemo, 1)), 0o755); err != nil {
 		t.Fatal(err)
 	}
 	cmd := c.Command(ctx, "sbatch", "--parsable", filepath.Join(nemo, "job.sh"))
@@ -626,7 +633,7 @@ exit $rc
 		t.Fatalf("sbatch: %v %s", err, out)
 	}
 
-	script := ch.script("#SBATCH -N1\n" + stamp(work))
+	script := ch.script("#SBATCH -N1\n" + stamp(work, 2))
 	if code, out, errOut := ch.resumer(ctx, "run", "--chain-dir", ch.dir, "--max-subsequent-job-failures", strconv.Itoa(jobs), script); code != 0 {
 		t.Fatalf("ft-resumer run = %d\n%s\n%s", code, out, errOut)
 	}
@@ -654,12 +661,35 @@ exit $rc
 			begin = append(begin, sl.at-float64(j.Began.UnixNano())/1e9)
 		}
 	}
+	split := func(path string) (slurmPart, own []float64) {
+		var lastEnd float64
+		batch := map[string]float64{}
+		for _, s := range readStamps(t, path) {
+			if s.kind == "batch" {
+				batch[s.job] = s.at
+			}
+		}
+		for _, s := range readStamps(t, path) {
+			switch {
+			case s.kind == "end":
+				lastEnd = s.at
+			case s.kind == "start" && lastEnd > 0 && batch[s.job] > 0:
+				slurmPart = append(slurmPart, batch[s.job]-lastEnd)
+				own = append(own, s.at-batch[s.job])
+			}
+		}
+		return slurmPart, own
+	}
+	oursSlurm, oursOwn := split(filepath.Join(work, "stamps"))
+	loopSlurm, loopOwn := split(filepath.Join(nemo, "stamps"))
 	load, _ := os.ReadFile("/proc/loadavg")
 	t.Logf("both chains at once, %d jobs each; load at the end: %s", jobs, strings.TrimSpace(string(load)))
 	t.Logf("ft-resumer: script end -> decision (s): %s", fmtList(decide))
 	t.Logf("ft-resumer: begin step's record -> script start (s): %s", fmtList(begin))
 	t.Logf("ft-resumer: script end -> successor script start (s): %s", fmtList(gaps))
 	t.Logf("NeMo-style %s loop: script end -> successor script start (s): %s", loopDep, fmtList(gapsFrom(t, filepath.Join(nemo, "stamps"))))
+	t.Logf("script end -> batch script start, Slurm's part (s): ft-resumer %s; loop %s", fmtList(oursSlurm), fmtList(loopSlurm))
+	t.Logf("batch script start -> script's first line, the job's own (s): ft-resumer %s; loop %s", fmtList(oursOwn), fmtList(loopOwn))
 	_, table, _ := ch.resumer(ctx, "status", "--chain-dir", ch.dir)
 	t.Logf("ft-resumer status:\n%s", table)
 }
@@ -693,7 +723,7 @@ func gapsFrom(t *testing.T, path string) []float64 {
 	for _, s := range readStamps(t, path) {
 		if s.kind == "end" {
 			lastEnd = s.at
-		} else if lastEnd > 0 {
+		} else if s.kind == "start" && lastEnd > 0 {
 			gaps = append(gaps, s.at-lastEnd)
 		}
 	}
