@@ -23,7 +23,7 @@ command -v buildah >/dev/null || die "buildah is needed (Debian: apt-get install
 
 build() { # build CONTEXT TAG OUT ARCH
   local ctx=$1 tag=$2 out=$3 arch=$4 store
-  for b in ft-launcher ft-launcher-etcd ft-resumer; do
+  for b in ft-launcher ft-launcher-etcd ft-resumer ft-appwrapper-controller; do
     [ -x "$ctx/$b" ] || die "$ctx/$b: missing (build the binaries first)"
   done
   store=$(mktemp -d "${TMPDIR:-/tmp}/ftl-image.XXXXXX")

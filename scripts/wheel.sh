@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds ft-launcher's platform wheels (docs/install.md): per architecture,
-# one file holding the static ft-launcher, ft-launcher-etcd and ft-resumer,
+# one file holding the static ft-launcher, ft-launcher-etcd, ft-resumer and
+# ft-appwrapper-controller,
 # built as scripts/release.sh builds them, and the ft_launcher_client
 # package; `pip install` puts the commands on the environment's PATH.
 #
@@ -118,7 +119,7 @@ for arch in "${arches[@]}"; do
   mkdir -p "$bin"
   echo "== build linux/$arch (commit $commit)" >&2
   CGO_ENABLED=0 GOOS=linux GOARCH=$arch go build -trimpath -buildvcs=false -ldflags "$ldflags" -o "$bin/" \
-    ./cmd/ft-launcher ./cmd/ft-launcher-etcd ./cmd/ft-resumer
+    ./cmd/ft-launcher ./cmd/ft-launcher-etcd ./cmd/ft-resumer ./cmd/ft-appwrapper-controller
   wheels+=("$("$work/mkwheel" -version "$version" -arch "$arch" -bin "$bin" -module client/python/ft_launcher_client \
     -readme README.md -epoch "$epoch" -out "$out")")
 done

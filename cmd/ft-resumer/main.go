@@ -23,6 +23,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/ftlauncher/ft-launcher/internal/atomicfile"
+	"github.com/ftlauncher/ft-launcher/internal/cli"
 	"github.com/ftlauncher/ft-launcher/internal/version"
 	"github.com/ftlauncher/ft-launcher/slurm/resumer"
 	"github.com/ftlauncher/ft-launcher/verdict"
@@ -99,7 +100,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	case "appwrapper":
 		return cmdAppWrapper(args[1:], stdout, stderr)
 	case "appwrapper-controller":
-		return cmdAppWrapperController(ctx, args[1:], stdout, stderr)
+		// A program of its own, so that the Kubernetes packages it links
+		// are not loaded at every start of ft-resumer (a Slurm job's
+		// steps): see companion.go.
+		return execCompanion(controllerCompanion, args[1:], stderr)
 	case "report":
 		return cmdReport(ctx, args[1:], stdout, stderr)
 	}
@@ -109,27 +113,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 
 // flagSet is a pflag set that reports errors once, to stderr.
 func flagSet(name string, stderr io.Writer) *pflag.FlagSet {
-	fs := pflag.NewFlagSet("ft-resumer "+name, pflag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.SortFlags = false
-	// --help is printed once, by parse, to stdout (pflag would print it to
-	// stderr first).
-	fs.Usage = func() {}
-	return fs
+	return cli.FlagSet("ft-resumer "+name, stderr)
 }
 
 func parse(fs *pflag.FlagSet, args []string, stdout io.Writer) (code int, done bool) {
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, pflag.ErrHelp) {
-			fs.SetOutput(stdout)
-			fmt.Fprintf(stdout, "Usage of %s:\n", fs.Name())
-			fs.PrintDefaults()
-			return 0, true
-		}
-		fmt.Fprintf(fs.Output(), "%s: %v\n", fs.Name(), err)
-		return 2, true
-	}
-	return 0, false
+	return cli.Parse(fs, args, stdout)
 }
 
 func chainDirFlag(fs *pflag.FlagSet) *string {

@@ -56,7 +56,7 @@ func TestMain(m *testing.M) {
 	}
 	bins.dir = dir
 	bins.launcher, bins.resumer = filepath.Join(dir, "ft-launcher"), filepath.Join(dir, "ft-resumer")
-	cmd := exec.Command("go", "build", "-o", dir+"/", "../../cmd/ft-launcher", "../../cmd/ft-launcher-etcd", "../../cmd/ft-resumer")
+	cmd := exec.Command("go", "build", "-o", dir+"/", "../../cmd/ft-launcher", "../../cmd/ft-launcher-etcd", "../../cmd/ft-resumer", "../../cmd/ft-appwrapper-controller")
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 	if err := cmd.Run(); err != nil {
 		fmt.Fprintln(os.Stderr, "build:", err)

@@ -153,7 +153,7 @@ func TestWheelInstallsIntoAFreshVenvAndRestartsACrashedJob(t *testing.T) {
 	py := filepath.Join(venv, "bin", "python")
 	run(t, 5*time.Minute, dir, venvEnv, py, "-m", "pip", "install", "--no-index", whl)
 
-	// The three commands are on the activated venv's PATH, executable,
+	// The commands are on the activated venv's PATH, executable,
 	// and they are this build.
 	for _, c := range wheel.Commands {
 		p := lookPath(pathOf(venvEnv), c)

@@ -27,6 +27,7 @@ func TestArrowsPointDown(t *testing.T) {
 		{"prewarm", []string{"agent"}, "prewarm returns its own *prewarm.Group; cmd/ft-launcher adapts it to the agent"},
 		{"monitor/nvrxwire", []string{"configs"}, "the wire codec has its own Config; monitor converts the configuration into it"},
 		{"policy", []string{"agent", "rendezvous", "configs"}, "the restart policy is a pure function below its callers"},
+		{"cmd/ft-resumer", []string{"k8s/appwrapper"}, "the AppWrapper controller is ft-appwrapper-controller: ft-resumer starts in every Slurm job, and the Kubernetes client packages take some 50 ms to initialise at each start"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.pkg, func(t *testing.T) {

@@ -48,9 +48,9 @@ const FileName = "ft_launcher"
 const Module = "ft_launcher_client"
 
 // Commands are the binaries the wheel puts on PATH. ft-launcher starts
-// ft-launcher-etcd from its own directory, and pip installs both into the
-// same bin directory.
-var Commands = []string{"ft-launcher", "ft-launcher-etcd", "ft-resumer"}
+// ft-launcher-etcd, and ft-resumer ft-appwrapper-controller, from its own
+// directory, and pip installs them all into the same bin directory.
+var Commands = []string{"ft-launcher", "ft-launcher-etcd", "ft-resumer", "ft-appwrapper-controller"}
 
 // RequiresPython is the oldest interpreter the client supports; the
 // binaries need none.

@@ -393,7 +393,8 @@ func TestRealAppWrapper(t *testing.T) {
 	ctrllog.SetLogger(logr.Discard()) // the test's clients log nothing
 	l := &lane{c: c, ns: env.Namespace(t), dir: t.TempDir(), certDir: t.TempDir()}
 	l.resumer = filepath.Join(l.certDir, "ft-resumer")
-	build := exec.Command("go", "build", "-o", l.resumer, "../../cmd/ft-resumer")
+	// ft-resumer runs the controller's program from its own directory.
+	build := exec.Command("go", "build", "-o", l.certDir+"/", "../../cmd/ft-resumer", "../../cmd/ft-appwrapper-controller")
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("build ft-resumer: %v\n%s", err, out)
 	}
@@ -720,12 +721,12 @@ func (l *lane) images(t *testing.T) (launcherRef, trainRef string) {
 }
 
 // launcherImage builds the project's image as docs/kubernetes.md says
-// (scripts/image.sh on static release builds of the three commands),
+// (scripts/image.sh on static release builds of the four commands),
 // named tag, into an OCI archive under dir, and returns the archive.
 func launcherImage(t *testing.T, dir, tag string) string {
 	t.Helper()
 	bin := filepath.Join(dir, "bin")
-	for _, c := range []string{"ft-launcher", "ft-launcher-etcd", "ft-resumer"} {
+	for _, c := range []string{"ft-launcher", "ft-launcher-etcd", "ft-resumer", "ft-appwrapper-controller"} {
 		build := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w", "-o", filepath.Join(bin, c), "../../cmd/"+c)
 		build.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if out, err := build.CombinedOutput(); err != nil {
