@@ -148,13 +148,20 @@ func checkConsistent(t testing.TB, as []Assignment, nproc, active int) {
 
 func waitEnd(t *testing.T, ch <-chan RoundEnd, within time.Duration) RoundEnd {
 	t.Helper()
+	return recvWithin(t, ch, within, "round end")
+}
+
+// recvWithin receives from ch, failing the test when nothing comes within.
+func recvWithin[T any](t *testing.T, ch <-chan T, within time.Duration, what string) T {
+	t.Helper()
 	select {
-	case e := <-ch:
-		return e
+	case v := <-ch:
+		return v
 	case <-time.After(within):
-		t.Fatalf("round did not end within %v", within)
+		t.Fatalf("no %s within %v", what, within)
+		var zero T
+		return zero
 	}
-	return RoundEnd{}
 }
 
 func assertNoEnd(t *testing.T, ch <-chan RoundEnd, d time.Duration) {

@@ -38,13 +38,7 @@ func renewClient(t *testing.T, endpoint string) (*clientv3.Client, *atomic.Int64
 
 func nextRenewal(t *testing.T, results <-chan renewResult, within time.Duration) renewResult {
 	t.Helper()
-	select {
-	case r := <-results:
-		return r
-	case <-time.After(within):
-		t.Fatalf("no renewal result within %v", within)
-		return renewResult{}
-	}
+	return recvWithin(t, results, within, "renewal result")
 }
 
 // TestRenewStream: renewals go as messages on one stream and are answered
@@ -137,7 +131,9 @@ func TestRenewStreamFrozenMember(t *testing.T) {
 		t.Fatal(err)
 	}
 	res := nextRenewal(t, results, 30*time.Second)
-	if res.err != nil || res.ttl <= 0 || res.sent.Before(before) || res.sent.After(before.Add(100*time.Millisecond)) {
+	// Sent right after before (the bound is for a loaded machine), not when
+	// the answer came, 0.5 s later.
+	if res.err != nil || res.ttl <= 0 || res.sent.Before(before) || res.sent.After(before.Add(400*time.Millisecond)) {
 		t.Errorf("late renewal: ttl %d err %v sent %v after the freeze, want it counted from its send", res.ttl, res.err, res.sent.Sub(before))
 	}
 
