@@ -63,8 +63,9 @@ func TestMain(m *testing.M) {
 		os.RemoveAll(dir)
 		os.Exit(1)
 	}
-	defer os.RemoveAll(dir)
-	k8stest.Main(m, &env)
+	code := k8stest.Run(m, &env)
+	os.RemoveAll(dir) // os.Exit skips deferred calls: each run left its binaries behind
+	os.Exit(code)
 }
 
 // controller runs `ft-resumer appwrapper-controller` as a cluster admin

@@ -340,31 +340,37 @@ func (e *Env) Stop() error {
 }
 
 // Main is TestMain for a package whose tests need the control plane: it
-// starts it into *env, runs the tests and stops it. Without the binaries it
-// fails the run with the command that builds them, unless
-// FTL_K8S_TESTS=skip is set: then the tests run with *env nil, and each
-// one that needs the control plane ends in Need (a skip naming what is
-// missing, or a failure under CI).
+// starts it into *env, runs the tests, stops it and exits with the tests'
+// status (Run, then os.Exit). Without the binaries it fails the run with the
+// command that builds them, unless FTL_K8S_TESTS=skip is set: then the tests
+// run with *env nil, and each one that needs the control plane ends in Need
+// (a skip naming what is missing, or a failure under CI).
 func Main(m *testing.M, env **Env) {
+	os.Exit(Run(m, env))
+}
+
+// Run is Main without the exit, for a TestMain with cleanup of its own to
+// do after the tests (deferred calls do not run past os.Exit).
+func Run(m *testing.M, env **Env) int {
 	// The fast lane (go test -short) starts no control plane: every test
 	// that needs one ends in Need with a -short skip.
 	flag.Parse()
 	if testing.Short() {
-		os.Exit(m.Run())
+		return m.Run()
 	}
 	if _, err := Assets(); err != nil {
 		if os.Getenv("FTL_K8S_TESTS") == "skip" {
 			fmt.Fprintln(os.Stderr, "k8stest: no control plane (FTL_K8S_TESTS=skip):", err)
-			os.Exit(m.Run())
+			return m.Run()
 		}
 		fmt.Fprintln(os.Stderr, "FAIL:", err)
 		fmt.Fprintln(os.Stderr, "(set FTL_K8S_TESTS=skip to skip these tests on a machine that cannot build them)")
-		os.Exit(1)
+		return 1
 	}
 	e, err := Start()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "FAIL:", err)
-		os.Exit(1)
+		return 1
 	}
 	*env = e
 	code := m.Run()
@@ -374,7 +380,7 @@ func Main(m *testing.M, env **Env) {
 			code = 1
 		}
 	}
-	os.Exit(code)
+	return code
 }
 
 // Need ends t when env is nil (no control plane: FTL_K8S_TESTS=skip
