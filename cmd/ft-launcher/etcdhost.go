@@ -7,12 +7,11 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
 
+	"github.com/ftlauncher/ft-launcher/internal/cli"
 	"github.com/ftlauncher/ft-launcher/spawn"
 )
 
@@ -22,14 +21,8 @@ const etcdCompanion = "ft-launcher-etcd"
 // findEtcdCompanion looks for ft-launcher-etcd beside this executable, then
 // on PATH.
 func findEtcdCompanion() (string, error) {
-	if self, err := os.Executable(); err == nil {
-		p := filepath.Join(filepath.Dir(self), etcdCompanion)
-		if st, err := os.Stat(p); err == nil && !st.IsDir() {
-			return p, nil
-		}
-	}
-	p, err := exec.LookPath(etcdCompanion)
-	if err != nil {
+	p, ok := cli.FindCompanion(etcdCompanion)
+	if !ok {
 		return "", fmt.Errorf("the embedded etcd rendezvous needs %s beside ft-launcher or on PATH (go build -o DIR/ ./cmd/...), or use --rdzv-backend etcd with your own etcd", etcdCompanion)
 	}
 	return p, nil

@@ -4,9 +4,9 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"syscall"
+
+	"github.com/ftlauncher/ft-launcher/internal/cli"
 )
 
 // controllerCompanion is the AppWrapper controller's program. It is not
@@ -19,14 +19,8 @@ const controllerCompanion = "ft-appwrapper-controller"
 
 // findCompanion looks for name beside this executable, then on PATH.
 func findCompanion(name string) (string, error) {
-	if self, err := os.Executable(); err == nil {
-		p := filepath.Join(filepath.Dir(self), name)
-		if st, err := os.Stat(p); err == nil && !st.IsDir() {
-			return p, nil
-		}
-	}
-	p, err := exec.LookPath(name)
-	if err != nil {
+	p, ok := cli.FindCompanion(name)
+	if !ok {
 		return "", fmt.Errorf("%s is not installed beside ft-resumer nor on PATH (it comes with ft-resumer in the release, the wheel and the image; from source: go build -o DIR/ ./cmd/...)", name)
 	}
 	return p, nil

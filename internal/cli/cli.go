@@ -7,6 +7,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
 
 	"github.com/spf13/pflag"
 )
@@ -37,4 +40,18 @@ func Parse(fs *pflag.FlagSet, args []string, stdout io.Writer) (code int, done b
 		return 2, true
 	}
 	return 0, false
+}
+
+// FindCompanion looks for the program name beside this executable, then on
+// PATH: a command's companion program, installed with it (ft-launcher-etcd
+// beside ft-launcher, ft-appwrapper-controller beside ft-resumer).
+func FindCompanion(name string) (string, bool) {
+	if self, err := os.Executable(); err == nil {
+		p := filepath.Join(filepath.Dir(self), name)
+		if st, err := os.Stat(p); err == nil && !st.IsDir() {
+			return p, true
+		}
+	}
+	p, err := exec.LookPath(name)
+	return p, err == nil
 }
