@@ -9,6 +9,7 @@ import (
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
 )
 
 // renewStream is one LeaseKeepAlive stream of the keep-alive loop. Its
@@ -120,7 +121,12 @@ func (r *renewStream) retire() {
 }
 
 func (r *renewStream) run(ctx context.Context, cli *clientv3.Client) {
-	st, err := pb.NewLeaseClient(cli.ActiveConnection()).LeaseKeepAlive(ctx)
+	// WaitForReady, as clientv3's own calls: a stream opened while the
+	// connection is being re-established waits for it (within the
+	// renewal's bound) instead of failing at once. Failing fast, renewals
+	// after an etcd restart kept failing past the first report, and a node
+	// fenced a second time in the round after (TestRealEtcdHappyPathFailAndRestart).
+	st, err := pb.NewLeaseClient(cli.ActiveConnection()).LeaseKeepAlive(ctx, grpc.WaitForReady(true))
 	if err != nil {
 		r.fail(err)
 		return
