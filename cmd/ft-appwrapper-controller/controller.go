@@ -23,6 +23,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
+	"github.com/ftlauncher/ft-launcher/internal/cli"
 	"github.com/ftlauncher/ft-launcher/k8s/api/v1beta2"
 	"github.com/ftlauncher/ft-launcher/k8s/appwrapper"
 )
@@ -32,7 +33,9 @@ import (
 // appwrapper-controller`. It replaces the upstream AppWrapper controller in
 // a cluster; docs/kubernetes.md says how to deploy it.
 func cmdAppWrapperController(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := flagSet("appwrapper-controller", stderr)
+	// Its flags and messages keep the name users and the shipped
+	// manifests give it.
+	fs := cli.FlagSet("ft-resumer appwrapper-controller", stderr)
 	kubeconfig := fs.String("kubeconfig", "", "kubeconfig file (default: $KUBECONFIG, else the pod's service account in a cluster, else ~/.kube/config)")
 	cfgFile := fs.String("config", "", "operator configuration YAML: the upstream appwrapper-operator-config ConfigMap's content mounted as a file (fields not given keep their defaults; see docs/kubernetes.md)")
 	metricsAddr := fs.String("metrics-bind-address", ":8080", "address of the Prometheus /metrics endpoint (0 disables it)")
@@ -47,7 +50,7 @@ func cmdAppWrapperController(ctx context.Context, args []string, stdout, stderr 
 	webhookHosts := fs.StringSlice("webhook-cert-hosts", nil, "further DNS names or IP addresses for the self-managed certificate, for webhook configurations that reach the server by URL (comma-separated)")
 	reevaluate := fs.Duration("reevaluate-period", appwrapper.DefaultConfig().ReevaluatePeriod.Duration,
 		"periodic re-evaluation of a Running AppWrapper, a safety net for a missed watch event (0 disables; overrides the config's reevaluatePeriod)")
-	if code, done := parse(fs, args, stdout); done {
+	if code, done := cli.Parse(fs, args, stdout); done {
 		return code
 	}
 	if fs.NArg() > 0 {

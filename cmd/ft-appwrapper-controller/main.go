@@ -14,9 +14,6 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/spf13/pflag"
-
-	"github.com/ftlauncher/ft-launcher/internal/cli"
 	"github.com/ftlauncher/ft-launcher/internal/version"
 )
 
@@ -33,14 +30,4 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 0
 	}
 	return cmdAppWrapperController(ctx, args, stdout, stderr)
-}
-
-// The controller's flags are those of `ft-resumer appwrapper-controller`,
-// the name users and the shipped manifests give it.
-func flagSet(name string, stderr io.Writer) *pflag.FlagSet {
-	return cli.FlagSet("ft-resumer "+name, stderr)
-}
-
-func parse(fs *pflag.FlagSet, args []string, stdout io.Writer) (code int, done bool) {
-	return cli.Parse(fs, args, stdout)
 }

@@ -430,14 +430,19 @@ func cmdStep(ctx context.Context, args []string, stderr io.Writer) int {
 	return 0
 }
 
+// jobDir is job id's folder in the chain dir: $FT_RESUMER_JOB_DIR, which the
+// generated wrapper exports, else jobs/<id>.
+func jobDir(dir, id string) string {
+	if d := os.Getenv("FT_RESUMER_JOB_DIR"); d != "" {
+		return d
+	}
+	return filepath.Join(dir, resumer.JobsDir, id)
+}
+
 // writeEnvSh writes what the begin step exports to the job script into
 // jobs/<id>/env.sh (the record; older wrappers source it) and returns it as
 // KEY=VALUE pairs.
 func writeEnvSh(dir, id string, env map[string]string) ([]string, error) {
-	jobDir := os.Getenv("FT_RESUMER_JOB_DIR")
-	if jobDir == "" {
-		jobDir = filepath.Join(dir, resumer.JobsDir, id)
-	}
 	keys := make([]string, 0, len(env))
 	for k := range env {
 		keys = append(keys, k)
@@ -451,5 +456,5 @@ func writeEnvSh(dir, id string, env map[string]string) ([]string, error) {
 	}
 	// A record for this run only (a crash of the node ends the run): no
 	// fsync on the path to the script.
-	return kv, atomicfile.WriteVolatile(filepath.Join(jobDir, "env.sh"), []byte(b.String()), 0o644)
+	return kv, atomicfile.WriteVolatile(filepath.Join(jobDir(dir, id), "env.sh"), []byte(b.String()), 0o644)
 }

@@ -44,12 +44,8 @@ func stepRun(ctx context.Context, dir string, restart int, begin, end bool, argv
 		// No status file: the wrapper's own end step tries again.
 		return code
 	}
-	jobDir := os.Getenv("FT_RESUMER_JOB_DIR")
-	if jobDir == "" {
-		jobDir = filepath.Join(dir, resumer.JobsDir, id)
-	}
 	// Read by the wrapper at once: no fsync on the path to the job's end.
-	if err := atomicfile.WriteVolatile(filepath.Join(jobDir, resumer.EndStatusFile), []byte(strconv.Itoa(code)+"\n"), 0o644); err != nil {
+	if err := atomicfile.WriteVolatile(filepath.Join(jobDir(dir, id), resumer.EndStatusFile), []byte(strconv.Itoa(code)+"\n"), 0o644); err != nil {
 		fmt.Fprintf(stderr, "ft-resumer step run: %v (the wrapper runs the end step again)\n", err)
 	}
 	return code
