@@ -65,8 +65,20 @@ type page struct {
 	Texts      []svgText
 	Lines      []svgRect // grid lines (W=0)
 	Phases     []phaseRow
+	Categories []categoryRow
+	CatBar     []svgRect // the categories as one stacked bar
+	CatBarW    int
+	CatBarH    int
 	Legend     []legendItem
 	Start, End string
+}
+
+// categoryRow is one row of the badput-categories table; Seconds is nil
+// where the records measured none of the category.
+type categoryRow struct {
+	Name, Google, Color, From, CountedIn string
+	Seconds                              *float64
+	Share                                float64
 }
 
 type phaseRow struct {
@@ -92,7 +104,7 @@ var phaseMeaning = map[string]string{
 // WriteHTML writes the report as one self-contained HTML page: inline CSS
 // and SVG, no script, no external resource.
 func (r *Report) WriteHTML(w io.Writer) error {
-	p := &page{R: r, Width: svgWidth, Start: r.Start.Format(time.RFC3339), End: r.End.Format(time.RFC3339)}
+	p := &page{R: r, Width: svgWidth, CatBarW: catBarW, CatBarH: catBarH, Start: r.Start.Format(time.RFC3339), End: r.End.Format(time.RFC3339)}
 	wall := r.End.Sub(r.Start)
 	x := func(t time.Time) float64 {
 		if wall <= 0 {
@@ -164,6 +176,7 @@ func (r *Report) WriteHTML(w io.Writer) error {
 		}
 		p.Phases = append(p.Phases, phaseRow{Name: ph, Color: colors[ph], Meaning: phaseMeaning[ph], Seconds: s, Share: share})
 	}
+	p.Categories, p.CatBar = categoryRows(r)
 	for _, k := range []string{"running", "startup", "spare", "filler", "crash", "hang", "node_loss", "swap", "filler_reclaim", "restart", "checkpoint", "restore", "first_step", "exit", "round_ended", "standby"} {
 		p.Legend = append(p.Legend, legendItem{Name: k, Color: colors[k]})
 	}
@@ -171,6 +184,61 @@ func (r *Report) WriteHTML(w io.Writer) error {
 		return fmt.Errorf("report: render HTML: %w", err)
 	}
 	return nil
+}
+
+// Geometry of the categories' bar.
+const (
+	catBarW = 600
+	catBarH = 16
+)
+
+// categoryRows are the badput-categories table (productive first) and its
+// bar, whose segments are the measured categories in the table's order.
+func categoryRows(r *Report) ([]categoryRow, []svgRect) {
+	c := r.Categories
+	prod := c.ProductiveS
+	rows := []categoryRow{{Name: Productive, Google: "goodput (productive step time)", Color: colors[Productive], Seconds: &prod,
+		From: "productive, less the checkpoint saves and restores recorded inside it"}}
+	for _, cat := range CategoryOrder {
+		google, color, from := categoryMeaning(cat)
+		rows = append(rows, categoryRow{Name: cat, Google: google, Color: color, From: from, CountedIn: c.CountedIn[cat], Seconds: c.BadputS[cat]})
+	}
+	var bar []svgRect
+	x := 0.0
+	for i := range rows {
+		if rows[i].Seconds == nil || r.WallS <= 0 {
+			continue
+		}
+		rows[i].Share = *rows[i].Seconds / r.WallS * 100
+		w := *rows[i].Seconds / r.WallS * catBarW
+		if w > 0 {
+			bar = append(bar, svgRect{X: x, W: w, H: catBarH, Fill: rows[i].Color,
+				Title: fmt.Sprintf("%s: %.3f s (%.1f%%)", rows[i].Name, *rows[i].Seconds, rows[i].Share)})
+		}
+		x += w
+	}
+	return rows, bar
+}
+
+// categoryMeaning is a category's name in ml-goodput-measurement
+// (BadputType), its colour, and the phases it is made of (docs/report.md,
+// "Badput in the field's categories", has the rule).
+func categoryMeaning(cat string) (google, color, from string) {
+	switch cat {
+	case CatStartup:
+		return "TPU_INITIALIZATION + TRAINING_PREP + PROGRAM_STARTUP", colors[Startup], "startup of every round, less the restores and saves recorded in it"
+	case CatRestore:
+		return "UNPRODUCTIVE_CHECKPOINT_RESTORE_TIME", colors["restore"], "while any rank of a round was in state.load() (state_restore), inside startup or productive"
+	case CatSave:
+		return "UNPRODUCTIVE_CHECKPOINT_SAVE_TIME", colors["checkpoint"], "while any rank of a round was in a 'checkpointing' section (rank_checkpoint), inside startup or productive"
+	case CatDataLoading:
+		return "DATA_LOADING_SYNC", "#999999", "not in the records: the ranks do not report waiting for data"
+	case CatWasted:
+		return "WASTED_PROGRESS_FROM_DISRUPTION", colors[Recompute], "recompute"
+	case CatDisruption:
+		return "INFRASTRUCTURE_RECOVERY_FROM_DISRUPTION", colors[Detection], "detection and stop of failed rounds, rendezvous of the rounds after them, a chain's queue between jobs and a later job's launcher start"
+	}
+	return "OTHER", colors[Shutdown], "the launcher's start, the queue before a chain's first job, the end of a successful round, shutdown"
 }
 
 func niceStep(d time.Duration) time.Duration {
@@ -232,6 +300,7 @@ svg text { font-size: 11px; }
 svg text.heading { font-size: 12px; font-weight: bold; }
 svg text.tick { text-anchor: middle; fill: #555; }
 .note { font-size: 13px; color: #444; }
+table.categories td:first-child { white-space: nowrap; }
 .warn { font-size: 13px; color: #a00000; }
 </style>
 </head>
@@ -254,6 +323,16 @@ svg text.tick { text-anchor: middle; fill: #555; }
 {{end}}<tr><th>wall time</th><th class="num">{{f3 .R.WallS}}</th><th class="num">100%</th><th>the phases add up to it</th></tr>
 </table>
 {{range .R.Notes}}<p class="note">note: {{.}}</p>{{end}}
+<h2>Badput in ml-goodput-measurement's categories</h2>
+<svg xmlns="http://www.w3.org/2000/svg" width="{{.CatBarW}}" height="{{.CatBarH}}" viewBox="0 0 {{.CatBarW}} {{.CatBarH}}" role="img" aria-label="badput categories" class="categories-bar">
+{{range .CatBar}}<rect x="{{.X}}" y="0" width="{{.W}}" height="{{.H}}" fill="{{.Fill}}"><title>{{.Title}}</title></rect>
+{{end}}</svg>
+<table class="categories">
+<tr><th>category</th><th>ml-goodput-measurement</th><th>seconds</th><th>share of wall time</th><th>from the phases</th></tr>
+{{range .Categories}}<tr><td><span class="swatch" style="background: {{.Color}}"></span>{{.Name}}</td><td>{{.Google}}</td><td class="num">{{if .Seconds}}{{f3 .Seconds}}{{else}}unknown{{end}}</td><td class="num">{{if .Seconds}}{{f1 .Share}}%{{end}}</td><td>{{.From}}{{if .CountedIn}}; {{if .Seconds}}more{{else}}its time{{end}} not measured: counted as {{.CountedIn}}{{end}}</td></tr>
+{{end}}<tr><th>wall time</th><th></th><th class="num">{{f3 .R.WallS}}</th><th class="num">100%</th><th>productive and the measured categories add up to it · goodput {{pct .R.Categories.Goodput}}</th></tr>
+</table>
+{{range .R.Categories.Notes}}<p class="note">note: {{.}}</p>{{end}}
 <h2>Rounds</h2>
 <table>
 <tr><th>job</th><th>round</th><th>start</th><th>ready</th><th>end</th><th>reason</th><th>steps lost</th><th>restored from</th><th>productive s</th><th>badput s</th></tr>

@@ -142,7 +142,7 @@ func (f *roundFacts) failAt(detected, fault time.Time, end, reason string) {
 	}
 }
 
-func computeJob(g *jobRecords, r *Report) (Job, error) {
+func computeJob(g *jobRecords, r *Report, acc *categoryAcc) (Job, error) {
 	j := Job{ID: g.id, Outcome: g.outcome, PhasesS: zeroPhases()}
 	rounds := map[int]*roundFacts{}
 	get := func(n int) *roundFacts {
@@ -156,7 +156,16 @@ func computeJob(g *jobRecords, r *Report) (Job, error) {
 	var start, end time.Time
 	nodesWithEvents := map[string]bool{}
 	restarts := map[int]Restart{}
-	heals := map[int]time.Time{} // round that healed from live state → when its survivors completed the step
+	heals := map[int]time.Time{}  // round that healed from live state → when its survivors completed the step
+	works := map[int]*roundWork{} // round → its ranks' restores and saves (the badput categories)
+	work := func(n int) *roundWork {
+		if w, ok := works[n]; ok {
+			return w
+		}
+		w := &roundWork{restoreRanks: map[int]bool{}}
+		works[n] = w
+		return w
+	}
 	for _, e := range g.events {
 		if e.Kind != eventlog.RoundEnded { // its node is the one that ended the round
 			nodesWithEvents[e.Node] = true
@@ -181,8 +190,18 @@ func computeJob(g *jobRecords, r *Report) (Job, error) {
 			f.sections = true
 		case eventlog.RankCheckpointEvent:
 			f := get(round)
-			f.ckpts = append(f.ckpts, orTS(ev.At, e.TS))
+			at := orTS(ev.At, e.TS)
+			f.ckpts = append(f.ckpts, at)
 			f.sections = true
+			w, opened := work(round), ev.OpenedAt
+			if opened.IsZero() && ev.DurationMS > 0 {
+				opened = at.Add(-time.Duration(ev.DurationMS * float64(time.Millisecond)))
+			}
+			if opened.IsZero() {
+				w.untimedSaves = true // an older launcher's record: when the save began is unknown
+			} else {
+				w.saves = append(w.saves, span{opened, at})
+			}
 		case eventlog.InProcessFirstStepEvent:
 			// A survivor's first step after an in-process rejoin, reported
 			// by the client even without "step" sections.
@@ -193,6 +212,10 @@ func computeJob(g *jobRecords, r *Report) (Job, error) {
 			f.sections, f.stepCounts = true, true
 			f.stepsLost = max(f.stepsLost, int(ev.StepsSinceCheckpoint))
 		case eventlog.StateRestoreEvent:
+			// at is when load() returned (the client notes it after).
+			w, at := work(ev.Round), orTS(ev.At, e.TS)
+			w.restores = append(w.restores, span{at.Add(-time.Duration(ev.LoadMS * float64(time.Millisecond))), at})
+			w.restoreRanks[ev.Rank] = true
 			if ev.Heal == "peer" || ev.Heal == "kept" {
 				at := heals[ev.Round]
 				if ev.StepAt != nil {
@@ -332,6 +355,7 @@ func computeJob(g *jobRecords, r *Report) (Job, error) {
 	for _, f := range rounds {
 		heartbeats = heartbeats || len(f.readyRanks) > 0
 	}
+	leadIn := true // the job's first round: its rendezvous is the launcher's start
 	for i, n := range ns {
 		f := rounds[n]
 		if f.start.IsZero() {
@@ -415,16 +439,29 @@ func computeJob(g *jobRecords, r *Report) (Job, error) {
 			rd.FirstStep = timePtr(f.firstStep)
 		}
 		rd.Start = add(Rendezvous, f.start, rp)
-		add(Startup, ready, rp)
-		add(Productive, keep, rp)
+		b := roundBounds{start: rd.Start, ready: add(Startup, ready, rp)}
+		b.keep = add(Productive, keep, rp)
 		add(Recompute, f.fault, rp)
 		rd.Fault = cursor
 		rd.Detected = add(Detection, f.detected, rp)
 		rd.Stopped = add(Stop, f.stopped, rp)
 		rd.End, rd.Reason = f.end, f.hangReason()
 		r.Rounds = append(r.Rounds, rd)
+		rc := roundCase{name: fmt.Sprint(n), leadIn: leadIn, failed: f.end != "success", world: f.world,
+			heartbeat: len(f.readyRanks) > 0 || silent, lostKnown: f.end == "success" || f.sections || silent || f.healed,
+			sections: f.sections}
+		if g.id != "" {
+			rc.name = fmt.Sprintf("%d (job %s)", n, g.id)
+		}
+		if leadIn {
+			j.leadInS = rp[Rendezvous]
+		}
+		acc.addRound(rc, rp, b, works[n])
+		leadIn = false
 	}
-	add(Shutdown, end, map[string]float64{})
+	shutdown := map[string]float64{}
+	add(Shutdown, end, shutdown)
+	acc.s[CatIdle] += shutdown[Shutdown]
 	if len(noHeartbeat) > 0 {
 		r.Notes = append(r.Notes, fmt.Sprintf("%sround(s) %s: no rank reported a heartbeat (no rank-monitor client): start-up cannot be told from training and is counted as productive",
 			jobPrefix(g.id), strings.Join(noHeartbeat, ", ")))

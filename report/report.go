@@ -54,6 +54,9 @@ type Report struct {
 	State    *State             `json:"state,omitempty"` // the launcher-held state's saves, write-outs, restores
 	Notes    []string           `json:"notes"`
 	Warnings []string           `json:"warnings"`
+	// Categories is the same wall time in the badput categories of
+	// Google's ml-goodput-measurement (categories.go); additive to v1.
+	Categories Categories `json:"badput_categories"`
 }
 
 // Job is one launch of the run: the only one, or a Slurm job of a chain.
@@ -64,6 +67,9 @@ type Job struct {
 	End     time.Time          `json:"end"`
 	Outcome string             `json:"outcome,omitempty"` // the verdicts' kind, or the chain's outcome
 	PhasesS map[string]float64 `json:"phases_s"`
+	// leadInS is its first round's rendezvous (from the launcher's start):
+	// idle for a run's first job, recovery for a chain's later ones.
+	leadInS float64
 }
 
 // Round is one restart round of a job.
@@ -147,8 +153,9 @@ func compute(rec *records) (*Report, error) {
 	if len(groups) == 0 {
 		return nil, fmt.Errorf("the records hold no launcher activity (no events and no verdict cycles)")
 	}
+	acc := newCategoryAcc()
 	for _, g := range groups {
-		j, err := computeJob(g, r)
+		j, err := computeJob(g, r, acc)
 		if err != nil {
 			return nil, err
 		}
@@ -167,17 +174,23 @@ func compute(rec *records) (*Report, error) {
 			r.Start = rec.chain.Created
 		}
 		cursor := r.Start
-		for _, j := range r.Jobs {
+		for i, j := range r.Jobs {
 			if j.Start.After(cursor) {
-				r.PhasesS[Queue] += j.Start.Sub(cursor).Seconds()
+				d := j.Start.Sub(cursor).Seconds()
+				r.PhasesS[Queue] += d
+				acc.s[resumed(i)] += d
 			}
 			cursor = later(cursor, j.End)
 		}
+	}
+	for i, j := range r.Jobs {
+		acc.s[resumed(i)] += j.leadInS
 	}
 	r.WallS = r.End.Sub(r.Start).Seconds()
 	if r.WallS > 0 {
 		r.Goodput = r.PhasesS[Productive] / r.WallS
 	}
+	r.Categories = acc.categories(r.WallS)
 	runs := map[string]bool{}
 	for _, j := range r.Jobs {
 		if j.RunID != "" && !runs[j.RunID] {
@@ -194,6 +207,17 @@ func compute(rec *records) (*Report, error) {
 		r.Workload = workload(rec)
 	}
 	return r, nil
+}
+
+// resumed is the category of the time before the i-th job of a run ran
+// ranks (the queue, the launcher's start): idle before the first, the
+// recovery from a disruption before a later one (a chain resubmits a job
+// only when the one before it did not finish).
+func resumed(i int) string {
+	if i == 0 {
+		return CatIdle
+	}
+	return CatDisruption
 }
 
 func zeroPhases() map[string]float64 {

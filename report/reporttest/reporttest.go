@@ -1,7 +1,8 @@
 // Package reporttest holds the checks the end-to-end tests make on
-// ft-resumer report's output: the account adds up, and the HTML loads in
-// headless Chromium (Debian's chromium package; used by tests only, never
-// at run time) with one timeline lane per rank.
+// ft-resumer report's output: the account (its phases and its badput
+// categories) adds up, and the HTML loads in headless Chromium (Debian's
+// chromium package; used by tests only, never at run time) with one
+// timeline lane per rank.
 package reporttest
 
 import (
@@ -46,6 +47,32 @@ func CheckAccount(t testing.TB, r report.Report, restarts int) {
 	}
 	if r.PhasesS[report.Productive] <= 0 || r.Goodput <= 0 || r.Goodput >= 1 {
 		t.Errorf("productive %.3fs, goodput %.3f: want some training and some badput", r.PhasesS[report.Productive], r.Goodput)
+	}
+	CheckCategories(t, r)
+}
+
+// CheckCategories: the badput categories (ml-goodput-measurement's) and
+// their productive time add up to the wall time within 1%, none is
+// negative, and each unknown (null) one says where its time is counted.
+func CheckCategories(t testing.TB, r report.Report) {
+	t.Helper()
+	c := r.Categories
+	sum := c.ProductiveS
+	for _, cat := range report.CategoryOrder {
+		v, ok := c.BadputS[cat]
+		switch {
+		case !ok:
+			t.Errorf("badput category %s is missing: %v", cat, c.BadputS)
+		case v == nil && c.CountedIn[cat] == "":
+			t.Errorf("badput category %s is unknown but counted nowhere (counted_in %v)", cat, c.CountedIn)
+		case v != nil && *v < -1e-9:
+			t.Errorf("badput category %s is negative: %v", cat, *v)
+		case v != nil:
+			sum += *v
+		}
+	}
+	if r.WallS <= 0 || c.ProductiveS < 0 || math.Abs(sum-r.WallS) > 0.01*r.WallS {
+		t.Errorf("productive %.3fs and the badput categories add up to %.3fs, wall time %.3fs: more than 1%% apart (%+v)", c.ProductiveS, sum, r.WallS, c)
 	}
 }
 
