@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"html/template"
 	"io"
+	"slices"
+	"strings"
 	"time"
 )
 
@@ -37,7 +39,7 @@ var colors = map[string]string{
 	Startup: "#e0b040", Queue: "#999999", Shutdown: "#bbbbbb",
 	"crash": "#d01010", "hang": "#a000c0", "node_loss": "#000000", "swap": "#0070e0", "filler_reclaim": "#b48ad8",
 	"restart": "#ff8c00", "checkpoint": "#1060c0", "first_step": "#00a0a0", "restore": "#e0409a", "exit": "#606060", "round_ended": "#805000",
-	"standby": "#9db4d8", "condition": "#444444",
+	"standby": "#9db4d8", "condition": "#444444", "stacks": "#7a86b8", "culprit": "#ff0066",
 }
 
 type svgRect struct {
@@ -70,6 +72,7 @@ type page struct {
 	CatBarW    int
 	CatBarH    int
 	Legend     []legendItem
+	Hangs      []hangView
 	Start, End string
 }
 
@@ -154,6 +157,9 @@ func (r *Report) WriteHTML(w io.Writer) error {
 	for _, rs := range r.Restarts {
 		phaseLane.Marks = append(phaseLane.Marks, Mark{Kind: "restart", At: rs.At, Label: fmt.Sprintf("after round %d: %s", rs.AfterRound, rs.Reason)})
 	}
+	for _, h := range r.Hangs {
+		phaseLane.Marks = append(phaseLane.Marks, Mark{Kind: "culprit", At: h.At, Label: fmt.Sprintf("round %d hang: %s", h.Round, h.Text)})
+	}
 	lane(phaseLane, "lane-phase")
 	heading("Nodes")
 	for _, l := range r.Nodes {
@@ -177,9 +183,14 @@ func (r *Report) WriteHTML(w io.Writer) error {
 		p.Phases = append(p.Phases, phaseRow{Name: ph, Color: colors[ph], Meaning: phaseMeaning[ph], Seconds: s, Share: share})
 	}
 	p.Categories, p.CatBar = categoryRows(r)
-	for _, k := range []string{"running", "startup", "spare", "filler", "crash", "hang", "node_loss", "swap", "filler_reclaim", "restart", "checkpoint", "restore", "first_step", "exit", "round_ended", "standby"} {
+	legend := []string{"running", "startup", "spare", "filler", "crash", "hang", "node_loss", "swap", "filler_reclaim", "restart", "checkpoint", "restore", "first_step", "exit", "round_ended", "standby"}
+	if len(r.Hangs) > 0 {
+		legend = append(legend, "culprit", "stacks")
+	}
+	for _, k := range legend {
 		p.Legend = append(p.Legend, legendItem{Name: k, Color: colors[k]})
 	}
+	p.Hangs = hangViews(r)
 	if err := pageTmpl.Execute(w, p); err != nil {
 		return fmt.Errorf("report: render HTML: %w", err)
 	}
@@ -239,6 +250,88 @@ func categoryMeaning(cat string) (google, color, from string) {
 		return "INFRASTRUCTURE_RECOVERY_FROM_DISRUPTION", colors[Detection], "detection and stop of failed rounds, rendezvous of the rounds after them, a chain's queue between jobs and a later job's launcher start"
 	}
 	return "OTHER", colors[Shutdown], "the launcher's start, the queue before a chain's first job, the end of a successful round, shutdown"
+}
+
+// hangView is one hang as the page shows it: the verdict first, then why,
+// the culprits' stacks, the bystanders grouped, and every rank's file.
+type hangView struct {
+	Title    string
+	Verdicts []verdictLine
+	Why      string
+	Judged   string // the ranks killed on the finding before their clocks ran out
+	Culprits []HangRank
+	Others   []string // "ranks 0, 2-3: in all_reduce at train.py:88 in step"
+	Findings []findingRow
+	Disagree bool
+	Ranks    []HangRank
+	Nodes    int
+	Known    bool
+}
+
+// verdictLine is one culprit: "rank 1 hung: in ... · on n1 (...)"; Lead
+// says first that nothing singled a rank out, when so.
+type verdictLine struct{ Lead, Head, What, Where string }
+
+// findingRow is one node's finding, when the nodes' differ.
+type findingRow struct{ Nodes, Verdict, Text, Why string }
+
+func hangViews(r *Report) []hangView {
+	var out []hangView
+	for _, h := range r.Hangs {
+		v := hangView{Title: fmt.Sprintf("Round %d", h.Round), Why: h.Why, Ranks: h.Ranks, Disagree: !h.Agree, Known: h.Known}
+		if h.Job != "" {
+			v.Title += " of job " + h.Job
+		}
+		nodes := map[string]bool{}
+		for _, hr := range h.Ranks {
+			nodes[hr.Node] = true
+			if hr.Culprit {
+				v.Culprits = append(v.Culprits, hr)
+			}
+		}
+		v.Nodes = len(nodes)
+		v.Title += fmt.Sprintf(": stacks taken at %s, judged in %.0f ms, %d rank(s) on %d node(s)", h.At.Format("15:04:05.000"), h.TookMS, len(h.Ranks), len(nodes))
+		for _, g := range h.Groups {
+			if !g.Culprit {
+				v.Others = append(v.Others, rankList(g.Ranks)+": "+g.What)
+				continue
+			}
+			l := verdictLine{Head: rankList(g.Ranks) + " hung", What: g.What}
+			if !h.Known {
+				l.Head = rankList(g.Ranks) + " first silent"
+				l.What = "(not necessarily the one that hung) " + g.What
+				if len(v.Verdicts) == 0 {
+					l.Lead = "no rank singled out"
+				}
+			}
+			for _, hr := range h.Ranks {
+				if hr.Culprit && slices.Contains(g.Ranks, hr.Rank) {
+					l.Where = fmt.Sprintf("on %s (local rank %d, pid %d)", hr.Node, hr.LocalRank, hr.PID)
+				}
+			}
+			v.Verdicts = append(v.Verdicts, l)
+		}
+		if len(v.Verdicts) == 0 { // a finding that named no rank (no ranks answered)
+			v.Verdicts = append(v.Verdicts, verdictLine{Lead: "no rank named", What: h.Text})
+		}
+		if len(h.Judged) > 0 {
+			v.Judged = rankList(h.Judged) + " killed on this finding, before its own clock ran out"
+		}
+		if !h.Agree {
+			for _, f := range h.Findings {
+				verdict := "first silent: " + rankList(f.Culprits)
+				if f.Known {
+					verdict = "hung: " + rankList(f.Culprits)
+				}
+				if len(f.Culprits) == 0 {
+					verdict = "no rank named"
+				}
+				v.Findings = append(v.Findings, findingRow{Nodes: strings.Join(f.Nodes, ", "), Verdict: verdict, Text: f.Text, Why: f.Why})
+			}
+		}
+		out = append(out, v)
+	}
+	return out
 }
 
 func niceStep(d time.Duration) time.Duration {
@@ -302,13 +395,43 @@ svg text.tick { text-anchor: middle; fill: #555; }
 .note { font-size: 13px; color: #444; }
 table.categories td:first-child { white-space: nowrap; }
 .warn { font-size: 13px; color: #a00000; }
+h3 { font-size: 14px; margin: 10px 0 4px 0; }
+.verdict { font-size: 15px; margin: 4px 0; }
+.verdict b { color: #b00040; }
+pre.stacks { font-size: 12px; background: #f6f6f6; padding: 6px; overflow-x: auto; max-height: 40em; }
+details { margin: 4px 0; font-size: 13px; }
+ul.others { font-size: 14px; margin: 4px 0; }
 </style>
 </head>
 <body>
 <h1>Run report: {{range .R.RunIDs}}{{.}} {{end}}</h1>
 <div class="summary">{{.Start}} → {{.End}} · wall {{f1 .R.WallS}} s · <b>goodput {{pct .R.Goodput}}</b> · {{len .R.Rounds}} round(s), {{len .R.Restarts}} restart(s){{if gt (len .R.Jobs) 1}}, {{len .R.Jobs}} jobs{{end}}</div>
 {{range .R.Warnings}}<div class="warn">warning: {{.}}</div>{{end}}
-<h2>Timeline</h2>
+{{if .Hangs}}<h2>Hangs</h2>
+<p class="note">Which rank hung, from the Python stacks of every rank, taken when a rank's timeout expired and before any rank was killed (rank_stacks). The first timeout to expire is often a bystander's: ranks waiting in a collective for a hung peer fall silent with it.</p>
+{{range .Hangs}}<div class="hang">
+<h3>{{.Title}}</h3>
+{{range .Verdicts}}<p class="verdict">{{if .Lead}}<b>{{.Lead}}</b>; {{end}}{{if .Head}}<b>{{.Head}}</b>: {{end}}{{.What}}{{if .Where}} · {{.Where}}{{end}}</p>
+{{end}}{{if .Why}}<p class="note">why: {{.Why}}{{if .Judged}} · {{.Judged}}{{end}}</p>
+{{else if .Judged}}<p class="note">{{.Judged}}</p>
+{{end}}{{range .Culprits}}{{if .File}}<div class="note">stacks of rank {{.Rank}}: <code>{{.File}}</code>{{with .Stacks}}{{if not .Text}} ({{.Note}}){{end}}{{end}}</div>
+{{with .Stacks}}{{if .Text}}<details><summary>its stacks ({{.Size}} bytes{{if .Truncated}}, the first 64 KiB shown{{end}})</summary><pre class="stacks">{{.Text}}</pre></details>
+{{end}}{{end}}{{end}}{{end}}{{if .Others}}<ul class="others">
+{{range .Others}}<li>{{.}}</li>
+{{end}}</ul>
+{{end}}{{if .Disagree}}<div class="warn">The nodes' findings for this round differ: each is below. The verdict above is the first: a finding on evidence before a first-silent guess, then the one more nodes made. A node that judged alone (the exchange of stacks did not complete in time) saw only its own ranks.</div>
+<table class="findings">
+<tr><th>nodes</th><th>verdict</th><th>finding</th><th>why</th></tr>
+{{range .Findings}}<tr><td>{{.Nodes}}</td><td>{{.Verdict}}</td><td>{{.Text}}</td><td>{{.Why}}</td></tr>
+{{end}}</table>
+{{end}}{{$known := .Known}}<details><summary>every rank's stacks file ({{len .Ranks}} rank(s) on {{.Nodes}} node(s))</summary>
+<table class="hang-ranks">
+<tr><th>rank</th><th>named</th><th>node</th><th>local rank</th><th>pid</th><th>state</th><th>activity</th><th>where</th><th>collective</th><th>stacks file (on its node)</th></tr>
+{{range .Ranks}}<tr><td class="num">{{.Rank}}</td><td>{{if .Culprit}}{{if $known}}hung{{else}}first silent{{end}}{{end}}</td><td>{{.Node}}</td><td class="num">{{.LocalRank}}</td><td class="num">{{.PID}}</td><td>{{.State}}</td><td>{{.Activity}}</td><td>{{.Place}}</td><td>{{.Collective}}</td><td><code>{{.File}}</code></td></tr>
+{{end}}</table>
+</details>
+</div>
+{{end}}{{end}}<h2>Timeline</h2>
 <div class="legend">{{range .Legend}}<span class="item"><span class="swatch" style="background: {{.Color}}"></span>{{.Name}}</span>{{end}}</div>
 <svg xmlns="http://www.w3.org/2000/svg" width="{{.Width}}" height="{{.Height}}" viewBox="0 0 {{.Width}} {{.Height}}" role="img" aria-label="timeline">
 {{range .Lines}}<line x1="{{.X}}" y1="{{.Y}}" x2="{{.X}}" y2="{{$.Height}}" stroke="#e0e0e0" stroke-width="1"/>

@@ -143,8 +143,11 @@ func lanes(rec *records, r *Report) (nodes, ranks []Lane) {
 			lane.Marks = append(lane.Marks, Mark{Kind: kind, At: e.TS, Label: label})
 		case eventlog.RankHangEvent:
 			if g, ok := globalRank(k, ev.Rank, ev.LocalRank); ok {
-				rank(g).Marks = append(rank(g).Marks, Mark{Kind: "hang", At: orTS(ev.SignalledAt, e.TS),
-					Label: fmt.Sprintf("hang: %s after %.1fs", hangWhat(ev), ev.ElapsedS)})
+				label := fmt.Sprintf("hang: %s after %.1fs", hangWhat(ev), ev.ElapsedS)
+				if ev.Judged {
+					label += ", killed on the stacks' finding before its own clock ran out"
+				}
+				rank(g).Marks = append(rank(g).Marks, Mark{Kind: "hang", At: orTS(ev.SignalledAt, e.TS), Label: label})
 			}
 		case eventlog.RankCheckpointEvent:
 			if g, ok := globalRank(k, ev.Rank, ev.LocalRank); ok {
@@ -265,6 +268,26 @@ func lanes(rec *records, r *Report) (nodes, ranks []Lane) {
 			ms := func(x float64) time.Duration { return time.Duration(x * float64(time.Millisecond)) }
 			s := c.StartedAt.Add(ms(c.RendezvousMS + c.FillerReclaimMS + c.SpawnMS))
 			lane.Spans = append(lane.Spans, Span{Kind: "running", Start: s, End: s.Add(ms(c.RunMS + c.StopMS)), Label: fmt.Sprintf("round %d (%s)", c.Round, c.End)})
+		}
+	}
+	// What each rank was doing when its stacks were taken at a hang; the
+	// culprit (or the first silent rank) has a mark of its own colour.
+	for _, h := range r.Hangs {
+		for _, hr := range h.Ranks {
+			if hr.Rank < 0 {
+				continue
+			}
+			m := Mark{Kind: "stacks", At: hr.at, Label: fmt.Sprintf("round %d: stacks taken: %s", h.Round, hr.what())}
+			switch {
+			case hr.Culprit && h.Known:
+				m.Kind, m.Label = "culprit", fmt.Sprintf("round %d: hung (its stacks): %s", h.Round, hr.what())
+			case hr.Culprit:
+				m.Kind, m.Label = "culprit", fmt.Sprintf("round %d: first silent, not necessarily the one that hung: %s", h.Round, hr.what())
+			}
+			if hr.File != "" {
+				m.Label += " (" + hr.File + ")"
+			}
+			rank(hr.Rank).Marks = append(rank(hr.Rank).Marks, m)
 		}
 	}
 	sort.SliceStable(ranks, func(a, b int) bool { return rankNum(ranks[a].Name) < rankNum(ranks[b].Name) })

@@ -58,6 +58,7 @@ type records struct {
 	aw       *v1beta2.AppWrapper
 	ledger   []ledger.Record
 	warnings []string
+	stacks   map[stacksKey]StacksText // a hang's culprits' stacks files (hangs.go)
 }
 
 type loadedVerdict struct {
@@ -117,6 +118,7 @@ func load(in Inputs) (*records, error) {
 		rec.ledger = append(rec.ledger, lv.v.Ledger...)
 	}
 	rec.ledger = ledger.Merge(rec.ledger)
+	rec.readStacksFiles()
 	return rec, nil
 }
 

@@ -3,9 +3,10 @@
 // goodput account and a timeline: where the wall time of a job went, split
 // into productive training and the badput of each fault (detection, stop,
 // rendezvous, start-up, steps recomputed since the last checkpoint). The
-// phases partition the wall time, so they add up to it. ft-resumer report
-// renders it as self-contained HTML (html.go) or JSON; docs/report.md
-// explains every number.
+// phases partition the wall time, so they add up to it. At a hang it says
+// which rank hung, from the stacks the launchers took (hangs.go).
+// ft-resumer report renders it as self-contained HTML (html.go) or JSON;
+// docs/report.md explains every number.
 package report
 
 import (
@@ -52,6 +53,7 @@ type Report struct {
 	Ledger   []ledger.Record    `json:"ledger"`
 	Workload *Workload          `json:"workload,omitempty"`
 	State    *State             `json:"state,omitempty"` // the launcher-held state's saves, write-outs, restores
+	Hangs    []Hang             `json:"hangs,omitempty"` // each hang's culprit and stacks (hangs.go); additive to v1
 	Notes    []string           `json:"notes"`
 	Warnings []string           `json:"warnings"`
 	// Categories is the same wall time in the badput categories of
@@ -123,7 +125,7 @@ type Span struct {
 
 // Mark is an instant on a lane.
 type Mark struct {
-	Kind  string    `json:"kind"` // crash, hang, node_loss, swap, filler_reclaim, restart, checkpoint, first_step, exit, signal
+	Kind  string    `json:"kind"` // crash, hang, node_loss, swap, filler_reclaim, restart, checkpoint, first_step, exit, signal, stacks, culprit
 	At    time.Time `json:"at"`
 	Label string    `json:"label,omitempty"`
 }
@@ -201,6 +203,7 @@ func compute(rec *records) (*Report, error) {
 	if r.RunIDs == nil {
 		r.RunIDs = []string{}
 	}
+	r.Hangs = hangs(rec, r) // before the lanes: they mark each hang's ranks
 	r.Nodes, r.Ranks = lanes(rec, r)
 	r.State = stateAccount(rec, r)
 	if rec.aw != nil {
