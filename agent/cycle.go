@@ -332,6 +332,16 @@ func (a *Agent) rankFailed(e spawn.Exit, hangs <-chan monitor.Hang, hangByRank m
 		a.recordRankFailure(e, true)
 		return
 	}
+	if j, ok := a.bystanderOf(e.LocalRank); ok {
+		// It waited for a rank that hung, named by the stacks, and left
+		// the collective when that rank was killed: the hang is the
+		// cause, whichever node reports first.
+		end.hang = true
+		end.reason = fmt.Sprintf("%s; local rank %d (rank %d) %s waiting for it", j.Finding.Text, e.LocalRank, asg.RankBase+e.LocalRank, exitText(e))
+		a.recordStacksOf(j)
+		a.recordRankFailure(e, false)
+		return
+	}
 	end.reason = fmt.Sprintf("local rank %d (rank %d) %s", e.LocalRank, asg.RankBase+e.LocalRank, exitText(e))
 	a.recordRankFailure(e, false)
 }
@@ -362,6 +372,7 @@ func (a *Agent) recordHang(h monitor.Hang, hangByRank map[int]monitor.Hang) {
 		return
 	}
 	hangByRank[h.LocalRank] = h
+	a.recordStacks(h)
 	a.met.HangKilled(h.Kind.String())
 	a.log.Error("rank hang detected; rank killed", "local_rank", h.LocalRank, "rank", h.GlobalRank,
 		"timeout_kind", h.Kind, "section", h.Section, "timeout", h.Timeout, "default_timeout", h.DefaultTimeout, "elapsed", h.Elapsed,
@@ -371,7 +382,8 @@ func (a *Agent) recordHang(h monitor.Hang, hangByRank map[int]monitor.Hang) {
 		TimeoutS: h.Timeout.Seconds(), ElapsedS: h.Elapsed.Seconds(), Signal: sigName(h.Signal),
 		DetectLatencyMS:    float64(h.SignalledAt.Sub(h.ExpiredAt).Microseconds()) / 1000,
 		SignalledAt:        h.SignalledAt.UTC(), // the stall began elapsed_s before it
-		EscalatedToSIGKILL: h.Escalated, DefaultTimeout: h.DefaultTimeout})
+		EscalatedToSIGKILL: h.Escalated, DefaultTimeout: h.DefaultTimeout,
+		Judged: h.Judged, Finding: findingText(h)})
 }
 
 // awaitHang waits, bounded, for the hang report of a rank its monitor killed.
@@ -476,8 +488,20 @@ func hangReason(h monitor.Hang) string {
 	if h.DefaultTimeout {
 		what = "default " + what
 	}
-	return fmt.Sprintf("local rank %d (rank %d) hung: %s timeout %s expired (elapsed %s)",
-		h.LocalRank, h.GlobalRank, what, h.Timeout, h.Elapsed.Round(time.Millisecond))
+	j := h.Judgement
+	if j == nil {
+		return fmt.Sprintf("local rank %d (rank %d) hung: %s timeout %s expired (elapsed %s)",
+			h.LocalRank, h.GlobalRank, what, h.Timeout, h.Elapsed.Round(time.Millisecond))
+	}
+	verb := "hung"
+	if !j.Finding.Known {
+		verb = "first silent" // the stacks single no rank out: not said to be the one that hung
+	}
+	clock := fmt.Sprintf("%s timeout %s expired (elapsed %s)", what, h.Timeout, h.Elapsed.Round(time.Millisecond))
+	if h.Judged {
+		clock = fmt.Sprintf("named by the stacks, silent %s", h.Elapsed.Round(time.Millisecond))
+	}
+	return fmt.Sprintf("local rank %d (rank %d) %s: %s; stacks: %s", h.LocalRank, h.GlobalRank, verb, clock, j.Finding.Text)
 }
 
 func exitText(e spawn.Exit) string {

@@ -125,6 +125,8 @@ func silentSurvivor(ipm InProcessMonitors, survivors []int, hungStopped func(tim
 			return fmt.Sprintf("local rank %d has no monitor session", lr)
 		case s.Hung:
 			return fmt.Sprintf("local rank %d was found hung too", lr)
+		case s.Waiting:
+			continue // the stacks found it waiting for the rank that hung: a bystander
 		}
 		margin := max(s.MaxInterval, s.Timeout/10)
 		if after := s.Last.Sub(hungStopped(s.Timeout)); after < margin {

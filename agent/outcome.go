@@ -104,10 +104,11 @@ type runState struct {
 	cycles       []verdict.Cycle
 	cyclesTotal  int
 	pendingReq   *monitor.WorkloadRequest
-	hangs        int         // hang verdicts on this node in this job
-	isSpare      bool        // parked as a spare (a Spare lease is open)
-	fillerOn     bool        // the spare's filler was started
-	swap         *swapTiming // a promotion being timed until the ranks run
+	hangs        int          // hang verdicts on this node in this job
+	stacksSaved  map[int]bool // rounds whose hang stacks were written (recordStacks)
+	isSpare      bool         // parked as a spare (a Spare lease is open)
+	fillerOn     bool         // the spare's filler was started
+	swap         *swapTiming  // a promotion being timed until the ranks run
 	// pendingSignal is a signal taken while stopping ranks for a restart.
 	pendingSignal os.Signal
 	// walltime is the pre-walltime warning signal, once received, and

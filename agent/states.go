@@ -298,6 +298,13 @@ func (a *Agent) runCycle(ctx context.Context, start func() error) State {
 		return StateDone
 	}
 	a.run.end = a.supervise(ctx)
+	if a.d.Monitors != nil {
+		// A hang anywhere in the job had this node's stacks taken too:
+		// recorded whichever way the cycle ended here.
+		if j, ok := a.d.Monitors.Judged(a.run.asg.Round); ok {
+			a.recordStacksOf(j)
+		}
+	}
 	if policy.MaySurvive(a.survivorFacts()) { // --restart-mode in-process (inprocess.go)
 		return StateKeeping
 	}

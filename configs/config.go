@@ -223,6 +223,10 @@ type FaultTolerance struct {
 	// are held to the launcher's default clocks (a start-up timeout and a
 	// step timeout learned in the run; docs/timeouts.md).
 	DefaultTimeouts bool `yaml:"default_timeouts"`
+	// RankStacks: the launcher installs a hook in Python ranks that lets
+	// it read every thread's stack when a rank hangs (before it is killed)
+	// or dies by a fatal signal (package stacks; docs/timeouts.md).
+	RankStacks bool `yaml:"rank_stacks"`
 }
 
 // The launcher's default clocks (FaultTolerance.DefaultTimeouts): what a
@@ -289,6 +293,7 @@ func DefaultFaultTolerance() FaultTolerance {
 		TerminationGrace:        5.0,
 		CalculateTimeouts:       true,
 		DefaultTimeouts:         true,
+		RankStacks:              true,
 	}
 }
 

@@ -21,6 +21,7 @@ const (
 	RankExited       = "rank_exited"
 	RankFailureHint  = "rank_failure_hint" // a known cause in a failed rank's output: local_rank, rank, cause, hint
 	RankHang         = "rank_hang"
+	RankStacks       = "rank_stacks"    // every local rank's stacks, taken at a hang before the kill, and which rank hung
 	StopEscalated    = "stop_escalated" // SIGTERM grace ran out, SIGKILL sent
 	Restart          = "restart"
 	RoundEnded       = "round_ended"

@@ -141,6 +141,38 @@ type RankHangEvent struct {
 	// DefaultTimeout: the clock was the launcher's default (no rank
 	// timeout configured), not a configured, computed or client-sent one.
 	DefaultTimeout bool `json:"default_timeout,omitempty"`
+	// Judged: killed because the stacks named it the rank that hung,
+	// before its own clock ran out; Finding: what the stacks said
+	// (rank_stacks' text), when they were taken.
+	Judged  bool   `json:"judged,omitempty"`
+	Finding string `json:"finding,omitempty"`
+}
+
+// RankStacksEvent: a rank's clock expired and the stacks of every local
+// rank were taken before any was killed (docs/timeouts.md, "Which rank
+// hung").
+type RankStacksEvent struct {
+	Round int `json:"round"`
+	// Known: the evidence singles the culprits out; else Culprits holds
+	// the first rank to fall silent.
+	Known    bool             `json:"known"`
+	Culprits []int            `json:"culprits"`
+	Why      string           `json:"why"`
+	Text     string           `json:"text"`
+	TookMS   float64          `json:"took_ms"` // the first expiry to the finding
+	Ranks    []RankStacksRank `json:"ranks"`
+}
+
+// RankStacksRank is one rank in a RankStacksEvent.
+type RankStacksRank struct {
+	LocalRank  int    `json:"local_rank"`
+	Rank       int    `json:"rank"`
+	PID        int    `json:"pid"`
+	State      string `json:"state"` // dumped, stopped, no_hook, gone, no_answer
+	Activity   string `json:"activity,omitempty"`
+	Place      string `json:"place,omitempty"`
+	Collective string `json:"collective,omitempty"`
+	File       string `json:"file,omitempty"` // its stacks, beside its logs
 }
 
 // RankExitedEvent: a rank process ended.
@@ -601,6 +633,7 @@ func (StopEscalatedEvent) Kind() string          { return StopEscalated }
 func (WalltimeWarningEvent) Kind() string        { return WalltimeWarning }
 func (WorkloadRequestEvent) Kind() string        { return WorkloadRequest }
 func (RankHangEvent) Kind() string               { return RankHang }
+func (RankStacksEvent) Kind() string             { return RankStacks }
 func (RankExitedEvent) Kind() string             { return RankExited }
 func (SpareSwapEvent) Kind() string              { return SpareSwap }
 func (RoundEndedEvent) Kind() string             { return RoundEnded }
@@ -646,7 +679,7 @@ func (RankFailureHintEvent) Kind() string        { return RankFailureHint }
 func Typed() []Record {
 	return append([]Record{
 		LauncherStartedEvent{}, ListeningEvent{}, CycleStartedEvent{}, SignalReceivedEvent{}, StopEscalatedEvent{},
-		WalltimeWarningEvent{}, WorkloadRequestEvent{}, RankHangEvent{}, RankExitedEvent{}, SpareSwapEvent{},
+		WalltimeWarningEvent{}, WorkloadRequestEvent{}, RankHangEvent{}, RankStacksEvent{}, RankExitedEvent{}, SpareSwapEvent{},
 		RoundEndedEvent{}, JobFailedEvent{}, JobSucceededEvent{}, StandbyEvent{}, RestartEvent{}, FencedEvent{},
 		FencedByWatchdogEvent{}, TrainingFinishedEvent{}, VerdictEvent{}, VerdictLostEvent{}, LedgerEvent{},
 		InProcessKeptEvent{}, InProcessNoticeEvent{}, InProcessRejoinedEvent{}, InProcessFirstStepEvent{},

@@ -8,6 +8,7 @@ import (
 	"regexp"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -266,28 +267,54 @@ func TestInProcessHang(t *testing.T) {
 
 // TestInProcessHangSilencesPeers: a rank hangs as in most jobs, its
 // heartbeats stopping with it; its peer, waiting for it in the step's
-// collective, falls silent at the same moment, so heartbeats cannot tell
-// which one hung. The launcher does not keep a silent survivor (it could be
-// the hung rank, which would never rejoin): one full restart, at once, no
-// fallback, and the uninterrupted run's weights.
+// collective (in backward(), the example's gradient hook), falls silent at the same
+// moment, so heartbeats cannot tell which one hung. The stacks, taken
+// before any kill, can: the hung rank sleeps in the script, its peer
+// waits in backward(). Only the hung rank is killed and the peer stays,
+// as after a crash: one in-process restart and the uninterrupted run's
+// weights. With --ft-rank-stacks false nothing tells them apart: the
+// launcher does not keep a silent survivor (it could be the hung rank,
+// which would never rejoin): one full restart, at once, no fallback.
 func TestInProcessHangSilencesPeers(t *testing.T) {
 	skipShort(t)
 	requireTorch(t)
 	want := referenceWeights(t)
-	j, got := runInProcess(t, []string{"--nproc-per-node", "2", "--max-restarts", "2", "--inprocess-rejoin-timeout", "20",
-		"--ft-initial-rank-heartbeat-timeout", "120", "--ft-rank-heartbeat-timeout", "3"},
-		inprocessScript(t), "--hang-at-step", "25", "--hang-rank", "1", "--hang-quiet-steps", "0", "--step-sleep", "0.3")
-	if hangs := j.eventsOf("rank_hang"); len(hangs) < 1 {
-		t.Fatalf("no rank_hang event")
-	}
-	if m := restartModes(j); !slices.Equal(m, []string{"full"}) {
-		t.Fatalf("restart modes %v, want one full restart", m)
-	}
-	if fb := j.eventsOf("inprocess_fallback"); len(fb) != 0 {
-		t.Fatalf("inprocess_fallback events %v, want none", fb)
-	}
-	if got.SHA256 != want.SHA256 {
-		t.Fatalf("weights %s, want %s", got.SHA256, want.SHA256)
+	for _, tc := range []struct {
+		stacks string
+		mode   string
+	}{{"true", "in-process"}, {"false", "full"}} {
+		t.Run("stacks "+tc.stacks, func(t *testing.T) {
+			j, got := runInProcess(t, []string{"--nproc-per-node", "2", "--max-restarts", "2", "--inprocess-rejoin-timeout", "20",
+				"--ft-initial-rank-heartbeat-timeout", "120", "--ft-rank-heartbeat-timeout", "3", "--ft-rank-stacks", tc.stacks},
+				inprocessScript(t), "--hang-at-step", "25", "--hang-rank", "1", "--hang-quiet-steps", "0", "--step-sleep", "0.3")
+			hangs := j.eventsOf("rank_hang")
+			if len(hangs) < 1 {
+				t.Fatalf("no rank_hang event")
+			}
+			if m := restartModes(j); !slices.Equal(m, []string{tc.mode}) {
+				t.Fatalf("restart modes %v, want one %s restart", m, tc.mode)
+			}
+			if fb := j.eventsOf("inprocess_fallback"); len(fb) != 0 {
+				t.Fatalf("inprocess_fallback events %v, want none", fb)
+			}
+			if tc.stacks == "true" {
+				if len(hangs) != 1 || hangs[0]["rank"] != float64(1) {
+					t.Fatalf("rank_hang events %v, want one, for rank 1", hangs)
+				}
+				st := j.eventsOf("rank_stacks")
+				// Rank 0 waits in the example's gradient hook, which
+				// all-gathers (examples/ddp_train.py), inside backward().
+				if len(st) != 1 || st[0]["known"] != true || fmt.Sprint(st[0]["culprits"]) != "[1]" ||
+					!strings.Contains(fmt.Sprint(st[0]["text"]), "rank 0: in all_gather at ddp_train.py:") {
+					t.Fatalf("rank_stacks %v, want rank 1 named and rank 0 waiting in a collective", st)
+				}
+			} else if st := j.eventsOf("rank_stacks"); len(st) != 0 {
+				t.Fatalf("rank_stacks %v with --ft-rank-stacks false", st)
+			}
+			if got.SHA256 != want.SHA256 {
+				t.Fatalf("weights %s, want %s", got.SHA256, want.SHA256)
+			}
+		})
 	}
 }
 

@@ -41,6 +41,7 @@ func (r *rankMon) earliestLocked() (expiry, bool) {
 		if def {
 			d = max(d, r.deferTo) // the rank was busy past it (defaults.go)
 		}
+		d = max(d, r.spareTo) // it waits for a culprit being killed (judge.go)
 		if d < best.deadline {
 			best = expiry{kind: kind, section: section, timeout: timeout, start: start, deadline: d, def: def}
 		}
@@ -107,6 +108,10 @@ func (r *rankMon) onTimer() {
 	r.drain()
 	r.mu.Lock()
 	r.armed = 0
+	if r.judgingExpiry {
+		r.mu.Unlock()
+		return
+	}
 	e, ok := r.earliestLocked()
 	if !ok {
 		r.mu.Unlock()
@@ -132,20 +137,117 @@ func (r *rankMon) onTimer() {
 		return
 	}
 	now = r.host.mono()
+	h := r.hangLocked(e, now)
+	pid := r.pid
+	if r.host.judging() {
+		r.judgingExpiry = true
+		r.mu.Unlock()
+		r.host.expired(r, h, pid)
+		return
+	}
 	r.setPhaseLocked(phaseHung)
+	r.hang = &h
+	r.mu.Unlock()
+	r.host.hung(h, pid)
+}
+
+// hangLocked describes clock e of the rank as hung at now.
+func (r *rankMon) hangLocked(e expiry, now int64) Hang {
 	h := Hang{
 		Cycle: r.cycle, LocalRank: r.local, GlobalRank: r.globalRank, Kind: e.kind, Section: e.section,
 		Timeout: e.timeout, Elapsed: time.Duration(now - e.start),
-		ExpiredAt: r.host.wall(e.deadline),
+		ExpiredAt: r.host.wall(min(e.deadline, now)),
 		Signal:    r.cfg.signal, DefaultTimeout: e.def,
 	}
 	if hb := r.lastHB.Load(); hb != 0 {
 		h.LastHeartbeat = r.host.wall(hb)
 	}
+	return h
+}
+
+// hangNow describes the rank as hung now, by the clock nearest to
+// expiring: a culprit named by the stacks before its own clock ran out.
+func (r *rankMon) hangNow() Hang {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	now := r.host.mono()
+	e, ok := r.earliestLocked()
+	if !ok {
+		e = expiry{kind: KindHeartbeat, start: now, deadline: now}
+	}
+	h := r.hangLocked(e, now)
+	h.Judged = true
+	return h
+}
+
+// confirmHang makes h, judged by j, the rank's hang and returns it with
+// the pid to kill; false when the rank moved on meanwhile: the cycle
+// ended, or it progressed (a heartbeat since the judgement began at
+// start, or, for its own expired clock, a deadline now in the future).
+func (r *rankMon) confirmHang(h Hang, j *Judgement, forced bool, start int64) (Hang, int, bool) {
+	r.drain()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !forced {
+		r.judgingExpiry = false
+	}
+	if r.cycle != h.Cycle || !r.loadPhase().inSession() {
+		return h, 0, false
+	}
+	now := r.host.mono()
+	if forced {
+		if hb := r.lastHB.Load(); hb > start {
+			return h, 0, false
+		}
+	} else if e, ok := r.earliestLocked(); !ok || now < e.deadline {
+		if ok {
+			r.armAtLocked(e.deadline)
+		}
+		return h, 0, false
+	}
+	h.Judgement = j
+	r.setPhaseLocked(phaseHung)
 	r.hang = &h
-	pid := r.pid
-	r.mu.Unlock()
-	r.host.hung(h, pid)
+	return h, r.pid, true
+}
+
+// spare leaves the rank alive after its clock h expired: it waits in a
+// collective for a culprit being killed. Its clocks start again from now.
+// Only once a cycle: false when it was spared before (the culprit's death
+// did not end its wait, so it is killed now) or moved on.
+func (r *rankMon) spare(h Hang) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.spareTo != 0 {
+		return false
+	}
+	r.judgingExpiry = false
+	if r.cycle != h.Cycle || !r.loadPhase().inSession() {
+		return true
+	}
+	now := r.host.mono()
+	r.spareTo = now + int64(h.Timeout)
+	r.cfg.log.Info("rank's clock expired while it waits in a collective for the rank that hung: not killed",
+		"local_rank", r.local, "rank", r.globalRank, "cycle", r.cycle, "kind", h.Kind, "timeout", h.Timeout)
+	if e, ok := r.earliestLocked(); ok {
+		r.armAtLocked(e.deadline)
+	}
+	return true
+}
+
+// silence says whether the rank's clock expired this cycle, when it
+// last heartbeated (Unix ms; 0: never) and by how much a later heartbeat
+// shows progress (stacks.Summary.MarginMS).
+func (r *rankMon) silence() (expired bool, last, marginMS int64) {
+	r.drain()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if hb := r.lastHB.Load(); hb != 0 {
+		last = r.host.wall(hb).UnixMilli()
+	}
+	to, _ := r.heartbeatTimeoutLocked()
+	margin := max(time.Duration(r.maxIv.Load()), to/10)
+	return r.judgingExpiry || r.loadPhase() == phaseHung, last, margin.Milliseconds()
 }
 
 // hung terminates a hung rank in a tracked goroutine (rankHost).

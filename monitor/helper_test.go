@@ -171,10 +171,16 @@ func (p *rankProc) waitLine(t *testing.T, want string, within time.Duration) {
 // local rank 0 of m, and cleans it up.
 func startProc(t *testing.T, m *Manager, env []string, argv ...string) *rankProc {
 	t.Helper()
+	return startProcEnv(t, append(append(os.Environ(), "FT_RANK_MONITOR_IPC_SOCKET="+m.RankSocket(0),
+		"FT_LAUNCHER_IPC_SOCKET="+m.LauncherSocket(), "RANK=7", "LOCAL_RANK=0"), env...), argv...)
+}
+
+// startProcEnv starts argv with exactly env as a process-group leader,
+// and cleans it up.
+func startProcEnv(t *testing.T, env []string, argv ...string) *rankProc {
+	t.Helper()
 	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.Env = append(os.Environ(), "FT_RANK_MONITOR_IPC_SOCKET="+m.RankSocket(0),
-		"FT_LAUNCHER_IPC_SOCKET="+m.LauncherSocket(), "RANK=7", "LOCAL_RANK=0")
-	cmd.Env = append(cmd.Env, env...)
+	cmd.Env = env
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	cmd.Stderr = testWriter{t}
 	out, err := cmd.StdoutPipe()

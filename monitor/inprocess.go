@@ -62,6 +62,10 @@ type Silence struct {
 	Timeout     time.Duration // the timeout in force for that clock
 	MaxInterval time.Duration // its longest heartbeat interval this cycle
 	Hung        bool          // its own monitor found it hung (it is being terminated)
+	// Waiting: the stacks taken at this cycle's hang found it waiting in
+	// a collective for another rank, which they named as the one that
+	// hung (judge.go): a bystander, as a crash's peers are.
+	Waiting bool
 }
 
 // Silence reports local rank's silence; ok is false when it has no
@@ -73,8 +77,13 @@ func (m *Manager) Silence(localRank int) (s Silence, ok bool) {
 	}
 	r := m.ranks[localRank]
 	r.drain() // heartbeats in shared memory not read yet
+	m.mu.Lock()
+	cycle := m.cycle
+	m.mu.Unlock()
+	waiting := m.waiting(cycle, localRank) // before r.mu: m.mu is never taken under it
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	defer func() { s.Waiting = waiting && ok && !s.Hung }()
 	switch r.loadPhase() {
 	case phaseHung:
 		return Silence{Hung: true}, true

@@ -70,6 +70,12 @@ type Options struct {
 	// RankFirstStepEvent, RankCheckpointEvent, RankStepsEvent and
 	// LauncherStallEvent. nil records nothing.
 	OnEvent func(eventlog.Record)
+	// Stacks, when set, takes every local rank's stacks when a rank's
+	// clock expires, before any is killed, and the rank the stacks name
+	// is killed (judge.go). nil: the rank whose clock expired is killed.
+	Stacks StackCollector
+	// StacksBound bounds the taking of the stacks (0: stacks.DefaultBound).
+	StacksBound time.Duration
 }
 
 // The kinds of the records given to Options.OnEvent.
@@ -101,6 +107,12 @@ type Hang struct {
 	// (no rank timeout configured; defaults.go), not one set by the
 	// configuration, a computation or the client.
 	DefaultTimeout bool
+	// Judgement: the stacks taken before the kill and what they said
+	// (Options.Stacks); the same for every hang of the cycle. nil without.
+	Judgement *Judgement
+	// Judged: killed because the stacks named it the culprit, before its
+	// own clock ran out.
+	Judged bool
 }
 
 // WorkloadRequest is a rank's request received on the launcher socket.
@@ -154,10 +166,12 @@ type Manager struct {
 	defaults   DefaultClocks
 	defaultsOn bool
 
-	mu     sync.Mutex
-	cycle  int
-	active bool
-	pids   map[int]int
+	mu       sync.Mutex
+	judged   *judgement    // the latest cycle's hang judgement (judge.go)
+	exchange StackExchange // shares the judgement's evidence job-wide (judge.go); nil: none
+	cycle    int
+	active   bool
+	pids     map[int]int
 	// expected: local rank -> the pid Expect announced for the next
 	// BeginCycle or ReplaceRank; a peer of it is held longer, never
 	// admitted on it alone. Cleared by BeginCycle (per rank by ReplaceRank).

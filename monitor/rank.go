@@ -38,6 +38,12 @@ type rankHost interface {
 	refuse(r *rankMon, what string, err error)
 	// hung terminates the hung rank pid in the background and reports h.
 	hung(h Hang, pid int)
+	// judging reports whether an expired clock is judged from the
+	// stacks (judge.go) rather than handed to hung at once.
+	judging() bool
+	// expired judges r's expired clock h in the background, then kills
+	// the rank it names (judge.go).
+	expired(r *rankMon, h Hang, pid int)
 }
 
 // rankConfig is what a rank monitor reads of the manager's settings, all
@@ -92,8 +98,14 @@ type rankMon struct {
 	defaults atomic.Bool
 	probe    activityProbe // a default clock's expiry being checked against the rank's activity
 	deferTo  int64         // a default clock does not expire before this (the rank was busy); 0 none
-	rec      cycleRecord
-	pending  []eventlog.Record // recorded under mu, emitted by unlockAndRecord
+	// judgingExpiry: an expired clock of this cycle is being judged
+	// (judge.go); the timer does not hand it over again.
+	judgingExpiry bool
+	// spareTo: no clock expires before this; the rank waits in a
+	// collective for a culprit found on this node (judge.go). 0 none.
+	spareTo int64
+	rec     cycleRecord
+	pending []eventlog.Record // recorded under mu, emitted by unlockAndRecord
 }
 
 // recordLocked queues a record of the rank for Options.OnEvent.
@@ -223,6 +235,7 @@ func (r *rankMon) endSessionLocked() {
 func (r *rankMon) resetSessionLocked() {
 	r.lastHB.Store(0)
 	r.probe, r.deferTo = activityProbe{}, 0
+	r.judgingExpiry, r.spareTo = false, 0
 	clear(r.open)
 	r.stepSeen, r.stepOpens, r.iterKnown = false, 0, false
 	r.initialIter, r.currentIter = 0, 0

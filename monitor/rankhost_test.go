@@ -35,6 +35,9 @@ func (f *fakeHost) emit(rec eventlog.Record) {
 	f.recs = append(f.recs, rec)
 }
 
+func (f *fakeHost) judging() bool               { return false }
+func (f *fakeHost) expired(*rankMon, Hang, int) { panic("no stacks without judging") }
+
 func (f *fakeHost) hung(h Hang, pid int) {
 	f.hangs <- h
 	f.pids <- pid

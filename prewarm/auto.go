@@ -24,6 +24,7 @@ type autoState struct {
 	dir     string // temporary: hook/ and reports/
 	hookDir string
 	learner *Learner
+	ignore  []string // the launcher's other hooks on PYTHONPATH (Options.HookDirs)
 	// current is the key of the last cycle's command line; seq counts
 	// the cycles (names the reports taken); pending are the reports
 	// taken and not learned yet. Under Starter.mu.
@@ -32,12 +33,12 @@ type autoState struct {
 	pending []pendingReports
 }
 
-func newAutoState(l *Learner) (*autoState, error) {
+func newAutoState(l *Learner, ignore []string) (*autoState, error) {
 	dir, err := os.MkdirTemp("", "ft-launcher-prewarm-")
 	if err != nil {
 		return nil, fmt.Errorf("prewarm: auto: %w", err)
 	}
-	a := &autoState{dir: dir, hookDir: filepath.Join(dir, "hook"), learner: l}
+	a := &autoState{dir: dir, hookDir: filepath.Join(dir, "hook"), learner: l, ignore: ignore}
 	for _, d := range []string{a.hookDir, filepath.Join(dir, "reports")} {
 		if err := os.Mkdir(d, 0o755); err != nil {
 			os.RemoveAll(dir)
@@ -67,12 +68,11 @@ func (a *autoState) keyOf(sp spawn.Spec) string {
 	if env == nil {
 		env = os.Environ()
 	}
-	pp := envOf(env, "PYTHONPATH")
-	if pp == a.hookDir {
-		pp = ""
+	pp := filepath.SplitList(envOf(env, "PYTHONPATH"))
+	for len(pp) > 0 && (pp[0] == a.hookDir || slices.Contains(a.ignore, pp[0])) {
+		pp = pp[1:]
 	}
-	pp = strings.TrimPrefix(pp, a.hookDir+string(os.PathListSeparator))
-	return CommandKey(sp.Argv, RankDir(sp.Dir), pp)
+	return CommandKey(sp.Argv, RankDir(sp.Dir), strings.Join(pp, string(os.PathListSeparator)))
 }
 
 // RankDir is the working directory a rank gets for dir ("": the

@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/ftlauncher/ft-launcher/spawn"
 )
 
 func names(ws []Weighted) []string {
@@ -131,5 +133,28 @@ func TestLearnerKeyedBoundedPersisted(t *testing.T) {
 	}
 	if l4, err := NewLearner(path); err == nil || l4 == nil || !strings.Contains(err.Error(), path) {
 		t.Errorf("a broken state file: %v, want an error naming it and an empty Learner", err)
+	}
+}
+
+// TestKeyOfLeavesHooksOut: the command key a rank is learned under does
+// not hold the launcher's hook directories, which are temporary and so
+// differ from one launcher to the next.
+func TestKeyOfLeavesHooksOut(t *testing.T) {
+	a := &autoState{hookDir: "/tmp/pw-1/hook", ignore: []string{"/tmp/st-1/hook"}}
+	b := &autoState{hookDir: "/tmp/pw-2/hook", ignore: []string{"/tmp/st-2/hook"}}
+	argv := []string{"/usr/bin/python3", "-u", "train.py"}
+	for _, tc := range []struct{ a, b string }{
+		{"/tmp/pw-1/hook:/tmp/st-1/hook:/u", "/tmp/pw-2/hook:/tmp/st-2/hook:/u"},
+		{"/tmp/st-1/hook:/u", "/u"},
+		{"/tmp/pw-1/hook", ""},
+	} {
+		ka := a.keyOf(spawn.Spec{Argv: argv, Dir: "/w", Env: []string{"PYTHONPATH=" + tc.a}})
+		kb := b.keyOf(spawn.Spec{Argv: argv, Dir: "/w", Env: []string{"PYTHONPATH=" + tc.b}})
+		if ka != kb {
+			t.Errorf("PYTHONPATH %q and %q: keys differ", tc.a, tc.b)
+		}
+	}
+	if a.keyOf(spawn.Spec{Argv: argv, Dir: "/w", Env: []string{"PYTHONPATH=/u"}}) == a.keyOf(spawn.Spec{Argv: argv, Dir: "/w", Env: []string{"PYTHONPATH=/v"}}) {
+		t.Error("the user's PYTHONPATH must stay in the key")
 	}
 }

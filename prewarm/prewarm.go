@@ -102,6 +102,10 @@ type Options struct {
 	// of a parked spare (Park) that died are started again (0:
 	// DefaultSpareRestarts; negative: never).
 	SpareRestarts int
+	// HookDirs are PYTHONPATH entries of the launcher's own (the stacks
+	// hook): a rank's command key leaves them out, so what is learned
+	// holds for the next launcher, whose hook sits elsewhere.
+	HookDirs []string
 }
 
 var moduleName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$`)
@@ -180,7 +184,7 @@ func NewStarter(o Options) (*Starter, error) {
 		st.log.Info("prewarm: standbys import at the launcher's priority", "reason", st.prio.why)
 	}
 	if o.Auto != nil {
-		a, err := newAutoState(o.Auto)
+		a, err := newAutoState(o.Auto, o.HookDirs)
 		if err != nil {
 			return nil, err
 		}

@@ -268,6 +268,7 @@ func (k keys) member(r int, id string) string { return k.nodes(r) + id }
 func (k keys) ranks(r int) string             { return k.roundDir(r) + "rank/" }
 func (k keys) rank(r int, id string) string   { return k.ranks(r) + id }
 func (k keys) dones(r int) string             { return k.roundDir(r) + "done/" }
+func (k keys) stacks(r int) string            { return k.roundDir(r) + "stacks/" }
 func (k keys) done(r int, id string) string   { return k.dones(r) + id }
 func (k keys) alives() string                 { return k.base + "alive/" }
 func (k keys) alive(id string) string         { return k.alives() + id }

@@ -27,6 +27,7 @@ import (
 	"github.com/ftlauncher/ft-launcher/ranklogs"
 	"github.com/ftlauncher/ft-launcher/rendezvous"
 	"github.com/ftlauncher/ft-launcher/spawn"
+	"github.com/ftlauncher/ft-launcher/stacks"
 	"github.com/ftlauncher/ft-launcher/tcpstore"
 )
 
@@ -107,8 +108,23 @@ func launch(ctx context.Context, cfg *configs.Config, log *slog.Logger, sigs <-c
 			}
 		}
 	}
-	mon, err := monitor.New(monitor.Options{NLocal: cfg.NProcPerNode, FT: cfg.FT, OnEvent: monEvents,
-		StateFile: cfg.FT.TimeoutsStateFile, Logger: log.With("component", "monitor"), Metrics: met})
+	monOpts := monitor.Options{NLocal: cfg.NProcPerNode, FT: cfg.FT, OnEvent: monEvents,
+		StateFile: cfg.FT.TimeoutsStateFile, Logger: log.With("component", "monitor"), Metrics: met}
+	var hookDirs []string // the launcher's own PYTHONPATH entries, left out of prewarm's command keys
+	if cfg.FT.RankStacks {
+		// Every rank gets the hook, --no-python too: such a rank is often
+		// a shell script that runs Python.
+		stk, err := stacks.New()
+		if err != nil {
+			log.Warn("rank stacks off: the hook could not be written", "err", err)
+		} else {
+			defer stk.Close()
+			environ = stk.Env(environ)
+			monOpts.Stacks = stk
+			hookDirs = append(hookDirs, stk.HookDir())
+		}
+	}
+	mon, err := monitor.New(monOpts)
 	if err != nil {
 		return rec.setupFailed("start the rank monitors", err)
 	}
@@ -161,6 +177,9 @@ func launch(ctx context.Context, cfg *configs.Config, log *slog.Logger, sigs <-c
 	if n, ok := rdzv.(interface{ NodeID() string }); ok {
 		rec.node = n.NodeID() // the id peers use in their records of this node
 	}
+	if x, ok := rdzv.(stackSharer); ok && monOpts.Stacks != nil {
+		mon.SetStackExchange(shareStacks(x, rec.node, log))
+	}
 	if sig := guard.end(); sig != nil {
 		return rec.signaled(sig)
 	}
@@ -171,7 +190,7 @@ func launch(ctx context.Context, cfg *configs.Config, log *slog.Logger, sigs <-c
 		log.Info("--prewarm auto is ignored with --no-python: the ranks do not run Python")
 	}
 	if (len(cfg.Prewarm) > 0 || cfg.PrewarmAuto) && !cfg.NoPython {
-		o := prewarm.Options{Reaper: reaper, Modules: cfg.Prewarm,
+		o := prewarm.Options{Reaper: reaper, Modules: cfg.Prewarm, HookDirs: hookDirs,
 			Logger: log.With("component", "prewarm"), OnEvent: ev.Emit,
 			Importing: prewarm.Importing(cfg.PrewarmImporting),
 			// A rank handed to its standby runs before StartGroup returns

@@ -157,6 +157,7 @@ type Config struct {
 	TerminationGrace  float64 // seconds between a non-SIGKILL hang signal and SIGKILL
 	CalculateTimeouts bool    // launcher computes timeouts from observed timing
 	DefaultTimeouts   bool    // the launcher's default clocks hold ranks when no timeout is configured
+	RankStacks        bool    // the launcher reads Python ranks' stacks at a hang
 }
 
 // EncodeOkMsg returns the pickle of data.OkMsg. With a nil cfg it is OkMsg()
@@ -233,6 +234,7 @@ func (e *encoder) config(c *Config) {
 	kf("termination_grace", c.TerminationGrace)
 	kb("calculate_timeouts", c.CalculateTimeouts)
 	kb("default_timeouts", c.DefaultTimeouts)
+	kb("rank_stacks", c.RankStacks)
 
 	e.op(opSetItems)
 	e.op(opBuild)

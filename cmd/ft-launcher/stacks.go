@@ -1,0 +1,48 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"log/slog"
+	"time"
+
+	"github.com/ftlauncher/ft-launcher/monitor"
+	"github.com/ftlauncher/ft-launcher/stacks"
+)
+
+// stackSharer is the rendezvous's side of a job-wide hang judgement
+// (rendezvous.Etcd.ShareStacks).
+type stackSharer interface {
+	ShareStacks(ctx context.Context, round int, mine []byte, wait time.Duration) ([][]byte, error)
+}
+
+// shareStacks adapts x to the monitor: this node's summaries go out as
+// JSON, tagged with node; every node's come back. A summary that does not
+// parse is left out (and logged): the judgement then lacks that node's
+// ranks, which it handles as ranks it could not see.
+func shareStacks(x stackSharer, node string, log *slog.Logger) monitor.StackExchange {
+	return func(ctx context.Context, cycle int, mine []stacks.Summary, wait time.Duration) []stacks.Summary {
+		for i := range mine {
+			mine[i].Node = node
+		}
+		b, err := json.Marshal(mine)
+		if err != nil {
+			return mine
+		}
+		got, err := x.ShareStacks(ctx, cycle, b, wait)
+		if err != nil {
+			log.Warn("hang: could not share this node's stacks; judging from this node's alone", "round", cycle, "err", err)
+			return mine
+		}
+		var all []stacks.Summary
+		for _, g := range got {
+			var s []stacks.Summary
+			if err := json.Unmarshal(g, &s); err != nil {
+				log.Warn("hang: a node's stacks summary does not parse; left out", "round", cycle, "err", err)
+				continue
+			}
+			all = append(all, s...)
+		}
+		return all
+	}
+}

@@ -1,0 +1,114 @@
+package integration
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// hangCulprits mirrors CULPRITS in testdata/hang_kinds_worker.py.
+var hangCulprits = []int{1, 2, 3, 0}
+
+// hangKindWants is what the finding says of each kind's culprit.
+var hangKindWants = map[string]string{
+	"lock":       "hung: in hang_kinds_worker.py:",
+	"fifo":       "hung: in hang_kinds_worker.py:",
+	"stop":       "hung: stopped by a signal (SIGSTOP)",
+	"collective": "hung: in all_reduce at hang_kinds_worker.py:",
+}
+
+// TestHangCulpritTwoNodes: two launchers, two torch ranks each; in each
+// round one rank hangs in one of four ways (a deadlocked lock, a read on
+// a FIFO, SIGSTOP, a collective its peer never joins), on either node,
+// while the others wait for it in an all_reduce. Each time both nodes
+// take their ranks' stacks before any kill, share them, name the same
+// rank, and the restart reason names it and groups the others. With
+// FTL_HANG_CAMPAIGN=N the kinds repeat N times (the culprit moves over
+// the four ranks) and the test logs how often each kind's culprit was
+// right (docs/benchmarks.md, "Which rank hung").
+func TestHangCulpritTwoNodes(t *testing.T) {
+	skipShort(t)
+	requireTorch(t)
+	kinds := []string{"lock", "fifo", "stop", "collective"}
+	reps := 1
+	if n, err := strconv.Atoi(os.Getenv("FTL_HANG_CAMPAIGN")); err == nil && n > 0 {
+		reps = n
+	}
+	var rounds []string
+	for range reps {
+		rounds = append(rounds, kinds...)
+	}
+	worker, err := filepath.Abs("testdata/hang_kinds_worker.py")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := newCluster(t, embeddedEndpoint(t))
+	for range 2 {
+		c.addNode([]string{"PYTHON_EXEC=" + debianPython}, "--nnodes", "2", "--nproc-per-node", "2",
+			"--max-restarts", strconv.Itoa(len(rounds)), "--rdzv-backend", "c10d",
+			"--ft-initial-rank-heartbeat-timeout", "300", "--ft-rank-heartbeat-timeout", "2", "--ft-calculate-timeouts", "false",
+			worker, strings.Join(rounds, ","))
+	}
+	timeout := time.Duration(len(rounds))*40*time.Second + torchTimeout
+	for i, code := range c.waitAll(timeout) {
+		if code != 0 {
+			t.Fatalf("node %d exited %d\n%s", i, code, c.stderrs())
+		}
+	}
+	right := map[string]int{}
+	for r, kind := range rounds {
+		culprit := hangCulprits[r%4]
+		ok := true
+		var texts []string
+		for i, n := range c.nodes {
+			var found map[string]any
+			for _, e := range n.eventsOf("rank_stacks") {
+				if e["round"] == float64(r) {
+					found = e
+				}
+			}
+			if found == nil {
+				t.Errorf("round %d (%s, culprit %d): node %d took no stacks", r, kind, culprit, i)
+				ok = false
+				continue
+			}
+			text := fmt.Sprint(found["text"])
+			texts = append(texts, text)
+			if found["known"] != true || fmt.Sprint(found["culprits"]) != fmt.Sprintf("[%d]", culprit) ||
+				!strings.Contains(text, fmt.Sprintf("rank %d %s", culprit, hangKindWants[kind])) {
+				t.Logf("round %d (%s, culprit %d): node %d found %v", r, kind, culprit, i, found)
+				ok = false
+			}
+			if tm, _ := found["took_ms"].(float64); tm > 1500 {
+				t.Errorf("round %d: node %d took %.0f ms for the stacks, bound 1 s", r, i, tm)
+			}
+		}
+		if ok && len(texts) == 2 && texts[0] != texts[1] {
+			t.Logf("round %d: the nodes' findings differ: %q / %q", r, texts[0], texts[1])
+			ok = false
+		}
+		var reason string
+		for _, e := range c.nodes[0].eventsOf("restart") {
+			if e["after_round"] == float64(r) {
+				reason = fmt.Sprint(e["reason"])
+			}
+		}
+		if !strings.Contains(reason, fmt.Sprintf("rank %d hung", culprit)) {
+			t.Logf("round %d (%s, culprit %d): restart reason %q", r, kind, culprit, reason)
+			ok = false
+		}
+		if ok {
+			right[kind]++
+		}
+	}
+	for _, kind := range kinds {
+		t.Logf("%s: culprit named %d of %d", kind, right[kind], reps)
+		if right[kind]*10 < reps*9 {
+			t.Errorf("%s: culprit named %d of %d times, want at least 9 in 10\n%s", kind, right[kind], reps, c.stderrs())
+		}
+	}
+}

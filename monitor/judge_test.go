@@ -1,0 +1,112 @@
+package monitor
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/ftlauncher/ft-launcher/configs"
+	"github.com/ftlauncher/ft-launcher/internal/testenv"
+	"github.com/ftlauncher/ft-launcher/stacks"
+)
+
+// lineOf is the line of testdata/hang_kinds.py holding marker.
+func lineOf(t *testing.T, marker string) int {
+	t.Helper()
+	b, err := os.ReadFile("testdata/hang_kinds.py")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, l := range strings.Split(string(b), "\n") {
+		if strings.Contains(l, marker) {
+			return i + 1
+		}
+	}
+	t.Fatalf("no %s in hang_kinds.py", marker)
+	return 0
+}
+
+// TestHangJudgedFromStacks: three torch ranks on one node; rank 1 hangs
+// in one of four ways while ranks 0 and 2 wait for it in an all_reduce.
+// Whatever clock expires first, the stacks of all three are taken before
+// any is killed, rank 1 is named and killed alone, and ranks 0 and 2
+// (whose clocks expire too) are left to the crash path: they end by
+// themselves when the collective fails.
+func TestHangJudgedFromStacks(t *testing.T) {
+	testenv.SkipShort(t, "runs real torch ranks")
+	wait := fmt.Sprintf("hang_kinds.py:%d in step", lineOf(t, "# WAIT"))
+	for _, tc := range []struct {
+		kind string
+		text string
+	}{
+		{"lock", fmt.Sprintf("rank 1 hung: in hang_kinds.py:%d in hang, not in a collective", lineOf(t, "HANG:lock"))},
+		{"fifo", fmt.Sprintf("rank 1 hung: in hang_kinds.py:%d in hang, not in a collective", lineOf(t, "HANG:fifo"))},
+		{"stop", "rank 1 hung: stopped by a signal (SIGSTOP)"},
+		{"collective", fmt.Sprintf("rank 1 hung: in all_reduce at hang_kinds.py:%d in hang", lineOf(t, "HANG:collective"))},
+	} {
+		t.Run(tc.kind, func(t *testing.T) {
+			c, err := stacks.New()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			ft := configs.DefaultFaultTolerance()
+			ft.CalculateTimeouts = false
+			ft.InitialRankHeartbeatTimeout = fptr(120)
+			ft.RankHeartbeatTimeout = fptr(2)
+			m := startManager(t, Options{NLocal: 3, FT: ft, MinComputedTimeout: -1, Stacks: c})
+			fifo := filepath.Join(t.TempDir(), "fifo")
+			if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			l, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			port := fmt.Sprint(l.Addr().(*net.TCPAddr).Port)
+			l.Close()
+			pids := map[int]int{}
+			procs := map[int]*rankProc{}
+			for lr := range 3 {
+				env := append(c.Env(append(os.Environ(), pyEnv(t)...)), fmt.Sprintf("RANK=%d", lr), fmt.Sprintf("LOCAL_RANK=%d", lr),
+					"FT_RANK_MONITOR_IPC_SOCKET="+m.RankSocket(lr))
+				procs[lr] = startProcEnv(t, env, python, "testdata/hang_kinds.py", port, tc.kind, fifo)
+				pids[lr] = procs[lr].cmd.Process.Pid
+			}
+			m.BeginCycle(0, pids)
+			h := waitHang(t, m, 90*time.Second)
+			if h.LocalRank != 1 || h.Judgement == nil {
+				t.Fatalf("hang %+v: want local rank 1, judged from the stacks", h)
+			}
+			f := h.Judgement.Finding
+			t.Logf("finding (%s): %s", h.Judgement.Took, f.Text)
+			if !f.Known || len(f.Culprits) != 1 || f.Culprits[0] != 1 || !strings.Contains(f.Text, tc.text) ||
+				!strings.Contains(f.Text, "ranks 0, 2: in all_reduce at "+wait) {
+				t.Errorf("finding %+v\nwant %q and ranks 0, 2 waiting at %s", f, tc.text, wait)
+			}
+			if len(h.Judgement.Ranks) != 3 {
+				t.Errorf("stacks of %d ranks, want 3", len(h.Judgement.Ranks))
+			}
+			st := procs[1].exited(t, 30*time.Second)
+			if tc.kind == "stop" {
+				syscall.Kill(pids[1], syscall.SIGCONT)
+			}
+			if s := signalOf(st); s != syscall.SIGKILL {
+				t.Errorf("rank 1 ended by %v (%v), want SIGKILL", s, st)
+			}
+			// The others end by themselves (the collective fails); the
+			// monitor kills none of them.
+			for _, lr := range []int{0, 2} {
+				if st := procs[lr].exited(t, 60*time.Second); signalOf(st) != 0 {
+					t.Errorf("rank %d ended by %v: want its own exit", lr, signalOf(st))
+				}
+			}
+			noHang(t, m, 100*time.Millisecond)
+		})
+	}
+}
