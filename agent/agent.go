@@ -63,6 +63,14 @@ type Monitors interface {
 	LauncherSocket() string
 }
 
+// FailureEvidence is what the launcher's hook in a Python rank wrote as
+// it died (*stacks.Collector).
+type FailureEvidence interface {
+	Exception(pid int) []byte
+	Fatal(pid int, from int64) ([]byte, int64)
+	Forget(pid int)
+}
+
 // Spare is the filler work of a spare node (*filler.Filler): started when
 // the node parks as a standby, reclaimed before the node's ranks start.
 type Spare interface {
@@ -111,6 +119,9 @@ type Deps struct {
 	Ranks    RankStarter
 	Logs     *ranklogs.Logs
 	Monitors Monitors // nil: no rank monitors
+	// Evidence is what the launcher's hook in Python ranks wrote of their
+	// ends (*stacks.Collector): read to explain a failure; nil: none.
+	Evidence FailureEvidence
 	Rdzv     rendezvous.Rendezvous
 	Signals  <-chan os.Signal // signals to forward to ranks (SignalsToHandle and WalltimeSignals)
 	// WalltimeSignals are the scheduler's pre-walltime warnings (Slurm's

@@ -21,10 +21,14 @@ import (
 
 // cycleEnd says how one supervised cycle ended.
 type cycleEnd struct {
-	kind      endKind
-	hang      bool // the failing rank was killed by its monitor
-	failures  []ranklogs.Failure
-	reason    string
+	kind     endKind
+	hang     bool // the failing rank was killed by its monitor
+	failures []ranklogs.Failure
+	reason   string
+	// byExit: reason is local rank exitLR's exit (explainFailure adds its
+	// cause to it).
+	byExit    bool
+	exitLR    int
 	rdzvEnd   rendezvous.RoundEnd
 	sig       os.Signal
 	sigAt     time.Time   // when sig was received (the repeat window starts there)
@@ -343,6 +347,7 @@ func (a *Agent) rankFailed(e spawn.Exit, hangs <-chan monitor.Hang, hangByRank m
 		return
 	}
 	end.reason = fmt.Sprintf("local rank %d (rank %d) %s", e.LocalRank, asg.RankBase+e.LocalRank, exitText(e))
+	end.byExit, end.exitLR = true, e.LocalRank
 	a.recordRankFailure(e, false)
 }
 
@@ -441,6 +446,7 @@ func (a *Agent) reportFailures(failures []ranklogs.Failure, att *ranklogs.Attemp
 	summary := ranklogs.Summary(scriptName(a.cfg), a.d.Hostname, failures)
 	fmt.Fprintln(os.Stderr, summary)
 	a.hintFailures(failures, att)
+	a.explainFailures(failures, att)
 	if path := a.envValue("TORCHELASTIC_ERROR_FILE"); path != "" {
 		root := failures[ranklogs.RootCause(failures)]
 		if err := ranklogs.WriteLauncherErrorFile(path, root); err != nil {

@@ -427,6 +427,9 @@ func (a *Agent) decideFailure(ctx context.Context, end cycleEnd) State {
 			return a.quarantineForHangs(ctx, end)
 		}
 	}
+	if why, ok := a.run.repeatedFailure(a.cfg.FT.SameFailureLimit); ok {
+		return a.stopRepeated(ctx, why)
+	}
 	var dec rendezvous.Decision
 	sig, err := a.call(ctx, a.d.CallTimeout, func(ctx context.Context) error {
 		var err error

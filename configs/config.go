@@ -227,6 +227,11 @@ type FaultTolerance struct {
 	// it read every thread's stack when a rank hangs (before it is killed)
 	// or dies by a fatal signal (package stacks; docs/timeouts.md).
 	RankStacks bool `yaml:"rank_stacks"`
+	// SameFailureLimit: a job whose same rank fails the same way (the same
+	// exception at the same place, or the same fatal signal) in this many
+	// consecutive rounds stops with the no-restart exit code instead of
+	// spending the rest of its restarts; 0 never stops.
+	SameFailureLimit int `yaml:"same_failure_limit"`
 }
 
 // The launcher's default clocks (FaultTolerance.DefaultTimeouts): what a
@@ -251,6 +256,14 @@ const (
 	// ones, and stay under the start-up timeout.
 	DefaultLearnIntervals = 10
 )
+
+// DefaultSameFailureLimit is how many times in a row the same rank may
+// fail the same way before the job stops: the second time already
+// suggests a deterministic bug, the third, with the same exception at the
+// same line three rounds running, leaves little room for chance (a flaky
+// read, a transient NCCL error rarely fail at one place three times),
+// and costs two restarts, not the whole budget.
+const DefaultSameFailureLimit = 3
 
 // DefaultClocksApply reports whether the default clocks hold the ranks:
 // they are on and no rank timeout is configured.
@@ -294,6 +307,7 @@ func DefaultFaultTolerance() FaultTolerance {
 		CalculateTimeouts:       true,
 		DefaultTimeouts:         true,
 		RankStacks:              true,
+		SameFailureLimit:        DefaultSameFailureLimit,
 	}
 }
 

@@ -102,6 +102,8 @@ func ftSpecs() []ftSpec {
 			help: "Calculate heartbeat and section timeouts from observed timing: true/1/yes or false/0/no."},
 		{key: "default_timeouts", flag: "ft-default-timeouts", arg: "BOOL", rule: boolStrict,
 			help: "With no rank timeout configured, hold ranks that heartbeat to the launcher's default clocks (30 min start-up, a step timeout learned in the run, at least 60 s): true/1/yes or false/0/no."},
+		{key: "same_failure_limit", flag: "ft-same-failure-limit", arg: "N",
+			help: "Stop the job with the no-restart exit code when the same rank fails the same way (the same exception at the same place, or the same fatal signal) in N consecutive rounds (0: never)."},
 		{key: "rank_stacks", flag: "ft-rank-stacks", arg: "BOOL", rule: boolStrict,
 			help: "Install a hook in Python ranks so that a hang's report holds every rank's stack, taken before the kill, and a death by SIGSEGV or SIGABRT its stack: true/1/yes or false/0/no."},
 	}

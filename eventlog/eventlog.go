@@ -19,7 +19,8 @@ const (
 	LauncherStarted  = "launcher_started"
 	CycleStarted     = "cycle_started"
 	RankExited       = "rank_exited"
-	RankFailureHint  = "rank_failure_hint" // a known cause in a failed rank's output: local_rank, rank, cause, hint
+	RankFailureHint  = "rank_failure_hint"  // a known cause in a failed rank's output: local_rank, rank, cause, hint
+	RankFailureCause = "rank_failure_cause" // why a rank failed, from its error file, traceback or fatal-signal stack
 	RankHang         = "rank_hang"
 	RankStacks       = "rank_stacks"    // every local rank's stacks, taken at a hang before the kill, and which rank hung
 	StopEscalated    = "stop_escalated" // SIGTERM grace ran out, SIGKILL sent

@@ -148,6 +148,15 @@ type RankHangEvent struct {
 	Finding string `json:"finding,omitempty"`
 }
 
+// RankFailureCauseEvent: what a failed rank's own output says about its
+// failure (ranklogs.Explain).
+type RankFailureCauseEvent struct {
+	Round     int                  `json:"round"`
+	LocalRank int                  `json:"local_rank"`
+	Rank      int                  `json:"rank"`
+	Cause     verdict.FailureCause `json:"cause"`
+}
+
 // RankStacksEvent: a rank's clock expired and the stacks of every local
 // rank were taken before any was killed (docs/timeouts.md, "Which rank
 // hung").
@@ -634,6 +643,7 @@ func (WalltimeWarningEvent) Kind() string        { return WalltimeWarning }
 func (WorkloadRequestEvent) Kind() string        { return WorkloadRequest }
 func (RankHangEvent) Kind() string               { return RankHang }
 func (RankStacksEvent) Kind() string             { return RankStacks }
+func (RankFailureCauseEvent) Kind() string       { return RankFailureCause }
 func (RankExitedEvent) Kind() string             { return RankExited }
 func (SpareSwapEvent) Kind() string              { return SpareSwap }
 func (RoundEndedEvent) Kind() string             { return RoundEnded }
@@ -679,7 +689,7 @@ func (RankFailureHintEvent) Kind() string        { return RankFailureHint }
 func Typed() []Record {
 	return append([]Record{
 		LauncherStartedEvent{}, ListeningEvent{}, CycleStartedEvent{}, SignalReceivedEvent{}, StopEscalatedEvent{},
-		WalltimeWarningEvent{}, WorkloadRequestEvent{}, RankHangEvent{}, RankStacksEvent{}, RankExitedEvent{}, SpareSwapEvent{},
+		WalltimeWarningEvent{}, WorkloadRequestEvent{}, RankHangEvent{}, RankStacksEvent{}, RankFailureCauseEvent{}, RankExitedEvent{}, SpareSwapEvent{},
 		RoundEndedEvent{}, JobFailedEvent{}, JobSucceededEvent{}, StandbyEvent{}, RestartEvent{}, FencedEvent{},
 		FencedByWatchdogEvent{}, TrainingFinishedEvent{}, VerdictEvent{}, VerdictLostEvent{}, LedgerEvent{},
 		InProcessKeptEvent{}, InProcessNoticeEvent{}, InProcessRejoinedEvent{}, InProcessFirstStepEvent{},

@@ -290,7 +290,23 @@ func (c *Collector) Fatal(pid int, from int64) ([]byte, int64) {
 	return read(path, from, n), n
 }
 
-// Forget removes the dump file of an exited process.
+// Exception returns the traceback of the uncaught exception process pid
+// died of, as the hook wrote it (its last 64 KiB); nil when none.
+func (c *Collector) Exception(pid int) []byte {
+	path := filepath.Join(c.dumpDir, strconv.Itoa(pid)+".exc")
+	n := size(path)
+	if n == 0 {
+		return nil
+	}
+	return read(path, max(n-maxException, 0), n)
+}
+
+// maxException bounds what Exception reads.
+const maxException = 64 << 10
+
+// Forget removes the files of an exited process.
 func (c *Collector) Forget(pid int) {
-	os.Remove(filepath.Join(c.dumpDir, strconv.Itoa(pid)+".txt"))
+	for _, ext := range []string{".txt", ".exc"} {
+		os.Remove(filepath.Join(c.dumpDir, strconv.Itoa(pid)+ext))
+	}
 }

@@ -316,6 +316,70 @@ type RankFailure struct {
 	Steps     int64     `json:"steps"`
 	Iteration *int64    `json:"iteration,omitempty"`
 	At        time.Time `json:"at"`
+	// Cause is what the rank's own output said about the failure, when it
+	// said anything: an error file, its last traceback, a fatal signal's
+	// stack.
+	Cause *FailureCause `json:"cause,omitempty"`
+}
+
+// FailureCause is what a failed rank's own output says about its failure.
+type FailureCause struct {
+	// Exception and Message: the uncaught exception ("RuntimeError", its
+	// message's first line, at most MaxCauseMessage bytes).
+	Exception string `json:"exception,omitempty"`
+	Message   string `json:"message,omitempty"`
+	// Signal: the fatal signal that killed it ("SIGSEGV"), when its stack
+	// was written (faulthandler).
+	Signal string `json:"signal,omitempty"`
+	// Where is the deepest frame in the user's code ("train.py:88 in
+	// step"); the innermost frame when none is the user's.
+	Where string `json:"where,omitempty"`
+	// Source is where it was read: error_file (TORCHELASTIC_ERROR_FILE),
+	// excepthook (the launcher's hook in the rank), output (the last
+	// traceback in the rank's stderr log), faulthandler (a fatal signal's
+	// stack).
+	Source string `json:"source"`
+}
+
+// SameAs reports whether f and o are the same rank failing the same way:
+// the same exception at the same place, or the same fatal signal at the
+// same place (FailureCause.Same); without a cause on either, killed by
+// the same signal. A hang, or an exit with no cause, is never the same.
+func (f RankFailure) SameAs(o RankFailure) bool {
+	if f.Rank != o.Rank || f.Rank < 0 || f.Kind != FailureCrash || o.Kind != FailureCrash {
+		return false
+	}
+	if f.Cause != nil && o.Cause != nil {
+		return f.Cause.Same(*o.Cause)
+	}
+	return f.Cause == nil && o.Cause == nil && f.Signal != "" && f.Signal == o.Signal
+}
+
+// MaxCauseMessage bounds FailureCause.Message.
+const MaxCauseMessage = 256
+
+// Same reports whether two failures are the same failure: the same
+// exception at the same place, or the same fatal signal at the same
+// place. Messages are left out: they often hold addresses, ports or
+// times that differ from one run to the next.
+func (c FailureCause) Same(o FailureCause) bool {
+	return c.Where != "" && c.Where == o.Where && c.Exception == o.Exception && c.Signal == o.Signal &&
+		(c.Exception != "" || c.Signal != "")
+}
+
+// String is one line: "RuntimeError: boom at train.py:88 in step".
+func (c FailureCause) String() string {
+	what := c.Exception
+	if c.Message != "" {
+		what += ": " + c.Message
+	}
+	if c.Signal != "" {
+		what = c.Signal
+	}
+	if c.Where != "" {
+		what += " at " + c.Where
+	}
+	return what
 }
 
 // RankFailure kinds.

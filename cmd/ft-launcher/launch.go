@@ -111,10 +111,11 @@ func launch(ctx context.Context, cfg *configs.Config, log *slog.Logger, sigs <-c
 	monOpts := monitor.Options{NLocal: cfg.NProcPerNode, FT: cfg.FT, OnEvent: monEvents,
 		StateFile: cfg.FT.TimeoutsStateFile, Logger: log.With("component", "monitor"), Metrics: met}
 	var hookDirs []string // the launcher's own PYTHONPATH entries, left out of prewarm's command keys
+	var stk *stacks.Collector
 	if cfg.FT.RankStacks {
 		// Every rank gets the hook, --no-python too: such a rank is often
 		// a shell script that runs Python.
-		stk, err := stacks.New()
+		stk, err = stacks.New()
 		if err != nil {
 			log.Warn("rank stacks off: the hook could not be written", "err", err)
 		} else {
@@ -227,6 +228,9 @@ func launch(ctx context.Context, cfg *configs.Config, log *slog.Logger, sigs <-c
 		Ranks: ranks, Logs: logs, Monitors: mon, Rdzv: rdzv, Signals: sigs,
 		Hostname: host, NodeID: rec.node, Environ: environ, CallTimeout: callTimeout(cfg),
 		Ledger: book, WalltimeSignals: osSignals(cfg.WalltimeSignals), SpareStandbys: spareStandbys}
+	if stk != nil {
+		deps.Evidence = stk
+	}
 	if store != nil {
 		deps.Store = store
 		if repl != nil {

@@ -135,7 +135,7 @@ func cmdStart(ctx context.Context, name string, args []string, stdout, stderr io
 	maxJobs := fs.Int("max-jobs", resumer.DefaultMaxJobs, "at most this many jobs train (0: no limit; the default is over a month of 4-hour jobs)")
 	progress := fs.StringArray("progress-path", nil, "a file, directory or glob the training writes as it advances (its checkpoints); a file there modified during a job is evidence of progress for ranks that report no steps (repeatable)")
 	rate := fs.String("max-submit-rate", "30/10m", `stop the chain rather than submit more than N jobs in any window D ("N/D", e.g. 30/10m; "0" for no limit)`)
-	detAfter := fs.Int("deterministic-after", resumer.DefaultDeterministicAfter, "stop the chain with deterministic_failure when the same rank failure (same rank, exit code, and step within --deterministic-steps) happened this many times over consecutive failed jobs, in two jobs at least (0: never)")
+	detAfter := fs.Int("deterministic-after", resumer.DefaultDeterministicAfter, "stop the chain with deterministic_failure when the same rank failure (same rank and exit code, and the same exception at the same place when the verdicts say it, else the step within --deterministic-steps) happened this many times over consecutive failed jobs, in two jobs at least (0: never)")
 	detSteps := fs.Int("deterministic-steps", resumer.DefaultDeterministicSteps, "how many steps (or iterations) apart two rank failures may be and still be the same failure")
 	expiry := fs.Duration("exclusion-expiry", 24*time.Hour, "how long a node quarantined by a launcher stays excluded from the chain's jobs")
 	flag := fs.String("finished-flag", "", "FAULT_TOL_FINISHED_FLAG_FILE: the file the training creates when it is complete (default <chain-dir>/finished.flag)")

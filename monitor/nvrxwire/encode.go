@@ -158,6 +158,7 @@ type Config struct {
 	CalculateTimeouts bool    // launcher computes timeouts from observed timing
 	DefaultTimeouts   bool    // the launcher's default clocks hold ranks when no timeout is configured
 	RankStacks        bool    // the launcher reads Python ranks' stacks at a hang
+	SameFailureLimit  int     // the same failure this many rounds in a row stops the job (0: never)
 }
 
 // EncodeOkMsg returns the pickle of data.OkMsg. With a nil cfg it is OkMsg()
@@ -235,6 +236,7 @@ func (e *encoder) config(c *Config) {
 	kb("calculate_timeouts", c.CalculateTimeouts)
 	kb("default_timeouts", c.DefaultTimeouts)
 	kb("rank_stacks", c.RankStacks)
+	ki("same_failure_limit", c.SameFailureLimit)
 
 	e.op(opSetItems)
 	e.op(opBuild)

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/ftlauncher/ft-launcher/internal/atomicfile"
+	"github.com/ftlauncher/ft-launcher/verdict"
 )
 
 // ChainSchema is the schema of chain.json.
@@ -191,6 +192,8 @@ type RankFailureSummary struct {
 	Kind      string `json:"kind"`
 	Steps     int64  `json:"steps"`
 	Iteration *int64 `json:"iteration,omitempty"`
+	// Cause is what the rank's own output said (the verdict's cause).
+	Cause *verdict.FailureCause `json:"cause,omitempty"`
 }
 
 // QuarantineSummary is a node a job's launchers stopped using.

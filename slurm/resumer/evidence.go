@@ -154,7 +154,7 @@ func summarize(job *ChainJob, vs []verdict.Verdict) {
 	for _, v := range vs {
 		for _, f := range v.RankFailures {
 			job.Failures = append(job.Failures, RankFailureSummary{Host: v.Hostname, Rank: f.Rank, ExitCode: f.ExitCode,
-				Signal: f.Signal, Kind: f.Kind, Steps: f.Steps, Iteration: f.Iteration})
+				Signal: f.Signal, Kind: f.Kind, Steps: f.Steps, Iteration: f.Iteration, Cause: f.Cause})
 		}
 		for _, q := range v.Quarantined {
 			host := q.Host
@@ -214,6 +214,11 @@ func sameFailure(a, b RankFailureSummary, tol int64) bool {
 	if a.Rank != b.Rank || a.Rank < 0 || a.Kind != b.Kind || a.ExitCode != b.ExitCode || a.Signal != b.Signal {
 		return false
 	}
+	if a.Cause != nil && b.Cause != nil {
+		// The same exception at the same place is the same failure,
+		// whatever step it came at (a data-dependent bug).
+		return a.Cause.Same(*b.Cause)
+	}
 	if a.Iteration != nil && b.Iteration != nil {
 		return abs(*a.Iteration-*b.Iteration) <= tol
 	}
@@ -241,6 +246,9 @@ func (f RankFailureSummary) String() string {
 	at := fmt.Sprintf("after %d steps", f.Steps)
 	if f.Iteration != nil {
 		at = fmt.Sprintf("at iteration %d", *f.Iteration)
+	}
+	if f.Cause != nil {
+		return fmt.Sprintf("rank %d %s %s: %s", f.Rank, how, at, f.Cause)
 	}
 	return fmt.Sprintf("rank %d %s %s", f.Rank, how, at)
 }

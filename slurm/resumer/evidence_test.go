@@ -35,6 +35,14 @@ func TestDeterministic(t *testing.T) {
 		{"no position (uninstrumented)", []*ChainJob{job("1", Failure, crash(1, 3, 0)), job("2", Failure, crash(1, 3, 0)), job("3", Failure, crash(1, 3, 0))}, false},
 		{"a walltime job in between breaks the run", []*ChainJob{job("1", Failure, crash(1, 3, 5)), job("2", Failure, crash(1, 3, 5)), job("3", Walltime), job("4", Failure, crash(1, 3, 5))}, false},
 		{"relocated jobs do not break the run", []*ChainJob{job("1", Failure, crash(1, 3, 5)), job("r", Relocated), job("2", Failure, crash(1, 3, 5)), job("3", Failure, crash(1, 3, 5))}, true},
+		{"the same exception at the same place, steps far apart", []*ChainJob{
+			job("1", Failure, withCause(crash(1, 1, 50), "ValueError", "t.py:3 in f")),
+			job("2", Failure, withCause(crash(1, 1, 5), "ValueError", "t.py:3 in f")),
+			job("3", Failure, withCause(crash(1, 1, 20), "ValueError", "t.py:3 in f"))}, true},
+		{"the same step, another place", []*ChainJob{
+			job("1", Failure, withCause(crash(1, 1, 5), "ValueError", "t.py:3 in f")),
+			job("2", Failure, withCause(crash(1, 1, 5), "ValueError", "t.py:9 in g")),
+			job("3", Failure, withCause(crash(1, 1, 5), "ValueError", "t.py:3 in f"))}, false},
 		{"iterations win over steps", []*ChainJob{
 			job("1", Failure, RankFailureSummary{Rank: 2, ExitCode: 1, Kind: "crash", Steps: 3, Iteration: it(1003)}),
 			job("2", Failure, RankFailureSummary{Rank: 2, ExitCode: 1, Kind: "crash", Steps: 10, Iteration: it(1004)}),
@@ -54,6 +62,11 @@ func TestDeterministic(t *testing.T) {
 	if _, got := deterministic(st, st.Jobs[2]); got {
 		t.Error("--deterministic-after 0 still stopped the chain")
 	}
+}
+
+func withCause(f RankFailureSummary, exc, where string) RankFailureSummary {
+	f.Cause = &verdict.FailureCause{Exception: exc, Message: "m", Where: where, Source: "excepthook"}
+	return f
 }
 
 func TestSubmitRate(t *testing.T) {

@@ -8,8 +8,11 @@ blocked in (a lock, a read, a collective), where a Python signal handler
 would wait for the main thread to come back to the interpreter. Unless the
 program enabled faulthandler itself (PYTHONFAULTHANDLER, -X faulthandler),
 its fatal-error handler (SIGSEGV, SIGABRT, SIGBUS, SIGFPE, SIGILL) writes
-to the same file, so a rank killed by one is explained. A forked child
-(a DataLoader worker) gets a file of its own.
+to the same file, so a rank killed by one is explained. An uncaught
+exception's traceback is written to <dir>/<pid>.exc before the previous
+sys.excepthook prints it, so a crash is explained without an error file
+or redirected output. A forked child (a DataLoader worker) gets files of
+its own.
 
 No thread, nothing printed; every error is swallowed: the rank runs as it
 would without the hook.
@@ -63,6 +66,19 @@ def install():
         os.register_at_fork(after_in_child=_child)
     except Exception:
         _state.pop("file", None)
+        return
+    prev = sys.excepthook
+
+    def hook(kind, value, tb):
+        try:
+            import traceback
+            with open(os.path.join(d, "%d.exc" % os.getpid()), "w") as f:
+                f.write("".join(traceback.format_exception(kind, value, tb)))
+        except Exception:
+            pass
+        prev(kind, value, tb)
+
+    sys.excepthook = hook
 
 
 def _child():

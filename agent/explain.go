@@ -1,0 +1,79 @@
+package agent
+
+import (
+	"io"
+	"os"
+	"syscall"
+
+	"github.com/ftlauncher/ft-launcher/eventlog"
+	"github.com/ftlauncher/ft-launcher/ranklogs"
+	"github.com/ftlauncher/ft-launcher/verdict"
+)
+
+// outputTail bounds how much of a rank's stderr log is read for its last
+// traceback.
+const outputTail = 64 << 10
+
+// explainFailures reads why each failed rank failed from what it left
+// (ranklogs.Explain): the cause goes into the rank's failure record (the
+// verdict's rank_failures), a rank_failure_cause event, and the cycle's
+// reason when that rank's failure is the reason.
+func (a *Agent) explainFailures(failures []ranklogs.Failure, att *ranklogs.Attempt) {
+	for _, f := range failures {
+		ev := ranklogs.Evidence{Record: f.Record}
+		if f.ExitCode < 0 {
+			ev.Signal = syscall.Signal(-f.ExitCode)
+		}
+		if e := a.d.Evidence; e != nil {
+			ev.Exception = e.Exception(f.PID)
+			ev.Fatal, _ = e.Fatal(f.PID, 0)
+			e.Forget(f.PID)
+		}
+		if att != nil {
+			_, stderrPath := att.LogPaths(f.LocalRank)
+			ev.Output = tail(stderrPath, outputTail)
+		}
+		c, ok := ranklogs.Explain(ev)
+		if !ok {
+			continue
+		}
+		a.log.Error("why the rank failed", "local_rank", f.LocalRank, "rank", f.GlobalRank, "cause", c.String(), "source", c.Source)
+		a.ev.Emit(eventlog.RankFailureCauseEvent{Round: a.run.asg.Round, LocalRank: f.LocalRank, Rank: f.GlobalRank, Cause: c})
+		a.run.explainFailure(a.run.asg.Round, f.LocalRank, c)
+	}
+}
+
+// explainFailure adds cause c to the rank failure it explains, and to
+// the cycle's reason when that failure is it.
+func (r *runState) explainFailure(round, lr int, c verdict.FailureCause) {
+	for i := len(r.rankFailures) - 1; i >= 0; i-- {
+		f := &r.rankFailures[i]
+		if f.Round == round && f.LocalRank == lr && f.Kind == verdict.FailureCrash {
+			cc := c
+			f.Cause = &cc
+			if r.end.byExit && r.end.exitLR == lr && !r.end.hang {
+				r.end.reason += ": " + c.String()
+			}
+			return
+		}
+	}
+}
+
+// tail is the last n bytes of the file at path (nil: none).
+func tail(path string, n int64) []byte {
+	if path == "" {
+		return nil
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	if st, err := f.Stat(); err == nil && st.Size() > n {
+		if _, err := f.Seek(st.Size()-n, io.SeekStart); err != nil {
+			return nil
+		}
+	}
+	b, _ := io.ReadAll(io.LimitReader(f, n))
+	return b
+}
