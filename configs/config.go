@@ -255,6 +255,13 @@ const (
 	// steps (compilation, warm-up, the first collectives) are the slow
 	// ones, and stay under the start-up timeout.
 	DefaultLearnIntervals = 10
+	// DefaultJudgedFloor is the least step timeout learned in the run when
+	// the launcher takes the ranks' stacks (rank_stacks): an expiry is
+	// then only a question, answered by the stacks and the ranks'
+	// activity before anything is killed (a busy rank, or one in a data
+	// loader, a save or a load, is left alone), so the clock can be short
+	// and a hang costs about a second.
+	DefaultJudgedFloor = time.Second
 )
 
 // DefaultSameFailureLimit is how many times in a row the same rank may

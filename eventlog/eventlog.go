@@ -23,6 +23,7 @@ const (
 	RankFailureCause = "rank_failure_cause" // why a rank failed, from its error file, traceback or fatal-signal stack
 	RankHang         = "rank_hang"
 	RankStacks       = "rank_stacks"    // every local rank's stacks, taken at a hang before the kill, and which rank hung
+	HangDismissed    = "hang_dismissed" // a default clock expired, but the stacks and the ranks' activity said no hang
 	StopEscalated    = "stop_escalated" // SIGTERM grace ran out, SIGKILL sent
 	Restart          = "restart"
 	RoundEnded       = "round_ended"

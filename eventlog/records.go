@@ -157,6 +157,19 @@ type RankFailureCauseEvent struct {
 	Cause     verdict.FailureCause `json:"cause"`
 }
 
+// HangDismissedEvent: a rank's default clock expired, and the stacks and
+// the ranks' activity showed no hang (the rank they name is busy, or in a
+// slow phase): nothing was killed, the clocks wait WaitS longer
+// (docs/timeouts.md).
+type HangDismissedEvent struct {
+	Round     int     `json:"round"`
+	LocalRank int     `json:"local_rank"` // whose clock expired
+	Why       string  `json:"why"`
+	SilentS   float64 `json:"silent_s"`
+	WaitS     float64 `json:"wait_s"`
+	TookMS    float64 `json:"took_ms"`
+}
+
 // RankStacksEvent: a rank's clock expired and the stacks of every local
 // rank were taken before any was killed (docs/timeouts.md, "Which rank
 // hung").
@@ -643,6 +656,7 @@ func (WalltimeWarningEvent) Kind() string        { return WalltimeWarning }
 func (WorkloadRequestEvent) Kind() string        { return WorkloadRequest }
 func (RankHangEvent) Kind() string               { return RankHang }
 func (RankStacksEvent) Kind() string             { return RankStacks }
+func (HangDismissedEvent) Kind() string          { return HangDismissed }
 func (RankFailureCauseEvent) Kind() string       { return RankFailureCause }
 func (RankExitedEvent) Kind() string             { return RankExited }
 func (SpareSwapEvent) Kind() string              { return SpareSwap }
@@ -689,7 +703,7 @@ func (RankFailureHintEvent) Kind() string        { return RankFailureHint }
 func Typed() []Record {
 	return append([]Record{
 		LauncherStartedEvent{}, ListeningEvent{}, CycleStartedEvent{}, SignalReceivedEvent{}, StopEscalatedEvent{},
-		WalltimeWarningEvent{}, WorkloadRequestEvent{}, RankHangEvent{}, RankStacksEvent{}, RankFailureCauseEvent{}, RankExitedEvent{}, SpareSwapEvent{},
+		WalltimeWarningEvent{}, WorkloadRequestEvent{}, RankHangEvent{}, RankStacksEvent{}, RankFailureCauseEvent{}, HangDismissedEvent{}, RankExitedEvent{}, SpareSwapEvent{},
 		RoundEndedEvent{}, JobFailedEvent{}, JobSucceededEvent{}, StandbyEvent{}, RestartEvent{}, FencedEvent{},
 		FencedByWatchdogEvent{}, TrainingFinishedEvent{}, VerdictEvent{}, VerdictLostEvent{}, LedgerEvent{},
 		InProcessKeptEvent{}, InProcessNoticeEvent{}, InProcessRejoinedEvent{}, InProcessFirstStepEvent{},

@@ -20,6 +20,9 @@ type DefaultClocks struct {
 	Startup        time.Duration
 	LearnedFloor   time.Duration
 	LearnIntervals int64
+	// JudgedFloor replaces LearnedFloor when expiries are judged from the
+	// stacks (Options.Stacks; judge.go).
+	JudgedFloor time.Duration
 }
 
 func (d DefaultClocks) withConstants() DefaultClocks {
@@ -31,6 +34,9 @@ func (d DefaultClocks) withConstants() DefaultClocks {
 	}
 	if d.LearnIntervals <= 0 {
 		d.LearnIntervals = configs.DefaultLearnIntervals
+	}
+	if d.JudgedFloor <= 0 {
+		d.JudgedFloor = configs.DefaultJudgedFloor
 	}
 	return d
 }
@@ -58,6 +64,12 @@ func (r *rankMon) heartbeatTimeoutLocked() (to time.Duration, def bool) {
 	d := &r.cfg.defaults
 	if r.nIv.Load() < d.LearnIntervals || r.namedPhaseOpenLocked() {
 		return d.Startup, true
+	}
+	if r.cfg.judged {
+		// Every expiry is judged before a kill (judge.go): the clock
+		// follows the steady steps, not the first ones (compilation,
+		// warm-up), with a short floor.
+		return max(scaled(time.Duration(r.steadyIv.Load()), r.cfg.safety), d.JudgedFloor), true
 	}
 	return max(scaled(time.Duration(r.maxIv.Load()), r.cfg.safety), d.LearnedFloor), true
 }

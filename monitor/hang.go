@@ -131,8 +131,9 @@ func (r *rankMon) onTimer() {
 		return
 	}
 	// A default clock is only the launcher's guess: a rank still computing
-	// or writing is not hung (defaults.go).
-	if e.def && r.busyLocked(now, e) {
+	// or writing is not hung (defaults.go). With the stacks, the
+	// judgement checks that, on the rank they name (judge.go).
+	if e.def && !r.host.judging() && r.busyLocked(now, e) {
 		r.mu.Unlock()
 		return
 	}
@@ -233,6 +234,30 @@ func (r *rankMon) spare(h Hang) bool {
 		r.armAtLocked(e.deadline)
 	}
 	return true
+}
+
+// judged ends the rank's part in a judgement that found no hang.
+func (r *rankMon) judged() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.judgingExpiry = false
+	if e, ok := r.earliestLocked(); ok {
+		r.armAtLocked(e.deadline)
+	}
+}
+
+// wait pushes the rank's default clocks d from now (a judgement of cycle
+// found it, or the rank it waits for, not hung).
+func (r *rankMon) wait(cycle int, d time.Duration) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.cycle != cycle || !r.loadPhase().inSession() {
+		return
+	}
+	r.deferTo = max(r.deferTo, r.host.mono()+int64(d))
+	if e, ok := r.earliestLocked(); ok {
+		r.armAtLocked(e.deadline)
+	}
 }
 
 // silence says whether the rank's clock expired this cycle, when it

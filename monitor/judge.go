@@ -5,6 +5,8 @@ import (
 	"slices"
 	"time"
 
+	"github.com/ftlauncher/ft-launcher/eventlog"
+	"github.com/ftlauncher/ft-launcher/internal/procfs"
 	"github.com/ftlauncher/ft-launcher/pytrace"
 	"github.com/ftlauncher/ft-launcher/stacks"
 )
@@ -24,6 +26,10 @@ type Judgement struct {
 	Job     []stacks.Summary // every node's that came in time (Summary alone without an exchange)
 	Finding stacks.Finding
 	Took    time.Duration // from the first expiry to the finding
+	// Dismissed: a default clock expired, but the rank the finding names
+	// is busy or in a slow phase (Phase): no hang (stacks.Dismiss).
+	Dismissed string
+	Phase     bool
 }
 
 // judgement is a cycle's Judgement while it is made: the first expired
@@ -63,6 +69,13 @@ func (m *Manager) judging() bool { return m.opts.Stacks != nil }
 func (m *Manager) expired(r *rankMon, h Hang, _ int) {
 	m.goTracked(func() {
 		j, first := m.judge(h)
+		if j.Dismissed != "" {
+			if first {
+				m.dismiss(j, h)
+			}
+			r.judged()
+			return
+		}
 		if first {
 			m.killCulprits(j, r)
 		}
@@ -105,11 +118,34 @@ func (m *Manager) judge(h Hang) (Judgement, bool) {
 	if bound <= 0 {
 		bound = stacks.DefaultBound
 	}
+	// A default clock is only the launcher's guess: the ranks' activity
+	// over a short window decides with the stacks (Dismiss).
+	var base0 map[int]procfs.Activity
+	if h.DefaultTimeout {
+		base0 = groupActivity(pids)
+	}
 	ranks := m.opts.Stacks.Collect(m.ctx, pids, bound/2)
-	base := m.rankBase()
+	busy := map[int]bool{}
+	if h.DefaultTimeout {
+		select {
+		case <-time.After(time.Until(began.Add(judgedActivityWindow))):
+		case <-m.ctx.Done():
+		}
+		window := time.Since(began)
+		for lr, a := range groupActivity(pids) {
+			b, ok := base0[lr]
+			busy[lr] = ok && (a.CPU-b.CPU >= window/10 || a.IOBytes-b.IOBytes >= judgedActivityIO)
+		}
+	}
+	rankBase := m.rankBase()
+	at := time.Now().UnixMilli()
 	sums := make([]stacks.Summary, 0, len(ranks))
 	for _, sr := range ranks {
-		s := stacks.Summarize(sr, base+sr.LocalRank)
+		s := stacks.Summarize(sr, rankBase+sr.LocalRank)
+		s.At = at
+		// A process in uninterruptible sleep is in I/O (a write throttled
+		// by the page cache, a slow file system): not idle.
+		s.Busy = busy[sr.LocalRank] || sr.Proc == 'D'
 		if sr.LocalRank >= 0 && sr.LocalRank < len(m.ranks) {
 			s.Expired, s.Silent, s.MarginMS = m.ranks[sr.LocalRank].silence()
 		}
@@ -117,12 +153,73 @@ func (m *Manager) judge(h Hang) (Judgement, bool) {
 	}
 	all := sums
 	if exchange != nil {
-		all = exchange(m.ctx, h.Cycle, sums, max(bound-time.Since(began), 0))
+		all = fresh(exchange(m.ctx, h.Cycle, sums, max(bound-time.Since(began), 0)), at-int64(2*bound/time.Millisecond))
 	}
-	jd.j = Judgement{Cycle: h.Cycle, Ranks: ranks, Summary: sums, Job: all, Finding: stacks.Judge(all), Took: time.Since(began)}
-	m.log.Warn("rank hang: stacks taken", "cycle", h.Cycle, "expired_local_rank", h.LocalRank,
-		"finding", jd.j.Finding.Text, "known", jd.j.Finding.Known, "took", jd.j.Took)
-	return jd.j, true
+	j := Judgement{Cycle: h.Cycle, Ranks: ranks, Summary: sums, Job: all, Finding: stacks.Judge(all), Took: time.Since(began)}
+	if h.DefaultTimeout {
+		j.Dismissed, j.Phase = stacks.Dismiss(j.Finding, all)
+		if j.Phase && h.Elapsed >= m.defaults.LearnedFloor {
+			// A slow phase gets the floor of a run without stacks, not
+			// more: a rank stuck in it that long is hung.
+			j.Dismissed, j.Phase = "", false
+		}
+	}
+	jd.j = j
+	if j.Dismissed != "" {
+		m.log.Info("rank silent past the default clock, but not hung", "cycle", h.Cycle, "expired_local_rank", h.LocalRank,
+			"why", j.Dismissed, "took", j.Took)
+	} else {
+		m.log.Warn("rank hang: stacks taken", "cycle", h.Cycle, "expired_local_rank", h.LocalRank,
+			"finding", j.Finding.Text, "known", j.Finding.Known, "took", j.Took)
+	}
+	return j, true
+}
+
+// The activity window of a default clock's judgement: CPU time of at
+// least a tenth of it, or judgedActivityIO bytes read or written, make a
+// rank busy (the same rates as the activity check of defaults.go, over a
+// window short enough for a hang to cost about a second).
+const (
+	judgedActivityWindow = 300 * time.Millisecond
+	judgedActivityIO     = 128 << 10
+)
+
+func groupActivity(pids map[int]int) map[int]procfs.Activity {
+	out := make(map[int]procfs.Activity, len(pids))
+	for lr, pid := range pids {
+		if a, ok := procfs.GroupActivity(pid); ok {
+			out[lr] = a
+		}
+	}
+	return out
+}
+
+// fresh drops summaries taken before since (Unix ms): another node's
+// from an earlier judgement of the same round.
+func fresh(sums []stacks.Summary, since int64) []stacks.Summary {
+	return slices.DeleteFunc(sums, func(s stacks.Summary) bool { return s.At != 0 && s.At < since })
+}
+
+// dismiss ends a judgement that found no hang (Judgement.Dismissed): no
+// rank is killed, every rank's default clocks wait longer (the silence so
+// far again, at least the clock's own length, and for a rank in a slow
+// phase the learned floor of a run without stacks), and the next expiry
+// is judged afresh.
+func (m *Manager) dismiss(j Judgement, h Hang) {
+	m.mu.Lock()
+	if m.judged != nil && m.judged.cycle == j.Cycle {
+		m.judged = nil
+	}
+	m.mu.Unlock()
+	wait := max(h.Timeout, h.Elapsed)
+	if j.Phase {
+		wait = max(wait, m.defaults.LearnedFloor)
+	}
+	for _, r := range m.ranks {
+		r.wait(j.Cycle, wait)
+	}
+	m.emit(eventlog.HangDismissedEvent{Round: j.Cycle, LocalRank: h.LocalRank, Why: j.Dismissed,
+		SilentS: h.Elapsed.Seconds(), WaitS: wait.Seconds(), TookMS: float64(j.Took.Microseconds()) / 1000})
 }
 
 func (m *Manager) judgeStart(cycle int) int64 {

@@ -6,11 +6,13 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/ftlauncher/ft-launcher/configs"
+	"github.com/ftlauncher/ft-launcher/eventlog"
 	"github.com/ftlauncher/ft-launcher/internal/testenv"
 	"github.com/ftlauncher/ft-launcher/stacks"
 )
@@ -107,6 +109,78 @@ func TestHangJudgedFromStacks(t *testing.T) {
 				}
 			}
 			noHang(t, m, 100*time.Millisecond)
+		})
+	}
+}
+
+// TestDefaultClockJudged: with no timeout configured and the stacks on,
+// the learned step clock is short (at least 1 s) because every expiry is
+// judged: rank 1 deadlocked is killed about a second after its last
+// heartbeat; rank 1 silent for 3 s while computing, waiting on its
+// DataLoader's worker or saving is not (a hang_dismissed record), and the
+// job runs to its end.
+func TestDefaultClockJudged(t *testing.T) {
+	testenv.SkipShort(t, "runs real torch ranks")
+	for _, kind := range []string{"lock", "busy", "data", "save"} {
+		t.Run(kind, func(t *testing.T) {
+			c, err := stacks.New()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			ft := configs.DefaultFaultTolerance()
+			ft.CalculateTimeouts = false
+			var mu sync.Mutex
+			var dismissed []eventlog.HangDismissedEvent
+			m := startManager(t, Options{NLocal: 3, FT: ft, MinComputedTimeout: -1, Stacks: c,
+				OnEvent: func(rec eventlog.Record) {
+					if d, ok := rec.(eventlog.HangDismissedEvent); ok {
+						mu.Lock()
+						dismissed = append(dismissed, d)
+						mu.Unlock()
+					}
+				}})
+			l, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			port := fmt.Sprint(l.Addr().(*net.TCPAddr).Port)
+			l.Close()
+			pids := map[int]int{}
+			procs := map[int]*rankProc{}
+			for lr := range 3 {
+				env := append(c.Env(append(os.Environ(), pyEnv(t)...)), fmt.Sprintf("RANK=%d", lr), fmt.Sprintf("LOCAL_RANK=%d", lr),
+					"FT_RANK_MONITOR_IPC_SOCKET="+m.RankSocket(lr))
+				procs[lr] = startProcEnv(t, env, python, "testdata/stall_kinds.py", port, kind)
+				pids[lr] = procs[lr].cmd.Process.Pid
+			}
+			m.BeginCycle(0, pids)
+			if kind == "lock" {
+				h := waitHang(t, m, 90*time.Second)
+				if h.LocalRank != 1 || !h.DefaultTimeout || h.Judgement == nil || !h.Judgement.Finding.Known {
+					t.Fatalf("hang %+v: want local rank 1 on its default clock, judged", h)
+				}
+				since := h.SignalledAt.Sub(h.LastHeartbeat)
+				t.Logf("killed %s after its last heartbeat (clock %s): %s", since, h.Timeout, h.Judgement.Finding.Text)
+				if h.Timeout > 5*time.Second {
+					t.Errorf("learned clock %s: want the short judged one", h.Timeout)
+				}
+				return
+			}
+			for lr, p := range procs {
+				if st := p.exited(t, 120*time.Second); !st.Success() {
+					t.Errorf("rank %d: %v, want exit 0", lr, st)
+				}
+			}
+			noHang(t, m, 100*time.Millisecond)
+			mu.Lock()
+			defer mu.Unlock()
+			if len(dismissed) == 0 {
+				t.Fatalf("no hang_dismissed record: the stall never reached the clock")
+			}
+			for _, d := range dismissed {
+				t.Logf("dismissed after %.2fs silent (%.0f ms), waits %.1fs: %s", d.SilentS, d.TookMS, d.WaitS, d.Why)
+			}
 		})
 	}
 }

@@ -245,7 +245,7 @@ func New(opts Options) (*Manager, error) {
 			m.log.Info("loaded persisted timeouts", "path", opts.StateFile, "timeouts", m.eff.String())
 		}
 	}
-	cfg := rankConfig{log: m.log, record: opts.OnEvent != nil, signal: opts.FT.RankTerminationSignal,
+	cfg := rankConfig{log: m.log, record: opts.OnEvent != nil, signal: opts.FT.RankTerminationSignal, judged: opts.Stacks != nil,
 		safety: opts.FT.SafetyFactor, defaults: m.defaults, stalls: m.stalls}
 	for i := 0; i < opts.NLocal; i++ {
 		m.ranks = append(m.ranks, newRankMon(m, cfg, i))

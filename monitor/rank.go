@@ -55,6 +55,7 @@ type rankConfig struct {
 	safety   float64        // FT.SafetyFactor, for the default clocks' learned timeout
 	defaults DefaultClocks  // with their constants filled in (defaults.go)
 	stalls   *stallLog      // the launcher's own stalls (stall.go), shared by every rank
+	judged   bool           // expiries are judged from the stacks (Options.Stacks; judge.go)
 }
 
 // rankMon is the monitor of one local rank. The heartbeat hot path touches
@@ -66,12 +67,15 @@ type rankMon struct {
 	cfg   rankConfig
 	local int
 
-	gen        atomic.Uint64 // generation of the current connection; stale connections are ignored
-	phase      atomic.Uint32 // a rankPhase; written under mu, read lock-free by the heartbeat hot path
-	lastHB     atomic.Int64  // monotonic ns since m.epoch
-	maxIv      atomic.Int64  // longest heartbeat interval this cycle
-	nIv        atomic.Int64  // heartbeat intervals this cycle
-	heartbeats atomic.Int64  // heartbeats received this cycle (status only)
+	gen    atomic.Uint64 // generation of the current connection; stale connections are ignored
+	phase  atomic.Uint32 // a rankPhase; written under mu, read lock-free by the heartbeat hot path
+	lastHB atomic.Int64  // monotonic ns since m.epoch
+	maxIv  atomic.Int64  // longest heartbeat interval this cycle
+	// steadyIv is the longest interval this cycle after the first
+	// LearnIntervals/2 (the first steps: compilation, warm-up).
+	steadyIv   atomic.Int64
+	nIv        atomic.Int64 // heartbeat intervals this cycle
+	heartbeats atomic.Int64 // heartbeats received this cycle (status only)
 
 	mu          sync.Mutex
 	conn        io.Closer // net.Conn, or *lazyConn after a native handshake
@@ -177,6 +181,7 @@ func (r *rankMon) begin(cycle, pid int, to Timeouts, warmup int, defaults bool) 
 	r.inprocess = false
 	r.obs = observations{SectionMax: map[string]time.Duration{}, SectionCloses: map[string]int{}}
 	r.maxIv.Store(0)
+	r.steadyIv.Store(0)
 	r.nIv.Store(0)
 	r.heartbeats.Store(0)
 }
@@ -369,16 +374,24 @@ func (r *rankMon) heartbeatsAt(gen uint64, now, k int64) {
 		return
 	}
 	iv := now - prev
-	for {
-		cur := r.maxIv.Load()
-		if iv <= cur || r.maxIv.CompareAndSwap(cur, iv) {
-			break
-		}
+	storeMax(&r.maxIv, iv)
+	if r.nIv.Load() >= r.cfg.defaults.LearnIntervals/2 {
+		storeMax(&r.steadyIv, iv)
 	}
 	// Counted after the maximum is stored, so that the learned timeout
 	// armed when the count reaches its threshold includes this interval.
 	n := r.nIv.Add(k)
 	r.learnedNow(n-k, n)
+}
+
+// storeMax raises v to x when x is larger.
+func storeMax(v *atomic.Int64, x int64) {
+	for {
+		cur := v.Load()
+		if x <= cur || v.CompareAndSwap(cur, x) {
+			return
+		}
+	}
 }
 
 // firstHeartbeat handles a heartbeat that found the rank not heartbeating.

@@ -214,3 +214,34 @@ func stdlibActivity(f Frame) Activity {
 	}
 	return ""
 }
+
+// Phases of training a thread can be seen in, from its library frames:
+// what a step may wait on for seconds without being hung.
+const (
+	PhaseData    = "data loading"  // torch.utils.data: waiting on the DataLoader's workers
+	PhaseSave    = "a save"        // torch.save, safetensors
+	PhaseLoad    = "a load"        // torch.load, safetensors
+	PhaseCompile = "a compilation" // torch._dynamo, torch._inductor, triton
+)
+
+// Phase returns the phase t is in (Phase* constants), "" when none is
+// recognised: the innermost run of library frames holds one of theirs.
+func Phase(t Thread) string {
+	fs := t.Frames
+	for i := len(fs) - 1; i >= 0 && IsLibrary(fs[i].File); i-- {
+		p := slashPath(fs[i].File)
+		switch {
+		case strings.Contains(p, "/torch/utils/data/"):
+			return PhaseData
+		case strings.HasSuffix(p, "/torch/serialization.py") && strings.Contains(fs[i].Func, "save"),
+			strings.Contains(p, "/safetensors/") && strings.Contains(fs[i].Func, "save"):
+			return PhaseSave
+		case strings.HasSuffix(p, "/torch/serialization.py") && strings.Contains(fs[i].Func, "load"),
+			strings.Contains(p, "/safetensors/") && strings.Contains(fs[i].Func, "load"):
+			return PhaseLoad
+		case strings.Contains(p, "/torch/_dynamo/"), strings.Contains(p, "/torch/_inductor/"), strings.Contains(p, "/triton/"):
+			return PhaseCompile
+		}
+	}
+	return ""
+}

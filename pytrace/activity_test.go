@@ -175,3 +175,26 @@ func TestClassifyBackward(t *testing.T) {
 		t.Errorf("user backward: %s", a)
 	}
 }
+
+func TestPhase(t *testing.T) {
+	user := Frame{File: "/w/train.py", Line: 9, Func: "step"}
+	lib := func(path, fn string) Frame {
+		return Frame{File: "/usr/lib/python3/dist-packages/" + path, Line: 1, Func: fn}
+	}
+	for _, tc := range []struct {
+		frames []Frame
+		want   string
+	}{
+		{[]Frame{user, lib("torch/utils/data/dataloader.py", "__next__"), {File: "/usr/lib/python3.11/queue.py", Line: 180, Func: "get"}}, PhaseData},
+		{[]Frame{user, lib("torch/serialization.py", "save"), lib("torch/serialization.py", "_save")}, PhaseSave},
+		{[]Frame{user, lib("torch/serialization.py", "load")}, PhaseLoad},
+		{[]Frame{user, lib("torch/_dynamo/eval_frame.py", "_fn")}, PhaseCompile},
+		{[]Frame{user}, ""},
+		// A save further out, with the user's code inside it, is not where the thread is.
+		{[]Frame{lib("torch/serialization.py", "save"), user}, ""},
+	} {
+		if got := Phase(Thread{Frames: tc.frames}); got != tc.want {
+			t.Errorf("%v: Phase = %q, want %q", tc.frames, got, tc.want)
+		}
+	}
+}

@@ -19,10 +19,11 @@ const maxStacksSummary = 64 << 10
 // ShareStacks publishes this node's summary of what its ranks were doing
 // at a hang in round (package stacks; under the node's lease, so it goes
 // with the node) and returns every active node's summary of the round,
-// this one's included, as soon as all have published or wait has passed:
-// each node then judges the hang from the same evidence. A summary is
-// data, never executed.
-func (e *Etcd) ShareStacks(ctx context.Context, round int, mine []byte, wait time.Duration) ([][]byte, error) {
+// this one's included, as soon as all have published one that current
+// accepts (not one left from an earlier judgement of the round) or wait
+// has passed: each node then judges the hang from the same evidence. A
+// summary is data, never executed.
+func (e *Etcd) ShareStacks(ctx context.Context, round int, mine []byte, wait time.Duration, current func([]byte) bool) ([][]byte, error) {
 	if len(mine) > maxStacksSummary {
 		return nil, fmt.Errorf("rendezvous: stacks summary of %d bytes, at most %d", len(mine), maxStacksSummary)
 	}
@@ -44,7 +45,9 @@ func (e *Etcd) ShareStacks(ctx context.Context, round int, mine []byte, wait tim
 		if err == nil {
 			got = got[:0]
 			for _, kv := range resp.Kvs {
-				got = append(got, kv.Value)
+				if current(kv.Value) {
+					got = append(got, kv.Value)
+				}
 			}
 			if len(got) >= nodes {
 				return got, nil

@@ -9,6 +9,14 @@ import (
 	"github.com/ftlauncher/ft-launcher/pytrace"
 )
 
+// Phases a rank may wait in for long without being hung, besides
+// pytrace's (data loading, a save, a load, a compilation).
+const (
+	PhaseIO    = "I/O"           // a socket, select or subprocess wait of the standard library
+	PhaseWait  = "a thread wait" // threading's Event, Condition, Queue: another thread's work
+	PhaseSleep = "a timed sleep" // time.sleep and the like (the kernel's wait channel)
+)
+
 // Summary is what one rank was doing when a hang was declared: all that
 // is needed to judge the job's hang, small enough to share between nodes.
 type Summary struct {
@@ -29,6 +37,16 @@ type Summary struct {
 	// first (0: unknown).
 	Expired bool  `json:"expired,omitempty"`
 	Silent  int64 `json:"silent_since_unix_ms,omitempty"`
+	// Phase is the phase of training its main thread is in, when its
+	// library frames say (pytrace.Phase: "data loading", "a save", ...).
+	Phase string `json:"phase,omitempty"`
+	// Busy: its processes used CPU or moved data over the activity
+	// window, or were in uninterruptible I/O (only measured for a
+	// default clock's expiry).
+	Busy bool `json:"busy,omitempty"`
+	// At is when the stacks were taken (Unix ms): summaries of an older
+	// judgement are left out of this one.
+	At int64 `json:"at,omitempty"`
 	// MarginMS is how much later than another rank's its last heartbeat
 	// must be to show that it progressed after that one stopped: its
 	// longest heartbeat interval, at least a tenth of its timeout.
@@ -52,6 +70,18 @@ func Summarize(r Rank, globalRank int) Summary {
 		return s
 	}
 	s.Activity = pytrace.Classify(main)
+	s.Phase = pytrace.Phase(main)
+	switch {
+	case s.Phase != "":
+	case s.Activity == pytrace.ActIO:
+		s.Phase = PhaseIO
+	case s.Activity == pytrace.ActLock:
+		s.Phase = PhaseWait
+	case strings.Contains(r.WChan, "nanosleep"):
+		// time.sleep is C: the dump shows the user's line, the kernel a
+		// timed sleep (a poll for a file, a back-off), which ends by itself.
+		s.Phase = PhaseSleep
+	}
 	if s.Activity == pytrace.ActCollective {
 		s.Collective = pytrace.Collective(main)
 	}
@@ -85,6 +115,29 @@ func (s Summary) what() string {
 		return fmt.Sprintf("in %s, not in a collective", s.Place)
 	}
 	return fmt.Sprintf("in %s (%s), not in a collective", s.Place, s.Activity)
+}
+
+// Dismiss says why a default clock's expiry judged as f is no hang, ""
+// when it is one: a rank f names (a culprit, or the first silent) is busy
+// (it computes, reads or writes, or waits in uninterruptible I/O: an
+// evaluation, a save, a compilation nobody announced), or waits in a
+// phase that may take long without being stuck (phase: data loading, a
+// save, a load, a compilation), which then gets a longer clock. A default
+// clock is the launcher's guess; configured ones mean what they say and
+// are never dismissed.
+func Dismiss(f Finding, ranks []Summary) (why string, phase bool) {
+	for _, s := range ranks {
+		if !slices.Contains(f.Culprits, s.Rank) {
+			continue
+		}
+		switch {
+		case s.Busy:
+			return fmt.Sprintf("%s is busy (%s): not hung", RankList([]int{s.Rank}), s.what()), false
+		case s.Phase != "":
+			return fmt.Sprintf("%s waits in %s (%s): not hung yet", RankList([]int{s.Rank}), s.Phase, s.what()), true
+		}
+	}
+	return "", false
 }
 
 // Finding is the judgement of one hang over the ranks whose stacks were

@@ -98,6 +98,29 @@ func equal(a, b []int) bool {
 	return true
 }
 
+func TestDismiss(t *testing.T) {
+	wait := waitAt(0, "train.py:88 in step")
+	for _, tc := range []struct {
+		name  string
+		ranks []Summary
+		why   string
+		phase bool
+	}{
+		{"an idle culprit is hung", []Summary{wait, {Rank: 1, State: StateDumped, Activity: pytrace.ActUser, Place: "t.py:1"}}, "", false},
+		{"a busy culprit is not", []Summary{wait, {Rank: 1, State: StateDumped, Activity: pytrace.ActUser, Place: "t.py:1", Busy: true}}, "rank 1 is busy", false},
+		{"a culprit in the data loader waits", []Summary{wait, {Rank: 1, State: StateDumped, Activity: pytrace.ActLock, Place: "t.py:5 in step", Phase: pytrace.PhaseData}}, "rank 1 waits in data loading", true},
+		{"a busy first-silent rank is not hung", []Summary{{Rank: 0, State: StateDumped, Activity: pytrace.ActUser, Place: "t.py:1", Busy: true, Expired: true}, {Rank: 1, State: StateDumped, Activity: pytrace.ActUser, Place: "t.py:1", Busy: true, Expired: true}}, "is busy", false},
+		{"a bystander's business does not count", []Summary{{Rank: 0, State: StateDumped, Activity: pytrace.ActCollective, Collective: "all_reduce", Place: "t.py:8", Busy: true}, {Rank: 1, State: StateStopped}}, "", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			why, phase := Dismiss(Judge(tc.ranks), tc.ranks)
+			if (tc.why == "") != (why == "") || !strings.Contains(why, tc.why) || phase != tc.phase {
+				t.Fatalf("Dismiss = %q %v, want %q %v", why, phase, tc.why, tc.phase)
+			}
+		})
+	}
+}
+
 func TestRankList(t *testing.T) {
 	for _, tc := range []struct {
 		in   []int

@@ -13,7 +13,7 @@ import (
 // stackSharer is the rendezvous's side of a job-wide hang judgement
 // (rendezvous.Etcd.ShareStacks).
 type stackSharer interface {
-	ShareStacks(ctx context.Context, round int, mine []byte, wait time.Duration) ([][]byte, error)
+	ShareStacks(ctx context.Context, round int, mine []byte, wait time.Duration, current func([]byte) bool) ([][]byte, error)
 }
 
 // shareStacks adapts x to the monitor: this node's summaries go out as
@@ -29,7 +29,15 @@ func shareStacks(x stackSharer, node string, log *slog.Logger) monitor.StackExch
 		if err != nil {
 			return mine
 		}
-		got, err := x.ShareStacks(ctx, cycle, b, wait)
+		// Another node takes its stacks within the same second or so
+		// (its clocks expire with this node's); one older than that is
+		// from an earlier judgement of the round.
+		since := time.Now().Add(-2 * time.Second).UnixMilli()
+		current := func(b []byte) bool {
+			var s []stacks.Summary
+			return json.Unmarshal(b, &s) == nil && len(s) > 0 && s[0].At >= since
+		}
+		got, err := x.ShareStacks(ctx, cycle, b, wait, current)
 		if err != nil {
 			log.Warn("hang: could not share this node's stacks; judging from this node's alone", "round", cycle, "err", err)
 			return mine
