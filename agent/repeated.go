@@ -3,9 +3,6 @@ package agent
 import (
 	"context"
 	"fmt"
-
-	"github.com/ftlauncher/ft-launcher/eventlog"
-	"github.com/ftlauncher/ft-launcher/verdict"
 )
 
 // repeatedFailure reports, when the failure that ended this round is the
@@ -46,15 +43,6 @@ func (r *runState) repeatedFailure(limit int) (string, bool) {
 // stopRepeated closes the job with the no-restart exit code: its failure
 // repeats itself (repeatedFailure).
 func (a *Agent) stopRepeated(ctx context.Context, reason string) State {
-	code := a.cfg.FT.NoRestartExitCode
-	round := a.run.asg.Round
-	a.log.Error("stopping the job: the same failure again", "reason", reason, "exit_code", code)
-	if _, err := a.call(ctx, a.d.CallTimeout, func(ctx context.Context) error {
-		return a.d.Rdzv.Shutdown(ctx, verdict.NoRestart, code, reason)
-	}); err != nil {
-		a.log.Warn("closing the job in the rendezvous", "err", err)
-	}
-	a.ev.Emit(eventlog.JobFailedEvent{Round: eventlog.Opt(round), CloseKind: eventlog.Opt(verdict.NoRestart), Reason: reason, ExitCode: eventlog.Opt(code)})
-	a.run.closedBy(verdict.NoRestart, code, reason)
-	return StateDone
+	a.log.Error("stopping the job: the same failure again", "reason", reason, "exit_code", a.cfg.FT.NoRestartExitCode)
+	return a.closeNoRestart(ctx, reason)
 }

@@ -593,15 +593,21 @@ func (a *Agent) escalating(ctx context.Context) State {
 		a.run.setOutcome(verdict.NodeExcluded, reason)
 		return StateDone
 	}
-	// ShutdownWorkload
+	a.log.Warn("shutting the workload down", "reason", reason, "exit_code", a.cfg.FT.NoRestartExitCode)
+	return a.closeNoRestart(ctx, reason)
+}
+
+// closeNoRestart closes the job for every node with the no-restart exit
+// code: restarting cannot help (a rank's ShutdownWorkload, the same
+// failure again).
+func (a *Agent) closeNoRestart(ctx context.Context, reason string) State {
 	code := a.cfg.FT.NoRestartExitCode
-	a.log.Warn("shutting the workload down", "reason", reason, "exit_code", code)
 	if _, err := a.call(ctx, a.d.CallTimeout, func(ctx context.Context) error {
 		return a.d.Rdzv.Shutdown(ctx, verdict.NoRestart, code, reason)
 	}); err != nil {
 		a.log.Warn("closing the job in the rendezvous", "err", err)
 	}
-	a.ev.Emit(eventlog.JobFailedEvent{Round: eventlog.Opt(round), CloseKind: eventlog.Opt(verdict.NoRestart), Reason: reason, ExitCode: eventlog.Opt(code)})
+	a.ev.Emit(eventlog.JobFailedEvent{Round: eventlog.Opt(a.run.asg.Round), CloseKind: eventlog.Opt(verdict.NoRestart), Reason: reason, ExitCode: eventlog.Opt(code)})
 	a.run.closedBy(verdict.NoRestart, code, reason)
 	return StateDone
 }

@@ -26,8 +26,10 @@ What brings a killed node back:
             the running agents restart their workers to admit it.
 Launcher options (best restart path of each):
   ft        --restart-mode in-process --prewarm auto --state-dir (saves every
-            step into launcher memory, replicated to a buddy node),
-            --ft-rank-heartbeat-timeout 10
+            step into launcher memory, replicated to a buddy node), no
+            timeout configured: the default clocks, judged from the ranks'
+            stacks (docs/timeouts.md); --ft-clock 10 gives it
+            --ft-rank-heartbeat-timeout 10 as before
   nvrx      --ft-rank-heartbeat-timeout 10 (its heartbeat hang detection),
             full restarts (its only mode in 0.6.0); in the trixie chroot
             (torch 2.6, Python 3.13), bench/trixie.sh's
@@ -51,7 +53,7 @@ start). A fault that lands inside an earlier fault's gap adds to that gap.
 
 usage: bench/goodput.py [--launchers ft,torchrun,nvrx] [--duration 600]
            [--interval 60] [--seed 30] [--ckpt-every 300] [--out DIR]
-           [--ft-launcher PATH] [--ft-resumer PATH] [--analyse]
+           [--ft-clock default|SECONDS] [--ft-launcher PATH] [--ft-resumer PATH] [--analyse]
 Writes DIR/<launcher>/ (logs, event logs, step logs, campaign.json,
 goodput.json), DIR/summary.json and a markdown table on stdout; --analyse
 recomputes them from an earlier run's DIR. Needs root for nvrx (unshare -m, chroot; mounts
@@ -157,6 +159,11 @@ class Campaign:
             e["PYTHONPATH"] = os.path.join(REPO, ".nvrx")
         return e
 
+    def ft_clock(self):
+        if self.a.ft_clock == "default":
+            return []
+        return ["--ft-initial-rank-heartbeat-timeout", "120", "--ft-rank-heartbeat-timeout", self.a.ft_clock]
+
     def argv(self, idx, addr):
         tag = f"node{idx}"
         logs = os.path.join(self.dir, "logs", tag)
@@ -168,8 +175,7 @@ class Campaign:
                     "--state-dir", os.path.join(self.dir, "state", tag),
                     "--event-log", os.path.join(self.dir, f"events-{tag}.jsonl"),
                     "--verdict-file", os.path.join(self.dir, f"verdict-{tag}.json"),
-                    "--ft-initial-rank-heartbeat-timeout", "120", "--ft-rank-heartbeat-timeout", "10",
-                    "--log-dir", logs, SCRIPT]
+                    *self.ft_clock(), "--log-dir", logs, SCRIPT]
         if self.kind == "torchrun":
             return ["/usr/bin/python3", TORCHRUN, "--nnodes", "2", "--nproc_per_node", str(NPROC),
                     "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{self.port}",
@@ -398,6 +404,8 @@ def main():
     ap.add_argument("--seed", type=int, default=30)
     ap.add_argument("--ckpt-every", type=float, default=300)
     ap.add_argument("--out", default=f"/tmp/goodput-{int(time.time())}")
+    ap.add_argument("--ft-clock", default="default",
+                    help="ft's hang clock: 'default' (no timeout configured) or a heartbeat timeout in seconds")
     ap.add_argument("--ft-launcher", default=os.path.join(REPO, "bin", "ft-launcher"))
     ap.add_argument("--ft-resumer", default=os.path.join(REPO, "bin", "ft-resumer"))
     ap.add_argument("--analyse", action="store_true",

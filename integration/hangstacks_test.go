@@ -4,14 +4,19 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 )
 
-// hangCulprits mirrors CULPRITS in testdata/hang_kinds_worker.py.
-var hangCulprits = []int{1, 2, 3, 0}
+// hangCulprit is the rank that hangs in round r of a job of world ranks,
+// as testdata/hang_kinds_worker.py picks it.
+func hangCulprit(r, world int) int {
+	per := max(world/4, 1)
+	return ([]int{1, 2, 3, 0}[r%4]*per + (r/4)%per) % world
+}
 
 // hangKindWants is what the finding says of each kind's culprit.
 var hangKindWants = map[string]string{
@@ -46,9 +51,13 @@ func TestHangCulpritTwoNodes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	nproc := 2
+	if n, err := strconv.Atoi(os.Getenv("FTL_HANG_NPROC")); err == nil && n >= 2 {
+		nproc = n
+	}
 	c := newCluster(t, embeddedEndpoint(t))
 	for range 2 {
-		c.addNode([]string{"PYTHON_EXEC=" + debianPython}, "--nnodes", "2", "--nproc-per-node", "2",
+		c.addNode([]string{"PYTHON_EXEC=" + debianPython}, "--nnodes", "2", "--nproc-per-node", strconv.Itoa(nproc),
 			"--max-restarts", strconv.Itoa(len(rounds)), "--rdzv-backend", "c10d",
 			"--ft-initial-rank-heartbeat-timeout", "300", "--ft-rank-heartbeat-timeout", "2", "--ft-calculate-timeouts", "false",
 			worker, strings.Join(rounds, ","))
@@ -60,8 +69,9 @@ func TestHangCulpritTwoNodes(t *testing.T) {
 		}
 	}
 	right := map[string]int{}
+	var took []float64 // each node's first expiry to its finding, stacks and exchange
 	for r, kind := range rounds {
-		culprit := hangCulprits[r%4]
+		culprit := hangCulprit(r, 2*nproc)
 		ok := true
 		var texts []string
 		for i, n := range c.nodes {
@@ -83,7 +93,9 @@ func TestHangCulpritTwoNodes(t *testing.T) {
 				t.Logf("round %d (%s, culprit %d): node %d found %v", r, kind, culprit, i, found)
 				ok = false
 			}
-			if tm, _ := found["took_ms"].(float64); tm > 1500 {
+			tm, _ := found["took_ms"].(float64)
+			took = append(took, tm)
+			if tm > 1500 {
 				t.Errorf("round %d: node %d took %.0f ms for the stacks, bound 1 s", r, i, tm)
 			}
 		}
@@ -104,6 +116,11 @@ func TestHangCulpritTwoNodes(t *testing.T) {
 		if ok {
 			right[kind]++
 		}
+	}
+	slices.Sort(took)
+	if len(took) > 0 {
+		t.Logf("%d ranks on 2 nodes: stacks taken and judged job-wide in %.1f ms median, %.1f ms worst (%d judgements)",
+			2*nproc, took[len(took)/2], took[len(took)-1], len(took))
 	}
 	for _, kind := range kinds {
 		t.Logf("%s: culprit named %d of %d", kind, right[kind], reps)

@@ -66,21 +66,11 @@ func TestHangJudgedFromStacks(t *testing.T) {
 			if err := syscall.Mkfifo(fifo, 0o600); err != nil {
 				t.Fatal(err)
 			}
-			l, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
-			port := fmt.Sprint(l.Addr().(*net.TCPAddr).Port)
-			l.Close()
+			procs := startGlooRanks(t, m, c, "testdata/hang_kinds.py", tc.kind, fifo)
 			pids := map[int]int{}
-			procs := map[int]*rankProc{}
-			for lr := range 3 {
-				env := append(c.Env(append(os.Environ(), pyEnv(t)...)), fmt.Sprintf("RANK=%d", lr), fmt.Sprintf("LOCAL_RANK=%d", lr),
-					"FT_RANK_MONITOR_IPC_SOCKET="+m.RankSocket(lr))
-				procs[lr] = startProcEnv(t, env, python, "testdata/hang_kinds.py", port, tc.kind, fifo)
-				pids[lr] = procs[lr].cmd.Process.Pid
+			for lr, p := range procs {
+				pids[lr] = p.cmd.Process.Pid
 			}
-			m.BeginCycle(0, pids)
 			h := waitHang(t, m, 90*time.Second)
 			if h.LocalRank != 1 || h.Judgement == nil {
 				t.Fatalf("hang %+v: want local rank 1, judged from the stacks", h)
@@ -140,21 +130,7 @@ func TestDefaultClockJudged(t *testing.T) {
 						mu.Unlock()
 					}
 				}})
-			l, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
-			port := fmt.Sprint(l.Addr().(*net.TCPAddr).Port)
-			l.Close()
-			pids := map[int]int{}
-			procs := map[int]*rankProc{}
-			for lr := range 3 {
-				env := append(c.Env(append(os.Environ(), pyEnv(t)...)), fmt.Sprintf("RANK=%d", lr), fmt.Sprintf("LOCAL_RANK=%d", lr),
-					"FT_RANK_MONITOR_IPC_SOCKET="+m.RankSocket(lr))
-				procs[lr] = startProcEnv(t, env, python, "testdata/stall_kinds.py", port, kind)
-				pids[lr] = procs[lr].cmd.Process.Pid
-			}
-			m.BeginCycle(0, pids)
+			procs := startGlooRanks(t, m, c, "testdata/stall_kinds.py", kind)
 			if kind == "lock" {
 				h := waitHang(t, m, 90*time.Second)
 				if h.LocalRank != 1 || !h.DefaultTimeout || h.Judgement == nil || !h.Judgement.Finding.Known {
@@ -183,4 +159,27 @@ func TestDefaultClockJudged(t *testing.T) {
 			}
 		})
 	}
+}
+
+// startGlooRanks starts 3 ranks of m running script with a free port and
+// args (a 3-rank gloo group on 127.0.0.1, the stacks hook of c on their
+// PYTHONPATH) and begins cycle 0 with them.
+func startGlooRanks(t *testing.T, m *Manager, c *stacks.Collector, script string, args ...string) map[int]*rankProc {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := fmt.Sprint(l.Addr().(*net.TCPAddr).Port)
+	l.Close()
+	pids := map[int]int{}
+	procs := map[int]*rankProc{}
+	for lr := range 3 {
+		env := append(c.Env(append(os.Environ(), pyEnv(t)...)), fmt.Sprintf("RANK=%d", lr), fmt.Sprintf("LOCAL_RANK=%d", lr),
+			"FT_RANK_MONITOR_IPC_SOCKET="+m.RankSocket(lr))
+		procs[lr] = startProcEnv(t, env, append([]string{python, script, port}, args...)...)
+		pids[lr] = procs[lr].cmd.Process.Pid
+	}
+	m.BeginCycle(0, pids)
+	return procs
 }

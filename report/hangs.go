@@ -14,7 +14,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -70,18 +69,12 @@ type HangGroup struct {
 	What    string `json:"what"`
 }
 
-// HangRank is one rank's stacks at a hang.
+// HangRank is one rank's stacks at a hang: the launcher's record of it
+// (rank_stacks), with its node and whether it is a culprit.
 type HangRank struct {
-	Node       string `json:"node"`
-	LocalRank  int    `json:"local_rank"`
-	Rank       int    `json:"rank"`
-	PID        int    `json:"pid"`
-	State      string `json:"state"` // dumped, stopped, no_hook, gone, no_answer
-	Activity   string `json:"activity,omitempty"`
-	Place      string `json:"place,omitempty"`
-	Collective string `json:"collective,omitempty"`
-	File       string `json:"file,omitempty"` // its stacks file, on its node
-	Culprit    bool   `json:"culprit,omitempty"`
+	Node string `json:"node"`
+	eventlog.RankStacksRank
+	Culprit bool `json:"culprit,omitempty"`
 	// Stacks is the culprit's stacks file as read here, for the page only:
 	// the JSON names the file, which holds the same.
 	Stacks *StacksText `json:"-"`
@@ -235,8 +228,7 @@ func hangs(rec *records, r *Report) []Hang {
 					continue
 				}
 				seen[rk] = true
-				h.Ranks = append(h.Ranks, HangRank{Node: nr.node, LocalRank: rr.LocalRank, Rank: rr.Rank, PID: rr.PID, State: rr.State,
-					Activity: rr.Activity, Place: rr.Place, Collective: rr.Collective, File: rr.File,
+				h.Ranks = append(h.Ranks, HangRank{Node: nr.node, RankStacksRank: rr,
 					Culprit: slices.Contains(h.Culprits, rr.Rank), at: nr.at})
 			}
 		}
@@ -440,29 +432,4 @@ func readStacksText(path, header string) (StacksText, error) {
 	}
 	st.Text = strings.ToValidUTF8(string(b), "\uFFFD")
 	return st, nil
-}
-
-// rankList writes ranks as "rank 3" or "ranks 0-2, 5", as the launcher's
-// finding does (stacks.RankList).
-func rankList(ranks []int) string {
-	rs := slices.Clone(ranks)
-	slices.Sort(rs)
-	rs = slices.Compact(rs)
-	var parts []string
-	for i := 0; i < len(rs); {
-		j := i
-		for j+1 < len(rs) && rs[j+1] == rs[j]+1 {
-			j++
-		}
-		if j > i {
-			parts = append(parts, strconv.Itoa(rs[i])+"-"+strconv.Itoa(rs[j]))
-		} else {
-			parts = append(parts, strconv.Itoa(rs[i]))
-		}
-		i = j + 1
-	}
-	if len(rs) == 1 {
-		return "rank " + parts[0]
-	}
-	return "ranks " + strings.Join(parts, ", ")
 }

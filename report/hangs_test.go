@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/ftlauncher/ft-launcher/eventlog"
+	"github.com/ftlauncher/ft-launcher/stacks"
 )
 
 // hangNodeLines are one node's records of a job whose round 0 hangs (its
@@ -267,7 +268,7 @@ func TestHangs(t *testing.T) {
 			}
 			var groups []string
 			for _, g := range h.Groups {
-				groups = append(groups, rankList(g.Ranks)+": "+g.What)
+				groups = append(groups, stacks.RankList(g.Ranks)+": "+g.What)
 			}
 			if !slices.Equal(groups, tt.groups) {
 				t.Errorf("groups %q, want %q", groups, tt.groups)

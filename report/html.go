@@ -8,6 +8,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/ftlauncher/ft-launcher/stacks"
 )
 
 // WriteJSON writes the report as indented JSON.
@@ -293,12 +295,12 @@ func hangViews(r *Report) []hangView {
 		v.Title += fmt.Sprintf(": stacks taken at %s, judged in %.0f ms, %d rank(s) on %d node(s)", h.At.Format("15:04:05.000"), h.TookMS, len(h.Ranks), len(nodes))
 		for _, g := range h.Groups {
 			if !g.Culprit {
-				v.Others = append(v.Others, rankList(g.Ranks)+": "+g.What)
+				v.Others = append(v.Others, stacks.RankList(g.Ranks)+": "+g.What)
 				continue
 			}
-			l := verdictLine{Head: rankList(g.Ranks) + " hung", What: g.What}
+			l := verdictLine{Head: stacks.RankList(g.Ranks) + " hung", What: g.What}
 			if !h.Known {
-				l.Head = rankList(g.Ranks) + " first silent"
+				l.Head = stacks.RankList(g.Ranks) + " first silent"
 				l.What = "(not necessarily the one that hung) " + g.What
 				if len(v.Verdicts) == 0 {
 					l.Lead = "no rank singled out"
@@ -315,13 +317,13 @@ func hangViews(r *Report) []hangView {
 			v.Verdicts = append(v.Verdicts, verdictLine{Lead: "no rank named", What: h.Text})
 		}
 		if len(h.Judged) > 0 {
-			v.Judged = rankList(h.Judged) + " killed on this finding, before its own clock ran out"
+			v.Judged = stacks.RankList(h.Judged) + " killed on this finding, before its own clock ran out"
 		}
 		if !h.Agree {
 			for _, f := range h.Findings {
-				verdict := "first silent: " + rankList(f.Culprits)
+				verdict := "first silent: " + stacks.RankList(f.Culprits)
 				if f.Known {
-					verdict = "hung: " + rankList(f.Culprits)
+					verdict = "hung: " + stacks.RankList(f.Culprits)
 				}
 				if len(f.Culprits) == 0 {
 					verdict = "no rank named"

@@ -4,7 +4,7 @@
 usage: hang_kinds_worker.py KINDS [--steps N] [--hang-step S]
 
 KINDS is a comma-separated list; in restart round r < len(KINDS) the rank
-CULPRITS[r % 4] of the job hangs at step S (default 20) in the way
+CULPRITS[r % 4] of the job (scaled to worlds larger than 4) hangs at step S (default 20) in the way
 KINDS[r] names, while the others wait for it in the step's all_reduce:
   lock        deadlocks on a threading.Lock
   fifo        reads a FIFO no one writes
@@ -43,7 +43,8 @@ def main():
     world = int(os.environ["WORLD_SIZE"])
     dist.init_process_group("gloo")
     kind = kinds[rnd] if rnd < len(kinds) else None
-    culprit = CULPRITS[rnd % 4] % world
+    per = max(world // 4, 1)  # spread over every node when the world is larger than 4
+    culprit = (CULPRITS[rnd % 4] * per + (rnd // 4) % per) % world
     partner = (culprit + 1) % world
     side = dist.new_group(sorted([culprit, partner]))  # every rank makes it; the partner never uses it
     c = RankMonitorClient()
