@@ -17,9 +17,9 @@ import (
 // (a 30 s first step, 147 pauses of 0.3-1 s, 40 data-loader stalls of 2 s,
 // 20 checkpoint saves of 2-30 s in and out of a section, two 20 s
 // evaluations) with the machine at load FTL_STALL_LOAD (default 20): no
-// rank may be killed in round 0. Then four true hangs, one per round
-// (lock, FIFO, SIGSTOP, a collective its peer never joins): each must be
-// caught, its detection time logged.
+// rank may be killed for them. Then four true hangs, one per round, the
+// first at the end of the stalls (lock, FIFO, SIGSTOP, a collective its
+// peer never joins): each must be caught, its detection time logged.
 func TestBenignStallCampaign(t *testing.T) {
 	if os.Getenv("FTL_STALL_CAMPAIGN") != "1" {
 		t.Skip("opt-in campaign: set FTL_STALL_CAMPAIGN=1 (docs/benchmarks.md)")
@@ -70,15 +70,24 @@ func TestBenignStallCampaign(t *testing.T) {
 		}
 	}
 	t.Logf("round 0: %d expiries judged not hung (%v)", len(dismissed), byWhy)
+	for _, d := range dismissed {
+		t.Logf("  dismissed: silent %.1f s, %v", d["silent_s"], d["why"])
+	}
+	// A false alarm is a rank killed in round 0 before the true hang:
+	// then the round would end early and rank_hang would not name the
+	// true hang's culprit in its place.
 	falseAlarms := 0
 	for _, h := range j.eventsOf("rank_hang") {
-		if h["round"] == float64(0) {
+		if h["round"] == float64(0) && (h["rank"] != float64(1) || !strings.Contains(fmt.Sprint(h["finding"]), "rank 1 hung")) {
 			falseAlarms++
 			t.Errorf("false alarm in round 0: %v", h)
 		}
 	}
+	if !strings.Contains(j.stderr.String(), "hang lock") {
+		t.Errorf("round 0 did not reach its true hang: the stalls ended it early")
+	}
 	t.Logf("false alarms: %d", falseAlarms)
-	for r := 1; r <= len(hangs); r++ {
+	for r := 0; r < len(hangs); r++ {
 		var found map[string]any
 		for _, h := range j.eventsOf("rank_hang") {
 			if h["round"] == float64(r) {
@@ -86,10 +95,10 @@ func TestBenignStallCampaign(t *testing.T) {
 			}
 		}
 		if found == nil {
-			t.Errorf("round %d (%s): no hang caught", r, hangs[r-1])
+			t.Errorf("round %d (%s): no hang caught", r, hangs[r])
 			continue
 		}
-		t.Logf("round %d %s: caught %.2f s after the last heartbeat (clock %.1f s, default %v): %v", r, hangs[r-1],
+		t.Logf("round %d %s: caught %.2f s after the last heartbeat (clock %.1f s, default %v): %v", r, hangs[r],
 			found["elapsed_s"], found["timeout_s"], found["default_timeout"], found["finding"])
 	}
 	if n := len(j.eventsOf("restart")); n != len(hangs) {

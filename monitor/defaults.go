@@ -67,8 +67,9 @@ func (r *rankMon) heartbeatTimeoutLocked() (to time.Duration, def bool) {
 	}
 	if r.cfg.judged {
 		// Every expiry is judged before a kill (judge.go): the clock
-		// follows the steady steps, not the first ones (compilation,
-		// warm-up), with a short floor.
+		// follows the steady steps (the third longest of the latest 256
+		// intervals), not the first ones (compilation, warm-up) nor a
+		// rare save, with a short floor.
 		return max(scaled(time.Duration(r.steadyIv.Load()), r.cfg.safety), d.JudgedFloor), true
 	}
 	return max(scaled(time.Duration(r.maxIv.Load()), r.cfg.safety), d.LearnedFloor), true

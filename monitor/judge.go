@@ -30,6 +30,9 @@ type Judgement struct {
 	// is busy or in a slow phase (Phase): no hang (stacks.Dismiss).
 	Dismissed string
 	Phase     bool
+	// Partial: some nodes' stacks did not come within the bound (their
+	// clocks had not run out yet, or they are cut off).
+	Partial bool
 }
 
 // judgement is a cycle's Judgement while it is made: the first expired
@@ -44,7 +47,8 @@ type judgement struct {
 // StackExchange shares this node's summaries of a hang with the job's
 // other nodes and returns every node's (this one's included), within
 // wait: rendezvous.Etcd.ShareStacks, with JSON around it.
-type StackExchange func(ctx context.Context, cycle int, mine []stacks.Summary, wait time.Duration) []stacks.Summary
+// complete: every node's came in time.
+type StackExchange func(ctx context.Context, cycle int, mine []stacks.Summary, wait time.Duration) (all []stacks.Summary, complete bool)
 
 // SetStackExchange makes the judgement of a hang job-wide: each node
 // judges every node's stacks (set once the rendezvous is up; nil: this
@@ -81,6 +85,13 @@ func (m *Manager) expired(r *rankMon, h Hang, _ int) {
 		}
 		culprit := slices.Contains(j.Finding.Culprits, m.globalOf(r, j))
 		if j.Finding.Known && !culprit && r.spare(h) {
+			return
+		}
+		// Every rank here waits in a collective and some node's stacks are
+		// missing: the rank they wait for is most likely there, found when
+		// that node's clocks run out. Left alone once; if the wait goes
+		// on, the first silent rank is killed as without stacks.
+		if !j.Finding.Known && j.Partial && allWaiting(j.Summary) && r.spare(h) {
 			return
 		}
 		if hh, pid, ok := r.confirmHang(h, &j, false, m.judgeStart(h.Cycle)); ok {
@@ -151,11 +162,13 @@ func (m *Manager) judge(h Hang) (Judgement, bool) {
 		}
 		sums = append(sums, s)
 	}
-	all := sums
+	all, complete := sums, true
 	if exchange != nil {
-		all = fresh(exchange(m.ctx, h.Cycle, sums, max(bound-time.Since(began), 0)), at-int64(2*bound/time.Millisecond))
+		all, complete = exchange(m.ctx, h.Cycle, sums, max(bound-time.Since(began), 0))
+		all = fresh(all, at-int64(2*bound/time.Millisecond))
 	}
-	j := Judgement{Cycle: h.Cycle, Ranks: ranks, Summary: sums, Job: all, Finding: stacks.Judge(all), Took: time.Since(began)}
+	j := Judgement{Cycle: h.Cycle, Ranks: ranks, Summary: sums, Job: all, Finding: stacks.Judge(all), Took: time.Since(began),
+		Partial: !complete}
 	if h.DefaultTimeout {
 		j.Dismissed, j.Phase = stacks.Dismiss(j.Finding, all)
 		if j.Phase && h.Elapsed >= m.defaults.LearnedFloor {
@@ -229,6 +242,16 @@ func (m *Manager) judgeStart(cycle int) int64 {
 		return m.judged.start
 	}
 	return 0
+}
+
+// allWaiting reports whether every rank of sums waits in a collective.
+func allWaiting(sums []stacks.Summary) bool {
+	for _, s := range sums {
+		if s.State != stacks.StateDumped || s.Activity != pytrace.ActCollective {
+			return false
+		}
+	}
+	return len(sums) > 0
 }
 
 // rankBase is the global rank of local rank 0 as the ranks' sessions told

@@ -183,3 +183,41 @@ func startGlooRanks(t *testing.T, m *Manager, c *stacks.Collector, script string
 	m.BeginCycle(0, pids)
 	return procs
 }
+
+// TestSteadyInterval: the judged clock learns from the third longest of
+// the latest intervals, so two outliers (a save, an evaluation) do not
+// lengthen it and a third does; the window forgets old ones.
+func TestSteadyInterval(t *testing.T) {
+	ms := func(n int64) int64 { return n * int64(time.Millisecond) }
+	for _, tc := range []struct {
+		name string
+		ivs  []int64
+		want int64
+	}{
+		{"one", []int64{ms(40)}, ms(40)},
+		{"two: the shorter", []int64{ms(40), ms(900)}, ms(40)},
+		// Past the first 32 it is recomputed every 32nd interval: each
+		// list below ends on one (96, 288 intervals).
+		{"two outliers among steps", append(rep(ms(40), 94), ms(30000), ms(20000)), ms(40)},
+		{"three outliers", append(rep(ms(40), 93), ms(30000), ms(20000), ms(2000)), ms(2000)},
+		{"outliers forgotten after the window", append([]int64{ms(30000), ms(20000), ms(2000)}, rep(ms(50), 285)...), ms(50)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := &rankMon{}
+			for _, iv := range tc.ivs {
+				r.steadyInterval(iv)
+			}
+			if got := r.steadyIv.Load(); got != tc.want {
+				t.Errorf("steadyIv %v, want %v", time.Duration(got), time.Duration(tc.want))
+			}
+		})
+	}
+}
+
+func rep(v int64, n int) []int64 {
+	out := make([]int64, n)
+	for i := range out {
+		out[i] = v
+	}
+	return out
+}

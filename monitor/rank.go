@@ -71,9 +71,14 @@ type rankMon struct {
 	phase  atomic.Uint32 // a rankPhase; written under mu, read lock-free by the heartbeat hot path
 	lastHB atomic.Int64  // monotonic ns since m.epoch
 	maxIv  atomic.Int64  // longest heartbeat interval this cycle
-	// steadyIv is the longest interval this cycle after the first
-	// LearnIntervals/2 (the first steps: compilation, warm-up).
+	// steadyIv is what the judged default clock learns from (defaults.go):
+	// the third longest of the last len(steady) intervals of this cycle
+	// after the first LearnIntervals/2 (compilation, warm-up), so that a
+	// rare save or evaluation, which the judgement spares, does not
+	// lengthen the clock that catches hangs. Written by the hot path.
 	steadyIv   atomic.Int64
+	steadyN    atomic.Int64
+	steady     [steadyWindow]atomic.Int64
 	nIv        atomic.Int64 // heartbeat intervals this cycle
 	heartbeats atomic.Int64 // heartbeats received this cycle (status only)
 
@@ -182,6 +187,10 @@ func (r *rankMon) begin(cycle, pid int, to Timeouts, warmup int, defaults bool) 
 	r.obs = observations{SectionMax: map[string]time.Duration{}, SectionCloses: map[string]int{}}
 	r.maxIv.Store(0)
 	r.steadyIv.Store(0)
+	r.steadyN.Store(0)
+	for i := range r.steady {
+		r.steady[i].Store(0)
+	}
 	r.nIv.Store(0)
 	r.heartbeats.Store(0)
 }
@@ -376,12 +385,44 @@ func (r *rankMon) heartbeatsAt(gen uint64, now, k int64) {
 	iv := now - prev
 	storeMax(&r.maxIv, iv)
 	if r.nIv.Load() >= r.cfg.defaults.LearnIntervals/2 {
-		storeMax(&r.steadyIv, iv)
+		r.steadyInterval(iv)
 	}
 	// Counted after the maximum is stored, so that the learned timeout
 	// armed when the count reaches its threshold includes this interval.
 	n := r.nIv.Add(k)
 	r.learnedNow(n-k, n)
+}
+
+// steadyWindow is how many of the latest steady intervals the judged
+// default clock learns from.
+const steadyWindow = 256
+
+// steadyInterval records interval iv for steadyIv: the third longest of
+// the window, recomputed at every interval while the window fills its
+// first 32 and every 32nd after (a scan of 256 values).
+func (r *rankMon) steadyInterval(iv int64) {
+	n := r.steadyN.Add(1)
+	r.steady[(n-1)%steadyWindow].Store(iv)
+	if n > 32 && n%32 != 0 {
+		return
+	}
+	var top [3]int64
+	for i := range min(n, steadyWindow) {
+		v := r.steady[i].Load()
+		switch {
+		case v > top[0]:
+			top = [3]int64{v, top[0], top[1]}
+		case v > top[1]:
+			top[1], top[2] = v, top[1]
+		case v > top[2]:
+			top[2] = v
+		}
+	}
+	third := top[2]
+	if n < 3 {
+		third = top[n-1] // fewer than three: the shortest seen
+	}
+	r.steadyIv.Store(third)
 }
 
 // storeMax raises v to x when x is larger.

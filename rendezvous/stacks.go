@@ -23,9 +23,11 @@ const maxStacksSummary = 64 << 10
 // accepts (not one left from an earlier judgement of the round) or wait
 // has passed: each node then judges the hang from the same evidence. A
 // summary is data, never executed.
-func (e *Etcd) ShareStacks(ctx context.Context, round int, mine []byte, wait time.Duration, current func([]byte) bool) ([][]byte, error) {
+//
+// complete reports whether every active node's summary came in time.
+func (e *Etcd) ShareStacks(ctx context.Context, round int, mine []byte, wait time.Duration, current func([]byte) bool) (all [][]byte, complete bool, err error) {
 	if len(mine) > maxStacksSummary {
-		return nil, fmt.Errorf("rendezvous: stacks summary of %d bytes, at most %d", len(mine), maxStacksSummary)
+		return nil, false, fmt.Errorf("rendezvous: stacks summary of %d bytes, at most %d", len(mine), maxStacksSummary)
 	}
 	e.mu.Lock()
 	nodes := e.assigned[round].GroupWorldSize
@@ -35,7 +37,7 @@ func (e *Etcd) ShareStacks(ctx context.Context, round int, mine []byte, wait tim
 	bctx, bcancel := e.bounded(ctx)
 	defer bcancel()
 	if _, err := e.cli.Put(bctx, e.k.stacks(round)+e.o.NodeID, string(mine), clientv3.WithLease(e.sess.current())); err != nil {
-		return [][]byte{mine}, fmt.Errorf("rendezvous: publish stacks of round %d: %w", round, err)
+		return [][]byte{mine}, false, fmt.Errorf("rendezvous: publish stacks of round %d: %w", round, err)
 	}
 	t := time.NewTicker(stacksPoll)
 	defer t.Stop()
@@ -50,7 +52,7 @@ func (e *Etcd) ShareStacks(ctx context.Context, round int, mine []byte, wait tim
 				}
 			}
 			if len(got) >= nodes {
-				return got, nil
+				return got, true, nil
 			}
 		}
 		select {
@@ -58,7 +60,7 @@ func (e *Etcd) ShareStacks(ctx context.Context, round int, mine []byte, wait tim
 			if len(got) == 0 {
 				got = [][]byte{mine}
 			}
-			return got, nil // what came in time: the judgement says what it lacks
+			return got, false, nil // what came in time: the judgement says what it lacks
 		case <-t.C:
 		}
 	}

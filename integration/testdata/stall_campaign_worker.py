@@ -15,8 +15,9 @@ as "stall KIND RANK SECONDS":
             remote read: idle)
 The others wait in the next all_reduce. Every step heartbeats. No timeout is
 configured: the launcher's default clocks judge every silence.
-Rounds 1..len(KINDS) (--hangs lock,fifo,stop,collective): after 20 steps,
-rank 1 hangs in that way; printed as "hang KIND".
+Then true hangs (--hangs lock,fifo,stop,collective): in round r <
+len(KINDS), rank 1 hangs in way KINDS[r], in round 0 after the schedule,
+later after 20 steps; printed as "hang KIND". Round len(KINDS) finishes.
 """
 import argparse
 import os
@@ -99,6 +100,7 @@ def main():
         busy(30)  # the first step: compilation, warm-up
     else:
         plan, steps = {}, 40
+    hang_at = steps - 10 if rnd == 0 else 20
     for i in range(steps):
         next(loader)
         if rnd == 0 and i % 100 == 0 and i > 0 and rank == 0:
@@ -117,8 +119,8 @@ def main():
                 c.end_section("checkpointing")
             elif kind == "eval":
                 busy(secs)
-        if 0 < rnd <= len(hangs) and rank == 1 and i == 20:
-            kind = hangs[rnd - 1]
+        if rnd < len(hangs) and rank == 1 and i == hang_at:
+            kind = hangs[rnd]
             log("hang %s" % kind)
             if kind == "lock":
                 lock = threading.Lock()
