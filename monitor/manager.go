@@ -241,6 +241,12 @@ func New(opts Options) (*Manager, error) {
 		case err != nil:
 			m.log.Warn("ignoring unreadable timeouts state file", "path", opts.StateFile, "err", err)
 		case u != nil:
+			if opts.Stacks != nil && m.defaultsOn {
+				// The judged default clock learns the step clock in each
+				// cycle (defaults.go); a heartbeat timeout computed by an
+				// earlier launcher would replace it.
+				u.Heartbeat = nil
+			}
 			m.eff.applyUpdate(u)
 			m.log.Info("loaded persisted timeouts", "path", opts.StateFile, "timeouts", m.eff.String())
 		}
@@ -419,7 +425,12 @@ func (m *Manager) EndCycleWith(completed bool) {
 	// that contained a checkpoint, the longest gap in most trainings.
 	obs.CheckpointSeen = completed || obs.SectionCloses[checkpointSection] > 0 || ckptFileChanged
 	if m.opts.FT.CalculateTimeouts {
-		next, changes := compute(m.eff, &obs, m.opts.FT.SafetyFactor, m.minComputed(), m.clientSet)
+		// With the judged default clock, the step clock is learned in
+		// every cycle from its own steps, and every expiry is judged: a
+		// heartbeat timeout computed here (5 x the longest interval,
+		// saves included) would replace it with a far longer one.
+		judged := m.opts.Stacks != nil && m.defaultsOn
+		next, changes := compute(m.eff, &obs, m.opts.FT.SafetyFactor, m.minComputed(), m.clientSet, judged)
 		for _, c := range changes {
 			if !c.OldCalculated && c.Old > 0 {
 				m.log.Warn("computed timeout replaces a configured one", "timeout", c.Name,

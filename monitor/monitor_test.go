@@ -419,12 +419,17 @@ func TestBlendAndTrust(t *testing.T) {
 		SectionCloses: map[string]int{"step": 3, "other": 5}, OutOfSectionMax: time.Second, OutOfSections: 2}
 	// No checkpoint in the cycle: heartbeat intervals are not trusted, while
 	// section durations are.
-	noCkpt, _ := compute(cur, obs, 5, 0, map[string]bool{})
+	noCkpt, _ := compute(cur, obs, 5, 0, map[string]bool{}, false)
 	if noCkpt.Heartbeat != cur.Heartbeat || noCkpt.HeartbeatCalculated || noCkpt.Sections["step"] != 10*time.Second {
 		t.Errorf("cycle without a checkpoint: %v", noCkpt)
 	}
 	obs.CheckpointSeen = true
-	next, _ := compute(cur, obs, 5, 0, map[string]bool{})
+	// With the judged default clock the heartbeat timeouts are left to it.
+	if judged, _ := compute(cur, obs, 5, 0, map[string]bool{}, true); judged.Heartbeat != cur.Heartbeat ||
+		judged.InitialHeartbeat != cur.InitialHeartbeat || judged.HeartbeatCalculated || judged.Sections["step"] != 10*time.Second {
+		t.Errorf("judged default clock: %v", judged)
+	}
+	next, _ := compute(cur, obs, 5, 0, map[string]bool{}, false)
 	// Configured values are replaced, not blended.
 	if next.Heartbeat != 5*time.Second || next.InitialHeartbeat != 5*time.Second || !next.HeartbeatCalculated {
 		t.Errorf("first computation: %v", next)
@@ -440,13 +445,13 @@ func TestBlendAndTrust(t *testing.T) {
 	}
 	// Computed values are blended 0.5/0.5.
 	obs.HeartbeatMax = 3 * time.Second
-	next2, _ := compute(next, obs, 5, 0, map[string]bool{})
+	next2, _ := compute(next, obs, 5, 0, map[string]bool{}, false)
 	if next2.Heartbeat != 10*time.Second {
 		t.Errorf("blend: heartbeat %v, want 10s", next2.Heartbeat)
 	}
 	// Too few heartbeats: untouched; client-set fields: untouched.
 	obs.Heartbeats = 9
-	next3, _ := compute(next2, obs, 5, 0, map[string]bool{"section:step": true})
+	next3, _ := compute(next2, obs, 5, 0, map[string]bool{"section:step": true}, false)
 	if next3.Heartbeat != next2.Heartbeat || next3.Sections["step"] != next2.Sections["step"] {
 		t.Errorf("untrusted or client-set values changed: %v", next3)
 	}
@@ -501,7 +506,7 @@ func TestComputedTimeoutFloor(t *testing.T) {
 	cur := Timeouts{}.Clone()
 	obs := &observations{InitialDelay: 10 * time.Millisecond, HeartbeatMax: 20 * time.Millisecond,
 		Heartbeats: 50, CheckpointSeen: true, SectionMax: map[string]time.Duration{}, SectionCloses: map[string]int{}}
-	next, _ := compute(cur, obs, 5, DefaultMinComputedTimeout, map[string]bool{})
+	next, _ := compute(cur, obs, 5, DefaultMinComputedTimeout, map[string]bool{}, false)
 	if next.Heartbeat != DefaultMinComputedTimeout {
 		t.Fatalf("computed heartbeat %v, want the %v floor", next.Heartbeat, DefaultMinComputedTimeout)
 	}
@@ -511,7 +516,7 @@ func TestComputedTimeoutFloor(t *testing.T) {
 		t.Fatalf("computation enabled the initial-heartbeat timeout: %v", next.InitialHeartbeat)
 	}
 	cur.InitialHeartbeat = time.Hour
-	next, _ = compute(cur, obs, 5, DefaultMinComputedTimeout, map[string]bool{})
+	next, _ = compute(cur, obs, 5, DefaultMinComputedTimeout, map[string]bool{}, false)
 	if next.InitialHeartbeat != DefaultMinComputedTimeout {
 		t.Fatalf("configured initial timeout not refined: %v", next.InitialHeartbeat)
 	}

@@ -196,11 +196,13 @@ type change struct {
 // compute folds one cycle's observations into cur and returns the new
 // timeouts and what changed. clientSet lists fields a client set this cycle
 // ("heartbeat", "oos", "section:<name>"); those are left alone.
-func compute(cur Timeouts, obs *observations, safety float64, floor time.Duration, clientSet map[string]bool) (Timeouts, []change) {
+// With noHeartbeat the heartbeat timeouts are left alone (the judged
+// default clock learns them per cycle).
+func compute(cur Timeouts, obs *observations, safety float64, floor time.Duration, clientSet map[string]bool, noHeartbeat bool) (Timeouts, []change) {
 	next := cur.Clone()
 	var changes []change
 	scale := func(d time.Duration) time.Duration { return max(scaled(d, safety), floor) }
-	if !clientSet["heartbeat"] && obs.CheckpointSeen && obs.Heartbeats >= minHeartbeatIntervals && obs.HeartbeatMax > 0 && obs.InitialDelay > 0 {
+	if !noHeartbeat && !clientSet["heartbeat"] && obs.CheckpointSeen && obs.Heartbeats >= minHeartbeatIntervals && obs.HeartbeatMax > 0 && obs.InitialDelay > 0 {
 		// The delay before the first heartbeat includes loading a checkpoint,
 		// which a fresh start never did: never enable a disabled initial
 		// timeout from it, only refine one that is set.
