@@ -131,7 +131,7 @@ func (m *Manager) judge(h Hang) (Judgement, bool) {
 	}
 	// A default clock is only the launcher's guess: the ranks' activity
 	// over a short window decides with the stacks (Dismiss).
-	var base0 map[int]procfs.Activity
+	var base0 map[int]activity
 	if h.DefaultTimeout {
 		base0 = groupActivity(pids)
 	}
@@ -145,7 +145,7 @@ func (m *Manager) judge(h Hang) (Judgement, bool) {
 		window := time.Since(began)
 		for lr, a := range groupActivity(pids) {
 			b, ok := base0[lr]
-			busy[lr] = ok && (a.CPU-b.CPU >= window/10 || a.IOBytes-b.IOBytes >= judgedActivityIO)
+			busy[lr] = ok && (a.demand-b.demand >= window/10 || a.IOBytes-b.IOBytes >= judgedActivityIO)
 		}
 	}
 	rankBase := m.rankBase()
@@ -188,21 +188,37 @@ func (m *Manager) judge(h Hang) (Judgement, bool) {
 	return j, true
 }
 
-// The activity window of a default clock's judgement: CPU time of at
-// least a tenth of it, or judgedActivityIO bytes read or written, make a
-// rank busy (the same rates as the activity check of defaults.go, over a
-// window short enough for a hang to cost about a second).
+// The activity window of a default clock's judgement: a demand for a CPU
+// (running or runnable) of at least a tenth of it, or judgedActivityIO
+// bytes read or written, make a rank busy (the rates of the activity
+// check of defaults.go, over a window short enough for a hang to cost
+// about a second).
 const (
 	judgedActivityWindow = 300 * time.Millisecond
 	judgedActivityIO     = 128 << 10
 )
 
-func groupActivity(pids map[int]int) map[int]procfs.Activity {
-	out := make(map[int]procfs.Activity, len(pids))
+// activity is what a rank's processes did: their demand for a CPU
+// (on one, or runnable and waiting: procfs.GroupDemand, so that a rank
+// computing on an oversubscribed machine is not taken for an idle one)
+// and the bytes they read and wrote.
+type activity struct {
+	demand  time.Duration
+	IOBytes uint64
+}
+
+func groupActivity(pids map[int]int) map[int]activity {
+	out := make(map[int]activity, len(pids))
 	for lr, pid := range pids {
-		if a, ok := procfs.GroupActivity(pid); ok {
-			out[lr] = a
+		a, ok := procfs.GroupActivity(pid)
+		if !ok {
+			continue
 		}
+		d, ok := procfs.GroupDemand(pid)
+		if !ok {
+			d = a.CPU // no schedstat: CPU time alone
+		}
+		out[lr] = activity{demand: d, IOBytes: a.IOBytes}
 	}
 	return out
 }
