@@ -266,7 +266,7 @@ func normaliseRecord(m map[string]any, j *job) map[string]any {
 		}
 		return v
 	}
-	for _, k := range []string{"MASTER_PORT", "FT_RANK_MONITOR_IPC_SOCKET", "FT_LAUNCHER_IPC_SOCKET", "TORCHELASTIC_ERROR_FILE"} {
+	for _, k := range []string{"MASTER_PORT", "FT_RANK_MONITOR_IPC_SOCKET", "FT_LAUNCHER_IPC_SOCKET", "TORCHELASTIC_ERROR_FILE", "FT_LAUNCHER_STACKS_DIR"} {
 		if _, ok := env[k]; !ok {
 			continue
 		}

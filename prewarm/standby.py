@@ -173,9 +173,15 @@ def _ftl_standby(g0):
     learn = sys.modules.get("_ftl_learn")  # --prewarm auto: report this rank's imports too
     if learn is not None:
         learn.install()
+    # The launcher's stacks hook (--ft-rank-stacks) was installed when the
+    # standby started (its pid is the rank's); the rank's environment, set
+    # again above, names its directory on PYTHONPATH: take it off again.
+    stacks = sys.modules.get("_ftl_stacks")
+    if stacks is not None:
+        stacks.install()
     ctl.sendall(b"S")
     ctl.close()
-    del ctl, buf, parts, env, fds, saved, importlib, learn, skipped
+    del ctl, buf, parts, env, fds, saved, importlib, learn, stacks, skipped
 
     try:
         if module:
