@@ -34,6 +34,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/ftlauncher/ft-launcher/internal/lockdir"
 	"github.com/ftlauncher/ft-launcher/internal/procfs"
 )
 
@@ -67,21 +68,28 @@ const maxDump = 1 << 20
 
 // Collector owns the hook and the dump directory of one launcher.
 type Collector struct {
-	dir     string // temporary: hook/ and dumps/
+	dir     string   // temporary: hook/ and dumps/
+	lock    *os.File // holds dir's owner lock (lockdir) while the launcher runs
 	hookDir string
 	dumpDir string
 }
 
-// New writes the hook into a new temporary directory.
+// dirPrefix names the collectors' directories under $TMPDIR.
+const dirPrefix = "ft-launcher-stacks-"
+
+// New writes the hook into a new private directory under $TMPDIR, locked
+// while this process runs. The directories of launchers that died without
+// removing theirs (SIGKILL) are removed first.
 func New() (*Collector, error) {
-	dir, err := os.MkdirTemp("", "ft-launcher-stacks-")
+	lockdir.RemoveStale(os.TempDir(), dirPrefix, nil)
+	dir, lock, err := lockdir.Make(os.TempDir(), dirPrefix)
 	if err != nil {
 		return nil, fmt.Errorf("stacks: %w", err)
 	}
-	c := &Collector{dir: dir, hookDir: filepath.Join(dir, "hook"), dumpDir: filepath.Join(dir, "dumps")}
+	c := &Collector{dir: dir, lock: lock, hookDir: filepath.Join(dir, "hook"), dumpDir: filepath.Join(dir, "dumps")}
 	for _, d := range []string{c.hookDir, c.dumpDir} {
 		if err := os.Mkdir(d, 0o700); err != nil {
-			os.RemoveAll(dir)
+			c.Close()
 			return nil, fmt.Errorf("stacks: %w", err)
 		}
 	}
@@ -91,7 +99,7 @@ func New() (*Collector, error) {
 			err = os.WriteFile(filepath.Join(c.hookDir, name), b, 0o600)
 		}
 		if err != nil {
-			os.RemoveAll(dir)
+			c.Close()
 			return nil, fmt.Errorf("stacks: write the hook: %w", err)
 		}
 	}
@@ -102,7 +110,13 @@ func New() (*Collector, error) {
 func (c *Collector) HookDir() string { return c.hookDir }
 
 // Close removes the hook and the dumps.
-func (c *Collector) Close() error { return os.RemoveAll(c.dir) }
+func (c *Collector) Close() error {
+	err := os.RemoveAll(c.dir)
+	if c.lock != nil {
+		c.lock.Close()
+	}
+	return err
+}
 
 // Env returns env with the hook first on PYTHONPATH and its variables
 // set (env itself is not modified).

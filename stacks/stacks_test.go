@@ -316,3 +316,30 @@ func freePort(t *testing.T) string {
 	defer l.Close()
 	return fmt.Sprint(l.Addr().(*net.TCPAddr).Port)
 }
+
+// TestStaleDirsRemoved: the directory of a launcher that died without
+// closing its collector (SIGKILL) goes at the next New; a live one stays.
+func TestStaleDirsRemoved(t *testing.T) {
+	t.Setenv("TMPDIR", t.TempDir())
+	live, err := New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer live.Close()
+	dead, err := New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead.lock.Close() // what the kernel does when its launcher dies
+	again, err := New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer again.Close()
+	if _, err := os.Stat(dead.dir); !os.IsNotExist(err) {
+		t.Errorf("the dead launcher's dir is still there: %v", err)
+	}
+	if _, err := os.Stat(live.dir); err != nil {
+		t.Errorf("the live launcher's dir was removed: %v", err)
+	}
+}
