@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/ftlauncher/ft-launcher/eventlog"
+	"github.com/ftlauncher/ft-launcher/internal/lockdir"
 	"github.com/ftlauncher/ft-launcher/spawn"
 )
 
@@ -21,7 +22,8 @@ const ReportEnv = "FT_LAUNCHER_PREWARM_REPORT"
 // autoState is a Starter's --prewarm auto part: the hook directory, where
 // the ranks report, and the Learner.
 type autoState struct {
-	dir     string // temporary: hook/ and reports/
+	dir     string   // temporary: hook/ and reports/
+	lock    *os.File // holds dir's owner lock (lockdir) while the launcher runs
 	hookDir string
 	learner *Learner
 	ignore  []string // the launcher's other hooks on PYTHONPATH (Options.HookDirs)
@@ -33,15 +35,22 @@ type autoState struct {
 	pending []pendingReports
 }
 
+// autoDirPrefix names --prewarm auto's directories under $TMPDIR.
+const autoDirPrefix = "ft-launcher-prewarm-"
+
+// newAutoState makes the hook's directory, locked while this launcher
+// runs; those of launchers that died without removing theirs (SIGKILL)
+// are removed first (package lockdir).
 func newAutoState(l *Learner, ignore []string) (*autoState, error) {
-	dir, err := os.MkdirTemp("", "ft-launcher-prewarm-")
+	lockdir.RemoveStale(os.TempDir(), autoDirPrefix, nil)
+	dir, lock, err := lockdir.Make(os.TempDir(), autoDirPrefix)
 	if err != nil {
 		return nil, fmt.Errorf("prewarm: auto: %w", err)
 	}
-	a := &autoState{dir: dir, hookDir: filepath.Join(dir, "hook"), learner: l, ignore: ignore}
+	a := &autoState{dir: dir, lock: lock, hookDir: filepath.Join(dir, "hook"), learner: l, ignore: ignore}
 	for _, d := range []string{a.hookDir, filepath.Join(dir, "reports")} {
 		if err := os.Mkdir(d, 0o755); err != nil {
-			os.RemoveAll(dir)
+			a.remove()
 			return nil, fmt.Errorf("prewarm: auto: %w", err)
 		}
 	}
@@ -51,11 +60,17 @@ func newAutoState(l *Learner, ignore []string) (*autoState, error) {
 			err = os.WriteFile(filepath.Join(a.hookDir, name), b, 0o644)
 		}
 		if err != nil {
-			os.RemoveAll(dir)
+			a.remove()
 			return nil, fmt.Errorf("prewarm: auto: write the import hook: %w", err)
 		}
 	}
 	return a, nil
+}
+
+// remove removes the directory and gives up its lock.
+func (a *autoState) remove() {
+	os.RemoveAll(a.dir)
+	a.lock.Close()
 }
 
 func (a *autoState) report(localRank int) string {

@@ -158,3 +158,31 @@ func TestKeyOfLeavesHooksOut(t *testing.T) {
 		t.Error("the user's PYTHONPATH must stay in the key")
 	}
 }
+
+// TestAutoDirOfADeadLauncherRemoved: the hook directory of a launcher
+// that died without removing it (SIGKILL) goes when the next one starts;
+// a live one's stays.
+func TestAutoDirOfADeadLauncherRemoved(t *testing.T) {
+	t.Setenv("TMPDIR", t.TempDir())
+	live, err := newAutoState(nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer live.remove()
+	dead, err := newAutoState(nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead.lock.Close() // what the kernel does when its launcher dies
+	next, err := newAutoState(nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer next.remove()
+	if _, err := os.Stat(dead.dir); !os.IsNotExist(err) {
+		t.Errorf("the dead launcher's dir is still there: %v", err)
+	}
+	if _, err := os.Stat(live.dir); err != nil {
+		t.Errorf("the live launcher's dir was removed: %v", err)
+	}
+}

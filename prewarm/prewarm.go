@@ -556,7 +556,7 @@ func (st *Starter) Close() {
 	st.standby = map[int]*standby{}
 	st.mu.Unlock()
 	if st.auto != nil {
-		defer os.RemoveAll(st.auto.dir)
+		defer st.auto.remove()
 		defer st.learnLast() // the last cycle's ranks have ended: what they imported is for the next job
 	}
 	timeout := time.After(5 * time.Second)
