@@ -1,8 +1,6 @@
 package agent
 
 import (
-	"io"
-	"os"
 	"syscall"
 
 	"github.com/ftlauncher/ft-launcher/eventlog"
@@ -31,7 +29,7 @@ func (a *Agent) explainFailures(failures []ranklogs.Failure, att *ranklogs.Attem
 		}
 		if att != nil {
 			_, stderrPath := att.LogPaths(f.LocalRank)
-			ev.Output = tail(stderrPath, outputTail)
+			ev.Output = ranklogs.Tail(stderrPath, outputTail)
 		}
 		c, ok := ranklogs.Explain(ev)
 		if !ok {
@@ -57,23 +55,4 @@ func (r *runState) explainFailure(round, lr int, c verdict.FailureCause) {
 			return
 		}
 	}
-}
-
-// tail is the last n bytes of the file at path (nil: none).
-func tail(path string, n int64) []byte {
-	if path == "" {
-		return nil
-	}
-	f, err := os.Open(path)
-	if err != nil {
-		return nil
-	}
-	defer f.Close()
-	if st, err := f.Stat(); err == nil && st.Size() > n {
-		if _, err := f.Seek(st.Size()-n, io.SeekStart); err != nil {
-			return nil
-		}
-	}
-	b, _ := io.ReadAll(io.LimitReader(f, n))
-	return b
 }

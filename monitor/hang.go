@@ -94,6 +94,14 @@ func (r *rankMon) rearmLocked(now int64) {
 	r.timer.Reset(time.Duration(max(e.deadline-now, 0)))
 }
 
+// armEarliestLocked sets the timer for the earliest deadline in force,
+// later or earlier than the armed one (rearmLocked only moves it earlier).
+func (r *rankMon) armEarliestLocked() {
+	if e, ok := r.earliestLocked(); ok {
+		r.armAtLocked(e.deadline)
+	}
+}
+
 // armAtLocked sets the timer for monotonic time at.
 func (r *rankMon) armAtLocked(at int64) {
 	r.armed = at
@@ -230,9 +238,7 @@ func (r *rankMon) spare(h Hang) bool {
 	r.spareTo = now + int64(h.Timeout)
 	r.cfg.log.Info("rank's clock expired while it waits in a collective for the rank that hung: not killed",
 		"local_rank", r.local, "rank", r.globalRank, "cycle", r.cycle, "kind", h.Kind, "timeout", h.Timeout)
-	if e, ok := r.earliestLocked(); ok {
-		r.armAtLocked(e.deadline)
-	}
+	r.armEarliestLocked()
 	return true
 }
 
@@ -241,9 +247,7 @@ func (r *rankMon) judged() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.judgingExpiry = false
-	if e, ok := r.earliestLocked(); ok {
-		r.armAtLocked(e.deadline)
-	}
+	r.armEarliestLocked()
 }
 
 // wait pushes the rank's default clocks d from now (a judgement of cycle
@@ -255,9 +259,7 @@ func (r *rankMon) wait(cycle int, d time.Duration) {
 		return
 	}
 	r.deferTo = max(r.deferTo, r.host.mono()+int64(d))
-	if e, ok := r.earliestLocked(); ok {
-		r.armAtLocked(e.deadline)
-	}
+	r.armEarliestLocked()
 }
 
 // silence says whether the rank's clock expired this cycle, when it

@@ -45,8 +45,9 @@ type judgement struct {
 }
 
 // StackExchange shares this node's summaries of a hang with the job's
-// other nodes and returns every node's (this one's included), within
-// wait: rendezvous.Etcd.ShareStacks, with JSON around it.
+// other nodes and returns every node's of this judgement (this one's
+// included; those left from an earlier judgement of the round are not),
+// within wait: rendezvous.Etcd.ShareStacks, with JSON around it.
 // complete: every node's came in time.
 type StackExchange func(ctx context.Context, cycle int, mine []stacks.Summary, wait time.Duration) (all []stacks.Summary, complete bool)
 
@@ -165,7 +166,6 @@ func (m *Manager) judge(h Hang) (Judgement, bool) {
 	all, complete := sums, true
 	if exchange != nil {
 		all, complete = exchange(m.ctx, h.Cycle, sums, max(bound-time.Since(began), 0))
-		all = fresh(all, at-int64(2*bound/time.Millisecond))
 	}
 	j := Judgement{Cycle: h.Cycle, Ranks: ranks, Summary: sums, Job: all, Finding: stacks.Judge(all), Took: time.Since(began),
 		Partial: !complete}
@@ -221,12 +221,6 @@ func groupActivity(pids map[int]int) map[int]activity {
 		out[lr] = activity{demand: d, IOBytes: a.IOBytes}
 	}
 	return out
-}
-
-// fresh drops summaries taken before since (Unix ms): another node's
-// from an earlier judgement of the same round.
-func fresh(sums []stacks.Summary, since int64) []stacks.Summary {
-	return slices.DeleteFunc(sums, func(s stacks.Summary) bool { return s.At != 0 && s.At < since })
 }
 
 // dismiss ends a judgement that found no hang (Judgement.Dismissed): no

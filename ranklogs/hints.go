@@ -58,20 +58,26 @@ func FailureText(f Failure, stderrPath string) string {
 		b.WriteString(f.Record.Traceback)
 		b.WriteByte('\n')
 	}
-	if stderrPath == "" {
-		return b.String()
+	b.Write(Tail(stderrPath, hintTail))
+	return b.String()
+}
+
+// Tail is the last n bytes of the file at path: nil when path is "" or
+// unreadable.
+func Tail(path string, n int64) []byte {
+	if path == "" {
+		return nil
 	}
-	fh, err := os.Open(stderrPath)
+	fh, err := os.Open(path)
 	if err != nil {
-		return b.String()
+		return nil
 	}
 	defer fh.Close()
-	if st, err := fh.Stat(); err == nil && st.Size() > hintTail {
-		if _, err := fh.Seek(st.Size()-hintTail, io.SeekStart); err != nil {
-			return b.String()
+	if st, err := fh.Stat(); err == nil && st.Size() > n {
+		if _, err := fh.Seek(st.Size()-n, io.SeekStart); err != nil {
+			return nil
 		}
 	}
-	tail, _ := io.ReadAll(io.LimitReader(fh, hintTail))
-	b.Write(tail)
-	return b.String()
+	b, _ := io.ReadAll(io.LimitReader(fh, n))
+	return b
 }
