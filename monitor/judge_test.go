@@ -138,7 +138,9 @@ func TestDefaultClockJudged(t *testing.T) {
 				}
 				since := h.SignalledAt.Sub(h.LastHeartbeat)
 				t.Logf("killed %s after its last heartbeat (clock %s): %s", since, h.Timeout, h.Judgement.Finding.Text)
-				if h.Timeout > 5*time.Second {
+				// The judged clock, not the 60 s floor of the unjudged one
+				// (its value follows the steps, slower on a loaded machine).
+				if h.Timeout >= configs.DefaultLearnedFloor {
 					t.Errorf("learned clock %s: want the short judged one", h.Timeout)
 				}
 				return
