@@ -30,6 +30,10 @@ type persistedTimeouts struct {
 // TestComputedTimeoutsPersistAndLoad: a run that heartbeats every 100 ms
 // persists heartbeat timeout = safety_factor × the longest interval seen; a
 // second run loads it and kills a rank that stops heartbeating after it.
+// Both run without the rank stacks: with them (the default) and no timeout
+// configured, the judged default clock replaces the computed heartbeat
+// timeout and none is persisted or loaded (docs/timeouts.md, "Not with the
+// judged default clock"; monitor tests cover that side).
 func TestComputedTimeoutsPersistAndLoad(t *testing.T) {
 	skipShort(t)
 	worker, _ := filepath.Abs("testdata/monitored_worker.py")
@@ -38,7 +42,7 @@ func TestComputedTimeoutsPersistAndLoad(t *testing.T) {
 
 	j1 := newJob(t)
 	if code := j1.run(2*time.Minute, env, "--standalone", "--nproc-per-node", "1",
-		"--ft-timeouts-state-file", state, "--ft-safety-factor", "60",
+		"--ft-timeouts-state-file", state, "--ft-safety-factor", "60", "--ft-rank-stacks", "false",
 		worker, "fine", "--beats", "30", "--interval", "0.1"); code != 0 {
 		t.Fatalf("first run exited %d\n%s", code, j1.stderr.String())
 	}
@@ -70,7 +74,7 @@ func TestComputedTimeoutsPersistAndLoad(t *testing.T) {
 	// Second job: no heartbeat timeout configured; the loaded one applies.
 	j2 := newJob(t)
 	if code := j2.run(2*time.Minute, env, "--standalone", "--nproc-per-node", "1", "--max-restarts", "1",
-		"--ft-timeouts-state-file", state, worker, "heartbeat-stops", "--rank", "0"); code != 0 {
+		"--ft-timeouts-state-file", state, "--ft-rank-stacks", "false", worker, "heartbeat-stops", "--rank", "0"); code != 0 {
 		t.Fatalf("second run exited %d\n%s", code, j2.stderr.String())
 	}
 	hangs := j2.eventsOf("rank_hang")

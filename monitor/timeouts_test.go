@@ -5,6 +5,9 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/ftlauncher/ft-launcher/configs"
+	"github.com/ftlauncher/ft-launcher/stacks"
 )
 
 // TestSaveStateFile: the computed-timeouts state file is shared by the jobs
@@ -68,5 +71,51 @@ func TestSaveStateFileError(t *testing.T) {
 	}
 	if ents, _ := os.ReadDir(dir); len(ents) != 1 {
 		t.Errorf("left behind: %v", ents)
+	}
+}
+
+// TestJudgedClockIgnoresPersistedHeartbeat: a heartbeat timeout persisted
+// by an earlier launcher is loaded only when the judged default clock does
+// not apply (docs/timeouts.md, "Not with the judged default clock"); the
+// section timeouts of the file are loaded either way.
+func TestJudgedClockIgnoresPersistedHeartbeat(t *testing.T) {
+	state := filepath.Join(t.TempDir(), "ft_state.json")
+	saved := Timeouts{Heartbeat: 7 * time.Second, HeartbeatCalculated: true}.Clone()
+	saved.Sections["step"] = 9 * time.Second
+	saved.CalculatedSections["step"] = true
+	if err := saveState(state, saved, 0, nil); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name          string
+		stacks        bool
+		configured    *float64
+		wantHeartbeat time.Duration
+	}{
+		{name: "stacks, no timeout configured: judged clock", stacks: true, wantHeartbeat: 0},
+		{name: "no stacks: loaded", stacks: false, wantHeartbeat: 7 * time.Second},
+		{name: "stacks, a timeout configured: loaded", stacks: true, configured: fptr(42), wantHeartbeat: 7 * time.Second},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			ft := configs.DefaultFaultTolerance()
+			ft.RankHeartbeatTimeout = tc.configured
+			o := Options{NLocal: 1, FT: ft, StateFile: state, MinComputedTimeout: -1}
+			if tc.stacks {
+				c, err := stacks.New()
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer c.Close()
+				o.Stacks = c
+			}
+			got := startManager(t, o).Timeouts()
+			if got.Heartbeat != tc.wantHeartbeat {
+				t.Errorf("heartbeat timeout %v, want %v", got.Heartbeat, tc.wantHeartbeat)
+			}
+			if got.Sections["step"] != 9*time.Second {
+				t.Errorf("step section %v, want the persisted 9s", got.Sections["step"])
+			}
+		})
 	}
 }
