@@ -344,6 +344,7 @@ func (a *Agent) rankFailed(e spawn.Exit, hangs <-chan monitor.Hang, hangByRank m
 		end.reason = fmt.Sprintf("%s; local rank %d (rank %d) %s waiting for it", j.Finding.Text, e.LocalRank, asg.RankBase+e.LocalRank, exitText(e))
 		a.recordStacksOf(j)
 		a.recordRankFailure(e, false)
+		a.run.rankFailures[len(a.run.rankFailures)-1].Bystander = true
 		return
 	}
 	end.reason = fmt.Sprintf("local rank %d (rank %d) %s", e.LocalRank, asg.RankBase+e.LocalRank, exitText(e))

@@ -41,8 +41,11 @@ type Outcome struct {
 	// connected to its monitor); RankFailures the newest rank failures.
 	Progress     *verdict.Progress
 	RankFailures []verdict.RankFailure
-	StartedAt    time.Time
-	EndedAt      time.Time
+	// FailingNode: this node's ranks kept failing in ways that point at
+	// it (failingnode.go).
+	FailingNode *verdict.FailingNode
+	StartedAt   time.Time
+	EndedAt     time.Time
 }
 
 // Finished reports whether training is over: the ranks succeeded and the
@@ -82,7 +85,7 @@ func (o Outcome) Verdict(runID, node, host string) verdict.Verdict {
 		FinishedFlag: o.FinishedFlag, RunID: runID, Node: node, Hostname: host, PID: os.Getpid(),
 		RestartsUsed: o.RestartsUsed, MaxRestarts: o.MaxRestarts, LastRound: o.LastRound,
 		Quarantined: o.Quarantined, Cycles: o.Cycles, CyclesTotal: o.CyclesTotal, Ledger: o.Ledger, StartedAt: o.StartedAt, EndedAt: o.EndedAt,
-		Progress: o.Progress, RankFailures: o.RankFailures}
+		Progress: o.Progress, RankFailures: o.RankFailures, FailingNode: o.FailingNode}
 	if o.Signal != nil {
 		v.Signal = sigName(o.Signal)
 	}
@@ -119,7 +122,10 @@ type runState struct {
 	// rankFailures are this node's rank failures, the newest
 	// verdict.MaxRankFailures (recordRankFailure).
 	rankFailures []verdict.RankFailure
-	outcome      *Outcome
+	// failingNode is set once this node's ranks keep failing in ways that
+	// point at it (failingnode.go).
+	failingNode *verdict.FailingNode
+	outcome     *Outcome
 	// restartAt is when the next round may start after a restart that
 	// spent the budget (--restart-delay); zero: at once.
 	restartAt time.Time
@@ -241,7 +247,7 @@ func (a *Agent) finish() Outcome {
 	o := *r.outcome
 	o.RestartsUsed, o.MaxRestarts, o.LastRound = r.restartsUsed, r.maxRestarts, r.lastRound
 	o.Quarantined, o.Cycles, o.CyclesTotal = r.quarantined, r.cycles, r.cyclesTotal
-	o.RankFailures = r.rankFailures
+	o.RankFailures, o.FailingNode = r.rankFailures, r.failingNode
 	if p, ok := a.d.Monitors.(progressReporter); ok {
 		o.Progress = p.Progress()
 	}

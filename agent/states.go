@@ -449,6 +449,9 @@ func (a *Agent) decideFailure(ctx context.Context, end cycleEnd) State {
 		return StateDone
 	}
 	a.run.restartsUsed = max(a.run.restartsUsed, dec.RestartsUsed)
+	if st, out := a.checkFailingNode(ctx, dec); out {
+		return st
+	}
 	if !dec.Restart {
 		a.log.Error("not restarting", "kind", string(dec.Close), "reason", dec.Reason, "exit_code", dec.Code)
 		a.ev.Emit(eventlog.JobFailedEvent{Round: eventlog.Opt(asg.Round), CloseKind: eventlog.Opt(dec.Close), Reason: dec.Reason, ExitCode: eventlog.Opt(dec.Code)})

@@ -232,6 +232,12 @@ type FaultTolerance struct {
 	// consecutive rounds stops with the no-restart exit code instead of
 	// spending the rest of its restarts; 0 never stops.
 	SameFailureLimit int `yaml:"same_failure_limit"`
+	// NodeFailureLimit: a node whose own ranks failed in ways that point
+	// at the node (a fatal signal, a hang, an exit with no explanation, a
+	// hardware or driver error) in this many of its latest N+1 rounds
+	// keeps failing: a hot spare takes its place, and outer loops keep the
+	// next job off it (policy.FailingNode); 0 never.
+	NodeFailureLimit int `yaml:"node_failure_limit"`
 }
 
 // The launcher's default clocks (FaultTolerance.DefaultTimeouts): what a
@@ -271,6 +277,14 @@ const (
 // read, a transient NCCL error rarely fail at one place three times),
 // and costs two restarts, not the whole budget.
 const DefaultSameFailureLimit = 3
+
+// DefaultNodeFailureLimit is how many of a node's latest N+1 rounds may
+// end with a failure that points at the node before it is taken out: one
+// such failure happens to any node (a cosmic-ray bit flip, an OOM kill
+// once), two in three rounds is a pattern (the Slurm chain's own rule
+// counts two of three jobs likewise), and with a spare waiting a swap
+// costs about what a restart in place costs.
+const DefaultNodeFailureLimit = 2
 
 // DefaultClocksApply reports whether the default clocks hold the ranks:
 // they are on and no rank timeout is configured.
@@ -315,6 +329,7 @@ func DefaultFaultTolerance() FaultTolerance {
 		DefaultTimeouts:         true,
 		RankStacks:              true,
 		SameFailureLimit:        DefaultSameFailureLimit,
+		NodeFailureLimit:        DefaultNodeFailureLimit,
 	}
 }
 

@@ -104,6 +104,8 @@ func ftSpecs() []ftSpec {
 			help: "With no rank timeout configured, hold ranks that heartbeat to the launcher's default clocks (30 min start-up, a step timeout learned in the run, at least 60 s): true/1/yes or false/0/no."},
 		{key: "same_failure_limit", flag: "ft-same-failure-limit", arg: "N",
 			help: "Stop the job with the no-restart exit code when the same rank fails the same way (the same exception at the same place, or the same fatal signal) in N consecutive rounds (0: never)."},
+		{key: "node_failure_limit", flag: "ft-node-failure-limit", arg: "N",
+			help: "Take a node out when its own ranks failed in ways that point at the node (a fatal signal, a hang, an exit with no explanation, a hardware or driver error) in N of its latest N+1 rounds: a hot spare takes its place, and the Slurm chain and the AppWrapper controller keep the next job off it (0: never)."},
 		{key: "rank_stacks", flag: "ft-rank-stacks", arg: "BOOL", rule: boolStrict,
 			help: "Install a hook in Python ranks so that a hang's report holds every rank's stack, taken before the kill, and a death by SIGSEGV or SIGABRT its stack: true/1/yes or false/0/no."},
 	}

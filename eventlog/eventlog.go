@@ -21,6 +21,7 @@ const (
 	RankExited       = "rank_exited"
 	RankFailureHint  = "rank_failure_hint"  // a known cause in a failed rank's output: local_rank, rank, cause, hint
 	RankFailureCause = "rank_failure_cause" // why a rank failed, from its error file, traceback or fatal-signal stack
+	NodeFailing      = "node_failing"       // this node's ranks keep failing in ways that point at it
 	RankHang         = "rank_hang"
 	RankStacks       = "rank_stacks"    // every local rank's stacks, taken at a hang before the kill, and which rank hung
 	HangDismissed    = "hang_dismissed" // a default clock expired, but the stacks and the ranks' activity said no hang

@@ -157,6 +157,21 @@ type RankFailureCauseEvent struct {
 	Cause     verdict.FailureCause `json:"cause"`
 }
 
+// NodeFailingEvent: this node's own ranks failed in ways that point at
+// the node in Rounds, too many of its latest Window rounds
+// (policy.FailingNode). SwappedOut: it left the job and a spare takes its
+// place; otherwise it keeps its place (no spare stood by, or another
+// node's report ended the round) and the verdict names it for the outer
+// loops.
+type NodeFailingEvent struct {
+	Round      int    `json:"round"`
+	Rounds     []int  `json:"rounds"`
+	Window     int    `json:"window"`
+	Detail     string `json:"detail"`
+	SwappedOut bool   `json:"swapped_out"`
+	Why        string `json:"why,omitempty"` // why it was not swapped out
+}
+
 // HangDismissedEvent: a rank's default clock expired, and the stacks and
 // the ranks' activity showed no hang (the rank they name is busy, or in a
 // slow phase): nothing was killed, the clocks wait WaitS longer
@@ -658,6 +673,7 @@ func (RankHangEvent) Kind() string               { return RankHang }
 func (RankStacksEvent) Kind() string             { return RankStacks }
 func (HangDismissedEvent) Kind() string          { return HangDismissed }
 func (RankFailureCauseEvent) Kind() string       { return RankFailureCause }
+func (NodeFailingEvent) Kind() string            { return NodeFailing }
 func (RankExitedEvent) Kind() string             { return RankExited }
 func (SpareSwapEvent) Kind() string              { return SpareSwap }
 func (RoundEndedEvent) Kind() string             { return RoundEnded }
@@ -703,7 +719,7 @@ func (RankFailureHintEvent) Kind() string        { return RankFailureHint }
 func Typed() []Record {
 	return append([]Record{
 		LauncherStartedEvent{}, ListeningEvent{}, CycleStartedEvent{}, SignalReceivedEvent{}, StopEscalatedEvent{},
-		WalltimeWarningEvent{}, WorkloadRequestEvent{}, RankHangEvent{}, RankStacksEvent{}, RankFailureCauseEvent{}, HangDismissedEvent{}, RankExitedEvent{}, SpareSwapEvent{},
+		WalltimeWarningEvent{}, WorkloadRequestEvent{}, RankHangEvent{}, RankStacksEvent{}, RankFailureCauseEvent{}, NodeFailingEvent{}, HangDismissedEvent{}, RankExitedEvent{}, SpareSwapEvent{},
 		RoundEndedEvent{}, JobFailedEvent{}, JobSucceededEvent{}, StandbyEvent{}, RestartEvent{}, FencedEvent{},
 		FencedByWatchdogEvent{}, TrainingFinishedEvent{}, VerdictEvent{}, VerdictLostEvent{}, LedgerEvent{},
 		InProcessKeptEvent{}, InProcessNoticeEvent{}, InProcessRejoinedEvent{}, InProcessFirstStepEvent{},

@@ -105,6 +105,7 @@ func (rd *round) endRound(ctx context.Context, f policy.Failure, lost, reason st
 	if resp.Succeeded {
 		rd.log.Info("rendezvous round ended", "round", rd.r, "failure", string(f), "action", string(dec.Action),
 			"restarts_used", dec.RestartsUsed, "reason", dec.Reason)
+		dec.Ended = true
 		return dec, nil
 	}
 	return rd.raceOutcome(resp)

@@ -232,7 +232,7 @@ func (e *Etcd) adopt(target int, sum roundSummary, ri rankInfo) Assignment {
 	prevEnd, _ := e.view.lastEnd(target - 1) // zero for round 0 or an end record not seen
 	a := Assignment{OpenedAt: prevEnd.At, Detection: time.Duration(prevEnd.DetectMS * float64(time.Millisecond)), RunID: e.o.RunID, Round: target, GroupRank: ri.GroupRank, GroupWorldSize: sum.GroupWorldSize,
 		RankBase: ri.RankBase, WorldSize: sum.WorldSize, MasterAddr: sum.MasterAddr, MasterPort: sum.MasterPort,
-		MaxRestarts: maxRestarts, RestartsUsed: sum.RestartsUsed, Standby: ri.Standby, ReplicaRing: ri.Replicas, ReplicaFrom: ri.ReplicaFrom}
+		MaxRestarts: maxRestarts, RestartsUsed: sum.RestartsUsed, Standby: ri.Standby, Standbys: sum.Standbys, ReplicaRing: ri.Replicas, ReplicaFrom: ri.ReplicaFrom}
 	e.lastRound = target
 	e.assigned[target] = sum
 	e.view.assigned(target)

@@ -40,6 +40,10 @@ type Assignment struct {
 	// Standby is true when this node is parked (beyond MIN nodes). A standby
 	// node runs no ranks; it calls Next again to wait for a later round.
 	Standby bool
+	// Standbys is the number of the round's nodes parked beyond the
+	// active ones (hot spares): a node that leaves now is replaced at
+	// once, without changing the world size.
+	Standbys int
 	// NodeAddrs are the advertised addresses (IPs or host names) of the
 	// round's nodes, for the agent store's allowlist: filled for group rank
 	// 0 by the etcd rendezvous; nil when unknown (a single-node backend, or
@@ -125,6 +129,10 @@ type Decision struct {
 	// Delay is how long the next round waits to start after a restart
 	// that spent the budget (--restart-delay; policy.Decision.Delay).
 	Delay time.Duration
+	// Ended is true when this report ended the round (its txn was the one
+	// that committed); false when another node's report, a loss or the
+	// job's close came first and the decision is theirs.
+	Ended bool
 }
 
 // ErrClosed is returned by Next once the job has been closed.

@@ -22,8 +22,8 @@ const TerminationMessageLimit = 4096
 //  1. the cycles, the ledger, the etcd member failures, prewarm_auto and
 //     the fence watchdog's list of deaths (cycles_total and its restarts
 //     and gave_up stay);
-//  2. the length of the reason, the quarantine details and the other
-//     strings;
+//  2. the length of the reason, the quarantine and failing-node details
+//     and the other strings;
 //  3. the quarantine entries' detail, round and time, one entry per host,
 //     then the entries that do not fit, last first, the reason cut shorter
 //     still where that keeps more (node, host and evidence stay: a
@@ -62,6 +62,11 @@ func Compact(v Verdict, limit int) ([]byte, error) {
 	v.Reason = truncate(v.Reason, text)
 	for i := range v.Quarantined {
 		v.Quarantined[i].Detail = truncate(v.Quarantined[i].Detail, detail)
+	}
+	if v.FailingNode != nil { // its rounds and swapped_out stay: a controller keeps off the node
+		fn := *v.FailingNode
+		fn.Detail = truncate(fn.Detail, text)
+		v.FailingNode = &fn
 	}
 	short := max(limit/16, 32)
 	for _, s := range []*string{&v.RunID, &v.Node, &v.Hostname, &v.Signal, &v.FinishedFlag.Path} {

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/ftlauncher/ft-launcher/internal/atomicfile"
@@ -102,6 +103,10 @@ const (
 	// verdict (killed, crashed) while its node stayed up; recorded by
 	// `ft-resumer node`, the launcher's parent under srun.
 	EvidenceLauncherDied Evidence = "launcher_died"
+	// EvidenceRankFailures: the node's own ranks kept failing in ways that
+	// point at the node rather than the code (RankFailure.NodeEvidence):
+	// FailingNode says in which rounds, and which jobs in a Slurm chain.
+	EvidenceRankFailures Evidence = "rank_failures"
 )
 
 // Quarantine is a node the job stopped using, with the evidence.
@@ -198,6 +203,12 @@ type Verdict struct {
 	// the outer loop recognises the same crash in consecutive jobs
 	// (ft-resumer's deterministic_failure).
 	RankFailures []RankFailure `json:"rank_failures,omitempty"`
+	// FailingNode is set when this node's own ranks failed with node
+	// evidence in too many of its latest rounds (policy.FailingNode):
+	// with a spare it was swapped out (and is in Quarantined too);
+	// without one it kept its place, and outer loops (the Slurm chain,
+	// the AppWrapper controller) keep the next placement off it.
+	FailingNode *FailingNode `json:"failing_node,omitempty"`
 	// StateWarnings are the failed write-outs of the launcher-held state
 	// (--state-dir: a full disk, an unwritable directory); the saves stayed
 	// in memory meanwhile (docs/state.md). Absent when none.
@@ -320,6 +331,10 @@ type RankFailure struct {
 	// said anything: an error file, its last traceback, a fatal signal's
 	// stack.
 	Cause *FailureCause `json:"cause,omitempty"`
+	// Bystander: the rank left a collective because a rank it waited for
+	// hung and was killed (the stacks named that one): a consequence,
+	// never evidence against this rank's node.
+	Bystander bool `json:"bystander,omitempty"`
 }
 
 // FailureCause is what a failed rank's own output says about its failure.
@@ -380,6 +395,76 @@ func (c FailureCause) String() string {
 		what += " at " + c.Where
 	}
 	return what
+}
+
+// MaxFailingNodeDetail bounds FailingNode.Detail.
+const MaxFailingNodeDetail = 1024
+
+// FailingNode is a node's record that its ranks keep failing in ways that
+// point at it.
+type FailingNode struct {
+	// Rounds are the rounds whose failures counted, among the node's
+	// latest Window rounds.
+	Rounds []int `json:"rounds"`
+	Window int   `json:"window"`
+	// Detail names the failures ("round 4: rank 3 exited 1 with no
+	// explanation; ..."), at most MaxFailingNodeDetail bytes.
+	Detail string `json:"detail"`
+	// SwappedOut: the node left the job and a spare took its place.
+	SwappedOut bool `json:"swapped_out"`
+}
+
+// NodeEvidence reports whether f counts against the node it ran on
+// (docs/spares.md, "A node that keeps failing"): a hang; a death by a
+// signal that is not a request to stop (SIGSEGV, SIGBUS, SIGILL, SIGFPE,
+// SIGABRT, SIGKILL from the OOM killer, SIGSYS, SIGTRAP); an exit that
+// left no explanation; an exception whose text names the hardware, the
+// driver or an I/O error (CUDA, NCCL, ECC, Xid, NVML, cuDNN/cuBLAS
+// internal errors, "Input/output error"). Any other Python exception is
+// the code's: it follows the rank to whatever node runs it, and the
+// same-failure rule stops it (SameAs).
+func (f RankFailure) NodeEvidence() bool {
+	if f.Bystander {
+		return false
+	}
+	if f.Kind == FailureHang {
+		return true
+	}
+	if f.Kind != FailureCrash {
+		return false
+	}
+	sig := f.Signal
+	if f.Cause != nil && f.Cause.Signal != "" {
+		sig = f.Cause.Signal
+	}
+	if sig != "" {
+		return nodeSignal(sig)
+	}
+	if f.Cause == nil || f.Cause.Exception == "" {
+		return f.ExitCode != 0
+	}
+	text := strings.ToLower(f.Cause.Exception + ": " + f.Cause.Message)
+	// Lower case texts that mark an exception as the node's (hardware,
+	// driver, disk) rather than the code's.
+	for _, k := range [...]string{"cuda error", "cudaerror", "nccl", "uncorrectable", " ecc ", "ecc error", "xid",
+		"nvml", "cudnn_status_internal_error", "cublas_status_internal_error", "cublas_status_execution_failed",
+		"unspecified launch failure", "input/output error", "[errno 5]"} {
+		if strings.Contains(text, k) {
+			return true
+		}
+	}
+	return false
+}
+
+// nodeSignal reports whether a death by sig counts against the node:
+// faults and kills no one asked for. SIGTERM, SIGINT, SIGHUP and SIGUSR*
+// are requests (an operator, a scheduler) and count against nothing.
+func nodeSignal(sig string) bool {
+	switch sig {
+	case "SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE", "SIGABRT", "SIGKILL", "SIGSYS", "SIGTRAP":
+		return true
+	}
+	return false
 }
 
 // RankFailure kinds.
@@ -508,3 +593,7 @@ func Parse(b []byte) (Verdict, error) {
 	}
 	return v, nil
 }
+
+// TruncateDetail cuts s to at most n bytes on a character boundary, with
+// an ellipsis when it was cut.
+func TruncateDetail(s string, n int) string { return truncate(s, n) }

@@ -99,3 +99,40 @@ func TestKindsValid(t *testing.T) {
 		t.Error("empty kind valid")
 	}
 }
+
+// TestNodeEvidence: which rank failures count against the node they ran
+// on (docs/spares.md, "A node that keeps failing").
+func TestNodeEvidence(t *testing.T) {
+	exc := func(typ, msg string) *FailureCause {
+		return &FailureCause{Exception: typ, Message: msg, Where: "train.py:88 in step", Source: "output"}
+	}
+	tests := []struct {
+		name string
+		f    RankFailure
+		want bool
+	}{
+		{"hang", RankFailure{Kind: FailureHang}, true},
+		{"bystander of a hang", RankFailure{Kind: FailureCrash, ExitCode: 1, Bystander: true}, false},
+		{"exit 1, no explanation", RankFailure{Kind: FailureCrash, ExitCode: 1}, true},
+		{"SIGSEGV", RankFailure{Kind: FailureCrash, Signal: "SIGSEGV"}, true},
+		{"SIGKILL (OOM killer)", RankFailure{Kind: FailureCrash, Signal: "SIGKILL"}, true},
+		{"SIGBUS in faulthandler's stack", RankFailure{Kind: FailureCrash, Cause: &FailureCause{Signal: "SIGBUS", Where: "x.py:1"}}, true},
+		{"SIGTERM: a request", RankFailure{Kind: FailureCrash, Signal: "SIGTERM"}, false},
+		{"SIGINT: a request", RankFailure{Kind: FailureCrash, Signal: "SIGINT"}, false},
+		{"a ValueError: the code's", RankFailure{Kind: FailureCrash, ExitCode: 1, Cause: exc("ValueError", "bad shape")}, false},
+		{"a gloo peer closed: the code's (a consequence)", RankFailure{Kind: FailureCrash, ExitCode: 1,
+			Cause: exc("RuntimeError", "[../third_party/gloo/gloo/transport/tcp/pair.cc:598] Connection closed by peer [127.0.0.1]:1234")}, false},
+		{"CUDA error", RankFailure{Kind: FailureCrash, ExitCode: 1, Cause: exc("RuntimeError", "CUDA error: an illegal memory access was encountered")}, true},
+		{"uncorrectable ECC", RankFailure{Kind: FailureCrash, ExitCode: 1, Cause: exc("RuntimeError", "CUDA error: uncorrectable ECC error encountered")}, true},
+		{"NCCL", RankFailure{Kind: FailureCrash, ExitCode: 1, Cause: exc("torch.distributed.DistBackendError", "NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled system error")}, true},
+		{"EIO", RankFailure{Kind: FailureCrash, ExitCode: 1, Cause: exc("OSError", "[Errno 5] Input/output error: '/data/shard-3'")}, true},
+		{"exit 0 is no failure", RankFailure{Kind: FailureCrash}, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := tc.f.NodeEvidence(); got != tc.want {
+				t.Errorf("NodeEvidence(%+v) = %v, want %v", tc.f, got, tc.want)
+			}
+		})
+	}
+}

@@ -99,6 +99,12 @@ func SummarizePods(pods []corev1.Pod, p Params, noExecute map[string][]string) P
 						hosts[n] = true
 					}
 				}
+				if v.FailingNode != nil && pod.Spec.NodeName != "" {
+					// Its ranks kept failing in ways that point at the
+					// node, and no spare took its place: the next
+					// placement keeps off it as off a quarantined one.
+					hosts[pod.Spec.NodeName] = true
+				}
 				if v.Kind == verdict.NoRestart {
 					s.NoRestart = true
 					if verdictReason == "" {

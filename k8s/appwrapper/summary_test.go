@@ -233,3 +233,26 @@ func TestSummarizePodsNoExecute(t *testing.T) {
 		t.Errorf("got %v", s.NoExecuteNodes)
 	}
 }
+
+// TestSummarizePodsFailingNode: a launcher whose ranks kept failing in
+// ways that point at its node, with no spare to take its place, names
+// itself in failing_node: the controller keeps the next placement off
+// the pod's node as off a quarantined one.
+func TestSummarizePodsFailingNode(t *testing.T) {
+	failing := verdict.Verdict{Kind: verdict.RestartBudgetExhausted, ExitCode: 1, Reason: "no restart left",
+		RankFailures: []verdict.RankFailure{{Round: 0, Rank: 1, Kind: verdict.FailureCrash, Signal: "SIGBUS"},
+			{Round: 2, Rank: 1, Kind: verdict.FailureCrash, Signal: "SIGBUS"}},
+		FailingNode: &verdict.FailingNode{Rounds: []int{0, 2}, Window: 3, Detail: "round 0: rank 1 killed by SIGBUS; round 2: rank 1 killed by SIGBUS"}}
+	healthy := verdict.Verdict{Kind: verdict.RestartBudgetExhausted, ExitCode: 1, Reason: "no restart left"}
+	pods := []corev1.Pod{
+		pod("w0", corev1.PodFailed, onNode("n0"), exited("launcher", 1, message(t, healthy))),
+		pod("w1", corev1.PodFailed, onNode("n5"), exited("launcher", 1, message(t, failing))),
+	}
+	s := SummarizePods(pods, Params{TerminalExitCodes: []int32{1}}, nil)
+	if want := []string{"n5"}; !reflect.DeepEqual(s.QuarantinedHosts, want) {
+		t.Errorf("avoided %v, want %v", s.QuarantinedHosts, want)
+	}
+	if len(s.Verdicts) != 2 || s.Verdicts[1].Verdict.FailingNode == nil || s.Verdicts[1].Verdict.FailingNode.Window != 3 {
+		t.Errorf("the failing node's verdict did not carry failing_node through the termination message: %+v", s.Verdicts)
+	}
+}

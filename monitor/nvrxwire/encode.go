@@ -159,6 +159,7 @@ type Config struct {
 	DefaultTimeouts   bool    // the launcher's default clocks hold ranks when no timeout is configured
 	RankStacks        bool    // the launcher reads Python ranks' stacks at a hang
 	SameFailureLimit  int     // the same failure this many rounds in a row stops the job (0: never)
+	NodeFailureLimit  int     // failures pointing at the node in this many of its latest N+1 rounds take it out (0: never)
 }
 
 // EncodeOkMsg returns the pickle of data.OkMsg. With a nil cfg it is OkMsg()
@@ -237,6 +238,7 @@ func (e *encoder) config(c *Config) {
 	kb("default_timeouts", c.DefaultTimeouts)
 	kb("rank_stacks", c.RankStacks)
 	ki("same_failure_limit", c.SameFailureLimit)
+	ki("node_failure_limit", c.NodeFailureLimit)
 
 	e.op(opSetItems)
 	e.op(opBuild)

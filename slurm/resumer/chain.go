@@ -134,6 +134,13 @@ type State struct {
 	Exclusions []Exclusion `json:"exclusions"`
 }
 
+// NodeEvidence is a node of a job whose ranks failed in ways that point at
+// the node (verdict.RankFailure.NodeEvidence), with the first such failure.
+type NodeEvidence struct {
+	Node string `json:"node"` // Slurm node name
+	What string `json:"what"`
+}
+
 // ChainJob is one Slurm job of the chain.
 type ChainJob struct {
 	ID          string    `json:"id"`
@@ -153,6 +160,9 @@ type ChainJob struct {
 	// already judged, the chain had ended, a relocation); "" when it ran.
 	NotRun string   `json:"not_run,omitempty"`
 	Nodes  []string `json:"nodes,omitempty"`
+	// NodeEvidence are its nodes whose ranks failed in ways that point at
+	// the node (the chain's failing-node rule counts them across jobs).
+	NodeEvidence []NodeEvidence `json:"node_evidence,omitempty"`
 	// ScriptRC is the user's job script's exit status from the end step,
 	// which ran at ScriptEnded.
 	ScriptRC    *int      `json:"script_rc,omitempty"`

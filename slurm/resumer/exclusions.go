@@ -36,27 +36,46 @@ func (r *Resumer) pushExclusions(ctx context.Context, st *State, job *ChainJob) 
 	}
 }
 
+// exclusionCand is a node some evidence says to exclude, named by any of
+// keys (a Slurm node name, a host name, an address).
+type exclusionCand struct {
+	name                   string // the Slurm node name, when already known
+	keys                   []string
+	host, evidence, detail string
+	at                     time.Time
+}
+
 // addExclusions records the nodes quarantined in job's verdicts (and the
-// node of a verdict of kind node_excluded) as exclusions with an expiry.
+// node of a verdict of kind node_excluded, one whose ranks kept failing in
+// ways that point at it: failing_node, and one whose ranks failed so in
+// NodeFailureJobs of the latest NodeFailureJobWindow jobs it ran) as
+// exclusions with an expiry.
 func (r *Resumer) addExclusions(ctx context.Context, st *State, job *ChainJob, _ []verdict.Verdict) {
 	nvs := readVerdicts(filepath.Join(st.Dir, JobsDir, job.ID))
-	type cand struct {
-		keys                   []string
-		host, evidence, detail string
-		at                     time.Time
-	}
-	var cands []cand
+	var cands []exclusionCand
+	evidenceNodes := 0 // verdicts whose rank failures point at their node
 	for _, nv := range nvs {
-		if nv.v.Kind == verdict.NodeExcluded {
-			cands = append(cands, cand{keys: []string{nv.node, nv.v.Hostname, addrOf(nv.v.Node)}, host: nv.v.Hostname,
-				evidence: string(verdict.EvidenceExcluded), detail: nv.v.Reason, at: nv.v.EndedAt})
-		}
+		self := []string{nv.node, nv.v.Hostname, addrOf(nv.v.Node)}
+		// The quarantine entries first: the first entry of a node is
+		// kept, and theirs name the evidence (a node that left for its
+		// hangs says hang, not excluded).
 		for _, q := range nv.v.Quarantined {
-			cands = append(cands, cand{keys: []string{q.Host, addrOf(q.Node)}, host: q.Host,
+			cands = append(cands, exclusionCand{keys: []string{q.Host, addrOf(q.Node)}, host: q.Host,
 				evidence: string(q.Evidence), detail: q.Detail, at: q.At})
 		}
+		if nv.v.Kind == verdict.NodeExcluded {
+			cands = append(cands, exclusionCand{keys: self, host: nv.v.Hostname,
+				evidence: string(verdict.EvidenceExcluded), detail: nv.v.Reason, at: nv.v.EndedAt})
+		}
+		if fn := nv.v.FailingNode; fn != nil && !fn.SwappedOut { // swapped out: in Quarantined already
+			cands = append(cands, exclusionCand{keys: self, host: nv.v.Hostname,
+				evidence: string(verdict.EvidenceRankFailures), detail: fn.Detail, at: nv.v.EndedAt})
+		}
+		if nodeEvidence(nv.v) != "" {
+			evidenceNodes++
+		}
 	}
-	if len(cands) == 0 {
+	if len(cands) == 0 && evidenceNodes == 0 {
 		return
 	}
 	nodes, err := r.Sched.Nodes(ctx)
@@ -64,13 +83,15 @@ func (r *Resumer) addExclusions(ctx context.Context, st *State, job *ChainJob, _
 		r.logf("job %s: cannot map quarantined nodes to Slurm nodes: %v", job.ID, err)
 	}
 	resolve := nodeResolver(nodes, nvs)
+	cands = append(cands, r.failingAcrossJobs(st, job, nvs, resolve)...)
 	now := r.now()
 	for _, c := range cands {
-		name := ""
+		name := c.name
 		for _, k := range c.keys {
-			if name = resolve(k); name != "" {
+			if name != "" {
 				break
 			}
+			name = resolve(k)
 		}
 		if name == "" {
 			r.logf("job %s: quarantined node %v (%s) matches no Slurm node; not excluded", job.ID, c.keys, c.evidence)
@@ -149,6 +170,93 @@ func intersect(a, b []string) []string {
 		if slices.Contains(b, x) {
 			out = append(out, x)
 		}
+	}
+	return out
+}
+
+// The chain's failing-node rule across jobs (docs/slurm.md, "Nodes that
+// keep failing"): a node whose ranks failed in ways that point at it
+// (verdict.RankFailure.NodeEvidence) in NodeFailureJobs of the latest
+// NodeFailureJobWindow jobs that ran on it is excluded, even when each job
+// saw it fail only once. The launcher's in-job rule counts rounds the same
+// way (2 of 3, --ft-node-failure-limit).
+const (
+	NodeFailureJobs      = 2
+	NodeFailureJobWindow = 3
+)
+
+// nodeEvidence is what in v points at its node ("" when nothing): its
+// first rank failure that counts against the node.
+func nodeEvidence(v verdict.Verdict) string {
+	for _, f := range v.RankFailures {
+		if f.NodeEvidence() {
+			return failureWords(f)
+		}
+	}
+	return ""
+}
+
+// failureWords is one rank failure in a few words.
+func failureWords(f verdict.RankFailure) string {
+	switch {
+	case f.Kind == verdict.FailureHang:
+		return fmt.Sprintf("rank %d hung in round %d", f.Rank, f.Round)
+	case f.Cause != nil:
+		return fmt.Sprintf("rank %d %s in round %d", f.Rank, f.Cause.String(), f.Round)
+	case f.Signal != "":
+		return fmt.Sprintf("rank %d killed by %s in round %d", f.Rank, f.Signal, f.Round)
+	}
+	return fmt.Sprintf("rank %d exited %d with no explanation in round %d", f.Rank, f.ExitCode, f.Round)
+}
+
+// failingAcrossJobs records on job which of its nodes' ranks failed in
+// ways that point at the node, and returns the nodes that did so in
+// NodeFailureJobs of the latest NodeFailureJobWindow jobs they ran in.
+func (r *Resumer) failingAcrossJobs(st *State, job *ChainJob, nvs []nodeVerdict, resolve func(string) string) []exclusionCand {
+	job.NodeEvidence = nil
+	hosts := map[string]string{}
+	for _, nv := range nvs {
+		what := nodeEvidence(nv.v)
+		if what == "" {
+			continue
+		}
+		name := ""
+		for _, k := range []string{nv.node, nv.v.Hostname, addrOf(nv.v.Node)} {
+			if name = resolve(k); name != "" {
+				break
+			}
+		}
+		if name == "" || slices.ContainsFunc(job.NodeEvidence, func(e NodeEvidence) bool { return e.Node == name }) {
+			continue
+		}
+		job.NodeEvidence = append(job.NodeEvidence, NodeEvidence{Node: name, What: what})
+		hosts[name] = nv.v.Hostname
+	}
+	var out []exclusionCand
+	for _, e := range job.NodeEvidence {
+		var ran []*ChainJob
+		for _, j := range st.Jobs {
+			if j == job || slices.Contains(j.Nodes, e.Node) || slices.ContainsFunc(j.NodeEvidence, func(x NodeEvidence) bool { return x.Node == e.Node }) {
+				ran = append(ran, j)
+			}
+		}
+		if len(ran) > NodeFailureJobWindow {
+			ran = ran[len(ran)-NodeFailureJobWindow:]
+		}
+		var seen []string
+		for _, j := range ran {
+			for _, x := range j.NodeEvidence {
+				if x.Node == e.Node {
+					seen = append(seen, fmt.Sprintf("job %s: %s", j.ID, x.What))
+				}
+			}
+		}
+		if len(seen) < NodeFailureJobs {
+			continue
+		}
+		out = append(out, exclusionCand{name: e.Node, host: hosts[e.Node], evidence: string(verdict.EvidenceRankFailures),
+			detail: fmt.Sprintf("its ranks failed in ways that point at the node in %d of the latest %d jobs that ran on it (%s)",
+				len(seen), len(ran), strings.Join(seen, "; "))})
 	}
 	return out
 }
