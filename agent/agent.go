@@ -148,6 +148,15 @@ type Deps struct {
 	// CallTimeout bounds the short rendezvous calls (Fail, Shutdown,
 	// Leave) on top of the rendezvous's own loss bound; 0 means 2 minutes.
 	CallTimeout time.Duration
+	// Speed exchanges the ranks' measured speed job-wide (the etcd
+	// rendezvous; straggler.go); nil: no straggler measurement.
+	Speed SpeedExchange
+	// SpeedInterval is how often the ranks' speed is sampled and
+	// published; 0 means DefaultSpeedInterval.
+	SpeedInterval time.Duration
+	// Demand reads a process group's cumulative CPU demand (running or
+	// waiting to run); nil means procfs.GroupDemand.
+	Demand func(pgid int) (time.Duration, bool)
 	// SignalRepeatWindow is how long after the signal that began a stop
 	// the same signal again counts as a repeat delivery, not as a request
 	// to SIGKILL the ranks now (rule in signals.go); 0 means

@@ -16,6 +16,7 @@ import (
 	"github.com/ftlauncher/ft-launcher/ranklogs"
 	"github.com/ftlauncher/ft-launcher/rendezvous"
 	"github.com/ftlauncher/ft-launcher/spawn"
+	"github.com/ftlauncher/ft-launcher/straggler"
 	"golang.org/x/sys/unix"
 )
 
@@ -31,8 +32,9 @@ type cycleEnd struct {
 	exitLR    int
 	rdzvEnd   rendezvous.RoundEnd
 	sig       os.Signal
-	sigAt     time.Time   // when sig was received (the repeat window starts there)
-	exitCodes map[int]int // local rank -> torch exit code
+	sigAt     time.Time           // when sig was received (the repeat window starts there)
+	exitCodes map[int]int         // local rank -> torch exit code
+	straggler straggler.NodeSpeed // endStraggler: the judgement that named this node
 }
 
 // clean reports whether every rank of the cycle exited 0.
@@ -52,9 +54,10 @@ const (
 	endRankFailure
 	endRoundEnded // another node failed, node lost, or job closed
 	endSignal
-	endWorkload // a rank's ShutdownWorkload request
-	endWalltime // a rank exited after the pre-walltime warning
-	endFenced   // this node's lease could not be renewed: its ranks are killed at once
+	endWorkload  // a rank's ShutdownWorkload request
+	endWalltime  // a rank exited after the pre-walltime warning
+	endFenced    // this node's lease could not be renewed: its ranks are killed at once
+	endStraggler // this node is a straggler, swapped for a spare (--ft-straggler swap)
 )
 
 func (k endKind) String() string {
@@ -73,6 +76,8 @@ func (k endKind) String() string {
 		return "walltime"
 	case endFenced:
 		return "fenced"
+	case endStraggler:
+		return "straggler"
 	}
 	return "unknown"
 }
@@ -238,8 +243,24 @@ func (a *Agent) supervise(ctx context.Context) cycleEnd {
 	ip := &a.run.ip // in-process restarts (inprocess.go)
 	ipReps, rejoinC := ip.reports(), ip.rejoinTimer()
 	remaining := a.cfg.NProcPerNode
+	sw := a.startSpeedWatch(ctx, asg, g) // nil: not measured
+	defer sw.stop()
+	var swap *stragglerPending
+	var swapCheck <-chan time.Time
 	for {
 		select {
+		case me := <-sw.notify():
+			if swap = a.onStraggler(me); swap != nil {
+				t := time.NewTicker(stragglerPoll)
+				defer t.Stop()
+				swapCheck = t.C
+			}
+		case <-swapCheck:
+			if when, ok := a.stragglerDue(swap); ok {
+				end.kind, end.straggler = endStraggler, swap.me
+				end.reason = stragglerReason(swap.me, when, a.cfg.FT.StragglerThreshold)
+				return end
+			}
 		case e := <-exits:
 			remaining--
 			a.recordExit(e, &end)

@@ -343,6 +343,10 @@ type harness struct {
 	agentStore   Store     // nil: --agent-store off
 	monitors     Monitors  // nil: mons (inprocess_test.go passes monitors with in-process support)
 	eventsPath   string    // the agent's JSON-lines event log (set by start)
+	// speed, speedInterval, demand: Deps.Speed, SpeedInterval, Demand.
+	speed         SpeedExchange
+	speedInterval time.Duration
+	demand        func(pgid int) (time.Duration, bool)
 
 	// logHandler takes the agent's logs (nil: discarded).
 	logHandler slog.Handler
@@ -387,7 +391,7 @@ func (h *harness) start() <-chan Outcome {
 	h.agent = New(Deps{Spare: spare, Ledger: book, Config: h.cfg, Logger: slog.New(logHandler), Metrics: h.met, Ranks: h.ranks, Logs: logs, Events: events,
 		Monitors: h.mons, Rdzv: h.rdzv, Signals: h.sigs, Hostname: "host-a", NodeID: "10.0.0.1/42",
 		Environ: h.env, CallTimeout: h.callTimeout, WalltimeSignals: h.walltime, Store: h.agentStore,
-		SignalRepeatWindow: h.repeatWindow})
+		SignalRepeatWindow: h.repeatWindow, Speed: h.speed, SpeedInterval: h.speedInterval, Demand: h.demand})
 	if h.monitors != nil {
 		h.agent.d.Monitors = h.monitors
 	}

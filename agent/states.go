@@ -339,6 +339,8 @@ func (a *Agent) deciding(ctx context.Context) State {
 		return a.decideRoundEnded(ctx, end)
 	case endFenced:
 		return a.decideFenced(ctx, end)
+	case endStraggler:
+		return a.swapOutStraggler(ctx, end)
 	case endWorkload:
 		return StateEscalating
 	case endWalltime:

@@ -238,7 +238,34 @@ type FaultTolerance struct {
 	// keeps failing: a hot spare takes its place, and outer loops keep the
 	// next job off it (policy.FailingNode); 0 never.
 	NodeFailureLimit int `yaml:"node_failure_limit"`
+	// Straggler is what the launcher does about a node whose ranks are
+	// slower than the others' (package straggler; docs/stragglers.md):
+	// StragglerReport, StragglerSwap or StragglerOff.
+	Straggler string `yaml:"straggler"`
+	// StragglerThreshold: a node is slow when its slowest rank's speed,
+	// relative to the other nodes' ranks, is below 1 - StragglerThreshold.
+	StragglerThreshold float64 `yaml:"straggler_threshold"`
+	// StragglerWindow: seconds a node must stay slow to be a straggler.
+	StragglerWindow float64 `yaml:"straggler_window"`
+	// StragglerInterval: seconds between two samples of the ranks' speed
+	// (each node writes one record to etcd per interval).
+	StragglerInterval float64 `yaml:"straggler_interval"`
 }
+
+// Straggler modes (FaultTolerance.Straggler).
+const (
+	StragglerReport = "report" // measured, shown, never acted on
+	StragglerSwap   = "swap"   // a straggler is swapped for a standing spare at its next state save
+	StragglerOff    = "off"    // not measured
+)
+
+// Straggler defaults: docs/stragglers.md, "Defaults" gives the numbers
+// they were chosen from.
+const (
+	DefaultStragglerThreshold = 0.1
+	DefaultStragglerWindow    = 30.0
+	DefaultStragglerInterval  = 10.0
+)
 
 // The launcher's default clocks (FaultTolerance.DefaultTimeouts): what a
 // rank that heartbeats is held to when no rank timeout is configured
@@ -330,6 +357,10 @@ func DefaultFaultTolerance() FaultTolerance {
 		RankStacks:              true,
 		SameFailureLimit:        DefaultSameFailureLimit,
 		NodeFailureLimit:        DefaultNodeFailureLimit,
+		Straggler:               StragglerReport,
+		StragglerThreshold:      DefaultStragglerThreshold,
+		StragglerWindow:         DefaultStragglerWindow,
+		StragglerInterval:       DefaultStragglerInterval,
 	}
 }
 

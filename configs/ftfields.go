@@ -106,6 +106,14 @@ func ftSpecs() []ftSpec {
 			help: "Stop the job with the no-restart exit code when the same rank fails the same way (the same exception at the same place, or the same fatal signal) in N consecutive rounds (0: never)."},
 		{key: "node_failure_limit", flag: "ft-node-failure-limit", arg: "N",
 			help: "Take a node out when its own ranks failed in ways that point at the node (a fatal signal, a hang, an exit with no explanation, a hardware or driver error) in N of its latest N+1 rounds: a hot spare takes its place, and the Slurm chain and the AppWrapper controller keep the next job off it (0: never)."},
+		{key: "straggler", flag: "ft-straggler", arg: "report|swap|off",
+			help: "What to do about a node whose ranks are slower than the other nodes' (measured from the CPU each rank demands between samples): report (metric, events, ft-resumer report), swap (also swap it for a standing hot spare at its next state save), off."},
+		{key: "straggler_threshold", flag: "ft-straggler-threshold", arg: "FRACTION",
+			help: "A node is slow when its slowest rank works at less than 1 - FRACTION of the other nodes' ranks' pace (0.01-0.9)."},
+		{key: "straggler_window", flag: "ft-straggler-window", arg: "SECONDS", positive: true,
+			help: "How long a node must stay slow to be a straggler."},
+		{key: "straggler_interval", flag: "ft-straggler-interval", arg: "SECONDS", positive: true,
+			help: "Seconds between two samples of the ranks' speed; each node writes one small record to the rendezvous per interval."},
 		{key: "rank_stacks", flag: "ft-rank-stacks", arg: "BOOL", rule: boolStrict,
 			help: "Install a hook in Python ranks so that a hang's report holds every rank's stack, taken before the kill, and a death by SIGSEGV or SIGABRT its stack: true/1/yes or false/0/no."},
 	}
@@ -152,6 +160,13 @@ func setFT(ft *FaultTolerance, sp ftSpec, s string, null bool) (warning string, 
 			return "", err
 		}
 		ft.RankSectionTimeouts = m
+		return "", nil
+	case "straggler":
+		v := strings.ToLower(strings.TrimSpace(s))
+		if null || (v != StragglerReport && v != StragglerSwap && v != StragglerOff) {
+			return "", fmt.Errorf("invalid value %q: must be report, swap or off", s)
+		}
+		ft.Straggler = v
 		return "", nil
 	case "storage_healthcheck_path":
 		if null || s == "" {
@@ -296,6 +311,8 @@ func floatBounds(sp ftSpec) (lo, hi float64, allowed string) {
 		return MinPositiveSeconds, MaxSafetyFactor, fmt.Sprintf("must be a number from %g to %d", MinPositiveSeconds, MaxSafetyFactor)
 	case "gpu_memory_tolerance_mb":
 		return 0, MaxMB, fmt.Sprintf("must be a number of MB from 0 to %g", float64(MaxMB))
+	case "straggler_threshold":
+		return 0.01, 0.9, "must be a fraction from 0.01 to 0.9"
 	}
 	if sp.positive {
 		return MinPositiveSeconds, MaxSeconds, allowedSeconds(true)

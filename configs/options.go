@@ -412,7 +412,7 @@ func options() []*option {
 				}
 				return err
 			}}
-		if sp.key == "timeouts_state_file" || sp.key == "termination_grace" || sp.key == "calculate_timeouts" || sp.key == "default_timeouts" || sp.key == "rank_stacks" || sp.key == "same_failure_limit" || sp.key == "node_failure_limit" {
+		if sp.key == "timeouts_state_file" || sp.key == "termination_grace" || sp.key == "calculate_timeouts" || sp.key == "default_timeouts" || sp.key == "rank_stacks" || sp.key == "same_failure_limit" || sp.key == "node_failure_limit" || strings.HasPrefix(sp.key, "straggler") {
 			o.group = grpOurs
 		}
 		if sp.legacy {

@@ -22,6 +22,8 @@ const (
 	RankFailureHint  = "rank_failure_hint"  // a known cause in a failed rank's output: local_rank, rank, cause, hint
 	RankFailureCause = "rank_failure_cause" // why a rank failed, from its error file, traceback or fatal-signal stack
 	NodeFailing      = "node_failing"       // this node's ranks keep failing in ways that point at it
+	RankSpeed        = "rank_speed"         // this node's ranks' measured speed over the latest interval
+	Straggler        = "straggler"          // this node is slower than the others, and what was done
 	RankHang         = "rank_hang"
 	RankStacks       = "rank_stacks"    // every local rank's stacks, taken at a hang before the kill, and which rank hung
 	HangDismissed    = "hang_dismissed" // a default clock expired, but the stacks and the ranks' activity said no hang

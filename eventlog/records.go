@@ -172,6 +172,40 @@ type NodeFailingEvent struct {
 	Why        string `json:"why,omitempty"` // why it was not swapped out
 }
 
+// RankSpeedEvent: this node's ranks' measured speed over the latest
+// interval (package straggler): each rank's busy share and its speed
+// relative to the other nodes' ranks (-1: not judged), and the node's.
+type RankSpeedEvent struct {
+	Round     int              `json:"round"`
+	WindowS   float64          `json:"window_s"`
+	NodeSpeed float64          `json:"node_speed"`
+	SlowForS  float64          `json:"slow_for_s,omitempty"`
+	Ranks     []RankSpeedEntry `json:"ranks"`
+	Why       string           `json:"why,omitempty"` // why nothing was judged
+}
+
+// RankSpeedEntry is one rank of a RankSpeedEvent.
+type RankSpeedEntry struct {
+	Rank      int     `json:"rank"`
+	LocalRank int     `json:"local_rank"`
+	Busy      float64 `json:"busy"`
+	Speed     float64 `json:"speed"`
+}
+
+// StragglerEvent: this node was found a straggler (slower than the other
+// nodes by more than the threshold for the window) and Action says what
+// was done: "reported" (--ft-straggler report), "kept" (swap, but no
+// spare stood by: reported, never killed), "swapping" (swap: waiting for
+// the next state save), "swapped" (it left; a spare takes its place).
+type StragglerEvent struct {
+	Round    int     `json:"round"`
+	Speed    float64 `json:"speed"`
+	SlowForS float64 `json:"slow_for_s"`
+	Mode     string  `json:"mode"`
+	Action   string  `json:"action"`
+	Why      string  `json:"why,omitempty"`
+}
+
 // HangDismissedEvent: a rank's default clock expired, and the stacks and
 // the ranks' activity showed no hang (the rank they name is busy, or in a
 // slow phase): nothing was killed, the clocks wait WaitS longer
@@ -674,6 +708,8 @@ func (RankStacksEvent) Kind() string             { return RankStacks }
 func (HangDismissedEvent) Kind() string          { return HangDismissed }
 func (RankFailureCauseEvent) Kind() string       { return RankFailureCause }
 func (NodeFailingEvent) Kind() string            { return NodeFailing }
+func (RankSpeedEvent) Kind() string              { return RankSpeed }
+func (StragglerEvent) Kind() string              { return Straggler }
 func (RankExitedEvent) Kind() string             { return RankExited }
 func (SpareSwapEvent) Kind() string              { return SpareSwap }
 func (RoundEndedEvent) Kind() string             { return RoundEnded }
@@ -719,7 +755,7 @@ func (RankFailureHintEvent) Kind() string        { return RankFailureHint }
 func Typed() []Record {
 	return append([]Record{
 		LauncherStartedEvent{}, ListeningEvent{}, CycleStartedEvent{}, SignalReceivedEvent{}, StopEscalatedEvent{},
-		WalltimeWarningEvent{}, WorkloadRequestEvent{}, RankHangEvent{}, RankStacksEvent{}, RankFailureCauseEvent{}, NodeFailingEvent{}, HangDismissedEvent{}, RankExitedEvent{}, SpareSwapEvent{},
+		WalltimeWarningEvent{}, WorkloadRequestEvent{}, RankHangEvent{}, RankStacksEvent{}, RankFailureCauseEvent{}, NodeFailingEvent{}, RankSpeedEvent{}, StragglerEvent{}, HangDismissedEvent{}, RankExitedEvent{}, SpareSwapEvent{},
 		RoundEndedEvent{}, JobFailedEvent{}, JobSucceededEvent{}, StandbyEvent{}, RestartEvent{}, FencedEvent{},
 		FencedByWatchdogEvent{}, TrainingFinishedEvent{}, VerdictEvent{}, VerdictLostEvent{}, LedgerEvent{},
 		InProcessKeptEvent{}, InProcessNoticeEvent{}, InProcessRejoinedEvent{}, InProcessFirstStepEvent{},

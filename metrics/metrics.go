@@ -44,6 +44,8 @@ type Metrics struct {
 	em *etcdMemberMetrics // the hosted embedded etcd member (etcdmember.go)
 
 	fw *fenceWatchdogMetrics // the fence watchdog (fencewatchdog.go)
+
+	st *stragglerMetrics // the ranks' measured speed (straggler.go)
 }
 
 // New creates the collectors and registers them on a fresh registry.
@@ -101,6 +103,7 @@ func New() *Metrics {
 	m.ip = newInProcessMetrics(m.Registry)
 	m.em = newEtcdMemberMetrics(m.Registry)
 	m.fw = newFenceWatchdogMetrics(m.Registry)
+	m.st = newStragglerMetrics(m.Registry)
 	return m
 }
 

@@ -269,6 +269,8 @@ func (k keys) ranks(r int) string             { return k.roundDir(r) + "rank/" }
 func (k keys) rank(r int, id string) string   { return k.ranks(r) + id }
 func (k keys) dones(r int) string             { return k.roundDir(r) + "done/" }
 func (k keys) stacks(r int) string            { return k.roundDir(r) + "stacks/" }
+func (k keys) speeds(r int) string            { return k.roundDir(r) + "speed/" }
+func (k keys) speedResult(r int) string       { return k.roundDir(r) + "speed-result" }
 func (k keys) done(r int, id string) string   { return k.dones(r) + id }
 func (k keys) alives() string                 { return k.base + "alive/" }
 func (k keys) alive(id string) string         { return k.alives() + id }

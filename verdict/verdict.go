@@ -107,6 +107,10 @@ const (
 	// point at the node rather than the code (RankFailure.NodeEvidence):
 	// FailingNode says in which rounds, and which jobs in a Slurm chain.
 	EvidenceRankFailures Evidence = "rank_failures"
+	// EvidenceStraggler: the node's ranks were slower than the other
+	// nodes' by more than the threshold for the window, and it was
+	// swapped for a spare (--ft-straggler swap; docs/stragglers.md).
+	EvidenceStraggler Evidence = "straggler"
 )
 
 // Quarantine is a node the job stopped using, with the evidence.

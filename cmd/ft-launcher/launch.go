@@ -231,6 +231,10 @@ func launch(ctx context.Context, cfg *configs.Config, log *slog.Logger, sigs <-c
 	if stk != nil {
 		deps.Evidence = stk
 	}
+	if x, ok := rdzv.(agent.SpeedExchange); ok {
+		deps.Speed = x // the etcd rendezvous: each node's ranks' speed, judged job-wide
+	}
+	deps.SpeedInterval = time.Duration(cfg.FT.StragglerInterval * float64(time.Second))
 	if store != nil {
 		deps.Store = store
 		if repl != nil {

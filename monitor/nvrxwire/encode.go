@@ -152,14 +152,18 @@ type Config struct {
 	CycleInfoDir                 *string
 
 	// ft-launcher additions (also settable in the YAML section).
-	NoRestartExitCode int     // default 93
-	TimeoutsStateFile string  // computed timeouts persisted here ("" disables)
-	TerminationGrace  float64 // seconds between a non-SIGKILL hang signal and SIGKILL
-	CalculateTimeouts bool    // launcher computes timeouts from observed timing
-	DefaultTimeouts   bool    // the launcher's default clocks hold ranks when no timeout is configured
-	RankStacks        bool    // the launcher reads Python ranks' stacks at a hang
-	SameFailureLimit  int     // the same failure this many rounds in a row stops the job (0: never)
-	NodeFailureLimit  int     // failures pointing at the node in this many of its latest N+1 rounds take it out (0: never)
+	NoRestartExitCode  int     // default 93
+	TimeoutsStateFile  string  // computed timeouts persisted here ("" disables)
+	TerminationGrace   float64 // seconds between a non-SIGKILL hang signal and SIGKILL
+	CalculateTimeouts  bool    // launcher computes timeouts from observed timing
+	DefaultTimeouts    bool    // the launcher's default clocks hold ranks when no timeout is configured
+	RankStacks         bool    // the launcher reads Python ranks' stacks at a hang
+	SameFailureLimit   int     // the same failure this many rounds in a row stops the job (0: never)
+	NodeFailureLimit   int     // failures pointing at the node in this many of its latest N+1 rounds take it out (0: never)
+	Straggler          string  // report, swap or off
+	StragglerThreshold float64 // a node slower than 1 - this is slow
+	StragglerWindow    float64 // seconds a node stays slow to be a straggler
+	StragglerInterval  float64 // seconds between two speed samples
 }
 
 // EncodeOkMsg returns the pickle of data.OkMsg. With a nil cfg it is OkMsg()
@@ -239,6 +243,11 @@ func (e *encoder) config(c *Config) {
 	kb("rank_stacks", c.RankStacks)
 	ki("same_failure_limit", c.SameFailureLimit)
 	ki("node_failure_limit", c.NodeFailureLimit)
+	st := c.Straggler
+	ks("straggler", &st)
+	kf("straggler_threshold", c.StragglerThreshold)
+	kf("straggler_window", c.StragglerWindow)
+	kf("straggler_interval", c.StragglerInterval)
 
 	e.op(opSetItems)
 	e.op(opBuild)
