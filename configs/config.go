@@ -262,7 +262,7 @@ const (
 // Straggler defaults: docs/stragglers.md, "Defaults" gives the numbers
 // they were chosen from.
 const (
-	DefaultStragglerThreshold = 0.1
+	DefaultStragglerThreshold = 0.2
 	DefaultStragglerWindow    = 30.0
 	DefaultStragglerInterval  = 10.0
 )

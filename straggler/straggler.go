@@ -11,7 +11,8 @@
 // the others wait for it: its busy share is the highest. A rank's speed is
 // the median busy share of the other nodes' ranks divided by its own (1:
 // as fast as they are; 0.7: it needs 1/0.7 of their time for the same
-// work); a node's speed is its slowest rank's.
+// work). A node's speed compares its busiest rank with the other nodes'
+// busiest ranks, averaged over a window (Judge).
 package straggler
 
 import (
@@ -83,10 +84,11 @@ func (s *Sampler) Sample(now time.Time, pgids map[int]int) map[int]float64 {
 type Options struct {
 	// Threshold: a node is slow while its speed is below 1 - Threshold.
 	Threshold float64
-	// Window: a node slow for at least this long is a straggler.
+	// Window: speeds are averaged over the latest Window, and a node slow
+	// for half of it is a straggler.
 	Window time.Duration
-	// MinBusy: the other nodes' median busy share below which nothing is
-	// judged (ranks that hardly work say nothing about their speed).
+	// MinBusy: the other nodes' busy share below which nothing is judged
+	// (ranks that hardly work say nothing about their speed).
 	MinBusy float64
 	// MaxAge: samples older than this (a node that stopped publishing)
 	// are left out.
@@ -96,10 +98,12 @@ type Options struct {
 // DefaultMinBusy is Options.MinBusy when none is set.
 const DefaultMinBusy = 0.05
 
-// Judge applies the straggler rule job-wide, interval after interval;
-// it remembers since when each node has been slow.
+// Judge applies the straggler rule job-wide, interval after interval. It
+// keeps each node's samples of the latest window, and since when each
+// node has been slow.
 type Judge struct {
 	o         Options
+	history   map[string][]NodeSample // by node, oldest first
 	slowSince map[string]time.Time
 }
 
@@ -108,18 +112,18 @@ func NewJudge(o Options) *Judge {
 	if o.MinBusy <= 0 {
 		o.MinBusy = DefaultMinBusy
 	}
-	return &Judge{o: o, slowSince: map[string]time.Time{}}
+	return &Judge{o: o, history: map[string][]NodeSample{}, slowSince: map[string]time.Time{}}
 }
 
 // RankSpeed is one rank's speed relative to the other nodes' ranks.
 type RankSpeed struct {
 	Rank  int     `json:"rank"`
 	Node  string  `json:"node"`
-	Busy  float64 `json:"busy"`
+	Busy  float64 `json:"busy"` // averaged over the window
 	Speed float64 `json:"speed"`
 }
 
-// NodeSpeed is one node's speed (its slowest rank's) and its standing.
+// NodeSpeed is one node's speed and its standing.
 type NodeSpeed struct {
 	Node  string  `json:"node"`
 	Host  string  `json:"host,omitempty"`
@@ -134,7 +138,8 @@ type Result struct {
 	At    int64       `json:"at"`
 	Ranks []RankSpeed `json:"ranks"`
 	Nodes []NodeSpeed `json:"nodes"`
-	// Why is set when nothing could be judged (one node, idle ranks).
+	// Why is set when nothing could be judged (one node, idle ranks, too
+	// little history).
 	Why string `json:"why,omitempty"`
 }
 
@@ -159,73 +164,130 @@ func (r Result) Node(node string) (NodeSpeed, bool) {
 	return NodeSpeed{}, false
 }
 
-// Judge judges the latest samples of every node at now.
+// smoothed is one node's ranks' busy shares averaged over its samples of
+// the window (weighted by each sample's span), and the span covered.
+type smoothed struct {
+	node, host string
+	ranks      []RankBusy // Busy averaged
+	covered    time.Duration
+	max        float64 // its busiest rank's share: the rank the node's pace waits for
+}
+
+// Judge adds the latest samples and judges every node at now.
+//
+// A node's speed compares its busiest rank with the other nodes' busiest
+// ranks (the median of theirs over its own): in a synchronous step each
+// node's pace is set by the rank that works longest, and comparing like
+// with like leaves out what differs between a node's own ranks (a rank
+// that waits more by its place in a ring all-reduce). A rank's own speed
+// (for the metric and the report) is the other nodes' ranks' median busy
+// share over its own.
 func (j *Judge) Judge(now time.Time, samples []NodeSample) Result {
 	res := Result{At: now.UnixMilli()}
-	var fresh []NodeSample
 	for _, s := range samples {
-		if len(s.Ranks) == 0 || (j.o.MaxAge > 0 && now.Sub(time.UnixMilli(s.At)) > j.o.MaxAge) {
+		if len(s.Ranks) == 0 {
 			continue
 		}
-		fresh = append(fresh, s)
+		h := j.history[s.Node]
+		if n := len(h); n > 0 && h[n-1].At >= s.At {
+			continue // the same sample again (published once per interval, read by every judgement)
+		}
+		j.history[s.Node] = append(h, s)
 	}
-	sort.Slice(fresh, func(a, b int) bool { return fresh[a].Node < fresh[b].Node })
-	if len(fresh) < 2 {
+	var nodes []smoothed
+	for node, h := range j.history {
+		// Keep the samples that end within the window; a node whose
+		// latest sample is older than MaxAge stopped publishing.
+		keep := h[:0]
+		for _, s := range h {
+			if now.Sub(time.UnixMilli(s.At)) <= j.o.Window {
+				keep = append(keep, s)
+			}
+		}
+		if len(keep) == 0 || (j.o.MaxAge > 0 && now.Sub(time.UnixMilli(keep[len(keep)-1].At)) > j.o.MaxAge) {
+			delete(j.history, node)
+			delete(j.slowSince, node)
+			continue
+		}
+		j.history[node] = keep
+		nodes = append(nodes, smooth(keep))
+	}
+	sort.Slice(nodes, func(a, b int) bool { return nodes[a].node < nodes[b].node })
+	if len(nodes) < 2 {
 		res.Why = "fewer than 2 nodes with fresh samples"
-		j.slowSince = map[string]time.Time{}
 		return res
 	}
-	seen := map[string]bool{}
-	for _, s := range fresh {
-		others := make([]float64, 0, 8)
-		for _, o := range fresh {
-			if o.Node == s.Node {
+	for i, n := range nodes {
+		var otherMax, otherRanks []float64
+		for k, o := range nodes {
+			if k == i {
 				continue
 			}
-			for _, r := range o.Ranks {
-				others = append(others, r.Busy)
+			otherMax = append(otherMax, o.max)
+			for _, r := range o.ranks {
+				otherRanks = append(otherRanks, r.Busy)
 			}
 		}
-		ref := median(others)
-		if ref < j.o.MinBusy {
+		ref, refRanks := median(otherMax), median(otherRanks)
+		if ref < j.o.MinBusy || n.max <= 0 {
 			continue
 		}
-		ns := NodeSpeed{Node: s.Node, Host: s.Host, Speed: -1}
-		for _, r := range s.Ranks {
+		for _, r := range n.ranks {
 			sp := 1.0
 			if r.Busy > 0 {
-				sp = ref / r.Busy
+				sp = refRanks / r.Busy
 			}
-			res.Ranks = append(res.Ranks, RankSpeed{Rank: r.Rank, Node: s.Node, Busy: r.Busy, Speed: sp})
-			if ns.Speed < 0 || sp < ns.Speed {
-				ns.Speed = sp
-			}
+			res.Ranks = append(res.Ranks, RankSpeed{Rank: r.Rank, Node: n.node, Busy: r.Busy, Speed: sp})
 		}
-		seen[s.Node] = true
-		if ns.Speed < 1-j.o.Threshold {
-			since, ok := j.slowSince[s.Node]
+		ns := NodeSpeed{Node: n.node, Host: n.host, Speed: ref / n.max}
+		// Judged only on half a window of history: a node that just
+		// started (or a new round) has too few samples to be fair.
+		if n.covered >= j.o.Window/2 && ns.Speed < 1-j.o.Threshold {
+			since, ok := j.slowSince[n.node]
 			if !ok {
-				// Slow since the start of the interval that showed it.
-				since = time.UnixMilli(s.At).Add(-time.Duration(s.WindowS * float64(time.Second)))
-				j.slowSince[s.Node] = since
+				since = now
+				j.slowSince[n.node] = since
 			}
-			ns.SlowForS = now.Sub(since).Seconds()
-			ns.Straggler = now.Sub(since) >= j.o.Window
+			ns.SlowForS = max(now.Sub(since).Seconds(), 0.001)
+			ns.Straggler = now.Sub(since) >= j.o.Window/2
 		} else {
-			delete(j.slowSince, s.Node)
+			delete(j.slowSince, n.node)
 		}
 		res.Nodes = append(res.Nodes, ns)
-	}
-	for n := range j.slowSince {
-		if !seen[n] {
-			delete(j.slowSince, n)
-		}
 	}
 	if len(res.Nodes) == 0 {
 		res.Why = "the ranks hardly work (busy below " + ftoa(j.o.MinBusy) + ")"
 	}
-	sort.Slice(res.Ranks, func(a, b int) bool { return res.Ranks[a].Rank < res.Ranks[b].Rank })
+	sort.Slice(res.Ranks, func(a, b int) bool {
+		x, y := res.Ranks[a], res.Ranks[b]
+		return x.Rank < y.Rank || (x.Rank == y.Rank && x.Node < y.Node)
+	})
 	return res
+}
+
+// smooth averages a node's samples, each weighted by its span.
+func smooth(h []NodeSample) smoothed {
+	last := h[len(h)-1]
+	out := smoothed{node: last.Node, host: last.Host}
+	sum, wsum := map[int]float64{}, map[int]float64{}
+	local := map[int]int{}
+	var covered float64
+	for _, s := range h {
+		w := max(s.WindowS, 1e-3)
+		covered += w
+		for _, r := range s.Ranks {
+			sum[r.Rank] += r.Busy * w
+			wsum[r.Rank] += w
+			local[r.Rank] = r.LocalRank
+		}
+	}
+	for _, r := range last.Ranks { // the node's ranks now
+		b := sum[r.Rank] / wsum[r.Rank]
+		out.ranks = append(out.ranks, RankBusy{Rank: r.Rank, LocalRank: local[r.Rank], Busy: b})
+		out.max = max(out.max, b)
+	}
+	out.covered = time.Duration(covered * float64(time.Second))
+	return out
 }
 
 func median(xs []float64) float64 {
