@@ -42,6 +42,7 @@ var colors = map[string]string{
 	"crash": "#d01010", "hang": "#a000c0", "node_loss": "#000000", "swap": "#0070e0", "filler_reclaim": "#b48ad8",
 	"restart": "#ff8c00", "checkpoint": "#1060c0", "first_step": "#00a0a0", "restore": "#e0409a", "exit": "#606060", "round_ended": "#805000",
 	"standby": "#9db4d8", "condition": "#444444", "stacks": "#7a86b8", "culprit": "#ff0066",
+	"speed_ok": "#a8d5b5", "speed_lagging": "#f0c040", "speed_slow": "#e05050", "speed_unjudged": "#dddddd", "straggler": "#ff0066",
 }
 
 type svgRect struct {
@@ -171,6 +172,12 @@ func (r *Report) WriteHTML(w io.Writer) error {
 	for _, l := range r.Ranks {
 		lane(l, "lane-rank")
 	}
+	if len(r.Speeds) > 0 {
+		heading("Speed (each node against the others: green >= 0.9, yellow 0.8-0.9, red < 0.8)")
+		for _, l := range speedLanes(r.Speeds) {
+			lane(l, "lane-speed")
+		}
+	}
 	if r.Workload != nil {
 		heading("AppWrapper " + r.Workload.Name)
 		lane(Lane{Name: fmt.Sprintf("%s (%d resets)", r.Workload.Phase, r.Workload.Resets), Marks: r.Workload.Conditions}, "lane-workload")
@@ -188,6 +195,9 @@ func (r *Report) WriteHTML(w io.Writer) error {
 	legend := []string{"running", "startup", "spare", "filler", "crash", "hang", "node_loss", "swap", "filler_reclaim", "restart", "checkpoint", "restore", "first_step", "exit", "round_ended", "standby"}
 	if len(r.Hangs) > 0 {
 		legend = append(legend, "culprit", "stacks")
+	}
+	if len(r.Speeds) > 0 {
+		legend = append(legend, "speed_ok", "speed_lagging", "speed_slow", "straggler")
 	}
 	for _, k := range legend {
 		p.Legend = append(p.Legend, legendItem{Name: k, Color: colors[k]})

@@ -54,8 +54,11 @@ type Report struct {
 	Workload *Workload          `json:"workload,omitempty"`
 	State    *State             `json:"state,omitempty"` // the launcher-held state's saves, write-outs, restores
 	Hangs    []Hang             `json:"hangs,omitempty"` // each hang's culprit and stacks (hangs.go); additive to v1
-	Notes    []string           `json:"notes"`
-	Warnings []string           `json:"warnings"`
+	// Speeds are the nodes' measured speed and straggler findings
+	// (speed.go; docs/stragglers.md); additive to v1.
+	Speeds   []NodeSpeeds `json:"speeds,omitempty"`
+	Notes    []string     `json:"notes"`
+	Warnings []string     `json:"warnings"`
 	// Categories is the same wall time in the badput categories of
 	// Google's ml-goodput-measurement (categories.go); additive to v1.
 	Categories Categories `json:"badput_categories"`
@@ -204,6 +207,7 @@ func compute(rec *records) (*Report, error) {
 		r.RunIDs = []string{}
 	}
 	r.Hangs = hangs(rec, r) // before the lanes: they mark each hang's ranks
+	r.Speeds = speeds(rec)
 	r.Nodes, r.Ranks = lanes(rec, r)
 	r.State = stateAccount(rec, r)
 	if rec.aw != nil {
