@@ -79,7 +79,7 @@ func (a *Agent) startSpeedWatch(ctx context.Context, asg rendezvous.Assignment, 
 	w := &speedWatch{notices: make(chan straggler.NodeSpeed, 1), cancel: cancel, done: make(chan struct{})}
 	l := &speedLoop{a: a, asg: asg, g: g, interval: interval, sampler: straggler.NewSampler(demand),
 		judge: straggler.NewJudge(straggler.Options{Threshold: ft.StragglerThreshold, Window: window, MaxAge: 3 * interval}),
-		w:     w}
+		own:   straggler.NewSmoother(window), w: w}
 	go func() {
 		defer close(w.done)
 		l.run(ctx)
@@ -93,7 +93,8 @@ type speedLoop struct {
 	g        RankGroup
 	interval time.Duration
 	sampler  *straggler.Sampler
-	judge    *straggler.Judge // used on group rank 0 only
+	judge    *straggler.Judge    // used on group rank 0 only
+	own      *straggler.Smoother // this node's samples of the window
 	w        *speedWatch
 	notified bool
 	warnOnce sync.Once
@@ -131,6 +132,7 @@ func (l *speedLoop) tick(ctx context.Context, now time.Time, span time.Duration)
 		l.warn("publish this node's speed", err)
 		return
 	}
+	l.own.Add(s)
 	var res straggler.Result
 	if l.asg.GroupRank == 0 {
 		all, err := a.d.Speed.Speeds(ctx, round)
@@ -146,37 +148,36 @@ func (l *speedLoop) tick(ctx context.Context, now time.Time, span time.Duration)
 			}
 		}
 		res = l.judge.Judge(now, samples)
-		rb, _ := json.Marshal(res)
+		rb, _ := json.Marshal(res.Published())
 		if err := a.d.Speed.PublishSpeedResult(ctx, round, rb); err != nil {
 			l.warn("publish the speed judgement", err)
 		}
 	} else {
 		rb, err := a.d.Speed.SpeedResult(ctx, round)
 		if err != nil || rb == nil || json.Unmarshal(rb, &res) != nil || now.Sub(time.UnixMilli(res.At)) > 3*l.interval {
-			l.record(s, straggler.Result{Why: "no fresh job-wide judgement"}, straggler.NodeSpeed{Speed: -1})
-			return
+			res = straggler.Result{Why: "no fresh job-wide judgement"}
 		}
 	}
-	me, ok := res.Node(a.d.NodeID)
+	me, ranks, ok := res.For(a.d.NodeID, l.own.At(now))
 	if !ok {
 		me.Speed = -1
 	}
-	l.record(s, res, me)
+	l.record(s, res.Why, me, ranks)
 	if me.Straggler && !l.notified {
 		l.notified = true
 		l.w.notices <- me
 	}
 }
 
-// record is the interval's event and metrics for this node's ranks.
-func (l *speedLoop) record(s straggler.NodeSample, res straggler.Result, me straggler.NodeSpeed) {
-	ev := eventlog.RankSpeedEvent{Round: l.asg.Round, WindowS: s.WindowS, NodeSpeed: me.Speed, SlowForS: me.SlowForS, Why: res.Why}
+// record is the interval's event and metrics for this node's ranks:
+// each rank's busy share over the interval, and its speed over the
+// window (-1: not judged).
+func (l *speedLoop) record(s straggler.NodeSample, why string, me straggler.NodeSpeed, ranks map[int]float64) {
+	ev := eventlog.RankSpeedEvent{Round: l.asg.Round, WindowS: s.WindowS, NodeSpeed: me.Speed, SlowForS: me.SlowForS, Why: why}
 	for _, r := range s.Ranks {
-		sp := -1.0
-		for _, x := range res.Ranks {
-			if x.Node == s.Node && x.Rank == r.Rank {
-				sp = x.Speed
-			}
+		sp, ok := ranks[r.Rank]
+		if !ok {
+			sp = -1
 		}
 		ev.Ranks = append(ev.Ranks, eventlog.RankSpeedEntry{Rank: r.Rank, LocalRank: r.LocalRank, Busy: r.Busy, Speed: sp})
 		l.a.d.Metrics.RankSpeed(r.Rank, r.LocalRank, r.Busy, sp)

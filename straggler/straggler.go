@@ -103,7 +103,7 @@ const DefaultMinBusy = 0.05
 // node has been slow.
 type Judge struct {
 	o         Options
-	history   map[string][]NodeSample // by node, oldest first
+	history   map[string]*Smoother
 	slowSince map[string]time.Time
 }
 
@@ -112,7 +112,7 @@ func NewJudge(o Options) *Judge {
 	if o.MinBusy <= 0 {
 		o.MinBusy = DefaultMinBusy
 	}
-	return &Judge{o: o, history: map[string][]NodeSample{}, slowSince: map[string]time.Time{}}
+	return &Judge{o: o, history: map[string]*Smoother{}, slowSince: map[string]time.Time{}}
 }
 
 // RankSpeed is one rank's speed relative to the other nodes' ranks.
@@ -131,16 +131,75 @@ type NodeSpeed struct {
 	// SlowForS is how long the node has been slow (0: it is not).
 	SlowForS  float64 `json:"slow_for_s,omitempty"`
 	Straggler bool    `json:"straggler,omitempty"`
+	// RankRef is the other nodes' ranks' median busy share: the node's
+	// ranks' speeds are it over their own.
+	RankRef float64 `json:"rank_ref"`
 }
 
 // Result is one interval's job-wide judgement.
 type Result struct {
-	At    int64       `json:"at"`
-	Ranks []RankSpeed `json:"ranks"`
+	At int64 `json:"at"`
+	// Ranks are every judged rank's speed: the judging node's view, not
+	// published (Published).
+	Ranks []RankSpeed `json:"-"`
+	// Nodes are the judged nodes; in a published result with more than
+	// MaxPublishedNodes, only the slow ones (the others read their
+	// standing from MaxRef and RankRef: For).
 	Nodes []NodeSpeed `json:"nodes"`
+	// Judged is how many nodes were judged; MaxRef the median of their
+	// busiest ranks' shares and RankRef of all their ranks' shares.
+	Judged  int     `json:"judged"`
+	MaxRef  float64 `json:"max_ref"`
+	RankRef float64 `json:"rank_ref"`
 	// Why is set when nothing could be judged (one node, idle ranks, too
 	// little history).
 	Why string `json:"why,omitempty"`
+}
+
+// MaxPublishedNodes bounds the nodes a published result lists in full:
+// every node reads the result each interval, so at 4,000 nodes it holds
+// the slow ones only and stays a few hundred bytes.
+const MaxPublishedNodes = 64
+
+// Published is r as it goes to every node: without the ranks, and with
+// only the slow nodes when there are more than MaxPublishedNodes.
+func (r Result) Published() Result {
+	p := r
+	p.Ranks = nil
+	if len(r.Nodes) > MaxPublishedNodes {
+		p.Nodes = nil
+		for _, n := range r.Nodes {
+			if n.SlowForS > 0 {
+				p.Nodes = append(p.Nodes, n)
+			}
+		}
+	}
+	return p
+}
+
+// For is node's standing in the published r, and its ranks' speeds by
+// rank, from its own window-averaged ranks (own: the node's Smoother).
+// A node the result does not list (a large job's node that is not slow)
+// compares itself with the job's medians, which differ from the other
+// nodes' by one node in thousands.
+func (r Result) For(node string, own Smoothed) (NodeSpeed, map[int]float64, bool) {
+	if r.Why != "" || r.Judged == 0 || len(own.Ranks) == 0 {
+		return NodeSpeed{Node: node, Speed: -1}, nil, false
+	}
+	ns, ok := r.Node(node)
+	if !ok {
+		if own.Max <= 0 {
+			return NodeSpeed{Node: node, Speed: -1}, nil, false
+		}
+		ns = NodeSpeed{Node: node, Speed: r.MaxRef / own.Max, RankRef: r.RankRef}
+	}
+	speeds := map[int]float64{}
+	for _, rb := range own.Ranks {
+		if rb.Busy > 0 {
+			speeds[rb.Rank] = ns.RankRef / rb.Busy
+		}
+	}
+	return ns, speeds, true
 }
 
 // Stragglers are the nodes r names as stragglers.
@@ -164,13 +223,66 @@ func (r Result) Node(node string) (NodeSpeed, bool) {
 	return NodeSpeed{}, false
 }
 
-// smoothed is one node's ranks' busy shares averaged over its samples of
-// the window (weighted by each sample's span), and the span covered.
-type smoothed struct {
-	node, host string
-	ranks      []RankBusy // Busy averaged
-	covered    time.Duration
-	max        float64 // its busiest rank's share: the rank the node's pace waits for
+// Smoother keeps one node's samples of the latest window and averages
+// them, each weighted by its span.
+type Smoother struct {
+	window  time.Duration
+	samples []NodeSample // oldest first
+}
+
+// NewSmoother averages over window.
+func NewSmoother(window time.Duration) *Smoother { return &Smoother{window: window} }
+
+// Add adds s (a sample not newer than the latest is ignored: the same
+// one read again).
+func (m *Smoother) Add(s NodeSample) {
+	if n := len(m.samples); len(s.Ranks) == 0 || (n > 0 && m.samples[n-1].At >= s.At) {
+		return
+	}
+	m.samples = append(m.samples, s)
+}
+
+// Smoothed is a node's ranks' busy shares averaged over the window.
+type Smoothed struct {
+	Node, Host string
+	Ranks      []RankBusy // the node's ranks now, Busy averaged
+	Covered    time.Duration
+	Max        float64 // its busiest rank's share: the rank the node's pace waits for
+	LatestAt   int64
+}
+
+// At drops the samples older than the window at now and averages the
+// rest (an empty Smoothed when none is left).
+func (m *Smoother) At(now time.Time) Smoothed {
+	keep := m.samples[:0]
+	for _, s := range m.samples {
+		if now.Sub(time.UnixMilli(s.At)) <= m.window {
+			keep = append(keep, s)
+		}
+	}
+	m.samples = keep
+	if len(keep) == 0 {
+		return Smoothed{}
+	}
+	last := keep[len(keep)-1]
+	out := Smoothed{Node: last.Node, Host: last.Host, LatestAt: last.At}
+	sum, wsum := map[int]float64{}, map[int]float64{}
+	var covered float64
+	for _, s := range keep {
+		w := max(s.WindowS, 1e-3)
+		covered += w
+		for _, r := range s.Ranks {
+			sum[r.Rank] += r.Busy * w
+			wsum[r.Rank] += w
+		}
+	}
+	for _, r := range last.Ranks { // the node's ranks now
+		b := sum[r.Rank] / wsum[r.Rank]
+		out.Ranks = append(out.Ranks, RankBusy{Rank: r.Rank, LocalRank: r.LocalRank, Busy: b})
+		out.Max = max(out.Max, b)
+	}
+	out.Covered = time.Duration(covered * float64(time.Second))
+	return out
 }
 
 // Judge adds the latest samples and judges every node at now.
@@ -185,73 +297,78 @@ type smoothed struct {
 func (j *Judge) Judge(now time.Time, samples []NodeSample) Result {
 	res := Result{At: now.UnixMilli()}
 	for _, s := range samples {
-		if len(s.Ranks) == 0 {
-			continue
+		m, ok := j.history[s.Node]
+		if !ok {
+			m = NewSmoother(j.o.Window)
+			j.history[s.Node] = m
 		}
-		h := j.history[s.Node]
-		if n := len(h); n > 0 && h[n-1].At >= s.At {
-			continue // the same sample again (published once per interval, read by every judgement)
-		}
-		j.history[s.Node] = append(h, s)
+		m.Add(s)
 	}
-	var nodes []smoothed
-	for node, h := range j.history {
-		// Keep the samples that end within the window; a node whose
-		// latest sample is older than MaxAge stopped publishing.
-		keep := h[:0]
-		for _, s := range h {
-			if now.Sub(time.UnixMilli(s.At)) <= j.o.Window {
-				keep = append(keep, s)
-			}
-		}
-		if len(keep) == 0 || (j.o.MaxAge > 0 && now.Sub(time.UnixMilli(keep[len(keep)-1].At)) > j.o.MaxAge) {
+	var nodes []Smoothed
+	for node, m := range j.history {
+		sm := m.At(now)
+		// A node whose latest sample is older than MaxAge stopped
+		// publishing (it left, or its launcher is stuck).
+		if len(sm.Ranks) == 0 || (j.o.MaxAge > 0 && now.Sub(time.UnixMilli(sm.LatestAt)) > j.o.MaxAge) {
 			delete(j.history, node)
 			delete(j.slowSince, node)
 			continue
 		}
-		j.history[node] = keep
-		nodes = append(nodes, smooth(keep))
+		nodes = append(nodes, sm)
 	}
-	sort.Slice(nodes, func(a, b int) bool { return nodes[a].node < nodes[b].node })
+	sort.Slice(nodes, func(a, b int) bool { return nodes[a].Node < nodes[b].Node })
 	if len(nodes) < 2 {
 		res.Why = "fewer than 2 nodes with fresh samples"
 		return res
 	}
-	for i, n := range nodes {
-		var otherMax, otherRanks []float64
-		for k, o := range nodes {
-			if k == i {
-				continue
-			}
-			otherMax = append(otherMax, o.max)
-			for _, r := range o.ranks {
-				otherRanks = append(otherRanks, r.Busy)
-			}
+	// Medians over all nodes, and over all but each node (the node's own
+	// reference): with many nodes, the median without one is the
+	// median's neighbour in the sorted list.
+	maxes := make([]float64, 0, len(nodes))
+	var all []float64
+	for _, n := range nodes {
+		maxes = append(maxes, n.Max)
+		for _, r := range n.Ranks {
+			all = append(all, r.Busy)
 		}
-		ref, refRanks := median(otherMax), median(otherRanks)
-		if ref < j.o.MinBusy || n.max <= 0 {
+	}
+	sortedMax, sortedAll := slices.Sorted(slices.Values(maxes)), slices.Sorted(slices.Values(all))
+	res.MaxRef, res.RankRef = medianSorted(sortedMax), medianSorted(sortedAll)
+	for _, n := range nodes {
+		ref, refRanks := res.MaxRef, res.RankRef
+		if len(nodes) <= MaxPublishedNodes {
+			// Few nodes: the others' medians, exactly (with 2 nodes the
+			// other node is the whole reference).
+			own := make([]float64, 0, len(n.Ranks))
+			for _, r := range n.Ranks {
+				own = append(own, r.Busy)
+			}
+			ref, refRanks = medianWithout(sortedMax, []float64{n.Max}), medianWithout(sortedAll, own)
+		}
+		if ref < j.o.MinBusy || n.Max <= 0 {
 			continue
 		}
-		for _, r := range n.ranks {
+		res.Judged++
+		for _, r := range n.Ranks {
 			sp := 1.0
 			if r.Busy > 0 {
 				sp = refRanks / r.Busy
 			}
-			res.Ranks = append(res.Ranks, RankSpeed{Rank: r.Rank, Node: n.node, Busy: r.Busy, Speed: sp})
+			res.Ranks = append(res.Ranks, RankSpeed{Rank: r.Rank, Node: n.Node, Busy: r.Busy, Speed: sp})
 		}
-		ns := NodeSpeed{Node: n.node, Host: n.host, Speed: ref / n.max}
+		ns := NodeSpeed{Node: n.Node, Host: n.Host, Speed: ref / n.Max, RankRef: refRanks}
 		// Judged only on half a window of history: a node that just
 		// started (or a new round) has too few samples to be fair.
-		if n.covered >= j.o.Window/2 && ns.Speed < 1-j.o.Threshold {
-			since, ok := j.slowSince[n.node]
+		if n.Covered >= j.o.Window/2 && ns.Speed < 1-j.o.Threshold {
+			since, ok := j.slowSince[n.Node]
 			if !ok {
 				since = now
-				j.slowSince[n.node] = since
+				j.slowSince[n.Node] = since
 			}
 			ns.SlowForS = max(now.Sub(since).Seconds(), 0.001)
 			ns.Straggler = now.Sub(since) >= j.o.Window/2
 		} else {
-			delete(j.slowSince, n.node)
+			delete(j.slowSince, n.Node)
 		}
 		res.Nodes = append(res.Nodes, ns)
 	}
@@ -265,42 +382,37 @@ func (j *Judge) Judge(now time.Time, samples []NodeSample) Result {
 	return res
 }
 
-// smooth averages a node's samples, each weighted by its span.
-func smooth(h []NodeSample) smoothed {
-	last := h[len(h)-1]
-	out := smoothed{node: last.Node, host: last.Host}
-	sum, wsum := map[int]float64{}, map[int]float64{}
-	local := map[int]int{}
-	var covered float64
-	for _, s := range h {
-		w := max(s.WindowS, 1e-3)
-		covered += w
-		for _, r := range s.Ranks {
-			sum[r.Rank] += r.Busy * w
-			wsum[r.Rank] += w
-			local[r.Rank] = r.LocalRank
-		}
-	}
-	for _, r := range last.Ranks { // the node's ranks now
-		b := sum[r.Rank] / wsum[r.Rank]
-		out.ranks = append(out.ranks, RankBusy{Rank: r.Rank, LocalRank: local[r.Rank], Busy: b})
-		out.max = max(out.max, b)
-	}
-	out.covered = time.Duration(covered * float64(time.Second))
-	return out
-}
-
-func median(xs []float64) float64 {
-	if len(xs) == 0 {
+// medianSorted is the median of sorted xs (0 for none).
+func medianSorted(xs []float64) float64 {
+	n := len(xs)
+	if n == 0 {
 		return 0
 	}
-	s := slices.Clone(xs)
-	slices.Sort(s)
-	n := len(s)
 	if n%2 == 1 {
-		return s[n/2]
+		return xs[n/2]
 	}
-	return (s[n/2-1] + s[n/2]) / 2
+	return (xs[n/2-1] + xs[n/2]) / 2
+}
+
+// medianWithout is the median of sorted xs less one occurrence of each of
+// drop: O(len(xs)), used for jobs of at most MaxPublishedNodes nodes
+// (larger ones use the job's medians: one node in thousands moves them by
+// at most one place).
+func medianWithout(sorted, drop []float64) float64 {
+	if len(drop) == 0 {
+		return medianSorted(sorted)
+	}
+	d := slices.Sorted(slices.Values(drop))
+	rest := make([]float64, 0, len(sorted))
+	i := 0
+	for _, x := range sorted {
+		if i < len(d) && x == d[i] {
+			i++
+			continue
+		}
+		rest = append(rest, x)
+	}
+	return medianSorted(rest)
 }
 
 func ftoa(f float64) string { return strconv.FormatFloat(f, 'g', 3, 64) }

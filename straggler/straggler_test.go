@@ -1,6 +1,8 @@
 package straggler
 
 import (
+	"encoding/json"
+	"fmt"
 	"math"
 	"testing"
 	"time"
@@ -177,5 +179,53 @@ func TestJudgeSpeeds(t *testing.T) {
 	}
 	if len(r.Ranks) != 4 || math.Abs(r.Ranks[0].Speed-0.43/0.99) > 1e-9 {
 		t.Fatalf("rank speeds %+v", r.Ranks)
+	}
+}
+
+// TestPublishedAtScale: at 4,000 nodes the published result lists only
+// the slow node and stays small; every other node reads its own standing
+// from the job's medians and its own window (For).
+func TestPublishedAtScale(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	j := NewJudge(Options{Threshold: 0.2, Window: 30 * time.Second})
+	var r Result
+	own := map[string]*Smoother{}
+	for i := range 4 {
+		now := t0.Add(time.Duration(i) * 10 * time.Second)
+		var ss []NodeSample
+		for n := range 4000 {
+			b := 0.5
+			if n == 1234 {
+				b = 1.0
+			}
+			s := sample(fmt.Sprintf("node-%04d", n), now, b, b, b, b, b, b, b, b)
+			ss = append(ss, s)
+			if own[s.Node] == nil {
+				own[s.Node] = NewSmoother(30 * time.Second)
+			}
+			own[s.Node].Add(s)
+		}
+		r = j.Judge(now, ss)
+	}
+	p := r.Published()
+	b, err := json.Marshal(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(p.Nodes) != 1 || p.Nodes[0].Node != "node-1234" || !p.Nodes[0].Straggler || len(b) > 1024 {
+		t.Fatalf("published %d nodes (%s), %d bytes; want only node-1234, a straggler, under 1 KiB", len(p.Nodes), b[:min(len(b), 200)], len(b))
+	}
+	var back Result
+	if err := json.Unmarshal(b, &back); err != nil {
+		t.Fatal(err)
+	}
+	now := t0.Add(30 * time.Second)
+	ns, ranks, ok := back.For("node-0007", own["node-0007"].At(now))
+	if !ok || math.Abs(ns.Speed-1) > 1e-9 || ns.Straggler || len(ranks) != 8 || math.Abs(ranks[3]-1) > 1e-9 {
+		t.Fatalf("node-0007: %+v %v %v, want speed 1 and 8 ranks at 1", ns, ranks, ok)
+	}
+	ns, _, ok = back.For("node-1234", own["node-1234"].At(now))
+	if !ok || !ns.Straggler || math.Abs(ns.Speed-0.5) > 1e-9 {
+		t.Fatalf("node-1234: %+v, want the straggler at 0.5", ns)
 	}
 }
