@@ -27,6 +27,12 @@ type SpeedExchange interface {
 	SpeedResult(ctx context.Context, round int) ([]byte, error)
 }
 
+// computeTimer is the monitors' time of each rank in "compute" sections
+// (*monitor.Manager).
+type computeTimer interface {
+	ComputeTime(localRank int) (time.Duration, bool)
+}
+
 // DefaultSpeedInterval is how often each node samples and publishes its
 // ranks' speed: 6 writes per node per minute, and a judgement ~3
 // intervals after a node slows down (docs/stragglers.md).
@@ -74,10 +80,22 @@ func (a *Agent) startSpeedWatch(ctx context.Context, asg rendezvous.Assignment, 
 	if demand == nil {
 		demand = procfs.GroupDemand
 	}
+	cpu := straggler.CPUReader(demand)
+	read := cpu
+	if ct, ok := a.d.Monitors.(computeTimer); ok {
+		// A rank that reports "compute" sections is measured by them:
+		// its own work, whatever it spins on while it waits.
+		read = func(lr, pg int) (time.Duration, string, bool) {
+			if d, seen := ct.ComputeTime(lr); seen {
+				return d, "compute", true
+			}
+			return cpu(lr, pg)
+		}
+	}
 	window := time.Duration(ft.StragglerWindow * float64(time.Second))
 	ctx, cancel := context.WithCancel(ctx)
 	w := &speedWatch{notices: make(chan straggler.NodeSpeed, 1), cancel: cancel, done: make(chan struct{})}
-	l := &speedLoop{a: a, asg: asg, g: g, interval: interval, sampler: straggler.NewSampler(demand),
+	l := &speedLoop{a: a, asg: asg, g: g, interval: interval, sampler: straggler.NewSampler(read),
 		judge: straggler.NewJudge(straggler.Options{Threshold: ft.StragglerThreshold, Window: window, MaxAge: 3 * interval}),
 		own:   straggler.NewSmoother(window), w: w}
 	go func() {
@@ -125,7 +143,8 @@ func (l *speedLoop) tick(ctx context.Context, now time.Time, span time.Duration)
 	}
 	s := straggler.NodeSample{Node: a.d.NodeID, Host: a.d.Hostname, At: now.UnixMilli(), WindowS: span.Seconds()}
 	for lr, b := range busy {
-		s.Ranks = append(s.Ranks, straggler.RankBusy{Rank: l.asg.RankBase + lr, LocalRank: lr, Busy: b})
+		b.Rank = l.asg.RankBase + lr
+		s.Ranks = append(s.Ranks, b)
 	}
 	b, _ := json.Marshal(s)
 	if err := a.d.Speed.PublishSpeed(ctx, round, b); err != nil {
@@ -179,7 +198,7 @@ func (l *speedLoop) record(s straggler.NodeSample, why string, me straggler.Node
 		if !ok {
 			sp = -1
 		}
-		ev.Ranks = append(ev.Ranks, eventlog.RankSpeedEntry{Rank: r.Rank, LocalRank: r.LocalRank, Busy: r.Busy, Speed: sp})
+		ev.Ranks = append(ev.Ranks, eventlog.RankSpeedEntry{Rank: r.Rank, LocalRank: r.LocalRank, Busy: r.Busy, Speed: sp, Source: r.Source})
 		l.a.d.Metrics.RankSpeed(r.Rank, r.LocalRank, r.Busy, sp)
 	}
 	if me.Speed >= 0 {

@@ -190,6 +190,7 @@ type RankSpeedEntry struct {
 	LocalRank int     `json:"local_rank"`
 	Busy      float64 `json:"busy"`
 	Speed     float64 `json:"speed"`
+	Source    string  `json:"source,omitempty"` // cpu, or compute (its "compute" sections)
 }
 
 // StragglerEvent: this node was found a straggler (slower than the other

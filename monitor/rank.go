@@ -151,6 +151,12 @@ type cycleRecord struct {
 	iterMin, iterMax int64
 	lastIter         int64
 	folded           bool // added to the manager's totals
+
+	// computeNS is the time the rank spent in closed "compute" sections
+	// this cycle (ComputeSection; the straggler measurement's own-work
+	// time where the client reports it).
+	computeNS   int64
+	computeSeen bool
 }
 
 func newRankMon(host rankHost, cfg rankConfig, local int) *rankMon {

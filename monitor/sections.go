@@ -29,6 +29,9 @@ func (r *rankMon) openSection(gen uint64, name string, iter *int64, now int64) s
 		r.obs.OutOfSections++
 	}
 	r.open[name] = now
+	if name == ComputeSection {
+		r.rec.computeSeen = true
+	}
 	r.noteIterLocked(name, iter)
 	if name == "step" {
 		r.stepSeen = true
@@ -109,6 +112,9 @@ func (r *rankMon) closedLocked(name string, at, now int64) {
 		r.obs.SectionMax[name] = max(r.obs.SectionMax[name], time.Duration(now-at))
 		r.obs.SectionCloses[name]++
 	}
+	if name == ComputeSection {
+		r.rec.computeNS += max(now-at, 0)
+	}
 	if name == checkpointSection {
 		r.rec.checkpoints++
 		r.rec.stepsAtCkpt = r.rec.steps
@@ -135,4 +141,28 @@ func (r *rankMon) closeAll(gen uint64, now int64) {
 	}
 	clear(r.open)
 	r.rearmLocked(r.host.mono()) // now may be a client time in the past
+}
+
+// ComputeSection is the section a rank may open around its own work of a
+// step (forward, backward, optimizer; not the collectives): the
+// straggler measurement then uses the time inside it instead of the CPU
+// the rank demanded (docs/stragglers.md).
+const ComputeSection = "compute"
+
+// ComputeTime is the time local rank local has spent in "compute"
+// sections this cycle, an open one counted up to now; ok is false until
+// the rank opened one.
+func (m *Manager) ComputeTime(local int) (d time.Duration, ok bool) {
+	if local < 0 || local >= len(m.ranks) {
+		return 0, false
+	}
+	r := m.ranks[local]
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	ns := r.rec.computeNS
+	at, open := r.open[ComputeSection]
+	if open {
+		ns += max(r.host.mono()-at, 0)
+	}
+	return time.Duration(ns), r.rec.computeSeen || open
 }

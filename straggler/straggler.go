@@ -27,6 +27,9 @@ type RankBusy struct {
 	Rank      int     `json:"rank"`
 	LocalRank int     `json:"local_rank"`
 	Busy      float64 `json:"busy"`
+	// Source is what Busy was measured from: "cpu" (the CPU its process
+	// group demanded) or "compute" (the time in its "compute" sections).
+	Source string `json:"source,omitempty"`
 }
 
 // NodeSample is what a node publishes each interval: its ranks' busy
@@ -39,42 +42,56 @@ type NodeSample struct {
 	Ranks   []RankBusy `json:"ranks"`
 }
 
-// Sampler turns a node's ranks' cumulative CPU demand into busy shares
+// Reader reads a rank's cumulative busy time: the time inside its
+// "compute" sections where the client reports them (source "compute"),
+// else the CPU its process group demanded (source "cpu").
+type Reader func(localRank, pgid int) (d time.Duration, source string, ok bool)
+
+// CPUReader is a Reader of CPU demand alone (demand: procfs.GroupDemand).
+func CPUReader(demand func(pgid int) (time.Duration, bool)) Reader {
+	return func(_, pgid int) (time.Duration, string, bool) {
+		d, ok := demand(pgid)
+		return d, "cpu", ok
+	}
+}
+
+// Sampler turns a node's ranks' cumulative busy time into busy shares
 // over the time between two samples.
 type Sampler struct {
-	demand func(pgid int) (time.Duration, bool)
-	last   map[int]point // by local rank
+	read Reader
+	last map[int]point // by local rank
 }
 
 type point struct {
 	pgid   int
+	source string
 	at     time.Time
-	demand time.Duration
+	busy   time.Duration
 }
 
-// NewSampler reads demand with demand (procfs.GroupDemand on Linux).
-func NewSampler(demand func(pgid int) (time.Duration, bool)) *Sampler {
-	return &Sampler{demand: demand, last: map[int]point{}}
+// NewSampler reads each rank's busy time with read.
+func NewSampler(read Reader) *Sampler {
+	return &Sampler{read: read, last: map[int]point{}}
 }
 
-// Sample reads every rank's demand now and returns, for each rank seen at
-// the previous sample with the same process group, its busy share since
-// then. pgids maps local rank to its process group.
-func (s *Sampler) Sample(now time.Time, pgids map[int]int) map[int]float64 {
-	out := map[int]float64{}
+// Sample reads every rank's busy time now and returns, for each rank
+// seen at the previous sample with the same process group and source,
+// its busy share since then. pgids maps local rank to its process group.
+func (s *Sampler) Sample(now time.Time, pgids map[int]int) map[int]RankBusy {
+	out := map[int]RankBusy{}
 	next := map[int]point{}
 	for lr, pg := range pgids {
-		d, ok := s.demand(pg)
+		d, src, ok := s.read(lr, pg)
 		if !ok {
 			continue
 		}
-		p := point{pgid: pg, at: now, demand: d}
+		p := point{pgid: pg, source: src, at: now, busy: d}
 		next[lr] = p
 		prev, seen := s.last[lr]
-		if !seen || prev.pgid != pg || !now.After(prev.at) || d < prev.demand {
-			continue // a new process: no interval yet
+		if !seen || prev.pgid != pg || prev.source != src || !now.After(prev.at) || d < prev.busy {
+			continue // a new process, or a new measure: no interval yet
 		}
-		out[lr] = float64(d-prev.demand) / float64(now.Sub(prev.at))
+		out[lr] = RankBusy{LocalRank: lr, Busy: float64(d-prev.busy) / float64(now.Sub(prev.at)), Source: src}
 	}
 	s.last = next
 	return out

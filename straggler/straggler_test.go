@@ -10,7 +10,15 @@ import (
 
 func TestSampler(t *testing.T) {
 	demand := map[int]time.Duration{}
-	s := NewSampler(func(pg int) (time.Duration, bool) { d, ok := demand[pg]; return d, ok })
+	compute := map[int]time.Duration{}
+	read := func(lr, pg int) (time.Duration, string, bool) {
+		if d, ok := compute[lr]; ok {
+			return d, "compute", true
+		}
+		d, ok := demand[pg]
+		return d, "cpu", ok
+	}
+	s := NewSampler(read)
 	t0 := time.Unix(1000, 0)
 	demand[10], demand[11] = time.Second, 2*time.Second
 	if got := s.Sample(t0, map[int]int{0: 10, 1: 11}); len(got) != 0 {
@@ -18,14 +26,21 @@ func TestSampler(t *testing.T) {
 	}
 	demand[10], demand[11] = time.Second+9*time.Second, 2*time.Second+5*time.Second
 	got := s.Sample(t0.Add(10*time.Second), map[int]int{0: 10, 1: 11})
-	if math.Abs(got[0]-0.9) > 1e-9 || math.Abs(got[1]-0.5) > 1e-9 {
-		t.Fatalf("busy %v, want 0.9 and 0.5", got)
+	if math.Abs(got[0].Busy-0.9) > 1e-9 || math.Abs(got[1].Busy-0.5) > 1e-9 || got[0].Source != "cpu" {
+		t.Fatalf("busy %v, want 0.9 and 0.5 from cpu", got)
 	}
-	// A restarted rank (a new process group) starts a new interval.
+	// A restarted rank (a new process group) starts a new interval, and
+	// so does a rank that began reporting compute sections.
 	demand[12] = 0
+	compute[1] = 3 * time.Second
 	got = s.Sample(t0.Add(20*time.Second), map[int]int{0: 12, 1: 11})
-	if _, ok := got[0]; ok || len(got) != 1 {
-		t.Fatalf("busy %v, want only local rank 1", got)
+	if len(got) != 0 {
+		t.Fatalf("busy %v, want none (a new process, a new measure)", got)
+	}
+	demand[12], compute[1] = 2*time.Second, 7*time.Second
+	got = s.Sample(t0.Add(30*time.Second), map[int]int{0: 12, 1: 11})
+	if math.Abs(got[0].Busy-0.2) > 1e-9 || math.Abs(got[1].Busy-0.4) > 1e-9 || got[1].Source != "compute" {
+		t.Fatalf("busy %v, want 0.2 (cpu) and 0.4 (compute)", got)
 	}
 }
 
