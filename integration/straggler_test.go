@@ -168,10 +168,14 @@ func TestStragglerSwappedForSpare(t *testing.T) {
 	c.extra = []string{"--rdzv-backend", "c10d"}
 	out := filepath.Join(c.dir, "out")
 	mkdir(t, out)
+	// A short interval and window keep the test short; the benchmark runs
+	// it with the defaults (FTL_STRAGGLER_INTERVAL=10
+	// FTL_STRAGGLER_WINDOW=30, docs/benchmarks.md "Stragglers").
+	interval, window := envOr("FTL_STRAGGLER_INTERVAL", "1"), envOr("FTL_STRAGGLER_WINDOW", "10")
 	for i := range 3 {
 		c.addNodeV([]string{"PYTHON_EXEC=" + debianPython}, "--nnodes", "2:3", "--nproc-per-node", "2", "--max-restarts", "2",
 			"--restart-mode", "in-process", "--state-dir", filepath.Join(c.dir, "state"+strconv.Itoa(i)), "--state-persist-every", "0",
-			"--ft-straggler", "swap", "--ft-straggler-interval", "1", "--ft-straggler-window", "10",
+			"--ft-straggler", "swap", "--ft-straggler-interval", interval, "--ft-straggler-window", window,
 			script, "--out", out)
 	}
 	steps0 := filepath.Join(out, "steps-0")
@@ -374,4 +378,12 @@ func TestStragglerFalseDetections(t *testing.T) {
 	if stragglers != 0 || judged == 0 {
 		t.Fatalf("%d false detections (%d judgements)", stragglers, judged)
 	}
+}
+
+// envOr is the environment variable name, or def when unset.
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
 }
