@@ -33,6 +33,12 @@ func TestFailingNode(t *testing.T) {
 			g.exit(0, 1, 0)
 		}
 	}
+	failTwiceThenSucceed := func(h *harness) {
+		failTwice(h)
+		g := h.ranks.wait(h.t)
+		g.exit(0, 0, 0)
+		g.exit(1, 0, 0)
+	}
 	runAll(t, []runCase{
 		{
 			name: "a spare stands by: swapped out, quarantined with the evidence",
@@ -59,12 +65,7 @@ func TestFailingNode(t *testing.T) {
 				h.rdzv.next = append(h.rdzv.next, withSpares(0, 0, 0), withSpares(1, 1, 0), withSpares(2, 2, 0))
 				h.rdzv.fail = decide(true)
 			},
-			act: func(h *harness) {
-				failTwice(h)
-				g := h.ranks.wait(h.t)
-				g.exit(0, 0, 0)
-				g.exit(1, 0, 0)
-			},
+			act: failTwiceThenSucceed,
 			check: func(t *testing.T, h *harness, o Outcome) {
 				want(t, o, verdict.Succeeded, 0)
 				if len(h.rdzv.leaves) != 0 || len(o.Quarantined) != 0 {
@@ -81,12 +82,7 @@ func TestFailingNode(t *testing.T) {
 				h.rdzv.next = append(h.rdzv.next, withSpares(0, 0, 1), withSpares(1, 1, 1), withSpares(2, 2, 1))
 				h.rdzv.fail = decide(false)
 			},
-			act: func(h *harness) {
-				failTwice(h)
-				g := h.ranks.wait(h.t)
-				g.exit(0, 0, 0)
-				g.exit(1, 0, 0)
-			},
+			act: failTwiceThenSucceed,
 			check: func(t *testing.T, h *harness, o Outcome) {
 				want(t, o, verdict.Succeeded, 0)
 				if len(h.rdzv.leaves) != 0 || o.FailingNode == nil || o.FailingNode.SwappedOut {

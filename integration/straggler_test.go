@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ftlauncher/ft-launcher/internal/procfs"
 	"github.com/ftlauncher/ft-launcher/internal/testenv"
 	"github.com/ftlauncher/ft-launcher/verdict"
 )
@@ -91,22 +92,11 @@ func (q *cpuQuota) remove(root string) {
 
 // cpuSeconds is a process's user+system CPU time.
 func cpuSeconds(pid int) (float64, bool) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	st, err := procfs.Read(pid)
 	if err != nil {
 		return 0, false
 	}
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	if i < 0 {
-		return 0, false
-	}
-	f := strings.Fields(s[i+1:])
-	if len(f) < 13 {
-		return 0, false
-	}
-	u, _ := strconv.ParseFloat(f[11], 64)
-	k, _ := strconv.ParseFloat(f[12], 64)
-	return (u + k) / 100, true // USER_HZ is 100 on Linux
+	return float64(st.CPUTicks) / 100, true // USER_HZ is 100 on Linux
 }
 
 // stepLog is one rank's "<step> <time> <round>" lines.
@@ -301,14 +291,8 @@ func TestStragglerSwappedForSpare(t *testing.T) {
 
 // parentIs reports whether pid's parent is ppid.
 func parentIs(pid, ppid int) bool {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return false
-	}
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	f := strings.Fields(s[i+1:])
-	return len(f) > 1 && f[1] == strconv.Itoa(ppid)
+	st, err := procfs.Read(pid)
+	return err == nil && st.PPID == ppid
 }
 
 // TestStragglerFalseDetections is the false-detection campaign of
