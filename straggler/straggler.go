@@ -121,6 +121,7 @@ const DefaultMinBusy = 0.05
 type Judge struct {
 	o         Options
 	history   map[string]*Smoother
+	seen      map[string]int64 // each node's latest sample, by its own clock
 	slowSince map[string]time.Time
 }
 
@@ -129,7 +130,7 @@ func NewJudge(o Options) *Judge {
 	if o.MinBusy <= 0 {
 		o.MinBusy = DefaultMinBusy
 	}
-	return &Judge{o: o, history: map[string]*Smoother{}, slowSince: map[string]time.Time{}}
+	return &Judge{o: o, history: map[string]*Smoother{}, seen: map[string]int64{}, slowSince: map[string]time.Time{}}
 }
 
 // RankSpeed is one rank's speed relative to the other nodes' ranks.
@@ -319,6 +320,14 @@ func (j *Judge) Judge(now time.Time, samples []NodeSample) Result {
 			m = NewSmoother(j.o.Window)
 			j.history[s.Node] = m
 		}
+		// A new sample is dated when the judge first sees it, by the
+		// judge's clock: another node's clock may be off by more than a
+		// window, which would keep its samples for ever or never.
+		if s.At == j.seen[s.Node] {
+			continue
+		}
+		j.seen[s.Node] = s.At
+		s.At = now.UnixMilli()
 		m.Add(s)
 	}
 	var nodes []Smoothed
@@ -328,6 +337,7 @@ func (j *Judge) Judge(now time.Time, samples []NodeSample) Result {
 		// publishing (it left, or its launcher is stuck).
 		if len(sm.Ranks) == 0 || (j.o.MaxAge > 0 && now.Sub(time.UnixMilli(sm.LatestAt)) > j.o.MaxAge) {
 			delete(j.history, node)
+			delete(j.seen, node)
 			delete(j.slowSince, node)
 			continue
 		}

@@ -244,3 +244,29 @@ func TestPublishedAtScale(t *testing.T) {
 		t.Fatalf("node-1234: %+v, want the straggler at 0.5", ns)
 	}
 }
+
+// TestJudgeClockSkew: a node whose clock is an hour off is judged like
+// any other (its samples dated when the judge first sees them), and its
+// history stays within the window.
+func TestJudgeClockSkew(t *testing.T) {
+	t0 := time.Unix(100000, 0)
+	j := NewJudge(Options{Threshold: 0.2, Window: 30 * time.Second, MaxAge: 25 * time.Second})
+	var r Result
+	for i := range 10 {
+		now := t0.Add(time.Duration(i) * 10 * time.Second)
+		r = j.Judge(now, []NodeSample{sample("ahead", now.Add(time.Hour), 1, 1), sample("behind", now.Add(-time.Hour), 0.4, 0.4)})
+	}
+	a, _ := r.Node("ahead")
+	if !a.Straggler || len(j.history["ahead"].samples) > 4 {
+		t.Fatalf("ahead: %+v with %d samples kept; want a straggler and the window's samples only", a, len(j.history["ahead"].samples))
+	}
+	// The same sample read again is not counted twice.
+	now := t0.Add(100 * time.Second)
+	s := sample("ahead", now, 1, 1)
+	j.Judge(now, []NodeSample{s})
+	n := len(j.history["ahead"].samples)
+	j.Judge(now.Add(time.Second), []NodeSample{s})
+	if len(j.history["ahead"].samples) > n {
+		t.Fatal("a sample read twice was added twice")
+	}
+}
