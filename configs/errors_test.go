@@ -38,6 +38,10 @@ func TestErrors(t *testing.T) {
 		want []string // every one must appear in the message
 	}{
 		{"unknown flag with suggestion", []string{"--nproc-per-nodes", "2", "x"}, nil, []string{"unknown flag --nproc-per-nodes", "--nproc-per-node"}},
+		{"straggler mode", []string{"--ft-straggler", "kill", "x"}, nil, []string{"--ft-straggler", `invalid value "kill": must be report, swap or off`}},
+		{"straggler threshold", []string{"--ft-straggler-threshold", "1.5", "x"}, nil, []string{"--ft-straggler-threshold", "must be a fraction from 0.01 to 0.9"}},
+		{"straggler interval", []string{"--ft-straggler-interval", "0.01", "x"}, nil, []string{"--ft-straggler-interval", "must be a number of seconds from 0.1 to 3600"}},
+		{"node failure limit", []string{"--ft-node-failure-limit", "-1", "x"}, nil, []string{"--ft-node-failure-limit", "must be an integer from 0"}},
 		{"abbreviation", []string{"--max-rest", "2", "x"}, nil, []string{"unknown flag --max-rest", "--max-restarts", "abbreviated"}},
 		{"unknown flag no suggestion", []string{"--frobnicate", "x"}, nil, []string{"unknown flag --frobnicate", "--help"}},
 		{"state persist every bad", []string{"--state-persist-every", "often", "x"}, nil, []string{"--state-persist-every", "count of saves", "duration"}},

@@ -60,6 +60,12 @@ func TestFTFlags(t *testing.T) {
 		{"ft-timeouts-state-file", "/tmp/ft_state.json", func(f *FaultTolerance) bool { return f.TimeoutsStateFile == "/tmp/ft_state.json" }},
 		{"ft-termination-grace", "7", func(f *FaultTolerance) bool { return f.TerminationGrace == 7 }},
 		{"ft-calculate-timeouts", "false", func(f *FaultTolerance) bool { return !f.CalculateTimeouts }},
+		{"ft-node-failure-limit", "0", func(f *FaultTolerance) bool { return f.NodeFailureLimit == 0 }},
+		{"ft-straggler", "Swap", func(f *FaultTolerance) bool { return f.Straggler == StragglerSwap }},
+		{"ft-straggler", "off", func(f *FaultTolerance) bool { return f.Straggler == StragglerOff }},
+		{"ft-straggler-threshold", "0.15", func(f *FaultTolerance) bool { return f.StragglerThreshold == 0.15 }},
+		{"ft-straggler-window", "60", func(f *FaultTolerance) bool { return f.StragglerWindow == 60 }},
+		{"ft-straggler-interval", "2.5", func(f *FaultTolerance) bool { return f.StragglerInterval == 2.5 }},
 	}
 	for _, tt := range tests {
 		tail := "ft-" + strings.ReplaceAll(strings.TrimPrefix(tt.flag, "ft-"), "-", "_")

@@ -313,6 +313,10 @@ func floatBounds(sp ftSpec) (lo, hi float64, allowed string) {
 		return 0, MaxMB, fmt.Sprintf("must be a number of MB from 0 to %g", float64(MaxMB))
 	case "straggler_threshold":
 		return 0.01, 0.9, "must be a fraction from 0.01 to 0.9"
+	case "straggler_interval":
+		// Each node writes a record to etcd per interval: a few per
+		// second at most.
+		return 0.1, 3600, "must be a number of seconds from 0.1 to 3600"
 	}
 	if sp.positive {
 		return MinPositiveSeconds, MaxSeconds, allowedSeconds(true)
