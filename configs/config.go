@@ -243,9 +243,11 @@ type FaultTolerance struct {
 	// StragglerReport, StragglerSwap or StragglerOff.
 	Straggler string `yaml:"straggler"`
 	// StragglerThreshold: a node is slow when its slowest rank's speed,
-	// relative to the other nodes' ranks, is below 1 - StragglerThreshold.
+	// relative to the other nodes' slowest ranks, is below
+	// 1 - StragglerThreshold.
 	StragglerThreshold float64 `yaml:"straggler_threshold"`
-	// StragglerWindow: seconds a node must stay slow to be a straggler.
+	// StragglerWindow: seconds the speeds are averaged over; a node slow
+	// for half of it is a straggler.
 	StragglerWindow float64 `yaml:"straggler_window"`
 	// StragglerInterval: seconds between two samples of the ranks' speed
 	// (each node writes one record to etcd per interval).
