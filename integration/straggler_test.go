@@ -161,7 +161,7 @@ func TestStragglerSwappedForSpare(t *testing.T) {
 	// A short interval and window keep the test short; the benchmark runs
 	// it with the defaults (FTL_STRAGGLER_INTERVAL=10
 	// FTL_STRAGGLER_WINDOW=30, docs/benchmarks.md "Stragglers").
-	interval, window := envOr("FTL_STRAGGLER_INTERVAL", "1"), envOr("FTL_STRAGGLER_WINDOW", "10")
+	interval, window := envOr("FTL_STRAGGLER_INTERVAL", "1"), envOr("FTL_STRAGGLER_WINDOW", "20")
 	for i := range 3 {
 		c.addNodeV([]string{"PYTHON_EXEC=" + debianPython}, "--nnodes", "2:3", "--nproc-per-node", "2", "--max-restarts", "2",
 			"--restart-mode", "in-process", "--state-dir", filepath.Join(c.dir, "state"+strconv.Itoa(i)), "--state-persist-every", "0",
