@@ -458,6 +458,11 @@ func (a *Agent) reportFailures(failures []ranklogs.Failure, att *ranklogs.Attemp
 	}
 	for i := range failures {
 		f := &failures[i]
+		// Its last lines (a faulthandler dump written as it died) may
+		// still be in the copier's pipe: its log is read below.
+		if !att.WaitStderr(f.LocalRank, stderrDrainBound) {
+			a.log.Debug("the rank's stderr is still open (a process that inherited it lives on); reading its log as it is", "local_rank", f.LocalRank)
+		}
 		f.ErrorFile = att.ErrorFile(f.LocalRank)
 		if f.ErrorFile != "" {
 			if rec, err := ranklogs.ReadErrorFile(f.ErrorFile); err == nil {

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"syscall"
+	"time"
 
 	"github.com/ftlauncher/ft-launcher/eventlog"
 	"github.com/ftlauncher/ft-launcher/ranklogs"
@@ -11,6 +12,11 @@ import (
 // outputTail bounds how much of a rank's stderr log is read for its last
 // traceback.
 const outputTail = 64 << 10
+
+// stderrDrainBound bounds the wait for a failed rank's stderr to reach its
+// log: a process that inherited the rank's stderr (a child it left
+// behind) keeps the pipe open.
+const stderrDrainBound = time.Second
 
 // explainFailures reads why each failed rank failed from what it left
 // (ranklogs.Explain): the cause goes into the rank's failure record (the

@@ -72,7 +72,7 @@ func TestLogWriteErrorReportedOnceAndCounted(t *testing.T) {
 	met := metrics.New()
 	lost := &outputLoss{}
 	a := &Attempt{ranks: map[int]*rankFiles{}, log: slog.New(slog.NewTextHandler(logs, nil)), met: met, lost: lost}
-	w, err := a.startTee(full, nil, "", nil)
+	w, err := a.startTee(full, nil, "", nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

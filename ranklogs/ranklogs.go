@@ -191,6 +191,10 @@ type rankFiles struct {
 	stdout, stderr         *os.File
 	stdoutPath, stderrPath string
 	errorFile              string
+	// stderrCopied is closed once everything the rank wrote to stderr
+	// is in its log file (the copier saw EOF); nil when stderr is not
+	// copied (inherited, or the file given to the rank directly).
+	stderrCopied chan struct{}
 }
 
 // Attempt prepares attempt_<n>/<local_rank>/ for one cycle and the files to
@@ -242,6 +246,10 @@ func (l *Logs) Attempt(n int, ranks []RankInfo) (*Attempt, error) {
 		}
 		shown := l.shown(r.LocalRank)
 		for _, s := range streams {
+			var copied chan struct{}
+			if s.dst == &rf.stderr {
+				copied = make(chan struct{})
+			}
 			redirect := l.opts.Redirects.For(r.LocalRank)&s.bit != 0
 			tee := l.opts.Tee.For(r.LocalRank)&s.bit != 0
 			var file *os.File
@@ -256,21 +264,27 @@ func (l *Logs) Attempt(n int, ranks []RankInfo) (*Attempt, error) {
 			}
 			switch {
 			case tee && shown:
-				w, err := a.startTee(file, s.console, l.Prefix(r), &l.consoleMu)
+				w, err := a.startTee(file, s.console, l.Prefix(r), &l.consoleMu, copied)
 				if err != nil {
 					a.abort()
 					return nil, err
 				}
 				*s.dst = w
+				if copied != nil {
+					rf.stderrCopied = copied
+				}
 			case file != nil:
 				// Through a pipe, not the file itself: a write error (a
 				// full disk) is then seen here and reported, not lost.
-				w, err := a.startTee(file, nil, "", nil)
+				w, err := a.startTee(file, nil, "", nil, copied)
 				if err != nil {
 					a.abort()
 					return nil, err
 				}
 				*s.dst = w
+				if copied != nil {
+					rf.stderrCopied = copied
+				}
 			case redirect || tee || !shown:
 				f, err := nullFile()
 				if err != nil {
@@ -325,8 +339,9 @@ func claimDir(parent, name string) (string, error) {
 }
 
 // startTee returns the write end of a pipe whose reader copies everything to
-// file (when non-nil) and whole prefixed lines to console.
-func (a *Attempt) startTee(file *os.File, console io.Writer, prefix string, mu *sync.Mutex) (*os.File, error) {
+// file (when non-nil) and whole prefixed lines to console; done (when
+// non-nil) is closed when the reader has copied everything (EOF).
+func (a *Attempt) startTee(file *os.File, console io.Writer, prefix string, mu *sync.Mutex, done chan struct{}) (*os.File, error) {
 	pr, pw, err := os.Pipe()
 	if err != nil {
 		return nil, fmt.Errorf("ranklogs: pipe: %w", err)
@@ -340,6 +355,9 @@ func (a *Attempt) startTee(file *os.File, console io.Writer, prefix string, mu *
 	a.tees.Add(1)
 	go func() {
 		defer a.tees.Done()
+		if done != nil {
+			defer close(done)
+		}
 		buf := make([]byte, 32<<10)
 		for {
 			n, err := pr.Read(buf)
@@ -381,6 +399,31 @@ func (a *Attempt) Files(localRank int) (stdout, stderr *os.File) {
 		return nil, nil
 	}
 	return rf.stdout, rf.stderr
+}
+
+// WaitStderr waits, at most bound, until everything local rank
+// localRank wrote to its stderr is in its stderr.log: the copier has seen
+// the pipe's end, which comes once the rank and every process that
+// inherited its stderr exited. Read the log for a failure's cause only
+// after it: a rank's last lines (a faulthandler dump written as it died)
+// may still be in the pipe when its exit is seen. It reports whether the
+// copy is complete (true too when stderr is not copied).
+func (a *Attempt) WaitStderr(localRank int, bound time.Duration) bool {
+	if a == nil {
+		return true
+	}
+	rf := a.ranks[localRank]
+	if rf == nil || rf.stderrCopied == nil {
+		return true
+	}
+	t := time.NewTimer(bound)
+	defer t.Stop()
+	select {
+	case <-rf.stderrCopied:
+		return true
+	case <-t.C:
+		return false
+	}
 }
 
 // LogPaths returns the paths of the rank's stdout.log and stderr.log ("" when

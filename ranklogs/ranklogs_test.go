@@ -398,3 +398,51 @@ func TestRunIDWithSlashStaysOneDirectory(t *testing.T) {
 		t.Fatalf("log dir %s, want %s/team_exp-3_<rand>", l.Dir(), root)
 	}
 }
+
+// TestWaitStderr: a failed rank's stderr goes to its log through the
+// launcher's pipe; WaitStderr returns once the copier has everything (the
+// write end closed, as when the rank and its children exited), and gives
+// up after its bound while a process still holds the pipe.
+func TestWaitStderr(t *testing.T) {
+	l, err := New(Options{LogDir: t.TempDir(), RunID: "r", Redirects: configs.StdSpec{All: configs.StdBoth}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := l.Attempt(0, []RankInfo{{LocalRank: 0, GlobalRank: 0}, {LocalRank: 1, GlobalRank: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	_, w0 := a.Files(0)
+	_, w1 := a.Files(1)
+	// The rank's copies of the write ends stand in for the processes.
+	r0, err := os.OpenFile("/proc/self/fd/"+strconv.Itoa(int(w0.Fd())), os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r1, err := os.OpenFile("/proc/self/fd/"+strconv.Itoa(int(w1.Fd())), os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r1.Close()
+	a.CloseParentEnds()
+	dump := strings.Repeat("  File \"train.py\", line 4 in load\n", 2000) // a long dump, many pipe buffers
+	go func() {
+		_, _ = r0.WriteString(dump)
+		r0.Close() // the rank died
+	}()
+	if !a.WaitStderr(0, 30*time.Second) {
+		t.Fatal("rank 0's stderr not copied after its write end closed")
+	}
+	_, path := a.LogPaths(0)
+	if b, err := os.ReadFile(path); err != nil || string(b) != dump {
+		t.Fatalf("log has %d bytes of %d (%v)", len(b), len(dump), err)
+	}
+	start := time.Now()
+	if a.WaitStderr(1, 200*time.Millisecond) {
+		t.Fatal("rank 1's stderr reported copied while its write end is open")
+	}
+	if took := time.Since(start); took > 10*time.Second {
+		t.Fatalf("waited %v, bound 200 ms", took)
+	}
+}
