@@ -221,7 +221,7 @@ wait:
 		a.d.Monitors.EndCycleWith(end.kind == endSuccess)
 	}
 	if end.kind == endRankFailure || (end.kind == endSignal && len(end.failures) > 0) {
-		a.reportFailures(end.failures, att)
+		a.reportFailures(end.failures, att, stderrDrainBound)
 	}
 	a.run.cycle.stopped = time.Now()
 	a.run.group, a.run.att = nil, nil
@@ -452,7 +452,10 @@ func (a *Agent) recordExit(e spawn.Exit, end *cycleEnd) {
 	}
 }
 
-func (a *Agent) reportFailures(failures []ranklogs.Failure, att *ranklogs.Attempt) {
+// reportFailures summarizes, hints at and explains the failures of a
+// cycle. drain bounds the wait for each failed rank's stderr to reach its
+// log (WaitStderr).
+func (a *Agent) reportFailures(failures []ranklogs.Failure, att *ranklogs.Attempt, drain time.Duration) {
 	if len(failures) == 0 {
 		return
 	}
@@ -460,7 +463,7 @@ func (a *Agent) reportFailures(failures []ranklogs.Failure, att *ranklogs.Attemp
 		f := &failures[i]
 		// Its last lines (a faulthandler dump written as it died) may
 		// still be in the copier's pipe: its log is read below.
-		if !att.WaitStderr(f.LocalRank, stderrDrainBound) {
+		if !att.WaitStderr(f.LocalRank, drain) {
 			a.log.Debug("the rank's stderr is still open (a process that inherited it lives on); reading its log as it is", "local_rank", f.LocalRank)
 		}
 		f.ErrorFile = att.ErrorFile(f.LocalRank)

@@ -14,9 +14,14 @@ import (
 const outputTail = 64 << 10
 
 // stderrDrainBound bounds the wait for a failed rank's stderr to reach its
-// log: a process that inherited the rank's stderr (a child it left
-// behind) keeps the pipe open.
-const stderrDrainBound = time.Second
+// log once the cycle's ranks are stopped: a process that inherited the
+// rank's stderr (a child it left behind) keeps the pipe open.
+// stderrDrainInProcess is the bound in an in-process restart, where the
+// survivors wait for it: copying the last few KiB takes microseconds.
+const (
+	stderrDrainBound     = time.Second
+	stderrDrainInProcess = 100 * time.Millisecond
+)
 
 // explainFailures reads why each failed rank failed from what it left
 // (ranklogs.Explain): the cause goes into the rank's failure record (the

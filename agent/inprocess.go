@@ -106,7 +106,7 @@ type inProcessDeps struct {
 type inProcessHost interface {
 	recordExit(e spawn.Exit, end *cycleEnd)
 	recordRankFailure(e spawn.Exit, hang bool)
-	reportFailures(failures []ranklogs.Failure, att *ranklogs.Attempt)
+	reportFailures(failures []ranklogs.Failure, att *ranklogs.Attempt, drain time.Duration)
 	swapDone()
 }
 
@@ -274,7 +274,10 @@ func (p *inProcess) keep(in policy.SurvivorsInput, c ipCycle) bool {
 		p.d.mons.EndCycleWith(false)
 	}
 	if end.kind == endRankFailure {
-		p.d.host.reportFailures(end.failures, c.att)
+		// A short wait: the survivors wait for this restart, and a
+		// failed rank's children (DataLoader workers) may hold its
+		// stderr open for seconds.
+		p.d.host.reportFailures(end.failures, c.att, stderrDrainInProcess)
 	}
 	p.d.log.Warn("keeping the surviving ranks for an in-process restart", "round", c.asg.Round,
 		"survivors", survivors, "why", d.Why)

@@ -48,7 +48,7 @@ func (h *unitHost) recordExit(e spawn.Exit, end *cycleEnd) {
 func (h *unitHost) recordRankFailure(e spawn.Exit, _ bool) {
 	h.failures = append(h.failures, e.LocalRank)
 }
-func (h *unitHost) reportFailures([]ranklogs.Failure, *ranklogs.Attempt) {
+func (h *unitHost) reportFailures([]ranklogs.Failure, *ranklogs.Attempt, time.Duration) {
 	h.reports++
 }
 func (h *unitHost) swapDone() { h.swaps++ }
