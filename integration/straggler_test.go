@@ -304,8 +304,7 @@ func parentIs(pid, ppid int) bool {
 // lowest window-averaged node speed seen (the margin to the threshold).
 func TestStragglerFalseDetections(t *testing.T) {
 	if os.Getenv("FTL_STRAGGLER_CAMPAIGN") != "1" {
-		// Not an environment skip: a 10-minute measurement, run by hand
-		// for docs/benchmarks.md.
+		// Not an environment skip: a 10-minute measurement for docs/benchmarks.md.
 		t.Skip("opt-in campaign: set FTL_STRAGGLER_CAMPAIGN=1 (docs/benchmarks.md, \"Stragglers\")")
 	}
 	requireTorch(t)
