@@ -97,8 +97,11 @@ func TestWalltimeDoesNotCount(t *testing.T) {
 	ch := newChain(t, c)
 	// The first job outlives its one-minute limit; the second finishes. With
 	// no failure allowed, the chain only goes on if TIMEOUT is not counted.
+	// The first job's shell must not go on to the flag when its sleep is
+	// killed at the limit: Slurm signals the step's processes one by one,
+	// and under load the shell could run touch before its own SIGTERM.
 	script := ch.script(`#SBATCH -N1 -t 1
-if [ "$FT_RESUMER_JOB_INDEX" = 0 ]; then sleep 600; fi
+if [ "$FT_RESUMER_JOB_INDEX" = 0 ]; then sleep 600 || exit $?; fi
 touch "$FAULT_TOL_FINISHED_FLAG_FILE"
 `)
 	code, out, errOut := ch.resumer(ctx, "run", "--chain-dir", ch.dir, "--max-subsequent-job-failures", "0", script)
