@@ -29,30 +29,15 @@ func TestFailingNodeExcludedFromTheNextJob(t *testing.T) {
 	defer cancel()
 	ch := newChain(t, c)
 	work := filepath.Dir(ch.dir)
-	ports, err := freePorts(1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rank := rankScript(t, work, "rank.sh", fmt.Sprintf(`if [ "$SLURM_PROCID" = 1 ]; then
-  echo "$SLURMD_NODENAME" > %[1]s/bad
+	code, out, errOut, bad := failingNodeChain(t, ctx, ch, 2, "", `if [ "$SLURM_PROCID" = 1 ]; then
+  echo "$SLURMD_NODENAME" > WORK/bad
   sleep 1; exit 1
 fi
 exec sleep 300
-`, work))
-	script := ch.script(fmt.Sprintf(`#SBATCH -N2
-if [ "$FT_RESUMER_JOB_INDEX" != 0 ]; then
-  echo "$SLURM_JOB_NODELIST" > %[1]s/nodes-$FT_RESUMER_JOB_INDEX
-  touch "$FAULT_TOL_FINISHED_FLAG_FILE"; exit 0
-fi
-head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
-srun --kill-on-bad-exit=0 ft-resumer node -- ft-launcher --nproc-per-node 1 --no-python --max-restarts 2 \
-  --rdzv-endpoint "$head:%[2]d" %[3]s
-`, work, ports[0], rank))
-	code, out, errOut := ch.resumer(ctx, "run", "--chain-dir", ch.dir, "--exclusion-expiry", "1h", script)
+`)
 	if code != 0 {
 		t.Fatalf("ft-resumer run = %d\n%s\n%s\n%s", code, out, errOut, ch.logs())
 	}
-	bad := strings.TrimSpace(readFile(t, filepath.Join(work, "bad")))
 	v := ch.status(ctx)
 	// The third job is the successor job 2 pre-scheduled, cancelled once
 	// training finished.
@@ -104,31 +89,16 @@ func TestFailingNodeSwappedThenExcluded(t *testing.T) {
 	defer cancel()
 	ch := newChain(t, c)
 	work := filepath.Dir(ch.dir)
-	ports, err := freePorts(1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rank := rankScript(t, work, "rank.sh", fmt.Sprintf(`head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
-if [ "$SLURMD_NODENAME" != "$head" ] && mkdir %[1]s/claim 2>/dev/null; then echo "$SLURMD_NODENAME" > %[1]s/bad; fi
-if [ "$TORCHELASTIC_RESTART_COUNT" -ge 2 ] || [ "$SLURMD_NODENAME" = "$(cat %[1]s/bad 2>/dev/null)" ]; then
+	code, out, errOut, bad := failingNodeChain(t, ctx, ch, 3, "--nnodes 2:3", `head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+if [ "$SLURMD_NODENAME" != "$head" ] && mkdir WORK/claim 2>/dev/null; then echo "$SLURMD_NODENAME" > WORK/bad; fi
+if [ "$TORCHELASTIC_RESTART_COUNT" -ge 2 ] || [ "$SLURMD_NODENAME" = "$(cat WORK/bad 2>/dev/null)" ]; then
   sleep 1; exit 1
 fi
 exec sleep 300
-`, work))
-	script := ch.script(fmt.Sprintf(`#SBATCH -N3
-if [ "$FT_RESUMER_JOB_INDEX" != 0 ]; then
-  echo "$SLURM_JOB_NODELIST" > %[1]s/nodes-$FT_RESUMER_JOB_INDEX
-  touch "$FAULT_TOL_FINISHED_FLAG_FILE"; exit 0
-fi
-head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
-srun --kill-on-bad-exit=0 ft-resumer node -- ft-launcher --nnodes 2:3 --nproc-per-node 1 --no-python --max-restarts 2 \
-  --rdzv-endpoint "$head:%[2]d" %[3]s
-`, work, ports[0], rank))
-	code, out, errOut := ch.resumer(ctx, "run", "--chain-dir", ch.dir, "--exclusion-expiry", "1h", script)
+`)
 	if code != 1 {
 		t.Fatalf("ft-resumer run = %d, want 1 (stopped: the successor cannot be placed)\n%s\n%s\n%s", code, out, errOut, ch.logs())
 	}
-	bad := strings.TrimSpace(readFile(t, filepath.Join(work, "bad")))
 	jv, err := verdict.Read(filepath.Join(ch.dir, "jobs", ch.status(ctx).Jobs[0].ID, "verdict-"+bad+".json"))
 	if err != nil {
 		t.Fatalf("no verdict from the failing node %s: %v\n%s", bad, err, ch.logs())
@@ -152,4 +122,31 @@ srun --kill-on-bad-exit=0 ft-resumer node -- ft-launcher --nnodes 2:3 --nproc-pe
 	if !strings.Contains(human, bad) || !strings.Contains(human, "rank_failures") {
 		t.Errorf("status does not name %s with its evidence:\n%s", bad, human)
 	}
+}
+
+// failingNodeChain runs a chain whose job 0 runs one real ft-launcher per
+// node of -N nodes under `srun ft-resumer node` with launcherArgs and the
+// rank script rankBody (which writes the failing node's name to
+// WORK/bad); later jobs record their node list and finish. It returns
+// ft-resumer run's exit code and output, and the failing node.
+func failingNodeChain(t *testing.T, ctx context.Context, ch *chain, nodes int, launcherArgs, rankBody string) (code int, out, errOut, bad string) {
+	t.Helper()
+	work := filepath.Dir(ch.dir)
+	ports, err := freePorts(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rank := rankScript(t, work, "rank.sh", strings.ReplaceAll(rankBody, "WORK", work))
+	script := ch.script(fmt.Sprintf(`#SBATCH -N%[4]d
+if [ "$FT_RESUMER_JOB_INDEX" != 0 ]; then
+  echo "$SLURM_JOB_NODELIST" > %[1]s/nodes-$FT_RESUMER_JOB_INDEX
+  touch "$FAULT_TOL_FINISHED_FLAG_FILE"; exit 0
+fi
+head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+srun --kill-on-bad-exit=0 ft-resumer node -- ft-launcher %[5]s --nproc-per-node 1 --no-python --max-restarts 2 \
+  --rdzv-endpoint "$head:%[2]d" %[3]s
+`, work, ports[0], rank, nodes, launcherArgs))
+	code, out, errOut = ch.resumer(ctx, "run", "--chain-dir", ch.dir, "--exclusion-expiry", "1h", script)
+	b, _ := os.ReadFile(filepath.Join(work, "bad"))
+	return code, out, errOut, strings.TrimSpace(string(b))
 }
