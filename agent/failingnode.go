@@ -24,7 +24,7 @@ func (r *runState) failingNodeRecord(limit int) *verdict.FailingNode {
 	for _, f := range r.rankFailures {
 		if f.NodeEvidence() {
 			evidence[f.Round] = true
-			why[f.Round] = append(why[f.Round], failureText(f))
+			why[f.Round] = append(why[f.Round], f.Text())
 		}
 	}
 	counted, window, ok := policy.FailingNode(ran, evidence, limit)
@@ -38,22 +38,6 @@ func (r *runState) failingNodeRecord(limit int) *verdict.FailingNode {
 	return &verdict.FailingNode{Rounds: counted, Window: window,
 		Detail: verdict.TruncateDetail(fmt.Sprintf("this node's ranks failed in ways that point at the node in %d of its latest %d rounds (%s)",
 			len(counted), window, strings.Join(parts, "; ")), verdict.MaxFailingNodeDetail)}
-}
-
-// failureText is one rank failure in a few words.
-func failureText(f verdict.RankFailure) string {
-	what := ""
-	switch {
-	case f.Kind == verdict.FailureHang:
-		what = "hung"
-	case f.Cause != nil:
-		what = f.Cause.String()
-	case f.Signal != "":
-		what = "killed by " + f.Signal
-	default:
-		what = fmt.Sprintf("exited %d with no explanation", f.ExitCode)
-	}
-	return fmt.Sprintf("rank %d %s", f.Rank, what)
 }
 
 // checkFailingNode runs after this node reported a rank failure and got

@@ -133,14 +133,6 @@ func NewJudge(o Options) *Judge {
 	return &Judge{o: o, history: map[string]*Smoother{}, seen: map[string]int64{}, slowSince: map[string]time.Time{}}
 }
 
-// RankSpeed is one rank's speed relative to the other nodes' ranks.
-type RankSpeed struct {
-	Rank  int     `json:"rank"`
-	Node  string  `json:"node"`
-	Busy  float64 `json:"busy"` // averaged over the window
-	Speed float64 `json:"speed"`
-}
-
 // NodeSpeed is one node's speed and its standing.
 type NodeSpeed struct {
 	Node  string  `json:"node"`
@@ -157,9 +149,6 @@ type NodeSpeed struct {
 // Result is one interval's job-wide judgement.
 type Result struct {
 	At int64 `json:"at"`
-	// Ranks are every judged rank's speed: the judging node's view, not
-	// published (Published).
-	Ranks []RankSpeed `json:"-"`
 	// Nodes are the judged nodes; in a published result with more than
 	// MaxPublishedNodes, only the slow ones (the others read their
 	// standing from MaxRef and RankRef: For).
@@ -179,11 +168,10 @@ type Result struct {
 // the slow ones only and stays a few hundred bytes.
 const MaxPublishedNodes = 64
 
-// Published is r as it goes to every node: without the ranks, and with
-// only the slow nodes when there are more than MaxPublishedNodes.
+// Published is r as it goes to every node: with only the slow nodes when
+// there are more than MaxPublishedNodes.
 func (r Result) Published() Result {
 	p := r
-	p.Ranks = nil
 	if len(r.Nodes) > MaxPublishedNodes {
 		p.Nodes = nil
 		for _, n := range r.Nodes {
@@ -220,17 +208,6 @@ func (r Result) For(node string, own Smoothed) (NodeSpeed, map[int]float64, bool
 	return ns, speeds, true
 }
 
-// Stragglers are the nodes r names as stragglers.
-func (r Result) Stragglers() []NodeSpeed {
-	var out []NodeSpeed
-	for _, n := range r.Nodes {
-		if n.Straggler {
-			out = append(out, n)
-		}
-	}
-	return out
-}
-
 // Node returns node's entry, if r has one.
 func (r Result) Node(node string) (NodeSpeed, bool) {
 	for _, n := range r.Nodes {
@@ -254,10 +231,29 @@ func NewSmoother(window time.Duration) *Smoother { return &Smoother{window: wind
 // Add adds s (a sample not newer than the latest is ignored: the same
 // one read again).
 func (m *Smoother) Add(s NodeSample) {
-	if n := len(m.samples); len(s.Ranks) == 0 || (n > 0 && m.samples[n-1].At >= s.At) {
+	if n := len(m.samples); len(s.Ranks) == 0 || (n > 0 && m.samples[n-1].At >= s.At) || !plausible(s) {
 		return
 	}
 	m.samples = append(m.samples, s)
+}
+
+// maxBusy bounds a believable busy share: a rank's threads demanding the
+// CPU together (a sample claiming more, or a negative or non-number one,
+// is not one a launcher measured).
+const maxBusy = 4096
+
+// plausible reports whether every busy share and the span of s are
+// numbers a launcher could have measured: samples come from etcd.
+func plausible(s NodeSample) bool {
+	if !(s.WindowS >= 0 && s.WindowS < 1e7) {
+		return false
+	}
+	for _, r := range s.Ranks {
+		if !(r.Busy >= 0 && r.Busy <= maxBusy) { // false for NaN too
+			return false
+		}
+	}
+	return true
 }
 
 // Smoothed is a node's ranks' busy shares averaged over the window.
@@ -376,13 +372,6 @@ func (j *Judge) Judge(now time.Time, samples []NodeSample) Result {
 			continue
 		}
 		res.Judged++
-		for _, r := range n.Ranks {
-			sp := 1.0
-			if r.Busy > 0 {
-				sp = refRanks / r.Busy
-			}
-			res.Ranks = append(res.Ranks, RankSpeed{Rank: r.Rank, Node: n.Node, Busy: r.Busy, Speed: sp})
-		}
 		ns := NodeSpeed{Node: n.Node, Host: n.Host, Speed: ref / n.Max, RankRef: refRanks}
 		// Judged only on half a window of history: a node that just
 		// started (or a new round) has too few samples to be fair.
@@ -402,10 +391,6 @@ func (j *Judge) Judge(now time.Time, samples []NodeSample) Result {
 	if len(res.Nodes) == 0 {
 		res.Why = "the ranks hardly work (busy below " + ftoa(j.o.MinBusy) + ")"
 	}
-	sort.Slice(res.Ranks, func(a, b int) bool {
-		x, y := res.Ranks[a], res.Ranks[b]
-		return x.Rank < y.Rank || (x.Rank == y.Rank && x.Node < y.Node)
-	})
 	return res
 }
 

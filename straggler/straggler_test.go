@@ -186,14 +186,18 @@ func TestJudge(t *testing.T) {
 // docs/stragglers.md); a rank's is the others' median over its own.
 func TestJudgeSpeeds(t *testing.T) {
 	t0 := time.Unix(1000, 0)
-	r := NewJudge(Options{Threshold: 0.1, Window: time.Minute}).Judge(t0, []NodeSample{sample("a", t0, 0.99, 1.0), sample("b", t0, 0.41, 0.45)})
+	sa := sample("a", t0, 0.99, 1.0)
+	r := NewJudge(Options{Threshold: 0.1, Window: time.Minute}).Judge(t0, []NodeSample{sa, sample("b", t0, 0.41, 0.45)})
 	a, _ := r.Node("a")
 	b, _ := r.Node("b")
 	if math.Abs(a.Speed-0.45) > 1e-9 || b.Speed < 2 {
 		t.Fatalf("speeds a %.3f b %.3f, want 0.45 and > 2", a.Speed, b.Speed)
 	}
-	if len(r.Ranks) != 4 || math.Abs(r.Ranks[0].Speed-0.43/0.99) > 1e-9 {
-		t.Fatalf("rank speeds %+v", r.Ranks)
+	own := NewSmoother(time.Minute)
+	own.Add(sa)
+	_, ranks, ok := r.For("a", own.At(t0))
+	if !ok || len(ranks) != 2 || math.Abs(ranks[0]-0.43/0.99) > 1e-9 {
+		t.Fatalf("rank speeds %+v", ranks)
 	}
 }
 
@@ -268,5 +272,19 @@ func TestJudgeClockSkew(t *testing.T) {
 	j.Judge(now.Add(time.Second), []NodeSample{s})
 	if len(j.history["ahead"].samples) > n {
 		t.Fatal("a sample read twice was added twice")
+	}
+}
+
+// TestImplausibleSamples: a sample with a busy share no launcher
+// measures (negative, not a number, beyond every thread of a process) is
+// left out, so it cannot make a node look slow or fast.
+func TestImplausibleSamples(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	for _, b := range []float64{-1, math.NaN(), math.Inf(1), 1e9} {
+		m := NewSmoother(time.Minute)
+		m.Add(sample("a", t0, 0.5, b))
+		if got := m.At(t0); len(got.Ranks) != 0 {
+			t.Errorf("busy %v: kept %+v", b, got)
+		}
 	}
 }

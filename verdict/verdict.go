@@ -460,6 +460,24 @@ func (f RankFailure) NodeEvidence() bool {
 	return false
 }
 
+// Text is the failure in a few words: "rank 3 killed by SIGBUS", "rank 1
+// exited 1 with no explanation", "rank 0 hung", or the rank and its
+// cause.
+func (f RankFailure) Text() string {
+	what := ""
+	switch {
+	case f.Kind == FailureHang:
+		what = "hung"
+	case f.Cause != nil:
+		what = f.Cause.String()
+	case f.Signal != "":
+		what = "killed by " + f.Signal
+	default:
+		what = fmt.Sprintf("exited %d with no explanation", f.ExitCode)
+	}
+	return fmt.Sprintf("rank %d %s", f.Rank, what)
+}
+
 // nodeSignal reports whether a death by sig counts against the node:
 // faults and kills no one asked for. SIGTERM, SIGINT, SIGHUP and SIGUSR*
 // are requests (an operator, a scheduler) and count against nothing.

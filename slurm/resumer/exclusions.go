@@ -190,23 +190,10 @@ const (
 func nodeEvidence(v verdict.Verdict) string {
 	for _, f := range v.RankFailures {
 		if f.NodeEvidence() {
-			return failureWords(f)
+			return fmt.Sprintf("%s in round %d", f.Text(), f.Round)
 		}
 	}
 	return ""
-}
-
-// failureWords is one rank failure in a few words.
-func failureWords(f verdict.RankFailure) string {
-	switch {
-	case f.Kind == verdict.FailureHang:
-		return fmt.Sprintf("rank %d hung in round %d", f.Rank, f.Round)
-	case f.Cause != nil:
-		return fmt.Sprintf("rank %d %s in round %d", f.Rank, f.Cause.String(), f.Round)
-	case f.Signal != "":
-		return fmt.Sprintf("rank %d killed by %s in round %d", f.Rank, f.Signal, f.Round)
-	}
-	return fmt.Sprintf("rank %d exited %d with no explanation in round %d", f.Rank, f.ExitCode, f.Round)
 }
 
 // failingAcrossJobs records on job which of its nodes' ranks failed in
