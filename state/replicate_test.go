@@ -122,6 +122,9 @@ func TestReplicaCopyArrivesAndVerifies(t *testing.T) {
 	recv, rev := startReceiver(t, ReceiverOptions{})
 	rep, sev := startSender(t, dir, 2, recv.Addr(), ReplicatorOptions{})
 	waitFor(t, "both ranks' copies", func() bool { return copySeq(recv, "node-a", 4) == 3 && copySeq(recv, "node-a", 5) == 1 })
+	// The sender counts a copy when the buddy's acknowledgement arrives,
+	// just after the buddy keeps it.
+	waitFor(t, "the sender to count both copies", func() bool { return sev.count(EventReplicaSent) >= 2 })
 	for _, rank := range []int32{4, 5} {
 		c := recv.Copy("node-a", rank)
 		if want := pattern(c.Step, len(c.Payload)); string(c.Payload) != string(want) {
@@ -147,6 +150,9 @@ func TestReplicaCopyArrivesAndVerifies(t *testing.T) {
 	saveRank(t, dir, 0, 4, 4, 300<<10)
 	rep.Notify()
 	waitFor(t, "the step-4 copy", func() bool { return copySeq(recv, "node-a", 4) == 4 })
+	// The buddy keeps the copy before its acknowledgement reaches the
+	// sender: wait for the sender to count it too.
+	waitFor(t, "the sender to count the step-4 copy", func() bool { return rep.Status()[0].Sent[0] == 4 })
 	if st := rep.Status()[0]; st.Copies != 3 || st.Sent[0] != 4 || st.Sent[1] != 1 {
 		t.Fatalf("sender status %+v, want 3 copies, sent seqs [4 1]", st)
 	}
