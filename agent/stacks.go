@@ -13,8 +13,13 @@ import (
 	"github.com/ftlauncher/ft-launcher/stacks"
 )
 
-// stacksFile is the name of a rank's stacks beside its logs.
-const stacksFile = "stacks.txt"
+// stacksFile is the name of a rank's stacks beside its logs, frFile of
+// its NCCL flight recorder (torch's pickle, as torch's fr_trace tool reads
+// it).
+const (
+	stacksFile = "stacks.txt"
+	frFile     = "flight_recorder.pkl"
+)
 
 // recordStacks writes, once per round, the stacks the monitor took at a
 // hang beside each rank's logs (attempt_<n>/<local_rank>/stacks.txt) and
@@ -53,14 +58,29 @@ func (a *Agent) recordStacksOf(j *monitor.Judgement) {
 	for i, r := range j.Ranks {
 		s := j.Summary[i]
 		rec := eventlog.RankStacksRank{LocalRank: r.LocalRank, Rank: s.Rank, PID: r.PID, State: string(s.State),
-			Activity: string(s.Activity), Place: s.Place, Collective: s.Collective}
+			Activity: string(s.Activity), Place: s.Place, Collective: s.Collective, FlightRecorder: string(r.FRState)}
+		if len(r.FR) > 0 {
+			if fr, err := stacks.ParseFlightRecord(r.FR); err != nil {
+				rec.FlightRecorderText = "not read: " + err.Error()
+			} else {
+				rec.FlightRecorderText = fr.Text()
+			}
+		}
 		if a.run.att != nil {
 			if ef := a.run.att.ErrorFile(r.LocalRank); ef != "" {
 				path := filepath.Join(filepath.Dir(ef), stacksFile)
-				if err := atomicfile.WriteVolatile(path, stacksText(r, s, now), 0o644); err != nil {
+				if err := atomicfile.WriteVolatile(path, stacksText(r, s, rec.FlightRecorderText, now), 0o644); err != nil {
 					a.log.Warn("could not write a rank's stacks", "path", path, "err", err)
 				} else {
 					rec.File = path
+				}
+				if len(r.FR) > 0 {
+					path := filepath.Join(filepath.Dir(ef), frFile)
+					if err := atomicfile.WriteVolatile(path, r.FR, 0o644); err != nil {
+						a.log.Warn("could not write a rank's flight recorder", "path", path, "err", err)
+					} else {
+						rec.FlightRecorderFile = path
+					}
 				}
 			}
 		}
@@ -72,7 +92,7 @@ func (a *Agent) recordStacksOf(j *monitor.Judgement) {
 }
 
 // stacksText is a rank's stacks file: a header, then faulthandler's dump.
-func stacksText(r stacks.Rank, s stacks.Summary, at time.Time) []byte {
+func stacksText(r stacks.Rank, s stacks.Summary, fr string, at time.Time) []byte {
 	var b strings.Builder
 	fmt.Fprintf(&b, "# ft-launcher: stacks of local rank %d (rank %d, pid %d), taken %s before it or a peer was killed\n",
 		r.LocalRank, s.Rank, r.PID, at.Format(time.RFC3339Nano))
@@ -83,6 +103,12 @@ func stacksText(r stacks.Rank, s stacks.Summary, at time.Time) []byte {
 	b.WriteString("\n")
 	if s.Place != "" {
 		fmt.Fprintf(&b, "# at: %s (%s)\n", s.Place, s.Activity)
+	}
+	switch {
+	case fr != "":
+		fmt.Fprintf(&b, "# NCCL flight recorder (%s): %s\n", frFile, fr)
+	case r.FRState != "" && r.FRState != stacks.FRTaken:
+		fmt.Fprintf(&b, "# NCCL flight recorder: %s\n", r.FRState)
 	}
 	b.WriteString("\n")
 	b.Write(r.Dump)

@@ -245,6 +245,11 @@ type RankStacksRank struct {
 	Place      string `json:"place,omitempty"`
 	Collective string `json:"collective,omitempty"`
 	File       string `json:"file,omitempty"` // its stacks, beside its logs
+	// The NCCL flight recorder, where it is on: taken, none, no_answer;
+	// its file beside the logs and its one-line reading.
+	FlightRecorder     string `json:"flight_recorder,omitempty"`
+	FlightRecorderFile string `json:"flight_recorder_file,omitempty"`
+	FlightRecorderText string `json:"flight_recorder_text,omitempty"`
 }
 
 // RankExitedEvent: a rank process ended.

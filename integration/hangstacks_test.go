@@ -131,3 +131,69 @@ func TestHangCulpritTwoNodes(t *testing.T) {
 		}
 	}
 }
+
+// TestHangFlightRecorder: with torch's flight recorder on
+// (TORCH_NCCL_TRACE_BUFFER_SIZE), each rank's recorder is taken with its
+// stacks at a hang, written beside its logs and read into the event: the
+// culprit, stuck in a collective of its own, is one all_reduce behind its
+// peers. This torch has no NCCL and this machine no GPU: the ranks stand
+// torch's _dump_nccl_trace in by a function returning a pickle of the
+// same shape (hang_kinds_worker.py); the launcher's side is real.
+func TestHangFlightRecorder(t *testing.T) {
+	skipShort(t)
+	requireTorch(t)
+	worker, err := filepath.Abs("testdata/hang_kinds_worker.py")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := newCluster(t, embeddedEndpoint(t))
+	for range 2 {
+		c.addNode([]string{"PYTHON_EXEC=" + debianPython, "TORCH_NCCL_TRACE_BUFFER_SIZE=2000", "FTL_FAKE_FLIGHT_RECORDER=1"},
+			"--nnodes", "2", "--nproc-per-node", "2", "--max-restarts", "1", "--rdzv-backend", "c10d",
+			"--ft-initial-rank-heartbeat-timeout", "300", "--ft-rank-heartbeat-timeout", "2", "--ft-calculate-timeouts", "false",
+			worker, "collective")
+	}
+	for i, code := range c.waitAll(40*time.Second + torchTimeout) {
+		if code != 0 {
+			t.Fatalf("node %d exited %d\n%s", i, code, c.stderrs())
+		}
+	}
+	culprit := hangCulprit(0, 4)
+	ranks := 0
+	for i, n := range c.nodes {
+		evs := n.eventsOf("rank_stacks")
+		if len(evs) == 0 {
+			t.Fatalf("node %d took no stacks\n%s", i, c.stderrs())
+		}
+		for _, rr := range evs[0]["ranks"].([]any) {
+			r := rr.(map[string]any)
+			rank := int(r["rank"].(float64))
+			ranks++
+			want := "in nccl:all_reduce #21 (group 0 default_pg) started"
+			if rank == culprit {
+				want = "in nccl:all_reduce #20 (group 0 default_pg) started"
+			}
+			if r["flight_recorder"] != "taken" || r["flight_recorder_text"] != want {
+				t.Errorf("rank %d: flight recorder %v %q, want taken %q", rank, r["flight_recorder"], r["flight_recorder_text"], want)
+				continue
+			}
+			file, _ := r["flight_recorder_file"].(string)
+			stacksFile, _ := r["file"].(string)
+			if filepath.Dir(file) != filepath.Dir(stacksFile) || filepath.Base(file) != "flight_recorder.pkl" {
+				t.Errorf("rank %d: flight recorder file %q, want flight_recorder.pkl beside %q", rank, file, stacksFile)
+				continue
+			}
+			b, err := os.ReadFile(file)
+			if err != nil || len(b) == 0 {
+				t.Errorf("rank %d: %s: %d bytes, %v", rank, file, len(b), err)
+			}
+			st, _ := os.ReadFile(stacksFile)
+			if !strings.Contains(string(st), "# NCCL flight recorder (flight_recorder.pkl): "+want) {
+				t.Errorf("rank %d: the stacks file does not name the flight recorder:\n%s", rank, st)
+			}
+		}
+	}
+	if ranks != 4 {
+		t.Errorf("the nodes' rank_stacks listed %d ranks, want 4", ranks)
+	}
+}

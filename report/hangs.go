@@ -106,8 +106,16 @@ const (
 
 // what says what a rank was doing, in the words of the launcher's finding
 // (stacks.Summary's, which the report does not import: that package
-// signals processes).
+// signals processes), and where its NCCL flight recorder was taken, what
+// that says.
 func (h HangRank) what() string {
+	if h.FlightRecorderText != "" {
+		return h.stacksWhat() + "; NCCL flight recorder: " + h.FlightRecorderText
+	}
+	return h.stacksWhat()
+}
+
+func (h HangRank) stacksWhat() string {
 	switch {
 	case h.State == "stopped":
 		return "stopped by a signal (SIGSTOP)"

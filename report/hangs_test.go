@@ -123,6 +123,16 @@ func TestHangs(t *testing.T) {
 	n2Known := stacksLine(t, "n2", "20.012", known(waiting(0, 2), waiting(1, 3)))
 	n2Alone := stacksLine(t, "n2", "20.012", eventlog.RankStacksEvent{Round: 0, Known: false, Culprits: []int{2}, Why: silentWhy,
 		Text: aloneText, TookMS: 500, Ranks: []eventlog.RankStacksRank{waiting(0, 2), waiting(1, 3)}})
+	// GPU ranks with NCCL flight recorders: the bystanders wait in
+	// all_reduce #57, the culprit's last one was #56.
+	const pendingFR, lastFR = "in nccl:all_reduce #57 (group 0 default_pg) started", "none pending, the last nccl:all_reduce #56 (group 0 default_pg) completed"
+	frFile := filepath.Join(dir, "attempt_0", "1", "flight_recorder.pkl")
+	withFR := func(r eventlog.RankStacksRank, text, file string) eventlog.RankStacksRank {
+		r.FlightRecorder, r.FlightRecorderText, r.FlightRecorderFile = "taken", text, file
+		return r
+	}
+	n1FR := stacksLine(t, "n1", "20.010", known(withFR(waiting(0, 0), pendingFR, ""), withFR(user(1, 1, culpritFile), lastFR, frFile)))
+	n2FR := stacksLine(t, "n2", "20.012", known(withFR(waiting(0, 2), pendingFR, ""), withFR(waiting(1, 3), pendingFR, "")))
 	firstSilentText := "rank 0 first silent: in all_reduce at train.py:88 in step; rank 1: in all_reduce at train.py:88 in step"
 	missing := filepath.Join(dir, "elsewhere", stacksName)
 	n1FirstSilent := stacksLine(t, "n1", "20.010", eventlog.RankStacksEvent{Round: 0, Known: false, Culprits: []int{0}, Why: silentWhy,
@@ -166,6 +176,22 @@ func TestHangs(t *testing.T) {
 				"4 rank(s) on 2 node(s)",
 			},
 			notHTML: []string{"<script>", "first silent", "findings for this round differ"},
+			culprit: "rank 1",
+		},
+		{
+			name: "NCCL flight recorders",
+			logs: [][]string{
+				hangNodeLines("n1", 0, 4, n1FR, hangLine("n1", 1, 1, true, knownText)),
+				hangNodeLines("n2", 1, 4, n2FR),
+			},
+			hang: true, known: true, culprits: []int{1}, agree: true, findings: 1, judged: []int{1},
+			groups: []string{"rank 1: in train.py:60 in <lambda>, not in a collective; NCCL flight recorder: " + lastFR,
+				"ranks 0, 2-3: in all_reduce at train.py:88 in step; NCCL flight recorder: " + pendingFR},
+			reason: knownText,
+			html: []string{
+				"NCCL flight recorder of rank 1: <code>" + frFile + "</code>",
+				"<li>ranks 0, 2-3: in all_reduce at train.py:88 in step; NCCL flight recorder: " + pendingFR + "</li>",
+			},
 			culprit: "rank 1",
 		},
 		{

@@ -428,7 +428,8 @@ ul.others { font-size: 14px; margin: 4px 0; }
 {{else if .Judged}}<p class="note">{{.Judged}}</p>
 {{end}}{{range .Culprits}}{{if .File}}<div class="note">stacks of rank {{.Rank}}: <code>{{.File}}</code>{{with .Stacks}}{{if not .Text}} ({{.Note}}){{end}}{{end}}</div>
 {{with .Stacks}}{{if .Text}}<details><summary>its stacks ({{.Size}} bytes{{if .Truncated}}, the first 64 KiB shown{{end}})</summary><pre class="stacks">{{.Text}}</pre></details>
-{{end}}{{end}}{{end}}{{end}}{{if .Others}}<ul class="others">
+{{end}}{{end}}{{end}}{{if .FlightRecorderFile}}<div class="note">NCCL flight recorder of rank {{.Rank}}: <code>{{.FlightRecorderFile}}</code> (torch's pickle, for torch's <code>fr_trace</code>)</div>
+{{end}}{{end}}{{if .Others}}<ul class="others">
 {{range .Others}}<li>{{.}}</li>
 {{end}}</ul>
 {{end}}{{if .Disagree}}<div class="warn">The nodes' findings for this round differ: each is below. The verdict above is the first: a finding on evidence before a first-silent guess, then the one more nodes made. A node that judged alone (the exchange of stacks did not complete in time) saw only its own ranks.</div>

@@ -15,8 +15,14 @@
 // in a read or waiting in a collective still answers at once; a stopped
 // one (SIGSTOP) cannot, and its state says so.
 //
+// Where torch's NCCL flight recorder is on (its buffer size set in the
+// ranks' environment, or set by the launcher on a GPU node), the hook also
+// keeps a thread that dumps it on request (flightrec.go): Collect asks each
+// dumped rank for it after its stacks, within the same bound.
+//
 // Nothing a rank writes is executed: the dumps are text, parsed by
-// package pytrace.
+// package pytrace; a flight recorder is a pickle read only by the
+// restricted decoder of package nvrxwire.
 package stacks
 
 import (
@@ -49,6 +55,7 @@ const Signal = syscall.Signal(37)
 const (
 	DirEnv    = "FT_LAUNCHER_STACKS_DIR"
 	SignalEnv = "FT_LAUNCHER_STACKS_SIGNAL"
+	FREnv     = "FT_LAUNCHER_STACKS_FR" // "1": keep the flight-recorder thread
 )
 
 // DefaultBound is how long Collect waits for the dumps, all ranks
@@ -72,6 +79,10 @@ type Collector struct {
 	lock    *os.File // holds dir's owner lock (lockdir) while the launcher runs
 	hookDir string
 	dumpDir string
+	// frDefault: the flight recorder's buffer size Env sets where the
+	// ranks' environment sets none (0: leave it off).
+	frDefault int
+	fr        bool // Env turned the flight-recorder thread on
 }
 
 // dirPrefix names the collectors' directories under $TMPDIR.
@@ -119,11 +130,23 @@ func (c *Collector) Close() error {
 }
 
 // Env returns env with the hook first on PYTHONPATH and its variables
-// set (env itself is not modified).
+// set (env itself is not modified). It also decides whether Collect asks
+// for the flight recorder: where env sets torch's buffer size
+// (TORCH_NCCL_TRACE_BUFFER_SIZE, or TORCH_FR_BUFFER_SIZE of newer torch)
+// above 0, or sets neither and SetFlightRecorderDefault gave a size, which
+// Env then sets.
 func (c *Collector) Env(env []string) []string {
 	pp := c.hookDir
-	out := make([]string, 0, len(env)+3)
+	out := make([]string, 0, len(env)+5)
+	frSet := false
+	c.fr = false
 	for _, kv := range env {
+		if k, v, ok := strings.Cut(kv, "="); ok && slices.Contains(frBufferVars, k) {
+			frSet = true
+			if n, err := strconv.Atoi(strings.TrimSpace(v)); err == nil && n > 0 {
+				c.fr = true
+			}
+		}
 		switch {
 		case strings.HasPrefix(kv, "PYTHONPATH="):
 			if old := strings.TrimPrefix(kv, "PYTHONPATH="); old != "" {
@@ -131,13 +154,33 @@ func (c *Collector) Env(env []string) []string {
 			} else {
 				pp = c.hookDir
 			}
-		case strings.HasPrefix(kv, DirEnv+"="), strings.HasPrefix(kv, SignalEnv+"="):
+		case strings.HasPrefix(kv, DirEnv+"="), strings.HasPrefix(kv, SignalEnv+"="), strings.HasPrefix(kv, FREnv+"="):
 		default:
 			out = append(out, kv)
 		}
 	}
+	if !frSet && c.frDefault > 0 {
+		out = append(out, frBufferVars[0]+"="+strconv.Itoa(c.frDefault))
+		c.fr = true
+	}
+	if c.fr {
+		out = append(out, FREnv+"=1")
+	}
 	return append(out, "PYTHONPATH="+pp, DirEnv+"="+c.dumpDir, SignalEnv+"="+strconv.Itoa(int(Signal)))
 }
+
+// frBufferVars are torch's variables for the flight recorder's buffer
+// size (entries kept); 0, torch's default, turns it off.
+var frBufferVars = []string{"TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_FR_BUFFER_SIZE"}
+
+// SetFlightRecorderDefault makes Env turn torch's flight recorder on with
+// n entries where the ranks' environment does not set its size (call it
+// before Env; the launcher does on a node with NVIDIA GPUs).
+func (c *Collector) SetFlightRecorderDefault(n int) { c.frDefault = n }
+
+// FlightRecorderOn says whether Collect asks the ranks for their flight
+// recorders (decided by Env).
+func (c *Collector) FlightRecorderOn() bool { return c.fr }
 
 // State is what a rank process was doing, as far as the kernel says.
 type State string
@@ -160,7 +203,11 @@ type Rank struct {
 	Proc      byte   // the rank process's state letter (R, S, D, T, ...)
 	WChan     string // where the kernel has the rank's main thread waiting ("" when running)
 	Dump      []byte // what the handler wrote: faulthandler's text, parsed by pytrace
-	Took      time.Duration
+	// FR: torch's flight recorder of the dumped process (a pickle, as
+	// torch's own tools read it), asked for after its stacks when it is on.
+	FR      []byte
+	FRState FRState
+	Took    time.Duration
 }
 
 // Collect takes the stacks of the ranks in pids (local rank → pid), all at
@@ -226,6 +273,9 @@ func (c *Collector) collect(ctx context.Context, lr, pid int) (r Rank) {
 			last, stable = n, time.Now()
 		case n > before && time.Since(stable) >= settle:
 			r.State, r.Dump = StateDumped, read(path, before, n)
+			if c.fr {
+				r.FR, r.FRState = c.flightRecorder(ctx, target)
+			}
 			return r
 		}
 		select {
@@ -320,7 +370,7 @@ const maxException = 64 << 10
 
 // Forget removes the files of an exited process.
 func (c *Collector) Forget(pid int) {
-	for _, ext := range []string{".txt", ".exc"} {
+	for _, ext := range []string{".txt", ".exc", ".frq", ".fr", ".fr.tmp"} {
 		os.Remove(filepath.Join(c.dumpDir, strconv.Itoa(pid)+ext))
 	}
 }

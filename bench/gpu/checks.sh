@@ -38,3 +38,20 @@ PYTHON_EXEC="$PY" timeout 120 "$FT" --standalone --nproc-per-node 2 --restart-mo
 echo "exit $?"
 cat "$L/calls" "$L/result.json"
 grep -c '"inprocess_notice"' "$L/events"
+
+echo "== NCCL flight recorder at a hang (1 NCCL rank; the launcher turns the recorder on, on a GPU node)"
+L=$(mktemp -d)
+PYTHON_EXEC="$PY" timeout 120 "$FT" --standalone --nproc-per-node 1 --max-restarts 0 --log-dir "$L/logs" \
+	--ft-rank-heartbeat-timeout 2 --ft-calculate-timeouts false --event-log "$L/events" bench/gpu/fr_probe.py >"$L/log" 2>&1
+echo "exit $? (1 expected: the rank hung, no restart left)"
+grep '"rank_stacks"' "$L/events" | "$PY" -c 'import json, sys
+for l in sys.stdin:
+    for r in json.loads(l)["ranks"]:
+        print("state", r.get("state"), "| flight recorder", r.get("flight_recorder"), "|", r.get("flight_recorder_text"))
+        f = r.get("flight_recorder_file")
+        if f:
+            import pickle  # our own file, written by torch in our rank: read by torch'"'"'s side to cross-check
+            d = pickle.load(open(f, "rb"))
+            e = d["entries"]
+            print("torch reads it: version", d["version"], len(e), "entries; last", e[-1]["profiling_name"], e[-1]["state"])'
+grep -h 'NCCL flight recorder' "$L"/logs/*/attempt_0/0/stacks.txt "$L"/logs/attempt_0/0/stacks.txt 2>/dev/null

@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -120,6 +121,11 @@ func launch(ctx context.Context, cfg *configs.Config, log *slog.Logger, sigs <-c
 			log.Warn("rank stacks off: the hook could not be written", "err", err)
 		} else {
 			defer stk.Close()
+			if gpuNode() {
+				// torch keeps no flight recorder unless asked (buffer 0);
+				// on a GPU node the launcher asks, for the hang's stacks.
+				stk.SetFlightRecorderDefault(flightRecorderEntries)
+			}
 			environ = stk.Env(environ)
 			monOpts.Stacks = stk
 			hookDirs = append(hookDirs, stk.HookDir())
@@ -505,6 +511,18 @@ func healthCheck(cfg *configs.Config, reaper *spawn.Reaper, log *slog.Logger) fu
 		}
 		return nil
 	}
+}
+
+// flightRecorderEntries is the NCCL flight recorder's size the launcher
+// sets on a GPU node where the job sets none: torch's own tools and
+// torchtitan use 2,000 to 20,000; each entry is a few hundred bytes of host
+// memory per process group.
+const flightRecorderEntries = 2000
+
+// gpuNode says whether this node has an NVIDIA device (/dev/nvidia<N>).
+func gpuNode() bool {
+	m, _ := filepath.Glob("/dev/nvidia[0-9]*")
+	return len(m) > 0
 }
 
 func hasNvidiaSMI() bool {

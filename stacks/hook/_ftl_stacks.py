@@ -14,14 +14,24 @@ sys.excepthook prints it, so a crash is explained without an error file
 or redirected output. A forked child (a DataLoader worker) gets files of
 its own.
 
-No thread, nothing printed; every error is swallowed: the rank runs as it
-would without the hook.
+Where the launcher asks for torch's NCCL flight recorder
+(FT_LAUNCHER_STACKS_FR=1), install() also makes a FIFO <dir>/<pid>.frq and
+starts one daemon thread blocked reading it: a byte written there makes the
+thread call torch's _dump_nccl_trace (only if torch is already loaded) and
+write what it returns to <dir>/<pid>.fr, or an empty <pid>.fr when this
+process has no flight recorder. A thread, not a signal handler, because
+the dump is a Python call and a hung main thread never comes back to the
+interpreter; NCCL waits release the GIL.
+
+Otherwise no thread, nothing printed; every error is swallowed: the rank
+runs as it would without the hook.
 """
 import os
 import sys
 
 _DIR_VAR = "FT_LAUNCHER_STACKS_DIR"
 _SIG_VAR = "FT_LAUNCHER_STACKS_SIGNAL"
+_FR_VAR = "FT_LAUNCHER_STACKS_FR"
 _HOOK = os.path.dirname(os.path.abspath(__file__))
 _state = {}
 
@@ -67,6 +77,11 @@ def install():
     except Exception:
         _state.pop("file", None)
         return
+    if os.environ.get(_FR_VAR) == "1":
+        try:
+            _start_fr(d)
+        except Exception:
+            pass
     prev = sys.excepthook
 
     def hook(kind, value, tb):
@@ -82,10 +97,69 @@ def install():
 
 
 def _child():
+    # A forked child (a DataLoader worker) has no NCCL communicator and no
+    # flight-recorder thread: it does not keep its parent's FIFO open.
+    fd = _state.pop("frfd", None)
+    if fd is not None:
+        try:
+            os.close(fd)
+        except Exception:
+            pass
     try:
         _register()
     except Exception:
         pass
+
+
+def _start_fr(d):
+    import threading
+    req = os.path.join(d, "%d.frq" % os.getpid())
+    os.mkfifo(req, 0o600)
+    # O_RDWR: the open does not wait for a writer and the reads never see
+    # end of file between the launcher's requests.
+    fd = os.open(req, os.O_RDWR)
+    _state["frfd"] = fd
+    out = os.path.join(d, "%d.fr" % os.getpid())
+    t = threading.Thread(target=_fr_loop, args=(fd, out), name="ft-launcher-flight-recorder", daemon=True)
+    t.start()
+
+
+def _fr_dump():
+    """torch's flight recorder of this process, pickled by torch; b"" when
+    there is none (torch not loaded, built without NCCL, buffer off)."""
+    m = sys.modules.get("torch._C._distributed_c10d")
+    f = getattr(m, "_dump_nccl_trace", None) if m is not None else None
+    if f is None:
+        return b""
+    try:
+        # The Python stacks are taken apart; the collectives' own stack
+        # traces would make the dump ten times larger.
+        b = f(includeCollectives=True, includeStackTraces=False, onlyActive=False)
+    except TypeError:
+        b = f()
+    return bytes(b) if b else b""
+
+
+def _fr_loop(fd, out):
+    while True:
+        try:
+            if not os.read(fd, 1):
+                return
+        except InterruptedError:
+            continue
+        except Exception:
+            return
+        try:
+            b = _fr_dump()
+        except Exception:
+            b = b""
+        try:
+            tmp = out + ".tmp"
+            with open(tmp, "wb") as f:
+                f.write(b)
+            os.replace(tmp, out)
+        except Exception:
+            pass
 
 
 def chain():
