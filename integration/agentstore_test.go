@@ -95,8 +95,8 @@ func TestAgentStoreTorchDDPCrashResumes(t *testing.T) {
 			if w.SHA256 != ref.SHA256 || w.ResumedFromStep != 20 {
 				t.Fatalf("weights %s resumed from step %d; want the uninterrupted run's %s, resumed from 20", w.SHA256, w.ResumedFromStep, ref.SHA256)
 			}
-			if n := len(j.eventsOf("restart")); n != 1 {
-				t.Errorf("%d restart events, want 1", n)
+			if rs := j.eventsOf("restart"); len(rs) != 1 {
+				t.Errorf("%d restart events, want 1: %v\n%s", len(rs), rs, j.stderr.String())
 			}
 			switch tc.name {
 			case "off":
