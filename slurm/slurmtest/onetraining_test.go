@@ -29,14 +29,19 @@ import (
 // work/go and then writes the finished flag. The start and the end are
 // logged with shell builtins only: scancel signals every process of the
 // job, so a date(1) the EXIT trap started could die with the script and
-// leave an end line without its time.
+// leave an end line without its time. (The end line was once missing: a
+// second SIGTERM ran the TERM trap again inside the EXIT trap, and the
+// test read the cancelled run as never ended.)
 func trainingScript(work string) string {
 	return fmt.Sprintf(`#SBATCH -N1
 log=%[1]q/train.log
 run="$SLURM_JOB_ID ${SLURM_RESTART_COUNT:-0}"
 # The traps first: a requeue or scancel may come as soon as the script starts.
-trap 'echo "end $run $EPOCHREALTIME" >> "$log"' EXIT
-trap 'exit 143' TERM
+# A second SIGTERM (Slurm signals the job's processes, ft-resumer forwards
+# its own) must not cut the EXIT trap short before it logs the end: the
+# first one makes the script ignore the rest.
+trap 'trap "" TERM; echo "end $run $EPOCHREALTIME" >> "$log"' EXIT
+trap 'trap "" TERM; exit 143' TERM
 if [ -s %[1]q/inflight ] && kill -0 "$(< %[1]q/inflight)" 2>/dev/null; then echo "OVERLAP $run $EPOCHREALTIME" >> "$log"; fi
 echo $$ > %[1]q/inflight
 echo "start $run $EPOCHREALTIME" >> "$log"
