@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/ftlauncher/ft-launcher/configs"
 	"github.com/ftlauncher/ft-launcher/eventlog"
 	"github.com/ftlauncher/ft-launcher/policy"
 	"github.com/ftlauncher/ft-launcher/rendezvous"
@@ -40,6 +41,15 @@ func (r *runState) failingNodeRecord(limit int) *verdict.FailingNode {
 			len(counted), window, strings.Join(parts, "; ")), verdict.MaxFailingNodeDetail)}
 }
 
+// hostsEtcdWhy is why a node that hosts the job's embedded etcd never
+// leaves on its own: the job's rendezvous would leave with it.
+const hostsEtcdWhy = "this node hosts the job's embedded etcd: leaving would take the job's rendezvous with it"
+
+// hostsJobEtcd says whether this launcher hosts the job's embedded etcd.
+func (a *Agent) hostsJobEtcd() bool {
+	return a.cfg.Rdzv.Mode == configs.RdzvEmbedded && a.cfg.Rdzv.HostsEtcd
+}
+
 // checkFailingNode runs after this node reported a rank failure and got
 // dec. When its ranks keep failing in ways that point at the node, the
 // node leaves for a spare when one stood by in the round and this report
@@ -55,7 +65,7 @@ func (a *Agent) checkFailingNode(ctx context.Context, dec rendezvous.Decision) (
 	asg := a.run.asg
 	first := a.run.failingNode == nil
 	a.run.failingNode = fn
-	if dec.Restart && policy.SwapOutFailingNode(true, dec.Ended, asg.Standbys) {
+	if dec.Restart && !a.hostsJobEtcd() && policy.SwapOutFailingNode(true, dec.Ended, asg.Standbys) {
 		fn.SwappedOut = true
 		reason := "quarantined: " + fn.Detail + " (--ft-node-failure-limit " + fmt.Sprint(a.cfg.FT.NodeFailureLimit) + ")"
 		a.log.Error("this node keeps failing: leaving the job for a spare", "rounds", fn.Rounds, "window", fn.Window, "detail", fn.Detail)
@@ -74,6 +84,8 @@ func (a *Agent) checkFailingNode(ctx context.Context, dec rendezvous.Decision) (
 		why = "the job is not restarted"
 	case !dec.Ended:
 		why = "another node's report ended the round"
+	case a.hostsJobEtcd():
+		why = hostsEtcdWhy
 	}
 	if first {
 		a.log.Warn("this node keeps failing; it keeps its place", "why", why, "rounds", fn.Rounds, "detail", fn.Detail)

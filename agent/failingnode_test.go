@@ -2,9 +2,11 @@ package agent
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 
+	"github.com/ftlauncher/ft-launcher/configs"
 	"github.com/ftlauncher/ft-launcher/rendezvous"
 	"github.com/ftlauncher/ft-launcher/verdict"
 )
@@ -87,6 +89,24 @@ func TestFailingNode(t *testing.T) {
 				want(t, o, verdict.Succeeded, 0)
 				if len(h.rdzv.leaves) != 0 || o.FailingNode == nil || o.FailingNode.SwappedOut {
 					t.Errorf("leaves %q failing node %+v", h.rdzv.leaves, o.FailingNode)
+				}
+			},
+		},
+		{
+			name: "this node hosts the job's embedded etcd: keeps its place",
+			setup: func(h *harness) {
+				h.cfg.Rdzv.Mode, h.cfg.Rdzv.HostsEtcd = configs.RdzvEmbedded, true
+				h.rdzv.next = append(h.rdzv.next, withSpares(0, 0, 1), withSpares(1, 1, 1), withSpares(2, 2, 1))
+				h.rdzv.fail = decide(true)
+			},
+			act: failTwiceThenSucceed,
+			check: func(t *testing.T, h *harness, o Outcome) {
+				want(t, o, verdict.Succeeded, 0)
+				if len(h.rdzv.leaves) != 0 || o.FailingNode == nil || o.FailingNode.SwappedOut {
+					t.Errorf("leaves %q failing node %+v, want it kept", h.rdzv.leaves, o.FailingNode)
+				}
+				if evs := h.events("node_failing"); len(evs) == 0 || !strings.Contains(fmt.Sprint(evs[len(evs)-1]["why"]), "embedded etcd") {
+					t.Errorf("node_failing events %v, want the embedded etcd named as why", evs)
 				}
 			},
 		},

@@ -247,6 +247,8 @@ func (a *Agent) onStraggler(me straggler.NodeSpeed) *stragglerPending {
 		ev.Action, ev.Why = "reported", "--ft-straggler "+mode
 	case asg.Standbys == 0:
 		ev.Action, ev.Why = "kept", "no spare stood by in the round: a straggler is reported, never killed"
+	case a.hostsJobEtcd():
+		ev.Action, ev.Why = "kept", hostsEtcdWhy
 	default:
 		ev.Action = "swapping"
 	}

@@ -160,6 +160,20 @@ func TestStraggler(t *testing.T) {
 			},
 		},
 		{
+			name: "swap on the node that hosts the job's embedded etcd: kept",
+			setup: func(h *harness) {
+				setup(configs.StragglerSwap, 1)(h)
+				h.cfg.Rdzv.Mode, h.cfg.Rdzv.HostsEtcd = configs.RdzvEmbedded, true
+			},
+			act: runFor,
+			check: func(t *testing.T, h *harness, o Outcome) {
+				want(t, o, verdict.Succeeded, 0)
+				if a := stragglerEvents(t, h); strings.Join(a, ",") != "kept" || len(h.rdzv.leaves) != 0 {
+					t.Errorf("straggler events %v leaves %q, want kept and no leave", a, h.rdzv.leaves)
+				}
+			},
+		},
+		{
 			name:  "off: nothing measured",
 			setup: setup(configs.StragglerOff, 1),
 			act:   runFor,

@@ -478,12 +478,16 @@ func (f RankFailure) Text() string {
 	return fmt.Sprintf("rank %d %s", f.Rank, what)
 }
 
-// nodeSignal reports whether a death by sig counts against the node:
-// faults and kills no one asked for. SIGTERM, SIGINT, SIGHUP and SIGUSR*
-// are requests (an operator, a scheduler) and count against nothing.
+// nodeSignal reports whether a death by sig counts against the node: the
+// faults a process raises on itself (a bad memory access, an abort).
+// SIGTERM, SIGINT, SIGHUP, SIGUSR* and SIGKILL come from others (an
+// operator, a scheduler, the OOM killer) and count against nothing.
 func nodeSignal(sig string) bool {
 	switch sig {
-	case "SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE", "SIGABRT", "SIGKILL", "SIGSYS", "SIGTRAP":
+	// Not SIGKILL: another process sends it (the OOM killer, an operator,
+	// a scheduler), and says nothing of the node; the launcher's own kill
+	// of a hung rank is recorded as the hang.
+	case "SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE", "SIGABRT", "SIGSYS", "SIGTRAP":
 		return true
 	}
 	return false

@@ -115,7 +115,7 @@ func TestNodeEvidence(t *testing.T) {
 		{"bystander of a hang", RankFailure{Kind: FailureCrash, ExitCode: 1, Bystander: true}, false},
 		{"exit 1, no explanation", RankFailure{Kind: FailureCrash, ExitCode: 1}, true},
 		{"SIGSEGV", RankFailure{Kind: FailureCrash, Signal: "SIGSEGV"}, true},
-		{"SIGKILL (OOM killer)", RankFailure{Kind: FailureCrash, Signal: "SIGKILL"}, true},
+		{"SIGKILL (the OOM killer, an operator: not the node)", RankFailure{Kind: FailureCrash, Signal: "SIGKILL"}, false},
 		{"SIGBUS in faulthandler's stack", RankFailure{Kind: FailureCrash, Cause: &FailureCause{Signal: "SIGBUS", Where: "x.py:1"}}, true},
 		{"SIGTERM: a request", RankFailure{Kind: FailureCrash, Signal: "SIGTERM"}, false},
 		{"SIGINT: a request", RankFailure{Kind: FailureCrash, Signal: "SIGINT"}, false},
