@@ -82,11 +82,17 @@ type Spare interface {
 }
 
 // SpareStandbys keeps standby interpreters for the ranks of a parked
-// spare (*prewarm.Starter.Park), so that its promotion starts them warm.
+// spare (*prewarm.Starter.Park), so that its promotion starts them warm,
+// and for the first cycle's ranks (Launch).
 type SpareStandbys interface {
 	// Park is given the ranks the node would start, without the values
 	// of an assignment (SpareEnv); it must not block.
 	Park(specs []spawn.Spec)
+	// Launch is given the same at the agent's start, before its first
+	// round: standbys that the first cycle's ranks may start on, where
+	// the starter sees a gain (--prewarm auto with a known command
+	// line); it must not block.
+	Launch(specs []spawn.Spec)
 }
 
 // Store is the agent store (*agentstore.Host): the c10d TCPStore that the
@@ -214,6 +220,9 @@ func (a *Agent) Run(ctx context.Context) Outcome {
 		PID: os.Getpid(), NProcPerNode: cfg.NProcPerNode, MaxRestarts: cfg.MaxRestarts,
 		NNodes: fmt.Sprintf("%d:%d", cfg.NNodes.Min, cfg.NNodes.Max), Script: cfg.Script,
 	})
+	if a.d.SpareStandbys != nil {
+		a.d.SpareStandbys.Launch(a.spareSpecs()) // imports during the first rendezvous
+	}
 	a.state.Store(int32(StateJoining))
 	for State(a.state.Load()) != StateDone {
 		next := a.handle(ctx, State(a.state.Load()))

@@ -175,7 +175,7 @@ class Campaign:
                     "--state-dir", os.path.join(self.dir, "state", tag),
                     "--event-log", os.path.join(self.dir, f"events-{tag}.jsonl"),
                     "--verdict-file", os.path.join(self.dir, f"verdict-{tag}.json"),
-                    *self.ft_clock(), "--log-dir", logs, SCRIPT]
+                    *self.ft_clock(), *([ "--ft-log-level", "DEBUG"] if os.environ.get("GOODPUT_DEBUG") else []), "--log-dir", logs, SCRIPT]
         if self.kind == "torchrun":
             return ["/usr/bin/python3", TORCHRUN, "--nnodes", "2", "--nproc_per_node", str(NPROC),
                     "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{self.port}",

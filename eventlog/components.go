@@ -95,13 +95,16 @@ type PrewarmFallbackEvent struct {
 }
 
 // PrewarmStartedEvent: ranks were handed to their standbys; Spare and
-// ParkedMS when they were a promoted spare's, kept while it was parked.
+// ParkedMS when they were a promoted spare's, kept while it was parked;
+// Launched when the standbys were started at the launcher's start, for
+// the first cycle (--prewarm auto, a known command line).
 type PrewarmStartedEvent struct {
 	Round      string   `json:"round"`
 	LocalRanks []int    `json:"local_ranks"`
 	HandoverMS float64  `json:"handover_ms"`
 	Spare      bool     `json:"spare,omitempty"`
 	ParkedMS   *float64 `json:"parked_ms,omitempty"`
+	Launched   bool     `json:"launched,omitempty"`
 }
 
 // PrewarmDisabledEvent: the modules cannot be imported; ranks start cold.

@@ -43,6 +43,8 @@ func TestComponentRecordsAsBefore(t *testing.T) {
 			map[string]any{"round": "0", "local_ranks": []int{0, 1}, "handover_ms": 3.5}},
 		{PrewarmStartedEvent{Round: "0", LocalRanks: []int{0}, HandoverMS: 3.5, Spare: true, ParkedMS: Opt(900.0)},
 			map[string]any{"round": "0", "local_ranks": []int{0}, "handover_ms": 3.5, "spare": true, "parked_ms": 900.0}},
+		{PrewarmStartedEvent{Round: "0", LocalRanks: []int{0, 1}, HandoverMS: 3.5, Launched: true},
+			map[string]any{"round": "0", "local_ranks": []int{0, 1}, "handover_ms": 3.5, "launched": true}},
 		{PrewarmFallbackEvent{Round: "2", LocalRank: 0, Path: PrewarmPathCold, Reason: "no standby"},
 			map[string]any{"round": "2", "local_rank": 0, "path": "cold", "reason": "no standby"}},
 		{PrewarmFallbackEvent{Round: "2", LocalRank: 1, Path: PrewarmPathWaited, Reason: "r", StandbyElapsedMS: Opt(1.0), StandbyCPUMS: Opt(2.0),

@@ -2,6 +2,7 @@ package integration
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -358,5 +359,85 @@ func TestLibuvHint(t *testing.T) {
 				t.Errorf("hint %q says %q", hints[0]["hint"], tc.avoid)
 			}
 		})
+	}
+}
+
+// TestPrewarmAutoFirstCycleOnLaunchStandbys: a command line whose imports
+// an earlier job learned starts its next job's first cycle on standbys
+// started at launch (docs/prewarm.md, "The first cycle"): round 0's rank
+// has the learned package imported before its code runs, the event says
+// so, and what the hook leaves visible is what a cold rank sees. The first
+// job's round 0 was cold: nothing was learned then.
+func TestPrewarmAutoFirstCycleOnLaunchStandbys(t *testing.T) {
+	skipShort(t)
+	requireTorch(t) // the first job's standby imports the built-in torch list
+	j1 := newJob(t)
+	script := filepath.Join(j1.dir, "auto_rank.py")
+	if err := os.WriteFile(script, []byte(autoRank), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	lib, err := filepath.Abs("testdata/prewarmauto")
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := func(last int) []string {
+		return []string{"PYTHON_EXEC=" + debianPython, "OUT=" + j1.dir, "XDG_STATE_HOME=" + filepath.Join(j1.dir, "state"),
+			"PYTHONPATH=" + lib, "LAST=" + strconv.Itoa(last), "WATCH=ftl_auto_a,ftl_auto_a.sub", "IMPORTS=ftl_auto_a"}
+	}
+	args := func(last int) []string {
+		return []string{"--standalone", "--nproc-per-node", "1", "--max-restarts", strconv.Itoa(last), "--prewarm", "auto", script}
+	}
+	record := func(r int) autoRec {
+		t.Helper()
+		var rec autoRec
+		b, err := os.ReadFile(filepath.Join(j1.dir, "rec-"+strconv.Itoa(r)+".json"))
+		if err == nil {
+			err = json.Unmarshal(b, &rec)
+		}
+		if err != nil {
+			t.Fatalf("round %d record: %v", r, err)
+		}
+		return rec
+	}
+
+	// Job 1: round 0 cold (learns ftl_auto_a), round 1 on a standby.
+	j1.start(env(1), args(1)...)
+	j1.waitEvents("prewarm_ready", 1, standbyTimeout)
+	if err := os.WriteFile(filepath.Join(j1.dir, "go-0"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if code := j1.wait(2 * time.Minute); code != 0 {
+		t.Fatalf("job 1: exit %d\n%s", code, j1.stderr.String())
+	}
+	if got := j1.warmRounds(); len(got["0"]) != 0 {
+		t.Fatalf("job 1 started round 0 warm %v: nothing was learned yet", got)
+	}
+	if rec := record(0); len(rec.Pre) != 0 {
+		t.Fatalf("job 1 round 0 (cold) had %v imported", rec.Pre)
+	}
+
+	// Job 2, the same command line in the same directory: round 0 on the
+	// standby started at launch.
+	j2 := newJob(t)
+	j2.dir = j1.dir // the rank's working directory is part of the command line
+	j2.start(env(0), args(0)...)
+	if code := j2.wait(2 * time.Minute); code != 0 {
+		t.Fatalf("job 2: exit %d\n%s", code, j2.stderr.String())
+	}
+	started := j2.eventsOf("prewarm_started")
+	if len(started) == 0 || fmt.Sprint(started[0]["round"]) != "0" || started[0]["launched"] != true {
+		t.Fatalf("job 2 prewarm_started %v, want round 0 on the launch standbys (fallbacks %v)\n%s",
+			started, j2.eventsOf("prewarm_fallback"), j2.stderr.String())
+	}
+	rec := record(0)
+	if !slices.Equal(rec.Pre, []string{"ftl_auto_a", "ftl_auto_a.sub"}) {
+		t.Errorf("job 2 round 0 started with %v imported, want the learned ftl_auto_a, ftl_auto_a.sub", rec.Pre)
+	}
+	if rec.PythonPath == nil || *rec.PythonPath != lib || rec.ReportVar != nil || rec.HookOnPath || !rec.SiteCustomize {
+		t.Errorf("job 2 round 0: PYTHONPATH %v (want %s), report variable %v, hook on sys.path %v, user's sitecustomize ran %v",
+			deref(rec.PythonPath), lib, deref(rec.ReportVar), rec.HookOnPath, rec.SiteCustomize)
+	}
+	if !strings.Contains(j2.stderr.String(), "prewarm auto: starting standbys at launch") {
+		t.Errorf("no log line for the launch standbys:\n%s", j2.stderr.String())
 	}
 }

@@ -98,7 +98,19 @@ func (st *Starter) Park(specs []spawn.Spec) {
 	if _, w := warmable(specs[0]); w != "" {
 		why = w
 	}
+	// Standbys started at launch (Launch) and still importing: the node
+	// turned out a spare, and its imports would take the CPU from the
+	// active nodes' first cycle where they share a machine (a nice value
+	// does not order processes of different sessions). They go on after
+	// RefillDelay, as a parked spare's standbys start.
+	paused := st.pauseIdleLocked()
 	st.mu.Unlock()
+	if len(paused) > 0 {
+		lrs := localRanks(paused)
+		st.log.Info("parked spare: pausing the standbys started at launch while the active nodes start", "local_ranks", lrs, "for", st.o.RefillDelay)
+		st.event(eventlog.PrewarmPausedEvent{LocalRanks: lrs})
+		st.resumeParked(paused)
+	}
 	switch {
 	case disabled != "":
 		st.log.Info("parked spare: no standbys: "+disabled, "local_ranks", ranks)
@@ -133,7 +145,7 @@ func (st *Starter) startParked(sp *spareState, specs []spawn.Spec) {
 		return
 	}
 	st.refills.Go(func() {
-		if !st.refillWait(nil, nil) {
+		if !st.refillWait(nil, nil, st.o.RefillDelay) {
 			return
 		}
 		for _, s := range specs {
@@ -144,6 +156,22 @@ func (st *Starter) startParked(sp *spareState, specs []spawn.Spec) {
 				return
 			}
 			st.startOne(s)
+		}
+	})
+}
+
+// resumeParked continues, after RefillDelay and in the background, the
+// standbys Park paused (a promotion meanwhile resumes those it needs).
+func (st *Starter) resumeParked(paused []*standby) {
+	st.mu.Lock()
+	defer st.mu.Unlock() // held across refills.Go: Close's Wait cannot begin before it
+	if st.closed {
+		return
+	}
+	since := time.Now()
+	st.refills.Go(func() {
+		if st.refillWait(nil, nil, st.o.RefillDelay) {
+			st.resume(paused, since)
 		}
 	})
 }

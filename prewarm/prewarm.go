@@ -313,7 +313,7 @@ func (st *Starter) StartGroup(specs []spawn.Spec) (*Group, error) {
 		return nil
 	}
 	if err := startCold(cold); err != nil {
-		st.refill(nil, nil, paused, nil)
+		st.refill(nil, nil, paused, nil, st.o.RefillDelay)
 		return nil, err
 	}
 	for _, p := range plans {
@@ -357,7 +357,7 @@ func (st *Starter) StartGroup(specs []spawn.Spec) (*Group, error) {
 	}
 	handoverDone := time.Since(started)
 	if err := startCold(late); err != nil {
-		st.refill(nil, nil, paused, nil)
+		st.refill(nil, nil, paused, nil, st.o.RefillDelay)
 		return nil, err
 	}
 	st.report(specs, plans, warm, handoverDone, parked)
@@ -367,7 +367,9 @@ func (st *Starter) StartGroup(specs []spawn.Spec) (*Group, error) {
 			coldPIDs = append(coldPIDs, pid)
 		}
 	}
-	st.refill(specs, coldPIDs, paused, st.refillGate(len(warm), len(coldPIDs), len(paused), ready))
+	launched := slices.ContainsFunc(warm, func(s *standby) bool { return s.launched })
+	gate, delay := st.refillGate(len(warm), len(coldPIDs), len(paused), launched, ready)
+	st.refill(specs, coldPIDs, paused, gate, delay)
 	return newGroup(parts, warm, len(specs)), nil
 }
 
@@ -408,6 +410,9 @@ func (st *Starter) plan(p *plan, s *standby, now time.Time) {
 		}
 		p.at = s.progress(now)
 		ch := decideImporting(st.o.Importing, p.at, st.lastImport)
+		if s.launched && st.o.Importing != ImportingStop {
+			ch = launchedChoice()
+		}
 		if ch.Wait {
 			p.s, p.wait, p.path, p.reason = s, &ch, PathWaited, w+": waiting for it: "+ch.Reason
 			return
@@ -488,18 +493,24 @@ func (st *Starter) report(specs []spawn.Spec, plans []*plan, warm []*standby, to
 	round := envValue(specs, "TORCHELASTIC_RESTART_COUNT")
 	if len(warm) > 0 {
 		lrs := make([]int, len(warm))
+		launched := false
 		for i, s := range warm {
 			lrs[i] = s.localRank
+			launched = launched || s.launched
 		}
 		msg := "ranks started on prewarmed standbys"
-		if parked > 0 {
+		switch {
+		case parked > 0:
 			msg = "promoted spare: ranks started on the standbys it kept while parked"
+		case launched:
+			msg = "first cycle: ranks started on the standbys started at launch"
 		}
 		st.log.Info(msg, append([]any{"local_ranks", lrs, "handover", took}, spareLogAttrs(parked)...)...)
 		rec := eventlog.PrewarmStartedEvent{Round: round, LocalRanks: lrs, HandoverMS: ms(took)}
 		if parked > 0 {
 			rec.Spare, rec.ParkedMS = true, eventlog.Opt(ms(parked))
 		}
+		rec.Launched = launched
 		st.event(rec)
 	}
 	for _, p := range plans {

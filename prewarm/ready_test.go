@@ -104,26 +104,33 @@ func TestRefillGate(t *testing.T) {
 		name               string
 		warm, cold, paused int
 		low                bool
+		launched           bool
 		atOnce             bool
+		delay              time.Duration
 	}{
-		{"every rank warm, standbys at nice 19", 4, 0, 0, true, true},
-		{"a cold rank still importing", 3, 1, 0, true, false},
-		{"every rank cold", 0, 4, 0, true, false},
-		{"standbys paused by this cycle", 1, 0, 1, true, false},
-		{"standbys at the launcher's priority", 4, 0, 0, false, false},
-		{"no rank started", 0, 0, 0, true, false},
+		{"every rank warm, standbys at nice 19", 4, 0, 0, true, false, true, time.Second},
+		{"a cold rank still importing", 3, 1, 0, true, false, false, time.Second},
+		{"every rank cold", 0, 4, 0, true, false, false, time.Second},
+		{"standbys paused by this cycle", 1, 0, 1, true, false, false, time.Second},
+		{"standbys at the launcher's priority", 4, 0, 0, false, false, false, time.Second},
+		{"no rank started", 0, 0, 0, true, false, false, time.Second},
+		// The first cycle on the standbys started at launch: its ranks
+		// have not trained yet; the refill waits for them, up to refillHold.
+		{"first cycle on launch standbys", 4, 0, 0, true, true, false, refillHold},
+		{"first cycle on launch standbys, at the launcher's priority", 4, 0, 0, false, true, false, refillHold},
+		{"first cycle, a launch standby failed: a cold rank", 3, 1, 0, true, true, false, time.Second},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			st := &Starter{prio: priority{low: tc.low}}
-			gate := st.refillGate(tc.warm, tc.cold, tc.paused, newCycleReady([]spawn.Spec{{LocalRank: 0}}))
+			st := &Starter{prio: priority{low: tc.low}, o: Options{RefillDelay: time.Second}}
+			gate, delay := st.refillGate(tc.warm, tc.cold, tc.paused, tc.launched, newCycleReady([]spawn.Spec{{LocalRank: 0}}))
 			open := false
 			select {
 			case <-gate:
 				open = true
 			default:
 			}
-			if open != tc.atOnce {
-				t.Fatalf("refill at once %v, want %v", open, tc.atOnce)
+			if open != tc.atOnce || delay != tc.delay {
+				t.Fatalf("refill at once %v after %s, want %v after %s", open, delay, tc.atOnce, tc.delay)
 			}
 		})
 	}

@@ -62,22 +62,32 @@ func (st *Starter) resumeLocked(ss []*standby) []*standby {
 // standbys ready (0.17 s to the next step) instead of waiting about 1 s
 // for their imports; after a cold cycle starting at once cost the first
 // step about 0.5 s, so a cycle with a cold rank keeps the wait.
-func (st *Starter) refillGate(warm, cold, paused int, ready *cycleReady) <-chan struct{} {
+//
+// The first cycle of a job whose ranks took the standbys started at launch
+// (launched) is the exception: its ranks have not trained yet (process
+// group, first step), and on a machine shared with other nodes a nice
+// value does not order processes of different sessions (the kernel's
+// autogroups), so its refill waits for every rank's first heartbeat, at
+// most refillHold, instead of the delay (delay is what refillWait waits).
+func (st *Starter) refillGate(warm, cold, paused int, launched bool, ready *cycleReady) (<-chan struct{}, time.Duration) {
+	if launched && cold == 0 && paused == 0 {
+		return ready.done, refillHold
+	}
 	if warm > 0 && cold == 0 && paused == 0 && st.prio.low {
 		now := make(chan struct{})
 		close(now)
-		return now
+		return now, st.o.RefillDelay
 	}
-	return ready.done
+	return ready.done, st.o.RefillDelay
 }
 
-// refillWait waits RefillDelay, then for the cold ranks' imports
+// refillWait waits delay, then for the cold ranks' imports
 // (awaitColdImports), or until training is closed (every rank of the
 // cycle sent its first heartbeat: ready.go); false when the Starter
 // closed meanwhile.
-func (st *Starter) refillWait(coldPIDs []int, training <-chan struct{}) bool {
-	if st.o.RefillDelay > 0 {
-		t := time.NewTimer(st.o.RefillDelay)
+func (st *Starter) refillWait(coldPIDs []int, training <-chan struct{}, delay time.Duration) bool {
+	if delay > 0 {
+		t := time.NewTimer(delay)
 		defer t.Stop()
 		select {
 		case <-t.C:
@@ -95,13 +105,13 @@ func (st *Starter) refillWait(coldPIDs []int, training <-chan struct{}) bool {
 	}
 }
 
-// refill starts, in the background and after RefillDelay, a standby for every rank of specs that
+// refill starts, in the background and after delay, a standby for every rank of specs that
 // has none, with that rank's environment and directory; with cold ranks
 // (coldPIDs) it also waits, bounded, until they are likely past their own
 // imports (awaitColdImports). At that point it also continues the standbys
 // the cycle paused (pauseIdleLocked): then the cycle's ranks have what
 // they need of the CPU.
-func (st *Starter) refill(specs []spawn.Spec, coldPIDs []int, paused []*standby, training <-chan struct{}) {
+func (st *Starter) refill(specs []spawn.Spec, coldPIDs []int, paused []*standby, training <-chan struct{}, delay time.Duration) {
 	st.mu.Lock()
 	defer st.mu.Unlock() // held across refills.Go: Close's Wait cannot begin before it
 	if st.closed {
@@ -126,7 +136,7 @@ func (st *Starter) refill(specs []spawn.Spec, coldPIDs []int, paused []*standby,
 	}
 	since := time.Now()
 	st.refills.Go(func() {
-		if !st.refillWait(coldPIDs, training) {
+		if !st.refillWait(coldPIDs, training, delay) {
 			return // Close learns what is pending
 		}
 		if len(todo) > 0 {
@@ -207,7 +217,11 @@ func (st *Starter) awaitColdImports(pids []int, training <-chan struct{}) {
 }
 
 // startOne starts the standby of one rank unless the Starter closed.
-func (st *Starter) startOne(sp spawn.Spec) {
+func (st *Starter) startOne(sp spawn.Spec) { st.startStandbyFor(sp, false) }
+
+// startStandbyFor starts the standby of one rank unless the Starter
+// closed; launched: it is one of Launch's, for the first cycle.
+func (st *Starter) startStandbyFor(sp spawn.Spec, launched bool) {
 	c, _ := warmable(sp)
 	st.mu.Lock()
 	defer st.mu.Unlock()
@@ -223,7 +237,7 @@ func (st *Starter) startOne(sp spawn.Spec) {
 		st.log.Warn("prewarm: could not start a standby; the rank will start cold", "local_rank", sp.LocalRank, "err", err)
 		return
 	}
-	s.spec = sp
+	s.spec, s.launched = sp, launched
 	if st.prio.low {
 		// Its first milliseconds (the interpreter's start) run at the
 		// launcher's priority; the imports after them at standbyNice.

@@ -49,6 +49,9 @@ type standby struct {
 	// lowered: it imports at standbyNice (priority.go); the handover
 	// raises it to the launcher's nice value first.
 	lowered bool
+	// launched: started by Launch, at the launcher's start, for the first
+	// cycle's rank (a rank waits for its import: launchedChoice).
+	launched bool
 
 	// auto (--prewarm auto): skipped are the modules it could not import
 	// (valid once ready is closed); unsafe the module that created a CUDA
