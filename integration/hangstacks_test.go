@@ -165,6 +165,12 @@ func TestHangFlightRecorder(t *testing.T) {
 		if len(evs) == 0 {
 			t.Fatalf("node %d took no stacks\n%s", i, c.stderrs())
 		}
+		// The finding's groups read each rank's collective too.
+		if text, _ := evs[0]["text"].(string); evs[0]["known"] != true ||
+			!strings.Contains(text, fmt.Sprintf("rank %d hung: ", culprit)) || !strings.Contains(text, "(nccl:all_reduce #20)") ||
+			!strings.Contains(text, "(nccl:all_reduce #21)") {
+			t.Errorf("node %d: finding %v %q, want rank %d hung, its collective #20 and its peers' #21", i, evs[0]["known"], text, culprit)
+		}
 		for _, rr := range evs[0]["ranks"].([]any) {
 			r := rr.(map[string]any)
 			rank := int(r["rank"].(float64))

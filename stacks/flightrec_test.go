@@ -178,3 +178,45 @@ func TestParseFlightRecord(t *testing.T) {
 		t.Error("the pickle's command ran")
 	}
 }
+
+// TestSummarizeFlightRecord: a rank's flight recorder reaches its summary
+// (what the judgement and the other nodes read): the oldest collective not
+// completed and the newest one issued; none when the record is not taken
+// or does not parse.
+func TestSummarizeFlightRecord(t *testing.T) {
+	pk := func(expr string) []byte {
+		t.Helper()
+		out, err := exec.Command(python, "-c", "import pickle, sys\nsys.stdout.buffer.write(pickle.dumps("+expr+", protocol=2))").Output()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	dump := []byte("Thread 0x00007f (most recent call first):\n  File \"/t/train.py\", line 88 in step\n  File \"/t/train.py\", line 99 in <module>\n")
+	pending := pk(`{"version": "2.4", "entries": [{"collective_seq_id": 20, "process_group": ("0", "default_pg"), "profiling_name": "nccl:all_reduce", "state": "completed"}, {"collective_seq_id": 21, "process_group": ("0", "default_pg"), "profiling_name": "nccl:all_reduce", "state": "started"}, {"collective_seq_id": 22, "process_group": ("0", "default_pg"), "profiling_name": "nccl:all_reduce", "state": "scheduled"}]}`)
+	done := pk(`{"version": "2.4", "entries": [{"collective_seq_id": 20, "process_group": ("0", "default_pg"), "profiling_name": "nccl:all_reduce", "state": "completed"}]}`)
+	for _, tc := range []struct {
+		name             string
+		fr               []byte
+		state            FRState
+		want, pending    bool
+		seq, last        int64
+		group, lastGroup string
+	}{
+		{"pending", pending, FRTaken, true, true, 21, 22, "0 default_pg", "0 default_pg"},
+		{"all completed", done, FRTaken, true, false, 0, 20, "", "0 default_pg"},
+		{"not taken", pending, FRNoAnswer, false, false, 0, 0, "", ""},
+		{"not a record", []byte("garbage"), FRTaken, false, false, 0, 0, "", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := Summarize(Rank{LocalRank: 1, State: StateDumped, Dump: dump, FR: tc.fr, FRState: tc.state}, 3)
+			if s.FR != tc.want || s.FRPending != tc.pending || s.FRSeq != tc.seq || s.FRLastSeq != tc.last ||
+				s.FRGroup != tc.group || s.FRLastGroup != tc.lastGroup {
+				t.Fatalf("summary %+v, want fr %v pending %v #%d (%q), last #%d (%q)", s, tc.want, tc.pending, tc.seq, tc.group, tc.last, tc.lastGroup)
+			}
+			if tc.pending && s.FRName != "nccl:all_reduce" {
+				t.Errorf("pending collective %q, want nccl:all_reduce", s.FRName)
+			}
+		})
+	}
+}

@@ -51,6 +51,17 @@ type Summary struct {
 	// must be to show that it progressed after that one stopped: its
 	// longest heartbeat interval, at least a tenth of its timeout.
 	MarginMS int64 `json:"margin_ms,omitempty"`
+	// FR: its flight recorder (NCCL) was read and holds a collective.
+	// FRPending: one is not completed, the oldest FRName (nccl:all_reduce)
+	// number FRSeq in process group FRGroup. FRLastSeq and FRLastGroup:
+	// the newest collective it issued.
+	FR          bool   `json:"fr,omitempty"`
+	FRPending   bool   `json:"fr_pending,omitempty"`
+	FRName      string `json:"fr_name,omitempty"`
+	FRSeq       int64  `json:"fr_seq,omitempty"`
+	FRGroup     string `json:"fr_group,omitempty"`
+	FRLastSeq   int64  `json:"fr_last_seq,omitempty"`
+	FRLastGroup string `json:"fr_last_group,omitempty"`
 }
 
 // Summarize reads what r's dump says (the newest dump in it).
@@ -58,6 +69,14 @@ func Summarize(r Rank, globalRank int) Summary {
 	s := Summary{Rank: globalRank, LocalRank: r.LocalRank, State: r.State}
 	if r.State != StateDumped {
 		return s
+	}
+	if r.FRState == FRTaken {
+		if fr, err := ParseFlightRecord(r.FR); err == nil && fr.Last != nil {
+			s.FR, s.FRLastSeq, s.FRLastGroup = true, fr.Last.Seq, fr.Last.Group
+			if p := fr.Pending; p != nil {
+				s.FRPending, s.FRName, s.FRSeq, s.FRGroup = true, p.Name, p.Seq, p.Group
+			}
+		}
 	}
 	dumps := pytrace.ParseDumps(r.Dump)
 	if len(dumps) == 0 {
@@ -96,6 +115,20 @@ func Summarize(r Rank, globalRank int) Summary {
 // waiting reports a rank that waits on its peers.
 func (s Summary) waiting() bool {
 	return s.State == StateDumped && s.Activity == pytrace.ActCollective
+}
+
+// shown is what, with the collective its flight recorder waits in: how
+// the groups of a finding read.
+func (s Summary) shown() string {
+	w := s.what()
+	switch {
+	case !s.waiting():
+	case s.FRPending:
+		w += fmt.Sprintf(" (%s #%d)", s.FRName, s.FRSeq)
+	case s.FR:
+		w += fmt.Sprintf(" (none pending, the last #%d)", s.FRLastSeq)
+	}
+	return w
 }
 
 // what says what s was doing, without its rank.
@@ -171,10 +204,17 @@ type Group struct {
 //     ranks or more.
 //  3. When every answering rank waits in the same collective and exactly
 //     one rank did not answer, that one is the culprit.
-//  4. When the ranks whose clocks expired are the only silent ones,
+//  4. When every rank waits in a collective and the stacks do not single
+//     one out, the flight recorders (NCCL) may: the newest collective any
+//     rank waits in (its oldest not completed), #N of a process group, and
+//     every rank either waits in #N or never issued it (its newest
+//     collective of that group is older): those that never issued it are
+//     the culprits. Any rank without a record, or in another state, and
+//     the rule names nobody.
+//  5. When the ranks whose clocks expired are the only silent ones,
 //     every other rank having exited or heartbeated clearly after them
 //     (by its MarginMS), they are the culprits.
-//  5. Otherwise nothing singles one out: the first rank to fall silent
+//  6. Otherwise nothing singles one out: the first rank to fall silent
 //     (the oldest last heartbeat, else the first whose clock expired) is
 //     named, as "first silent".
 //
@@ -235,6 +275,12 @@ func Judge(ranks []Summary) Finding {
 			culprits, why = unanswered, "the only rank that did not answer, while all others wait in one collective"
 		}
 	}
+	if len(culprits) == 0 && len(waiting) == len(rs) {
+		if c, ahead := behindInRecorder(waiting); len(c) > 0 {
+			culprits = c
+			why = fmt.Sprintf("never issued collective #%d of group %s, which the others wait in (flight recorder)", ahead, c[0].FRLastGroup)
+		}
+	}
 	if len(culprits) == 0 {
 		if c := aloneSilent(rs); len(c) > 0 {
 			culprits, why = c, "the only ranks silent: every other rank exited or heartbeated after them"
@@ -258,9 +304,47 @@ func Judge(ranks []Summary) Finding {
 	return f
 }
 
+// behindInRecorder returns the ranks of ws (every one waiting in a
+// collective) that never issued the collective the others wait in, by
+// their flight recorders (rule 4), and that collective's number; nil when
+// any rank has no record or is in another state.
+func behindInRecorder(ws []Summary) ([]Summary, int64) {
+	if len(ws) < 2 {
+		return nil, 0
+	}
+	n, group := int64(-1), ""
+	for _, s := range ws {
+		if !s.FR {
+			return nil, 0
+		}
+		if s.FRPending && s.FRSeq > n {
+			n, group = s.FRSeq, s.FRGroup
+		}
+	}
+	if n < 0 {
+		return nil, 0
+	}
+	var behind []Summary
+	waiting := 0
+	for _, s := range ws {
+		switch {
+		case s.FRPending && s.FRSeq == n && s.FRGroup == group:
+			waiting++
+		case s.FRLastSeq < n && s.FRLastGroup == group:
+			behind = append(behind, s) // never issued #n
+		default:
+			return nil, 0
+		}
+	}
+	if waiting == 0 || len(behind) == 0 {
+		return nil, 0
+	}
+	return behind, n
+}
+
 // aloneSilent returns the ranks whose clocks expired when every other
 // rank exited, or heartbeated more than its margin after the latest of
-// theirs (rule 4); nil otherwise.
+// theirs (rule 5); nil otherwise.
 func aloneSilent(rs []Summary) []Summary {
 	var expired []Summary
 	var last int64
@@ -310,7 +394,7 @@ func groups(rs []Summary, culprit map[int]bool) []Group {
 	var out []Group
 	idx := map[string]int{}
 	for _, s := range rs {
-		key := s.what()
+		key := s.shown()
 		if culprit[s.Rank] {
 			out = append(out, Group{Ranks: []int{s.Rank}, Culprit: true, What: key})
 			continue

@@ -12,6 +12,33 @@ func waitAt(rank int, place string) Summary {
 		Collective: "all_reduce", Place: place}
 }
 
+// frAt is a rank waiting in all_reduce at the same line as its peers, its
+// flight recorder's oldest collective not completed (and newest) number
+// seq.
+func frAt(rank int, seq int64) Summary {
+	s := waitAt(rank, "train.py:88 in step")
+	s.FR, s.FRPending, s.FRName, s.FRSeq, s.FRGroup = true, true, "nccl:all_reduce", seq, "0 default_pg"
+	s.FRLastSeq, s.FRLastGroup = seq, s.FRGroup
+	return s
+}
+
+// frDone is a rank whose recorder completed every collective, up to seq.
+func frDone(rank int, seq int64) Summary {
+	s := frAt(rank, seq)
+	s.FRPending, s.FRName, s.FRSeq, s.FRGroup = false, "", 0, ""
+	return s
+}
+
+func frLast(s Summary, seq int64) Summary {
+	s.FRLastSeq = seq
+	return s
+}
+
+func frIn(s Summary, group string) Summary {
+	s.FRGroup, s.FRLastGroup = group, group
+	return s
+}
+
 func TestJudge(t *testing.T) {
 	in := func(rank int, act pytrace.Activity, place string) Summary {
 		return Summary{Rank: rank, State: StateDumped, Activity: act, Place: place}
@@ -40,6 +67,20 @@ func TestJudge(t *testing.T) {
 		{"every rank waits in the same collective (the culprit is elsewhere)", []Summary{waitAt(0, "train.py:88 in step"),
 			{Rank: 1, State: StateDumped, Activity: pytrace.ActCollective, Collective: "all_reduce", Place: "train.py:88 in step", Silent: 100},
 		}, false, []int{1}, []string{"rank 1 first silent", "rank 0: in all_reduce"}},
+		{"flight recorder: one rank never issued the collective", []Summary{frAt(0, 21), frAt(1, 21), frAt(2, 20), frAt(3, 21)},
+			true, []int{2}, []string{"rank 2 hung: in all_reduce at train.py:88 in step (nccl:all_reduce #20)", "ranks 0-1, 3: in all_reduce at train.py:88 in step (nccl:all_reduce #21)"}},
+		{"flight recorder: the culprit completed all it issued", []Summary{frAt(0, 21), frDone(1, 20), frAt(2, 21)},
+			true, []int{1}, []string{"rank 1 hung: in all_reduce at train.py:88 in step (none pending, the last #20)"}},
+		{"flight recorder: two ranks, one behind", []Summary{frAt(0, 7), frAt(1, 8)},
+			true, []int{0}, []string{"rank 0 hung"}},
+		{"flight recorder: every rank at the same collective", []Summary{frAt(0, 21), frAt(1, 21), frAt(2, 21)},
+			false, []int{0}, []string{"first silent"}},
+		{"flight recorder: a rank waits in an older one but issued #22", []Summary{frLast(frAt(0, 21), 22), frAt(1, 22), frAt(2, 20), frAt(3, 22)},
+			false, []int{0}, []string{"first silent"}},
+		{"flight recorder: another process group", []Summary{frAt(0, 21), frIn(frAt(1, 20), "1 tp"), frAt(2, 21)},
+			false, []int{0}, []string{"first silent"}},
+		{"flight recorder: one rank without a record", []Summary{frAt(0, 21), waitAt(1, "train.py:88 in step"), frAt(2, 20), frAt(3, 21)},
+			false, []int{0}, []string{"first silent"}},
 		{"every rank in user code", []Summary{in(0, pytrace.ActUser, "a.py:1"), in(1, pytrace.ActUser, "a.py:1")},
 			false, []int{0}, []string{"first silent"}},
 		{"first silent by expiry", []Summary{{Rank: 0, State: StateNoHook}, {Rank: 1, State: StateNoHook, Expired: true}},
