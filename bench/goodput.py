@@ -159,6 +159,11 @@ class Campaign:
             e["PYTHONPATH"] = os.path.join(REPO, ".nvrx")
         return e
 
+    def ft_prewarm(self):
+        if self.a.ft_prewarm == "off":
+            return []
+        return ["--prewarm", self.a.ft_prewarm]
+
     def ft_clock(self):
         if self.a.ft_clock == "default":
             return []
@@ -171,7 +176,7 @@ class Campaign:
             return [self.a.ft_launcher, "--nnodes", "2:3", "--nproc-per-node", str(NPROC),
                     "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.2:{self.port}",
                     "--rdzv-id", self.run_id, "--local-addr", addr, "--max-restarts", "1000",
-                    "--restart-mode", "in-process", "--prewarm", "auto",
+                    "--restart-mode", "in-process", *self.ft_prewarm(),
                     "--state-dir", os.path.join(self.dir, "state", tag),
                     "--event-log", os.path.join(self.dir, f"events-{tag}.jsonl"),
                     "--verdict-file", os.path.join(self.dir, f"verdict-{tag}.json"),
@@ -404,6 +409,8 @@ def main():
     ap.add_argument("--seed", type=int, default=30)
     ap.add_argument("--ckpt-every", type=float, default=300)
     ap.add_argument("--out", default=f"/tmp/goodput-{int(time.time())}")
+    ap.add_argument("--ft-prewarm", default="auto",
+                    help="ft-launcher's --prewarm (auto, a module list, or off: none)")
     ap.add_argument("--ft-clock", default="default",
                     help="ft's hang clock: 'default' (no timeout configured) or a heartbeat timeout in seconds")
     ap.add_argument("--ft-launcher", default=os.path.join(REPO, "bin", "ft-launcher"))
