@@ -1,7 +1,6 @@
 package prewarm
 
 import (
-	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -37,30 +36,15 @@ func TestLaunchStandbysTakeTheFirstCycle(t *testing.T) {
 			r := newReaper(t)
 			ev := &events{}
 			o := Options{Reaper: r, OnEvent: ev.add}
+			state := ""
 			if tc.auto {
-				path := filepath.Join(t.TempDir(), "prewarm-auto.json")
+				// Nothing learned: a state file that does not exist yet.
+				state = filepath.Join(t.TempDir(), "prewarm-auto.json")
 				if tc.learned {
-					l, err := NewLearner(path)
-					if err != nil {
-						t.Fatal(err)
-					}
-					l.Learn(CommandKey(argv, RankDir(""), os.Getenv("PYTHONPATH")), argv, RankDir(""), [][]string{{"json"}})
-					if err := l.Save(); err != nil {
-						t.Fatal(err)
-					}
+					state = learnedState(t, argv, os.Getenv("PYTHONPATH"), "json")
 				}
-				var err error
-				if o.Auto, err = NewLearner(path); err != nil {
-					t.Fatal(err)
-				}
-			} else {
-				o.Modules = []string{"json"}
 			}
-			st, err := NewStarter(o)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(st.Close)
+			st := jsonStarter(t, o, state)
 
 			st.Launch(parkSpecs(script, 2))
 			st.mu.Lock()
@@ -77,16 +61,7 @@ func TestLaunchStandbysTakeTheFirstCycle(t *testing.T) {
 
 			// The cycle starts at once: the standbys are likely still
 			// importing, and the ranks wait for them.
-			out := t.TempDir()
-			g, err := st.StartGroup(promoteSpecs(t, script, out, 2))
-			if err != nil {
-				t.Fatal(err)
-			}
-			for _, e := range waitAll(t, g, 2) {
-				if e.Code != 0 {
-					t.Fatalf("rank %d: %v", e.LocalRank, e)
-				}
-			}
+			out := runPromoted(t, st, script)
 			started := recsOf[eventlog.PrewarmStartedEvent](ev)
 			fallbacks := recsOf[eventlog.PrewarmFallbackEvent](ev)
 			if !tc.launched {
@@ -104,18 +79,7 @@ func TestLaunchStandbysTakeTheFirstCycle(t *testing.T) {
 				}
 			}
 			for lr := range 2 {
-				b, err := os.ReadFile(filepath.Join(out, fmt.Sprintf("rank-%d.json", lr)))
-				if err != nil {
-					t.Fatal(err)
-				}
-				var rec struct {
-					PID       int               `json:"pid"`
-					Env       map[string]string `json:"env"`
-					Preloaded bool              `json:"preloaded"`
-				}
-				if err := json.Unmarshal(b, &rec); err != nil {
-					t.Fatal(err)
-				}
+				rec := readSpareRank(t, out, lr)
 				if rec.PID != pids[lr] || !rec.Preloaded {
 					t.Errorf("local rank %d ran as pid %d (json preloaded %v), want its launch standby %d", lr, rec.PID, rec.Preloaded, pids[lr])
 				}
@@ -144,18 +108,11 @@ func TestLaunchStandbysPausedWhenParked(t *testing.T) {
 	}
 	script := writeScript(t, spareRank)
 	argv := []string{python, "-u", script}
-	path := filepath.Join(t.TempDir(), "prewarm-auto.json")
-	l, err := NewLearner(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	l.Learn(CommandKey(argv, RankDir(""), dir), argv, RankDir(""), [][]string{{"ftl_slow_mod"}})
-	if err := l.Save(); err != nil {
-		t.Fatal(err)
-	}
+	path := learnedState(t, argv, dir, "ftl_slow_mod")
 	r := newReaper(t)
 	ev := &events{}
 	o := Options{Reaper: r, OnEvent: ev.add, RefillDelay: 700 * time.Millisecond}
+	var err error
 	if o.Auto, err = NewLearner(path); err != nil {
 		t.Fatal(err)
 	}

@@ -25,6 +25,82 @@ with open(os.path.join(os.environ["OUT"], "rank-%s.json" % os.environ["LOCAL_RAN
     json.dump({"pid": os.getpid(), "env": dict(os.environ), "preloaded": pre}, f)
 `
 
+// learnedState writes a state file in which an earlier job learned
+// modules for the command line argv (with pythonpath), and returns its
+// path.
+func learnedState(t *testing.T, argv []string, pythonpath string, modules ...string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "prewarm-auto.json")
+	l, err := NewLearner(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Learn(CommandKey(argv, RankDir(""), pythonpath), argv, RankDir(""), [][]string{modules})
+	if err := l.Save(); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// jsonStarter is a Starter of o whose standbys import json: under
+// --prewarm auto with the state file state, else by name ("" state).
+func jsonStarter(t *testing.T, o Options, state string) *Starter {
+	t.Helper()
+	if state != "" {
+		var err error
+		if o.Auto, err = NewLearner(state); err != nil {
+			t.Fatal(err)
+		}
+	} else {
+		o.Modules = []string{"json"}
+	}
+	st, err := NewStarter(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(st.Close)
+	return st
+}
+
+// runPromoted starts 2 ranks of script with an assignment's values
+// (promoteSpecs) on st, waits until both succeeded and returns the
+// directory their records are in.
+func runPromoted(t *testing.T, st *Starter, script string) string {
+	t.Helper()
+	out := t.TempDir()
+	g, err := st.StartGroup(promoteSpecs(t, script, out, 2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range waitAll(t, g, 2) {
+		if e.Code != 0 {
+			t.Fatalf("rank %d: %v", e.LocalRank, e)
+		}
+	}
+	return out
+}
+
+// spareRankRecord is what spareRank wrote.
+type spareRankRecord struct {
+	PID       int               `json:"pid"`
+	Env       map[string]string `json:"env"`
+	Preloaded bool              `json:"preloaded"`
+}
+
+// readSpareRank reads local rank lr's record from out.
+func readSpareRank(t *testing.T, out string, lr int) spareRankRecord {
+	t.Helper()
+	var rec spareRankRecord
+	b, err := os.ReadFile(filepath.Join(out, fmt.Sprintf("rank-%d.json", lr)))
+	if err == nil {
+		err = json.Unmarshal(b, &rec)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rec
+}
+
 // spareSpecs are n ranks of script as a parked spare knows them: the
 // launch line and environment without the assignment's values, plus
 // FTL_PARKED (what must not reach the rank).
@@ -103,30 +179,13 @@ func TestParkedSpareStartsWarm(t *testing.T) {
 			r := newReaper(t)
 			ev := &events{}
 			o := Options{Reaper: r, OnEvent: ev.add, RefillDelay: -1}
+			state := ""
 			if tc.auto {
 				// What an earlier job learned for this command line, in
 				// the state file the spare reads.
-				path := filepath.Join(t.TempDir(), "prewarm-auto.json")
-				l, err := NewLearner(path)
-				if err != nil {
-					t.Fatal(err)
-				}
-				argv := []string{python, "-u", script}
-				l.Learn(CommandKey(argv, RankDir(""), os.Getenv("PYTHONPATH")), argv, RankDir(""), [][]string{{"json"}})
-				if err := l.Save(); err != nil {
-					t.Fatal(err)
-				}
-				if o.Auto, err = NewLearner(path); err != nil {
-					t.Fatal(err)
-				}
-			} else {
-				o.Modules = []string{"json"}
+				state = learnedState(t, []string{python, "-u", script}, os.Getenv("PYTHONPATH"), "json")
 			}
-			st, err := NewStarter(o)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(st.Close)
+			st := jsonStarter(t, o, state)
 
 			st.Park(parkSpecs(script, 2))
 			ready := waitEvent[eventlog.PrewarmSpareReadyEvent](t, ev, 1)[0]
@@ -135,33 +194,13 @@ func TestParkedSpareStartsWarm(t *testing.T) {
 			}
 			standbys := ready.PIDs
 
-			out := t.TempDir()
-			g, err := st.StartGroup(promoteSpecs(t, script, out, 2))
-			if err != nil {
-				t.Fatal(err)
-			}
-			for _, e := range waitAll(t, g, 2) {
-				if e.Code != 0 {
-					t.Fatalf("rank %d: %v", e.LocalRank, e)
-				}
-			}
+			out := runPromoted(t, st, script)
 			warm := recsOf[eventlog.PrewarmStartedEvent](ev)
 			if len(warm) != 1 || !warm[0].Spare || warm[0].ParkedMS == nil || !slices.Equal(warm[0].LocalRanks, []int{0, 1}) {
 				t.Fatalf("warm events %v (fallbacks %v), want both ranks of the promoted spare", warm, ev.of(EventFallback))
 			}
 			for lr := range 2 {
-				b, err := os.ReadFile(filepath.Join(out, fmt.Sprintf("rank-%d.json", lr)))
-				if err != nil {
-					t.Fatal(err)
-				}
-				var rec struct {
-					PID       int               `json:"pid"`
-					Env       map[string]string `json:"env"`
-					Preloaded bool              `json:"preloaded"`
-				}
-				if err := json.Unmarshal(b, &rec); err != nil {
-					t.Fatal(err)
-				}
+				rec := readSpareRank(t, out, lr)
 				if rec.PID != standbys[lr] || !rec.Preloaded {
 					t.Errorf("local rank %d ran as pid %d (json preloaded %v), want its standby %d", lr, rec.PID, rec.Preloaded, standbys[lr])
 				}

@@ -131,14 +131,7 @@ func TestFlightRecorder(t *testing.T) {
 // and pg_id; p2p entries; all completed), and pickles that are not a
 // flight recorder, refused without running anything.
 func TestParseFlightRecord(t *testing.T) {
-	gen := func(expr string) []byte {
-		t.Helper()
-		out, err := exec.Command(python, "-c", "import pickle, sys\nsys.stdout.buffer.write(pickle.dumps("+expr+", protocol=2))").Output()
-		if err != nil {
-			t.Fatal(err)
-		}
-		return out
-	}
+	gen := func(expr string) []byte { return pickleOf(t, expr) }
 	for _, tc := range []struct {
 		name, expr, text, err string
 	}{
@@ -184,14 +177,7 @@ func TestParseFlightRecord(t *testing.T) {
 // completed and the newest one issued; none when the record is not taken
 // or does not parse.
 func TestSummarizeFlightRecord(t *testing.T) {
-	pk := func(expr string) []byte {
-		t.Helper()
-		out, err := exec.Command(python, "-c", "import pickle, sys\nsys.stdout.buffer.write(pickle.dumps("+expr+", protocol=2))").Output()
-		if err != nil {
-			t.Fatal(err)
-		}
-		return out
-	}
+	pk := func(expr string) []byte { return pickleOf(t, expr) }
 	dump := []byte("Thread 0x00007f (most recent call first):\n  File \"/t/train.py\", line 88 in step\n  File \"/t/train.py\", line 99 in <module>\n")
 	pending := pk(`{"version": "2.4", "entries": [{"collective_seq_id": 20, "process_group": ("0", "default_pg"), "profiling_name": "nccl:all_reduce", "state": "completed"}, {"collective_seq_id": 21, "process_group": ("0", "default_pg"), "profiling_name": "nccl:all_reduce", "state": "started"}, {"collective_seq_id": 22, "process_group": ("0", "default_pg"), "profiling_name": "nccl:all_reduce", "state": "scheduled"}]}`)
 	done := pk(`{"version": "2.4", "entries": [{"collective_seq_id": 20, "process_group": ("0", "default_pg"), "profiling_name": "nccl:all_reduce", "state": "completed"}]}`)
@@ -219,4 +205,14 @@ func TestSummarizeFlightRecord(t *testing.T) {
 			}
 		})
 	}
+}
+
+// pickleOf is Python's pickle (protocol 2) of the Python expression expr.
+func pickleOf(t *testing.T, expr string) []byte {
+	t.Helper()
+	out, err := exec.Command(python, "-c", "import pickle, sys\nsys.stdout.buffer.write(pickle.dumps("+expr+", protocol=2))").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
 }
