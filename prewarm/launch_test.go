@@ -145,6 +145,13 @@ func TestLaunchStandbysPausedWhenParked(t *testing.T) {
 	for _, pid := range pids {
 		waitStopped(t, pid)
 	}
+	st.mu.Lock()
+	for lr, s := range st.standby {
+		if s.launched {
+			t.Errorf("local rank %d: the parked spare's standby is still marked as the first cycle's", lr)
+		}
+	}
+	st.mu.Unlock()
 	waitEvent[eventlog.PrewarmResumedEvent](t, ev, 1)
 	ready := waitEvent[eventlog.PrewarmSpareReadyEvent](t, ev, 1)[0]
 	if !slices.Equal(ready.PIDs, pids) {

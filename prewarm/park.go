@@ -104,6 +104,9 @@ func (st *Starter) Park(specs []spawn.Spec) {
 	// does not order processes of different sessions). They go on after
 	// RefillDelay, as a parked spare's standbys start.
 	paused := st.pauseIdleLocked()
+	for _, s := range st.standby {
+		s.launched = false // a parked spare's from now on: its promotion is no first cycle
+	}
 	st.mu.Unlock()
 	if len(paused) > 0 {
 		lrs := localRanks(paused)

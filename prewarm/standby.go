@@ -50,7 +50,9 @@ type standby struct {
 	// raises it to the launcher's nice value first.
 	lowered bool
 	// launched: started by Launch, at the launcher's start, for the first
-	// cycle's rank (a rank waits for its import: launchedChoice).
+	// cycle's rank (a rank waits for its import: launchedChoice); cleared
+	// when the node parks as a spare. Under Starter.mu while the standby
+	// is in Starter.standby.
 	launched bool
 
 	// auto (--prewarm auto): skipped are the modules it could not import
