@@ -58,14 +58,8 @@ func (a *Agent) recordStacksOf(j *monitor.Judgement) {
 	for i, r := range j.Ranks {
 		s := j.Summary[i]
 		rec := eventlog.RankStacksRank{LocalRank: r.LocalRank, Rank: s.Rank, PID: r.PID, State: string(s.State),
-			Activity: string(s.Activity), Place: s.Place, Collective: s.Collective, FlightRecorder: string(r.FRState)}
-		if len(r.FR) > 0 {
-			if fr, err := stacks.ParseFlightRecord(r.FR); err != nil {
-				rec.FlightRecorderText = "not read: " + err.Error()
-			} else {
-				rec.FlightRecorderText = fr.Text()
-			}
-		}
+			Activity: string(s.Activity), Place: s.Place, Collective: s.Collective, FlightRecorder: string(r.FRState),
+			FlightRecorderText: s.FRText} // read once, by stacks.Summarize
 		if a.run.att != nil {
 			if ef := a.run.att.ErrorFile(r.LocalRank); ef != "" {
 				path := filepath.Join(filepath.Dir(ef), stacksFile)

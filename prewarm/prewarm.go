@@ -360,14 +360,14 @@ func (st *Starter) StartGroup(specs []spawn.Spec) (*Group, error) {
 		st.refill(nil, nil, paused, nil, st.o.RefillDelay)
 		return nil, err
 	}
-	st.report(specs, plans, warm, handoverDone, parked)
+	launched := slices.ContainsFunc(warm, func(s *standby) bool { return s.launched })
+	st.report(specs, plans, warm, handoverDone, parked, launched)
 	var coldPIDs []int
 	for _, g := range parts {
 		for _, pid := range g.PIDs() {
 			coldPIDs = append(coldPIDs, pid)
 		}
 	}
-	launched := slices.ContainsFunc(warm, func(s *standby) bool { return s.launched })
 	gate, delay := st.refillGate(len(warm), len(coldPIDs), len(paused), launched, ready)
 	st.refill(specs, coldPIDs, paused, gate, delay)
 	return newGroup(parts, warm, len(specs)), nil
@@ -489,14 +489,12 @@ func (st *Starter) raise(s *standby) error {
 
 // report logs and records how each rank started.
 // parked > 0: the node was a parked spare that long and is promoted.
-func (st *Starter) report(specs []spawn.Spec, plans []*plan, warm []*standby, took, parked time.Duration) {
+func (st *Starter) report(specs []spawn.Spec, plans []*plan, warm []*standby, took, parked time.Duration, launched bool) {
 	round := envValue(specs, "TORCHELASTIC_RESTART_COUNT")
 	if len(warm) > 0 {
 		lrs := make([]int, len(warm))
-		launched := false
 		for i, s := range warm {
 			lrs[i] = s.localRank
-			launched = launched || s.launched
 		}
 		msg := "ranks started on prewarmed standbys"
 		switch {

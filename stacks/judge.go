@@ -62,21 +62,19 @@ type Summary struct {
 	FRGroup     string `json:"fr_group,omitempty"`
 	FRLastSeq   int64  `json:"fr_last_seq,omitempty"`
 	FRLastGroup string `json:"fr_last_group,omitempty"`
+	// FRText is the record in one line (FlightRecord.Text, or why it was
+	// not read), for this node's files and events; not shared.
+	FRText string `json:"-"`
 }
 
 // Summarize reads what r's dump says (the newest dump in it).
 func Summarize(r Rank, globalRank int) Summary {
 	s := Summary{Rank: globalRank, LocalRank: r.LocalRank, State: r.State}
+	if r.FRState == FRTaken && len(r.FR) > 0 {
+		s.summarizeFR(r.FR)
+	}
 	if r.State != StateDumped {
 		return s
-	}
-	if r.FRState == FRTaken {
-		if fr, err := ParseFlightRecord(r.FR); err == nil && fr.Last != nil {
-			s.FR, s.FRLastSeq, s.FRLastGroup = true, fr.Last.Seq, fr.Last.Group
-			if p := fr.Pending; p != nil {
-				s.FRPending, s.FRName, s.FRSeq, s.FRGroup = true, p.Name, p.Seq, p.Group
-			}
-		}
 	}
 	dumps := pytrace.ParseDumps(r.Dump)
 	if len(dumps) == 0 {
@@ -110,6 +108,22 @@ func Summarize(r Rank, globalRank int) Summary {
 		s.Place = main.Frames[len(main.Frames)-1].String()
 	}
 	return s
+}
+
+// summarizeFR reads a rank's flight recorder (a pickle) into s.
+func (s *Summary) summarizeFR(b []byte) {
+	fr, err := ParseFlightRecord(b)
+	if err != nil {
+		s.FRText = "not read: " + err.Error()
+		return
+	}
+	s.FRText = fr.Text()
+	if fr.Last != nil {
+		s.FR, s.FRLastSeq, s.FRLastGroup = true, fr.Last.Seq, fr.Last.Group
+	}
+	if p := fr.Pending; p != nil {
+		s.FRPending, s.FRName, s.FRSeq, s.FRGroup = true, p.Name, p.Seq, p.Group
+	}
 }
 
 // waiting reports a rank that waits on its peers.
