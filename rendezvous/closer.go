@@ -414,7 +414,8 @@ func (rd *round) writeRanks(ctx context.Context, ms []memberInfo, ranks map[stri
 		// Round r-2 is over for good (r-1 is still read: previous ranks,
 		// the rejoin gate): drop its keys, or a job keeps N rank keys per
 		// round it ever ran (docs/rendezvous.md, Scale).
-		ops = append(ops, clientv3.OpDelete(rd.k.roundDir(rd.r-2), clientv3.WithPrefix()))
+		ops = append(ops, clientv3.OpDelete(rd.k.roundDir(rd.r-2), clientv3.WithPrefix()),
+			clientv3.OpDelete(rd.k.ctlRoundDir(rd.r-2), clientv3.WithPrefix()))
 	}
 	return write(ops)
 }

@@ -29,7 +29,7 @@ func (e *Etcd) reactCtl(evs []ctlEvent) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	for _, ev := range evs {
-		e.applyCtlLocked(ev.key, ev.val, ev.deleted)
+		e.applyCtlLocked(ev)
 	}
 	e.broadcastLocked()
 }
@@ -37,8 +37,8 @@ func (e *Etcd) reactCtl(evs []ctlEvent) {
 // applyCtlLocked records a ctl key in the view and moves this node's state
 // with it: a node active in an older round sees its round end; a close
 // record closes it.
-func (e *Etcd) applyCtlLocked(key string, val []byte, deleted bool) {
-	ch := e.view.apply(key, val, deleted)
+func (e *Etcd) applyCtlLocked(ev ctlEvent) {
+	ch := e.view.apply(ev)
 	if r := ch.round; r >= 0 && e.lastRound >= 0 && e.lastRound < r && (e.state == stateActive || e.state == stateFenced) {
 		e.setStateLocked(stateRoundEnded, "round "+strconv.Itoa(r)+" opened")
 		if e.roundStop != nil {

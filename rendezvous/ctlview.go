@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -54,6 +55,18 @@ type ctlView struct {
 	// closed (set before the txn commits: the ctl watch may deliver the
 	// end first), handed to the agent with round r's RoundEnd.
 	ledgerClosed map[int]map[string][]ledger.Record // round -> lost node -> its leases
+	// rounds are the rounds' assignment and closer keys (ctl/rounds/<N>/),
+	// kept for the current and the previous round, and rev the revision
+	// the view has seen up to: a node waiting for a round reads them here,
+	// where its one ctl watch delivers them (no watch per round).
+	rounds map[int]roundKeys
+	rev    int64
+}
+
+// roundKeys are one round's keys under ctl/rounds/<N>/ as last seen.
+type roundKeys struct {
+	assignment []byte // the round's summary, once its closer wrote it
+	closerHeld bool   // the closer key exists
 }
 
 type endSub struct {
@@ -63,7 +76,8 @@ type endSub struct {
 
 func newCtlView(self string, margin time.Duration) *ctlView {
 	return &ctlView{self: self, margin: margin, cur: -1, fenced: -1, floor: -1, lastEnds: map[int]endInfo{},
-		changed: make(chan struct{}), ends: map[int]*endSub{}, ledgerClosed: map[int]map[string][]ledger.Record{}}
+		changed: make(chan struct{}), ends: map[int]*endSub{}, ledgerClosed: map[int]map[string][]ledger.Record{},
+		rounds: map[int]roundKeys{}}
 }
 
 // ctlEvent is one change of a ctl key.
@@ -71,6 +85,7 @@ type ctlEvent struct {
 	key     string
 	val     []byte
 	deleted bool
+	rev     int64 // the revision of the read or watch response it came in
 }
 
 // load reads the ctl keys and hands them to react (nil: applyAll), the
@@ -83,17 +98,29 @@ func (v *ctlView) load(ctx context.Context, cli *clientv3.Client, react func([]c
 	if err != nil {
 		return 0, err
 	}
+	rev := resp.Header.Revision
 	evs := make([]ctlEvent, 0, len(resp.Kvs))
+	read := make(map[string]bool, len(resp.Kvs))
 	for _, kv := range resp.Kvs {
+		read[string(kv.Key)] = true
 		if string(kv.Key) == v.k.lastEnd() {
-			evs = append(evs, ctlEvent{key: string(kv.Key), val: kv.Value})
+			evs = append(evs, ctlEvent{key: string(kv.Key), val: kv.Value, rev: rev})
 		}
 	}
 	for _, kv := range resp.Kvs {
 		if string(kv.Key) != v.k.lastEnd() {
-			evs = append(evs, ctlEvent{key: string(kv.Key), val: kv.Value})
+			evs = append(evs, ctlEvent{key: string(kv.Key), val: kv.Value, rev: rev})
 		}
 	}
+	// A closer key seen held and gone meanwhile (the watch broke while its
+	// holder died) is a deletion the watch did not deliver.
+	v.mu.Lock()
+	for r, rk := range v.rounds {
+		if rk.closerHeld && !read[v.k.closer(r)] {
+			evs = append(evs, ctlEvent{key: v.k.closer(r), deleted: true, rev: rev})
+		}
+	}
+	v.mu.Unlock()
 	v.react(react, evs)
 	return resp.Header.Revision, nil
 }
@@ -113,7 +140,8 @@ func (v *ctlView) watch(ctx context.Context, cli *clientv3.Client, rev int64, lo
 			}
 			evs := make([]ctlEvent, 0, len(wr.Events))
 			for _, ev := range wr.Events {
-				evs = append(evs, ctlEvent{key: string(ev.Kv.Key), val: ev.Kv.Value, deleted: ev.Type == clientv3.EventTypeDelete})
+				evs = append(evs, ctlEvent{key: string(ev.Kv.Key), val: ev.Kv.Value, deleted: ev.Type == clientv3.EventTypeDelete,
+					rev: wr.Header.Revision})
 			}
 			v.react(react, evs)
 			rev = wr.Header.Revision
@@ -139,7 +167,7 @@ func (v *ctlView) react(react func([]ctlEvent), evs []ctlEvent) {
 // alone, with no node state to move along.
 func (v *ctlView) applyAll(evs []ctlEvent) {
 	for _, ev := range evs {
-		v.apply(ev.key, ev.val, ev.deleted)
+		v.apply(ev)
 	}
 	v.broadcast()
 }
@@ -150,15 +178,21 @@ type ctlChange struct {
 	closed *closeInfo // the close record, when it is the first one seen
 }
 
-// apply records one ctl key's value (a deletion changes nothing); the
-// caller calls broadcast after a batch.
-func (v *ctlView) apply(key string, val []byte, deleted bool) ctlChange {
+// apply records one ctl key's value (a deletion changes nothing but a
+// round's keys); the caller calls broadcast after a batch.
+func (v *ctlView) apply(ev ctlEvent) ctlChange {
 	ch := ctlChange{round: -1}
-	if deleted {
-		return ch
-	}
+	key, val := ev.key, ev.val
 	v.mu.Lock()
 	defer v.mu.Unlock()
+	v.rev = max(v.rev, ev.rev)
+	if strings.HasPrefix(key, v.k.ctlRounds()) {
+		v.applyRoundKeyLocked(ev)
+		return ch
+	}
+	if ev.deleted {
+		return ch
+	}
 	switch key {
 	case v.k.round():
 		if r, err := strconv.Atoi(string(val)); err == nil && r > v.cur {
@@ -178,6 +212,42 @@ func (v *ctlView) apply(key string, val []byte, deleted bool) ctlChange {
 		}
 	}
 	return ch
+}
+
+// applyRoundKeyLocked records a change of a round's assignment or closer
+// key. Rounds older than the view keeps are not recorded (the closer of
+// round N deletes round N-2's keys).
+func (v *ctlView) applyRoundKeyLocked(ev ctlEvent) {
+	rest := strings.TrimPrefix(ev.key, v.k.ctlRounds())
+	rs, name, ok := strings.Cut(rest, "/")
+	r, err := strconv.Atoi(rs)
+	if !ok || err != nil || r < max(v.cur, v.floor)-2 {
+		return
+	}
+	rk, known := v.rounds[r]
+	if ev.deleted && !known {
+		return
+	}
+	switch name {
+	case "assignment":
+		rk.assignment = nil
+		if !ev.deleted {
+			rk.assignment = ev.val
+		}
+	case "closer":
+		rk.closerHeld = !ev.deleted
+	default:
+		return
+	}
+	v.rounds[r] = rk
+}
+
+// roundKeys is round r's keys as the view last saw them, and the revision
+// the view has seen up to.
+func (v *ctlView) roundKeys(r int) (roundKeys, int64) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.rounds[r], v.rev
 }
 
 // closeLocal records a local close (etcd lost, Leave, Depart) unless the job
@@ -317,6 +387,11 @@ func (v *ctlView) pruneLocked() {
 	for r := range v.ledgerClosed {
 		if r < keep-1 {
 			delete(v.ledgerClosed, r)
+		}
+	}
+	for r := range v.rounds {
+		if r < keep-1 {
+			delete(v.rounds, r)
 		}
 	}
 }

@@ -298,7 +298,7 @@ func (e *Etcd) jobConfig() jobConfig {
 // jobConfig is the job configuration these options propose.
 func (o EtcdOptions) jobConfig() jobConfig {
 	return jobConfig{NProcPerNode: o.NProcPerNode, MinNodes: o.MinNodes, MaxNodes: o.MaxNodes, MaxRestarts: o.MaxRestarts,
-		RestartWindowS: o.RestartWindow.Seconds(), RestartDelayS: o.RestartDelay.Seconds()}
+		RestartWindowS: o.RestartWindow.Seconds(), RestartDelayS: o.RestartDelay.Seconds(), Layout: keyLayout}
 }
 
 // readRestarts returns the job's restart count (ctl/restarts).

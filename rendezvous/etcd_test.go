@@ -7,6 +7,7 @@ package rendezvous
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"github.com/ftlauncher/ft-launcher/policy"
@@ -679,4 +680,43 @@ func TestEtcdWaiterReRegistersAfterLeaseExpiry(t *testing.T) {
 		t.Fatalf("first node: %v", r.err)
 	}
 	checkConsistent(t, []Assignment{r.a, bs}, 1, 2)
+}
+
+// TestEtcdRefusesAnotherKeyLayout: a launcher that joins a job whose
+// config was written with another key layout (an older launcher's, which
+// wrote none) is refused at its first Next with an error naming both
+// layouts, before it registers in a round (as a node of another size is):
+// each would wait for keys the other never writes.
+func TestEtcdRefusesAnotherKeyLayout(t *testing.T) {
+	testenv.SkipShort(t, "runs an etcd server")
+	m := startEmbedded(t)
+	c := &cluster{t: t, ep: m.Endpoint(), run: t.Name()}
+	a := c.add(c.opts(0, 1, 2, 2, 2))
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	resp, err := a.cli.Get(ctx, a.k.config())
+	if err != nil || len(resp.Kvs) != 1 {
+		t.Fatalf("job config: %v, %d keys", err, len(resp.Kvs))
+	}
+	var cfg map[string]any
+	if err := json.Unmarshal(resp.Kvs[0].Value, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	if cfg["layout"] != float64(keyLayout) {
+		t.Fatalf("job config %s: want layout %d", resp.Kvs[0].Value, keyLayout)
+	}
+	delete(cfg, "layout") // as a launcher of layout 1 wrote it
+	old, _ := json.Marshal(cfg)
+	if _, err := a.cli.Put(ctx, a.k.config(), string(old)); err != nil {
+		t.Fatal(err)
+	}
+	b := c.add(c.opts(1, 1, 2, 2, 2))
+	_, err = b.Next(ctx)
+	if err == nil || !strings.Contains(err.Error(), "key layout 2 but the job was started by a launcher using key layout 1") {
+		t.Fatalf("Next in a job of layout 1: %v, want a refusal naming both layouts", err)
+	}
+	members, err := a.cli.Get(ctx, a.k.nodes(0), clientv3.WithPrefix(), clientv3.WithCountOnly())
+	if err != nil || members.Count != 0 {
+		t.Fatalf("round 0 members after the refusal: %v, %d; want none", err, members.Count)
+	}
 }

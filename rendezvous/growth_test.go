@@ -49,8 +49,8 @@ func TestEtcdKeepsNoPerRoundState(t *testing.T) {
 		ch := e.Ended(r)
 		end, _ := json.Marshal(endInfo{Round: r, Reason: "boom " + strconv.Itoa(r)})
 		e.mu.Lock()
-		e.applyCtlLocked(e.k.lastEnd(), end, false)
-		e.applyCtlLocked(e.k.round(), []byte(strconv.Itoa(r+1)), false)
+		e.applyCtlLocked(ctlEvent{key: e.k.lastEnd(), val: end})
+		e.applyCtlLocked(ctlEvent{key: e.k.round(), val: []byte(strconv.Itoa(r + 1))})
 		e.broadcastLocked()
 		e.mu.Unlock()
 		if got := <-ch; got.Kind != EndRestart || got.Round != r || got.Reason != "boom "+strconv.Itoa(r) {

@@ -137,6 +137,9 @@ func (e *Etcd) adoptConfig(want jobConfig, created bool, kvs []*mvccpb.KeyValue)
 		if len(kvs) == 0 {
 			return errors.New("rendezvous: no job config")
 		}
+		// Into a zero config: a field the job's config lacks (written by an
+		// older launcher) is absent, not this node's.
+		got = jobConfig{}
 		if err := json.Unmarshal(kvs[0].Value, &got); err != nil {
 			return fmt.Errorf("rendezvous: bad job config %q: %w", kvs[0].Value, err)
 		}
@@ -154,6 +157,12 @@ func (e *Etcd) adoptConfig(want jobConfig, created bool, kvs []*mvccpb.KeyValue)
 // compatible refuses a node whose sizes differ from the job's; a different
 // restart budget is only logged (the job's wins).
 func (e *Etcd) compatible(want, got jobConfig) error {
+	if got.Layout != want.Layout {
+		layout := func(l int) int { return max(l, 1) }
+		return fmt.Errorf("rendezvous: node %s refused: this launcher uses key layout %d but the job was started by a launcher using key layout %d; "+
+			"every node of a job must run a launcher of the same key layout (docs/rendezvous.md, Keys): restart the job with one version, or use another run id",
+			e.o.NodeID, layout(want.Layout), layout(got.Layout))
+	}
 	if got.NProcPerNode != want.NProcPerNode {
 		return fmt.Errorf("rendezvous: node %s refused: nproc_per_node=%d but the job has nproc_per_node=%d",
 			e.o.NodeID, want.NProcPerNode, got.NProcPerNode)

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"log/slog"
 	"math/rand/v2"
 	"time"
@@ -192,8 +193,10 @@ func (rd *round) waitAssignment(ctx context.Context, seen roundRead, orphan orph
 			<-orphans
 		}
 	}()
-	// The registration read the assignment and the closer key; one watch
-	// covers both from there.
+	// The registration read the assignment and the closer key; from there
+	// the node's ctl watch (the view) follows both: no watch per node and
+	// round (at 16,000 nodes each new watch started behind etcd's current
+	// revision and waited for etcd to catch it up, 512 watches per 100 ms).
 	closerHeld := false
 	for _, kv := range seen.kvs {
 		if string(kv.Key) == rd.k.assignment(rd.r) {
@@ -201,19 +204,18 @@ func (rd *round) waitAssignment(ctx context.Context, seen roundRead, orphan orph
 		}
 		closerHeld = true
 	}
-	wch := rd.cli.Watch(wctx, rd.k.assignment(rd.r), clientv3.WithRange(rd.k.closer(rd.r)+"\x00"),
-		clientv3.WithRev(seen.rev+1))
+	cl.held = closerHeld
 	// Claim only while nobody holds the closer key: each claim is a write
-	// (a raft round). Nodes that arrive together (a first round) wait a
-	// random part of MaxNodes x 100 us first (400 ms at 4,000 nodes, 500 ms
-	// at most), so that the first claim's key reaches the others' watch
-	// before they claim too. The first claim still comes about
-	// spread/N after the first registrations (the earliest of N draws), and
-	// a round of N nodes takes longer than that to gather them.
+	// (a raft round). Nodes that arrive together (a first round, a restart)
+	// wait a random part of MaxNodes x 100 us first (400 ms at 4,000 nodes,
+	// 500 ms at most), so that the first claim's key reaches the others'
+	// watch before they claim too; and in a job of more than
+	// claimCandidates nodes only about claimCandidates of them claim then
+	// (claimDelay): at 16,000 nodes the first claim's key reached the others
+	// too late and 11,000 claims failed, each a raft write.
 	var claimC <-chan time.Time
 	if !closerHeld {
-		spread := min(time.Duration(rd.o.MaxNodes)*100*time.Microsecond, 500*time.Millisecond)
-		ct := time.NewTimer(rand.N(spread + 1))
+		ct := time.NewTimer(claimDelay(rd.o.NodeID, rd.o.MaxNodes))
 		defer ct.Stop()
 		claimC = ct.C
 	}
@@ -233,6 +235,9 @@ func (rd *round) waitAssignment(ctx context.Context, seen roundRead, orphan orph
 			// under the new one, or the round may never see MIN nodes.
 			rd.log.Warn("membership lease replaced while waiting for a round; registering again", "round", rd.r)
 			return nil, true, nil
+		}
+		if sum := rd.roundKeysChanged(wctx, seen.rev, cl); sum != nil {
+			return sum, false, nil
 		}
 		if cur == rd.r && !timers.armed() {
 			timers.arm(rd.o, rd.r)
@@ -264,41 +269,49 @@ func (rd *round) waitAssignment(ctx context.Context, seen roundRead, orphan orph
 			if !cl.held {
 				cl.try(wctx)
 			}
-		case wr, ok := <-wch:
-			if !ok {
-				if ctx.Err() != nil {
-					continue
-				}
-				return nil, false, errors.New("rendezvous: watch closed")
-			}
-			if err := wr.Err(); err != nil {
-				return nil, true, nil // compacted or similar: re-read from scratch
-			}
-			if sum := rd.roundEvents(wctx, wr.Events, cl); sum != nil {
-				return sum, false, nil
-			}
 		}
 	}
 }
 
-// roundEvents handles the assignment/closer watch: it returns the
-// assignment once written, and claims the closer key when its holder died.
-func (rd *round) roundEvents(ctx context.Context, evs []*clientv3.Event, cl *closerSlot) []byte {
-	var sum []byte
-	for _, ev := range evs {
-		switch string(ev.Kv.Key) {
-		case rd.k.assignment(rd.r):
-			if ev.Type == clientv3.EventTypePut {
-				sum = ev.Kv.Value
-			}
-		case rd.k.closer(rd.r):
-			cl.held = ev.Type == clientv3.EventTypePut
-			if !cl.held {
-				cl.try(ctx)
-			}
-		}
+// claimCandidates is about how many nodes of a round claim its closer key
+// as soon as they registered.
+const claimCandidates = 16
+
+// claimDelay is how long a node that registered waits before it claims the
+// round's closer key when nobody holds it: a random part of the spread
+// (MaxNodes x 100 us, 500 ms at most) for a candidate (one node in
+// MaxNodes/claimCandidates, chosen by a hash of its id: the same nodes in
+// every round, spread over the job); for the others one to two spreads
+// more and 500 ms (the whole delay within one to three spreads and 500 ms), a backstop for a round whose candidates are all absent.
+func claimDelay(nodeID string, maxNodes int) time.Duration {
+	spread := min(time.Duration(maxNodes)*100*time.Microsecond, 500*time.Millisecond)
+	d := rand.N(spread + 1)
+	h := fnv.New32a()
+	h.Write([]byte(nodeID))
+	if every := maxNodes / claimCandidates; every > 1 && h.Sum32()%uint32(every) != 0 {
+		d += spread + rand.N(spread+1) + 500*time.Millisecond
 	}
-	return sum
+	return d
+}
+
+// roundKeysChanged follows the round's keys in the view: it returns the
+// assignment once written, and claims the closer key when its holder died.
+// The view may be behind the registration's read (rev): its closer state
+// counts only once it has seen that revision.
+func (rd *round) roundKeysChanged(ctx context.Context, rev int64, cl *closerSlot) []byte {
+	rk, seen := rd.view.roundKeys(rd.r)
+	if rk.assignment != nil {
+		return rk.assignment
+	}
+	if seen < rev {
+		return nil
+	}
+	released := cl.held && !rk.closerHeld
+	cl.held = rk.closerHeld
+	if released {
+		cl.try(ctx)
+	}
+	return nil
 }
 
 // closerSlot runs this node's closer for one round, at most once.

@@ -465,6 +465,12 @@ func TestScaleSmallJob(t *testing.T) {
 	if n := p.load["Range"].Calls; n > 20 {
 		t.Fatalf("restart round: %d reads, want the rank entries from the summary's delta (at most 20)", n)
 	}
+	// The nodes follow the round's assignment and closer keys on their one
+	// ctl watch: no watch is opened per node and round (the closer's own
+	// member watch and the three loss watchers' are a few).
+	if n := p.load["Watch"].Calls; n > 20 {
+		t.Fatalf("restart round: %d watch requests, want no watch per node and round (at most 20)", n)
+	}
 	p, as, lost := j.nodeLoss(ctx, 1, as)
 	if n := p.load["Range"].Calls; n > 20 {
 		t.Fatalf("swap round: %d reads, want the rank entries from the summary's delta (at most 20)", n)
@@ -534,18 +540,21 @@ func (j *simJob) checkLedger(ctx context.Context, lost string) {
 func (j *simJob) checkOldRoundsGone(ctx context.Context, r int) {
 	j.t.Helper()
 	k := j.nodes[0].e.k
-	resp, err := j.clients[0].Get(ctx, k.base+"rounds/", clientv3.WithPrefix(), clientv3.WithKeysOnly())
-	if err != nil {
-		j.t.Fatal(err)
-	}
 	seen := map[int]int{}
-	for _, kv := range resp.Kvs {
-		rest := strings.TrimPrefix(string(kv.Key), k.base+"rounds/")
-		n, err := strconv.Atoi(rest[:strings.IndexByte(rest, '/')])
+	// The rounds' own keys, and their assignment and closer keys under ctl/.
+	for _, dir := range []string{k.base + "rounds/", k.ctlRounds()} {
+		resp, err := j.clients[0].Get(ctx, dir, clientv3.WithPrefix(), clientv3.WithKeysOnly())
 		if err != nil {
-			j.t.Fatalf("unexpected key %s", kv.Key)
+			j.t.Fatal(err)
 		}
-		seen[n]++
+		for _, kv := range resp.Kvs {
+			rest := strings.TrimPrefix(string(kv.Key), dir)
+			n, err := strconv.Atoi(rest[:strings.IndexByte(rest, '/')])
+			if err != nil {
+				j.t.Fatalf("unexpected key %s", kv.Key)
+			}
+			seen[n]++
+		}
 	}
 	for n := range seen {
 		if n < r-1 {

@@ -88,7 +88,18 @@ type jobConfig struct {
 	// seconds; absent (an older launcher's job): none.
 	RestartWindowS float64 `json:"restart_window_s,omitempty"`
 	RestartDelayS  float64 `json:"restart_delay_s,omitempty"`
+	// Layout is the job's key layout (keyLayout); absent: 1, before the
+	// rounds' assignment and closer keys moved under ctl/.
+	Layout int `json:"layout,omitempty"`
 }
+
+// keyLayout is the key layout this launcher writes and reads. Layout 2
+// keeps each round's assignment and closer key under ctl/, where every
+// node's one long-lived watch sees them, instead of under rounds/<N>/
+// with a watch per node and round (docs/rendezvous.md, Scale). Launchers
+// of different layouts cannot share a job: each would wait for keys the
+// other never writes.
+const keyLayout = 2
 
 // window and delay are the job's restart window and delay.
 func (c jobConfig) window() time.Duration { return seconds(c.RestartWindowS) }
@@ -261,8 +272,10 @@ func (k keys) lastEnd() string                { return k.base + "ctl/end" }
 func (k keys) restarts() string               { return k.base + "ctl/restarts" }
 func (k keys) restartTimes() string           { return k.base + "ctl/restart-times" }
 func (k keys) roundDir(r int) string          { return k.base + "rounds/" + strconv.Itoa(r) + "/" }
-func (k keys) assignment(r int) string        { return k.roundDir(r) + "assignment" }
-func (k keys) closer(r int) string            { return k.roundDir(r) + "closer" }
+func (k keys) ctlRounds() string              { return k.base + "ctl/rounds/" }
+func (k keys) ctlRoundDir(r int) string       { return k.ctlRounds() + strconv.Itoa(r) + "/" }
+func (k keys) assignment(r int) string        { return k.ctlRoundDir(r) + "assignment" }
+func (k keys) closer(r int) string            { return k.ctlRoundDir(r) + "closer" }
 func (k keys) nodes(r int) string             { return k.roundDir(r) + "nodes/" }
 func (k keys) member(r int, id string) string { return k.nodes(r) + id }
 func (k keys) ranks(r int) string             { return k.roundDir(r) + "rank/" }
@@ -338,9 +351,10 @@ func assign(ms []memberInfo, minNodes int, pinned map[string]int) (map[string]ra
 	out := make(map[string]rankInfo, len(ms))
 	var sum roundSummary
 	base := 0
+	rg := newRings(slots)
 	for i, m := range append(slots, rest...) {
 		if i < minNodes {
-			out[m.NodeID] = rankInfo{GroupRank: i, RankBase: base, Order: i, Watch: ringWatch(slots, i), Replicas: ringReplicas(slots, i), ReplicaFrom: ringReplicaFrom(slots, i)}
+			out[m.NodeID] = rankInfo{GroupRank: i, RankBase: base, Order: i, Watch: rg.watch(i), Replicas: rg.replicasOf(i), ReplicaFrom: rg.replicaFrom(i)}
 			base += m.NProc
 			if i == 0 {
 				sum.MasterAddr, sum.MasterPort, sum.MasterNode = m.Addr, m.MasterPort, m.NodeID
@@ -364,46 +378,96 @@ func assign(ms []memberInfo, minNodes int, pinned map[string]int) (map[string]ra
 // rank entry a few hundred bytes at 4,000 nodes.
 const replicaRingPeers = 4
 
-// ringReplicas is the replica receivers of the next replicaRingPeers
-// actives after active node i (wrapping, never itself) that have one.
-func ringReplicas(actives []*memberInfo, i int) []string {
-	var out []string
-	for d := 1; d < len(actives) && len(out) < replicaRingPeers; d++ {
-		if a := actives[(i+d)%len(actives)].ReplicaAddr; a != "" {
-			out = append(out, a)
+// rings are the positions, in group rank order, of the active nodes that
+// have a replica receiver and of those that have a stream listener: each
+// node's ring walks skip the others by a binary search. Walking past them
+// one by one cost O(N) per node when few or none have one (no
+// --state-replicas: every node walked the whole ring, 256 million steps
+// for the closer of a 16,000-node round).
+type rings struct {
+	actives          []*memberInfo
+	replicas, stream []int
+}
+
+func newRings(actives []*memberInfo) rings {
+	rg := rings{actives: actives}
+	for i, m := range actives {
+		if m.ReplicaAddr != "" {
+			rg.replicas = append(rg.replicas, i)
+		}
+		if m.StreamAddr != "" {
+			rg.stream = append(rg.stream, i)
+		}
+	}
+	return rg
+}
+
+// ringAfter is up to k positions of idx after position i (wrapping, never
+// i itself), nearest first.
+func ringAfter(idx []int, i, k int) []int {
+	var out []int
+	j, _ := slices.BinarySearch(idx, i+1)
+	for c := 0; c < len(idx) && len(out) < k; c++ {
+		if p := idx[(j+c)%len(idx)]; p != i {
+			out = append(out, p)
 		}
 	}
 	return out
 }
 
-// ringReplicaFrom is the node ids of the actives whose ringReplicas hold
-// active node i's receiver: walking back from i, the nodes with a receiver
-// until replicaRingPeers of them (each one passed is one more receiver
-// between the next and i, and a ring holds replicaRingPeers).
-func ringReplicaFrom(actives []*memberInfo, i int) []string {
-	if actives[i].ReplicaAddr == "" {
+// ringBefore is up to k positions of idx before position i (wrapping,
+// never i itself), nearest first.
+func ringBefore(idx []int, i, k int) []int {
+	var out []int
+	j, _ := slices.BinarySearch(idx, i)
+	n := len(idx)
+	for c := 1; c <= n && len(out) < k; c++ {
+		if p := idx[((j-c)%n+n)%n]; p != i {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// replicas is the replica receivers of the next replicaRingPeers actives
+// after active node i (wrapping, never itself) that have one.
+func (rg rings) replicasOf(i int) []string {
+	var out []string
+	for _, p := range ringAfter(rg.replicas, i, replicaRingPeers) {
+		out = append(out, rg.actives[p].ReplicaAddr)
+	}
+	return out
+}
+
+// replicaFrom is the node ids of the actives whose replicasOf hold active
+// node i's receiver: walking back from i, the nodes with a receiver until
+// replicaRingPeers of them (each one passed is one more receiver between
+// the next and i, and a ring holds replicaRingPeers).
+func (rg rings) replicaFrom(i int) []string {
+	if rg.actives[i].ReplicaAddr == "" {
 		return nil
 	}
 	var out []string
-	n := len(actives)
-	for d := 1; d < n && len(out) < replicaRingPeers; d++ {
-		if m := actives[((i-d)%n+n)%n]; m.ReplicaAddr != "" {
-			out = append(out, m.NodeID)
-		}
+	for _, p := range ringBefore(rg.replicas, i, replicaRingPeers) {
+		out = append(out, rg.actives[p].NodeID)
 	}
 	return out
 }
 
-// ringWatch is what active node i of actives watches: the next
-// streamWatchPeers actives (wrapping) that have a stream listener, so each
-// is watched by that many others.
-func ringWatch(actives []*memberInfo, i int) []streamPeer {
+// watch is what active node i watches: the next streamWatchPeers actives
+// (wrapping) that have a stream listener, so each is watched by that many
+// others.
+func (rg rings) watch(i int) []streamPeer {
 	var out []streamPeer
-	for d := 1; d < len(actives) && len(out) < streamWatchPeers; d++ {
-		m := actives[(i+d)%len(actives)]
-		if m.StreamAddr != "" {
-			out = append(out, streamPeer{ID: m.NodeID, Addr: m.StreamAddr})
-		}
+	for _, p := range ringAfter(rg.stream, i, streamWatchPeers) {
+		m := rg.actives[p]
+		out = append(out, streamPeer{ID: m.NodeID, Addr: m.StreamAddr})
 	}
 	return out
 }
+
+// ringReplicas, ringReplicaFrom and ringWatch are one node's walks (the
+// rings built for it alone).
+func ringReplicas(actives []*memberInfo, i int) []string    { return newRings(actives).replicasOf(i) }
+func ringReplicaFrom(actives []*memberInfo, i int) []string { return newRings(actives).replicaFrom(i) }
+func ringWatch(actives []*memberInfo, i int) []streamPeer   { return newRings(actives).watch(i) }

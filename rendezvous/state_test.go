@@ -3,9 +3,11 @@ package rendezvous
 import (
 	"encoding/json"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestRankDelta(t *testing.T) {
@@ -144,5 +146,99 @@ func TestRingReplicaFromInvertsTheRing(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestRingsMatchTheWalk: the rings' binary-search walks give what walking
+// the ring node by node gives, for any pattern of nodes with and without
+// a replica receiver or stream listener (none, one, some, all).
+func TestRingsMatchTheWalk(t *testing.T) {
+	walk := func(actives []*memberInfo, i, step int, has func(*memberInfo) bool) []int {
+		var out []int
+		n := len(actives)
+		for d := 1; d < n && len(out) < replicaRingPeers; d++ {
+			if p := ((i+step*d)%n + n) % n; has(actives[p]) {
+				out = append(out, p)
+			}
+		}
+		return out
+	}
+	rnd := rand.New(rand.NewPCG(7, 11))
+	for _, n := range []int{1, 2, 3, 5, 9, 40} {
+		for _, density := range []float64{0, 0.05, 0.5, 1} {
+			actives := make([]*memberInfo, n)
+			for i := range actives {
+				m := &memberInfo{NodeID: fmt.Sprintf("n%d", i)}
+				if rnd.Float64() < density {
+					m.ReplicaAddr = fmt.Sprintf("r%d", i)
+				}
+				if rnd.Float64() < density {
+					m.StreamAddr = fmt.Sprintf("s%d", i)
+				}
+				actives[i] = m
+			}
+			rg := newRings(actives)
+			hasReplica := func(m *memberInfo) bool { return m.ReplicaAddr != "" }
+			hasStream := func(m *memberInfo) bool { return m.StreamAddr != "" }
+			for i := range actives {
+				var wantRep, wantFrom, wantWatch []string
+				for _, p := range walk(actives, i, 1, hasReplica) {
+					wantRep = append(wantRep, actives[p].ReplicaAddr)
+				}
+				if actives[i].ReplicaAddr != "" {
+					for _, p := range walk(actives, i, -1, hasReplica) {
+						wantFrom = append(wantFrom, actives[p].NodeID)
+					}
+				}
+				for _, p := range walk(actives, i, 1, hasStream) {
+					if len(wantWatch) < streamWatchPeers {
+						wantWatch = append(wantWatch, actives[p].NodeID)
+					}
+				}
+				var gotWatch []string
+				for _, p := range rg.watch(i) {
+					gotWatch = append(gotWatch, p.ID)
+				}
+				if got := rg.replicasOf(i); !slices.Equal(got, wantRep) {
+					t.Errorf("n=%d density=%g node %d: replicas %v, want %v", n, density, i, got, wantRep)
+				}
+				if got := rg.replicaFrom(i); !slices.Equal(got, wantFrom) {
+					t.Errorf("n=%d density=%g node %d: replicaFrom %v, want %v", n, density, i, got, wantFrom)
+				}
+				if !slices.Equal(gotWatch, wantWatch) {
+					t.Errorf("n=%d density=%g node %d: watch %v, want %v", n, density, i, gotWatch, wantWatch)
+				}
+			}
+		}
+	}
+}
+
+// TestClaimDelay: in a job of up to 2 x claimCandidates nodes every node
+// claims within the spread; in a larger one about claimCandidates do, the
+// others only after the backstop.
+func TestClaimDelay(t *testing.T) {
+	for _, tc := range []struct {
+		nodes  int
+		spread time.Duration
+		// bounds on how many nodes claim within the spread
+		min, max int
+	}{
+		{nodes: 2, spread: 200 * time.Microsecond, min: 2, max: 2},
+		{nodes: 31, spread: 3100 * time.Microsecond, min: 31, max: 31},
+		{nodes: 1000, spread: 100 * time.Millisecond, min: 4, max: 40},
+		{nodes: 16000, spread: 500 * time.Millisecond, min: 4, max: 40},
+	} {
+		early := 0
+		for i := range tc.nodes {
+			d := claimDelay(fmt.Sprintf("node-%05d/1", i), tc.nodes)
+			if d <= tc.spread {
+				early++
+			} else if d < tc.spread+500*time.Millisecond || d > 3*tc.spread+500*time.Millisecond {
+				t.Errorf("%d nodes: a backstop delay %v outside [%v, %v]", tc.nodes, d, tc.spread+500*time.Millisecond, 3*tc.spread+500*time.Millisecond)
+			}
+		}
+		if early < tc.min || early > tc.max {
+			t.Errorf("%d nodes: %d claim within the spread, want %d-%d", tc.nodes, early, tc.min, tc.max)
+		}
 	}
 }
