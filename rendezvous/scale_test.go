@@ -746,6 +746,10 @@ func measureScale(t *testing.T, eps []string, serverPid, n, reps int) {
 	var heapPer, heapRoundPer []float64
 	var goPer []float64
 	var dbGrowth []int64
+	// FTL_SCALE_IDLE (seconds, default 10): after the rounds, how long the
+	// lease renewals alone are counted (no round going on).
+	idle := time.Duration(envInts(t, "FTL_SCALE_IDLE", "10")[0]) * time.Second
+	var idleRate, idleCPU []float64
 	for rep := range reps {
 		func() {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
@@ -792,6 +796,17 @@ func measureScale(t *testing.T, eps []string, serverPid, n, reps int) {
 			p, as = j.rankFailure(ctx, "restart after the swap", 2, as)
 			add(p, as)
 			real.sample("after the swap and a restart")
+			if idle > 0 {
+				s0, c0 := j.load.snap(), cpuTime(serverPid)
+				time.Sleep(idle)
+				ka := j.load.snap().since(s0)["LeaseKeepAlive"]
+				cpu := (cpuTime(serverPid) - c0).Seconds() / idle.Seconds()
+				idleRate = append(idleRate, float64(ka.Calls)/idle.Seconds())
+				idleCPU = append(idleCPU, cpu)
+				t.Logf("rep %d idle %v: %d lease renewals (%.0f/s, %.2f per node per second; %s out, %s in), CPU %.2f s/s",
+					rep, idle, ka.Calls, float64(ka.Calls)/idle.Seconds(), float64(ka.Calls)/idle.Seconds()/float64(n+spares),
+					kib(ka.SentB), kib(ka.RecvB), cpu)
+			}
 			if n := j.ledgerE.Load(); n > 0 {
 				// Each ledger write is bounded to 2 s and then skipped (the
 				// ledger never holds a round): on an overloaded machine some are.
@@ -807,6 +822,10 @@ func measureScale(t *testing.T, eps []string, serverPid, n, reps int) {
 	t.Logf("uptime: %s; lease TTL %v", loadAvg(), leaseTTL)
 	t.Logf("| %s | nodes %d + %d spares | heap/node %.1f KiB after start, %.1f KiB after round 0 | goroutines/node %.1f | db growth over 3 rounds %v |",
 		strings.Join(eps, ","), n, spares, median(heapPer)/1024, median(heapRoundPer)/1024, median(goPer), dbGrowth)
+	if len(idleRate) > 0 {
+		t.Logf("| %d | idle: lease renewals | %.0f/s (%.2f per node per second) | CPU %.2f s/s |", n, median(idleRate),
+			median(idleRate)/float64(n+spares), median(idleCPU))
+	}
 	for _, name := range names {
 		rs := rows[name]
 		var ds []float64
