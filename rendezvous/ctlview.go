@@ -67,6 +67,10 @@ type ctlView struct {
 type roundKeys struct {
 	assignment []byte // the round's summary, once its closer wrote it
 	closerHeld bool   // the closer key exists
+	// released counts the closer key's deletions seen: a claim and its
+	// holder's death may come in one watch response, which leaves the
+	// key as it was but must still wake a claimant.
+	released int
 }
 
 type endSub struct {
@@ -224,10 +228,7 @@ func (v *ctlView) applyRoundKeyLocked(ev ctlEvent) {
 	if !ok || err != nil || r < max(v.cur, v.floor)-2 {
 		return
 	}
-	rk, known := v.rounds[r]
-	if ev.deleted && !known {
-		return
-	}
+	rk := v.rounds[r]
 	switch name {
 	case "assignment":
 		rk.assignment = nil
@@ -236,6 +237,9 @@ func (v *ctlView) applyRoundKeyLocked(ev ctlEvent) {
 		}
 	case "closer":
 		rk.closerHeld = !ev.deleted
+		if ev.deleted {
+			rk.released++
+		}
 	default:
 		return
 	}

@@ -179,3 +179,55 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// TestCtlViewRoundKeys: the view keeps each round's assignment and closer
+// key from ctl events, counts the closer key's deletions even when its
+// claim and its holder's death arrive in one batch (the key then looks as
+// before, but a waiting node must still claim), treats a held key that a
+// re-read no longer finds as deleted, and drops rounds older than the one
+// before the current.
+func TestCtlViewRoundKeys(t *testing.T) {
+	k := keys{base: "/roundkeys-test/g0/"}
+	v := newCtlView("n1", 500*time.Millisecond)
+	v.k = k
+	v.applyAll([]ctlEvent{{key: k.round(), val: []byte("3"), rev: 10}})
+	v.applyAll([]ctlEvent{
+		{key: k.closer(3), val: []byte("n7"), rev: 11},
+		{key: k.closer(3), deleted: true, rev: 12},
+	})
+	rk, rev := v.roundKeys(3)
+	if rk.closerHeld || rk.released != 1 || rk.assignment != nil || rev != 12 {
+		t.Fatalf("after a claim and its holder's death in one batch: %+v at %d; want not held, 1 release, at 12", rk, rev)
+	}
+	v.applyAll([]ctlEvent{{key: k.closer(3), val: []byte("n2"), rev: 13}, {key: k.assignment(3), val: []byte(`{"world_size":8}`), rev: 14}})
+	if rk, _ = v.roundKeys(3); !rk.closerHeld || string(rk.assignment) != `{"world_size":8}` {
+		t.Fatalf("after a claim and the assignment: %+v", rk)
+	}
+	// Round 4's closer was seen held; the watch breaks while its holder
+	// dies, and the re-read (a load) finds no key: a deletion.
+	v.applyAll([]ctlEvent{{key: k.round(), val: []byte("4"), rev: 15}, {key: k.closer(4), val: []byte("n5"), rev: 16}})
+	m := startEmbedded(t)
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{m.Endpoint()}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatalf("etcd client: %v", err)
+	}
+	defer cli.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := cli.Put(ctx, k.round(), "4"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := v.load(ctx, cli, nil); err != nil {
+		t.Fatal(err)
+	}
+	if rk, _ = v.roundKeys(4); rk.closerHeld || rk.released != 1 {
+		t.Fatalf("round 4 after a re-read without its closer key: %+v; want not held, 1 release", rk)
+	}
+	// Round 6: rounds before 5 are dropped, and later events of them are
+	// not recorded.
+	v.applyAll([]ctlEvent{{key: k.round(), val: []byte("6"), rev: 30}})
+	v.applyAll([]ctlEvent{{key: k.closer(3), deleted: true, rev: 31}})
+	if rk, _ = v.roundKeys(3); rk.released != 0 || rk.assignment != nil {
+		t.Fatalf("round 3 kept at round 6: %+v", rk)
+	}
+}

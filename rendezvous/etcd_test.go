@@ -720,3 +720,67 @@ func TestEtcdRefusesAnotherKeyLayout(t *testing.T) {
 		t.Fatalf("round 0 members after the refusal: %v, %d; want none", err, members.Count)
 	}
 }
+
+// TestEtcdCloserDeathTakenOver: when the node holding a round's closer key
+// dies before it closes the round (here a ghost claim under a lease that
+// is then revoked), a node waiting in the round sees the key go on its ctl
+// watch, claims it and closes the round: every node gets its assignment.
+func TestEtcdCloserDeathTakenOver(t *testing.T) {
+	testenv.SkipShort(t, "runs an etcd server")
+	m := startEmbedded(t)
+	c := &cluster{t: t, ep: m.Endpoint(), run: t.Name()}
+	a := c.add(c.opts(0, 1, 2, 2, 2))
+	b := c.add(c.opts(1, 1, 2, 2, 2))
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	ghost, err := a.cli.Grant(ctx, 60)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.cli.Put(ctx, a.k.closer(0), "ghost", clientv3.WithLease(ghost.ID)); err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		as  Assignment
+		err error
+	}
+	res := make(chan result, 2)
+	for _, n := range []*Etcd{a, b} {
+		go func() {
+			as, err := n.Next(ctx)
+			res <- result{as, err}
+		}()
+	}
+	// Both register and find the closer key held: nobody claims.
+	for {
+		resp, err := a.cli.Get(ctx, a.k.nodes(0), clientv3.WithPrefix(), clientv3.WithCountOnly())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.Count == 2 {
+			break
+		}
+		select {
+		case r := <-res:
+			t.Fatalf("Next returned while the ghost held the closer key: %+v, %v", r.as, r.err)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	time.Sleep(300 * time.Millisecond) // past the claim spread: the ghost still holds the key
+	if resp, err := a.cli.Get(ctx, a.k.assignment(0)); err != nil || len(resp.Kvs) != 0 {
+		t.Fatalf("round 0 assigned while the ghost held its closer key: %v, %d keys", err, len(resp.Kvs))
+	}
+	if _, err := a.cli.Revoke(ctx, ghost.ID); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		r := <-res
+		if r.err != nil || r.as.Round != 0 || r.as.GroupWorldSize != 2 {
+			t.Fatalf("Next after the closer died: %+v, %v; want round 0 of 2 nodes", r.as, r.err)
+		}
+	}
+	resp, err := a.cli.Get(ctx, a.k.closer(0))
+	if err != nil || len(resp.Kvs) != 1 || (string(resp.Kvs[0].Value) != a.o.NodeID && string(resp.Kvs[0].Value) != b.o.NodeID) {
+		t.Fatalf("closer key of round 0 after the takeover: %v %v; want one of the nodes", err, resp.Kvs)
+	}
+}

@@ -205,6 +205,8 @@ func (rd *round) waitAssignment(ctx context.Context, seen roundRead, orphan orph
 		closerHeld = true
 	}
 	cl.held = closerHeld
+	rk0, _ := rd.view.roundKeys(rd.r)
+	cl.released = rk0.released
 	// Claim only while nobody holds the closer key: each claim is a write
 	// (a raft round). Nodes that arrive together (a first round, a restart)
 	// wait a random part of MaxNodes x 100 us first (400 ms at 4,000 nodes,
@@ -295,20 +297,24 @@ func claimDelay(nodeID string, maxNodes int) time.Duration {
 }
 
 // roundKeysChanged follows the round's keys in the view: it returns the
-// assignment once written, and claims the closer key when its holder died.
-// The view may be behind the registration's read (rev): its closer state
-// counts only once it has seen that revision.
+// assignment once written, and claims the closer key when its holder died:
+// a deletion of the key seen since the wait began (with no holder now), or
+// a key seen held that the view, as new as the registration's read (rev)
+// or newer, no longer holds (a watch that broke and re-read the keys).
+// A claim while somebody holds the key fails, harmlessly (a guarded txn).
 func (rd *round) roundKeysChanged(ctx context.Context, rev int64, cl *closerSlot) []byte {
 	rk, seen := rd.view.roundKeys(rd.r)
 	if rk.assignment != nil {
 		return rk.assignment
 	}
-	if seen < rev {
-		return nil
+	released := rk.released > cl.released && !rk.closerHeld
+	cl.released = rk.released
+	if seen >= rev {
+		released = released || (cl.held && !rk.closerHeld)
+		cl.held = rk.closerHeld
 	}
-	released := cl.held && !rk.closerHeld
-	cl.held = rk.closerHeld
 	if released {
+		cl.held = false
 		cl.try(ctx)
 	}
 	return nil
@@ -319,7 +325,9 @@ type closerSlot struct {
 	rd      *round
 	running bool
 	held    bool // the closer key was seen held (by anyone)
-	done    chan struct{}
+	// released is the view's count of the closer key's deletions last seen.
+	released int
+	done     chan struct{}
 }
 
 // try claims the closer key and, when won, closes the round in background.
