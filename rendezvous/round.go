@@ -284,7 +284,8 @@ const claimCandidates = 16
 // (MaxNodes x 100 us, 500 ms at most) for a candidate (one node in
 // MaxNodes/claimCandidates, chosen by a hash of its id: the same nodes in
 // every round, spread over the job); for the others one to two spreads
-// more and 500 ms (the whole delay within one to three spreads and 500 ms), a backstop for a round whose candidates are all absent.
+// more and 500 ms (in all, one to three spreads and 500 ms): a backstop
+// for a round whose candidates are all absent.
 func claimDelay(nodeID string, maxNodes int) time.Duration {
 	spread := min(time.Duration(maxNodes)*100*time.Microsecond, 500*time.Millisecond)
 	d := rand.N(spread + 1)
