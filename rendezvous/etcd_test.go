@@ -80,6 +80,15 @@ func (c *cluster) add(o EtcdOptions) *Etcd {
 	return e
 }
 
+// embeddedJob is an empty job on a new embedded etcd server (skipped
+// with -short).
+func embeddedJob(t *testing.T) *cluster {
+	t.Helper()
+	testenv.SkipShort(t, "runs an etcd server")
+	m := startEmbedded(t)
+	return &cluster{t: t, ep: m.Endpoint(), run: t.Name()}
+}
+
 func newCluster(t *testing.T, ep string, n, nproc, minN, maxN, maxRestarts int) *cluster {
 	c := &cluster{t: t, ep: ep, run: strings.ReplaceAll(t.Name(), "/", "_")}
 	for i := 0; i < n; i++ {
@@ -632,9 +641,7 @@ func TestIsLocalEndpoint(t *testing.T) {
 // lease and registers again, so the round still closes with it when the
 // other node comes; before, the round waited for a member that was gone.
 func TestEtcdWaiterReRegistersAfterLeaseExpiry(t *testing.T) {
-	testenv.SkipShort(t, "runs an etcd server")
-	m := startEmbedded(t)
-	c := &cluster{t: t, ep: m.Endpoint(), run: t.Name()}
+	c := embeddedJob(t)
 	a := c.add(c.opts(0, 1, 2, 2, 2))
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -688,9 +695,7 @@ func TestEtcdWaiterReRegistersAfterLeaseExpiry(t *testing.T) {
 // layouts, before it registers in a round (as a node of another size is):
 // each would wait for keys the other never writes.
 func TestEtcdRefusesAnotherKeyLayout(t *testing.T) {
-	testenv.SkipShort(t, "runs an etcd server")
-	m := startEmbedded(t)
-	c := &cluster{t: t, ep: m.Endpoint(), run: t.Name()}
+	c := embeddedJob(t)
 	a := c.add(c.opts(0, 1, 2, 2, 2))
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -726,9 +731,7 @@ func TestEtcdRefusesAnotherKeyLayout(t *testing.T) {
 // is then revoked), a node waiting in the round sees the key go on its ctl
 // watch, claims it and closes the round: every node gets its assignment.
 func TestEtcdCloserDeathTakenOver(t *testing.T) {
-	testenv.SkipShort(t, "runs an etcd server")
-	m := startEmbedded(t)
-	c := &cluster{t: t, ep: m.Endpoint(), run: t.Name()}
+	c := embeddedJob(t)
 	a := c.add(c.opts(0, 1, 2, 2, 2))
 	b := c.add(c.opts(1, 1, 2, 2, 2))
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
