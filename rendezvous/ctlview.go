@@ -225,7 +225,7 @@ func (v *ctlView) applyRoundKeyLocked(ev ctlEvent) {
 	rest := strings.TrimPrefix(ev.key, v.k.ctlRounds())
 	rs, name, ok := strings.Cut(rest, "/")
 	r, err := strconv.Atoi(rs)
-	if !ok || err != nil || r < max(v.cur, v.floor)-2 {
+	if !ok || err != nil || r < v.oldestRoundLocked() {
 		return
 	}
 	rk := v.rounds[r]
@@ -245,6 +245,10 @@ func (v *ctlView) applyRoundKeyLocked(ev ctlEvent) {
 	}
 	v.rounds[r] = rk
 }
+
+// oldestRoundLocked is the oldest round whose keys the view keeps: the
+// one before the previous (the closer of a round deletes it).
+func (v *ctlView) oldestRoundLocked() int { return max(v.cur, v.floor) - 2 }
 
 // roundKeys is round r's keys as the view last saw them, and the revision
 // the view has seen up to.
@@ -394,7 +398,7 @@ func (v *ctlView) pruneLocked() {
 		}
 	}
 	for r := range v.rounds {
-		if r < keep-1 {
+		if r < v.oldestRoundLocked() {
 			delete(v.rounds, r)
 		}
 	}

@@ -197,14 +197,12 @@ func (rd *round) waitAssignment(ctx context.Context, seen roundRead, orphan orph
 	// the node's ctl watch (the view) follows both: no watch per node and
 	// round (at 16,000 nodes each new watch started behind etcd's current
 	// revision and waited for etcd to catch it up, 512 watches per 100 ms).
-	closerHeld := false
 	for _, kv := range seen.kvs {
 		if string(kv.Key) == rd.k.assignment(rd.r) {
 			return kv.Value, false, nil
 		}
-		closerHeld = true
+		cl.held = true
 	}
-	cl.held = closerHeld
 	rk0, _ := rd.view.roundKeys(rd.r)
 	cl.released = rk0.released
 	// Claim only while nobody holds the closer key: each claim is a write
@@ -216,7 +214,7 @@ func (rd *round) waitAssignment(ctx context.Context, seen roundRead, orphan orph
 	// (claimDelay): at 16,000 nodes the first claim's key reached the others
 	// too late and 11,000 claims failed, each a raft write.
 	var claimC <-chan time.Time
-	if !closerHeld {
+	if !cl.held {
 		ct := time.NewTimer(claimDelay(rd.o.NodeID, rd.o.MaxNodes))
 		defer ct.Stop()
 		claimC = ct.C

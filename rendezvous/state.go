@@ -130,10 +130,10 @@ type rankInfo struct {
 	// connection's close is the fast loss signal (stream.go).
 	Watch []streamPeer `json:"watch,omitempty"`
 	// Replicas are the state replica receivers of the next active nodes
-	// in group rank order (ringReplicas); omitted when no node has one.
+	// in group rank order (rings.replicasOf); omitted when no node has one.
 	Replicas []string `json:"replicas,omitempty"`
 	// ReplicaFrom are the node ids whose Replicas hold this node's
-	// receiver (ringReplicaFrom); omitted when none.
+	// receiver (rings.replicaFrom); omitted when none.
 	ReplicaFrom []string `json:"replica_from,omitempty"`
 }
 
@@ -429,7 +429,7 @@ func ringBefore(idx []int, i, k int) []int {
 	return out
 }
 
-// replicas is the replica receivers of the next replicaRingPeers actives
+// replicasOf is the replica receivers of the next replicaRingPeers actives
 // after active node i (wrapping, never itself) that have one.
 func (rg rings) replicasOf(i int) []string {
 	var out []string
@@ -465,9 +465,3 @@ func (rg rings) watch(i int) []streamPeer {
 	}
 	return out
 }
-
-// ringReplicas, ringReplicaFrom and ringWatch are one node's walks (the
-// rings built for it alone).
-func ringReplicas(actives []*memberInfo, i int) []string    { return newRings(actives).replicasOf(i) }
-func ringReplicaFrom(actives []*memberInfo, i int) []string { return newRings(actives).replicaFrom(i) }
-func ringWatch(actives []*memberInfo, i int) []streamPeer   { return newRings(actives).watch(i) }

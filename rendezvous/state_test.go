@@ -134,11 +134,11 @@ func TestRingReplicaFromInvertsTheRing(t *testing.T) {
 			for i, m := range actives {
 				var want []string
 				for j, o := range actives {
-					if j != i && m.ReplicaAddr != "" && o.ReplicaAddr != "" && slices.Contains(ringReplicas(actives, j), m.ReplicaAddr) {
+					if j != i && m.ReplicaAddr != "" && o.ReplicaAddr != "" && slices.Contains(newRings(actives).replicasOf(j), m.ReplicaAddr) {
 						want = append(want, o.NodeID)
 					}
 				}
-				got := ringReplicaFrom(actives, i)
+				got := newRings(actives).replicaFrom(i)
 				slices.Sort(got)
 				slices.Sort(want)
 				if !slices.Equal(got, want) {

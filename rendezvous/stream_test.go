@@ -38,15 +38,15 @@ func TestRingWatch(t *testing.T) {
 		{mk(5, 4), 3, "n0 n1 "}, // an older launcher without a listener is skipped
 	}
 	for _, tc := range tests {
-		if got := ids(ringWatch(tc.actives, tc.i)); got != tc.want {
-			t.Errorf("ringWatch(%d actives, %d) = %q, want %q", len(tc.actives), tc.i, got, tc.want)
+		if got := ids(newRings(tc.actives).watch(tc.i)); got != tc.want {
+			t.Errorf("rings.watch(%d actives, %d) = %q, want %q", len(tc.actives), tc.i, got, tc.want)
 		}
 	}
 	// Each of 6 actives is watched by exactly two others.
 	acts := mk(6)
 	watched := map[string]int{}
 	for i := range acts {
-		for _, p := range ringWatch(acts, i) {
+		for _, p := range newRings(acts).watch(i) {
 			watched[p.ID]++
 		}
 	}
