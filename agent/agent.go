@@ -56,9 +56,10 @@ type Monitors interface {
 	Hangs() <-chan monitor.Hang
 	Requests() <-chan monitor.WorkloadRequest
 	FiredHang(cycle, localRank int) (monitor.Hang, bool)
-	// Judged is the judgement of cycle's hang, once made (the stacks
-	// taken at its first expired clock; monitor.Options.Stacks).
-	Judged(cycle int) (*monitor.Judgement, bool)
+	// Judged is the judgement of cycle's hang (the stacks taken at its
+	// first expired clock; monitor.Options.Stacks), waiting (bounded) for
+	// one still being made.
+	Judged(ctx context.Context, cycle int) (*monitor.Judgement, bool)
 	RankSocket(localRank int) string
 	LauncherSocket() string
 }

@@ -265,7 +265,7 @@ func (a *Agent) supervise(ctx context.Context) cycleEnd {
 			remaining--
 			a.recordExit(e, &end)
 			if e.Failed() {
-				a.rankFailed(e, hangs, hangByRank, &end)
+				a.rankFailed(ctx, e, hangs, hangByRank, &end)
 				return end
 			}
 			if ip.survivorLeft(e, &end, asg) {
@@ -333,7 +333,7 @@ func (a *Agent) walltimeWarning(s os.Signal, g RankGroup) {
 
 // rankFailed fills end for a rank that exited with a failure, attributing
 // it to a hang when its monitor killed it.
-func (a *Agent) rankFailed(e spawn.Exit, hangs <-chan monitor.Hang, hangByRank map[int]monitor.Hang, end *cycleEnd) {
+func (a *Agent) rankFailed(ctx context.Context, e spawn.Exit, hangs <-chan monitor.Hang, hangByRank map[int]monitor.Hang, end *cycleEnd) {
 	asg := a.run.asg
 	if _, ok := hangByRank[e.LocalRank]; !ok && a.d.Monitors != nil {
 		if _, fired := a.d.Monitors.FiredHang(asg.Round, e.LocalRank); fired {
@@ -357,7 +357,7 @@ func (a *Agent) rankFailed(e spawn.Exit, hangs <-chan monitor.Hang, hangByRank m
 		a.recordRankFailure(e, true)
 		return
 	}
-	if j, ok := a.bystanderOf(e.LocalRank); ok {
+	if j, ok := a.bystanderOf(ctx, e.LocalRank); ok {
 		// It waited for a rank that hung, named by the stacks, and left
 		// the collective when that rank was killed: the hang is the
 		// cause, whichever node reports first.

@@ -311,7 +311,9 @@ func (m *fakeMonitors) Hangs() <-chan monitor.Hang               { return m.hang
 func (m *fakeMonitors) Requests() <-chan monitor.WorkloadRequest { return m.reqs }
 func (m *fakeMonitors) RankSocket(lr int) string                 { return "/nonexistent/rank.sock" }
 func (m *fakeMonitors) LauncherSocket() string                   { return "/nonexistent/launcher.sock" }
-func (m *fakeMonitors) Judged(int) (*monitor.Judgement, bool)    { return nil, false }
+func (m *fakeMonitors) Judged(context.Context, int) (*monitor.Judgement, bool) {
+	return nil, false
+}
 
 func (m *fakeMonitors) FiredHang(cycle, lr int) (monitor.Hang, bool) {
 	m.mu.Lock()

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"context"
 	"fmt"
 	"path/filepath"
 	"slices"
@@ -31,12 +32,15 @@ func (a *Agent) recordStacks(h monitor.Hang) {
 }
 
 // bystanderOf returns the round's hang judgement when it names a culprit
-// other than local rank lr: lr's failure followed from that hang.
-func (a *Agent) bystanderOf(lr int) (*monitor.Judgement, bool) {
+// other than local rank lr: lr's failure followed from that hang. A
+// judgement still being made is waited for (bounded): the culprit on
+// another node may be killed, and lr leave its collective, before this
+// node's stacks are shared.
+func (a *Agent) bystanderOf(ctx context.Context, lr int) (*monitor.Judgement, bool) {
 	if a.d.Monitors == nil {
 		return nil, false
 	}
-	j, ok := a.d.Monitors.Judged(a.run.asg.Round)
+	j, ok := a.d.Monitors.Judged(ctx, a.run.asg.Round)
 	if !ok || !j.Finding.Known || slices.Contains(j.Finding.Culprits, a.run.asg.RankBase+lr) {
 		return nil, false
 	}

@@ -300,8 +300,9 @@ func (a *Agent) runCycle(ctx context.Context, start func() error) State {
 	a.run.end = a.supervise(ctx)
 	if a.d.Monitors != nil {
 		// A hang anywhere in the job had this node's stacks taken too:
-		// recorded whichever way the cycle ended here.
-		if j, ok := a.d.Monitors.Judged(a.run.asg.Round); ok {
+		// recorded whichever way the cycle ended here, also when another
+		// node ended it while this node's stacks were still being shared.
+		if j, ok := a.d.Monitors.Judged(ctx, a.run.asg.Round); ok {
 			a.recordStacksOf(j)
 		}
 	}

@@ -287,21 +287,39 @@ func (m *Manager) globalOf(r *rankMon, j Judgement) int {
 	return -1
 }
 
-// Judged returns cycle's hang judgement once it is made.
-func (m *Manager) Judged(cycle int) (*Judgement, bool) {
+// Judged returns cycle's hang judgement (none when no clock expired in
+// cycle, or the stacks found no hang), waiting for one still being made:
+// a node whose round another node ended while its own stacks were being
+// taken or shared still records them. The wait is bounded by what a
+// judgement takes (the stacks bound, the activity window), with a
+// second's slack for a loaded machine.
+func (m *Manager) Judged(ctx context.Context, cycle int) (*Judgement, bool) {
 	m.mu.Lock()
 	jd := m.judged
 	m.mu.Unlock()
 	if jd == nil || jd.cycle != cycle {
 		return nil, false
 	}
+	bound := m.opts.StacksBound
+	if bound <= 0 {
+		bound = stacks.DefaultBound
+	}
+	t := time.NewTimer(bound + judgedActivityWindow + time.Second)
+	defer t.Stop()
 	select {
 	case <-jd.done:
-		j := jd.j
-		return &j, true
-	default:
+	case <-t.C:
+		return nil, false
+	case <-ctx.Done():
+		return nil, false
+	case <-m.ctx.Done():
 		return nil, false
 	}
+	if jd.j.Dismissed != "" {
+		return nil, false // no hang: nothing to record
+	}
+	j := jd.j
+	return &j, true
 }
 
 // waiting reports whether local rank lr waits for the culprit of

@@ -1,6 +1,7 @@
 package monitor
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"os"
@@ -222,4 +223,45 @@ func rep(v int64, n int) []int64 {
 		out[i] = v
 	}
 	return out
+}
+
+// TestJudgedWaitsForTheJudgement: a node whose round ends while its own
+// judgement is still being made (its stacks shared, the others' awaited)
+// gets that judgement once made, not nothing; a judgement never finished
+// is given up after its bound, and one that found no hang is none.
+func TestJudgedWaitsForTheJudgement(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		cycle     int           // asked for; the judgement is of cycle 3
+		finishIn  time.Duration // <0: never finished
+		dismissed string
+		want      bool
+	}{
+		{"made while waiting", 3, 200 * time.Millisecond, "", true},
+		{"made already", 3, 0, "", true},
+		{"another cycle's", 2, 0, "", false},
+		{"found no hang", 3, 100 * time.Millisecond, "busy", false},
+		{"never made", 3, -1, "", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			m := &Manager{ctx: ctx, opts: Options{StacksBound: 10 * time.Millisecond}}
+			jd := &judgement{cycle: 3, done: make(chan struct{})}
+			m.judged = jd
+			if tc.finishIn >= 0 {
+				time.AfterFunc(tc.finishIn, func() {
+					jd.j = Judgement{Cycle: 3, Dismissed: tc.dismissed, Finding: stacks.Finding{Known: true, Culprits: []int{1}}}
+					close(jd.done)
+				})
+			}
+			j, ok := m.Judged(ctx, tc.cycle)
+			if ok != tc.want {
+				t.Fatalf("Judged(%d) = %v, %v; want ok %v", tc.cycle, j, ok, tc.want)
+			}
+			if ok && (j.Cycle != 3 || !j.Finding.Known) {
+				t.Errorf("judgement %+v, want cycle 3's", j)
+			}
+		})
+	}
 }
