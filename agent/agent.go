@@ -135,7 +135,14 @@ type Deps struct {
 	// --signal=USR1@N): forwarded to the ranks so they can checkpoint,
 	// never counted as a failure; the outcome is then Walltime.
 	WalltimeSignals []os.Signal
-	Hostname        string
+	// WalltimeSettle is how long a node whose last rank exited 0 waits for
+	// a pre-walltime warning already on its way before it calls the job a
+	// success (0: not at all). Under Slurm the warning reaches the ranks as
+	// it reaches the launcher (slurmstepd signals every process of the
+	// step): a rank that saves and exits on it can be reaped before the
+	// launcher reads its own copy of the signal.
+	WalltimeSettle time.Duration
+	Hostname       string
 	// NodeID names this node in quarantine records (the rendezvous node
 	// id where there is one, else the host).
 	NodeID string

@@ -264,6 +264,14 @@ func (a *Agent) supervise(ctx context.Context) cycleEnd {
 		case e := <-exits:
 			remaining--
 			a.recordExit(e, &end)
+			var settle time.Duration
+			if remaining == 0 && !e.Failed() && a.run.walltime == nil && len(a.d.WalltimeSignals) > 0 {
+				settle = a.d.WalltimeSettle
+			}
+			if s, ok := a.signalBefore(g, settle); ok {
+				a.signalled(s, &end)
+				return end
+			}
 			if e.Failed() {
 				a.rankFailed(ctx, e, hangs, hangByRank, &end)
 				return end
@@ -299,10 +307,7 @@ func (a *Agent) supervise(ctx context.Context) cycleEnd {
 				a.walltimeWarning(s, g)
 				continue
 			}
-			a.log.Warn("signal received; forwarding to every rank's process group", "signal", s.String(), "term_timeout", a.cfg.TermTimeout)
-			a.ev.Emit(eventlog.SignalReceivedEvent{Round: eventlog.Opt(asg.Round), Signal: sigName(s)})
-			end.kind = endSignal
-			end.sig, end.sigAt = s, time.Now()
+			a.signalled(s, &end)
 			return end
 		case <-ctx.Done():
 			end.kind = endSignal
@@ -310,6 +315,53 @@ func (a *Agent) supervise(ctx context.Context) cycleEnd {
 			return end
 		}
 	}
+}
+
+// signalBefore takes the signals already waiting when a rank's exit is
+// seen: they came first, and select picks among ready cases at random.
+// Under Slurm the pre-walltime warning reaches the ranks as it reaches the
+// launcher (slurmstepd signals every process of the step), so a rank that
+// saves and exits 0 on it must end the job by walltime, not as a success;
+// settle > 0 also waits that long for a first signal still on its way
+// (Deps.WalltimeSettle). Walltime warnings are handled here; another
+// signal is returned, to end the cycle (signalled).
+func (a *Agent) signalBefore(g RankGroup, settle time.Duration) (os.Signal, bool) {
+	var late <-chan time.Time
+	if settle > 0 {
+		t := time.NewTimer(settle)
+		defer t.Stop()
+		late = t.C
+	}
+	for {
+		var s os.Signal
+		if late != nil {
+			select {
+			case s = <-a.d.Signals:
+			case <-late:
+				return nil, false
+			}
+		} else {
+			select {
+			case s = <-a.d.Signals:
+			default:
+				return nil, false
+			}
+		}
+		if !a.isWalltime(s) {
+			return s, true
+		}
+		a.walltimeWarning(s, g)
+		late = nil // the warning came: take only what is already waiting
+	}
+}
+
+// signalled ends the cycle for signal s, which the stop forwards to every
+// rank's process group.
+func (a *Agent) signalled(s os.Signal, end *cycleEnd) {
+	a.log.Warn("signal received; forwarding to every rank's process group", "signal", s.String(), "term_timeout", a.cfg.TermTimeout)
+	a.ev.Emit(eventlog.SignalReceivedEvent{Round: eventlog.Opt(a.run.asg.Round), Signal: sigName(s)})
+	end.kind = endSignal
+	end.sig, end.sigAt = s, time.Now()
 }
 
 // walltimeWarning forwards the scheduler's pre-walltime signal to every

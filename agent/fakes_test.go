@@ -165,6 +165,8 @@ type fakeRanks struct {
 	startErr error
 	// stopBlocks makes Stop wait for SignalAll(SIGKILL) or the grace.
 	stopBlocks bool
+	// onStart runs as a group starts, before the agent sees it.
+	onStart func(g *fakeGroup)
 }
 
 func newFakeRanks() *fakeRanks { return &fakeRanks{started: make(chan *fakeGroup, 16)} }
@@ -190,6 +192,9 @@ func (r *fakeRanks) StartGroup(specs []spawn.Spec) (RankGroup, error) {
 	r.mu.Lock()
 	r.groups = append(r.groups, g)
 	r.mu.Unlock()
+	if r.onStart != nil {
+		r.onStart(g)
+	}
 	r.started <- g
 	return g, nil
 }
@@ -338,6 +343,8 @@ type harness struct {
 	callTimeout time.Duration
 	met         *metrics.Metrics
 	walltime    []os.Signal
+	// walltimeSettle is Deps.WalltimeSettle.
+	walltimeSettle time.Duration
 	// repeatWindow is Deps.SignalRepeatWindow (0: the default).
 	repeatWindow time.Duration
 	spare        *fakeSpare
@@ -392,7 +399,7 @@ func (h *harness) start() <-chan Outcome {
 	}
 	h.agent = New(Deps{Spare: spare, Ledger: book, Config: h.cfg, Logger: slog.New(logHandler), Metrics: h.met, Ranks: h.ranks, Logs: logs, Events: events,
 		Monitors: h.mons, Rdzv: h.rdzv, Signals: h.sigs, Hostname: "host-a", NodeID: "10.0.0.1/42",
-		Environ: h.env, CallTimeout: h.callTimeout, WalltimeSignals: h.walltime, Store: h.agentStore,
+		Environ: h.env, CallTimeout: h.callTimeout, WalltimeSignals: h.walltime, WalltimeSettle: h.walltimeSettle, Store: h.agentStore,
 		SignalRepeatWindow: h.repeatWindow, Speed: h.speed, SpeedInterval: h.speedInterval, Demand: h.demand})
 	if h.monitors != nil {
 		h.agent.d.Monitors = h.monitors

@@ -98,6 +98,58 @@ func walltimeCases() []runCase {
 	}
 }
 
+// TestWalltimeWarningAroundTheExit: under Slurm the pre-walltime warning
+// reaches the ranks as it reaches the launcher (slurmstepd signals every
+// process of the step), so a rank may save and exit 0 on it before the
+// launcher reads its own copy: the job ended by walltime, not with
+// success (a Slurm chain test saw "succeeded" once in CI). A warning
+// already waiting beside the exit is taken first (select picks among
+// ready cases at random: each case runs 8 times), and one that comes
+// within Deps.WalltimeSettle of the last exit still counts.
+func TestWalltimeWarningAroundTheExit(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		settle time.Duration
+		with   os.Signal // waiting beside the exit
+		after  os.Signal // sent once the exit was taken
+		kind   verdict.Kind
+		signal os.Signal // the outcome's signal
+	}{
+		{"warning waiting beside the exit", 0, syscall.SIGUSR1, nil, verdict.Walltime, syscall.SIGUSR1},
+		{"warning just after the exit, within the settle", 5 * time.Second, nil, syscall.SIGUSR1, verdict.Walltime, syscall.SIGUSR1},
+		{"SIGTERM just after the exit, within the settle", 5 * time.Second, nil, syscall.SIGTERM, verdict.Signaled, syscall.SIGTERM},
+		{"no signal: a success after the settle", 50 * time.Millisecond, nil, nil, verdict.Succeeded, nil},
+	} {
+		for i := range 8 {
+			t.Run(fmt.Sprintf("%s/%d", tc.name, i), func(t *testing.T) {
+				h := newHarness(t)
+				h.cfg.NProcPerNode = 1
+				h.rdzv.next = append(h.rdzv.next, active(0, 0))
+				h.walltime, h.walltimeSettle = []os.Signal{syscall.SIGUSR1}, tc.settle
+				var g *fakeGroup
+				h.ranks.onStart = func(fg *fakeGroup) {
+					g = fg
+					if tc.with != nil {
+						h.sigs <- tc.with
+					}
+					fg.exit(0, 0, 0) // saved and exited on the warning
+				}
+				out := h.start()
+				h.ranks.wait(t)
+				if tc.after != nil {
+					waitFor(t, func() bool { return len(g.exits) == 0 }) // the agent took the exit
+					time.Sleep(20 * time.Millisecond)
+					h.sigs <- tc.after
+				}
+				o := h.outcome(out)
+				if o.Kind != tc.kind || o.Signal != tc.signal || o.ExitCode() != 0 {
+					t.Errorf("outcome %v (signal %v, exit %d, %q), want %v (signal %v, exit 0)", o.Kind, o.Signal, o.ExitCode(), o.Reason, tc.kind, tc.signal)
+				}
+			})
+		}
+	}
+}
+
 // spareCases: a standby runs filler work, reclaimed before its ranks start.
 func spareCases() []runCase {
 	return []runCase{

@@ -234,6 +234,11 @@ func launch(ctx context.Context, cfg *configs.Config, log *slog.Logger, sigs <-c
 		Ranks: ranks, Logs: logs, Monitors: mon, Rdzv: rdzv, Signals: sigs,
 		Hostname: host, NodeID: rec.node, Environ: environ, CallTimeout: callTimeout(cfg),
 		Ledger: book, WalltimeSignals: osSignals(cfg.WalltimeSignals), SpareStandbys: spareStandbys}
+	if os.Getenv("SLURM_JOB_ID") != "" {
+		// slurmstepd signals every process of the step: a rank may exit on
+		// the pre-walltime warning before this launcher reads its own.
+		deps.WalltimeSettle = walltimeSettle
+	}
 	if stk != nil {
 		deps.Evidence = stk
 	}
@@ -518,6 +523,13 @@ func healthCheck(cfg *configs.Config, reaper *spawn.Reaper, log *slog.Logger) fu
 // torchtitan use 2,000 to 20,000; each entry is a few hundred bytes of host
 // memory per process group.
 const flightRecorderEntries = 2000
+
+// walltimeSettle is how long, under Slurm, a node whose last rank exited
+// 0 waits for a pre-walltime warning on its way before calling the job a
+// success (agent.Deps.WalltimeSettle): the launcher's copy of the signal
+// trails the rank's by the launcher's own scheduling, milliseconds on a
+// loaded node; it costs a job's successful end as much at most.
+const walltimeSettle = 250 * time.Millisecond
 
 // gpuNode says whether this node has an NVIDIA device (/dev/nvidia<N>).
 func gpuNode() bool {
