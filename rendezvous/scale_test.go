@@ -696,11 +696,7 @@ func metricsDelta(before, after map[string]float64) string {
 //	  [FTL_SCALE_METRICS=etcd_debugging_mvcc_slow_watcher_total,etcd_disk_backend_commit_duration_seconds_sum] \
 //	  FTL_SCALE_REPS=5 go test -count=1 -run TestScaleMeasure -v -timeout 60m ./rendezvous/
 func TestScaleMeasure(t *testing.T) {
-	testenv.SkipShort(t, "runs an etcd server")
-	if os.Getenv("FTL_SCALE_BENCH") != "1" {
-		// Not an environment skip: an opt-in measurement of minutes, not a test.
-		t.Skip("opt-in measurement: set FTL_SCALE_BENCH=1 (docs/benchmarks.md)")
-	}
+	scaleBenchOnly(t)
 	nodes := envInts(t, "FTL_SCALE_NODES", "100,1000,4000")
 	reps := envInts(t, "FTL_SCALE_REPS", "5")[0]
 	servers := strings.Split(envOr("FTL_SCALE_SERVERS", "embedded1,embedded3,debian"), ",")
@@ -841,6 +837,16 @@ func measureScale(t *testing.T, eps []string, serverPid, n, reps int) {
 		}
 		t.Logf("| %d | %s | %.3f | %.3f | %.3f | %.2f (etcd %.2f) | %d | %s | %s |", n, name, median(ds), slices.Max(ds), median(fo),
 			median(cpu), median(srv), last.reqs, kib(last.sentB), kib(last.recvB))
+	}
+}
+
+// scaleBenchOnly skips an opt-in scale measurement unless FTL_SCALE_BENCH=1.
+func scaleBenchOnly(t *testing.T) {
+	t.Helper()
+	testenv.SkipShort(t, "runs an etcd server")
+	if os.Getenv("FTL_SCALE_BENCH") != "1" {
+		// Not an environment skip: an opt-in measurement of minutes, not a test.
+		t.Skip("opt-in measurement: set FTL_SCALE_BENCH=1 (docs/benchmarks.md)")
 	}
 }
 

@@ -3,7 +3,6 @@ package rendezvous
 import (
 	"context"
 	"fmt"
-	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -13,8 +12,6 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
-
-	"github.com/ftlauncher/ft-launcher/internal/testenv"
 )
 
 // TestScaleFloor measures the floor under a round of N nodes on this
@@ -28,11 +25,7 @@ import (
 // watches, and N point reads (a first round's rank keys).
 // docs/benchmarks.md, "Rendezvous at scale", shows them beside the rounds.
 func TestScaleFloor(t *testing.T) {
-	testenv.SkipShort(t, "runs an etcd server")
-	if os.Getenv("FTL_SCALE_BENCH") != "1" {
-		// Not an environment skip: an opt-in measurement of minutes, not a test.
-		t.Skip("opt-in measurement: set FTL_SCALE_BENCH=1 (docs/benchmarks.md)")
-	}
+	scaleBenchOnly(t)
 	reps := envInts(t, "FTL_SCALE_REPS", "3")[0]
 	for _, n := range envInts(t, "FTL_SCALE_NODES", "4000,16000") {
 		t.Run(fmt.Sprintf("nodes=%d", n), func(t *testing.T) {

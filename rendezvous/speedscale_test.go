@@ -4,12 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"os"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/ftlauncher/ft-launcher/internal/testenv"
 	"github.com/ftlauncher/ft-launcher/straggler"
 )
 
@@ -21,11 +19,7 @@ import (
 // other node reads it. It logs requests, bytes and time per interval, and
 // per minute at the default 10 s interval. Opt-in (FTL_SCALE_BENCH=1).
 func TestScaleSpeedExchange(t *testing.T) {
-	testenv.SkipShort(t, "runs an etcd server")
-	if os.Getenv("FTL_SCALE_BENCH") != "1" {
-		// Not an environment skip: an opt-in measurement of minutes, not a test.
-		t.Skip("opt-in measurement: set FTL_SCALE_BENCH=1 (docs/benchmarks.md)")
-	}
+	scaleBenchOnly(t)
 	n := envInts(t, "FTL_SCALE_NODES", "4000")[0]
 	eps := embeddedCluster(t, 1)
 	j := newSimJob(t, eps, simConfig{nodes: n, spares: 0, clients: 8, leaseTTL: 30 * time.Second})
