@@ -101,6 +101,14 @@ func (m *Manager) expired(r *rankMon, h Hang, _ int) {
 	})
 }
 
+// stacksBound bounds the taking and sharing of the stacks of one judgement.
+func (m *Manager) stacksBound() time.Duration {
+	if m.opts.StacksBound > 0 {
+		return m.opts.StacksBound
+	}
+	return stacks.DefaultBound
+}
+
 // judge returns the cycle's judgement, making it when h is the first
 // expiry of its cycle (first).
 func (m *Manager) judge(h Hang) (Judgement, bool) {
@@ -126,10 +134,7 @@ func (m *Manager) judge(h Hang) (Judgement, bool) {
 	defer close(jd.done)
 
 	began := time.Now()
-	bound := m.opts.StacksBound
-	if bound <= 0 {
-		bound = stacks.DefaultBound
-	}
+	bound := m.stacksBound()
 	// A default clock is only the launcher's guess: the ranks' activity
 	// over a short window decides with the stacks (Dismiss).
 	var base0 map[int]activity
@@ -300,11 +305,7 @@ func (m *Manager) Judged(ctx context.Context, cycle int) (*Judgement, bool) {
 	if jd == nil || jd.cycle != cycle {
 		return nil, false
 	}
-	bound := m.opts.StacksBound
-	if bound <= 0 {
-		bound = stacks.DefaultBound
-	}
-	t := time.NewTimer(bound + judgedActivityWindow + time.Second)
+	t := time.NewTimer(m.stacksBound() + judgedActivityWindow + time.Second)
 	defer t.Stop()
 	select {
 	case <-jd.done:

@@ -7,9 +7,6 @@ import (
 	"testing"
 	"time"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
-
 	"github.com/ftlauncher/ft-launcher/internal/testenv"
 	"github.com/ftlauncher/ft-launcher/ledger"
 	"github.com/ftlauncher/ft-launcher/policy"
@@ -35,11 +32,7 @@ func notFired(t *testing.T, what string, ch <-chan RoundEnd) {
 func TestCtlViewFollowsTheJob(t *testing.T) {
 	testenv.SkipShort(t, "runs an etcd server")
 	m := startEmbedded(t)
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{m.Endpoint()}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatalf("etcd client: %v", err)
-	}
-	defer cli.Close()
+	cli := testClient(t, m.Endpoint())
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	k := keys{base: "/ctlview-test/g0/"}
@@ -207,11 +200,7 @@ func TestCtlViewRoundKeys(t *testing.T) {
 	// dies, and the re-read (a load) finds no key: a deletion.
 	v.applyAll([]ctlEvent{{key: k.round(), val: []byte("4"), rev: 15}, {key: k.closer(4), val: []byte("n5"), rev: 16}})
 	m := startEmbedded(t)
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{m.Endpoint()}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatalf("etcd client: %v", err)
-	}
-	defer cli.Close()
+	cli := testClient(t, m.Endpoint())
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if _, err := cli.Put(ctx, k.round(), "4"); err != nil {

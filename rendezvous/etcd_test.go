@@ -23,6 +23,7 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 
 	"github.com/ftlauncher/ft-launcher/metrics"
 
@@ -49,6 +50,17 @@ func startEmbedded(t testing.TB) *etcdserver.Server {
 		}
 	})
 	return m
+}
+
+// testClient is a plain etcd client of endpoint, closed at the test's end.
+func testClient(t testing.TB, endpoint string) *clientv3.Client {
+	t.Helper()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{endpoint}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatalf("etcd client: %v", err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	return cli
 }
 
 type cluster struct {

@@ -28,6 +28,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+	"google.golang.org/grpc"
 
 	"github.com/ftlauncher/ft-launcher/ledger"
 	"github.com/ftlauncher/ft-launcher/policy"
@@ -100,17 +101,25 @@ func newSimJob(t testing.TB, endpoints []string, cfg simConfig) *simJob {
 	}
 	j := &simJob{t: t, cfg: cfg, run: fmt.Sprintf("scale-%d-%d", cfg.nodes, time.Now().UnixNano()), load: newRPCLoad(),
 		events: make(chan simEvent, 4*(cfg.nodes+cfg.spares))}
-	for range cfg.clients {
+	j.clients = scaleClients(t, endpoints, cfg.clients, j.load.dialOptions()...)
+	return j
+}
+
+// scaleClients opens n etcd connections for simulated nodes to share,
+// closed at the test's end.
+func scaleClients(t testing.TB, endpoints []string, n int, dial ...grpc.DialOption) []*clientv3.Client {
+	t.Helper()
+	var clis []*clientv3.Client
+	for range n {
 		cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second,
-			MaxCallSendMsgSize: 16 << 20, MaxCallRecvMsgSize: 64 << 20, Logger: zap.NewNop(),
-			DialOptions: j.load.dialOptions()})
+			MaxCallSendMsgSize: 16 << 20, MaxCallRecvMsgSize: 64 << 20, Logger: zap.NewNop(), DialOptions: dial})
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { cli.Close() })
-		j.clients = append(j.clients, cli)
+		clis = append(clis, cli)
 	}
-	return j
+	return clis
 }
 
 // start creates every node (64 at a time) and returns how long it took.

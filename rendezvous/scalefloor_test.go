@@ -11,7 +11,6 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
 )
 
 // TestScaleFloor measures the floor under a round of N nodes on this
@@ -60,16 +59,7 @@ type floorPiece struct {
 // measureFloor runs each piece once on a fresh embedded etcd.
 func measureFloor(t *testing.T, n, rep int) []floorPiece {
 	ep := startEmbedded(t).Endpoint()
-	var clis []*clientv3.Client
-	for range 8 {
-		cli, err := clientv3.New(clientv3.Config{Endpoints: []string{ep}, DialTimeout: 5 * time.Second,
-			MaxCallSendMsgSize: 16 << 20, MaxCallRecvMsgSize: 64 << 20, Logger: zap.NewNop()})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { cli.Close() })
-		clis = append(clis, cli)
-	}
+	clis := scaleClients(t, []string{ep}, 8)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	prefix := fmt.Sprintf("floor/%d/", rep)
