@@ -236,17 +236,20 @@ func TestJudgedWaitsForTheJudgement(t *testing.T) {
 		finishIn  time.Duration // <0: never finished
 		dismissed string
 		want      bool
+		// bound is the stacks bound: the wait is it plus 1.3 s, long
+		// beside the 0.2 s a judgement takes here, on a machine at any load.
+		bound time.Duration
 	}{
-		{"made while waiting", 3, 200 * time.Millisecond, "", true},
-		{"made already", 3, 0, "", true},
-		{"another cycle's", 2, 0, "", false},
-		{"found no hang", 3, 100 * time.Millisecond, "busy", false},
-		{"never made", 3, -1, "", false},
+		{"made while waiting", 3, 200 * time.Millisecond, "", true, 10 * time.Second},
+		{"made already", 3, 0, "", true, 10 * time.Second},
+		{"another cycle's", 2, 0, "", false, 10 * time.Second},
+		{"found no hang", 3, 100 * time.Millisecond, "busy", false, 10 * time.Second},
+		{"never made", 3, -1, "", false, 10 * time.Millisecond},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
-			m := &Manager{ctx: ctx, opts: Options{StacksBound: 10 * time.Millisecond}}
+			m := &Manager{ctx: ctx, opts: Options{StacksBound: tc.bound}}
 			jd := &judgement{cycle: 3, done: make(chan struct{})}
 			m.judged = jd
 			if tc.finishIn >= 0 {
