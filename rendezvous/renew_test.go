@@ -118,9 +118,7 @@ func TestRenewStreamFrozenMember(t *testing.T) {
 	if res := nextRenewal(t, results, 30*time.Second); res.err != nil || res.ttl <= 0 {
 		t.Fatalf("first renewal: ttl %d err %v", res.ttl, res.err)
 	}
-	if err := srv.Signal(syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
+	srv.Freeze(t)
 	before := time.Now()
 	r.send(g.ID)
 	time.Sleep(500 * time.Millisecond)
@@ -144,9 +142,7 @@ func TestRenewStreamFrozenMember(t *testing.T) {
 	if res := nextRenewal(t, results, 30*time.Second); res.err != nil {
 		t.Fatalf("renewal before the freeze: %v", res.err)
 	}
-	if err := srv.Signal(syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
+	srv.Freeze(t)
 	r2.send(g.ID)
 	res = nextRenewal(t, results, 30*time.Second)
 	if !errors.Is(res.err, errRenewTimeout) {
