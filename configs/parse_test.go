@@ -141,7 +141,7 @@ func TestDefaults(t *testing.T) {
 	want.ScriptArgs = []string{}
 	want.PythonExec = "python3"
 	want.Rdzv = Rendezvous{Mode: RdzvSingleNode, EtcdMember: -1, MinNodesWait: time.Second, JoinTimeout: 10 * time.Minute, LastCallTimeout: 500 * time.Millisecond,
-		ConnectTimeout: 20 * time.Second, LeaseTTL: 5 * time.Second, EtcdLossBound: time.Minute, RejoinWait: 25 * time.Second}
+		ConnectTimeout: 20 * time.Second, LeaseTTL: 6 * time.Second, EtcdLossBound: time.Minute, RejoinWait: 25 * time.Second}
 	want.InfraRank, want.InfraRankFrom = -1, "none"
 	want.Slurm = slurm.Env{ProcID: -1, NodeID: -1, NNodes: -1, ArrayTaskID: -1, RestartCount: -1, LocalID: -1}
 	want.K8s = k8s.Env{CompletionIndex: -1, PodOrdinal: -1, WorkloadResets: -1, JobSetRestartAttempt: -1}

@@ -102,7 +102,7 @@ func rdzvTimings() []rdzvTiming {
 		{"join_timeout", func(r *Rendezvous) *time.Duration { return &r.JoinTimeout }, 10 * time.Minute},
 		{"last_call_timeout", func(r *Rendezvous) *time.Duration { return &r.LastCallTimeout }, 500 * time.Millisecond},
 		{"connect_timeout", func(r *Rendezvous) *time.Duration { return &r.ConnectTimeout }, 20 * time.Second},
-		{"lease_ttl", func(r *Rendezvous) *time.Duration { return &r.LeaseTTL }, 5 * time.Second},
+		{"lease_ttl", func(r *Rendezvous) *time.Duration { return &r.LeaseTTL }, 6 * time.Second},
 		{"fence_margin", func(r *Rendezvous) *time.Duration { return &r.FenceMargin }, 0},
 		{"etcd_loss_bound", func(r *Rendezvous) *time.Duration { return &r.EtcdLossBound }, 60 * time.Second},
 		{"rejoin_wait", func(r *Rendezvous) *time.Duration { return &r.RejoinWait }, 0},
@@ -370,7 +370,7 @@ func (p *parser) rdzvConfTimings(r *Rendezvous, confSubj string) error {
 		*t.dst(r) = d
 	}
 	if r.FenceMargin != 0 && r.FenceMargin*2 >= r.LeaseTTL {
-		return usageErr(confSubj, "%s fence_margin=%v: must be below half of lease_ttl (%v): a node renews its lease every lease_ttl/4",
+		return usageErr(confSubj, "%s fence_margin=%v: must be below half of lease_ttl (%v): a node renews its lease every lease_ttl/3",
 			confSubj, r.FenceMargin.Seconds(), r.LeaseTTL.Seconds())
 	}
 	return nil

@@ -45,7 +45,7 @@ func parseRdzv(t *testing.T, args []string, env map[string]string) (*Config, err
 
 func TestRendezvousResolved(t *testing.T) {
 	defTimings := Rendezvous{JoinTimeout: 10 * time.Minute, LastCallTimeout: 500 * time.Millisecond,
-		ConnectTimeout: 20 * time.Second, LeaseTTL: 5 * time.Second, EtcdLossBound: time.Minute, RejoinWait: 25 * time.Second,
+		ConnectTimeout: 20 * time.Second, LeaseTTL: 6 * time.Second, EtcdLossBound: time.Minute, RejoinWait: 25 * time.Second,
 		MinNodesWait: time.Second, EtcdMember: -1}
 	with := func(f func(r *Rendezvous)) Rendezvous {
 		r := defTimings
@@ -172,8 +172,8 @@ func TestRendezvousErrors(t *testing.T) {
 		{"below a millisecond", append(multi, "--rdzv-conf", "join_timeout=0.0001"), nil, "--rdzv-conf", `--rdzv-conf join_timeout="0.0001": ` + timing},
 		{"checked on one node too", []string{"--rdzv-conf", "join_timeout=1d"}, nil, "--rdzv-conf", `--rdzv-conf join_timeout="1d": ` + timing},
 		{"from PET_RDZV_CONF", multi, map[string]string{"PET_RDZV_CONF": "lease_ttl=x"}, "PET_RDZV_CONF", `PET_RDZV_CONF lease_ttl="x": ` + timing},
-		{"fence_margin of half the lease", append(multi, "--rdzv-conf", "fence_margin=2.5"), nil, "--rdzv-conf",
-			"--rdzv-conf fence_margin=2.5: must be below half of lease_ttl (5): a node renews its lease every lease_ttl/4"},
+		{"fence_margin of half the lease", append(multi, "--rdzv-conf", "fence_margin=3"), nil, "--rdzv-conf",
+			"--rdzv-conf fence_margin=3: must be below half of lease_ttl (6): a node renews its lease every lease_ttl/3"},
 		{"is_host not boolean", append(multi, "--rdzv-conf", "is_host=yes"), nil, "--rdzv-conf", `--rdzv-conf is_host="yes": must be 1, 0, true or false`},
 		{"is_host 2", append(multi, "--rdzv-conf", "is_host=2"), nil, "--rdzv-conf", `--rdzv-conf is_host="2": must be 1, 0, true or false`},
 		{"blank endpoint", []string{"--nnodes", "2", "--rdzv-endpoint", " "}, nil, "--rdzv-endpoint",

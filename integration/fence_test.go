@@ -275,7 +275,7 @@ func TestBlipIsNotALoss(t *testing.T) {
 			time.Sleep(tc.cut)
 			f.lab.heal(victim)
 			// Long enough for gossip to declare it dead (about 1 s) and for
-			// its lease to expire had it not been renewed (5 s), with room.
+			// its lease to expire had it not been renewed (6 s), with room.
 			time.Sleep(partLeaseTTL + 5*time.Second)
 			for i, n := range f.nodes {
 				if n.exited() {

@@ -454,8 +454,8 @@ echo ready >> "$OUT/ready"
 i=0; while [ $i -lt 80 ]; do sleep 0.1; i=$((i+1)); done
 exit 0
 `)
-	// An etcd outage longer than the fence deadline (about 2.75 s with the
-	// default 5 s lease) stops every rank (docs/rendezvous.md, "Fencing");
+	// An etcd outage longer than the fence deadline (about 2.8 s with the
+	// default 6 s lease) stops every rank (docs/rendezvous.md, "Fencing");
 	// this test is about shorter ones, so the lease is longer than the
 	// outage and etcd's restart together.
 	for i := 0; i < 3; i++ {

@@ -35,7 +35,7 @@ import (
 const (
 	partSubnet   = "169.254.77."
 	partEtcdAddr = partSubnet + "1" // the bridge, in the switch namespace
-	partLeaseTTL = 5 * time.Second  // rendezvous default; see docs/rendezvous.md
+	partLeaseTTL = 6 * time.Second  // rendezvous default; see docs/rendezvous.md
 )
 
 // netLab is a set of network namespaces joined by a bridge. Every name

@@ -66,7 +66,7 @@ type EtcdOptions struct {
 	// instead of being replaced by a standby. Default 30s; set it above the
 	// agent's workers stop timeout.
 	RejoinWait time.Duration
-	LeaseTTL   time.Duration // membership lease (default 5s): backstop for node loss
+	LeaseTTL   time.Duration // membership lease (default 6s, renewed every TTL/3): backstop for node loss
 	// OnLeaseRenewed, when set, is called after every successful renewal of this node's own lease with
 	// the instant until which the lease is certainly still valid at etcd: the local send time of the
 	// renewal plus the TTL etcd granted. A grant of a new own lease counts as its first renewal.
@@ -75,7 +75,7 @@ type EtcdOptions struct {
 	// FenceMargin is how long before its lease can expire at etcd an
 	// active node stops its ranks when no renewal came through (the fence:
 	// docs/rendezvous.md, "Fencing: never two rounds at once"). Default
-	// LeaseTTL/5 (1 s with the default 5 s TTL); it must be below LeaseTTL/2.
+	// LeaseTTL/5 (1.2 s with the default 6 s TTL); it must be below LeaseTTL/2.
 	FenceMargin time.Duration
 	JoinTimeout time.Duration // an open round must close within this (default 10m)
 	// FixedAllocation says no new node can join to replace a lost one (the
@@ -262,7 +262,7 @@ func (o *EtcdOptions) defaults() error {
 	}
 	def(&o.LastCall, 500*time.Millisecond)
 	def(&o.RejoinWait, 30*time.Second)
-	def(&o.LeaseTTL, 5*time.Second)
+	def(&o.LeaseTTL, 6*time.Second)
 	def(&o.FenceMargin, o.LeaseTTL/5)
 	if o.FenceMargin >= o.LeaseTTL/2 {
 		return fmt.Errorf("rendezvous: fence margin %v must be below half the lease TTL %v (a node renews every TTL/%d)",

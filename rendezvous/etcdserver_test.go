@@ -94,7 +94,7 @@ func TestRealEtcdHappyPathFailAndRestart(t *testing.T) {
 	c := &cluster{t: t, ep: p.clientURL, run: t.Name()}
 	for i := 0; i < 3; i++ {
 		o := c.opts(i, 2, 3, 3, 3)
-		o.LeaseTTL = 5 * time.Second // the production default; etcd stays away longer than this
+		o.LeaseTTL = 6 * time.Second // the production default; etcd stays away longer than this
 		c.add(o)
 	}
 	as := nextAll(t, c.nodes)
@@ -119,8 +119,8 @@ func TestRealEtcdHappyPathFailAndRestart(t *testing.T) {
 		t.Fatalf("round 1 assignment %+v (first ranks %v)", as, first)
 	}
 
-	// etcd restarted mid-run, away longer than the fence deadline (TTL 5 s,
-	// margin 1 s, a renewal every 1.25 s: at most 2.75 s after it went):
+	// etcd restarted mid-run, away longer than the fence deadline (at most
+	// TTL - TTL/3 - margin after it went: 2.8 s with the default 6 s TTL):
 	// no round ends while it is away, but every node fences itself out of
 	// round 1 (it cannot prove its lease valid), and once etcd is back their
 	// reports end round 1 once, for a stopped node: nothing is quarantined,
@@ -137,7 +137,7 @@ func TestRealEtcdHappyPathFailAndRestart(t *testing.T) {
 		}
 		t.Logf("node %d fenced %v after etcd went away", i, time.Since(tStop).Round(time.Millisecond))
 	}
-	time.Sleep(time.Until(tStop.Add(6500 * time.Millisecond))) // longer than the 5 s lease TTL
+	time.Sleep(time.Until(tStop.Add(7500 * time.Millisecond))) // longer than the 6 s lease TTL
 	p.start()
 	t.Logf("etcd back after %v", time.Since(tStop))
 	tBack := time.Now()

@@ -18,13 +18,18 @@ import (
 // TTL when it receives the renewal, after s), and the node fences at that
 // instant minus FenceMargin when no later renewal came through.
 
-// renewsPerTTL is how many renewals the keep-alive loop sends per TTL: 4
-// (one every 1.25 s with the 5 s TTL), a third more than clientv3's TTL/3,
-// so that a cut must last TTL - TTL/4 - FenceMargin (2.75 s by default)
-// before a node fences: the documented free blip (2 s) keeps its slack.
-// Each renewal is one message on the node's LeaseKeepAlive stream
-// (renewStream), as clientv3's are.
-const renewsPerTTL = 4
+// renewsPerTTL is how many renewals the keep-alive loop sends per TTL: 3,
+// clientv3's cadence (one every 2 s with the default 6 s TTL: 0.5 a
+// second, what clientv3's KeepAlive sent at the 5 s TTL it replaced), so
+// that the fence costs no more renewal traffic than clientv3 did. A cut
+// must last TTL - TTL/3 - FenceMargin (2.8 s by default) before a node
+// fences: the documented free blip (2 s) keeps its slack. The default TTL
+// went from 5 s to 6 s for that (every TTL/4 at 5 s sent 0.8 a second;
+// every TTL/3 at 5 s would fence a cut after 2.33 s): a silent node loss
+// is confirmed by its lease's expiry up to 1 s later (docs/rendezvous.md,
+// "Fencing"). Each renewal is one message on the node's LeaseKeepAlive
+// stream (renewStream), as clientv3's are.
+const renewsPerTTL = 3
 
 // fenceState is this node's last fence out of a round, under e.mu. The
 // lease's validity and the fence timer are the session's (session.go).

@@ -1,6 +1,7 @@
 package rendezvous
 
 import (
+	"context"
 	"strings"
 	"sync"
 	"syscall"
@@ -8,6 +9,7 @@ import (
 	"time"
 
 	"github.com/ftlauncher/ft-launcher/internal/testenv"
+	"github.com/ftlauncher/ft-launcher/policy"
 )
 
 // TestFenceDeadline checks the fence arithmetic: a renewal sent at s for
@@ -22,7 +24,7 @@ func TestFenceDeadline(t *testing.T) {
 		wantValid time.Time
 		wantFence time.Time
 	}{
-		{"default 5 s TTL, 1 s margin", 5, time.Second, s.Add(5 * time.Second), s.Add(4 * time.Second)},
+		{"default 6 s TTL, 1.2 s margin", 6, 1200 * time.Millisecond, s.Add(6 * time.Second), s.Add(4800 * time.Millisecond)},
 		{"2 s TTL, 400 ms margin", 2, 400 * time.Millisecond, s.Add(2 * time.Second), s.Add(1600 * time.Millisecond)},
 		{"etcd granted less than asked", 3, time.Second, s.Add(3 * time.Second), s.Add(2 * time.Second)},
 	} {
@@ -54,7 +56,7 @@ func TestFenceMarginOption(t *testing.T) {
 		want    time.Duration
 		wantErr string
 	}{
-		{"default TTL and margin", 0, 0, time.Second, ""},
+		{"default TTL and margin", 0, 0, 1200 * time.Millisecond, ""},
 		{"margin follows the TTL", 10 * time.Second, 0, 2 * time.Second, ""},
 		{"explicit margin", 5 * time.Second, 1500 * time.Millisecond, 1500 * time.Millisecond, ""},
 		{"margin of half the TTL", 5 * time.Second, 2500 * time.Millisecond, 0, "fence margin 2.5s must be below half the lease TTL 5s"},
@@ -207,5 +209,60 @@ func TestEtcdGossipLossWaitsForLeaseExpiry(t *testing.T) {
 		}
 		t.Logf("node %d: round ended %v after the lease stopped being renewed (%v after its proven validity): %s",
 			i, at.Sub(crashed).Round(time.Millisecond), at.Sub(valid).Round(time.Millisecond), e.Reason)
+	}
+}
+
+// TestRejoinWaitsForProof: a node whose lease still holds at etcd but whose
+// last renewal is older than its fence deadline (back from a freeze or a
+// cut shorter than the TTL, before the keep-alive loop renewed) waits for a
+// renewal before it registers for the next round. Registering at once got
+// it assigned and fenced at its assignment (fenceIfUnproven): the new round
+// ended too, two restarts for one stall (TestStalledNodeCostsOneRestart
+// once the default TTL outlasted its 5 s freeze).
+func TestRejoinWaitsForProof(t *testing.T) {
+	c := embeddedJob(t)
+	// A renewal every 3 s: the stale proof below outlives the registration.
+	const ttl = 9 * time.Second
+	recs := []*renewals{{}, {}}
+	for i := range recs {
+		o := c.opts(i, 1, 2, 2, 3)
+		o.LeaseTTL = ttl
+		o.OnLeaseRenewed = recs[i].record
+		c.add(o)
+	}
+	nextAll(t, c.nodes)
+	x := c.nodes[1]
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, err := c.nodes[0].Fail(ctx, 0, policy.RankCrash, "rank 0 exited with code 1"); err != nil {
+		t.Fatal(err)
+	}
+	// Right after a renewal of node 1 (the next is 3 s away), its proof is
+	// made stale: as after a freeze, valid at etcd but not proven now.
+	_, n0 := recs[1].get()
+	deadline := time.Now().Add(10 * time.Second)
+	for _, n := recs[1].get(); n == n0; _, n = recs[1].get() {
+		if time.Now().After(deadline) {
+			t.Fatal("node 1's lease was not renewed within 10 s")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	x.sess.mu.Lock()
+	x.sess.validTill = time.Now().Add(x.o.FenceMargin - time.Millisecond)
+	x.sess.mu.Unlock()
+	_, before := recs[1].get()
+
+	as := nextAll(t, c.nodes)
+	checkConsistent(t, as, 1, 2)
+	if _, n := recs[1].get(); n == before {
+		t.Errorf("node 1 registered for round %d before a renewal proved its lease valid", as[1].Round)
+	}
+	select {
+	case e := <-x.Ended(as[1].Round):
+		t.Fatalf("node 1's round %d ended at its assignment: %+v (want it running on a proven lease)", as[1].Round, e)
+	case <-time.After(2 * time.Second):
+	}
+	if r, _, ok := x.Fenced(); ok {
+		t.Errorf("node 1 fenced out of round %d", r)
 	}
 }

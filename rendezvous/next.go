@@ -61,6 +61,14 @@ func (e *Etcd) next(ctx context.Context) (Assignment, error) {
 				return Assignment{}, err
 			}
 		}
+		// Back from a freeze or a cut shorter than the TTL: the lease
+		// still holds, but its last renewal is older than the fence
+		// deadline. Register once a renewal proves it valid again, or the
+		// round this node joins fences at its assignment (session.go).
+		if !e.sess.awaitProven(ctx, e.sess.renewTimeout()) {
+			e.log.Warn("joining the next round with the lease not renewed since the fence deadline: if active in it, this node fences at once",
+				"waited", e.sess.renewTimeout())
+		}
 		e.mu.Lock()
 		target := max(e.view.round(), e.lastRound+1)
 		e.mu.Unlock()

@@ -744,8 +744,8 @@ type scaleRow struct {
 func measureScale(t *testing.T, eps []string, serverPid, n, reps int) {
 	spares := max(2, n/200)
 	// FTL_SCALE_LEASE_TTL (seconds) lengthens the leases where a loaded
-	// machine answers renewals later than the default 5 s TTL.
-	leaseTTL := time.Duration(envInts(t, "FTL_SCALE_LEASE_TTL", "5")[0]) * time.Second
+	// machine answers renewals later than the default 6 s TTL.
+	leaseTTL := time.Duration(envInts(t, "FTL_SCALE_LEASE_TTL", "6")[0]) * time.Second
 	names := []string{"start (NewEtcd)", "first round", "restart after a rank crash", "swap after a node loss", "restart after the swap"}
 	rows := map[string][]scaleRow{}
 	var heapPer, heapRoundPer []float64

@@ -48,6 +48,7 @@ type session struct {
 	validTill time.Time   // validOf is certainly valid at etcd until then
 	fence     *time.Timer // fires OnFenceDue at FenceDeadline(validTill)
 	fenceOff  bool        // Close disarmed the fence for good
+	proven    chan struct{} // closed (and cleared) at the next renewal: awaitProven waits on it
 	lastHeard time.Time   // the last answer from etcd (a probe read, a renewal)
 }
 
@@ -324,6 +325,10 @@ func (s *session) renewed(lease clientv3.LeaseID, validUntil time.Time) bool {
 		return false // an older answer overtaken by a newer one: no change
 	}
 	s.validOf, s.validTill = lease, validUntil
+	if s.proven != nil {
+		close(s.proven)
+		s.proven = nil
+	}
 	if s.fenceOff {
 		return true
 	}
@@ -347,8 +352,51 @@ func (s *session) fenceDue() {
 func (s *session) fenceIfUnproven() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.fence != nil && !s.fenceOff && !time.Now().Before(FenceDeadline(s.validTill, s.cfg.FenceMargin)) {
+	if s.unprovenLocked() {
 		s.fence.Reset(0)
+	}
+}
+
+// unprovenLocked reports whether the fence is armed and its deadline has
+// passed with no newer renewal: ranks started now would have to stop at
+// once.
+func (s *session) unprovenLocked() bool {
+	return s.fence != nil && !s.fenceOff && !time.Now().Before(FenceDeadline(s.validTill, s.cfg.FenceMargin))
+}
+
+// awaitProven waits, at most bound, until the lease is proven valid now
+// (a renewal answered since the fence deadline passed). A node that comes
+// back from a freeze or a cut shorter than the TTL still holds its lease,
+// but its last proof is stale; joining a round before the keep-alive loop
+// renews it would get it assigned and fenced at once (fenceIfUnproven),
+// ending that round too: two restarts for one stall. It reports whether
+// the lease is proven (false: the bound or ctx ended first; joining then
+// is still safe, the fence acts as before).
+func (s *session) awaitProven(ctx context.Context, bound time.Duration) bool {
+	var timeout <-chan time.Time
+	for {
+		s.mu.Lock()
+		if !s.unprovenLocked() {
+			s.mu.Unlock()
+			return true
+		}
+		if s.proven == nil {
+			s.proven = make(chan struct{})
+		}
+		ch := s.proven
+		s.mu.Unlock()
+		if timeout == nil {
+			t := time.NewTimer(bound)
+			defer t.Stop()
+			timeout = t.C
+		}
+		select {
+		case <-ch:
+		case <-timeout:
+			return false
+		case <-ctx.Done():
+			return false
+		}
 	}
 }
 
@@ -454,9 +502,9 @@ func (s *session) unreachableNow() bool {
 
 // heardWindowLocked is how recent an answer from etcd lets the probe skip
 // its read: an owned lease is renewed every TTL/renewsPerTTL (fence.go),
-// and each renewal is an answer. The window keeps the TTL/3 of clientv3's
-// cadence it was sized for: a busy etcd answers renewals late, and each
-// probe read it saves counts at 4,000 nodes.
+// and each renewal is an answer. The window is that TTL/3 plus slack: a
+// busy etcd answers renewals late, and each probe read it saves counts at
+// 4,000 nodes.
 func (s *session) heardWindowLocked() time.Duration {
 	if !s.owned {
 		return 0

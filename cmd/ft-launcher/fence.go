@@ -16,8 +16,8 @@ import (
 
 // watchdogMargin is how long before its lease can expire at etcd the fence
 // watchdog kills this node's ranks: half the rendezvous's fence margin
-// (--rdzv-conf fence_margin, default a fifth of the TTL: 1 s of the
-// default 5 s), so 0.5 s by default. A launcher that runs fences its own
+// (--rdzv-conf fence_margin, default a fifth of the TTL: 1.2 s of the
+// default 6 s), so 0.6 s by default. A launcher that runs fences its own
 // ranks first, at the full margin (rendezvous, "Fencing: never two rounds
 // at once"), and records why; the watchdog is the backstop for a launcher
 // that cannot act (frozen, stalled). The lease's validity is already a
