@@ -45,11 +45,11 @@ type session struct {
 	owned     bool // this session granted the lease (false: a shared one from the options, never replaced by keepAlive nor revoked)
 	grants    int  // leases granted so far: the incarnation
 	validOf   clientv3.LeaseID
-	validTill time.Time   // validOf is certainly valid at etcd until then
-	fence     *time.Timer // fires OnFenceDue at FenceDeadline(validTill)
-	fenceOff  bool        // Close disarmed the fence for good
+	validTill time.Time     // validOf is certainly valid at etcd until then
+	fence     *time.Timer   // fires OnFenceDue at FenceDeadline(validTill)
+	fenceOff  bool          // Close disarmed the fence for good
 	proven    chan struct{} // closed (and cleared) at the next renewal: awaitProven waits on it
-	lastHeard time.Time   // the last answer from etcd (a probe read, a renewal)
+	lastHeard time.Time     // the last answer from etcd (a probe read, a renewal)
 }
 
 // sessionConfig are a session's settings and hooks.
