@@ -51,6 +51,7 @@ func (e *Etcd) next(ctx context.Context) (Assignment, error) {
 			return Assignment{}, fmt.Errorf("rendezvous: node %s kept out: %w: %w", e.o.NodeID, ErrHealthCheck, err)
 		}
 	}
+	unprovenLogged := false
 	for {
 		// Back from being declared lost (a stall, a partition): come back
 		// as a new incarnation, so the old lease's expiry cannot end the
@@ -65,7 +66,8 @@ func (e *Etcd) next(ctx context.Context) (Assignment, error) {
 		// still holds, but its last renewal is older than the fence
 		// deadline. Register once a renewal proves it valid again, or the
 		// round this node joins fences at its assignment (session.go).
-		if !e.sess.awaitProven(ctx, e.sess.renewTimeout()) {
+		if !e.sess.awaitProven(ctx, e.sess.renewTimeout()) && ctx.Err() == nil && !unprovenLogged {
+			unprovenLogged = true // once per call: an etcd outage loops here
 			e.log.Warn("joining the next round with the lease not renewed since the fence deadline: if active in it, this node fences at once",
 				"waited", e.sess.renewTimeout())
 		}
