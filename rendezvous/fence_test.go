@@ -240,13 +240,7 @@ func TestRejoinWaitsForProof(t *testing.T) {
 	// Right after a renewal of node 1 (the next is 3 s away), its proof is
 	// made stale: as after a freeze, valid at etcd but not proven now.
 	_, n0 := recs[1].get()
-	deadline := time.Now().Add(10 * time.Second)
-	for _, n := recs[1].get(); n == n0; _, n = recs[1].get() {
-		if time.Now().After(deadline) {
-			t.Fatal("node 1's lease was not renewed within 10 s")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	waitFor(t, "a renewal of node 1's lease", func() bool { _, n := recs[1].get(); return n != n0 })
 	x.sess.mu.Lock()
 	x.sess.validTill = time.Now().Add(x.o.FenceMargin - time.Millisecond)
 	x.sess.mu.Unlock()

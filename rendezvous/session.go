@@ -373,31 +373,38 @@ func (s *session) unprovenLocked() bool {
 // the lease is proven (false: the bound or ctx ended first; joining then
 // is still safe, the fence acts as before).
 func (s *session) awaitProven(ctx context.Context, bound time.Duration) bool {
-	var timeout <-chan time.Time
+	next, proven := s.nextProof()
+	if proven {
+		return true
+	}
+	t := time.NewTimer(bound)
+	defer t.Stop()
 	for {
-		s.mu.Lock()
-		if !s.unprovenLocked() {
-			s.mu.Unlock()
-			return true
-		}
-		if s.proven == nil {
-			s.proven = make(chan struct{})
-		}
-		ch := s.proven
-		s.mu.Unlock()
-		if timeout == nil {
-			t := time.NewTimer(bound)
-			defer t.Stop()
-			timeout = t.C
-		}
 		select {
-		case <-ch:
-		case <-timeout:
+		case <-next:
+		case <-t.C:
 			return false
 		case <-ctx.Done():
 			return false
 		}
+		if next, proven = s.nextProof(); proven {
+			return true
+		}
 	}
+}
+
+// nextProof reports whether the lease is proven valid now; if not, it
+// returns a channel closed at the next renewal.
+func (s *session) nextProof() (<-chan struct{}, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.unprovenLocked() {
+		return nil, true
+	}
+	if s.proven == nil {
+		s.proven = make(chan struct{})
+	}
+	return s.proven, false
 }
 
 // stopFence disarms the fence for good (at Close).
