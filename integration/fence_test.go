@@ -95,7 +95,7 @@ func startFenceLab(t *testing.T, embedded bool) *fenceLab {
 	}
 	recs, err := waitStarts(t, dir, f.nodes, 90*time.Second, func(r []envRecord) bool { return len(inCycle(r, 0)) >= 2 })
 	if err != nil {
-		t.Fatalf("round 0 did not start on two nodes: %v: %v\n%s", err, recs, partStderrs(f.nodes))
+		t.Fatalf("round 0 did not start on two nodes: %v: %v\n%s\nthe lab's network:\n%s", err, recs, partStderrs(f.nodes), lab.state())
 	}
 	time.Sleep(time.Second) // a third start in round 0 would show up here
 	f.g0 = checkRound(t, readStarts(t, dir), 0, 2)

@@ -121,6 +121,34 @@ func (l *netLab) addHost(i int, addr string) string {
 	return ns
 }
 
+// state is what the lab's network looks like now: each namespace's links,
+// addresses, routes and neighbours, the bridge's ports and forwarding
+// table, the TCP sockets, and whether each host reaches etcd's port now.
+// A failure to start on the lab logs it (a host that could not reach etcd
+// at start, seen twice and not understood: docs/testing.md).
+func (l *netLab) state() string {
+	var b strings.Builder
+	run := func(argv ...string) {
+		out, err := exec.Command(argv[0], argv[1:]...).CombinedOutput()
+		fmt.Fprintf(&b, "$ %s\n%s", strings.Join(argv, " "), out)
+		if err != nil {
+			fmt.Fprintf(&b, "(%v)\n", err)
+		}
+	}
+	for _, ns := range l.nss {
+		for _, what := range [][]string{{"-s", "link"}, {"addr"}, {"route"}, {"neigh"}} {
+			run(append([]string{"ip", "-n", ns}, what...)...)
+		}
+		run("ip", "netns", "exec", ns, "ss", "-tan")
+		if ns != l.sw {
+			run("timeout", "3", "ip", "netns", "exec", ns, "bash", "-c", "exec 3<>/dev/tcp/"+partEtcdAddr+"/2379 && echo reached etcd")
+		}
+	}
+	run("bridge", "-n", l.sw, "link")
+	run("bridge", "-n", l.sw, "fdb", "show", "br", "ftlbr0")
+	return b.String()
+}
+
 // cut takes host i's switch port down (both veth ends lose carrier): the
 // host can reach neither etcd nor the other launchers. heal undoes it.
 func (l *netLab) cut(i int)  { l.ip("-n", l.sw, "link", "set", fmt.Sprintf("p%d", i), "down") }
@@ -367,7 +395,7 @@ exit 0
 	// Round 0: two active nodes (one rank each) and one standby.
 	recs, err := waitStarts(t, dir, nodes, 60*time.Second, func(r []envRecord) bool { return len(inCycle(r, 0)) >= 2 })
 	if err != nil {
-		t.Fatalf("round 0 did not start on two nodes: %v\n%s", recs, partStderrs(nodes))
+		t.Fatalf("round 0 did not start on two nodes: %v\n%s\nthe lab's network:\n%s", recs, partStderrs(nodes), lab.state())
 	}
 	time.Sleep(time.Second) // a third start in round 0 would show up here
 	recs = readStarts(t, dir)
