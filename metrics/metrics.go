@@ -46,6 +46,8 @@ type Metrics struct {
 	fw *fenceWatchdogMetrics // the fence watchdog (fencewatchdog.go)
 
 	st *stragglerMetrics // the ranks' measured speed (straggler.go)
+
+	lease *leaseMetrics // the rendezvous lease's renewals (lease.go)
 }
 
 // New creates the collectors and registers them on a fresh registry.
@@ -104,6 +106,7 @@ func New() *Metrics {
 	m.em = newEtcdMemberMetrics(m.Registry)
 	m.fw = newFenceWatchdogMetrics(m.Registry)
 	m.st = newStragglerMetrics(m.Registry)
+	m.lease = newLeaseMetrics(m.Registry)
 	return m
 }
 

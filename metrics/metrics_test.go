@@ -17,6 +17,8 @@ func TestNilSafe(t *testing.T) {
 	m.NodeFailed()
 	m.RankExited(true)
 	m.HangKilled("heartbeat")
+	m.LeaseRenewed(time.Millisecond, true, true, time.Second)
+	m.LeaseRenewalFailed("timeout")
 	if err := m.Serve(context.Background(), "127.0.0.1:0"); err == nil {
 		t.Fatal("Serve on nil Metrics: want error")
 	}
@@ -32,6 +34,13 @@ func TestServeExposesMetrics(t *testing.T) {
 	m.RankExited(true)
 	m.RankExited(true)
 	m.HangKilled("section")
+	m.LeaseRenewed(3*time.Millisecond, true, true, 2800*time.Millisecond)
+	m.LeaseRenewed(2*time.Second, true, true, -time.Second) // after the deadline: observed as 0
+	m.LeaseRenewed(time.Millisecond, false, true, 0)        // overtaken: no headroom
+	m.LeaseRenewed(time.Millisecond, true, false, 0)        // the first proof: no headroom
+	m.LeaseRenewalFailed("timeout")
+	m.LeaseRenewalFailed("expired")
+	m.LeaseRenewalFailed("timeout")
 
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -68,6 +77,12 @@ func TestServeExposesMetrics(t *testing.T) {
 		`ftlauncher_rank_exits_total{result="success"} 1`,
 		`ftlauncher_rank_exits_total{result="failure"} 2`,
 		`ftlauncher_hang_kills_total{timeout_kind="section"} 1`,
+		"ftlauncher_lease_renewal_seconds_count 4",
+		"ftlauncher_lease_fence_headroom_seconds_count 2",
+		`ftlauncher_lease_fence_headroom_seconds_bucket{le="0.05"} 1`,
+		`ftlauncher_lease_fence_headroom_seconds_bucket{le="3.2"} 2`,
+		`ftlauncher_lease_renewal_failures_total{reason="timeout"} 2`,
+		`ftlauncher_lease_renewal_failures_total{reason="expired"} 1`,
 	} {
 		if !strings.Contains(string(body), want) {
 			t.Errorf("metrics output lacks %q", want)

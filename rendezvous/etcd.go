@@ -202,7 +202,7 @@ func NewEtcd(ctx context.Context, opts EtcdOptions) (*Etcd, error) {
 	}
 	sess, err := newSession(ctx, e.ctx, e.cli, opts.Lease, sessionConfig{TTL: opts.LeaseTTL, FenceMargin: opts.FenceMargin,
 		ProbeInterval: opts.ProbeInterval, LossBound: opts.EtcdLossBound, Endpoints: e.endpoints, OnRenewed: e.leaseRenewed,
-		OnFenceDue: e.fenceDue, OnReplaced: e.leaseReplaced, OnLost: e.etcdLost}, e.log)
+		OnFenceDue: e.fenceDue, OnReplaced: e.leaseReplaced, OnLost: e.etcdLost, Metrics: opts.Metrics}, e.log)
 	if err != nil {
 		return abort(err)
 	}

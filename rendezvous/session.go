@@ -10,6 +10,8 @@ import (
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/ftlauncher/ft-launcher/metrics"
 )
 
 // session is this node's incarnation at etcd, as concurrency.Session is an
@@ -72,6 +74,9 @@ type sessionConfig struct {
 	// OnLost is called once when the probe found etcd unreachable past
 	// LossBound; it is to cancel Lost() (lose) with the loss's reason.
 	OnLost func()
+	// Metrics gets each renewal's round trip, its headroom before the
+	// fence, and the failures (nil: none kept).
+	Metrics *metrics.Metrics
 }
 
 // newSession returns a live session on cli, or an error: with shared == 0
@@ -154,7 +159,9 @@ func (s *session) grant(ctx context.Context) (v time.Time, ok bool, err error) {
 	owned := s.owned
 	s.mu.Unlock()
 	v = LeaseValidUntil(sent, resp.TTL)
-	ok = owned && s.renewed(resp.ID, v)
+	if owned {
+		ok, _ = s.renewed(resp.ID, v)
+	}
 	select {
 	case s.kick <- struct{}{}: // the keep-alive loop moves to the new lease at once
 	default:
@@ -273,6 +280,7 @@ func (s *session) keepAlive() {
 	}()
 	next := time.NewTimer(0)
 	defer next.Stop()
+	var slow slowRenewals
 	for {
 		select {
 		case <-s.lost.Done():
@@ -290,10 +298,17 @@ func (s *session) keepAlive() {
 			case r.err == nil && r.ttl > 0:
 				s.heard() // a renewal is an answer from etcd's leader: no probe needed
 				v := LeaseValidUntil(r.sent, r.ttl)
-				if s.renewed(r.lease, v) {
+				moved, h := s.renewed(r.lease, v)
+				rtt := time.Since(r.sent)
+				s.cfg.Metrics.LeaseRenewed(rtt, moved, h.known, h.left)
+				if moved && h.known {
+					slow.note(s.log, s.cfg.TTL, rtt, h.left)
+				}
+				if moved {
 					s.report(v)
 				}
 			case r.err == nil || errors.Is(r.err, rpctypes.ErrLeaseNotFound):
+				s.cfg.Metrics.LeaseRenewalFailed("expired")
 				s.heard()
 				if s.current() == r.lease {
 					if err := s.replace(s.lost, r.lease); err != nil {
@@ -302,6 +317,7 @@ func (s *session) keepAlive() {
 				}
 				next.Reset(0) // renew the new lease at once: that records its validity
 			case s.lost.Err() == nil:
+				s.cfg.Metrics.LeaseRenewalFailed(renewFailure(r.err))
 				// Unreachable for now: try again soon, so that a short cut
 				// is bridged as soon as it heals (the fence is the deadline).
 				s.log.Debug("lease renewal failed", "err", r.err, "took", time.Since(r.sent).Round(time.Millisecond))
@@ -314,15 +330,20 @@ func (s *session) keepAlive() {
 // renewed records that lease is certainly valid at etcd until validUntil
 // and (re)arms the fence for that instant. It returns false for a renewal
 // of a lease that was replaced meanwhile, or one a later-sent renewal's
-// answer overtook (OnRenewed sees only instants that move forward).
-func (s *session) renewed(lease clientv3.LeaseID, validUntil time.Time) bool {
+// answer overtook (OnRenewed sees only instants that move forward), and
+// how long before the fence deadline of the lease's previous proof it came.
+func (s *session) renewed(lease clientv3.LeaseID, validUntil time.Time) (bool, headroom) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if lease != s.lease {
-		return false
+		return false, headroom{}
 	}
 	if s.validOf == lease && !validUntil.After(s.validTill) {
-		return false // an older answer overtaken by a newer one: no change
+		return false, headroom{} // an older answer overtaken by a newer one: no change
+	}
+	var h headroom
+	if s.validOf == lease {
+		h = headroom{known: true, left: time.Until(FenceDeadline(s.validTill, s.cfg.FenceMargin))}
 	}
 	s.validOf, s.validTill = lease, validUntil
 	if s.proven != nil {
@@ -330,7 +351,7 @@ func (s *session) renewed(lease clientv3.LeaseID, validUntil time.Time) bool {
 		s.proven = nil
 	}
 	if s.fenceOff {
-		return true
+		return true, h
 	}
 	d := time.Until(FenceDeadline(validUntil, s.cfg.FenceMargin))
 	if s.fence == nil {
@@ -338,7 +359,58 @@ func (s *session) renewed(lease clientv3.LeaseID, validUntil time.Time) bool {
 	} else {
 		s.fence.Reset(d)
 	}
-	return true
+	return true, h
+}
+
+// headroom is how long before the fence deadline of the lease's previous
+// proof a renewal's answer came (left < 0: after it); known is false for a
+// lease's first proof.
+type headroom struct {
+	known bool
+	left  time.Duration
+}
+
+// renewFailure names a failed renewal's error for the metrics.
+func renewFailure(err error) string {
+	switch {
+	case errors.Is(err, errRenewTimeout):
+		return "timeout"
+	case errors.Is(err, errRenewStreamEnded):
+		return "stream_ended"
+	}
+	return "unreachable"
+}
+
+// slowRenewals warns, at most once per slowWarnEvery, when renewals come
+// close to the fence: their answer left less than slowHeadroom (TTL/6:
+// 1 s at the default 6 s, against 2.8 s normally) before the deadline of
+// the proof before them. etcd is answering lease renewals late (overloaded,
+// a slow disk or network on its leader); a little later still and this
+// node fences its ranks. Only the keep-alive loop uses it.
+type slowRenewals struct {
+	n      int           // slow renewals since the last warning
+	least  time.Duration // the least headroom among them
+	warned time.Time
+}
+
+const slowWarnEvery = 30 * time.Second
+
+func (w *slowRenewals) note(log *slog.Logger, ttl, rtt, left time.Duration) {
+	if left >= ttl/6 {
+		return
+	}
+	if w.n == 0 || left < w.least {
+		w.least = left
+	}
+	w.n++
+	if !w.warned.IsZero() && time.Since(w.warned) < slowWarnEvery {
+		return
+	}
+	log.Warn("lease renewals answered close to the fence deadline: etcd is slow to renew leases (overloaded, or a slow disk or network on its leader); "+
+		"later still and this node fences its ranks (docs/rendezvous.md, Fencing; metric ftlauncher_lease_fence_headroom_seconds)",
+		"renewal_took", rtt.Round(time.Millisecond), "headroom", w.least.Round(time.Millisecond), "slow_renewals", w.n,
+		"warn_below", (ttl / 6).Round(time.Millisecond))
+	w.n, w.warned = 0, time.Now()
 }
 
 func (s *session) fenceDue() {

@@ -4,14 +4,20 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
+	"github.com/ftlauncher/ft-launcher/internal/etcdtest"
+	"github.com/ftlauncher/ft-launcher/internal/lockedbuf"
 	"github.com/ftlauncher/ft-launcher/internal/testenv"
+	"github.com/ftlauncher/ft-launcher/metrics"
 )
 
 // sessionRecorder collects what a session reports through its hooks.
@@ -23,6 +29,7 @@ type sessionRecorder struct {
 	lostAt   time.Time
 	fenceAt  time.Time
 	changed  chan struct{}
+	log      *slog.Logger // the session's (nil: discarded)
 }
 
 func (r *sessionRecorder) note(f func()) {
@@ -86,7 +93,11 @@ func newTestSession(t *testing.T, endpoint string, cfg sessionConfig, rec *sessi
 	}
 	gctx, gcancel := context.WithTimeout(ctx, 60*time.Second)
 	defer gcancel()
-	s, err = newSession(gctx, ctx, cli, 0, cfg, testLogger(t))
+	log := rec.log
+	if log == nil {
+		log = testLogger(t)
+	}
+	s, err = newSession(gctx, ctx, cli, 0, cfg, log)
 	if err != nil {
 		cancel()
 		cli.Close()
@@ -242,4 +253,107 @@ func TestSessionFenceThenLost(t *testing.T) {
 	if after != n {
 		t.Errorf("%d renewals reported after the loss", after-n)
 	}
+}
+
+// TestSessionRenewalMetrics: each renewal's round trip and its headroom
+// before the fence are observed; etcd frozen right after a renewal, past
+// most of the next one's headroom, makes that renewal's answer come late
+// (or time out): a headroom under TTL/6 is observed, the node warns, and
+// the late answer's round trip (or the timeout) is counted.
+func TestSessionRenewalMetrics(t *testing.T) {
+	testenv.SkipShort(t, "runs an etcd server")
+	srv := etcdtest.Start(t)
+	defer func() { _ = srv.Signal(syscall.SIGCONT) }()
+	var logs lockedbuf.Buffer
+	rec := &sessionRecorder{changed: make(chan struct{}, 1), log: slog.New(slog.NewTextHandler(&logs, nil))}
+	m := metrics.New()
+	// Renewals every 1 s, fence margin 0.6 s: an answer normally comes
+	// 1.4 s before the previous proof's fence deadline; warned under 0.5 s.
+	cfg := sessionConfig{TTL: 3 * time.Second, Metrics: m}
+	newTestSession(t, srv.ClientURL, cfg, rec)
+	rec.until(t, "three renewals", 30*time.Second, func() bool { return len(rec.renewed) >= 3 })
+	if n := histogram(t, m, "ftlauncher_lease_renewal_seconds").count; n < 2 {
+		t.Fatalf("%d renewal round trips observed after three renewals, want at least 2", n)
+	}
+	before := histogram(t, m, "ftlauncher_lease_fence_headroom_seconds")
+	if before.count < 1 {
+		t.Fatalf("no headroom observed after three renewals")
+	}
+	rec.mu.Lock()
+	n := len(rec.renewed)
+	rec.mu.Unlock()
+	rec.until(t, "a renewal", 30*time.Second, func() bool { return len(rec.renewed) > n })
+	logged := len(logs.String())
+	// The proof just renewed fences 2.4 s after its send; the next renewal
+	// goes 1 s after it and is answered once etcd runs again, 2.1 s after.
+	srv.Freeze(t)
+	time.Sleep(2100 * time.Millisecond)
+	if err := srv.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	rec.until(t, "a renewal after the freeze", 30*time.Second, func() bool { return len(rec.renewed) > n+1 })
+	after := histogram(t, m, "ftlauncher_lease_fence_headroom_seconds")
+	if after.upTo(0.4) <= before.upTo(0.4) {
+		t.Errorf("no headroom of 0.4 s or less observed after the freeze (buckets before %v, after %v)", before.buckets, after.buckets)
+	}
+	if !strings.Contains(logs.String()[logged:], "lease renewals answered close to the fence deadline") {
+		t.Errorf("no warning of renewals close to the fence after the freeze; log:\n%s", logs.String()[logged:])
+	}
+	rtt := histogram(t, m, "ftlauncher_lease_renewal_seconds")
+	timeouts := counter(t, m, "ftlauncher_lease_renewal_failures_total", "timeout")
+	if rtt.count-rtt.upTo(0.512) < 1 && timeouts < 1 {
+		t.Errorf("neither a round trip over 0.5 s nor a timeout counted across a 2.1 s freeze (round trips %v)", rtt.buckets)
+	}
+}
+
+// histo is one histogram's samples as gathered: count, and the cumulative
+// count of each bucket by its upper bound.
+type histo struct {
+	count   uint64
+	buckets map[float64]uint64
+}
+
+// upTo is the number of samples in the buckets up to le (one of its bounds).
+func (h histo) upTo(le float64) uint64 { return h.buckets[le] }
+
+func histogram(t *testing.T, m *metrics.Metrics, name string) histo {
+	t.Helper()
+	mfs, err := m.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		h := mf.GetMetric()[0].GetHistogram()
+		out := histo{count: h.GetSampleCount(), buckets: map[float64]uint64{}}
+		for _, b := range h.GetBucket() {
+			out.buckets[b.GetUpperBound()] = b.GetCumulativeCount()
+		}
+		return out
+	}
+	t.Fatalf("no metric %s", name)
+	return histo{}
+}
+
+// counter is the value of name's series whose one label has value label (0
+// when absent).
+func counter(t *testing.T, m *metrics.Metrics, name, label string) float64 {
+	t.Helper()
+	mfs, err := m.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, s := range mf.GetMetric() {
+			if lp := s.GetLabel(); len(lp) == 1 && lp[0].GetValue() == label {
+				return s.GetCounter().GetValue()
+			}
+		}
+	}
+	return 0
 }
