@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net/http"
 	"net/url"
 	"os"
@@ -31,6 +32,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/ftlauncher/ft-launcher/ledger"
+	"github.com/ftlauncher/ft-launcher/metrics"
 	"github.com/ftlauncher/ft-launcher/policy"
 	"github.com/ftlauncher/ft-launcher/rendezvous/etcdserver"
 	"github.com/ftlauncher/ft-launcher/verdict"
@@ -90,6 +92,9 @@ type simJob struct {
 	nodes   []*simNode
 	events  chan simEvent
 	ledgerE atomic.Int64 // ledger write errors
+	// met is every node's metrics together: the lease renewals' round
+	// trips and headroom before the fence, summed over the nodes.
+	met *metrics.Metrics
 }
 
 // newSimJob connects cfg.clients clients to endpoints and starts the
@@ -100,7 +105,7 @@ func newSimJob(t testing.TB, endpoints []string, cfg simConfig) *simJob {
 		cfg.nproc = 8
 	}
 	j := &simJob{t: t, cfg: cfg, run: fmt.Sprintf("scale-%d-%d", cfg.nodes, time.Now().UnixNano()), load: newRPCLoad(),
-		events: make(chan simEvent, 4*(cfg.nodes+cfg.spares))}
+		events: make(chan simEvent, 4*(cfg.nodes+cfg.spares)), met: metrics.New()}
 	j.clients = scaleClients(t, endpoints, cfg.clients, j.load.dialOptions()...)
 	return j
 }
@@ -139,7 +144,7 @@ func (j *simJob) start(ctx context.Context) time.Duration {
 			id := fmt.Sprintf("sim-%05d/1", i)
 			e, err := NewEtcd(ctx, EtcdOptions{Client: j.clients[i%len(j.clients)], RunID: j.run, NodeID: id,
 				LocalAddr: "127.0.0.1", NProcPerNode: j.cfg.nproc, MinNodes: j.cfg.nodes, MaxNodes: n,
-				MaxRestarts: 1000, InfraRank: -1, DisableGossip: true, LeaseTTL: j.cfg.leaseTTL,
+				MaxRestarts: 1000, InfraRank: -1, DisableGossip: true, LeaseTTL: j.cfg.leaseTTL, Metrics: j.met,
 				// Not even formatted: N nodes' logs would be N hosts' work;
 				// only warnings (rare: a watch behind, a lease lost) reach
 				// the test's log.
@@ -772,11 +777,14 @@ func measureScale(t *testing.T, eps []string, serverPid, n, reps int) {
 			db0 := dbSize(ctx, j.clients[0], eps[0])
 			cpu0, srv0 := cpuTime(serverPid), procCPU(serverPid)
 			met0 := serverMetrics(eps[0])
+			lease0 := leaseSnapOf(t, j.met)
 			add := func(p phase, as map[int]Assignment) {
 				r, s, rc := p.load.totals()
 				cpu1, srv1 := cpuTime(serverPid), procCPU(serverPid)
 				met1 := serverMetrics(eps[0])
-				defer func() { met0 = met1 }()
+				lease1 := leaseSnapOf(t, j.met)
+				t.Logf("rep %d %s: %s", rep, p.name, lease1.since(lease0))
+				defer func() { met0, lease0 = met1, lease1 }()
 				row := scaleRow{took: p.took, reqs: r, sentB: s, recvB: rc, load: p.load, cpu: cpu1 - cpu0, srvCPU: srv1 - srv0}
 				cpu0, srv0 = cpu1, srv1
 				row.fromOpen = p.fromOpen
@@ -985,4 +993,72 @@ func procCPU(pid int) time.Duration {
 		}
 	}
 	return d
+}
+
+// leaseSnap is the simulated nodes' lease renewals so far, from their
+// shared metrics: how many were answered, how many late, how close to the
+// fence, how many failed.
+type leaseSnap struct {
+	renewals, over250ms, overSecond uint64 // answered; round trip over 0.256 s, over 1.024 s
+	headroom                        []bucket
+	failures                        float64 // every reason
+}
+
+// bucket is a histogram bucket: its upper bound and cumulative count.
+type bucket struct {
+	le float64
+	n  uint64
+}
+
+func leaseSnapOf(t testing.TB, m *metrics.Metrics) leaseSnap {
+	t.Helper()
+	mfs, err := m.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var s leaseSnap
+	for _, mf := range mfs {
+		switch mf.GetName() {
+		case "ftlauncher_lease_renewal_seconds":
+			h := mf.GetMetric()[0].GetHistogram()
+			s.renewals = h.GetSampleCount()
+			for _, b := range h.GetBucket() {
+				switch b.GetUpperBound() {
+				case 0.256:
+					s.over250ms = s.renewals - b.GetCumulativeCount()
+				case 1.024:
+					s.overSecond = s.renewals - b.GetCumulativeCount()
+				}
+			}
+		case "ftlauncher_lease_fence_headroom_seconds":
+			h := mf.GetMetric()[0].GetHistogram()
+			for _, b := range h.GetBucket() {
+				s.headroom = append(s.headroom, bucket{b.GetUpperBound(), b.GetCumulativeCount()})
+			}
+			s.headroom = append(s.headroom, bucket{math.Inf(1), h.GetSampleCount()})
+		case "ftlauncher_lease_renewal_failures_total":
+			for _, c := range mf.GetMetric() {
+				s.failures += c.GetCounter().GetValue()
+			}
+		}
+	}
+	return s
+}
+
+// since describes the renewals between before and s: the least headroom
+// is the smallest bucket bound that gained a sample.
+func (s leaseSnap) since(before leaseSnap) string {
+	least, n := "none", uint64(0)
+	for i, b := range s.headroom {
+		var was uint64
+		if i < len(before.headroom) {
+			was = before.headroom[i].n
+		}
+		if b.n > was && least == "none" {
+			least = fmt.Sprintf("<= %g s", b.le)
+		}
+		n = b.n - was
+	}
+	return fmt.Sprintf("lease renewals: %d answered, %d took over 0.256 s, %d over 1.024 s; least headroom before the fence %s (of %d observed); %v failed",
+		s.renewals-before.renewals, s.over250ms-before.over250ms, s.overSecond-before.overSecond, least, n, s.failures-before.failures)
 }
