@@ -200,9 +200,13 @@ func NewEtcd(ctx context.Context, opts EtcdOptions) (*Etcd, error) {
 	if err := e.connect(ctx); err != nil {
 		return abort(err)
 	}
-	sess, err := newSession(ctx, e.ctx, e.cli, opts.Lease, sessionConfig{TTL: opts.LeaseTTL, FenceMargin: opts.FenceMargin,
-		ProbeInterval: opts.ProbeInterval, LossBound: opts.EtcdLossBound, Endpoints: e.endpoints, OnRenewed: e.leaseRenewed,
-		OnFenceDue: e.fenceDue, OnReplaced: e.leaseReplaced, OnLost: e.etcdLost, Metrics: opts.Metrics}, e.log)
+	var sess *session
+	err := retryFor(ctx, e.log, opts.ConnectTimeout, func(ctx context.Context) (err error) {
+		sess, err = newSession(ctx, e.ctx, e.cli, opts.Lease, sessionConfig{TTL: opts.LeaseTTL, FenceMargin: opts.FenceMargin,
+			ProbeInterval: opts.ProbeInterval, LossBound: opts.EtcdLossBound, Endpoints: e.endpoints, OnRenewed: e.leaseRenewed,
+			OnFenceDue: e.fenceDue, OnReplaced: e.leaseReplaced, OnLost: e.etcdLost, Metrics: opts.Metrics}, e.log)
+		return err
+	})
 	if err != nil {
 		return abort(err)
 	}
@@ -217,14 +221,19 @@ func NewEtcd(ctx context.Context, opts EtcdOptions) (*Etcd, error) {
 // start joins the job generation, makes this node's rounds' shared parts
 // and starts the background watchers (the session is live already).
 func (e *Etcd) start(ctx context.Context) error {
-	if err := e.joinGeneration(ctx); err != nil {
+	// Each step is safe to repeat; a whole job starting at once can
+	// overload etcd (too many requests) or outlast its request timeout.
+	if err := retryFor(ctx, e.log, e.o.ConnectTimeout, e.joinGeneration); err != nil {
 		return err
 	}
 	e.view.k = e.k // fixed from here on
 	e.parts = &roundParts{cli: e.cli, k: e.k, genCmp: e.genCmp(), o: e.o, log: e.log,
 		sess: e.sess, view: e.view, loss: e.loss, node: e}
-	rev, err := e.loadCtl(ctx)
-	if err != nil {
+	var rev int64
+	if err := retryFor(ctx, e.log, e.o.ConnectTimeout, func(ctx context.Context) (err error) {
+		rev, err = e.loadCtl(ctx)
+		return err
+	}); err != nil {
 		return err
 	}
 	e.wg.Add(1)

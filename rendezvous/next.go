@@ -75,7 +75,7 @@ func (e *Etcd) next(ctx context.Context) (Assignment, error) {
 		target := max(e.view.round(), e.lastRound+1)
 		e.mu.Unlock()
 		a, retarget, err := e.joinRound(ctx, target)
-		if transient(err) && sleepCtx(ctx, retryPause) {
+		if transient(err) && sleepCtx(ctx, retryWait(err)) {
 			continue // etcd away: join again (registering twice is harmless)
 		}
 		// A node the job replaced or that left with evidence stays out: it
