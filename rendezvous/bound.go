@@ -142,11 +142,11 @@ func retryFor(ctx context.Context, log *slog.Logger, d time.Duration, op func(ct
 // connection, no leader, a server-side timeout) or overloaded (too many
 // requests).
 func transient(err error) bool {
+	if errors.Is(err, errEtcdSlow) || overloaded(err) {
+		return true
+	}
 	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return false
-	}
-	if overloaded(err) {
-		return true
 	}
 	code := codes.OK
 	var ee rpctypes.EtcdError
@@ -157,6 +157,10 @@ func transient(err error) bool {
 	}
 	return code == codes.Unavailable || code == codes.DeadlineExceeded
 }
+
+// errEtcdSlow marks a call that ran out of its own time bound (not its
+// caller's): etcd is slow, not gone, and the call may be repeated.
+var errEtcdSlow = errors.New("etcd did not answer within the call's own time bound")
 
 // overloaded reports etcd's backpressure: "too many requests", which a
 // member answers to a write while its applied index lags its committed one

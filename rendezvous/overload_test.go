@@ -38,6 +38,8 @@ func TestTransientOverload(t *testing.T) {
 		{"no leader", rpctypes.ErrNoLeader, true, false},
 		{"lease not found", rpctypes.ErrLeaseNotFound, false, false},
 		{"canceled", context.Canceled, false, false},
+		{"deadline", context.DeadlineExceeded, false, false},
+		{"a call's own bound", fmt.Errorf("etcd lease at x: %w", fmt.Errorf("%w (%w)", errEtcdSlow, context.DeadlineExceeded)), true, false},
 		{"other", errors.New("boom"), false, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -149,6 +149,11 @@ func (rd *round) register(ctx context.Context, deathRead bool) (roundRead, error
 		}
 		lease = rd.sess.current()
 		resp, err = put(lease)
+		if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+			// The new lease expired before etcd took the registration:
+			// etcd is slower than the TTL (overloaded). Next tries again.
+			err = fmt.Errorf("%w: the lease taken for it expired first (%w)", errEtcdSlow, err)
+		}
 	}
 	if err != nil {
 		return roundRead{}, fmt.Errorf("rendezvous: join round %d: %w", rd.r, err)

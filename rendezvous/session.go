@@ -151,6 +151,10 @@ func (s *session) grant(ctx context.Context) (v time.Time, ok bool, err error) {
 	sent := time.Now()
 	resp, err := s.cli.Grant(actx, ttl)
 	if err != nil {
+		if actx.Err() != nil && ctx.Err() == nil {
+			// Its own bound ran out, not the caller's: etcd is slow.
+			err = fmt.Errorf("%w (%w)", errEtcdSlow, err)
+		}
 		return v, false, fmt.Errorf("etcd lease at %s: %w", s.cfg.Endpoints(), err)
 	}
 	s.mu.Lock()
