@@ -108,16 +108,30 @@ func (e *Etcd) lostErr(closed *closeInfo) error {
 // drops fails at once, and only the loss bound (through a bounded ctx)
 // decides that etcd is gone. op must be safe to repeat (fenced txns are).
 func retry(ctx context.Context, log *slog.Logger, op func(ctx context.Context) error) error {
+	var warned bool
 	for {
 		err := op(ctx)
 		if !transient(err) {
 			return err
 		}
-		log.Debug("etcd unavailable; retrying within the loss bound", "err", err)
+		logRetry(log, err, &warned, "etcd unavailable; retrying within the loss bound")
 		if !sleepCtx(ctx, retryWait(err)) {
 			return err
 		}
 	}
+}
+
+// logRetry logs a retried error: at debug level (an unreachable etcd is
+// reported by the reachability probe, once per change), except the first
+// "etcd is overloaded or slow" of a retry loop, which nothing else reports:
+// a warning, so that an operator sees why a join or a start takes long.
+func logRetry(log *slog.Logger, err error, warned *bool, msg string) {
+	if !*warned && (overloaded(err) || errors.Is(err, errEtcdSlow)) {
+		*warned = true
+		log.Warn("etcd is overloaded or slow (too many requests, or no answer within a call's bound); retrying after a random pause of up to 1 s", "err", err)
+		return
+	}
+	log.Debug(msg, "err", err)
 }
 
 // retryFor is retry for the start of a node, before its session's loss
@@ -126,12 +140,13 @@ func retry(ctx context.Context, log *slog.Logger, op func(ctx context.Context) e
 // start is waited for as one not up yet is, waitReachable), and with ctx.
 func retryFor(ctx context.Context, log *slog.Logger, d time.Duration, op func(ctx context.Context) error) error {
 	deadline := time.Now().Add(d)
+	var warned bool
 	for {
 		err := op(ctx)
 		if !transient(err) || time.Now().After(deadline) {
 			return err
 		}
-		log.Debug("etcd unavailable or overloaded at start; retrying", "err", err, "until", deadline)
+		logRetry(log, err, &warned, "etcd unavailable at start; retrying within ConnectTimeout")
 		if !sleepCtx(ctx, retryWait(err)) {
 			return err
 		}

@@ -51,7 +51,7 @@ func (e *Etcd) next(ctx context.Context) (Assignment, error) {
 			return Assignment{}, fmt.Errorf("rendezvous: node %s kept out: %w: %w", e.o.NodeID, ErrHealthCheck, err)
 		}
 	}
-	unprovenLogged := false
+	unprovenLogged, overloadLogged := false, false
 	for {
 		// Back from being declared lost (a stall, a partition): come back
 		// as a new incarnation, so the old lease's expiry cannot end the
@@ -75,6 +75,9 @@ func (e *Etcd) next(ctx context.Context) (Assignment, error) {
 		target := max(e.view.round(), e.lastRound+1)
 		e.mu.Unlock()
 		a, retarget, err := e.joinRound(ctx, target)
+		if transient(err) {
+			logRetry(e.log, err, &overloadLogged, "etcd unavailable; joining again")
+		}
 		if transient(err) && sleepCtx(ctx, retryWait(err)) {
 			continue // etcd away: join again (registering twice is harmless)
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
 	"testing"
@@ -16,6 +17,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/ftlauncher/ft-launcher/internal/lockedbuf"
 )
 
 // TestTransientOverload: etcd's "too many requests" is transient in each
@@ -89,7 +92,9 @@ func TestOverloadedEtcdIsWaitedFor(t *testing.T) {
 	}
 	t.Cleanup(func() { cli.Close() })
 	o := c.opts(0, 1, 1, 1, 0)
+	var logs lockedbuf.Buffer
 	o.Endpoints, o.Client, o.DisableGossip = nil, cli, true
+	o.Logger = slog.New(slog.NewTextHandler(&logs, nil))
 	e := c.add(o)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -109,6 +114,10 @@ func TestOverloadedEtcdIsWaitedFor(t *testing.T) {
 	}
 	if refuse.refused != 9 {
 		t.Errorf("%d calls refused, want 9", refuse.refused)
+	}
+	// Said once per retry loop: the start's steps and the join.
+	if n := strings.Count(logs.String(), "etcd is overloaded or slow"); n < 2 {
+		t.Errorf("%d warnings of an overloaded etcd, want one per step that met it; log:\n%s", n, logs.String())
 	}
 }
 
