@@ -67,10 +67,12 @@ func TestTransientOverload(t *testing.T) {
 }
 
 // TestOverloadedEtcdIsWaitedFor: a node whose lease grant, generation
-// txn, control read and round registration are each first refused with
-// "too many requests" still starts and gets its assignment. Before, the
-// first refusal ended NewEtcd or Next with the error (seen at 16,000
-// simulated nodes: "join round 0: etcdserver: too many requests").
+// txn, control read, round registration and closer claim are each first
+// refused with "too many requests" still starts and gets its assignment.
+// Before, the first refusal ended NewEtcd or Next with the error (seen at
+// 16,000 simulated nodes: "join round 0: etcdserver: too many requests"),
+// and a refused claim was not made again: a round whose claimants were all
+// refused had no closer.
 //
 // The refusals are injected by a client interceptor in front of a real
 // embedded etcd: etcd answers so only while its applied index lags its
@@ -83,6 +85,7 @@ func TestOverloadedEtcdIsWaitedFor(t *testing.T) {
 		"lease grant":        2,
 		"generation txn":     2, // registering as alive in the job's generation
 		"round registration": 2,
+		"closer claim":       2, // the round's only node: nobody else would close it
 		"read":               3, // the reachability read, the generation's, the control state's
 	}}
 	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{c.ep}, DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
@@ -112,8 +115,8 @@ func TestOverloadedEtcdIsWaitedFor(t *testing.T) {
 			t.Errorf("%s: %d refusals left unused: the node never met them (the test would prove nothing)", m, n)
 		}
 	}
-	if refuse.refused != 9 {
-		t.Errorf("%d calls refused, want 9", refuse.refused)
+	if refuse.refused != 11 {
+		t.Errorf("%d calls refused, want 11", refuse.refused)
 	}
 	// Said once per retry loop: the start's steps and the join.
 	if n := strings.Count(logs.String(), "etcd is overloaded or slow"); n < 2 {
@@ -144,6 +147,8 @@ func kind(method string, req any) string {
 				return "generation txn"
 			case strings.Contains(key, "/nodes/"):
 				return "round registration"
+			case strings.HasSuffix(key, "/closer"):
+				return "closer claim"
 			}
 		}
 	}

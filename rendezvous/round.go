@@ -219,10 +219,22 @@ func (rd *round) waitAssignment(ctx context.Context, seen roundRead, orphan orph
 	// (claimDelay): at 16,000 nodes the first claim's key reached the others
 	// too late and 11,000 claims failed, each a raft write.
 	var claimC <-chan time.Time
-	if !cl.held {
-		ct := time.NewTimer(claimDelay(rd.o.NodeID, rd.o.MaxNodes))
-		defer ct.Stop()
+	var ct *time.Timer
+	armClaim := func(d time.Duration) {
+		if ct == nil {
+			ct = time.NewTimer(d)
+		} else {
+			ct.Reset(d)
+		}
 		claimC = ct.C
+	}
+	defer func() {
+		if ct != nil {
+			ct.Stop()
+		}
+	}()
+	if !cl.held {
+		armClaim(claimDelay(rd.o.NodeID, rd.o.MaxNodes))
 	}
 	var timers roundTimers
 	defer timers.stop()
@@ -258,6 +270,13 @@ func (rd *round) waitAssignment(ctx context.Context, seen roundRead, orphan orph
 					rd.at(cur).watchOrphans(wctx, orphan)
 				}()
 			}
+		}
+		if err := cl.failed; err != nil && claimC == nil {
+			// etcd refused or lost this node's claim (overloaded, a cut):
+			// claim again after a pause, or a round whose claimants all
+			// failed together would be left with no closer.
+			cl.failed = nil
+			armClaim(retryWait(err))
 		}
 		select {
 		case <-ctx.Done():
@@ -332,6 +351,9 @@ type closerSlot struct {
 	// released is the view's count of the closer key's deletions last seen.
 	released int
 	done     chan struct{}
+	// failed is the last claim's transient error (etcd unavailable or
+	// overloaded), cleared when the wait re-arms the claim.
+	failed error
 }
 
 // try claims the closer key and, when won, closes the round in background.
@@ -342,6 +364,9 @@ func (c *closerSlot) try(ctx context.Context) {
 	won, err := c.rd.claimCloser(ctx)
 	if err != nil {
 		c.rd.log.Debug("claim closer", "round", c.rd.r, "err", err)
+		if transient(err) {
+			c.failed = err
+		}
 		return
 	}
 	if won {
