@@ -22,6 +22,7 @@ import (
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
@@ -290,22 +291,30 @@ func TestEtcdHappyPathAndFail(t *testing.T) {
 
 func metricValue(t *testing.T, m *metrics.Metrics, name string) float64 {
 	t.Helper()
+	ms := metricSeries(t, m, name)
+	if len(ms) == 0 {
+		t.Fatalf("metric %s not found", name)
+	}
+	if ms[0].GetCounter() != nil {
+		return ms[0].GetCounter().GetValue()
+	}
+	return ms[0].GetGauge().GetValue()
+}
+
+// metricSeries is the series of metric name on m's registry (none when
+// absent).
+func metricSeries(t testing.TB, m *metrics.Metrics, name string) []*dto.Metric {
+	t.Helper()
 	mfs, err := m.Registry.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, mf := range mfs {
-		if mf.GetName() != name || len(mf.GetMetric()) == 0 {
-			continue
+		if mf.GetName() == name {
+			return mf.GetMetric()
 		}
-		mm := mf.GetMetric()[0]
-		if mm.GetCounter() != nil {
-			return mm.GetCounter().GetValue()
-		}
-		return mm.GetGauge().GetValue()
 	}
-	t.Fatalf("metric %s not found", name)
-	return 0
+	return nil
 }
 
 func TestEtcdInfraRankOrders(t *testing.T) {

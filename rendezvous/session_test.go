@@ -318,41 +318,25 @@ func (h histo) upTo(le float64) uint64 { return h.buckets[le] }
 
 func histogram(t *testing.T, m *metrics.Metrics, name string) histo {
 	t.Helper()
-	mfs, err := m.Registry.Gather()
-	if err != nil {
-		t.Fatal(err)
+	ms := metricSeries(t, m, name)
+	if len(ms) == 0 {
+		t.Fatalf("no metric %s", name)
 	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		h := mf.GetMetric()[0].GetHistogram()
-		out := histo{count: h.GetSampleCount(), buckets: map[float64]uint64{}}
-		for _, b := range h.GetBucket() {
-			out.buckets[b.GetUpperBound()] = b.GetCumulativeCount()
-		}
-		return out
+	h := ms[0].GetHistogram()
+	out := histo{count: h.GetSampleCount(), buckets: map[float64]uint64{}}
+	for _, b := range h.GetBucket() {
+		out.buckets[b.GetUpperBound()] = b.GetCumulativeCount()
 	}
-	t.Fatalf("no metric %s", name)
-	return histo{}
+	return out
 }
 
 // counter is the value of name's series whose one label has value label (0
 // when absent).
 func counter(t *testing.T, m *metrics.Metrics, name, label string) float64 {
 	t.Helper()
-	mfs, err := m.Registry.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, s := range mf.GetMetric() {
-			if lp := s.GetLabel(); len(lp) == 1 && lp[0].GetValue() == label {
-				return s.GetCounter().GetValue()
-			}
+	for _, s := range metricSeries(t, m, name) {
+		if lp := s.GetLabel(); len(lp) == 1 && lp[0].GetValue() == label {
+			return s.GetCounter().GetValue()
 		}
 	}
 	return 0
