@@ -34,6 +34,11 @@ func newLeaseMetrics(reg *prometheus.Registry) *leaseMetrics {
 				"stream_ended (the keep-alive stream broke), unreachable (etcd did not take it), expired (etcd no longer knew the lease)."},
 			[]string{"reason"}),
 	}
+	// Every reason at 0 from the start, so that a rate over it is defined
+	// before the first failure.
+	for _, r := range []string{"timeout", "stream_ended", "unreachable", "expired"} {
+		lm.failures.WithLabelValues(r)
+	}
 	reg.MustRegister(lm.rtt, lm.headroom, lm.failures)
 	return lm
 }

@@ -83,6 +83,7 @@ func TestServeExposesMetrics(t *testing.T) {
 		`ftlauncher_lease_fence_headroom_seconds_bucket{le="3.2"} 2`,
 		`ftlauncher_lease_renewal_failures_total{reason="timeout"} 2`,
 		`ftlauncher_lease_renewal_failures_total{reason="expired"} 1`,
+		`ftlauncher_lease_renewal_failures_total{reason="stream_ended"} 0`,
 	} {
 		if !strings.Contains(string(body), want) {
 			t.Errorf("metrics output lacks %q", want)
