@@ -93,7 +93,12 @@ func TestAgentStoreTorchDDPCrashResumes(t *testing.T) {
 			}
 			w := readWeights(t, out)
 			if w.SHA256 != ref.SHA256 || w.ResumedFromStep != 20 {
-				t.Fatalf("weights %s resumed from step %d; want the uninterrupted run's %s, resumed from 20", w.SHA256, w.ResumedFromStep, ref.SHA256)
+				// Resumed from 0 with the right weights means round 0 failed
+				// before its first checkpoint, for a reason other than the
+				// injected crash (which only round 0 injects): seen twice in
+				// the --prewarm pass, not understood. Say what ended it.
+				t.Fatalf("weights %s resumed from step %d; want the uninterrupted run's %s, resumed from 20\nrestart events: %v\nrank exits: %v\n%s",
+					w.SHA256, w.ResumedFromStep, ref.SHA256, j.eventsOfQuiet("restart"), j.eventsOfQuiet("rank_exited"), j.stderr.String())
 			}
 			if rs := j.eventsOf("restart"); len(rs) != 1 {
 				t.Errorf("%d restart events, want 1: %v\n%s", len(rs), rs, j.stderr.String())
