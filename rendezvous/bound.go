@@ -108,13 +108,19 @@ func (e *Etcd) lostErr(closed *closeInfo) error {
 // drops fails at once, and only the loss bound (through a bounded ctx)
 // decides that etcd is gone. op must be safe to repeat (fenced txns are).
 func retry(ctx context.Context, log *slog.Logger, op func(ctx context.Context) error) error {
+	return retryUntil(ctx, log, time.Time{}, "etcd unavailable; retrying within the loss bound", op)
+}
+
+// retryUntil is retry that also gives up once deadline (zero: none) has
+// passed; msg is the debug line of each retry.
+func retryUntil(ctx context.Context, log *slog.Logger, deadline time.Time, msg string, op func(ctx context.Context) error) error {
 	var warned bool
 	for {
 		err := op(ctx)
-		if !transient(err) {
+		if !transient(err) || (!deadline.IsZero() && time.Now().After(deadline)) {
 			return err
 		}
-		logRetry(log, err, &warned, "etcd unavailable; retrying within the loss bound")
+		logRetry(log, err, &warned, msg)
 		if !sleepCtx(ctx, retryWait(err)) {
 			return err
 		}
@@ -139,18 +145,7 @@ func logRetry(log *slog.Logger, err error, warned *bool, msg string) {
 // (ConnectTimeout: an etcd that a whole job's launchers overload as they
 // start is waited for as one not up yet is, waitReachable), and with ctx.
 func retryFor(ctx context.Context, log *slog.Logger, d time.Duration, op func(ctx context.Context) error) error {
-	deadline := time.Now().Add(d)
-	var warned bool
-	for {
-		err := op(ctx)
-		if !transient(err) || time.Now().After(deadline) {
-			return err
-		}
-		logRetry(log, err, &warned, "etcd unavailable at start; retrying within ConnectTimeout")
-		if !sleepCtx(ctx, retryWait(err)) {
-			return err
-		}
-	}
+	return retryUntil(ctx, log, time.Now().Add(d), "etcd unavailable at start; retrying within ConnectTimeout", op)
 }
 
 // transient reports whether err says etcd is unavailable for now (a lost

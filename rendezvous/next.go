@@ -77,9 +77,9 @@ func (e *Etcd) next(ctx context.Context) (Assignment, error) {
 		a, retarget, err := e.joinRound(ctx, target)
 		if transient(err) {
 			logRetry(e.log, err, &overloadLogged, "etcd unavailable; joining again")
-		}
-		if transient(err) && sleepCtx(ctx, retryWait(err)) {
-			continue // etcd away: join again (registering twice is harmless)
+			if sleepCtx(ctx, retryWait(err)) {
+				continue // etcd away: join again (registering twice is harmless)
+			}
 		}
 		// A node the job replaced or that left with evidence stays out: it
 		// parks until the job ends and then exits with the job's code.

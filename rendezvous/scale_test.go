@@ -1048,16 +1048,21 @@ func leaseSnapOf(t testing.TB, m *metrics.Metrics) leaseSnap {
 // since describes the renewals between before and s: the least headroom
 // is the smallest bucket bound that gained a sample.
 func (s leaseSnap) since(before leaseSnap) string {
+	was := func(i int) uint64 {
+		if i < len(before.headroom) {
+			return before.headroom[i].n
+		}
+		return 0
+	}
 	least, n := "none", uint64(0)
 	for i, b := range s.headroom {
-		var was uint64
-		if i < len(before.headroom) {
-			was = before.headroom[i].n
-		}
-		if b.n > was && least == "none" {
+		if b.n > was(i) {
 			least = fmt.Sprintf("<= %g s", b.le)
+			break
 		}
-		n = b.n - was
+	}
+	if last := len(s.headroom) - 1; last >= 0 { // the +Inf bucket: every sample
+		n = s.headroom[last].n - was(last)
 	}
 	return fmt.Sprintf("lease renewals: %d answered, %d took over 0.256 s, %d over 1.024 s; least headroom before the fence %s (of %d observed); %v failed",
 		s.renewals-before.renewals, s.over250ms-before.over250ms, s.overSecond-before.overSecond, least, n, s.failures-before.failures)

@@ -386,8 +386,8 @@ func renewFailure(err error) string {
 }
 
 // slowRenewals warns, at most once per slowWarnEvery, when renewals come
-// close to the fence: their answer left less than slowHeadroom (TTL/6:
-// 1 s at the default 6 s, against 2.8 s normally) before the deadline of
+// close to the fence: their answer left less than TTL/6 (1 s at the
+// default 6 s, against 2.8 s normally) before the deadline of
 // the proof before them. etcd is answering lease renewals late (overloaded,
 // a slow disk or network on its leader); a little later still and this
 // node fences its ranks. Only the keep-alive loop uses it.
