@@ -96,10 +96,18 @@ type EtcdOptions struct {
 	// ReplicaAddr is this node's state replica receiver ("host:port"),
 	// published in its registration for its peers' Assignment.ReplicaRing;
 	// "" when it runs none (docs/state.md).
-	ReplicaAddr   string
-	DisableGossip bool          // lease expiry is then the only node-loss detector
-	Gossip        GossipTimings // failure detector timings (zero fields: defaults)
-	HealthCheck   func(ctx context.Context) error
+	ReplicaAddr string
+	// RelayListen, when set ("host:port"; port 0 picks one), makes this
+	// node a relay of the two-level join (relay.go): it registers the
+	// nodes that name it as their Relay in batches and reads their rank
+	// entries in batches. Relay is this node's relay ("" registers
+	// directly). Either needs RelayKey (at least 32 bytes, derived from
+	// the job secret): the relay port answers only a peer that proves it.
+	RelayListen, Relay string
+	RelayKey           []byte
+	DisableGossip      bool          // lease expiry is then the only node-loss detector
+	Gossip             GossipTimings // failure detector timings (zero fields: defaults)
+	HealthCheck        func(ctx context.Context) error
 	// MasterPort is the port this node advertises for round (its
 	// MASTER_PORT should it be group rank 0); nil picks a free one. The
 	// agent store binds its server on LocalAddr here, before the node
@@ -171,6 +179,8 @@ type Etcd struct {
 	// parts are what every round of this node shares (round.go), fixed
 	// once the node joined its generation.
 	parts *roundParts
+	// relay is this node's relay listener (RelayListen), nil when none.
+	relay *relayServer
 }
 
 var _ Rendezvous = (*Etcd)(nil)
@@ -227,8 +237,18 @@ func (e *Etcd) start(ctx context.Context) error {
 		return err
 	}
 	e.view.k = e.k // fixed from here on
-	e.parts = &roundParts{cli: e.cli, k: e.k, genCmp: e.genCmp(), o: e.o, log: e.log,
+	e.parts = &roundParts{cli: e.cli, k: e.k, gen: e.gen, genCmp: e.genCmp(), o: e.o, log: e.log,
 		sess: e.sess, view: e.view, loss: e.loss, node: e}
+	if e.o.Relay != "" {
+		e.parts.relay = &relayClient{addr: e.o.Relay, key: e.o.RelayKey, log: e.log}
+	}
+	if e.o.RelayListen != "" {
+		rs, err := startRelay(e.o.RelayListen, e.o.RelayKey, e.parts, e.gen, e.log)
+		if err != nil {
+			return err
+		}
+		e.relay = rs
+	}
 	var rev int64
 	if err := retryFor(ctx, e.log, e.o.ConnectTimeout, func(ctx context.Context) (err error) {
 		rev, err = e.loadCtl(ctx)
@@ -254,6 +274,10 @@ func (o *EtcdOptions) defaults() error {
 	}
 	if o.NProcPerNode <= 0 || o.MinNodes <= 0 || o.MaxNodes < o.MinNodes {
 		return fmt.Errorf("rendezvous: bad sizes nproc=%d nnodes=%d:%d", o.NProcPerNode, o.MinNodes, o.MaxNodes)
+	}
+	if (o.Relay != "" || o.RelayListen != "") && len(o.RelayKey) < 32 {
+		return fmt.Errorf("rendezvous: a relay (Relay %q, RelayListen %q) needs RelayKey of at least 32 bytes derived from the job secret; got %d bytes",
+			o.Relay, o.RelayListen, len(o.RelayKey))
 	}
 	if o.KeyPrefix == "" {
 		o.KeyPrefix = "/ft-launcher/"

@@ -229,9 +229,12 @@ func (e *Etcd) roundRank(ctx context.Context, rd *round, sum roundSummary) (rank
 	e.mu.Unlock()
 	keyed := true
 	if !kept {
-		var err error
-		if ri, keyed, err = rd.readRank(ctx); err != nil {
-			return rankInfo{}, err
+		var ok bool
+		if ri, keyed, ok = rd.rankViaRelay(ctx); !ok {
+			var err error
+			if ri, keyed, err = rd.readRank(ctx); err != nil {
+				return rankInfo{}, err
+			}
 		}
 	}
 	e.mu.Lock()

@@ -257,6 +257,12 @@ func (e *Etcd) Close() error {
 	lerr := e.lossErr() // before cancel: the loss cause stays, but read it once
 	e.stopGossip(true)
 	e.stopStream()
+	if e.relay != nil {
+		e.relay.stop()
+	}
+	if e.parts != nil && e.parts.relay != nil {
+		e.parts.relay.close()
+	}
 	e.cancel()
 	e.wg.Wait()
 	e.sess.wait()

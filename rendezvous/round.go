@@ -39,6 +39,7 @@ type round struct {
 type roundParts struct {
 	cli    *clientv3.Client
 	k      keys
+	gen    int
 	genCmp clientv3.Cmp // fences a write on the node's generation still being current
 	o      EtcdOptions
 	log    *slog.Logger
@@ -46,6 +47,7 @@ type roundParts struct {
 	view   *ctlView
 	loss   *lossDetector
 	node   roundNode
+	relay  *relayClient // this node's relay (relay.go); nil registers directly
 }
 
 // roundNode is what a round asks of the node that made it (Etcd implements
@@ -140,6 +142,10 @@ func (rd *round) register(ctx context.Context, deathRead bool) (roundRead, error
 		return rd.cli.Txn(ctx).If(guard...).Then(append(then, read)...).Else(why...).Commit()
 	}
 	lease := rd.sess.current()
+	if seen, ok := rd.registerViaRelay(ctx, string(b), lease, deathRead); ok {
+		rd.node.registered(rd.r)
+		return seen, nil
+	}
 	resp, err := put(lease)
 	if errors.Is(err, rpctypes.ErrLeaseNotFound) {
 		// We were cut off longer than the lease TTL (a partition that

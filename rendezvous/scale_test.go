@@ -56,6 +56,9 @@ type simConfig struct {
 	clients       int // etcd connections shared by the nodes
 	nproc         int
 	leaseTTL      time.Duration // 0: the default (5 s)
+	// relayGroup > 0 makes every relayGroup-th node a relay for itself
+	// and the relayGroup-1 nodes after it (the two-level join: relay.go).
+	relayGroup int
 }
 
 // simEvent is a node's assignment once its per-round bookkeeping is done.
@@ -127,37 +130,63 @@ func scaleClients(t testing.TB, endpoints []string, n int, dial ...grpc.DialOpti
 	return clis
 }
 
-// start creates every node (64 at a time) and returns how long it took.
+// start creates every node (64 at a time; the relays first, when the job
+// has them) and returns how long it took.
 func (j *simJob) start(ctx context.Context) time.Duration {
 	n := j.cfg.nodes + j.cfg.spares
 	j.nodes = make([]*simNode, n)
 	errs := make([]error, n)
+	g := j.cfg.relayGroup
+	relayKey := []byte("scale-harness-relay-key-of-32-bytes!")
 	t0 := time.Now()
-	var wg sync.WaitGroup
-	sem := make(chan struct{}, 64)
-	for i := range n {
-		wg.Add(1)
-		sem <- struct{}{}
-		go func() {
-			defer wg.Done()
-			defer func() { <-sem }()
-			id := fmt.Sprintf("sim-%05d/1", i)
-			e, err := NewEtcd(ctx, EtcdOptions{Client: j.clients[i%len(j.clients)], RunID: j.run, NodeID: id,
-				LocalAddr: "127.0.0.1", NProcPerNode: j.cfg.nproc, MinNodes: j.cfg.nodes, MaxNodes: n,
-				MaxRestarts: 1000, InfraRank: -1, DisableGossip: true, LeaseTTL: j.cfg.leaseTTL, Metrics: j.met,
-				// Not even formatted: N nodes' logs would be N hosts' work;
-				// only warnings (rare: a watch behind, a lease lost) reach
-				// the test's log.
-				Logger: slog.New(warnHandler{t: j.t})})
-			if err != nil {
-				errs[i] = err
-				return
+	create := func(i int) {
+		id := fmt.Sprintf("sim-%05d/1", i)
+		opts := EtcdOptions{Client: j.clients[i%len(j.clients)], RunID: j.run, NodeID: id,
+			LocalAddr: "127.0.0.1", NProcPerNode: j.cfg.nproc, MinNodes: j.cfg.nodes, MaxNodes: n,
+			MaxRestarts: 1000, InfraRank: -1, DisableGossip: true, LeaseTTL: j.cfg.leaseTTL, Metrics: j.met,
+			// Not even formatted: N nodes' logs would be N hosts' work;
+			// only warnings (rare: a watch behind, a lease lost) reach
+			// the test's log.
+			Logger: slog.New(warnHandler{t: j.t})}
+		if g > 0 {
+			opts.RelayKey = relayKey
+			if i%g == 0 {
+				opts.RelayListen = "127.0.0.1:0"
+			} else if r := j.nodes[i-i%g]; r != nil {
+				opts.Relay = r.e.RelayAddr()
 			}
-			book := ledger.NewBook(j.run, id, "sim", func(error) { j.ledgerE.Add(1) }, e.LedgerStore())
-			j.nodes[i] = &simNode{i: i, e: e, book: book, crash: make(chan struct{}, 1), done: make(chan struct{})}
-		}()
+		}
+		e, err := NewEtcd(ctx, opts)
+		if err != nil {
+			errs[i] = err
+			return
+		}
+		book := ledger.NewBook(j.run, id, "sim", func(error) { j.ledgerE.Add(1) }, e.LedgerStore())
+		j.nodes[i] = &simNode{i: i, e: e, book: book, crash: make(chan struct{}, 1), done: make(chan struct{})}
 	}
-	wg.Wait()
+	pass := func(want func(i int) bool) {
+		var wg sync.WaitGroup
+		sem := make(chan struct{}, 64)
+		for i := range n {
+			if !want(i) {
+				continue
+			}
+			wg.Add(1)
+			sem <- struct{}{}
+			go func() {
+				defer wg.Done()
+				defer func() { <-sem }()
+				create(i)
+			}()
+		}
+		wg.Wait()
+	}
+	if g > 0 {
+		pass(func(i int) bool { return i%g == 0 })
+		pass(func(i int) bool { return i%g != 0 })
+	} else {
+		pass(func(int) bool { return true })
+	}
 	took := time.Since(t0)
 	j.t.Cleanup(j.closeAll)
 	for i, err := range errs {
@@ -751,6 +780,12 @@ func measureScale(t *testing.T, eps []string, serverPid, n, reps int) {
 	// FTL_SCALE_LEASE_TTL (seconds) lengthens the leases where a loaded
 	// machine answers renewals later than the default 6 s TTL.
 	leaseTTL := time.Duration(envInts(t, "FTL_SCALE_LEASE_TTL", "6")[0]) * time.Second
+	// FTL_SCALE_RELAY (nodes per relay, default 0: none) runs the job with
+	// the two-level join (relay.go).
+	relayGroup := 0
+	if v := os.Getenv("FTL_SCALE_RELAY"); v != "" {
+		relayGroup = envInts(t, "FTL_SCALE_RELAY", "")[0]
+	}
 	names := []string{"start (NewEtcd)", "first round", "restart after a rank crash", "swap after a node loss", "restart after the swap"}
 	rows := map[string][]scaleRow{}
 	var heapPer, heapRoundPer []float64
@@ -765,7 +800,7 @@ func measureScale(t *testing.T, eps []string, serverPid, n, reps int) {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 			defer cancel()
 			h0, g0 := heapInUse(), runtime.NumGoroutine()
-			j := newSimJob(t, eps, simConfig{nodes: n, spares: spares, clients: 8, leaseTTL: leaseTTL})
+			j := newSimJob(t, eps, simConfig{nodes: n, spares: spares, clients: 8, leaseTTL: leaseTTL, relayGroup: relayGroup})
 			snap0 := j.load.snap()
 			took := j.start(ctx)
 			st := j.load.snap().since(snap0)

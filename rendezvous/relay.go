@@ -1,0 +1,667 @@
+package rendezvous
+
+import (
+	"bufio"
+	"context"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"slices"
+	"sync"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// The two-level join (docs/rendezvous.md, Scale, "Relays"). A first round
+// costs etcd two requests per node (its registration txn and its rank
+// read), and at 16,000 nodes one request per node is already most of the
+// time a round may take (TestScaleFloor). A relay is a node that writes
+// the registrations of the nodes that name it (its group, from the
+// scheduler's static topology) in batches, one guarded txn for up to
+// relayBatch of them, and reads their rank entries in batches, one
+// read-only txn for up to relayRankBatch.
+//
+// What stays each node's own: its lease (a membership is still put under
+// the member's lease, so its expiry still removes it), the proof of that
+// lease before it registers (Next waits for a renewal first, as for a
+// direct registration) and the fence. A relay changes who sends a
+// registration, not what it says nor when it may be sent: a member asks
+// only after its own proof, and a batch is written within relayQueueWait
+// plus one txn of the asking. Anything a batch cannot say for every one of
+// its members (a quarantine, a death record, a lease gone, the round
+// assigned, an error, a relay that is slow or gone) is answered
+// "register yourself": the member registers directly, which handles each
+// case as before (registering twice is harmless). A relay is an
+// optimisation that can only fall back.
+//
+// The relay port answers only the job: a connection proves the job secret
+// (RelayKey) in a challenge-response both ways before anything is read,
+// and every frame after carries an HMAC over its direction, sequence
+// number and bytes, so a host without the secret can neither register a
+// node nor read a rank, nor alter or replay a frame. Nothing received is
+// executed: a request is JSON of a fixed shape, checked field by field.
+
+const (
+	relayBatch     = 48 // registrations per txn: 48 puts, 48 deletes and a read stay within etcd's 128 ops
+	relayRankBatch = 120
+	relayQueueWait = 500 * time.Millisecond
+	relayTxnWait   = 2 * time.Second
+	// relayAnswerWait bounds a member's wait for its relay; then it
+	// registers (or reads its rank) directly.
+	relayAnswerWait = 3 * time.Second
+	relayDialWait   = time.Second
+	relayDownFor    = 10 * time.Second // after a failed dial, direct for this long
+	relayAuthWait   = 5 * time.Second
+	relayMaxConns   = 1024
+	relayMaxFrame   = 1 << 20
+	relayMagic      = "ftl-relay-1\n"
+	relayMACSize    = sha256.Size
+	relayNonceSize  = 32
+	relayLogEvery   = 10 * time.Second
+)
+
+// relayReq is a member's request.
+type relayReq struct {
+	Op        string `json:"op"` // "register" or "rank"
+	Round     int    `json:"round"`
+	Gen       int    `json:"gen"`
+	Node      string `json:"node"`
+	Member    string `json:"member,omitempty"` // the registration's value (memberInfo JSON)
+	Lease     int64  `json:"lease,omitempty"`
+	DeathRead bool   `json:"death_read,omitempty"`
+}
+
+// relayKV is a key and value the relay read.
+type relayKV struct {
+	Key   string `json:"k"`
+	Value []byte `json:"v"`
+}
+
+// relayReply answers one relayReq. OK false: do it yourself.
+type relayReply struct {
+	OK  bool      `json:"ok"`
+	Rev int64     `json:"rev,omitempty"`
+	KVs []relayKV `json:"kvs,omitempty"` // register: the round keys as the batch's txn read them; rank: the entry, if any
+	Why string    `json:"why,omitempty"`
+}
+
+func (q relayReq) check() error {
+	switch {
+	case q.Op != "register" && q.Op != "rank":
+		return fmt.Errorf("unknown op %q (register, rank)", q.Op)
+	case q.Round < 0 || q.Gen < 0:
+		return fmt.Errorf("bad round %d or generation %d", q.Round, q.Gen)
+	case q.Node == "" || len(q.Node) > 512:
+		return errors.New("bad node id")
+	}
+	if q.Op == "rank" {
+		return nil
+	}
+	if q.Lease <= 0 {
+		return errors.New("register without a lease")
+	}
+	var m memberInfo
+	if err := json.Unmarshal([]byte(q.Member), &m); err != nil {
+		return fmt.Errorf("bad member: %w", err)
+	}
+	if m.NodeID != q.Node {
+		return fmt.Errorf("member %q registered as node %q", m.NodeID, q.Node)
+	}
+	return nil
+}
+
+// relayConn is an authenticated connection: frames of a length, the bytes
+// and an HMAC of the direction, the sequence number and the bytes.
+type relayConn struct {
+	c                net.Conn
+	r                *bufio.Reader
+	sess             []byte
+	out, in          byte // direction bytes
+	sendSeq, recvSeq uint64
+}
+
+func relayMAC(key []byte, parts ...[]byte) []byte {
+	m := hmac.New(sha256.New, key)
+	for _, p := range parts {
+		m.Write(p)
+	}
+	return m.Sum(nil)
+}
+
+// relayHandshake proves the job secret both ways on c (server: the relay
+// side) and returns the connection with its session key.
+func relayHandshake(c net.Conn, key []byte, server bool) (*relayConn, error) {
+	r := bufio.NewReader(c)
+	var sn, cn [relayNonceSize]byte
+	if server {
+		if _, err := rand.Read(sn[:]); err != nil {
+			return nil, err
+		}
+		if _, err := c.Write(append([]byte(relayMagic), sn[:]...)); err != nil {
+			return nil, err
+		}
+		var in [relayNonceSize + relayMACSize]byte
+		if _, err := io.ReadFull(r, in[:]); err != nil {
+			return nil, fmt.Errorf("read proof: %w", err)
+		}
+		copy(cn[:], in[:relayNonceSize])
+		if !hmac.Equal(in[relayNonceSize:], relayMAC(key, []byte("c"), sn[:], cn[:])) {
+			return nil, errors.New("the peer did not prove the job secret")
+		}
+		if _, err := c.Write(relayMAC(key, []byte("s"), sn[:], cn[:])); err != nil {
+			return nil, err
+		}
+		return &relayConn{c: c, r: r, sess: relayMAC(key, []byte("k"), sn[:], cn[:]), out: 's', in: 'c'}, nil
+	}
+	var hello [len(relayMagic) + relayNonceSize]byte
+	if _, err := io.ReadFull(r, hello[:]); err != nil {
+		return nil, fmt.Errorf("read hello: %w", err)
+	}
+	if string(hello[:len(relayMagic)]) != relayMagic {
+		return nil, errors.New("not a relay port")
+	}
+	copy(sn[:], hello[len(relayMagic):])
+	if _, err := rand.Read(cn[:]); err != nil {
+		return nil, err
+	}
+	if _, err := c.Write(append(cn[:], relayMAC(key, []byte("c"), sn[:], cn[:])...)); err != nil {
+		return nil, err
+	}
+	var proof [relayMACSize]byte
+	if _, err := io.ReadFull(r, proof[:]); err != nil {
+		return nil, fmt.Errorf("read proof: %w", err)
+	}
+	if !hmac.Equal(proof[:], relayMAC(key, []byte("s"), sn[:], cn[:])) {
+		return nil, errors.New("the relay did not prove the job secret")
+	}
+	return &relayConn{c: c, r: r, sess: relayMAC(key, []byte("k"), sn[:], cn[:]), out: 'c', in: 's'}, nil
+}
+
+func (rc *relayConn) mac(dir byte, seq uint64, payload []byte) []byte {
+	var h [9]byte
+	h[0] = dir
+	binary.BigEndian.PutUint64(h[1:], seq)
+	return relayMAC(rc.sess, h[:], payload)
+}
+
+func (rc *relayConn) write(v any) error {
+	payload, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	buf := make([]byte, 4, 4+len(payload)+relayMACSize)
+	binary.BigEndian.PutUint32(buf, uint32(len(payload)))
+	buf = append(buf, payload...)
+	buf = append(buf, rc.mac(rc.out, rc.sendSeq, payload)...)
+	rc.sendSeq++
+	_, err = rc.c.Write(buf)
+	return err
+}
+
+func (rc *relayConn) read(v any) error {
+	var n [4]byte
+	if _, err := io.ReadFull(rc.r, n[:]); err != nil {
+		return err
+	}
+	size := binary.BigEndian.Uint32(n[:])
+	if size > relayMaxFrame {
+		return fmt.Errorf("frame of %d bytes (at most %d)", size, relayMaxFrame)
+	}
+	buf := make([]byte, int(size)+relayMACSize)
+	if _, err := io.ReadFull(rc.r, buf); err != nil {
+		return err
+	}
+	payload, sum := buf[:size], buf[size:]
+	if !hmac.Equal(sum, rc.mac(rc.in, rc.recvSeq, payload)) {
+		return errors.New("frame failed its HMAC")
+	}
+	rc.recvSeq++
+	return json.Unmarshal(payload, v)
+}
+
+// relayJob is one request waiting in the relay's batcher.
+type relayJob struct {
+	req   relayReq
+	at    time.Time
+	reply chan relayReply
+}
+
+type relayBatchKey struct {
+	op    string
+	round int
+}
+
+// relayServer is a relay node's listener and batcher.
+type relayServer struct {
+	ln     net.Listener
+	key    []byte
+	parts  *roundParts
+	gen    int
+	log    *slog.Logger
+	ctx    context.Context
+	cancel context.CancelFunc
+	jobs   chan *relayJob
+	wg     sync.WaitGroup
+
+	mu      sync.Mutex
+	conns   map[net.Conn]struct{}
+	lastLog time.Time
+	refused int
+	stats   relayStats
+}
+
+// relayStats count what a relay did: memberships it wrote and rank
+// entries it read for its members, in how many txns, and the requests it
+// sent back to be done directly.
+type relayStats struct {
+	Registered, RegisterTxns, Ranks, RankTxns, Declined, Refused int
+}
+
+func (s *relayServer) count(f func(*relayStats)) {
+	s.mu.Lock()
+	f(&s.stats)
+	s.mu.Unlock()
+}
+
+func (s *relayServer) statsNow() relayStats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.stats
+}
+
+// startRelay opens this node's relay listener on addr.
+func startRelay(addr string, key []byte, parts *roundParts, gen int, log *slog.Logger) (*relayServer, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("rendezvous: relay listener on %s: %w", addr, err)
+	}
+	s := &relayServer{ln: ln, key: key, parts: parts, gen: gen, log: log,
+		jobs: make(chan *relayJob, relayMaxConns), conns: map[net.Conn]struct{}{}}
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+	s.wg.Add(2)
+	go s.accept()
+	go s.batch()
+	return s, nil
+}
+
+// addr is the listener's address as bound.
+func (s *relayServer) addr() string { return s.ln.Addr().String() }
+
+func (s *relayServer) stop() {
+	s.cancel()
+	_ = s.ln.Close()
+	s.mu.Lock()
+	for c := range s.conns {
+		_ = c.Close()
+	}
+	s.mu.Unlock()
+	s.wg.Wait()
+}
+
+func (s *relayServer) accept() {
+	defer s.wg.Done()
+	for {
+		c, err := s.ln.Accept()
+		if err != nil {
+			return
+		}
+		s.mu.Lock()
+		if len(s.conns) >= relayMaxConns || s.ctx.Err() != nil {
+			s.mu.Unlock()
+			_ = c.Close()
+			s.refuse(c, "too many connections")
+			continue
+		}
+		s.conns[c] = struct{}{}
+		s.mu.Unlock()
+		s.wg.Add(1)
+		go s.serve(c)
+	}
+}
+
+// refuse logs a refused connection, at most every relayLogEvery.
+func (s *relayServer) refuse(c net.Conn, why string) {
+	s.mu.Lock()
+	s.refused++
+	s.stats.Refused++
+	n, now := s.refused, time.Now()
+	if now.Sub(s.lastLog) < relayLogEvery {
+		s.mu.Unlock()
+		return
+	}
+	s.lastLog, s.refused = now, 0
+	s.mu.Unlock()
+	s.log.Warn("relay refused a connection", "from", c.RemoteAddr().String(), "why", why, "refused", n)
+}
+
+func (s *relayServer) serve(c net.Conn) {
+	defer s.wg.Done()
+	defer func() {
+		_ = c.Close()
+		s.mu.Lock()
+		delete(s.conns, c)
+		s.mu.Unlock()
+	}()
+	_ = c.SetDeadline(time.Now().Add(relayAuthWait))
+	rc, err := relayHandshake(c, s.key, true)
+	if err != nil {
+		s.refuse(c, err.Error())
+		return
+	}
+	_ = c.SetDeadline(time.Time{})
+	for {
+		var q relayReq
+		if err := rc.read(&q); err != nil {
+			if !errors.Is(err, io.EOF) && s.ctx.Err() == nil {
+				s.log.Debug("relay connection ended", "from", c.RemoteAddr().String(), "err", err)
+			}
+			return
+		}
+		var ans relayReply
+		if err := q.check(); err != nil {
+			ans.Why = err.Error()
+			s.count(func(st *relayStats) { st.Declined++ })
+		} else if q.Gen != s.gen {
+			ans.Why = fmt.Sprintf("generation %d, the relay's is %d", q.Gen, s.gen)
+			s.count(func(st *relayStats) { st.Declined++ })
+		} else {
+			j := &relayJob{req: q, at: time.Now(), reply: make(chan relayReply, 1)}
+			select {
+			case s.jobs <- j:
+				select {
+				case ans = <-j.reply:
+				case <-s.ctx.Done():
+					return
+				}
+			case <-s.ctx.Done():
+				return
+			}
+		}
+		_ = c.SetWriteDeadline(time.Now().Add(relayAnswerWait))
+		if err := rc.write(ans); err != nil {
+			return
+		}
+	}
+}
+
+// batch gathers requests by kind and round, as a database commits a group:
+// a request goes out at once when no batch of its kind and round is in
+// flight, and those that arrive meanwhile go out together when it returns
+// (up to a full batch each). The batches grow with the load, and a lone
+// request waits for nothing.
+func (s *relayServer) batch() {
+	defer s.wg.Done()
+	pending := map[relayBatchKey][]*relayJob{}
+	busy := map[relayBatchKey]bool{}
+	done := make(chan relayBatchKey)
+	start := func(k relayBatchKey) {
+		js := pending[k]
+		size := relayBatch
+		if k.op == "rank" {
+			size = relayRankBatch
+		}
+		n := min(len(js), size)
+		batch := slices.Clone(js[:n])
+		if pending[k] = js[n:]; len(pending[k]) == 0 {
+			delete(pending, k)
+		}
+		busy[k] = true
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			s.flush(k, batch)
+			select {
+			case done <- k:
+			case <-s.ctx.Done():
+			}
+		}()
+	}
+	for {
+		select {
+		case <-s.ctx.Done():
+			for _, js := range pending {
+				answer(js, relayReply{Why: "relay closed"})
+			}
+			return
+		case j := <-s.jobs:
+			k := relayBatchKey{j.req.Op, j.req.Round}
+			pending[k] = append(pending[k], j)
+			if !busy[k] {
+				start(k)
+			}
+		case k := <-done:
+			delete(busy, k)
+			if len(pending[k]) > 0 {
+				start(k)
+			}
+		}
+	}
+}
+
+func answer(js []*relayJob, a relayReply) {
+	for _, j := range js {
+		j.reply <- a
+	}
+}
+
+// decline sends a batch back to be done directly.
+func (s *relayServer) decline(js []*relayJob, why string) {
+	s.count(func(st *relayStats) { st.Declined += len(js) })
+	answer(js, relayReply{Why: why})
+}
+
+// flush runs one batch.
+func (s *relayServer) flush(k relayBatchKey, js []*relayJob) {
+	// A request that waited too long goes back to its member, which may
+	// have given up on the relay and registered itself.
+	fresh := js[:0:0]
+	for _, j := range js {
+		if time.Since(j.at) > relayQueueWait {
+			s.decline([]*relayJob{j}, "waited too long at the relay")
+			continue
+		}
+		fresh = append(fresh, j)
+	}
+	if len(fresh) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(s.ctx, relayTxnWait)
+	defer cancel()
+	if k.op == "rank" {
+		s.readRanks(ctx, k.round, fresh)
+	} else {
+		s.register(ctx, k.round, fresh)
+	}
+}
+
+// register writes the batch's memberships of round r in one txn, guarded
+// as a direct registration is (round.register) for every member at once.
+func (s *relayServer) register(ctx context.Context, r int, js []*relayJob) {
+	rd := &round{roundParts: s.parts, r: r}
+	read := clientv3.OpGet(rd.k.assignment(r), clientv3.WithRange(rd.k.closer(r)+"\x00"))
+	guard := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(rd.k.assignment(r)), "=", 0),
+		clientv3.Compare(clientv3.CreateRevision(rd.k.closed()), "=", 0), rd.genCmp}
+	then := make([]clientv3.Op, 0, 2*len(js)+1)
+	for _, j := range js {
+		guard = append(guard, clientv3.Compare(clientv3.CreateRevision(rd.k.quarantine(nodeAddr(j.req.Node))), "=", 0))
+		if j.req.DeathRead {
+			guard = append(guard, clientv3.Compare(clientv3.CreateRevision(rd.k.dead(j.req.Node)), "=", 0))
+		}
+		then = append(then, clientv3.OpPut(rd.k.member(r, j.req.Node), j.req.Member, clientv3.WithLease(clientv3.LeaseID(j.req.Lease))))
+		if r >= 2 {
+			then = append(then, clientv3.OpDelete(rd.k.member(r-2, j.req.Node)))
+		}
+	}
+	resp, err := s.parts.cli.Txn(ctx).If(guard...).Then(append(then, read)...).Commit()
+	switch {
+	case err != nil:
+		// A lease gone (one member cut off past its TTL) fails the whole
+		// batch: each member registers itself, which replaces its lease.
+		s.log.Debug("relay registration batch failed; its members register themselves", "round", r, "members", len(js), "err", err)
+		s.decline(js, "batch failed: "+err.Error())
+		return
+	case !resp.Succeeded:
+		s.decline(js, "round assigned, job closed, or a member quarantined or recorded dead")
+		return
+	}
+	s.count(func(st *relayStats) { st.Registered += len(js); st.RegisterTxns++ })
+	rr := resp.Responses[len(resp.Responses)-1].GetResponseRange()
+	ans := relayReply{OK: true, Rev: resp.Header.Revision}
+	for _, kv := range rr.GetKvs() {
+		ans.KVs = append(ans.KVs, relayKV{Key: string(kv.Key), Value: kv.Value})
+	}
+	answer(js, ans)
+}
+
+// readRanks reads the batch's rank entries of round r in one read-only
+// txn (served as a linearizable read, not a raft write).
+func (s *relayServer) readRanks(ctx context.Context, r int, js []*relayJob) {
+	k := s.parts.k
+	ops := make([]clientv3.Op, len(js))
+	for i, j := range js {
+		ops[i] = clientv3.OpGet(k.rank(r, j.req.Node))
+	}
+	resp, err := s.parts.cli.Txn(ctx).Then(ops...).Commit()
+	if err != nil {
+		s.decline(js, "rank read failed: "+err.Error())
+		return
+	}
+	s.count(func(st *relayStats) { st.Ranks += len(js); st.RankTxns++ })
+	for i, j := range js {
+		ans := relayReply{OK: true, Rev: resp.Header.Revision}
+		for _, kv := range resp.Responses[i].GetResponseRange().GetKvs() {
+			ans.KVs = append(ans.KVs, relayKV{Key: string(kv.Key), Value: kv.Value})
+		}
+		j.reply <- ans
+	}
+}
+
+// relayClient is a member's connection to its relay: one request at a
+// time (a node registers or reads its rank once per round).
+type relayClient struct {
+	addr string
+	key  []byte
+	log  *slog.Logger
+
+	mu        sync.Mutex
+	conn      *relayConn
+	downUntil time.Time
+	warned    bool
+}
+
+// call sends q and returns the relay's answer; an error (no relay, a
+// broken connection, no answer within relayAnswerWait) or a reply that is
+// not OK means: do it directly.
+func (c *relayClient) call(ctx context.Context, q relayReq) (relayReply, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if time.Now().Before(c.downUntil) {
+		return relayReply{}, errors.New("relay unreachable recently")
+	}
+	if c.conn == nil {
+		d := net.Dialer{Timeout: relayDialWait}
+		nc, err := d.DialContext(ctx, "tcp", c.addr)
+		if err == nil {
+			_ = nc.SetDeadline(time.Now().Add(relayAuthWait))
+			var rc *relayConn
+			if rc, err = relayHandshake(nc, c.key, false); err != nil {
+				_ = nc.Close()
+			} else {
+				c.conn = rc
+			}
+		}
+		if err != nil {
+			c.downUntil = time.Now().Add(relayDownFor)
+			if !c.warned {
+				c.warned = true
+				c.log.Warn("relay unreachable; registering directly", "relay", c.addr, "err", err)
+			}
+			return relayReply{}, fmt.Errorf("relay %s: %w", c.addr, err)
+		}
+	}
+	dl := time.Now().Add(relayAnswerWait)
+	if d, ok := ctx.Deadline(); ok && d.Before(dl) {
+		dl = d
+	}
+	_ = c.conn.c.SetDeadline(dl)
+	var a relayReply
+	err := c.conn.write(q)
+	if err == nil {
+		err = c.conn.read(&a)
+	}
+	if err != nil {
+		// The connection's state (sequence numbers, a late answer) is
+		// unknown now: start a new one next time.
+		_ = c.conn.c.Close()
+		c.conn = nil
+		return relayReply{}, fmt.Errorf("relay %s: %w", c.addr, err)
+	}
+	return a, nil
+}
+
+func (c *relayClient) close() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.conn != nil {
+		_ = c.conn.c.Close()
+		c.conn = nil
+	}
+}
+
+// registerViaRelay asks this node's relay to register it in round rd.r;
+// ok false: register directly.
+func (rd *round) registerViaRelay(ctx context.Context, member string, lease clientv3.LeaseID, deathRead bool) (roundRead, bool) {
+	if rd.relay == nil {
+		return roundRead{}, false
+	}
+	a, err := rd.relay.call(ctx, relayReq{Op: "register", Round: rd.r, Gen: rd.gen, Node: rd.o.NodeID, Member: member,
+		Lease: int64(lease), DeathRead: deathRead})
+	if err != nil || !a.OK {
+		rd.log.Debug("relay did not register this node; registering directly", "round", rd.r, "err", err, "why", a.Why)
+		return roundRead{}, false
+	}
+	seen := roundRead{rev: a.Rev, lease: lease}
+	for _, kv := range a.KVs {
+		seen.kvs = append(seen.kvs, &mvccpb.KeyValue{Key: []byte(kv.Key), Value: kv.Value})
+	}
+	return seen, true
+}
+
+// rankViaRelay asks this node's relay for its rank entry in round rd.r;
+// ok false: read it directly.
+func (rd *round) rankViaRelay(ctx context.Context) (ri rankInfo, keyed, ok bool) {
+	if rd.relay == nil {
+		return rankInfo{}, false, false
+	}
+	a, err := rd.relay.call(ctx, relayReq{Op: "rank", Round: rd.r, Gen: rd.gen, Node: rd.o.NodeID})
+	if err != nil || !a.OK {
+		rd.log.Debug("relay did not read this node's rank; reading it directly", "round", rd.r, "err", err, "why", a.Why)
+		return rankInfo{}, false, false
+	}
+	ri = rankInfo{GroupRank: -1, Standby: true}
+	if len(a.KVs) == 0 {
+		return ri, false, true
+	}
+	if a.KVs[0].Key != rd.k.rank(rd.r, rd.o.NodeID) || json.Unmarshal(a.KVs[0].Value, &ri) != nil {
+		return rankInfo{}, false, false
+	}
+	return ri, true, true
+}
+
+// RelayAddr is the address this node's relay listener is bound to ("" when
+// it is not a relay).
+func (e *Etcd) RelayAddr() string {
+	if e.relay == nil {
+		return ""
+	}
+	return e.relay.addr()
+}
