@@ -73,6 +73,7 @@ type Rendezvous struct {
 	RejoinWait      time.Duration // a restart round waits this long for the previous round's nodes
 	MinNodesWait    time.Duration // in a fixed allocation (Slurm, MIN == MAX), a restart round short of MIN nodes ends the job after this
 	Gossip          Gossip        // the node-loss detector's timings (gossip_* keys)
+	Relay           Relay         // the two-level join (relay_* keys); Group 0: off
 }
 
 // ClientURLs are the endpoints as etcd client URLs.
@@ -117,6 +118,7 @@ func knownRdzvConfKeys() string {
 		keys = append(keys, t.key)
 	}
 	keys = append(keys, gossipKeys...)
+	keys = append(keys, relayKeys...)
 	return strings.Join(keys, ", ") + " and is_host"
 }
 
@@ -157,6 +159,9 @@ func (p *parser) resolveRendezvous() error {
 		return err
 	}
 	if err := p.rdzvConfGossip(&r, confSubj); err != nil {
+		return err
+	}
+	if err := p.rdzvConfRelay(&r, confSubj); err != nil {
 		return err
 	}
 	isHost, hasIsHost := false, false
@@ -330,7 +335,7 @@ func (p *parser) warnUnusedRdzvConf(confSubj string) {
 	for _, t := range rdzvTimings() {
 		known[t.key] = true
 	}
-	for _, k := range gossipKeys {
+	for _, k := range append(slices.Clone(gossipKeys), relayKeys...) {
 		known[k] = true
 	}
 	torchrunOnly := torchrunOnlyRdzvConf()

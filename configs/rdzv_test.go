@@ -223,7 +223,7 @@ func TestRendezvousConfWarnings(t *testing.T) {
 		{"torchrun TLS keys point at our flags", append(multi, "--rdzv-conf", "cacert=/ca.pem"), []string{
 			"--rdzv-conf cacert: torchrun's key, accepted but not used by ft-launcher (use --rdzv-ca-cert)"}},
 		{"unknown keys name the known ones", append(multi, "--rdzv-conf", "join_timout=5"), []string{
-			"--rdzv-conf join_timout: unknown key ignored; ft-launcher reads join_timeout, last_call_timeout, connect_timeout, lease_ttl, fence_margin, etcd_loss_bound, rejoin_wait, min_nodes_wait, gossip_probe_interval, gossip_probe_timeout, gossip_suspicion_mult, gossip_indirect_checks and is_host"}},
+			"--rdzv-conf join_timout: unknown key ignored; ft-launcher reads join_timeout, last_call_timeout, connect_timeout, lease_ttl, fence_margin, etcd_loss_bound, rejoin_wait, min_nodes_wait, gossip_probe_interval, gossip_probe_timeout, gossip_suspicion_mult, gossip_indirect_checks, relay_group, relay_port and is_host"}},
 		{"is_host with an external etcd", []string{"--nnodes", "2", "--rdzv-backend", "etcd", "--rdzv-endpoint", "e1", "--rdzv-conf", "is_host=1"}, []string{
 			"--rdzv-conf is_host: no effect with --rdzv-backend etcd"}},
 	}

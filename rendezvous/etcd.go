@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"strings"
 	"sync"
 	"time"
@@ -105,9 +106,15 @@ type EtcdOptions struct {
 	// the job secret): the relay port answers only a peer that proves it.
 	RelayListen, Relay string
 	RelayKey           []byte
-	DisableGossip      bool          // lease expiry is then the only node-loss detector
-	Gossip             GossipTimings // failure detector timings (zero fields: defaults)
-	HealthCheck        func(ctx context.Context) error
+	// RelayListener and RelayDial replace the relay's TCP listener and a
+	// member's TCP dial (the scale harness connects its 16,000 in-process
+	// nodes over in-memory pipes: their TCP connections would not fit one
+	// process's descriptors). nil: TCP.
+	RelayListener net.Listener
+	RelayDial     func(ctx context.Context, addr string) (net.Conn, error)
+	DisableGossip bool          // lease expiry is then the only node-loss detector
+	Gossip        GossipTimings // failure detector timings (zero fields: defaults)
+	HealthCheck   func(ctx context.Context) error
 	// MasterPort is the port this node advertises for round (its
 	// MASTER_PORT should it be group rank 0); nil picks a free one. The
 	// agent store binds its server on LocalAddr here, before the node
@@ -240,10 +247,17 @@ func (e *Etcd) start(ctx context.Context) error {
 	e.parts = &roundParts{cli: e.cli, k: e.k, gen: e.gen, genCmp: e.genCmp(), o: e.o, log: e.log,
 		sess: e.sess, view: e.view, loss: e.loss, node: e}
 	if e.o.Relay != "" {
-		e.parts.relay = &relayClient{addr: e.o.Relay, key: e.o.RelayKey, log: e.log}
+		e.parts.relay = &relayClient{addr: e.o.Relay, key: e.o.RelayKey, log: e.log, dial: e.o.RelayDial}
 	}
-	if e.o.RelayListen != "" {
-		rs, err := startRelay(e.o.RelayListen, e.o.RelayKey, e.parts, e.gen, e.log)
+	if e.o.RelayListen != "" || e.o.RelayListener != nil {
+		ln := e.o.RelayListener
+		if ln == nil {
+			var err error
+			if ln, err = net.Listen("tcp", e.o.RelayListen); err != nil {
+				return fmt.Errorf("rendezvous: relay listener on %s: %w", e.o.RelayListen, err)
+			}
+		}
+		rs, err := startRelay(ln, e.o.RelayKey, e.parts, e.gen, e.log)
 		if err != nil {
 			return err
 		}
@@ -275,7 +289,7 @@ func (o *EtcdOptions) defaults() error {
 	if o.NProcPerNode <= 0 || o.MinNodes <= 0 || o.MaxNodes < o.MinNodes {
 		return fmt.Errorf("rendezvous: bad sizes nproc=%d nnodes=%d:%d", o.NProcPerNode, o.MinNodes, o.MaxNodes)
 	}
-	if (o.Relay != "" || o.RelayListen != "") && len(o.RelayKey) < 32 {
+	if (o.Relay != "" || o.RelayListen != "" || o.RelayListener != nil) && len(o.RelayKey) < 32 {
 		return fmt.Errorf("rendezvous: a relay (Relay %q, RelayListen %q) needs RelayKey of at least 32 bytes derived from the job secret; got %d bytes",
 			o.Relay, o.RelayListen, len(o.RelayKey))
 	}

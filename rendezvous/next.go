@@ -215,9 +215,13 @@ func (e *Etcd) joinRound(ctx context.Context, target int) (Assignment, bool, err
 		a.NodeAddrs = rd.roundNodeAddrs(ctx)
 	}
 	e.o.Metrics.RoundCompleted(target, a.WorldSize, time.Since(start))
-	e.log.Info("rendezvous round closed", "round", target, "group_rank", a.GroupRank,
+	attrs := []any{"round", target, "group_rank", a.GroupRank,
 		"group_world_size", a.GroupWorldSize, "world_size", a.WorldSize, "standby", a.Standby,
-		"master", fmt.Sprintf("%s:%d", a.MasterAddr, a.MasterPort), "took", time.Since(start))
+		"master", fmt.Sprintf("%s:%d", a.MasterAddr, a.MasterPort), "took", time.Since(start)}
+	if rd.relayed {
+		attrs = append(attrs, "registered_by_relay", e.o.Relay)
+	}
+	e.log.Info("rendezvous round closed", attrs...)
 	return a, false, nil
 }
 

@@ -53,14 +53,23 @@ import (
 const (
 	relayBatch     = 48 // registrations per txn: 48 puts, 48 deletes and a read stay within etcd's 128 ops
 	relayRankBatch = 120
-	relayQueueWait = 500 * time.Millisecond
-	relayTxnWait   = 2 * time.Second
-	// relayAnswerWait bounds a member's wait for its relay; then it
-	// registers (or reads its rank) directly.
-	relayAnswerWait = 3 * time.Second
+	// relayBudget bounds a request's life at the relay, from its arrival
+	// to the end of the txn that carries it (retried while etcd is
+	// overloaded or away); a request older than that is declined unsent.
+	relayBudget = 8 * time.Second
+	// relayAnswerWait bounds a member's wait for its relay's answer once
+	// the handshake showed the relay running; then it registers (or reads
+	// its rank) directly. Above relayBudget, so that a member gives up only
+	// on a relay that froze mid-request, and the relay has sent nothing for
+	// it after that (but for a txn etcd applies after its caller's
+	// deadline: a second registration, harmless). A relay that is slow
+	// because etcd is slow is waited for: sending its members to etcd one
+	// by one would only add load (seen at 16,000 nodes, where a 3 s bound
+	// sent 16,000 of them).
+	relayAnswerWait = relayBudget + 2*time.Second
 	relayDialWait   = time.Second
 	relayDownFor    = 10 * time.Second // after a failed dial, direct for this long
-	relayAuthWait   = 5 * time.Second
+	relayAuthWait   = 2 * time.Second  // the handshake, either side
 	relayMaxConns   = 1024
 	relayMaxFrame   = 1 << 20
 	relayMagic      = "ftl-relay-1\n"
@@ -278,12 +287,8 @@ func (s *relayServer) statsNow() relayStats {
 	return s.stats
 }
 
-// startRelay opens this node's relay listener on addr.
-func startRelay(addr string, key []byte, parts *roundParts, gen int, log *slog.Logger) (*relayServer, error) {
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, fmt.Errorf("rendezvous: relay listener on %s: %w", addr, err)
-	}
+// startRelay serves this node's relay on ln.
+func startRelay(ln net.Listener, key []byte, parts *roundParts, gen int, log *slog.Logger) (*relayServer, error) {
 	s := &relayServer{ln: ln, key: key, parts: parts, gen: gen, log: log,
 		jobs: make(chan *relayJob, relayMaxConns), conns: map[net.Conn]struct{}{}}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
@@ -459,13 +464,15 @@ func (s *relayServer) decline(js []*relayJob, why string) {
 	answer(js, relayReply{Why: why})
 }
 
-// flush runs one batch.
+// flush runs one batch: a request past its budget is declined, and the
+// rest sent within the oldest one's, retried while etcd says "later"
+// (overloaded, unavailable): declining a batch because etcd is slow would
+// send its members to etcd one by one, more load on an etcd that is
+// already too slow.
 func (s *relayServer) flush(k relayBatchKey, js []*relayJob) {
-	// A request that waited too long goes back to its member, which may
-	// have given up on the relay and registered itself.
 	fresh := js[:0:0]
 	for _, j := range js {
-		if time.Since(j.at) > relayQueueWait {
+		if time.Since(j.at) > relayBudget {
 			s.decline([]*relayJob{j}, "waited too long at the relay")
 			continue
 		}
@@ -474,18 +481,30 @@ func (s *relayServer) flush(k relayBatchKey, js []*relayJob) {
 	if len(fresh) == 0 {
 		return
 	}
-	ctx, cancel := context.WithTimeout(s.ctx, relayTxnWait)
+	ctx, cancel := context.WithDeadline(s.ctx, fresh[0].at.Add(relayBudget))
 	defer cancel()
-	if k.op == "rank" {
-		s.readRanks(ctx, k.round, fresh)
-	} else {
-		s.register(ctx, k.round, fresh)
+	for {
+		var err error
+		if k.op == "rank" {
+			err = s.readRanks(ctx, k.round, fresh)
+		} else {
+			err = s.register(ctx, k.round, fresh)
+		}
+		if err == nil {
+			return
+		}
+		if !transient(err) || !sleepCtx(ctx, retryWait(err)) {
+			s.log.Debug("relay batch failed; its members do it themselves", "op", k.op, "round", k.round, "members", len(fresh), "err", err)
+			s.decline(fresh, "batch failed: "+err.Error())
+			return
+		}
 	}
 }
 
 // register writes the batch's memberships of round r in one txn, guarded
-// as a direct registration is (round.register) for every member at once.
-func (s *relayServer) register(ctx context.Context, r int, js []*relayJob) {
+// as a direct registration is (round.register) for every member at once,
+// and answers them; an error is etcd's, the batch unanswered.
+func (s *relayServer) register(ctx context.Context, r int, js []*relayJob) error {
 	rd := &round{roundParts: s.parts, r: r}
 	read := clientv3.OpGet(rd.k.assignment(r), clientv3.WithRange(rd.k.closer(r)+"\x00"))
 	guard := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(rd.k.assignment(r)), "=", 0),
@@ -505,13 +524,12 @@ func (s *relayServer) register(ctx context.Context, r int, js []*relayJob) {
 	switch {
 	case err != nil:
 		// A lease gone (one member cut off past its TTL) fails the whole
-		// batch: each member registers itself, which replaces its lease.
-		s.log.Debug("relay registration batch failed; its members register themselves", "round", r, "members", len(js), "err", err)
-		s.decline(js, "batch failed: "+err.Error())
-		return
+		// batch, not transiently: each member registers itself, which
+		// replaces its lease.
+		return err
 	case !resp.Succeeded:
 		s.decline(js, "round assigned, job closed, or a member quarantined or recorded dead")
-		return
+		return nil
 	}
 	s.count(func(st *relayStats) { st.Registered += len(js); st.RegisterTxns++ })
 	rr := resp.Responses[len(resp.Responses)-1].GetResponseRange()
@@ -520,11 +538,12 @@ func (s *relayServer) register(ctx context.Context, r int, js []*relayJob) {
 		ans.KVs = append(ans.KVs, relayKV{Key: string(kv.Key), Value: kv.Value})
 	}
 	answer(js, ans)
+	return nil
 }
 
 // readRanks reads the batch's rank entries of round r in one read-only
 // txn (served as a linearizable read, not a raft write).
-func (s *relayServer) readRanks(ctx context.Context, r int, js []*relayJob) {
+func (s *relayServer) readRanks(ctx context.Context, r int, js []*relayJob) error {
 	k := s.parts.k
 	ops := make([]clientv3.Op, len(js))
 	for i, j := range js {
@@ -532,8 +551,7 @@ func (s *relayServer) readRanks(ctx context.Context, r int, js []*relayJob) {
 	}
 	resp, err := s.parts.cli.Txn(ctx).Then(ops...).Commit()
 	if err != nil {
-		s.decline(js, "rank read failed: "+err.Error())
-		return
+		return err
 	}
 	s.count(func(st *relayStats) { st.Ranks += len(js); st.RankTxns++ })
 	for i, j := range js {
@@ -543,17 +561,21 @@ func (s *relayServer) readRanks(ctx context.Context, r int, js []*relayJob) {
 		}
 		j.reply <- ans
 	}
+	return nil
 }
 
-// relayClient is a member's connection to its relay: one request at a
-// time (a node registers or reads its rank once per round).
+// relayClient is a member's way to its relay: a connection per request
+// (a node asks twice per round at most; a relay serving its group holds
+// no idle connections between rounds, and a relay that restarted is
+// simply dialled again).
 type relayClient struct {
 	addr string
 	key  []byte
 	log  *slog.Logger
 
+	dial func(ctx context.Context, addr string) (net.Conn, error) // nil: TCP
+
 	mu        sync.Mutex
-	conn      *relayConn
 	downUntil time.Time
 	warned    bool
 }
@@ -563,58 +585,52 @@ type relayClient struct {
 // not OK means: do it directly.
 func (c *relayClient) call(ctx context.Context, q relayReq) (relayReply, error) {
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	if time.Now().Before(c.downUntil) {
+	down := time.Now().Before(c.downUntil)
+	c.mu.Unlock()
+	if down {
 		return relayReply{}, errors.New("relay unreachable recently")
-	}
-	if c.conn == nil {
-		d := net.Dialer{Timeout: relayDialWait}
-		nc, err := d.DialContext(ctx, "tcp", c.addr)
-		if err == nil {
-			_ = nc.SetDeadline(time.Now().Add(relayAuthWait))
-			var rc *relayConn
-			if rc, err = relayHandshake(nc, c.key, false); err != nil {
-				_ = nc.Close()
-			} else {
-				c.conn = rc
-			}
-		}
-		if err != nil {
-			c.downUntil = time.Now().Add(relayDownFor)
-			if !c.warned {
-				c.warned = true
-				c.log.Warn("relay unreachable; registering directly", "relay", c.addr, "err", err)
-			}
-			return relayReply{}, fmt.Errorf("relay %s: %w", c.addr, err)
-		}
 	}
 	dl := time.Now().Add(relayAnswerWait)
 	if d, ok := ctx.Deadline(); ok && d.Before(dl) {
 		dl = d
 	}
-	_ = c.conn.c.SetDeadline(dl)
-	var a relayReply
-	err := c.conn.write(q)
-	if err == nil {
-		err = c.conn.read(&a)
+	var nc net.Conn
+	var err error
+	if c.dial != nil {
+		nc, err = c.dial(ctx, c.addr)
+	} else {
+		d := net.Dialer{Timeout: relayDialWait}
+		nc, err = d.DialContext(ctx, "tcp", c.addr)
 	}
 	if err != nil {
-		// The connection's state (sequence numbers, a late answer) is
-		// unknown now: start a new one next time.
-		_ = c.conn.c.Close()
-		c.conn = nil
+		if ctx.Err() == nil {
+			c.mu.Lock()
+			c.downUntil = time.Now().Add(relayDownFor)
+			warn := !c.warned
+			c.warned = true
+			c.mu.Unlock()
+			if warn {
+				c.log.Warn("relay unreachable; registering directly", "relay", c.addr, "for", relayDownFor, "err", err)
+			}
+		}
+		return relayReply{}, fmt.Errorf("relay %s: %w", c.addr, err)
+	}
+	defer nc.Close()
+	// A relay that completes the handshake is running; one that does not
+	// within relayAuthWait (frozen, its host hung) is not waited for.
+	_ = nc.SetDeadline(time.Now().Add(relayAuthWait))
+	rc, err := relayHandshake(nc, c.key, false)
+	var a relayReply
+	if err == nil {
+		_ = nc.SetDeadline(dl)
+		if err = rc.write(q); err == nil {
+			err = rc.read(&a)
+		}
+	}
+	if err != nil {
 		return relayReply{}, fmt.Errorf("relay %s: %w", c.addr, err)
 	}
 	return a, nil
-}
-
-func (c *relayClient) close() {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.conn != nil {
-		_ = c.conn.c.Close()
-		c.conn = nil
-	}
 }
 
 // registerViaRelay asks this node's relay to register it in round rd.r;

@@ -131,7 +131,7 @@ func TestRelayFallsBack(t *testing.T) {
 // TestRelayPortAnswersOnlyTheJob: the handshake refuses a peer without the
 // job secret (either side), and a frame altered or replayed is refused.
 func TestRelayPortAnswersOnlyTheJob(t *testing.T) {
-	s, err := startRelay("127.0.0.1:0", testRelayKey, &roundParts{}, 0, testLogger(t))
+	s, err := startRelay(tcpListener(t), testRelayKey, &roundParts{}, 0, testLogger(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -185,7 +185,7 @@ func TestRelayPortAnswersOnlyTheJob(t *testing.T) {
 		t.Fatalf("an altered frame was answered: %+v", a)
 	}
 	// A server without the secret: the client refuses it.
-	fake, err := startRelay("127.0.0.1:0", []byte(strings.Repeat("z", 32)), &roundParts{}, 0, testLogger(t))
+	fake, err := startRelay(tcpListener(t), []byte(strings.Repeat("z", 32)), &roundParts{}, 0, testLogger(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -234,4 +234,13 @@ func TestRelayNeedsKey(t *testing.T) {
 	if err := o.defaults(); err == nil || !strings.Contains(err.Error(), "RelayKey") {
 		t.Fatalf("defaults() = %v, want an error naming RelayKey", err)
 	}
+}
+
+func tcpListener(t *testing.T) net.Listener {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ln
 }

@@ -32,6 +32,8 @@ import (
 type round struct {
 	*roundParts
 	r int
+	// relayed: this node's registration in r went through its relay.
+	relayed bool
 }
 
 // roundParts are what every round of a node shares, fixed once the node
@@ -143,6 +145,7 @@ func (rd *round) register(ctx context.Context, deathRead bool) (roundRead, error
 	}
 	lease := rd.sess.current()
 	if seen, ok := rd.registerViaRelay(ctx, string(b), lease, deathRead); ok {
+		rd.relayed = true
 		rd.node.registered(rd.r)
 		return seen, nil
 	}

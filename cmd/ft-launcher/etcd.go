@@ -70,7 +70,16 @@ func newEtcdRendezvous(ctx context.Context, cfg *configs.Config, log *slog.Logge
 		cleanup()
 		return nil, nil, err
 	}
+	relayLn, relayAddr, relayKey, err := relaySetup(cfg, localAddr, launcherNetwork(os.Getenv).Resolve, log)
+	if err != nil {
+		cleanup()
+		return nil, nil, err
+	}
+	if relayLn != nil {
+		ls.own(listenRelay, "tcp", relayAddrOf(relayLn), "")
+	}
 	r, err := rendezvous.NewEtcd(ctx, rendezvous.EtcdOptions{MasterPort: masterPort, GossipKey: gossipKey,
+		RelayListener: relayLn, Relay: relayAddr, RelayKey: relayKey,
 		JoinTimeout: rz.JoinTimeout, LastCall: rz.LastCallTimeout,
 		ConnectTimeout: rz.ConnectTimeout, LeaseTTL: rz.LeaseTTL, FenceMargin: rz.FenceMargin,
 		EtcdLossBound: rz.EtcdLossBound, RejoinWait: rz.RejoinWait, MinNodesWait: rz.MinNodesWait,
@@ -94,6 +103,9 @@ func newEtcdRendezvous(ctx context.Context, cfg *configs.Config, log *slog.Logge
 		FixedAllocation: cfg.Slurm.InJob() && cfg.NNodes.Min == cfg.NNodes.Max,
 	})
 	if err != nil {
+		if relayLn != nil {
+			_ = relayLn.Close() // NewEtcd closes it only once it started serving
+		}
 		cleanup()
 		err = fmt.Errorf("etcd rendezvous at %v: %w", rz.Endpoints, err)
 		// Only when nothing answered: a local failure (a port, gossip)

@@ -18,6 +18,7 @@ const (
 	listenStateReplication = "state-replication" // buddy copies of the ranks' state (state.Receiver)
 	listenStream           = "stream"            // the fast node-loss signal (rendezvous/stream.go)
 	listenGossip           = "gossip"            // memberlist, TCP and UDP on one port (rendezvous/detector.go)
+	listenRelay            = "relay"             // the two-level join's relay port (rendezvous/relay.go; --rdzv-conf relay_group)
 	listenMetrics          = "metrics"           // Prometheus /metrics (--metrics-addr)
 	listenEtcdClient       = "etcd-client"       // the embedded etcd's client URL (ft-launcher-etcd)
 	listenEtcdPeer         = "etcd-peer"         // the embedded etcd's peer URL (ft-launcher-etcd)

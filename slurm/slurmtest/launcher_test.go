@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -299,5 +300,46 @@ func TestNoLauncherHostsSaysSo(t *testing.T) {
 	// Said at once, not only when connect_timeout ran out.
 	if !strings.Contains(logs, "nothing listens at the embedded etcd's endpoints yet") {
 		t.Errorf("no early warning:\n%s", logs)
+	}
+}
+
+// TestSrunWithRelays: the two-level join on a real allocation (--rdzv-conf
+// relay_group=2, a job secret): on 3 nodes, n1 is the relay of n1 and n2
+// and n3 its own; n2's registrations in both rounds (a rank crash
+// restarts the job once) go through n1's relay port, the ranks run and
+// the job succeeds.
+func TestSrunWithRelays(t *testing.T) {
+	skipShort(t)
+	c := need(t)
+	ctx, cancel := runclock.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	j := newLaunchJob(t, c)
+	secret := filepath.Join(j.work, "job-secret")
+	if err := os.WriteFile(secret, []byte("relay-test-secret-0123456789abcdef\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ports, err := freePorts(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Group rank 1's rank fails in the first round only.
+	rank := rankScript(t, j.work, "rank.sh", `if [ "$GROUP_RANK" = 1 ] && [ "$TORCHELASTIC_RESTART_COUNT" = 0 ]; then exit 3; fi
+echo "rank $RANK of $WORLD_SIZE in round $TORCHELASTIC_RESTART_COUNT"`)
+	j.submit(ctx, 3, fmt.Sprintf("srun ft-launcher --nproc-per-node 1 --no-python --max-restarts 2 --job-secret-file %s --rdzv-conf relay_group=2,relay_port=%d %s",
+		secret, ports[0], rank), "COMPLETED")
+	logs := j.output()
+	relayOf := net.JoinHostPort(c.Nodes[0].Addr, strconv.Itoa(ports[0]))
+	for _, want := range []string{
+		"addr=" + relayOf + " group=2 node_index=0",
+		"addr=" + net.JoinHostPort(c.Nodes[2].Addr, strconv.Itoa(ports[0])) + " group=2 node_index=2",
+		"name=relay network=tcp address=" + relayOf,
+		"rank 0 of 3 in round 1", "rank 1 of 3 in round 1", "rank 2 of 3 in round 1",
+	} {
+		if !strings.Contains(logs, want) {
+			t.Errorf("job output lacks %q:\n%s", want, logs)
+		}
+	}
+	if n := strings.Count(logs, "registered_by_relay="+relayOf); n < 2 {
+		t.Errorf("n2 registered through n1's relay in %d rounds, want 2 (round 0 and the restart):\n%s", n, logs)
 	}
 }

@@ -1,0 +1,82 @@
+package configs
+
+import (
+	"strconv"
+	"strings"
+
+	"github.com/ftlauncher/ft-launcher/slurm"
+)
+
+// Relay is the two-level join's settings (--rdzv-conf relay_group and
+// relay_port; docs/rendezvous.md, "Relays"): every Group-th node of the
+// allocation registers itself and the Group-1 nodes after it in batches.
+// A node must know its relay before anything is written, so the topology
+// comes from the scheduler: inside a Slurm job, the allocation's node
+// names in order and this node's index in it.
+type Relay struct {
+	Group int // nodes per relay; 0: off (every node registers itself)
+	Port  int // the relay port, the same on every node
+	// Nodes are the allocation's node names (SLURM_JOB_NODELIST
+	// expanded) and Index this node's position in it (SLURM_NODEID).
+	Nodes []string
+	Index int
+}
+
+// DefaultRelayPort is relay_port's default.
+const DefaultRelayPort = 29402
+
+// relayKeys are the --rdzv-conf keys of the relays.
+var relayKeys = []string{"relay_group", "relay_port"}
+
+// RelayNode is the name of this node's relay and whether it is this node.
+func (r Relay) RelayNode() (name string, self bool) {
+	i := r.Index - r.Index%r.Group
+	return r.Nodes[i], i == r.Index
+}
+
+// rdzvConfRelay reads and checks the relay keys.
+func (p *parser) rdzvConfRelay(r *Rendezvous, confSubj string) error {
+	conf := p.cfg.RdzvConf
+	whole := func(key string, lo, hi int, dst *int) error {
+		v, ok := conf[key]
+		if !ok {
+			return nil
+		}
+		n, err := strconv.Atoi(strings.TrimSpace(v))
+		if err != nil || n < lo || n > hi {
+			return usageErr(confSubj, "%s %s=%q: must be a whole number from %d to %d", confSubj, key, v, lo, hi)
+		}
+		*dst = n
+		return nil
+	}
+	rl := Relay{Port: DefaultRelayPort}
+	if err := whole("relay_group", 0, 1024, &rl.Group); err != nil {
+		return err
+	}
+	if err := whole("relay_port", 1, 65535, &rl.Port); err != nil {
+		return err
+	}
+	if rl.Group == 1 {
+		return usageErr(confSubj, "%s relay_group=1: a relay for one node saves nothing; use 0 (off) or 2 to 1024 nodes per relay (64 is a good start)", confSubj)
+	}
+	if rl.Group == 0 {
+		return nil
+	}
+	sl := p.cfg.Slurm
+	if !sl.InJob() || sl.JobNodeList == "" || sl.NodeID < 0 {
+		return usageErr(confSubj, "%s relay_group: needs the scheduler's node list, known before anything starts: run inside a Slurm job (SLURM_JOB_NODELIST and SLURM_NODEID set); remove relay_group elsewhere", confSubj)
+	}
+	if p.cfg.JobSecretFile == "" {
+		return usageErr(confSubj, "%s relay_group: needs --job-secret-file: a relay writes other nodes' registrations and answers only peers that prove the job secret", confSubj)
+	}
+	nodes, err := slurm.ExpandNodeList(sl.JobNodeList)
+	if err != nil {
+		return usageErr(confSubj, "%s relay_group: SLURM_JOB_NODELIST: %v", confSubj, err)
+	}
+	if sl.NodeID >= len(nodes) {
+		return usageErr(confSubj, "%s relay_group: SLURM_NODEID %d is outside SLURM_JOB_NODELIST's %d nodes", confSubj, sl.NodeID, len(nodes))
+	}
+	rl.Nodes, rl.Index = nodes, sl.NodeID
+	r.Relay = rl
+	return nil
+}

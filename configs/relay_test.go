@@ -1,0 +1,68 @@
+package configs
+
+import (
+	"reflect"
+	"testing"
+)
+
+// TestRelayConf: relay_group and relay_port are read inside a Slurm job
+// with a job secret, the node list expanded; anything else is a usage
+// error that names the key and what is allowed.
+func TestRelayConf(t *testing.T) {
+	multi := []string{"--nnodes", "4", "--rdzv-endpoint", "10.0.0.1", "--job-secret-file", "/run/secrets/job"}
+	slurmEnv := func(nodeID string) map[string]string {
+		return map[string]string{"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-3],gpu07", "SLURM_NODEID": nodeID}
+	}
+	t.Run("off by default", func(t *testing.T) {
+		c, err := parseRdzv(t, multi, slurmEnv("1"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(c.Rdzv.Relay, Relay{}) {
+			t.Fatalf("Relay = %+v, want off", c.Rdzv.Relay)
+		}
+	})
+	for _, tt := range []struct {
+		name, conf, nodeID string
+		want               Relay
+		relay              string
+		self               bool
+	}{
+		{"a member", "relay_group=2", "1", Relay{Group: 2, Port: DefaultRelayPort, Nodes: []string{"n1", "n2", "n3", "gpu07"}, Index: 1}, "n1", false},
+		{"a relay", "relay_group=2,relay_port=4000", "2", Relay{Group: 2, Port: 4000, Nodes: []string{"n1", "n2", "n3", "gpu07"}, Index: 2}, "n3", true},
+		{"a group larger than the job", "relay_group=64", "3", Relay{Group: 64, Port: DefaultRelayPort, Nodes: []string{"n1", "n2", "n3", "gpu07"}, Index: 3}, "n1", false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			c, err := parseRdzv(t, append(multi, "--rdzv-conf", tt.conf), slurmEnv(tt.nodeID))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(c.Rdzv.Relay, tt.want) {
+				t.Fatalf("Relay = %+v, want %+v", c.Rdzv.Relay, tt.want)
+			}
+			if name, self := c.Rdzv.Relay.RelayNode(); name != tt.relay || self != tt.self {
+				t.Fatalf("RelayNode() = %s, %v; want %s, %v", name, self, tt.relay, tt.self)
+			}
+		})
+	}
+	for _, tt := range []struct {
+		name string
+		args []string
+		env  map[string]string
+		want string
+	}{
+		{"not a number", append(multi, "--rdzv-conf", "relay_group=many"), slurmEnv("0"), `--rdzv-conf relay_group="many": must be a whole number from 0 to 1024`},
+		{"too large", append(multi, "--rdzv-conf", "relay_group=2000"), slurmEnv("0"), `--rdzv-conf relay_group="2000": must be a whole number from 0 to 1024`},
+		{"one", append(multi, "--rdzv-conf", "relay_group=1"), slurmEnv("0"), "--rdzv-conf relay_group=1: a relay for one node saves nothing; use 0 (off) or 2 to 1024"},
+		{"port 0", append(multi, "--rdzv-conf", "relay_group=2,relay_port=0"), slurmEnv("0"), `--rdzv-conf relay_port="0": must be a whole number from 1 to 65535`},
+		{"outside Slurm", append(multi, "--rdzv-conf", "relay_group=2"), nil, "--rdzv-conf relay_group: needs the scheduler's node list, known before anything starts: run inside a Slurm job"},
+		{"no job secret", []string{"--nnodes", "4", "--rdzv-endpoint", "10.0.0.1", "--rdzv-conf", "relay_group=2"}, slurmEnv("0"),
+			"--rdzv-conf relay_group: needs --job-secret-file"},
+		{"node id outside the list", append(multi, "--rdzv-conf", "relay_group=2"), slurmEnv("4"), "--rdzv-conf relay_group: SLURM_NODEID 4 is outside SLURM_JOB_NODELIST's 4 nodes"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := parseRdzv(t, tt.args, tt.env)
+			checkUsageError(t, err, "--rdzv-conf", tt.want)
+		})
+	}
+}
