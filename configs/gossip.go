@@ -42,18 +42,7 @@ func (p *parser) rdzvConfGossip(r *Rendezvous, confSubj string) error {
 		*dst = time.Duration(math.Round(f * float64(time.Second)))
 		return nil
 	}
-	count := func(key string, lo, hi int, dst *int) error {
-		v, ok := conf[key]
-		if !ok {
-			return nil
-		}
-		n, err := strconv.Atoi(strings.TrimSpace(v))
-		if err != nil || n < lo || n > hi {
-			return usageErr(confSubj, "%s %s=%q: must be a whole number from %d to %d", confSubj, key, v, lo, hi)
-		}
-		*dst = n
-		return nil
-	}
+	count := func(key string, lo, hi int, dst *int) error { return p.wholeConf(confSubj, key, lo, hi, dst) }
 	g := &r.Gossip
 	if err := secs("gossip_probe_interval", 10*time.Millisecond, 60*time.Second, &g.ProbeInterval); err != nil {
 		return err
@@ -78,5 +67,20 @@ func (p *parser) rdzvConfGossip(r *Rendezvous, confSubj string) error {
 		return usageErr(confSubj, "%s gossip_probe_timeout=%s: must be shorter than the probe interval (%s): a probe and its indirect probes fit in one interval",
 			confSubj, conf["gossip_probe_timeout"], interval)
 	}
+	return nil
+}
+
+// wholeConf reads --rdzv-conf key as a whole number from lo to hi into
+// dst; an absent key leaves dst alone.
+func (p *parser) wholeConf(confSubj, key string, lo, hi int, dst *int) error {
+	v, ok := p.cfg.RdzvConf[key]
+	if !ok {
+		return nil
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(v))
+	if err != nil || n < lo || n > hi {
+		return usageErr(confSubj, "%s %s=%q: must be a whole number from %d to %d", confSubj, key, v, lo, hi)
+	}
+	*dst = n
 	return nil
 }

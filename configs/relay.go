@@ -1,9 +1,6 @@
 package configs
 
 import (
-	"strconv"
-	"strings"
-
 	"github.com/ftlauncher/ft-launcher/slurm"
 )
 
@@ -36,24 +33,11 @@ func (r Relay) RelayNode() (name string, self bool) {
 
 // rdzvConfRelay reads and checks the relay keys.
 func (p *parser) rdzvConfRelay(r *Rendezvous, confSubj string) error {
-	conf := p.cfg.RdzvConf
-	whole := func(key string, lo, hi int, dst *int) error {
-		v, ok := conf[key]
-		if !ok {
-			return nil
-		}
-		n, err := strconv.Atoi(strings.TrimSpace(v))
-		if err != nil || n < lo || n > hi {
-			return usageErr(confSubj, "%s %s=%q: must be a whole number from %d to %d", confSubj, key, v, lo, hi)
-		}
-		*dst = n
-		return nil
-	}
 	rl := Relay{Port: DefaultRelayPort}
-	if err := whole("relay_group", 0, 1024, &rl.Group); err != nil {
+	if err := p.wholeConf(confSubj, "relay_group", 0, 1024, &rl.Group); err != nil {
 		return err
 	}
-	if err := whole("relay_port", 1, 65535, &rl.Port); err != nil {
+	if err := p.wholeConf(confSubj, "relay_port", 1, 65535, &rl.Port); err != nil {
 		return err
 	}
 	if rl.Group == 1 {

@@ -1,8 +1,6 @@
 package main
 
 import (
-	"crypto/hmac"
-	"crypto/sha256"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -51,15 +49,7 @@ func relaySetup(cfg *configs.Config, localAddr string, resolve func(string) ([]s
 
 // relayKeyOf derives the relay port's key from the job secret (nil: no
 // secret), as gossip's is: one secret, a key per use.
-func relayKeyOf(cfg *configs.Config) ([]byte, error) {
-	secret, err := readJobSecret(cfg.JobSecretFile)
-	if err != nil || secret == nil {
-		return nil, err
-	}
-	mac := hmac.New(sha256.New, secret)
-	mac.Write([]byte("ft-launcher relay\x00" + cfg.RdzvID))
-	return mac.Sum(nil), nil
-}
+func relayKeyOf(cfg *configs.Config) ([]byte, error) { return jobSecretKey(cfg, "relay") }
 
 // relayAddrOf is the relay listener's address for the listeners record.
 func relayAddrOf(ln net.Listener) string {

@@ -103,13 +103,18 @@ func readJobSecret(path string) ([]byte, error) {
 // one): HMAC-SHA256 of the run id under the secret, so that the secret
 // itself never keys a second protocol and another job's gossip, even one
 // sharing the secret file, does not decrypt this one's.
-func gossipKeyOf(cfg *configs.Config) ([]byte, error) {
+func gossipKeyOf(cfg *configs.Config) ([]byte, error) { return jobSecretKey(cfg, "gossip") }
+
+// jobSecretKey is the 32-byte key of one use of the job secret (nil
+// without a secret): HMAC-SHA256 of "ft-launcher <use>", a zero byte and
+// the run id, under the secret.
+func jobSecretKey(cfg *configs.Config, use string) ([]byte, error) {
 	secret, err := readJobSecret(cfg.JobSecretFile)
 	if err != nil || secret == nil {
 		return nil, err
 	}
 	mac := hmac.New(sha256.New, secret)
-	mac.Write([]byte("ft-launcher gossip\x00" + cfg.RdzvID))
+	mac.Write([]byte("ft-launcher " + use + "\x00" + cfg.RdzvID))
 	return mac.Sum(nil), nil
 }
 
