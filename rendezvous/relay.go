@@ -317,7 +317,14 @@ func (s *relayServer) accept() {
 	for {
 		c, err := s.ln.Accept()
 		if err != nil {
-			return
+			if s.ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
+				return
+			}
+			// Out of descriptors, or a connection aborted before it was
+			// taken: the listener lives on.
+			s.log.Warn("relay: accept failed", "err", err)
+			sleepCtx(s.ctx, 50*time.Millisecond)
+			continue
 		}
 		s.mu.Lock()
 		if len(s.conns) >= relayMaxConns || s.ctx.Err() != nil {
