@@ -95,7 +95,14 @@ func (s *streamServer) accept() {
 	for {
 		c, err := s.ln.Accept()
 		if err != nil {
-			return
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			// Out of descriptors, or a connection aborted before it was
+			// taken: the fast loss signal must not end with it.
+			s.log.Warn("stream listener: accept failed", "err", err)
+			time.Sleep(50 * time.Millisecond)
+			continue
 		}
 		ip := netutil.RemoteIP(c)
 		s.mu.Lock()
