@@ -2,6 +2,7 @@ package rendezvous
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"sync"
 	"syscall"
@@ -174,6 +175,20 @@ func TestEtcdGossipLossWaitsForLeaseExpiry(t *testing.T) {
 	victim := c.nodes[2]
 	ends := []<-chan RoundEnd{c.nodes[0].Ended(0), c.nodes[1].Ended(0)}
 	waitGossip(t, c.nodes...) // the peers know the victim by gossip before it goes silent
+	// ... and hold their watch connections to its stream port: a watcher
+	// that first dials after the listener closed is refused, which is a
+	// loss by the stream path, not the gossip one this test is about.
+	settle(t, "the victim watched by both peers", func() string {
+		victim.loss.mu.Lock()
+		s := victim.loss.stream
+		victim.loss.mu.Unlock()
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if n := len(s.conns); n < 2 {
+			return fmt.Sprintf("%d watch connections held", n)
+		}
+		return ""
+	})
 	victim.stopGossip(false)
 	victim.loss.mu.Lock()
 	victim.loss.stream.ln.Close() // new dials are refused; held connections stay (no EOF, no refused redial)
