@@ -257,11 +257,7 @@ func (e *Etcd) start(ctx context.Context) error {
 				return fmt.Errorf("rendezvous: relay listener on %s: %w", e.o.RelayListen, err)
 			}
 		}
-		rs, err := startRelay(ln, e.o.RelayKey, e.parts, e.gen, e.log)
-		if err != nil {
-			return err
-		}
-		e.relay = rs
+		e.relay = startRelay(ln, e.o.RelayKey, e.parts, e.gen, e.log)
 	}
 	var rev int64
 	if err := retryFor(ctx, e.log, e.o.ConnectTimeout, func(ctx context.Context) (err error) {

@@ -288,14 +288,14 @@ func (s *relayServer) statsNow() relayStats {
 }
 
 // startRelay serves this node's relay on ln.
-func startRelay(ln net.Listener, key []byte, parts *roundParts, gen int, log *slog.Logger) (*relayServer, error) {
+func startRelay(ln net.Listener, key []byte, parts *roundParts, gen int, log *slog.Logger) *relayServer {
 	s := &relayServer{ln: ln, key: key, parts: parts, gen: gen, log: log,
 		jobs: make(chan *relayJob, relayMaxConns), conns: map[net.Conn]struct{}{}}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.wg.Add(2)
 	go s.accept()
 	go s.batch()
-	return s, nil
+	return s
 }
 
 // addr is the listener's address as bound.
@@ -513,19 +513,12 @@ func (s *relayServer) flush(k relayBatchKey, js []*relayJob) {
 // and answers them; an error is etcd's, the batch unanswered.
 func (s *relayServer) register(ctx context.Context, r int, js []*relayJob) error {
 	rd := &round{roundParts: s.parts, r: r}
-	read := clientv3.OpGet(rd.k.assignment(r), clientv3.WithRange(rd.k.closer(r)+"\x00"))
-	guard := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(rd.k.assignment(r)), "=", 0),
-		clientv3.Compare(clientv3.CreateRevision(rd.k.closed()), "=", 0), rd.genCmp}
+	read := rd.roundKeysRead()
+	guard := rd.joinGuard()
 	then := make([]clientv3.Op, 0, 2*len(js)+1)
 	for _, j := range js {
-		guard = append(guard, clientv3.Compare(clientv3.CreateRevision(rd.k.quarantine(nodeAddr(j.req.Node))), "=", 0))
-		if j.req.DeathRead {
-			guard = append(guard, clientv3.Compare(clientv3.CreateRevision(rd.k.dead(j.req.Node)), "=", 0))
-		}
-		then = append(then, clientv3.OpPut(rd.k.member(r, j.req.Node), j.req.Member, clientv3.WithLease(clientv3.LeaseID(j.req.Lease))))
-		if r >= 2 {
-			then = append(then, clientv3.OpDelete(rd.k.member(r-2, j.req.Node)))
-		}
+		guard = append(guard, rd.nodeGuard(j.req.Node, j.req.DeathRead)...)
+		then = append(then, rd.membership(j.req.Node, j.req.Member, clientv3.LeaseID(j.req.Lease))...)
 	}
 	resp, err := s.parts.cli.Txn(ctx).If(guard...).Then(append(then, read)...).Commit()
 	switch {
@@ -670,14 +663,16 @@ func (rd *round) rankViaRelay(ctx context.Context) (ri rankInfo, keyed, ok bool)
 		rd.log.Debug("relay did not read this node's rank; reading it directly", "round", rd.r, "err", err, "why", a.Why)
 		return rankInfo{}, false, false
 	}
-	ri = rankInfo{GroupRank: -1, Standby: true}
-	if len(a.KVs) == 0 {
-		return ri, false, true
-	}
-	if a.KVs[0].Key != rd.k.rank(rd.r, rd.o.NodeID) || json.Unmarshal(a.KVs[0].Value, &ri) != nil {
+	found := len(a.KVs) > 0
+	if found && a.KVs[0].Key != rd.k.rank(rd.r, rd.o.NodeID) {
 		return rankInfo{}, false, false
 	}
-	return ri, true, true
+	var v []byte
+	if found {
+		v = a.KVs[0].Value
+	}
+	ri, keyed, err = rd.decodeRank(v, found)
+	return ri, keyed, err == nil
 }
 
 // RelayAddr is the address this node's relay listener is bound to ("" when

@@ -131,10 +131,7 @@ func TestRelayFallsBack(t *testing.T) {
 // TestRelayPortAnswersOnlyTheJob: the handshake refuses a peer without the
 // job secret (either side), and a frame altered or replayed is refused.
 func TestRelayPortAnswersOnlyTheJob(t *testing.T) {
-	s, err := startRelay(tcpListener(t), testRelayKey, &roundParts{}, 0, testLogger(t))
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := startRelay(tcpListener(t), testRelayKey, &roundParts{}, 0, testLogger(t))
 	defer s.stop()
 	dial := func(key []byte) (*relayConn, error) {
 		c, err := net.DialTimeout("tcp", s.addr(), time.Second)
@@ -185,10 +182,7 @@ func TestRelayPortAnswersOnlyTheJob(t *testing.T) {
 		t.Fatalf("an altered frame was answered: %+v", a)
 	}
 	// A server without the secret: the client refuses it.
-	fake, err := startRelay(tcpListener(t), []byte(strings.Repeat("z", 32)), &roundParts{}, 0, testLogger(t))
-	if err != nil {
-		t.Fatal(err)
-	}
+	fake := startRelay(tcpListener(t), []byte(strings.Repeat("z", 32)), &roundParts{}, 0, testLogger(t))
 	defer fake.stop()
 	c, err := net.DialTimeout("tcp", fake.addr(), time.Second)
 	if err != nil {

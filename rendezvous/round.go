@@ -121,26 +121,17 @@ func (rd *round) register(ctx context.Context, deathRead bool) (roundRead, error
 		NProc: rd.o.NProcPerNode, MasterPort: port, GossipAddr: gossipAddr, StreamAddr: streamAddr,
 		ReplicaAddr: rd.o.ReplicaAddr}
 	b, _ := json.Marshal(mi)
-	// One read covers the assignment and the closer key (adjacent keys).
-	read := clientv3.OpGet(rd.k.assignment(rd.r), clientv3.WithRange(rd.k.closer(rd.r)+"\x00"))
+	read := rd.roundKeysRead()
 	// The node registers only if it is not quarantined and, once it has
 	// had a round, not recorded dead; otherwise the Else branch reads why.
+	guard := append(rd.joinGuard(), rd.nodeGuard(rd.o.NodeID, deathRead)...)
 	quarantine := rd.k.quarantine(nodeAddr(rd.o.NodeID))
-	guard := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(rd.k.assignment(rd.r)), "=", 0),
-		clientv3.Compare(clientv3.CreateRevision(rd.k.closed()), "=", 0), rd.genCmp,
-		clientv3.Compare(clientv3.CreateRevision(quarantine), "=", 0)}
 	why := []clientv3.Op{read, clientv3.OpGet(quarantine)}
 	if deathRead {
-		guard = append(guard, clientv3.Compare(clientv3.CreateRevision(rd.k.dead(rd.o.NodeID)), "=", 0))
 		why = append(why, clientv3.OpGet(rd.k.dead(rd.o.NodeID), clientv3.WithCountOnly()))
 	}
 	put := func(lease clientv3.LeaseID) (*clientv3.TxnResponse, error) {
-		then := []clientv3.Op{clientv3.OpPut(rd.k.member(rd.r, rd.o.NodeID), string(b), clientv3.WithLease(lease))}
-		if rd.r >= 2 {
-			// Our membership two rounds back is certainly stale; drop it so
-			// long jobs do not pile up keys. (One round back may still be live.)
-			then = append(then, clientv3.OpDelete(rd.k.member(rd.r-2, rd.o.NodeID)))
-		}
+		then := rd.membership(rd.o.NodeID, string(b), lease)
 		return rd.cli.Txn(ctx).If(guard...).Then(append(then, read)...).Else(why...).Commit()
 	}
 	lease := rd.sess.current()
@@ -185,6 +176,41 @@ func (rd *round) register(ctx context.Context, deathRead bool) (roundRead, error
 		read0 = resp.Responses[0].GetResponseRange()
 	}
 	return roundRead{kvs: read0.GetKvs(), rev: resp.Header.Revision, lease: lease}, nil
+}
+
+// roundKeysRead reads the round's assignment and closer keys (adjacent
+// keys: one op).
+func (rd *round) roundKeysRead() clientv3.Op {
+	return clientv3.OpGet(rd.k.assignment(rd.r), clientv3.WithRange(rd.k.closer(rd.r)+"\x00"))
+}
+
+// joinGuard is what every registration in round rd.r is fenced on: the
+// round not assigned, the job not closed, the generation current.
+func (rd *round) joinGuard() []clientv3.Cmp {
+	return []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(rd.k.assignment(rd.r)), "=", 0),
+		clientv3.Compare(clientv3.CreateRevision(rd.k.closed()), "=", 0), rd.genCmp}
+}
+
+// nodeGuard is what node id's registration is fenced on besides: not
+// quarantined and, with deathRead, not recorded dead.
+func (rd *round) nodeGuard(id string, deathRead bool) []clientv3.Cmp {
+	g := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(rd.k.quarantine(nodeAddr(id))), "=", 0)}
+	if deathRead {
+		g = append(g, clientv3.Compare(clientv3.CreateRevision(rd.k.dead(id)), "=", 0))
+	}
+	return g
+}
+
+// membership is the ops that register node id in round rd.r: its member
+// key under its lease, and its membership two rounds back dropped
+// (certainly stale, and long jobs must not pile up keys; one round back
+// may still be live).
+func (rd *round) membership(id, value string, lease clientv3.LeaseID) []clientv3.Op {
+	ops := []clientv3.Op{clientv3.OpPut(rd.k.member(rd.r, id), value, clientv3.WithLease(lease))}
+	if rd.r >= 2 {
+		ops = append(ops, clientv3.OpDelete(rd.k.member(rd.r-2, id)))
+	}
+	return ops
 }
 
 // errDeclaredDead: this node's registration found its death record (its
@@ -401,11 +427,21 @@ func (rd *round) readRank(ctx context.Context) (ri rankInfo, keyed bool, err err
 	if err != nil {
 		return rankInfo{}, false, fmt.Errorf("rendezvous: read rank for round %d: %w", rd.r, err)
 	}
-	ri = rankInfo{GroupRank: -1, Standby: true}
-	if len(rresp.Kvs) == 0 {
+	var v []byte
+	if len(rresp.Kvs) > 0 {
+		v = rresp.Kvs[0].Value
+	}
+	return rd.decodeRank(v, len(rresp.Kvs) > 0)
+}
+
+// decodeRank is this node's rank entry from its key's value; a node with
+// no entry (found false) is a standby.
+func (rd *round) decodeRank(v []byte, found bool) (rankInfo, bool, error) {
+	ri := rankInfo{GroupRank: -1, Standby: true}
+	if !found {
 		return ri, false, nil
 	}
-	if err := json.Unmarshal(rresp.Kvs[0].Value, &ri); err != nil {
+	if err := json.Unmarshal(v, &ri); err != nil {
 		return rankInfo{}, false, fmt.Errorf("rendezvous: bad rank for round %d: %w", rd.r, err)
 	}
 	return ri, true, nil

@@ -76,7 +76,7 @@ func newEtcdRendezvous(ctx context.Context, cfg *configs.Config, log *slog.Logge
 		return nil, nil, err
 	}
 	if relayLn != nil {
-		ls.own(listenRelay, "tcp", relayAddrOf(relayLn), "")
+		ls.own(listenRelay, "tcp", relayLn.Addr().String(), "")
 	}
 	r, err := rendezvous.NewEtcd(ctx, rendezvous.EtcdOptions{MasterPort: masterPort, GossipKey: gossipKey,
 		RelayListener: relayLn, Relay: relayAddr, RelayKey: relayKey,

@@ -2,7 +2,6 @@ package main
 
 import (
 	"errors"
-	"fmt"
 	"log/slog"
 	"net"
 	"strconv"
@@ -50,11 +49,3 @@ func relaySetup(cfg *configs.Config, localAddr string, resolve func(string) ([]s
 // relayKeyOf derives the relay port's key from the job secret (nil: no
 // secret), as gossip's is: one secret, a key per use.
 func relayKeyOf(cfg *configs.Config) ([]byte, error) { return jobSecretKey(cfg, "relay") }
-
-// relayAddrOf is the relay listener's address for the listeners record.
-func relayAddrOf(ln net.Listener) string {
-	if ln == nil {
-		return ""
-	}
-	return fmt.Sprint(ln.Addr())
-}

@@ -71,8 +71,8 @@ func TestRelaySetup(t *testing.T) {
 			if (ln != nil) != tt.listen || relay != tt.relay || (key != nil) != tt.wantKey {
 				t.Fatalf("relaySetup = %v, %q, key %v; want listening %v, relay %q, key %v", ln, relay, key != nil, tt.listen, tt.relay, tt.wantKey)
 			}
-			if tt.addrOfListening != "" && relayAddrOf(ln) != tt.addrOfListening {
-				t.Fatalf("listening on %s, want %s", relayAddrOf(ln), tt.addrOfListening)
+			if tt.addrOfListening != "" && ln.Addr().String() != tt.addrOfListening {
+				t.Fatalf("listening on %s, want %s", ln.Addr(), tt.addrOfListening)
 			}
 			if tt.warn != "" && !strings.Contains(buf.String(), tt.warn) {
 				t.Fatalf("log lacks %q:\n%s", tt.warn, buf.String())
