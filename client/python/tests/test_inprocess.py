@@ -8,6 +8,7 @@ integration/inprocess_test.go run real torch ranks).
 
 import json
 import os
+import shutil
 import socket
 import sys
 import tempfile
@@ -147,6 +148,7 @@ class _Fixture(unittest.TestCase):
 
     def setUp(self):
         self.dir = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, self.dir, ignore_errors=True)
         self.mon = FakeMonitor(os.path.join(self.dir, "rank.sock"))
         self.saved = {k: os.environ.get(k) for k in (SOCKET_ENV, "RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR",
                                                       "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT")}

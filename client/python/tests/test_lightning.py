@@ -5,6 +5,7 @@ client/python/lightning_test.go runs them and the callback under a real
 ft-launcher."""
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -24,6 +25,7 @@ FLAG_ENV = "FAULT_TOL_FINISHED_FLAG_FILE"
 class CallbackTest(unittest.TestCase):
     def setUp(self):
         self.dir = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, self.dir, ignore_errors=True)
         self.flag = os.path.join(self.dir, "finished.flag")
         self.env = {k: os.environ.get(k) for k in (FLAG_ENV, "FT_RANK_MONITOR_IPC_SOCKET", "RANK")}
         os.environ[FLAG_ENV] = self.flag

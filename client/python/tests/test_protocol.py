@@ -8,6 +8,7 @@ answers, as nvrx's monitor does with a native hello.
 """
 
 import os
+import shutil
 import socket
 import tempfile
 import threading
@@ -53,6 +54,7 @@ class SilentMonitor:
 class ProtocolTest(unittest.TestCase):
     def setUp(self):
         self.dir = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, self.dir, ignore_errors=True)
         self.saved = {k: os.environ.get(k) for k in _KEYS}
         for k in _KEYS:
             os.environ.pop(k, None)
