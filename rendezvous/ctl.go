@@ -4,13 +4,19 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+
+	"google.golang.org/grpc/metadata"
 )
 
 // watchCtl follows <gen>/ctl/ through the view (ctlview.go) until etcd
 // is lost or Close; each batch of changes moves this node's state too.
 func (e *Etcd) watchCtl(rev int64) {
 	defer e.wg.Done()
-	e.view.watch(e.lost, e.cli, rev, e.log, e.reactCtl)
+	ctx := e.lost
+	if e.o.ctlStream != "" {
+		ctx = metadata.AppendToOutgoingContext(ctx, "ftl-ctl-stream", e.o.ctlStream)
+	}
+	e.view.watch(ctx, e.cli, rev, e.log, e.reactCtl)
 }
 
 // loadCtl reads the job's round, end and close records; it returns the

@@ -120,8 +120,17 @@ type EtcdOptions struct {
 	// agent store binds its server on LocalAddr here, before the node
 	// registers, so group rank 0's store listens before the round closes.
 	MasterPort func(round int) (int, error)
-	Metrics    *metrics.Metrics
-	Logger     *slog.Logger
+	// ctlStream, when set, gives the ctl watch a gRPC stream of its own,
+	// shared only with the nodes that set the same value: for the scale
+	// harness, whose nodes share 8 connections (on a cluster each launcher
+	// has its own, and its ctl watch its own stream). etcd buffers 128
+	// responses per stream; thousands of nodes' watches on one stream
+	// overflow it on every ctl change, and etcd then catches the overflowed
+	// watchers up by reading the store ("victims"), a cost a real job does
+	// not have.
+	ctlStream string
+	Metrics   *metrics.Metrics
+	Logger    *slog.Logger
 
 	// ProbeInterval is how often etcd reachability is checked (default 1s).
 	ProbeInterval time.Duration

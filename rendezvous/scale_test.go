@@ -18,7 +18,9 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -151,7 +153,12 @@ func (j *simJob) start(ctx context.Context) time.Duration {
 			// Not even formatted: N nodes' logs would be N hosts' work;
 			// only warnings (rare: a watch behind, a lease lost) reach
 			// the test's log.
-			Logger: slog.New(warnHandler{t: j.t})}
+			Logger: slog.New(warnHandler{t: j.t}),
+			// 32 nodes' ctl watches per gRPC stream (node i is on client
+			// i%8): on a cluster each has its own; thousands on one stream
+			// overflowed etcd's 128-response buffer on every change
+			// (EtcdOptions.ctlStream).
+			ctlStream: strconv.Itoa(i / (32 * len(j.clients)))}
 		if g > 0 {
 			// Members reach their relays over in-memory pipes: 16,000
 			// nodes' TCP connections, both ends in this process, do not
@@ -908,17 +915,40 @@ func measureScale(t *testing.T, eps []string, serverPid, n, reps int) {
 			if bin := os.Getenv("FTL_SCALE_LAUNCHER"); bin != "" && rep == 0 {
 				real = startRealLauncher(t, bin, eps[0], j.run, n, spares)
 			}
+			// FTL_SCALE_PROFILE (a folder): a CPU profile of each phase.
+			prof := func(name string) func() {
+				dir := os.Getenv("FTL_SCALE_PROFILE")
+				if dir == "" {
+					return func() {}
+				}
+				f, err := os.Create(filepath.Join(dir, fmt.Sprintf("%d-%d-%s.prof", n, rep, strings.ReplaceAll(name, " ", "-"))))
+				if err != nil {
+					t.Fatalf("FTL_SCALE_PROFILE: %v", err)
+				}
+				if err := pprof.StartCPUProfile(f); err != nil {
+					t.Fatalf("FTL_SCALE_PROFILE: %v", err)
+				}
+				return func() { pprof.StopCPUProfile(); f.Close() }
+			}
+			stop := prof(names[1])
 			p, as := j.firstRound(ctx)
+			stop()
 			add(p, as)
 			real.sample("after round 0")
 			h2 := heapInUse()
 			heapRoundPer = append(heapRoundPer, float64(h2-h0)/float64(n+spares))
-			p, as = j.rankFailure(ctx, "restart after a rank crash", 0, as)
+			stop = prof(names[2])
+			p, as = j.rankFailure(ctx, names[2], 0, as)
+			stop()
 			add(p, as)
 			var lost string
+			stop = prof(names[3])
 			p, as, lost = j.nodeLoss(ctx, 1, as)
+			stop()
 			add(p, as)
-			p, as = j.rankFailure(ctx, "restart after the swap", 2, as)
+			stop = prof(names[4])
+			p, as = j.rankFailure(ctx, names[4], 2, as)
+			stop()
 			add(p, as)
 			real.sample("after the swap and a restart")
 			if idle > 0 {
