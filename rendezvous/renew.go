@@ -161,7 +161,9 @@ func (r *renewStream) receive(st pb.Lease_LeaseKeepAliveClient) {
 			continue
 		}
 		q := r.pending[0]
-		r.pending = r.pending[1:]
+		// Shifted in place (at most maxRenewals+1 entries): re-slicing
+		// would make every later append allocate anew.
+		r.pending = append(r.pending[:0], r.pending[1:]...)
 		idle := len(r.pending) == 0 && r.retired
 		r.mu.Unlock()
 		if got := clientv3.LeaseID(resp.ID); got != q.lease {
