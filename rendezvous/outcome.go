@@ -260,6 +260,9 @@ func (e *Etcd) Close() error {
 	if e.relay != nil {
 		e.relay.stop()
 	}
+	if e.parts != nil && e.parts.relay != nil {
+		e.parts.relay.close()
+	}
 	e.cancel()
 	e.wg.Wait()
 	e.sess.wait()

@@ -2,6 +2,7 @@ package rendezvous
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/hmac"
 	"crypto/rand"
@@ -13,12 +14,15 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"os"
 	"slices"
 	"sync"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/ftlauncher/ft-launcher/policy"
 )
 
 // The two-level join (docs/rendezvous.md, Scale, "Relays"). A first round
@@ -69,13 +73,20 @@ const (
 	relayAnswerWait = relayBudget + 2*time.Second
 	relayDialWait   = time.Second
 	relayDownFor    = 10 * time.Second // after a failed dial, direct for this long
-	relayAuthWait   = 2 * time.Second  // the handshake, either side
-	relayMaxConns   = 1024
-	relayMaxFrame   = 1 << 20
-	relayMagic      = "ftl-relay-1\n"
-	relayMACSize    = sha256.Size
-	relayNonceSize  = 32
-	relayLogEvery   = 10 * time.Second
+	relayAuthWait   = 2 * time.Second  // the handshake, either side; a request's acknowledgement
+	// A member keeps its authenticated connection for the next request
+	// while it is younger than relayKeepIdle; the relay closes one idle for
+	// relayIdleWait (longer, so that it rarely closes one a member is about
+	// to use; a member that finds its kept connection closed asks again on
+	// a new one).
+	relayKeepIdle  = 2 * time.Minute
+	relayIdleWait  = 5 * time.Minute
+	relayMaxConns  = 1024
+	relayMaxFrame  = 1 << 20
+	relayMagic     = "ftl-relay-2\n" // 2: requests acknowledged, connections kept
+	relayMACSize   = sha256.Size
+	relayNonceSize = 32
+	relayLogEvery  = 10 * time.Second
 )
 
 // relayReq is a member's request.
@@ -207,34 +218,64 @@ func (rc *relayConn) write(v any) error {
 	if err != nil {
 		return err
 	}
+	return rc.writeFrame(payload)
+}
+
+func (rc *relayConn) writeFrame(payload []byte) error {
 	buf := make([]byte, 4, 4+len(payload)+relayMACSize)
 	binary.BigEndian.PutUint32(buf, uint32(len(payload)))
 	buf = append(buf, payload...)
 	buf = append(buf, rc.mac(rc.out, rc.sendSeq, payload)...)
 	rc.sendSeq++
-	_, err = rc.c.Write(buf)
+	_, err := rc.c.Write(buf)
 	return err
 }
 
 func (rc *relayConn) read(v any) error {
+	payload, err := rc.readFrame()
+	if err != nil {
+		return err
+	}
+	return json.Unmarshal(payload, v)
+}
+
+// relayAck is the frame a relay sends as soon as it has a request: the
+// member then knows the relay is running (and waits for its answer up to
+// relayAnswerWait), as the handshake showed on a new connection.
+var relayAck = []byte(`"ack"`)
+
+func (rc *relayConn) writeAck() error { return rc.writeFrame(relayAck) }
+
+func (rc *relayConn) readAck() error {
+	payload, err := rc.readFrame()
+	if err != nil {
+		return err
+	}
+	if !bytes.Equal(payload, relayAck) {
+		return errors.New("the relay did not acknowledge the request")
+	}
+	return nil
+}
+
+func (rc *relayConn) readFrame() ([]byte, error) {
 	var n [4]byte
 	if _, err := io.ReadFull(rc.r, n[:]); err != nil {
-		return err
+		return nil, err
 	}
 	size := binary.BigEndian.Uint32(n[:])
 	if size > relayMaxFrame {
-		return fmt.Errorf("frame of %d bytes (at most %d)", size, relayMaxFrame)
+		return nil, fmt.Errorf("frame of %d bytes (at most %d)", size, relayMaxFrame)
 	}
 	buf := make([]byte, int(size)+relayMACSize)
 	if _, err := io.ReadFull(rc.r, buf); err != nil {
-		return err
+		return nil, err
 	}
 	payload, sum := buf[:size], buf[size:]
 	if !hmac.Equal(sum, rc.mac(rc.in, rc.recvSeq, payload)) {
-		return errors.New("frame failed its HMAC")
+		return nil, errors.New("frame failed its HMAC")
 	}
 	rc.recvSeq++
-	return json.Unmarshal(payload, v)
+	return payload, nil
 }
 
 // relayJob is one request waiting in the relay's batcher.
@@ -273,6 +314,7 @@ type relayServer struct {
 // sent back to be done directly.
 type relayStats struct {
 	Registered, RegisterTxns, Ranks, RankTxns, Declined, Refused int
+	Conns                                                        int // connections that proved the job secret
 }
 
 func (s *relayServer) count(f func(*relayStats)) {
@@ -369,13 +411,20 @@ func (s *relayServer) serve(c net.Conn) {
 		s.refuse(c, err.Error())
 		return
 	}
-	_ = c.SetDeadline(time.Time{})
+	s.count(func(st *relayStats) { st.Conns++ })
 	for {
+		// A member keeps its connection between requests (rounds); one
+		// idle for relayIdleWait is closed.
+		_ = c.SetDeadline(time.Now().Add(relayIdleWait))
 		var q relayReq
 		if err := rc.read(&q); err != nil {
 			if !errors.Is(err, io.EOF) && s.ctx.Err() == nil {
 				s.log.Debug("relay connection ended", "from", c.RemoteAddr().String(), "err", err)
 			}
+			return
+		}
+		_ = c.SetWriteDeadline(time.Now().Add(relayAuthWait))
+		if err := rc.writeAck(); err != nil {
 			return
 		}
 		var ans relayReply
@@ -564,10 +613,13 @@ func (s *relayServer) readRanks(ctx context.Context, r int, js []*relayJob) erro
 	return nil
 }
 
-// relayClient is a member's way to its relay: a connection per request
-// (a node asks twice per round at most; a relay serving its group holds
-// no idle connections between rounds, and a relay that restarted is
-// simply dialled again).
+// relayClient is a member's way to its relay. It keeps its authenticated
+// connection between requests (one handshake per member, not one per
+// request: the handshake's HMACs and round trips were most of a relay
+// request's cost); a kept connection the relay has closed meanwhile (it
+// restarted, or the connection sat idle past relayIdleWait) is replaced
+// by a new one and the request asked again there, which repeats nothing
+// harmful: a second registration, or a second read.
 type relayClient struct {
 	addr string
 	key  []byte
@@ -578,15 +630,22 @@ type relayClient struct {
 	mu        sync.Mutex
 	downUntil time.Time
 	warned    bool
+	idle      *relayConn // the kept connection, not in use
+	idleSince time.Time
+	closed    bool
+	gone      bool // the relay's node was lost and quarantined: direct for the rest of the run
 }
 
 // call sends q and returns the relay's answer; an error (no relay, a
-// broken connection, no answer within relayAnswerWait) or a reply that is
-// not OK means: do it directly.
+// broken connection, no acknowledgement within relayAuthWait, no answer
+// within relayAnswerWait) or a reply that is not OK means: do it directly.
 func (c *relayClient) call(ctx context.Context, q relayReq) (relayReply, error) {
 	c.mu.Lock()
-	down := time.Now().Before(c.downUntil)
+	down, gone := time.Now().Before(c.downUntil), c.gone
 	c.mu.Unlock()
+	if gone {
+		return relayReply{}, errors.New("relay's node lost")
+	}
 	if down {
 		return relayReply{}, errors.New("relay unreachable recently")
 	}
@@ -594,6 +653,59 @@ func (c *relayClient) call(ctx context.Context, q relayReq) (relayReply, error) 
 	if d, ok := ctx.Deadline(); ok && d.Before(dl) {
 		dl = d
 	}
+	if rc := c.take(); rc != nil {
+		a, err := c.exchange(rc, q, dl)
+		if err == nil {
+			c.keep(rc)
+			return a, nil
+		}
+		_ = rc.c.Close()
+		if errors.Is(err, os.ErrDeadlineExceeded) || time.Now().After(dl) {
+			// Not acknowledged or not answered in time: the relay is
+			// frozen or stuck, not closed; a new connection would wait
+			// for it again.
+			return relayReply{}, fmt.Errorf("relay %s: %w", c.addr, err)
+		}
+	}
+	rc, err := c.connect(ctx)
+	if err != nil {
+		return relayReply{}, err
+	}
+	a, err := c.exchange(rc, q, dl)
+	if err != nil {
+		_ = rc.c.Close()
+		return relayReply{}, fmt.Errorf("relay %s: %w", c.addr, err)
+	}
+	c.keep(rc)
+	return a, nil
+}
+
+// exchange sends q on rc and reads the acknowledgement (within
+// relayAuthWait: a relay that does not acknowledge is not waited for) and
+// then the answer (by dl).
+func (c *relayClient) exchange(rc *relayConn, q relayReq, dl time.Time) (relayReply, error) {
+	var a relayReply
+	ackBy := time.Now().Add(relayAuthWait)
+	if dl.Before(ackBy) {
+		ackBy = dl
+	}
+	_ = rc.c.SetDeadline(ackBy)
+	if err := rc.write(q); err != nil {
+		return a, err
+	}
+	if err := rc.readAck(); err != nil {
+		return a, err
+	}
+	_ = rc.c.SetDeadline(dl)
+	err := rc.read(&a)
+	return a, err
+}
+
+// connect dials the relay and proves the job secret both ways. A relay
+// that cannot be dialled is not tried again for relayDownFor; one that
+// does not complete the handshake within relayAuthWait (frozen, its host
+// hung) is not waited for.
+func (c *relayClient) connect(ctx context.Context) (*relayConn, error) {
 	var nc net.Conn
 	var err error
 	if c.dial != nil {
@@ -613,24 +725,84 @@ func (c *relayClient) call(ctx context.Context, q relayReq) (relayReply, error) 
 				c.log.Warn("relay unreachable; registering directly", "relay", c.addr, "for", relayDownFor, "err", err)
 			}
 		}
-		return relayReply{}, fmt.Errorf("relay %s: %w", c.addr, err)
+		return nil, fmt.Errorf("relay %s: %w", c.addr, err)
 	}
-	defer nc.Close()
-	// A relay that completes the handshake is running; one that does not
-	// within relayAuthWait (frozen, its host hung) is not waited for.
 	_ = nc.SetDeadline(time.Now().Add(relayAuthWait))
 	rc, err := relayHandshake(nc, c.key, false)
-	var a relayReply
-	if err == nil {
-		_ = nc.SetDeadline(dl)
-		if err = rc.write(q); err == nil {
-			err = rc.read(&a)
-		}
-	}
 	if err != nil {
-		return relayReply{}, fmt.Errorf("relay %s: %w", c.addr, err)
+		_ = nc.Close()
+		return nil, fmt.Errorf("relay %s: %w", c.addr, err)
 	}
-	return a, nil
+	return rc, nil
+}
+
+// take returns the kept connection, if one is fresh enough to use.
+func (c *relayClient) take() *relayConn {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	rc := c.idle
+	c.idle = nil
+	if rc != nil && time.Since(c.idleSince) > relayKeepIdle {
+		_ = rc.c.Close()
+		return nil
+	}
+	return rc
+}
+
+// keep holds rc for the next request (one is kept; another is closed).
+func (c *relayClient) keep(rc *relayConn) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.idle != nil || c.closed {
+		_ = rc.c.Close()
+		return
+	}
+	c.idle, c.idleSince = rc, time.Now()
+}
+
+// lost tells the client that node host was lost (a round's end record):
+// when it is the relay's, the member does not ask it (a silent host would
+// cost each member the acknowledgement's or the dial's wait in the very
+// round that replaces it): for the rest of the run when the loss
+// quarantined it (it cannot rejoin), else for relayDownFor.
+func (c *relayClient) lost(host string, forGood bool) {
+	rh, _, err := net.SplitHostPort(c.addr)
+	if err != nil || rh != host {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.gone || (!forGood && time.Now().Before(c.downUntil)) {
+		return
+	}
+	if forGood {
+		c.gone = true
+	} else {
+		c.downUntil = time.Now().Add(relayDownFor)
+	}
+	if c.idle != nil {
+		_ = c.idle.c.Close()
+		c.idle = nil
+	}
+	c.log.Info("this node's relay was lost; registering directly", "relay", c.addr, "for_the_rest_of_the_run", forGood)
+}
+
+// isGone reports whether the relay was dropped for the rest of the run.
+func (c *relayClient) isGone() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.gone
+}
+
+// close closes the kept connection; later requests do not keep theirs.
+func (c *relayClient) close() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.closed = true
+	if c.idle != nil {
+		_ = c.idle.c.Close()
+		c.idle = nil
+	}
 }
 
 // registerViaRelay asks this node's relay to register it in round rd.r;
@@ -638,6 +810,11 @@ func (c *relayClient) call(ctx context.Context, q relayReq) (relayReply, error) 
 func (rd *round) registerViaRelay(ctx context.Context, member string, lease clientv3.LeaseID, deathRead bool) (roundRead, bool) {
 	if rd.relay == nil {
 		return roundRead{}, false
+	}
+	// The round this one follows ended for a node's loss: when it was
+	// the relay's, skip it.
+	if le, ok := rd.view.lastEnd(rd.r - 1); ok && (le.Cause == policy.NodeLost || le.Cause == policy.NodeExcluded) && le.Node != "" {
+		rd.relay.lost(nodeAddr(le.Node), quarantines(le.Cause, le.Action, le.Node))
 	}
 	a, err := rd.relay.call(ctx, relayReq{Op: "register", Round: rd.r, Gen: rd.gen, Node: rd.o.NodeID, Member: member,
 		Lease: int64(lease), DeathRead: deathRead})

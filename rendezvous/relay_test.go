@@ -150,22 +150,27 @@ func TestRelayPortAnswersOnlyTheJob(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := rc.write(relayReq{Op: "exec", Node: "x"}); err != nil {
-		t.Fatal(err)
-	}
 	var a relayReply
-	if err := rc.read(&a); err != nil || a.OK || !strings.Contains(a.Why, "unknown op") {
-		t.Fatalf("bad op answered %+v, %v", a, err)
+	for i := range 2 { // acknowledged and answered, twice on one connection
+		if err := rc.write(relayReq{Op: "exec", Node: "x"}); err != nil {
+			t.Fatal(err)
+		}
+		if err := rc.readAck(); err != nil {
+			t.Fatalf("request %d not acknowledged: %v", i, err)
+		}
+		if err := rc.read(&a); err != nil || a.OK || !strings.Contains(a.Why, "unknown op") {
+			t.Fatalf("bad op answered %+v, %v", a, err)
+		}
 	}
-	// A replayed frame (sequence 0 again) ends the connection unanswered.
 	payload, _ := json.Marshal(relayReq{Op: "rank", Node: "x"})
+	// A replayed frame (sequence 0 again) ends the connection unanswered.
 	frame := binary.BigEndian.AppendUint32(nil, uint32(len(payload)))
 	frame = append(append(frame, payload...), rc.mac(rc.out, 0, payload)...)
 	if _, err := rc.c.Write(frame); err != nil {
 		t.Fatal(err)
 	}
-	if err := rc.read(&a); err == nil {
-		t.Fatalf("a replayed frame was answered: %+v", a)
+	if _, err := rc.readFrame(); err == nil {
+		t.Fatalf("a replayed frame was acknowledged")
 	}
 	// An altered frame: the same.
 	rc, err = dial(testRelayKey)
@@ -178,8 +183,8 @@ func TestRelayPortAnswersOnlyTheJob(t *testing.T) {
 	if _, err := rc.c.Write(frame); err != nil {
 		t.Fatal(err)
 	}
-	if err := rc.read(&a); err == nil {
-		t.Fatalf("an altered frame was answered: %+v", a)
+	if _, err := rc.readFrame(); err == nil {
+		t.Fatalf("an altered frame was acknowledged")
 	}
 	// A server without the secret: the client refuses it.
 	fake := startRelay(tcpListener(t), []byte(strings.Repeat("z", 32)), &roundParts{}, 0, testLogger(t))
@@ -220,6 +225,44 @@ func TestRelayRequestCheck(t *testing.T) {
 				t.Fatalf("check() = %v, want %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// TestRelayKeepsConnection: a member asks on one authenticated connection
+// request after request, and when the relay has closed it (idle, or
+// restarted) asks again on a new one and is answered.
+func TestRelayKeepsConnection(t *testing.T) {
+	s := startRelay(tcpListener(t), testRelayKey, &roundParts{}, 0, testLogger(t))
+	defer s.stop()
+	c := &relayClient{addr: s.addr(), key: testRelayKey, log: testLogger(t)}
+	defer c.close()
+	ask := func() {
+		t.Helper()
+		// Another generation's request is declined by the relay itself
+		// (no etcd needed): an answer, not an error.
+		a, err := c.call(context.Background(), relayReq{Op: "rank", Gen: 7, Node: "n1"})
+		if err != nil || a.OK || !strings.Contains(a.Why, "generation 7") {
+			t.Fatalf("answer %+v, %v; want declined for its generation", a, err)
+		}
+	}
+	for range 3 {
+		ask()
+	}
+	if st := s.statsNow(); st.Conns != 1 {
+		t.Fatalf("%d connections for 3 requests, want 1 (kept)", st.Conns)
+	}
+	// The relay closes the connection (as after relayIdleWait).
+	s.mu.Lock()
+	for sc := range s.conns {
+		_ = sc.Close()
+	}
+	s.mu.Unlock()
+	ask()
+	if st := s.statsNow(); st.Conns != 2 {
+		t.Fatalf("%d connections, want 2 (the closed one replaced)", st.Conns)
+	}
+	if st := s.statsNow(); st.Declined != 4 {
+		t.Fatalf("relay stats %+v: want 4 requests declined (each asked once, none lost)", st)
 	}
 }
 

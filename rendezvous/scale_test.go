@@ -167,7 +167,9 @@ func (j *simJob) start(ctx context.Context) time.Duration {
 			// and batching are the same.
 			opts.RelayKey, opts.RelayDial = relayKey, j.pipes.dial
 			if i%g == 0 {
-				opts.RelayListener = j.pipes.listen(fmt.Sprintf("relay-%05d", i))
+				// Named as a launcher's relay address: the node's
+				// address (its id before the "/") and the relay port.
+				opts.RelayListener = j.pipes.listen(fmt.Sprintf("sim-%05d:29402", i))
 			} else if r := j.nodes[i-i%g]; r != nil {
 				opts.Relay = r.e.RelayAddr()
 			}
@@ -597,6 +599,18 @@ func TestScaleSmallJobRelays(t *testing.T) {
 	// still registered theirs.
 	if n := after.Registered - before.Registered; n == 0 {
 		t.Fatalf("after relay %d was lost: no registration through the other relays in 3 rounds", lostRelay)
+	}
+	// The lost relay's members read its loss in the swap round's end
+	// record and dropped it (its node is quarantined).
+	for k := lostRelay + 1; k < lostRelay+g; k++ {
+		if c := j.nodes[k].e.parts.relay; c == nil || !c.isGone() {
+			t.Fatalf("node %d, a member of lost relay %d, still asks it", k, lostRelay)
+		}
+	}
+	for k := lostRelay + g; k < 96; k += g {
+		if c := j.nodes[k+1].e.parts.relay; c == nil || c.isGone() {
+			t.Fatalf("node %d, a member of relay %d (not lost), dropped it", k+1, k)
+		}
 	}
 	j.checkLedger(ctx, lost)
 	j.shutdown(ctx)
