@@ -115,8 +115,18 @@ func newSimJob(t testing.TB, endpoints []string, cfg simConfig) *simJob {
 	}
 	j := &simJob{t: t, cfg: cfg, run: fmt.Sprintf("scale-%d-%d", cfg.nodes, time.Now().UnixNano()), load: newRPCLoad(), pipes: &pipeNet{ls: map[string]*pipeListener{}},
 		events: make(chan simEvent, 4*(cfg.nodes+cfg.spares)), met: metrics.New()}
-	j.clients = scaleClients(t, endpoints, cfg.clients, j.load.dialOptions()...)
+	// The nodes' side of the process carries the profile label side=node
+	// (their connections' goroutines, started here, inherit it; so do
+	// every node's and relay's, started below): a phase's profile then
+	// tells the nodes' CPU, which a cluster spreads over its hosts, from
+	// etcd's (FTL_SCALE_PROFILE; docs/benchmarks.md).
+	nodeSide(func() { j.clients = scaleClients(t, endpoints, cfg.clients, j.load.dialOptions()...) })
 	return j
+}
+
+// nodeSide runs f with the profile label side=node.
+func nodeSide(f func()) {
+	pprof.Do(context.Background(), pprof.Labels("side", "node"), func(context.Context) { f() })
 }
 
 // scaleClients opens n etcd connections for simulated nodes to share,
@@ -191,11 +201,11 @@ func (j *simJob) start(ctx context.Context) time.Duration {
 			}
 			wg.Add(1)
 			sem <- struct{}{}
-			go func() {
+			go nodeSide(func() {
 				defer wg.Done()
 				defer func() { <-sem }()
 				create(i)
-			}()
+			})
 		}
 		wg.Wait()
 	}
@@ -242,7 +252,7 @@ func (j *simJob) runAll(ctx context.Context) {
 	for _, n := range j.nodes {
 		nctx, cancel := context.WithCancel(ctx)
 		n.stop = cancel
-		go n.loop(nctx, j.events)
+		go nodeSide(func() { n.loop(nctx, j.events) })
 	}
 }
 
