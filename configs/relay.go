@@ -1,6 +1,7 @@
 package configs
 
 import (
+	"github.com/ftlauncher/ft-launcher/k8s"
 	"github.com/ftlauncher/ft-launcher/slurm"
 )
 
@@ -9,12 +10,17 @@ import (
 // allocation registers itself and the Group-1 nodes after it in batches.
 // A node must know its relay before anything is written, so the topology
 // comes from the scheduler: inside a Slurm job, the allocation's node
-// names in order and this node's index in it.
+// names in order and this node's index in it; in a pod of an Indexed Job
+// (a JobSet's, an AppWrapper's) with a subdomain, the pods' DNS names
+// under it and JOB_COMPLETION_INDEX.
 type Relay struct {
 	Group int // nodes per relay; 0: off (every node registers itself)
 	Port  int // the relay port, the same on every node
 	// Nodes are the allocation's node names (SLURM_JOB_NODELIST
-	// expanded) and Index this node's position in it (SLURM_NODEID).
+	// expanded) and Index this node's position in it (SLURM_NODEID); in a
+	// pod, the FQDNs of pods 0 to Index under the pod's subdomain and
+	// Index its JOB_COMPLETION_INDEX (a pod is not told how many pods
+	// follow it, and needs none of their names).
 	Nodes []string
 	Index int
 }
@@ -46,12 +52,26 @@ func (p *parser) rdzvConfRelay(r *Rendezvous, confSubj string) error {
 	if rl.Group == 0 {
 		return nil
 	}
-	sl := p.cfg.Slurm
-	if !sl.InJob() || sl.JobNodeList == "" || sl.NodeID < 0 {
-		return usageErr(confSubj, "%s relay_group: needs the scheduler's node list, known before anything starts: run inside a Slurm job (SLURM_JOB_NODELIST and SLURM_NODEID set); remove relay_group elsewhere", confSubj)
+	sl, k := p.cfg.Slurm, p.cfg.K8s
+	inPod := !sl.InJob() && k.InPod && k.CompletionIndex >= 0 && k.PeerFQDN(0) != ""
+	if !inPod && (!sl.InJob() || sl.JobNodeList == "" || sl.NodeID < 0) {
+		why := "run inside a Slurm job (SLURM_JOB_NODELIST and SLURM_NODEID set) or a pod of an Indexed Job whose pod template has a subdomain (JOB_COMPLETION_INDEX set, a headless Service)"
+		if !sl.InJob() && k.InPod {
+			why = "this pod's relay is the pod named <job>-<index> under its subdomain: " + relayPodMissing(k)
+		}
+		return usageErr(confSubj, "%s relay_group: needs the scheduler's node list, known before anything starts: %s; remove relay_group elsewhere", confSubj, why)
 	}
 	if p.cfg.JobSecretFile == "" {
 		return usageErr(confSubj, "%s relay_group: needs --job-secret-file: a relay writes other nodes' registrations and answers only peers that prove the job secret", confSubj)
+	}
+	if inPod {
+		// Pods 0 to this one: its relay is among them.
+		for i := range k.CompletionIndex + 1 {
+			rl.Nodes = append(rl.Nodes, k.PeerFQDN(i))
+		}
+		rl.Index = k.CompletionIndex
+		r.Relay = rl
+		return nil
 	}
 	nodes, err := slurm.ExpandNodeList(sl.JobNodeList)
 	if err != nil {
@@ -63,4 +83,12 @@ func (p *parser) rdzvConfRelay(r *Rendezvous, confSubj string) error {
 	rl.Nodes, rl.Index = nodes, sl.NodeID
 	r.Relay = rl
 	return nil
+}
+
+// relayPodMissing says why a pod cannot name its relay.
+func relayPodMissing(k k8s.Env) string {
+	if k.CompletionIndex < 0 {
+		return "JOB_COMPLETION_INDEX is not set (an Indexed Job sets it)"
+	}
+	return podEndpointMissing(k)
 }

@@ -1,6 +1,7 @@
 package configs
 
 import (
+	"fmt"
 	"reflect"
 	"testing"
 )
@@ -62,6 +63,56 @@ func TestRelayConf(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			_, err := parseRdzv(t, tt.args, tt.env)
+			checkUsageError(t, err, "--rdzv-conf", tt.want)
+		})
+	}
+}
+
+// TestRelayConfInPod: in a pod of an Indexed Job with a subdomain, a
+// node's relay is the pod <job>-<index> under it (the index rounded down to
+// the group); a pod without a subdomain or a completion index is a usage
+// error that says which is missing.
+func TestRelayConfInPod(t *testing.T) {
+	args := []string{"--rdzv-conf", "relay_group=4", "--job-secret-file", "/run/secrets/job"}
+	fqdn := func(i int) string { return fmt.Sprintf("train-%d.train.ns.svc.cluster.local", i) }
+	for _, tt := range []struct {
+		name  string
+		index int
+		relay string
+		self  bool
+	}{
+		{"a member", 5, fqdn(4), false},
+		{"a relay", 4, fqdn(4), true},
+		{"pod 0", 0, fqdn(0), true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			host := fmt.Sprintf("train-%d", tt.index)
+			c, err := parsePod(t, args, pod(host, tt.index, "PET_NNODES", "8"), podNet(t, host, "train", nil))
+			if err != nil {
+				t.Fatal(err)
+			}
+			rl := c.Rdzv.Relay
+			if rl.Group != 4 || rl.Port != DefaultRelayPort || rl.Index != tt.index || len(rl.Nodes) != tt.index+1 || rl.Nodes[0] != fqdn(0) {
+				t.Fatalf("Relay = %+v", rl)
+			}
+			if name, self := rl.RelayNode(); name != tt.relay || self != tt.self {
+				t.Fatalf("RelayNode() = %s, %v; want %s, %v", name, self, tt.relay, tt.self)
+			}
+		})
+	}
+	for _, tt := range []struct {
+		name string
+		env  map[string]string
+		nw   Network
+		want string
+	}{
+		{"no subdomain", pod("train-5", 5, "PET_NNODES", "8"), podNet(t, "train-5", "", nil),
+			`relay_group: needs the scheduler's node list, known before anything starts: this pod's relay is the pod named <job>-<index> under its subdomain: /etc/hosts has no <host>.<subdomain>`},
+		{"no completion index", pod("trainer-3", -1, "PET_NNODES", "8"), podNet(t, "trainer-3", "trainer", nil),
+			"this pod's relay is the pod named <job>-<index> under its subdomain: JOB_COMPLETION_INDEX is not set"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := parsePod(t, args, tt.env, tt.nw)
 			checkUsageError(t, err, "--rdzv-conf", tt.want)
 		})
 	}

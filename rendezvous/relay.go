@@ -634,6 +634,10 @@ type relayClient struct {
 	idleSince time.Time
 	closed    bool
 	gone      bool // the relay's node was lost and quarantined: direct for the rest of the run
+	// peer is the address the relay's name last resolved to, where addr
+	// is a name (a pod's relay not yet in DNS at start): the node id of
+	// a lost relay carries its address, not its name.
+	peer string
 }
 
 // call sends q and returns the relay's answer; an error (no relay, a
@@ -733,6 +737,11 @@ func (c *relayClient) connect(ctx context.Context) (*relayConn, error) {
 		_ = nc.Close()
 		return nil, fmt.Errorf("relay %s: %w", c.addr, err)
 	}
+	if h, _, err := net.SplitHostPort(nc.RemoteAddr().String()); err == nil {
+		c.mu.Lock()
+		c.peer = h
+		c.mu.Unlock()
+	}
 	return rc, nil
 }
 
@@ -767,11 +776,11 @@ func (c *relayClient) keep(rc *relayConn) {
 // quarantined it (it cannot rejoin), else for relayDownFor.
 func (c *relayClient) lost(host string, forGood bool) {
 	rh, _, err := net.SplitHostPort(c.addr)
-	if err != nil || rh != host {
-		return
-	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if err != nil || (rh != host && c.peer != host) {
+		return
+	}
 	if c.gone || (!forGood && time.Now().Before(c.downUntil)) {
 		return
 	}

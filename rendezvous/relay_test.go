@@ -266,6 +266,33 @@ func TestRelayKeepsConnection(t *testing.T) {
 	}
 }
 
+// TestRelayLostByAddress: a member that reaches its relay by name (a pod's
+// relay, not in DNS when the member started) matches a lost node's
+// address against the address the name resolved to: another node's loss
+// changes nothing, its relay's drops it (for the rest of the run when
+// the loss quarantined it).
+func TestRelayLostByAddress(t *testing.T) {
+	s := startRelay(tcpListener(t), testRelayKey, &roundParts{}, 0, testLogger(t))
+	defer s.stop()
+	_, port, _ := net.SplitHostPort(s.addr())
+	c := &relayClient{addr: net.JoinHostPort("localhost", port), key: testRelayKey, log: testLogger(t)}
+	defer c.close()
+	if a, err := c.call(context.Background(), relayReq{Op: "rank", Gen: 7, Node: "n1"}); err != nil || a.Why == "" {
+		t.Fatalf("answer %+v, %v; want declined for its generation", a, err)
+	}
+	c.lost("10.9.9.9", true)
+	if c.isGone() {
+		t.Fatal("another node's loss dropped the relay")
+	}
+	c.lost("127.0.0.1", true)
+	if !c.isGone() {
+		t.Fatal("the relay's own loss (by the address its name resolved to) did not drop it")
+	}
+	if _, err := c.call(context.Background(), relayReq{Op: "rank", Gen: 7, Node: "n1"}); err == nil {
+		t.Fatal("a dropped relay was asked")
+	}
+}
+
 func TestRelayNeedsKey(t *testing.T) {
 	o := EtcdOptions{Endpoints: []string{"127.0.0.1:1"}, RunID: "r", NodeID: "n", NProcPerNode: 1, MinNodes: 1, MaxNodes: 1, Relay: "127.0.0.1:9"}
 	if err := o.defaults(); err == nil || !strings.Contains(err.Error(), "RelayKey") {

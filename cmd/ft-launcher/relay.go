@@ -12,10 +12,11 @@ import (
 // relaySetup is this node's part in the two-level join (--rdzv-conf
 // relay_group; docs/rendezvous.md, "Relays"): a relay node's listener on
 // its advertised address and the relay port, or a member's relay address
-// (its relay node's name from the Slurm allocation, resolved), and the
+// (its relay node's name from the Slurm allocation or the pod's
+// subdomain, resolved now if it can be, else at each connection), and the
 // key both prove. Relays only save etcd requests: a relay port that
-// cannot be bound or a relay name that does not resolve is logged and the
-// node registers directly, as its members then do.
+// cannot be bound is logged and the node registers directly, as its
+// members then do.
 func relaySetup(cfg *configs.Config, localAddr string, resolve func(string) ([]string, error), log *slog.Logger) (ln net.Listener, relay string, key []byte, err error) {
 	rl := cfg.Rdzv.Relay
 	if rl.Group == 0 {
@@ -40,8 +41,11 @@ func relaySetup(cfg *configs.Config, localAddr string, resolve func(string) ([]s
 	}
 	ips, rerr := resolve(name)
 	if rerr != nil || len(ips) == 0 {
-		log.Warn("cannot resolve this node's relay; registering directly", "relay_node", name, "err", rerr)
-		return nil, "", nil, nil
+		// A pod's relay may not be in DNS yet (pods start in any order);
+		// the member then resolves the name each time it connects, and
+		// registers directly while it does not resolve.
+		log.Info("this node's relay does not resolve yet; resolving it when connecting", "relay_node", name, "err", rerr)
+		return nil, net.JoinHostPort(name, port), key, nil
 	}
 	return nil, net.JoinHostPort(ips[0], port), key, nil
 }

@@ -174,6 +174,85 @@ func TestShippedInstall(t *testing.T) {
 			}
 		}
 	}
+
+	// Relays in pods (docs/rendezvous.md, "Relays"): the example again, in
+	// another namespace, with --rdzv-conf relay_group=2 and the job secret
+	// mounted from a Secret. Pod 0 is the relay; pod 1 finds it by its name
+	// under the subdomain and registers through it.
+	ns2 := e.Namespace(t)
+	if err := e.Client.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "job-secret", Namespace: ns2},
+		StringData: map[string]string{"job": "relay-test-secret-0123456789abcdef"}}); err != nil {
+		t.Fatal(err)
+	}
+	relayed := exampleAppWrapper(t, ns2, "localhost/ftl-train-py:1")
+	withRelays(t, relayed, "job-secret")
+	if err := e.Client.Create(ctx, relayed); err != nil {
+		t.Fatalf("create the AppWrapper with relays: %v", err)
+	}
+	t.Cleanup(func() { deleteAppWrapper(t, e, ns2, relayed.Name) })
+	var relayLog, memberLog string
+	for _, p := range waitTraining(t, e, c, ns2, relayed.Name, nil, 0) {
+		log, err := c.PodLog(&p, "trainer")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(log, "relay for its group") {
+			relayLog = log
+		} else {
+			memberLog = log
+		}
+	}
+	if relayLog == "" || !strings.Contains(relayLog, "name=relay network=tcp") {
+		t.Errorf("no pod listens as the relay (\"relay for its group\", the listeners record):\n%s\n---\n%s", relayLog, memberLog)
+	}
+	if !strings.Contains(memberLog, "registered_by_relay=") {
+		t.Errorf("pod 1 did not register through pod 0's relay:\n%s", memberLog)
+	}
+}
+
+// withRelays turns on the two-level join in aw's Job: --rdzv-conf
+// relay_group=2 and --job-secret-file from Secret secret (key "job"),
+// mounted read-only with mode 0400 as the launcher requires.
+func withRelays(t *testing.T, aw *v1beta2.AppWrapper, secret string) {
+	t.Helper()
+	editJobs(t, aw, func(spec map[string]any) {
+		c := spec["containers"].([]any)[0].(map[string]any)
+		cmd := c["command"].([]any)
+		last := cmd[len(cmd)-1]
+		cmd = append(append(cmd[:len(cmd)-1:len(cmd)-1], "--rdzv-conf", "relay_group=2", "--job-secret-file", "/run/ftl/job"), last)
+		c["command"] = cmd
+		c["volumeMounts"] = []any{map[string]any{"name": "job-secret", "mountPath": "/run/ftl", "readOnly": true}}
+		spec["volumes"] = []any{map[string]any{"name": "job-secret", "secret": map[string]any{"secretName": secret, "defaultMode": int64(0o400),
+			"items": []any{map[string]any{"key": "job", "path": "job"}}}}}
+	})
+}
+
+// editJobs hands the pod spec of each Job component of aw to edit and
+// writes back what it changed.
+func editJobs(t *testing.T, aw *v1beta2.AppWrapper, edit func(podSpec map[string]any)) {
+	t.Helper()
+	for i, comp := range aw.Spec.Components {
+		var obj unstructured.Unstructured
+		if err := obj.UnmarshalJSON(comp.Template.Raw); err != nil {
+			t.Fatalf("component %d: %v", i, err)
+		}
+		if obj.GetKind() != "Job" {
+			continue
+		}
+		spec, _, err := unstructured.NestedMap(obj.Object, "spec", "template", "spec")
+		if err != nil {
+			t.Fatalf("component %d: %v", i, err)
+		}
+		edit(spec)
+		if err := unstructured.SetNestedMap(obj.Object, spec, "spec", "template", "spec"); err != nil {
+			t.Fatal(err)
+		}
+		raw, err := obj.MarshalJSON()
+		if err != nil {
+			t.Fatal(err)
+		}
+		aw.Spec.Components[i].Template.Raw = raw
+	}
 }
 
 // startInstallCluster starts two real nodes with a pod network, Services
@@ -252,28 +331,12 @@ func exampleAppWrapper(t *testing.T, ns, image string) *v1beta2.AppWrapper {
 	}
 	aw.Namespace = ns
 	set := 0
-	for i, comp := range aw.Spec.Components {
-		var obj unstructured.Unstructured
-		if err := obj.UnmarshalJSON(comp.Template.Raw); err != nil {
-			t.Fatalf("component %d: %v", i, err)
-		}
-		if obj.GetKind() != "Job" {
-			continue
-		}
-		containers, _, _ := unstructured.NestedSlice(obj.Object, "spec", "template", "spec", "containers")
-		for j := range containers {
-			containers[j].(map[string]any)["image"] = image
+	editJobs(t, &aw, func(spec map[string]any) {
+		for _, c := range spec["containers"].([]any) {
+			c.(map[string]any)["image"] = image
 			set++
 		}
-		if err := unstructured.SetNestedSlice(obj.Object, containers, "spec", "template", "spec", "containers"); err != nil {
-			t.Fatal(err)
-		}
-		raw, err := obj.MarshalJSON()
-		if err != nil {
-			t.Fatal(err)
-		}
-		aw.Spec.Components[i].Template.Raw = raw
-	}
+	})
 	if set != 1 {
 		t.Fatalf("deploy/examples/appwrapper.yaml: %d Job containers, want 1", set)
 	}
