@@ -922,9 +922,9 @@ func measureScale(t *testing.T, eps []string, serverPid, n, reps int) {
 				t.Logf("rep %d %s: %s", rep, p.name, lease1.since(lease0))
 				if relayGroup > 0 {
 					relay1 := j.relayStats()
-					t.Logf("rep %d %s: relays: %d registered in %d txns, %d ranks read in %d txns, %d requests declined (done directly)", rep, p.name,
+					t.Logf("rep %d %s: relays: %d registered in %d txns, %d ranks read in %d txns, %d requests declined (done directly), %d connections opened", rep, p.name,
 						relay1.Registered-relay0.Registered, relay1.RegisterTxns-relay0.RegisterTxns, relay1.Ranks-relay0.Ranks,
-						relay1.RankTxns-relay0.RankTxns, relay1.Declined-relay0.Declined)
+						relay1.RankTxns-relay0.RankTxns, relay1.Declined-relay0.Declined, relay1.Conns-relay0.Conns)
 					relay0 = relay1
 				}
 				defer func() { met0, lease0 = met1, lease1 }()
@@ -1248,6 +1248,7 @@ func (j *simJob) relayStats() relayStats {
 		t.RankTxns += st.RankTxns
 		t.Declined += st.Declined
 		t.Refused += st.Refused
+		t.Conns += st.Conns
 	}
 	return t
 }
