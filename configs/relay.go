@@ -1,7 +1,6 @@
 package configs
 
 import (
-	"github.com/ftlauncher/ft-launcher/k8s"
 	"github.com/ftlauncher/ft-launcher/slurm"
 )
 
@@ -11,16 +10,16 @@ import (
 // A node must know its relay before anything is written, so the topology
 // comes from the scheduler: inside a Slurm job, the allocation's node
 // names in order and this node's index in it; in a pod of an Indexed Job
-// (a JobSet's, an AppWrapper's) with a subdomain, the pods' DNS names
-// under it and JOB_COMPLETION_INDEX.
+// (a JobSet's, an AppWrapper's) or a StatefulSet with a subdomain, the
+// pods' DNS names under it and the pod's index.
 type Relay struct {
 	Group int // nodes per relay; 0: off (every node registers itself)
 	Port  int // the relay port, the same on every node
 	// Nodes are the allocation's node names (SLURM_JOB_NODELIST
 	// expanded) and Index this node's position in it (SLURM_NODEID); in a
 	// pod, the FQDNs of pods 0 to Index under the pod's subdomain and
-	// Index its JOB_COMPLETION_INDEX (a pod is not told how many pods
-	// follow it, and needs none of their names).
+	// Index its JOB_COMPLETION_INDEX or pod ordinal (a pod is not told how
+	// many pods follow it, and needs none of their names).
 	Nodes []string
 	Index int
 }
@@ -53,11 +52,12 @@ func (p *parser) rdzvConfRelay(r *Rendezvous, confSubj string) error {
 		return nil
 	}
 	sl, k := p.cfg.Slurm, p.cfg.K8s
-	inPod := !sl.InJob() && k.InPod && k.CompletionIndex >= 0 && k.PeerFQDN(0) != ""
+	podIndex, _ := k.Index()
+	inPod := !sl.InJob() && k.InPod && podIndex >= 0 && k.PeerFQDN(0) != ""
 	if !inPod && (!sl.InJob() || sl.JobNodeList == "" || sl.NodeID < 0) {
-		why := "run inside a Slurm job (SLURM_JOB_NODELIST and SLURM_NODEID set) or a pod of an Indexed Job whose pod template has a subdomain (JOB_COMPLETION_INDEX set, a headless Service)"
+		why := "run inside a Slurm job (SLURM_JOB_NODELIST and SLURM_NODEID set) or a pod of an Indexed Job or a StatefulSet whose pods have a subdomain (a headless Service)"
 		if !sl.InJob() && k.InPod {
-			why = "this pod's relay is the pod named <job>-<index> under its subdomain: " + relayPodMissing(k)
+			why = "this pod's relay is the pod named <job>-<index> under its subdomain: " + podEndpointMissing(k)
 		}
 		return usageErr(confSubj, "%s relay_group: needs the scheduler's node list, known before anything starts: %s; remove relay_group elsewhere", confSubj, why)
 	}
@@ -66,10 +66,10 @@ func (p *parser) rdzvConfRelay(r *Rendezvous, confSubj string) error {
 	}
 	if inPod {
 		// Pods 0 to this one: its relay is among them.
-		for i := range k.CompletionIndex + 1 {
+		for i := range podIndex + 1 {
 			rl.Nodes = append(rl.Nodes, k.PeerFQDN(i))
 		}
-		rl.Index = k.CompletionIndex
+		rl.Index = podIndex
 		r.Relay = rl
 		return nil
 	}
@@ -83,12 +83,4 @@ func (p *parser) rdzvConfRelay(r *Rendezvous, confSubj string) error {
 	rl.Nodes, rl.Index = nodes, sl.NodeID
 	r.Relay = rl
 	return nil
-}
-
-// relayPodMissing says why a pod cannot name its relay.
-func relayPodMissing(k k8s.Env) string {
-	if k.CompletionIndex < 0 {
-		return "JOB_COMPLETION_INDEX is not set (an Indexed Job sets it)"
-	}
-	return podEndpointMissing(k)
 }

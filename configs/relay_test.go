@@ -68,10 +68,10 @@ func TestRelayConf(t *testing.T) {
 	}
 }
 
-// TestRelayConfInPod: in a pod of an Indexed Job with a subdomain, a
-// node's relay is the pod <job>-<index> under it (the index rounded down to
-// the group); a pod without a subdomain or a completion index is a usage
-// error that says which is missing.
+// TestRelayConfInPod: in a pod of an Indexed Job or a StatefulSet with a
+// subdomain, a node's relay is the pod <name>-<index> under it (the index
+// rounded down to the group); a pod without a subdomain or an index is a
+// usage error that says which is missing.
 func TestRelayConfInPod(t *testing.T) {
 	args := []string{"--rdzv-conf", "relay_group=4", "--job-secret-file", "/run/secrets/job"}
 	fqdn := func(i int) string { return fmt.Sprintf("train-%d.train.ns.svc.cluster.local", i) }
@@ -84,15 +84,24 @@ func TestRelayConfInPod(t *testing.T) {
 		{"a member", 5, fqdn(4), false},
 		{"a relay", 4, fqdn(4), true},
 		{"pod 0", 0, fqdn(0), true},
+		{"a StatefulSet's pod, by its ordinal", -6, fqdn(4), false},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			host := fmt.Sprintf("train-%d", tt.index)
-			c, err := parsePod(t, args, pod(host, tt.index, "PET_NNODES", "8"), podNet(t, host, "train", nil))
+			// index < 0: a StatefulSet's pod, its ordinal -index in its host
+			// name and no JOB_COMPLETION_INDEX.
+			n, env := tt.index, -1
+			if n >= 0 {
+				env = n
+			} else {
+				n = -n
+			}
+			host := fmt.Sprintf("train-%d", n)
+			c, err := parsePod(t, args, pod(host, env, "PET_NNODES", "8"), podNet(t, host, "train", nil))
 			if err != nil {
 				t.Fatal(err)
 			}
 			rl := c.Rdzv.Relay
-			if rl.Group != 4 || rl.Port != DefaultRelayPort || rl.Index != tt.index || len(rl.Nodes) != tt.index+1 || rl.Nodes[0] != fqdn(0) {
+			if rl.Group != 4 || rl.Port != DefaultRelayPort || rl.Index != n || len(rl.Nodes) != n+1 || rl.Nodes[0] != fqdn(0) {
 				t.Fatalf("Relay = %+v", rl)
 			}
 			if name, self := rl.RelayNode(); name != tt.relay || self != tt.self {
@@ -108,8 +117,8 @@ func TestRelayConfInPod(t *testing.T) {
 	}{
 		{"no subdomain", pod("train-5", 5, "PET_NNODES", "8"), podNet(t, "train-5", "", nil),
 			`relay_group: needs the scheduler's node list, known before anything starts: this pod's relay is the pod named <job>-<index> under its subdomain: /etc/hosts has no <host>.<subdomain>`},
-		{"no completion index", pod("trainer-3", -1, "PET_NNODES", "8"), podNet(t, "trainer-3", "trainer", nil),
-			"this pod's relay is the pod named <job>-<index> under its subdomain: JOB_COMPLETION_INDEX is not set"},
+		{"no index", pod("trainer", -1, "PET_NNODES", "8"), podNet(t, "trainer", "trainer", nil),
+			`this pod's relay is the pod named <job>-<index> under its subdomain: this pod has no JOB_COMPLETION_INDEX and its host name "trainer" does not end in -N`},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			_, err := parsePod(t, args, tt.env, tt.nw)
