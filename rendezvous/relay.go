@@ -79,9 +79,11 @@ const (
 	// relayIdleWait (longer, so that it rarely closes one a member is about
 	// to use; a member that finds its kept connection closed asks again on
 	// a new one).
-	relayKeepIdle  = 2 * time.Minute
-	relayIdleWait  = 5 * time.Minute
-	relayMaxConns  = 1024
+	relayKeepIdle = 2 * time.Minute
+	relayIdleWait = 5 * time.Minute
+	// Twice the largest group: every member's kept connection, and room
+	// for those that replace connections the relay has not yet seen close.
+	relayMaxConns  = 2048
 	relayMaxFrame  = 1 << 20
 	relayMagic     = "ftl-relay-2\n" // 2: requests acknowledged, connections kept
 	relayMACSize   = sha256.Size
