@@ -32,6 +32,7 @@ func TestReadJobSecret(t *testing.T) {
 		{"good", write("good", good, 0o600), good, ""},
 		{"read-only", write("ro", good, 0o400), good, ""},
 		{"readable by others", write("open", good, 0o644), "", "want 0600 or 0400"},
+		{"group-readable, owner can write", write("group", good, 0o640), "", "or 0440 on a file root owns"},
 		{"too short", write("short", "abc\n", 0o600), "", "at least 16 bytes"},
 		{"missing", filepath.Join(dir, "nope"), "", "no such file"},
 		{"a directory", dir, "", "not a regular file"},
@@ -46,6 +47,47 @@ func TestReadJobSecret(t *testing.T) {
 			}
 			if err != nil || string(got) != tc.want {
 				t.Fatalf("got %q, %v; want %q", got, err, tc.want)
+			}
+		})
+	}
+}
+
+// TestReadJobSecretGroupGrant: a secret root owns at mode 0440 with a group
+// of this process (a Kubernetes Secret volume with the pod's fsGroup) is
+// read; the same file owned by another user, or with a group this process
+// is not in, is refused. Changing a file's owner needs root: the suite
+// runs as root.
+func TestReadJobSecretGroupGrant(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to give a file another owner or group")
+	}
+	good := "0123456789abcdef0123456789abcdef\n"
+	for _, tc := range []struct {
+		name     string
+		uid, gid int
+		ok       bool
+	}{
+		{"root's, our group", 0, os.Getegid(), true},
+		{"another user's, our group", 65532, os.Getegid(), false},
+		{"root's, a group we are not in", 0, 65533, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := filepath.Join(t.TempDir(), "job")
+			if err := os.WriteFile(p, []byte(good), 0o440); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Chown(p, tc.uid, tc.gid); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Chmod(p, 0o440); err != nil {
+				t.Fatal(err)
+			}
+			got, err := readJobSecret(p)
+			if tc.ok && (err != nil || string(got) != good) {
+				t.Fatalf("got %q, %v; want the secret", got, err)
+			}
+			if !tc.ok && (err == nil || !strings.Contains(err.Error(), "lets other users read the secret")) {
+				t.Fatalf("err %v; want the file refused", err)
 			}
 		})
 	}

@@ -11,6 +11,7 @@ import (
 	"net/netip"
 	"os"
 	"slices"
+	"syscall"
 	"time"
 
 	"github.com/ftlauncher/ft-launcher/agent"
@@ -86,8 +87,9 @@ func readJobSecret(path string) ([]byte, error) {
 	if !fi.Mode().IsRegular() {
 		return nil, fmt.Errorf("--job-secret-file %s: not a regular file", path)
 	}
-	if fi.Mode().Perm()&0o077 != 0 {
-		return nil, fmt.Errorf("--job-secret-file %s: mode %04o lets other users read the secret; want 0600 or 0400 (chmod 600 %s)", path, fi.Mode().Perm(), path)
+	if perm := fi.Mode().Perm(); perm&0o077 != 0 && !secretGroupGranted(fi) {
+		return nil, fmt.Errorf("--job-secret-file %s: mode %04o lets other users read the secret; want 0600 or 0400 (chmod 600 %s), "+
+			"or 0440 on a file root owns with a group of this process (a Kubernetes Secret volume with the pod's fsGroup)", path, perm, path)
 	}
 	b, err := os.ReadFile(path)
 	if err != nil {
@@ -97,6 +99,25 @@ func readJobSecret(path string) ([]byte, error) {
 		return nil, fmt.Errorf("--job-secret-file %s: %d bytes; want a secret of at least 16 bytes (e.g. head -c 32 /dev/urandom | base64 > %s)", path, len(bytes.TrimSpace(b)), path)
 	}
 	return b, nil
+}
+
+// secretGroupGranted reports whether a secret file others may read is one
+// that root made readable to a group of this process only, at mode 0440
+// (read for owner and group, nothing for others): how Kubernetes mounts a
+// Secret for a pod with an fsGroup, the only way a pod not running as root
+// reads one. Only root can have set that up, so it is a grant, not the
+// accident the mode check is for; a file a user made group-readable is
+// still refused.
+func secretGroupGranted(fi os.FileInfo) bool {
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok || st.Uid != 0 || fi.Mode().Perm() != 0o440 {
+		return false
+	}
+	if st.Gid == uint32(os.Getegid()) {
+		return true
+	}
+	groups, err := os.Getgroups()
+	return err == nil && slices.Contains(groups, int(st.Gid))
 }
 
 // gossipKeyOf is gossip's 32-byte key under --job-secret-file (nil without
