@@ -178,7 +178,9 @@ func TestShippedInstall(t *testing.T) {
 	// Relays in pods (docs/rendezvous.md, "Relays"): the example again, in
 	// another namespace, with --rdzv-conf relay_group=2 and the job secret
 	// mounted from a Secret. Pod 0 is the relay; pod 1 finds it by its name
-	// under the subdomain and registers through it.
+	// under the subdomain and registers through it. The first example goes
+	// first: the two nodes hold one example's pods (a CPU each).
+	deleteAppWrapper(t, e, ns, aw.Name)
 	ns2 := e.Namespace(t)
 	if err := e.Client.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "job-secret", Namespace: ns2},
 		StringData: map[string]string{"job": "relay-test-secret-0123456789abcdef"}}); err != nil {
@@ -205,14 +207,16 @@ func TestShippedInstall(t *testing.T) {
 	if relayLog == "" || !strings.Contains(relayLog, "name=relay network=tcp") {
 		t.Errorf("no pod listens as the relay (\"relay for its group\", the listeners record):\n%s\n---\n%s", relayLog, memberLog)
 	}
-	if !strings.Contains(memberLog, "registered_by_relay=") {
+	if i := strings.Index(memberLog, "registered_by_relay="); i < 0 {
 		t.Errorf("pod 1 did not register through pod 0's relay:\n%s", memberLog)
+	} else {
+		t.Logf("pod 1 registered through pod 0's relay: %s", strings.SplitN(memberLog[i:], "\n", 2)[0])
 	}
 }
 
 // withRelays turns on the two-level join in aw's Job: --rdzv-conf
 // relay_group=2 and --job-secret-file from Secret secret (key "job"),
-// mounted read-only with mode 0400 as the launcher requires.
+// mounted read-only as docs/kubernetes.md says.
 func withRelays(t *testing.T, aw *v1beta2.AppWrapper, secret string) {
 	t.Helper()
 	editJobs(t, aw, func(spec map[string]any) {
@@ -222,8 +226,11 @@ func withRelays(t *testing.T, aw *v1beta2.AppWrapper, secret string) {
 		cmd = append(append(cmd[:len(cmd)-1:len(cmd)-1], "--rdzv-conf", "relay_group=2", "--job-secret-file", "/run/ftl/job"), last)
 		c["command"] = cmd
 		c["volumeMounts"] = []any{map[string]any{"name": "job-secret", "mountPath": "/run/ftl", "readOnly": true}}
-		spec["volumes"] = []any{map[string]any{"name": "job-secret", "secret": map[string]any{"secretName": secret, "defaultMode": int64(0o400),
+		spec["volumes"] = []any{map[string]any{"name": "job-secret", "secret": map[string]any{"secretName": secret, "defaultMode": int64(0o440),
 			"items": []any{map[string]any{"key": "job", "path": "job"}}}}}
+		// The image's user (65532) reads the Secret through the pod's
+		// fsGroup: root:65532, mode 0440.
+		spec["securityContext"] = map[string]any{"fsGroup": int64(65532)}
 	})
 }
 
@@ -375,10 +382,21 @@ func waitTraining(t *testing.T, e *k8stest.Env, c *kubelettest.Cluster, ns, name
 	t.Helper()
 	var pods []corev1.Pod
 	var state string
+	// The last lines each pod logged, for the failure message: a pod that
+	// fails is gone (the AppWrapper resets) before the wait ends.
+	tails := map[string]string{}
 	poll(t, 5*time.Minute, fmt.Sprintf("AppWrapper %s Running with 2 training pods (resets %d)", name, resets), func() bool {
 		aw := getAWIn(t, e, ns, name)
 		pods = awPods(t, e, ns, name)
-		state = fmt.Sprintf("phase %s; pods: %s", aw.Status.Phase, podStates(pods))
+		state = fmt.Sprintf("phase %s, conditions %+v; pods: %s", aw.Status.Phase, aw.Status.Conditions, podStates(pods))
+		for _, p := range pods {
+			if log, err := c.PodLog(&p, "trainer"); err == nil && log != "" {
+				tails[p.Name] = log[max(0, len(log)-3000):]
+			}
+		}
+		for n, tail := range tails {
+			state += fmt.Sprintf("\n--- %s's log (end):\n%s", n, tail)
+		}
 		if aw.Status.Phase != v1beta2.AppWrapperRunning || len(pods) != 2 {
 			return false
 		}
