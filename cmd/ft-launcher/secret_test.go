@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/ftlauncher/ft-launcher/configs"
+	"github.com/ftlauncher/ft-launcher/internal/testenv"
 )
 
 // TestReadJobSecret: the secret file is read whole; one others may read,
@@ -58,9 +59,7 @@ func TestReadJobSecret(t *testing.T) {
 // is not in, is refused. Changing a file's owner needs root: the suite
 // runs as root.
 func TestReadJobSecretGroupGrant(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to give a file another owner or group")
-	}
+	testenv.Require(t, testenv.Root) // to give a file another owner or group
 	good := "0123456789abcdef0123456789abcdef\n"
 	for _, tc := range []struct {
 		name     string
