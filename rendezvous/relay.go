@@ -798,13 +798,6 @@ func (c *relayClient) lost(host string, forGood bool) {
 	c.log.Info("this node's relay was lost; registering directly", "relay", c.addr, "for_the_rest_of_the_run", forGood)
 }
 
-// isGone reports whether the relay was dropped for the rest of the run.
-func (c *relayClient) isGone() bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.gone
-}
-
 // close closes the kept connection; later requests do not keep theirs.
 func (c *relayClient) close() {
 	c.mu.Lock()

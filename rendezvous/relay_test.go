@@ -308,3 +308,10 @@ func tcpListener(t *testing.T) net.Listener {
 	}
 	return ln
 }
+
+// isGone reports whether the relay was dropped for the rest of the run.
+func (c *relayClient) isGone() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.gone
+}
